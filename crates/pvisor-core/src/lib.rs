@@ -1,0 +1,21 @@
+//! pvisor-core: the vocabulary every other pvisor crate speaks.
+//!
+//! This crate owns the *data* of pvisor and nothing that touches a sandbox:
+//! - [`ids`]: `job-<ulid>`, `run-<ulid>`, `<run>.<n>` attempt ids, `ckpt-<ulid>`;
+//! - [`records`]: Job, Run, Attempt, Operation, Placement, RunResult, Bundle and
+//!   completion receipt, as versioned serde records;
+//! - [`state`]: the lifecycle enums and their explicit transition functions;
+//! - [`event`]: the Trace (`events.jsonl`) entry shape;
+//! - [`store`]: the on-disk layout and the only sanctioned way to write durable
+//!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
+//!
+//! It never prints, exits, or reads user configuration.
+
+pub mod event;
+pub mod ids;
+pub mod records;
+pub mod state;
+pub mod store;
+pub mod time;
+
+pub use ids::{AttemptId, JobId, RunId};

@@ -1,0 +1,281 @@
+//! The durable records: Job, Run, Attempt, Operation, Placement, RunResult,
+//! Run Bundle and completion receipt.
+//!
+//! Each record carries a `format` number independent of the release; readers
+//! refuse a format newer than they know (see `docs/records-and-version-matrix.md`).
+//! Field names are the on-disk contract documented in `docs/on-disk-format.md`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AttemptId, JobId, RunId};
+use crate::state::{AttemptState, JobState, ResultState};
+use crate::time::Timestamp;
+
+/// The format number written by this release into every record.
+pub const FORMAT: u32 = 1;
+
+/// A record type that carries a `format` number.
+pub trait Record: Serialize + for<'de> Deserialize<'de> {
+    /// The file name this record is stored under (used in error messages).
+    const FILE: &'static str;
+    /// Returns the record's format number.
+    fn format(&self) -> u32;
+}
+
+macro_rules! record {
+    ($t:ty, $file:literal) => {
+        impl Record for $t {
+            const FILE: &'static str = $file;
+            fn format(&self) -> u32 {
+                self.format
+            }
+        }
+    };
+}
+
+/// `jobs/<job>/job.json`: the user's persistent work.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub format: u32,
+    pub id: JobId,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub workspace: PathBuf,
+    pub run: RunId,
+    pub state: JobState,
+    /// The Attempt number whose result this Job accepts.
+    pub target_attempt: u32,
+    /// Whether the Job may still continue (resume, new Attempts). `kill` withdraws it.
+    pub continuation: bool,
+}
+record!(JobRecord, "job.json");
+
+/// `runs/<run>/run.json`: the Job's internal record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub format: u32,
+    pub id: RunId,
+    pub job: JobId,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub workspace: PathBuf,
+    pub operation: Operation,
+    /// The projection of the confirmed result (or `pending`/`running`).
+    pub state: JobState,
+    /// How many Attempts were created.
+    pub attempts: u32,
+    /// The confirmed result, copied from the receipt; absent until one commits.
+    pub result: Option<RunResult>,
+}
+record!(RunRecord, "run.json");
+
+/// What pvisor processes: today only `run.execute`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Operation {
+    /// The operation kind, `run.execute`.
+    pub kind: String,
+    pub program: String,
+    pub args: Vec<String>,
+    /// The working directory inside the sandbox.
+    pub cwd: PathBuf,
+    /// Names of the environment variables passed in; values are never recorded.
+    pub env_names: Vec<String>,
+    /// The effective policy, resolved once at admission.
+    pub policy: EffectivePolicy,
+    /// Where the Attempt runs.
+    pub placement: Placement,
+}
+
+/// The policy decisions fixed at admission; later stages consume, never re-derive, them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EffectivePolicy {
+    /// `none`: a private network namespace with loopback only.
+    pub network: String,
+    /// Whether the network attachment cannot be bypassed by the command.
+    pub network_non_bypassable: bool,
+    /// How long a cancelled command gets after the forwarded signal before SIGKILL.
+    pub kill_grace_ms: u64,
+    /// Paths hidden from the sandbox (replaced by empty directories).
+    pub hidden_paths: Vec<PathBuf>,
+}
+
+/// Where and how an Attempt is executed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The executor backend, e.g. `ns`. A descriptive record, not a capability check.
+    pub executor: String,
+    /// Whether the supervisor ran without host root (user-namespace only).
+    pub rootless: bool,
+    /// The uid the command runs as inside the sandbox.
+    pub sandbox_uid: u32,
+    /// The host's name and kernel release at placement time.
+    pub host: String,
+    pub kernel: String,
+}
+
+/// `runs/<run>/attempts/<n>/attempt.json`: one execution.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub format: u32,
+    pub id: AttemptId,
+    pub job: JobId,
+    pub executor: String,
+    pub state: AttemptState,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// When the command was exec'd inside the sandbox.
+    pub started_at: Option<Timestamp>,
+    /// The supervisor process that owns this Attempt (advisory; the lock is the truth).
+    pub owner_pid: u32,
+}
+record!(AttemptRecord, "attempt.json");
+
+/// How an Attempt ended. Fixed in the Bundle and bound by the receipt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub state: ResultState,
+    /// The command's exit code, when it exited normally (or pvisor's 126/127 when it
+    /// could not be executed).
+    pub exit_code: Option<i32>,
+    /// The signal that killed the command, when it did not exit normally.
+    pub signal: Option<i32>,
+    pub started_at: Timestamp,
+    pub finished_at: Timestamp,
+    /// Why the command could not run or finish, when pvisor knows.
+    pub error: Option<String>,
+}
+
+/// `runs/<run>/attempts/<n>/bundle.json`: the saved result and observations.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bundle {
+    pub format: u32,
+    pub job: JobId,
+    pub run: RunId,
+    pub attempt: AttemptId,
+    pub result: RunResult,
+    pub observations: Observations,
+    /// The staged-change manifest, sorted by path.
+    pub changes: Vec<ChangeEntry>,
+    pub warnings: Vec<String>,
+}
+record!(Bundle, "bundle.json");
+
+/// What was measured about an Attempt.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observations {
+    pub wall_ms: u64,
+    pub user_cpu_ms: u64,
+    pub system_cpu_ms: u64,
+    pub max_rss_kib: u64,
+    /// Extra facts an executor reports (e.g. the uid mapping used).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
+}
+
+/// What happened to one path in the stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangeKind {
+    /// The path did not exist in the workspace.
+    Added,
+    /// A regular file's contents changed.
+    Modified,
+    /// The path was removed.
+    Deleted,
+    /// File ↔ directory ↔ symlink.
+    TypeChanged,
+    /// Only the permission bits changed.
+    ModeChanged,
+    /// A symlink's target changed.
+    Symlink,
+    /// A directory was replaced wholesale: the lower contents are hidden.
+    OpaqueDir,
+}
+
+impl ChangeKind {
+    /// Returns the kind's name as written in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "added",
+            Self::Modified => "modified",
+            Self::Deleted => "deleted",
+            Self::TypeChanged => "type-changed",
+            Self::ModeChanged => "mode-changed",
+            Self::Symlink => "symlink",
+            Self::OpaqueDir => "opaque-dir",
+        }
+    }
+}
+
+/// The file type of a staged entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryType {
+    File,
+    Dir,
+    Symlink,
+    /// Sockets, fifos and device nodes; staged but never applied.
+    Special,
+    /// Nothing: the path is deleted.
+    None,
+}
+
+/// One line of the staged-change manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChangeEntry {
+    /// Workspace-relative path.
+    pub path: crate::store::RelPath,
+    pub kind: ChangeKind,
+    /// What the stage now holds at this path.
+    pub entry: EntryType,
+    /// Size in bytes of the staged entry (0 for deletions and directories).
+    pub size: u64,
+    /// Permission bits of the staged entry.
+    pub mode: u32,
+    /// Hex BLAKE3 of a staged regular file's contents or a symlink's target.
+    pub blake3: Option<String>,
+}
+
+/// `runs/<run>/attempts/<n>/completion.json`: the only proof that an Attempt completed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionReceipt {
+    pub format: u32,
+    pub job: JobId,
+    pub run: RunId,
+    pub attempt: AttemptId,
+    pub result: RunResult,
+    pub bundle: BundleRef,
+}
+record!(CompletionReceipt, "completion.json");
+
+/// The receipt's binding to the exact bytes of the Bundle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleRef {
+    /// The Bundle's file name, relative to the Attempt directory.
+    pub file: String,
+    pub size: u64,
+    /// Hex BLAKE3 of the Bundle file's bytes.
+    pub blake3: String,
+}
+
+/// Test helpers shared by this crate's unit tests.
+#[cfg(test)]
+pub(crate) struct ResultFixture;
+
+#[cfg(test)]
+impl ResultFixture {
+    pub(crate) fn completed() -> RunResult {
+        let now = Timestamp::now();
+        RunResult {
+            state: ResultState::Completed,
+            exit_code: Some(0),
+            signal: None,
+            started_at: now,
+            finished_at: now,
+            error: None,
+        }
+    }
+}

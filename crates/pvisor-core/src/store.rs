@@ -1,0 +1,541 @@
+//! The state directory: layout, and the only sanctioned ways to write to it.
+//!
+//! Durable writes follow one protocol: write a temporary file in the same
+//! directory, fsync it, rename it over the target, fsync the directory.
+//! Receipts are committed no-clobber (`link(2)` of the synced temporary), so a
+//! second, different receipt for the same Attempt is refused, and the same one
+//! again is a no-op. Reads are size-capped so a corrupt or hostile file cannot
+//! exhaust memory.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AttemptId, JobId, RunId};
+use crate::records::{Record, FORMAT};
+
+/// The largest record pvisor will read (Bundles with huge manifests included).
+pub const RECORD_READ_CAP: u64 = 256 * 1024 * 1024;
+
+/// A failure reading or writing the state directory. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("Cannot {op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is {size} bytes, over the {cap}-byte limit for a record", path.display())]
+    TooLarge { path: PathBuf, size: u64, cap: u64 },
+    #[error("{} is corrupt (not a valid {what} record)", path.display())]
+    Corrupt {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{} has format {found}, newer than this pvisor reads ({supported}); upgrade pvisor", path.display())]
+    NewerFormat { path: PathBuf, found: u32, supported: u32 },
+    #[error("{} already holds different contents; refusing to overwrite a committed record", path.display())]
+    Conflict { path: PathBuf },
+}
+
+impl StoreError {
+    fn io(op: &'static str, path: &Path, source: io::Error) -> Self {
+        Self::Io { op, path: path.to_owned(), source }
+    }
+
+    /// Returns whether this error means the file does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// Returns the state root: `$PVISOR_HOME`, else `$XDG_STATE_HOME/pvisor`, else
+/// `$HOME/.local/state/pvisor`. Callers pass the environment in; this crate reads none.
+pub fn resolve_state_root(
+    pvisor_home: Option<OsString>,
+    xdg_state_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    let non_empty = |v: Option<OsString>| v.filter(|s| !s.is_empty()).map(PathBuf::from);
+    non_empty(pvisor_home)
+        .or_else(|| non_empty(xdg_state_home).map(|p| p.join("pvisor")))
+        .or_else(|| non_empty(home).map(|p| p.join(".local/state/pvisor")))
+}
+
+/// The state directory and its layout (see `docs/on-disk-format.md`).
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the state directory at `root`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let root = root.into();
+        for dir in [root.clone(), root.join("jobs"), root.join("runs")] {
+            create_dir_all_private(&dir)?;
+        }
+        let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
+        Ok(Self { root })
+    }
+
+    /// Returns the canonical state root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.root.join("jobs")
+    }
+    pub fn job_dir(&self, job: &JobId) -> PathBuf {
+        self.jobs_dir().join(job.as_str())
+    }
+    pub fn job_file(&self, job: &JobId) -> PathBuf {
+        self.job_dir(job).join("job.json")
+    }
+    pub fn run_dir(&self, run: &RunId) -> PathBuf {
+        self.root.join("runs").join(run.as_str())
+    }
+    pub fn run_file(&self, run: &RunId) -> PathBuf {
+        self.run_dir(run).join("run.json")
+    }
+    pub fn events_file(&self, run: &RunId) -> PathBuf {
+        self.run_dir(run).join("events.jsonl")
+    }
+    pub fn attempt_dir(&self, attempt: &AttemptId) -> PathBuf {
+        self.run_dir(attempt.run()).join("attempts").join(attempt.number().to_string())
+    }
+    pub fn attempt_file(&self, attempt: &AttemptId) -> PathBuf {
+        self.attempt_dir(attempt).join("attempt.json")
+    }
+    pub fn bundle_file(&self, attempt: &AttemptId) -> PathBuf {
+        self.attempt_dir(attempt).join("bundle.json")
+    }
+    pub fn receipt_file(&self, attempt: &AttemptId) -> PathBuf {
+        self.attempt_dir(attempt).join("completion.json")
+    }
+    pub fn lock_file(&self, attempt: &AttemptId) -> PathBuf {
+        self.attempt_dir(attempt).join("owner.lock")
+    }
+    /// The stage: `upper/` and `work/` of the overlay, and `root/`, the empty
+    /// directory the sandbox's new root is assembled on.
+    pub fn stage_dir(&self, run: &RunId) -> PathBuf {
+        self.run_dir(run).join("stage")
+    }
+
+    /// Lists every Job id, oldest first (ULIDs sort by time). Foreign names are skipped.
+    pub fn list_jobs(&self) -> Result<Vec<JobId>, StoreError> {
+        let dir = self.jobs_dir();
+        let entries = fs::read_dir(&dir).map_err(|e| StoreError::io("list", &dir, e))?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| StoreError::io("list", &dir, e))?;
+            if let Some(id) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+                ids.push(id);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Reads and checks a record.
+    pub fn read<T: Record>(&self, path: &Path) -> Result<T, StoreError> {
+        read_record(path)
+    }
+
+    /// Atomically replaces the record at `path`.
+    pub fn write<T: Record>(&self, path: &Path, record: &T) -> Result<(), StoreError> {
+        write_atomic(path, &to_json_bytes(record))
+    }
+}
+
+/// Serializes a record as pretty JSON with a trailing newline.
+pub fn to_json_bytes<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing our own plain-data records cannot fail (no maps with non-string keys).
+    let mut bytes = serde_json::to_vec_pretty(value).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// Creates `dir` and its parents with mode 0700 (records can name private paths).
+pub fn create_dir_all_private(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| StoreError::io("create directory", dir, e))
+}
+
+/// Reads at most `cap` bytes of `path`, failing if the file is larger.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, StoreError> {
+    let file = File::open(path).map_err(|e| StoreError::io("read", path, e))?;
+    let mut bytes = Vec::new();
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| StoreError::io("read", path, e))?;
+    if bytes.len() as u64 > cap {
+        let size = fs::metadata(path).map(|m| m.len()).unwrap_or(bytes.len() as u64);
+        return Err(StoreError::TooLarge { path: path.to_owned(), size, cap });
+    }
+    Ok(bytes)
+}
+
+/// Reads a record, refusing corrupt JSON and formats newer than [`FORMAT`].
+pub fn read_record<T: Record>(path: &Path) -> Result<T, StoreError> {
+    let bytes = read_capped(path, RECORD_READ_CAP)?;
+    parse_record(path, &bytes)
+}
+
+/// Parses record bytes that were read from `path`.
+pub fn parse_record<T: Record>(path: &Path, bytes: &[u8]) -> Result<T, StoreError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: u32,
+    }
+    let corrupt = |source| StoreError::Corrupt { path: path.to_owned(), what: T::FILE, source };
+    let probe: Probe = serde_json::from_slice(bytes).map_err(corrupt)?;
+    if probe.format > FORMAT {
+        return Err(StoreError::NewerFormat {
+            path: path.to_owned(),
+            found: probe.format,
+            supported: FORMAT,
+        });
+    }
+    let record: T = serde_json::from_slice(bytes).map_err(corrupt)?;
+    Ok(record)
+}
+
+/// Returns the hex BLAKE3 digest of `bytes`.
+pub fn blake3_hex(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_else(|| OsStr::new("record"));
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(".tmp-{}-{}", std::process::id(), crate::ids::new_ulid()));
+    path.with_file_name(tmp)
+}
+
+fn write_synced_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    })();
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(StoreError::io("write", path, e))
+        }
+    }
+}
+
+/// Fsyncs a directory so a rename or link inside it is durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io("sync directory", dir, e))
+}
+
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Atomically replaces `path` with `bytes`: temp → fsync → rename → fsync dir.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = write_synced_temp(path, bytes)?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(StoreError::io("replace", path, e));
+    }
+    sync_dir(parent_of(path))
+}
+
+/// The outcome of a no-clobber commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// The file was written by this call.
+    Written,
+    /// The file already held exactly these bytes; nothing changed.
+    AlreadyCommitted,
+}
+
+/// Writes `path` only if it does not exist yet. The same bytes again succeed
+/// ([`Commit::AlreadyCommitted`]); different bytes are a [`StoreError::Conflict`].
+pub fn commit_no_clobber(path: &Path, bytes: &[u8]) -> Result<Commit, StoreError> {
+    let tmp = write_synced_temp(path, bytes)?;
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            sync_dir(parent_of(path))?;
+            Ok(Commit::Written)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let existing = read_capped(path, RECORD_READ_CAP)?;
+            if existing == bytes {
+                Ok(Commit::AlreadyCommitted)
+            } else {
+                Err(StoreError::Conflict { path: path.to_owned() })
+            }
+        }
+        Err(e) => Err(StoreError::io("commit", path, e)),
+    }
+}
+
+/// Appends one line to a JSON Lines file, optionally fsyncing it.
+pub fn append_line(path: &Path, line: &[u8], sync: bool) -> Result<(), StoreError> {
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line);
+    buf.push(b'\n');
+    let result = (|| {
+        let mut file = OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
+        // One write(2) per line: O_APPEND makes concurrent appenders interleave whole lines.
+        file.write_all(&buf)?;
+        if sync {
+            file.sync_data()?;
+        }
+        Ok(())
+    })();
+    result.map_err(|e| StoreError::io("append to", path, e))
+}
+
+/// An exclusive advisory lock (`flock(2)`) held by the process that owns an Attempt.
+///
+/// The kernel drops it when the owner exits, however it exits, so a reader that
+/// can take the lock knows the owner is gone.
+#[derive(Debug)]
+pub struct OwnerLock {
+    _file: File,
+}
+
+impl OwnerLock {
+    /// Takes the lock, failing if another process holds it.
+    pub fn acquire(path: &Path) -> Result<Self, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| StoreError::io("open lock", path, e))?;
+        // SAFETY: flock on a valid, owned descriptor.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(StoreError::io("lock", path, io::Error::last_os_error()));
+        }
+        Ok(Self { _file: file })
+    }
+
+    /// Returns whether some process currently holds the lock at `path`.
+    /// A missing lock file means nobody does.
+    pub fn is_held(path: &Path) -> Result<bool, StoreError> {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(StoreError::io("open lock", path, e)),
+        };
+        // SAFETY: flock on a valid, owned descriptor; the shared lock is released on drop.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(false);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(true)
+        } else {
+            Err(StoreError::io("probe lock", path, err))
+        }
+    }
+}
+
+/// A workspace-relative path, kept as raw bytes so no file name is ever lost.
+///
+/// Serialized as a JSON string when the bytes are UTF-8, otherwise as
+/// `{"hex": "<bytes>"}`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RelPath(Vec<u8>);
+
+impl RelPath {
+    /// Wraps a relative path.
+    pub fn new(path: &Path) -> Self {
+        Self(path.as_os_str().as_bytes().to_vec())
+    }
+    /// Returns the path.
+    pub fn as_path(&self) -> &Path {
+        Path::new(OsStr::from_bytes(&self.0))
+    }
+    /// Returns the path for display, escaping control characters and invalid UTF-8.
+    pub fn display_escaped(&self) -> String {
+        let lossy = String::from_utf8_lossy(&self.0);
+        if std::str::from_utf8(&self.0).is_ok() && !lossy.chars().any(char::is_control) {
+            return lossy.into_owned();
+        }
+        let mut out = String::new();
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c.is_control() {
+                    out.extend(c.escape_default());
+                } else {
+                    out.push(c);
+                }
+            }
+            for b in chunk.invalid() {
+                out.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Debug for RelPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.display_escaped())
+    }
+}
+
+impl Serialize for RelPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(&self.0) {
+            Ok(text) => s.serialize_str(text),
+            Err(_) => {
+                use serde::ser::SerializeMap;
+                let hex: String = self.0.iter().map(|b| format!("{b:02x}")).collect();
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("hex", &hex)?;
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RelPath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Text(String),
+            Hex { hex: String },
+        }
+        match Repr::deserialize(d)? {
+            Repr::Text(t) => Ok(Self(t.into_bytes())),
+            Repr::Hex { hex } => {
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(|| serde::de::Error::custom("invalid hex path"))?;
+                Ok(Self(OsString::from_vec(bytes).into_vec()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{BundleRef, CompletionReceipt, ResultFixture};
+
+    #[test]
+    fn state_root_precedence() {
+        let s = |v: &str| Some(OsString::from(v));
+        assert_eq!(resolve_state_root(s("/p"), s("/x"), s("/h")), Some(PathBuf::from("/p")));
+        assert_eq!(resolve_state_root(s(""), s("/x"), s("/h")), Some(PathBuf::from("/x/pvisor")));
+        assert_eq!(
+            resolve_state_root(None, None, s("/h")),
+            Some(PathBuf::from("/h/.local/state/pvisor"))
+        );
+        assert_eq!(resolve_state_root(None, None, None), None);
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn no_clobber_is_idempotent_and_refuses_a_different_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("completion.json");
+        assert_eq!(commit_no_clobber(&path, b"r1").unwrap(), Commit::Written);
+        assert_eq!(commit_no_clobber(&path, b"r1").unwrap(), Commit::AlreadyCommitted);
+        assert!(matches!(commit_no_clobber(&path, b"r2"), Err(StoreError::Conflict { .. })));
+        assert_eq!(fs::read(&path).unwrap(), b"r1");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "temp files left behind");
+    }
+
+    #[test]
+    fn reads_are_capped_and_corruption_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("completion.json");
+        fs::write(&path, b"{\"format\":1, truncated").unwrap();
+        let err = read_record::<CompletionReceipt>(&path).unwrap_err();
+        assert!(err.to_string().contains("completion.json is corrupt"), "{err}");
+        fs::write(&path, vec![b' '; 100]).unwrap();
+        assert!(matches!(read_capped(&path, 10), Err(StoreError::TooLarge { size: 100, .. })));
+    }
+
+    #[test]
+    fn newer_formats_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("completion.json");
+        let mut receipt = CompletionReceipt {
+            format: FORMAT,
+            job: JobId::generate(),
+            run: RunId::generate(),
+            attempt: AttemptId::new(RunId::generate(), 1),
+            result: ResultFixture::completed(),
+            bundle: BundleRef { file: "bundle.json".into(), size: 1, blake3: "00".into() },
+        };
+        receipt.format = FORMAT + 1;
+        fs::write(&path, to_json_bytes(&receipt)).unwrap();
+        let err = read_record::<CompletionReceipt>(&path).unwrap_err();
+        assert!(matches!(err, StoreError::NewerFormat { found, .. } if found == FORMAT + 1));
+    }
+
+    #[test]
+    fn owner_lock_is_visible_to_readers_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("owner.lock");
+        assert!(!OwnerLock::is_held(&path).unwrap());
+        let lock = OwnerLock::acquire(&path).unwrap();
+        assert!(OwnerLock::is_held(&path).unwrap());
+        drop(lock);
+        assert!(!OwnerLock::is_held(&path).unwrap());
+    }
+
+    #[test]
+    fn rel_paths_keep_every_byte() {
+        let odd = RelPath(b"dir/new\nline\xff".to_vec());
+        let json = serde_json::to_string(&odd).unwrap();
+        assert!(json.contains("hex"), "{json}");
+        assert_eq!(serde_json::from_str::<RelPath>(&json).unwrap(), odd);
+        assert_eq!(odd.display_escaped(), "dir/new\\nline\\xff");
+        let plain = RelPath::new(Path::new("a/b.txt"));
+        assert_eq!(serde_json::to_string(&plain).unwrap(), "\"a/b.txt\"");
+    }
+}

@@ -1,0 +1,72 @@
+//! Wall-clock timestamps as they appear in records: RFC 3339, UTC, microseconds.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A UTC instant, serialized as RFC 3339 (`2026-11-30T11:04:56.123456Z`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Timestamp(SystemTime);
+
+impl Timestamp {
+    /// Returns the current time.
+    pub fn now() -> Self {
+        Self(SystemTime::now())
+    }
+
+    /// Returns the instant as a `SystemTime`.
+    pub fn system_time(self) -> SystemTime {
+        self.0
+    }
+
+    /// Returns whole microseconds since the Unix epoch (negative times clamp to 0).
+    pub fn unix_micros(self) -> u128 {
+        self.0.duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0)
+    }
+
+    /// Returns the time elapsed from `earlier` to `self`, or zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        self.0.duration_since(earlier.0).unwrap_or_default()
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        Self(t)
+    }
+}
+
+impl TryFrom<String> for Timestamp {
+    type Error = humantime::TimestampError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        humantime::parse_rfc3339(&s).map(Self)
+    }
+}
+
+impl From<Timestamp> for String {
+    fn from(t: Timestamp) -> String {
+        t.to_string()
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_micros(self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_json() {
+        let t = Timestamp::now();
+        let json = serde_json::to_string(&t).unwrap();
+        let back: Timestamp = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.unix_micros(), t.unix_micros());
+        assert!(json.ends_with("Z\""), "{json}");
+    }
+}
