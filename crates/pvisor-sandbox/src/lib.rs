@@ -1,0 +1,136 @@
+//! pvisor-sandbox: the [`Executor`] trait and its backends.
+//!
+//! An executor turns a [`SandboxSpec`] (what to run, which workspace, where the
+//! stage is) into a running, isolated process tree and reports how it ended.
+//! It knows nothing about Jobs, records or receipts; the runtime (`pvisor`)
+//! owns those. Backends:
+//! - [`ns`]: Linux user/mount/pid/ipc/uts/net namespaces with the workspace as
+//!   an overlayfs whose upper layer is the Run's stage.
+//!
+//! Binaries that embed an executor must call [`ns::maybe_run_helper`] first
+//! thing in `main`: the `ns` backend re-executes the current binary as a small,
+//! single-threaded helper that builds the namespaces (see `ns/helper.rs`).
+
+pub mod ns;
+mod sys;
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything an executor needs to start one sandboxed command.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The canonical host path of the workspace; the sandbox sees it at the same path.
+    pub workspace: PathBuf,
+    /// The working directory of the command, inside the sandbox.
+    pub cwd: PathBuf,
+    /// The overlay upper directory (the stage) and its work directory.
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// An empty directory on which the sandbox's root is assembled.
+    pub root_mount: PathBuf,
+    /// Host directories the sandbox must not see (replaced by empty directories).
+    pub hidden: Vec<PathBuf>,
+    pub program: String,
+    pub args: Vec<String>,
+    /// The complete environment of the command.
+    pub env: Vec<(String, String)>,
+    pub hostname: String,
+}
+
+/// How the sandboxed command ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Termination {
+    /// The command exited with this code.
+    Exited(i32),
+    /// The command was killed by this signal.
+    Signaled(i32),
+    /// The program could not be executed (`errno` from execve).
+    ExecFailed { program: String, errno: i32, message: String },
+    /// The sandbox vanished without reporting (e.g. killed from outside).
+    Vanished { detail: String },
+}
+
+/// What an executor observed about a finished command.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub user_cpu: Duration,
+    pub system_cpu: Duration,
+    pub max_rss_kib: u64,
+}
+
+/// The final report of a sandboxed command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExitReport {
+    pub termination: Termination,
+    pub usage: Usage,
+}
+
+/// A failure to create or supervise a sandbox. The command never ran unsandboxed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("Cannot start the sandbox helper")]
+    Spawn(#[source] io::Error),
+    #[error("Sandbox setup failed: {message}")]
+    Setup {
+        /// Which setup step failed, e.g. `user-namespace`, `overlay`.
+        step: String,
+        message: String,
+        /// What the user can do about it.
+        hint: Option<String>,
+    },
+    #[error("Lost contact with the sandbox helper: {0}")]
+    Protocol(String),
+    #[error("Cannot wait for the sandbox")]
+    Wait(#[source] io::Error),
+}
+
+impl SandboxError {
+    /// Returns advice for the user, when there is some.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Self::Setup { hint, .. } => hint.as_deref(),
+            Self::Spawn(_) | Self::Protocol(_) | Self::Wait(_) => None,
+        }
+    }
+}
+
+/// A backend that runs commands in sandboxes.
+pub trait Executor: Send + Sync + std::fmt::Debug {
+    /// The executor's name as recorded in Placement (descriptive, not a capability).
+    fn name(&self) -> &'static str;
+
+    /// Builds the sandbox and starts the command. Returns once the sandbox is
+    /// set up, or with the precise reason it could not be.
+    fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError>;
+}
+
+/// A started sandbox.
+pub trait SandboxProcess: Send + std::fmt::Debug {
+    /// Returns a handle that can signal the sandbox from another thread.
+    fn signaller(&self) -> Signaller;
+
+    /// Blocks until the sandbox is gone and returns how the command ended.
+    fn wait(self: Box<Self>) -> Result<ExitReport, SandboxError>;
+}
+
+/// Sends signals to a sandbox through a pidfd, so a recycled pid is never hit.
+#[derive(Clone, Debug)]
+pub struct Signaller {
+    pidfd: std::sync::Arc<std::os::fd::OwnedFd>,
+}
+
+impl Signaller {
+    /// Forwards `signal` to the sandboxed command.
+    pub fn signal(&self, signal: i32) -> io::Result<()> {
+        sys::pidfd_send_signal(&self.pidfd, signal)
+    }
+
+    /// Kills the whole sandbox at once: every process in it dies with the helper.
+    pub fn kill(&self) -> io::Result<()> {
+        self.signal(libc::SIGKILL)
+    }
+}

@@ -1,0 +1,406 @@
+//! The sandbox side of the `ns` executor: a freshly exec'd, single-threaded
+//! copy of the binary that builds the namespaces.
+//!
+//! Process tree and protocol:
+//! 1. **helper** (host namespaces): reads its [`HelperSpec`], blocks the
+//!    forwarded signals, and `clone(2)`s *init* into new user, mount, pid, ipc,
+//!    uts and net namespaces. It writes init's uid/gid maps from outside (only
+//!    the parent namespace may map a full range), then releases init through
+//!    the `go` pipe and forwards every signal it receives to init.
+//! 2. **init** (pid 1 in the sandbox): assembles the filesystem
+//!    (`mounts.rs`), brings up loopback, reports `Ready`, forks the command,
+//!    forwards signals to it, reaps every orphan, and reports the command's
+//!    exit. When init exits the kernel kills everything left in the pid
+//!    namespace, so no sandboxed process outlives the command.
+//! 3. **command** (pid 2): joins the terminal's foreground or a new session,
+//!    restores default signal handling, sets `no_new_privs` and execs.
+//!
+//! Helper and init both die with their parent (`PR_SET_PDEATHSIG`), so killing
+//! the supervisor kills the whole sandbox.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::protocol::{Report, REPORT_FD, SPEC_FD};
+use super::{diagnose, mounts};
+use crate::{sys, SandboxSpec};
+
+/// What the supervisor tells the helper, on [`SPEC_FD`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct HelperSpec {
+    pub sandbox: SandboxSpec,
+    /// The supervisor's pid, to detect having been orphaned before `PR_SET_PDEATHSIG`.
+    pub supervisor_pid: i32,
+    /// Whether the command should become the terminal's foreground process group.
+    pub tty_foreground: bool,
+}
+
+/// Signals the helper and init pass on to the command instead of acting on them.
+const FORWARDED: [i32; 10] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+    libc::SIGCONT,
+    libc::SIGALRM,
+    libc::SIGPIPE,
+];
+
+/// Exit code of a helper that failed before the command could run.
+const SETUP_FAILED: i32 = 125;
+
+/// A failed setup step, reported to the supervisor as [`Report::SetupError`].
+#[derive(Debug)]
+pub(crate) struct StepError {
+    pub step: &'static str,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl StepError {
+    pub(crate) fn new(step: &'static str, message: impl Into<String>) -> Self {
+        Self { step, message: message.into(), hint: None }
+    }
+    pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+    fn report_and_exit(self) -> ! {
+        Report::SetupError { step: self.step.into(), message: self.message, hint: self.hint }
+            .send();
+        exit(SETUP_FAILED)
+    }
+}
+
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit never returns; nothing in this process needs flushing.
+    unsafe { libc::_exit(code) }
+}
+
+/// The helper's entry point. Never returns.
+pub(crate) fn main() -> ! {
+    // SAFETY: the supervisor placed the report pipe at REPORT_FD; mark it
+    // close-on-exec so the command never inherits it.
+    unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let spec = match read_spec() {
+        Ok(spec) => spec,
+        Err(e) => e.report_and_exit(),
+    };
+    match run_helper(spec) {
+        Ok(never) => match never {},
+        Err(e) => e.report_and_exit(),
+    }
+}
+
+fn read_spec() -> Result<HelperSpec, StepError> {
+    // SAFETY: the supervisor dup'ed the spec pipe onto SPEC_FD for us alone.
+    let mut file = unsafe { File::from_raw_fd(SPEC_FD) };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| StepError::new("helper", format!("cannot read the sandbox spec: {e}")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| StepError::new("helper", format!("invalid sandbox spec: {e}")))
+}
+
+enum Never {}
+
+fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
+    let helper_err = |what: &str, e: std::io::Error| StepError::new("helper", format!("{what}: {e}"));
+    sys::die_with_parent().map_err(|e| helper_err("PR_SET_PDEATHSIG", e))?;
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != spec.supervisor_pid {
+        exit(SETUP_FAILED);
+    }
+    let mut waited: Vec<i32> = FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    let mask = sys::sigset(&waited);
+    sys::set_sigmask(libc::SIG_BLOCK, &mask).map_err(|e| helper_err("sigprocmask", e))?;
+
+    let (go_read, go_write) = sys::pipe().map_err(|e| helper_err("pipe", e))?;
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWNET;
+    // SAFETY: a fork-style clone (no CLONE_VM, no new stack) of a single-threaded
+    // process: the child continues on a private copy of this stack.
+    let pid = unsafe {
+        libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
+    };
+    if pid < 0 {
+        return Err(diagnose::clone_failure(std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        drop(go_write);
+        init(spec, go_read);
+    }
+    let pid = pid as libc::pid_t;
+    drop(go_read);
+    if let Err(e) = write_id_maps(pid, uid, gid) {
+        // SAFETY: `pid` is our unreaped child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        return Err(e);
+    }
+    let _ = sys::write_all(go_write.as_raw_fd(), b"1");
+    drop(go_write);
+
+    loop {
+        let sig = sys::sigwait(&mask).map_err(|e| helper_err("sigwaitinfo", e))?;
+        if sig != libc::SIGCHLD {
+            // SAFETY: `pid` is our child and not yet reaped, so it cannot be recycled.
+            unsafe { libc::kill(pid, sig) };
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            exit(status_to_code(status));
+        }
+    }
+}
+
+fn status_to_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+/// Maps the caller's ids into the sandbox: the whole id range for real root,
+/// otherwise just the caller's own uid and gid (the unprivileged rule).
+fn write_id_maps(pid: libc::pid_t, uid: u32, gid: u32) -> Result<(), StepError> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let write = |file: &str, contents: String| {
+        std::fs::write(proc_dir.join(file), contents.as_bytes()).map_err(|e| {
+            StepError::new("id-map", format!("cannot write /proc/{pid}/{file} ({contents:?}): {e}"))
+                .hint("the kernel refused the user-namespace id mapping; check user.max_user_namespaces and any LSM restricting user namespaces")
+        })
+    };
+    if uid == 0 {
+        write("uid_map", "0 0 4294967295\n".into())?;
+        write("gid_map", "0 0 4294967295\n".into())?;
+    } else {
+        write("uid_map", format!("{uid} {uid} 1\n"))?;
+        write("setgroups", "deny\n".into())?;
+        write("gid_map", format!("{gid} {gid} 1\n"))?;
+    }
+    Ok(())
+}
+
+/// pid 1 of the sandbox. Never returns.
+fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
+    if sys::die_with_parent().is_err() {
+        exit(SETUP_FAILED);
+    }
+    let mut go = [0u8; 1];
+    // SAFETY: reading one byte into a local buffer.
+    let n = unsafe { libc::read(go_read.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
+    drop(go_read);
+    if n != 1 {
+        // The helper died or gave up mapping ids; it reported why.
+        exit(SETUP_FAILED);
+    }
+    if let Err(e) = mounts::assemble(&spec.sandbox) {
+        e.report_and_exit();
+    }
+    if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| loopback_up()) {
+        e.report_and_exit();
+    }
+    let command = Command::prepare(&spec);
+    Report::Ready.send();
+
+    // SAFETY: init is single-threaded, so the child may run arbitrary code.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        StepError::new("fork", format!("cannot fork the command: {}", std::io::Error::last_os_error()))
+            .report_and_exit();
+    }
+    if child == 0 {
+        command.exec();
+    }
+    supervise(child)
+}
+
+/// Forwards signals to the command and reaps everything until the command exits.
+fn supervise(command: libc::pid_t) -> ! {
+    let mut waited: Vec<i32> = FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    let mask = sys::sigset(&waited);
+    let (mut user_us, mut system_us, mut max_rss_kib) = (0u64, 0u64, 0u64);
+    loop {
+        let sig = match sys::sigwait(&mask) {
+            Ok(sig) => sig,
+            Err(_) => exit(SETUP_FAILED),
+        };
+        if sig != libc::SIGCHLD {
+            // SAFETY: `command` is unreaped (we exit as soon as it is reaped).
+            unsafe { libc::kill(command, sig) };
+            continue;
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: zeroed rusage is a valid out-parameter.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: reaping any child; both out-pointers are valid.
+            let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
+            if pid <= 0 {
+                break;
+            }
+            let micros = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000 + tv.tv_usec as u64;
+            user_us += micros(usage.ru_utime);
+            system_us += micros(usage.ru_stime);
+            max_rss_kib = max_rss_kib.max(usage.ru_maxrss as u64);
+            if pid == command {
+                let (code, signal) = if libc::WIFEXITED(status) {
+                    (Some(libc::WEXITSTATUS(status)), None)
+                } else {
+                    (None, Some(libc::WTERMSIG(status)))
+                };
+                Report::Exit { code, signal, user_us, system_us, max_rss_kib }.send();
+                exit(status_to_code(status));
+            }
+        }
+    }
+}
+
+fn set_hostname(name: &str) -> Result<(), StepError> {
+    // SAFETY: a valid pointer and length.
+    let rc = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
+    if rc != 0 {
+        return Err(StepError::new(
+            "uts-namespace",
+            format!("cannot set the sandbox hostname: {}", std::io::Error::last_os_error()),
+        ));
+    }
+    Ok(())
+}
+
+/// Brings up `lo` in the sandbox's network namespace; it has no other interface.
+fn loopback_up() -> Result<(), StepError> {
+    let err = |what: &str| {
+        StepError::new("net-namespace", format!("{what}: {}", std::io::Error::last_os_error()))
+    };
+    // SAFETY: creating a datagram socket for interface ioctls.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return Err(err("cannot open a socket to configure loopback"));
+    }
+    // SAFETY: the socket was just created and is owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // SAFETY: ifreq is plain data; zero is a valid initial value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `req`, which is valid.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(err("cannot read loopback flags"));
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+            return Err(err("cannot bring up loopback"));
+        }
+    }
+    Ok(())
+}
+
+/// The command, with every C string built before fork.
+struct Command {
+    program: CString,
+    argv: Vec<CString>,
+    env: Vec<(String, String)>,
+    cwd: PathBuf,
+    tty_foreground: bool,
+    program_name: String,
+}
+
+impl Command {
+    fn prepare(spec: &HelperSpec) -> Self {
+        let to_c = |s: &str| CString::new(s).unwrap_or_default();
+        let sandbox = &spec.sandbox;
+        let mut argv = vec![to_c(&sandbox.program)];
+        argv.extend(sandbox.args.iter().map(|a| to_c(a)));
+        Self {
+            program: to_c(&sandbox.program),
+            argv,
+            env: sandbox.env.clone(),
+            cwd: sandbox.cwd.clone(),
+            tty_foreground: spec.tty_foreground,
+            program_name: sandbox.program.clone(),
+        }
+    }
+
+    /// Runs in the forked command child. Never returns.
+    fn exec(self) -> ! {
+        // SAFETY: plain process-attribute calls in a single-threaded child.
+        unsafe {
+            if self.tty_foreground {
+                libc::setpgid(0, 0);
+                // SIGTTOU is still blocked here, so this works from the background.
+                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+            } else {
+                libc::setsid();
+            }
+            for sig in 1..libc::SIGRTMIN() {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let empty = sys::sigset(&[]);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        }
+        if let Err(e) = std::env::set_current_dir(&self.cwd) {
+            StepError::new("cwd", format!("cannot enter {}: {e}", self.cwd.display()))
+                .report_and_exit();
+        }
+        for (key, _) in std::env::vars_os() {
+            std::env::remove_var(key);
+        }
+        for (key, value) in &self.env {
+            if !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0') {
+                std::env::set_var(key, value);
+            }
+        }
+        let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: `program` and `argv` are NUL-terminated and outlive the call;
+        // execvp searches the PATH we just installed in `environ`.
+        unsafe { libc::execvp(self.program.as_ptr(), argv.as_ptr()) };
+        let mut errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOENT);
+        if errno == libc::EACCES && !self.program_name.contains('/') && !on_path(&self.program_name) {
+            // execvp reports EACCES when some PATH entry was unreadable, even if the
+            // program exists nowhere; "not found" is the truth the user needs.
+            errno = libc::ENOENT;
+        }
+        Report::ExecError { program: self.program_name, errno }.send();
+        exit(if errno == libc::ENOENT { 127 } else { 126 })
+    }
+}
+
+/// Returns whether `name` exists as a non-directory in some `$PATH` directory.
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .any(|dir| std::fs::metadata(dir.join(name)).is_ok_and(|m| !m.is_dir()))
+}
+
+/// Returns `path` re-rooted under `root` (`/a/b` → `<root>/a/b`).
+pub(crate) fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}

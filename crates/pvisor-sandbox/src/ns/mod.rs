@@ -1,0 +1,225 @@
+//! The `ns` executor: Linux namespaces plus an overlayfs workspace.
+//!
+//! The supervisor side (this file) re-executes the current binary as the
+//! helper (`helper.rs`), hands it the [`SandboxSpec`] over a pipe, and reads
+//! the helper's [`Report`]s until the sandbox is gone. Starting returns once
+//! the sandbox reports `Ready` or a precise setup error.
+
+mod diagnose;
+mod helper;
+mod mounts;
+mod protocol;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::{Report, REPORT_FD, SPEC_FD};
+
+use crate::{
+    sys, ExitReport, Executor, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
+    Usage,
+};
+
+/// The hidden first argument that turns the binary into the sandbox helper.
+pub const HELPER_ARG: &str = "__pvisor-ns-helper";
+
+/// Runs the sandbox helper and exits if this process was started as one.
+///
+/// Call it first thing in `main`, before any thread is spawned: the helper
+/// forks and must be single-threaded.
+pub fn maybe_run_helper() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == HELPER_ARG) {
+        helper::main();
+    }
+}
+
+/// The namespace executor. Stateless: each [`start`](Executor::start) is independent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NsExecutor;
+
+impl Executor for NsExecutor {
+    fn name(&self) -> &'static str {
+        "ns"
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
+        let (spec_read, spec_write) = sys::pipe().map_err(SandboxError::Spawn)?;
+        let (report_read, report_write) = sys::pipe().map_err(SandboxError::Spawn)?;
+        // Move the helper's ends above the fixed slots so dup2 cannot clobber them.
+        let spec_read = dup_above(&spec_read, 10)?;
+        let report_write = dup_above(&report_write, 10)?;
+        let (spec_fd, report_fd) = (spec_read.as_raw_fd(), report_write.as_raw_fd());
+
+        let mut command = Command::new("/proc/self/exe");
+        command
+            .arg0("pvisor-sandbox")
+            .arg(HELPER_ARG)
+            .env_clear()
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        // SAFETY: dup2 is async-signal-safe; both descriptors are open in the child.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(spec_fd, SPEC_FD) < 0 || libc::dup2(report_fd, REPORT_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(SandboxError::Spawn)?;
+        drop(spec_read);
+        drop(report_write);
+        let pidfd = sys::pidfd_open(child.id() as libc::pid_t).map_err(SandboxError::Spawn)?;
+
+        let helper_spec = helper::HelperSpec {
+            sandbox: spec.clone(),
+            supervisor_pid: std::process::id() as i32,
+            tty_foreground: stdin_is_foreground_tty(),
+        };
+        let bytes = serde_json::to_vec(&helper_spec)
+            .map_err(|e| SandboxError::Protocol(format!("cannot encode the sandbox spec: {e}")))?;
+        // A helper that died early closes its end; its report says why.
+        let _ = File::from(spec_write).write_all(&bytes);
+
+        let mut process = NsProcess {
+            child,
+            reports: BufReader::new(File::from(report_read)),
+            signaller: Signaller { pidfd: Arc::new(pidfd) },
+            tty_foreground: helper_spec.tty_foreground,
+        };
+        match process.next_report()? {
+            Some(Report::Ready) => Ok(Box::new(process)),
+            Some(Report::SetupError { step, message, hint }) => {
+                let _ = process.child.wait();
+                process.restore_terminal();
+                Err(SandboxError::Setup { step, message, hint })
+            }
+            Some(other) => Err(SandboxError::Protocol(format!("unexpected first report {other:?}"))),
+            None => {
+                let status = process.child.wait().map_err(SandboxError::Wait)?;
+                Err(SandboxError::Protocol(format!(
+                    "the helper exited ({status}) before the sandbox was ready"
+                )))
+            }
+        }
+    }
+}
+
+fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
+    // SAFETY: duplicating a valid descriptor; the new one is ours.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if new < 0 {
+        return Err(SandboxError::Spawn(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fcntl returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// Whether stdin is a terminal whose foreground process group is ours; only then
+/// does the command take over the terminal (as a shell's foreground job would).
+fn stdin_is_foreground_tty() -> bool {
+    // SAFETY: isatty/tcgetpgrp/getpgrp only inspect descriptors and ids.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// A running `ns` sandbox.
+#[derive(Debug)]
+struct NsProcess {
+    child: Child,
+    reports: BufReader<File>,
+    signaller: Signaller,
+    tty_foreground: bool,
+}
+
+impl NsProcess {
+    fn next_report(&mut self) -> Result<Option<Report>, SandboxError> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self
+                .reports
+                .read_line(&mut line)
+                .map_err(|e| SandboxError::Protocol(format!("cannot read the helper's report: {e}")))?;
+            if n == 0 {
+                return Ok(None);
+            }
+            if line.trim().is_empty() {
+                continue;
+            }
+            return serde_json::from_str(&line)
+                .map(Some)
+                .map_err(|e| SandboxError::Protocol(format!("bad report {line:?}: {e}")));
+        }
+    }
+
+    /// Gives the terminal back to pvisor's process group if the command had it.
+    fn restore_terminal(&self) {
+        if !self.tty_foreground {
+            return;
+        }
+        // SAFETY: ignoring SIGTTOU around tcsetpgrp, then restoring the old disposition.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+}
+
+impl SandboxProcess for NsProcess {
+    fn signaller(&self) -> Signaller {
+        self.signaller.clone()
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<ExitReport, SandboxError> {
+        let mut exec_error = None;
+        let mut exit = None;
+        while let Some(report) = self.next_report()? {
+            match report {
+                Report::ExecError { program, errno } => exec_error = Some((program, errno)),
+                Report::Exit { code, signal, user_us, system_us, max_rss_kib } => {
+                    exit = Some((code, signal, Usage {
+                        user_cpu: Duration::from_micros(user_us),
+                        system_cpu: Duration::from_micros(system_us),
+                        max_rss_kib,
+                    }))
+                }
+                Report::SetupError { step, message, hint } => {
+                    let _ = self.child.wait();
+                    self.restore_terminal();
+                    return Err(SandboxError::Setup { step, message, hint });
+                }
+                Report::Ready => {}
+            }
+        }
+        let status = self.child.wait().map_err(SandboxError::Wait)?;
+        self.restore_terminal();
+        let (termination, usage) = match (exec_error, exit) {
+            (Some((program, errno)), exit) => {
+                let message = std::io::Error::from_raw_os_error(errno).to_string();
+                let usage = exit.map(|(_, _, u)| u).unwrap_or_default();
+                (Termination::ExecFailed { program, errno, message }, usage)
+            }
+            (None, Some((Some(code), _, usage))) => (Termination::Exited(code), usage),
+            (None, Some((None, Some(signal), usage))) => (Termination::Signaled(signal), usage),
+            (None, Some((None, None, usage))) => {
+                (Termination::Vanished { detail: "init reported no status".into() }, usage)
+            }
+            // Killed from outside before init could report: the whole pid namespace died.
+            (None, None) => match status.signal() {
+                Some(signal) => (Termination::Signaled(signal), Usage::default()),
+                None => (
+                    Termination::Vanished { detail: format!("the sandbox helper exited ({status}) without a report") },
+                    Usage::default(),
+                ),
+            },
+        };
+        Ok(ExitReport { termination, usage })
+    }
+}

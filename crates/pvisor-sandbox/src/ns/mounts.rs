@@ -1,0 +1,188 @@
+//! Assembles the sandbox's filesystem inside init's new mount namespace.
+//!
+//! The result, after `pivot_root`:
+//! - `/` is a recursive bind of the host root, read-only and nosuid;
+//! - the workspace path is an overlayfs (lower = the live workspace,
+//!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
+//! - `/tmp` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
+//!   new pid namespace; `/dev` is a tmpfs with only null, zero, full, random,
+//!   urandom, tty and the host's pts;
+//! - every hidden path (the state directory at least) is an empty read-only tmpfs.
+//!
+//! Private mounts are made before the workspace overlay, so a workspace that
+//! lives under `/tmp` still appears (its mount point is created in the new tmpfs).
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use super::helper::{under, StepError};
+use crate::sys;
+use crate::SandboxSpec;
+
+pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
+    let root = spec.root_mount.as_path();
+    sys::mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| mount_err("mount-namespace", "make / private", e))?;
+    sys::mount(Some("/"), root, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(|e| mount_err("root", "bind the host root", e))?;
+    sys::mount_setattr_recursive(root, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID).map_err(
+        |e| {
+            let err = mount_err("root", "make the host root read-only", e);
+            if err.message.contains("os error 38") {
+                err.hint("mount_setattr(2) needs Linux 5.12 or newer")
+            } else {
+                err
+            }
+        },
+    )?;
+
+    tmpfs(&under(root, Path::new("/tmp")), "mode=1777", 0)?;
+    minimal_dev(root)?;
+    sys::mount(
+        Some("proc"),
+        &under(root, Path::new("/proc")),
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .map_err(|e| {
+        mount_err("proc", "mount a fresh /proc", e).hint(
+            "the kernel refuses procfs in a user namespace when the host /proc has masked paths (as in some containers); run pvisor on the host or in a VM",
+        )
+    })?;
+
+    for hidden in &spec.hidden {
+        let target = under(root, hidden);
+        if fs::symlink_metadata(&target).map(|m| m.is_dir()).unwrap_or(false) {
+            tmpfs(&target, "mode=0755,size=4k", libc::MS_RDONLY)?;
+        }
+    }
+
+    overlay_workspace(spec, root)?;
+
+    let enter = |what: &str, e: io::Error| mount_err("pivot-root", what, e);
+    std::env::set_current_dir(root).map_err(|e| enter("enter the new root", e))?;
+    // SAFETY: pivot_root(".", ".") stacks the old root under the new one; the
+    // umount below detaches it. Both paths are static NUL-terminated strings.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    sys::check(rc).map_err(|e| enter("pivot_root", e))?;
+    // SAFETY: detaching the old root, which is stacked at ".".
+    let rc = unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) };
+    sys::check(rc.into()).map_err(|e| enter("detach the host root", e))?;
+    std::env::set_current_dir("/").map_err(|e| enter("enter /", e))?;
+    Ok(())
+}
+
+fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
+    StepError::new(step, format!("cannot {what}: {e}"))
+}
+
+fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Result<(), StepError> {
+    sys::mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | flags,
+        Some(options),
+    )
+    .map_err(|e| mount_err("tmpfs", &format!("mount a tmpfs on {}", target.display()), e))
+}
+
+fn minimal_dev(root: &Path) -> Result<(), StepError> {
+    let dev = under(root, Path::new("/dev"));
+    sys::mount(Some("tmpfs"), &dev, Some("tmpfs"), libc::MS_NOSUID, Some("mode=0755"))
+        .map_err(|e| mount_err("dev", "mount a tmpfs on /dev", e))?;
+    let io_err = |what: String, e: io::Error| StepError::new("dev", format!("cannot {what}: {e}"));
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = Path::new("/dev").join(node);
+        if !host.exists() {
+            continue;
+        }
+        let target = dev.join(node);
+        fs::File::create(&target).map_err(|e| io_err(format!("create /dev/{node}"), e))?;
+        sys::mount(Some(&host.to_string_lossy()), &target, None, libc::MS_BIND, None)
+            .map_err(|e| mount_err("dev", &format!("bind /dev/{node}"), e))?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link))
+            .map_err(|e| io_err(format!("link /dev/{link}"), e))?;
+    }
+    let shm = dev.join("shm");
+    fs::create_dir(&shm).map_err(|e| io_err("create /dev/shm".into(), e))?;
+    tmpfs(&shm, "mode=1777", 0)?;
+    // The host's pts lets an inherited terminal keep its name (`tty`, `ssh -t`).
+    if Path::new("/dev/pts").is_dir() {
+        let pts = dev.join("pts");
+        fs::create_dir(&pts).map_err(|e| io_err("create /dev/pts".into(), e))?;
+        sys::mount(Some("/dev/pts"), &pts, None, libc::MS_BIND, None)
+            .map_err(|e| mount_err("dev", "bind /dev/pts", e))?;
+    }
+    Ok(())
+}
+
+/// Escapes a path for overlayfs's option string, where `,` separates options,
+/// `:` separates lower layers and `\` escapes.
+fn escape_overlay_path(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        if matches!(c, '\\' | ',' | ':') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<(), StepError> {
+    let target = under(root, &spec.workspace);
+    if !target.is_dir() {
+        // The workspace lives under a private tmpfs (e.g. /tmp): make its mount point there.
+        fs::create_dir_all(&target).map_err(|e| {
+            StepError::new(
+                "overlay",
+                format!("cannot create the workspace mount point {}: {e}", spec.workspace.display()),
+            )
+        })?;
+    }
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        escape_overlay_path(&spec.workspace),
+        escape_overlay_path(&spec.upper),
+        escape_overlay_path(&spec.work),
+    );
+    sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(&options)).map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::ENODEV) => "overlayfs is not available: load it with `modprobe overlay` (CONFIG_OVERLAY_FS)".to_string(),
+            Some(libc::EPERM) => "this kernel does not allow overlayfs inside a user namespace; Linux 5.11 or newer is needed".to_string(),
+            Some(libc::ELOOP) => "the workspace and the stage overlap; keep PVISOR_HOME outside the workspace".to_string(),
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => format!(
+                "the filesystem holding the stage ({}) cannot be an overlay upper layer with user xattrs; put PVISOR_HOME on ext4, xfs, btrfs or tmpfs (Linux 6.6+), and check `dmesg` for the overlayfs message",
+                spec.upper.display()
+            ),
+            _ => "check `dmesg` for the overlayfs message".to_string(),
+        };
+        StepError::new(
+            "overlay",
+            format!("cannot mount the workspace overlay on {}: {e}", spec.workspace.display()),
+        )
+        .hint(hint)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_paths_escape_separators() {
+        assert_eq!(escape_overlay_path(Path::new("/a,b:c\\d")), "/a\\,b\\:c\\\\d");
+        assert_eq!(escape_overlay_path(Path::new("/plain/dir")), "/plain/dir");
+    }
+}

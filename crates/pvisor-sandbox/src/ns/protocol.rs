@@ -1,0 +1,60 @@
+//! The helper → supervisor report channel.
+//!
+//! The helper, the sandbox's init and the command child (before it execs) all
+//! hold the write end of one pipe. Each message is one JSON line written with a
+//! single `write(2)` under `PIPE_BUF`, so messages from different processes
+//! never interleave. The supervisor reads until EOF, which comes only when
+//! every holder is gone.
+
+use std::os::fd::RawFd;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys;
+
+/// The helper's end of the report pipe, at this fixed descriptor.
+pub(crate) const REPORT_FD: RawFd = 4;
+/// The helper reads its [`HelperSpec`](super::helper::HelperSpec) from this descriptor.
+pub(crate) const SPEC_FD: RawFd = 3;
+
+/// Largest message; pipes write up to `PIPE_BUF` (4096) bytes atomically.
+const MAX_MESSAGE: usize = 4000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub(crate) enum Report {
+    /// A setup step failed; the command was never started.
+    SetupError { step: String, message: String, hint: Option<String> },
+    /// The sandbox is assembled and the command is about to be executed.
+    Ready,
+    /// execve(2) of the program failed inside the sandbox.
+    ExecError { program: String, errno: i32 },
+    /// The command ended; rusage sums every process init reaped.
+    Exit {
+        code: Option<i32>,
+        signal: Option<i32>,
+        user_us: u64,
+        system_us: u64,
+        max_rss_kib: u64,
+    },
+}
+
+impl Report {
+    /// Sends the report on [`REPORT_FD`]. Failures are ignored: if the supervisor
+    /// is gone, the sandbox dies with it anyway.
+    pub(crate) fn send(&self) {
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        if line.len() > MAX_MESSAGE {
+            if let Report::SetupError { step, message, hint } = self {
+                let short = Report::SetupError {
+                    step: step.clone(),
+                    message: message.chars().take(MAX_MESSAGE / 2).collect(),
+                    hint: hint.as_ref().map(|h| h.chars().take(MAX_MESSAGE / 4).collect()),
+                };
+                line = serde_json::to_vec(&short).unwrap_or_default();
+            }
+        }
+        line.push(b'\n');
+        let _ = sys::write_all(REPORT_FD, &line);
+    }
+}

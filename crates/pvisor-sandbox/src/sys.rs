@@ -1,0 +1,169 @@
+//! Thin, safe wrappers over the raw Linux calls the sandbox needs.
+//!
+//! Each wrapper turns a `-1` into an [`io::Error`] from `errno` and nothing
+//! more; policy lives in the callers.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Converts `rc == -1` into the current `errno`.
+pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
+    if rc == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Builds a C string from a path; paths with NUL bytes cannot exist on Linux.
+pub(crate) fn cpath(path: &Path) -> io::Result<CString> {
+    cstr(path.as_os_str())
+}
+
+pub(crate) fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the kernel just returned this descriptor to us; we own it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+/// Creates a pipe with both ends close-on-exec.
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }.into())?;
+    // SAFETY: pipe2 succeeded, so both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes all of `buf`, retrying on EINTR and short writes.
+pub(crate) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid readable slice.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Returns a signal set holding `signals`.
+pub(crate) fn sigset(signals: &[i32]) -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set; sigaddset only adds members.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Replaces the calling thread's signal mask.
+pub(crate) fn set_sigmask(how: libc::c_int, set: &libc::sigset_t) -> io::Result<()> {
+    // SAFETY: `set` is an initialised signal set; the old mask is not needed.
+    let rc = unsafe { libc::pthread_sigmask(how, set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits for one of the blocked signals in `set`.
+pub(crate) fn sigwait(set: &libc::sigset_t) -> io::Result<i32> {
+    loop {
+        // SAFETY: `set` is initialised; siginfo is not needed.
+        let sig = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
+        if sig >= 0 {
+            return Ok(sig);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Asks the kernel to SIGKILL the caller when its parent exits.
+pub(crate) fn die_with_parent() -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) }.into())?;
+    Ok(())
+}
+
+pub(crate) fn mount(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let source = source.map(CString::new).transpose()?;
+    let target = cpath(target)?;
+    let fstype = fstype.map(CString::new).transpose()?;
+    let data = data.map(CString::new).transpose()?;
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
+    check(unsafe {
+        libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast())
+    }.into())?;
+    Ok(())
+}
+
+/// `struct mount_attr` for mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Sets mount attributes on `path` and, recursively, every mount below it.
+pub(crate) fn mount_setattr_recursive(path: &Path, attr_set: u64) -> io::Result<()> {
+    let target = cpath(path)?;
+    let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    // SAFETY: a valid path, AT_RECURSIVE, and a correctly sized mount_attr.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
