@@ -1,1 +1,30 @@
-fn main() {}
+//! The `pvisor` binary: parses flags, builds the runtime, prints results.
+//!
+//! All behaviour lives in the library crates; each subcommand is one file in
+//! `commands/`. Exit codes are documented in `docs/exit-codes.md` and defined
+//! in `exit.rs`.
+
+mod cli;
+mod commands;
+mod exit;
+mod output;
+
+use clap::Parser;
+
+fn main() {
+    // Must come first: the sandbox helper is this binary re-executed.
+    pvisor_sandbox::ns::maybe_run_helper();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { exit::SUCCESS };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let code = match commands::dispatch(cli) {
+        Ok(code) => code,
+        Err(err) => exit::report(&err),
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,27 @@
+//! pvisor: the embedded runtime.
+//!
+//! The flow of one run, and where each step lives:
+//! 1. [`admission`]: validate the request, resolve the effective policy once,
+//!    record it and every rewrite as events, decide the Placement, create the
+//!    Job, Run and Attempt records.
+//! 2. [`session`]: the Session owns the Attempt's lifecycle: preparation,
+//!    cancellation, cleanup and terminal publication, with finalization in
+//!    the fixed order of DESIGN.md (seal stage → Bundle → Run projection and
+//!    receipt → terminal event).
+//! 3. [`runtime::job_service`]: the durable Job service runs each Session as a
+//!    Tokio task ([`ManagedJobRun`]) and publishes the Job state after joining
+//!    the Attempt. Frontends hold only a wait adapter.
+//! 4. [`runtime::completion`]: building, validating and committing receipts.
+//! 5. [`runtime::job_service::views`]: read projections for status, lists and
+//!    the Trace, trusting only valid receipts.
+//!
+//! The library never prints, exits or reads user configuration; the CLI and
+//! the daemon do.
+
+pub mod admission;
+pub mod runtime;
+pub mod session;
+mod trace;
+
+pub use admission::{AdmissionError, RunRequest};
+pub use runtime::job_service::{JobService, ManagedJobRun, RunError, RunOutcome};

@@ -1,0 +1,32 @@
+//! `pvisor events [JOB] [--json]`: the Trace.
+
+use std::io::Write;
+
+use pvisor::runtime::job_service::views;
+
+use crate::cli::EventsArgs;
+use crate::output::json_line;
+
+pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job_record: pvisor_core::records::JobRecord = store.read(&store.job_file(&job))?;
+    let (events, warnings) = views::events(&store, &job_record.run)?;
+    let mut out = std::io::stdout().lock();
+    for event in &events {
+        if args.json {
+            json_line(&mut out, "event", event)?;
+        } else {
+            let cause = event.cause.map(|c| format!(" ←{c}")).unwrap_or_default();
+            let data = match &event.data {
+                serde_json::Value::Null => String::new(),
+                d => d.to_string(),
+            };
+            writeln!(out, "{:>3}{:<5} {}  {:<22} {}", event.seq, cause, event.time, event.kind, data)?;
+        }
+    }
+    for warning in warnings {
+        eprintln!("pvisor: warning: {warning}");
+    }
+    Ok(0)
+}

@@ -1,0 +1,55 @@
+//! `pvisor status [JOB] [--json]`.
+
+use std::io::Write;
+
+use pvisor::runtime::job_service::views::{self, JobStatus, ReceiptStatus};
+
+use crate::cli::StatusArgs;
+use crate::output::{ending, json_line, shell_words};
+
+pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let status = views::status(&store, &job)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        json_line(&mut out, "status", &status)?;
+    } else {
+        print_status(&mut out, &status)?;
+    }
+    Ok(0)
+}
+
+fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
+    let state = ending(s.state.as_str(), s.exit_code, s.signal);
+    let live = if s.live { " (live)" } else { "" };
+    writeln!(out, "job        {}", s.job)?;
+    writeln!(out, "state      {state}{live}")?;
+    let receipt = match s.receipt {
+        ReceiptStatus::Valid => "valid (result confirmed)".to_owned(),
+        ReceiptStatus::Missing if s.live => "not yet (the run is in progress)".to_owned(),
+        ReceiptStatus::Missing => "missing: the supervisor stopped before confirming a result; the stage is kept".to_owned(),
+    };
+    writeln!(out, "receipt    {receipt}")?;
+    for gap in &s.audit_gaps {
+        writeln!(out, "audit      {gap}")?;
+    }
+    if let Some(error) = &s.error {
+        writeln!(out, "error      {error}")?;
+    }
+    writeln!(out, "command    {}", shell_words(&s.program, &s.args))?;
+    writeln!(out, "workspace  {}", s.workspace.display())?;
+    writeln!(out, "run        {}  (attempt {})", s.run, s.attempt)?;
+    writeln!(out, "created    {}", s.created_at)?;
+    if let Some(t) = s.started_at {
+        writeln!(out, "started    {t}")?;
+    }
+    if let Some(t) = s.finished_at {
+        writeln!(out, "finished   {t}")?;
+    }
+    match s.changes {
+        Some(n) => writeln!(out, "changes    {n} staged in {}", s.stage.display())?,
+        None => writeln!(out, "changes    unconfirmed; staged files are in {}", s.stage.display())?,
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! Exit codes (see `docs/exit-codes.md`) and error reporting.
+//!
+//! `pvisor run` exits with the sandboxed command's own status (128+N for a
+//! signal). pvisor's own failures use the codes container runtimes use.
+
+use std::io::ErrorKind;
+
+pub const SUCCESS: i32 = 0;
+/// pvisor itself failed: bad input, setup, records.
+pub const PVISOR_ERROR: i32 = 125;
+/// The program exists but cannot be executed.
+pub const CANNOT_EXECUTE: i32 = 126;
+/// The program was not found.
+pub const NOT_FOUND: i32 = 127;
+/// Invalid command-line usage (a pvisor error too).
+pub const USAGE: i32 = PVISOR_ERROR;
+
+/// Prints `err` with its whole cause chain and any hint, and returns the exit
+/// code. A closed stdout (`pvisor jobs | head`) is success, as in ripgrep.
+pub fn report(err: &anyhow::Error) -> i32 {
+    if err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe)) {
+        return SUCCESS;
+    }
+    eprintln!("pvisor: error: {err}");
+    for cause in err.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    if let Some(hint) = hint_for(err) {
+        eprintln!("  hint: {hint}");
+    }
+    PVISOR_ERROR
+}
+
+fn hint_for(err: &anyhow::Error) -> Option<String> {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<pvisor_sandbox::SandboxError>() {
+            return e.hint().map(str::to_owned);
+        }
+        if let Some(e) = cause.downcast_ref::<std::io::Error>() {
+            match e.raw_os_error() {
+                Some(libc::ENOSPC) => return Some("the disk holding PVISOR_HOME is full; free space or point PVISOR_HOME elsewhere".into()),
+                Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
+                    return Some("PVISOR_HOME must be a writable directory; set PVISOR_HOME=/some/writable/dir".into())
+                }
+                _ => {}
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,242 @@
+//! The change set: what an upper layer changes relative to its lower layer.
+//!
+//! `scan` walks the upper tree depth-first in byte order, compares each entry
+//! with the same path in the lower tree and classifies it (see
+//! [`ChangeKind`]). Entries that overlay copied up without changing them
+//! (a directory traversed into, a file whose metadata only was touched with
+//! identical contents and mode) are not changes and are left out.
+
+use std::fs::{self, File, Metadata};
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
+
+use crate::overlay;
+use crate::StageError;
+
+/// Flushes the stage's filesystem so the staged files are durable before the
+/// Bundle that describes them is written. One `syncfs(2)` covers the whole tree.
+pub fn seal(upper: &Path) -> Result<(), StageError> {
+    let dir = File::open(upper).map_err(|e| StageError::io("open", upper, e))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs on a valid directory descriptor.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(StageError::io("sync", upper, io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Returns the changes in `upper` relative to `lower`, sorted by path.
+pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
+    let mut out = Vec::new();
+    walk(upper, lower, Path::new(""), false, &mut out)?;
+    Ok(out)
+}
+
+fn entry_type(meta: &Metadata) -> EntryType {
+    let ft = meta.file_type();
+    if ft.is_file() {
+        EntryType::File
+    } else if ft.is_dir() {
+        EntryType::Dir
+    } else if ft.is_symlink() {
+        EntryType::Symlink
+    } else {
+        EntryType::Special
+    }
+}
+
+fn lstat(path: &Path) -> Result<Option<Metadata>, StageError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => Ok(None),
+        Err(e) => Err(StageError::io("inspect", path, e)),
+    }
+}
+
+/// Hex BLAKE3 of a regular file, opened without following symlinks.
+fn file_digest(path: &Path) -> Result<String, StageError> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| StageError::io("read", path, e))?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_reader(file).map_err(|e| StageError::io("read", path, e))?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+fn link_digest(path: &Path) -> Result<(PathBuf, String), StageError> {
+    let target = fs::read_link(path).map_err(|e| StageError::io("read link", path, e))?;
+    use std::os::unix::ffi::OsStrExt;
+    let digest = blake3::hash(target.as_os_str().as_bytes()).to_hex().to_string();
+    Ok((target, digest))
+}
+
+/// `under_opaque`: an ancestor directory is opaque, so the lower side is hidden.
+fn walk(
+    upper_root: &Path,
+    lower_root: &Path,
+    rel: &Path,
+    under_opaque: bool,
+    out: &mut Vec<ChangeEntry>,
+) -> Result<(), StageError> {
+    let dir = upper_root.join(rel);
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(|e| StageError::io("list", &dir, e))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| StageError::io("list", &dir, e))?;
+    names.sort_by(|a, b| {
+        use std::os::unix::ffi::OsStrExt;
+        a.as_bytes().cmp(b.as_bytes())
+    });
+    for name in names {
+        let rel = rel.join(&name);
+        let upper = upper_root.join(&rel);
+        let Some(meta) = lstat(&upper)? else { continue };
+        let lower = if under_opaque { None } else { lstat(&lower_root.join(&rel))? };
+        let lower_type = lower.as_ref().map(entry_type);
+        let mode = meta.mode() & 0o7777;
+        let mut push = |kind, entry, size, digest| {
+            out.push(ChangeEntry { path: RelPath::new(&rel), kind, entry, size, mode, blake3: digest })
+        };
+
+        if overlay::is_whiteout(&upper, &meta) {
+            if lower.is_some() {
+                push(ChangeKind::Deleted, EntryType::None, 0, None);
+            }
+            continue;
+        }
+        let this = entry_type(&meta);
+        let mode_differs = lower.as_ref().is_some_and(|l| l.mode() & 0o7777 != mode);
+        match this {
+            EntryType::Dir => {
+                let opaque = overlay::is_opaque(&upper);
+                match lower_type {
+                    None => push(ChangeKind::Added, EntryType::Dir, 0, None),
+                    Some(EntryType::Dir) if opaque => push(ChangeKind::OpaqueDir, EntryType::Dir, 0, None),
+                    Some(EntryType::Dir) if mode_differs => push(ChangeKind::ModeChanged, EntryType::Dir, 0, None),
+                    Some(EntryType::Dir) => {}
+                    Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
+                }
+                let hides_lower = under_opaque || opaque || lower_type != Some(EntryType::Dir);
+                walk(upper_root, lower_root, &rel, hides_lower, out)?;
+            }
+            EntryType::File => {
+                let digest = file_digest(&upper)?;
+                let size = meta.len();
+                match (lower_type, &lower) {
+                    (None, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
+                    (Some(EntryType::File), Some(l)) => {
+                        let same = l.len() == size && file_digest(&lower_root.join(&rel))? == digest;
+                        if !same {
+                            push(ChangeKind::Modified, EntryType::File, size, Some(digest));
+                        } else if mode_differs {
+                            push(ChangeKind::ModeChanged, EntryType::File, size, Some(digest));
+                        }
+                    }
+                    (Some(_), _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
+                }
+            }
+            EntryType::Symlink => {
+                let (target, digest) = link_digest(&upper)?;
+                let size = target.as_os_str().len() as u64;
+                match lower_type {
+                    None => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
+                    Some(EntryType::Symlink) => {
+                        if fs::read_link(lower_root.join(&rel)).ok().as_deref() != Some(target.as_path()) {
+                            push(ChangeKind::Symlink, EntryType::Symlink, size, Some(digest));
+                        }
+                    }
+                    Some(_) => push(ChangeKind::TypeChanged, EntryType::Symlink, size, Some(digest)),
+                }
+            }
+            EntryType::Special | EntryType::None => match lower_type {
+                None => push(ChangeKind::Added, EntryType::Special, 0, None),
+                Some(_) => push(ChangeKind::TypeChanged, EntryType::Special, 0, None),
+            },
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn kinds(changes: &[ChangeEntry]) -> Vec<(String, &'static str)> {
+        changes.iter().map(|c| (c.path.display_escaped(), c.kind.as_str())).collect()
+    }
+
+    fn mknod_whiteout(path: &Path) -> bool {
+        let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: a valid path; creating a 0/0 char device (needs CAP_MKNOD).
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, 0) == 0 }
+    }
+
+    #[test]
+    fn classifies_plain_changes_against_the_lower_layer() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let (l, u) = (lower.path(), upper.path());
+        fs::write(l.join("tracked"), "a\n").unwrap();
+        fs::write(l.join("same"), "same\n").unwrap();
+        fs::write(l.join("chmod"), "x").unwrap();
+        fs::create_dir(l.join("dir")).unwrap();
+        fs::write(l.join("was-file"), "f").unwrap();
+        symlink("old", l.join("link")).unwrap();
+
+        fs::write(u.join("tracked"), "a\nb\n").unwrap();
+        fs::write(u.join("same"), "same\n").unwrap();
+        fs::write(u.join("chmod"), "x").unwrap();
+        fs::set_permissions(u.join("chmod"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(l.join("chmod"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::create_dir(u.join("dir")).unwrap();
+        fs::write(u.join("dir/new"), "n").unwrap();
+        fs::create_dir(u.join("was-file")).unwrap();
+        symlink("new", u.join("link")).unwrap();
+
+        let changes = scan(u, l).unwrap();
+        assert_eq!(
+            kinds(&changes),
+            vec![
+                ("chmod".into(), "mode-changed"),
+                ("dir/new".into(), "added"),
+                ("link".into(), "symlink"),
+                ("tracked".into(), "modified"),
+                ("was-file".into(), "type-changed"),
+            ]
+        );
+        let tracked = changes.iter().find(|c| c.path.as_path() == Path::new("tracked")).unwrap();
+        assert_eq!(tracked.size, 4);
+        assert_eq!(tracked.blake3.as_deref(), Some(blake3::hash(b"a\nb\n").to_hex().as_str()));
+    }
+
+    #[test]
+    fn whiteouts_are_deletions_only_when_the_lower_path_exists() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        fs::write(lower.path().join("gone"), "x").unwrap();
+        if !mknod_whiteout(&upper.path().join("gone")) {
+            eprintln!("skipped: creating a whiteout needs CAP_MKNOD");
+            return;
+        }
+        assert!(mknod_whiteout(&upper.path().join("never-existed")));
+        assert_eq!(kinds(&scan(upper.path(), lower.path()).unwrap()), vec![("gone".into(), "deleted")]);
+    }
+
+    #[test]
+    fn symlinks_in_the_stage_are_never_followed() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        symlink("/etc/shadow", upper.path().join("evil")).unwrap();
+        let changes = scan(upper.path(), lower.path()).unwrap();
+        assert_eq!(changes[0].entry, EntryType::Symlink);
+        assert_eq!(changes[0].size, "/etc/shadow".len() as u64);
+    }
+}

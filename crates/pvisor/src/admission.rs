@@ -1,0 +1,281 @@
+//! Admission: the one place a request becomes a Job.
+//!
+//! Admission validates the request, resolves the effective policy exactly
+//! once, applies pvisor's rewrites (hiding the state directory, marking the
+//! environment), decides the Placement, and durably creates the Run, Job and
+//! Attempt records, in that order, so a Job file never points at a missing Run.
+//! Every later component consumes the recorded decision and never re-reads
+//! the request.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+
+use pvisor_core::ids::{AttemptId, JobId, RunId};
+use pvisor_core::records::{
+    AttemptRecord, EffectivePolicy, JobRecord, Operation, Placement, RunRecord, FORMAT,
+};
+use pvisor_core::state::{AttemptState, JobState};
+use pvisor_core::store::{self, OwnerLock, Store, StoreError};
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::SandboxSpec;
+
+use crate::trace::Trace;
+
+/// What a frontend asks pvisor to run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The workspace directory; the sandbox sees it at its canonical path.
+    pub workspace: PathBuf,
+    /// The working directory, absolute or relative to the workspace. Defaults to it.
+    pub cwd: Option<PathBuf>,
+    pub program: String,
+    pub args: Vec<String>,
+    /// The environment to pass to the command (frontends usually pass their own).
+    pub env: Vec<(String, String)>,
+    /// How long a cancelled command gets to exit after the forwarded signal.
+    pub kill_grace: Duration,
+}
+
+/// Why a request was not admitted. Nothing was recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("Workspace {} does not exist; pass an existing directory with -w", path.display())]
+    WorkspaceMissing { path: PathBuf },
+    #[error("Workspace {} is not a directory", path.display())]
+    WorkspaceNotDirectory { path: PathBuf },
+    #[error("Cannot resolve workspace {}", path.display())]
+    WorkspaceUnreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("The workspace cannot be / : pvisor stages a directory tree, pick a project directory")]
+    WorkspaceIsRoot,
+    #[error(
+        "Workspace {} contains pvisor's state directory {}; overlayfs cannot stage a tree that holds its own stage. \
+         Run on a subdirectory, or set PVISOR_HOME to a directory outside the workspace",
+        workspace.display(), state.display()
+    )]
+    WorkspaceContainsState { workspace: PathBuf, state: PathBuf },
+    #[error("Workspace {} is inside pvisor's state directory {}; choose a directory outside it", workspace.display(), state.display())]
+    WorkspaceInsideState { workspace: PathBuf, state: PathBuf },
+    #[error("Working directory {} is outside the workspace {}", cwd.display(), workspace.display())]
+    CwdOutsideWorkspace { cwd: PathBuf, workspace: PathBuf },
+    #[error("Path {} is not valid UTF-8; pvisor records paths as text", path.display())]
+    NonUtf8Path { path: PathBuf },
+    #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
+    EmptyProgram,
+    #[error("Cannot record the new Job")]
+    Store(#[from] StoreError),
+}
+
+/// A request that passed admission: its records exist and its owner lock is held.
+#[derive(Debug)]
+pub struct Admitted {
+    pub(crate) job: JobRecord,
+    pub(crate) run: RunRecord,
+    pub(crate) attempt: AttemptRecord,
+    pub(crate) trace: Trace,
+    pub(crate) spec: SandboxSpec,
+    pub(crate) lock: OwnerLock,
+    /// The seq of `attempt.created`, the cause of everything the Session records.
+    pub(crate) attempt_event: u64,
+}
+
+impl Admitted {
+    pub fn job_id(&self) -> &JobId {
+        &self.job.id
+    }
+    pub fn attempt_id(&self) -> &AttemptId {
+        &self.attempt.id
+    }
+}
+
+fn canonical_workspace(path: &Path) -> Result<PathBuf, AdmissionError> {
+    let canonical = std::fs::canonicalize(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => AdmissionError::WorkspaceMissing { path: path.to_owned() },
+        _ => AdmissionError::WorkspaceUnreadable { path: path.to_owned(), source },
+    })?;
+    if !canonical.is_dir() {
+        return Err(AdmissionError::WorkspaceNotDirectory { path: path.to_owned() });
+    }
+    if canonical == Path::new("/") {
+        return Err(AdmissionError::WorkspaceIsRoot);
+    }
+    if canonical.to_str().is_none() {
+        return Err(AdmissionError::NonUtf8Path { path: canonical });
+    }
+    Ok(canonical)
+}
+
+fn uname() -> (String, String) {
+    // SAFETY: utsname is plain data and uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-parameter.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return ("unknown".into(), "unknown".into());
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    (field(&u.nodename), field(&u.release))
+}
+
+/// Admits `request`: validates it, fixes the policy and Placement, and records
+/// the Run, Job and Attempt.
+pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admitted, AdmissionError> {
+    if request.program.is_empty() {
+        return Err(AdmissionError::EmptyProgram);
+    }
+    let workspace = canonical_workspace(&request.workspace)?;
+    let state = store.root().to_owned();
+    if state.starts_with(&workspace) {
+        return Err(AdmissionError::WorkspaceContainsState { workspace, state });
+    }
+    if workspace.starts_with(&state) {
+        return Err(AdmissionError::WorkspaceInsideState { workspace, state });
+    }
+    let cwd = match &request.cwd {
+        None => workspace.clone(),
+        Some(cwd) => {
+            let joined = workspace.join(cwd);
+            let resolved = std::fs::canonicalize(&joined).unwrap_or(joined);
+            if !resolved.starts_with(&workspace) {
+                return Err(AdmissionError::CwdOutsideWorkspace { cwd: resolved, workspace });
+            }
+            resolved
+        }
+    };
+
+    let now = Timestamp::now();
+    let job_id = JobId::generate();
+    let run_id = RunId::generate();
+    let attempt_id = AttemptId::new(run_id.clone(), 1);
+    let (host, kernel) = uname();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+
+    let policy = EffectivePolicy {
+        network: "none".into(),
+        // Own network namespace with only loopback: there is no path out to bypass.
+        network_non_bypassable: true,
+        kill_grace_ms: request.kill_grace.as_millis() as u64,
+        hidden_paths: vec![state.clone()],
+    };
+    let placement = Placement {
+        executor: executor.to_owned(),
+        rootless: euid != 0,
+        sandbox_uid: euid,
+        host,
+        kernel,
+    };
+    let mut env: Vec<(String, String)> = request
+        .env
+        .into_iter()
+        .filter(|(k, _)| k != "PVISOR_SANDBOX" && k != "PVISOR_JOB")
+        .collect();
+    let env_rewrites = [("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
+    env.extend(env_rewrites.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    let operation = Operation {
+        kind: "run.execute".into(),
+        program: request.program.clone(),
+        args: request.args.clone(),
+        cwd: cwd.clone(),
+        env_names: env.iter().map(|(k, _)| k.clone()).collect(),
+        policy: policy.clone(),
+        placement: placement.clone(),
+    };
+
+    store::create_dir_all_private(&store.attempt_dir(&attempt_id))?;
+    let stage = store.stage_dir(&run_id);
+    let run = RunRecord {
+        format: FORMAT,
+        id: run_id.clone(),
+        job: job_id.clone(),
+        created_at: now,
+        updated_at: now,
+        workspace: workspace.clone(),
+        operation,
+        state: JobState::Pending,
+        attempts: 1,
+        result: None,
+    };
+    store.write(&store.run_file(&run_id), &run)?;
+    store::create_dir_all_private(&store.job_dir(&job_id))?;
+    let job = JobRecord {
+        format: FORMAT,
+        id: job_id.clone(),
+        created_at: now,
+        updated_at: now,
+        workspace: workspace.clone(),
+        run: run_id.clone(),
+        state: JobState::Pending,
+        target_attempt: 1,
+        continuation: true,
+    };
+    store.write(&store.job_file(&job_id), &job)?;
+    let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
+    let attempt = AttemptRecord {
+        format: FORMAT,
+        id: attempt_id.clone(),
+        job: job_id.clone(),
+        executor: executor.to_owned(),
+        state: AttemptState::Preparing,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        owner_pid: std::process::id(),
+    };
+    store.write(&store.attempt_file(&attempt_id), &attempt)?;
+
+    let mut trace = Trace::new(store.events_file(&run_id), run_id.clone());
+    let created = trace.emit(
+        "job.created",
+        None,
+        None,
+        json!({"job": job_id, "workspace": workspace, "program": request.program, "args": request.args}),
+        false,
+    )?;
+    let policy_event = trace.emit("admission.policy", None, Some(created), json!(policy), false)?;
+    trace.emit(
+        "admission.rewrite",
+        None,
+        Some(policy_event),
+        json!({"rewrite": "hide", "path": state, "reason": "the sandbox must not read or forge pvisor's records"}),
+        false,
+    )?;
+    for (name, _) in &env_rewrites {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "env.set", "name": name}),
+            false,
+        )?;
+    }
+    let placed = trace.emit("placement.decided", None, Some(policy_event), json!(placement), false)?;
+    let attempt_event = trace.emit(
+        "attempt.created",
+        Some(1),
+        Some(placed),
+        json!({"attempt": attempt_id, "executor": executor}),
+        false,
+    )?;
+
+    let spec = SandboxSpec {
+        workspace,
+        cwd,
+        upper: stage.join("upper"),
+        work: stage.join("work"),
+        root_mount: stage.join("root"),
+        hidden: policy.hidden_paths.clone(),
+        program: request.program,
+        args: request.args,
+        env,
+        hostname: "pvisor".into(),
+    };
+    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event })
+}

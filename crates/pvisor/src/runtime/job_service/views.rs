@@ -1,0 +1,180 @@
+//! Read projections: job lookup, status, lists and the Trace.
+//!
+//! A view never trusts a terminal field on its own. The state it reports is
+//! the one confirmed by a valid receipt; without one, a live owner (its lock
+//! is held) means `pending`/`running`, and an absent owner means `unknown`.
+//! Corrupt records are errors that name the file, never a guess.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use pvisor_core::event::Event;
+use pvisor_core::ids::{AttemptId, JobId, RunId};
+use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
+use pvisor_core::state::JobState;
+use pvisor_core::store::{self, OwnerLock, Store, StoreError};
+use pvisor_core::time::Timestamp;
+
+use crate::runtime::completion::{self, ReceiptError};
+
+/// A failed read.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("No job matches {query:?}; `pvisor jobs` lists them")]
+    NotFound { query: String },
+    #[error("{query:?} matches several jobs ({}); give more characters", candidates.join(", "))]
+    Ambiguous { query: String, candidates: Vec<String> },
+    #[error("There are no jobs yet in {}; start one with `pvisor run -- COMMAND`", root.display())]
+    NoJobs { root: PathBuf },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Receipt(#[from] ReceiptError),
+}
+
+/// Resolves a job reference: an id, a unique prefix (with or without `job-`),
+/// or nothing for the most recent Job.
+pub fn resolve_job(store: &Store, query: Option<&str>) -> Result<JobId, ViewError> {
+    let jobs = store.list_jobs()?;
+    let Some(query) = query else {
+        return jobs.last().cloned().ok_or_else(|| ViewError::NoJobs { root: store.root().to_owned() });
+    };
+    let wanted = if query.starts_with(JobId::PREFIX) { query.to_owned() } else { format!("{}{}", JobId::PREFIX, query.to_ascii_uppercase()) };
+    if let Some(exact) = jobs.iter().find(|j| j.as_str() == wanted) {
+        return Ok(exact.clone());
+    }
+    let matches: Vec<&JobId> = jobs.iter().filter(|j| j.as_str().starts_with(&wanted)).collect();
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(ViewError::NotFound { query: query.to_owned() }),
+        many => Err(ViewError::Ambiguous {
+            query: query.to_owned(),
+            candidates: many.iter().take(5).map(|j| j.to_string()).collect(),
+        }),
+    }
+}
+
+/// What is known about a receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReceiptStatus {
+    /// Present and valid: the result below is confirmed.
+    Valid,
+    /// Not (yet) written.
+    Missing,
+}
+
+/// The status of one Job, as `pvisor status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    pub job: JobId,
+    pub run: RunId,
+    pub attempt: AttemptId,
+    /// The confirmed or derived state (see the module doc).
+    pub state: JobState,
+    /// Whether a live process owns the Attempt right now.
+    pub live: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub error: Option<String>,
+    pub workspace: PathBuf,
+    pub program: String,
+    pub args: Vec<String>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub receipt: ReceiptStatus,
+    /// Changed paths in the Bundle's manifest (confirmed runs only).
+    pub changes: Option<usize>,
+    pub stage: PathBuf,
+    /// Facts the Trace is missing even though the receipt is valid.
+    pub audit_gaps: Vec<String>,
+}
+
+/// Builds the status of `job`.
+pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
+    let job: JobRecord = store.read(&store.job_file(job_id))?;
+    let run: RunRecord = store.read(&store.run_file(&job.run))?;
+    let attempt_id = AttemptId::new(run.id.clone(), job.target_attempt);
+    let attempt: AttemptRecord = store.read(&store.attempt_file(&attempt_id))?;
+    let live = OwnerLock::is_held(&store.lock_file(&attempt_id))?;
+    let mut status = JobStatus {
+        job: job.id.clone(),
+        run: run.id.clone(),
+        attempt: attempt_id.clone(),
+        state: job.state,
+        live,
+        exit_code: None,
+        signal: None,
+        error: None,
+        workspace: run.workspace.clone(),
+        program: run.operation.program.clone(),
+        args: run.operation.args.clone(),
+        created_at: job.created_at,
+        started_at: attempt.started_at,
+        finished_at: None,
+        receipt: ReceiptStatus::Missing,
+        changes: None,
+        stage: store.stage_dir(&run.id),
+        audit_gaps: Vec::new(),
+    };
+    match completion::load(store, &job.id, &attempt_id)? {
+        Some((receipt, bundle)) => {
+            let result = receipt.result;
+            status.state = if job.state == JobState::Lost { JobState::Lost } else { result.state.job_state() };
+            status.exit_code = result.exit_code;
+            status.signal = result.signal;
+            status.error = result.error;
+            status.finished_at = Some(result.finished_at);
+            status.receipt = ReceiptStatus::Valid;
+            status.changes = Some(bundle.changes.len());
+            let terminal = result.state.terminal_event();
+            let (events, _) = events(store, &run.id)?;
+            if !events.iter().any(|e| e.kind == terminal) {
+                status.audit_gaps.push(format!("receipt valid, terminal event {terminal} missing"));
+            }
+        }
+        None if live => {}
+        None if job.state == JobState::Lost => {}
+        // No owner and no receipt: whatever the records say, the result is unknown.
+        None => status.state = JobState::Unknown,
+    }
+    Ok(status)
+}
+
+/// Reads a Run's Trace. A torn final line (a crash mid-append) is skipped and
+/// reported; a corrupt line elsewhere is an error naming the file and line.
+pub fn events(store: &Store, run: &RunId) -> Result<(Vec<Event>, Vec<String>), ViewError> {
+    let path = store.events_file(run);
+    let bytes = match store::read_capped(&path, store::RECORD_READ_CAP) {
+        Ok(b) => b,
+        Err(e) if e.is_not_found() => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(e.into()),
+    };
+    let mut events = Vec::new();
+    let mut warnings = Vec::new();
+    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect();
+    let torn_tail = !bytes.ends_with(b"\n");
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_slice::<Event>(line) {
+            Ok(event) => events.push(event),
+            Err(_) if torn_tail && i + 1 == lines.len() => {
+                warnings.push(format!("{}: last line is incomplete (interrupted write); skipped", path.display()))
+            }
+            Err(source) => {
+                return Err(StoreError::Corrupt { path: path.clone(), what: "events.jsonl", source }.into());
+            }
+        }
+    }
+    Ok((events, warnings))
+}
+
+/// Lists every Job's status, oldest first. A Job whose records are broken is
+/// returned as an error beside the others instead of hiding them.
+pub fn list(store: &Store) -> Result<Vec<(JobId, Result<JobStatus, ViewError>)>, ViewError> {
+    Ok(store.list_jobs()?.into_iter().map(|id| {
+        let status = status(store, &id);
+        (id, status)
+    }).collect())
+}

@@ -1,0 +1,7 @@
+//! The runtime's durable machinery: Attempt records, completion receipts, the
+//! registry of live Attempts, and the Job service.
+
+pub mod attempt;
+pub mod completion;
+pub mod job_service;
+pub mod registry;

@@ -1,0 +1,320 @@
+//! Session lifecycle: prepare → start → wait (with cancellation) → finalize.
+//!
+//! Finalization, strictly in this order:
+//! 1. the sandbox is gone (its pid namespace died with the command); seal the
+//!    stage (`syncfs`) and compute the change manifest;
+//! 2. save the Bundle (result, observations, manifest, warnings), no-clobber;
+//! 3. save the Run state projection, then commit the completion receipt;
+//! 4. publish the terminal event. A failure here is an audit gap: reported,
+//!    never answered by rewriting the Bundle or publishing another state.
+//!
+//! The Job state is published afterwards by the Job service.
+
+use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use pvisor_core::records::{AttemptRecord, Bundle, ChangeEntry, JobRecord, Observations, RunRecord, RunResult, FORMAT};
+use pvisor_core::state::{AttemptState, JobState, ResultState};
+use pvisor_core::store::{self, OwnerLock, Store, StoreError};
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::{ExitReport, Executor, SandboxError, SandboxSpec, Termination, Usage};
+
+use crate::admission::Admitted;
+use crate::runtime::attempt::{self, AttemptError};
+use crate::runtime::completion;
+use crate::runtime::job_service::{RunError, RunOutcome};
+use crate::trace::Trace;
+
+/// How the sandbox ended, from the Session's point of view.
+#[derive(Debug)]
+enum Ending {
+    /// The sandbox could not be set up; the command never ran.
+    SetupFailed(SandboxError),
+    Finished(ExitReport),
+}
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    store: Store,
+    executor: Arc<dyn Executor>,
+    pub(crate) job: JobRecord,
+    run: RunRecord,
+    attempt: AttemptRecord,
+    trace: Trace,
+    spec: SandboxSpec,
+    _lock: OwnerLock,
+    attempt_event: u64,
+    kill_grace: Duration,
+    cancel_requested: Option<i32>,
+    warnings: Vec<String>,
+}
+
+impl Session {
+    pub(crate) fn new(store: Store, executor: Arc<dyn Executor>, admitted: Admitted) -> Self {
+        let kill_grace = Duration::from_millis(admitted.run.operation.policy.kill_grace_ms);
+        Self {
+            store,
+            executor,
+            job: admitted.job,
+            run: admitted.run,
+            attempt: admitted.attempt,
+            trace: admitted.trace,
+            spec: admitted.spec,
+            _lock: admitted.lock,
+            attempt_event: admitted.attempt_event,
+            kill_grace,
+            cancel_requested: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self, kind: &str, data: serde_json::Value) -> Result<u64, StoreError> {
+        let cause = Some(self.attempt_event);
+        self.trace.emit(kind, Some(self.attempt.id.number()), cause, data, false)
+    }
+
+    /// Creates `upper/`, `work/` and `root/`; the upper root takes the workspace
+    /// root's mode (and owner, when we may chown) because overlay shows it as the
+    /// workspace directory itself.
+    fn prepare_stage(&self) -> Result<(), SandboxError> {
+        let setup = |what: String, e: std::io::Error| SandboxError::Setup {
+            step: "stage".into(),
+            message: format!("{what}: {e}"),
+            hint: Some("check that PVISOR_HOME is writable and has free space".into()),
+        };
+        for dir in [&self.spec.upper, &self.spec.work, &self.spec.root_mount] {
+            store::create_dir_all_private(dir)
+                .map_err(|e| SandboxError::Setup { step: "stage".into(), message: e.to_string(), hint: None })?;
+        }
+        let meta = std::fs::metadata(&self.spec.workspace)
+            .map_err(|e| setup(format!("cannot inspect {}", self.spec.workspace.display()), e))?;
+        std::fs::set_permissions(&self.spec.upper, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+            .map_err(|e| setup(format!("cannot set the mode of {}", self.spec.upper.display()), e))?;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            chown(&self.spec.upper, Some(meta.uid()), Some(meta.gid()))
+                .map_err(|e| setup(format!("cannot chown {}", self.spec.upper.display()), e))?;
+        }
+        Ok(())
+    }
+
+    fn mark_running(&mut self) -> Result<(), RunError> {
+        attempt::advance(&self.store, &mut self.attempt, AttemptState::Running)
+            .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+        let now = Timestamp::now();
+        self.run.state = self.run.state.transition(JobState::Running).map_err(|e| self.finalize_error("recording the start", AttemptError::from(e).into()))?;
+        self.run.updated_at = now;
+        self.job.state = self.job.state.transition(JobState::Running).map_err(|e| self.finalize_error("recording the start", AttemptError::from(e).into()))?;
+        self.job.updated_at = now;
+        let store = self.store.clone();
+        store.write(&store.run_file(&self.run.id), &self.run).map_err(|e| self.finalize_error("recording the start", e.into()))?;
+        store.write(&store.job_file(&self.job.id), &self.job).map_err(|e| self.finalize_error("recording the start", e.into()))?;
+        Ok(())
+    }
+
+    /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
+    /// forward; the first one marks the run as cancelled.
+    pub(crate) async fn run(mut self, mut cancel: mpsc::UnboundedReceiver<i32>) -> Result<RunOutcome, RunError> {
+        let started_at = Timestamp::now();
+        let clock = Instant::now();
+        let started = match self.prepare_stage() {
+            Ok(()) => {
+                let executor = self.executor.clone();
+                let spec = self.spec.clone();
+                tokio::task::spawn_blocking(move || executor.start(&spec))
+                    .await
+                    .unwrap_or_else(|e| Err(SandboxError::Protocol(format!("the start task failed: {e}"))))
+            }
+            Err(e) => Err(e),
+        };
+        let ending = match started {
+            Err(e) => Ending::SetupFailed(e),
+            Ok(process) => {
+                self.mark_running()?;
+                self.emit("attempt.started", json!({"executor": self.executor.name()}))
+                    .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+                let signaller = process.signaller();
+                let mut wait = tokio::task::spawn_blocking(move || process.wait());
+                let mut deadline: Option<tokio::time::Instant> = None;
+                let mut cancel_open = true;
+                let report = loop {
+                    tokio::select! {
+                        joined = &mut wait => {
+                            break joined.unwrap_or_else(|e| Err(SandboxError::Protocol(format!("the wait task failed: {e}"))));
+                        }
+                        sig = cancel.recv(), if cancel_open => {
+                            let Some(sig) = sig else { cancel_open = false; continue };
+                            if self.cancel_requested.is_none() {
+                                self.cancel_requested = Some(sig);
+                                let _ = signaller.signal(sig);
+                                deadline = Some(tokio::time::Instant::now() + self.kill_grace);
+                                self.record_best_effort("run.cancel_requested", json!({"signal": sig, "grace_ms": self.kill_grace.as_millis() as u64}));
+                            } else {
+                                let _ = signaller.kill();
+                                deadline = None;
+                                self.record_best_effort("run.kill_escalated", json!({"reason": "second cancellation request"}));
+                            }
+                        }
+                        () = sleep_until(deadline) => {
+                            let _ = signaller.kill();
+                            deadline = None;
+                            self.record_best_effort("run.kill_escalated", json!({"reason": "grace period expired", "grace_ms": self.kill_grace.as_millis() as u64}));
+                        }
+                    }
+                };
+                match report {
+                    Ok(report) => Ending::Finished(report),
+                    Err(e) => Ending::SetupFailed(e),
+                }
+            }
+        };
+        self.finalize(ending, started_at, clock.elapsed())
+    }
+
+    /// Records a fact whose loss must not stop the run (it is repeated in the Bundle).
+    fn record_best_effort(&mut self, kind: &str, data: serde_json::Value) {
+        if let Err(e) = self.emit(kind, data) {
+            self.warnings.push(format!("could not record {kind}: {e}"));
+        }
+    }
+
+    fn result_of(&self, ending: &Ending, started_at: Timestamp) -> RunResult {
+        let finished_at = Timestamp::now();
+        let cancelled = self.cancel_requested.is_some();
+        let (mut state, exit_code, signal, error) = match ending {
+            Ending::SetupFailed(e) => {
+                let mut message = e.to_string();
+                if let Some(hint) = e.hint() {
+                    message.push_str(&format!(" (hint: {hint})"));
+                }
+                (ResultState::Failed, None, None, Some(message))
+            }
+            Ending::Finished(report) => match &report.termination {
+                Termination::Exited(0) => (ResultState::Completed, Some(0), None, None),
+                Termination::Exited(code) => (ResultState::Failed, Some(*code), None, None),
+                Termination::Signaled(sig) => (ResultState::Failed, None, Some(*sig), None),
+                Termination::ExecFailed { program, errno, message } => {
+                    let (code, what) = if *errno == libc::ENOENT {
+                        (127, "not found")
+                    } else {
+                        (126, "cannot be executed")
+                    };
+                    (ResultState::Failed, Some(code), None, Some(format!("program {program:?} {what}: {message}")))
+                }
+                Termination::Vanished { detail } => (ResultState::Failed, None, None, Some(detail.clone())),
+            },
+        };
+        if cancelled {
+            state = ResultState::Cancelled;
+        }
+        RunResult { state, exit_code, signal, started_at, finished_at, error }
+    }
+
+    fn finalize_error(&self, step: &'static str, source: crate::runtime::job_service::FinalizeSource) -> RunError {
+        RunError::Finalize {
+            step,
+            job: self.job.id.clone(),
+            attempt: self.attempt.id.clone(),
+            stage: self.store.stage_dir(&self.run.id),
+            source,
+        }
+    }
+
+    fn finalize(mut self, ending: Ending, started_at: Timestamp, wall: Duration) -> Result<RunOutcome, RunError> {
+        let result = self.result_of(&ending, started_at);
+        let usage = match &ending {
+            Ending::Finished(report) => report.usage.clone(),
+            Ending::SetupFailed(_) => Usage::default(),
+        };
+
+        // Step 1: the sandbox is gone; seal the stage and take its manifest.
+        attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
+            .map_err(|e| self.finalize_error("marking the attempt finalizing", e.into()))?;
+        self.emit(
+            "attempt.exited",
+            json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error}),
+        )
+        .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
+        let changes = self.seal_stage()?;
+        self.emit("stage.sealed", json!({"changes": changes.len()}))
+            .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
+
+        // Step 2: the Bundle fixes the result and observations.
+        let bundle = Bundle {
+            format: FORMAT,
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            result: result.clone(),
+            observations: Observations {
+                wall_ms: wall.as_millis() as u64,
+                user_cpu_ms: usage.user_cpu.as_millis() as u64,
+                system_cpu_ms: usage.system_cpu.as_millis() as u64,
+                max_rss_kib: usage.max_rss_kib,
+                extra: Default::default(),
+            },
+            changes: changes.clone(),
+            warnings: self.warnings.clone(),
+        };
+        let bundle_bytes = store::to_json_bytes(&bundle);
+        store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
+            .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
+        let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
+        self.emit("bundle.saved", json!({"file": "bundle.json", "size": receipt.bundle.size, "blake3": receipt.bundle.blake3}))
+            .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
+
+        // Step 3: the Run projection, then the receipt that makes it true.
+        self.run.state = result.state.job_state();
+        self.run.result = Some(result.clone());
+        self.run.updated_at = Timestamp::now();
+        self.store
+            .write(&self.store.run_file(&self.run.id), &self.run)
+            .map_err(|e| self.finalize_error("saving the Run state", e.into()))?;
+        completion::commit(&self.store, &receipt)
+            .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;
+
+        // Step 4: from here on, nothing may contradict the receipt.
+        let mut audit_gaps = Vec::new();
+        if let Err(e) = attempt::advance(&self.store, &mut self.attempt, result.state.attempt_state()) {
+            audit_gaps.push(format!("attempt.json not updated: {e}"));
+        }
+        let terminal = result.state.terminal_event();
+        let data = json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error, "changes": changes.len(), "receipt": "completion.json"});
+        if let Err(e) = self.trace.emit(terminal, Some(self.attempt.id.number()), Some(self.attempt_event), data, true) {
+            audit_gaps.push(format!("terminal event {terminal} not written: {e}"));
+        }
+        Ok(RunOutcome {
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            workspace: self.run.workspace.clone(),
+            result,
+            changes,
+            bundle_blake3: receipt.bundle.blake3,
+            warnings: self.warnings,
+            audit_gaps,
+            job_record: self.job,
+        })
+    }
+
+    fn seal_stage(&mut self) -> Result<Vec<ChangeEntry>, RunError> {
+        let upper: PathBuf = self.spec.upper.clone();
+        if !upper.is_dir() {
+            return Ok(Vec::new());
+        }
+        pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
+        pvisor_stage::scan(&upper, &self.spec.workspace).map_err(|e| self.finalize_error("reading the stage", e.into()))
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
