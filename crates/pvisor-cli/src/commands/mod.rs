@@ -27,5 +27,7 @@ pub fn open_store() -> anyhow::Result<Store> {
         std::env::var_os("HOME"),
     )
     .context("Cannot locate the state directory: set PVISOR_HOME (or HOME)")?;
-    Store::open(&root).with_context(|| format!("Cannot use state directory {}", root.display()))
+    Store::open(&root).with_context(|| {
+        format!("Cannot use state directory {} (set PVISOR_HOME to a writable directory)", root.display())
+    })
 }

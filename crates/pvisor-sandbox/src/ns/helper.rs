@@ -247,8 +247,15 @@ fn supervise(command: libc::pid_t) -> ! {
             Err(_) => exit(SETUP_FAILED),
         };
         if sig != libc::SIGCHLD {
+            // Like a terminal, signal the command's whole process group (it leads
+            // one), so `sh -c 'sleep 100'` stops on SIGINT; fall back to the
+            // command alone if it moved to another group.
             // SAFETY: `command` is unreaped (we exit as soon as it is reaped).
-            unsafe { libc::kill(command, sig) };
+            unsafe {
+                if libc::kill(-command, sig) != 0 {
+                    libc::kill(command, sig);
+                }
+            }
             continue;
         }
         loop {
@@ -351,7 +358,9 @@ impl Command {
         unsafe {
             if self.tty_foreground {
                 libc::setpgid(0, 0);
-                // SIGTTOU is still blocked here, so this works from the background.
+                // A background group may only take the terminal while ignoring SIGTTOU;
+                // every disposition is reset to default just below.
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
                 libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
             } else {
                 libc::setsid();

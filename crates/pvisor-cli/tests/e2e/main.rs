@@ -1,0 +1,14 @@
+//! End-to-end tests: the real `pvisor` binary, real namespaces, a real overlay.
+//!
+//! One test binary (as jj does) so the suite shares one build. Each test gets a
+//! fresh workspace and state directory. Tests that need a particular privilege
+//! run the binary as that user: as root the "rootless" variants switch to an
+//! unprivileged uid with `setpriv`; as a normal user the root variants say why
+//! they are skipped.
+
+mod support;
+
+mod bad_input;
+mod read_commands;
+mod run;
+mod signals;

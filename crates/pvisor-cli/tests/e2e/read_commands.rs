@@ -1,0 +1,69 @@
+//! `status`, `jobs` and `events`: lookup, JSON output, and honest states.
+
+use crate::support::*;
+
+#[test]
+fn jobs_are_found_by_id_prefix_or_recency() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("exit 0").status.code(), Some(0));
+    assert_eq!(env.run_sh("exit 4").status.code(), Some(4));
+    let latest = env.status_json(None);
+    assert_eq!(latest["exit_code"], 4);
+    let job = latest["job"].as_str().unwrap();
+    let bare = &job["job-".len()..];
+    let by_prefix = env.status_json(Some(&bare[..20].to_ascii_lowercase()));
+    assert_eq!(by_prefix["job"], job);
+    assert_eq!(env.status_json(Some(job))["job"], job);
+
+    let out = env.pvisor(&["jobs", "--json"]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["type"], "job");
+    assert_eq!(lines[0]["state"], "completed");
+    assert_eq!(lines[1]["job"], job);
+
+    let human = text(&env.pvisor(&["jobs"]).stdout);
+    assert!(human.contains("failed (exit 4)"), "{human}");
+    let status = text(&env.pvisor(&["status"]).stdout);
+    assert!(status.contains("receipt    valid"), "{status}");
+}
+
+#[test]
+fn an_unknown_job_is_a_clear_error() {
+    let env = Env::new(As::Rootless);
+    let out = env.pvisor(&["status", "job-01ZZZZZZZZZZZZZZZZZZZZZZZZ"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("No job matches"), "{}", text(&out.stderr));
+    let out = env.pvisor(&["status"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("no jobs yet"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_corrupt_receipt_is_an_error_naming_the_file_not_a_result() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("exit 0").status.code(), Some(0));
+    let status = env.status_json(None);
+    let receipt = env.attempt_dir(&status).join("completion.json");
+    std::fs::write(&receipt, b"{\"format\": 1, \"job\": ").unwrap();
+    let out = env.pvisor(&["status"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("completion.json is corrupt"), "{}", text(&out.stderr));
+    let jobs = env.pvisor(&["jobs"]);
+    assert_eq!(jobs.status.code(), Some(125), "a broken job must not pass silently");
+    assert!(text(&jobs.stdout).contains("error:"));
+}
+
+#[test]
+fn a_tampered_bundle_fails_verification() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("echo hi > f").status.code(), Some(0));
+    let status = env.status_json(None);
+    let bundle = env.attempt_dir(&status).join("bundle.json");
+    let edited = std::fs::read_to_string(&bundle).unwrap().replace("\"added\"", "\"deleted\"");
+    std::fs::write(&bundle, edited).unwrap();
+    let out = env.pvisor(&["status"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("does not match its receipt"), "{}", text(&out.stderr));
+}

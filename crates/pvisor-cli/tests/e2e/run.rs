@@ -1,0 +1,214 @@
+//! `pvisor run`: staging, records, receipts and the sandbox's walls.
+
+use std::fs;
+use std::process::{Command, Stdio};
+use std::io::Write;
+
+use crate::support::*;
+
+fn stages_changes_and_proves_how_the_run_ended(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    env.write("existing", "old\n");
+    env.write("tracked", "line 1\n");
+    env.write("sub/kept", "k\n");
+    let before = snapshot(&env.ws);
+
+    let out = env.run_sh("echo x > new; rm existing; echo y >> tracked; exit 3");
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", text(&out.stderr));
+    assert_eq!(snapshot(&env.ws), before, "the workspace changed");
+
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "failed");
+    assert_eq!(status["exit_code"], 3);
+    assert_eq!(status["receipt"], "valid");
+    assert_eq!(status["workspace"], fs::canonicalize(&env.ws).unwrap().to_str().unwrap());
+    for field in ["job", "run", "attempt"] {
+        assert!(status[field].is_string(), "status lacks {field}: {status}");
+    }
+
+    // The Bundle's manifest lists exactly the three changes.
+    let attempt = env.attempt_dir(&status);
+    let bundle: serde_json::Value = serde_json::from_slice(&fs::read(attempt.join("bundle.json")).unwrap()).unwrap();
+    let changes: Vec<(String, String)> = bundle["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["path"].as_str().unwrap().to_owned(), c["kind"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![("existing".into(), "deleted".into()), ("new".into(), "added".into()), ("tracked".into(), "modified".into())]
+    );
+    let tracked = &bundle["changes"][2];
+    assert_eq!(tracked["size"], 9);
+    assert!(bundle["observations"]["wall_ms"].is_u64());
+    assert!(bundle["observations"]["max_rss_kib"].as_u64().unwrap() > 0);
+
+    // The receipt binds the exact Bundle bytes; check it with an independent BLAKE3 tool.
+    let receipt: serde_json::Value = serde_json::from_slice(&fs::read(attempt.join("completion.json")).unwrap()).unwrap();
+    let b3sum = Command::new("b3sum")
+        .args(["--no-names"])
+        .arg(attempt.join("bundle.json"))
+        .output()
+        .expect("b3sum is needed to verify receipts independently; scripts/setup.sh installs it");
+    assert!(b3sum.status.success());
+    assert_eq!(text(&b3sum.stdout).trim(), receipt["bundle"]["blake3"].as_str().unwrap());
+    assert_eq!(receipt["bundle"]["size"], fs::metadata(attempt.join("bundle.json")).unwrap().len());
+    assert_eq!(receipt["result"]["state"], "failed");
+    assert_eq!(receipt["result"]["exit_code"], 3);
+    assert_eq!(receipt["job"], status["job"]);
+    assert_eq!(receipt["attempt"], status["attempt"]);
+    for record in ["job.json"] {
+        let job = status["job"].as_str().unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&fs::read(env.home.join("jobs").join(job).join(record)).unwrap()).unwrap();
+        assert_eq!(r["format"], 1);
+        assert_eq!(r["state"], "failed");
+    }
+
+    // The Trace is in causal order and ends with the terminal event.
+    let events = env.events(status["job"].as_str().unwrap());
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event["seq"], i as u64 + 1);
+        if let Some(cause) = event["cause"].as_u64() {
+            assert!(cause < event["seq"].as_u64().unwrap(), "cause after effect: {event}");
+        }
+    }
+    let order = ["job.created", "admission.policy", "placement.decided", "attempt.created", "attempt.started", "attempt.exited", "stage.sealed", "bundle.saved", "run.failed"];
+    let positions: Vec<usize> = order.iter().map(|k| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}"))).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"run.failed"));
+}
+
+#[test]
+fn stages_changes_and_proves_how_the_run_ended_as_root() {
+    stages_changes_and_proves_how_the_run_ended(As::Root);
+}
+
+#[test]
+fn stages_changes_and_proves_how_the_run_ended_rootless() {
+    stages_changes_and_proves_how_the_run_ended(As::Rootless);
+}
+
+fn the_sandbox_walls_hold(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let host_tmp_marker = format!("/tmp/pvisor-e2e-leak-{}", std::process::id());
+    let script = format!(
+        r#"
+        fail() {{ echo "FAIL: $*"; exit 1; }}
+        touch /etc/pvisor-escape 2>/dev/null && fail "wrote /etc"
+        touch /usr/pvisor-escape 2>/dev/null && fail "wrote /usr"
+        echo leak > {host_tmp_marker} || fail "private /tmp not writable"
+        [ -z "$(ls -A {home})" ] || fail "state directory visible: $(ls -A {home})"
+        [ "$(hostname)" = pvisor ] || fail "hostname $(hostname)"
+        [ "$(grep -c : /proc/net/dev)" = 1 ] || fail "interfaces: $(cat /proc/net/dev)"
+        grep -q '^ *lo:' /proc/net/dev || fail "no loopback"
+        [ "$(cat /proc/1/cmdline | tr '\0' ' ')" != "" ] || fail "no init"
+        [ "$$" = 2 ] || fail "command pid is $$, not 2"
+        [ "$PVISOR_SANDBOX" = 1 ] || fail "PVISOR_SANDBOX unset"
+        [ "$(pwd)" = "{ws}" ] || fail "cwd $(pwd)"
+        [ -c /dev/null ] && [ -c /dev/urandom ] || fail "minimal /dev"
+        [ -e /dev/sda ] || [ -e /dev/vda ] && fail "host disks visible in /dev"
+        echo ok > /dev/shm/x || fail "/dev/shm"
+        echo staged > in-workspace || fail "workspace not writable"
+        echo ALL-OK
+        "#,
+        home = env.home.display(),
+        ws = fs::canonicalize(&env.ws).unwrap().display(),
+    );
+    let out = env.run_sh(&script);
+    assert!(text(&out.stdout).contains("ALL-OK"), "stdout: {} stderr: {}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!std::path::Path::new(&host_tmp_marker).exists(), "the sandbox wrote the host's /tmp");
+    assert!(!std::path::Path::new("/etc/pvisor-escape").exists());
+    assert!(!env.ws.join("in-workspace").exists(), "a staged file reached the workspace");
+}
+
+#[test]
+fn the_sandbox_walls_hold_as_root() {
+    the_sandbox_walls_hold(As::Root);
+}
+
+#[test]
+fn the_sandbox_walls_hold_rootless() {
+    the_sandbox_walls_hold(As::Rootless);
+}
+
+#[test]
+fn stdin_stdout_and_stderr_pass_through() {
+    let env = Env::new(As::Rootless);
+    let mut child = env
+        .command(&["run", "-q", "--", "sh", "-c", "tr a-z A-Z; echo to-stderr >&2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "HELLO SANDBOX\n");
+    assert_eq!(text(&out.stderr), "to-stderr\n");
+    assert!(out.status.success());
+}
+
+#[test]
+fn a_terminal_reaches_the_command() {
+    let env = Env::new(As::Root);
+    // script(1) gives pvisor a real pseudo-terminal, as an interactive user has.
+    let inner = format!(
+        "PVISOR_HOME={} {} run -q -- sh -c 'test -t 0 && test -t 1 && echo TTY-OK; tty'",
+        env.home.display(),
+        bin()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .current_dir(&env.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("TTY-OK"), "{stdout}");
+    assert!(stdout.contains("/dev/pts/"), "{stdout}");
+}
+
+#[test]
+fn death_by_signal_exits_128_plus_n() {
+    let env = Env::new(As::Rootless);
+    let out = env.run_sh("kill -TERM $$");
+    assert_eq!(out.status.code(), Some(143));
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "failed");
+    assert_eq!(status["signal"], 15);
+    assert!(status["exit_code"].is_null());
+}
+
+#[test]
+fn nothing_outlives_the_main_process() {
+    let env = Env::new(As::Rootless);
+    let marker = "31337.25";
+    let out = env.run_sh(&format!("sleep {marker} & sleep {marker} & echo started"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(wait_until(std::time::Duration::from_secs(2), || sleepers(marker).is_empty()),
+        "survivors: {:?}", sleepers(marker));
+    assert_eq!(env.status_json(None)["state"], "completed");
+}
+
+#[test]
+fn a_successful_run_completes_with_an_empty_manifest() {
+    let env = Env::new(As::Rootless);
+    env.write("a", "a\n");
+    let out = env.pvisor(&["run", "--", "cat", "a"]);
+    assert_eq!(text(&out.stdout), "a\n");
+    assert_eq!(out.status.code(), Some(0));
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "completed");
+    assert_eq!(status["changes"], 0);
+    let events = env.events(status["job"].as_str().unwrap());
+    assert_eq!(events.last().unwrap()["type"], "run.completed");
+}

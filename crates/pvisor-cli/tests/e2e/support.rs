@@ -1,0 +1,198 @@
+//! Shared fixtures: a hermetic workspace + state directory, and ways to run
+//! the binary as root or as an unprivileged user.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The uid/gid the rootless variants run as (no passwd entry needed).
+pub const UNPRIVILEGED: u32 = 4242;
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Who runs the binary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum As {
+    Root,
+    Rootless,
+}
+
+impl As {
+    /// Returns false (after saying why) when this variant cannot run here.
+    pub fn available(self) -> bool {
+        match self {
+            As::Root if !is_root() => {
+                eprintln!("skipped: the root variant needs to run as root");
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pvisor")
+}
+
+/// A workspace and a state directory under one temporary directory.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub ws: PathBuf,
+    pub home: PathBuf,
+    pub who: As,
+}
+
+impl Env {
+    pub fn new(who: As) -> Self {
+        let dir = tempfile::Builder::new().prefix("pvisor-e2e-").tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let home = dir.path().join("state");
+        fs::create_dir(&ws).unwrap();
+        let env = Self { dir, ws, home, who };
+        env.give_away(env.dir.path());
+        env
+    }
+
+    /// Hands `path` to the user the binary runs as.
+    pub fn give_away(&self, path: &Path) {
+        if self.who == As::Rootless && is_root() {
+            chown_tree(path, UNPRIVILEGED);
+        }
+    }
+
+    /// Writes a workspace file (owned by the test's user).
+    pub fn write(&self, rel: &str, contents: &str) {
+        let path = self.ws.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).unwrap();
+        }
+        fs::write(&path, contents).unwrap();
+        self.give_away(&path);
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = if self.who == As::Rootless && is_root() {
+            let mut c = Command::new("setpriv");
+            let id = UNPRIVILEGED.to_string();
+            c.args(["--reuid", &id, "--regid", &id, "--clear-groups", bin()]);
+            c
+        } else {
+            Command::new(bin())
+        };
+        cmd.args(args)
+            .current_dir(&self.ws)
+            .env("PVISOR_HOME", &self.home)
+            .env("HOME", self.dir.path())
+            .env_remove("XDG_STATE_HOME")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn pvisor(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Runs `pvisor run -- sh -c SCRIPT` in the workspace.
+    pub fn run_sh(&self, script: &str) -> Output {
+        self.pvisor(&["run", "--", "sh", "-c", script])
+    }
+
+    pub fn status_json(&self, job: Option<&str>) -> serde_json::Value {
+        let mut args = vec!["status", "--json"];
+        args.extend(job);
+        let out = self.pvisor(&args);
+        assert!(out.status.success(), "status failed: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn events(&self, job: &str) -> Vec<serde_json::Value> {
+        let out = self.pvisor(&["events", job, "--json"]);
+        assert!(out.status.success(), "events failed: {}", text(&out.stderr));
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    pub fn attempt_dir(&self, status: &serde_json::Value) -> PathBuf {
+        let run = status["run"].as_str().unwrap();
+        self.home.join("runs").join(run).join("attempts/1")
+    }
+}
+
+pub fn chown_tree(path: &Path, id: u32) {
+    std::os::unix::fs::lchown(path, Some(id), Some(id)).unwrap();
+    if path.is_dir() && !path.is_symlink() {
+        for entry in fs::read_dir(path).unwrap() {
+            chown_tree(&entry.unwrap().path(), id);
+        }
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A snapshot of a tree: path → (mode, size, mtime, content or link target).
+pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let content = if meta.is_file() {
+                fs::read(&path).unwrap()
+            } else if meta.is_symlink() {
+                fs::read_link(&path).unwrap().into_os_string().into_encoded_bytes()
+            } else {
+                stack.push(path.clone());
+                Vec::new()
+            };
+            out.insert(path.strip_prefix(root).unwrap().to_owned(), (meta.mode(), meta.len(), meta.mtime(), content));
+        }
+    }
+    out
+}
+
+/// Processes running exactly `sleep SECONDS` (the markers tests use), as "pid: cmdline".
+pub fn sleepers(seconds: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmdline) = fs::read(entry.path().join("cmdline")) {
+            let argv: Vec<&[u8]> = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+            if argv.len() == 2 && argv[0].ends_with(b"sleep") && argv[1] == seconds.as_bytes() {
+                found.push(format!("{name}: sleep {seconds}"));
+            }
+        }
+    }
+    found
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// The single job id in the state directory.
+pub fn only_job(env: &Env) -> String {
+    let jobs: Vec<_> = fs::read_dir(env.home.join("jobs")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    jobs[0].clone()
+}
