@@ -1,1 +1,83 @@
-fn main() {}
+//! Start-up overhead of `pvisor run`, measured against baselines in the same run.
+//!
+//! `cargo bench -p pvisor-cli --bench run_overhead` prints the median (and
+//! p10/p90) wall time of:
+//! - `true` (process spawn only),
+//! - `unshare -Urmpn --fork true` (bare namespaces, no overlay, no records),
+//! - `pvisor run -q -- true` (namespaces + overlay + durable records + receipt),
+//!
+//! and the ratios between them. The three are interleaved, so drift in machine
+//! load hits each alike. `PVISOR_BENCH_ITERS` sets the sample count (default 60).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn time(cmd: &mut Command) -> Duration {
+    let start = Instant::now();
+    let status = cmd.status().expect("spawn");
+    let elapsed = start.elapsed();
+    assert!(status.success(), "{cmd:?} failed: {status}");
+    elapsed
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; there are no other flags to honour.
+    let iterations: usize =
+        std::env::var("PVISOR_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workspace = dir.path().join("ws");
+    let home = dir.path().join("state");
+    std::fs::create_dir(&workspace).expect("workspace");
+    std::fs::write(workspace.join("file"), "content\n").expect("file");
+
+    let mut commands: Vec<(&str, Command)> = Vec::new();
+    let mut plain = Command::new("true");
+    plain.stdout(Stdio::null());
+    commands.push(("true", plain));
+    let mut unshare = Command::new("unshare");
+    unshare.args(["-Urmpn", "--fork", "true"]);
+    commands.push(("unshare -Urmpn --fork true", unshare));
+    let mut pvisor = Command::new(env!("CARGO_BIN_EXE_pvisor"));
+    pvisor.args(["run", "-q", "--", "true"]).current_dir(&workspace).env("PVISOR_HOME", &home);
+    commands.push(("pvisor run -- true", pvisor));
+
+    for (_, cmd) in commands.iter_mut() {
+        for _ in 0..3 {
+            time(cmd);
+        }
+    }
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); commands.len()];
+    for _ in 0..iterations {
+        for (i, (_, cmd)) in commands.iter_mut().enumerate() {
+            samples[i].push(time(cmd));
+        }
+    }
+    println!("run_overhead: {iterations} interleaved samples each");
+    println!("{:<30} {:>10} {:>10} {:>10}", "command", "median ms", "p10 ms", "p90 ms");
+    let mut medians = Vec::new();
+    for ((name, _), mut s) in commands.iter().zip(samples) {
+        s.sort();
+        let median = percentile(&s, 0.5);
+        medians.push(median);
+        println!(
+            "{name:<30} {:>10.2} {:>10.2} {:>10.2}",
+            ms(median),
+            ms(percentile(&s, 0.1)),
+            ms(percentile(&s, 0.9))
+        );
+    }
+    println!("ratio pvisor / unshare: {:.2}x", ms(medians[2]) / ms(medians[1]));
+    println!("ratio pvisor / true:    {:.2}x", ms(medians[2]) / ms(medians[0]));
+    println!(
+        "target: pvisor run -- true median <= 25 ms: {}",
+        if ms(medians[2]) <= 25.0 { "met" } else { "MISSED" }
+    );
+}

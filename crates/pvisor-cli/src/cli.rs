@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 /// verifiable completion receipt.
 #[derive(Debug, Parser)]
 #[command(name = "pvisor", version, about, long_about, propagate_version = true)]
-#[command(after_help = "Examples:\n  pvisor run -- make test           run `make test` against the current directory\n  pvisor run -w ~/src/app -- bash   an interactive shell over ~/src/app\n  pvisor status                     what the last run did\n  pvisor jobs --json                every Job as JSON Lines\n\nState lives in $PVISOR_HOME (default: $XDG_STATE_HOME/pvisor or ~/.local/state/pvisor).")]
+#[command(
+    after_help = "Examples:\n  pvisor run -- make test           run `make test` against the current directory\n  pvisor run -w ~/src/app -- bash   an interactive shell over ~/src/app\n  pvisor status                     what the last run did\n  pvisor jobs --json                every Job as JSON Lines\n\nState lives in $PVISOR_HOME (default: $XDG_STATE_HOME/pvisor or ~/.local/state/pvisor)."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -32,7 +34,9 @@ pub enum Command {
 /// stage. The rest of the filesystem is read-only, /tmp is private and the
 /// network is loopback only. pvisor exits with the command's exit status.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found.")]
+#[command(
+    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
+)]
 pub struct RunArgs {
     /// The workspace directory [default: the current directory].
     #[arg(short = 'w', long = "workspace", value_name = "DIR")]
@@ -71,7 +75,9 @@ fn parse_duration(s: &str) -> Option<std::time::Duration> {
 /// nothing for the most recent Job. The state shown is confirmed by the
 /// completion receipt; a Job whose supervisor vanished without one is `unknown`.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor status\n  pvisor status 01JD4\n  pvisor status --json | jq .state")]
+#[command(
+    after_help = "Examples:\n  pvisor status\n  pvisor status 01JD4\n  pvisor status --json | jq .state"
+)]
 pub struct StatusArgs {
     pub job: Option<String>,
     /// One JSON object per line instead of text.

@@ -18,7 +18,10 @@ pub const USAGE: i32 = PVISOR_ERROR;
 /// Prints `err` with its whole cause chain and any hint, and returns the exit
 /// code. A closed stdout (`pvisor jobs | head`) is success, as in ripgrep.
 pub fn report(err: &anyhow::Error) -> i32 {
-    if err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe)) {
+    if err
+        .chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe))
+    {
         return SUCCESS;
     }
     eprintln!("pvisor: error: {err}");
@@ -38,9 +41,16 @@ fn hint_for(err: &anyhow::Error) -> Option<String> {
         }
         if let Some(e) = cause.downcast_ref::<std::io::Error>() {
             match e.raw_os_error() {
-                Some(libc::ENOSPC) => return Some("the disk holding PVISOR_HOME is full; free space or point PVISOR_HOME elsewhere".into()),
+                Some(libc::ENOSPC) => {
+                    return Some(
+                        "the disk holding PVISOR_HOME is full; free space or point PVISOR_HOME elsewhere"
+                            .into(),
+                    )
+                }
                 Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
-                    return Some("PVISOR_HOME must be a writable directory; set PVISOR_HOME=/some/writable/dir".into())
+                    return Some(
+                        "PVISOR_HOME must be a writable directory; set PVISOR_HOME=/some/writable/dir".into(),
+                    )
                 }
                 _ => {}
             }

@@ -43,7 +43,10 @@ pub fn shell_words(program: &str, args: &[String]) -> String {
 pub fn ending(state: &str, exit_code: Option<i32>, signal: Option<i32>) -> String {
     match (exit_code, signal) {
         (Some(code), _) => format!("{state} (exit {code})"),
-        (None, Some(sig)) => format!("{state} (signal {sig}{})", signal_name(sig).map(|n| format!(", {n}")).unwrap_or_default()),
+        (None, Some(sig)) => format!(
+            "{state} (signal {sig}{})",
+            signal_name(sig).map(|n| format!(", {n}")).unwrap_or_default()
+        ),
         (None, None) => state.to_owned(),
     }
 }

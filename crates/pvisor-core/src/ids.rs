@@ -23,10 +23,7 @@ pub struct IdError {
 
 /// Returns a new ULID string: 48 bits of milliseconds, 80 random bits.
 pub fn new_ulid() -> String {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let millis = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let mut random = [0u8; 10];
     fill_random(&mut random);
     let mut value: u128 = (u128::from(millis) & ((1 << 48) - 1)) << 80;
@@ -45,22 +42,13 @@ fn fill_random(buf: &mut [u8]) {
     let mut filled = 0;
     while filled < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = unsafe {
-            libc::getrandom(
-                buf[filled..].as_mut_ptr().cast(),
-                buf.len() - filled,
-                0,
-            )
-        };
+        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
         if n > 0 {
             filled += n as usize;
         } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             // getrandom(2) only fails on ancient kernels; fall back to time + pid noise
             // rather than panic, ids only need to be unique, not secret.
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
+            let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
             let noise = u64::from(nanos) ^ (u64::from(std::process::id()) << 32);
             for (i, b) in buf[filled..].iter_mut().enumerate() {
                 *b = (noise >> ((i % 8) * 8)) as u8;
@@ -172,11 +160,8 @@ impl AttemptId {
 impl FromStr for AttemptId {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
-        let err = || IdError {
-            kind: "attempt",
-            text: s.to_owned(),
-            expected: "\"<run-id>.<n>\" with n ≥ 1",
-        };
+        let err =
+            || IdError { kind: "attempt", text: s.to_owned(), expected: "\"<run-id>.<n>\" with n ≥ 1" };
         let (run, n) = s.rsplit_once('.').ok_or_else(err)?;
         let number: u32 = n.parse().map_err(|_| err())?;
         if number == 0 {

@@ -231,11 +231,7 @@ fn temp_path(path: &Path) -> PathBuf {
 fn write_synced_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
     let tmp = temp_path(path);
     let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()
     })();
@@ -250,9 +246,7 @@ fn write_synced_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
 
 /// Fsyncs a directory so a rename or link inside it is durable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io("sync directory", dir, e))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StoreError::io("sync directory", dir, e))
 }
 
 fn parent_of(path: &Path) -> &Path {
@@ -460,10 +454,7 @@ mod tests {
         let s = |v: &str| Some(OsString::from(v));
         assert_eq!(resolve_state_root(s("/p"), s("/x"), s("/h")), Some(PathBuf::from("/p")));
         assert_eq!(resolve_state_root(s(""), s("/x"), s("/h")), Some(PathBuf::from("/x/pvisor")));
-        assert_eq!(
-            resolve_state_root(None, None, s("/h")),
-            Some(PathBuf::from("/h/.local/state/pvisor"))
-        );
+        assert_eq!(resolve_state_root(None, None, s("/h")), Some(PathBuf::from("/h/.local/state/pvisor")));
         assert_eq!(resolve_state_root(None, None, None), None);
     }
 

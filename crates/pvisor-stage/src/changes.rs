@@ -135,7 +135,9 @@ fn walk(
                 match lower_type {
                     None => push(ChangeKind::Added, EntryType::Dir, 0, None),
                     Some(EntryType::Dir) if opaque => push(ChangeKind::OpaqueDir, EntryType::Dir, 0, None),
-                    Some(EntryType::Dir) if mode_differs => push(ChangeKind::ModeChanged, EntryType::Dir, 0, None),
+                    Some(EntryType::Dir) if mode_differs => {
+                        push(ChangeKind::ModeChanged, EntryType::Dir, 0, None)
+                    }
                     Some(EntryType::Dir) => {}
                     Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
                 }
@@ -192,7 +194,7 @@ mod tests {
     fn mknod_whiteout(path: &Path) -> bool {
         let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes()).unwrap();
         // SAFETY: a valid path; creating a 0/0 char device (needs CAP_MKNOD).
-        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, 0) == 0 }
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) == 0 }
     }
 
     #[test]

@@ -165,18 +165,10 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         kill_grace_ms: request.kill_grace.as_millis() as u64,
         hidden_paths: vec![state.clone()],
     };
-    let placement = Placement {
-        executor: executor.to_owned(),
-        rootless: euid != 0,
-        sandbox_uid: euid,
-        host,
-        kernel,
-    };
-    let mut env: Vec<(String, String)> = request
-        .env
-        .into_iter()
-        .filter(|(k, _)| k != "PVISOR_SANDBOX" && k != "PVISOR_JOB")
-        .collect();
+    let placement =
+        Placement { executor: executor.to_owned(), rootless: euid != 0, sandbox_uid: euid, host, kernel };
+    let mut env: Vec<(String, String)> =
+        request.env.into_iter().filter(|(k, _)| k != "PVISOR_SANDBOX" && k != "PVISOR_JOB").collect();
     let env_rewrites = [("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
     env.extend(env_rewrites.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     let operation = Operation {

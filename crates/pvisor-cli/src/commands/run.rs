@@ -87,8 +87,8 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
         (None, Some(sig)) => 128 + sig,
         (None, None) => exit::PVISOR_ERROR,
     };
-    let failed_to_start = matches!(code, exit::CANNOT_EXECUTE | exit::NOT_FOUND | exit::PVISOR_ERROR)
-        && result.error.is_some();
+    let failed_to_start =
+        matches!(code, exit::CANNOT_EXECUTE | exit::NOT_FOUND | exit::PVISOR_ERROR) && result.error.is_some();
     if let Some(error) = &result.error {
         eprintln!("pvisor: {}: {error}", if failed_to_start { "error" } else { "note" });
     }

@@ -28,7 +28,9 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
     let receipt = match s.receipt {
         ReceiptStatus::Valid => "valid (result confirmed)".to_owned(),
         ReceiptStatus::Missing if s.live => "not yet (the run is in progress)".to_owned(),
-        ReceiptStatus::Missing => "missing: the supervisor stopped before confirming a result; the stage is kept".to_owned(),
+        ReceiptStatus::Missing => {
+            "missing: the supervisor stopped before confirming a result; the stage is kept".to_owned()
+        }
     };
     writeln!(out, "receipt    {receipt}")?;
     for gap in &s.audit_gaps {

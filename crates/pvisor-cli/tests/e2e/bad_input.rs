@@ -11,7 +11,9 @@ fn a_missing_workspace_is_refused_before_anything_is_recorded() {
     let out = env.pvisor(&["run", "-w", missing.to_str().unwrap(), "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("does not exist"), "{}", text(&out.stderr));
-    assert!(!env.home.join("jobs").exists() || std::fs::read_dir(env.home.join("jobs")).unwrap().next().is_none());
+    assert!(
+        !env.home.join("jobs").exists() || std::fs::read_dir(env.home.join("jobs")).unwrap().next().is_none()
+    );
 }
 
 #[test]
@@ -55,11 +57,8 @@ fn an_unwritable_state_directory_is_named() {
 #[test]
 fn a_workspace_containing_the_state_directory_is_explained() {
     let env = Env::new(As::Rootless);
-    let out = env
-        .command(&["run", "--", "true"])
-        .env("PVISOR_HOME", env.ws.join(".pvisor"))
-        .output()
-        .unwrap();
+    let out =
+        env.command(&["run", "--", "true"]).env("PVISOR_HOME", env.ws.join(".pvisor")).output().unwrap();
     assert_eq!(out.status.code(), Some(125));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("contains pvisor's state directory"), "{stderr}");

@@ -6,6 +6,8 @@
 //! unprivileged uid with `setpriv`; as a normal user the root variants say why
 //! they are skipped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod bad_input;

@@ -17,7 +17,8 @@ fn jobs_are_found_by_id_prefix_or_recency() {
 
     let out = env.pvisor(&["jobs", "--json"]);
     assert!(out.status.success());
-    let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> =
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["type"], "job");
     assert_eq!(lines[0]["state"], "completed");

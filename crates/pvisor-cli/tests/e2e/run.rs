@@ -1,8 +1,8 @@
 //! `pvisor run`: staging, records, receipts and the sandbox's walls.
 
 use std::fs;
-use std::process::{Command, Stdio};
 use std::io::Write;
+use std::process::{Command, Stdio};
 
 use crate::support::*;
 
@@ -31,7 +31,8 @@ fn stages_changes_and_proves_how_the_run_ended(who: As) {
 
     // The Bundle's manifest lists exactly the three changes.
     let attempt = env.attempt_dir(&status);
-    let bundle: serde_json::Value = serde_json::from_slice(&fs::read(attempt.join("bundle.json")).unwrap()).unwrap();
+    let bundle: serde_json::Value =
+        serde_json::from_slice(&fs::read(attempt.join("bundle.json")).unwrap()).unwrap();
     let changes: Vec<(String, String)> = bundle["changes"]
         .as_array()
         .unwrap()
@@ -40,7 +41,11 @@ fn stages_changes_and_proves_how_the_run_ended(who: As) {
         .collect();
     assert_eq!(
         changes,
-        vec![("existing".into(), "deleted".into()), ("new".into(), "added".into()), ("tracked".into(), "modified".into())]
+        vec![
+            ("existing".into(), "deleted".into()),
+            ("new".into(), "added".into()),
+            ("tracked".into(), "modified".into())
+        ]
     );
     let tracked = &bundle["changes"][2];
     assert_eq!(tracked["size"], 9);
@@ -48,7 +53,8 @@ fn stages_changes_and_proves_how_the_run_ended(who: As) {
     assert!(bundle["observations"]["max_rss_kib"].as_u64().unwrap() > 0);
 
     // The receipt binds the exact Bundle bytes; check it with an independent BLAKE3 tool.
-    let receipt: serde_json::Value = serde_json::from_slice(&fs::read(attempt.join("completion.json")).unwrap()).unwrap();
+    let receipt: serde_json::Value =
+        serde_json::from_slice(&fs::read(attempt.join("completion.json")).unwrap()).unwrap();
     let b3sum = Command::new("b3sum")
         .args(["--no-names"])
         .arg(attempt.join("bundle.json"))
@@ -61,12 +67,11 @@ fn stages_changes_and_proves_how_the_run_ended(who: As) {
     assert_eq!(receipt["result"]["exit_code"], 3);
     assert_eq!(receipt["job"], status["job"]);
     assert_eq!(receipt["attempt"], status["attempt"]);
-    for record in ["job.json"] {
-        let job = status["job"].as_str().unwrap();
-        let r: serde_json::Value = serde_json::from_slice(&fs::read(env.home.join("jobs").join(job).join(record)).unwrap()).unwrap();
-        assert_eq!(r["format"], 1);
-        assert_eq!(r["state"], "failed");
-    }
+    let job = status["job"].as_str().unwrap();
+    let job_record: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.home.join("jobs").join(job).join("job.json")).unwrap()).unwrap();
+    assert_eq!(job_record["format"], 1);
+    assert_eq!(job_record["state"], "failed");
 
     // The Trace is in causal order and ends with the terminal event.
     let events = env.events(status["job"].as_str().unwrap());
@@ -77,8 +82,21 @@ fn stages_changes_and_proves_how_the_run_ended(who: As) {
             assert!(cause < event["seq"].as_u64().unwrap(), "cause after effect: {event}");
         }
     }
-    let order = ["job.created", "admission.policy", "placement.decided", "attempt.created", "attempt.started", "attempt.exited", "stage.sealed", "bundle.saved", "run.failed"];
-    let positions: Vec<usize> = order.iter().map(|k| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}"))).collect();
+    let order = [
+        "job.created",
+        "admission.policy",
+        "placement.decided",
+        "attempt.created",
+        "attempt.started",
+        "attempt.exited",
+        "stage.sealed",
+        "bundle.saved",
+        "run.failed",
+    ];
+    let positions: Vec<usize> = order
+        .iter()
+        .map(|k| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}")))
+        .collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&"run.failed"));
 }
@@ -123,7 +141,12 @@ fn the_sandbox_walls_hold(who: As) {
         ws = fs::canonicalize(&env.ws).unwrap().display(),
     );
     let out = env.run_sh(&script);
-    assert!(text(&out.stdout).contains("ALL-OK"), "stdout: {} stderr: {}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("ALL-OK"),
+        "stdout: {} stderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     assert_eq!(out.status.code(), Some(0));
     assert!(!std::path::Path::new(&host_tmp_marker).exists(), "the sandbox wrote the host's /tmp");
     assert!(!std::path::Path::new("/etc/pvisor-escape").exists());
@@ -194,8 +217,11 @@ fn nothing_outlives_the_main_process() {
     let marker = "31337.25";
     let out = env.run_sh(&format!("sleep {marker} & sleep {marker} & echo started"));
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(wait_until(std::time::Duration::from_secs(2), || sleepers(marker).is_empty()),
-        "survivors: {:?}", sleepers(marker));
+    assert!(
+        wait_until(std::time::Duration::from_secs(2), || sleepers(marker).is_empty()),
+        "survivors: {:?}",
+        sleepers(marker)
+    );
     assert_eq!(env.status_json(None)["state"], "completed");
 }
 

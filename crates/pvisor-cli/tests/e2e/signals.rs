@@ -36,7 +36,11 @@ fn sigint_cancels_with_a_receipt_and_no_survivors(who: As, marker: &str) {
     assert_eq!(status["state"], "cancelled");
     assert_eq!(status["receipt"], "valid");
     assert_eq!(status["signal"], 2);
-    let kinds: Vec<String> = env.events(status["job"].as_str().unwrap()).iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect();
+    let kinds: Vec<String> = env
+        .events(status["job"].as_str().unwrap())
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect();
     assert!(kinds.contains(&"run.cancel_requested".to_owned()), "{kinds:?}");
     assert_eq!(kinds.last().unwrap(), "run.cancelled");
 }
@@ -68,7 +72,11 @@ fn a_command_that_ignores_the_signal_is_killed_after_the_grace_period() {
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {}", text(&out.stderr));
     let status = env.status_json(None);
     assert_eq!(status["state"], "cancelled");
-    let kinds: Vec<String> = env.events(status["job"].as_str().unwrap()).iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect();
+    let kinds: Vec<String> = env
+        .events(status["job"].as_str().unwrap())
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect();
     assert!(kinds.contains(&"run.kill_escalated".to_owned()), "{kinds:?}");
     assert!(sleepers(marker).is_empty());
 }

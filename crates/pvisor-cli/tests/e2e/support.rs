@@ -154,7 +154,10 @@ pub fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, u64, i64, Vec<u8>)> {
                 stack.push(path.clone());
                 Vec::new()
             };
-            out.insert(path.strip_prefix(root).unwrap().to_owned(), (meta.mode(), meta.len(), meta.mtime(), content));
+            out.insert(
+                path.strip_prefix(root).unwrap().to_owned(),
+                (meta.mode(), meta.len(), meta.mtime(), content),
+            );
         }
     }
     out
@@ -192,7 +195,10 @@ pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 /// The single job id in the state directory.
 pub fn only_job(env: &Env) -> String {
-    let jobs: Vec<_> = fs::read_dir(env.home.join("jobs")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let jobs: Vec<_> = fs::read_dir(env.home.join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     jobs[0].clone()
 }

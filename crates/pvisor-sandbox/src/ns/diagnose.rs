@@ -62,12 +62,14 @@ pub(crate) fn clone_failure(err: io::Error) -> StepError {
     for (flag, name, config) in NAMESPACES {
         let errno = probe(libc::CLONE_NEWUSER | flag);
         if errno != 0 {
-            let cause = if errno > 0 { io::Error::from_raw_os_error(errno) } else { io::Error::other("probe failed") };
-            return StepError::new(
-                "namespaces",
-                format!("cannot create a {name} namespace: {cause}"),
-            )
-            .hint(format!("the kernel must provide {name} namespaces ({config}) inside user namespaces"));
+            let cause = if errno > 0 {
+                io::Error::from_raw_os_error(errno)
+            } else {
+                io::Error::other("probe failed")
+            };
+            return StepError::new("namespaces", format!("cannot create a {name} namespace: {cause}")).hint(
+                format!("the kernel must provide {name} namespaces ({config}) inside user namespaces"),
+            );
         }
     }
     StepError::new("namespaces", format!("cannot create the sandbox namespaces: {err}"))

@@ -74,8 +74,7 @@ impl StepError {
         self
     }
     fn report_and_exit(self) -> ! {
-        Report::SetupError { step: self.step.into(), message: self.message, hint: self.hint }
-            .send();
+        Report::SetupError { step: self.step.into(), message: self.message, hint: self.hint }.send();
         exit(SETUP_FAILED)
     }
 }
@@ -106,8 +105,7 @@ fn read_spec() -> Result<HelperSpec, StepError> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| StepError::new("helper", format!("cannot read the sandbox spec: {e}")))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| StepError::new("helper", format!("invalid sandbox spec: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| StepError::new("helper", format!("invalid sandbox spec: {e}")))
 }
 
 enum Never {}
@@ -137,7 +135,14 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     // SAFETY: a fork-style clone (no CLONE_VM, no new stack) of a single-threaded
     // process: the child continues on a private copy of this stack.
     let pid = unsafe {
-        libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
     };
     if pid < 0 {
         return Err(diagnose::clone_failure(std::io::Error::last_os_error()));
@@ -298,9 +303,8 @@ fn set_hostname(name: &str) -> Result<(), StepError> {
 
 /// Brings up `lo` in the sandbox's network namespace; it has no other interface.
 fn loopback_up() -> Result<(), StepError> {
-    let err = |what: &str| {
-        StepError::new("net-namespace", format!("{what}: {}", std::io::Error::last_os_error()))
-    };
+    let err =
+        |what: &str| StepError::new("net-namespace", format!("{what}: {}", std::io::Error::last_os_error()));
     // SAFETY: creating a datagram socket for interface ioctls.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if sock < 0 {
@@ -375,8 +379,7 @@ impl Command {
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
         }
         if let Err(e) = std::env::set_current_dir(&self.cwd) {
-            StepError::new("cwd", format!("cannot enter {}: {e}", self.cwd.display()))
-                .report_and_exit();
+            StepError::new("cwd", format!("cannot enter {}: {e}", self.cwd.display())).report_and_exit();
         }
         for (key, _) in std::env::vars_os() {
             std::env::remove_var(key);
@@ -405,8 +408,7 @@ impl Command {
 /// Returns whether `name` exists as a non-directory in some `$PATH` directory.
 fn on_path(name: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .any(|dir| std::fs::metadata(dir.join(name)).is_ok_and(|m| !m.is_dir()))
+    std::env::split_paths(&path).any(|dir| std::fs::metadata(dir.join(name)).is_ok_and(|m| !m.is_dir()))
 }
 
 /// Returns `path` re-rooted under `root` (`/a/b` → `<root>/a/b`).

@@ -21,8 +21,7 @@ use std::time::Duration;
 use protocol::{Report, REPORT_FD, SPEC_FD};
 
 use crate::{
-    sys, ExitReport, Executor, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
-    Usage,
+    sys, Executor, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination, Usage,
 };
 
 /// The hidden first argument that turns the binary into the sandbox helper.
@@ -184,11 +183,15 @@ impl SandboxProcess for NsProcess {
             match report {
                 Report::ExecError { program, errno } => exec_error = Some((program, errno)),
                 Report::Exit { code, signal, user_us, system_us, max_rss_kib } => {
-                    exit = Some((code, signal, Usage {
-                        user_cpu: Duration::from_micros(user_us),
-                        system_cpu: Duration::from_micros(system_us),
-                        max_rss_kib,
-                    }))
+                    exit = Some((
+                        code,
+                        signal,
+                        Usage {
+                            user_cpu: Duration::from_micros(user_us),
+                            system_cpu: Duration::from_micros(system_us),
+                            max_rss_kib,
+                        },
+                    ))
                 }
                 Report::SetupError { step, message, hint } => {
                     let _ = self.child.wait();
@@ -215,7 +218,9 @@ impl SandboxProcess for NsProcess {
             (None, None) => match status.signal() {
                 Some(signal) => (Termination::Signaled(signal), Usage::default()),
                 None => (
-                    Termination::Vanished { detail: format!("the sandbox helper exited ({status}) without a report") },
+                    Termination::Vanished {
+                        detail: format!("the sandbox helper exited ({status}) without a report"),
+                    },
                     Usage::default(),
                 ),
             },

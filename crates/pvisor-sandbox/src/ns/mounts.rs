@@ -26,16 +26,14 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
         .map_err(|e| mount_err("mount-namespace", "make / private", e))?;
     sys::mount(Some("/"), root, None, libc::MS_BIND | libc::MS_REC, None)
         .map_err(|e| mount_err("root", "bind the host root", e))?;
-    sys::mount_setattr_recursive(root, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID).map_err(
-        |e| {
-            let err = mount_err("root", "make the host root read-only", e);
-            if err.message.contains("os error 38") {
-                err.hint("mount_setattr(2) needs Linux 5.12 or newer")
-            } else {
-                err
-            }
-        },
-    )?;
+    sys::mount_setattr_recursive(root, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID).map_err(|e| {
+        let err = mount_err("root", "make the host root read-only", e);
+        if err.message.contains("os error 38") {
+            err.hint("mount_setattr(2) needs Linux 5.12 or newer")
+        } else {
+            err
+        }
+    })?;
 
     tmpfs(&under(root, Path::new("/tmp")), "mode=1777", 0)?;
     minimal_dev(root)?;
@@ -79,14 +77,8 @@ fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
 }
 
 fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Result<(), StepError> {
-    sys::mount(
-        Some("tmpfs"),
-        target,
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV | flags,
-        Some(options),
-    )
-    .map_err(|e| mount_err("tmpfs", &format!("mount a tmpfs on {}", target.display()), e))
+    sys::mount(Some("tmpfs"), target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV | flags, Some(options))
+        .map_err(|e| mount_err("tmpfs", &format!("mount a tmpfs on {}", target.display()), e))
 }
 
 fn minimal_dev(root: &Path) -> Result<(), StepError> {
@@ -111,8 +103,7 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
-        std::os::unix::fs::symlink(to, dev.join(link))
-            .map_err(|e| io_err(format!("link /dev/{link}"), e))?;
+        std::os::unix::fs::symlink(to, dev.join(link)).map_err(|e| io_err(format!("link /dev/{link}"), e))?;
     }
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(|e| io_err("create /dev/shm".into(), e))?;

@@ -30,13 +30,7 @@ pub(crate) enum Report {
     /// execve(2) of the program failed inside the sandbox.
     ExecError { program: String, errno: i32 },
     /// The command ended; rusage sums every process init reaped.
-    Exit {
-        code: Option<i32>,
-        signal: Option<i32>,
-        user_us: u64,
-        system_us: u64,
-        max_rss_kib: u64,
-    },
+    Exit { code: Option<i32>, signal: Option<i32>, user_us: u64, system_us: u64, max_rss_kib: u64 },
 }
 
 impl Report {

@@ -44,10 +44,7 @@ pub fn build(job: &JobId, attempt: &AttemptId, result: &RunResult, bundle_bytes:
 /// Checks that a result is a coherent terminal result.
 fn check_result(result: &RunResult) -> Result<(), String> {
     if result.started_at > result.finished_at {
-        return Err(format!(
-            "started_at {} is after finished_at {}",
-            result.started_at, result.finished_at
-        ));
+        return Err(format!("started_at {} is after finished_at {}", result.started_at, result.finished_at));
     }
     if let Some(code) = result.exit_code {
         if !(0..=255).contains(&code) {
@@ -87,7 +84,8 @@ pub fn validate(
             expected: format!("{job} / {attempt}"),
         });
     }
-    check_result(&receipt.result).map_err(|reason| ReceiptError::Inconsistent { path: path.clone(), reason })?;
+    check_result(&receipt.result)
+        .map_err(|reason| ReceiptError::Inconsistent { path: path.clone(), reason })?;
     let mismatch = |reason: String| ReceiptError::DigestMismatch { path: bundle_path.to_owned(), reason };
     if receipt.bundle.size != bundle_bytes.len() as u64 {
         return Err(mismatch(format!(
@@ -111,7 +109,11 @@ pub fn validate(
 }
 
 /// Loads and validates the receipt of `attempt`. `Ok(None)` means there is none.
-pub fn load(store: &Store, job: &JobId, attempt: &AttemptId) -> Result<Option<(CompletionReceipt, Bundle)>, ReceiptError> {
+pub fn load(
+    store: &Store,
+    job: &JobId,
+    attempt: &AttemptId,
+) -> Result<Option<(CompletionReceipt, Bundle)>, ReceiptError> {
     let receipt_path = store.receipt_file(attempt);
     let receipt: CompletionReceipt = match store::read_record(&receipt_path) {
         Ok(r) => r,
@@ -256,9 +258,8 @@ mod tests {
         receipt.result.exit_code = Some(1);
         assert!(validate(&receipt, &f.job, &f.attempt, "r", "b", &bytes).is_err());
         let mut receipt = build(&f.job, &f.attempt, &f.result, &bytes);
-        receipt.result.started_at = Timestamp::from(
-            receipt.result.finished_at.system_time() + std::time::Duration::from_secs(5),
-        );
+        receipt.result.started_at =
+            Timestamp::from(receipt.result.finished_at.system_time() + std::time::Duration::from_secs(5));
         let err = validate(&receipt, &f.job, &f.attempt, "r", "b", &bytes).unwrap_err();
         assert!(err.to_string().contains("after finished_at"), "{err}");
     }

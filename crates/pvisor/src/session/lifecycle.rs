@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use pvisor_core::records::{AttemptRecord, Bundle, ChangeEntry, JobRecord, Observations, RunRecord, RunResult, FORMAT};
+use pvisor_core::records::{
+    AttemptRecord, Bundle, ChangeEntry, JobRecord, Observations, RunRecord, RunResult, FORMAT,
+};
 use pvisor_core::state::{AttemptState, JobState, ResultState};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_sandbox::{ExitReport, Executor, SandboxError, SandboxSpec, Termination, Usage};
+use pvisor_sandbox::{Executor, ExitReport, SandboxError, SandboxSpec, Termination, Usage};
 
 use crate::admission::Admitted;
 use crate::runtime::attempt::{self, AttemptError};
@@ -88,8 +90,11 @@ impl Session {
             hint: Some("check that PVISOR_HOME is writable and has free space".into()),
         };
         for dir in [&self.spec.upper, &self.spec.work, &self.spec.root_mount] {
-            store::create_dir_all_private(dir)
-                .map_err(|e| SandboxError::Setup { step: "stage".into(), message: e.to_string(), hint: None })?;
+            store::create_dir_all_private(dir).map_err(|e| SandboxError::Setup {
+                step: "stage".into(),
+                message: e.to_string(),
+                hint: None,
+            })?;
         }
         let meta = std::fs::metadata(&self.spec.workspace)
             .map_err(|e| setup(format!("cannot inspect {}", self.spec.workspace.display()), e))?;
@@ -104,22 +109,32 @@ impl Session {
     }
 
     fn mark_running(&mut self) -> Result<(), RunError> {
+        let step = "recording the start";
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Running)
-            .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+            .map_err(|e| self.finalize_error(step, e.into()))?;
         let now = Timestamp::now();
-        self.run.state = self.run.state.transition(JobState::Running).map_err(|e| self.finalize_error("recording the start", AttemptError::from(e).into()))?;
-        self.run.updated_at = now;
-        self.job.state = self.job.state.transition(JobState::Running).map_err(|e| self.finalize_error("recording the start", AttemptError::from(e).into()))?;
-        self.job.updated_at = now;
-        let store = self.store.clone();
-        store.write(&store.run_file(&self.run.id), &self.run).map_err(|e| self.finalize_error("recording the start", e.into()))?;
-        store.write(&store.job_file(&self.job.id), &self.job).map_err(|e| self.finalize_error("recording the start", e.into()))?;
-        Ok(())
+        let moved = self
+            .run
+            .state
+            .transition(JobState::Running)
+            .and_then(|run| self.job.state.transition(JobState::Running).map(|job| (run, job)));
+        let (run_state, job_state) =
+            moved.map_err(|e| self.finalize_error(step, AttemptError::from(e).into()))?;
+        (self.run.state, self.run.updated_at) = (run_state, now);
+        (self.job.state, self.job.updated_at) = (job_state, now);
+        let written = self
+            .store
+            .write(&self.store.run_file(&self.run.id), &self.run)
+            .and_then(|()| self.store.write(&self.store.job_file(&self.job.id), &self.job));
+        written.map_err(|e| self.finalize_error(step, e.into()))
     }
 
     /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
     /// forward; the first one marks the run as cancelled.
-    pub(crate) async fn run(mut self, mut cancel: mpsc::UnboundedReceiver<i32>) -> Result<RunOutcome, RunError> {
+    pub(crate) async fn run(
+        mut self,
+        mut cancel: mpsc::UnboundedReceiver<i32>,
+    ) -> Result<RunOutcome, RunError> {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let started = match self.prepare_stage() {
@@ -199,12 +214,14 @@ impl Session {
                 Termination::Exited(code) => (ResultState::Failed, Some(*code), None, None),
                 Termination::Signaled(sig) => (ResultState::Failed, None, Some(*sig), None),
                 Termination::ExecFailed { program, errno, message } => {
-                    let (code, what) = if *errno == libc::ENOENT {
-                        (127, "not found")
-                    } else {
-                        (126, "cannot be executed")
-                    };
-                    (ResultState::Failed, Some(code), None, Some(format!("program {program:?} {what}: {message}")))
+                    let (code, what) =
+                        if *errno == libc::ENOENT { (127, "not found") } else { (126, "cannot be executed") };
+                    (
+                        ResultState::Failed,
+                        Some(code),
+                        None,
+                        Some(format!("program {program:?} {what}: {message}")),
+                    )
                 }
                 Termination::Vanished { detail } => (ResultState::Failed, None, None, Some(detail.clone())),
             },
@@ -215,17 +232,26 @@ impl Session {
         RunResult { state, exit_code, signal, started_at, finished_at, error }
     }
 
-    fn finalize_error(&self, step: &'static str, source: crate::runtime::job_service::FinalizeSource) -> RunError {
+    fn finalize_error(
+        &self,
+        step: &'static str,
+        source: crate::runtime::job_service::FinalizeSource,
+    ) -> RunError {
         RunError::Finalize {
             step,
             job: self.job.id.clone(),
             attempt: self.attempt.id.clone(),
             stage: self.store.stage_dir(&self.run.id),
-            source,
+            source: Box::new(source),
         }
     }
 
-    fn finalize(mut self, ending: Ending, started_at: Timestamp, wall: Duration) -> Result<RunOutcome, RunError> {
+    fn finalize(
+        mut self,
+        ending: Ending,
+        started_at: Timestamp,
+        wall: Duration,
+    ) -> Result<RunOutcome, RunError> {
         let result = self.result_of(&ending, started_at);
         let usage = match &ending {
             Ending::Finished(report) => report.usage.clone(),
@@ -265,8 +291,11 @@ impl Session {
         store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
             .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
         let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
-        self.emit("bundle.saved", json!({"file": "bundle.json", "size": receipt.bundle.size, "blake3": receipt.bundle.blake3}))
-            .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
+        self.emit(
+            "bundle.saved",
+            json!({"file": "bundle.json", "size": receipt.bundle.size, "blake3": receipt.bundle.blake3}),
+        )
+        .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
 
         // Step 3: the Run projection, then the receipt that makes it true.
         self.run.state = result.state.job_state();
@@ -285,7 +314,9 @@ impl Session {
         }
         let terminal = result.state.terminal_event();
         let data = json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error, "changes": changes.len(), "receipt": "completion.json"});
-        if let Err(e) = self.trace.emit(terminal, Some(self.attempt.id.number()), Some(self.attempt_event), data, true) {
+        if let Err(e) =
+            self.trace.emit(terminal, Some(self.attempt.id.number()), Some(self.attempt_event), data, true)
+        {
             audit_gaps.push(format!("terminal event {terminal} not written: {e}"));
         }
         Ok(RunOutcome {
@@ -308,7 +339,8 @@ impl Session {
             return Ok(Vec::new());
         }
         pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
-        pvisor_stage::scan(&upper, &self.spec.workspace).map_err(|e| self.finalize_error("reading the stage", e.into()))
+        pvisor_stage::scan(&upper, &self.spec.workspace)
+            .map_err(|e| self.finalize_error("reading the stage", e.into()))
     }
 }
 

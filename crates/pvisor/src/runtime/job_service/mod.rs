@@ -67,7 +67,7 @@ pub enum RunError {
         attempt: AttemptId,
         stage: PathBuf,
         #[source]
-        source: FinalizeSource,
+        source: Box<FinalizeSource>,
     },
     #[error("The run task of job {job} ended without reporting; its result is unconfirmed")]
     Lost { job: JobId },
@@ -160,7 +160,11 @@ impl JobService {
         let attempt = admitted.attempt_id().clone();
         let (cancel_tx, cancel_rx) = mpsc::unbounded_channel();
         let cancel = CancelHandle { tx: cancel_tx };
-        self.registry.insert(LiveAttempt { job: job.clone(), attempt: attempt.clone(), cancel: cancel.clone() });
+        self.registry.insert(LiveAttempt {
+            job: job.clone(),
+            attempt: attempt.clone(),
+            cancel: cancel.clone(),
+        });
         let session = Session::new(self.store.clone(), self.executor.clone(), admitted);
         let (done_tx, done_rx) = oneshot::channel();
         let service = self.clone();

@@ -40,7 +40,11 @@ pub fn resolve_job(store: &Store, query: Option<&str>) -> Result<JobId, ViewErro
     let Some(query) = query else {
         return jobs.last().cloned().ok_or_else(|| ViewError::NoJobs { root: store.root().to_owned() });
     };
-    let wanted = if query.starts_with(JobId::PREFIX) { query.to_owned() } else { format!("{}{}", JobId::PREFIX, query.to_ascii_uppercase()) };
+    let wanted = if query.starts_with(JobId::PREFIX) {
+        query.to_owned()
+    } else {
+        format!("{}{}", JobId::PREFIX, query.to_ascii_uppercase())
+    };
     if let Some(exact) = jobs.iter().find(|j| j.as_str() == wanted) {
         return Ok(exact.clone());
     }
@@ -122,7 +126,8 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {
             let result = receipt.result;
-            status.state = if job.state == JobState::Lost { JobState::Lost } else { result.state.job_state() };
+            status.state =
+                if job.state == JobState::Lost { JobState::Lost } else { result.state.job_state() };
             status.exit_code = result.exit_code;
             status.signal = result.signal;
             status.error = result.error;
@@ -159,9 +164,8 @@ pub fn events(store: &Store, run: &RunId) -> Result<(Vec<Event>, Vec<String>), V
     for (i, line) in lines.iter().enumerate() {
         match serde_json::from_slice::<Event>(line) {
             Ok(event) => events.push(event),
-            Err(_) if torn_tail && i + 1 == lines.len() => {
-                warnings.push(format!("{}: last line is incomplete (interrupted write); skipped", path.display()))
-            }
+            Err(_) if torn_tail && i + 1 == lines.len() => warnings
+                .push(format!("{}: last line is incomplete (interrupted write); skipped", path.display())),
             Err(source) => {
                 return Err(StoreError::Corrupt { path: path.clone(), what: "events.jsonl", source }.into());
             }
@@ -170,11 +174,18 @@ pub fn events(store: &Store, run: &RunId) -> Result<(Vec<Event>, Vec<String>), V
     Ok((events, warnings))
 }
 
+/// One row of [`list`]: a Job id and its status, or why it cannot be read.
+pub type JobListing = (JobId, Result<JobStatus, ViewError>);
+
 /// Lists every Job's status, oldest first. A Job whose records are broken is
 /// returned as an error beside the others instead of hiding them.
-pub fn list(store: &Store) -> Result<Vec<(JobId, Result<JobStatus, ViewError>)>, ViewError> {
-    Ok(store.list_jobs()?.into_iter().map(|id| {
-        let status = status(store, &id);
-        (id, status)
-    }).collect())
+pub fn list(store: &Store) -> Result<Vec<JobListing>, ViewError> {
+    Ok(store
+        .list_jobs()?
+        .into_iter()
+        .map(|id| {
+            let status = status(store, &id);
+            (id, status)
+        })
+        .collect())
 }
