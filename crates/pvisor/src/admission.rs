@@ -176,7 +176,11 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         program: request.program.clone(),
         args: request.args.clone(),
         cwd: cwd.clone(),
-        env_names: env.iter().map(|(k, _)| k.clone()).collect(),
+        env_names: {
+            let mut names: Vec<String> = env.iter().map(|(k, _)| k.clone()).collect();
+            names.sort();
+            names
+        },
         policy: policy.clone(),
         placement: placement.clone(),
     };

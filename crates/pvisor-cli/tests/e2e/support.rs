@@ -38,8 +38,40 @@ impl As {
     }
 }
 
+/// The binary under test, at a path every test user can execute.
+///
+/// As root, the checkout may sit in a directory the unprivileged user cannot
+/// enter (CI clones into a fresh 0700 temporary directory), so the binary is
+/// copied once to a world-readable place keyed by its size and mtime.
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_pvisor")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let built = env!("CARGO_BIN_EXE_pvisor");
+        if !is_root() {
+            return built.to_owned();
+        }
+        let meta = fs::metadata(built).unwrap();
+        let shelf = std::env::temp_dir().join("pvisor-e2e-bin");
+        let version = format!("{}-{}", meta.len(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000);
+        let dir = shelf.join(&version);
+        let copy = dir.join("pvisor");
+        if !copy.exists() {
+            fs::create_dir_all(&dir).unwrap();
+            // Older copies belong to older builds; this one replaces them.
+            for old in fs::read_dir(&shelf).unwrap().flatten() {
+                if old.file_name() != version.as_str() {
+                    let _ = fs::remove_dir_all(old.path());
+                }
+            }
+            let tmp = dir.join(format!("pvisor.{}", std::process::id()));
+            fs::copy(built, &tmp).unwrap();
+            fs::rename(&tmp, &copy).unwrap();
+        }
+        for path in [&shelf, &dir, &copy] {
+            fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        copy.to_string_lossy().into_owned()
+    })
 }
 
 /// A workspace and a state directory under one temporary directory.

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the system packages pvisor's build, tests and benchmarks use, on
+# Debian/Ubuntu. Idempotent: does nothing when everything is present.
+#   b3sum            independent BLAKE3 check of completion receipts (tests)
+#   util-linux       unshare, setpriv (tests, benchmark), script (TTY test, via bsdutils)
+#   bsdutils         script(1)
+set -euo pipefail
+
+need=()
+command -v b3sum >/dev/null 2>&1 || need+=(b3sum)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v script >/dev/null 2>&1 || need+=(bsdutils)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+  exit 1
+fi
+echo "setup: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q "${need[@]}" >/dev/null 2>&1 || {
+  apt-get update -q >/dev/null
+  apt-get install -y -q "${need[@]}" >/dev/null
+}
