@@ -132,9 +132,8 @@ pub(crate) fn mount(
     let data = data.map(CString::new).transpose()?;
     let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
-    check(
-        unsafe { libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) }.into(),
-    )?;
+    let rc = unsafe { libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
+    check(rc.into())?;
     Ok(())
 }
 
