@@ -29,9 +29,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; there are no other flags to honour.
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary
+    // without it, and then a 2-sample smoke run checks only that it works.
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let default_iterations = if measuring { 60 } else { 2 };
     let iterations: usize =
-        std::env::var("PVISOR_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+        std::env::var("PVISOR_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_iterations);
     let dir = tempfile::tempdir().expect("tempdir");
     let workspace = dir.path().join("ws");
     let home = dir.path().join("state");
@@ -76,8 +79,10 @@ fn main() {
     }
     println!("ratio pvisor / unshare: {:.2}x", ms(medians[2]) / ms(medians[1]));
     println!("ratio pvisor / true:    {:.2}x", ms(medians[2]) / ms(medians[0]));
-    println!(
-        "target: pvisor run -- true median <= 25 ms: {}",
-        if ms(medians[2]) <= 25.0 { "met" } else { "MISSED" }
-    );
+    if measuring {
+        let verdict = if ms(medians[2]) <= 25.0 { "met" } else { "MISSED" };
+        println!("target: pvisor run -- true median <= 25 ms: {verdict}");
+    } else {
+        println!("smoke run only (debug build); `cargo bench -p pvisor-cli --bench run_overhead` measures");
+    }
 }
