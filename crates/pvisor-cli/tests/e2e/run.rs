@@ -117,6 +117,10 @@ fn the_sandbox_walls_hold(who: As) {
     }
     let env = Env::new(who);
     let host_tmp_marker = format!("/tmp/pvisor-e2e-leak-{}", std::process::id());
+    // Host services listen on sockets under /run (docker, dbus, the user's session bus);
+    // a read-only mount does not stop connect(2), so /run itself must be private.
+    let run_marker = format!("/run/pvisor-e2e-socket-{:?}-{}", who, std::process::id());
+    let _ = fs::write(&run_marker, "");
     let script = format!(
         r#"
         fail() {{ echo "FAIL: $*"; exit 1; }}
@@ -134,6 +138,8 @@ fn the_sandbox_walls_hold(who: As) {
         [ -c /dev/null ] && [ -c /dev/urandom ] || fail "minimal /dev"
         [ -e /dev/sda ] || [ -e /dev/vda ] && fail "host disks visible in /dev"
         echo ok > /dev/shm/x || fail "/dev/shm"
+        [ -e {run_marker} ] && fail "host /run is visible"
+        [ -d /run/lock ] || fail "no /run/lock"
         echo staged > in-workspace || fail "workspace not writable"
         echo ALL-OK
         "#,
@@ -141,6 +147,7 @@ fn the_sandbox_walls_hold(who: As) {
         ws = fs::canonicalize(&env.ws).unwrap().display(),
     );
     let out = env.run_sh(&script);
+    let _ = fs::remove_file(&run_marker);
     assert!(
         text(&out.stdout).contains("ALL-OK"),
         "stdout: {} stderr: {}",
@@ -237,4 +244,45 @@ fn a_successful_run_completes_with_an_empty_manifest() {
     assert_eq!(status["changes"], 0);
     let events = env.events(status["job"].as_str().unwrap());
     assert_eq!(events.last().unwrap()["type"], "run.completed");
+}
+
+/// Real root maps to uid 0 in the sandbox; with capabilities it could simply
+/// remount the read-only host tree read-write. Every such door must be shut.
+#[test]
+fn root_in_the_sandbox_cannot_make_the_host_writable() {
+    if !As::Root.available() {
+        return;
+    }
+    let env = Env::new(As::Root);
+    let ws = fs::canonicalize(&env.ws).unwrap();
+    let escape = format!("/etc/pvisor-escape-{}", std::process::id());
+    let script = format!(
+        r#"
+        mount -o remount,rw,bind / 2>/dev/null && echo ESCAPE-remount-root
+        mount -o remount,rw,bind /etc 2>/dev/null && echo ESCAPE-remount-etc
+        umount -l {ws} 2>/dev/null && echo ESCAPE-unmounted-workspace
+        umount -l {home} 2>/dev/null && echo ESCAPE-unmounted-state-cover
+        mount -t tmpfs tmpfs /mnt 2>/dev/null && echo ESCAPE-mounted
+        unshare -m sh -c 'mount -o remount,rw,bind /etc' 2>/dev/null && echo ESCAPE-unshare-m
+        unshare -Urm sh -c 'mount -o remount,rw,bind /etc && touch {escape}' 2>/dev/null && echo ESCAPE-nested-userns
+        touch {escape} 2>/dev/null && echo ESCAPE-wrote-etc
+        grep -E '^Cap(Eff|Prm|Bnd|Amb):' /proc/self/status
+        grep NoNewPrivs /proc/self/status
+        "#,
+        ws = ws.display(),
+        home = env.home.display(),
+    );
+    let out = env.run_sh(&script);
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    assert!(!std::path::Path::new(&escape).exists(), "wrote the host's /etc");
+    for line in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+        "NoNewPrivs:\t1",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
 }

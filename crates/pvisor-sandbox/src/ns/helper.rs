@@ -338,6 +338,7 @@ struct Command {
     cwd: PathBuf,
     tty_foreground: bool,
     program_name: String,
+    last_cap: u32,
 }
 
 impl Command {
@@ -353,6 +354,10 @@ impl Command {
             cwd: sandbox.cwd.clone(),
             tty_foreground: spec.tty_foreground,
             program_name: sandbox.program.clone(),
+            last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(63),
         }
     }
 
@@ -376,11 +381,19 @@ impl Command {
             }
             let empty = sys::sigset(&[]);
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
         }
         if let Err(e) = std::env::set_current_dir(&self.cwd) {
             StepError::new("cwd", format!("cannot enter {}: {e}", self.cwd.display())).report_and_exit();
         }
+        // Without this, uid 0 in the sandbox (real root's identity map) could
+        // remount the read-only host tree read-write. Nested user namespaces
+        // cannot undo it: their copies of our mounts are locked read-only.
+        if let Err(e) = drop_all_capabilities(self.last_cap) {
+            StepError::new("capabilities", format!("cannot drop capabilities: {e}")).report_and_exit();
+        }
+        // SAFETY: a plain prctl; no_new_privs also keeps setuid and file
+        // capabilities from granting back what was just dropped.
+        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
         for (key, _) in std::env::vars_os() {
             std::env::remove_var(key);
         }
@@ -403,6 +416,38 @@ impl Command {
         Report::ExecError { program: self.program_name, errno }.send();
         exit(if errno == libc::ENOENT { 127 } else { 126 })
     }
+}
+
+/// Empties the bounding, ambient, effective, permitted and inheritable sets.
+fn drop_all_capabilities(last_cap: u32) -> std::io::Result<()> {
+    for cap in 0..=last_cap {
+        // SAFETY: PR_CAPBSET_DROP takes a capability number.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: a plain prctl.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) };
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: capset(2) with a v3 header and the two data words it expects.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    sys::check(rc)?;
+    Ok(())
 }
 
 /// Returns whether `name` exists as a non-directory in some `$PATH` directory.

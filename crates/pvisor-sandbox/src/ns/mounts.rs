@@ -4,7 +4,7 @@
 //! - `/` is a recursive bind of the host root, read-only and nosuid;
 //! - the workspace path is an overlayfs (lower = the live workspace,
 //!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
-//! - `/tmp` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
+//! - `/tmp`, `/run` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
 //!   new pid namespace; `/dev` is a tmpfs with only null, zero, full, random,
 //!   urandom, tty and the host's pts;
 //! - every hidden path (the state directory at least) is an empty read-only tmpfs.
@@ -36,6 +36,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
     })?;
 
     tmpfs(&under(root, Path::new("/tmp")), "mode=1777", 0)?;
+    private_run(root)?;
     minimal_dev(root)?;
     sys::mount(
         Some("proc"),
@@ -79,6 +80,22 @@ fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
 fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Result<(), StepError> {
     sys::mount(Some("tmpfs"), target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV | flags, Some(options))
         .map_err(|e| mount_err("tmpfs", &format!("mount a tmpfs on {}", target.display()), e))
+}
+
+/// `/run` holds host services' sockets (docker, dbus, the session bus under
+/// `/run/user`); a read-only mount does not stop `connect(2)`, so the sandbox
+/// gets an empty `/run` with only `lock/` and the `shm` link.
+fn private_run(root: &Path) -> Result<(), StepError> {
+    let run = under(root, Path::new("/run"));
+    if !run.is_dir() {
+        return Ok(());
+    }
+    tmpfs(&run, "mode=0755", 0)?;
+    let io_err = |what: &str, e: io::Error| StepError::new("run", format!("cannot {what}: {e}"));
+    fs::create_dir(run.join("lock")).map_err(|e| io_err("create /run/lock", e))?;
+    fs::set_permissions(run.join("lock"), std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+        .map_err(|e| io_err("set the mode of /run/lock", e))?;
+    std::os::unix::fs::symlink("/dev/shm", run.join("shm")).map_err(|e| io_err("link /run/shm", e))
 }
 
 fn minimal_dev(root: &Path) -> Result<(), StepError> {
