@@ -103,10 +103,12 @@ async fn a_cancel_handle_forwards_the_signal() {
     assert_eq!(outcome.result.state, pvisor_core::state::ResultState::Cancelled);
 }
 
+type TestCase = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
 fn main() {
     pvisor_sandbox::ns::maybe_run_helper();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-    let tests: Vec<(&str, std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>)> = vec![
+    let tests: Vec<(&str, TestCase)> = vec![
         (
             "a_dropped_wait_cancels_and_completion_is_still_published",
             Box::pin(a_dropped_wait_cancels_and_completion_is_still_published()),
