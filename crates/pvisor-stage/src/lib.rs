@@ -5,9 +5,22 @@
 //! on-disk conventions (whiteouts, opaque directories, both the `trusted.` and
 //! the rootless `user.` xattr namespaces) and never follows a symlink the
 //! sandbox created.
+//!
+//! - `changes`: scan and seal an upper layer into the change manifest;
+//! - [`preimage`]: the conflict baseline of each changed path;
+//! - [`ledger`]: what has been applied or dropped, crash-safe;
+//! - [`apply`]: selection, conflict verdicts and confined writes;
+//! - [`review`]: unified diffs for people;
+//! - [`beneath`]: every file operation confined beneath a root.
 
+pub mod apply;
+pub mod beneath;
 mod changes;
+mod glob;
+pub mod ledger;
 mod overlay;
+pub mod preimage;
+pub mod review;
 
 pub use changes::{scan, seal};
 
@@ -24,6 +37,8 @@ pub enum StageError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Record(pvisor_core::store::StoreError),
 }
 
 impl StageError {

@@ -1,0 +1,285 @@
+//! Applying staged changes to the workspace.
+//!
+//! Three steps, each usable alone (the CLI's `--dry-run` stops after the second):
+//! 1. [`select`] turns paths and globs into change indices (a directory
+//!    selects everything beneath it) and adds ancestors that must exist first;
+//! 2. [`plan`] compares each selected path's host state with its preimage and
+//!    gives a [`Verdict`]: apply, already applied, conflict, or unsupported;
+//! 3. [`execute`] writes the plan beneath the workspace root (see
+//!    `beneath.rs`), recording intents before and outcomes after in the ledger,
+//!    with one `syncfs` between them.
+
+use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
+
+use crate::beneath::{Kind, Root};
+use crate::glob;
+use crate::ledger::{Action, Ledger, Outcome};
+use crate::preimage::{host_state, same_state, staged_state, HostState, Preimage, Preimages};
+use crate::StageError;
+
+/// A selection pattern that matched no staged change.
+#[derive(Debug, thiserror::Error)]
+#[error("No staged change matches {pattern:?}; `pvisor review` lists them")]
+pub struct NoMatch {
+    pub pattern: String,
+}
+
+/// Selects the changes named by `patterns` (workspace-relative paths or globs).
+/// An empty pattern list selects everything. Returns sorted indices.
+pub fn select(changes: &[ChangeEntry], patterns: &[String]) -> Result<Vec<usize>, NoMatch> {
+    if patterns.is_empty() {
+        return Ok((0..changes.len()).collect());
+    }
+    let mut chosen = std::collections::BTreeSet::new();
+    for pattern in patterns {
+        let trimmed = pattern.trim_end_matches('/');
+        let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+        let before = chosen.len();
+        let mut any = false;
+        for (i, change) in changes.iter().enumerate() {
+            let path = change.path.as_path().as_os_str().as_bytes();
+            let hit = if glob::is_glob(trimmed) {
+                glob::matches(trimmed.as_bytes(), path)
+            } else {
+                trimmed.is_empty()
+                    || path == trimmed.as_bytes()
+                    || (path.starts_with(trimmed.as_bytes()) && path.get(trimmed.len()) == Some(&b'/'))
+            };
+            if hit {
+                any = true;
+                chosen.insert(i);
+            }
+        }
+        if !any && chosen.len() == before {
+            return Err(NoMatch { pattern: pattern.clone() });
+        }
+    }
+    Ok(chosen.into_iter().collect())
+}
+
+/// Adds the changes to ancestor directories that must be applied for a
+/// selected child to have a parent on the host (an added directory, or a
+/// file that became a directory). Returns `(index, implied)` sorted by path.
+pub fn with_required_ancestors(
+    ws: &Root,
+    changes: &[ChangeEntry],
+    selected: &[usize],
+) -> Result<Vec<(usize, bool)>, StageError> {
+    let by_path: BTreeMap<&Path, usize> = changes.iter().enumerate().map(|(i, c)| (c.path.as_path(), i)).collect();
+    let mut out: BTreeMap<usize, bool> = selected.iter().map(|&i| (i, false)).collect();
+    for &i in selected {
+        let mut parent = changes[i].path.as_path().parent();
+        while let Some(dir) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            if let Some(&j) = by_path.get(dir) {
+                let host_is_dir = ws.stat(dir).map_err(|e| StageError::io("inspect", dir, e))?.map(|s| s.kind) == Some(Kind::Dir);
+                if !host_is_dir && changes[j].entry == EntryType::Dir {
+                    out.entry(j).or_insert(true);
+                }
+            }
+            parent = dir.parent();
+        }
+    }
+    let mut list: Vec<(usize, bool)> = out.into_iter().collect();
+    list.sort_by(|a, b| changes[a.0].path.cmp(&changes[b.0].path));
+    Ok(list)
+}
+
+/// What apply will do with one change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The host still holds the baseline (or `--force`): write it.
+    Apply { forced: bool },
+    /// The host already holds exactly the staged state.
+    AlreadyApplied,
+    /// The host no longer holds the baseline; refused without `--force`.
+    Conflict(String),
+    /// Never applied (device nodes, fifos, sockets).
+    Unsupported(String),
+}
+
+/// One planned change.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub change: ChangeEntry,
+    pub verdict: Verdict,
+    /// Included because a selected path needs it, not named by the user.
+    pub implied: bool,
+}
+
+fn describe(state: &HostState) -> String {
+    match state {
+        HostState::Absent => "absent".into(),
+        HostState::Present { entry, mode, size, blake3 } => {
+            let kind = match entry {
+                EntryType::File => "file",
+                EntryType::Dir => "directory",
+                EntryType::Symlink => "symlink",
+                EntryType::Special => "special file",
+                EntryType::None => "nothing",
+            };
+            let digest = blake3.as_deref().map(|d| format!(", blake3 {}…", &d[..d.len().min(12)])).unwrap_or_default();
+            if *entry == EntryType::Dir {
+                format!("{kind} {mode:o}{digest}")
+            } else {
+                format!("{kind} {mode:o}, {size} bytes{digest}")
+            }
+        }
+    }
+}
+
+/// Decides what to do with `change` given the host's current state.
+pub fn verdict(
+    ws: &Root,
+    change: &ChangeEntry,
+    preimage: Option<&Preimage>,
+    outcome: Option<&Outcome>,
+    force: bool,
+) -> Result<Verdict, StageError> {
+    if change.entry == EntryType::Special {
+        return Ok(Verdict::Unsupported(
+            "a device node, fifo or socket; pvisor never creates these in the workspace".into(),
+        ));
+    }
+    let host = host_state(ws, change)?;
+    if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
+        return Ok(Verdict::AlreadyApplied);
+    }
+    let conflict = match preimage {
+        None => Some("no baseline was recorded for this path".to_owned()),
+        Some(Preimage::Unknown { reason }) => Some(format!("no baseline: {reason}")),
+        Some(Preimage::Known(base)) if same_state(&host, base) => None,
+        Some(Preimage::Known(base)) => Some(match outcome {
+            Some(Outcome::Interrupted) => {
+                format!("an interrupted apply left this path in an unknown state (now {})", describe(&host))
+            }
+            _ => format!("changed on the host since the run: was {}, now {}", describe(base), describe(&host)),
+        }),
+    };
+    Ok(match conflict {
+        None => Verdict::Apply { forced: false },
+        Some(_) if force => Verdict::Apply { forced: true },
+        Some(reason) => Verdict::Conflict(reason),
+    })
+}
+
+/// Plans `selection` (from [`with_required_ancestors`]).
+pub fn plan(
+    ws: &Root,
+    changes: &[ChangeEntry],
+    selection: &[(usize, bool)],
+    preimages: &Preimages,
+    outcomes: &BTreeMap<RelPath, Outcome>,
+    force: bool,
+) -> Result<Vec<Planned>, StageError> {
+    selection
+        .iter()
+        .map(|&(i, implied)| {
+            let change = &changes[i];
+            let verdict = verdict(ws, change, preimages.get(&change.path), outcomes.get(&change.path), force)?;
+            Ok(Planned { change: change.clone(), verdict, implied })
+        })
+        .collect()
+}
+
+/// What [`execute`] did.
+#[derive(Debug, Default)]
+pub struct Executed {
+    /// Paths written (or removed), with the digest that landed and whether forced.
+    pub applied: Vec<(ChangeEntry, bool)>,
+    /// Paths that already matched and were only recorded.
+    pub already: Vec<ChangeEntry>,
+    pub warnings: Vec<String>,
+}
+
+/// Applies every `Apply` and `AlreadyApplied` item of `plan`. Call only when
+/// the plan has no conflicts the caller wants to honour.
+pub fn execute(
+    ws: &Root,
+    upper: &Root,
+    ledger: &Ledger,
+    plan: &[Planned],
+    mut progress: impl FnMut(&ChangeEntry),
+) -> Result<Executed, StageError> {
+    let mut done = Executed::default();
+    let intents: Vec<_> = plan
+        .iter()
+        .filter(|p| matches!(p.verdict, Verdict::Apply { .. }))
+        .map(|p| (p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
+        .collect();
+    ledger.append(&intents)?;
+    let mut result = Ok(());
+    for planned in plan {
+        match &planned.verdict {
+            Verdict::Apply { forced } => {
+                if let Err(e) = apply_one(ws, upper, &planned.change, &mut done.warnings) {
+                    result = Err(e);
+                    break;
+                }
+                progress(&planned.change);
+                done.applied.push((planned.change.clone(), *forced));
+            }
+            Verdict::AlreadyApplied => done.already.push(planned.change.clone()),
+            Verdict::Conflict(_) | Verdict::Unsupported(_) => {}
+        }
+    }
+    // Whatever was written is made durable before the ledger says so.
+    ws.sync().map_err(|e| StageError::io("sync", "the workspace", e))?;
+    let outcomes: Vec<_> = done
+        .applied
+        .iter()
+        .map(|(c, forced)| (c.path.clone(), Action::Applied, c.blake3.clone(), *forced))
+        .chain(done.already.iter().map(|c| (c.path.clone(), Action::Applied, c.blake3.clone(), false)))
+        .collect();
+    ledger.append(&outcomes)?;
+    result.map(|()| done)
+}
+
+fn apply_one(ws: &Root, upper: &Root, change: &ChangeEntry, warnings: &mut Vec<String>) -> Result<(), StageError> {
+    let rel = change.path.as_path();
+    let io = |op: &'static str| move |e| StageError::io(op, rel, e);
+    match change.entry {
+        EntryType::None => ws.remove_all(rel).map_err(io("remove")),
+        EntryType::File => {
+            let mut staged = upper.open_file(rel).map_err(io("read the staged"))?;
+            let mut mode = change.mode;
+            if mode & 0o6000 != 0 {
+                warnings.push(format!("{}: setuid/setgid bits dropped", change.path.display_escaped()));
+                mode &= !0o6000;
+            }
+            ws.write_file(rel, &mut staged, mode, change.blake3.as_deref()).map_err(io("write")).map(|_| ())
+        }
+        EntryType::Symlink => {
+            let target = upper.read_link(rel).map_err(io("read the staged link"))?;
+            let digest = blake3::hash(&target).to_hex().to_string();
+            if change.blake3.as_deref() != Some(digest.as_str()) {
+                return Err(StageError::io(
+                    "verify",
+                    rel,
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "staged link changed since sealing"),
+                ));
+            }
+            ws.write_symlink(rel, &target).map_err(io("write link"))
+        }
+        EntryType::Dir => {
+            if ws.stat(rel).map_err(io("inspect"))?.is_some_and(|s| s.kind != Kind::Dir) {
+                ws.remove_all(rel).map_err(io("replace"))?;
+            }
+            ws.mkdir(rel, change.mode & 0o1777).map_err(io("create directory"))?;
+            if change.kind == ChangeKind::OpaqueDir {
+                let keep: std::collections::BTreeSet<_> = upper.list(rel).map_err(io("list the staged"))?.into_iter().collect();
+                for name in ws.list(rel).map_err(io("list"))? {
+                    if !keep.contains(&name) {
+                        ws.remove_all(&rel.join(&name)).map_err(io("remove replaced content"))?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        EntryType::Special => Ok(()),
+    }
+}

@@ -1,0 +1,246 @@
+//! Preimages: the conflict baseline of every changed path.
+//!
+//! A preimage is what the host held at a path before the sandbox first
+//! modified it: absent, or kind + mode + size + BLAKE3. The `ns` executor's
+//! lower layer *is* the live workspace, so there is no snapshot to compare
+//! with; instead (DESIGN.md "Effects") the run's start time is the baseline:
+//! at sealing, a host entry whose ctime is older than the start is exactly what
+//! the sandbox saw, so it is hashed then; an entry changed during the run, or
+//! a path whose directory changed (something created or removed), has no
+//! trustworthy baseline and is recorded `unknown`, which apply treats as a
+//! conflict. ctime is checked again after hashing to close the race. This costs
+//! O(changes), not O(workspace).
+//!
+//! Directories whose apply would remove host content (deleted, replaced
+//! wholesale, or turned into something else) get a *tree digest* over
+//! everything beneath them, so a file the user edited inside such a directory
+//! after the run is a conflict, not a casualty.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
+
+use crate::beneath::{Kind, Root};
+use crate::StageError;
+
+/// ctime updates use a coarse clock that can lag the wall clock by a tick;
+/// the baseline is moved this much earlier so a change right at the start is
+/// never mistaken for an old one (a false conflict is safe, a missed one is not).
+pub const CTIME_MARGIN_NS: i128 = 20_000_000;
+
+/// What the host held at a path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum HostState {
+    Absent,
+    Present {
+        entry: EntryType,
+        mode: u32,
+        size: u64,
+        /// File contents, symlink target, or (for directories whose apply
+        /// removes content) the tree digest; else null.
+        blake3: Option<String>,
+    },
+}
+
+/// A path's baseline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "baseline", rename_all = "snake_case")]
+pub enum Preimage {
+    Known(HostState),
+    /// The host changed the path (or its directory) while the run was live.
+    Unknown { reason: String },
+}
+
+/// One line of `stage/preimages.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreimageEntry {
+    pub path: RelPath,
+    pub preimage: Preimage,
+}
+
+/// `stage/preimages.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preimages {
+    pub format: u32,
+    /// The baseline instant (ns since the epoch): entries older than it are trusted.
+    pub baseline_ns: i128,
+    pub entries: Vec<PreimageEntry>,
+}
+
+impl pvisor_core::records::Record for Preimages {
+    const FILE: &'static str = "preimages.json";
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
+impl Preimages {
+    /// Returns the preimage of `path`, if one was captured.
+    pub fn get(&self, path: &RelPath) -> Option<&Preimage> {
+        self.entries.binary_search_by(|e| e.path.cmp(path)).ok().map(|i| &self.entries[i].preimage)
+    }
+}
+
+fn entry_type(kind: Kind) -> EntryType {
+    match kind {
+        Kind::File => EntryType::File,
+        Kind::Dir => EntryType::Dir,
+        Kind::Symlink => EntryType::Symlink,
+        Kind::Special => EntryType::Special,
+    }
+}
+
+/// Whether applying `change` removes host content beneath a directory.
+pub fn removes_tree(change: &ChangeEntry) -> bool {
+    match change.kind {
+        ChangeKind::Deleted | ChangeKind::OpaqueDir | ChangeKind::TypeChanged => true,
+        ChangeKind::Added | ChangeKind::Modified | ChangeKind::ModeChanged | ChangeKind::Symlink => false,
+    }
+}
+
+fn hash_reader(mut r: impl std::io::Read) -> std::io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    std::io::copy(&mut r, &mut hasher)?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// Reads the host state of `rel`. Directories get a tree digest when
+/// `tree` is set. With `baseline`, any entry newer than it makes the result
+/// `Err(reason)` instead.
+fn observe(root: &Root, rel: &Path, tree: bool, baseline: Option<i128>) -> Result<Result<HostState, String>, StageError> {
+    let io = |e| StageError::io("inspect", rel, e);
+    let Some(st) = root.stat(rel).map_err(io)? else { return Ok(Ok(HostState::Absent)) };
+    if let Some(b) = baseline {
+        if st.ctime_ns >= b {
+            return Ok(Err("changed on the host while the run was live".into()));
+        }
+    }
+    let blake3 = match st.kind {
+        Kind::File => Some(hash_reader(root.open_file(rel).map_err(io)?).map_err(io)?),
+        Kind::Symlink => Some(blake3::hash(&root.read_link(rel).map_err(io)?).to_hex().to_string()),
+        Kind::Dir if tree => match tree_digest(root, rel, baseline)? {
+            Ok(d) => Some(d),
+            Err(reason) => return Ok(Err(reason)),
+        },
+        Kind::Dir | Kind::Special => None,
+    };
+    let size = if st.kind == Kind::Dir { 0 } else { st.size };
+    Ok(Ok(HostState::Present { entry: entry_type(st.kind), mode: st.mode, size, blake3 }))
+}
+
+/// BLAKE3 over every entry beneath `rel`: sorted names, kinds, modes and contents.
+fn tree_digest(root: &Root, rel: &Path, baseline: Option<i128>) -> Result<Result<String, String>, StageError> {
+    let mut hasher = blake3::Hasher::new();
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(sub) = stack.pop() {
+        let dir = rel.join(&sub);
+        let mut names = root.list(&dir).map_err(|e| StageError::io("list", &dir, e))?;
+        names.sort();
+        for name in names {
+            let child_rel = sub.join(&name);
+            match observe(root, &rel.join(&child_rel), false, baseline)? {
+                Err(reason) => return Ok(Err(format!("{} {reason}", child_rel.display()))),
+                Ok(state) => {
+                    use std::os::unix::ffi::OsStrExt;
+                    hasher.update(child_rel.as_os_str().as_bytes());
+                    hasher.update(&[0]);
+                    hasher.update(serde_json::to_string(&state).unwrap_or_default().as_bytes());
+                    if matches!(state, HostState::Present { entry: EntryType::Dir, .. }) {
+                        stack.push(child_rel);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Ok(hasher.finalize().to_hex().to_string()))
+}
+
+/// Returns the current host state of `change`'s path.
+pub fn host_state(root: &Root, change: &ChangeEntry) -> Result<HostState, StageError> {
+    Ok(observe(root, change.path.as_path(), removes_tree(change), None)?.unwrap_or(HostState::Absent))
+}
+
+/// The state the stage holds for `change`, in the same terms as a host state.
+pub fn staged_state(change: &ChangeEntry) -> HostState {
+    match change.entry {
+        EntryType::None => HostState::Absent,
+        entry => HostState::Present {
+            entry,
+            mode: change.mode,
+            size: if entry == EntryType::Dir { 0 } else { change.size },
+            blake3: if entry == EntryType::Dir { None } else { change.blake3.clone() },
+        },
+    }
+}
+
+/// Whether two states are the same for conflict purposes: directories compare
+/// by kind, mode and (when both have one) tree digest.
+pub fn same_state(a: &HostState, b: &HostState) -> bool {
+    match (a, b) {
+        (HostState::Absent, HostState::Absent) => true,
+        (
+            HostState::Present { entry: ea, mode: ma, size: sa, blake3: ba },
+            HostState::Present { entry: eb, mode: mb, size: sb, blake3: bb },
+        ) => {
+            if ea != eb || ma != mb {
+                return false;
+            }
+            if *ea == EntryType::Dir {
+                return ba.is_none() || bb.is_none() || ba == bb;
+            }
+            sa == sb && ba == bb
+        }
+        (HostState::Absent, HostState::Present { .. }) | (HostState::Present { .. }, HostState::Absent) => false,
+    }
+}
+
+/// Captures the preimage of every change, against the run's start time.
+pub fn capture(workspace: &Path, changes: &[ChangeEntry], run_started_ns: i128) -> Result<Preimages, StageError> {
+    let root = Root::open(workspace).map_err(|e| StageError::io("open", workspace, e))?;
+    let baseline = run_started_ns - CTIME_MARGIN_NS;
+    let mut entries = Vec::with_capacity(changes.len());
+    for change in changes {
+        let rel = change.path.as_path();
+        let first = observe(&root, rel, removes_tree(change), Some(baseline))?;
+        let preimage = match first {
+            Err(reason) => Preimage::Unknown { reason },
+            Ok(HostState::Absent) => absent_preimage(&root, rel, baseline)?,
+            Ok(state) => {
+                // Re-check after hashing: an edit during the hash makes it untrustworthy.
+                match root.stat(rel).map_err(|e| StageError::io("inspect", rel, e))? {
+                    Some(st) if st.ctime_ns < baseline => Preimage::Known(state),
+                    _ => Preimage::Unknown { reason: "changed on the host while its baseline was read".into() },
+                }
+            }
+        };
+        entries.push(PreimageEntry { path: change.path.clone(), preimage });
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(Preimages { format: pvisor_core::records::FORMAT, baseline_ns: baseline, entries })
+}
+
+/// An absent path is a trustworthy baseline only if its nearest existing
+/// directory did not change during the run (no create, delete or rename there).
+fn absent_preimage(root: &Root, rel: &Path, baseline: i128) -> Result<Preimage, StageError> {
+    let mut dir = rel.parent();
+    loop {
+        let st = match dir {
+            Some(d) if !d.as_os_str().is_empty() => root.stat(d).map_err(|e| StageError::io("inspect", d, e))?,
+            _ => Some(root.stat_root().map_err(|e| StageError::io("inspect", "workspace root", e))?),
+        };
+        match st {
+            Some(st) if st.ctime_ns >= baseline => {
+                let name = dir.filter(|d| !d.as_os_str().is_empty()).map_or("the workspace root".into(), |d| d.display().to_string());
+                return Ok(Preimage::Unknown {
+                    reason: format!("its directory {name} changed on the host while the run was live"),
+                });
+            }
+            Some(_) => return Ok(Preimage::Known(HostState::Absent)),
+            None => dir = dir.and_then(Path::parent),
+        }
+    }
+}

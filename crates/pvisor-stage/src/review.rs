@@ -1,0 +1,124 @@
+//! Rendering one change for a person: a unified diff for text, sizes and
+//! digests for binary files, and one-line summaries for links, modes and
+//! directories. Colour is the caller's choice (on a terminal, off in pipes).
+
+use std::io::{self, Read, Write};
+
+use similar::{ChangeTag, TextDiff};
+
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+
+use crate::beneath::{Kind, Root};
+
+/// Files larger than this are summarised, not diffed.
+pub const DIFF_LIMIT: u64 = 8 * 1024 * 1024;
+
+const RED: &str = "\x1b[31m";
+const GREEN: &str = "\x1b[32m";
+const CYAN: &str = "\x1b[36m";
+const BOLD: &str = "\x1b[1m";
+const RESET: &str = "\x1b[0m";
+
+/// Reads a file beneath `root` for diffing: `Ok(None)` if absent or not a file.
+fn read_side(root: &Root, change: &ChangeEntry) -> io::Result<Option<Vec<u8>>> {
+    let rel = change.path.as_path();
+    match root.stat(rel)? {
+        Some(st) if st.kind == Kind::File => {
+            if st.size > DIFF_LIMIT {
+                return Ok(None);
+            }
+            let mut buf = Vec::with_capacity(st.size as usize);
+            root.open_file(rel)?.read_to_end(&mut buf)?;
+            Ok(Some(buf))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn is_binary(bytes: &[u8]) -> bool {
+    bytes[..bytes.len().min(8192)].contains(&0) || std::str::from_utf8(bytes).is_err()
+}
+
+/// Writes the diff of `change`: the workspace (`ws`) now versus the stage (`upper`).
+pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeEntry, color: bool) -> io::Result<()> {
+    let name = change.path.display_escaped();
+    let paint = |code: &'static str| if color { code } else { "" };
+    let reset = paint(RESET);
+    writeln!(out, "{}diff {} ({}){reset}", paint(BOLD), name, change.kind.as_str())?;
+    let host_stat = ws.stat(change.path.as_path())?;
+    let old = read_side(ws, change)?;
+    let new = if change.entry == EntryType::File { read_side(upper, change)? } else { None };
+    match change.entry {
+        EntryType::Symlink => {
+            let target = upper.read_link(change.path.as_path())?;
+            let before = match host_stat.map(|s| s.kind) {
+                Some(Kind::Symlink) => format!("-> {}", String::from_utf8_lossy(&ws.read_link(change.path.as_path())?)),
+                Some(_) => "(not a symlink)".into(),
+                None => "(absent)".into(),
+            };
+            writeln!(out, "  symlink: {before}  =>  -> {}", String::from_utf8_lossy(&target))?;
+            return Ok(());
+        }
+        EntryType::Dir => {
+            let what = match change.kind {
+                ChangeKind::OpaqueDir => "directory replaced wholesale: entries not in the stage are removed",
+                ChangeKind::ModeChanged => "directory permissions changed",
+                ChangeKind::TypeChanged => "becomes a directory",
+                ChangeKind::Added | ChangeKind::Modified | ChangeKind::Deleted | ChangeKind::Symlink => "new directory",
+            };
+            writeln!(out, "  {what} (mode {:o})", change.mode)?;
+            return Ok(());
+        }
+        EntryType::Special => {
+            writeln!(out, "  special file (device, fifo or socket): never applied")?;
+            return Ok(());
+        }
+        EntryType::None | EntryType::File => {}
+    }
+    if let Some(st) = host_stat {
+        if change.kind == ChangeKind::ModeChanged || (st.kind == Kind::File && change.entry == EntryType::File && st.mode != change.mode) {
+            writeln!(out, "  mode {:o} => {:o}", st.mode, change.mode)?;
+        }
+    }
+    if change.kind == ChangeKind::ModeChanged {
+        return Ok(());
+    }
+    let (old, new) = match (old, new, change.entry) {
+        (old, None, EntryType::File) => {
+            writeln!(out, "  file of {} bytes (over {} MiB, not diffed), blake3 {}", change.size, DIFF_LIMIT >> 20, change.blake3.as_deref().unwrap_or("-"))?;
+            let _ = old;
+            return Ok(());
+        }
+        (old, new, _) => (old.unwrap_or_default(), new.unwrap_or_default()),
+    };
+    if is_binary(&old) || is_binary(&new) {
+        let digest = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+        writeln!(out, "  binary: {} bytes (blake3 {}) => {} bytes (blake3 {})", old.len(), &digest(&old)[..16], new.len(), &digest(&new)[..16])?;
+        return Ok(());
+    }
+    let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
+    let diff = TextDiff::from_lines(old.as_ref(), new.as_ref());
+    let a = if host_stat.is_some() { format!("a/{name}") } else { "/dev/null".into() };
+    let b = if change.entry == EntryType::None { "/dev/null".into() } else { format!("b/{name}") };
+    writeln!(out, "{}--- {a}{reset}", paint(BOLD))?;
+    writeln!(out, "{}+++ {b}{reset}", paint(BOLD))?;
+    let unified = diff.unified_diff();
+    for hunk in unified.iter_hunks() {
+        writeln!(out, "{}{}{reset}", paint(CYAN), hunk.header())?;
+        for line in hunk.iter_changes() {
+            let (sign, code) = match line.tag() {
+                ChangeTag::Delete => ('-', paint(RED)),
+                ChangeTag::Insert => ('+', paint(GREEN)),
+                ChangeTag::Equal => (' ', ""),
+            };
+            let text = line.value();
+            let text = text.strip_suffix('\n').unwrap_or(text);
+            let end = if code.is_empty() { "" } else { reset };
+            writeln!(out, "{code}{sign}{text}{end}")?;
+            if line.missing_newline() {
+                writeln!(out, "\\ No newline at end of file")?;
+            }
+        }
+    }
+    Ok(())
+}
