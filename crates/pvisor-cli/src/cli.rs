@@ -23,6 +23,10 @@ pub struct Cli {
 pub enum Command {
     Run(RunArgs),
     Status(StatusArgs),
+    #[command(alias = "diff")]
+    Review(ReviewArgs),
+    Apply(ApplyArgs),
+    Drop(DropArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
 }
@@ -83,6 +87,91 @@ pub struct StatusArgs {
     /// One JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also list the staged changes, as `pvisor review` does.
+    #[arg(long)]
+    pub review: bool,
+}
+
+/// When to colour diffs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    Always,
+    Never,
+}
+
+/// Show what a Job staged: every change with its kind, size and conflict state.
+///
+/// Changes come from the Run Bundle, bound by the completion receipt. A Job
+/// without a confirmed result shows its staged files with no execution result.
+/// A conflict means the workspace no longer holds what the sandbox started
+/// from, so `apply` would refuse that path without --force. Nothing is ever
+/// truncated: deletions and long lists are shown in full.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor diff                      same as review --diff"
+)]
+pub struct ReviewArgs {
+    pub job: Option<String>,
+    /// Only these paths (a directory selects everything under it) or globs.
+    pub paths: Vec<String>,
+    /// Show unified diffs (binary files: sizes and digests).
+    #[arg(long, short = 'd')]
+    pub diff: bool,
+    /// One JSON object per change.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour diffs: auto (on a terminal), always, never.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+}
+
+/// Apply staged changes to the workspace.
+///
+/// Each selected path is checked against its conflict baseline (what the host
+/// held when the sandbox first changed it). If the workspace changed since,
+/// the whole apply is refused (exit 1) unless --force. Files are replaced
+/// atomically, beneath the workspace root, never through a symlink; symlinks
+/// are applied as symlinks; device nodes, fifos and sockets are never created;
+/// setuid/setgid bits are dropped. An interrupted apply resumes where it stopped.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied); 125 error."
+)]
+pub struct ApplyArgs {
+    /// The Job (id or unique prefix) [default: the most recent]. A first argument that is not a job is taken as a path.
+    pub job: Option<String>,
+    /// Paths (a directory selects everything under it) or globs to apply.
+    pub paths: Vec<String>,
+    /// Apply every remaining change.
+    #[arg(long, short = 'a')]
+    pub all: bool,
+    /// Show what would be applied and any conflicts; change nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Overwrite conflicting paths (the host's newer version is lost).
+    #[arg(long, short = 'f')]
+    pub force: bool,
+    /// Ask about each change in turn, showing its diff (needs a terminal).
+    #[arg(long, short = 'i')]
+    pub interactive: bool,
+    /// Colour diffs: auto (on a terminal), always, never.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+}
+
+/// Discard staged changes: the remaining ones, or only those selected.
+///
+/// Drop never undoes changes already applied to the workspace.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor drop                 discard everything left in the last Job's stage\n  pvisor drop job-01JD4 build/"
+)]
+pub struct DropArgs {
+    pub job: Option<String>,
+    /// Paths or globs to drop [default: every remaining change].
+    pub paths: Vec<String>,
 }
 
 /// List Jobs, oldest first.

@@ -340,6 +340,28 @@ impl OwnerLock {
         Ok(Self { _file: file })
     }
 
+    /// Takes the lock, waiting while another process holds it.
+    pub fn acquire_blocking(path: &Path) -> Result<Self, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| StoreError::io("open lock", path, e))?;
+        loop {
+            // SAFETY: flock on a valid, owned descriptor.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Self { _file: file });
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(StoreError::io("lock", path, err));
+            }
+        }
+    }
+
     /// Returns whether some process currently holds the lock at `path`.
     /// A missing lock file means nobody does.
     pub fn is_held(path: &Path) -> Result<bool, StoreError> {

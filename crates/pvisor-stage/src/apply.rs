@@ -70,13 +70,16 @@ pub fn with_required_ancestors(
     changes: &[ChangeEntry],
     selected: &[usize],
 ) -> Result<Vec<(usize, bool)>, StageError> {
-    let by_path: BTreeMap<&Path, usize> = changes.iter().enumerate().map(|(i, c)| (c.path.as_path(), i)).collect();
+    let by_path: BTreeMap<&Path, usize> =
+        changes.iter().enumerate().map(|(i, c)| (c.path.as_path(), i)).collect();
     let mut out: BTreeMap<usize, bool> = selected.iter().map(|&i| (i, false)).collect();
     for &i in selected {
         let mut parent = changes[i].path.as_path().parent();
         while let Some(dir) = parent.filter(|p| !p.as_os_str().is_empty()) {
             if let Some(&j) = by_path.get(dir) {
-                let host_is_dir = ws.stat(dir).map_err(|e| StageError::io("inspect", dir, e))?.map(|s| s.kind) == Some(Kind::Dir);
+                let host_is_dir =
+                    ws.stat(dir).map_err(|e| StageError::io("inspect", dir, e))?.map(|s| s.kind)
+                        == Some(Kind::Dir);
                 if !host_is_dir && changes[j].entry == EntryType::Dir {
                     out.entry(j).or_insert(true);
                 }
@@ -122,7 +125,8 @@ fn describe(state: &HostState) -> String {
                 EntryType::Special => "special file",
                 EntryType::None => "nothing",
             };
-            let digest = blake3.as_deref().map(|d| format!(", blake3 {}…", &d[..d.len().min(12)])).unwrap_or_default();
+            let digest =
+                blake3.as_deref().map(|d| format!(", blake3 {}…", &d[..d.len().min(12)])).unwrap_or_default();
             if *entry == EntryType::Dir {
                 format!("{kind} {mode:o}{digest}")
             } else {
@@ -157,7 +161,9 @@ pub fn verdict(
             Some(Outcome::Interrupted) => {
                 format!("an interrupted apply left this path in an unknown state (now {})", describe(&host))
             }
-            _ => format!("changed on the host since the run: was {}, now {}", describe(base), describe(&host)),
+            _ => {
+                format!("changed on the host since the run: was {}, now {}", describe(base), describe(&host))
+            }
         }),
     };
     Ok(match conflict {
@@ -180,7 +186,8 @@ pub fn plan(
         .iter()
         .map(|&(i, implied)| {
             let change = &changes[i];
-            let verdict = verdict(ws, change, preimages.get(&change.path), outcomes.get(&change.path), force)?;
+            let verdict =
+                verdict(ws, change, preimages.get(&change.path), outcomes.get(&change.path), force)?;
             Ok(Planned { change: change.clone(), verdict, implied })
         })
         .collect()
@@ -239,7 +246,12 @@ pub fn execute(
     result.map(|()| done)
 }
 
-fn apply_one(ws: &Root, upper: &Root, change: &ChangeEntry, warnings: &mut Vec<String>) -> Result<(), StageError> {
+fn apply_one(
+    ws: &Root,
+    upper: &Root,
+    change: &ChangeEntry,
+    warnings: &mut Vec<String>,
+) -> Result<(), StageError> {
     let rel = change.path.as_path();
     let io = |op: &'static str| move |e| StageError::io(op, rel, e);
     match change.entry {
@@ -271,7 +283,8 @@ fn apply_one(ws: &Root, upper: &Root, change: &ChangeEntry, warnings: &mut Vec<S
             }
             ws.mkdir(rel, change.mode & 0o1777).map_err(io("create directory"))?;
             if change.kind == ChangeKind::OpaqueDir {
-                let keep: std::collections::BTreeSet<_> = upper.list(rel).map_err(io("list the staged"))?.into_iter().collect();
+                let keep: std::collections::BTreeSet<_> =
+                    upper.list(rel).map_err(io("list the staged"))?.into_iter().collect();
                 for name in ws.list(rel).map_err(io("list"))? {
                     if !keep.contains(&name) {
                         ws.remove_all(&rel.join(&name)).map_err(io("remove replaced content"))?;

@@ -107,7 +107,9 @@ impl Root {
     pub fn open(path: &Path) -> io::Result<Self> {
         let c = cstr(path.as_os_str())?;
         // SAFETY: a valid C string; the descriptor is ours.
-        let fd = check(unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) }.into())?;
+        let fd = check(
+            unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) }.into(),
+        )?;
         // SAFETY: open returned a fresh descriptor.
         Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) } })
     }
@@ -184,7 +186,9 @@ impl Root {
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
         let (dir, name, _) = match self.parent(rel) {
             Ok(p) => p,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => return Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(None)
+            }
             Err(e) => return Err(e),
         };
         // SAFETY: zeroed stat is a valid out-parameter.
@@ -225,7 +229,9 @@ impl Root {
         let (dir, name, _) = self.parent(rel)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize];
         // SAFETY: valid dirfd, name and buffer.
-        let n = check(unsafe { libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) } as libc::c_long)?;
+        let n = check(unsafe {
+            libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        } as libc::c_long)?;
         buf.truncate(n as usize);
         Ok(buf)
     }
@@ -294,7 +300,8 @@ impl Root {
         expect: Option<&str>,
     ) -> io::Result<String> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
+        let tmp =
+            cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
         // SAFETY: valid dirfd and name.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
         // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
@@ -329,7 +336,9 @@ impl Root {
                 if digest != expected {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
-                        format!("staged contents changed since sealing (blake3 {digest}, manifest {expected})"),
+                        format!(
+                            "staged contents changed since sealing (blake3 {digest}, manifest {expected})"
+                        ),
                     ));
                 }
             }
@@ -339,7 +348,10 @@ impl Root {
                 remove_at(dir.as_raw_fd(), &name)?;
             }
             // SAFETY: valid dirfd and names.
-            check(unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }.into())?;
+            check(
+                unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }
+                    .into(),
+            )?;
             Ok(digest)
         })();
         if result.is_err() {
@@ -352,7 +364,8 @@ impl Root {
     /// Replaces `rel` with a symlink to `target`, atomically.
     pub fn write_symlink(&self, rel: &Path, target: &[u8]) -> io::Result<()> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
+        let tmp =
+            cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
         let target = CString::new(target).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: valid dirfd and names.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
@@ -381,8 +394,22 @@ impl Root {
 
     /// Makes everything written beneath the root durable: one `syncfs(2)`.
     pub fn sync(&self) -> io::Result<()> {
+        // syncfs needs a real open file, not the O_PATH root descriptor.
+        // SAFETY: valid dirfd and name.
+        let fd = check(
+            unsafe {
+                libc::openat(
+                    self.fd.as_raw_fd(),
+                    c".".as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            }
+            .into(),
+        )?;
+        // SAFETY: openat returned a fresh descriptor.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
         // SAFETY: syncfs on a valid descriptor.
-        check(unsafe { libc::syncfs(self.fd.as_raw_fd()) }.into())?;
+        check(unsafe { libc::syncfs(dir.as_raw_fd()) }.into())?;
         Ok(())
     }
 }
@@ -392,7 +419,8 @@ fn list_fd(dirfd: RawFd) -> io::Result<Vec<std::ffi::OsString>> {
     let dot = c".";
     // SAFETY: valid dirfd and name.
     let fd = check(
-        unsafe { libc::openat(dirfd, dot.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) }.into(),
+        unsafe { libc::openat(dirfd, dot.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) }
+            .into(),
     )?;
     // SAFETY: fdopendir takes ownership of the fresh descriptor.
     let dirp = unsafe { libc::fdopendir(fd as RawFd) };
@@ -436,7 +464,11 @@ fn remove_at(dirfd: RawFd, name: &CString) -> io::Result<()> {
     // SAFETY: valid dirfd and name; O_NOFOLLOW refuses a symlink swapped in.
     let fd = check(
         unsafe {
-            libc::openat(dirfd, name.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            libc::openat(
+                dirfd,
+                name.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
         }
         .into(),
     )?;

@@ -107,8 +107,14 @@ impl Ledger {
         let now = Timestamp::now();
         let mut buf = Vec::new();
         for (path, action, blake3, forced) in records {
-            let record =
-                LedgerRecord { format: FORMAT, time: now, path: path.clone(), action: *action, blake3: blake3.clone(), forced: *forced };
+            let record = LedgerRecord {
+                format: FORMAT,
+                time: now,
+                path: path.clone(),
+                action: *action,
+                blake3: blake3.clone(),
+                forced: *forced,
+            };
             buf.extend(serde_json::to_vec(&record).unwrap_or_default());
             buf.push(b'\n');
         }

@@ -42,7 +42,7 @@ pub enum StageError {
 }
 
 impl StageError {
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         Self::Io { op, path: path.into(), source }
     }
 }

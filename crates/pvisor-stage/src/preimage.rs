@@ -26,10 +26,18 @@ use pvisor_core::store::RelPath;
 use crate::beneath::{Kind, Root};
 use crate::StageError;
 
-/// ctime updates use a coarse clock that can lag the wall clock by a tick;
-/// the baseline is moved this much earlier so a change right at the start is
-/// never mistaken for an old one (a false conflict is safe, a missed one is not).
-pub const CTIME_MARGIN_NS: i128 = 20_000_000;
+/// Returns the clock filesystems stamp ctime with (`CLOCK_REALTIME_COARSE`), in
+/// ns since the epoch. Take it when the run starts: any later change to a host
+/// entry then has a ctime at or after it, because the coarse clock never goes
+/// back. An entry stamped in the same tick as the start is treated as changed
+/// during the run (a false conflict is safe; a missed one is not).
+pub fn baseline_now() -> i128 {
+    // SAFETY: zeroed timespec is a valid out-parameter.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
 
 /// What the host held at a path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,7 +60,9 @@ pub enum HostState {
 pub enum Preimage {
     Known(HostState),
     /// The host changed the path (or its directory) while the run was live.
-    Unknown { reason: String },
+    Unknown {
+        reason: String,
+    },
 }
 
 /// One line of `stage/preimages.json`.
@@ -111,7 +121,12 @@ fn hash_reader(mut r: impl std::io::Read) -> std::io::Result<String> {
 /// Reads the host state of `rel`. Directories get a tree digest when
 /// `tree` is set. With `baseline`, any entry newer than it makes the result
 /// `Err(reason)` instead.
-fn observe(root: &Root, rel: &Path, tree: bool, baseline: Option<i128>) -> Result<Result<HostState, String>, StageError> {
+fn observe(
+    root: &Root,
+    rel: &Path,
+    tree: bool,
+    baseline: Option<i128>,
+) -> Result<Result<HostState, String>, StageError> {
     let io = |e| StageError::io("inspect", rel, e);
     let Some(st) = root.stat(rel).map_err(io)? else { return Ok(Ok(HostState::Absent)) };
     if let Some(b) = baseline {
@@ -133,7 +148,11 @@ fn observe(root: &Root, rel: &Path, tree: bool, baseline: Option<i128>) -> Resul
 }
 
 /// BLAKE3 over every entry beneath `rel`: sorted names, kinds, modes and contents.
-fn tree_digest(root: &Root, rel: &Path, baseline: Option<i128>) -> Result<Result<String, String>, StageError> {
+fn tree_digest(
+    root: &Root,
+    rel: &Path,
+    baseline: Option<i128>,
+) -> Result<Result<String, String>, StageError> {
     let mut hasher = blake3::Hasher::new();
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(sub) = stack.pop() {
@@ -194,14 +213,16 @@ pub fn same_state(a: &HostState, b: &HostState) -> bool {
             }
             sa == sb && ba == bb
         }
-        (HostState::Absent, HostState::Present { .. }) | (HostState::Present { .. }, HostState::Absent) => false,
+        (HostState::Absent, HostState::Present { .. }) | (HostState::Present { .. }, HostState::Absent) => {
+            false
+        }
     }
 }
 
-/// Captures the preimage of every change, against the run's start time.
-pub fn capture(workspace: &Path, changes: &[ChangeEntry], run_started_ns: i128) -> Result<Preimages, StageError> {
+/// Captures the preimage of every change, against `baseline` (from
+/// [`baseline_now`] at the start of the run).
+pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Result<Preimages, StageError> {
     let root = Root::open(workspace).map_err(|e| StageError::io("open", workspace, e))?;
-    let baseline = run_started_ns - CTIME_MARGIN_NS;
     let mut entries = Vec::with_capacity(changes.len());
     for change in changes {
         let rel = change.path.as_path();
@@ -213,7 +234,9 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], run_started_ns: i128) 
                 // Re-check after hashing: an edit during the hash makes it untrustworthy.
                 match root.stat(rel).map_err(|e| StageError::io("inspect", rel, e))? {
                     Some(st) if st.ctime_ns < baseline => Preimage::Known(state),
-                    _ => Preimage::Unknown { reason: "changed on the host while its baseline was read".into() },
+                    _ => {
+                        Preimage::Unknown { reason: "changed on the host while its baseline was read".into() }
+                    }
                 }
             }
         };
@@ -229,12 +252,16 @@ fn absent_preimage(root: &Root, rel: &Path, baseline: i128) -> Result<Preimage, 
     let mut dir = rel.parent();
     loop {
         let st = match dir {
-            Some(d) if !d.as_os_str().is_empty() => root.stat(d).map_err(|e| StageError::io("inspect", d, e))?,
+            Some(d) if !d.as_os_str().is_empty() => {
+                root.stat(d).map_err(|e| StageError::io("inspect", d, e))?
+            }
             _ => Some(root.stat_root().map_err(|e| StageError::io("inspect", "workspace root", e))?),
         };
         match st {
             Some(st) if st.ctime_ns >= baseline => {
-                let name = dir.filter(|d| !d.as_os_str().is_empty()).map_or("the workspace root".into(), |d| d.display().to_string());
+                let name = dir
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .map_or("the workspace root".into(), |d| d.display().to_string());
                 return Ok(Preimage::Unknown {
                     reason: format!("its directory {name} changed on the host while the run was live"),
                 });

@@ -40,7 +40,13 @@ fn is_binary(bytes: &[u8]) -> bool {
 }
 
 /// Writes the diff of `change`: the workspace (`ws`) now versus the stage (`upper`).
-pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeEntry, color: bool) -> io::Result<()> {
+pub fn write_diff(
+    out: &mut dyn Write,
+    ws: &Root,
+    upper: &Root,
+    change: &ChangeEntry,
+    color: bool,
+) -> io::Result<()> {
     let name = change.path.display_escaped();
     let paint = |code: &'static str| if color { code } else { "" };
     let reset = paint(RESET);
@@ -52,7 +58,9 @@ pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeE
         EntryType::Symlink => {
             let target = upper.read_link(change.path.as_path())?;
             let before = match host_stat.map(|s| s.kind) {
-                Some(Kind::Symlink) => format!("-> {}", String::from_utf8_lossy(&ws.read_link(change.path.as_path())?)),
+                Some(Kind::Symlink) => {
+                    format!("-> {}", String::from_utf8_lossy(&ws.read_link(change.path.as_path())?))
+                }
                 Some(_) => "(not a symlink)".into(),
                 None => "(absent)".into(),
             };
@@ -64,7 +72,9 @@ pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeE
                 ChangeKind::OpaqueDir => "directory replaced wholesale: entries not in the stage are removed",
                 ChangeKind::ModeChanged => "directory permissions changed",
                 ChangeKind::TypeChanged => "becomes a directory",
-                ChangeKind::Added | ChangeKind::Modified | ChangeKind::Deleted | ChangeKind::Symlink => "new directory",
+                ChangeKind::Added | ChangeKind::Modified | ChangeKind::Deleted | ChangeKind::Symlink => {
+                    "new directory"
+                }
             };
             writeln!(out, "  {what} (mode {:o})", change.mode)?;
             return Ok(());
@@ -76,7 +86,9 @@ pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeE
         EntryType::None | EntryType::File => {}
     }
     if let Some(st) = host_stat {
-        if change.kind == ChangeKind::ModeChanged || (st.kind == Kind::File && change.entry == EntryType::File && st.mode != change.mode) {
+        if change.kind == ChangeKind::ModeChanged
+            || (st.kind == Kind::File && change.entry == EntryType::File && st.mode != change.mode)
+        {
             writeln!(out, "  mode {:o} => {:o}", st.mode, change.mode)?;
         }
     }
@@ -85,7 +97,13 @@ pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeE
     }
     let (old, new) = match (old, new, change.entry) {
         (old, None, EntryType::File) => {
-            writeln!(out, "  file of {} bytes (over {} MiB, not diffed), blake3 {}", change.size, DIFF_LIMIT >> 20, change.blake3.as_deref().unwrap_or("-"))?;
+            writeln!(
+                out,
+                "  file of {} bytes (over {} MiB, not diffed), blake3 {}",
+                change.size,
+                DIFF_LIMIT >> 20,
+                change.blake3.as_deref().unwrap_or("-")
+            )?;
             let _ = old;
             return Ok(());
         }
@@ -93,7 +111,14 @@ pub fn write_diff(out: &mut dyn Write, ws: &Root, upper: &Root, change: &ChangeE
     };
     if is_binary(&old) || is_binary(&new) {
         let digest = |b: &[u8]| blake3::hash(b).to_hex().to_string();
-        writeln!(out, "  binary: {} bytes (blake3 {}) => {} bytes (blake3 {})", old.len(), &digest(&old)[..16], new.len(), &digest(&new)[..16])?;
+        writeln!(
+            out,
+            "  binary: {} bytes (blake3 {}) => {} bytes (blake3 {})",
+            old.len(),
+            &digest(&old)[..16],
+            new.len(),
+            &digest(&new)[..16]
+        )?;
         return Ok(());
     }
     let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));

@@ -12,13 +12,15 @@
 //!    Tokio task ([`ManagedJobRun`]) and publishes the Job state after joining
 //!    the Attempt. Frontends hold only a wait adapter.
 //! 4. [`runtime::completion`]: building, validating and committing receipts.
-//! 5. [`runtime::job_service::views`]: read projections for status, lists and
+//! 5. [`effects`]: review, apply and drop of staged changes.
+//! 6. [`runtime::job_service::views`]: read projections for status, lists and
 //!    the Trace, trusting only valid receipts.
 //!
 //! The library never prints, exits or reads user configuration; the CLI and
 //! the daemon do.
 
 pub mod admission;
+pub mod effects;
 pub mod runtime;
 pub mod session;
 mod trace;

@@ -21,6 +21,45 @@ impl Trace {
         Self { path, run, next_seq: 1 }
     }
 
+    /// Reopens an existing Trace to append after its last complete event.
+    /// Callers must hold the stage's apply lock (one writer at a time).
+    pub(crate) fn resume(path: PathBuf, run: RunId, last_seq: u64) -> Self {
+        Self { path, run, next_seq: last_seq + 1 }
+    }
+
+    /// Appends several events in one write, fsynced; returns the first seq.
+    pub(crate) fn emit_batch(
+        &mut self,
+        events: Vec<(&str, Option<u32>, Option<u64>, serde_json::Value)>,
+    ) -> Result<u64, StoreError> {
+        let first = self.next_seq;
+        if events.is_empty() {
+            return Ok(first);
+        }
+        let mut buf = Vec::new();
+        for (i, (kind, attempt, cause, data)) in events.into_iter().enumerate() {
+            let seq = first + i as u64;
+            let event = Event {
+                format: FORMAT,
+                id: Event::id_for(&self.run, seq),
+                run: self.run.clone(),
+                seq,
+                time: Timestamp::now(),
+                kind: kind.to_owned(),
+                attempt,
+                cause,
+                data,
+            };
+            buf.extend(serde_json::to_vec(&event).unwrap_or_default());
+            buf.push(b'\n');
+        }
+        let count = buf.iter().filter(|&&b| b == b'\n').count() as u64;
+        buf.pop();
+        store::append_line(&self.path, &buf, true)?;
+        self.next_seq = first + count;
+        Ok(first)
+    }
+
     /// Appends one event and returns its sequence number. `sync` makes it durable
     /// before returning (used for the facts recovery depends on).
     pub(crate) fn emit(

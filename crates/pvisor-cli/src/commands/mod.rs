@@ -1,7 +1,10 @@
 //! One file per subcommand; `dispatch` routes to them.
 
+mod apply;
+mod drop;
 mod events;
 mod jobs;
+mod review;
 mod run;
 mod status;
 
@@ -14,6 +17,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::cmd_run(args),
         Command::Status(args) => status::cmd_status(args),
+        Command::Review(args) => review::cmd_review(args),
+        Command::Apply(args) => apply::cmd_apply(args),
+        Command::Drop(args) => drop::cmd_drop(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
     }
@@ -30,4 +36,41 @@ pub fn open_store() -> anyhow::Result<Store> {
     Store::open(&root).with_context(|| {
         format!("Cannot use state directory {} (set PVISOR_HOME to a writable directory)", root.display())
     })
+}
+
+/// Splits `[JOB] [PATH...]`: the first word is a job if it resolves to one,
+/// otherwise it is a path and the most recent Job is meant.
+pub fn job_and_paths(
+    store: &Store,
+    first: Option<String>,
+    mut rest: Vec<String>,
+) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
+    use pvisor::runtime::job_service::views;
+    if let Some(word) = first {
+        let looks_like_job =
+            word.starts_with("job-") || (!word.contains(['/', '.', '*', '?', '[']) && word.len() >= 4);
+        if looks_like_job {
+            match views::resolve_job(store, Some(&word)) {
+                Ok(job) => return Ok((job, rest)),
+                Err(views::ViewError::NotFound { .. }) if !word.starts_with("job-") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        rest.insert(0, word);
+    }
+    Ok((views::resolve_job(store, None)?, rest))
+}
+
+/// Whether to colour output written to stdout.
+pub fn use_color(choice: crate::cli::ColorChoice) -> bool {
+    match choice {
+        crate::cli::ColorChoice::Always => true,
+        crate::cli::ColorChoice::Never => false,
+        crate::cli::ColorChoice::Auto => {
+            // SAFETY: isatty only inspects the descriptor.
+            let tty = unsafe { libc::isatty(1) == 1 };
+            tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::env::var("TERM").map_or(true, |t| t != "dumb")
+        }
+    }
 }

@@ -111,9 +111,17 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
         };
         let state = ending(result.state.as_str(), result.exit_code, result.signal);
         eprintln!("pvisor: {} {state}; {staged}; {} untouched", outcome.job, outcome.workspace.display());
-        if result.state != ResultState::Completed || !outcome.changes.is_empty() {
-            eprintln!("pvisor: details: pvisor status {}", outcome.job);
+        let job = &outcome.job;
+        if outcome.changes.is_empty() {
+            if result.state != ResultState::Completed {
+                eprintln!("pvisor: details: pvisor status {job}");
+            }
+        } else {
+            eprintln!(
+                "pvisor: next: pvisor review {job} --diff  ·  pvisor apply {job} --all  ·  pvisor drop {job}"
+            );
         }
+        eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back");
     }
     code
 }

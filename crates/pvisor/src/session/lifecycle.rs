@@ -135,6 +135,7 @@ impl Session {
         mut self,
         mut cancel: mpsc::UnboundedReceiver<i32>,
     ) -> Result<RunOutcome, RunError> {
+        let baseline = pvisor_stage::preimage::baseline_now();
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let started = match self.prepare_stage() {
@@ -188,7 +189,7 @@ impl Session {
                 }
             }
         };
-        self.finalize(ending, started_at, clock.elapsed())
+        self.finalize(ending, started_at, baseline, clock.elapsed())
     }
 
     /// Records a fact whose loss must not stop the run (it is repeated in the Bundle).
@@ -250,6 +251,7 @@ impl Session {
         mut self,
         ending: Ending,
         started_at: Timestamp,
+        baseline: i128,
         wall: Duration,
     ) -> Result<RunOutcome, RunError> {
         let result = self.result_of(&ending, started_at);
@@ -267,7 +269,17 @@ impl Session {
         )
         .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
         let changes = self.seal_stage()?;
-        self.emit("stage.sealed", json!({"changes": changes.len()}))
+        let preimages = pvisor_stage::preimage::capture(&self.spec.workspace, &changes, baseline)
+            .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
+        let without_baseline = preimages
+            .entries
+            .iter()
+            .filter(|e| matches!(e.preimage, pvisor_stage::preimage::Preimage::Unknown { .. }))
+            .count();
+        let preimages_file = self.store.stage_dir(&self.run.id).join("preimages.json");
+        store::write_atomic(&preimages_file, &store::to_json_bytes(&preimages))
+            .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
+        self.emit("stage.sealed", json!({"changes": changes.len(), "without_baseline": without_baseline}))
             .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
 
         // Step 2: the Bundle fixes the result and observations.

@@ -31,6 +31,8 @@ pub enum ViewError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Receipt(#[from] ReceiptError),
+    #[error(transparent)]
+    Stage(pvisor_stage::StageError),
 }
 
 /// Resolves a job reference: an id, a unique prefix (with or without `job-`),
@@ -92,6 +94,8 @@ pub struct JobStatus {
     /// Changed paths in the Bundle's manifest (confirmed runs only).
     pub changes: Option<usize>,
     pub stage: PathBuf,
+    /// Where the staged changes stand (confirmed runs only).
+    pub stage_state: Option<crate::effects::StageState>,
     /// Facts the Trace is missing even though the receipt is valid.
     pub audit_gaps: Vec<String>,
 }
@@ -121,6 +125,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         receipt: ReceiptStatus::Missing,
         changes: None,
         stage: store.stage_dir(&run.id),
+        stage_state: None,
         audit_gaps: Vec::new(),
     };
     match completion::load(store, &job.id, &attempt_id)? {
@@ -134,6 +139,12 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
             status.finished_at = Some(result.finished_at);
             status.receipt = ReceiptStatus::Valid;
             status.changes = Some(bundle.changes.len());
+            let outcomes =
+                pvisor_stage::ledger::Ledger::new(&status.stage).outcomes().map_err(|e| match e {
+                    pvisor_stage::StageError::Record(s) => ViewError::Store(s),
+                    other => ViewError::Stage(other),
+                })?;
+            status.stage_state = Some(crate::effects::StageState::of(&bundle.changes, &outcomes));
             let terminal = result.state.terminal_event();
             let (events, _) = events(store, &run.id)?;
             if !events.iter().any(|e| e.kind == terminal) {

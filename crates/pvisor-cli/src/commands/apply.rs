@@ -1,0 +1,151 @@
+//! `pvisor apply [JOB] [PATH|GLOB...] [--all] [--dry-run] [--force] [-i]`.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::bail;
+
+use pvisor::effects::{self, ApplyOptions, Selection, Stage};
+use pvisor_stage::apply::Verdict;
+
+use crate::cli::ApplyArgs;
+
+/// Exit status when conflicts refused the apply.
+const REFUSED: i32 = 1;
+
+pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    if paths.is_empty() && !args.all && !args.interactive {
+        bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
+    }
+    if args.all && !paths.is_empty() {
+        bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
+    }
+    let options = ApplyOptions { force: args.force, dry_run: args.dry_run };
+    let selection = if args.interactive {
+        match choose_interactively(&store, &job, &paths, args.color)? {
+            Some(chosen) if !chosen.is_empty() => Selection::Paths(chosen),
+            _ => {
+                eprintln!("pvisor: nothing chosen; nothing applied");
+                return Ok(0);
+            }
+        }
+    } else {
+        Selection::Patterns(paths)
+    };
+    let stderr_tty = std::io::stderr().is_terminal();
+    let mut written = 0usize;
+    let report = effects::apply(&store, &job, &selection, options, |_| {
+        written += 1;
+        if stderr_tty && written % 500 == 0 {
+            eprint!("\rpvisor: applied {written} files…");
+        }
+    })?;
+    if stderr_tty && written >= 500 {
+        eprintln!();
+    }
+    let mut out = std::io::stdout().lock();
+    for warning in &report.warnings {
+        eprintln!("pvisor: warning: {warning}");
+    }
+    if !report.conflicts.is_empty() {
+        writeln!(out, "refused: {} conflict(s); nothing was applied", report.conflicts.len())?;
+        for (change, reason) in &report.conflicts {
+            writeln!(out, "  CONFLICT  {}: {reason}", change.path.display_escaped())?;
+        }
+        writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
+        return Ok(REFUSED);
+    }
+    let verb = if args.dry_run { "would apply" } else { "applied" };
+    let mut count = 0;
+    for planned in &report.plan {
+        let (word, note) = match &planned.verdict {
+            Verdict::Apply { forced: true } => (verb, " (forced over a conflict)"),
+            Verdict::Apply { forced: false } => (verb, ""),
+            Verdict::AlreadyApplied => ("already", " (the workspace already matches)"),
+            Verdict::Unsupported(_) | Verdict::Conflict(_) => continue,
+        };
+        count += 1;
+        let implied = if planned.implied { " (needed by a selected path)" } else { "" };
+        writeln!(
+            out,
+            "  {word:<11} {:<12} {}{note}{implied}",
+            planned.change.kind.as_str(),
+            planned.change.path.display_escaped()
+        )?;
+    }
+    if args.dry_run {
+        writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
+        return Ok(0);
+    }
+    let stage = Stage::open(&store, &job)?;
+    let remaining = stage.review(&[])?.iter().filter(|i| i.remaining()).count();
+    writeln!(
+        out,
+        "{count} change(s) applied to {}; {remaining} remaining; stage {}",
+        stage.workspace.display(),
+        report.state.map_or("?", |s| s.as_str())
+    )?;
+    if remaining > 0 {
+        writeln!(out, "next: pvisor review {job}  ·  pvisor apply {job} --all  ·  pvisor drop {job}")?;
+    }
+    Ok(0)
+}
+
+/// Shows each remaining selected change with its diff and asks about it.
+fn choose_interactively(
+    store: &pvisor_core::store::Store,
+    job: &pvisor_core::ids::JobId,
+    paths: &[String],
+    color: crate::cli::ColorChoice,
+) -> anyhow::Result<Option<Vec<pvisor_core::store::RelPath>>> {
+    if !std::io::stdin().is_terminal() {
+        bail!("-i asks on a terminal, but stdin is not one; name the paths to apply instead");
+    }
+    let stage = Stage::open(store, job)?;
+    let items: Vec<_> = stage.review(paths)?.into_iter().filter(|i| i.remaining()).collect();
+    let (ws, upper) = stage.diff_roots()?;
+    let color = super::use_color(color);
+    let mut chosen = Vec::new();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut all_rest = false;
+    for (n, item) in items.iter().enumerate() {
+        if all_rest {
+            chosen.push(item.change.path.clone());
+            continue;
+        }
+        let mut out = std::io::stdout().lock();
+        writeln!(out)?;
+        pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
+        if let Some(reason) = &item.conflict {
+            writeln!(out, "CONFLICT: {reason}")?;
+        }
+        loop {
+            write!(
+                out,
+                "({}/{}) Apply {}? [y]es [n]o [a]ll remaining [q]uit: ",
+                n + 1,
+                items.len(),
+                item.change.path.display_escaped()
+            )?;
+            out.flush()?;
+            let Some(line) = lines.next().transpose()? else { return Ok(Some(chosen)) };
+            match line.trim() {
+                "y" | "yes" => {
+                    chosen.push(item.change.path.clone());
+                    break;
+                }
+                "n" | "no" | "" => break,
+                "a" | "all" => {
+                    chosen.push(item.change.path.clone());
+                    all_rest = true;
+                    break;
+                }
+                "q" | "quit" => return Ok(Some(chosen)),
+                _ => writeln!(out, "answer y, n, a or q")?,
+            }
+        }
+    }
+    Ok(Some(chosen))
+}

@@ -1,0 +1,31 @@
+//! `pvisor drop [JOB] [PATH...]`.
+
+use std::io::Write;
+
+use pvisor::effects;
+
+use crate::cli::DropArgs;
+
+pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let report = effects::drop_changes(&store, &job, &paths)?;
+    let mut out = std::io::stdout().lock();
+    for change in &report.dropped {
+        writeln!(out, "  dropped  {:<12} {}", change.kind.as_str(), change.path.display_escaped())?;
+    }
+    writeln!(
+        out,
+        "{} change(s) dropped; stage {}",
+        report.dropped.len(),
+        report.state.map_or("?", |s| s.as_str())
+    )?;
+    if report.already_applied > 0 {
+        writeln!(
+            out,
+            "{} change(s) already applied stay in the workspace: drop never undoes an apply",
+            report.already_applied
+        )?;
+    }
+    Ok(0)
+}

@@ -1,0 +1,128 @@
+//! `pvisor review [JOB] [PATH...] [--diff] [--json]` (alias `diff`).
+
+use std::io::Write;
+
+use pvisor::effects::{ReviewItem, Stage};
+use pvisor_core::records::EntryType;
+
+use crate::cli::ReviewArgs;
+use crate::output::{ending, json_line};
+
+pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let stage = Stage::open(&store, &job)?;
+    let items = stage.review(&paths)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for item in &items {
+            json_line(&mut out, "change", &change_json(item))?;
+        }
+        return Ok(0);
+    }
+    print_header(&mut out, &stage, &items)?;
+    print_items(&mut out, &items)?;
+    if args.diff {
+        let color = super::use_color(args.color);
+        let (ws, upper) = stage.diff_roots()?;
+        for item in items.iter().filter(|i| i.remaining()) {
+            writeln!(out)?;
+            pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
+        }
+    }
+    Ok(0)
+}
+
+pub fn change_json(item: &ReviewItem) -> serde_json::Value {
+    let c = &item.change;
+    serde_json::json!({
+        "path": c.path,
+        "kind": c.kind,
+        "entry": c.entry,
+        "size": c.size,
+        "mode": c.mode,
+        "blake3": c.blake3,
+        "conflict": item.conflict.is_some(),
+        "conflict_reason": item.conflict,
+        "unsupported": item.unsupported,
+        "applied": item.applied,
+        "dropped": item.dropped,
+    })
+}
+
+pub fn print_header(out: &mut impl Write, stage: &Stage, items: &[ReviewItem]) -> std::io::Result<()> {
+    let s = &stage.status;
+    if stage.confirmed {
+        let state = ending(s.state.as_str(), s.exit_code, s.signal);
+        let remaining = items.iter().filter(|i| i.remaining()).count();
+        let conflicts = items.iter().filter(|i| i.conflict.is_some()).count();
+        writeln!(
+            out,
+            "{}  {state}  ·  stage {}: {remaining} remaining, {} applied, {} dropped{}",
+            s.job,
+            stage.state().as_str(),
+            items.iter().filter(|i| i.applied).count(),
+            items.iter().filter(|i| i.dropped).count(),
+            if conflicts > 0 { format!(", {conflicts} in conflict") } else { String::new() },
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{}  no confirmed result (state: {}): these are the staged files; apply and drop are refused",
+            s.job, s.state
+        )?;
+    }
+    writeln!(out, "workspace {}", s.workspace.display())
+}
+
+fn human_size(change: &pvisor_core::records::ChangeEntry) -> String {
+    match change.entry {
+        EntryType::File | EntryType::Symlink => {
+            let n = change.size as f64;
+            if change.size < 1024 {
+                format!("{} B", change.size)
+            } else if n < 1024.0 * 1024.0 {
+                format!("{:.1} KiB", n / 1024.0)
+            } else if n < 1024.0 * 1024.0 * 1024.0 {
+                format!("{:.1} MiB", n / (1024.0 * 1024.0))
+            } else {
+                format!("{:.2} GiB", n / (1024.0 * 1024.0 * 1024.0))
+            }
+        }
+        EntryType::Dir => "dir".into(),
+        EntryType::Special => "special".into(),
+        EntryType::None => "-".into(),
+    }
+}
+
+pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Result<()> {
+    if items.is_empty() {
+        return writeln!(out, "no staged changes");
+    }
+    for item in items {
+        let status = if item.applied {
+            "applied"
+        } else if item.dropped {
+            "dropped"
+        } else if item.conflict.is_some() {
+            "CONFLICT"
+        } else if item.unsupported.is_some() {
+            "skipped"
+        } else {
+            "pending"
+        };
+        writeln!(
+            out,
+            "  {status:<8}  {:<12}  {:>9}  {}",
+            item.change.kind.as_str(),
+            human_size(&item.change),
+            item.change.path.display_escaped()
+        )?;
+        if let Some(reason) =
+            item.conflict.as_ref().or(item.unsupported.as_ref()).filter(|_| item.remaining())
+        {
+            writeln!(out, "            {reason}")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,428 @@
+//! The effects workflow: review, apply selected files, drop.
+//!
+//! ```text
+//! run → stop → review → apply selected files → review remaining changes → apply or drop
+//! ```
+//!
+//! The list of changes is the Bundle's manifest, bound by the receipt. Apply
+//! and drop need that receipt: a run without one (`unknown`, or still live)
+//! can be reviewed from its stage, but nothing is applied or dropped. Each
+//! apply or drop holds the stage's `apply.lock`, so two at once serialize, and
+//! records every step in the ledger and the Trace.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::json;
+
+use pvisor_core::ids::JobId;
+use pvisor_core::records::{ChangeEntry, JobRecord};
+use pvisor_core::state::JobState;
+use pvisor_core::store::{self, OwnerLock, RelPath, Store, StoreError};
+use pvisor_stage::apply::{self, NoMatch, Planned, Verdict};
+use pvisor_stage::beneath::Root;
+use pvisor_stage::ledger::{Action, Ledger, Outcome};
+use pvisor_stage::preimage::Preimages;
+use pvisor_stage::StageError;
+
+use crate::runtime::completion;
+use crate::runtime::job_service::views::{self, JobStatus, ViewError};
+use crate::trace::Trace;
+
+/// Why an effects command could not proceed. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectsError {
+    #[error(
+        "Job {job} has no confirmed result (state: {state}); apply and drop need an Attempt confirmed stopped by a valid receipt. \
+         `pvisor review {job}` still shows its staged files; `pvisor kill {job}` closes it as lost"
+    )]
+    Unconfirmed { job: JobId, state: JobState },
+    #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
+    Live { job: JobId },
+    #[error("Workspace {} no longer exists; nothing can be applied to it", path.display())]
+    WorkspaceMissing { path: PathBuf },
+    #[error(transparent)]
+    NoMatch(#[from] NoMatch),
+    #[error(transparent)]
+    View(#[from] ViewError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where a stage stands, separately from how the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageState {
+    /// The run staged nothing.
+    Empty,
+    /// Nothing applied or dropped yet.
+    Pending,
+    /// Some changes applied or dropped, some remain.
+    PartiallyApplied,
+    /// Nothing remains, and something was applied.
+    Applied,
+    /// Nothing remains, and nothing was applied.
+    Dropped,
+}
+
+impl StageState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Pending => "pending",
+            Self::PartiallyApplied => "partially-applied",
+            Self::Applied => "applied",
+            Self::Dropped => "dropped",
+        }
+    }
+
+    /// Derives the state from the change list and the ledger.
+    pub fn of(changes: &[ChangeEntry], outcomes: &BTreeMap<RelPath, Outcome>) -> Self {
+        if changes.is_empty() {
+            return Self::Empty;
+        }
+        let (mut applied, mut dropped) = (0, 0);
+        for change in changes {
+            match outcomes.get(&change.path) {
+                Some(Outcome::Applied) => applied += 1,
+                Some(Outcome::Dropped) => dropped += 1,
+                Some(Outcome::Interrupted) | None => {}
+            }
+        }
+        match (applied + dropped == changes.len(), applied, dropped) {
+            (false, 0, 0) => Self::Pending,
+            (false, _, _) => Self::PartiallyApplied,
+            (true, 0, _) => Self::Dropped,
+            (true, _, _) => Self::Applied,
+        }
+    }
+}
+
+/// A Job's stage, ready to review or apply.
+#[derive(Debug)]
+pub struct Stage {
+    pub status: JobStatus,
+    pub job: JobRecord,
+    /// The changes: the Bundle's manifest, or a live scan when unconfirmed.
+    pub changes: Vec<ChangeEntry>,
+    /// Whether `changes` comes from a Bundle bound by a valid receipt.
+    pub confirmed: bool,
+    pub preimages: Option<Preimages>,
+    pub outcomes: BTreeMap<RelPath, Outcome>,
+    pub stage_dir: PathBuf,
+    pub workspace: PathBuf,
+}
+
+impl Stage {
+    /// Opens the stage of `job`.
+    pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
+        let status = views::status(store, job)?;
+        let job_record: JobRecord = store.read(&store.job_file(job))?;
+        let stage_dir = store.stage_dir(&status.run);
+        let upper = stage_dir.join("upper");
+        let (changes, confirmed) =
+            match completion::load(store, job, &status.attempt).map_err(ViewError::from)? {
+                Some((_, bundle)) => (bundle.changes, true),
+                None if upper.is_dir() && status.workspace.is_dir() => {
+                    (pvisor_stage::scan(&upper, &status.workspace)?, false)
+                }
+                None => (Vec::new(), false),
+            };
+        let preimages = match store::read_record::<Preimages>(&stage_dir.join("preimages.json")) {
+            Ok(p) => Some(p),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let outcomes = Ledger::new(&stage_dir).outcomes()?;
+        let workspace = status.workspace.clone();
+        Ok(Self { status, job: job_record, changes, confirmed, preimages, outcomes, stage_dir, workspace })
+    }
+
+    pub fn state(&self) -> StageState {
+        StageState::of(&self.changes, &self.outcomes)
+    }
+
+    fn roots(&self) -> Result<(Root, Root), EffectsError> {
+        let ws = Root::open(&self.workspace)
+            .map_err(|_| EffectsError::WorkspaceMissing { path: self.workspace.clone() })?;
+        let upper_path = self.stage_dir.join("upper");
+        let upper = Root::open(&upper_path).map_err(|e| StageError::io("open", &upper_path, e))?;
+        Ok((ws, upper))
+    }
+
+    /// The review of every change: remaining ones with their conflict state,
+    /// applied and dropped ones marked.
+    pub fn review(&self, patterns: &[String]) -> Result<Vec<ReviewItem>, EffectsError> {
+        let selected = apply::select(&self.changes, patterns)?;
+        let ws = Root::open(&self.workspace).ok();
+        let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+        let preimages = self.preimages.as_ref().unwrap_or(&empty);
+        let mut items = Vec::with_capacity(selected.len());
+        for i in selected {
+            let change = &self.changes[i];
+            let outcome = self.outcomes.get(&change.path);
+            let applied = outcome == Some(&Outcome::Applied);
+            let dropped = outcome == Some(&Outcome::Dropped);
+            let (conflict, unsupported) = match (&ws, applied || dropped) {
+                (_, true) => (None, None),
+                (None, false) => (Some("the workspace no longer exists".to_owned()), None),
+                (Some(ws), false) => {
+                    match apply::verdict(ws, change, preimages.get(&change.path), outcome, false)? {
+                        Verdict::Conflict(reason) => (Some(reason), None),
+                        Verdict::Unsupported(reason) => (None, Some(reason)),
+                        Verdict::Apply { .. } | Verdict::AlreadyApplied => (None, None),
+                    }
+                }
+            };
+            items.push(ReviewItem { change: change.clone(), applied, dropped, conflict, unsupported });
+        }
+        Ok(items)
+    }
+
+    /// Opens the workspace and stage roots for rendering diffs.
+    pub fn diff_roots(&self) -> Result<(Root, Root), EffectsError> {
+        self.roots()
+    }
+}
+
+/// One change as review shows it.
+#[derive(Debug, Clone)]
+pub struct ReviewItem {
+    pub change: ChangeEntry,
+    pub applied: bool,
+    pub dropped: bool,
+    /// Why apply would refuse this change without `--force`.
+    pub conflict: Option<String>,
+    /// Why apply never writes this change (device nodes, fifos, sockets).
+    pub unsupported: Option<String>,
+}
+
+impl ReviewItem {
+    pub fn remaining(&self) -> bool {
+        !self.applied && !self.dropped
+    }
+}
+
+/// Options for [`apply`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyOptions {
+    pub force: bool,
+    pub dry_run: bool,
+}
+
+/// What an apply did (or, with `dry_run`, would do).
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub plan: Vec<Planned>,
+    /// Whether anything was written. False on a dry run or when conflicts refused the apply.
+    pub executed: bool,
+    pub conflicts: Vec<(ChangeEntry, String)>,
+    pub warnings: Vec<String>,
+    pub state: Option<StageState>,
+}
+
+/// The stage's writer lock: one apply or drop at a time.
+fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
+    Ok(OwnerLock::acquire_blocking(&stage_dir.join("apply.lock"))?)
+}
+
+fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
+    if stage.status.live {
+        return Err(EffectsError::Live { job: stage.status.job.clone() });
+    }
+    if !stage.confirmed {
+        return Err(EffectsError::Unconfirmed { job: stage.status.job.clone(), state: stage.status.state });
+    }
+    Ok(())
+}
+
+fn open_trace(store: &Store, stage: &Stage) -> Result<(Trace, Option<u64>), EffectsError> {
+    let (events, _) = views::events(store, &stage.status.run)?;
+    let last = events.last().map_or(0, |e| e.seq);
+    let terminal = events
+        .iter()
+        .rev()
+        .find(|e| {
+            e.kind.starts_with("run.") && e.kind != "run.cancel_requested" && e.kind != "run.kill_escalated"
+        })
+        .map(|e| e.seq);
+    Ok((Trace::resume(store.events_file(&stage.status.run), stage.status.run.clone(), last), terminal))
+}
+
+/// Which changes to apply.
+#[derive(Debug, Clone)]
+pub enum Selection {
+    /// Paths (a directory selects everything beneath) and globs; empty = all.
+    Patterns(Vec<String>),
+    /// Exactly these changes (e.g. chosen one by one).
+    Paths(Vec<RelPath>),
+}
+
+/// Applies the selected changes of `job`'s stage.
+pub fn apply(
+    store: &Store,
+    job: &JobId,
+    selection: &Selection,
+    options: ApplyOptions,
+    progress: impl FnMut(&ChangeEntry),
+) -> Result<ApplyReport, EffectsError> {
+    let stage = Stage::open(store, job)?;
+    require_confirmed(&stage)?;
+    let _lock = lock_stage(&stage.stage_dir)?;
+    // Re-read under the lock: another apply may have just finished.
+    let stage = Stage::open(store, job)?;
+    let (ws, upper) = stage.roots()?;
+    let remaining: Vec<ChangeEntry> = stage
+        .changes
+        .iter()
+        .filter(|c| !matches!(stage.outcomes.get(&c.path), Some(Outcome::Applied) | Some(Outcome::Dropped)))
+        .cloned()
+        .collect();
+    let selected = match selection {
+        Selection::Patterns(patterns) => apply::select(&remaining, patterns).or_else(|e| {
+            // A pattern that names only already-applied changes is not an error.
+            apply::select(&stage.changes, patterns).map(|_| Vec::new()).map_err(|_| e)
+        })?,
+        Selection::Paths(paths) => {
+            (0..remaining.len()).filter(|&i| paths.contains(&remaining[i].path)).collect()
+        }
+    };
+    let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
+    let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+    let preimages = stage.preimages.as_ref().unwrap_or(&empty);
+    let plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
+    let conflicts: Vec<(ChangeEntry, String)> = plan
+        .iter()
+        .filter_map(|p| match &p.verdict {
+            Verdict::Conflict(reason) => Some((p.change.clone(), reason.clone())),
+            Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Unsupported(_) => None,
+        })
+        .collect();
+    let mut report = ApplyReport { plan, conflicts, ..Default::default() };
+    report.warnings.extend(report.plan.iter().filter_map(|p| match &p.verdict {
+        Verdict::Unsupported(why) => Some(format!("{} not applied: {why}", p.change.path.display_escaped())),
+        Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Conflict(_) => None,
+    }));
+    if options.dry_run {
+        return Ok(report);
+    }
+    let (mut trace, terminal) = open_trace(store, &stage)?;
+    let attempt = Some(stage.status.attempt.number());
+    if !report.conflicts.is_empty() {
+        let started = trace.emit(
+            "apply.started",
+            attempt,
+            terminal,
+            json!({"selected": report.plan.len(), "force": options.force}),
+            false,
+        )?;
+        let events = report
+            .conflicts
+            .iter()
+            .map(|(c, reason)| {
+                (
+                    "apply.conflict",
+                    attempt,
+                    Some(started),
+                    json!({"path": c.path, "reason": reason, "refused": true}),
+                )
+            })
+            .collect();
+        trace.emit_batch(events)?;
+        report.state = Some(stage.state());
+        return Ok(report);
+    }
+    let started = trace.emit(
+        "apply.started",
+        attempt,
+        terminal,
+        json!({"selected": report.plan.len(), "force": options.force}),
+        false,
+    )?;
+    let ledger = Ledger::new(&stage.stage_dir);
+    let executed = apply::execute(&ws, &upper, &ledger, &report.plan, progress);
+    let done = match executed {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = trace.emit("apply.failed", attempt, Some(started), json!({"error": e.to_string()}), true);
+            return Err(e.into());
+        }
+    };
+    let mut events: Vec<(&str, Option<u32>, Option<u64>, serde_json::Value)> = Vec::new();
+    for (change, forced) in &done.applied {
+        if *forced {
+            events.push((
+                "apply.conflict",
+                attempt,
+                Some(started),
+                json!({"path": change.path, "refused": false, "forced": true}),
+            ));
+        }
+        events.push((
+            "apply.file",
+            attempt,
+            Some(started),
+            json!({"path": change.path, "kind": change.kind, "blake3": change.blake3, "forced": forced}),
+        ));
+    }
+    for change in &done.already {
+        events.push((
+            "apply.file",
+            attempt,
+            Some(started),
+            json!({"path": change.path, "kind": change.kind, "already_applied": true}),
+        ));
+    }
+    trace.emit_batch(events)?;
+    report.executed = true;
+    report.warnings.extend(done.warnings);
+    report.state = Some(Stage::open(store, job)?.state());
+    Ok(report)
+}
+
+/// What a drop did.
+#[derive(Debug, Default)]
+pub struct DropReport {
+    pub dropped: Vec<ChangeEntry>,
+    /// Already applied changes stay applied; drop never undoes them.
+    pub already_applied: usize,
+    pub state: Option<StageState>,
+}
+
+/// Discards the remaining staged changes of `job` (or only those selected).
+pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<DropReport, EffectsError> {
+    let stage = Stage::open(store, job)?;
+    require_confirmed(&stage)?;
+    let _lock = lock_stage(&stage.stage_dir)?;
+    let stage = Stage::open(store, job)?;
+    let selected = apply::select(&stage.changes, patterns)?;
+    let mut report = DropReport::default();
+    for i in selected {
+        let change = &stage.changes[i];
+        match stage.outcomes.get(&change.path) {
+            Some(Outcome::Applied) => report.already_applied += 1,
+            Some(Outcome::Dropped) => {}
+            Some(Outcome::Interrupted) | None => report.dropped.push(change.clone()),
+        }
+    }
+    let ledger = Ledger::new(&stage.stage_dir);
+    let records: Vec<_> =
+        report.dropped.iter().map(|c| (c.path.clone(), Action::Dropped, None, false)).collect();
+    ledger.append(&records)?;
+    if !report.dropped.is_empty() {
+        let (mut trace, terminal) = open_trace(store, &stage)?;
+        let paths: Vec<&RelPath> = report.dropped.iter().map(|c| &c.path).collect();
+        trace.emit(
+            "stage.dropped",
+            Some(stage.status.attempt.number()),
+            terminal,
+            json!({"paths": paths, "already_applied": report.already_applied}),
+            true,
+        )?;
+    }
+    report.state = Some(Stage::open(store, job)?.state());
+    Ok(report)
+}
