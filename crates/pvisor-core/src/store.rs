@@ -296,13 +296,18 @@ pub fn commit_no_clobber(path: &Path, bytes: &[u8]) -> Result<Commit, StoreError
 }
 
 /// Appends one line to a JSON Lines file, optionally fsyncing it.
+///
+/// Callers are the file's single writer (they hold the owner or apply lock).
+/// A torn final line — a write interrupted by a crash, never acknowledged — is
+/// cut off first, so the new line starts on a line of its own.
 pub fn append_line(path: &Path, line: &[u8], sync: bool) -> Result<(), StoreError> {
     let mut buf = Vec::with_capacity(line.len() + 1);
     buf.extend_from_slice(line);
     buf.push(b'\n');
     let result = (|| {
-        let mut file = OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
-        // One write(2) per line: O_APPEND makes concurrent appenders interleave whole lines.
+        let mut file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path)?;
+        trim_torn_tail(&file)?;
+        // One write(2) per call: O_APPEND keeps whole lines together.
         file.write_all(&buf)?;
         if sync {
             file.sync_data()?;
@@ -310,6 +315,32 @@ pub fn append_line(path: &Path, line: &[u8], sync: bool) -> Result<(), StoreErro
         Ok(())
     })();
     result.map_err(|e| StoreError::io("append to", path, e))
+}
+
+/// Truncates `file` after its last newline if it ends in a partial line.
+fn trim_torn_tail(file: &File) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.read_exact_at(&mut last, len - 1)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    let mut end = len;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let piece = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(piece, start)?;
+        if let Some(pos) = piece.iter().rposition(|&b| b == b'\n') {
+            return file.set_len(start + pos as u64 + 1);
+        }
+        end = start;
+    }
+    file.set_len(0)
 }
 
 /// An exclusive advisory lock (`flock(2)`) held by the process that owns an Attempt.
@@ -528,6 +559,18 @@ mod tests {
         fs::write(&path, to_json_bytes(&receipt)).unwrap();
         let err = read_record::<CompletionReceipt>(&path).unwrap_err();
         assert!(matches!(err, StoreError::NewerFormat { found, .. } if found == FORMAT + 1));
+    }
+
+    #[test]
+    fn appending_after_a_torn_line_cuts_it_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        fs::write(&path, b"{\"a\":1}\n{\"b\":").unwrap();
+        append_line(&path, b"{\"c\":3}", false).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{\"a\":1}\n{\"c\":3}\n");
+        fs::write(&path, b"torn-only").unwrap();
+        append_line(&path, b"x", false).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"x\n");
     }
 
     #[test]

@@ -7,6 +7,11 @@
 //! workspace after the run — can redirect a read or a write outside the root.
 //! On kernels without `openat2` (before 5.6) the same walk is done one
 //! component at a time with `O_NOFOLLOW`.
+//!
+//! Atomic replacement writes `.NAME.pvisor-tmp` beside the target and renames
+//! it over. The name is fixed per target (applies are serialized by the stage
+//! lock), so a temporary left by a killed apply is replaced when the path is
+//! retried instead of lingering.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -300,8 +305,7 @@ impl Root {
         expect: Option<&str>,
     ) -> io::Result<String> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp =
-            cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
+        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))?;
         // SAFETY: valid dirfd and name.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
         // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
@@ -348,10 +352,8 @@ impl Root {
                 remove_at(dir.as_raw_fd(), &name)?;
             }
             // SAFETY: valid dirfd and names.
-            check(
-                unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }
-                    .into(),
-            )?;
+            let rc = unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
+            check(rc.into())?;
             Ok(digest)
         })();
         if result.is_err() {
@@ -364,8 +366,7 @@ impl Root {
     /// Replaces `rel` with a symlink to `target`, atomically.
     pub fn write_symlink(&self, rel: &Path, target: &[u8]) -> io::Result<()> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp =
-            cstr(OsStr::new(&format!(".{}.pvisor-tmp-{}", plain.to_string_lossy(), std::process::id())))?;
+        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))?;
         let target = CString::new(target).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: valid dirfd and names.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };

@@ -37,7 +37,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     let mut written = 0usize;
     let report = effects::apply(&store, &job, &selection, options, |_| {
         written += 1;
-        if stderr_tty && written % 500 == 0 {
+        if stderr_tty && written.is_multiple_of(500) {
             eprint!("\rpvisor: applied {written} files…");
         }
     })?;

@@ -11,6 +11,7 @@
 mod support;
 
 mod bad_input;
+mod effects;
 mod read_commands;
 mod run;
 mod signals;

@@ -107,7 +107,7 @@ impl Env {
             fs::create_dir_all(parent).unwrap();
         }
         fs::write(&path, contents).unwrap();
-        self.give_away(&path);
+        self.give_away(&self.ws);
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
@@ -133,8 +133,32 @@ impl Env {
     }
 
     /// Runs `pvisor run -- sh -c SCRIPT` in the workspace.
+    ///
+    /// First waits out the filesystem timestamp tick, so files the test just
+    /// wrote are older than the run's conflict baseline (a file stamped in the
+    /// same tick as the start is, correctly, treated as changed during the run).
     pub fn run_sh(&self, script: &str) -> Output {
+        std::thread::sleep(std::time::Duration::from_millis(25));
         self.pvisor(&["run", "--", "sh", "-c", script])
+    }
+
+    /// Runs pvisor and asserts it exited with `code`, returning stdout.
+    pub fn expect(&self, args: &[&str], code: i32) -> String {
+        let out = self.pvisor(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "pvisor {args:?}\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// `review --json` as parsed objects.
+    pub fn review(&self) -> Vec<serde_json::Value> {
+        let out = self.expect(&["review", "--json"], 0);
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
 
     pub fn status_json(&self, job: Option<&str>) -> serde_json::Value {
