@@ -17,6 +17,18 @@ pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
     } else {
         print_status(&mut out, &status)?;
     }
+    if args.review {
+        let stage = pvisor::effects::Stage::open(&store, &job)?;
+        let items = stage.review(&[])?;
+        if args.json {
+            for item in &items {
+                json_line(&mut out, "change", &super::review::change_json(item))?;
+            }
+        } else {
+            writeln!(out)?;
+            super::review::print_items(&mut out, &items)?;
+        }
+    }
     Ok(0)
 }
 
@@ -50,7 +62,12 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
         writeln!(out, "finished   {t}")?;
     }
     match s.changes {
-        Some(n) => writeln!(out, "changes    {n} staged in {}", s.stage.display())?,
+        Some(n) => writeln!(
+            out,
+            "changes    {n} staged ({}) in {}",
+            s.stage_state.map_or("?", |st| st.as_str()),
+            s.stage.display()
+        )?,
         None => writeln!(out, "changes    unconfirmed; staged files are in {}", s.stage.display())?,
     }
     Ok(())
