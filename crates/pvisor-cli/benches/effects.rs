@@ -80,6 +80,9 @@ fn drop_caches() {
 
 fn main() {
     let measuring = std::env::args().any(|a| a == "--bench");
+    // `cargo bench --bench effects -- small` runs one section (small, big, review).
+    let sections: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let run = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
     let mut b = Bench { measuring, dir: tempfile::tempdir().expect("tempdir"), n: 0 };
     let iters = if measuring { 5 } else { 1 };
     let small = if measuring { 10_000 } else { 200 };
@@ -87,37 +90,57 @@ fn main() {
     println!("effects benchmark ({} mode)", if b.measuring { "measuring" } else { "smoke" });
 
     // 1. Many small files.
-    let gen = format!("mkdir t; i=0; while [ $i -lt {small} ]; do echo file-$i > t/f$i; i=$((i+1)); done");
-    let (mut apply_t, mut cp_t) = (Vec::new(), Vec::new());
-    for _ in 0..iters {
-        let (ws, home, upper) = b.staged("small", |_| {}, &gen);
-        let target = ws.with_file_name("cp-target");
-        std::fs::create_dir(&target).expect("cp target");
-        drop_caches();
-        cp_t.push(time_cmd(Command::new("cp").arg("-a").arg(upper.join("t")).arg(&target)));
-        drop_caches();
-        apply_t.push(b.pvisor(&home, &ws, &["apply", "--all"]));
+    if run("small") {
+        let gen =
+            format!("mkdir t; i=0; while [ $i -lt {small} ]; do echo file-$i > t/f$i; i=$((i+1)); done");
+        let (mut apply_t, mut cp_t) = (Vec::new(), Vec::new());
+        for _ in 0..iters {
+            let (ws, home, upper) = b.staged("small", |_| {}, &gen);
+            let target = ws.with_file_name("cp-target");
+            std::fs::create_dir(&target).expect("cp target");
+            drop_caches();
+            cp_t.push(time_cmd(Command::new("cp").arg("-a").arg(upper.join("t")).arg(&target)));
+            drop_caches();
+            apply_t.push(b.pvisor(&home, &ws, &["apply", "--all"]));
+        }
+        let (a, c) = (median(apply_t), median(cp_t));
+        println!(
+            "apply {small} small files: {:>9.1} ms   cp -a: {:>9.1} ms   ratio {:.2}x (target <= 1.5x)",
+            ms(a),
+            ms(c),
+            ms(a) / ms(c)
+        );
     }
-    let (a, c) = (median(apply_t), median(cp_t));
-    println!("apply {small} small files: {:>9.1} ms   cp -a: {:>9.1} ms   ratio {:.2}x (target <= 1.5x)", ms(a), ms(c), ms(a) / ms(c));
 
     // 2. One big file.
-    let gen = format!("head -c {}M /dev/zero > big", big_mib);
-    let (mut apply_t, mut cp_t) = (Vec::new(), Vec::new());
-    for _ in 0..iters.min(3) {
-        let (ws, home, upper) = b.staged("big", |_| {}, &gen);
-        let target = ws.with_file_name("cp-big");
-        drop_caches();
-        cp_t.push(time_cmd(Command::new("cp").arg(upper.join("big")).arg(&target)));
-        drop_caches();
-        apply_t.push(b.pvisor(&home, &ws, &["apply", "--all"]));
+    if run("big") {
+        let gen = format!("head -c {}M /dev/zero > big", big_mib);
+        let (mut apply_t, mut cp_t) = (Vec::new(), Vec::new());
+        for _ in 0..iters.min(3) {
+            let (ws, home, upper) = b.staged("big", |_| {}, &gen);
+            let target = ws.with_file_name("cp-big");
+            drop_caches();
+            cp_t.push(time_cmd(Command::new("cp").arg(upper.join("big")).arg(&target)));
+            drop_caches();
+            apply_t.push(b.pvisor(&home, &ws, &["apply", "--all"]));
+        }
+        let (a, c) = (median(apply_t), median(cp_t));
+        println!(
+            "apply one {big_mib} MiB file:  {:>9.1} ms   cp:    {:>9.1} ms   ratio {:.2}x (target <= 1.3x)",
+            ms(a),
+            ms(c),
+            ms(a) / ms(c)
+        );
     }
-    let (a, c) = (median(apply_t), median(cp_t));
-    println!("apply one {big_mib} MiB file:  {:>9.1} ms   cp:    {:>9.1} ms   ratio {:.2}x (target <= 1.3x)", ms(a), ms(c), ms(a) / ms(c));
 
     // 3. review --json: O(changes), not O(workspace).
+    if !run("review") {
+        return;
+    }
     let scale = if measuring { 1 } else { 100 };
-    for (files, changes) in [(10_000 / scale, 1_000 / scale), (100_000 / scale, 1_000 / scale), (100_000 / scale, 100 / scale)] {
+    for (files, changes) in
+        [(10_000 / scale, 1_000 / scale), (100_000 / scale, 1_000 / scale), (100_000 / scale, 100 / scale)]
+    {
         let populate = move |ws: &Path| {
             for d in 0..(files / 1000).max(1) {
                 let dir = ws.join(format!("d{d}"));

@@ -73,14 +73,21 @@ pub fn with_required_ancestors(
     let by_path: BTreeMap<&Path, usize> =
         changes.iter().enumerate().map(|(i, c)| (c.path.as_path(), i)).collect();
     let mut out: BTreeMap<usize, bool> = selected.iter().map(|&i| (i, false)).collect();
+    let mut host_is_dir: BTreeMap<&Path, bool> = BTreeMap::new();
     for &i in selected {
         let mut parent = changes[i].path.as_path().parent();
         while let Some(dir) = parent.filter(|p| !p.as_os_str().is_empty()) {
             if let Some(&j) = by_path.get(dir) {
-                let host_is_dir =
-                    ws.stat(dir).map_err(|e| StageError::io("inspect", dir, e))?.map(|s| s.kind)
-                        == Some(Kind::Dir);
-                if !host_is_dir && changes[j].entry == EntryType::Dir {
+                let is_dir = match host_is_dir.get(dir) {
+                    Some(&known) => known,
+                    None => {
+                        let st = ws.stat(dir).map_err(|e| StageError::io("inspect", dir, e))?;
+                        let known = st.map(|s| s.kind) == Some(Kind::Dir);
+                        host_is_dir.insert(dir, known);
+                        known
+                    }
+                };
+                if !is_dir && changes[j].entry == EntryType::Dir {
                     out.entry(j).or_insert(true);
                 }
             }

@@ -21,9 +21,18 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
 /// A directory that confines every path resolved through it.
+///
+/// The last parent directory resolved is kept open, so writing many files
+/// into one directory resolves it once. Removals clear it.
 #[derive(Debug)]
 pub struct Root {
     fd: OwnedFd,
+    last_parent: std::cell::RefCell<Option<(std::path::PathBuf, std::rc::Rc<OwnedFd>)>>,
+}
+
+thread_local! {
+    /// One copy buffer per thread, reused by every file written.
+    static COPY_BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 128 * 1024]);
 }
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
@@ -116,7 +125,8 @@ impl Root {
             unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) }.into(),
         )?;
         // SAFETY: open returned a fresh descriptor.
-        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) } })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(Self { fd, last_parent: std::cell::RefCell::new(None) })
     }
 
     /// Opens `rel` (a directory, or "" for the root itself) beneath the root.
@@ -172,10 +182,23 @@ impl Root {
     }
 
     /// Returns the parent directory's descriptor and the final name of `rel`.
-    fn parent<'a>(&self, rel: &'a Path) -> io::Result<(OwnedFd, CString, &'a OsStr)> {
+    fn parent<'a>(&self, rel: &'a Path) -> io::Result<(std::rc::Rc<OwnedFd>, CString, &'a OsStr)> {
         let parts = components(rel)?;
         let (name, dirs) = parts.split_last().ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        Ok((self.open_dir(dirs)?, cstr(name)?, name))
+        let dir_path: std::path::PathBuf = dirs.iter().collect();
+        if let Some((cached, fd)) = self.last_parent.borrow().as_ref() {
+            if *cached == dir_path {
+                return Ok((fd.clone(), cstr(name)?, name));
+            }
+        }
+        let fd = std::rc::Rc::new(self.open_dir(dirs)?);
+        *self.last_parent.borrow_mut() = Some((dir_path, fd.clone()));
+        Ok((fd, cstr(name)?, name))
+    }
+
+    /// Forgets the cached parent: a directory may have been removed or replaced.
+    fn forget_parent(&self) {
+        self.last_parent.borrow_mut().take();
     }
 
     /// `fstat` of the root directory itself.
@@ -285,6 +308,7 @@ impl Root {
     /// Removes `rel` (a file, symlink, special file, or a whole directory tree).
     /// A path that is already gone is fine.
     pub fn remove_all(&self, rel: &Path) -> io::Result<()> {
+        self.forget_parent();
         let (dir, name, _) = match self.parent(rel) {
             Ok(p) => p,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => return Ok(()),
@@ -306,36 +330,45 @@ impl Root {
     ) -> io::Result<String> {
         let (dir, name, plain) = self.parent(rel)?;
         let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))?;
-        // SAFETY: valid dirfd and name.
-        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
-        // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
-        let fd = check(
-            unsafe {
+        let create = || {
+            // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
+            let rc = unsafe {
                 libc::openat(
                     dir.as_raw_fd(),
                     tmp.as_ptr(),
                     libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                     0o600,
                 )
+            };
+            check(rc.into())
+        };
+        let fd = match create() {
+            // A temporary left by a killed apply of this very path.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // SAFETY: valid dirfd and name.
+                unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+                create()?
             }
-            .into(),
-        )?;
+            other => other?,
+        };
         // SAFETY: openat returned a fresh descriptor.
         let mut file = unsafe { File::from_raw_fd(fd as RawFd) };
         let result = (|| {
-            let mut hasher = blake3::Hasher::new();
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                let n = match contents.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
-                hasher.update(&buf[..n]);
-                file.write_all(&buf[..n])?;
-            }
-            let digest = hasher.finalize().to_hex().to_string();
+            let digest = COPY_BUFFER.with(|buf| -> io::Result<String> {
+                let mut buf = buf.borrow_mut();
+                let mut hasher = blake3::Hasher::new();
+                loop {
+                    let n = match contents.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    };
+                    hasher.update(&buf[..n]);
+                    file.write_all(&buf[..n])?;
+                }
+                Ok(hasher.finalize().to_hex().to_string())
+            })?;
             if let Some(expected) = expect {
                 if digest != expected {
                     return Err(io::Error::new(
@@ -348,12 +381,7 @@ impl Root {
             }
             // SAFETY: fchmod on our descriptor.
             check(unsafe { libc::fchmod(file.as_raw_fd(), mode) }.into())?;
-            if self.stat(rel)?.map(|s| s.kind) == Some(Kind::Dir) {
-                remove_at(dir.as_raw_fd(), &name)?;
-            }
-            // SAFETY: valid dirfd and names.
-            let rc = unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
-            check(rc.into())?;
+            self.rename_over(&dir, &tmp, &name)?;
             Ok(digest)
         })();
         if result.is_err() {
@@ -361,6 +389,29 @@ impl Root {
             unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
         }
         result
+    }
+
+    /// Renames `tmp` over `name` in `dir`; a directory in the way (a type
+    /// change) is removed first.
+    fn rename_over(&self, dir: &OwnedFd, tmp: &CString, name: &CString) -> io::Result<()> {
+        let rename = || {
+            // SAFETY: valid dirfd and names.
+            let rc = unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
+            check(rc.into())
+        };
+        match rename() {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST)
+                ) =>
+            {
+                self.forget_parent();
+                remove_at(dir.as_raw_fd(), name)?;
+                rename().map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
     }
 
     /// Replaces `rel` with a symlink to `target`, atomically.
@@ -372,18 +423,12 @@ impl Root {
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
         // SAFETY: valid C strings and dirfd.
         check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), tmp.as_ptr()) }.into())?;
-        if self.stat(rel)?.map(|s| s.kind) == Some(Kind::Dir) {
-            remove_at(dir.as_raw_fd(), &name)?;
-        }
-        // SAFETY: valid dirfd and names.
-        let rc = unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
+        let renamed = self.rename_over(&dir, &tmp, &name);
+        if renamed.is_err() {
             // SAFETY: valid dirfd and name.
             unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
-            return Err(err);
         }
-        Ok(())
+        renamed
     }
 
     /// Lists the names in directory `rel` ("" for the root).

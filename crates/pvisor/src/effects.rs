@@ -141,6 +141,16 @@ impl Stage {
         Ok(Self { status, job: job_record, changes, confirmed, preimages, outcomes, stage_dir, workspace })
     }
 
+    /// How many changes are neither applied nor dropped.
+    pub fn remaining(&self) -> usize {
+        self.changes
+            .iter()
+            .filter(|c| {
+                !matches!(self.outcomes.get(&c.path), Some(Outcome::Applied) | Some(Outcome::Dropped))
+            })
+            .count()
+    }
+
     pub fn state(&self) -> StageState {
         StageState::of(&self.changes, &self.outcomes)
     }

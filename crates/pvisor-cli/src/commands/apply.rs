@@ -79,7 +79,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let stage = Stage::open(&store, &job)?;
-    let remaining = stage.review(&[])?.iter().filter(|i| i.remaining()).count();
+    let remaining = stage.remaining();
     writeln!(
         out,
         "{count} change(s) applied to {}; {remaining} remaining; stage {}",
