@@ -27,6 +27,7 @@ pub enum Command {
     Review(ReviewArgs),
     Apply(ApplyArgs),
     Drop(DropArgs),
+    Kill(KillArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
 }
@@ -172,6 +173,23 @@ pub struct DropArgs {
     pub job: Option<String>,
     /// Paths or globs to drop [default: every remaining change].
     pub paths: Vec<String>,
+}
+
+/// End a Job in any non-terminal state; the way out of `unknown`.
+///
+/// Kill first withdraws the Job's continuation rights. A live run is asked to
+/// cancel (it still finalizes with a receipt) and is killed if it does not
+/// stop within --grace. A Job with no confirmed result (`unknown`) is closed
+/// as `lost`: recorded as lost, never as success. Its stage stays reviewable.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor kill job-01JD4\n  pvisor kill --grace 2s\n\nExit status: 0 when the Job has ended (or had already); 125 on error."
+)]
+pub struct KillArgs {
+    pub job: Option<String>,
+    /// How long a live run gets to cancel and publish its receipt before it is killed.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime_duration)]
+    pub grace: std::time::Duration,
 }
 
 /// List Jobs, oldest first.

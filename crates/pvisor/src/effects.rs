@@ -119,6 +119,7 @@ pub struct Stage {
 impl Stage {
     /// Opens the stage of `job`.
     pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
+        crate::runtime::recovery::recover(store, job)?;
         let status = views::status(store, job)?;
         let job_record: JobRecord = store.read(&store.job_file(job))?;
         let stage_dir = store.stage_dir(&status.run);

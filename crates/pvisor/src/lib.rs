@@ -21,6 +21,7 @@
 
 pub mod admission;
 pub mod effects;
+mod failpoint;
 pub mod runtime;
 pub mod session;
 mod trace;

@@ -14,6 +14,11 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
     if !args.json {
         writeln!(out, "{:<30}  {:<20}  {:>7}  {:<27}  COMMAND", "JOB", "STATE", "CHANGES", "CREATED")?;
     }
+    for id in store.list_jobs()? {
+        if let Err(e) = super::recover(&store, &id) {
+            eprintln!("pvisor: warning: {id}: {e}");
+        }
+    }
     for (id, status) in views::list(&store)? {
         match status {
             Ok(s) if args.json => json_line(&mut out, "job", &s)?,

@@ -4,6 +4,7 @@ mod apply;
 mod drop;
 mod events;
 mod jobs;
+mod kill;
 mod review;
 mod run;
 mod status;
@@ -20,6 +21,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Review(args) => review::cmd_review(args),
         Command::Apply(args) => apply::cmd_apply(args),
         Command::Drop(args) => drop::cmd_drop(args),
+        Command::Kill(args) => kill::cmd_kill(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
     }
@@ -72,5 +74,22 @@ pub fn use_color(choice: crate::cli::ColorChoice) -> bool {
             tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
                 && std::env::var("TERM").map_or(true, |t| t != "dumb")
         }
+    }
+}
+
+/// Recovers `job` before it is read (see `pvisor::runtime::recovery`). A state
+/// directory we may read but not write (someone else's) still gets an honest,
+/// derived answer from the views, so a failed write is only a warning;
+/// corruption is an error.
+pub fn recover(store: &Store, job: &pvisor_core::ids::JobId) -> anyhow::Result<()> {
+    use pvisor::runtime::job_service::views::ViewError;
+    use pvisor_core::store::StoreError;
+    match pvisor::runtime::recovery::recover(store, job) {
+        Ok(_) => Ok(()),
+        Err(ViewError::Store(e @ StoreError::Io { .. })) if !e.is_not_found() => {
+            eprintln!("pvisor: warning: could not record the recovery of {job}: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }

@@ -13,5 +13,6 @@ mod support;
 mod bad_input;
 mod effects;
 mod read_commands;
+mod recovery;
 mod run;
 mod signals;

@@ -4,4 +4,6 @@
 pub mod attempt;
 pub mod completion;
 pub mod job_service;
+pub mod kill;
+pub mod recovery;
 pub mod registry;

@@ -27,6 +27,7 @@ use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{Executor, ExitReport, SandboxError, SandboxSpec, Termination, Usage};
 
 use crate::admission::Admitted;
+use crate::failpoint;
 use crate::runtime::attempt::{self, AttemptError};
 use crate::runtime::completion;
 use crate::runtime::job_service::{RunError, RunOutcome};
@@ -281,6 +282,7 @@ impl Session {
             .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
         self.emit("stage.sealed", json!({"changes": changes.len(), "without_baseline": without_baseline}))
             .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
+        failpoint::hit("after-seal");
 
         // Step 2: the Bundle fixes the result and observations.
         let bundle = Bundle {
@@ -302,6 +304,7 @@ impl Session {
         let bundle_bytes = store::to_json_bytes(&bundle);
         store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
             .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
+        failpoint::hit("after-bundle");
         let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
         self.emit(
             "bundle.saved",
@@ -316,14 +319,17 @@ impl Session {
         self.store
             .write(&self.store.run_file(&self.run.id), &self.run)
             .map_err(|e| self.finalize_error("saving the Run state", e.into()))?;
+        failpoint::hit("after-run-json");
         completion::commit(&self.store, &receipt)
             .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;
+        failpoint::hit("after-receipt");
 
         // Step 4: from here on, nothing may contradict the receipt.
         let mut audit_gaps = Vec::new();
         if let Err(e) = attempt::advance(&self.store, &mut self.attempt, result.state.attempt_state()) {
             audit_gaps.push(format!("attempt.json not updated: {e}"));
         }
+        failpoint::hit("before-terminal-event");
         let terminal = result.state.terminal_event();
         let data = json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error, "changes": changes.len(), "receipt": "completion.json"});
         if let Err(e) =

@@ -181,8 +181,14 @@ impl JobService {
     /// Publishes the Job state after joining the Attempt, if the Job still
     /// targets it. A failure is an audit gap: the receipt already holds the truth.
     fn publish_job(&self, mut outcome: RunOutcome) -> RunOutcome {
-        let mut job = outcome.job_record.clone();
-        if job.target_attempt != outcome.attempt.number() {
+        // Read the Job afresh: `kill` may have closed it, or it may target
+        // another Attempt by now, and an old result must not overwrite that.
+        let mut job = self
+            .store
+            .read(&self.store.job_file(&outcome.job))
+            .unwrap_or_else(|_| outcome.job_record.clone());
+        if job.target_attempt != outcome.attempt.number() || job.state.is_terminal() {
+            outcome.job_record = job;
             return outcome;
         }
         match job.state.transition(outcome.result.state.job_state()) {

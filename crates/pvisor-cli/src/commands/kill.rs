@@ -1,0 +1,26 @@
+//! `pvisor kill [JOB] [--grace DURATION]`.
+
+use pvisor::runtime::job_service::views;
+use pvisor::runtime::kill::{self, Killed};
+
+use crate::cli::KillArgs;
+
+pub fn cmd_kill(args: KillArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = views::resolve_job(&store, args.job.as_deref())?;
+    match kill::kill(&store, &job, args.grace)? {
+        Killed::AlreadyEnded(state) => println!("{job} had already ended ({state}); nothing to kill"),
+        Killed::Ended { state, stopped_owner } => {
+            if let Some(pid) = stopped_owner {
+                println!("{job}: stopped its supervisor (pid {pid})");
+            }
+            match state {
+                pvisor_core::state::JobState::Lost => println!(
+                    "{job} closed as lost: no completion receipt confirms a result; its stage is kept (pvisor review {job})"
+                ),
+                other => println!("{job} ended: {other} (confirmed by its receipt); continuation withdrawn"),
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,126 @@
+//! `kill`: the documented way out of any non-terminal state.
+//!
+//! 1. Withdraw the Job's continuation rights (durably, first), so nothing
+//!    can resume it and no stale result can revive it.
+//! 2. If an owner process still holds the Attempt, ask it to cancel (SIGTERM:
+//!    it forwards the signal into the sandbox and finalizes with a receipt);
+//!    if it does not let go in time, SIGKILL it (the sandbox dies with it).
+//! 3. Recover: a valid receipt settles the Job with its confirmed result; no
+//!    receipt closes the Job as `lost` — recorded as lost, never as success.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_core::records::JobRecord;
+use pvisor_core::state::JobState;
+use pvisor_core::store::{OwnerLock, Store};
+use pvisor_core::time::Timestamp;
+
+use super::job_service::views::{self, ViewError};
+use super::recovery::{self, Recovered};
+use crate::trace::Trace;
+
+/// How a kill ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Killed {
+    /// The Job had already ended in this state; nothing was done.
+    AlreadyEnded(JobState),
+    /// The Job ended with this state (confirmed by a receipt, or `lost`).
+    Ended { state: JobState, stopped_owner: Option<i32> },
+}
+
+/// Returns the pid holding the `flock` on `path`, from `/proc/locks`.
+fn lock_holder(path: &std::path::Path) -> Option<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let ino = meta.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (kind, pid, id) = (fields.get(1)?, fields.get(4)?, fields.get(5)?);
+        let inode: u64 = id.rsplit(':').next()?.parse().ok()?;
+        (*kind == "FLOCK" && inode == ino).then(|| pid.parse().ok()).flatten()
+    })
+}
+
+fn wait_released(lock: &std::path::Path, timeout: Duration) -> Result<bool, ViewError> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if !OwnerLock::is_held(lock)? {
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(!OwnerLock::is_held(lock)?)
+}
+
+fn emit(store: &Store, job: &JobRecord, kind: &str, data: serde_json::Value) -> Result<(), ViewError> {
+    let (events, _) = views::events(store, &job.run)?;
+    let last = events.last().map_or(0, |e| e.seq);
+    Trace::resume(store.events_file(&job.run), job.run.clone(), last).emit(
+        kind,
+        Some(job.target_attempt),
+        None,
+        data,
+        true,
+    )?;
+    Ok(())
+}
+
+/// Kills `job` (see the module doc). `grace` is how long a live owner gets to
+/// cancel and publish its receipt before it is killed.
+pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, ViewError> {
+    let job: JobRecord = store.read(&store.job_file(job_id))?;
+    if job.state.is_terminal() {
+        return Ok(Killed::AlreadyEnded(job.state));
+    }
+    {
+        let _guard = recovery::lock_job(store, job_id)?;
+        let mut job: JobRecord = store.read(&store.job_file(job_id))?;
+        if job.continuation {
+            job.continuation = false;
+            job.updated_at = Timestamp::now();
+            store.write(&store.job_file(job_id), &job)?;
+            emit(store, &job, "job.continuation_withdrawn", json!({"by": "kill"}))?;
+        }
+    }
+    let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
+    let lock = store.lock_file(&attempt);
+    let mut stopped_owner = None;
+    if OwnerLock::is_held(&lock)? {
+        if let Some(pid) = lock_holder(&lock) {
+            stopped_owner = Some(pid);
+            // SAFETY: signalling the process that holds the Attempt's lock.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            if !wait_released(&lock, grace)? {
+                // SAFETY: as above; the sandbox dies with its supervisor.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                wait_released(&lock, Duration::from_secs(10))?;
+            }
+        }
+    }
+    let state = match recovery::recover(store, job_id)? {
+        Recovered::Reconciled(state) => state,
+        Recovered::Live => JobState::Running,
+        Recovered::Settled | Recovered::Unknown => {
+            let _guard = recovery::lock_job(store, job_id)?;
+            let mut job: JobRecord = store.read(&store.job_file(job_id))?;
+            if job.state.can_transition(JobState::Lost) {
+                job.state = JobState::Lost;
+                job.updated_at = Timestamp::now();
+                store.write(&store.job_file(job_id), &job)?;
+                emit(
+                    store,
+                    &job,
+                    "job.lost",
+                    json!({"reason": "closed by kill without a completion receipt"}),
+                )?;
+            }
+            job.state
+        }
+    };
+    Ok(Killed::Ended { state, stopped_owner })
+}
