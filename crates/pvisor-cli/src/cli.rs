@@ -28,6 +28,7 @@ pub enum Command {
     Apply(ApplyArgs),
     Drop(DropArgs),
     Kill(KillArgs),
+    Doctor(DoctorArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
 }
@@ -190,6 +191,22 @@ pub struct KillArgs {
     /// How long a live run gets to cancel and publish its receipt before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime_duration)]
     pub grace: std::time::Duration,
+}
+
+/// Report what this host supports, and why not.
+///
+/// Probes the real thing: namespaces in throw-away children, and a real
+/// sandbox (overlay workspace and staging) on the state directory's
+/// filesystem — as root, also as an unprivileged user. Also reports cgroups,
+/// seccomp, KVM, QEMU and the state directory's filesystem and free space.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor doctor\n  pvisor doctor --json | jq 'select(.status != \"ok\")'\n\nExit status: 0 when everything `pvisor run` needs works, 1 otherwise."
+)]
+pub struct DoctorArgs {
+    /// One JSON object per check.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// List Jobs, oldest first.

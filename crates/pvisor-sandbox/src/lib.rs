@@ -11,6 +11,7 @@
 //! thing in `main`: the `ns` backend re-executes the current binary as a small,
 //! single-threaded helper that builds the namespaces (see `ns/helper.rs`).
 
+pub mod doctor;
 pub mod ns;
 mod sys;
 

@@ -1,6 +1,7 @@
 //! One file per subcommand; `dispatch` routes to them.
 
 mod apply;
+mod doctor;
 mod drop;
 mod events;
 mod jobs;
@@ -22,6 +23,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Apply(args) => apply::cmd_apply(args),
         Command::Drop(args) => drop::cmd_drop(args),
         Command::Kill(args) => kill::cmd_kill(args),
+        Command::Doctor(args) => doctor::cmd_doctor(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
     }

@@ -68,3 +68,39 @@ fn a_tampered_bundle_fails_verification() {
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("does not match its receipt"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn doctor_reports_every_check_and_probes_a_real_sandbox() {
+    let env = Env::new(As::Rootless);
+    let out = env.expect(&["doctor", "--json"], 0);
+    let checks: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    for want in
+        ["user namespaces", "network namespace", "state directory", "cgroups", "seccomp", "KVM", "QEMU"]
+    {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    let sandbox = checks.iter().find(|c| c["name"].as_str().unwrap().starts_with("sandbox")).unwrap();
+    assert_eq!(sandbox["status"], "ok", "{sandbox}");
+    let human = env.expect(&["doctor"], 0);
+    assert!(human.contains("pvisor run works on this host"), "{human}");
+}
+
+#[test]
+fn doctor_names_a_missing_feature_and_its_fix() {
+    let env = Env::new(As::Rootless);
+    let inner = format!("echo 0 > /proc/sys/user/max_user_namespaces && exec {} doctor", bin());
+    let mut cmd = if is_root() {
+        let id = UNPRIVILEGED.to_string();
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "unshare"]);
+        c
+    } else {
+        std::process::Command::new("unshare")
+    };
+    let out = cmd.args(["-Ur", "sh", "-c", &inner]).env("PVISOR_HOME", &env.home).output().unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("MISSING  user namespaces"), "{stdout}");
+    assert!(stdout.contains("max_user_namespaces"), "{stdout}");
+}

@@ -8,7 +8,7 @@ use std::io;
 
 use super::helper::StepError;
 
-const NAMESPACES: [(libc::c_int, &str, &str); 5] = [
+pub(crate) const NAMESPACES: [(libc::c_int, &str, &str); 5] = [
     (libc::CLONE_NEWNS, "mount", "CONFIG_NAMESPACES"),
     (libc::CLONE_NEWPID, "pid", "CONFIG_PID_NS"),
     (libc::CLONE_NEWIPC, "ipc", "CONFIG_IPC_NS"),
@@ -17,7 +17,7 @@ const NAMESPACES: [(libc::c_int, &str, &str); 5] = [
 ];
 
 /// Returns the errno of `unshare(flags)` tried in a forked child, or 0.
-fn probe(flags: libc::c_int) -> i32 {
+pub(crate) fn probe(flags: libc::c_int) -> i32 {
     // SAFETY: the helper is single-threaded; the child only calls unshare and _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -41,7 +41,7 @@ fn probe(flags: libc::c_int) -> i32 {
     }
 }
 
-fn user_namespace_hint(errno: i32) -> String {
+pub(crate) fn user_namespace_hint(errno: i32) -> String {
     match errno {
         libc::ENOSPC => "user namespaces are disabled by a limit: `sysctl user.max_user_namespaces` is 0 (or exhausted); enable with `sysctl -w user.max_user_namespaces=15000`".into(),
         libc::EPERM => "unprivileged user namespaces are forbidden here: enable with `sysctl -w kernel.unprivileged_userns_clone=1` (Debian), `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+), or allow unshare/clone in the container's seccomp profile".into(),

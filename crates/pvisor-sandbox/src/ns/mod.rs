@@ -5,7 +5,7 @@
 //! the helper's [`Report`]s until the sandbox is gone. Starting returns once
 //! the sandbox reports `Ready` or a precise setup error.
 
-mod diagnose;
+pub(crate) mod diagnose;
 mod helper;
 mod mounts;
 mod protocol;

@@ -1,0 +1,41 @@
+//! `pvisor doctor [--json]`.
+
+use std::io::Write;
+
+use pvisor_sandbox::doctor::{self, Status};
+
+use crate::cli::DoctorArgs;
+use crate::output::json_line;
+
+pub fn cmd_doctor(args: DoctorArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let checks = doctor::run_checks(store.root());
+    let mut out = std::io::stdout().lock();
+    for c in &checks {
+        if args.json {
+            json_line(&mut out, "check", c)?;
+            continue;
+        }
+        let mark = match c.status {
+            Status::Ok => "ok",
+            Status::Missing if c.essential => "MISSING",
+            Status::Missing => "warning",
+            Status::Info => "info",
+        };
+        writeln!(out, "  {mark:<8} {:<20} {}", c.name, c.detail)?;
+        if let Some(fix) = &c.fix {
+            if c.status != Status::Ok {
+                writeln!(out, "  {:<8} {:<20} fix: {fix}", "", "")?;
+            }
+        }
+    }
+    let broken = checks.iter().filter(|c| c.essential && c.status == Status::Missing).count();
+    if !args.json {
+        if broken == 0 {
+            writeln!(out, "pvisor run works on this host")?;
+        } else {
+            writeln!(out, "{broken} essential check(s) failed: pvisor run will refuse to start (it never runs unsandboxed)")?;
+        }
+    }
+    Ok(if broken == 0 { 0 } else { 1 })
+}
