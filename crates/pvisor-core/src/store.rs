@@ -353,16 +353,20 @@ pub struct OwnerLock {
 }
 
 impl OwnerLock {
-    /// Takes the lock, failing if another process holds it.
-    pub fn acquire(path: &Path) -> Result<Self, StoreError> {
-        let file = OpenOptions::new()
+    fn open_file(path: &Path) -> Result<File, StoreError> {
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
-            .map_err(|e| StoreError::io("open lock", path, e))?;
+            .map_err(|e| StoreError::io("open lock", path, e))
+    }
+
+    /// Takes the lock, failing if another process holds it.
+    pub fn acquire(path: &Path) -> Result<Self, StoreError> {
+        let file = Self::open_file(path)?;
         // SAFETY: flock on a valid, owned descriptor.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -373,14 +377,7 @@ impl OwnerLock {
 
     /// Takes the lock, waiting while another process holds it.
     pub fn acquire_blocking(path: &Path) -> Result<Self, StoreError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|e| StoreError::io("open lock", path, e))?;
+        let file = Self::open_file(path)?;
         loop {
             // SAFETY: flock on a valid, owned descriptor.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {

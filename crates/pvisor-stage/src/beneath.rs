@@ -163,20 +163,7 @@ impl Root {
     fn walk(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {
         let mut dir = self.fd.try_clone()?;
         for part in parts {
-            let c = cstr(part)?;
-            // SAFETY: a valid dirfd and C string.
-            let fd = check(
-                unsafe {
-                    libc::openat(
-                        dir.as_raw_fd(),
-                        c.as_ptr(),
-                        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    )
-                }
-                .into(),
-            )?;
-            // SAFETY: openat returned a fresh descriptor.
-            dir = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+            dir = openat(dir.as_raw_fd(), &cstr(part)?, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
         }
         Ok(dir)
     }
@@ -233,19 +220,8 @@ impl Root {
     /// Opens the regular file `rel` for reading, refusing anything else.
     pub fn open_file(&self, rel: &Path) -> io::Result<File> {
         let (dir, name, _) = self.parent(rel)?;
-        // SAFETY: valid dirfd and name.
-        let fd = check(
-            unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-                )
-            }
-            .into(),
-        )?;
-        // SAFETY: openat returned a fresh descriptor.
-        let file = unsafe { File::from_raw_fd(fd as RawFd) };
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let file = File::from(openat(dir.as_raw_fd(), &name, flags)?);
         if !file.metadata()?.is_file() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
         }
@@ -282,19 +258,11 @@ impl Root {
 
     fn chmod_dir(&self, rel: &Path, mode: u32) -> io::Result<()> {
         let (dir, name, _) = self.parent(rel)?;
-        // SAFETY: valid dirfd and name; O_NOFOLLOW refuses a symlink.
-        let fd = check(
-            unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            }
-            .into(),
+        let fd = openat(
+            dir.as_raw_fd(),
+            &name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )?;
-        // SAFETY: openat returned a fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
         // SAFETY: fchmod on our descriptor.
         check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }.into())?;
         Ok(())
@@ -441,23 +409,19 @@ impl Root {
     /// Makes everything written beneath the root durable: one `syncfs(2)`.
     pub fn sync(&self) -> io::Result<()> {
         // syncfs needs a real open file, not the O_PATH root descriptor.
-        // SAFETY: valid dirfd and name.
-        let fd = check(
-            unsafe {
-                libc::openat(
-                    self.fd.as_raw_fd(),
-                    c".".as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                )
-            }
-            .into(),
-        )?;
-        // SAFETY: openat returned a fresh descriptor.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let dir = openat(self.fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)?;
         // SAFETY: syncfs on a valid descriptor.
         check(unsafe { libc::syncfs(dir.as_raw_fd()) }.into())?;
         Ok(())
     }
+}
+
+/// `openat(2)` with `O_CLOEXEC`, returning an owned descriptor.
+fn openat(dirfd: RawFd, name: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: a valid dirfd and NUL-terminated name; the flags never create.
+    let fd = check(unsafe { libc::openat(dirfd, name.as_ptr(), flags | libc::O_CLOEXEC) }.into())?;
+    // SAFETY: openat returned a fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 fn list_fd(dirfd: RawFd) -> io::Result<Vec<std::ffi::OsString>> {
@@ -507,19 +471,7 @@ fn remove_at(dirfd: RawFd, name: &CString) -> io::Result<()> {
         Some(libc::EISDIR) | Some(libc::EPERM) => {}
         _ => return Err(err),
     }
-    // SAFETY: valid dirfd and name; O_NOFOLLOW refuses a symlink swapped in.
-    let fd = check(
-        unsafe {
-            libc::openat(
-                dirfd,
-                name.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        }
-        .into(),
-    )?;
-    // SAFETY: openat returned a fresh descriptor.
-    let sub = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let sub = openat(dirfd, name, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)?;
     for child in list_fd(sub.as_raw_fd())? {
         remove_at(sub.as_raw_fd(), &cstr(&child)?)?;
     }

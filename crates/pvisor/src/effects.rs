@@ -250,17 +250,16 @@ fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     Ok(())
 }
 
+/// Reopens the Trace for an apply or drop; returns it with the seq of the
+/// run's terminal event, the cause of everything that follows.
 fn open_trace(store: &Store, stage: &Stage) -> Result<(Trace, Option<u64>), EffectsError> {
     let (events, _) = views::events(store, &stage.status.run)?;
-    let last = events.last().map_or(0, |e| e.seq);
     let terminal = events
         .iter()
         .rev()
-        .find(|e| {
-            e.kind.starts_with("run.") && e.kind != "run.cancel_requested" && e.kind != "run.kill_escalated"
-        })
+        .find(|e| matches!(e.kind.as_str(), "run.completed" | "run.failed" | "run.cancelled"))
         .map(|e| e.seq);
-    Ok((Trace::resume(store.events_file(&stage.status.run), stage.status.run.clone(), last), terminal))
+    Ok((Trace::reopen(store, &stage.status.run)?, terminal))
 }
 
 /// Which changes to apply.

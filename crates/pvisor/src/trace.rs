@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use pvisor_core::event::Event;
 use pvisor_core::ids::RunId;
 use pvisor_core::records::FORMAT;
-use pvisor_core::store::{self, StoreError};
+use pvisor_core::store::{self, Store, StoreError};
+
+use crate::runtime::job_service::views::{self, ViewError};
 use pvisor_core::time::Timestamp;
 
 /// The writer of one Run's Trace. Only the Attempt's owner writes it.
@@ -21,10 +23,34 @@ impl Trace {
         Self { path, run, next_seq: 1 }
     }
 
-    /// Reopens an existing Trace to append after its last complete event.
-    /// Callers must hold the stage's apply lock (one writer at a time).
-    pub(crate) fn resume(path: PathBuf, run: RunId, last_seq: u64) -> Self {
-        Self { path, run, next_seq: last_seq + 1 }
+    /// Reopens `run`'s Trace to append after its last complete event.
+    /// Callers must be its only writer (they hold the apply or recovery lock).
+    pub(crate) fn reopen(store: &Store, run: &RunId) -> Result<Self, ViewError> {
+        let (events, _) = views::events(store, run)?;
+        let last = events.last().map_or(0, |e| e.seq);
+        Ok(Self { path: store.events_file(run), run: run.clone(), next_seq: last + 1 })
+    }
+
+    fn line(
+        &self,
+        seq: u64,
+        kind: &str,
+        attempt: Option<u32>,
+        cause: Option<u64>,
+        data: serde_json::Value,
+    ) -> Vec<u8> {
+        let event = Event {
+            format: FORMAT,
+            id: Event::id_for(&self.run, seq),
+            run: self.run.clone(),
+            seq,
+            time: Timestamp::now(),
+            kind: kind.to_owned(),
+            attempt,
+            cause,
+            data,
+        };
+        serde_json::to_vec(&event).unwrap_or_default()
     }
 
     /// Appends several events in one write, fsynced; returns the first seq.
@@ -36,26 +62,13 @@ impl Trace {
         if events.is_empty() {
             return Ok(first);
         }
-        let mut buf = Vec::new();
-        for (i, (kind, attempt, cause, data)) in events.into_iter().enumerate() {
-            let seq = first + i as u64;
-            let event = Event {
-                format: FORMAT,
-                id: Event::id_for(&self.run, seq),
-                run: self.run.clone(),
-                seq,
-                time: Timestamp::now(),
-                kind: kind.to_owned(),
-                attempt,
-                cause,
-                data,
-            };
-            buf.extend(serde_json::to_vec(&event).unwrap_or_default());
-            buf.push(b'\n');
-        }
-        let count = buf.iter().filter(|&&b| b == b'\n').count() as u64;
-        buf.pop();
-        store::append_line(&self.path, &buf, true)?;
+        let count = events.len() as u64;
+        let lines: Vec<Vec<u8>> = events
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, attempt, cause, data))| self.line(first + i as u64, kind, attempt, cause, data))
+            .collect();
+        store::append_line(&self.path, &lines.join(&b'\n'), true)?;
         self.next_seq = first + count;
         Ok(first)
     }
@@ -71,19 +84,7 @@ impl Trace {
         sync: bool,
     ) -> Result<u64, StoreError> {
         let seq = self.next_seq;
-        let event = Event {
-            format: FORMAT,
-            id: Event::id_for(&self.run, seq),
-            run: self.run.clone(),
-            seq,
-            time: Timestamp::now(),
-            kind: kind.to_owned(),
-            attempt,
-            cause,
-            data,
-        };
-        let line = serde_json::to_vec(&event).unwrap_or_default();
-        store::append_line(&self.path, &line, sync)?;
+        store::append_line(&self.path, &self.line(seq, kind, attempt, cause, data), sync)?;
         self.next_seq += 1;
         Ok(seq)
     }

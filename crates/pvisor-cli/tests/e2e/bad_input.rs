@@ -1,7 +1,5 @@
 //! Bad input: each case gets a clear error and leaves the records consistent.
 
-use std::process::Command;
-
 use crate::support::*;
 
 #[test]
@@ -75,14 +73,7 @@ fn disabled_user_namespaces_fail_closed_with_the_fix() {
         "echo 0 > /proc/sys/user/max_user_namespaces && exec {} run -- sh -c 'echo RAN-UNSANDBOXED'",
         bin()
     );
-    let mut cmd = if is_root() {
-        let id = UNPRIVILEGED.to_string();
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "unshare"]);
-        c
-    } else {
-        Command::new("unshare")
-    };
+    let mut cmd = unshare_as_test_user();
     let out = cmd
         .args(["-Ur", "sh", "-c", &inner])
         .current_dir(&env.ws)
@@ -113,14 +104,7 @@ fn a_full_disk_while_writing_records_is_reported_and_leaves_no_false_success() {
         ws = env.ws.display(),
         bin = bin()
     );
-    let mut cmd = if is_root() {
-        let id = UNPRIVILEGED.to_string();
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "unshare"]);
-        c
-    } else {
-        Command::new("unshare")
-    };
+    let mut cmd = unshare_as_test_user();
     let out = cmd.args(["-Urm", "sh", "-c", &inner]).env("PVISOR_HOME", &env.home).output().unwrap();
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);

@@ -90,14 +90,7 @@ fn doctor_reports_every_check_and_probes_a_real_sandbox() {
 fn doctor_names_a_missing_feature_and_its_fix() {
     let env = Env::new(As::Rootless);
     let inner = format!("echo 0 > /proc/sys/user/max_user_namespaces && exec {} doctor", bin());
-    let mut cmd = if is_root() {
-        let id = UNPRIVILEGED.to_string();
-        let mut c = std::process::Command::new("setpriv");
-        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "unshare"]);
-        c
-    } else {
-        std::process::Command::new("unshare")
-    };
+    let mut cmd = unshare_as_test_user();
     let out = cmd.args(["-Ur", "sh", "-c", &inner]).env("PVISOR_HOME", &env.home).output().unwrap();
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");

@@ -258,3 +258,16 @@ pub fn only_job(env: &Env) -> String {
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     jobs[0].clone()
 }
+
+/// `unshare` run as the unprivileged test user (or as ourselves when not root),
+/// for tests that build a namespace around pvisor itself.
+pub fn unshare_as_test_user() -> Command {
+    if is_root() {
+        let id = UNPRIVILEGED.to_string();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "unshare"]);
+        c
+    } else {
+        Command::new("unshare")
+    }
+}

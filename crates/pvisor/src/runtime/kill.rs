@@ -18,9 +18,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{OwnerLock, Store};
 use pvisor_core::time::Timestamp;
 
-use super::job_service::views::{self, ViewError};
+use super::job_service::views::ViewError;
 use super::recovery::{self, Recovered};
-use crate::trace::Trace;
 
 /// How a kill ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,19 +56,6 @@ fn wait_released(lock: &std::path::Path, timeout: Duration) -> Result<bool, View
     Ok(!OwnerLock::is_held(lock)?)
 }
 
-fn emit(store: &Store, job: &JobRecord, kind: &str, data: serde_json::Value) -> Result<(), ViewError> {
-    let (events, _) = views::events(store, &job.run)?;
-    let last = events.last().map_or(0, |e| e.seq);
-    Trace::resume(store.events_file(&job.run), job.run.clone(), last).emit(
-        kind,
-        Some(job.target_attempt),
-        None,
-        data,
-        true,
-    )?;
-    Ok(())
-}
-
 /// Kills `job` (see the module doc). `grace` is how long a live owner gets to
 /// cancel and publish its receipt before it is killed.
 pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, ViewError> {
@@ -84,7 +70,7 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
             job.continuation = false;
             job.updated_at = Timestamp::now();
             store.write(&store.job_file(job_id), &job)?;
-            emit(store, &job, "job.continuation_withdrawn", json!({"by": "kill"}))?;
+            recovery::append_event(store, &job, "job.continuation_withdrawn", json!({"by": "kill"}))?;
         }
     }
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
@@ -112,7 +98,7 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
                 job.state = JobState::Lost;
                 job.updated_at = Timestamp::now();
                 store.write(&store.job_file(job_id), &job)?;
-                emit(
+                recovery::append_event(
                     store,
                     &job,
                     "job.lost",

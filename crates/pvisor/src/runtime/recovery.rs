@@ -21,7 +21,7 @@ use pvisor_core::store::{OwnerLock, Store};
 use pvisor_core::time::Timestamp;
 
 use super::completion;
-use super::job_service::views::{self, ViewError};
+use super::job_service::views::ViewError;
 use crate::trace::Trace;
 
 /// What recovery found (and did).
@@ -41,16 +41,13 @@ fn target_attempt(job: &JobRecord) -> AttemptId {
     AttemptId::new(job.run.clone(), job.target_attempt)
 }
 
-fn append_event(
+pub(crate) fn append_event(
     store: &Store,
     job: &JobRecord,
     kind: &str,
     data: serde_json::Value,
 ) -> Result<(), ViewError> {
-    let (events, _) = views::events(store, &job.run)?;
-    let last = events.last().map_or(0, |e| e.seq);
-    let mut trace = Trace::resume(store.events_file(&job.run), job.run.clone(), last);
-    trace.emit(kind, Some(job.target_attempt), None, data, true)?;
+    Trace::reopen(store, &job.run)?.emit(kind, Some(job.target_attempt), None, data, true)?;
     Ok(())
 }
 
