@@ -4,6 +4,7 @@
 #   b3sum            independent BLAKE3 check of completion receipts (tests)
 #   util-linux       unshare, setpriv (tests, benchmark), script (TTY test, via bsdutils)
 #   bsdutils         script(1)
+#   curl, python3    clients the network-policy tests drive through the proxy
 set -euo pipefail
 
 need=()
@@ -11,6 +12,8 @@ command -v b3sum >/dev/null 2>&1 || need+=(b3sum)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v script >/dev/null 2>&1 || need+=(bsdutils)
+[ -x /usr/bin/curl ] || need+=(curl)
+[ -x /usr/bin/python3 ] || need+=(python3)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

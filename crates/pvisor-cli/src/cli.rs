@@ -53,6 +53,17 @@ pub struct RunArgs {
     /// Print nothing but the command's own output.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Network: none (loopback only, the default), proxy (only the --allow'ed
+    /// domains, through pvisor's proxy), host (shared, bypassable).
+    #[arg(long = "net", value_enum, value_name = "MODE")]
+    pub net: Option<NetArg>,
+    /// Allow a domain through the proxy: exact name, `*.example.com`, or an IP
+    /// address. Repeatable; implies --net proxy.
+    #[arg(long, value_name = "DOMAIN")]
+    pub allow: Vec<String>,
+    /// Deny a domain even if allowed (deny beats allow). Repeatable.
+    #[arg(long, value_name = "DOMAIN")]
+    pub deny: Vec<String>,
     /// The program to run, and its arguments.
     #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
     pub command: Vec<String>,
@@ -92,6 +103,14 @@ pub struct StatusArgs {
     /// Also list the staged changes, as `pvisor review` does.
     #[arg(long)]
     pub review: bool,
+}
+
+/// Network modes on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetArg {
+    None,
+    Proxy,
+    Host,
 }
 
 /// When to colour diffs.

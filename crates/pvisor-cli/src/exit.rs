@@ -47,7 +47,9 @@ fn hint_for(err: &anyhow::Error) -> Option<String> {
                             .into(),
                     )
                 }
-                Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
+                Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM)
+                    if err.chain().any(|c| c.to_string().contains("state directory")) =>
+                {
                     return Some(
                         "PVISOR_HOME must be a writable directory; set PVISOR_HOME=/some/writable/dir".into(),
                     )

@@ -92,14 +92,52 @@ pub struct Operation {
 /// The policy decisions fixed at admission; later stages consume, never re-derive, them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EffectivePolicy {
-    /// `none`: a private network namespace with loopback only.
-    pub network: String,
-    /// Whether the network attachment cannot be bypassed by the command.
-    pub network_non_bypassable: bool,
+    /// The network decision (mode and rules, each with its source).
+    pub network: EffectiveNetwork,
     /// How long a cancelled command gets after the forwarded signal before SIGKILL.
     pub kill_grace_ms: u64,
     /// Paths hidden from the sandbox (replaced by empty directories).
     pub hidden_paths: Vec<PathBuf>,
+}
+
+/// How the sandbox reaches the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// Its own network namespace with only loopback.
+    None,
+    /// Only through pvisor's allowlist proxy.
+    Proxy,
+    /// The host's network, shared (bypassable).
+    Host,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Proxy => "proxy",
+            Self::Host => "host",
+        }
+    }
+}
+
+/// One network rule and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRule {
+    pub pattern: String,
+    pub source: String,
+}
+
+/// The network decision fixed at admission; the proxy and the namespace setup
+/// consume it and never re-read any configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectiveNetwork {
+    pub mode: NetworkMode,
+    /// Which scope decided the mode (a file, "command line", or "default").
+    pub mode_source: String,
+    pub allow: Vec<NetworkRule>,
+    pub deny: Vec<NetworkRule>,
 }
 
 /// Where and how an Attempt is executed.
@@ -170,9 +208,25 @@ pub struct Observations {
     pub user_cpu_ms: u64,
     pub system_cpu_ms: u64,
     pub max_rss_kib: u64,
+    /// How the sandbox was actually attached to the network, and whether that
+    /// path can be bypassed: the marker comes from here, never from a name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkObservation>,
     /// Extra facts an executor reports (e.g. the uid mapping used).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, String>,
+}
+
+/// The network attachment an executor made, and what went through it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NetworkObservation {
+    /// e.g. "own network namespace, loopback only".
+    pub attachment: String,
+    pub non_bypassable: bool,
+    pub allowed: u64,
+    pub denied: u64,
+    /// The most denied hosts, most first, with their counts.
+    pub top_denied: Vec<(String, u64)>,
 }
 
 /// What happened to one path in the stage.

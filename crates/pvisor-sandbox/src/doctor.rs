@@ -65,6 +65,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         args: vec!["-c".into(), "echo probe > probe-file".into()],
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
         hostname: "pvisor-doctor".into(),
+        network: crate::NetworkAttachment::Isolated,
     };
     let process = NsExecutor.start(&spec).map_err(|e| match e.hint() {
         Some(hint) => format!("{e} (fix: {hint})"),

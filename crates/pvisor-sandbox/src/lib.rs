@@ -40,6 +40,41 @@ pub struct SandboxSpec {
     /// The complete environment of the command.
     pub env: Vec<(String, String)>,
     pub hostname: String,
+    pub network: NetworkAttachment,
+}
+
+/// How the sandbox is attached to the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum NetworkAttachment {
+    /// Its own network namespace with only loopback: no path out at all.
+    Isolated,
+    /// Its own network namespace with only loopback, plus a listening socket on
+    /// `127.0.0.1:port` inside it that the supervisor's proxy accepts on.
+    ProxyListener { port: u16 },
+    /// The host's network namespace, shared.
+    Host,
+}
+
+impl NetworkAttachment {
+    /// Describes the path, as recorded in the Bundle.
+    pub fn describe(self) -> String {
+        match self {
+            Self::Isolated => "own network namespace, loopback only".into(),
+            Self::ProxyListener { port } => {
+                format!("own network namespace, no route out; pvisor proxy listener on 127.0.0.1:{port}")
+            }
+            Self::Host => "host network namespace (shared)".into(),
+        }
+    }
+
+    /// Whether the command can reach the network other than as the policy says.
+    pub fn non_bypassable(self) -> bool {
+        match self {
+            Self::Isolated | Self::ProxyListener { .. } => true,
+            Self::Host => false,
+        }
+    }
 }
 
 /// How the sandboxed command ended.
@@ -113,6 +148,12 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 pub trait SandboxProcess: Send + std::fmt::Debug {
     /// Returns a handle that can signal the sandbox from another thread.
     fn signaller(&self) -> Signaller;
+
+    /// Takes the proxy listening socket created inside the sandbox's network
+    /// namespace (only with [`NetworkAttachment::ProxyListener`]).
+    fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
+        None
+    }
 
     /// Blocks until the sandbox is gone and returns how the command ended.
     fn wait(self: Box<Self>) -> Result<ExitReport, SandboxError>;

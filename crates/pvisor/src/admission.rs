@@ -14,12 +14,12 @@ use serde_json::json;
 
 use pvisor_core::ids::{AttemptId, JobId, RunId};
 use pvisor_core::records::{
-    AttemptRecord, EffectivePolicy, JobRecord, Operation, Placement, RunRecord, FORMAT,
+    AttemptRecord, EffectivePolicy, JobRecord, NetworkMode, Operation, Placement, RunRecord, FORMAT,
 };
 use pvisor_core::state::{AttemptState, JobState};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_sandbox::SandboxSpec;
+use pvisor_sandbox::{NetworkAttachment, SandboxSpec};
 
 use crate::trace::Trace;
 
@@ -36,7 +36,13 @@ pub struct RunRequest {
     pub env: Vec<(String, String)>,
     /// How long a cancelled command gets to exit after the forwarded signal.
     pub kill_grace: Duration,
+    /// The network policies in scope (command line, workspace file, user
+    /// config); admission merges them once.
+    pub network: Vec<pvisor_net::ScopedPolicy>,
 }
+
+/// The loopback port the proxy listens on inside the sandbox.
+pub const PROXY_PORT: u16 = 3128;
 
 /// Why a request was not admitted. Nothing was recorded.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +73,8 @@ pub enum AdmissionError {
     NonUtf8Path { path: PathBuf },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
+    #[error("Invalid network policy in {0}")]
+    Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot record the new Job")]
     Store(#[from] StoreError),
 }
@@ -158,18 +166,33 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
 
+    let network = pvisor_net::policy::resolve(&request.network)?;
+    let attachment = match network.mode {
+        NetworkMode::None => NetworkAttachment::Isolated,
+        NetworkMode::Proxy => NetworkAttachment::ProxyListener { port: PROXY_PORT },
+        NetworkMode::Host => NetworkAttachment::Host,
+    };
     let policy = EffectivePolicy {
-        network: "none".into(),
-        // Own network namespace with only loopback: there is no path out to bypass.
-        network_non_bypassable: true,
+        network: network.clone(),
         kill_grace_ms: request.kill_grace.as_millis() as u64,
         hidden_paths: vec![state.clone()],
     };
     let placement =
         Placement { executor: executor.to_owned(), rootless: euid != 0, sandbox_uid: euid, host, kernel };
-    let mut env: Vec<(String, String)> =
-        request.env.into_iter().filter(|(k, _)| k != "PVISOR_SANDBOX" && k != "PVISOR_JOB").collect();
-    let env_rewrites = [("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
+    let mut env: Vec<(String, String)> = request.env;
+    let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
+    if network.mode == NetworkMode::Proxy {
+        // Ordinary tools (curl, pip, npm, cargo, git) honour these.
+        let url = format!("http://127.0.0.1:{PROXY_PORT}");
+        for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+            env_rewrites.push((name, url.clone()));
+        }
+        for name in ["NO_PROXY", "no_proxy"] {
+            env_rewrites.push((name, "localhost,127.0.0.1,::1".to_owned()));
+        }
+    }
+    let rewritten: Vec<&str> = env_rewrites.iter().map(|(k, _)| *k).collect();
+    env.retain(|(k, _)| !rewritten.contains(&k.as_str()));
     env.extend(env_rewrites.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     let operation = Operation {
         kind: "run.execute".into(),
@@ -237,6 +260,13 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
     )?;
     let policy_event = trace.emit("admission.policy", None, Some(created), json!(policy), false)?;
     trace.emit(
+        "admission.network",
+        None,
+        Some(policy_event),
+        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": attachment.describe(), "non_bypassable": attachment.non_bypassable()}),
+        false,
+    )?;
+    trace.emit(
         "admission.rewrite",
         None,
         Some(policy_event),
@@ -272,6 +302,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         args: request.args,
         env,
         hostname: "pvisor".into(),
+        network: attachment,
     };
     Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event })
 }

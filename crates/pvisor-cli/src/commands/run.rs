@@ -15,13 +15,14 @@ use pvisor::{JobService, RunOutcome, RunRequest};
 use pvisor_core::state::ResultState;
 use pvisor_sandbox::ns::NsExecutor;
 
-use crate::cli::RunArgs;
+use crate::cli::{NetArg, RunArgs};
 use crate::exit;
 use crate::output::ending;
+use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let workspace = match args.workspace {
+    let workspace = match args.workspace.clone() {
         Some(w) => w,
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
@@ -36,7 +37,9 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
             (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
         }
     }
+    let network = network_scopes(&args, &workspace)?;
     let request = RunRequest {
+        network,
         workspace,
         cwd: None,
         program: program.clone(),
@@ -77,6 +80,47 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
         }?;
         Ok(finish(&outcome, quiet))
     })
+}
+
+/// Gathers the network policies in scope: the command line, the workspace's
+/// `.pvisor.toml`, and the user's config file. Admission merges them.
+fn network_scopes(args: &RunArgs, workspace: &std::path::Path) -> anyhow::Result<Vec<ScopedPolicy>> {
+    let mut scopes = vec![ScopedPolicy {
+        scope: Scope::CommandLine,
+        source: "command line".into(),
+        spec: PolicySpec {
+            mode: args.net.map(|m| match m {
+                NetArg::None => Mode::None,
+                NetArg::Proxy => Mode::Proxy,
+                NetArg::Host => Mode::Host,
+            }),
+            allow: args.allow.clone(),
+            deny: args.deny.clone(),
+        },
+    }];
+    let user_config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))
+        .map(|dir| dir.join("pvisor/config.toml"));
+    let files = [(Scope::Workspace, Some(workspace.join(".pvisor.toml"))), (Scope::User, user_config)];
+    for (scope, path) in files {
+        let Some(path) = path else { continue };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // A HOME we may not read (e.g. sudo -u without -H) must not stop the run.
+            Err(e) if scope == Scope::User && e.kind() == std::io::ErrorKind::PermissionDenied => {
+                eprintln!("pvisor: warning: skipping the user config {}: {e}", path.display());
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("Cannot read {}", path.display())),
+        };
+        let source = path.display().to_string();
+        let spec = pvisor_net::policy::parse_config(&text, &source)?;
+        scopes.push(ScopedPolicy { scope, source, spec });
+    }
+    Ok(scopes)
 }
 
 /// Prints the end-of-run summary on stderr and returns pvisor's exit code.
@@ -121,7 +165,24 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
                 "pvisor: next: pvisor review {job} --diff  ·  pvisor apply {job} --all  ·  pvisor drop {job}"
             );
         }
-        eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back");
+        match &outcome.network {
+            Some(net) if !net.non_bypassable => eprintln!(
+                "pvisor: note: the command shared the host network ({}); its requests are not staged and were not rolled back",
+                net.attachment
+            ),
+            Some(net) if net.allowed + net.denied > 0 => {
+                eprintln!(
+                    "pvisor: network: {} request(s) allowed, {} denied; requests are effects that staging neither delayed nor rolled back",
+                    net.allowed, net.denied
+                );
+                if !net.top_denied.is_empty() {
+                    let hosts: Vec<String> = net.top_denied.iter().map(|(h, n)| format!("{h} ×{n}")).collect();
+                    let flags: Vec<String> = net.top_denied.iter().map(|(h, _)| format!("--allow {h}")).collect();
+                    eprintln!("pvisor: denied: {}; to allow: {}", hosts.join(", "), flags.join(" "));
+                }
+            }
+            _ => eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
+        }
     }
     code
 }

@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::protocol::{Report, REPORT_FD, SPEC_FD};
+use super::protocol::{Report, FD_PASS_FD, REPORT_FD, SPEC_FD};
 use super::{diagnose, mounts};
-use crate::{sys, SandboxSpec};
+use crate::{sys, NetworkAttachment, SandboxSpec};
 
 /// What the supervisor tells the helper, on [`SPEC_FD`].
 #[derive(Debug, Serialize, Deserialize)]
@@ -88,7 +88,10 @@ fn exit(code: i32) -> ! {
 pub(crate) fn main() -> ! {
     // SAFETY: the supervisor placed the report pipe at REPORT_FD; mark it
     // close-on-exec so the command never inherits it.
-    unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    unsafe {
+        libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(FD_PASS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
     let spec = match read_spec() {
         Ok(spec) => spec,
         Err(e) => e.report_and_exit(),
@@ -126,12 +129,14 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
 
-    let flags = libc::CLONE_NEWUSER
+    let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWNET;
+        | libc::CLONE_NEWUTS;
+    if spec.sandbox.network != NetworkAttachment::Host {
+        flags |= libc::CLONE_NEWNET;
+    }
     // SAFETY: a fork-style clone (no CLONE_VM, no new stack) of a single-threaded
     // process: the child continues on a private copy of this stack.
     let pid = unsafe {
@@ -185,8 +190,10 @@ fn status_to_code(status: i32) -> i32 {
     }
 }
 
-/// Maps the caller's ids into the sandbox: the whole id range for real root,
-/// otherwise just the caller's own uid and gid (the unprivileged rule).
+/// Maps the caller's ids into the sandbox. As root (of whatever namespace
+/// pvisor itself runs in) every id that exists here is mapped to itself —
+/// the whole range on a host, only what the outer namespace has when pvisor
+/// is nested. Otherwise only the caller's own uid and gid (the unprivileged rule).
 fn write_id_maps(pid: libc::pid_t, uid: u32, gid: u32) -> Result<(), StepError> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let write = |file: &str, contents: String| {
@@ -195,13 +202,27 @@ fn write_id_maps(pid: libc::pid_t, uid: u32, gid: u32) -> Result<(), StepError> 
                 .hint("the kernel refused the user-namespace id mapping; check user.max_user_namespaces and any LSM restricting user namespaces")
         })
     };
-    if uid == 0 {
-        write("uid_map", "0 0 4294967295\n".into())?;
-        write("gid_map", "0 0 4294967295\n".into())?;
-    } else {
-        write("uid_map", format!("{uid} {uid} 1\n"))?;
-        write("setgroups", "deny\n".into())?;
-        write("gid_map", format!("{gid} {gid} 1\n"))?;
+    let identity = |own: &str| -> Option<String> {
+        let text = std::fs::read_to_string(format!("/proc/self/{own}")).ok()?;
+        let lines: Vec<String> = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 3).then(|| format!("{} {} {}", f[0], f[0], f[2]))
+            })
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("\n") + "\n")
+    };
+    match (uid, identity("uid_map"), identity("gid_map")) {
+        (0, Some(uids), Some(gids)) => {
+            write("uid_map", uids)?;
+            write("gid_map", gids)?;
+        }
+        _ => {
+            write("uid_map", format!("{uid} {uid} 1\n"))?;
+            write("setgroups", "deny\n".into())?;
+            write("gid_map", format!("{gid} {gid} 1\n"))?;
+        }
     }
     Ok(())
 }
@@ -222,7 +243,7 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     if let Err(e) = mounts::assemble(&spec.sandbox) {
         e.report_and_exit();
     }
-    if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| loopback_up()) {
+    if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| attach_network(spec.sandbox.network)) {
         e.report_and_exit();
     }
     let command = Command::prepare(&spec);
@@ -299,6 +320,29 @@ fn set_hostname(name: &str) -> Result<(), StepError> {
         ));
     }
     Ok(())
+}
+
+/// Sets up the network the Placement asked for: nothing for the host
+/// network; loopback for an own namespace; and for the proxy, a listening
+/// socket inside the namespace that is handed to the supervisor, whose proxy
+/// then accepts the sandbox's connections on the host side.
+fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
+    match network {
+        NetworkAttachment::Host => Ok(()),
+        NetworkAttachment::Isolated => loopback_up(),
+        NetworkAttachment::ProxyListener { port } => {
+            loopback_up()?;
+            let listener = std::net::TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+                StepError::new(
+                    "network",
+                    format!("cannot listen on 127.0.0.1:{port} inside the sandbox: {e}"),
+                )
+            })?;
+            use std::os::fd::AsRawFd as _;
+            sys::send_fd(FD_PASS_FD, listener.as_raw_fd())
+                .map_err(|e| StepError::new("network", format!("cannot hand the proxy listener over: {e}")))
+        }
+    }
 }
 
 /// Brings up `lo` in the sandbox's network namespace; it has no other interface.

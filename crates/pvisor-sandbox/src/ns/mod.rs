@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{Report, REPORT_FD, SPEC_FD};
+use protocol::{Report, FD_PASS_FD, REPORT_FD, SPEC_FD};
 
 use crate::{
     sys, Executor, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination, Usage,
@@ -50,9 +50,12 @@ impl Executor for NsExecutor {
         let (spec_read, spec_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         let (report_read, report_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         // Move the helper's ends above the fixed slots so dup2 cannot clobber them.
+        let (fd_pass, fd_pass_child) = std::os::unix::net::UnixStream::pair().map_err(SandboxError::Spawn)?;
         let spec_read = dup_above(&spec_read, 10)?;
         let report_write = dup_above(&report_write, 10)?;
-        let (spec_fd, report_fd) = (spec_read.as_raw_fd(), report_write.as_raw_fd());
+        let fd_pass_child = dup_above(&OwnedFd::from(fd_pass_child), 10)?;
+        let (spec_fd, report_fd, pass_fd) =
+            (spec_read.as_raw_fd(), report_write.as_raw_fd(), fd_pass_child.as_raw_fd());
 
         let mut command = Command::new("/proc/self/exe");
         command
@@ -65,7 +68,10 @@ impl Executor for NsExecutor {
         // SAFETY: dup2 is async-signal-safe; both descriptors are open in the child.
         unsafe {
             command.pre_exec(move || {
-                if libc::dup2(spec_fd, SPEC_FD) < 0 || libc::dup2(report_fd, REPORT_FD) < 0 {
+                if libc::dup2(spec_fd, SPEC_FD) < 0
+                    || libc::dup2(report_fd, REPORT_FD) < 0
+                    || libc::dup2(pass_fd, FD_PASS_FD) < 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -74,6 +80,7 @@ impl Executor for NsExecutor {
         let child = command.spawn().map_err(SandboxError::Spawn)?;
         drop(spec_read);
         drop(report_write);
+        drop(fd_pass_child);
         let pidfd = sys::pidfd_open(child.id() as libc::pid_t).map_err(SandboxError::Spawn)?;
 
         let helper_spec = helper::HelperSpec {
@@ -87,13 +94,27 @@ impl Executor for NsExecutor {
         let _ = File::from(spec_write).write_all(&bytes);
 
         let mut process = NsProcess {
+            fd_pass,
+            proxy_listener: None,
             child,
             reports: BufReader::new(File::from(report_read)),
             signaller: Signaller { pidfd: Arc::new(pidfd) },
             tty_foreground: helper_spec.tty_foreground,
         };
         match process.next_report()? {
-            Some(Report::Ready) => Ok(Box::new(process)),
+            Some(Report::Ready) => {
+                if let crate::NetworkAttachment::ProxyListener { .. } = spec.network {
+                    let fd = sys::recv_fd(process.fd_pass.as_raw_fd())
+                        .map_err(|e| {
+                            SandboxError::Protocol(format!("cannot receive the proxy listener: {e}"))
+                        })?
+                        .ok_or_else(|| {
+                            SandboxError::Protocol("the sandbox did not hand over its proxy listener".into())
+                        })?;
+                    process.proxy_listener = Some(std::net::TcpListener::from(fd));
+                }
+                Ok(Box::new(process))
+            }
             Some(Report::SetupError { step, message, hint }) => {
                 let _ = process.child.wait();
                 process.restore_terminal();
@@ -130,6 +151,9 @@ fn stdin_is_foreground_tty() -> bool {
 /// A running `ns` sandbox.
 #[derive(Debug)]
 struct NsProcess {
+    /// The supervisor's end of the descriptor-passing socket.
+    fd_pass: std::os::unix::net::UnixStream,
+    proxy_listener: Option<std::net::TcpListener>,
     child: Child,
     reports: BufReader<File>,
     signaller: Signaller,
@@ -174,6 +198,10 @@ impl NsProcess {
 impl SandboxProcess for NsProcess {
     fn signaller(&self) -> Signaller {
         self.signaller.clone()
+    }
+
+    fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
+        self.proxy_listener.take()
     }
 
     fn wait(mut self: Box<Self>) -> Result<ExitReport, SandboxError> {

@@ -16,6 +16,8 @@ use crate::sys;
 pub(crate) const REPORT_FD: RawFd = 4;
 /// The helper reads its [`HelperSpec`](super::helper::HelperSpec) from this descriptor.
 pub(crate) const SPEC_FD: RawFd = 3;
+/// A Unix socket to the supervisor, for handing over descriptors (the proxy listener).
+pub(crate) const FD_PASS_FD: RawFd = 5;
 
 /// Largest message; pipes write up to `PIPE_BUF` (4096) bytes atomically.
 const MAX_MESSAGE: usize = 4000;

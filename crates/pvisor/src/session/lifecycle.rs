@@ -19,7 +19,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use pvisor_core::records::{
-    AttemptRecord, Bundle, ChangeEntry, JobRecord, Observations, RunRecord, RunResult, FORMAT,
+    AttemptRecord, Bundle, ChangeEntry, JobRecord, NetworkObservation, Observations, RunRecord, RunResult,
+    FORMAT,
 };
 use pvisor_core::state::{AttemptState, JobState, ResultState};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
@@ -55,6 +56,15 @@ pub(crate) struct Session {
     kill_grace: Duration,
     cancel_requested: Option<i32>,
     warnings: Vec<String>,
+    network: NetworkTally,
+}
+
+/// What went through the proxy, for the Bundle and the end-of-run summary.
+#[derive(Debug, Default)]
+struct NetworkTally {
+    allowed: u64,
+    denied: u64,
+    denied_hosts: std::collections::BTreeMap<String, u64>,
 }
 
 impl Session {
@@ -73,6 +83,7 @@ impl Session {
             kill_grace,
             cancel_requested: None,
             warnings: Vec::new(),
+            network: NetworkTally::default(),
         }
     }
 
@@ -155,7 +166,21 @@ impl Session {
                 self.mark_running()?;
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+                let mut process = process;
                 let signaller = process.signaller();
+                let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
+                let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
+                let proxy = process.take_proxy_listener().map(|listener| {
+                    let policy = Arc::new(self.run.operation.policy.network.clone());
+                    tokio::spawn(pvisor_net::proxy::serve(
+                        listener,
+                        policy,
+                        proxy_events.clone(),
+                        proxy_stopped,
+                    ))
+                });
+                drop(proxy_events);
+                let mut proxy_open = proxy.is_some();
                 let mut wait = tokio::task::spawn_blocking(move || process.wait());
                 let mut deadline: Option<tokio::time::Instant> = None;
                 let mut cancel_open = true;
@@ -177,6 +202,10 @@ impl Session {
                                 self.record_best_effort("run.kill_escalated", json!({"reason": "second cancellation request"}));
                             }
                         }
+                        event = proxy_rx.recv(), if proxy_open => match event {
+                            Some(event) => self.record_network(event),
+                            None => proxy_open = false,
+                        },
                         () = sleep_until(deadline) => {
                             let _ = signaller.kill();
                             deadline = None;
@@ -184,6 +213,13 @@ impl Session {
                         }
                     }
                 };
+                let _ = stop_proxy.send(true);
+                if let Some(proxy) = proxy {
+                    let _ = proxy.await;
+                }
+                while let Ok(event) = proxy_rx.try_recv() {
+                    self.record_network(event);
+                }
                 match report {
                     Ok(report) => Ending::Finished(report),
                     Err(e) => Ending::SetupFailed(e),
@@ -191,6 +227,32 @@ impl Session {
             }
         };
         self.finalize(ending, started_at, baseline, clock.elapsed())
+    }
+
+    /// Records one proxied request in the Trace and the tally.
+    fn record_network(&mut self, event: pvisor_net::proxy::ProxyEvent) {
+        let kind = if event.allowed { "network.allowed" } else { "network.denied" };
+        if event.allowed {
+            self.network.allowed += 1;
+        } else {
+            self.network.denied += 1;
+            *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
+        }
+        self.record_best_effort(kind, json!(event));
+    }
+
+    fn network_observation(&self) -> NetworkObservation {
+        let mut top: Vec<(String, u64)> =
+            self.network.denied_hosts.iter().map(|(h, n)| (h.clone(), *n)).collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(5);
+        NetworkObservation {
+            attachment: self.spec.network.describe(),
+            non_bypassable: self.spec.network.non_bypassable(),
+            allowed: self.network.allowed,
+            denied: self.network.denied,
+            top_denied: top,
+        }
     }
 
     /// Records a fact whose loss must not stop the run (it is repeated in the Bundle).
@@ -296,6 +358,7 @@ impl Session {
                 user_cpu_ms: usage.user_cpu.as_millis() as u64,
                 system_cpu_ms: usage.system_cpu.as_millis() as u64,
                 max_rss_kib: usage.max_rss_kib,
+                network: Some(self.network_observation()),
                 extra: Default::default(),
             },
             changes: changes.clone(),
@@ -345,6 +408,7 @@ impl Session {
             result,
             changes,
             bundle_blake3: receipt.bundle.blake3,
+            network: bundle.observations.network.clone(),
             warnings: self.warnings,
             audit_gaps,
             job_record: self.job,

@@ -36,6 +36,8 @@ pub struct RunOutcome {
     pub result: RunResult,
     pub changes: Vec<ChangeEntry>,
     pub bundle_blake3: String,
+    /// The network attachment and what went through the proxy.
+    pub network: Option<pvisor_core::records::NetworkObservation>,
     /// Non-fatal problems recorded in the Bundle.
     pub warnings: Vec<String>,
     /// Facts that could not be recorded after the receipt committed.

@@ -1,0 +1,14 @@
+//! pvisor-net: network policy for sandboxes.
+//!
+//! - [`policy`]: the modes (`none`, `proxy`, `host`), allow/deny rules, the
+//!   merge of scoped policies (command line > workspace `.pvisor.toml` > user
+//!   config) that admission performs exactly once, and per-request decisions;
+//! - [`proxy`]: pvisor's own HTTP forward + CONNECT proxy. It runs on the host
+//!   side and accepts connections on a listening socket that lives *inside* the
+//!   sandbox's network namespace (created there and handed over), so the
+//!   sandbox has no route out except through it.
+
+pub mod policy;
+pub mod proxy;
+
+pub use policy::{Decide, EffectiveNetwork, Mode, PolicySpec, Scope, ScopedPolicy};

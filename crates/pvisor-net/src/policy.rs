@@ -1,0 +1,291 @@
+//! Network policy: modes, rules, the scoped merge, and per-request decisions.
+//!
+//! Matching: `example.com` matches exactly that name; `*.example.com` matches
+//! every name below it (not the apex); `*` matches every *name*. Deny beats
+//! allow. An IP literal is allowed only by an allow rule naming that literal.
+//! A name that resolves to a loopback, private, link-local or otherwise
+//! internal address is refused (DNS rebinding) unless that address — or
+//! `localhost`, for loopback — is allowed explicitly.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+pub use pvisor_core::records::{EffectiveNetwork, NetworkMode as Mode, NetworkRule as Rule};
+
+/// Where a policy came from, highest precedence first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    CommandLine,
+    Workspace,
+    User,
+}
+
+/// One scope's settings, as written in a `[network]` table or given as flags.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    pub mode: Option<Mode>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// A policy and where it came from (a file path, or "command line").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopedPolicy {
+    pub scope: Scope,
+    pub source: String,
+    pub spec: PolicySpec,
+}
+
+/// A bad policy, naming its source.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{source_name}: {message}")]
+    Invalid { source_name: String, message: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    network: Option<PolicySpec>,
+}
+
+/// Parses a config file (`.pvisor.toml` or the user config): a `[network]`
+/// table with `mode`, `allow` and `deny`.
+pub fn parse_config(text: &str, source: &str) -> Result<PolicySpec, PolicyError> {
+    let file: ConfigFile = toml::from_str(text)
+        .map_err(|e| PolicyError::Invalid { source_name: source.to_owned(), message: e.to_string() })?;
+    Ok(file.network.unwrap_or_default())
+}
+
+fn normalize(host: &str) -> String {
+    host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase()
+}
+
+fn validate(pattern: &str, source: &str) -> Result<String, PolicyError> {
+    let p = normalize(pattern);
+    let bad = |message: String| PolicyError::Invalid { source_name: source.to_owned(), message };
+    if p.is_empty() {
+        return Err(bad("an empty network rule".into()));
+    }
+    if p.parse::<IpAddr>().is_ok() || p == "*" {
+        return Ok(p);
+    }
+    let name = p.strip_prefix("*.").unwrap_or(&p);
+    if name.contains('*') {
+        return Err(bad(format!("{pattern:?}: a wildcard may only be a leading \"*.\"")));
+    }
+    if !name.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }) {
+        return Err(bad(format!("{pattern:?} is not a host name, \"*.domain\" or an IP address")));
+    }
+    Ok(p)
+}
+
+/// Merges scoped policies: the mode comes from the highest-precedence scope
+/// that sets one (default `none`; allow rules without any mode imply `proxy`);
+/// allow and deny rules are the union of all scopes, each keeping its source.
+pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError> {
+    let mut ordered: Vec<&ScopedPolicy> = scopes.iter().collect();
+    ordered.sort_by_key(|s| s.scope);
+    let mut allow = Vec::new();
+    let mut deny = Vec::new();
+    for scope in &ordered {
+        for pattern in &scope.spec.allow {
+            allow.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+        }
+        for pattern in &scope.spec.deny {
+            deny.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+        }
+    }
+    let (mode, mode_source) = match ordered.iter().find_map(|s| s.spec.mode.map(|m| (m, s.source.clone()))) {
+        Some(found) => found,
+        None if !allow.is_empty() => (Mode::Proxy, "implied by allow rules".to_owned()),
+        None => (Mode::None, "default".to_owned()),
+    };
+    Ok(EffectiveNetwork { mode, mode_source, allow, deny })
+}
+
+/// The outcome of checking one destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow { rule: String },
+    Deny { rule: String, reason: String },
+}
+
+fn matches(pattern: &str, host: &str, host_is_ip: bool) -> bool {
+    if pattern == host {
+        return true;
+    }
+    if host_is_ip {
+        // Only an exact literal covers an IP; wildcards are for names.
+        return pattern.parse::<IpAddr>().ok().zip(host.parse::<IpAddr>().ok()).is_some_and(|(a, b)| a == b);
+    }
+    pattern == "*" || pattern.strip_prefix("*.").is_some_and(|suffix| host.ends_with(&format!(".{suffix}")))
+}
+
+/// Whether `addr` is internal: loopback, private, link-local, unique-local,
+/// unspecified, multicast, broadcast or otherwise not a public destination.
+pub fn is_internal(addr: IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(a) => {
+            a.is_loopback()
+                || a.is_private()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || a.is_broadcast()
+                || a.octets()[0] == 0
+                || (a.octets()[0] == 100 && (a.octets()[1] & 0xc0) == 64) // CGNAT 100.64/10
+        }
+        IpAddr::V6(a) => {
+            if let Some(v4) = a.to_ipv4_mapped() {
+                return is_internal(IpAddr::V4(v4));
+            }
+            let seg0 = a.segments()[0];
+            a.is_loopback()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || (seg0 & 0xfe00) == 0xfc00 // unique local
+                || (seg0 & 0xffc0) == 0xfe80 // link local
+        }
+    }
+}
+
+/// Per-request decisions over the recorded [`EffectiveNetwork`].
+pub trait Decide {
+    /// Decides on a destination name (or IP literal) before it is resolved.
+    fn decide(&self, host: &str) -> Decision;
+    /// Checks a resolved address of an allowed `host` against DNS rebinding.
+    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String>;
+}
+
+impl Decide for EffectiveNetwork {
+    fn decide(&self, host: &str) -> Decision {
+        let host = normalize(host);
+        let is_ip = host.parse::<IpAddr>().is_ok();
+        if let Some(rule) = self.deny.iter().find(|r| matches(&r.pattern, &host, is_ip)) {
+            return Decision::Deny {
+                rule: format!("deny {} ({})", rule.pattern, rule.source),
+                reason: "denied by rule".into(),
+            };
+        }
+        match self.allow.iter().find(|r| matches(&r.pattern, &host, is_ip)) {
+            Some(rule) => Decision::Allow { rule: format!("allow {} ({})", rule.pattern, rule.source) },
+            None if is_ip => Decision::Deny {
+                rule: "ip-literal".into(),
+                reason: "IP addresses are refused unless allowed explicitly".into(),
+            },
+            None => Decision::Deny { rule: "default-deny".into(), reason: "not on the allow list".into() },
+        }
+    }
+
+    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+        if !is_internal(addr) {
+            return Ok(());
+        }
+        let host = normalize(host);
+        let explicit = self.allow.iter().any(|r| {
+            r.pattern.parse::<IpAddr>().ok() == Some(addr)
+                || (r.pattern == "localhost" && host == "localhost" && addr.is_loopback())
+        });
+        if explicit {
+            Ok(())
+        } else {
+            Err(format!(
+                "{host} resolves to the internal address {addr}; allow it explicitly (--allow {addr}) to reach it"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scoped(scope: Scope, mode: Option<Mode>, allow: &[&str], deny: &[&str]) -> ScopedPolicy {
+        ScopedPolicy {
+            scope,
+            source: format!("{scope:?}"),
+            spec: PolicySpec {
+                mode,
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+                deny: deny.iter().map(|s| s.to_string()).collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn the_command_line_wins_the_mode_and_rules_are_unioned() {
+        let net = resolve(&[
+            scoped(Scope::User, Some(Mode::Host), &["a.com"], &[]),
+            scoped(Scope::CommandLine, Some(Mode::Proxy), &["b.com"], &["bad.b.com"]),
+            scoped(Scope::Workspace, None, &["*.c.com"], &[]),
+        ])
+        .unwrap();
+        assert_eq!(net.mode, Mode::Proxy);
+        assert_eq!(net.mode_source, "CommandLine");
+        assert_eq!(net.allow.len(), 3);
+        assert_eq!(resolve(&[]).unwrap().mode, Mode::None);
+        assert_eq!(resolve(&[scoped(Scope::CommandLine, None, &["x.com"], &[])]).unwrap().mode, Mode::Proxy);
+    }
+
+    #[test]
+    fn wildcards_deny_beats_allow_and_ip_literals_need_exact_rules() {
+        let net = resolve(&[scoped(
+            Scope::CommandLine,
+            Some(Mode::Proxy),
+            &["*.example.com", "pypi.org", "10.1.2.3"],
+            &["evil.example.com"],
+        )])
+        .unwrap();
+        assert!(matches!(net.decide("api.example.com"), Decision::Allow { .. }));
+        assert!(matches!(net.decide("A.B.Example.COM."), Decision::Allow { .. }));
+        assert!(matches!(net.decide("example.com"), Decision::Deny { .. }), "the apex is not a subdomain");
+        assert!(matches!(net.decide("evil.example.com"), Decision::Deny { .. }));
+        assert!(matches!(net.decide("notexample.com"), Decision::Deny { .. }));
+        assert!(matches!(net.decide("10.1.2.3"), Decision::Allow { .. }));
+        assert!(matches!(net.decide("93.184.216.34"), Decision::Deny { rule, .. } if rule == "ip-literal"));
+        assert!(matches!(net.decide("[::1]"), Decision::Deny { .. }));
+    }
+
+    #[test]
+    fn internal_addresses_need_an_explicit_allow() {
+        let net = resolve(&[scoped(
+            Scope::CommandLine,
+            Some(Mode::Proxy),
+            &["pypi.org", "localhost", "10.1.2.3"],
+            &[],
+        )])
+        .unwrap();
+        assert!(net.check_address("pypi.org", "151.101.0.223".parse().unwrap()).is_ok());
+        assert!(net.check_address("pypi.org", "127.0.0.1".parse().unwrap()).is_err(), "rebinding");
+        assert!(net.check_address("pypi.org", "192.168.1.1".parse().unwrap()).is_err());
+        assert!(net.check_address("pypi.org", "::ffff:127.0.0.1".parse().unwrap()).is_err());
+        assert!(net.check_address("pypi.org", "fe80::1".parse().unwrap()).is_err());
+        assert!(net.check_address("localhost", "127.0.0.1".parse().unwrap()).is_ok());
+        assert!(
+            net.check_address("pypi.org", "10.1.2.3".parse().unwrap()).is_ok(),
+            "explicitly allowed address"
+        );
+    }
+
+    #[test]
+    fn config_files_parse_and_bad_rules_name_their_source() {
+        let spec =
+            parse_config("[network]\nmode = \"proxy\"\nallow = [\"pypi.org\"]\n", ".pvisor.toml").unwrap();
+        assert_eq!(spec.mode, Some(Mode::Proxy));
+        assert!(parse_config("[network]\nmode = \"open\"\n", "x").is_err());
+        assert!(parse_config("[network]\nallwo = []\n", "x").is_err(), "unknown keys are refused");
+        assert_eq!(parse_config("", "x").unwrap(), PolicySpec::default());
+        let err = resolve(&[scoped(Scope::Workspace, None, &["ex*ample.com"], &[])]).unwrap_err();
+        assert!(err.to_string().starts_with("Workspace:"), "{err}");
+    }
+}

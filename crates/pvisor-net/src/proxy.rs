@@ -1,0 +1,268 @@
+//! pvisor's HTTP forward + CONNECT proxy.
+//!
+//! The proxy accepts on a listening socket that was created inside the
+//! sandbox's network namespace and handed to the supervisor, so it is the only
+//! thing the sandbox can reach; it resolves names and connects on the host
+//! side, after [`EffectiveNetwork`] allowed the destination. Every request is
+//! reported as a [`ProxyEvent`] for the Trace.
+//!
+//! - `CONNECT host:port` (HTTPS and any TLS): checked, resolved, connected,
+//!   then tunnelled byte for byte.
+//! - Absolute-form `GET http://host/...`: the `Host` header must name the same
+//!   host as the request line; the request is forwarded in origin form on a
+//!   fresh upstream connection and the response streamed back. The client's
+//!   connection stays keep-alive (hyper also handles pipelining).
+//!
+//! Bodies are streamed, never buffered. Idle client connections time out.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+
+use crate::policy::{Decide, Decision, EffectiveNetwork};
+
+/// How long a client connection may sit idle between requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One proxied request, as recorded in the Trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProxyEvent {
+    pub allowed: bool,
+    pub host: String,
+    pub port: u16,
+    /// `CONNECT`, or the HTTP method of a forwarded request.
+    pub method: String,
+    /// The rule that decided (e.g. `allow *.pypi.org (command line)`).
+    pub rule: String,
+    /// Why it was denied, or why an allowed request still failed upstream.
+    pub reason: Option<String>,
+}
+
+type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+struct Ctx {
+    policy: Arc<EffectiveNetwork>,
+    events: mpsc::UnboundedSender<ProxyEvent>,
+}
+
+fn text(status: StatusCode, message: String) -> Response<ProxyBody> {
+    let mut resp =
+        Response::new(Full::new(Bytes::from(message + "\n")).map_err(|never| match never {}).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
+    resp
+}
+
+fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> {
+    let uri_auth: hyper::http::uri::Authority = authority.parse().ok()?;
+    let host = uri_auth.host().trim_start_matches('[').trim_end_matches(']').to_owned();
+    Some((host, uri_auth.port_u16().unwrap_or(default_port)))
+}
+
+impl Ctx {
+    fn report(&self, allowed: bool, host: &str, port: u16, method: &str, rule: &str, reason: Option<String>) {
+        let _ = self.events.send(ProxyEvent {
+            allowed,
+            host: host.to_owned(),
+            port,
+            method: method.to_owned(),
+            rule: rule.to_owned(),
+            reason,
+        });
+    }
+
+    /// Applies the policy and connects; on refusal returns the response to send.
+    async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+        method: &str,
+    ) -> Result<(TcpStream, String), Response<ProxyBody>> {
+        let rule = match self.policy.decide(host) {
+            Decision::Allow { rule } => rule,
+            Decision::Deny { rule, reason } => {
+                self.report(false, host, port, method, &rule, Some(reason.clone()));
+                return Err(text(
+                    StatusCode::FORBIDDEN,
+                    format!("pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"),
+                ));
+            }
+        };
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => match tokio::net::lookup_host((host, port)).await {
+                Ok(addrs) => addrs.collect(),
+                Err(e) => {
+                    self.report(true, host, port, method, &rule, Some(format!("cannot resolve: {e}")));
+                    return Err(text(StatusCode::BAD_GATEWAY, format!("pvisor: cannot resolve {host}: {e}")));
+                }
+            },
+        };
+        let mut refused = None;
+        let permitted: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|a| match self.policy.check_address(host, a.ip()) {
+                Ok(()) => true,
+                Err(why) => {
+                    refused = Some(why);
+                    false
+                }
+            })
+            .collect();
+        if permitted.is_empty() {
+            let reason = refused.unwrap_or_else(|| "no addresses".into());
+            self.report(false, host, port, method, "internal-address", Some(reason.clone()));
+            return Err(text(
+                StatusCode::FORBIDDEN,
+                format!("pvisor: {method} {host}:{port} denied: {reason}"),
+            ));
+        }
+        let mut last_err = None;
+        for addr in permitted {
+            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    self.report(true, host, port, method, &rule, None);
+                    return Ok((stream, rule));
+                }
+                Ok(Err(e)) => last_err = Some(e.to_string()),
+                Err(_) => last_err = Some("connection timed out".into()),
+            }
+        }
+        let reason = last_err.unwrap_or_default();
+        self.report(true, host, port, method, &rule, Some(format!("upstream: {reason}")));
+        Err(text(StatusCode::BAD_GATEWAY, format!("pvisor: cannot connect to {host}:{port}: {reason}")))
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+        if req.method() == Method::CONNECT {
+            return Ok(self.tunnel(req).await);
+        }
+        Ok(self.forward(req).await)
+    }
+
+    async fn tunnel(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 443)) else {
+            return text(StatusCode::BAD_REQUEST, "pvisor: CONNECT needs host:port".into());
+        };
+        let (upstream, _) = match self.connect(&host, port, "CONNECT").await {
+            Ok(c) => c,
+            Err(resp) => return resp,
+        };
+        tokio::spawn(async move {
+            if let Ok(upgraded) = hyper::upgrade::on(req).await {
+                let mut client = TokioIo::new(upgraded);
+                let mut upstream = upstream;
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            }
+        });
+        Response::new(Empty::new().map_err(|never| match never {}).boxed())
+    }
+
+    async fn forward(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let method = req.method().to_string();
+        if req.uri().scheme_str() != Some("http") {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "pvisor: send absolute http:// URLs to this proxy, or CONNECT for https".into(),
+            );
+        }
+        let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 80)) else {
+            return text(StatusCode::BAD_REQUEST, "pvisor: the request line has no host".into());
+        };
+        // The Host header must not smuggle a different destination past the check.
+        if let Some(header) = req.headers().get(hyper::header::HOST) {
+            let named = header
+                .to_str()
+                .ok()
+                .and_then(|h| split_authority(h, 80))
+                .map(|(h, _)| h.to_ascii_lowercase());
+            if named.as_deref() != Some(host.to_ascii_lowercase().as_str()) {
+                let reason = format!("Host header {:?} differs from the request line's host", header);
+                self.report(false, &host, port, &method, "host-mismatch", Some(reason.clone()));
+                return text(StatusCode::FORBIDDEN, format!("pvisor: request denied: {reason}"));
+            }
+        }
+        let (upstream, _) = match self.connect(&host, port, &method).await {
+            Ok(c) => c,
+            Err(resp) => return resp,
+        };
+        let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                return text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream handshake failed: {e}"))
+            }
+        };
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let path = req.uri().path_and_query().map_or("/".to_owned(), |p| p.to_string());
+        *req.uri_mut() = path.parse().unwrap_or_default();
+        for hop in [
+            "proxy-connection",
+            "proxy-authorization",
+            "connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "upgrade",
+        ] {
+            req.headers_mut().remove(hop);
+        }
+        match sender.send_request(req).await {
+            Ok(resp) => resp.map(|body| body.boxed()),
+            Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
+        }
+    }
+}
+
+/// Serves the proxy on `listener` until `stop` turns true.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    policy: Arc<EffectiveNetwork>,
+    events: mpsc::UnboundedSender<ProxyEvent>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let ctx = Arc::new(Ctx { policy, events });
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let ctx = ctx.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| ctx.clone().handle(req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(IDLE_TIMEOUT)
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break;
+                }
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.abort_all();
+    Ok(())
+}
