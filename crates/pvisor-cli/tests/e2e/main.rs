@@ -12,6 +12,7 @@ mod support;
 
 mod bad_input;
 mod effects;
+mod network;
 mod read_commands;
 mod recovery;
 mod run;

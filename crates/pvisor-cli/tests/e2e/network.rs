@@ -1,0 +1,282 @@
+//! Network policy: adversarial cases first. No internet: every server is on
+//! loopback, started by the test; names come from a hosts file bind-mounted
+//! over /etc/hosts in a mount namespace the test creates.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Output;
+
+use crate::support::*;
+
+/// A tiny keep-alive HTTP server on 127.0.0.1 that answers every request with
+/// `hello from <port>`. Returns its port.
+fn http_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    buf.drain(..end);
+                    let body = format!("hello from {port}");
+                    let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    if stream.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Runs `pvisor ARGS` with `hosts` as /etc/hosts (a private mount namespace).
+fn with_hosts(env: &Env, hosts: &str, args: &[&str]) -> Output {
+    let file = env.dir.path().join("hosts");
+    std::fs::write(&file, hosts).unwrap();
+    env.give_away(&file);
+    let mut cmd = unshare_as_test_user();
+    cmd.args(["-Urm", "sh", "-c", "mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"", "sh"])
+        .arg(&file)
+        .arg(bin())
+        .args(args)
+        .current_dir(&env.ws)
+        .env("PVISOR_HOME", &env.home)
+        .env("HOME", env.dir.path())
+        .env_remove("XDG_CONFIG_HOME");
+    cmd.output().unwrap()
+}
+
+fn network_events(env: &Env) -> Vec<serde_json::Value> {
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    env.events(&job).into_iter().filter(|e| e["type"].as_str().unwrap().starts_with("network.")).collect()
+}
+
+const PY_UDP: &str = "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1); s.sendto(b'x', ('8.8.8.8', 53)); s.recvfrom(10)";
+
+#[test]
+fn none_mode_reaches_nothing_outside() {
+    let env = Env::new(As::Rootless);
+    let port = http_server();
+    // A host process holding an abstract Unix socket.
+    let name = format!("pvisor-e2e-abstract-{}", std::process::id());
+    let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+        name.as_bytes(),
+    )
+    .unwrap();
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let script = format!(
+        r#"
+        fail() {{ echo "ESCAPE: $*"; }}
+        curl -s -m 3 http://127.0.0.1:{port}/ && fail tcp-loopback
+        curl -s -m 3 -g "http://[::1]:{port}/" && fail ipv6-loopback
+        python3 -c "{PY_UDP}" 2>/dev/null && fail udp-dns
+        python3 -c "import socket; s=socket.socket(socket.AF_INET6); s.settimeout(2); s.connect(('2001:db8::1', 80))" 2>/dev/null && fail ipv6
+        python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('\0{name}')" 2>/dev/null && fail abstract-socket
+        echo checked
+        "#
+    );
+    let out = env.run_sh(&script);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("checked"), "{stdout} {}", text(&out.stderr));
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+}
+
+#[test]
+fn proxy_mode_allows_only_the_policy_and_records_every_request() {
+    let env = Env::new(As::Rootless);
+    let port = http_server();
+    let name = format!("pvisor-e2e-abstract-proxy-{}", std::process::id());
+    let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+        name.as_bytes(),
+    )
+    .unwrap();
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let script = format!(
+        r#"
+        fail() {{ echo "ESCAPE: $*"; }}
+        ok()   {{ echo "OK: $*"; }}
+        # Allowed, through the proxy, with curl and with Python's standard client.
+        [ "$(curl -s -m 5 http://allowed.test:{port}/)" = "hello from {port}" ] && ok curl
+        python3 -c "import urllib.request; print(urllib.request.urlopen('http://allowed.test:{port}/', timeout=5).read().decode())" | grep -q "hello from {port}" && ok urllib
+        # CONNECT tunnels work too (curl -p tunnels plain http through CONNECT).
+        [ "$(curl -s -m 5 -p http://allowed.test:{port}/)" = "hello from {port}" ] && ok connect
+        # Keep-alive: two requests on one connection.
+        [ "$(curl -s -m 5 http://allowed.test:{port}/a http://allowed.test:{port}/b)" = "hello from {port}hello from {port}" ] && ok keepalive
+        # Refused:
+        curl -s -m 5 -f http://denied.test:{port}/ >/dev/null && fail denied-domain
+        curl -s -m 5 -f -p http://denied.test:{port}/ >/dev/null && fail connect-denied
+        curl -s -m 5 -f -H "Host: denied.test" http://allowed.test:{port}/ >/dev/null && fail host-header-smuggling
+        curl -s -m 3 --noproxy '*' http://127.0.0.1:{port}/ && fail direct-tcp
+        python3 -c "{PY_UDP}" 2>/dev/null && fail udp-dns
+        python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('\0{name}')" 2>/dev/null && fail abstract-socket
+        echo checked
+        "#
+    );
+    let hosts = "127.0.0.1 localhost\n127.0.0.1 allowed.test\n127.0.0.1 denied.test\n";
+    let out = with_hosts(
+        &env,
+        hosts,
+        &[
+            "run",
+            "--allow",
+            "allowed.test",
+            "--allow",
+            "127.0.0.1",
+            "--allow",
+            "*.test",
+            "--deny",
+            "denied.test",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(stdout.contains("checked"), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    for ok in ["curl", "urllib", "connect", "keepalive"] {
+        assert!(stdout.contains(&format!("OK: {ok}")), "{ok} did not work: {stdout}\n{stderr}");
+    }
+    // DNS rebinding is its own test below: here 127.0.0.1 is allowed on purpose.
+    let events = network_events(&env);
+    let denied: Vec<&serde_json::Value> = events.iter().filter(|e| e["type"] == "network.denied").collect();
+    assert!(
+        denied.iter().any(|e| e["data"]["host"] == "denied.test" && e["data"]["method"] == "GET"),
+        "{events:?}"
+    );
+    assert!(
+        denied.iter().any(|e| e["data"]["host"] == "denied.test" && e["data"]["method"] == "CONNECT"),
+        "{events:?}"
+    );
+    assert!(denied.iter().any(|e| e["data"]["rule"] == "host-mismatch"), "{events:?}");
+    assert!(events
+        .iter()
+        .all(|e| !e["data"]["rule"].is_null() && !e["data"]["host"].is_null() && e["data"]["port"].is_u64()));
+    assert!(stderr.contains("denied: denied.test"), "the summary names the top denied hosts: {stderr}");
+    assert!(stderr.contains("--allow denied.test"), "{stderr}");
+}
+
+#[test]
+fn a_name_that_resolves_to_an_internal_address_is_refused_unless_that_address_is_allowed() {
+    let env = Env::new(As::Rootless);
+    let port = http_server();
+    let hosts = "127.0.0.1 localhost\n127.0.0.1 evil.test\n";
+    // Also: CONNECT straight to the IP address of the allowed name.
+    let script = format!(
+        "curl -s -m 5 -f http://evil.test:{port}/ || echo REFUSED; \
+         curl -s -m 5 -f -p http://evil.test:{port}/ || echo REFUSED-CONNECT; \
+         curl -s -m 5 -f --noproxy '' -p http://127.0.0.1:{port}/ || echo REFUSED-IP"
+    );
+    let out = with_hosts(&env, hosts, &["run", "--allow", "evil.test", "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("REFUSED\n") && stdout.contains("REFUSED-CONNECT"),
+        "{stdout}{}",
+        text(&out.stderr)
+    );
+    let events = network_events(&env);
+    assert!(events.iter().any(|e| e["data"]["rule"] == "internal-address"), "{events:?}");
+    // With the address allowed explicitly, the same name works.
+    let out = with_hosts(
+        &env,
+        hosts,
+        &[
+            "run",
+            "--allow",
+            "evil.test",
+            "--allow",
+            "127.0.0.1",
+            "--",
+            "curl",
+            "-s",
+            "-m",
+            "5",
+            &format!("http://evil.test:{port}/"),
+        ],
+    );
+    assert_eq!(text(&out.stdout), format!("hello from {port}"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn policy_is_decided_once_from_scoped_sources_and_recorded() {
+    let env = Env::new(As::Rootless);
+    env.write(
+        ".pvisor.toml",
+        "[network]\nmode = \"proxy\"\nallow = [\"pypi.org\"]\ndeny = [\"bad.pypi.org\"]\n",
+    );
+    let config_dir = env.dir.path().join("config/pvisor");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::write(config_dir.join("config.toml"), "[network]\nallow = [\"crates.io\"]\n").unwrap();
+    env.give_away(&env.dir.path().join("config"));
+    let out = env
+        .command(&["run", "--allow", "example.org", "--", "sh", "-c", "env | grep -c _proxy="])
+        .env("XDG_CONFIG_HOME", env.dir.path().join("config"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "4", "http_proxy, https_proxy, all_proxy and no_proxy are set");
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let admission: Vec<serde_json::Value> =
+        env.events(&job).into_iter().filter(|e| e["type"] == "admission.network").collect();
+    assert_eq!(admission.len(), 1, "decided once");
+    let data = &admission[0]["data"];
+    assert_eq!(data["mode"], "proxy");
+    assert!(data["mode_source"].as_str().unwrap().ends_with(".pvisor.toml"), "{data}");
+    let sources: Vec<&str> =
+        data["allow"].as_array().unwrap().iter().map(|r| r["source"].as_str().unwrap()).collect();
+    assert_eq!(sources.len(), 3, "{data}");
+    assert_eq!(sources[0], "command line");
+    assert!(sources[1].ends_with(".pvisor.toml") && sources[2].ends_with("config.toml"), "{sources:?}");
+    assert_eq!(data["non_bypassable"], true);
+
+    // The command line wins the mode.
+    let out = env
+        .command(&["run", "--net", "none", "--", "sh", "-c", "env | grep -c _proxy= || true"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "0");
+
+    // A bad rule is an error naming its file, and nothing runs.
+    env.write(".pvisor.toml", "[network]\nallow = [\"ex*mple.com\"]\n");
+    let out = env.pvisor(&["run", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains(".pvisor.toml"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn host_mode_is_recorded_as_bypassable() {
+    let env = Env::new(As::Rootless);
+    let port = http_server();
+    let out = env.pvisor(&[
+        "run",
+        "--net",
+        "host",
+        "--",
+        "curl",
+        "-s",
+        "-m",
+        "5",
+        &format!("http://127.0.0.1:{port}/"),
+    ]);
+    assert_eq!(text(&out.stdout), format!("hello from {port}"));
+    assert!(text(&out.stderr).contains("shared the host network"), "{}", text(&out.stderr));
+    let status = env.status_json(None);
+    let bundle: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.attempt_dir(&status).join("bundle.json")).unwrap())
+            .unwrap();
+    assert_eq!(bundle["observations"]["network"]["non_bypassable"], false);
+    assert!(bundle["observations"]["network"]["attachment"].as_str().unwrap().contains("host"));
+}
