@@ -33,6 +33,7 @@ use crate::policy::{Decide, Decision, EffectiveNetwork};
 /// How long a client connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+const TUNNEL_BUFFER: usize = 256 * 1024;
 
 /// One proxied request, as recorded in the Trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -164,7 +165,14 @@ impl Ctx {
             if let Ok(upgraded) = hyper::upgrade::on(req).await {
                 let mut client = TokioIo::new(upgraded);
                 let mut upstream = upstream;
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                // Large buffers: a tunnel is a bulk copy, and loopback is fast.
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut client,
+                    &mut upstream,
+                    TUNNEL_BUFFER,
+                    TUNNEL_BUFFER,
+                )
+                .await;
             }
         });
         Response::new(Empty::new().map_err(|never| match never {}).boxed())
@@ -198,7 +206,10 @@ impl Ctx {
             Ok(c) => c,
             Err(resp) => return resp,
         };
-        let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+        let handshake = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(1 << 20)
+            .handshake(TokioIo::new(upstream));
+        let (mut sender, conn) = match handshake.await {
             Ok(pair) => pair,
             Err(e) => {
                 return text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream handshake failed: {e}"))
@@ -250,6 +261,7 @@ pub async fn serve(
                         .timer(TokioTimer::new())
                         .header_read_timeout(IDLE_TIMEOUT)
                         .keep_alive(true)
+                        .max_buf_size(1 << 20)
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
                         .await;
