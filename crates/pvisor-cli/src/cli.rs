@@ -28,6 +28,9 @@ pub enum Command {
     Apply(ApplyArgs),
     Drop(DropArgs),
     Kill(KillArgs),
+    Checkpoint(CheckpointArgs),
+    Checkpoints(CheckpointsArgs),
+    Fork(ForkArgs),
     Doctor(DoctorArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
@@ -47,6 +50,16 @@ pub struct RunArgs {
     /// The workspace directory [default: the current directory].
     #[arg(short = 'w', long = "workspace", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    #[command(flatten)]
+    pub options: RunOptions,
+    /// The program to run, and its arguments.
+    #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
+    pub command: Vec<String>,
+}
+
+/// Options shared by `run` and `fork`.
+#[derive(Debug, Args, Clone)]
+pub struct RunOptions {
     /// How long a cancelled command may take to exit before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime_duration)]
     pub kill_grace: std::time::Duration,
@@ -64,9 +77,6 @@ pub struct RunArgs {
     /// Deny a domain even if allowed (deny beats allow). Repeatable.
     #[arg(long, value_name = "DOMAIN")]
     pub deny: Vec<String>,
-    /// The program to run, and its arguments.
-    #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
-    pub command: Vec<String>,
 }
 
 fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -212,6 +222,52 @@ pub struct KillArgs {
     pub grace: std::time::Duration,
 }
 
+/// Snapshot a stopped Job's staged files and conflict baselines.
+///
+/// The checkpoint (`checkpoints/ckpt-<id>/`) holds the stage's upper layer,
+/// its preimages and the Job's lineage, listed entry by entry with digests in a
+/// manifest that is published only after everything is synced. It saves no
+/// process memory and no external service state, and does not freeze the
+/// workspace underneath.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor checkpoint\n  pvisor checkpoint job-01JD4\n  pvisor fork ckpt-01JD5 -- make test")]
+pub struct CheckpointArgs {
+    pub job: Option<String>,
+    /// The kind of checkpoint; only `workspace` exists for the ns executor.
+    #[arg(long, default_value = "workspace", value_parser = ["workspace"])]
+    pub kind: String,
+}
+
+/// List checkpoints, oldest first.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor checkpoints\n  pvisor checkpoints --json")]
+pub struct CheckpointsArgs {
+    /// One JSON object per checkpoint.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Start a new Job from another Job's staged files (or a checkpoint) and run a command.
+///
+/// The new sandbox sees the workspace plus the parent's staged changes. Its
+/// stage starts as a copy of the checkpoint, conflict baselines included, so
+/// applying the fork applies the parent's changes too and conflicts are still
+/// judged against the original workspace. Forking a Job checkpoints it first.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e .")]
+pub struct ForkArgs {
+    /// A Job (id or prefix) or a checkpoint (`ckpt-…`).
+    pub from: String,
+    /// What to restore; only `workspace` (files and conflict baselines) exists here.
+    #[arg(long, default_value = "workspace", value_parser = ["workspace"])]
+    pub state: String,
+    #[command(flatten)]
+    pub run: RunOptions,
+    /// The program to run, and its arguments.
+    #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
+    pub command: Vec<String>,
+}
+
 /// Report what this host supports, and why not.
 ///
 /// Probes the real thing: namespaces in throw-away children, and a real
@@ -230,11 +286,14 @@ pub struct DoctorArgs {
 
 /// List Jobs, oldest first.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor jobs\n  pvisor jobs --json")]
+#[command(after_help = "Examples:\n  pvisor jobs\n  pvisor jobs --tree\n  pvisor jobs --json")]
 pub struct JobsArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Show forks under the Jobs they came from.
+    #[arg(long)]
+    pub tree: bool,
 }
 
 /// Show a Job's Trace: every recorded fact, in causal order.

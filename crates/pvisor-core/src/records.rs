@@ -50,8 +50,65 @@ pub struct JobRecord {
     pub target_attempt: u32,
     /// Whether the Job may still continue (resume, new Attempts). `kill` withdraws it.
     pub continuation: bool,
+    /// Where this Job came from, when it is a fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
+    /// The Bundle archive this Job was imported from: a read-only Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_from: Option<String>,
 }
 record!(JobRecord, "job.json");
+
+/// A fork's origin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    pub parent_job: JobId,
+    pub checkpoint: crate::ids::CheckpointId,
+    /// `workspace` (files and conflict baselines) or `execution` (a VM's state).
+    pub kind: String,
+}
+
+/// `checkpoints/<id>/manifest.json`: a sealed snapshot of a stage.
+///
+/// Published (its directory renamed into place) only after every file below
+/// it is synced; a checkpoint directory without a manifest is not a checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointManifest {
+    pub format: u32,
+    pub id: crate::ids::CheckpointId,
+    pub kind: String,
+    pub created_at: Timestamp,
+    /// The Job and Attempt whose stage was snapshotted.
+    pub job: JobId,
+    pub attempt: AttemptId,
+    pub workspace: PathBuf,
+    /// The Job's own lineage, if it was itself a fork.
+    pub lineage: Option<Lineage>,
+    /// `reflink` or `copy`: how the files were duplicated.
+    pub copy_method: String,
+    /// Every entry of `upper/`, sorted by path.
+    pub entries: Vec<CheckpointEntry>,
+    /// Hex BLAKE3 of `preimages.json`.
+    pub preimages_blake3: String,
+    /// What a workspace checkpoint does not capture.
+    pub limits: String,
+}
+record!(CheckpointManifest, "manifest.json");
+
+/// One entry of a checkpoint's upper tree, with its overlay markers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    pub path: crate::store::RelPath,
+    /// `file`, `dir`, `symlink`, `whiteout`, or `special` (fifo/socket).
+    pub entry: String,
+    pub mode: u32,
+    pub size: u64,
+    /// Contents of a file, target of a symlink.
+    pub blake3: Option<String>,
+    /// A directory that hides the lower directory's contents.
+    #[serde(default)]
+    pub opaque: bool,
+}
 
 /// `runs/<run>/run.json`: the Job's internal record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -83,7 +83,7 @@ impl Store {
     /// Opens (creating if needed) the state directory at `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = root.into();
-        for dir in [root.clone(), root.join("jobs"), root.join("runs")] {
+        for dir in [root.clone(), root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
             create_dir_all_private(&dir)?;
         }
         let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
@@ -127,6 +127,12 @@ impl Store {
     }
     pub fn lock_file(&self, attempt: &AttemptId) -> PathBuf {
         self.attempt_dir(attempt).join("owner.lock")
+    }
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+    pub fn checkpoint_dir(&self, id: &crate::ids::CheckpointId) -> PathBuf {
+        self.checkpoints_dir().join(id.as_str())
     }
     /// The stage: `upper/` and `work/` of the overlay, and `root/`, the empty
     /// directory the sandbox's new root is assembled on.

@@ -11,11 +11,13 @@
 //! - [`ledger`]: what has been applied or dropped, crash-safe;
 //! - [`apply`]: selection, conflict verdicts and confined writes;
 //! - [`review`]: unified diffs for people;
+//! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
 
 pub mod apply;
 pub mod beneath;
 mod changes;
+pub mod checkpoint;
 mod glob;
 pub mod ledger;
 mod overlay;
@@ -23,6 +25,7 @@ pub mod preimage;
 pub mod review;
 
 pub use changes::{scan, seal};
+pub use checkpoint::restore_logical_checkpoint;
 
 use std::io;
 use std::path::PathBuf;
@@ -39,6 +42,8 @@ pub enum StageError {
     },
     #[error(transparent)]
     Record(pvisor_core::store::StoreError),
+    #[error("Checkpoint {}: {reason}", path.display())]
+    Checkpoint { path: PathBuf, reason: String },
 }
 
 impl StageError {

@@ -39,6 +39,8 @@ pub struct RunRequest {
     /// The network policies in scope (command line, workspace file, user
     /// config); admission merges them once.
     pub network: Vec<pvisor_net::ScopedPolicy>,
+    /// Start from a workspace checkpoint (a fork) instead of an empty stage.
+    pub fork: Option<pvisor_core::ids::CheckpointId>,
 }
 
 /// The loopback port the proxy listens on inside the sandbox.
@@ -75,6 +77,12 @@ pub enum AdmissionError {
     EmptyProgram,
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
+    #[error("Cannot fork from checkpoint {checkpoint}")]
+    Checkpoint {
+        checkpoint: pvisor_core::ids::CheckpointId,
+        #[source]
+        source: pvisor_stage::StageError,
+    },
     #[error("Cannot record the new Job")]
     Store(#[from] StoreError),
 }
@@ -90,6 +98,8 @@ pub struct Admitted {
     pub(crate) lock: OwnerLock,
     /// The seq of `attempt.created`, the cause of everything the Session records.
     pub(crate) attempt_event: u64,
+    /// The checkpoint directory a fork's stage is restored from.
+    pub(crate) restore_from: Option<std::path::PathBuf>,
 }
 
 impl Admitted {
@@ -138,7 +148,18 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
     if request.program.is_empty() {
         return Err(AdmissionError::EmptyProgram);
     }
-    let workspace = canonical_workspace(&request.workspace)?;
+    // A fork runs over its checkpoint's workspace, with the parent's stage restored.
+    let fork = match &request.fork {
+        None => None,
+        Some(id) => {
+            let dir = store.checkpoint_dir(id);
+            let manifest = pvisor_stage::checkpoint::verify_checkpoint(&dir)
+                .map_err(|source| AdmissionError::Checkpoint { checkpoint: id.clone(), source })?;
+            Some((dir, manifest))
+        }
+    };
+    let requested_workspace = fork.as_ref().map_or(request.workspace.clone(), |(_, m)| m.workspace.clone());
+    let workspace = canonical_workspace(&requested_workspace)?;
     let state = store.root().to_owned();
     if state.starts_with(&workspace) {
         return Err(AdmissionError::WorkspaceContainsState { workspace, state });
@@ -234,6 +255,12 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         state: JobState::Pending,
         target_attempt: 1,
         continuation: true,
+        lineage: fork.as_ref().map(|(_, m)| pvisor_core::records::Lineage {
+            parent_job: m.job.clone(),
+            checkpoint: m.id.clone(),
+            kind: m.kind.clone(),
+        }),
+        imported_from: None,
     };
     store.write(&store.job_file(&job_id), &job)?;
     let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
@@ -282,6 +309,9 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
             false,
         )?;
     }
+    if let Some(lineage) = &job.lineage {
+        trace.emit("fork.lineage", None, Some(created), json!(lineage), false)?;
+    }
     let placed = trace.emit("placement.decided", None, Some(policy_event), json!(placement), false)?;
     let attempt_event = trace.emit(
         "attempt.created",
@@ -304,5 +334,6 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         hostname: "pvisor".into(),
         network: attachment,
     };
-    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event })
+    let restore_from = fork.map(|(dir, _)| dir);
+    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from })
 }

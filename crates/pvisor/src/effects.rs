@@ -236,11 +236,11 @@ pub struct ApplyReport {
 }
 
 /// The stage's writer lock: one apply or drop at a time.
-fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
+pub(crate) fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
     Ok(OwnerLock::acquire_blocking(&stage_dir.join("apply.lock"))?)
 }
 
-fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
+pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     if stage.status.live {
         return Err(EffectsError::Live { job: stage.status.job.clone() });
     }

@@ -24,6 +24,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
         kill_grace: Duration::from_secs(5),
         network: Vec::new(),
+        fork: None,
     }
 }
 

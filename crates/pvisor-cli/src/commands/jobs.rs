@@ -19,15 +19,21 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
             eprintln!("pvisor: warning: {id}: {e}");
         }
     }
-    for (id, status) in views::list(&store)? {
+    let mut listing = views::list(&store)?;
+    if args.tree {
+        listing = tree_order(listing);
+    }
+    for (id, status) in listing {
         match status {
             Ok(s) if args.json => json_line(&mut out, "job", &s)?,
             Ok(s) => {
                 let changes = s.changes.map_or("-".to_owned(), |n| n.to_string());
+                let depth = if args.tree { depth_of(&store, &s) } else { 0 };
+                let name = format!("{}{}", "  ".repeat(depth), s.job);
                 writeln!(
                     out,
                     "{:<30}  {:<20}  {:>7}  {:<27}  {}",
-                    s.job,
+                    name,
                     ending(s.state.as_str(), s.exit_code, s.signal),
                     changes,
                     s.created_at.to_string(),
@@ -45,4 +51,52 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(if broken > 0 { crate::exit::PVISOR_ERROR } else { 0 })
+}
+
+/// Orders Jobs so each fork follows its parent (depth-first, oldest first).
+fn tree_order(listing: Vec<views::JobListing>) -> Vec<views::JobListing> {
+    use std::collections::BTreeMap;
+    let parent_of = |l: &views::JobListing| l.1.as_ref().ok().and_then(|s| s.lineage.as_ref()).map(|l| l.parent_job.clone());
+    let ids: std::collections::BTreeSet<_> = listing.iter().map(|l| l.0.clone()).collect();
+    let mut children: BTreeMap<pvisor_core::ids::JobId, Vec<views::JobListing>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for l in listing {
+        match parent_of(&l) {
+            Some(p) if ids.contains(&p) => children.entry(p).or_default().push(l),
+            _ => roots.push(l),
+        }
+    }
+    fn walk(
+        node: views::JobListing,
+        children: &mut BTreeMap<pvisor_core::ids::JobId, Vec<views::JobListing>>,
+        out: &mut Vec<views::JobListing>,
+    ) {
+        let id = node.0.clone();
+        out.push(node);
+        for child in children.remove(&id).unwrap_or_default() {
+            walk(child, children, out);
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        walk(root, &mut children, &mut out);
+    }
+    out
+}
+
+/// How many forks deep `status` is.
+fn depth_of(store: &pvisor_core::store::Store, status: &views::JobStatus) -> usize {
+    let mut depth = 0;
+    let mut parent = status.lineage.as_ref().map(|l| l.parent_job.clone());
+    while let Some(p) = parent.take() {
+        depth += 1;
+        if depth > 64 {
+            break;
+        }
+        parent = store
+            .read::<pvisor_core::records::JobRecord>(&store.job_file(&p))
+            .ok()
+            .and_then(|j| j.lineage.map(|l| l.parent_job));
+    }
+    depth
 }

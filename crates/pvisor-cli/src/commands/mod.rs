@@ -1,6 +1,7 @@
 //! One file per subcommand; `dispatch` routes to them.
 
 mod apply;
+mod checkpoint;
 mod doctor;
 mod drop;
 mod events;
@@ -24,6 +25,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Drop(args) => drop::cmd_drop(args),
         Command::Kill(args) => kill::cmd_kill(args),
         Command::Doctor(args) => doctor::cmd_doctor(args),
+        Command::Checkpoint(args) => checkpoint::cmd_checkpoint(args),
+        Command::Checkpoints(args) => checkpoint::cmd_checkpoints(args),
+        Command::Fork(args) => checkpoint::cmd_fork(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
     }

@@ -15,7 +15,7 @@ use pvisor::{JobService, RunOutcome, RunRequest};
 use pvisor_core::state::ResultState;
 use pvisor_sandbox::ns::NsExecutor;
 
-use crate::cli::{NetArg, RunArgs};
+use crate::cli::{NetArg, RunArgs, RunOptions};
 use crate::exit;
 use crate::output::ending;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -26,7 +26,18 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
         Some(w) => w,
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
-    let (program, rest) = args.command.split_first().context("No program given")?;
+    execute(store, workspace, None, &args.options, &args.command)
+}
+
+/// Runs `command` as a new Job over `workspace` (or as a fork of `fork`).
+pub fn execute(
+    store: pvisor_core::store::Store,
+    workspace: std::path::PathBuf,
+    fork: Option<pvisor_core::ids::CheckpointId>,
+    options: &RunOptions,
+    command: &[String],
+) -> anyhow::Result<i32> {
+    let (program, rest) = command.split_first().context("No program given")?;
     let mut env = Vec::new();
     for (key, value) in std::env::vars_os() {
         match (key.into_string(), value.into_string()) {
@@ -37,22 +48,23 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
             (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
         }
     }
-    let network = network_scopes(&args, &workspace)?;
+    let network = network_scopes(options, &workspace)?;
     let request = RunRequest {
+        fork,
         network,
         workspace,
         cwd: None,
         program: program.clone(),
         args: rest.to_vec(),
         env,
-        kill_grace: args.kill_grace,
+        kill_grace: options.kill_grace,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()
         .build()
         .context("Cannot start the async runtime")?;
-    let quiet = args.quiet;
+    let quiet = options.quiet;
     runtime.block_on(async move {
         let mut signals = Vec::new();
         for (kind, number) in [
@@ -84,7 +96,7 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
 
 /// Gathers the network policies in scope: the command line, the workspace's
 /// `.pvisor.toml`, and the user's config file. Admission merges them.
-fn network_scopes(args: &RunArgs, workspace: &std::path::Path) -> anyhow::Result<Vec<ScopedPolicy>> {
+fn network_scopes(args: &RunOptions, workspace: &std::path::Path) -> anyhow::Result<Vec<ScopedPolicy>> {
     let mut scopes = vec![ScopedPolicy {
         scope: Scope::CommandLine,
         source: "command line".into(),

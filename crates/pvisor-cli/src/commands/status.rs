@@ -52,6 +52,12 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
     if let Some(error) = &s.error {
         writeln!(out, "error      {error}")?;
     }
+    if let Some(l) = &s.lineage {
+        writeln!(out, "lineage    fork of {} (checkpoint {}, {})", l.parent_job, l.checkpoint, l.kind)?;
+    }
+    if let Some(origin) = &s.imported_from {
+        writeln!(out, "imported   from {origin} (read-only: review only)")?;
+    }
     writeln!(out, "command    {}", shell_words(&s.program, &s.args))?;
     writeln!(out, "workspace  {}", s.workspace.display())?;
     writeln!(out, "run        {}  (attempt {})", s.run, s.attempt)?;

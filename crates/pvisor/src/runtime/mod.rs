@@ -2,6 +2,7 @@
 //! registry of live Attempts, and the Job service.
 
 pub mod attempt;
+pub mod checkpoint;
 pub mod completion;
 pub mod job_service;
 pub mod kill;

@@ -57,6 +57,7 @@ pub(crate) struct Session {
     cancel_requested: Option<i32>,
     warnings: Vec<String>,
     network: NetworkTally,
+    restore_from: Option<PathBuf>,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -84,6 +85,7 @@ impl Session {
             cancel_requested: None,
             warnings: Vec::new(),
             network: NetworkTally::default(),
+            restore_from: admitted.restore_from,
         }
     }
 
@@ -101,13 +103,22 @@ impl Session {
             message: format!("{what}: {e}"),
             hint: Some("check that PVISOR_HOME is writable and has free space".into()),
         };
-        for dir in [&self.spec.upper, &self.spec.work, &self.spec.root_mount] {
-            store::create_dir_all_private(dir).map_err(|e| SandboxError::Setup {
-                step: "stage".into(),
-                message: e.to_string(),
-                hint: None,
-            })?;
+        let stage_err = |e: pvisor_core::store::StoreError| SandboxError::Setup {
+            step: "stage".into(),
+            message: e.to_string(),
+            hint: None,
+        };
+        for dir in [&self.spec.work, &self.spec.root_mount] {
+            store::create_dir_all_private(dir).map_err(stage_err)?;
         }
+        if let Some(checkpoint) = &self.restore_from {
+            // A fork: the parent's staged files and their original baselines, together.
+            let inherited = self.inherited_preimages_path();
+            return pvisor_stage::restore_logical_checkpoint(checkpoint, &self.spec.upper, &inherited)
+                .map(|_| ())
+                .map_err(|e| SandboxError::Setup { step: "fork".into(), message: e.to_string(), hint: None });
+        }
+        store::create_dir_all_private(&self.spec.upper).map_err(stage_err)?;
         let meta = std::fs::metadata(&self.spec.workspace)
             .map_err(|e| setup(format!("cannot inspect {}", self.spec.workspace.display()), e))?;
         std::fs::set_permissions(&self.spec.upper, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
@@ -118,6 +129,10 @@ impl Session {
                 .map_err(|e| setup(format!("cannot chown {}", self.spec.upper.display()), e))?;
         }
         Ok(())
+    }
+
+    fn inherited_preimages_path(&self) -> PathBuf {
+        self.store.stage_dir(&self.run.id).join("preimages.inherited.json")
     }
 
     fn mark_running(&mut self) -> Result<(), RunError> {
@@ -334,6 +349,18 @@ impl Session {
         let changes = self.seal_stage()?;
         let preimages = pvisor_stage::preimage::capture(&self.spec.workspace, &changes, baseline)
             .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
+        let mut preimages = preimages;
+        if self.restore_from.is_some() {
+            // Paths the parent changed keep the parent's baseline: what the host
+            // held before the *first* sandbox touched them.
+            let inherited: pvisor_stage::preimage::Preimages = store::read_record(&self.inherited_preimages_path())
+                .map_err(|e| self.finalize_error("reading the inherited conflict baselines", e.into()))?;
+            for entry in &mut preimages.entries {
+                if let Some(original) = inherited.get(&entry.path) {
+                    entry.preimage = original.clone();
+                }
+            }
+        }
         let without_baseline = preimages
             .entries
             .iter()

@@ -98,6 +98,10 @@ pub struct JobStatus {
     pub stage_state: Option<crate::effects::StageState>,
     /// Facts the Trace is missing even though the receipt is valid.
     pub audit_gaps: Vec<String>,
+    /// The parent Job and checkpoint, for a fork.
+    pub lineage: Option<pvisor_core::records::Lineage>,
+    /// The archive a read-only, imported Job came from.
+    pub imported_from: Option<String>,
 }
 
 /// Builds the status of `job`.
@@ -127,6 +131,8 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         stage: store.stage_dir(&run.id),
         stage_state: None,
         audit_gaps: Vec::new(),
+        lineage: job.lineage.clone(),
+        imported_from: job.imported_from.clone(),
     };
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {

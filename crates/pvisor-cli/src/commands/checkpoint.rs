@@ -1,0 +1,71 @@
+//! `pvisor checkpoint`, `pvisor checkpoints` and `pvisor fork`.
+
+use std::io::Write;
+
+use pvisor::runtime::checkpoint::{self, LIMITS};
+use pvisor::runtime::job_service::views;
+use pvisor_core::ids::CheckpointId;
+
+use crate::cli::{CheckpointArgs, CheckpointsArgs, ForkArgs};
+use crate::output::json_line;
+
+pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let manifest = checkpoint::checkpoint(&store, &job)?;
+    println!(
+        "{}: {} entries of {} ({})",
+        manifest.id,
+        manifest.entries.len(),
+        job,
+        manifest.copy_method
+    );
+    println!("note: {LIMITS}");
+    println!("next: pvisor fork {} -- COMMAND", manifest.id);
+    Ok(0)
+}
+
+pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let mut out = std::io::stdout().lock();
+    let mut broken = 0;
+    for (id, manifest) in checkpoint::list(&store)? {
+        match manifest {
+            Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
+            Ok(m) => writeln!(
+                out,
+                "{}  {}  {}  {:>6} entries  {}  {}",
+                m.id,
+                m.kind,
+                m.created_at,
+                m.entries.len(),
+                m.job,
+                m.lineage.map(|l| format!("(fork of {})", l.parent_job)).unwrap_or_default()
+            )?,
+            Err(e) => {
+                broken += 1;
+                writeln!(out, "{id}  error: {e}")?;
+            }
+        }
+    }
+    Ok(if broken > 0 { crate::exit::PVISOR_ERROR } else { 0 })
+}
+
+pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let checkpoint: CheckpointId = if args.from.starts_with(CheckpointId::PREFIX) {
+        checkpoint::resolve(&store, &args.from)?
+    } else {
+        let job = views::resolve_job(&store, Some(&args.from))?;
+        let manifest = checkpoint::checkpoint(&store, &job)?;
+        if !args.run.quiet {
+            eprintln!("pvisor: checkpointed {job} as {} ({})", manifest.id, manifest.copy_method);
+        }
+        manifest.id
+    };
+    let manifest = checkpoint::verify(&store, &checkpoint)?;
+    if !args.run.quiet {
+        eprintln!("pvisor: forking {} from {} ({LIMITS})", manifest.job, manifest.id);
+    }
+    super::run::execute(store, manifest.workspace.clone(), Some(checkpoint), &args.run, &args.command)
+}

@@ -1,0 +1,393 @@
+//! Logical checkpoints: sealed, verifiable copies of a stage.
+//!
+//! A workspace checkpoint is the stage's upper tree — files, directories,
+//! symlinks, overlay whiteouts and opaque markers — plus its conflict
+//! baselines (`preimages.json`), described entry by entry with digests in a
+//! manifest. It saves no process memory, no external service state, and does
+//! not freeze the workspace (the lower layer) it sits on.
+//!
+//! [`restore_logical_checkpoint`] is the embedded API: it verifies a
+//! checkpoint and restores its files and baselines together, or not at all.
+//! Copies use reflinks (`FICLONE`) where the filesystem shares extents, and
+//! `copy_file_range`/read-write elsewhere; [`CopyMethod`] says which.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use pvisor_core::records::{CheckpointEntry, CheckpointManifest};
+use pvisor_core::store::{self, RelPath};
+
+use crate::overlay;
+use crate::StageError;
+
+/// How files were duplicated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CopyMethod {
+    pub reflinked: u64,
+    pub copied: u64,
+}
+
+impl CopyMethod {
+    /// `reflink`, `copy`, or `reflink+copy`.
+    pub fn describe(self) -> &'static str {
+        match (self.reflinked > 0, self.copied > 0) {
+            (true, false) => "reflink",
+            (true, true) => "reflink+copy",
+            (false, _) => "copy",
+        }
+    }
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> StageError {
+    StageError::Checkpoint { path: path.to_owned(), reason: reason.into() }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StageError + 'a {
+    move |e| StageError::io(op, path, e)
+}
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Copies one regular file, reflinking when the filesystem allows; returns
+/// the BLAKE3 of its contents and whether it was reflinked.
+fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageError> {
+    let mut from = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(src)
+        .map_err(io_err("read", src))?;
+    let to = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dst)
+        .map_err(io_err("create", dst))?;
+    // SAFETY: FICLONE between two descriptors we own.
+    let reflinked = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) } == 0;
+    let mut hasher = blake3::Hasher::new();
+    if reflinked {
+        io::copy(&mut from, &mut hasher).map_err(io_err("read", src))?;
+    } else {
+        // Hash while copying: one read of the source.
+        let mut writer = HashingWriter { file: &to, hasher: &mut hasher };
+        io::copy(&mut from, &mut writer).map_err(io_err("copy to", dst))?;
+    }
+    fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
+    to.sync_all().map_err(io_err("sync", dst))?;
+    Ok((hasher.finalize().to_hex().to_string(), reflinked))
+}
+
+struct HashingWriter<'a> {
+    file: &'a File,
+    hasher: &'a mut blake3::Hasher,
+}
+
+impl io::Write for HashingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = (&mut &*self.file).write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn make_whiteout(dst: &Path) -> Result<(), StageError> {
+    let c = cpath(dst).map_err(io_err("create whiteout", dst))?;
+    // SAFETY: a valid path; a 0/0 character device is overlayfs's whiteout,
+    // which Linux 5.8+ lets unprivileged users create.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) } != 0 {
+        return Err(StageError::io("create whiteout", dst, io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn mark_opaque(dir: &Path) -> Result<(), StageError> {
+    let c = cpath(dir).map_err(io_err("mark opaque", dir))?;
+    // SAFETY: valid C strings and a 1-byte value.
+    let rc = unsafe { libc::lsetxattr(c.as_ptr(), c"user.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) };
+    if rc != 0 {
+        return Err(StageError::io("mark opaque", dir, io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StageError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync", dir))
+}
+
+/// Copies the upper tree `src` to `dst` (which must not exist), keeping
+/// whiteouts, opaque markers, modes and symlinks; every file and directory is
+/// synced. Returns the entries, sorted by path.
+pub fn copy_upper(src: &Path, dst: &Path) -> Result<(Vec<CheckpointEntry>, CopyMethod), StageError> {
+    let mode = fs::symlink_metadata(src).map_err(io_err("inspect", src))?.mode() & 0o7777;
+    fs::DirBuilder::new().mode(0o700).create(dst).map_err(io_err("create", dst))?;
+    let mut entries = Vec::new();
+    let mut method = CopyMethod::default();
+    copy_dir(src, dst, Path::new(""), &mut entries, &mut method)?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
+    sync_dir(dst)?;
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((entries, method))
+}
+
+fn copy_dir(
+    src_root: &Path,
+    dst_root: &Path,
+    rel: &Path,
+    entries: &mut Vec<CheckpointEntry>,
+    method: &mut CopyMethod,
+) -> Result<(), StageError> {
+    let dir = src_root.join(rel);
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(io_err("list", &dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(io_err("list", &dir))?;
+    names.sort();
+    for name in names {
+        let rel = rel.join(&name);
+        let (src, dst) = (src_root.join(&rel), dst_root.join(&rel));
+        let meta = fs::symlink_metadata(&src).map_err(io_err("inspect", &src))?;
+        let mode = meta.mode() & 0o7777;
+        let ft = meta.file_type();
+        let mut entry = CheckpointEntry {
+            path: RelPath::new(&rel),
+            entry: String::new(),
+            mode,
+            size: 0,
+            blake3: None,
+            opaque: false,
+        };
+        if overlay::is_whiteout(&src, &meta) {
+            make_whiteout(&dst)?;
+            entry.entry = "whiteout".into();
+            entry.mode = 0;
+        } else if ft.is_dir() {
+            fs::DirBuilder::new().mode(0o700).create(&dst).map_err(io_err("create", &dst))?;
+            entry.opaque = overlay::is_opaque(&src);
+            if entry.opaque {
+                mark_opaque(&dst)?;
+            }
+            copy_dir(src_root, dst_root, &rel, entries, method)?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", &dst))?;
+            sync_dir(&dst)?;
+            entry.entry = "dir".into();
+        } else if ft.is_file() {
+            let (digest, reflinked) = copy_file(&src, &dst, mode)?;
+            if reflinked {
+                method.reflinked += 1;
+            } else {
+                method.copied += 1;
+            }
+            entry.entry = "file".into();
+            entry.size = meta.len();
+            entry.blake3 = Some(digest);
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&src).map_err(io_err("read link", &src))?;
+            std::os::unix::fs::symlink(&target, &dst).map_err(io_err("create link", &dst))?;
+            entry.entry = "symlink".into();
+            entry.size = target.as_os_str().len() as u64;
+            entry.blake3 = Some(blake3::hash(target.as_os_str().as_bytes()).to_hex().to_string());
+        } else {
+            // Fifos and sockets are never applied; they are listed, not recreated.
+            entry.entry = "special".into();
+        }
+        entries.push(entry);
+    }
+    Ok(())
+}
+
+/// Verifies checkpoint directory `dir` against its manifest: every entry
+/// present with its kind, mode, size and digest, nothing extra, and the
+/// baselines' digest. Returns the manifest.
+pub fn verify_checkpoint(dir: &Path) -> Result<CheckpointManifest, StageError> {
+    let manifest_path = dir.join("manifest.json");
+    let manifest: CheckpointManifest = store::read_record(&manifest_path).map_err(StageError::Record)?;
+    let upper = dir.join("upper");
+    let (found, _) = scan_entries(&upper)?;
+    let expected: std::collections::BTreeMap<&RelPath, &CheckpointEntry> =
+        manifest.entries.iter().filter(|e| e.entry != "special").map(|e| (&e.path, e)).collect();
+    let actual: std::collections::BTreeMap<&RelPath, &CheckpointEntry> = found.iter().map(|e| (&e.path, e)).collect();
+    for (path, want) in &expected {
+        let file = upper.join(path.as_path());
+        match actual.get(path) {
+            None => return Err(bad(&file, "listed in the manifest but missing")),
+            Some(have) if have != want => {
+                return Err(bad(
+                    &file,
+                    format!("differs from the manifest ({} {:o} {} bytes, manifest says {} {:o} {} bytes{})",
+                        have.entry, have.mode, have.size, want.entry, want.mode, want.size,
+                        if have.blake3 != want.blake3 { ", different contents" } else { "" }),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(extra) = actual.keys().find(|p| !expected.contains_key(*p)) {
+        return Err(bad(&upper.join(extra.as_path()), "present but not in the manifest"));
+    }
+    let preimages = dir.join("preimages.json");
+    let bytes = store::read_capped(&preimages, store::RECORD_READ_CAP).map_err(StageError::Record)?;
+    if store::blake3_hex(&bytes) != manifest.preimages_blake3 {
+        return Err(bad(&preimages, "its digest differs from the manifest"));
+    }
+    Ok(manifest)
+}
+
+/// Reads the entries of an upper tree without copying (for verification).
+fn scan_entries(upper: &Path) -> Result<(Vec<CheckpointEntry>, ()), StageError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = upper.join(&rel);
+        for item in fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+            let item = item.map_err(io_err("list", &dir))?;
+            let rel = rel.join(item.file_name());
+            let path = upper.join(&rel);
+            let meta = fs::symlink_metadata(&path).map_err(io_err("inspect", &path))?;
+            let mut entry = CheckpointEntry {
+                path: RelPath::new(&rel),
+                entry: String::new(),
+                mode: meta.mode() & 0o7777,
+                size: 0,
+                blake3: None,
+                opaque: false,
+            };
+            let ft = meta.file_type();
+            if overlay::is_whiteout(&path, &meta) {
+                entry.entry = "whiteout".into();
+                entry.mode = 0;
+            } else if ft.is_dir() {
+                entry.entry = "dir".into();
+                entry.opaque = overlay::is_opaque(&path);
+                stack.push(rel);
+            } else if ft.is_file() {
+                let mut hasher = blake3::Hasher::new();
+                let file = File::open(&path).map_err(io_err("read", &path))?;
+                hasher.update_reader(file).map_err(io_err("read", &path))?;
+                entry.entry = "file".into();
+                entry.size = meta.len();
+                entry.blake3 = Some(hasher.finalize().to_hex().to_string());
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&path).map_err(io_err("read link", &path))?;
+                entry.entry = "symlink".into();
+                entry.size = target.as_os_str().len() as u64;
+                entry.blake3 = Some(blake3::hash(target.as_os_str().as_bytes()).to_hex().to_string());
+            } else {
+                continue;
+            }
+            out.push(entry);
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((out, ()))
+}
+
+/// Restores checkpoint `checkpoint` (a directory holding `manifest.json`,
+/// `upper/` and `preimages.json`) into `destination_upper` (absent or an
+/// empty directory) and `destination_preimages`: files and conflict baselines
+/// together, or not at all. The checkpoint is verified first.
+pub fn restore_logical_checkpoint(
+    checkpoint: &Path,
+    destination_upper: &Path,
+    destination_preimages: &Path,
+) -> Result<(CheckpointManifest, CopyMethod), StageError> {
+    let manifest = verify_checkpoint(checkpoint)?;
+    if destination_upper.exists() {
+        let empty = fs::read_dir(destination_upper).map_err(io_err("list", destination_upper))?.next().is_none();
+        if !empty {
+            return Err(bad(destination_upper, "the destination upper directory is not empty"));
+        }
+        fs::remove_dir(destination_upper).map_err(io_err("replace", destination_upper))?;
+    }
+    let name = destination_upper.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let staging = destination_upper.with_file_name(format!(".restore-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    let copied = copy_upper(&checkpoint.join("upper"), &staging);
+    let (_, method) = match copied {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    let preimages = store::read_capped(&checkpoint.join("preimages.json"), store::RECORD_READ_CAP).map_err(StageError::Record)?;
+    let publish = (|| {
+        fs::rename(&staging, destination_upper).map_err(io_err("restore", destination_upper))?;
+        if let Err(e) = store::write_atomic(destination_preimages, &preimages) {
+            // Not at all: take the files back out.
+            let _ = fs::remove_dir_all(destination_upper);
+            return Err(StageError::Record(e));
+        }
+        if let Some(parent) = destination_upper.parent() {
+            sync_dir(parent)?;
+        }
+        Ok(())
+    })();
+    if publish.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    publish.map(|()| (manifest, method))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_keep_markers_and_verification_catches_damage() {
+        let root = tempfile::tempdir().unwrap();
+        let upper = root.path().join("upper");
+        fs::create_dir_all(upper.join("d/sub")).unwrap();
+        fs::write(upper.join("d/sub/f"), "content").unwrap();
+        std::os::unix::fs::symlink("../x", upper.join("link")).unwrap();
+        mark_opaque(&upper.join("d")).unwrap();
+        make_whiteout(&upper.join("gone")).unwrap();
+        let ckpt = root.path().join("ckpt");
+        fs::create_dir(&ckpt).unwrap();
+        let (entries, method) = copy_upper(&upper, &ckpt.join("upper")).unwrap();
+        assert!(method.reflinked + method.copied == 1);
+        let kinds: Vec<(&str, bool)> = entries.iter().map(|e| (e.entry.as_str(), e.opaque)).collect();
+        assert_eq!(kinds, [("dir", true), ("dir", false), ("file", false), ("whiteout", false), ("symlink", false)]);
+        fs::write(ckpt.join("preimages.json"), b"{}").unwrap();
+        let manifest = CheckpointManifest {
+            format: 1,
+            id: pvisor_core::ids::CheckpointId::generate(),
+            kind: "workspace".into(),
+            created_at: pvisor_core::time::Timestamp::now(),
+            job: pvisor_core::ids::JobId::generate(),
+            attempt: pvisor_core::ids::AttemptId::new(pvisor_core::ids::RunId::generate(), 1),
+            workspace: "/ws".into(),
+            lineage: None,
+            copy_method: method.describe().into(),
+            entries,
+            preimages_blake3: store::blake3_hex(b"{}"),
+            limits: String::new(),
+        };
+        fs::write(ckpt.join("manifest.json"), store::to_json_bytes(&manifest)).unwrap();
+        verify_checkpoint(&ckpt).unwrap();
+
+        let dest = root.path().join("restored");
+        let pre = root.path().join("pre.json");
+        restore_logical_checkpoint(&ckpt, &dest, &pre).unwrap();
+        assert!(overlay::is_opaque(&dest.join("d")));
+        assert_eq!(fs::read(&pre).unwrap(), b"{}");
+
+        fs::write(ckpt.join("upper/d/sub/f"), "changed").unwrap();
+        let err = verify_checkpoint(&ckpt).unwrap_err();
+        assert!(err.to_string().contains("d/sub/f"), "{err}");
+        let dest2 = root.path().join("restored2");
+        assert!(restore_logical_checkpoint(&ckpt, &dest2, &root.path().join("pre2.json")).is_err());
+        assert!(!dest2.exists() && !root.path().join("pre2.json").exists(), "not at all");
+    }
+}

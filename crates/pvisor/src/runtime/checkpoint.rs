@@ -1,0 +1,142 @@
+//! Workspace checkpoints of stopped, staged Runs.
+//!
+//! `checkpoint` copies a confirmed Job's stage (upper tree and conflict
+//! baselines) into `checkpoints/.tmp-<id>/`, syncs everything, writes the
+//! manifest, and only then renames the directory to `checkpoints/<id>/`. A
+//! crash at any point before the rename leaves a temporary that no listing
+//! shows (and `gc` removes). Checkpoints save no process memory and no
+//! external service state, and do not freeze the workspace.
+
+use std::fs;
+
+use serde_json::json;
+
+use pvisor_core::ids::{CheckpointId, JobId};
+use pvisor_core::records::CheckpointManifest;
+use pvisor_core::store::{self, Store, StoreError};
+use pvisor_core::time::Timestamp;
+use pvisor_stage::checkpoint::{copy_upper, verify_checkpoint};
+use pvisor_stage::StageError;
+
+use crate::effects::{self, EffectsError, Stage};
+use crate::failpoint;
+use crate::trace::Trace;
+
+/// What a workspace checkpoint does not capture; printed and recorded.
+pub const LIMITS: &str = "a workspace checkpoint holds the staged files and their conflict baselines only: \
+no process memory, no external service state, and the workspace it sits on is not frozen";
+
+/// A checkpoint lookup that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("No checkpoint matches {query:?}; `pvisor checkpoints` lists them")]
+    NotFound { query: String },
+    #[error("{query:?} matches several checkpoints; give more characters")]
+    Ambiguous { query: String },
+    #[error(transparent)]
+    Effects(#[from] EffectsError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Checkpoints `job`'s stage. The Job must be confirmed stopped by its receipt.
+pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, CheckpointError> {
+    let stage = Stage::open(store, job)?;
+    effects::require_confirmed(&stage)?;
+    let _lock = effects::lock_stage(&stage.stage_dir)?;
+    let id = CheckpointId::generate();
+    let tmp = store.checkpoints_dir().join(format!(".tmp-{id}"));
+    store::create_dir_all_private(&tmp)?;
+    let result = (|| -> Result<CheckpointManifest, CheckpointError> {
+        let (entries, method) = copy_upper(&stage.stage_dir.join("upper"), &tmp.join("upper"))?;
+        let preimages = match store::read_capped(&stage.stage_dir.join("preimages.json"), store::RECORD_READ_CAP) {
+            Ok(bytes) => bytes,
+            Err(e) if e.is_not_found() => store::to_json_bytes(&pvisor_stage::preimage::Preimages {
+                format: pvisor_core::records::FORMAT,
+                baseline_ns: 0,
+                entries: Vec::new(),
+            }),
+            Err(e) => return Err(e.into()),
+        };
+        store::write_atomic(&tmp.join("preimages.json"), &preimages)?;
+        let manifest = CheckpointManifest {
+            format: pvisor_core::records::FORMAT,
+            id: id.clone(),
+            kind: "workspace".into(),
+            created_at: Timestamp::now(),
+            job: job.clone(),
+            attempt: stage.status.attempt.clone(),
+            workspace: stage.workspace.clone(),
+            lineage: stage.job.lineage.clone(),
+            copy_method: method.describe().into(),
+            entries,
+            preimages_blake3: store::blake3_hex(&preimages),
+            limits: LIMITS.into(),
+        };
+        failpoint::hit("checkpoint-before-manifest");
+        store::write_atomic(&tmp.join("manifest.json"), &store::to_json_bytes(&manifest))?;
+        store::sync_dir(&tmp)?;
+        failpoint::hit("checkpoint-before-publish");
+        let final_dir = store.checkpoint_dir(&id);
+        fs::rename(&tmp, &final_dir).map_err(|e| StoreError::Io { op: "publish", path: final_dir.clone(), source: e })?;
+        store::sync_dir(&store.checkpoints_dir())?;
+        Ok(manifest)
+    })();
+    let manifest = match result {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    let mut trace = Trace::reopen(store, &stage.status.run).map_err(EffectsError::from)?;
+    trace.emit(
+        "checkpoint.created",
+        Some(stage.status.attempt.number()),
+        None,
+        json!({"checkpoint": manifest.id, "kind": manifest.kind, "entries": manifest.entries.len(), "copy_method": manifest.copy_method}),
+        true,
+    )?;
+    Ok(manifest)
+}
+
+/// Every published checkpoint, oldest first; a damaged one is returned as its error.
+pub fn list(store: &Store) -> Result<Vec<(CheckpointId, Result<CheckpointManifest, StoreError>)>, StoreError> {
+    let dir = store.checkpoints_dir();
+    let mut ids: Vec<CheckpointId> = match fs::read_dir(&dir) {
+        Ok(entries) => entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(StoreError::Io { op: "list", path: dir, source: e }),
+    };
+    ids.sort();
+    Ok(ids
+        .into_iter()
+        .map(|id| {
+            let manifest = store::read_record(&store.checkpoint_dir(&id).join("manifest.json"));
+            (id, manifest)
+        })
+        .collect())
+}
+
+/// Resolves a checkpoint id or unique prefix (with or without `ckpt-`).
+pub fn resolve(store: &Store, query: &str) -> Result<CheckpointId, CheckpointError> {
+    let wanted = if query.starts_with(CheckpointId::PREFIX) {
+        query.to_owned()
+    } else {
+        format!("{}{}", CheckpointId::PREFIX, query.to_ascii_uppercase())
+    };
+    let all: Vec<CheckpointId> = list(store)?.into_iter().map(|(id, _)| id).collect();
+    let hits: Vec<&CheckpointId> = all.iter().filter(|id| id.as_str().starts_with(&wanted)).collect();
+    match hits.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(CheckpointError::NotFound { query: query.to_owned() }),
+        _ => Err(CheckpointError::Ambiguous { query: query.to_owned() }),
+    }
+}
+
+/// Verifies a checkpoint's files and baselines against its manifest.
+pub fn verify(store: &Store, id: &CheckpointId) -> Result<CheckpointManifest, CheckpointError> {
+    Ok(verify_checkpoint(&store.checkpoint_dir(id))?)
+}
