@@ -102,8 +102,11 @@ pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, Chec
     Ok(manifest)
 }
 
+/// One row of [`list`]: a checkpoint id and its manifest, or why it cannot be read.
+pub type CheckpointListing = (CheckpointId, Result<CheckpointManifest, StoreError>);
+
 /// Every published checkpoint, oldest first; a damaged one is returned as its error.
-pub fn list(store: &Store) -> Result<Vec<(CheckpointId, Result<CheckpointManifest, StoreError>)>, StoreError> {
+pub fn list(store: &Store) -> Result<Vec<CheckpointListing>, StoreError> {
     let dir = store.checkpoints_dir();
     let mut ids: Vec<CheckpointId> = match fs::read_dir(&dir) {
         Ok(entries) => entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect(),
