@@ -31,6 +31,10 @@ pub enum Command {
     Checkpoint(CheckpointArgs),
     Checkpoints(CheckpointsArgs),
     Fork(ForkArgs),
+    Export(ExportArgs),
+    Verify(VerifyArgs),
+    Import(ImportArgs),
+    Gc(GcArgs),
     Doctor(DoctorArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
@@ -91,6 +95,8 @@ fn parse_duration(s: &str) -> Option<std::time::Duration> {
         "ms" => n,
         "s" => n.checked_mul(1000)?,
         "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
         _ => return None,
     };
     Some(std::time::Duration::from_millis(ms))
@@ -230,7 +236,9 @@ pub struct KillArgs {
 /// process memory and no external service state, and does not freeze the
 /// workspace underneath.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor checkpoint\n  pvisor checkpoint job-01JD4\n  pvisor fork ckpt-01JD5 -- make test")]
+#[command(
+    after_help = "Examples:\n  pvisor checkpoint\n  pvisor checkpoint job-01JD4\n  pvisor fork ckpt-01JD5 -- make test"
+)]
 pub struct CheckpointArgs {
     pub job: Option<String>,
     /// The kind of checkpoint; only `workspace` exists for the ns executor.
@@ -254,7 +262,9 @@ pub struct CheckpointsArgs {
 /// applying the fork applies the parent's changes too and conflicts are still
 /// judged against the original workspace. Forking a Job checkpoints it first.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e .")]
+#[command(
+    after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e ."
+)]
 pub struct ForkArgs {
     /// A Job (id or prefix) or a checkpoint (`ckpt-…`).
     pub from: String,
@@ -266,6 +276,64 @@ pub struct ForkArgs {
     /// The program to run, and its arguments.
     #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
     pub command: Vec<String>,
+}
+
+/// Write a Job's Run Bundle archive: records, receipt, Trace and staged files.
+///
+/// The archive (a tar file) carries a MANIFEST.json with the BLAKE3 of every
+/// entry, so anyone can check it with `pvisor verify FILE`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor export -o run.pvisor.tar\n  pvisor export job-01JD4 -o /tmp/audit.tar"
+)]
+pub struct ExportArgs {
+    pub job: Option<String>,
+    /// Where to write the archive [default: <job>.pvisor.tar in the current directory].
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// Check a Run Bundle archive or a local Job: every digest and the receipt binding.
+///
+/// Says exactly which file fails. Exit 0 when everything verifies, 1 otherwise.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor verify run.pvisor.tar\n  pvisor verify job-01JD4")]
+pub struct VerifyArgs {
+    /// An archive file, or a Job id/prefix.
+    pub target: String,
+}
+
+/// Bring an exported Run Bundle into this state directory as a read-only Job.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  PVISOR_HOME=/tmp/audit pvisor import run.pvisor.tar && PVISOR_HOME=/tmp/audit pvisor review --diff"
+)]
+pub struct ImportArgs {
+    pub file: PathBuf,
+}
+
+/// Free the space of stages and checkpoints nobody needs any more.
+///
+/// Removes the staged files of Jobs whose changes were all applied or dropped,
+/// checkpoints no fork refers to, and temporaries of interrupted writes, older
+/// than --older-than. Never removes an unreviewed stage, the stage of a Job
+/// without a confirmed result, or a checkpoint a fork came from, unless
+/// --force. Records are always kept.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor gc --dry-run\n  pvisor gc --older-than 30d")]
+pub struct GcArgs {
+    /// Only what is at least this old (units: ms, s, m, h, d).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = humantime_duration)]
+    pub older_than: std::time::Duration,
+    /// Say what would be freed; remove nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Also remove unreviewed stages and checkpoints forks came from.
+    #[arg(long)]
+    pub force: bool,
+    /// One JSON object per item.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Report what this host supports, and why not.

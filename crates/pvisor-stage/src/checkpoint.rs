@@ -114,7 +114,8 @@ fn make_whiteout(dst: &Path) -> Result<(), StageError> {
 fn mark_opaque(dir: &Path) -> Result<(), StageError> {
     let c = cpath(dir).map_err(io_err("mark opaque", dir))?;
     // SAFETY: valid C strings and a 1-byte value.
-    let rc = unsafe { libc::lsetxattr(c.as_ptr(), c"user.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) };
+    let rc =
+        unsafe { libc::lsetxattr(c.as_ptr(), c"user.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) };
     if rc != 0 {
         return Err(StageError::io("mark opaque", dir, io::Error::last_os_error()));
     }
@@ -179,7 +180,8 @@ fn copy_dir(
                 mark_opaque(&dst)?;
             }
             copy_dir(src_root, dst_root, &rel, entries, method)?;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", &dst))?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(mode))
+                .map_err(io_err("set the mode of", &dst))?;
             sync_dir(&dst)?;
             entry.entry = "dir".into();
         } else if ft.is_file() {
@@ -217,7 +219,8 @@ pub fn verify_checkpoint(dir: &Path) -> Result<CheckpointManifest, StageError> {
     let (found, _) = scan_entries(&upper)?;
     let expected: std::collections::BTreeMap<&RelPath, &CheckpointEntry> =
         manifest.entries.iter().filter(|e| e.entry != "special").map(|e| (&e.path, e)).collect();
-    let actual: std::collections::BTreeMap<&RelPath, &CheckpointEntry> = found.iter().map(|e| (&e.path, e)).collect();
+    let actual: std::collections::BTreeMap<&RelPath, &CheckpointEntry> =
+        found.iter().map(|e| (&e.path, e)).collect();
     for (path, want) in &expected {
         let file = upper.join(path.as_path());
         match actual.get(path) {
@@ -225,9 +228,16 @@ pub fn verify_checkpoint(dir: &Path) -> Result<CheckpointManifest, StageError> {
             Some(have) if have != want => {
                 return Err(bad(
                     &file,
-                    format!("differs from the manifest ({} {:o} {} bytes, manifest says {} {:o} {} bytes{})",
-                        have.entry, have.mode, have.size, want.entry, want.mode, want.size,
-                        if have.blake3 != want.blake3 { ", different contents" } else { "" }),
+                    format!(
+                        "differs from the manifest ({} {:o} {} bytes, manifest says {} {:o} {} bytes{})",
+                        have.entry,
+                        have.mode,
+                        have.size,
+                        want.entry,
+                        want.mode,
+                        want.size,
+                        if have.blake3 != want.blake3 { ", different contents" } else { "" }
+                    ),
                 ))
             }
             Some(_) => {}
@@ -304,7 +314,8 @@ pub fn restore_logical_checkpoint(
 ) -> Result<(CheckpointManifest, CopyMethod), StageError> {
     let manifest = verify_checkpoint(checkpoint)?;
     if destination_upper.exists() {
-        let empty = fs::read_dir(destination_upper).map_err(io_err("list", destination_upper))?.next().is_none();
+        let empty =
+            fs::read_dir(destination_upper).map_err(io_err("list", destination_upper))?.next().is_none();
         if !empty {
             return Err(bad(destination_upper, "the destination upper directory is not empty"));
         }
@@ -321,7 +332,8 @@ pub fn restore_logical_checkpoint(
             return Err(e);
         }
     };
-    let preimages = store::read_capped(&checkpoint.join("preimages.json"), store::RECORD_READ_CAP).map_err(StageError::Record)?;
+    let preimages = store::read_capped(&checkpoint.join("preimages.json"), store::RECORD_READ_CAP)
+        .map_err(StageError::Record)?;
     let publish = (|| {
         fs::rename(&staging, destination_upper).map_err(io_err("restore", destination_upper))?;
         if let Err(e) = store::write_atomic(destination_preimages, &preimages) {
@@ -358,7 +370,10 @@ mod tests {
         let (entries, method) = copy_upper(&upper, &ckpt.join("upper")).unwrap();
         assert!(method.reflinked + method.copied == 1);
         let kinds: Vec<(&str, bool)> = entries.iter().map(|e| (e.entry.as_str(), e.opaque)).collect();
-        assert_eq!(kinds, [("dir", true), ("dir", false), ("file", false), ("whiteout", false), ("symlink", false)]);
+        assert_eq!(
+            kinds,
+            [("dir", true), ("dir", false), ("file", false), ("whiteout", false), ("symlink", false)]
+        );
         fs::write(ckpt.join("preimages.json"), b"{}").unwrap();
         let manifest = CheckpointManifest {
             format: 1,

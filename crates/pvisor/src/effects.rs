@@ -40,6 +40,12 @@ pub enum EffectsError {
     Unconfirmed { job: JobId, state: JobState },
     #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
     Live { job: JobId },
+    #[error(
+        "The staged files of job {job} were removed by `pvisor gc`; its records remain (status, events)"
+    )]
+    Collected { job: JobId },
+    #[error("Job {job} was imported from {origin}: it is read-only here (review it; apply it where it ran)")]
+    Imported { job: JobId, origin: String },
     #[error("Workspace {} no longer exists; nothing can be applied to it", path.display())]
     WorkspaceMissing { path: PathBuf },
     #[error(transparent)]
@@ -157,6 +163,9 @@ impl Stage {
     }
 
     fn roots(&self) -> Result<(Root, Root), EffectsError> {
+        if self.stage_dir.join("collected").exists() {
+            return Err(EffectsError::Collected { job: self.status.job.clone() });
+        }
         let ws = Root::open(&self.workspace)
             .map_err(|_| EffectsError::WorkspaceMissing { path: self.workspace.clone() })?;
         let upper_path = self.stage_dir.join("upper");
@@ -193,9 +202,18 @@ impl Stage {
         Ok(items)
     }
 
-    /// Opens the workspace and stage roots for rendering diffs.
+    /// Opens the workspace and stage roots for rendering diffs. A workspace
+    /// that does not exist here (an imported Job) diffs against nothing.
     pub fn diff_roots(&self) -> Result<(Root, Root), EffectsError> {
-        self.roots()
+        if self.workspace.is_dir() || self.stage_dir.join("collected").exists() {
+            return self.roots();
+        }
+        let empty = self.stage_dir.join("empty");
+        store::create_dir_all_private(&empty)?;
+        let ws = Root::open(&empty).map_err(|e| StageError::io("open", &empty, e))?;
+        let upper_path = self.stage_dir.join("upper");
+        let upper = Root::open(&upper_path).map_err(|e| StageError::io("open", &upper_path, e))?;
+        Ok((ws, upper))
     }
 }
 
@@ -241,6 +259,9 @@ pub(crate) fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
 }
 
 pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
+    if let Some(origin) = &stage.job.imported_from {
+        return Err(EffectsError::Imported { job: stage.status.job.clone(), origin: origin.clone() });
+    }
     if stage.status.live {
         return Err(EffectsError::Live { job: stage.status.job.clone() });
     }

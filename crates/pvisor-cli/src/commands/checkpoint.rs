@@ -13,13 +13,7 @@ pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = views::resolve_job(&store, args.job.as_deref())?;
     let manifest = checkpoint::checkpoint(&store, &job)?;
-    println!(
-        "{}: {} entries of {} ({})",
-        manifest.id,
-        manifest.entries.len(),
-        job,
-        manifest.copy_method
-    );
+    println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
     println!("next: pvisor fork {} -- COMMAND", manifest.id);
     Ok(0)

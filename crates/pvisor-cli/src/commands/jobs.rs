@@ -56,7 +56,9 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
 /// Orders Jobs so each fork follows its parent (depth-first, oldest first).
 fn tree_order(listing: Vec<views::JobListing>) -> Vec<views::JobListing> {
     use std::collections::BTreeMap;
-    let parent_of = |l: &views::JobListing| l.1.as_ref().ok().and_then(|s| s.lineage.as_ref()).map(|l| l.parent_job.clone());
+    let parent_of = |l: &views::JobListing| {
+        l.1.as_ref().ok().and_then(|s| s.lineage.as_ref()).map(|l| l.parent_job.clone())
+    };
     let ids: std::collections::BTreeSet<_> = listing.iter().map(|l| l.0.clone()).collect();
     let mut children: BTreeMap<pvisor_core::ids::JobId, Vec<views::JobListing>> = BTreeMap::new();
     let mut roots = Vec::new();

@@ -1,6 +1,7 @@
 //! One file per subcommand; `dispatch` routes to them.
 
 mod apply;
+mod archive;
 mod checkpoint;
 mod doctor;
 mod drop;
@@ -28,6 +29,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Checkpoint(args) => checkpoint::cmd_checkpoint(args),
         Command::Checkpoints(args) => checkpoint::cmd_checkpoints(args),
         Command::Fork(args) => checkpoint::cmd_fork(args),
+        Command::Export(args) => archive::cmd_export(args),
+        Command::Verify(args) => archive::cmd_verify(args),
+        Command::Import(args) => archive::cmd_import(args),
+        Command::Gc(args) => archive::cmd_gc(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
     }

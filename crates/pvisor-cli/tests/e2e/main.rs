@@ -11,6 +11,7 @@
 mod support;
 
 mod bad_input;
+mod checkpoints;
 mod effects;
 mod network;
 mod read_commands;

@@ -51,15 +51,16 @@ pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, Chec
     store::create_dir_all_private(&tmp)?;
     let result = (|| -> Result<CheckpointManifest, CheckpointError> {
         let (entries, method) = copy_upper(&stage.stage_dir.join("upper"), &tmp.join("upper"))?;
-        let preimages = match store::read_capped(&stage.stage_dir.join("preimages.json"), store::RECORD_READ_CAP) {
-            Ok(bytes) => bytes,
-            Err(e) if e.is_not_found() => store::to_json_bytes(&pvisor_stage::preimage::Preimages {
-                format: pvisor_core::records::FORMAT,
-                baseline_ns: 0,
-                entries: Vec::new(),
-            }),
-            Err(e) => return Err(e.into()),
-        };
+        let preimages =
+            match store::read_capped(&stage.stage_dir.join("preimages.json"), store::RECORD_READ_CAP) {
+                Ok(bytes) => bytes,
+                Err(e) if e.is_not_found() => store::to_json_bytes(&pvisor_stage::preimage::Preimages {
+                    format: pvisor_core::records::FORMAT,
+                    baseline_ns: 0,
+                    entries: Vec::new(),
+                }),
+                Err(e) => return Err(e.into()),
+            };
         store::write_atomic(&tmp.join("preimages.json"), &preimages)?;
         let manifest = CheckpointManifest {
             format: pvisor_core::records::FORMAT,
@@ -80,7 +81,11 @@ pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, Chec
         store::sync_dir(&tmp)?;
         failpoint::hit("checkpoint-before-publish");
         let final_dir = store.checkpoint_dir(&id);
-        fs::rename(&tmp, &final_dir).map_err(|e| StoreError::Io { op: "publish", path: final_dir.clone(), source: e })?;
+        fs::rename(&tmp, &final_dir).map_err(|e| StoreError::Io {
+            op: "publish",
+            path: final_dir.clone(),
+            source: e,
+        })?;
         store::sync_dir(&store.checkpoints_dir())?;
         Ok(manifest)
     })();
@@ -109,7 +114,9 @@ pub type CheckpointListing = (CheckpointId, Result<CheckpointManifest, StoreErro
 pub fn list(store: &Store) -> Result<Vec<CheckpointListing>, StoreError> {
     let dir = store.checkpoints_dir();
     let mut ids: Vec<CheckpointId> = match fs::read_dir(&dir) {
-        Ok(entries) => entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect(),
+        Ok(entries) => {
+            entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect()
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(StoreError::Io { op: "list", path: dir, source: e }),
     };

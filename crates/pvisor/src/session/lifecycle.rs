@@ -116,7 +116,11 @@ impl Session {
             let inherited = self.inherited_preimages_path();
             return pvisor_stage::restore_logical_checkpoint(checkpoint, &self.spec.upper, &inherited)
                 .map(|_| ())
-                .map_err(|e| SandboxError::Setup { step: "fork".into(), message: e.to_string(), hint: None });
+                .map_err(|e| SandboxError::Setup {
+                    step: "fork".into(),
+                    message: e.to_string(),
+                    hint: None,
+                });
         }
         store::create_dir_all_private(&self.spec.upper).map_err(stage_err)?;
         let meta = std::fs::metadata(&self.spec.workspace)
@@ -353,8 +357,9 @@ impl Session {
         if self.restore_from.is_some() {
             // Paths the parent changed keep the parent's baseline: what the host
             // held before the *first* sandbox touched them.
-            let inherited: pvisor_stage::preimage::Preimages = store::read_record(&self.inherited_preimages_path())
-                .map_err(|e| self.finalize_error("reading the inherited conflict baselines", e.into()))?;
+            let inherited: pvisor_stage::preimage::Preimages =
+                store::read_record(&self.inherited_preimages_path())
+                    .map_err(|e| self.finalize_error("reading the inherited conflict baselines", e.into()))?;
             for entry in &mut preimages.entries {
                 if let Some(original) = inherited.get(&entry.path) {
                     entry.preimage = original.clone();

@@ -1,0 +1,100 @@
+//! `pvisor export`, `verify`, `import` and `gc`.
+
+use std::io::Write;
+
+use pvisor::runtime::archive::{self, ArchiveError};
+use pvisor::runtime::gc;
+use pvisor::runtime::job_service::views;
+
+use crate::cli::{ExportArgs, GcArgs, ImportArgs, VerifyArgs};
+use crate::output::json_line;
+
+pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = views::resolve_job(&store, args.job.as_deref())?;
+    super::recover(&store, &job)?;
+    let out = args.output.unwrap_or_else(|| format!("{job}.pvisor.tar").into());
+    let manifest = archive::export(&store, &job, &out)?;
+    println!(
+        "{}: {} entries of {job}; check it with `pvisor verify {}`",
+        out.display(),
+        manifest.files.len() + 1,
+        out.display()
+    );
+    Ok(0)
+}
+
+pub fn cmd_verify(args: VerifyArgs) -> anyhow::Result<i32> {
+    let path = std::path::Path::new(&args.target);
+    let result = if path.is_file() {
+        archive::verify_archive(path).map(|v| {
+            format!(
+                "{}: ok — {} entries match MANIFEST.json; the receipt binds bundle.json (blake3 {}); {} staged change(s) match the Bundle",
+                path.display(),
+                v.manifest.files.len(),
+                v.receipt.bundle.blake3,
+                v.bundle.changes.len()
+            )
+        })
+    } else {
+        let store = super::open_store()?;
+        let job = views::resolve_job(&store, Some(&args.target))?;
+        archive::verify_job(&store, &job)
+            .map(|n| format!("{job}: ok — valid receipt and Bundle; {n} remaining staged file(s) match it"))
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            Ok(0)
+        }
+        Err(ArchiveError::Failed { archive, failures }) => {
+            println!("{archive}: FAILED");
+            for f in failures {
+                println!("  {f}");
+            }
+            Ok(1)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn cmd_import(args: ImportArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let job = archive::import(&store, &args.file)?;
+    println!("imported {job} (read-only); review it with `pvisor review {job} --diff`");
+    Ok(0)
+}
+
+pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
+    let store = super::open_store()?;
+    let report = gc::gc(&store, args.older_than, args.dry_run, args.force)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for f in &report.freed {
+            json_line(&mut out, "freed", f)?;
+        }
+        for k in &report.kept {
+            json_line(&mut out, "kept", k)?;
+        }
+        return Ok(0);
+    }
+    let verb = if args.dry_run { "would free" } else { "freed" };
+    let total: u64 = report.freed.iter().map(|f| f.bytes).sum();
+    for f in &report.freed {
+        writeln!(out, "  {verb:<11} {:>10}  {}", human(f.bytes), f.what)?;
+    }
+    for k in &report.kept {
+        writeln!(out, "  {:<11} {:>10}  {}: {}", "kept", "", k.what, k.reason)?;
+    }
+    writeln!(out, "{verb} {} in {} item(s)", human(total), report.freed.len())?;
+    Ok(0)
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1 << 20 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b if b < 1 << 30 => format!("{:.1} MiB", b as f64 / 1048576.0),
+        b => format!("{:.2} GiB", b as f64 / 1073741824.0),
+    }
+}

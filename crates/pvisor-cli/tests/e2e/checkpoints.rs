@@ -1,0 +1,201 @@
+//! Workspace checkpoints, forks with lineage, Run Bundle export/verify/import, gc.
+
+use std::fs;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+
+use crate::support::*;
+
+fn job_of(env: &Env) -> String {
+    env.status_json(None)["job"].as_str().unwrap().to_owned()
+}
+
+fn checkpoint_ids(env: &Env) -> Vec<String> {
+    let out = env.expect(&["checkpoints", "--json"], 0);
+    out.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn run_checkpoint_fork_fork_then_apply_the_last() {
+    let env = Env::new(As::Rootless);
+    env.write("base", "base\n");
+    env.write("keep", "keep\n");
+    assert!(env.run_sh("echo one > one; echo more >> base; rm keep").status.success());
+    let first = job_of(&env);
+    let out = env.expect(&["checkpoint"], 0);
+    assert!(out.contains("no process memory"), "honest limits: {out}");
+    let ckpt = checkpoint_ids(&env).pop().unwrap();
+    // The fork sees the workspace plus the parent's changes.
+    let out = env.pvisor(&[
+        "fork",
+        &ckpt,
+        "--",
+        "sh",
+        "-c",
+        "cat base one; test -e keep && echo KEEP-VISIBLE; echo two > two",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "base\nmore\none\n");
+    let second = job_of(&env);
+    // Fork of the fork, straight from the Job (checkpointed implicitly).
+    let out = env.pvisor(&["fork", &second, "--", "sh", "-c", "cat two; echo three > three"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "two\n");
+    let third = job_of(&env);
+
+    let status = env.expect(&["status"], 0);
+    assert!(status.contains(&format!("lineage    fork of {second}")), "{status}");
+    let tree = env.expect(&["jobs", "--tree"], 0);
+    let lines: Vec<&str> = tree.lines().collect();
+    assert!(
+        lines[1].starts_with(&first)
+            && lines[2].starts_with(&format!("  {second}"))
+            && lines[3].starts_with(&format!("    {third}")),
+        "{tree}"
+    );
+
+    env.expect(&["apply", "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("base")).unwrap(), "base\nmore\n");
+    for (name, content) in [("one", "one\n"), ("two", "two\n"), ("three", "three\n")] {
+        assert_eq!(fs::read_to_string(env.ws.join(name)).unwrap(), content);
+    }
+    assert!(!env.ws.join("keep").exists(), "the parent's deletion is applied too");
+}
+
+#[test]
+fn a_fork_keeps_the_original_conflict_baselines() {
+    let env = Env::new(As::Rootless);
+    env.write("notes", "mine\n");
+    assert!(env.run_sh("echo agent >> notes").status.success());
+    let parent = job_of(&env);
+    // The user edits the file after the first run; the fork does not touch it.
+    fs::write(env.ws.join("notes"), "mine, edited\n").unwrap();
+    assert!(env.pvisor(&["fork", &parent, "--", "true"]).status.success());
+    let out = env.expect(&["apply", "--all"], 1);
+    assert!(out.contains("CONFLICT  notes"), "judged against the original workspace: {out}");
+    assert_eq!(fs::read_to_string(env.ws.join("notes")).unwrap(), "mine, edited\n");
+}
+
+#[test]
+fn a_crash_during_checkpoint_leaves_no_listed_checkpoint() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo x > f").status.success());
+    for point in ["checkpoint-before-manifest", "checkpoint-before-publish"] {
+        let out = env.command(&["checkpoint"]).env("PVISOR_FAILPOINT", point).output().unwrap();
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{point}");
+        assert!(checkpoint_ids(&env).is_empty(), "{point}: a half-written checkpoint is listed");
+        assert!(env.pvisor(&["fork", "ckpt-", "--", "true"]).status.code() == Some(125));
+    }
+    env.expect(&["checkpoint"], 0);
+    assert_eq!(checkpoint_ids(&env).len(), 1);
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_an_error_at_fork_time() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo x > f; mkdir d; echo y > d/g").status.success());
+    env.expect(&["checkpoint"], 0);
+    let ckpt = checkpoint_ids(&env).pop().unwrap();
+    let upper = env.home.join("checkpoints").join(&ckpt).join("upper");
+    fs::write(upper.join("f"), "tampered\n").unwrap();
+    let out = env.pvisor(&["fork", &ckpt, "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("upper/f") && text(&out.stderr).contains("differs"),
+        "{}",
+        text(&out.stderr)
+    );
+    fs::write(upper.join("f"), "x\n").unwrap();
+    fs::remove_file(upper.join("d/g")).unwrap();
+    let out = env.pvisor(&["fork", &ckpt, "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("d/g") && text(&out.stderr).contains("missing"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn export_verify_and_import_elsewhere() {
+    let env = Env::new(As::Rootless);
+    env.write("existing", "old\n");
+    assert!(
+        env.run_sh("echo new > new; echo changed > existing; ln -s new link; exit 5").status.code()
+            == Some(5)
+    );
+    let archive = env.dir.path().join("run.pvisor.tar");
+    env.expect(&["export", "-o", archive.to_str().unwrap()], 0);
+    let ok = env.expect(&["verify", archive.to_str().unwrap()], 0);
+    assert!(ok.contains("ok") && ok.contains("receipt binds bundle.json"), "{ok}");
+    let job = job_of(&env);
+    env.expect(&["verify", &job], 0);
+
+    // One flipped byte: the failing entry is named.
+    let mut bytes = fs::read(&archive).unwrap();
+    let at = bytes.windows(8).position(|w| w == b"changed\n").unwrap();
+    bytes[at] ^= 0x20;
+    let flipped = env.dir.path().join("flipped.tar");
+    fs::write(&flipped, &bytes).unwrap();
+    let out = env.expect(&["verify", flipped.to_str().unwrap()], 1);
+    assert!(out.contains("FAILED") && out.contains("stage/files/existing"), "{out}");
+
+    // Import into a fresh state directory: review works, apply is refused.
+    let elsewhere: PathBuf = env.dir.path().join("elsewhere");
+    let run = |args: &[&str]| env.command(args).env("PVISOR_HOME", &elsewhere).output().unwrap();
+    let imported = run(&["import", archive.to_str().unwrap()]);
+    assert!(imported.status.success(), "{}", text(&imported.stderr));
+    let review = run(&["review", "--json"]);
+    let changes: Vec<serde_json::Value> =
+        text(&review.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let paths: Vec<&str> = changes.iter().map(|c| c["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["existing", "link", "new"]);
+    let status: serde_json::Value = serde_json::from_slice(&run(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["exit_code"], 5);
+    assert_eq!(status["receipt"], "valid");
+    assert!(status["imported_from"].is_string());
+    let apply = run(&["apply", "--all"]);
+    assert_eq!(apply.status.code(), Some(125));
+    assert!(text(&apply.stderr).contains("read-only"), "{}", text(&apply.stderr));
+    assert!(!run(&["import", archive.to_str().unwrap()]).status.success(), "importing twice is refused");
+}
+
+#[test]
+fn gc_frees_reviewed_stages_and_keeps_what_lineage_needs() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo a > a").status.success());
+    let applied = job_of(&env);
+    env.expect(&["apply", "--all"], 0);
+    assert!(env.run_sh("echo b > b").status.success());
+    let pending = job_of(&env);
+    assert!(env.pvisor(&["fork", &pending, "--", "true"]).status.success());
+    let referenced = checkpoint_ids(&env).pop().unwrap();
+    assert!(env.run_sh("echo c > c").status.success());
+    env.expect(&["checkpoint"], 0);
+    let unreferenced = checkpoint_ids(&env).into_iter().find(|c| *c != referenced).unwrap();
+
+    let dry = env.expect(&["gc", "--older-than", "0s", "--dry-run"], 0);
+    assert!(dry.contains("would free"), "{dry}");
+    let stage_of = |job: &str| {
+        let status = env.status_json(Some(job));
+        PathBuf::from(status["stage"].as_str().unwrap()).join("upper")
+    };
+    assert!(stage_of(&applied).exists(), "dry run removed something");
+
+    let out = env.expect(&["gc", "--older-than", "0s"], 0);
+    assert!(!stage_of(&applied).exists(), "the applied stage is freed: {out}");
+    assert!(stage_of(&pending).exists(), "an unreviewed stage is kept: {out}");
+    assert!(env.home.join("checkpoints").join(&referenced).exists(), "lineage keeps its checkpoint: {out}");
+    assert!(!env.home.join("checkpoints").join(&unreferenced).exists(), "{out}");
+    assert!(out.contains("a fork's lineage refers to it"), "{out}");
+    // The collected Job's records remain and say what happened.
+    assert_eq!(env.status_json(Some(&applied))["receipt"], "valid");
+    let review = env.pvisor(&["review", &applied, "--diff"]);
+    assert!(
+        text(&review.stderr).contains("removed by `pvisor gc`") || review.status.success(),
+        "{}",
+        text(&review.stderr)
+    );
+}

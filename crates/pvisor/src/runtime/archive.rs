@@ -1,0 +1,414 @@
+//! Run Bundle archives: export, verify, import.
+//!
+//! An archive is a tar file whose entries all live under `pvisor-bundle/`:
+//!
+//! ```text
+//! MANIFEST.json            format, identity, and {path, size, blake3} of every other entry
+//! records/job.json run.json attempt.json bundle.json completion.json events.jsonl
+//! stage/preimages.json     the conflict baselines
+//! stage/files/<path>       contents of every staged file in the Bundle's manifest
+//! stage/links/<path>       targets of every staged symlink
+//! ```
+//!
+//! Verification needs nothing but the archive: every entry's digest against
+//! `MANIFEST.json`, the receipt's binding to `bundle.json`'s exact bytes, and
+//! every staged file against the Bundle's change manifest. Import turns a
+//! verified archive into a read-only Job that can be reviewed elsewhere.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_core::records::{Bundle, CompletionReceipt, EntryType, JobRecord, RunRecord, FORMAT};
+use pvisor_core::store::{self, Store, StoreError};
+use pvisor_core::time::Timestamp;
+
+use super::completion;
+use super::job_service::views::ViewError;
+
+const ROOT: &str = "pvisor-bundle";
+
+/// What went wrong with an archive. Names the entry at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("Cannot {op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{archive} is not a pvisor Run Bundle archive: {reason}")]
+    NotABundle { archive: String, reason: String },
+    #[error("{archive} failed verification:\n  {}", failures.join("\n  "))]
+    Failed { archive: String, failures: Vec<String> },
+    #[error("Job {job} already exists in {}; nothing was imported", root.display())]
+    Exists { job: JobId, root: PathBuf },
+    #[error(transparent)]
+    View(#[from] ViewError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// `MANIFEST.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchiveManifest {
+    pub format: u32,
+    pub kind: String,
+    pub job: JobId,
+    pub attempt: AttemptId,
+    pub created_at: Timestamp,
+    pub files: Vec<ArchiveFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveFile {
+    pub path: String,
+    pub size: u64,
+    pub blake3: String,
+}
+
+fn staged_name(kind: &str, rel: &Path) -> Vec<u8> {
+    let mut name = format!("{ROOT}/stage/{kind}/").into_bytes();
+    name.extend_from_slice(rel.as_os_str().as_bytes());
+    name
+}
+
+fn append(
+    builder: &mut tar::Builder<File>,
+    name: &[u8],
+    bytes: &[u8],
+    files: &mut Vec<ArchiveFile>,
+) -> std::io::Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(bytes.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder.append_data(&mut header, Path::new(std::ffi::OsStr::from_bytes(name)), bytes)?;
+    files.push(ArchiveFile {
+        path: String::from_utf8_lossy(name).into_owned(),
+        size: bytes.len() as u64,
+        blake3: store::blake3_hex(bytes),
+    });
+    Ok(())
+}
+
+/// Writes the Run Bundle archive of `job` to `out`. The Job must have a valid receipt.
+pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManifest, ArchiveError> {
+    let job: JobRecord = store.read(&store.job_file(job_id))?;
+    let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
+    let Some((receipt, bundle)) = completion::load(store, job_id, &attempt).map_err(ViewError::from)? else {
+        return Err(ArchiveError::NotABundle {
+            archive: out.display().to_string(),
+            reason: format!("{job_id} has no completion receipt, so there is no confirmed Bundle to export"),
+        });
+    };
+    let io = |op, path: &Path| {
+        let path = path.to_owned();
+        move |source| ArchiveError::Io { op, path, source }
+    };
+    let tmp = out.with_file_name(format!(
+        ".{}.tmp-{}",
+        out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let file = File::create(&tmp).map_err(io("create", &tmp))?;
+    let mut builder = tar::Builder::new(file);
+    let mut files = Vec::new();
+    let records = [
+        ("job.json", store.job_file(job_id)),
+        ("run.json", store.run_file(&job.run)),
+        ("attempt.json", store.attempt_file(&attempt)),
+        ("bundle.json", store.bundle_file(&attempt)),
+        ("completion.json", store.receipt_file(&attempt)),
+        ("events.jsonl", store.events_file(&job.run)),
+    ];
+    let result = (|| -> Result<(), ArchiveError> {
+        for (name, path) in records {
+            let bytes = store::read_capped(&path, store::RECORD_READ_CAP)?;
+            append(&mut builder, format!("{ROOT}/records/{name}").as_bytes(), &bytes, &mut files)
+                .map_err(io("write", &tmp))?;
+        }
+        let stage = store.stage_dir(&job.run);
+        if let Ok(bytes) = store::read_capped(&stage.join("preimages.json"), store::RECORD_READ_CAP) {
+            append(&mut builder, format!("{ROOT}/stage/preimages.json").as_bytes(), &bytes, &mut files)
+                .map_err(io("write", &tmp))?;
+        }
+        let upper = pvisor_stage::beneath::Root::open(&stage.join("upper")).map_err(io("open", &stage))?;
+        for change in &bundle.changes {
+            let rel = change.path.as_path();
+            match change.entry {
+                EntryType::File => {
+                    let mut bytes = Vec::new();
+                    upper
+                        .open_file(rel)
+                        .and_then(|mut f| f.read_to_end(&mut bytes))
+                        .map_err(io("read the staged", rel))?;
+                    append(&mut builder, &staged_name("files", rel), &bytes, &mut files)
+                        .map_err(io("write", &tmp))?;
+                }
+                EntryType::Symlink => {
+                    let target = upper.read_link(rel).map_err(io("read the staged link", rel))?;
+                    append(&mut builder, &staged_name("links", rel), &target, &mut files)
+                        .map_err(io("write", &tmp))?;
+                }
+                EntryType::Dir | EntryType::None | EntryType::Special => {}
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let manifest = ArchiveManifest {
+        format: FORMAT,
+        kind: "pvisor-run-bundle".into(),
+        job: job_id.clone(),
+        attempt: receipt.attempt.clone(),
+        created_at: Timestamp::now(),
+        files,
+    };
+    let mut throwaway = Vec::new();
+    append(
+        &mut builder,
+        format!("{ROOT}/MANIFEST.json").as_bytes(),
+        &store::to_json_bytes(&manifest),
+        &mut throwaway,
+    )
+    .map_err(io("write", &tmp))?;
+    let file = builder.into_inner().map_err(io("finish", &tmp))?;
+    file.sync_all().map_err(io("sync", &tmp))?;
+    fs::rename(&tmp, out).map_err(io("write", out))?;
+    Ok(manifest)
+}
+
+/// A verified archive, in memory.
+#[derive(Debug)]
+pub struct Verified {
+    pub manifest: ArchiveManifest,
+    pub receipt: CompletionReceipt,
+    pub bundle: Bundle,
+    /// Every entry's bytes, by name.
+    pub entries: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// Verifies an archive file: every digest, the receipt binding, every staged file.
+pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
+    let archive_name = path.display().to_string();
+    let not_bundle = |reason: String| ArchiveError::NotABundle { archive: archive_name.clone(), reason };
+    let file =
+        File::open(path).map_err(|source| ArchiveError::Io { op: "open", path: path.to_owned(), source })?;
+    let mut archive = tar::Archive::new(file);
+    let mut entries = BTreeMap::new();
+    let iter = archive.entries().map_err(|e| not_bundle(e.to_string()))?;
+    for entry in iter {
+        let mut entry = entry.map_err(|e| not_bundle(format!("unreadable tar entry: {e}")))?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(not_bundle("it holds an entry that is not a regular file".into()));
+        }
+        let name = entry.path_bytes().into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).map_err(|e| not_bundle(format!("unreadable entry: {e}")))?;
+        entries.insert(name, bytes);
+    }
+    let manifest_name = format!("{ROOT}/MANIFEST.json").into_bytes();
+    let manifest: ArchiveManifest = serde_json::from_slice(
+        entries.get(&manifest_name).ok_or_else(|| not_bundle("MANIFEST.json is missing".into()))?,
+    )
+    .map_err(|e| not_bundle(format!("MANIFEST.json is corrupt: {e}")))?;
+    let mut failures = Vec::new();
+    let listed: BTreeMap<&str, &ArchiveFile> = manifest.files.iter().map(|f| (f.path.as_str(), f)).collect();
+    for (name, bytes) in &entries {
+        if *name == manifest_name {
+            continue;
+        }
+        let shown = String::from_utf8_lossy(name).into_owned();
+        match listed.get(shown.as_str()) {
+            None => failures.push(format!("{shown}: not listed in MANIFEST.json")),
+            Some(f) if f.size != bytes.len() as u64 || f.blake3 != store::blake3_hex(bytes) => {
+                failures.push(format!(
+                    "{shown}: blake3 {} ({} bytes), MANIFEST.json says {} ({} bytes)",
+                    store::blake3_hex(bytes),
+                    bytes.len(),
+                    f.blake3,
+                    f.size
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    for f in &manifest.files {
+        if !entries.keys().any(|n| String::from_utf8_lossy(n) == f.path) {
+            failures.push(format!("{}: listed in MANIFEST.json but missing", f.path));
+        }
+    }
+    let record = |name: &str| entries.get(format!("{ROOT}/records/{name}").as_bytes());
+    let receipt: Option<CompletionReceipt> =
+        record("completion.json").and_then(|b| serde_json::from_slice(b).ok());
+    let bundle_bytes = record("bundle.json");
+    let (Some(receipt), Some(bundle_bytes)) = (receipt, bundle_bytes) else {
+        failures.push("records/completion.json or records/bundle.json is missing or corrupt".into());
+        return Err(ArchiveError::Failed { archive: archive_name, failures });
+    };
+    if let Err(e) = completion::validate(
+        &receipt,
+        &manifest.job,
+        &manifest.attempt,
+        "records/completion.json",
+        "records/bundle.json",
+        bundle_bytes,
+    ) {
+        failures.push(e.to_string());
+    }
+    let bundle: Option<Bundle> = serde_json::from_slice(bundle_bytes).ok();
+    if let Some(bundle) = &bundle {
+        for change in &bundle.changes {
+            let rel = change.path.as_path();
+            let (kind, expected) = match change.entry {
+                EntryType::File => ("files", change.blake3.as_deref()),
+                EntryType::Symlink => ("links", change.blake3.as_deref()),
+                EntryType::Dir | EntryType::None | EntryType::Special => continue,
+            };
+            let name = staged_name(kind, rel);
+            match entries.get(&name) {
+                None => failures.push(format!(
+                    "{}: staged {} missing",
+                    String::from_utf8_lossy(&name),
+                    change.kind.as_str()
+                )),
+                Some(bytes) if Some(store::blake3_hex(bytes).as_str()) != expected => failures.push(format!(
+                    "{}: does not match the Bundle's manifest",
+                    String::from_utf8_lossy(&name)
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    match (failures.is_empty(), bundle) {
+        (true, Some(bundle)) => Ok(Verified { manifest, receipt, bundle, entries }),
+        (_, None) => {
+            failures.push("records/bundle.json is corrupt".into());
+            Err(ArchiveError::Failed { archive: archive_name, failures })
+        }
+        (false, Some(_)) => Err(ArchiveError::Failed { archive: archive_name, failures }),
+    }
+}
+
+/// Verifies a local Job: its receipt and Bundle, and every staged file that has
+/// not been applied or dropped against the Bundle's manifest.
+pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> {
+    let job: JobRecord = store.read(&store.job_file(job_id))?;
+    let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
+    let Some((_, bundle)) = completion::load(store, job_id, &attempt).map_err(ViewError::from)? else {
+        return Err(ArchiveError::Failed {
+            archive: job_id.to_string(),
+            failures: vec!["no completion receipt".into()],
+        });
+    };
+    let stage = store.stage_dir(&job.run);
+    let outcomes = pvisor_stage::ledger::Ledger::new(&stage).outcomes().map_err(|e| ViewError::Stage(e))?;
+    let upper = pvisor_stage::beneath::Root::open(&stage.join("upper"));
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for change in &bundle.changes {
+        if outcomes.contains_key(&change.path)
+            || !matches!(change.entry, EntryType::File | EntryType::Symlink)
+        {
+            continue;
+        }
+        let rel = change.path.as_path();
+        let digest = match (&upper, change.entry) {
+            (Ok(root), EntryType::File) => root.open_file(rel).and_then(|f| {
+                let mut h = blake3::Hasher::new();
+                h.update_reader(f)?;
+                Ok(h.finalize().to_hex().to_string())
+            }),
+            (Ok(root), _) => root.read_link(rel).map(|t| store::blake3_hex(&t)),
+            (Err(e), _) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        checked += 1;
+        match digest {
+            Ok(d) if Some(d.as_str()) == change.blake3.as_deref() => {}
+            Ok(_) => failures.push(format!(
+                "{}: staged content differs from the Bundle",
+                stage.join("upper").join(rel).display()
+            )),
+            Err(e) => failures.push(format!("{}: {e}", stage.join("upper").join(rel).display())),
+        }
+    }
+    if failures.is_empty() {
+        Ok(checked)
+    } else {
+        Err(ArchiveError::Failed { archive: job_id.to_string(), failures })
+    }
+}
+
+/// Imports a verified archive as a read-only Job.
+pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
+    let verified = verify_archive(path)?;
+    let job_id = verified.manifest.job.clone();
+    if store.job_file(&job_id).exists() {
+        return Err(ArchiveError::Exists { job: job_id, root: store.root().to_owned() });
+    }
+    let get = |name: &str| {
+        verified.entries.get(format!("{ROOT}/records/{name}").as_bytes()).cloned().unwrap_or_default()
+    };
+    let mut job: JobRecord = store::parse_record(Path::new("records/job.json"), &get("job.json"))?;
+    let run: RunRecord = store::parse_record(Path::new("records/run.json"), &get("run.json"))?;
+    let attempt = verified.receipt.attempt.clone();
+    job.imported_from = Some(path.display().to_string());
+    job.continuation = false;
+    job.state = verified.receipt.result.state.job_state();
+    store::create_dir_all_private(&store.attempt_dir(&attempt))?;
+    let attempt_dir = store.attempt_dir(&attempt);
+    store::write_atomic(&store.run_file(&run.id), &get("run.json"))?;
+    store::write_atomic(&attempt_dir.join("attempt.json"), &get("attempt.json"))?;
+    store::write_atomic(&attempt_dir.join("bundle.json"), &get("bundle.json"))?;
+    store::write_atomic(&store.events_file(&run.id), &get("events.jsonl"))?;
+    let stage = store.stage_dir(&run.id);
+    let upper = stage.join("upper");
+    store::create_dir_all_private(&upper)?;
+    let io = |op, p: &Path| {
+        let p = p.to_owned();
+        move |source| ArchiveError::Io { op, path: p, source }
+    };
+    for change in &verified.bundle.changes {
+        let rel = change.path.as_path();
+        let dst = upper.join(rel);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        match change.entry {
+            EntryType::File => {
+                let bytes = verified.entries.get(&staged_name("files", rel)).cloned().unwrap_or_default();
+                File::create(&dst).and_then(|mut f| f.write_all(&bytes)).map_err(io("write", &dst))?;
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(&dst, fs::Permissions::from_mode(change.mode & 0o777))
+                    .map_err(io("chmod", &dst))?;
+            }
+            EntryType::Symlink => {
+                let target = verified.entries.get(&staged_name("links", rel)).cloned().unwrap_or_default();
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), &dst)
+                    .map_err(io("link", &dst))?;
+            }
+            EntryType::Dir => fs::create_dir_all(&dst).map_err(io("create", &dst))?,
+            // Deletions and specials are described by the Bundle; review reads it.
+            EntryType::None | EntryType::Special => {}
+        }
+    }
+    if let Some(bytes) = verified.entries.get(format!("{ROOT}/stage/preimages.json").as_bytes()) {
+        store::write_atomic(&stage.join("preimages.json"), bytes)?;
+    }
+    // The receipt last: the imported Job is confirmed only once everything is in place.
+    store::write_atomic(&attempt_dir.join("completion.json"), &get("completion.json"))?;
+    store::create_dir_all_private(&store.job_dir(&job_id))?;
+    store.write(&store.job_file(&job_id), &job)?;
+    Ok(job_id)
+}

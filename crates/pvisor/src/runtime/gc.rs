@@ -1,0 +1,202 @@
+//! `gc`: free the space of stages nobody needs any more.
+//!
+//! Removed: the staged files of Jobs whose changes were all applied or dropped
+//! (or that staged nothing), checkpoints no Job's lineage refers to, and
+//! temporaries left by interrupted writes — all older than the threshold.
+//! Kept unless forced: unreviewed stages (pending or partially applied),
+//! stages of Jobs without a confirmed result, and checkpoints a fork came
+//! from. Live Jobs are never touched. Records are always kept.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde_json::json;
+
+use pvisor_core::records::JobRecord;
+use pvisor_core::state::JobState;
+use pvisor_core::store::{Store, StoreError};
+
+use super::checkpoint;
+use super::job_service::views::{self, ViewError};
+use crate::effects::StageState;
+use crate::trace::Trace;
+
+/// One thing gc removed (or would remove).
+#[derive(Debug, Clone, Serialize)]
+pub struct Freed {
+    pub what: String,
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// One thing gc kept, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Kept {
+    pub what: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    pub freed: Vec<Freed>,
+    pub kept: Vec<Kept>,
+}
+
+fn size_of(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path).map(|entries| entries.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
+}
+
+/// Removes a tree, making directories writable first (overlay work dirs are 000).
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.is_dir() {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+            for entry in std::fs::read_dir(path)?.flatten() {
+                remove_tree(&entry.path())?;
+            }
+            return std::fs::remove_dir(path);
+        }
+        return std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+fn older_than(path: &Path, age: Duration) -> bool {
+    std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= age)
+        .unwrap_or(false)
+}
+
+/// Collects garbage. `dry_run` only reports.
+pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<GcReport, ViewError> {
+    let mut report = GcReport::default();
+    let mut needed_checkpoints = std::collections::BTreeSet::new();
+    let free = |report: &mut GcReport, what: String, path: PathBuf| -> Result<(), ViewError> {
+        let bytes = size_of(&path);
+        if !dry_run {
+            remove_tree(&path).map_err(|source| StoreError::Io {
+                op: "remove",
+                path: path.clone(),
+                source,
+            })?;
+        }
+        report.freed.push(Freed { what, path, bytes });
+        Ok(())
+    };
+    for id in store.list_jobs()? {
+        let _ = super::recovery::recover(store, &id);
+        let job: JobRecord = match store.read(&store.job_file(&id)) {
+            Ok(j) => j,
+            Err(e) => {
+                report.kept.push(Kept { what: id.to_string(), reason: format!("unreadable: {e}") });
+                continue;
+            }
+        };
+        if let Some(lineage) = &job.lineage {
+            needed_checkpoints.insert(lineage.checkpoint.clone());
+        }
+        let stage = store.stage_dir(&job.run);
+        if !stage.join("upper").exists() {
+            continue;
+        }
+        let status = match views::status(store, &id) {
+            Ok(s) => s,
+            Err(e) => {
+                report.kept.push(Kept { what: format!("stage of {id}"), reason: format!("unreadable: {e}") });
+                continue;
+            }
+        };
+        let keep = |reason: &str| Kept { what: format!("stage of {id}"), reason: reason.into() };
+        if status.live {
+            report.kept.push(keep("the run is live"));
+            continue;
+        }
+        if !older_than(&store.job_file(&id), age) {
+            report.kept.push(keep("newer than the threshold"));
+            continue;
+        }
+        let reviewed =
+            matches!(status.stage_state, Some(StageState::Applied | StageState::Dropped | StageState::Empty));
+        if !reviewed && !force {
+            let why = match status.state {
+                JobState::Unknown | JobState::Lost => {
+                    "no confirmed result; its staged files are the only copy (use --force)"
+                }
+                _ => "changes not yet applied or dropped (use --force)",
+            };
+            report.kept.push(keep(why));
+            continue;
+        }
+        for part in ["upper", "work", "root", "empty"] {
+            let path = stage.join(part);
+            if path.exists() {
+                free(&mut report, format!("stage of {id} ({part})"), path)?;
+            }
+        }
+        if !dry_run {
+            std::fs::write(stage.join("collected"), b"removed by pvisor gc\n")
+                .map_err(|source| StoreError::Io { op: "mark", path: stage.join("collected"), source })?;
+            if let Ok(mut trace) = Trace::reopen(store, &job.run) {
+                let _ =
+                    trace.emit("stage.collected", Some(job.target_attempt), None, json!({"by": "gc"}), true);
+            }
+        }
+    }
+    for (ckpt, manifest) in checkpoint::list(store)? {
+        let dir = store.checkpoint_dir(&ckpt);
+        if needed_checkpoints.contains(&ckpt) && !force {
+            report.kept.push(Kept {
+                what: ckpt.to_string(),
+                reason: "a fork's lineage refers to it (use --force)".into(),
+            });
+        } else if !older_than(&dir, age) {
+            report.kept.push(Kept { what: ckpt.to_string(), reason: "newer than the threshold".into() });
+        } else {
+            let label = match manifest {
+                Ok(m) => format!("checkpoint {ckpt} of {}", m.job),
+                Err(_) => format!("checkpoint {ckpt} (damaged)"),
+            };
+            free(&mut report, label, dir)?;
+        }
+    }
+    // Temporaries of interrupted writes: checkpoints in progress, records, restores.
+    let mut temps = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(store.checkpoints_dir()) {
+        temps.extend(
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))),
+        );
+    }
+    for dir in [store.jobs_dir(), store.root().join("runs")] {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            for inner in std::fs::read_dir(entry.path()).into_iter().flatten().flatten() {
+                let name = inner.file_name().to_string_lossy().into_owned();
+                if name.contains(".tmp-") || name.starts_with(".restore-") {
+                    temps.push(inner.path());
+                }
+            }
+            let stage = entry.path().join("stage");
+            for inner in std::fs::read_dir(&stage).into_iter().flatten().flatten() {
+                if inner.file_name().to_string_lossy().starts_with(".restore-") {
+                    temps.push(inner.path());
+                }
+            }
+        }
+    }
+    for temp in temps {
+        // A minute is far longer than any write takes; younger ones may be in flight.
+        if older_than(&temp, age.max(Duration::from_secs(60))) {
+            free(&mut report, "temporary of an interrupted write".into(), temp)?;
+        }
+    }
+    Ok(report)
+}
