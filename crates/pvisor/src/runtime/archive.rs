@@ -313,7 +313,7 @@ pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> 
         });
     };
     let stage = store.stage_dir(&job.run);
-    let outcomes = pvisor_stage::ledger::Ledger::new(&stage).outcomes().map_err(|e| ViewError::Stage(e))?;
+    let outcomes = pvisor_stage::ledger::Ledger::new(&stage).outcomes().map_err(ViewError::Stage)?;
     let upper = pvisor_stage::beneath::Root::open(&stage.join("upper"));
     let mut failures = Vec::new();
     let mut checked = 0;
