@@ -5,6 +5,7 @@
 #   util-linux       unshare, setpriv (tests, benchmark), script (TTY test, via bsdutils)
 #   bsdutils         script(1)
 #   curl, python3    clients the network-policy tests drive through the proxy
+#   xfsprogs         the checkpoint benchmark's reflink figure (a loop-mounted XFS)
 set -euo pipefail
 
 need=()
@@ -14,6 +15,7 @@ command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v script >/dev/null 2>&1 || need+=(bsdutils)
 [ -x /usr/bin/curl ] || need+=(curl)
 [ -x /usr/bin/python3 ] || need+=(python3)
+command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
