@@ -81,7 +81,6 @@ fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageE
         io::copy(&mut from, &mut writer).map_err(io_err("copy to", dst))?;
     }
     fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
-    to.sync_all().map_err(io_err("sync", dst))?;
     Ok((hasher.finalize().to_hex().to_string(), reflinked))
 }
 
@@ -122,13 +121,23 @@ fn mark_opaque(dir: &Path) -> Result<(), StageError> {
     Ok(())
 }
 
+fn syncfs(dir: &Path) -> Result<(), StageError> {
+    let d = File::open(dir).map_err(io_err("open", dir))?;
+    // SAFETY: syncfs on a descriptor we own.
+    if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+        return Err(StageError::io("sync", dir, io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn sync_dir(dir: &Path) -> Result<(), StageError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync", dir))
 }
 
 /// Copies the upper tree `src` to `dst` (which must not exist), keeping
-/// whiteouts, opaque markers, modes and symlinks; every file and directory is
-/// synced. Returns the entries, sorted by path.
+/// whiteouts, opaque markers, modes and symlinks, then makes it durable with
+/// one `syncfs(2)` (cheaper than an fsync per file, and just as complete).
+/// Returns the entries, sorted by path.
 pub fn copy_upper(src: &Path, dst: &Path) -> Result<(Vec<CheckpointEntry>, CopyMethod), StageError> {
     let mode = fs::symlink_metadata(src).map_err(io_err("inspect", src))?.mode() & 0o7777;
     fs::DirBuilder::new().mode(0o700).create(dst).map_err(io_err("create", dst))?;
@@ -136,7 +145,7 @@ pub fn copy_upper(src: &Path, dst: &Path) -> Result<(Vec<CheckpointEntry>, CopyM
     let mut method = CopyMethod::default();
     copy_dir(src, dst, Path::new(""), &mut entries, &mut method)?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
-    sync_dir(dst)?;
+    syncfs(dst)?;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok((entries, method))
 }
@@ -213,14 +222,33 @@ fn copy_dir(
 /// present with its kind, mode, size and digest, nothing extra, and the
 /// baselines' digest. Returns the manifest.
 pub fn verify_checkpoint(dir: &Path) -> Result<CheckpointManifest, StageError> {
-    let manifest_path = dir.join("manifest.json");
-    let manifest: CheckpointManifest = store::read_record(&manifest_path).map_err(StageError::Record)?;
+    let manifest = read_manifest(dir)?;
     let upper = dir.join("upper");
     let (found, _) = scan_entries(&upper)?;
+    compare(&manifest, &found, &upper)?;
+    check_preimages(dir, &manifest)?;
+    Ok(manifest)
+}
+
+fn read_manifest(dir: &Path) -> Result<CheckpointManifest, StageError> {
+    store::read_record(&dir.join("manifest.json")).map_err(StageError::Record)
+}
+
+fn check_preimages(dir: &Path, manifest: &CheckpointManifest) -> Result<Vec<u8>, StageError> {
+    let preimages = dir.join("preimages.json");
+    let bytes = store::read_capped(&preimages, store::RECORD_READ_CAP).map_err(StageError::Record)?;
+    if store::blake3_hex(&bytes) != manifest.preimages_blake3 {
+        return Err(bad(&preimages, "its digest differs from the manifest"));
+    }
+    Ok(bytes)
+}
+
+/// Compares entries found under `upper` with the manifest; names the first difference.
+fn compare(manifest: &CheckpointManifest, found: &[CheckpointEntry], upper: &Path) -> Result<(), StageError> {
     let expected: std::collections::BTreeMap<&RelPath, &CheckpointEntry> =
         manifest.entries.iter().filter(|e| e.entry != "special").map(|e| (&e.path, e)).collect();
     let actual: std::collections::BTreeMap<&RelPath, &CheckpointEntry> =
-        found.iter().map(|e| (&e.path, e)).collect();
+        found.iter().filter(|e| e.entry != "special").map(|e| (&e.path, e)).collect();
     for (path, want) in &expected {
         let file = upper.join(path.as_path());
         match actual.get(path) {
@@ -246,12 +274,7 @@ pub fn verify_checkpoint(dir: &Path) -> Result<CheckpointManifest, StageError> {
     if let Some(extra) = actual.keys().find(|p| !expected.contains_key(*p)) {
         return Err(bad(&upper.join(extra.as_path()), "present but not in the manifest"));
     }
-    let preimages = dir.join("preimages.json");
-    let bytes = store::read_capped(&preimages, store::RECORD_READ_CAP).map_err(StageError::Record)?;
-    if store::blake3_hex(&bytes) != manifest.preimages_blake3 {
-        return Err(bad(&preimages, "its digest differs from the manifest"));
-    }
-    Ok(manifest)
+    Ok(())
 }
 
 /// Reads the entries of an upper tree without copying (for verification).
@@ -312,7 +335,8 @@ pub fn restore_logical_checkpoint(
     destination_upper: &Path,
     destination_preimages: &Path,
 ) -> Result<(CheckpointManifest, CopyMethod), StageError> {
-    let manifest = verify_checkpoint(checkpoint)?;
+    let manifest = read_manifest(checkpoint)?;
+    let preimages = check_preimages(checkpoint, &manifest)?;
     if destination_upper.exists() {
         let empty =
             fs::read_dir(destination_upper).map_err(io_err("list", destination_upper))?.next().is_none();
@@ -324,16 +348,18 @@ pub fn restore_logical_checkpoint(
     let name = destination_upper.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let staging = destination_upper.with_file_name(format!(".restore-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
-    let copied = copy_upper(&checkpoint.join("upper"), &staging);
-    let (_, method) = match copied {
-        Ok(c) => c,
+    // Copy, hashing as we go, then hold the copy against the manifest: one read
+    // of the checkpoint verifies and restores it.
+    let copied = copy_upper(&checkpoint.join("upper"), &staging).and_then(|(entries, method)| {
+        compare(&manifest, &entries, &checkpoint.join("upper")).map(|()| method)
+    });
+    let method = match copied {
+        Ok(m) => m,
         Err(e) => {
             let _ = fs::remove_dir_all(&staging);
             return Err(e);
         }
     };
-    let preimages = store::read_capped(&checkpoint.join("preimages.json"), store::RECORD_READ_CAP)
-        .map_err(StageError::Record)?;
     let publish = (|| {
         fs::rename(&staging, destination_upper).map_err(io_err("restore", destination_upper))?;
         if let Err(e) = store::write_atomic(destination_preimages, &preimages) {

@@ -150,3 +150,8 @@ pub fn resolve(store: &Store, query: &str) -> Result<CheckpointId, CheckpointErr
 pub fn verify(store: &Store, id: &CheckpointId) -> Result<CheckpointManifest, CheckpointError> {
     Ok(verify_checkpoint(&store.checkpoint_dir(id))?)
 }
+
+/// Reads a checkpoint's manifest without verifying its files (cheap).
+pub fn manifest(store: &Store, id: &CheckpointId) -> Result<CheckpointManifest, CheckpointError> {
+    Ok(store::read_record(&store.checkpoint_dir(id).join("manifest.json"))?)
+}
