@@ -65,7 +65,7 @@ fn measure(label: &str, base: &Path, files: usize, size: usize, reflink: bool) {
     let (fork_time, _) = pvisor(&home, &ws, &["fork", &id, "-q", "--", "true"]);
     println!(
         "{label}: {files} files / {} MiB: cp -a{} {:.0} ms; checkpoint {:.0} ms ({method}) = {:.2}x; fork (restore + run + seal) {:.0} ms = {:.2}x",
-        files * size >> 20,
+        (files * size) >> 20,
         if reflink { " --reflink" } else { "" },
         ms(cp_time),
         ms(ckpt_time),
