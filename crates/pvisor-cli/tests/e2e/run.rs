@@ -266,6 +266,10 @@ fn root_in_the_sandbox_cannot_make_the_host_writable() {
         unshare -m sh -c 'mount -o remount,rw,bind /etc' 2>/dev/null && echo ESCAPE-unshare-m
         unshare -Urm sh -c 'mount -o remount,rw,bind /etc && touch {escape}' 2>/dev/null && echo ESCAPE-nested-userns
         touch {escape} 2>/dev/null && echo ESCAPE-wrote-etc
+        echo core > /proc/sys/kernel/core_pattern 2>/dev/null && echo ESCAPE-sysctl-core-pattern
+        echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo ESCAPE-sysctl-vm
+        echo h > /proc/sysrq-trigger 2>/dev/null && echo ESCAPE-sysrq
+        head -c 1 /proc/kcore 2>/dev/null | grep -q . && echo ESCAPE-kcore
         grep -E '^Cap(Eff|Prm|Bnd|Amb):' /proc/self/status
         grep NoNewPrivs /proc/self/status
         "#,

@@ -51,6 +51,8 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
         )
     })?;
 
+    protect_proc(&under(root, Path::new("/proc")))?;
+
     for hidden in &spec.hidden {
         let target = under(root, hidden);
         if fs::symlink_metadata(&target).map(|m| m.is_dir()).unwrap_or(false) {
@@ -70,6 +72,41 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
     let rc = unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) };
     sys::check(rc.into()).map_err(|e| enter("detach the host root", e))?;
     std::env::set_current_dir("/").map_err(|e| enter("enter /", e))?;
+    Ok(())
+}
+
+/// Parts of a fresh /proc that reach the host kernel itself. Sysctl writes are
+/// checked by uid, not capability, so with real root's identity map uid 0 in
+/// the sandbox could set `kernel.core_pattern` (a host-root command) without
+/// any capability. As runc does, these are bound read-only over themselves,
+/// and the kernel's memory image is masked.
+const PROC_READ_ONLY: [&str; 5] = ["sys", "sysrq-trigger", "irq", "bus", "fs"];
+const PROC_MASKED: [&str; 3] = ["kcore", "keys", "timer_list"];
+
+fn protect_proc(proc: &Path) -> Result<(), StepError> {
+    for name in PROC_READ_ONLY {
+        let path = proc.join(name);
+        if !path.exists() {
+            continue;
+        }
+        sys::mount(Some(&path.to_string_lossy()), &path, None, libc::MS_BIND | libc::MS_REC, None)
+            .map_err(|e| mount_err("proc", &format!("bind /proc/{name}"), e))?;
+        sys::mount(
+            None,
+            &path,
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )
+        .map_err(|e| mount_err("proc", &format!("make /proc/{name} read-only"), e))?;
+    }
+    for name in PROC_MASKED {
+        let path = proc.join(name);
+        if path.exists() {
+            sys::mount(Some("/dev/null"), &path, None, libc::MS_BIND, None)
+                .map_err(|e| mount_err("proc", &format!("mask /proc/{name}"), e))?;
+        }
+    }
     Ok(())
 }
 
