@@ -434,6 +434,14 @@ impl RelPath {
     pub fn as_path(&self) -> &Path {
         Path::new(OsStr::from_bytes(&self.0))
     }
+    /// Whether `bytes` is a non-empty relative path of plain names (no `/`
+    /// prefix, no `.` or `..`, no empty components, no NUL).
+    pub fn is_plain_relative(bytes: &[u8]) -> bool {
+        !bytes.is_empty()
+            && !bytes.contains(&0)
+            && bytes.split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..")
+    }
+
     /// Returns the path for display, escaping control characters and invalid UTF-8.
     pub fn display_escaped(&self) -> String {
         let lossy = String::from_utf8_lossy(&self.0);
@@ -486,17 +494,22 @@ impl<'de> Deserialize<'de> for RelPath {
             Text(String),
             Hex { hex: String },
         }
-        match Repr::deserialize(d)? {
-            Repr::Text(t) => Ok(Self(t.into_bytes())),
-            Repr::Hex { hex } => {
-                let bytes = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-                    .collect::<Option<Vec<u8>>>()
-                    .ok_or_else(|| serde::de::Error::custom("invalid hex path"))?;
-                Ok(Self(OsString::from_vec(bytes).into_vec()))
-            }
+        let bytes = match Repr::deserialize(d)? {
+            Repr::Text(t) => t.into_bytes(),
+            Repr::Hex { hex } => (0..hex.len())
+                .step_by(2)
+                .map(|i| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(|| serde::de::Error::custom("invalid hex path"))?,
+        };
+        // A record is input too: only plain relative names, never `/x` or `..`.
+        if !Self::is_plain_relative(&bytes) {
+            return Err(serde::de::Error::custom(format!(
+                "path {:?} is not a plain relative path",
+                String::from_utf8_lossy(&bytes)
+            )));
         }
+        Ok(Self(OsString::from_vec(bytes).into_vec()))
     }
 }
 
@@ -594,6 +607,11 @@ mod tests {
         assert!(json.contains("hex"), "{json}");
         assert_eq!(serde_json::from_str::<RelPath>(&json).unwrap(), odd);
         assert_eq!(odd.display_escaped(), "dir/new\\nline\\xff");
+        for bad in
+            ["\"/etc/passwd\"", "\"../x\"", "\"a/../../x\"", "\"\"", "\"a//b\"", "{\"hex\": \"2e2e2f78\"}"]
+        {
+            assert!(serde_json::from_str::<RelPath>(bad).is_err(), "{bad}");
+        }
         let plain = RelPath::new(Path::new("a/b.txt"));
         assert_eq!(serde_json::to_string(&plain).unwrap(), "\"a/b.txt\"");
     }

@@ -199,3 +199,76 @@ fn gc_frees_reviewed_stages_and_keeps_what_lineage_needs() {
         text(&review.stderr)
     );
 }
+
+/// Rebuilds an archive with `edit` applied to bundle.json, re-signing every
+/// digest so the archive is self-consistent: only pvisor's own checks can stop it.
+fn forge(archive: &std::path::Path, out: &std::path::Path, edit: impl Fn(&mut serde_json::Value)) {
+    use std::io::Read;
+    let mut entries: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut reader = tar::Archive::new(fs::File::open(archive).unwrap());
+    for e in reader.entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+        let mut bytes = Vec::new();
+        e.read_to_end(&mut bytes).unwrap();
+        entries.push((name, bytes));
+    }
+    let hex = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+    let find = |entries: &Vec<(String, Vec<u8>)>, n: &str| {
+        entries.iter().position(|(name, _)| name.ends_with(n)).unwrap()
+    };
+    let b = find(&entries, "records/bundle.json");
+    let mut bundle: serde_json::Value = serde_json::from_slice(&entries[b].1).unwrap();
+    edit(&mut bundle);
+    entries[b].1 = serde_json::to_vec_pretty(&bundle).unwrap();
+    let r = find(&entries, "records/completion.json");
+    let mut receipt: serde_json::Value = serde_json::from_slice(&entries[r].1).unwrap();
+    receipt["bundle"]["blake3"] = hex(&entries[b].1).into();
+    receipt["bundle"]["size"] = entries[b].1.len().into();
+    entries[r].1 = serde_json::to_vec_pretty(&receipt).unwrap();
+    let m = find(&entries, "MANIFEST.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&entries[m].1).unwrap();
+    for f in manifest["files"].as_array_mut().unwrap() {
+        let (_, bytes) = entries.iter().find(|(n, _)| *n == f["path"].as_str().unwrap()).unwrap();
+        f["blake3"] = hex(bytes).into();
+        f["size"] = bytes.len().into();
+    }
+    entries[m].1 = serde_json::to_vec_pretty(&manifest).unwrap();
+    let mut builder = tar::Builder::new(fs::File::create(out).unwrap());
+    for (name, bytes) in &entries {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, name, bytes.as_slice()).unwrap();
+    }
+    builder.finish().unwrap();
+}
+
+#[test]
+fn a_forged_archive_cannot_write_outside_the_import() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo payload > f").status.success());
+    let archive = env.dir.path().join("good.tar");
+    env.expect(&["export", "-o", archive.to_str().unwrap()], 0);
+    // The forger itself is sound: an unchanged re-signed archive imports.
+    let resigned = env.dir.path().join("resigned.tar");
+    forge(&archive, &resigned, |_| {});
+    let fresh = env.dir.path().join("import-resigned");
+    let out = env.command(&["import", resigned.to_str().unwrap()]).env("PVISOR_HOME", &fresh).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let target = env.dir.path().join("pwned");
+    for (name, path) in
+        [("absolute", target.to_str().unwrap().to_owned()), ("climbing", "../../../../pwned".to_owned())]
+    {
+        let forged = env.dir.path().join(format!("{name}.tar"));
+        forge(&archive, &forged, |bundle| bundle["changes"][0]["path"] = path.clone().into());
+        let elsewhere = env.dir.path().join(format!("import-{name}"));
+        let out = env
+            .command(&["import", forged.to_str().unwrap()])
+            .env("PVISOR_HOME", &elsewhere)
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0), "{name}: a forged path was imported");
+        assert!(!target.exists(), "{name}: import wrote outside its stage");
+    }
+}

@@ -95,7 +95,12 @@ fn protect_proc(proc: &Path) -> Result<(), StepError> {
             None,
             &path,
             None,
-            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            libc::MS_BIND
+                | libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC,
             None,
         )
         .map_err(|e| mount_err("proc", &format!("make /proc/{name} read-only"), e))?;

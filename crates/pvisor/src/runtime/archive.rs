@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -363,6 +363,18 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     let mut job: JobRecord = store::parse_record(Path::new("records/job.json"), &get("job.json"))?;
     let run: RunRecord = store::parse_record(Path::new("records/run.json"), &get("run.json"))?;
     let attempt = verified.receipt.attempt.clone();
+    // The records must tell one story, or an archive could overwrite another run.
+    if job.id != job_id || run.id != *attempt.run() || job.run != run.id || run.job != job_id {
+        return Err(ArchiveError::Failed {
+            archive: path.display().to_string(),
+            failures: vec![
+                "records/job.json, run.json and completion.json name different Jobs or Runs".into()
+            ],
+        });
+    }
+    if store.run_dir(&run.id).exists() {
+        return Err(ArchiveError::Exists { job: job_id, root: store.root().to_owned() });
+    }
     job.imported_from = Some(path.display().to_string());
     job.continuation = false;
     job.state = verified.receipt.result.state.job_state();
@@ -379,26 +391,30 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
         let p = p.to_owned();
         move |source| ArchiveError::Io { op, path: p, source }
     };
-    for change in &verified.bundle.changes {
+    // Every write goes through the confined root: a crafted path or a staged
+    // symlink cannot lead outside the new upper directory.
+    let root = pvisor_stage::beneath::Root::open(&upper).map_err(io("open", &upper))?;
+    let mut changes: Vec<_> = verified.bundle.changes.iter().collect();
+    changes.sort_by(|a, b| a.path.cmp(&b.path));
+    for change in changes {
         let rel = change.path.as_path();
-        let dst = upper.join(rel);
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
+        let mut parents: Vec<&Path> = rel.ancestors().skip(1).filter(|p| !p.as_os_str().is_empty()).collect();
+        parents.reverse();
+        for parent in parents {
+            root.mkdir(parent, 0o755).map_err(io("create", &upper.join(parent)))?;
         }
+        let dst = upper.join(rel);
         match change.entry {
             EntryType::File => {
                 let bytes = verified.entries.get(&staged_name("files", rel)).cloned().unwrap_or_default();
-                File::create(&dst).and_then(|mut f| f.write_all(&bytes)).map_err(io("write", &dst))?;
-                use std::os::unix::fs::PermissionsExt;
-                fs::set_permissions(&dst, fs::Permissions::from_mode(change.mode & 0o777))
-                    .map_err(io("chmod", &dst))?;
+                root.write_file(rel, &mut bytes.as_slice(), change.mode & 0o777, change.blake3.as_deref())
+                    .map_err(io("write", &dst))?;
             }
             EntryType::Symlink => {
                 let target = verified.entries.get(&staged_name("links", rel)).cloned().unwrap_or_default();
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), &dst)
-                    .map_err(io("link", &dst))?;
+                root.write_symlink(rel, &target).map_err(io("link", &dst))?;
             }
-            EntryType::Dir => fs::create_dir_all(&dst).map_err(io("create", &dst))?,
+            EntryType::Dir => root.mkdir(rel, change.mode & 0o7777).map_err(io("create", &dst))?,
             // Deletions and specials are described by the Bundle; review reads it.
             EntryType::None | EntryType::Special => {}
         }
