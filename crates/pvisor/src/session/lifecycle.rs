@@ -42,6 +42,13 @@ enum Ending {
     Finished(ExitReport),
 }
 
+/// A started sandbox: its signaller, its proxy listener, and its exit report to come.
+type Started = (
+    pvisor_sandbox::Signaller,
+    Option<std::net::TcpListener>,
+    tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
+);
+
 #[derive(Debug)]
 pub(crate) struct Session {
     store: Store,
@@ -170,26 +177,18 @@ impl Session {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let started = match self.prepare_stage() {
-            Ok(()) => {
-                let executor = self.executor.clone();
-                let spec = self.spec.clone();
-                tokio::task::spawn_blocking(move || executor.start(&spec))
-                    .await
-                    .unwrap_or_else(|e| Err(SandboxError::Protocol(format!("the start task failed: {e}"))))
-            }
+            Ok(()) => self.start_sandbox().await,
             Err(e) => Err(e),
         };
         let ending = match started {
             Err(e) => Ending::SetupFailed(e),
-            Ok(process) => {
+            Ok((signaller, listener, mut wait)) => {
                 self.mark_running()?;
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
-                let mut process = process;
-                let signaller = process.signaller();
                 let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
                 let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-                let proxy = process.take_proxy_listener().map(|listener| {
+                let proxy = listener.map(|listener| {
                     let policy = Arc::new(self.run.operation.policy.network.clone());
                     tokio::spawn(pvisor_net::proxy::serve(
                         listener,
@@ -200,13 +199,12 @@ impl Session {
                 });
                 drop(proxy_events);
                 let mut proxy_open = proxy.is_some();
-                let mut wait = tokio::task::spawn_blocking(move || process.wait());
                 let mut deadline: Option<tokio::time::Instant> = None;
                 let mut cancel_open = true;
                 let report = loop {
                     tokio::select! {
                         joined = &mut wait => {
-                            break joined.unwrap_or_else(|e| Err(SandboxError::Protocol(format!("the wait task failed: {e}"))));
+                            break joined.unwrap_or_else(|_| Err(SandboxError::Protocol("the sandbox thread ended without a report".into())));
                         }
                         sig = cancel.recv(), if cancel_open => {
                             let Some(sig) = sig else { cancel_open = false; continue };
@@ -246,6 +244,35 @@ impl Session {
             }
         };
         self.finalize(ending, started_at, baseline, clock.elapsed())
+    }
+
+    /// Starts the sandbox on a dedicated thread that also waits for it.
+    ///
+    /// The helper dies with the *thread* that forked it (`PR_SET_PDEATHSIG`
+    /// follows the parent thread), so starting on a pooled blocking thread that
+    /// may retire while the sandbox runs would kill it; this thread lives
+    /// exactly as long as the sandbox.
+    async fn start_sandbox(&self) -> Result<Started, SandboxError> {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let executor = self.executor.clone();
+        let spec = self.spec.clone();
+        std::thread::Builder::new()
+            .name("pvisor-sandbox".into())
+            .spawn(move || match executor.start(&spec) {
+                Ok(mut process) => {
+                    let _ = started_tx.send(Ok((process.signaller(), process.take_proxy_listener())));
+                    let _ = done_tx.send(process.wait());
+                }
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                }
+            })
+            .map_err(SandboxError::Spawn)?;
+        let (signaller, listener) = started_rx
+            .await
+            .unwrap_or_else(|_| Err(SandboxError::Protocol("the sandbox thread ended before starting".into())))?;
+        Ok((signaller, listener, done_rx))
     }
 
     /// Records one proxied request in the Trace and the tally.
