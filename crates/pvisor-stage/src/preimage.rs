@@ -104,12 +104,12 @@ fn entry_type(kind: Kind) -> EntryType {
     }
 }
 
-/// Whether applying `change` removes host content beneath a directory.
-pub fn removes_tree(change: &ChangeEntry) -> bool {
-    match change.kind {
-        ChangeKind::Deleted | ChangeKind::OpaqueDir | ChangeKind::TypeChanged => true,
-        ChangeKind::Added | ChangeKind::Modified | ChangeKind::ModeChanged | ChangeKind::Symlink => false,
-    }
+/// Whether applying `change` over a host *directory* would remove what is
+/// beneath it: the staged entry is not a directory (a deletion, a type change,
+/// or a file written where the host has a directory — e.g. inside an opaque
+/// directory), or the directory replaces the host's wholesale.
+fn removes_tree(change: &ChangeEntry) -> bool {
+    change.entry != EntryType::Dir || change.kind == ChangeKind::OpaqueDir
 }
 
 fn hash_reader(mut r: impl std::io::Read) -> std::io::Result<String> {
@@ -134,6 +134,8 @@ fn observe(
             return Ok(Err("changed on the host while the run was live".into()));
         }
     }
+    // A host directory that apply would remove is fingerprinted in full, so an
+    // edit anywhere beneath it is a conflict rather than a casualty.
     let blake3 = match st.kind {
         Kind::File => Some(hash_reader(root.open_file(rel).map_err(io)?).map_err(io)?),
         Kind::Symlink => Some(blake3::hash(&root.read_link(rel).map_err(io)?).to_hex().to_string()),
@@ -197,7 +199,7 @@ pub fn staged_state(change: &ChangeEntry) -> HostState {
 }
 
 /// Whether two states are the same for conflict purposes: directories compare
-/// by kind, mode and (when both have one) tree digest.
+/// by kind, mode and tree digest (present on both sides or on neither).
 pub fn same_state(a: &HostState, b: &HostState) -> bool {
     match (a, b) {
         (HostState::Absent, HostState::Absent) => true,
@@ -209,7 +211,9 @@ pub fn same_state(a: &HostState, b: &HostState) -> bool {
                 return false;
             }
             if *ea == EntryType::Dir {
-                return ba.is_none() || bb.is_none() || ba == bb;
+                // A tree digest on one side only never matches: content that
+                // apply would remove must be compared, not assumed.
+                return ba == bb;
             }
             sa == sb && ba == bb
         }

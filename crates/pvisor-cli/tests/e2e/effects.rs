@@ -334,3 +334,22 @@ fn ten_thousand_files_apply_and_review_in_full() {
     env.expect(&["apply", "--all"], 0);
     assert_eq!(fs::read_dir(env.ws.join("t")).unwrap().count(), 10000);
 }
+
+#[test]
+fn a_host_directory_replaced_by_a_staged_file_is_compared_in_full() {
+    let env = Env::new(As::Rootless);
+    env.write("d/x/inner", "host data\n");
+    env.write("d/other", "o\n");
+    // Inside an opaque directory, d/x becomes a file where the host has a directory.
+    assert!(env.run_sh("rm -rf d; mkdir d; echo file > d/x").status.success());
+    // The user edits something beneath d/x after the run.
+    fs::write(env.ws.join("d/x/inner"), "edited after the run\n").unwrap();
+    let out = env.expect(&["apply", "d/x"], 1);
+    assert!(out.contains("CONFLICT  d/x"), "{out}");
+    assert_eq!(fs::read_to_string(env.ws.join("d/x/inner")).unwrap(), "edited after the run\n");
+    // Put it back as it was: now the baseline matches and apply replaces it.
+    fs::write(env.ws.join("d/x/inner"), "host data\n").unwrap();
+    env.expect(&["apply", "d/x"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("d/x")).unwrap(), "file\n");
+    assert!(env.ws.join("d/other").exists(), "only the selected path changed");
+}
