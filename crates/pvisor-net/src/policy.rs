@@ -63,7 +63,45 @@ pub fn parse_config(text: &str, source: &str) -> Result<PolicySpec, PolicyError>
 }
 
 fn normalize(host: &str) -> String {
-    host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase()
+    let host = host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    // inet_aton accepts 2130706433, 0x7f.1, 0177.0.0.1 …: getaddrinfo would
+    // resolve those "names" to addresses, so they are addresses here too.
+    match parse_inet_aton(&host) {
+        Some(v4) => v4.to_string(),
+        None => host,
+    }
+}
+
+/// Parses the legacy IPv4 forms inet_aton(3) accepts: 1 to 4 parts, each
+/// decimal, octal (leading 0) or hex (0x), the last filling the remaining bytes.
+fn parse_inet_aton(s: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (digits, radix) = if let Some(hex) = part.strip_prefix("0x") {
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (*part, 10)
+        };
+        if digits.is_empty() && radix != 16 {
+            return None;
+        }
+        values.push(if digits.is_empty() { 0 } else { u64::from_str_radix(digits, radix).ok()? });
+    }
+    let (last, head) = values.split_last()?;
+    if head.iter().any(|&v| v > 255) || *last >= 1u64 << (8 * (4 - head.len())) {
+        return None;
+    }
+    let mut addr: u64 = 0;
+    for (i, v) in head.iter().enumerate() {
+        addr |= v << (24 - 8 * i);
+    }
+    Some(std::net::Ipv4Addr::from((addr | last) as u32))
 }
 
 fn validate(pattern: &str, source: &str) -> Result<String, PolicyError> {
@@ -155,6 +193,8 @@ pub fn is_internal(addr: IpAddr) -> bool {
                 || a.is_multicast()
                 || (seg0 & 0xfe00) == 0xfc00 // unique local
                 || (seg0 & 0xffc0) == 0xfe80 // link local
+                || (seg0 == 0x0064 && a.segments()[1] == 0xff9b) // NAT64 64:ff9b::/96
+                || seg0 == 0x2002 // 6to4 embeds an IPv4 address
         }
     }
 }
@@ -188,6 +228,12 @@ impl Decide for EffectiveNetwork {
     }
 
     fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+        if let Some(rule) = self.deny.iter().find(|r| r.pattern.parse::<IpAddr>().ok() == Some(addr)) {
+            return Err(format!(
+                "{host} resolves to {addr}, denied by deny {} ({})",
+                rule.pattern, rule.source
+            ));
+        }
         if !is_internal(addr) {
             return Ok(());
         }
@@ -254,6 +300,30 @@ mod tests {
         assert!(matches!(net.decide("10.1.2.3"), Decision::Allow { .. }));
         assert!(matches!(net.decide("93.184.216.34"), Decision::Deny { rule, .. } if rule == "ip-literal"));
         assert!(matches!(net.decide("[::1]"), Decision::Deny { .. }));
+    }
+
+    #[test]
+    fn legacy_ipv4_spellings_are_addresses_not_names() {
+        let net =
+            resolve(&[scoped(Scope::CommandLine, Some(Mode::Proxy), &["*"], &["203.0.113.5"])]).unwrap();
+        for spelled in ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "0x7F000001"] {
+            assert!(
+                matches!(net.decide(spelled), Decision::Deny { rule, .. } if rule == "ip-literal"),
+                "{spelled}"
+            );
+        }
+        assert!(matches!(net.decide("3405803781"), Decision::Deny { .. }), "203.0.113.5 as a number");
+        assert!(matches!(net.decide("example.com"), Decision::Allow { .. }));
+        assert!(
+            net.check_address("evil.example", "203.0.113.5".parse().unwrap()).is_err(),
+            "deny applies after resolving"
+        );
+        assert!(
+            is_internal("64:ff9b::7f00:1".parse().unwrap()) && is_internal("2002:7f00:1::".parse().unwrap())
+        );
+        assert_eq!(parse_inet_aton("1.2.3"), Some("1.2.0.3".parse().unwrap()));
+        assert_eq!(parse_inet_aton("example"), None);
+        assert_eq!(parse_inet_aton("256.1.1.1"), None);
     }
 
     #[test]

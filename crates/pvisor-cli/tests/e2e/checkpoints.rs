@@ -254,7 +254,8 @@ fn a_forged_archive_cannot_write_outside_the_import() {
     let resigned = env.dir.path().join("resigned.tar");
     forge(&archive, &resigned, |_| {});
     let fresh = env.dir.path().join("import-resigned");
-    let out = env.command(&["import", resigned.to_str().unwrap()]).env("PVISOR_HOME", &fresh).output().unwrap();
+    let out =
+        env.command(&["import", resigned.to_str().unwrap()]).env("PVISOR_HOME", &fresh).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let target = env.dir.path().join("pwned");
     for (name, path) in

@@ -134,18 +134,23 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             report.kept.push(keep(why));
             continue;
         }
+        // Hold the stage's apply lock, and mark the stage collected (durably)
+        // before removing anything: an apply never works from a half-removed stage.
+        let _lock = if dry_run {
+            None
+        } else {
+            let lock = pvisor_core::store::OwnerLock::acquire_blocking(&stage.join("apply.lock"))?;
+            pvisor_core::store::write_atomic(&stage.join("collected"), b"removed by pvisor gc\n")?;
+            if let Ok(mut trace) = Trace::reopen(store, &job.run) {
+                let _ =
+                    trace.emit("stage.collected", Some(job.target_attempt), None, json!({"by": "gc"}), true);
+            }
+            Some(lock)
+        };
         for part in ["upper", "work", "root", "empty"] {
             let path = stage.join(part);
             if path.exists() {
                 free(&mut report, format!("stage of {id} ({part})"), path)?;
-            }
-        }
-        if !dry_run {
-            std::fs::write(stage.join("collected"), b"removed by pvisor gc\n")
-                .map_err(|source| StoreError::Io { op: "mark", path: stage.join("collected"), source })?;
-            if let Ok(mut trace) = Trace::reopen(store, &job.run) {
-                let _ =
-                    trace.emit("stage.collected", Some(job.target_attempt), None, json!({"by": "gc"}), true);
             }
         }
     }

@@ -34,14 +34,18 @@ pub enum Killed {
 fn lock_holder(path: &std::path::Path) -> Option<i32> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
-    let ino = meta.ino();
+    let (ino, dev) = (meta.ino(), meta.dev());
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+    // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF" (major:minor in hex)
     locks.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let (kind, pid, id) = (fields.get(1)?, fields.get(4)?, fields.get(5)?);
-        let inode: u64 = id.rsplit(':').next()?.parse().ok()?;
-        (*kind == "FLOCK" && inode == ino).then(|| pid.parse().ok()).flatten()
+        let mut parts = id.split(':');
+        let maj = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let min = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let inode: u64 = parts.next()?.parse().ok()?;
+        (*kind == "FLOCK" && inode == ino && maj == major && min == minor).then(|| pid.parse().ok()).flatten()
     })
 }
 

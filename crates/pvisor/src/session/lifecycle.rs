@@ -269,9 +269,9 @@ impl Session {
                 }
             })
             .map_err(SandboxError::Spawn)?;
-        let (signaller, listener) = started_rx
-            .await
-            .unwrap_or_else(|_| Err(SandboxError::Protocol("the sandbox thread ended before starting".into())))?;
+        let (signaller, listener) = started_rx.await.unwrap_or_else(|_| {
+            Err(SandboxError::Protocol("the sandbox thread ended before starting".into()))
+        })?;
         Ok((signaller, listener, done_rx))
     }
 
