@@ -290,3 +290,36 @@ fn root_in_the_sandbox_cannot_make_the_host_writable() {
         assert!(stdout.contains(line), "missing {line:?} in {stdout}");
     }
 }
+
+/// TIOCSTI pushes bytes into a terminal's input queue. Run from the sandbox, it
+/// must reach only the sandbox's own terminal, never the shell that started pvisor.
+#[test]
+fn tiocsti_cannot_type_into_the_users_shell() {
+    let env = Env::new(As::Root);
+    env.write(
+        "inject.py",
+        "import fcntl, termios\nfor c in 'echo PWNED\\n':\n    fcntl.ioctl(0, termios.TIOCSTI, c)\nprint('injected')\n",
+    );
+    // After pvisor exits, the outer shell reads whatever is in its terminal's queue.
+    let inner = format!(
+        "bash -c 'PVISOR_HOME={} {} run -q -- /usr/bin/python3 inject.py; read -t 1 line; echo \"GOT:[$line]\"'",
+        env.home.display(),
+        bin()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .current_dir(&env.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("injected"), "{stdout}");
+    assert!(stdout.contains("GOT:[]"), "the injected line reached the user's shell: {stdout}");
+}
+
+#[test]
+fn the_sandbox_cannot_reach_the_hosts_other_terminals() {
+    let env = Env::new(As::Rootless);
+    let out = env.run_sh("ls /dev/pts");
+    assert_eq!(text(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["ptmx"], "{}", text(&out.stdout));
+}

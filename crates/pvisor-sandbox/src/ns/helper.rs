@@ -36,8 +36,10 @@ pub(crate) struct HelperSpec {
     pub sandbox: SandboxSpec,
     /// The supervisor's pid, to detect having been orphaned before `PR_SET_PDEATHSIG`.
     pub supervisor_pid: i32,
-    /// Whether the command should become the terminal's foreground process group.
-    pub tty_foreground: bool,
+    /// Whether stdin is the user's terminal (and pvisor its foreground job):
+    /// then the command gets a pseudo-terminal of its own, relayed by the
+    /// supervisor, instead of the user's terminal.
+    pub terminal: bool,
 }
 
 /// Signals the helper and init pass on to the command instead of acting on them.
@@ -246,7 +248,17 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| attach_network(spec.sandbox.network)) {
         e.report_and_exit();
     }
-    let command = Command::prepare(&spec);
+    // The command cannot read init's descriptors (the user's terminal among them)
+    // through /proc/1/fd.
+    // SAFETY: a plain prctl.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let mut command = Command::prepare(&spec);
+    if spec.terminal {
+        match open_pty() {
+            Ok(slave) => command.pty_slave = Some(slave),
+            Err(e) => e.report_and_exit(),
+        }
+    }
     Report::Ready.send();
 
     // SAFETY: init is single-threaded, so the child may run arbitrary code.
@@ -322,6 +334,36 @@ fn set_hostname(name: &str) -> Result<(), StepError> {
     Ok(())
 }
 
+/// Opens a pseudo-terminal in the sandbox's private devpts, copies the user's
+/// window size onto it, hands the master to the supervisor (which relays it to
+/// the user's terminal) and returns the slave's path for the command.
+fn open_pty() -> Result<CString, StepError> {
+    let err = |what: &str| StepError::new("terminal", format!("{what}: {}", std::io::Error::last_os_error()));
+    // SAFETY: posix_openpt/unlockpt/ptsname_r/ioctl on a descriptor we own,
+    // with buffers of the stated sizes.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if master < 0 {
+            return Err(err("cannot open /dev/ptmx"));
+        }
+        let master = OwnedFd::from_raw_fd(master);
+        if libc::unlockpt(master.as_raw_fd()) != 0 {
+            return Err(err("cannot unlock the pseudo-terminal"));
+        }
+        let mut name = [0 as libc::c_char; 128];
+        if libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len()) != 0 {
+            return Err(err("cannot name the pseudo-terminal"));
+        }
+        let mut size: libc::winsize = std::mem::zeroed();
+        if libc::ioctl(libc::STDIN_FILENO, libc::TIOCGWINSZ, &mut size) == 0 {
+            libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size);
+        }
+        sys::send_fd(FD_PASS_FD, master.as_raw_fd())
+            .map_err(|e| StepError::new("terminal", format!("cannot hand the terminal over: {e}")))?;
+        Ok(std::ffi::CStr::from_ptr(name.as_ptr()).to_owned())
+    }
+}
+
 /// Sets up the network the Placement asked for: nothing for the host
 /// network; loopback for an own namespace; and for the proxy, a listening
 /// socket inside the namespace that is handed to the supervisor, whose proxy
@@ -380,7 +422,8 @@ struct Command {
     argv: Vec<CString>,
     env: Vec<(String, String)>,
     cwd: PathBuf,
-    tty_foreground: bool,
+    /// The sandbox's own terminal, when the user's stdin is one.
+    pty_slave: Option<CString>,
     program_name: String,
     last_cap: u32,
 }
@@ -396,7 +439,7 @@ impl Command {
             argv,
             env: sandbox.env.clone(),
             cwd: sandbox.cwd.clone(),
-            tty_foreground: spec.tty_foreground,
+            pty_slave: None,
             program_name: sandbox.program.clone(),
             last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
                 .ok()
@@ -409,14 +452,22 @@ impl Command {
     fn exec(self) -> ! {
         // SAFETY: plain process-attribute calls in a single-threaded child.
         unsafe {
-            if self.tty_foreground {
-                libc::setpgid(0, 0);
-                // A background group may only take the terminal while ignoring SIGTTOU;
-                // every disposition is reset to default just below.
-                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
-            } else {
-                libc::setsid();
+            // A new session: the user's terminal is never the command's
+            // controlling terminal, so TIOCSTI cannot type into the user's shell.
+            libc::setsid();
+            if let Some(slave) = &self.pty_slave {
+                let fd = libc::open(slave.as_ptr(), libc::O_RDWR);
+                if fd >= 0 {
+                    libc::ioctl(fd, libc::TIOCSCTTY, 0);
+                    for target in 0..=2 {
+                        if libc::isatty(target) == 1 {
+                            libc::dup2(fd, target);
+                        }
+                    }
+                    if fd > 2 {
+                        libc::close(fd);
+                    }
+                }
             }
             for sig in 1..libc::SIGRTMIN() {
                 if sig != libc::SIGKILL && sig != libc::SIGSTOP {

@@ -9,6 +9,7 @@ pub(crate) mod diagnose;
 mod helper;
 mod mounts;
 mod protocol;
+mod terminal;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -86,7 +87,7 @@ impl Executor for NsExecutor {
         let helper_spec = helper::HelperSpec {
             sandbox: spec.clone(),
             supervisor_pid: std::process::id() as i32,
-            tty_foreground: stdin_is_foreground_tty(),
+            terminal: stdin_is_foreground_tty(),
         };
         let bytes = serde_json::to_vec(&helper_spec)
             .map_err(|e| SandboxError::Protocol(format!("cannot encode the sandbox spec: {e}")))?;
@@ -99,7 +100,7 @@ impl Executor for NsExecutor {
             child,
             reports: BufReader::new(File::from(report_read)),
             signaller: Signaller { pidfd: Arc::new(pidfd) },
-            tty_foreground: helper_spec.tty_foreground,
+            relay: None,
         };
         match process.next_report()? {
             Some(Report::Ready) => {
@@ -112,6 +113,16 @@ impl Executor for NsExecutor {
                             SandboxError::Protocol("the sandbox did not hand over its proxy listener".into())
                         })?;
                     process.proxy_listener = Some(std::net::TcpListener::from(fd));
+                }
+                if helper_spec.terminal {
+                    let master = sys::recv_fd(process.fd_pass.as_raw_fd())
+                        .map_err(|e| {
+                            SandboxError::Protocol(format!("cannot receive the sandbox's terminal: {e}"))
+                        })?
+                        .ok_or_else(|| {
+                            SandboxError::Protocol("the sandbox did not hand over its terminal".into())
+                        })?;
+                    process.relay = Some(terminal::Relay::start(master));
                 }
                 Ok(Box::new(process))
             }
@@ -141,8 +152,9 @@ fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// Whether stdin is a terminal whose foreground process group is ours; only then
-/// does the command take over the terminal (as a shell's foreground job would).
+/// Whether stdin is a terminal whose foreground process group is ours; only
+/// then does the command get a terminal of its own, relayed to the user's (a
+/// background pvisor must not put the user's terminal in raw mode).
 fn stdin_is_foreground_tty() -> bool {
     // SAFETY: isatty/tcgetpgrp/getpgrp only inspect descriptors and ids.
     unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
@@ -157,7 +169,8 @@ struct NsProcess {
     child: Child,
     reports: BufReader<File>,
     signaller: Signaller,
-    tty_foreground: bool,
+    /// The relay to the sandbox's own terminal, when stdin is the user's.
+    relay: Option<terminal::Relay>,
 }
 
 impl NsProcess {
@@ -181,16 +194,10 @@ impl NsProcess {
         }
     }
 
-    /// Gives the terminal back to pvisor's process group if the command had it.
-    fn restore_terminal(&self) {
-        if !self.tty_foreground {
-            return;
-        }
-        // SAFETY: ignoring SIGTTOU around tcsetpgrp, then restoring the old disposition.
-        unsafe {
-            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::tcsetpgrp(0, libc::getpgrp());
-            libc::signal(libc::SIGTTOU, old);
+    /// Stops relaying the sandbox's terminal and restores the user's.
+    fn restore_terminal(&mut self) {
+        if let Some(mut relay) = self.relay.take() {
+            relay.finish();
         }
     }
 }

@@ -6,7 +6,7 @@
 //!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
 //! - `/tmp`, `/run` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
 //!   new pid namespace; `/dev` is a tmpfs with only null, zero, full, random,
-//!   urandom, tty and the host's pts;
+//!   urandom, tty and a private devpts instance;
 //! - every hidden path (the state directory at least) is an empty read-only tmpfs.
 //!
 //! Private mounts are made before the workspace overlay, so a workspace that
@@ -167,13 +167,18 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(|e| io_err("create /dev/shm".into(), e))?;
     tmpfs(&shm, "mode=1777", 0)?;
-    // The host's pts lets an inherited terminal keep its name (`tty`, `ssh -t`).
-    if Path::new("/dev/pts").is_dir() {
-        let pts = dev.join("pts");
-        fs::create_dir(&pts).map_err(|e| io_err("create /dev/pts".into(), e))?;
-        sys::mount(Some("/dev/pts"), &pts, None, libc::MS_BIND, None)
-            .map_err(|e| mount_err("dev", "bind /dev/pts", e))?;
-    }
+    // A private devpts instance: the sandbox's own pseudo-terminal lives here,
+    // and none of the host's terminals is reachable.
+    let pts = dev.join("pts");
+    fs::create_dir(&pts).map_err(|e| io_err("create /dev/pts".into(), e))?;
+    sys::mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(|e| mount_err("dev", "mount a private /dev/pts", e))?;
     Ok(())
 }
 
