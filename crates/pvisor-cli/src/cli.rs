@@ -81,6 +81,17 @@ pub struct RunOptions {
     /// Deny a domain even if allowed (deny beats allow). Repeatable.
     #[arg(long, value_name = "DOMAIN")]
     pub deny: Vec<String>,
+    /// Hide a file or directory from the command (in addition to the secret
+    /// stores hidden by default: ~/.ssh, ~/.aws, ~/.gnupg, ~/.netrc, …). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub hide: Vec<PathBuf>,
+    /// Show a path that is hidden by default (e.g. --expose ~/.npmrc). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub expose: Vec<PathBuf>,
+    /// Pass a variable whose name looks secret (*_TOKEN, *_SECRET, *_PASSWORD,
+    /// *_API_KEY, AWS_*, SSH_AUTH_SOCK are removed otherwise). Repeatable.
+    #[arg(long = "env", value_name = "NAME")]
+    pub env: Vec<String>,
 }
 
 fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -41,6 +41,49 @@ pub struct RunRequest {
     pub network: Vec<pvisor_net::ScopedPolicy>,
     /// Start from a workspace checkpoint (a fork) instead of an empty stage.
     pub fork: Option<pvisor_core::ids::CheckpointId>,
+    /// Secrets: the user's home (for the default secret stores), extra paths
+    /// to hide, paths to expose anyway, and variables to pass despite their names.
+    pub secrets: SecretPolicy,
+}
+
+/// What the sandbox must not see of the user's secrets.
+#[derive(Clone, Debug, Default)]
+pub struct SecretPolicy {
+    pub home: Option<PathBuf>,
+    pub hide: Vec<PathBuf>,
+    pub expose: Vec<PathBuf>,
+    pub pass_env: Vec<String>,
+}
+
+/// Secret stores hidden by default, relative to the home directory.
+pub const DEFAULT_HIDDEN: [&str; 19] = [
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/hub",
+    ".netrc",
+    ".git-credentials",
+    ".docker",
+    ".kube",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".password-store",
+    ".local/share/keyrings",
+    ".vault-token",
+    ".terraform.d/credentials.tfrc.json",
+];
+
+/// Whether a variable's name marks it as a secret (scrubbed unless passed).
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper == "SSH_AUTH_SOCK"
+        || upper.starts_with("AWS_")
+        || ["_TOKEN", "_SECRET", "_PASSWORD", "_API_KEY", "_PASSWD"].iter().any(|s| upper.ends_with(s))
 }
 
 /// The loopback port the proxy listens on inside the sandbox.
@@ -179,6 +222,37 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         }
     };
 
+    // Secrets: scrub variables by name, hide secret stores; recorded by name only.
+    type Vars = Vec<(String, String)>;
+    let (env, scrubbed): (Vars, Vars) = request
+        .env
+        .into_iter()
+        .partition(|(k, _)| !is_secret_name(k) || request.secrets.pass_env.iter().any(|p| p == k));
+    let scrubbed: Vec<String> = scrubbed.into_iter().map(|(k, _)| k).collect();
+    let mut hidden_secrets: Vec<(PathBuf, &'static str)> = Vec::new();
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let exposed: Vec<PathBuf> =
+        request.secrets.expose.iter().map(|p| canonical(p).unwrap_or_else(|| p.clone())).collect();
+    let defaults =
+        request.secrets.home.iter().flat_map(|home| DEFAULT_HIDDEN.iter().map(move |rel| home.join(rel)));
+    let candidates = defaults
+        .map(|p| (p, "secret store"))
+        .chain(request.secrets.hide.iter().map(|p| (p.clone(), "--hide")));
+    for (path, reason) in candidates {
+        let Some(real) = canonical(&path) else { continue };
+        // The workspace itself can never be hidden from the command.
+        if exposed.contains(&real)
+            || workspace.starts_with(&real)
+            || hidden_secrets.iter().any(|(p, _)| *p == real)
+        {
+            continue;
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        hidden_secrets.push((real, reason));
+    }
+
     let now = Timestamp::now();
     let job_id = JobId::generate();
     let run_id = RunId::generate();
@@ -196,11 +270,13 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
     let policy = EffectivePolicy {
         network: network.clone(),
         kill_grace_ms: request.kill_grace.as_millis() as u64,
-        hidden_paths: vec![state.clone()],
+        hidden_paths: std::iter::once(state.clone())
+            .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
+            .collect(),
     };
     let placement =
         Placement { executor: executor.to_owned(), rootless: euid != 0, sandbox_uid: euid, host, kernel };
-    let mut env: Vec<(String, String)> = request.env;
+    let mut env = env;
     let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
     if network.mode == NetworkMode::Proxy {
         // Ordinary tools (curl, pip, npm, cargo, git) honour these.
@@ -300,6 +376,24 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         json!({"rewrite": "hide", "path": state, "reason": "the sandbox must not read or forge pvisor's records"}),
         false,
     )?;
+    for (path, reason) in &hidden_secrets {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "hide", "path": path, "reason": reason}),
+            false,
+        )?;
+    }
+    for name in &scrubbed {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "env.remove", "name": name, "reason": "named like a secret; pass it with --env"}),
+            false,
+        )?;
+    }
     for (name, _) in &env_rewrites {
         trace.emit(
             "admission.rewrite",

@@ -25,6 +25,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         kill_grace: Duration::from_secs(5),
         network: Vec::new(),
         fork: None,
+        secrets: Default::default(),
     }
 }
 

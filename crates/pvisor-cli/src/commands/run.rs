@@ -50,6 +50,12 @@ pub fn execute(
     }
     let network = network_scopes(options, &workspace)?;
     let request = RunRequest {
+        secrets: pvisor::admission::SecretPolicy {
+            home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
+            hide: options.hide.clone(),
+            expose: options.expose.clone(),
+            pass_env: options.env.clone(),
+        },
         fork,
         network,
         workspace,

@@ -323,3 +323,108 @@ fn the_sandbox_cannot_reach_the_hosts_other_terminals() {
     let out = env.run_sh("ls /dev/pts");
     assert_eq!(text(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["ptmx"], "{}", text(&out.stdout));
 }
+
+#[test]
+fn secret_stores_and_secret_variables_stay_out_unless_asked_for() {
+    let env = Env::new(As::Rootless);
+    // A home outside /tmp: the sandbox's /tmp is private, which would hide it anyway.
+    let home_dir = tempfile::Builder::new().prefix("pvisor-e2e-home-").tempdir_in("/var/tmp").unwrap();
+    let home = home_dir.path();
+    for (rel, content) in [
+        (".ssh/id_ed25519", "PRIVATE KEY"),
+        (".aws/credentials", "aws secret"),
+        (".netrc", "machine x password p"),
+        (".docker/config.json", "{\"auths\":{}}"),
+        ("notes/plan.txt", "hide me too"),
+    ] {
+        let path = home.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, content).unwrap();
+    }
+    env.give_away(home);
+    let script = r#"
+        cat ~/.ssh/id_ed25519 ~/.aws/credentials ~/.netrc ~/.docker/config.json ~/notes/plan.txt 2>/dev/null
+        ls -A ~/.ssh ~/.aws ~/.docker ~/notes 2>/dev/null
+        echo "token=[$GH_TOKEN] pass=[$DB_PASSWORD] aws=[$AWS_SECRET_ACCESS_KEY] agent=[$SSH_AUTH_SOCK] plain=[$PLAIN] kept=[$KEEP_TOKEN]"
+        touch ~/.ssh/planted 2>/dev/null && echo PLANTED; true
+    "#;
+    let out = env
+        .command(&[
+            "run",
+            "--hide",
+            home.join("notes").to_str().unwrap(),
+            "--env",
+            "KEEP_TOKEN",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .env("GH_TOKEN", "ghp-secret-value-1")
+        .env("DB_PASSWORD", "hunter2-value")
+        .env("AWS_SECRET_ACCESS_KEY", "aws-value-3")
+        .env("SSH_AUTH_SOCK", "/tmp/agent.sock")
+        .env("PLAIN", "visible")
+        .env("KEEP_TOKEN", "passed-on-purpose")
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    for leaked in [
+        "PRIVATE KEY",
+        "aws secret",
+        "password p",
+        "auths",
+        "hide me too",
+        "id_ed25519",
+        "credentials",
+        "PLANTED",
+    ] {
+        assert!(!stdout.contains(leaked), "{leaked} leaked: {stdout}");
+    }
+    assert!(
+        stdout.contains("token=[] pass=[] aws=[] agent=[] plain=[visible] kept=[passed-on-purpose]"),
+        "{stdout}"
+    );
+
+    // Each hide and scrub is a rewrite recorded by name, never by value.
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let events = env.events(&job);
+    let rewrites: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["type"] == "admission.rewrite").map(|e| &e["data"]).collect();
+    for name in ["GH_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY", "SSH_AUTH_SOCK"] {
+        assert!(
+            rewrites.iter().any(|r| r["rewrite"] == "env.remove" && r["name"] == name),
+            "{name}: {rewrites:?}"
+        );
+    }
+    assert!(rewrites
+        .iter()
+        .any(|r| r["rewrite"] == "hide" && r["path"].as_str().unwrap().ends_with("/.ssh")));
+    assert!(rewrites.iter().any(|r| r["rewrite"] == "hide" && r["reason"] == "--hide"));
+    let all = serde_json::to_string(&events).unwrap();
+    for value in ["ghp-secret-value-1", "hunter2-value", "aws-value-3", "passed-on-purpose"] {
+        assert!(!all.contains(value), "a secret value reached the Trace");
+    }
+    let run_json = fs::read_to_string(
+        env.home.join("runs").join(env.status_json(None)["run"].as_str().unwrap()).join("run.json"),
+    )
+    .unwrap();
+    assert!(!run_json.contains("ghp-secret-value-1") && !run_json.contains("passed-on-purpose"));
+
+    // --expose brings one back.
+    let out = env
+        .command(&[
+            "run",
+            "-q",
+            "--expose",
+            home.join(".netrc").to_str().unwrap(),
+            "--",
+            "cat",
+            home.join(".netrc").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout), "machine x password p");
+}

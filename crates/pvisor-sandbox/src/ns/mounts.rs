@@ -7,7 +7,8 @@
 //! - `/tmp`, `/run` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
 //!   new pid namespace; `/dev` is a tmpfs with only null, zero, full, random,
 //!   urandom, tty and a private devpts instance;
-//! - every hidden path (the state directory at least) is an empty read-only tmpfs.
+//! - every hidden path (the state directory, the user's secret stores) is an
+//!   empty read-only tmpfs (directories) or a read-only `/dev/null` (files).
 //!
 //! Private mounts are made before the workspace overlay, so a workspace that
 //! lives under `/tmp` still appears (its mount point is created in the new tmpfs).
@@ -53,14 +54,11 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
 
     protect_proc(&under(root, Path::new("/proc")))?;
 
-    for hidden in &spec.hidden {
-        let target = under(root, hidden);
-        if fs::symlink_metadata(&target).map(|m| m.is_dir()).unwrap_or(false) {
-            tmpfs(&target, "mode=0755,size=4k", libc::MS_RDONLY)?;
-        }
-    }
-
     overlay_workspace(spec, root)?;
+    // After the overlay, so a hidden path inside the workspace is hidden too.
+    for hidden in &spec.hidden {
+        hide(&under(root, hidden))?;
+    }
 
     let enter = |what: &str, e: io::Error| mount_err("pivot-root", what, e);
     std::env::set_current_dir(root).map_err(|e| enter("enter the new root", e))?;
@@ -113,6 +111,24 @@ fn protect_proc(proc: &Path) -> Result<(), StepError> {
         }
     }
     Ok(())
+}
+
+/// Replaces `target` with nothing: a directory by an empty read-only tmpfs, a
+/// file (or socket) by a read-only `/dev/null`. Admission resolved symlinks,
+/// so `target` is the real location; a missing one is left alone.
+fn hide(target: &Path) -> Result<(), StepError> {
+    let Ok(meta) = fs::symlink_metadata(target) else { return Ok(()) };
+    if meta.is_dir() {
+        return tmpfs(target, "mode=0755,size=4k", libc::MS_RDONLY);
+    }
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    let what = format!("hide {}", target.display());
+    sys::mount(Some("/dev/null"), target, None, libc::MS_BIND, None)
+        .map_err(|e| mount_err("hide", &what, e))?;
+    sys::mount(None, target, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY, None)
+        .map_err(|e| mount_err("hide", &what, e))
 }
 
 fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
