@@ -92,6 +92,10 @@ pub struct RunOptions {
     /// *_API_KEY, AWS_*, SSH_AUTH_SOCK are removed otherwise). Repeatable.
     #[arg(long = "env", value_name = "NAME")]
     pub env: Vec<String>,
+    /// Run without pvisor's seccomp filter (for tools that need user
+    /// namespaces or mounts of their own). Recorded in the run's policy.
+    #[arg(long)]
+    pub no_seccomp: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {

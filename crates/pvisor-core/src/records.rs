@@ -155,6 +155,13 @@ pub struct EffectivePolicy {
     pub kill_grace_ms: u64,
     /// Paths hidden from the sandbox (replaced by empty directories).
     pub hidden_paths: Vec<PathBuf>,
+    /// Whether the command runs under pvisor's seccomp deny-list.
+    #[serde(default = "enabled")]
+    pub seccomp: bool,
+}
+
+fn enabled() -> bool {
+    true
 }
 
 /// How the sandbox reaches the network.

@@ -66,6 +66,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
         hostname: "pvisor-doctor".into(),
         network: crate::NetworkAttachment::Isolated,
+        seccomp: true,
     };
     let process = NsExecutor.start(&spec).map_err(|e| match e.hint() {
         Some(hint) => format!("{e} (fix: {hint})"),
@@ -296,7 +297,13 @@ fn seccomp() -> Check {
             None,
             false,
         ),
-        Err(_) => check("seccomp", Status::Info, "not available (CONFIG_SECCOMP_FILTER)", None, false),
+        Err(_) => check(
+            "seccomp",
+            Status::Missing,
+            "not available (CONFIG_SECCOMP_FILTER)",
+            Some("run with --no-seccomp, or use a kernel with CONFIG_SECCOMP_FILTER".into()),
+            false,
+        ),
     }
 }
 

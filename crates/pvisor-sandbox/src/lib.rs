@@ -41,6 +41,8 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     pub hostname: String,
     pub network: NetworkAttachment,
+    /// Install the seccomp deny-list on the command (see `ns/seccomp.rs`).
+    pub seccomp: bool,
 }
 
 /// How the sandbox is attached to the network.

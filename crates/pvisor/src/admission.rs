@@ -44,6 +44,8 @@ pub struct RunRequest {
     /// Secrets: the user's home (for the default secret stores), extra paths
     /// to hide, paths to expose anyway, and variables to pass despite their names.
     pub secrets: SecretPolicy,
+    /// Install the seccomp deny-list (on unless the user turns it off).
+    pub seccomp: bool,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -270,6 +272,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
     let policy = EffectivePolicy {
         network: network.clone(),
         kill_grace_ms: request.kill_grace.as_millis() as u64,
+        seccomp: request.seccomp,
         hidden_paths: std::iter::once(state.clone())
             .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
             .collect(),
@@ -427,6 +430,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         env,
         hostname: "pvisor".into(),
         network: attachment,
+        seccomp: request.seccomp,
     };
     let restore_from = fork.map(|(dir, _)| dir);
     Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from })

@@ -26,6 +26,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         network: Vec::new(),
         fork: None,
         secrets: Default::default(),
+        seccomp: true,
     }
 }
 

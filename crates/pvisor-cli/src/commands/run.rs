@@ -57,6 +57,7 @@ pub fn execute(
             pass_env: options.env.clone(),
         },
         fork,
+        seccomp: !options.no_seccomp,
         network,
         workspace,
         cwd: None,

@@ -298,23 +298,27 @@ fn tiocsti_cannot_type_into_the_users_shell() {
     let env = Env::new(As::Root);
     env.write(
         "inject.py",
-        "import fcntl, termios\nfor c in 'echo PWNED\\n':\n    fcntl.ioctl(0, termios.TIOCSTI, c)\nprint('injected')\n",
+        "import fcntl, termios\ntry:\n    for c in 'echo PWNED\\n':\n        fcntl.ioctl(0, termios.TIOCSTI, c)\n    print('injected')\nexcept OSError as e:\n    print('refused', e.errno)\n",
     );
-    // After pvisor exits, the outer shell reads whatever is in its terminal's queue.
-    let inner = format!(
-        "bash -c 'PVISOR_HOME={} {} run -q -- /usr/bin/python3 inject.py; read -t 1 line; echo \"GOT:[$line]\"'",
-        env.home.display(),
-        bin()
-    );
-    let out = Command::new("script")
-        .args(["-qec", &inner, "/dev/null"])
-        .current_dir(&env.ws)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert!(stdout.contains("injected"), "{stdout}");
-    assert!(stdout.contains("GOT:[]"), "the injected line reached the user's shell: {stdout}");
+    // Two layers, each tested alone: seccomp refuses TIOCSTI outright; without
+    // it, the sandbox's own pseudo-terminal is the only one it can reach.
+    for (flags, expect) in [("", "refused 1"), ("--no-seccomp", "injected")] {
+        // After pvisor exits, the outer shell reads whatever is in its terminal's queue.
+        let inner = format!(
+            "bash -c 'PVISOR_HOME={} {} run -q {flags} -- /usr/bin/python3 inject.py; read -t 1 line; echo \"GOT:[$line]\"'",
+            env.home.display(),
+            bin()
+        );
+        let out = Command::new("script")
+            .args(["-qec", &inner, "/dev/null"])
+            .current_dir(&env.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains(expect), "{flags}: {stdout}");
+        assert!(stdout.contains("GOT:[]"), "{flags}: the injected line reached the user's shell: {stdout}");
+    }
 }
 
 #[test]
@@ -427,4 +431,43 @@ fn secret_stores_and_secret_variables_stay_out_unless_asked_for() {
         .output()
         .unwrap();
     assert_eq!(text(&out.stdout), "machine x password p");
+}
+
+/// The seccomp deny-list refuses the escape and kernel-attack surface, while
+/// ordinary developer workloads (a compiler, git, Python) keep working.
+/// (The probe uses x86_64 syscall numbers.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn seccomp_refuses_the_attack_surface_and_keeps_workloads_working() {
+    let env = Env::new(As::Rootless);
+    env.write(
+        "probe.py",
+        r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"keyctl": (250, 0, 0, 0, 0), "add_key": (248, 0, 0, 0, 0, 0), "bpf": (321, 0, 0, 0),
+         "userfaultfd": (323, 0), "perf_event_open": (298, 0, 0, 0, 0, 0), "open_by_handle_at": (304, 0, 0, 0),
+         "kexec_load": (246, 0, 0, 0, 0), "init_module": (175, 0, 0, 0), "mount": (165, 0, 0, 0, 0, 0),
+         "pivot_root": (155, 0, 0), "unshare_user": (272, 0x10000000), "settimeofday": (164, 0, 0),
+         "swapon": (167, 0, 0), "reboot": (169, 0, 0, 0, 0), "setns": (308, 0, 0)}
+for name, args in calls.items():
+    rc = libc.syscall(*args)
+    print(name, "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
+"#,
+    );
+    let out = env.run_sh(
+        "/usr/bin/python3 probe.py; \
+         printf 'int main(void){return 0;}' > /tmp/t.c && cc /tmp/t.c -o /tmp/t && /tmp/t && echo CC-OK; \
+         git init -q /tmp/r && git -C /tmp/r -c user.name=a -c user.email=b commit --allow-empty -qm m && echo GIT-OK; \
+         /usr/bin/python3 -c 'import subprocess, threading; threading.Thread(target=print).start(); print(subprocess.run([\"true\"]).returncode)'",
+    );
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("ALLOWED"), "{stdout}");
+    assert_eq!(stdout.matches("refused 1").count(), 15, "every call refused with EPERM: {stdout}");
+    assert!(stdout.contains("CC-OK") && stdout.contains("GIT-OK"), "{stdout} {}", text(&out.stderr));
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let policy = env.events(&job).into_iter().find(|e| e["type"] == "admission.policy").unwrap();
+    assert_eq!(policy["data"]["seccomp"], true);
+
+    let off = env.pvisor(&["run", "-q", "--no-seccomp", "--", "grep", "Seccomp:", "/proc/self/status"]);
+    assert!(text(&off.stdout).contains("0"), "{}", text(&off.stdout));
 }

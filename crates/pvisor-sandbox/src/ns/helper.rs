@@ -253,6 +253,14 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     // SAFETY: a plain prctl.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     let mut command = Command::prepare(&spec);
+    if spec.sandbox.seccomp {
+        match super::seccomp::build() {
+            Ok(filters) => command.seccomp = Some(filters),
+            Err(e) => StepError::new("seccomp", format!("cannot build the seccomp filter: {e}"))
+                .hint("run with --no-seccomp to go without it (recorded as such)")
+                .report_and_exit(),
+        }
+    }
     if spec.terminal {
         match open_pty() {
             Ok(slave) => command.pty_slave = Some(slave),
@@ -424,6 +432,7 @@ struct Command {
     cwd: PathBuf,
     /// The sandbox's own terminal, when the user's stdin is one.
     pty_slave: Option<CString>,
+    seccomp: Option<super::seccomp::Filters>,
     program_name: String,
     last_cap: u32,
 }
@@ -440,6 +449,7 @@ impl Command {
             env: sandbox.env.clone(),
             cwd: sandbox.cwd.clone(),
             pty_slave: None,
+            seccomp: None,
             program_name: sandbox.program.clone(),
             last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
                 .ok()
@@ -489,6 +499,12 @@ impl Command {
         // SAFETY: a plain prctl; no_new_privs also keeps setuid and file
         // capabilities from granting back what was just dropped.
         unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        if let Some(filters) = &self.seccomp {
+            if let Err(e) = filters.apply() {
+                StepError::new("seccomp", format!("cannot install the seccomp filter: {e}"))
+                    .report_and_exit();
+            }
+        }
         for (key, _) in std::env::vars_os() {
             std::env::remove_var(key);
         }

@@ -9,6 +9,7 @@ pub(crate) mod diagnose;
 mod helper;
 mod mounts;
 mod protocol;
+mod seccomp;
 mod terminal;
 
 use std::fs::File;

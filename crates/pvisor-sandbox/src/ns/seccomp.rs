@@ -1,0 +1,122 @@
+//! The command's seccomp filter: a deny-list of the escape and kernel-attack
+//! surface, on top of the dropped capabilities (defence in depth against
+//! kernel bugs reachable without privileges).
+//!
+//! Refused with `EPERM`, and why:
+//! - `mount`, `umount2`, `pivot_root` and the new mount API (`open_tree`,
+//!   `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`,
+//!   `mount_setattr`): reshaping the filesystem view is how sandboxes are escaped;
+//! - `unshare`/`clone` with `CLONE_NEWUSER`, and `setns`: a new user namespace
+//!   hands out fresh capabilities and a large kernel attack surface;
+//! - `kexec_load`, `kexec_file_load`, `init_module`, `finit_module`,
+//!   `delete_module`, `reboot`, `swapon`, `swapoff`, `acct`, `quotactl`: host
+//!   administration, never a workload's business;
+//! - `bpf`, `perf_event_open`, `userfaultfd`: frequent sources of kernel
+//!   exploits (userfaultfd is the classic race amplifier);
+//! - `keyctl`, `add_key`, `request_key`: the kernel keyring is not namespaced;
+//! - `open_by_handle_at`: opens files by handle, bypassing the mount view
+//!   (the "shocker" container escape);
+//! - `settimeofday`, `clock_settime`, `clock_adjtime`: the host clock;
+//! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: typing into a terminal.
+//!
+//! `clone3` gets `ENOSYS`: its flags live in memory a filter cannot read, and
+//! libc falls back to `clone`, which is checked. `ptrace` stays allowed: the
+//! pid namespace already confines it to the sandbox, and debuggers need it.
+//! Compilers, package managers, git, Python and Node use none of the above.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+const DENIED: &[i64] = &[
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_setns,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+];
+
+/// The two programs to install: the `EPERM` deny-list, and `ENOSYS` for clone3.
+#[derive(Debug)]
+pub(crate) struct Filters {
+    deny: BpfProgram,
+    no_clone3: BpfProgram,
+}
+
+fn arch() -> Result<seccompiler::TargetArch, String> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| format!("no seccomp support for {}: {e:?}", std::env::consts::ARCH))
+}
+
+fn masked(arg: u8, bits: u64) -> Result<SeccompRule, String> {
+    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bits), bits)
+        .map_err(|e| e.to_string())?;
+    SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
+}
+
+fn equals(arg: u8, value: u64) -> Result<SeccompRule, String> {
+    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+        .map_err(|e| e.to_string())?;
+    SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
+}
+
+/// Builds the filters (before fork: this allocates).
+// The ioctl request type is `c_ulong` on some targets and `c_int` on others.
+#[allow(clippy::unnecessary_cast)]
+pub(crate) fn build() -> Result<Filters, String> {
+    let arch = arch()?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let newuser = libc::CLONE_NEWUSER as u64;
+    rules.insert(libc::SYS_unshare, vec![masked(0, newuser)?]);
+    rules.insert(libc::SYS_clone, vec![masked(0, newuser)?]);
+    rules.insert(libc::SYS_ioctl, vec![equals(1, libc::TIOCSTI as u64)?, equals(1, libc::TIOCLINUX as u64)?]);
+    let deny =
+        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
+            .map_err(|e| e.to_string())?;
+    let mut clone3 = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, Vec::new());
+    let no_clone3 =
+        SeccompFilter::new(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)
+            .map_err(|e| e.to_string())?;
+    Ok(Filters {
+        deny: deny.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
+        no_clone3: no_clone3.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
+    })
+}
+
+impl Filters {
+    /// Installs both filters on the calling thread (needs `no_new_privs`).
+    pub(crate) fn apply(&self) -> Result<(), String> {
+        seccompiler::apply_filter(&self.deny).map_err(|e| e.to_string())?;
+        seccompiler::apply_filter(&self.no_clone3).map_err(|e| e.to_string())
+    }
+}
