@@ -96,6 +96,21 @@ pub struct RunOptions {
     /// namespaces or mounts of their own). Recorded in the run's policy.
     #[arg(long)]
     pub no_seccomp: bool,
+    /// Memory limit (e.g. 512M, 2G): a cgroup where possible, else an
+    /// address-space rlimit. The run says how it was enforced.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub memory: Option<u64>,
+    /// Maximum number of processes and threads in the sandbox.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU limit in cores (e.g. 0.5, 2); needs a cgroup, else it is reported
+    /// as not enforced.
+    #[arg(long, value_name = "CORES")]
+    pub cpus: Option<f64>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    pvisor_sandbox::limits::parse_size(s).ok_or_else(|| format!("{s:?} is not a size like 512M or 2G"))
 }
 
 fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -158,6 +158,17 @@ pub struct EffectivePolicy {
     /// Whether the command runs under pvisor's seccomp deny-list.
     #[serde(default = "enabled")]
     pub seccomp: bool,
+    /// Requested resource limits (how each was enforced is in the Bundle).
+    #[serde(default)]
+    pub limits: ResourceLimits,
+}
+
+/// `--memory`, `--pids`, `--cpus`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResourceLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpus: Option<f64>,
 }
 
 fn enabled() -> bool {

@@ -67,6 +67,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         hostname: "pvisor-doctor".into(),
         network: crate::NetworkAttachment::Isolated,
         seccomp: true,
+        limits: Default::default(),
     };
     let process = NsExecutor.start(&spec).map_err(|e| match e.hint() {
         Some(hint) => format!("{e} (fix: {hint})"),

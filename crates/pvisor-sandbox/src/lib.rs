@@ -12,6 +12,7 @@
 //! single-threaded helper that builds the namespaces (see `ns/helper.rs`).
 
 pub mod doctor;
+pub mod limits;
 pub mod ns;
 mod sys;
 
@@ -43,6 +44,9 @@ pub struct SandboxSpec {
     pub network: NetworkAttachment,
     /// Install the seccomp deny-list on the command (see `ns/seccomp.rs`).
     pub seccomp: bool,
+    /// Resource limits (see `limits.rs`).
+    #[serde(default)]
+    pub limits: limits::Limits,
 }
 
 /// How the sandbox is attached to the network.
@@ -105,6 +109,8 @@ pub struct Usage {
 pub struct ExitReport {
     pub termination: Termination,
     pub usage: Usage,
+    /// The kernel's OOM killer acted in the run's memory cgroup.
+    pub oom_killed: bool,
 }
 
 /// A failure to create or supervise a sandbox. The command never ran unsandboxed.
@@ -155,6 +161,11 @@ pub trait SandboxProcess: Send + std::fmt::Debug {
     /// namespace (only with [`NetworkAttachment::ProxyListener`]).
     fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
         None
+    }
+
+    /// How each requested resource limit is enforced (or why it is not).
+    fn limits(&self) -> Vec<limits::Enforcement> {
+        Vec::new()
     }
 
     /// Blocks until the sandbox is gone and returns how the command ended.

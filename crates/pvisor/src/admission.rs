@@ -46,6 +46,8 @@ pub struct RunRequest {
     pub secrets: SecretPolicy,
     /// Install the seccomp deny-list (on unless the user turns it off).
     pub seccomp: bool,
+    /// `--memory`, `--pids`, `--cpus`.
+    pub limits: pvisor_core::records::ResourceLimits,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -273,6 +275,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         network: network.clone(),
         kill_grace_ms: request.kill_grace.as_millis() as u64,
         seccomp: request.seccomp,
+        limits: request.limits.clone(),
         hidden_paths: std::iter::once(state.clone())
             .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
             .collect(),
@@ -431,6 +434,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         hostname: "pvisor".into(),
         network: attachment,
         seccomp: request.seccomp,
+        limits: request.limits,
     };
     let restore_from = fork.map(|(dir, _)| dir);
     Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from })

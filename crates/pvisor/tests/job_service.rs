@@ -27,6 +27,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         fork: None,
         secrets: Default::default(),
         seccomp: true,
+        limits: Default::default(),
     }
 }
 

@@ -58,6 +58,11 @@ pub fn execute(
         },
         fork,
         seccomp: !options.no_seccomp,
+        limits: pvisor_core::records::ResourceLimits {
+            memory_bytes: options.memory,
+            pids: options.pids,
+            cpus: options.cpus,
+        },
         network,
         workspace,
         cwd: None,

@@ -40,6 +40,10 @@ pub(crate) struct HelperSpec {
     /// then the command gets a pseudo-terminal of its own, relayed by the
     /// supervisor, instead of the user's terminal.
     pub terminal: bool,
+    /// `cgroup.procs` files to join before the namespaces are made.
+    pub cgroup_join: Vec<PathBuf>,
+    /// `(resource, value)` rlimits, where no cgroup could enforce a limit.
+    pub rlimits: Vec<(u32, u64)>,
 }
 
 /// Signals the helper and init pass on to the command instead of acting on them.
@@ -127,6 +131,20 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     let mask = sys::sigset(&waited);
     sys::set_sigmask(libc::SIG_BLOCK, &mask).map_err(|e| helper_err("sigprocmask", e))?;
 
+    // Join the run's cgroups and set rlimits first: everything after inherits them.
+    for procs in &spec.cgroup_join {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        std::fs::write(procs, pid.to_string())
+            .map_err(|e| StepError::new("limits", format!("cannot join {}: {e}", procs.display())))?;
+    }
+    for &(resource, value) in &spec.rlimits {
+        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+        // SAFETY: setrlimit with a valid resource number and struct.
+        if unsafe { libc::setrlimit(resource as _, &limit) } != 0 {
+            return Err(helper_err("setrlimit", std::io::Error::last_os_error()));
+        }
+    }
     let (go_read, go_write) = sys::pipe().map_err(|e| helper_err("pipe", e))?;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };

@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,7 +86,10 @@ impl Executor for NsExecutor {
         drop(fd_pass_child);
         let pidfd = sys::pidfd_open(child.id() as libc::pid_t).map_err(SandboxError::Spawn)?;
 
+        let mut limits = crate::limits::apply(&spec.limits, &cgroup_name(spec));
         let helper_spec = helper::HelperSpec {
+            cgroup_join: std::mem::take(&mut limits.join),
+            rlimits: std::mem::take(&mut limits.rlimits),
             sandbox: spec.clone(),
             supervisor_pid: std::process::id() as i32,
             terminal: stdin_is_foreground_tty(),
@@ -96,6 +100,7 @@ impl Executor for NsExecutor {
         let _ = File::from(spec_write).write_all(&bytes);
 
         let mut process = NsProcess {
+            limits,
             fd_pass,
             proxy_listener: None,
             child,
@@ -143,6 +148,23 @@ impl Executor for NsExecutor {
     }
 }
 
+/// A cgroup name unique to this start: the stage's run directory, else pid and time.
+fn cgroup_name(spec: &SandboxSpec) -> String {
+    let run = spec
+        .upper
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned());
+    run.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!("pvisor-{}-{nanos}", std::process::id())
+    })
+}
+
 fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
     // SAFETY: duplicating a valid descriptor; the new one is ours.
     let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
@@ -164,6 +186,8 @@ fn stdin_is_foreground_tty() -> bool {
 /// A running `ns` sandbox.
 #[derive(Debug)]
 struct NsProcess {
+    /// The run's cgroups (removed when the sandbox is gone).
+    limits: crate::limits::Applied,
     /// The supervisor's end of the descriptor-passing socket.
     fd_pass: std::os::unix::net::UnixStream,
     proxy_listener: Option<std::net::TcpListener>,
@@ -208,6 +232,10 @@ impl SandboxProcess for NsProcess {
         self.signaller.clone()
     }
 
+    fn limits(&self) -> Vec<crate::limits::Enforcement> {
+        self.limits.report.clone()
+    }
+
     fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
         self.proxy_listener.take()
     }
@@ -239,6 +267,8 @@ impl SandboxProcess for NsProcess {
         }
         let status = self.child.wait().map_err(SandboxError::Wait)?;
         self.restore_terminal();
+        let oom_killed = self.limits.oom_killed();
+        self.limits.remove();
         let (termination, usage) = match (exec_error, exit) {
             (Some((program, errno)), exit) => {
                 let message = std::io::Error::from_raw_os_error(errno).to_string();
@@ -261,6 +291,6 @@ impl SandboxProcess for NsProcess {
                 ),
             },
         };
-        Ok(ExitReport { termination, usage })
+        Ok(ExitReport { termination, usage, oom_killed })
     }
 }

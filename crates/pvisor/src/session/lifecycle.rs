@@ -46,6 +46,7 @@ enum Ending {
 type Started = (
     pvisor_sandbox::Signaller,
     Option<std::net::TcpListener>,
+    Vec<pvisor_sandbox::limits::Enforcement>,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
 );
 
@@ -65,6 +66,7 @@ pub(crate) struct Session {
     warnings: Vec<String>,
     network: NetworkTally,
     restore_from: Option<PathBuf>,
+    limits: Vec<pvisor_sandbox::limits::Enforcement>,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -93,6 +95,7 @@ impl Session {
             warnings: Vec::new(),
             network: NetworkTally::default(),
             restore_from: admitted.restore_from,
+            limits: Vec::new(),
         }
     }
 
@@ -182,10 +185,19 @@ impl Session {
         };
         let ending = match started {
             Err(e) => Ending::SetupFailed(e),
-            Ok((signaller, listener, mut wait)) => {
+            Ok((signaller, listener, limits, mut wait)) => {
                 self.mark_running()?;
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+                if !limits.is_empty() {
+                    self.record_best_effort("attempt.limits", json!({"limits": limits}));
+                    for l in &limits {
+                        if !l.enforced() {
+                            self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
+                        }
+                    }
+                    self.limits = limits;
+                }
                 let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
                 let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
                 let proxy = listener.map(|listener| {
@@ -261,7 +273,11 @@ impl Session {
             .name("pvisor-sandbox".into())
             .spawn(move || match executor.start(&spec) {
                 Ok(mut process) => {
-                    let _ = started_tx.send(Ok((process.signaller(), process.take_proxy_listener())));
+                    let _ = started_tx.send(Ok((
+                        process.signaller(),
+                        process.take_proxy_listener(),
+                        process.limits(),
+                    )));
                     let _ = done_tx.send(process.wait());
                 }
                 Err(e) => {
@@ -269,10 +285,10 @@ impl Session {
                 }
             })
             .map_err(SandboxError::Spawn)?;
-        let (signaller, listener) = started_rx.await.unwrap_or_else(|_| {
+        let (signaller, listener, limits) = started_rx.await.unwrap_or_else(|_| {
             Err(SandboxError::Protocol("the sandbox thread ended before starting".into()))
         })?;
-        Ok((signaller, listener, done_rx))
+        Ok((signaller, listener, limits, done_rx))
     }
 
     /// Records one proxied request in the Trace and the tally.
@@ -322,6 +338,16 @@ impl Session {
             Ending::Finished(report) => match &report.termination {
                 Termination::Exited(0) => (ResultState::Completed, Some(0), None, None),
                 Termination::Exited(code) => (ResultState::Failed, Some(*code), None, None),
+                Termination::Signaled(sig) if report.oom_killed => {
+                    let limit = self
+                        .limits
+                        .iter()
+                        .find(|l| l.limit == "memory")
+                        .map_or("?".into(), |l| l.value.clone());
+                    let error =
+                        format!("killed by the kernel's OOM killer: the {limit} memory limit was reached");
+                    (ResultState::Failed, None, Some(*sig), Some(error))
+                }
                 Termination::Signaled(sig) => (ResultState::Failed, None, Some(*sig), None),
                 Termination::ExecFailed { program, errno, message } => {
                     let (code, what) =
@@ -418,7 +444,11 @@ impl Session {
                 system_cpu_ms: usage.system_cpu.as_millis() as u64,
                 max_rss_kib: usage.max_rss_kib,
                 network: Some(self.network_observation()),
-                extra: Default::default(),
+                extra: self
+                    .limits
+                    .iter()
+                    .map(|l| (format!("limit.{}", l.limit), format!("{} via {}", l.value, l.by)))
+                    .collect(),
             },
             changes: changes.clone(),
             warnings: self.warnings.clone(),

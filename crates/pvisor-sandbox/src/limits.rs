@@ -1,0 +1,308 @@
+//! Resource limits: `--memory`, `--pids`, `--cpus`.
+//!
+//! Each limit is enforced the strongest way this host allows, and the report
+//! says which — or that it is not enforced, and why; nothing is pretended:
+//! - a cgroup made for the run below pvisor's own cgroup: v2 (`memory.max`,
+//!   `pids.max`, `cpu.max`) on a unified hierarchy, v1 (`memory.limit_in_bytes`,
+//!   `pids.max`, `cpu.cfs_quota_us`) on a legacy or hybrid one — as root, or
+//!   wherever the hierarchy is delegated to the user;
+//! - otherwise rlimits as the floor: `RLIMIT_AS` for memory (address space,
+//!   coarser than resident memory), `RLIMIT_NPROC` for processes (counted in
+//!   the sandbox's own user namespace); there is no rlimit for a CPU *rate*.
+//!
+//! The helper joins the cgroups before it creates the namespaces, so every
+//! process of the sandbox is inside; the cgroups are removed after the run.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use pvisor_core::records::ResourceLimits as Limits;
+
+/// How one limit is enforced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enforcement {
+    /// `memory`, `pids` or `cpus`.
+    pub limit: String,
+    pub value: String,
+    /// e.g. `cgroup v1 memory.limit_in_bytes`, `rlimit RLIMIT_AS`, or
+    /// `not enforced: …`.
+    pub by: String,
+}
+
+impl Enforcement {
+    pub fn enforced(&self) -> bool {
+        !self.by.starts_with("not enforced")
+    }
+}
+
+/// The cgroups made for one run, and the rlimits for the helper to set.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    pub report: Vec<Enforcement>,
+    /// `cgroup.procs` files the helper writes its pid into.
+    pub join: Vec<PathBuf>,
+    /// `(resource, value)` pairs the helper sets with setrlimit.
+    pub rlimits: Vec<(u32, u64)>,
+    dirs: Vec<PathBuf>,
+    /// Where to read the OOM-kill count afterwards, and in which format.
+    oom_file: Option<PathBuf>,
+}
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// This process's cgroup path for `controller` (`""` = the v2 unified hierarchy).
+fn own_cgroup(controller: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        hit.then(|| path.to_owned())
+    })
+}
+
+fn unified() -> bool {
+    Path::new(ROOT).join("cgroup.controllers").exists()
+}
+
+/// Makes `<hierarchy>/<own path>/<name>` and writes `settings` into it.
+fn make(
+    hierarchy: &Path,
+    controller: &str,
+    name: &str,
+    settings: &[(&str, String)],
+) -> Result<PathBuf, String> {
+    let own = own_cgroup(controller).ok_or_else(|| format!("no {controller} cgroup for this process"))?;
+    let dir = hierarchy.join(own.trim_start_matches('/')).join(name);
+    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for (file, value) in settings {
+        if let Err(e) = fs::write(dir.join(file), value) {
+            let _ = fs::remove_dir(&dir);
+            return Err(format!("cannot write {}: {e}", dir.join(file).display()));
+        }
+    }
+    Ok(dir)
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+/// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.
+pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
+    let mut out = Applied::default();
+    let v2 = unified();
+    let mut v2_settings: Vec<(&str, String)> = Vec::new();
+    let period = 100_000u64;
+    if v2 {
+        if let Some(m) = limits.memory_bytes {
+            v2_settings.push(("memory.max", m.to_string()));
+            v2_settings.push(("memory.swap.max", "0".into()));
+        }
+        if let Some(p) = limits.pids {
+            v2_settings.push(("pids.max", p.to_string()));
+        }
+        if let Some(c) = limits.cpus {
+            v2_settings.push(("cpu.max", format!("{} {period}", (c * period as f64).round() as u64)));
+        }
+        if !v2_settings.is_empty() {
+            match make(Path::new(ROOT), "", name, &v2_settings) {
+                Ok(dir) => {
+                    out.join.push(dir.join("cgroup.procs"));
+                    out.oom_file = Some(dir.join("memory.events"));
+                    out.dirs.push(dir);
+                    for (file, value) in &v2_settings {
+                        let limit = match file.split('.').next() {
+                            Some("memory") if *file == "memory.max" => "memory",
+                            Some("pids") => "pids",
+                            Some("cpu") => "cpus",
+                            _ => continue,
+                        };
+                        out.report.push(Enforcement {
+                            limit: limit.into(),
+                            value: value.clone(),
+                            by: format!("cgroup v2 {file}"),
+                        });
+                    }
+                    return out;
+                }
+                Err(reason) => return fallback(limits, out, &reason),
+            }
+        }
+        return out;
+    }
+    // cgroup v1: one hierarchy per controller.
+    let mut failures = Vec::new();
+    if let Some(m) = limits.memory_bytes {
+        let settings = [("memory.limit_in_bytes", m.to_string()), ("memory.swappiness", "0".into())];
+        match make(&Path::new(ROOT).join("memory"), "memory", name, &settings[..1]).inspect(|dir| {
+            // Best effort: without swap the limit means what it says.
+            let _ = fs::write(dir.join(settings[1].0), &settings[1].1);
+        }) {
+            Ok(dir) => {
+                out.join.push(dir.join("cgroup.procs"));
+                out.oom_file = Some(dir.join("memory.oom_control"));
+                out.dirs.push(dir);
+                out.report.push(Enforcement {
+                    limit: "memory".into(),
+                    value: human_bytes(m),
+                    by: "cgroup v1 memory.limit_in_bytes".into(),
+                });
+            }
+            Err(e) => failures.push(("memory", e)),
+        }
+    }
+    if let Some(p) = limits.pids {
+        match make(&Path::new(ROOT).join("pids"), "pids", name, &[("pids.max", p.to_string())]) {
+            Ok(dir) => {
+                out.join.push(dir.join("cgroup.procs"));
+                out.dirs.push(dir);
+                out.report.push(Enforcement {
+                    limit: "pids".into(),
+                    value: p.to_string(),
+                    by: "cgroup v1 pids.max".into(),
+                });
+            }
+            Err(e) => failures.push(("pids", e)),
+        }
+    }
+    if let Some(c) = limits.cpus {
+        let settings = [
+            ("cpu.cfs_period_us", period.to_string()),
+            ("cpu.cfs_quota_us", ((c * period as f64).round() as u64).to_string()),
+        ];
+        match make(&Path::new(ROOT).join("cpu"), "cpu", name, &settings) {
+            Ok(dir) => {
+                out.join.push(dir.join("cgroup.procs"));
+                out.dirs.push(dir);
+                out.report.push(Enforcement {
+                    limit: "cpus".into(),
+                    value: format!("{c}"),
+                    by: "cgroup v1 cpu.cfs_quota_us".into(),
+                });
+            }
+            Err(e) => failures.push(("cpus", e)),
+        }
+    }
+    for (limit, reason) in failures {
+        let only = Limits {
+            memory_bytes: limits.memory_bytes.filter(|_| limit == "memory"),
+            pids: limits.pids.filter(|_| limit == "pids"),
+            cpus: limits.cpus.filter(|_| limit == "cpus"),
+        };
+        out = fallback(&only, out, &reason);
+    }
+    out
+}
+
+/// Rlimits where no cgroup could be made; a CPU rate cannot be enforced that way.
+fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
+    if let Some(m) = limits.memory_bytes {
+        out.rlimits.push((libc::RLIMIT_AS, m));
+        out.report.push(Enforcement {
+            limit: "memory".into(),
+            value: human_bytes(m),
+            by: format!("rlimit RLIMIT_AS (address space; no cgroup: {reason})"),
+        });
+    }
+    if let Some(p) = limits.pids {
+        out.rlimits.push((libc::RLIMIT_NPROC, p));
+        out.report.push(Enforcement {
+            limit: "pids".into(),
+            value: p.to_string(),
+            by: format!("rlimit RLIMIT_NPROC (no cgroup: {reason})"),
+        });
+    }
+    if let Some(c) = limits.cpus {
+        out.report.push(Enforcement {
+            limit: "cpus".into(),
+            value: format!("{c}"),
+            by: format!("not enforced: {reason}"),
+        });
+    }
+    out
+}
+
+impl Applied {
+    /// Whether the kernel's OOM killer acted in the run's memory cgroup.
+    pub(crate) fn oom_killed(&self) -> bool {
+        let Some(file) = &self.oom_file else { return false };
+        fs::read_to_string(file).ok().is_some_and(|text| {
+            text.lines().any(|l| {
+                let mut f = l.split_whitespace();
+                f.next() == Some("oom_kill") && f.next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
+            })
+        })
+    }
+
+    /// Removes the run's cgroups (they are empty once the sandbox is gone).
+    pub(crate) fn remove(&mut self) {
+        for dir in self.dirs.drain(..) {
+            for _ in 0..50 {
+                if fs::remove_dir(&dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Drop for Applied {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Parses sizes like `512M`, `2G`, `1048576`, `1.5GiB`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: f64 = number.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    (n > 0.0).then_some((n * mult as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2 GiB"), Some(2 << 30));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("0"), None);
+    }
+
+    #[test]
+    fn a_cpu_rate_without_cgroups_is_reported_as_not_enforced() {
+        let out = fallback(
+            &Limits { memory_bytes: Some(1 << 20), pids: Some(10), cpus: Some(0.5) },
+            Applied::default(),
+            "rootless",
+        );
+        assert!(out.report.iter().find(|e| e.limit == "cpus").is_some_and(|e| !e.enforced()));
+        assert_eq!(out.rlimits.len(), 2);
+    }
+}
