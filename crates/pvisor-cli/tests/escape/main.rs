@@ -1,0 +1,205 @@
+//! The escape corpus: every case runs a hostile action inside the real
+//! sandbox and asserts that it failed to get out. Each case is a test.
+//!
+//! Other escape cases live beside the features they attack and are listed in
+//! docs/threat-model.md: remounting / and the workspace read-write and
+//! sysctls (`e2e run::root_in_the_sandbox_cannot_make_the_host_writable`),
+//! TIOCSTI (`e2e run::tiocsti_*`), open_by_handle_at and the rest of the
+//! seccomp list (`e2e run::seccomp_*`), symlinks against apply
+//! (`e2e effects::a_staged_symlink_*`, `effects::a_directory_swapped_*`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+#[path = "../e2e/support.rs"]
+mod support;
+
+use std::fs;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn escaped(out: &std::process::Output) -> bool {
+    text(&out.stdout).contains("ESCAPED")
+}
+
+#[test]
+fn writing_outside_through_proc_self_root() {
+    let env = Env::new(As::Root);
+    let target = format!("/etc/pvisor-escape-root-{}", std::process::id());
+    let out = env.run_sh(&format!("echo x > /proc/self/root{target} 2>/dev/null && echo ESCAPED; true"));
+    assert!(!escaped(&out) && !Path::new(&target).exists());
+}
+
+#[test]
+fn writing_outside_through_proc_1_cwd_and_root() {
+    let env = Env::new(As::Rootless);
+    let out = env.run_sh(
+        "ls /proc/1/cwd/ >/dev/null 2>&1 && echo ESCAPED-cwd-readable; \
+         ls /proc/1/root/ >/dev/null 2>&1 && echo ESCAPED-root-readable; \
+         ls -l /proc/1/fd/ 2>/dev/null | grep -q . && echo ESCAPED-fds; true",
+    );
+    assert!(!escaped(&out), "{}", text(&out.stdout));
+}
+
+const SUPERVISOR_PROBE: &str = r#"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+for _ in range(100):
+    if os.path.exists('supervisor.pid'):
+        break
+    time.sleep(0.05)
+sup = int(open('supervisor.pid').read())
+def argv(p):
+    try:
+        return open(f'/proc/{p}/cmdline', 'rb').read().split(b'\0')
+    except OSError:
+        return []
+visible = [p for p in os.listdir('/proc') if p.isdigit() and argv(p)[:2] and argv(p)[0].endswith(b'pvisor') and argv(p)[1:2] == [b'run']]
+print('ESCAPED-visible' if visible else 'hidden')
+rc = libc.ptrace(16, sup, 0, 0)
+print('ESCAPED-ptrace' if rc == 0 else 'ptrace refused', ctypes.get_errno())
+print('ESCAPED-proc' if os.path.exists(f'/proc/{sup}/environ') and os.access(f'/proc/{sup}/environ', os.R_OK) else 'proc refused')
+"#;
+
+#[test]
+fn the_supervisor_is_out_of_sight_and_out_of_reach() {
+    let env = Env::new(As::Rootless);
+    env.write("probe.py", SUPERVISOR_PROBE);
+    let child =
+        env.command(&["run", "--", "/usr/bin/python3", "probe.py"]).stdout(Stdio::piped()).spawn().unwrap();
+    // The sandbox learns the supervisor's host pid from a file the test writes.
+    fs::write(env.ws.join("supervisor.pid"), child.id().to_string()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("ptrace refused") && stdout.contains("hidden"),
+        "the probe did not run: {stdout}"
+    );
+    assert!(!escaped(&out), "{stdout}");
+}
+
+#[test]
+fn regaining_capabilities_through_a_new_user_namespace() {
+    let env = Env::new(As::Rootless);
+    let out = env.run_sh(
+        "unshare -Ur true 2>/dev/null && echo ESCAPED-unshare; \
+         unshare -Urm sh -c 'mount -t tmpfs t /mnt' 2>/dev/null && echo ESCAPED-mount; \
+         mount -o remount,rw / 2>/dev/null && echo ESCAPED-remount; true",
+    );
+    assert!(!escaped(&out), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_symlink_race_against_apply_never_writes_outside() {
+    let env = Env::new(As::Rootless);
+    assert!(env
+        .run_sh("mkdir d; i=0; while [ $i -lt 3000 ]; do echo $i > d/f$i; i=$((i+1)); done")
+        .status
+        .success());
+    let outside = env.dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    env.give_away(&outside);
+    let apply = env
+        .command(&["apply", "--all", "--force"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Swap the workspace directory for a symlink to `outside`, over and over,
+    // while apply runs.
+    let (d, real) = (env.ws.join("d"), env.ws.join("d.real"));
+    let start = Instant::now();
+    let mut apply = apply;
+    while start.elapsed() < Duration::from_secs(5) {
+        if apply.try_wait().unwrap().is_some() {
+            break;
+        }
+        if d.is_dir() && !d.is_symlink() {
+            let _ = fs::rename(&d, &real);
+            let _ = std::os::unix::fs::symlink(&outside, &d);
+        } else {
+            let _ = fs::remove_file(&d);
+            let _ = fs::rename(&real, &d);
+        }
+    }
+    let _ = apply.wait();
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0, "apply wrote through the swapped symlink");
+}
+
+#[test]
+fn filling_the_disk_through_the_stage_loses_nothing_recorded() {
+    // A 2 MiB state directory: the command's writes fail with ENOSPC; whatever
+    // pvisor recorded stays readable and never claims an unconfirmed success.
+    let env = Env::new(As::Rootless);
+    fs::create_dir(&env.home).unwrap();
+    env.give_away(&env.home);
+    let inner = format!(
+        "mount -t tmpfs -o size=2m tmpfs {home} && cd {ws} && {bin} run -- sh -c 'head -c 8388608 /dev/zero > big; echo wrote=$?'; echo RUN=$?; {bin} status --json; echo STATUS=$?",
+        home = env.home.display(),
+        ws = env.ws.display(),
+        bin = bin()
+    );
+    let out = unshare_as_test_user()
+        .args(["-Urm", "sh", "-c", &inner])
+        .env("PVISOR_HOME", &env.home)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("wrote=1") || stdout.contains("RUN=125"), "the write must fail: {stdout}");
+    assert!(stdout.contains("STATUS=0"), "the records stay readable: {stdout}\n{}", text(&out.stderr));
+    if stdout.contains("\"state\":\"completed\"") {
+        assert!(stdout.contains("\"receipt\":\"valid\""), "{stdout}");
+    }
+}
+
+fn fork_bomb_is_contained(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let start = Instant::now();
+    // The bomb fills the sandbox's process budget; the main process then exits
+    // and init takes every bomb process with it.
+    let out = env.pvisor(&["run", "--pids", "32", "--", "sh", "-c", "f() { f | f & }; f & exec sleep 2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(start.elapsed() < Duration::from_secs(30));
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
+    assert!(limits["data"]["limits"].as_array().unwrap().iter().any(|l| l["limit"] == "pids"), "{limits}");
+}
+
+#[test]
+fn a_fork_bomb_under_pids_is_contained_as_root() {
+    fork_bomb_is_contained(As::Root);
+}
+
+#[test]
+fn a_fork_bomb_under_pids_is_contained_rootless() {
+    fork_bomb_is_contained(As::Rootless);
+}
+
+#[test]
+fn memory_exhaustion_under_memory_is_stopped_and_said() {
+    if !As::Root.available() {
+        return;
+    }
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&[
+        "run",
+        "--memory",
+        "64M",
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        "x = bytearray(400 * 1024 * 1024); print('survived')",
+    ]);
+    assert!(!text(&out.stdout).contains("survived"));
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "failed", "{status}");
+    assert!(
+        status["error"].as_str().is_some_and(|e| e.contains("OOM killer")) || status["exit_code"] == 1,
+        "{status}"
+    );
+}
