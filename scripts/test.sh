@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit tests and the end-to-end tests
-# (real namespaces and overlays, as root and as an unprivileged user).
+# The whole test suite: formatting, lints, unit tests, the end-to-end tests and
+# the escape corpus (real namespaces and overlays, as root and as an
+# unprivileged user), then 60 s of fuzzing per target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets
+# Bounded fuzzing of every record parser and the upper-layer reader.
+scripts/fuzz.sh "${PVISOR_FUZZ_SECONDS:-60}"
