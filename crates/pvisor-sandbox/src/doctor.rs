@@ -260,6 +260,14 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
     }
     checks.push(state_dir_check(state));
     checks.push(cgroups());
+    checks.push(limits_check());
+    checks.push(check(
+        "protections",
+        Status::Ok,
+        "always on: capabilities dropped, no_new_privs, private terminal, hidden state dir and secret stores, scrubbed secret variables, read-only host, private /tmp /run /dev /proc",
+        None,
+        false,
+    ));
     checks.push(seccomp());
     checks.push(kvm());
     checks.push(qemu());
@@ -283,18 +291,39 @@ fn cgroups() -> Check {
     check(
         "cgroups",
         Status::Info,
-        format!("{kind}: {controllers}; pvisor does not set resource limits yet"),
+        format!("{kind}: {controllers}; used by --memory, --pids, --cpus"),
         None,
         false,
     )
+}
+
+/// Whether `--memory/--pids/--cpus` can use a cgroup here, or only rlimits.
+fn limits_check() -> Check {
+    let probe = crate::limits::Limits { memory_bytes: Some(1 << 30), pids: Some(4096), cpus: Some(1.0) };
+    let mut applied = crate::limits::apply(&probe, &format!("pvisor-doctor-{}", std::process::id()));
+    let report = applied.report.clone();
+    applied.remove();
+    let by: Vec<String> = report.iter().map(|e| format!("{}: {}", e.limit, e.by)).collect();
+    let all_cgroup = report.iter().all(|e| e.by.starts_with("cgroup"));
+    if all_cgroup {
+        check("resource limits", Status::Ok, by.join("; "), None, false)
+    } else {
+        check(
+            "resource limits",
+            Status::Missing,
+            by.join("; "),
+            Some("run as root, or on a cgroup v2 hierarchy delegated to this user, for cgroup limits".into()),
+            false,
+        )
+    }
 }
 
 fn seccomp() -> Check {
     match std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail") {
         Ok(actions) => check(
             "seccomp",
-            Status::Info,
-            format!("available ({}); pvisor does not install a filter yet", actions.trim()),
+            Status::Ok,
+            format!("available ({}); pvisor installs its deny-list on every command", actions.trim()),
             None,
             false,
         ),
