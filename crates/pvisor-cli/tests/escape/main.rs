@@ -1,12 +1,9 @@
 //! The escape corpus: every case runs a hostile action inside the real
 //! sandbox and asserts that it failed to get out. Each case is a test.
 //!
-//! Other escape cases live beside the features they attack and are listed in
-//! docs/threat-model.md: remounting / and the workspace read-write and
-//! sysctls (`e2e run::root_in_the_sandbox_cannot_make_the_host_writable`),
-//! TIOCSTI (`e2e run::tiocsti_*`), open_by_handle_at and the rest of the
-//! seccomp list (`e2e run::seccomp_*`), symlinks against apply
-//! (`e2e effects::a_staged_symlink_*`, `effects::a_directory_swapped_*`).
+//! Symlinks planted against apply are next to the effects tests
+//! (`e2e effects::a_staged_symlink_*`, `effects::a_directory_swapped_*`), and
+//! the network's walls next to the network tests (`e2e network::*`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
@@ -15,7 +12,7 @@ mod support;
 
 use std::fs;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -202,4 +199,118 @@ fn memory_exhaustion_under_memory_is_stopped_and_said() {
         status["error"].as_str().is_some_and(|e| e.contains("OOM killer")) || status["exit_code"] == 1,
         "{status}"
     );
+}
+
+/// Real root maps to uid 0 in the sandbox; with capabilities it could simply
+/// remount the read-only host tree read-write. Every such door must be shut.
+#[test]
+fn root_in_the_sandbox_cannot_make_the_host_writable() {
+    if !As::Root.available() {
+        return;
+    }
+    let env = Env::new(As::Root);
+    let ws = fs::canonicalize(&env.ws).unwrap();
+    let escape = format!("/etc/pvisor-escape-{}", std::process::id());
+    let script = format!(
+        r#"
+        mount -o remount,rw,bind / 2>/dev/null && echo ESCAPE-remount-root
+        mount -o remount,rw,bind /etc 2>/dev/null && echo ESCAPE-remount-etc
+        umount -l {ws} 2>/dev/null && echo ESCAPE-unmounted-workspace
+        umount -l {home} 2>/dev/null && echo ESCAPE-unmounted-state-cover
+        mount -t tmpfs tmpfs /mnt 2>/dev/null && echo ESCAPE-mounted
+        unshare -m sh -c 'mount -o remount,rw,bind /etc' 2>/dev/null && echo ESCAPE-unshare-m
+        unshare -Urm sh -c 'mount -o remount,rw,bind /etc && touch {escape}' 2>/dev/null && echo ESCAPE-nested-userns
+        touch {escape} 2>/dev/null && echo ESCAPE-wrote-etc
+        echo core > /proc/sys/kernel/core_pattern 2>/dev/null && echo ESCAPE-sysctl-core-pattern
+        echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo ESCAPE-sysctl-vm
+        echo h > /proc/sysrq-trigger 2>/dev/null && echo ESCAPE-sysrq
+        head -c 1 /proc/kcore 2>/dev/null | grep -q . && echo ESCAPE-kcore
+        grep -E '^Cap(Eff|Prm|Bnd|Amb):' /proc/self/status
+        grep NoNewPrivs /proc/self/status
+        "#,
+        ws = ws.display(),
+        home = env.home.display(),
+    );
+    let out = env.run_sh(&script);
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    assert!(!std::path::Path::new(&escape).exists(), "wrote the host's /etc");
+    for line in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+        "NoNewPrivs:\t1",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in {stdout}");
+    }
+}
+
+/// TIOCSTI pushes bytes into a terminal's input queue. Run from the sandbox, it
+/// must reach only the sandbox's own terminal, never the shell that started pvisor.
+#[test]
+fn tiocsti_cannot_type_into_the_users_shell() {
+    let env = Env::new(As::Root);
+    env.write(
+        "inject.py",
+        "import fcntl, termios\ntry:\n    for c in 'echo PWNED\\n':\n        fcntl.ioctl(0, termios.TIOCSTI, c)\n    print('injected')\nexcept OSError as e:\n    print('refused', e.errno)\n",
+    );
+    // Two layers, each tested alone: seccomp refuses TIOCSTI outright; without
+    // it, the sandbox's own pseudo-terminal is the only one it can reach.
+    for (flags, expect) in [("", "refused 1"), ("--no-seccomp", "injected")] {
+        // After pvisor exits, the outer shell reads whatever is in its terminal's queue.
+        let inner = format!(
+            "bash -c 'PVISOR_HOME={} {} run -q {flags} -- /usr/bin/python3 inject.py; read -t 1 line; echo \"GOT:[$line]\"'",
+            env.home.display(),
+            bin()
+        );
+        let out = Command::new("script")
+            .args(["-qec", &inner, "/dev/null"])
+            .current_dir(&env.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains(expect), "{flags}: {stdout}");
+        assert!(stdout.contains("GOT:[]"), "{flags}: the injected line reached the user's shell: {stdout}");
+    }
+}
+
+/// The seccomp deny-list refuses the escape and kernel-attack surface, while
+/// ordinary developer workloads (a compiler, git, Python) keep working.
+/// (The probe uses x86_64 syscall numbers.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn seccomp_refuses_the_attack_surface_and_keeps_workloads_working() {
+    let env = Env::new(As::Rootless);
+    env.write(
+        "probe.py",
+        r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"keyctl": (250, 0, 0, 0, 0), "add_key": (248, 0, 0, 0, 0, 0), "bpf": (321, 0, 0, 0),
+         "userfaultfd": (323, 0), "perf_event_open": (298, 0, 0, 0, 0, 0), "open_by_handle_at": (304, 0, 0, 0),
+         "kexec_load": (246, 0, 0, 0, 0), "init_module": (175, 0, 0, 0), "mount": (165, 0, 0, 0, 0, 0),
+         "pivot_root": (155, 0, 0), "unshare_user": (272, 0x10000000), "settimeofday": (164, 0, 0),
+         "swapon": (167, 0, 0), "reboot": (169, 0, 0, 0, 0), "setns": (308, 0, 0)}
+for name, args in calls.items():
+    rc = libc.syscall(*args)
+    print(name, "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
+"#,
+    );
+    let out = env.run_sh(
+        "/usr/bin/python3 probe.py; \
+         printf 'int main(void){return 0;}' > /tmp/t.c && cc /tmp/t.c -o /tmp/t && /tmp/t && echo CC-OK; \
+         git init -q /tmp/r && git -C /tmp/r -c user.name=a -c user.email=b commit --allow-empty -qm m && echo GIT-OK; \
+         /usr/bin/python3 -c 'import subprocess, threading; threading.Thread(target=print).start(); print(subprocess.run([\"true\"]).returncode)'",
+    );
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("ALLOWED"), "{stdout}");
+    assert_eq!(stdout.matches("refused 1").count(), 15, "every call refused with EPERM: {stdout}");
+    assert!(stdout.contains("CC-OK") && stdout.contains("GIT-OK"), "{stdout} {}", text(&out.stderr));
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let policy = env.events(&job).into_iter().find(|e| e["type"] == "admission.policy").unwrap();
+    assert_eq!(policy["data"]["seccomp"], true);
+
+    let off = env.pvisor(&["run", "-q", "--no-seccomp", "--", "grep", "Seccomp:", "/proc/self/status"]);
+    assert!(text(&off.stdout).contains("0"), "{}", text(&off.stdout));
 }
