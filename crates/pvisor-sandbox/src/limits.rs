@@ -6,9 +6,11 @@
 //!   `pids.max`, `cpu.max`) on a unified hierarchy, v1 (`memory.limit_in_bytes`,
 //!   `pids.max`, `cpu.cfs_quota_us`) on a legacy or hybrid one — as root, or
 //!   wherever the hierarchy is delegated to the user;
-//! - otherwise rlimits as the floor: `RLIMIT_AS` for memory (address space,
-//!   coarser than resident memory), `RLIMIT_NPROC` for processes (counted in
-//!   the sandbox's own user namespace); there is no rlimit for a CPU *rate*.
+//! - otherwise rlimits as the floor, set by init *inside* the new user
+//!   namespace: `RLIMIT_AS` for memory (address space, coarser than resident
+//!   memory) and `RLIMIT_NPROC` for processes (counted per user namespace;
+//!   real uid 0 is exempt, so root without a cgroup gets "not enforced");
+//!   there is no rlimit for a CPU *rate*.
 //!
 //! The helper joins the cgroups before it creates the namespaces, so every
 //! process of the sandbox is inside; the cgroups are removed after the run.
@@ -102,44 +104,9 @@ fn human_bytes(b: u64) -> String {
 pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
     let mut out = Applied::default();
     let v2 = unified();
-    let mut v2_settings: Vec<(&str, String)> = Vec::new();
     let period = 100_000u64;
     if v2 {
-        if let Some(m) = limits.memory_bytes {
-            v2_settings.push(("memory.max", m.to_string()));
-            v2_settings.push(("memory.swap.max", "0".into()));
-        }
-        if let Some(p) = limits.pids {
-            v2_settings.push(("pids.max", p.to_string()));
-        }
-        if let Some(c) = limits.cpus {
-            v2_settings.push(("cpu.max", format!("{} {period}", (c * period as f64).round() as u64)));
-        }
-        if !v2_settings.is_empty() {
-            match make(Path::new(ROOT), "", name, &v2_settings) {
-                Ok(dir) => {
-                    out.join.push(dir.join("cgroup.procs"));
-                    out.oom_file = Some(dir.join("memory.events"));
-                    out.dirs.push(dir);
-                    for (file, value) in &v2_settings {
-                        let limit = match file.split('.').next() {
-                            Some("memory") if *file == "memory.max" => "memory",
-                            Some("pids") => "pids",
-                            Some("cpu") => "cpus",
-                            _ => continue,
-                        };
-                        out.report.push(Enforcement {
-                            limit: limit.into(),
-                            value: value.clone(),
-                            by: format!("cgroup v2 {file}"),
-                        });
-                    }
-                    return out;
-                }
-                Err(reason) => return fallback(limits, out, &reason),
-            }
-        }
-        return out;
+        return apply_v2(limits, name, period, out);
     }
     // cgroup v1: one hierarchy per controller.
     let mut failures = Vec::new();
@@ -205,6 +172,94 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
     out
 }
 
+/// cgroup v2. A cgroup's limits need their controllers enabled in its
+/// parent's `cgroup.subtree_control`, which the kernel refuses while the
+/// parent holds processes: root uses a process-free `/sys/fs/cgroup/pvisor`
+/// parent; anyone else tries pvisor's own cgroup (a delegated, process-free
+/// one works). Each limit is written on its own, so one that cannot be set
+/// falls back alone.
+fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Applied {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let parent = if root {
+        let parent = Path::new(ROOT).join("pvisor");
+        let _ = fs::create_dir_all(&parent);
+        for c in ["+memory", "+pids", "+cpu"] {
+            let _ = fs::write(Path::new(ROOT).join("cgroup.subtree_control"), c);
+        }
+        parent
+    } else {
+        match own_cgroup("") {
+            Some(own) => Path::new(ROOT).join(own.trim_start_matches('/')),
+            None => return fallback(limits, out, "no cgroup v2 path for this process"),
+        }
+    };
+    for c in ["+memory", "+pids", "+cpu"] {
+        let _ = fs::write(parent.join("cgroup.subtree_control"), c);
+    }
+    let dir = parent.join(name);
+    if let Err(e) = fs::create_dir_all(&dir) {
+        return fallback(limits, out, &format!("cannot create {}: {e}", dir.display()));
+    }
+    let mut rest = Limits::default();
+    let set = |file: &str, value: String| {
+        fs::write(dir.join(file), &value)
+            .map(|()| value)
+            .map_err(|e| format!("cannot write {}: {e}", dir.join(file).display()))
+    };
+    let mut reasons = Vec::new();
+    if let Some(m) = limits.memory_bytes {
+        match set("memory.max", m.to_string()) {
+            Ok(_) => {
+                let _ = set("memory.swap.max", "0".into());
+                out.report.push(Enforcement {
+                    limit: "memory".into(),
+                    value: human_bytes(m),
+                    by: "cgroup v2 memory.max".into(),
+                });
+                out.oom_file = Some(dir.join("memory.events"));
+            }
+            Err(e) => {
+                rest.memory_bytes = Some(m);
+                reasons.push(e);
+            }
+        }
+    }
+    if let Some(p) = limits.pids {
+        match set("pids.max", p.to_string()) {
+            Ok(_) => out.report.push(Enforcement {
+                limit: "pids".into(),
+                value: p.to_string(),
+                by: "cgroup v2 pids.max".into(),
+            }),
+            Err(e) => {
+                rest.pids = Some(p);
+                reasons.push(e);
+            }
+        }
+    }
+    if let Some(c) = limits.cpus {
+        match set("cpu.max", format!("{} {period}", (c * period as f64).round() as u64)) {
+            Ok(_) => out.report.push(Enforcement {
+                limit: "cpus".into(),
+                value: format!("{c}"),
+                by: "cgroup v2 cpu.max".into(),
+            }),
+            Err(e) => {
+                rest.cpus = Some(c);
+                reasons.push(e);
+            }
+        }
+    }
+    out.join.push(dir.join("cgroup.procs"));
+    out.dirs.push(dir);
+    if reasons.is_empty() {
+        out
+    } else {
+        fallback(&rest, out, &reasons.join("; "))
+    }
+}
+
 /// Rlimits where no cgroup could be made; a CPU rate cannot be enforced that way.
 fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
     if let Some(m) = limits.memory_bytes {
@@ -216,12 +271,22 @@ fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
         });
     }
     if let Some(p) = limits.pids {
-        out.rlimits.push((libc::RLIMIT_NPROC, p));
-        out.report.push(Enforcement {
-            limit: "pids".into(),
-            value: p.to_string(),
-            by: format!("rlimit RLIMIT_NPROC (no cgroup: {reason})"),
-        });
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            // The kernel exempts real uid 0 from RLIMIT_NPROC.
+            out.report.push(Enforcement {
+                limit: "pids".into(),
+                value: p.to_string(),
+                by: format!("not enforced: no cgroup ({reason}), and uid 0 is exempt from RLIMIT_NPROC"),
+            });
+        } else {
+            out.rlimits.push((libc::RLIMIT_NPROC, p));
+            out.report.push(Enforcement {
+                limit: "pids".into(),
+                value: p.to_string(),
+                by: format!("rlimit RLIMIT_NPROC in the sandbox's user namespace (no cgroup: {reason})"),
+            });
+        }
     }
     if let Some(c) = limits.cpus {
         out.report.push(Enforcement {
@@ -303,6 +368,8 @@ mod tests {
             "rootless",
         );
         assert!(out.report.iter().find(|e| e.limit == "cpus").is_some_and(|e| !e.enforced()));
-        assert_eq!(out.rlimits.len(), 2);
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(out.rlimits.len(), if root { 1 } else { 2 }, "real root is exempt from RLIMIT_NPROC");
     }
 }

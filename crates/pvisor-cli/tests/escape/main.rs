@@ -314,3 +314,39 @@ for name, args in calls.items():
     let off = env.pvisor(&["run", "-q", "--no-seccomp", "--", "grep", "Seccomp:", "/proc/self/status"]);
     assert!(text(&off.stdout).contains("0"), "{}", text(&off.stdout));
 }
+
+/// Descriptors pvisor was started with never reach the command: an inherited
+/// directory descriptor would lead back into the host's writable tree.
+#[test]
+fn inherited_descriptors_do_not_reach_the_command() {
+    use std::os::fd::FromRawFd;
+    let env = Env::new(As::Rootless);
+    let dir = std::ffi::CString::new(env.dir.path().to_str().unwrap()).unwrap();
+    // SAFETY: opening a directory without O_CLOEXEC, on purpose: it is inherited.
+    let fd = unsafe { libc::open(dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(fd > 2);
+    let out = env.run_sh(&format!("ls /proc/self/fd/{fd} >/dev/null 2>&1 && echo ESCAPED-fd-{fd}; true"));
+    // SAFETY: closing the descriptor opened above.
+    drop(unsafe { std::fs::File::from_raw_fd(fd) });
+    assert!(!escaped(&out), "{}", text(&out.stdout));
+}
+
+/// A background pvisor must not let the command read keystrokes typed into
+/// the foreground shell: its stdin becomes /dev/null.
+#[test]
+fn a_background_run_cannot_read_the_terminal() {
+    let env = Env::new(As::Root);
+    let inner = format!(
+        "bash -c 'set -m; (PVISOR_HOME={} {} run -q -- sh -c \"test -t 0 && echo TTY-STDIN || echo NO-TTY-STDIN\" &) ; sleep 2'",
+        env.home.display(),
+        bin()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .current_dir(&env.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("NO-TTY-STDIN"), "{stdout}");
+}

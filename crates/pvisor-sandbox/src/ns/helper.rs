@@ -40,6 +40,10 @@ pub(crate) struct HelperSpec {
     /// then the command gets a pseudo-terminal of its own, relayed by the
     /// supervisor, instead of the user's terminal.
     pub terminal: bool,
+    /// stdin is the user's terminal but pvisor is a background job: the
+    /// command must not read keystrokes meant for the foreground; it gets
+    /// /dev/null instead.
+    pub detach_stdin: bool,
     /// `cgroup.procs` files to join before the namespaces are made.
     pub cgroup_join: Vec<PathBuf>,
     /// `(resource, value)` rlimits, where no cgroup could enforce a limit.
@@ -102,6 +106,11 @@ pub(crate) fn main() -> ! {
         Ok(spec) => spec,
         Err(e) => e.report_and_exit(),
     };
+    // Every other descriptor pvisor was started with stays out of the sandbox:
+    // an inherited directory descriptor would be a way back into the host's
+    // writable tree (openat(fd, "..")), the runc CVE-2024-21626 class.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     match run_helper(spec) {
         Ok(never) => match never {},
         Err(e) => e.report_and_exit(),
@@ -131,19 +140,12 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     let mask = sys::sigset(&waited);
     sys::set_sigmask(libc::SIG_BLOCK, &mask).map_err(|e| helper_err("sigprocmask", e))?;
 
-    // Join the run's cgroups and set rlimits first: everything after inherits them.
+    // Join the run's cgroups first: everything after inherits them.
     for procs in &spec.cgroup_join {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
         std::fs::write(procs, pid.to_string())
             .map_err(|e| StepError::new("limits", format!("cannot join {}: {e}", procs.display())))?;
-    }
-    for &(resource, value) in &spec.rlimits {
-        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
-        // SAFETY: setrlimit with a valid resource number and struct.
-        if unsafe { libc::setrlimit(resource as _, &limit) } != 0 {
-            return Err(helper_err("setrlimit", std::io::Error::last_os_error()));
-        }
     }
     let (go_read, go_write) = sys::pipe().map_err(|e| helper_err("pipe", e))?;
     // SAFETY: getuid/getgid have no preconditions.
@@ -259,6 +261,19 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     if n != 1 {
         // The helper died or gave up mapping ids; it reported why.
         exit(SETUP_FAILED);
+    }
+    // Rlimits are set here, inside the new user namespace: set before the
+    // clone, RLIMIT_NPROC would count every process the uid has on the host.
+    for &(resource, value) in &spec.rlimits {
+        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+        // SAFETY: setrlimit with a valid resource number and struct.
+        if unsafe { libc::setrlimit(resource as _, &limit) } != 0 {
+            StepError::new(
+                "limits",
+                format!("cannot set rlimit {resource}: {}", std::io::Error::last_os_error()),
+            )
+            .report_and_exit();
+        }
     }
     if let Err(e) = mounts::assemble(&spec.sandbox) {
         e.report_and_exit();
@@ -448,8 +463,9 @@ struct Command {
     argv: Vec<CString>,
     env: Vec<(String, String)>,
     cwd: PathBuf,
-    /// The sandbox's own terminal, when the user's stdin is one.
+    /// The sandbox's own terminal, when the user's stdin and stdout are one.
     pty_slave: Option<CString>,
+    detach_stdin: bool,
     seccomp: Option<super::seccomp::Filters>,
     program_name: String,
     last_cap: u32,
@@ -467,6 +483,7 @@ impl Command {
             env: sandbox.env.clone(),
             cwd: sandbox.cwd.clone(),
             pty_slave: None,
+            detach_stdin: spec.detach_stdin,
             seccomp: None,
             program_name: sandbox.program.clone(),
             last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
@@ -483,6 +500,13 @@ impl Command {
             // A new session: the user's terminal is never the command's
             // controlling terminal, so TIOCSTI cannot type into the user's shell.
             libc::setsid();
+            if self.detach_stdin {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::close(null);
+                }
+            }
             if let Some(slave) = &self.pty_slave {
                 let fd = libc::open(slave.as_ptr(), libc::O_RDWR);
                 if fd >= 0 {

@@ -92,7 +92,8 @@ impl Executor for NsExecutor {
             rlimits: std::mem::take(&mut limits.rlimits),
             sandbox: spec.clone(),
             supervisor_pid: std::process::id() as i32,
-            terminal: stdin_is_foreground_tty(),
+            terminal: stdin_is_foreground_tty() && is_tty(1),
+            detach_stdin: is_tty(0) && !stdin_is_foreground_tty(),
         };
         let bytes = serde_json::to_vec(&helper_spec)
             .map_err(|e| SandboxError::Protocol(format!("cannot encode the sandbox spec: {e}")))?;
@@ -173,6 +174,11 @@ fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
     }
     // SAFETY: fcntl returned a fresh descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+fn is_tty(fd: i32) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd) == 1 }
 }
 
 /// Whether stdin is a terminal whose foreground process group is ours; only
