@@ -234,6 +234,7 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         .partition(|(k, _)| !is_secret_name(k) || request.secrets.pass_env.iter().any(|p| p == k));
     let scrubbed: Vec<String> = scrubbed.into_iter().map(|(k, _)| k).collect();
     let mut hidden_secrets: Vec<(PathBuf, &'static str)> = Vec::new();
+    let mut skipped_hides: Vec<PathBuf> = Vec::new();
     let canonical = |p: &Path| std::fs::canonicalize(p).ok();
     let exposed: Vec<PathBuf> =
         request.secrets.expose.iter().map(|p| canonical(p).unwrap_or_else(|| p.clone())).collect();
@@ -244,11 +245,13 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         .chain(request.secrets.hide.iter().map(|p| (p.clone(), "--hide")));
     for (path, reason) in candidates {
         let Some(real) = canonical(&path) else { continue };
-        // The workspace itself can never be hidden from the command.
-        if exposed.contains(&real)
-            || workspace.starts_with(&real)
-            || hidden_secrets.iter().any(|(p, _)| *p == real)
-        {
+        if exposed.contains(&real) || hidden_secrets.iter().any(|(p, _)| *p == real) {
+            continue;
+        }
+        // The workspace itself can never be hidden from the command; say so
+        // rather than drop the request silently.
+        if workspace.starts_with(&real) {
+            skipped_hides.push(real);
             continue;
         }
         if real.to_str().is_none() {
@@ -388,6 +391,15 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
             None,
             Some(policy_event),
             json!({"rewrite": "hide", "path": path, "reason": reason}),
+            false,
+        )?;
+    }
+    for path in &skipped_hides {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "hide.skipped", "path": path, "reason": "it contains the workspace, which the command must see"}),
             false,
         )?;
     }

@@ -253,6 +253,26 @@ fn the_sandbox_cannot_reach_the_hosts_other_terminals() {
     assert_eq!(text(&out.stdout).split_whitespace().collect::<Vec<_>>(), ["ptmx"], "{}", text(&out.stdout));
 }
 
+/// Hiding a directory that holds the workspace would blind the command to
+/// its own work: the request is refused by name in the Trace, not dropped.
+#[test]
+fn hiding_the_workspace_itself_is_skipped_and_said() {
+    let env = Env::new(As::Rootless);
+    env.write("kept.txt", "still here\n");
+    let parent = env.ws.parent().unwrap().to_str().unwrap().to_owned();
+    let out = env.pvisor(&["run", "-q", "--hide", &parent, "--", "cat", "kept.txt"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "still here\n");
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let skipped: Vec<serde_json::Value> = env
+        .events(&job)
+        .into_iter()
+        .filter(|e| e["type"] == "admission.rewrite" && e["data"]["rewrite"] == "hide.skipped")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0]["data"]["path"].as_str().unwrap().ends_with(parent.rsplit('/').next().unwrap()));
+}
+
 #[test]
 fn secret_stores_and_secret_variables_stay_out_unless_asked_for() {
     let env = Env::new(As::Rootless);

@@ -295,6 +295,8 @@ calls = {"keyctl": (250, 0, 0, 0, 0), "add_key": (248, 0, 0, 0, 0, 0), "bpf": (3
 for name, args in calls.items():
     rc = libc.syscall(*args)
     print(name, "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
+rc = libc.syscall(0x40000000 | 250, 0, 0, 0, 0)
+print("x32_keyctl", "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
 "#,
     );
     let out = env.run_sh(
@@ -305,7 +307,11 @@ for name, args in calls.items():
     );
     let stdout = text(&out.stdout);
     assert!(!stdout.contains("ALLOWED"), "{stdout}");
-    assert_eq!(stdout.matches("refused 1").count(), 15, "every call refused with EPERM: {stdout}");
+    assert_eq!(stdout.matches("refused 1\n").count(), 15, "every call refused with EPERM: {stdout}");
+    assert!(
+        stdout.contains("x32_keyctl refused 38"),
+        "the x32 ABI is closed, not a way around the filter: {stdout}"
+    );
     assert!(stdout.contains("CC-OK") && stdout.contains("GIT-OK"), "{stdout} {}", text(&out.stderr));
     let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
     let policy = env.events(&job).into_iter().find(|e| e["type"] == "admission.policy").unwrap();

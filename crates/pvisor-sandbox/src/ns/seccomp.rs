@@ -20,7 +20,8 @@
 //! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: typing into a terminal.
 //!
 //! `clone3` gets `ENOSYS`: its flags live in memory a filter cannot read, and
-//! libc falls back to `clone`, which is checked. `ptrace` stays allowed: the
+//! libc falls back to `clone`, which is checked. On x86_64, every x32-ABI call
+//! gets `ENOSYS` too, since it would slip past the per-number rules. `ptrace` stays allowed: the
 //! pid namespace already confines it to the sandbox, and debuggers need it.
 //! Compilers, package managers, git, Python and Node use none of the above.
 
@@ -64,11 +65,40 @@ const DENIED: &[i64] = &[
     libc::SYS_clock_adjtime,
 ];
 
-/// The two programs to install: the `EPERM` deny-list, and `ENOSYS` for clone3.
+/// The programs to install: the `EPERM` deny-list, and `ENOSYS` for clone3.
 #[derive(Debug)]
 pub(crate) struct Filters {
     deny: BpfProgram,
     no_clone3: BpfProgram,
+}
+
+/// On x86_64, x32-ABI system calls carry the same audit arch with bit 30 set
+/// in the number, so no per-number rule matches them; this four-instruction
+/// guard answers every such call `ENOSYS`. It is the one program not built by
+/// seccompiler, which has no way to say "numbers at or above".
+#[cfg(target_arch = "x86_64")]
+fn refuse_x32() -> Result<(), String> {
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    let stmt = |code: u16, k: u32| libc::sock_filter { code, jt: 0, jf: 0, k };
+    let program = [
+        stmt(0x20, 0),                                                      // ld [nr]
+        libc::sock_filter { code: 0x35, jt: 0, jf: 1, k: X32_SYSCALL_BIT }, // jge X32 ? next : skip
+        stmt(0x06, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),                // ret ENOSYS
+        stmt(0x06, SECCOMP_RET_ALLOW),                                      // ret ALLOW
+    ];
+    let prog =
+        libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: PR_SET_SECCOMP with a valid program that outlives the call; the
+    // kernel copies it.
+    let rc = unsafe {
+        libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog)
+    };
+    if rc != 0 {
+        return Err(format!("cannot install the x32 guard: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn arch() -> Result<seccompiler::TargetArch, String> {
@@ -116,6 +146,8 @@ pub(crate) fn build() -> Result<Filters, String> {
 impl Filters {
     /// Installs both filters on the calling thread (needs `no_new_privs`).
     pub(crate) fn apply(&self) -> Result<(), String> {
+        #[cfg(target_arch = "x86_64")]
+        refuse_x32()?;
         seccompiler::apply_filter(&self.deny).map_err(|e| e.to_string())?;
         seccompiler::apply_filter(&self.no_clone3).map_err(|e| e.to_string())
     }
