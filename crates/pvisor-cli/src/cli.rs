@@ -348,7 +348,8 @@ pub struct ImportArgs {
 /// checkpoints no fork refers to, and temporaries of interrupted writes, older
 /// than --older-than. Never removes an unreviewed stage, the stage of a Job
 /// without a confirmed result, or a checkpoint a fork came from, unless
-/// --force. Records are always kept.
+/// --force. Records are always kept. What cannot be removed is named and
+/// skipped, and gc exits 1.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  pvisor gc --dry-run\n  pvisor gc --older-than 30d")]
 pub struct GcArgs {

@@ -76,7 +76,10 @@ pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
         for k in &report.kept {
             json_line(&mut out, "kept", k)?;
         }
-        return Ok(0);
+        for f in &report.failed {
+            json_line(&mut out, "failed", f)?;
+        }
+        return Ok(if report.failed.is_empty() { 0 } else { 1 });
     }
     let verb = if args.dry_run { "would free" } else { "freed" };
     let total: u64 = report.freed.iter().map(|f| f.bytes).sum();
@@ -87,7 +90,17 @@ pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
         writeln!(out, "  {:<11} {:>10}  {}: {}", "kept", "", k.what, k.reason)?;
     }
     writeln!(out, "{verb} {} in {} item(s)", human(total), report.freed.len())?;
-    Ok(0)
+    if report.failed.is_empty() {
+        return Ok(0);
+    }
+    for f in &report.failed {
+        eprintln!("pvisor: gc could not free {}: {}", f.what, f.error);
+    }
+    eprintln!(
+        "pvisor: {} item(s) were not freed; everything else was. Fix the cause above and run gc again",
+        report.failed.len()
+    );
+    Ok(1)
 }
 
 fn human(bytes: u64) -> String {

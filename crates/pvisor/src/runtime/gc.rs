@@ -15,7 +15,7 @@ use serde_json::json;
 
 use pvisor_core::records::JobRecord;
 use pvisor_core::state::JobState;
-use pvisor_core::store::{Store, StoreError};
+use pvisor_core::store::Store;
 
 use super::checkpoint;
 use super::job_service::views::{self, ViewError};
@@ -37,10 +37,19 @@ pub struct Kept {
     pub reason: String,
 }
 
+/// One thing gc meant to remove but could not; the rest went on regardless.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failed {
+    pub what: String,
+    pub path: PathBuf,
+    pub error: String,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct GcReport {
     pub freed: Vec<Freed>,
     pub kept: Vec<Kept>,
+    pub failed: Vec<Failed>,
 }
 
 fn size_of(path: &Path) -> u64 {
@@ -51,18 +60,20 @@ fn size_of(path: &Path) -> u64 {
     std::fs::read_dir(path).map(|entries| entries.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
 }
 
-/// Removes a tree, making directories writable first (overlay work dirs are 000).
-fn remove_tree(path: &Path) -> std::io::Result<()> {
+/// Removes a tree, making directories writable first (overlay work dirs are
+/// 000). An error names the entry that could not be removed.
+fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
     use std::os::unix::fs::PermissionsExt;
+    let at = |e| (path.to_owned(), e);
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if meta.is_dir() {
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-            for entry in std::fs::read_dir(path)?.flatten() {
+            for entry in std::fs::read_dir(path).map_err(at)?.flatten() {
                 remove_tree(&entry.path())?;
             }
-            return std::fs::remove_dir(path);
+            return std::fs::remove_dir(path).map_err(at);
         }
-        return std::fs::remove_file(path);
+        return std::fs::remove_file(path).map_err(at);
     }
     Ok(())
 }
@@ -74,21 +85,21 @@ fn older_than(path: &Path, age: Duration) -> bool {
         .unwrap_or(false)
 }
 
-/// Collects garbage. `dry_run` only reports.
+/// Collects garbage. `dry_run` only reports. A removal that fails (a file
+/// the caller may not delete, a busy mount) is reported in `failed` and the
+/// collection goes on: one stuck item must not keep every other one's space.
 pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<GcReport, ViewError> {
     let mut report = GcReport::default();
     let mut needed_checkpoints = std::collections::BTreeSet::new();
-    let free = |report: &mut GcReport, what: String, path: PathBuf| -> Result<(), ViewError> {
+    let free = |report: &mut GcReport, what: String, path: PathBuf| {
         let bytes = size_of(&path);
-        if !dry_run {
-            remove_tree(&path).map_err(|source| StoreError::Io {
-                op: "remove",
-                path: path.clone(),
-                source,
-            })?;
+        match if dry_run { Ok(()) } else { remove_tree(&path) } {
+            Ok(()) => report.freed.push(Freed { what, path, bytes }),
+            Err((at, source)) => {
+                let error = format!("cannot remove {}: {source}", at.display());
+                report.failed.push(Failed { what, path, error });
+            }
         }
-        report.freed.push(Freed { what, path, bytes });
-        Ok(())
     };
     for id in store.list_jobs()? {
         let _ = super::recovery::recover(store, &id);
@@ -150,7 +161,7 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
         for part in ["upper", "work", "root", "empty"] {
             let path = stage.join(part);
             if path.exists() {
-                free(&mut report, format!("stage of {id} ({part})"), path)?;
+                free(&mut report, format!("stage of {id} ({part})"), path);
             }
         }
     }
@@ -168,7 +179,7 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
                 Ok(m) => format!("checkpoint {ckpt} of {}", m.job),
                 Err(_) => format!("checkpoint {ckpt} (damaged)"),
             };
-            free(&mut report, label, dir)?;
+            free(&mut report, label, dir);
         }
     }
     // Temporaries of interrupted writes: checkpoints in progress, records, restores.
@@ -200,7 +211,7 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
     for temp in temps {
         // A minute is far longer than any write takes; younger ones may be in flight.
         if older_than(&temp, age.max(Duration::from_secs(60))) {
-            free(&mut report, "temporary of an interrupted write".into(), temp)?;
+            free(&mut report, "temporary of an interrupted write".into(), temp);
         }
     }
     Ok(report)
