@@ -342,14 +342,14 @@ pub fn apply(
     }
     let (mut trace, terminal) = open_trace(store, &stage)?;
     let attempt = Some(stage.status.attempt.number());
+    let started = trace.emit(
+        "apply.started",
+        attempt,
+        terminal,
+        json!({"selected": report.plan.len(), "force": options.force}),
+        false,
+    )?;
     if !report.conflicts.is_empty() {
-        let started = trace.emit(
-            "apply.started",
-            attempt,
-            terminal,
-            json!({"selected": report.plan.len(), "force": options.force}),
-            false,
-        )?;
         let events = report
             .conflicts
             .iter()
@@ -366,13 +366,6 @@ pub fn apply(
         report.state = Some(stage.state());
         return Ok(report);
     }
-    let started = trace.emit(
-        "apply.started",
-        attempt,
-        terminal,
-        json!({"selected": report.plan.len(), "force": options.force}),
-        false,
-    )?;
     let ledger = Ledger::new(&stage.stage_dir);
     let executed = apply::execute(&ws, &upper, &ledger, &report.plan, progress);
     let done = match executed {

@@ -62,6 +62,14 @@ fn network_events(env: &Env) -> Vec<serde_json::Value> {
     env.events(&job).into_iter().filter(|e| e["type"].as_str().unwrap().starts_with("network.")).collect()
 }
 
+/// A host process's abstract Unix socket: no file path, so only the network
+/// namespace separates it from the sandbox.
+fn abstract_listener(name: &str) -> std::os::unix::net::UnixListener {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    std::os::unix::net::UnixListener::bind_addr(&addr).unwrap()
+}
+
 const PY_UDP: &str = "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1); s.sendto(b'x', ('8.8.8.8', 53)); s.recvfrom(10)";
 
 #[test]
@@ -70,11 +78,7 @@ fn none_mode_reaches_nothing_outside() {
     let port = http_server();
     // A host process holding an abstract Unix socket.
     let name = format!("pvisor-e2e-abstract-{}", std::process::id());
-    let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
-        name.as_bytes(),
-    )
-    .unwrap();
-    let _abstract = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let _abstract = abstract_listener(&name);
     let script = format!(
         r#"
         fail() {{ echo "ESCAPE: $*"; }}
@@ -97,11 +101,7 @@ fn proxy_mode_allows_only_the_policy_and_records_every_request() {
     let env = Env::new(As::Rootless);
     let port = http_server();
     let name = format!("pvisor-e2e-abstract-proxy-{}", std::process::id());
-    let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
-        name.as_bytes(),
-    )
-    .unwrap();
-    let _abstract = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let _abstract = abstract_listener(&name);
     let script = format!(
         r#"
         fail() {{ echo "ESCAPE: $*"; }}
