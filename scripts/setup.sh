@@ -6,6 +6,9 @@
 #   bsdutils         script(1)
 #   curl, python3    clients the network-policy tests drive through the proxy
 #   xfsprogs         the checkpoint benchmark's reflink figure (a loop-mounted XFS)
+#   qemu-system-x86  the vm executor's hypervisor
+#   busybox-static, kmod, lz4, e2fsprogs
+#                    the vm guest image (scripts/vm-image.sh) and its workspace disks
 set -euo pipefail
 
 need=()
@@ -16,6 +19,11 @@ command -v script >/dev/null 2>&1 || need+=(bsdutils)
 [ -x /usr/bin/curl ] || need+=(curl)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
+[ -x /usr/bin/qemu-system-x86_64 ] || need+=(qemu-system-x86)
+[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q "statically linked" || need+=(busybox-static)
+[ -x /sbin/depmod ] || need+=(kmod)
+[ -x /usr/bin/lz4 ] || need+=(lz4)
+[ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -31,6 +31,8 @@ pub enum Command {
     Checkpoint(CheckpointArgs),
     Checkpoints(CheckpointsArgs),
     Fork(ForkArgs),
+    Suspend(SuspendArgs),
+    Resume(ResumeArgs),
     Export(ExportArgs),
     Verify(VerifyArgs),
     Import(ImportArgs),
@@ -64,6 +66,11 @@ pub struct RunArgs {
 /// Options shared by `run` and `fork`.
 #[derive(Debug, Args, Clone)]
 pub struct RunOptions {
+    /// The sandbox backend: ns (Linux namespaces, the default) or vm (a QEMU
+    /// microVM per run: a separate kernel, and execution checkpoints with
+    /// suspend/resume/fork; KVM where it works, else TCG).
+    #[arg(long, value_enum, value_name = "BACKEND", default_value = "ns")]
+    pub executor: ExecutorArg,
     /// How long a cancelled command may take to exit before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime_duration)]
     pub kill_grace: std::time::Duration,
@@ -107,6 +114,42 @@ pub struct RunOptions {
     /// as not enforced.
     #[arg(long, value_name = "CORES")]
     pub cpus: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecutorArg {
+    Ns,
+    Vm,
+}
+
+/// Suspend a running vm Job: save its execution state, then stop its VM.
+///
+/// The VM is quiesced (sync, filesystems frozen), stopped and saved as an
+/// execution checkpoint (machine state, disks, a manifest with digests). Once
+/// QEMU has exited, a termination receipt makes the Job `suspended`: apply and
+/// drop wait until it is resumed and finished. Only vm Jobs can be suspended.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor suspend\n  pvisor suspend job-01JD4 && pvisor resume job-01JD4")]
+pub struct SuspendArgs {
+    pub job: Option<String>,
+    /// Print the checkpoint manifest as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Resume a suspended vm Job in a new Attempt, in the foreground.
+///
+/// The saved VM is restored from its checkpoint (every file is verified
+/// first), its filesystems are thawed, its clock is stepped and its entropy
+/// reseeded; the command's output continues here and the final receipt belongs
+/// to the new Attempt. Refused after `pvisor kill`.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  pvisor resume\n  pvisor resume job-01JD4")]
+pub struct ResumeArgs {
+    pub job: Option<String>,
+    /// Print nothing but the command's own output.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -271,9 +314,13 @@ pub struct KillArgs {
 )]
 pub struct CheckpointArgs {
     pub job: Option<String>,
-    /// The kind of checkpoint; only `workspace` exists for the ns executor.
-    #[arg(long, default_value = "workspace", value_parser = ["workspace"])]
+    /// The kind of checkpoint: `workspace` (staged files of a stopped Job) or
+    /// `execution` (the whole running VM of a vm Job: CPU, RAM, devices, disks).
+    #[arg(long, default_value = "workspace", value_parser = ["workspace", "execution"])]
     pub kind: String,
+    /// Print the execution checkpoint manifest as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// List checkpoints, oldest first.
@@ -293,18 +340,24 @@ pub struct CheckpointsArgs {
 /// judged against the original workspace. Forking a Job checkpoints it first.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e ."
+    after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e .\n  pvisor fork job-01JD4 --state execution        a second copy of a running VM"
 )]
 pub struct ForkArgs {
     /// A Job (id or prefix) or a checkpoint (`ckpt-…`).
     pub from: String,
-    /// What to restore; only `workspace` (files and conflict baselines) exists here.
-    #[arg(long, default_value = "workspace", value_parser = ["workspace"])]
+    /// What to restore: `workspace` (files and conflict baselines; runs a new
+    /// COMMAND) or `execution` (a vm Job's running VM; the fork continues the
+    /// parent's command from its checkpoint and takes no COMMAND).
+    #[arg(long, default_value = "workspace", value_parser = ["workspace", "execution"])]
     pub state: String,
+    /// With `--state execution`: the checkpoint to fork from (default: a new
+    /// one of a running parent, or the one a suspended parent was saved to).
+    #[arg(long, value_name = "CKPT")]
+    pub checkpoint: Option<String>,
     #[command(flatten)]
     pub run: RunOptions,
     /// The program to run, and its arguments.
-    #[arg(required = true, last = true, value_name = "PROGRAM [ARGS]...")]
+    #[arg(last = true, value_name = "PROGRAM [ARGS]...")]
     pub command: Vec<String>,
 }
 

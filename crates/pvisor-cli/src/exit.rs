@@ -12,6 +12,9 @@ pub const PVISOR_ERROR: i32 = 125;
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The program was not found.
 pub const NOT_FOUND: i32 = 127;
+/// `run`/`resume`: the Job was suspended before its command finished
+/// (EX_TEMPFAIL: continue it with `pvisor resume`).
+pub const SUSPENDED: i32 = 75;
 /// Invalid command-line usage (a pvisor error too).
 pub const USAGE: i32 = PVISOR_ERROR;
 

@@ -12,6 +12,7 @@
 //! It never prints, exits, or reads user configuration.
 
 pub mod event;
+pub mod failpoint;
 pub mod ids;
 pub mod records;
 pub mod state;

@@ -227,6 +227,10 @@ pub struct Placement {
     /// The host's name and kernel release at placement time.
     pub host: String,
     pub kernel: String,
+    /// Executor-specific facts: for `vm`, the accelerator, why it was chosen,
+    /// and the guest image digest.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub details: std::collections::BTreeMap<String, String>,
 }
 
 /// `runs/<run>/attempts/<n>/attempt.json`: one execution.
@@ -408,3 +412,23 @@ impl ResultFixture {
         }
     }
 }
+
+/// `runs/<run>/attempts/<n>/termination.json`: proof that a vm Attempt was
+/// suspended. Written no-clobber only after the checkpoint manifest was
+/// published *and* the QEMU process was reaped, so a `suspended` Job never
+/// has a second live copy of its VM.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TerminationReceipt {
+    pub format: u32,
+    pub job: JobId,
+    pub attempt: AttemptId,
+    /// Always `suspended` in this format.
+    pub kind: String,
+    pub checkpoint: crate::ids::CheckpointId,
+    /// BLAKE3 of the checkpoint's `manifest.json` bytes.
+    pub manifest_blake3: String,
+    /// How QEMU ended, e.g. `exited 0`.
+    pub vm_exit: String,
+    pub recorded_at: Timestamp,
+}
+record!(TerminationReceipt, "termination.json");

@@ -46,6 +46,9 @@ pub enum JobState {
     Unknown,
     /// Closed out of `unknown` by `pvisor kill`; never a success.
     Lost,
+    /// A vm Job saved to an execution checkpoint whose VM is stopped; valid
+    /// only with a termination receipt. `pvisor resume` continues it.
+    Suspended,
 }
 
 impl JobState {
@@ -59,6 +62,7 @@ impl JobState {
             Self::Cancelled => "cancelled",
             Self::Unknown => "unknown",
             Self::Lost => "lost",
+            Self::Suspended => "suspended",
         }
     }
 
@@ -66,7 +70,7 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         match self {
             Self::Completed | Self::Failed | Self::Cancelled | Self::Lost => true,
-            Self::Pending | Self::Running | Self::Unknown => false,
+            Self::Pending | Self::Running | Self::Unknown | Self::Suspended => false,
         }
     }
 
@@ -75,8 +79,10 @@ impl JobState {
         use JobState::*;
         match self {
             Pending => matches!(to, Running | Failed | Cancelled | Unknown),
-            Running => matches!(to, Completed | Failed | Cancelled | Unknown),
+            Running => matches!(to, Completed | Failed | Cancelled | Unknown | Suspended),
             Unknown => matches!(to, Lost),
+            // Resume starts a new Attempt; kill closes it for good.
+            Suspended => matches!(to, Running | Lost),
             Completed | Failed | Cancelled | Lost => false,
         }
     }
@@ -108,6 +114,9 @@ pub enum AttemptState {
     Failed,
     /// The receipt records a cancellation.
     Cancelled,
+    /// The VM was checkpointed and stopped; a termination receipt records it.
+    /// The Job continues in a later Attempt.
+    Hibernated,
 }
 
 impl AttemptState {
@@ -120,13 +129,14 @@ impl AttemptState {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
+            Self::Hibernated => "hibernated",
         }
     }
 
     /// Returns whether no further transition is possible.
     pub fn is_terminal(self) -> bool {
         match self {
-            Self::Completed | Self::Failed | Self::Cancelled => true,
+            Self::Completed | Self::Failed | Self::Cancelled | Self::Hibernated => true,
             Self::Preparing | Self::Running | Self::Finalizing => false,
         }
     }
@@ -137,9 +147,9 @@ impl AttemptState {
         match self {
             // A sandbox that never started still finalizes, to record why.
             Preparing => matches!(to, Running | Finalizing),
-            Running => matches!(to, Finalizing),
+            Running => matches!(to, Finalizing | Hibernated),
             Finalizing => matches!(to, Completed | Failed | Cancelled),
-            Completed | Failed | Cancelled => false,
+            Completed | Failed | Cancelled | Hibernated => false,
         }
     }
 

@@ -125,6 +125,14 @@ impl Store {
     pub fn receipt_file(&self, attempt: &AttemptId) -> PathBuf {
         self.attempt_dir(attempt).join("completion.json")
     }
+    /// The termination receipt of a suspended (hibernated) Attempt.
+    pub fn termination_file(&self, attempt: &AttemptId) -> PathBuf {
+        self.attempt_dir(attempt).join("termination.json")
+    }
+    /// A Run's execution checkpoints (vm executor), one directory each.
+    pub fn exec_checkpoints_dir(&self, run: &RunId) -> PathBuf {
+        self.run_dir(run).join("exec-checkpoints")
+    }
     pub fn lock_file(&self, attempt: &AttemptId) -> PathBuf {
         self.attempt_dir(attempt).join("owner.lock")
     }

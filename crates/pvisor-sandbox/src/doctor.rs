@@ -68,6 +68,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         network: crate::NetworkAttachment::Isolated,
         seccomp: true,
         limits: Default::default(),
+        vm: None,
     };
     let process = NsExecutor.start(&spec).map_err(|e| match e.hint() {
         Some(hint) => format!("{e} (fix: {hint})"),

@@ -6,6 +6,9 @@
 //! owns those. Backends:
 //! - [`ns`]: Linux user/mount/pid/ipc/uts/net namespaces with the workspace as
 //!   an overlayfs whose upper layer is the Run's stage.
+//! - [`vm`]: a QEMU microVM per Attempt with `pvisor-agent` as its PID 1; the
+//!   guest's overlay upper layer is exported into the same stage format, and
+//!   a running VM can be checkpointed, suspended, resumed and forked.
 //!
 //! Binaries that embed an executor must call [`ns::maybe_run_helper`] first
 //! thing in `main`: the `ns` backend re-executes the current binary as a small,
@@ -15,6 +18,7 @@ pub mod doctor;
 pub mod limits;
 pub mod ns;
 mod sys;
+pub mod vm;
 
 use std::io;
 use std::path::PathBuf;
@@ -47,6 +51,9 @@ pub struct SandboxSpec {
     /// Resource limits (see `limits.rs`).
     #[serde(default)]
     pub limits: limits::Limits,
+    /// The `vm` backend's directories and restore source (`None` for `ns`).
+    #[serde(default)]
+    pub vm: Option<vm::VmSpec>,
 }
 
 /// How the sandbox is attached to the network.
@@ -84,7 +91,7 @@ impl NetworkAttachment {
 }
 
 /// How the sandboxed command ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Termination {
     /// The command exited with this code.
     Exited(i32),
@@ -94,6 +101,9 @@ pub enum Termination {
     ExecFailed { program: String, errno: i32, message: String },
     /// The sandbox vanished without reporting (e.g. killed from outside).
     Vanished { detail: String },
+    /// The VM was saved to an execution checkpoint and then stopped; `qemu`
+    /// says how the QEMU process ended (it has been reaped).
+    Suspended { checkpoint: Box<vm::ExecCheckpoint>, qemu: String },
 }
 
 /// What an executor observed about a finished command.
@@ -105,7 +115,7 @@ pub struct Usage {
 }
 
 /// The final report of a sandboxed command.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExitReport {
     pub termination: Termination,
     pub usage: Usage,
@@ -147,6 +157,11 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
     /// The executor's name as recorded in Placement (descriptive, not a capability).
     fn name(&self) -> &'static str;
 
+    /// Further facts for the Placement record (the vm backend's accelerator and why).
+    fn placement_details(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Builds the sandbox and starts the command. Returns once the sandbox is
     /// set up, or with the precise reason it could not be.
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError>;
@@ -168,23 +183,58 @@ pub trait SandboxProcess: Send + std::fmt::Debug {
         Vec::new()
     }
 
+    /// Facts about the started sandbox worth an event (VM boot time, restore repairs).
+    fn facts(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// Blocks until the sandbox is gone and returns how the command ended.
     fn wait(self: Box<Self>) -> Result<ExitReport, SandboxError>;
 }
 
-/// Sends signals to a sandbox through a pidfd, so a recycled pid is never hit.
-#[derive(Clone, Debug)]
+/// Sends signals to a sandbox: through a pidfd (so a recycled pid is never
+/// hit), or through the backend's own channel (the vm agent).
+#[derive(Clone)]
 pub struct Signaller {
-    pidfd: std::sync::Arc<std::os::fd::OwnedFd>,
+    target: SignalTarget,
+}
+
+type SignalFn = dyn Fn(i32) -> io::Result<()> + Send + Sync;
+
+#[derive(Clone)]
+enum SignalTarget {
+    Pidfd(std::sync::Arc<std::os::fd::OwnedFd>),
+    Custom(std::sync::Arc<SignalFn>),
+}
+
+impl std::fmt::Debug for Signaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.target {
+            SignalTarget::Pidfd(fd) => f.debug_struct("Signaller").field("pidfd", fd).finish(),
+            SignalTarget::Custom(_) => f.debug_struct("Signaller").field("custom", &true).finish(),
+        }
+    }
 }
 
 impl Signaller {
-    /// Forwards `signal` to the sandboxed command.
-    pub fn signal(&self, signal: i32) -> io::Result<()> {
-        sys::pidfd_send_signal(&self.pidfd, signal)
+    pub(crate) fn pidfd(pidfd: std::sync::Arc<std::os::fd::OwnedFd>) -> Self {
+        Self { target: SignalTarget::Pidfd(pidfd) }
     }
 
-    /// Kills the whole sandbox at once: every process in it dies with the helper.
+    /// A signaller whose `SIGKILL` must end the whole sandbox at once.
+    pub(crate) fn custom(f: std::sync::Arc<SignalFn>) -> Self {
+        Self { target: SignalTarget::Custom(f) }
+    }
+
+    /// Forwards `signal` to the sandboxed command.
+    pub fn signal(&self, signal: i32) -> io::Result<()> {
+        match &self.target {
+            SignalTarget::Pidfd(fd) => sys::pidfd_send_signal(fd, signal),
+            SignalTarget::Custom(f) => f(signal),
+        }
+    }
+
+    /// Kills the whole sandbox at once: every process in it dies with it.
     pub fn kill(&self) -> io::Result<()> {
         self.signal(libc::SIGKILL)
     }

@@ -41,6 +41,8 @@ pub struct RunRequest {
     pub network: Vec<pvisor_net::ScopedPolicy>,
     /// Start from a workspace checkpoint (a fork) instead of an empty stage.
     pub fork: Option<pvisor_core::ids::CheckpointId>,
+    /// An execution fork (vm): the parent Job and its verified checkpoint.
+    pub fork_execution: Option<ExecutionFork>,
     /// Secrets: the user's home (for the default secret stores), extra paths
     /// to hide, paths to expose anyway, and variables to pass despite their names.
     pub secrets: SecretPolicy,
@@ -51,6 +53,14 @@ pub struct RunRequest {
 }
 
 /// What the sandbox must not see of the user's secrets.
+/// Where an execution fork starts: a running VM's saved state.
+#[derive(Clone, Debug)]
+pub struct ExecutionFork {
+    pub parent: JobId,
+    pub dir: PathBuf,
+    pub manifest: pvisor_sandbox::vm::ExecCheckpoint,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct SecretPolicy {
     pub home: Option<PathBuf>,
@@ -132,6 +142,14 @@ pub enum AdmissionError {
     },
     #[error("Cannot record the new Job")]
     Store(#[from] StoreError),
+    #[error("Job {job} cannot be resumed: {reason}")]
+    NotResumable { job: JobId, reason: String },
+    #[error("Cannot resume job {job}")]
+    Suspension {
+        job: JobId,
+        #[source]
+        source: crate::runtime::suspension::SuspensionError,
+    },
 }
 
 /// A request that passed admission: its records exist and its owner lock is held.
@@ -147,6 +165,10 @@ pub struct Admitted {
     pub(crate) attempt_event: u64,
     /// The checkpoint directory a fork's stage is restored from.
     pub(crate) restore_from: Option<std::path::PathBuf>,
+    /// The conflict baseline (ns since the epoch) when the workspace was
+    /// captured by an earlier Attempt: a resumed or execution-forked VM still
+    /// sees the workspace image of the original start.
+    pub(crate) baseline: Option<i128>,
 }
 
 impl Admitted {
@@ -191,7 +213,12 @@ fn uname() -> (String, String) {
 
 /// Admits `request`: validates it, fixes the policy and Placement, and records
 /// the Run, Job and Attempt.
-pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admitted, AdmissionError> {
+pub fn admit(
+    store: &Store,
+    executor_impl: &dyn pvisor_sandbox::Executor,
+    request: RunRequest,
+) -> Result<Admitted, AdmissionError> {
+    let executor = executor_impl.name();
     if request.program.is_empty() {
         return Err(AdmissionError::EmptyProgram);
     }
@@ -205,7 +232,11 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
             Some((dir, manifest))
         }
     };
-    let requested_workspace = fork.as_ref().map_or(request.workspace.clone(), |(_, m)| m.workspace.clone());
+    let requested_workspace = match (&fork, &request.fork_execution) {
+        (Some((_, m)), _) => m.workspace.clone(),
+        (None, Some(f)) => f.manifest.workspace.clone(),
+        (None, None) => request.workspace.clone(),
+    };
     let workspace = canonical_workspace(&requested_workspace)?;
     let state = store.root().to_owned();
     if state.starts_with(&workspace) {
@@ -283,8 +314,14 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
             .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
             .collect(),
     };
-    let placement =
-        Placement { executor: executor.to_owned(), rootless: euid != 0, sandbox_uid: euid, host, kernel };
+    let placement = Placement {
+        executor: executor.to_owned(),
+        rootless: euid != 0,
+        sandbox_uid: euid,
+        host,
+        kernel,
+        details: executor_impl.placement_details().into_iter().collect(),
+    };
     let mut env = env;
     let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
     if network.mode == NetworkMode::Proxy {
@@ -340,11 +377,19 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         state: JobState::Pending,
         target_attempt: 1,
         continuation: true,
-        lineage: fork.as_ref().map(|(_, m)| pvisor_core::records::Lineage {
-            parent_job: m.job.clone(),
-            checkpoint: m.id.clone(),
-            kind: m.kind.clone(),
-        }),
+        lineage: match (&fork, &request.fork_execution) {
+            (Some((_, m)), _) => Some(pvisor_core::records::Lineage {
+                parent_job: m.job.clone(),
+                checkpoint: m.id.clone(),
+                kind: m.kind.clone(),
+            }),
+            (None, Some(f)) => Some(pvisor_core::records::Lineage {
+                parent_job: f.parent.clone(),
+                checkpoint: f.manifest.id.clone(),
+                kind: f.manifest.kind.clone(),
+            }),
+            (None, None) => None,
+        },
         imported_from: None,
     };
     store.write(&store.job_file(&job_id), &job)?;
@@ -447,7 +492,123 @@ pub fn admit(store: &Store, executor: &str, request: RunRequest) -> Result<Admit
         network: attachment,
         seccomp: request.seccomp,
         limits: request.limits,
+        vm: (executor == "vm").then(|| pvisor_sandbox::vm::VmSpec {
+            dir: store.attempt_dir(&attempt_id).join("vm"),
+            checkpoints: store.exec_checkpoints_dir(&run_id),
+            restore: request.fork_execution.as_ref().map(|f| f.dir.clone()),
+            context: json!({"job": job_id, "run": run_id, "attempt": attempt_id}),
+        }),
     };
     let restore_from = fork.map(|(dir, _)| dir);
-    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from })
+    let baseline = request.fork_execution.as_ref().and_then(|f| checkpoint_baseline(&f.manifest));
+    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from, baseline })
+}
+
+/// The conflict baseline recorded in an execution checkpoint's context.
+fn checkpoint_baseline(manifest: &pvisor_sandbox::vm::ExecCheckpoint) -> Option<i128> {
+    manifest.context.get("baseline").and_then(|b| b.as_str()).and_then(|b| b.parse().ok())
+}
+
+/// Admits the resumption of a suspended vm Job: a new Attempt of the same
+/// Run that restores the checkpoint named by the termination receipt. Every
+/// check (continuation, owner, receipt, every checkpoint file's digest) runs
+/// before any record changes, so a refused resume leaves the Job `suspended`.
+pub fn admit_resume(
+    store: &Store,
+    executor: &dyn pvisor_sandbox::Executor,
+    job_id: &JobId,
+) -> Result<Admitted, AdmissionError> {
+    use crate::runtime::suspension;
+    let not = |reason: String| AdmissionError::NotResumable { job: job_id.clone(), reason };
+    let _guard = OwnerLock::acquire_blocking(&store.job_dir(job_id).join("recover.lock"))?;
+    let mut job: JobRecord = store.read(&store.job_file(job_id))?;
+    if !job.continuation {
+        return Err(not("it was killed; its continuation rights are withdrawn".into()));
+    }
+    let previous = AttemptId::new(job.run.clone(), job.target_attempt);
+    if OwnerLock::is_held(&store.lock_file(&previous))? {
+        return Err(not(format!("{previous} is still live; suspend it first (pvisor suspend {job_id})")));
+    }
+    let (receipt, _) = suspension::load(store, job_id, &previous)
+        .map_err(|source| AdmissionError::Suspension { job: job_id.clone(), source })?
+        .ok_or_else(|| {
+            not(format!("it is {}, not suspended (no termination receipt for {previous})", job.state))
+        })?;
+    let dir = suspension::checkpoint_dir(store, &job.run, &receipt.checkpoint);
+    let manifest = pvisor_sandbox::vm::checkpoint::verify(&dir).map_err(|e| AdmissionError::Suspension {
+        job: job_id.clone(),
+        source: suspension::SuspensionError::Checkpoint(e),
+    })?;
+
+    let now = Timestamp::now();
+    let mut run: RunRecord = store.read(&store.run_file(&job.run))?;
+    let number = run.attempts.max(job.target_attempt) + 1;
+    let attempt_id = AttemptId::new(run.id.clone(), number);
+    store::create_dir_all_private(&store.attempt_dir(&attempt_id))?;
+    let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
+    let attempt = AttemptRecord {
+        format: FORMAT,
+        id: attempt_id.clone(),
+        job: job_id.clone(),
+        executor: executor.name().to_owned(),
+        state: AttemptState::Preparing,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        owner_pid: std::process::id(),
+    };
+    store.write(&store.attempt_file(&attempt_id), &attempt)?;
+    run.attempts = number;
+    run.updated_at = now;
+    store.write(&store.run_file(&run.id), &run)?;
+    job.target_attempt = number;
+    job.updated_at = now;
+    store.write(&store.job_file(job_id), &job)?;
+
+    let mut trace = Trace::reopen(store, &run.id).map_err(|e| match e {
+        crate::runtime::job_service::views::ViewError::Store(s) => AdmissionError::Store(s),
+        other => not(other.to_string()),
+    })?;
+    let requested = trace.emit(
+        "resume.requested",
+        Some(number),
+        None,
+        json!({"from_attempt": previous, "checkpoint": manifest.id}),
+        false,
+    )?;
+    let attempt_event = trace.emit(
+        "attempt.created",
+        Some(number),
+        Some(requested),
+        json!({"attempt": attempt_id, "executor": executor.name(), "restore": manifest.id}),
+        false,
+    )?;
+    let operation = &run.operation;
+    let stage = store.stage_dir(&run.id);
+    let mut context = manifest.context.clone();
+    context["attempt"] = json!(attempt_id);
+    let spec = SandboxSpec {
+        workspace: run.workspace.clone(),
+        cwd: operation.cwd.clone(),
+        upper: stage.join("upper"),
+        work: stage.join("work"),
+        root_mount: stage.join("root"),
+        hidden: operation.policy.hidden_paths.clone(),
+        program: operation.program.clone(),
+        args: operation.args.clone(),
+        // The command's environment lives on inside the restored guest.
+        env: Vec::new(),
+        hostname: "pvisor".into(),
+        network: NetworkAttachment::Isolated,
+        seccomp: operation.policy.seccomp,
+        limits: operation.policy.limits.clone(),
+        vm: Some(pvisor_sandbox::vm::VmSpec {
+            dir: store.attempt_dir(&attempt_id).join("vm"),
+            checkpoints: store.exec_checkpoints_dir(&run.id),
+            restore: Some(dir),
+            context,
+        }),
+    };
+    let baseline = checkpoint_baseline(&manifest);
+    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from: None, baseline })
 }

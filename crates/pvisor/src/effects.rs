@@ -41,6 +41,11 @@ pub enum EffectsError {
     #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
     Live { job: JobId },
     #[error(
+        "Job {job} is suspended: its staged files are inside the saved VM. `pvisor resume {job}` continues it \
+         (apply after it finishes); `pvisor kill {job}` gives it up"
+    )]
+    Suspended { job: JobId },
+    #[error(
         "The staged files of job {job} were removed by `pvisor gc`; its records remain (status, events)"
     )]
     Collected { job: JobId },
@@ -264,6 +269,9 @@ pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     }
     if stage.status.live {
         return Err(EffectsError::Live { job: stage.status.job.clone() });
+    }
+    if stage.status.state == JobState::Suspended {
+        return Err(EffectsError::Suspended { job: stage.status.job.clone() });
     }
     if !stage.confirmed {
         return Err(EffectsError::Unconfirmed { job: stage.status.job.clone(), state: stage.status.state });

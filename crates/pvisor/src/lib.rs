@@ -21,10 +21,10 @@
 
 pub mod admission;
 pub mod effects;
-mod failpoint;
+use pvisor_core::failpoint;
 pub mod runtime;
 pub mod session;
 mod trace;
 
 pub use admission::{AdmissionError, RunRequest};
-pub use runtime::job_service::{JobService, ManagedJobRun, RunError, RunOutcome};
+pub use runtime::job_service::{JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome};

@@ -12,6 +12,9 @@ use crate::output::json_line;
 pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = views::resolve_job(&store, args.job.as_deref())?;
+    if args.kind == "execution" {
+        return super::execution::cmd_checkpoint_execution(&store, &job, args.json);
+    }
     let manifest = checkpoint::checkpoint(&store, &job)?;
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
@@ -47,6 +50,10 @@ pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
 
 pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
+    if args.state == "execution" {
+        return super::execution::cmd_fork_execution(store, &args);
+    }
+    anyhow::ensure!(!args.command.is_empty(), "No program given: pvisor fork FROM -- PROGRAM [ARGS...]");
     let checkpoint: CheckpointId = if args.from.starts_with(CheckpointId::PREFIX) {
         checkpoint::resolve(&store, &args.from)?
     } else {
@@ -62,5 +69,14 @@ pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
     if !args.run.quiet {
         eprintln!("pvisor: forking {} from {} ({LIMITS})", manifest.job, manifest.id);
     }
-    super::run::execute(store, manifest.workspace.clone(), Some(checkpoint), &args.run, &args.command)
+    let executor = super::run::executor_for(&store, args.run.executor)?;
+    super::run::execute(
+        store,
+        executor,
+        manifest.workspace.clone(),
+        Some(checkpoint),
+        None,
+        &args.run,
+        &args.command,
+    )
 }

@@ -6,6 +6,7 @@ mod checkpoint;
 mod doctor;
 mod drop;
 mod events;
+mod execution;
 mod jobs;
 mod kill;
 mod review;
@@ -29,6 +30,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Checkpoint(args) => checkpoint::cmd_checkpoint(args),
         Command::Checkpoints(args) => checkpoint::cmd_checkpoints(args),
         Command::Fork(args) => checkpoint::cmd_fork(args),
+        Command::Suspend(args) => execution::cmd_suspend(args),
+        Command::Resume(args) => execution::cmd_resume(args),
         Command::Export(args) => archive::cmd_export(args),
         Command::Verify(args) => archive::cmd_verify(args),
         Command::Import(args) => archive::cmd_import(args),

@@ -11,11 +11,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
-use pvisor::{JobService, RunOutcome, RunRequest};
+use pvisor::admission::ExecutionFork;
+use pvisor::{JobService, ManagedJobRun, RunEnd, RunOutcome, RunRequest, SuspendedOutcome};
 use pvisor_core::state::ResultState;
 use pvisor_sandbox::ns::NsExecutor;
+use pvisor_sandbox::vm::VmExecutor;
+use pvisor_sandbox::Executor;
 
-use crate::cli::{NetArg, RunArgs, RunOptions};
+use crate::cli::{ExecutorArg, NetArg, RunArgs, RunOptions};
 use crate::exit;
 use crate::output::ending;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -26,14 +29,30 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
         Some(w) => w,
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
-    execute(store, workspace, None, &args.options, &args.command)
+    let executor = executor_for(&store, args.options.executor)?;
+    execute(store, executor, workspace, None, None, &args.options, &args.command)
 }
 
-/// Runs `command` as a new Job over `workspace` (or as a fork of `fork`).
+/// Builds the executor `--executor` names; `vm` installs the guest image
+/// under the state directory and decides KVM or TCG (recorded in Placement).
+pub fn executor_for(
+    store: &pvisor_core::store::Store,
+    which: ExecutorArg,
+) -> anyhow::Result<Arc<dyn Executor>> {
+    Ok(match which {
+        ExecutorArg::Ns => Arc::new(NsExecutor),
+        ExecutorArg::Vm => Arc::new(VmExecutor::prepare(store.root())?),
+    })
+}
+
+/// Runs `command` as a new Job over `workspace` (or as a fork of `fork`, or
+/// of a VM's execution checkpoint).
 pub fn execute(
     store: pvisor_core::store::Store,
+    executor: Arc<dyn Executor>,
     workspace: std::path::PathBuf,
     fork: Option<pvisor_core::ids::CheckpointId>,
+    fork_execution: Option<ExecutionFork>,
     options: &RunOptions,
     command: &[String],
 ) -> anyhow::Result<i32> {
@@ -57,6 +76,7 @@ pub fn execute(
             pass_env: options.env.clone(),
         },
         fork,
+        fork_execution,
         seccomp: !options.no_seccomp,
         limits: pvisor_core::records::ResourceLimits {
             memory_bytes: options.memory,
@@ -71,12 +91,19 @@ pub fn execute(
         env,
         kill_grace: options.kill_grace,
     };
+    let service = JobService::new(store, executor);
+    drive(options.quiet, move || service.submit(request).map_err(Into::into))
+}
+
+/// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/
+/// SIGQUIT into cancellation requests, waits for the published end and
+/// prints its summary. Used by `run`, `fork` and `resume`.
+pub fn drive(quiet: bool, start: impl FnOnce() -> anyhow::Result<ManagedJobRun>) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()
         .build()
         .context("Cannot start the async runtime")?;
-    let quiet = options.quiet;
     runtime.block_on(async move {
         let mut signals = Vec::new();
         for (kind, number) in [
@@ -90,20 +117,40 @@ pub fn execute(
         let [(int, _), (term, _), (hup, _), (quit, _)] = signals.as_mut_slice() else {
             unreachable!("four signals were installed")
         };
-        let service = JobService::new(store, Arc::new(NsExecutor));
-        let mut run = service.submit(request)?;
+        let mut run = start()?;
         let cancel = run.cancel_handle();
-        let outcome = loop {
+        let end = loop {
             tokio::select! {
-                outcome = run.wait() => break outcome,
+                end = run.wait() => break end,
                 _ = int.recv() => cancel.cancel(libc::SIGINT),
                 _ = term.recv() => cancel.cancel(libc::SIGTERM),
                 _ = hup.recv() => cancel.cancel(libc::SIGHUP),
                 _ = quit.recv() => cancel.cancel(libc::SIGQUIT),
             }
         }?;
-        Ok(finish(&outcome, quiet))
+        Ok(match &end {
+            RunEnd::Finished(outcome) => finish(outcome, quiet),
+            RunEnd::Suspended(suspended) => finish_suspended(suspended, quiet),
+        })
     })
+}
+
+/// The summary of an Attempt that was suspended from elsewhere.
+fn finish_suspended(outcome: &SuspendedOutcome, quiet: bool) -> i32 {
+    for gap in &outcome.audit_gaps {
+        eprintln!("pvisor: warning: audit gap (the termination receipt is valid): {gap}");
+    }
+    if !quiet {
+        let job = &outcome.job;
+        eprintln!(
+            "pvisor: {job} suspended to {} (VM {}; paused {} ms)",
+            outcome.checkpoint.id, outcome.vm_exit, outcome.checkpoint.paused_ms
+        );
+        eprintln!(
+            "pvisor: next: pvisor resume {job}  ·  pvisor fork {job} --state execution  ·  pvisor kill {job}"
+        );
+    }
+    exit::SUSPENDED
 }
 
 /// Gathers the network policies in scope: the command line, the workspace's

@@ -106,7 +106,7 @@ impl Executor for NsExecutor {
             proxy_listener: None,
             child,
             reports: BufReader::new(File::from(report_read)),
-            signaller: Signaller { pidfd: Arc::new(pidfd) },
+            signaller: Signaller::pidfd(Arc::new(pidfd)),
             relay: None,
         };
         match process.next_report()? {

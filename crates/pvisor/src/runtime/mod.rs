@@ -10,3 +10,4 @@ pub mod job_service;
 pub mod kill;
 pub mod recovery;
 pub mod registry;
+pub mod suspension;

@@ -16,12 +16,12 @@ use serde_json::json;
 
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
-use pvisor_core::state::JobState;
+use pvisor_core::state::{AttemptState, JobState};
 use pvisor_core::store::{OwnerLock, Store};
 use pvisor_core::time::Timestamp;
 
-use super::completion;
 use super::job_service::views::ViewError;
+use super::{completion, suspension};
 use crate::trace::Trace;
 
 /// What recovery found (and did).
@@ -59,7 +59,7 @@ pub(crate) fn lock_job(store: &Store, job: &JobId) -> Result<OwnerLock, ViewErro
 /// Recovers `job` if its owner is gone (see the module doc).
 pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
-    if job.state.is_terminal() || job.state == JobState::Unknown {
+    if job.state.is_terminal() || matches!(job.state, JobState::Unknown | JobState::Suspended) {
         return Ok(Recovered::Settled);
     }
     let attempt_id = target_attempt(&job);
@@ -69,7 +69,7 @@ pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
     let _guard = lock_job(store, job_id)?;
     // Re-read under the lock: another process may have just recovered it.
     let mut job: JobRecord = store.read(&store.job_file(job_id))?;
-    if job.state.is_terminal() || job.state == JobState::Unknown {
+    if job.state.is_terminal() || matches!(job.state, JobState::Unknown | JobState::Suspended) {
         return Ok(Recovered::Settled);
     }
     if OwnerLock::is_held(&store.lock_file(&attempt_id))? {
@@ -104,6 +104,35 @@ pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
                 )?;
             }
             Ok(Recovered::Reconciled(state))
+        }
+        None if suspension::load(store, job_id, &attempt_id)
+            .map_err(|e| ViewError::Suspension(Box::new(e)))?
+            .is_some() =>
+        {
+            // The supervisor died after the termination receipt: finish its records.
+            let mut attempt: AttemptRecord = store.read(&store.attempt_file(&attempt_id))?;
+            if let Ok(next) = attempt.state.transition(AttemptState::Hibernated) {
+                attempt.state = next;
+                attempt.updated_at = now;
+                store.write(&store.attempt_file(&attempt_id), &attempt)?;
+            }
+            if run.state.can_transition(JobState::Suspended) {
+                run.state = JobState::Suspended;
+                run.updated_at = now;
+                store.write(&store.run_file(&run.id), &run)?;
+            }
+            if job.state.can_transition(JobState::Suspended) {
+                job.state = JobState::Suspended;
+                job.updated_at = now;
+                store.write(&store.job_file(job_id), &job)?;
+                append_event(
+                    store,
+                    &job,
+                    "recovery.reconciled",
+                    json!({"state": "suspended", "attempt": attempt_id}),
+                )?;
+            }
+            Ok(Recovered::Reconciled(JobState::Suspended))
         }
         None => {
             job.state = job.state.transition(JobState::Unknown).map_err(|e| {

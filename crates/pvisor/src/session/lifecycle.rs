@@ -31,7 +31,8 @@ use crate::admission::Admitted;
 use crate::failpoint;
 use crate::runtime::attempt::{self, AttemptError};
 use crate::runtime::completion;
-use crate::runtime::job_service::{RunError, RunOutcome};
+use crate::runtime::job_service::{RunEnd, RunError, RunOutcome, SuspendedOutcome};
+use crate::runtime::suspension;
 use crate::trace::Trace;
 
 /// How the sandbox ended, from the Session's point of view.
@@ -47,6 +48,7 @@ type Started = (
     pvisor_sandbox::Signaller,
     Option<std::net::TcpListener>,
     Vec<pvisor_sandbox::limits::Enforcement>,
+    Option<serde_json::Value>,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
 );
 
@@ -67,6 +69,7 @@ pub(crate) struct Session {
     network: NetworkTally,
     restore_from: Option<PathBuf>,
     limits: Vec<pvisor_sandbox::limits::Enforcement>,
+    baseline: Option<i128>,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -96,6 +99,7 @@ impl Session {
             network: NetworkTally::default(),
             restore_from: admitted.restore_from,
             limits: Vec::new(),
+            baseline: admitted.baseline,
         }
     }
 
@@ -172,11 +176,12 @@ impl Session {
 
     /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
     /// forward; the first one marks the run as cancelled.
-    pub(crate) async fn run(
-        mut self,
-        mut cancel: mpsc::UnboundedReceiver<i32>,
-    ) -> Result<RunOutcome, RunError> {
-        let baseline = pvisor_stage::preimage::baseline_now();
+    pub(crate) async fn run(mut self, mut cancel: mpsc::UnboundedReceiver<i32>) -> Result<RunEnd, RunError> {
+        // A resumed or forked VM still sees the workspace image of its first start.
+        let baseline = self.baseline.unwrap_or_else(pvisor_stage::preimage::baseline_now);
+        if let Some(vm) = self.spec.vm.as_mut() {
+            vm.context["baseline"] = json!(baseline.to_string());
+        }
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let started = match self.prepare_stage() {
@@ -185,10 +190,13 @@ impl Session {
         };
         let ending = match started {
             Err(e) => Ending::SetupFailed(e),
-            Ok((signaller, listener, limits, mut wait)) => {
+            Ok((signaller, listener, limits, facts, mut wait)) => {
                 self.mark_running()?;
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+                if let Some(facts) = facts {
+                    self.record_best_effort("attempt.vm", facts);
+                }
                 if !limits.is_empty() {
                     self.record_best_effort("attempt.limits", json!({"limits": limits}));
                     for l in &limits {
@@ -255,7 +263,65 @@ impl Session {
                 }
             }
         };
-        self.finalize(ending, started_at, baseline, clock.elapsed())
+        if let Ending::Finished(ExitReport {
+            termination: Termination::Suspended { checkpoint, qemu }, ..
+        }) = ending
+        {
+            return self.finalize_suspended(*checkpoint, qemu);
+        }
+        self.finalize(ending, started_at, baseline, clock.elapsed()).map(RunEnd::Finished)
+    }
+
+    /// Ends a suspended Attempt: the checkpoint is published and QEMU reaped,
+    /// so commit the termination receipt, then project it (attempt
+    /// `hibernated`, Run `suspended`) and publish `run.hibernated`.
+    fn finalize_suspended(
+        mut self,
+        checkpoint: pvisor_sandbox::vm::ExecCheckpoint,
+        vm_exit: String,
+    ) -> Result<RunEnd, RunError> {
+        suspension::commit(&self.store, &self.job.id, &self.attempt.id, &checkpoint, &vm_exit)
+            .map_err(|e| self.finalize_error("committing the termination receipt", e.into()))?;
+        failpoint::hit("after-termination-receipt");
+        let mut audit_gaps = Vec::new();
+        if let Err(e) = attempt::advance(&self.store, &mut self.attempt, AttemptState::Hibernated) {
+            audit_gaps.push(format!("attempt.json not updated: {e}"));
+        }
+        match self.run.state.transition(JobState::Suspended) {
+            Ok(state) => {
+                self.run.state = state;
+                self.run.updated_at = Timestamp::now();
+                if let Err(e) = self.store.write(&self.store.run_file(&self.run.id), &self.run) {
+                    audit_gaps.push(format!("run.json not updated: {e}"));
+                }
+            }
+            Err(e) => audit_gaps.push(format!("run state not updated: {e}")),
+        }
+        let data = json!({
+            "checkpoint": checkpoint.id,
+            "vm_exit": vm_exit,
+            "paused_ms": checkpoint.paused_ms,
+            "save_ms": checkpoint.save_ms,
+            "receipt": "termination.json",
+        });
+        if let Err(e) = self.trace.emit(
+            "run.hibernated",
+            Some(self.attempt.id.number()),
+            Some(self.attempt_event),
+            data,
+            true,
+        ) {
+            audit_gaps.push(format!("terminal event run.hibernated not written: {e}"));
+        }
+        Ok(RunEnd::Suspended(SuspendedOutcome {
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            checkpoint: Box::new(checkpoint),
+            vm_exit,
+            audit_gaps,
+            job_record: self.job,
+        }))
     }
 
     /// Starts the sandbox on a dedicated thread that also waits for it.
@@ -277,6 +343,7 @@ impl Session {
                         process.signaller(),
                         process.take_proxy_listener(),
                         process.limits(),
+                        process.facts(),
                     )));
                     let _ = done_tx.send(process.wait());
                 }
@@ -285,10 +352,10 @@ impl Session {
                 }
             })
             .map_err(SandboxError::Spawn)?;
-        let (signaller, listener, limits) = started_rx.await.unwrap_or_else(|_| {
+        let (signaller, listener, limits, facts) = started_rx.await.unwrap_or_else(|_| {
             Err(SandboxError::Protocol("the sandbox thread ended before starting".into()))
         })?;
-        Ok((signaller, listener, limits, done_rx))
+        Ok((signaller, listener, limits, facts, done_rx))
     }
 
     /// Records one proxied request in the Trace and the tally.
@@ -360,6 +427,10 @@ impl Session {
                     )
                 }
                 Termination::Vanished { detail } => (ResultState::Failed, None, None, Some(detail.clone())),
+                // Handled by `finalize_suspended` before a result is ever formed.
+                Termination::Suspended { .. } => {
+                    (ResultState::Failed, None, None, Some("suspended without a termination receipt".into()))
+                }
             },
         };
         if cancelled {

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use pvisor_core::ids::{AttemptId, JobId, RunId};
 use pvisor_core::records::{ChangeEntry, JobRecord, RunResult};
+use pvisor_core::state::JobState;
 use pvisor_core::store::{Store, StoreError};
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::Executor;
@@ -45,6 +46,37 @@ pub struct RunOutcome {
     pub(crate) job_record: JobRecord,
 }
 
+/// A vm Attempt that was suspended: saved to `checkpoint`, its VM stopped
+/// and a termination receipt committed. The Job continues with `resume`.
+#[derive(Debug, Clone)]
+pub struct SuspendedOutcome {
+    pub job: JobId,
+    pub run: RunId,
+    pub attempt: AttemptId,
+    pub checkpoint: Box<pvisor_sandbox::vm::ExecCheckpoint>,
+    /// How the QEMU process ended.
+    pub vm_exit: String,
+    pub audit_gaps: Vec<String>,
+    pub(crate) job_record: JobRecord,
+}
+
+/// How an Attempt ended: finished with a completion receipt, or suspended.
+#[derive(Debug, Clone)]
+pub enum RunEnd {
+    Finished(RunOutcome),
+    Suspended(SuspendedOutcome),
+}
+
+impl RunEnd {
+    /// The finished outcome, or `None` for a suspension.
+    pub fn finished(self) -> Option<RunOutcome> {
+        match self {
+            Self::Finished(o) => Some(o),
+            Self::Suspended(_) => None,
+        }
+    }
+}
+
 /// What went wrong underneath a finalization step.
 #[derive(Debug, thiserror::Error)]
 pub enum FinalizeSource {
@@ -54,6 +86,8 @@ pub enum FinalizeSource {
     Stage(#[from] pvisor_stage::StageError),
     #[error(transparent)]
     Attempt(#[from] AttemptError),
+    #[error(transparent)]
+    Suspension(#[from] super::suspension::SuspensionError),
 }
 
 /// A run whose result could not be confirmed.
@@ -94,7 +128,7 @@ pub struct ManagedJobRun {
     job: JobId,
     attempt: AttemptId,
     cancel: CancelHandle,
-    outcome: Option<oneshot::Receiver<Result<RunOutcome, RunError>>>,
+    outcome: Option<oneshot::Receiver<Result<RunEnd, RunError>>>,
 }
 
 impl ManagedJobRun {
@@ -113,7 +147,7 @@ impl ManagedJobRun {
 
     /// Waits for the published outcome. Cancel-safe: dropping the future
     /// leaves the adapter usable.
-    pub async fn wait(&mut self) -> Result<RunOutcome, RunError> {
+    pub async fn wait(&mut self) -> Result<RunEnd, RunError> {
         let Some(rx) = self.outcome.as_mut() else {
             return Err(RunError::Lost { job: self.job.clone() });
         };
@@ -157,7 +191,17 @@ impl JobService {
 
     /// Admits `request` and starts it on the current Tokio runtime.
     pub fn submit(&self, request: RunRequest) -> Result<ManagedJobRun, AdmissionError> {
-        let admitted = admission::admit(&self.store, self.executor.name(), request)?;
+        let admitted = admission::admit(&self.store, self.executor.as_ref(), request)?;
+        Ok(self.start(admitted))
+    }
+
+    /// Resumes a suspended vm Job in a new Attempt (see [`admission::admit_resume`]).
+    pub fn resume(&self, job: &JobId) -> Result<ManagedJobRun, AdmissionError> {
+        let admitted = admission::admit_resume(&self.store, self.executor.as_ref(), job)?;
+        Ok(self.start(admitted))
+    }
+
+    fn start(&self, admitted: admission::Admitted) -> ManagedJobRun {
         let job = admitted.job_id().clone();
         let attempt = admitted.attempt_id().clone();
         let (cancel_tx, cancel_rx) = mpsc::unbounded_channel();
@@ -177,33 +221,43 @@ impl JobService {
             service.registry.remove(&task_attempt);
             let _ = done_tx.send(outcome);
         });
-        Ok(ManagedJobRun { job, attempt, cancel, outcome: Some(done_rx) })
+        ManagedJobRun { job, attempt, cancel, outcome: Some(done_rx) }
     }
 
     /// Publishes the Job state after joining the Attempt, if the Job still
     /// targets it. A failure is an audit gap: the receipt already holds the truth.
-    fn publish_job(&self, mut outcome: RunOutcome) -> RunOutcome {
+    fn publish_job(&self, end: RunEnd) -> RunEnd {
+        let (job_id, attempt, target, record) = match &end {
+            RunEnd::Finished(o) => (&o.job, &o.attempt, o.result.state.job_state(), &o.job_record),
+            RunEnd::Suspended(s) => (&s.job, &s.attempt, JobState::Suspended, &s.job_record),
+        };
         // Read the Job afresh: `kill` may have closed it, or it may target
         // another Attempt by now, and an old result must not overwrite that.
-        let mut job = self
-            .store
-            .read(&self.store.job_file(&outcome.job))
-            .unwrap_or_else(|_| outcome.job_record.clone());
-        if job.target_attempt != outcome.attempt.number() || job.state.is_terminal() {
-            outcome.job_record = job;
-            return outcome;
-        }
-        match job.state.transition(outcome.result.state.job_state()) {
-            Ok(state) => {
-                job.state = state;
-                job.updated_at = Timestamp::now();
-                if let Err(e) = self.store.write(&self.store.job_file(&job.id), &job) {
-                    outcome.audit_gaps.push(format!("job.json not updated: {e}"));
+        let mut job = self.store.read(&self.store.job_file(job_id)).unwrap_or_else(|_| record.clone());
+        let mut gaps = Vec::new();
+        if job.target_attempt == attempt.number() && !job.state.is_terminal() {
+            match job.state.transition(target) {
+                Ok(state) => {
+                    job.state = state;
+                    job.updated_at = Timestamp::now();
+                    if let Err(e) = self.store.write(&self.store.job_file(&job.id), &job) {
+                        gaps.push(format!("job.json not updated: {e}"));
+                    }
                 }
+                Err(e) => gaps.push(format!("job state not published: {e}")),
             }
-            Err(e) => outcome.audit_gaps.push(format!("job state not published: {e}")),
         }
-        outcome.job_record = job;
-        outcome
+        match end {
+            RunEnd::Finished(mut o) => {
+                o.audit_gaps.extend(gaps);
+                o.job_record = job;
+                RunEnd::Finished(o)
+            }
+            RunEnd::Suspended(mut s) => {
+                s.audit_gaps.extend(gaps);
+                s.job_record = job;
+                RunEnd::Suspended(s)
+            }
+        }
     }
 }

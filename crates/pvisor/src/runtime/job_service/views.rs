@@ -33,6 +33,8 @@ pub enum ViewError {
     Receipt(#[from] ReceiptError),
     #[error(transparent)]
     Stage(pvisor_stage::StageError),
+    #[error(transparent)]
+    Suspension(Box<crate::runtime::suspension::SuspensionError>),
 }
 
 /// Resolves a job reference: an id, a unique prefix (with or without `job-`),
@@ -159,6 +161,12 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         }
         None if live => {}
         None if job.state == JobState::Lost => {}
+        None if crate::runtime::suspension::load(store, &job.id, &attempt_id)
+            .map_err(|e| ViewError::Suspension(Box::new(e)))?
+            .is_some() =>
+        {
+            status.state = JobState::Suspended;
+        }
         // No owner and no receipt: whatever the records say, the result is unknown.
         None => status.state = JobState::Unknown,
     }

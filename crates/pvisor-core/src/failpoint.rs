@@ -6,11 +6,13 @@
 //! [`hit`] to nothing, so no shipped binary can be told to crash.
 //!
 //! Points, in finalization order: `after-seal`, `after-bundle`,
-//! `after-run-json`, `after-receipt`, `before-terminal-event`.
+//! `after-run-json`, `after-receipt`, `before-terminal-event`; in the vm
+//! executor's checkpoints: `vm-after-quiesce`, `vm-after-state`,
+//! `vm-after-publish`; in a suspension: `after-termination-receipt`.
 
 /// Stops the process here if the environment names this point (debug builds only).
 #[inline]
-pub(crate) fn hit(name: &str) {
+pub fn hit(name: &str) {
     #[cfg(debug_assertions)]
     if std::env::var_os("PVISOR_FAILPOINT").is_some_and(|v| v == name) {
         // SAFETY: sending SIGKILL to ourselves; it does not return.

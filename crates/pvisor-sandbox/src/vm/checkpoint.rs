@@ -1,0 +1,271 @@
+//! Execution checkpoints of a running microVM: the control protocol between
+//! `pvisor checkpoint|suspend` and the Attempt's supervisor, the manifest,
+//! how a checkpoint is taken, and how one is verified before a restore.
+//!
+//! Order of a checkpoint (each step only after the previous succeeded):
+//! quiesce (sync + FIFREEZE through the agent) → QMP `stop` → migrate the
+//! machine state to `state` → copy the upper disk, link the lower image →
+//! hash everything → write `manifest.json`, fsync, rename the directory into
+//! place (publication) → `cont` + thaw, or `quit` for a suspension. A crash
+//! before the rename leaves only a `.partial-*` directory that nothing trusts.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_agent::{Reply, Request};
+use pvisor_core::ids::CheckpointId;
+use pvisor_core::time::Timestamp;
+
+use super::{disk, qmp, shell_quote, MachineConfig, Shared};
+
+pub const STATE: &str = "state";
+pub const UPPER: &str = "upper.img";
+pub const LOWER: &str = "lower.img";
+pub const MANIFEST: &str = "manifest.json";
+pub const CONTROL_SOCKET: &str = "control.sock";
+pub const KIND: &str = "execution";
+
+pub fn control_socket(vm_dir: &Path) -> PathBuf {
+    vm_dir.join(CONTROL_SOCKET)
+}
+
+/// What `pvisor checkpoint --kind execution` and `pvisor suspend` ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Save and continue.
+    Checkpoint,
+    /// Save, then stop the VM; the Attempt ends hibernated.
+    Suspend,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ControlResponse {
+    Checkpointed { manifest: Box<ExecCheckpoint> },
+    Error { message: String },
+}
+
+/// `runs/<run>/exec-checkpoints/<id>/manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecCheckpoint {
+    pub format: u32,
+    pub id: CheckpointId,
+    pub kind: String,
+    pub created_at: Timestamp,
+    /// The guest image digest; a restore boots exactly this image.
+    pub image: String,
+    pub machine: MachineConfig,
+    pub workspace: PathBuf,
+    pub exec_id: u32,
+    /// The runtime's facts (job, attempt, baseline).
+    pub context: serde_json::Value,
+    pub files: Vec<CheckpointFile>,
+    /// Filesystems the agent froze; the restore thaws them.
+    pub frozen: Vec<PathBuf>,
+    /// How long the guest was stopped, and the whole save.
+    pub paused_ms: u64,
+    pub save_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointFile {
+    pub name: String,
+    pub size: u64,
+    /// BLAKE3 of the bytes, or of the data extents for sparse disk images.
+    pub blake3: String,
+    pub sparse: bool,
+}
+
+fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
+    let size = fs::metadata(path)?.len();
+    let blake3 = if sparse {
+        disk::sparse_digest(path)?
+    } else {
+        let mut hasher = blake3::Hasher::new();
+        let mut file = fs::File::open(path)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        hasher.finalize().to_hex().to_string()
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(CheckpointFile { name, size, blake3, sparse })
+}
+
+/// Reads and fully verifies the checkpoint in `dir`.
+pub fn verify(dir: &Path) -> Result<ExecCheckpoint, String> {
+    let manifest_path = dir.join(MANIFEST);
+    let bytes = pvisor_core::store::read_capped(&manifest_path, 1 << 20)
+        .map_err(|e| format!("checkpoint {}: {e}", dir.display()))?;
+    let manifest: ExecCheckpoint = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("checkpoint manifest {} is corrupt: {e}", manifest_path.display()))?;
+    if manifest.format != 1 || manifest.kind != KIND {
+        return Err(format!(
+            "{} is not an execution checkpoint pvisor can restore (format {}, kind {})",
+            manifest_path.display(),
+            manifest.format,
+            manifest.kind
+        ));
+    }
+    for name in [STATE, UPPER, LOWER] {
+        let listed = manifest
+            .files
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| format!("checkpoint {} does not list its {name}", manifest.id))?;
+        let path = dir.join(name);
+        let actual =
+            digest(&path, listed.sparse).map_err(|e| format!("checkpoint file {}: {e}", path.display()))?;
+        if actual.size != listed.size || actual.blake3 != listed.blake3 {
+            return Err(format!(
+                "checkpoint file {} is corrupt: {} bytes, BLAKE3 {}; the manifest says {} bytes, {}",
+                path.display(),
+                actual.size,
+                actual.blake3,
+                listed.size,
+                listed.blake3
+            ));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Lists the published checkpoints under `dir`, oldest first (ids are ULIDs).
+pub fn list(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join(MANIFEST).is_file())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(CheckpointId::PREFIX)))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Takes a checkpoint of the live VM (the control thread's side).
+pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecCheckpoint>, String> {
+    let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        return Err("the VM is already suspended".into());
+    }
+    if *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) || !shared.qemu_running() {
+        return Err("the command has already finished; there is no execution state to save".into());
+    }
+    let started = Instant::now();
+    let id = CheckpointId::generate();
+    let root = &shared.vm.checkpoints;
+    let partial = root.join(format!(".partial-{id}"));
+    let published = root.join(id.to_string());
+    fs::create_dir_all(&partial).map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+    let timeout = Duration::from_secs(60);
+
+    let frozen = match shared.call(&Request::Quiesce, &[], timeout)? {
+        (Reply::Quiesced { frozen }, _) => frozen,
+        (other, _) => return Err(format!("the agent answered Quiesce with {other:?}")),
+    };
+    pvisor_core::failpoint::hit("vm-after-quiesce");
+    let paused = Instant::now();
+    let saved = save(shared, &partial).and_then(|()| {
+        pvisor_core::failpoint::hit("vm-after-state");
+        let manifest = ExecCheckpoint {
+            format: 1,
+            id: id.clone(),
+            kind: KIND.into(),
+            created_at: Timestamp::now(),
+            image: shared.image.digest.clone(),
+            machine: shared.config,
+            workspace: shared.spec.workspace.clone(),
+            exec_id: super::EXEC_ID,
+            context: shared.vm.context.clone(),
+            files: vec![
+                digest(&partial.join(STATE), false).map_err(|e| e.to_string())?,
+                digest(&partial.join(UPPER), true).map_err(|e| e.to_string())?,
+                digest(&partial.join(LOWER), true).map_err(|e| e.to_string())?,
+            ],
+            frozen: frozen.clone(),
+            paused_ms: paused.elapsed().as_millis() as u64,
+            save_ms: started.elapsed().as_millis() as u64,
+        };
+        publish(&partial, &published, &manifest)
+            .map_err(|e| format!("cannot publish the checkpoint: {e}"))?;
+        Ok(manifest)
+    });
+    let manifest = match saved {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            // The guest must not stay stopped or frozen because a save failed.
+            let _ = fs::remove_dir_all(&partial);
+            let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Cont);
+            let _ = shared.call(&Request::Thaw, &[], timeout);
+            return Err(e);
+        }
+    };
+    pvisor_core::failpoint::hit("vm-after-publish");
+    match request {
+        ControlRequest::Checkpoint => {
+            shared.qmp::<qmp::Empty>(&qmp::Command::Cont)?;
+            shared.call(&Request::Thaw, &[], timeout)?;
+        }
+        ControlRequest::Suspend => {
+            *shared.suspended.lock().unwrap_or_else(|p| p.into_inner()) = Some(manifest.clone());
+            // The waiter reaps QEMU and reports the suspension.
+            let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Quit);
+        }
+    }
+    Ok(Box::new(manifest))
+}
+
+/// Stops the guest and writes its machine state and disks into `dir`.
+fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
+    shared.qmp::<qmp::Empty>(&qmp::Command::Stop)?;
+    // The default cap (32 MiB/s in QEMU 7.2) doubles the save time.
+    shared.qmp::<qmp::Empty>(&qmp::Command::MigrateSetParameters { max_bandwidth: 8 << 30 })?;
+    let uri = format!("exec:cat > {}", shell_quote(&dir.join(STATE)));
+    shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri })?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let info: qmp::MigrationInfo = shared.qmp(&qmp::Command::QueryMigrate)?;
+        match info.status.as_deref() {
+            Some("completed") => break,
+            Some("failed") | Some("cancelled") => {
+                return Err(format!(
+                    "saving the machine state failed: {}",
+                    info.error_desc.unwrap_or_default()
+                ))
+            }
+            _ if Instant::now() > deadline => return Err("saving the machine state took over 300 s".into()),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    disk::sparse_copy(&shared.upper, &dir.join(UPPER))
+        .map_err(|e| format!("cannot copy the upper disk: {e}"))?;
+    disk::link_or_copy(&shared.lower, &dir.join(LOWER))
+        .map_err(|e| format!("cannot keep the workspace image: {e}"))?;
+    fs::File::open(dir.join(STATE))
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("cannot sync the state: {e}"))
+}
+
+fn publish(partial: &Path, published: &Path, manifest: &ExecCheckpoint) -> io::Result<()> {
+    let mut file = fs::File::create(partial.join(MANIFEST))?;
+    file.write_all(&pvisor_core::store::to_json_bytes(manifest))?;
+    file.sync_all()?;
+    fs::File::open(partial)?.sync_all()?;
+    fs::rename(partial, published)?;
+    if let Some(parent) = published.parent() {
+        fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! Takes the guest's overlay upper layer out of the VM and writes it into
+//! the Run's stage, in the format the `ns` backend's overlay leaves: 0/0
+//! character devices for whiteouts and `user.overlay.opaque=y` on opaque
+//! directories (what the stage reader and a userxattr overlay understand).
+//!
+//! The stream comes from the guest, which is untrusted: every path must be a
+//! plain relative path whose parent is a directory this import created, no
+//! path may repeat, and a file gets exactly the bytes its entry announced.
+//! Nothing is ever resolved through a symlink, so a hostile guest can write
+//! only inside the stage.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pvisor_agent::{EntryKind, Reply, Request};
+
+use super::Shared;
+
+/// Streams the upper layer into `stage` (which exists and is empty).
+pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
+    let timeout = Duration::from_secs(120);
+    shared.send(&Request::Export, &[]).map_err(|e| format!("cannot reach the agent: {e}"))?;
+    fs::create_dir_all(stage).map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
+    let mut import = Import::new(stage);
+    loop {
+        match shared.next_reply(timeout)? {
+            (Reply::Entry { path, kind, mode, mtime_ns, size, target, opaque }, _) => {
+                import.entry(path, kind, mode, mtime_ns, size, target, opaque)?
+            }
+            (Reply::Data, bytes) => import.data(&bytes)?,
+            (Reply::ExportDone { entries, bytes }, _) => {
+                import.finish()?;
+                if entries != import.entries {
+                    return Err(format!("the agent announced {entries} entries but sent {}", import.entries));
+                }
+                return Ok((entries, bytes));
+            }
+            (other, _) => return Err(format!("unexpected reply during export: {other:?}")),
+        }
+    }
+}
+
+struct OpenFile {
+    file: File,
+    path: PathBuf,
+    left: u64,
+    mtime_ns: i64,
+}
+
+struct Import {
+    stage: PathBuf,
+    dirs: HashSet<Vec<u8>>,
+    seen: HashSet<Vec<u8>>,
+    current: Option<OpenFile>,
+    /// Directory modes are set last: a 0555 directory would refuse its children.
+    dir_modes: Vec<(PathBuf, u32, i64)>,
+    entries: u64,
+}
+
+impl Import {
+    fn new(stage: &Path) -> Self {
+        Self {
+            stage: stage.to_owned(),
+            dirs: HashSet::from([Vec::new()]),
+            seen: HashSet::new(),
+            current: None,
+            dir_modes: Vec::new(),
+            entries: 0,
+        }
+    }
+
+    fn check_path(&self, path: &[u8]) -> Result<(), String> {
+        let shown = String::from_utf8_lossy(path);
+        let plain = !path.is_empty()
+            && path[0] != b'/'
+            && !path.contains(&0)
+            && path.split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..");
+        if !plain {
+            return Err(format!("the guest sent an unsafe path {shown:?}"));
+        }
+        let parent = path.iter().rposition(|&b| b == b'/').map_or(&path[..0], |i| &path[..i]);
+        if !self.dirs.contains(parent) {
+            return Err(format!("the guest sent {shown:?} before its directory"));
+        }
+        if self.seen.contains(path) {
+            return Err(format!("the guest sent {shown:?} twice"));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn entry(
+        &mut self,
+        path: Vec<u8>,
+        kind: EntryKind,
+        mode: u32,
+        mtime_ns: i64,
+        size: u64,
+        target: Option<Vec<u8>>,
+        opaque: bool,
+    ) -> Result<(), String> {
+        self.close_file()?;
+        self.check_path(&path)?;
+        let full = self.stage.join(std::ffi::OsStr::from_bytes(&path));
+        let fail = |e: std::io::Error| format!("cannot stage {}: {e}", full.display());
+        let mode = mode & 0o7777;
+        match kind {
+            EntryKind::Dir => {
+                fs::create_dir(&full).map_err(fail)?;
+                if opaque {
+                    set_xattr(&full, "user.overlay.opaque", b"y").map_err(fail)?;
+                }
+                self.dirs.insert(path.clone());
+                self.dir_modes.push((full.clone(), mode, mtime_ns));
+            }
+            EntryKind::File => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&full)
+                    .map_err(fail)?;
+                file.set_permissions(fs::Permissions::from_mode(mode)).map_err(fail)?;
+                self.current = Some(OpenFile { file, path: full.clone(), left: size, mtime_ns });
+            }
+            EntryKind::Symlink => {
+                let target = target.ok_or_else(|| format!("symlink {} has no target", full.display()))?;
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), &full).map_err(fail)?;
+            }
+            EntryKind::Whiteout => mknod(&full, libc::S_IFCHR | 0o600).map_err(fail)?,
+            EntryKind::Fifo => mknod(&full, libc::S_IFIFO | mode).map_err(fail)?,
+        }
+        if kind != EntryKind::File && kind != EntryKind::Dir {
+            set_mtime(&full, mtime_ns);
+        }
+        self.seen.insert(path);
+        self.entries += 1;
+        Ok(())
+    }
+
+    fn data(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let Some(open) = self.current.as_mut() else {
+            return Err("the guest sent file data outside a file".into());
+        };
+        if bytes.len() as u64 > open.left {
+            return Err(format!("the guest sent more bytes for {} than announced", open.path.display()));
+        }
+        open.file.write_all(bytes).map_err(|e| format!("cannot write {}: {e}", open.path.display()))?;
+        open.left -= bytes.len() as u64;
+        Ok(())
+    }
+
+    fn close_file(&mut self) -> Result<(), String> {
+        if let Some(open) = self.current.take() {
+            if open.left != 0 {
+                return Err(format!("{} is {} bytes short", open.path.display(), open.left));
+            }
+            drop(open.file);
+            set_mtime(&open.path, open.mtime_ns);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        self.close_file()?;
+        for (dir, mode, mtime_ns) in self.dir_modes.drain(..).rev() {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+            set_mtime(&dir, mtime_ns);
+        }
+        Ok(())
+    }
+}
+
+fn cpath(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
+fn mknod(path: &Path, mode: u32) -> std::io::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: a valid C string; device 0 (a whiteout) or a fifo.
+    if unsafe { libc::mknod(c.as_ptr(), mode, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let (p, n) = (cpath(path)?, CString::new(name).map_err(std::io::Error::other)?);
+    // SAFETY: valid C strings and a value buffer of the stated length.
+    if unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Best effort: the stage reader does not rely on mtimes, the review shows them.
+fn set_mtime(path: &Path, mtime_ns: i64) {
+    let Ok(c) = cpath(path) else { return };
+    let ts = libc::timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000),
+    };
+    let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, ts];
+    // SAFETY: a valid C string and two timespecs.
+    unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(import: &mut Import, path: &str, kind: EntryKind) -> Result<(), String> {
+        import.entry(path.as_bytes().to_vec(), kind, 0o755, 0, 0, Some(b"/etc".to_vec()), false)
+    }
+
+    #[test]
+    fn hostile_paths_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut import = Import::new(dir.path());
+        for bad in ["../x", "/etc/passwd", "a/../../x", "", "a//b", "./a"] {
+            assert!(entry(&mut import, bad, EntryKind::File).is_err(), "{bad:?} accepted");
+        }
+        // A symlink cannot become a parent: its children were never created as directories.
+        entry(&mut import, "link", EntryKind::Symlink).unwrap();
+        assert!(entry(&mut import, "link/passwd", EntryKind::File)
+            .unwrap_err()
+            .contains("before its directory"));
+        assert!(entry(&mut import, "link", EntryKind::File).unwrap_err().contains("twice"));
+        entry(&mut import, "d", EntryKind::Dir).unwrap();
+        import.entry(b"d/f".to_vec(), EntryKind::File, 0o644, 0, 2, None, false).unwrap();
+        assert!(import.data(b"abc").is_err());
+        import.data(b"ab").unwrap();
+        import.finish().unwrap();
+        assert_eq!(fs::read(dir.path().join("d/f")).unwrap(), b"ab");
+        assert!(fs::symlink_metadata(dir.path().join("link")).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn short_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut import = Import::new(dir.path());
+        import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, 5, None, false).unwrap();
+        import.data(b"ab").unwrap();
+        assert!(import.finish().unwrap_err().contains("3 bytes short"));
+    }
+}

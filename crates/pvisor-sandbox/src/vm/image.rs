@@ -1,0 +1,301 @@
+//! The guest image (kernel + initramfs built by `scripts/vm-image.sh`), its
+//! installation under the state directory by digest, the QEMU command line,
+//! and the choice of accelerator.
+//!
+//! An execution checkpoint is only restorable on the very same kernel and
+//! initramfs, so a Run records the image digest and resume/fork boot the
+//! installed copy, never whatever the build directory holds by then.
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::SandboxError;
+
+#[derive(Debug, Deserialize)]
+struct ImageManifest {
+    format: u32,
+    kernel_version: String,
+    kernel: FileDigest,
+    initramfs: FileDigest,
+    cmdline: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct FileDigest {
+    file: String,
+    blake3: String,
+}
+
+/// A verified guest image.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GuestImage {
+    pub dir: PathBuf,
+    /// BLAKE3 of `manifest.json`, which names the digests of both files.
+    pub digest: String,
+    pub kernel_version: String,
+    pub cmdline: String,
+}
+
+fn image_error(message: String) -> SandboxError {
+    SandboxError::Setup {
+        step: "vm-image".into(),
+        message,
+        hint: Some(
+            "build the guest image with scripts/vm-image.sh (or set PVISOR_VM_IMAGE to its directory)".into(),
+        ),
+    }
+}
+
+impl GuestImage {
+    pub fn kernel(&self) -> PathBuf {
+        self.dir.join("vmlinux")
+    }
+
+    pub fn initramfs(&self) -> PathBuf {
+        self.dir.join("initramfs.cpio")
+    }
+
+    /// Where the built image is: `$PVISOR_VM_IMAGE`, else `vm-image/` beside
+    /// the binary's target directory (`target/release/pvisor` → `target/vm-image`).
+    pub fn locate_built() -> Result<PathBuf, SandboxError> {
+        if let Some(dir) = std::env::var_os("PVISOR_VM_IMAGE") {
+            return Ok(PathBuf::from(dir));
+        }
+        let exe = std::env::current_exe()
+            .map_err(|e| image_error(format!("cannot find the pvisor binary: {e}")))?;
+        let candidates = exe.ancestors().skip(1).take(3).map(|d| d.join("vm-image")).collect::<Vec<_>>();
+        candidates.iter().find(|d| d.join("manifest.json").is_file()).cloned().ok_or_else(|| {
+            image_error(format!("no guest image found (looked in {})", display_list(&candidates)))
+        })
+    }
+
+    /// Verifies the image at `source` and installs it as `images/<digest>/`
+    /// under `state_root` (hard links where possible). Idempotent.
+    pub fn install(source: &Path, state_root: &Path) -> Result<Self, SandboxError> {
+        let manifest_bytes = fs::read(source.join("manifest.json")).map_err(|e| {
+            image_error(format!("cannot read {}: {e}", source.join("manifest.json").display()))
+        })?;
+        let digest = blake3::hash(&manifest_bytes).to_hex().to_string();
+        let installed = state_root.join("images").join(&digest);
+        if installed.join("manifest.json").is_file() {
+            return Self::open(&installed, &digest, false);
+        }
+        Self::verify_files(source, &manifest_bytes)?;
+        let partial = state_root.join("images").join(format!(".partial-{digest}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&partial);
+        let copy = || -> io::Result<()> {
+            fs::create_dir_all(&partial)?;
+            for name in ["vmlinux", "initramfs.cpio", "manifest.json"] {
+                if fs::hard_link(source.join(name), partial.join(name)).is_err() {
+                    fs::copy(source.join(name), partial.join(name))?;
+                    fs::File::open(partial.join(name))?.sync_all()?;
+                }
+            }
+            match fs::rename(&partial, &installed) {
+                // Another process installed it first: same digest, same bytes.
+                Err(_) if installed.join("manifest.json").is_file() => {
+                    let _ = fs::remove_dir_all(&partial);
+                    Ok(())
+                }
+                other => other,
+            }
+        };
+        copy().map_err(|e| {
+            image_error(format!("cannot install the guest image under {}: {e}", installed.display()))
+        })?;
+        Self::open(&installed, &digest, false)
+    }
+
+    /// Opens the installed image `digest`; `verify` re-hashes both files.
+    pub fn open_installed(state_root: &Path, digest: &str) -> Result<Self, SandboxError> {
+        Self::open(&state_root.join("images").join(digest), digest, true)
+    }
+
+    fn open(dir: &Path, digest: &str, verify: bool) -> Result<Self, SandboxError> {
+        let bytes = fs::read(dir.join("manifest.json"))
+            .map_err(|e| image_error(format!("guest image {digest} is not installed ({e})")))?;
+        if blake3::hash(&bytes).to_hex().as_str() != digest {
+            return Err(image_error(format!(
+                "{} does not match its digest {digest}",
+                dir.join("manifest.json").display()
+            )));
+        }
+        let manifest = if verify { Self::verify_files(dir, &bytes)? } else { parse_manifest(&bytes)? };
+        Ok(Self {
+            dir: dir.to_owned(),
+            digest: digest.to_owned(),
+            kernel_version: manifest.kernel_version,
+            cmdline: manifest.cmdline,
+        })
+    }
+
+    fn verify_files(dir: &Path, manifest_bytes: &[u8]) -> Result<ImageManifest, SandboxError> {
+        let manifest = parse_manifest(manifest_bytes)?;
+        for (want_name, file) in [("vmlinux", &manifest.kernel), ("initramfs.cpio", &manifest.initramfs)] {
+            let path = dir.join(want_name);
+            if file.file != want_name {
+                return Err(image_error(format!(
+                    "manifest names {} where {want_name} was expected",
+                    file.file
+                )));
+            }
+            let got =
+                hash_file(&path).map_err(|e| image_error(format!("cannot read {}: {e}", path.display())))?;
+            if got != file.blake3 {
+                return Err(image_error(format!(
+                    "{} is corrupt: BLAKE3 {got}, manifest says {}",
+                    path.display(),
+                    file.blake3
+                )));
+            }
+        }
+        Ok(manifest)
+    }
+}
+
+fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, SandboxError> {
+    let manifest: ImageManifest = serde_json::from_slice(bytes)
+        .map_err(|e| image_error(format!("the image manifest is corrupt: {e}")))?;
+    if manifest.format != 1 {
+        return Err(image_error(format!("image manifest format {} is not supported", manifest.format)));
+    }
+    Ok(manifest)
+}
+
+fn display_list(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn hash_file(path: &Path) -> io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    let mut file = fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// The hardware accelerator QEMU uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    Kvm,
+    Tcg,
+}
+
+impl Accelerator {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+}
+
+/// The chosen accelerator and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AccelChoice {
+    pub accelerator: Accelerator,
+    pub reason: String,
+}
+
+/// How long a KVM probe boot may take to reach the agent.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Picks KVM when a short probe boot of `image` under KVM reaches the agent,
+/// else TCG. `PVISOR_VM_ACCEL=kvm|tcg` overrides. The probe's verdict is
+/// cached per image, host kernel and KVM module in `/var/tmp/pvisor-<uid>/`.
+pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
+    match std::env::var("PVISOR_VM_ACCEL").as_deref() {
+        Ok("tcg") => {
+            return AccelChoice { accelerator: Accelerator::Tcg, reason: "PVISOR_VM_ACCEL=tcg".into() }
+        }
+        Ok("kvm") => {
+            return AccelChoice { accelerator: Accelerator::Kvm, reason: "PVISOR_VM_ACCEL=kvm".into() }
+        }
+        _ => {}
+    }
+    if let Err(e) = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        let reason = format!("cannot open /dev/kvm ({e}); using TCG software emulation");
+        return AccelChoice { accelerator: Accelerator::Tcg, reason };
+    }
+    let module = ["kvm_intel", "kvm_amd", "kvm_pvm"]
+        .into_iter()
+        .filter(|m| Path::new("/sys/module").join(m).exists())
+        .collect::<Vec<_>>()
+        .join("+");
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let key = blake3::hash(format!("{}|{module}|{}", image.digest, release.trim()).as_bytes()).to_hex();
+    let cache_dir = PathBuf::from(format!("/var/tmp/pvisor-{uid}"));
+    let cache = cache_dir.join(format!("accel-{}.json", &key[..16]));
+    if let Some(choice) = fs::read(&cache).ok().and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok()) {
+        return choice;
+    }
+    let choice = match probe_kvm(image) {
+        Ok(ms) => AccelChoice {
+            accelerator: Accelerator::Kvm,
+            reason: format!("a probe boot under KVM ({module}) reached the agent in {ms} ms"),
+        },
+        Err(why) => AccelChoice {
+            accelerator: Accelerator::Tcg,
+            reason: format!("/dev/kvm ({module}) failed a probe boot: {why}; using TCG software emulation"),
+        },
+    };
+    if fs::create_dir_all(&cache_dir).is_ok() {
+        let _ = fs::write(&cache, serde_json::to_vec(&choice).unwrap_or_default());
+    }
+    choice
+}
+
+fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
+    let dir = tempfile_dir().map_err(|e| e.to_string())?;
+    let (agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (_qmp, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let console = dir.join("console.log");
+    let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
+    let mut command = super::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console, None);
+    let started = Instant::now();
+    let mut child = super::spawn_qemu(&mut command, &dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu])
+        .map_err(|e| e.to_string())?;
+    drop((agent_qemu, qmp_qemu));
+    let mut channel = agent;
+    let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));
+    let hello = pvisor_agent::write_frame(
+        &mut channel,
+        &pvisor_agent::Request::Hello { version: pvisor_agent::VERSION },
+        &[],
+    )
+    .and_then(|()| pvisor_agent::read_frame::<pvisor_agent::Reply>(&mut channel));
+    let _ = child.kill();
+    let _ = child.wait();
+    let result = match hello {
+        Ok(Some((pvisor_agent::Reply::Hello { .. }, _))) => Ok(started.elapsed().as_millis()),
+        Ok(_) => Err("the agent did not answer".to_owned()),
+        Err(e) => {
+            let tail = fs::read_to_string(&console).unwrap_or_default();
+            let last =
+                tail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no console output").to_owned();
+            Err(format!("no agent within {} s ({e}; console: {last})", PROBE_TIMEOUT.as_secs()))
+        }
+    };
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+fn tempfile_dir() -> io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("pvisor-kvm-probe-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

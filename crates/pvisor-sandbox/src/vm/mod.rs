@@ -1,0 +1,767 @@
+//! The `vm` executor: one QEMU microVM per Attempt, driven over QMP, with
+//! `pvisor-agent` as the guest's PID 1 (AgentCtl over virtio-serial).
+//!
+//! The workspace reaches the guest as two disks: a read-only ext4 image of
+//! the workspace (lower) and a sparse writable ext4 disk (upper), joined by an
+//! overlay the agent mounts at the workspace's own path. When the command
+//! ends, the agent streams the upper layer out and [`export`] writes it into
+//! the Run's stage in the same format the `ns` backend leaves, so review,
+//! apply, preimages and receipts have no VM special case.
+//!
+//! Execution checkpoints ([`checkpoint`]) go through a control socket in the
+//! Attempt's `vm/` directory: quiesce through the agent, `stop`, migrate the
+//! machine state to a file, copy the upper disk, publish a manifest with
+//! digests, then either `cont` (checkpoint) or `quit` (suspend). A suspended
+//! Attempt's `wait` returns [`Termination::Suspended`] only after QEMU exited.
+
+pub mod checkpoint;
+mod disk;
+mod export;
+pub mod image;
+mod qmp;
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_agent::{read_frame, write_frame, Reply, Request};
+
+pub use checkpoint::{ControlRequest, ControlResponse, ExecCheckpoint};
+pub use image::{AccelChoice, Accelerator, GuestImage};
+
+use crate::{
+    sys, Executor, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller,
+    Termination, Usage,
+};
+
+/// The one exec id of an Attempt's command (the protocol allows more).
+const EXEC_ID: u32 = 1;
+/// Default guest RAM when no `--memory` limit is given.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+
+/// What the `vm` backend needs beyond the common spec.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VmSpec {
+    /// The Attempt's private directory: disks, console log, control socket.
+    pub dir: PathBuf,
+    /// Where this Run's execution checkpoints are written.
+    pub checkpoints: PathBuf,
+    /// An execution checkpoint to restore instead of booting (resume, fork).
+    pub restore: Option<PathBuf>,
+    /// Opaque facts of the runtime (job, attempt, baseline), copied into
+    /// every checkpoint manifest.
+    pub context: serde_json::Value,
+}
+
+/// The machine shape; a restore must repeat it exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MachineConfig {
+    pub memory_mib: u64,
+    pub cpus: u32,
+    pub accelerator: Accelerator,
+}
+
+/// The microVM executor. Holds the verified image and the accelerator decision.
+#[derive(Clone, Debug)]
+pub struct VmExecutor {
+    image: GuestImage,
+    accel: AccelChoice,
+}
+
+impl VmExecutor {
+    /// Installs the built guest image under `state_root` and picks the accelerator.
+    pub fn prepare(state_root: &Path) -> Result<Self, SandboxError> {
+        let built = GuestImage::locate_built()?;
+        let image = GuestImage::install(&built, state_root)?;
+        let accel = image::choose_accelerator(&image);
+        Ok(Self { image, accel })
+    }
+
+    /// The executor a checkpoint was taken with: its installed image (verified)
+    /// and its accelerator, since machine state only restores onto the same.
+    pub fn for_checkpoint(state_root: &Path, manifest: &ExecCheckpoint) -> Result<Self, SandboxError> {
+        let image = GuestImage::open_installed(state_root, &manifest.image)?;
+        let accel = AccelChoice {
+            accelerator: manifest.machine.accelerator,
+            reason: format!("restoring a checkpoint taken under {}", manifest.machine.accelerator.as_str()),
+        };
+        Ok(Self { image, accel })
+    }
+
+    pub fn image(&self) -> &GuestImage {
+        &self.image
+    }
+
+    pub fn accelerator(&self) -> &AccelChoice {
+        &self.accel
+    }
+}
+
+impl Executor for VmExecutor {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+
+    fn placement_details(&self) -> Vec<(String, String)> {
+        vec![
+            ("accelerator".into(), self.accel.accelerator.as_str().into()),
+            ("accelerator_reason".into(), self.accel.reason.clone()),
+            ("image".into(), self.image.digest.clone()),
+            ("guest_kernel".into(), self.image.kernel_version.clone()),
+        ]
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
+        VmProcess::start(self, spec).map(|p| Box::new(p) as Box<dyn SandboxProcess>)
+    }
+}
+
+fn setup(step: &str, message: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Setup { step: step.into(), message: message.to_string(), hint: None }
+}
+
+/// Escapes a value for a QEMU `key=value,...` option (commas are doubled).
+fn opt(path: &Path) -> String {
+    path.to_string_lossy().replace(',', ",,")
+}
+
+/// Quotes `path` for the shell that QEMU's `exec:` migration runs.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
+}
+
+/// The QEMU command line shared by boots, restores and the KVM probe. The
+/// device list and its order are part of the migration contract.
+pub(crate) fn qemu_command(
+    image: &GuestImage,
+    config: &MachineConfig,
+    disks: Option<(&Path, &Path)>,
+    agent: &UnixStream,
+    qmp: &UnixStream,
+    console: &Path,
+    incoming: Option<&Path>,
+) -> Command {
+    let mut cmdline = image.cmdline.clone();
+    let mut command = Command::new(qemu_binary());
+    command.args(["-machine", "microvm", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    match config.accelerator {
+        Accelerator::Kvm => {
+            command.args(["-accel", "kvm", "-cpu", "host"]);
+        }
+        Accelerator::Tcg => {
+            command.args(["-accel", "tcg"]);
+            // Without it a TCG guest cannot calibrate the TSC while the host is busy.
+            if let Some(khz) = host_tsc_khz() {
+                cmdline.push_str(&format!(" tsc_early_khz={khz}"));
+            }
+        }
+    }
+    command
+        .args(["-m", &config.memory_mib.to_string(), "-smp", &config.cpus.to_string()])
+        .arg("-kernel")
+        .arg(image.kernel())
+        .arg("-initrd")
+        .arg(image.initramfs())
+        .args(["-append", &cmdline])
+        .args(["-chardev", &format!("file,id=console,path={}", opt(console)), "-serial", "chardev:console"]);
+    if let Some((lower, upper)) = disks {
+        command.args([
+            "-drive",
+            &format!("file={},if=none,id=lower,format=raw,readonly=on", opt(lower)),
+            "-device",
+            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent::LOWER_SERIAL),
+            "-drive",
+            &format!("file={},if=none,id=upper,format=raw,cache=writeback", opt(upper)),
+            "-device",
+            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent::UPPER_SERIAL),
+        ]);
+    }
+    command.args([
+        "-device",
+        "virtio-serial-device",
+        "-chardev",
+        &format!("socket,id=agent,fd={}", agent.as_raw_fd()),
+        "-device",
+        &format!("virtserialport,chardev=agent,name={}", pvisor_agent::PORT_NAME),
+        "-chardev",
+        &format!("socket,id=qmp,fd={}", qmp.as_raw_fd()),
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-nic",
+        "none",
+    ]);
+    if let Some(state) = incoming {
+        command.args(["-S", "-incoming", &format!("exec:cat {}", shell_quote(state))]);
+    }
+    command
+}
+
+fn qemu_binary() -> String {
+    std::env::var("PVISOR_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+fn host_tsc_khz() -> Option<u64> {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 =
+        cpuinfo.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
+    Some((mhz * 1000.0) as u64)
+}
+
+/// Starts QEMU in its own session (a terminal's ^C is the supervisor's to
+/// forward), dying with the supervisor thread, with `keep` inherited.
+pub(crate) fn spawn_qemu(command: &mut Command, log: &Path, keep: &[&UnixStream]) -> io::Result<Child> {
+    let log = fs::File::create(log)?;
+    let fds: Vec<i32> = keep.iter().map(|s| s.as_raw_fd()).collect();
+    command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: only async-signal-safe calls (setsid, prctl, fcntl) run in the child.
+    unsafe {
+        command.pre_exec(move || {
+            libc::setsid();
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                e.kind(),
+                format!("{} not found; install qemu-system-x86 (scripts/setup.sh)", qemu_binary()),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Reads the last lines of a log for an error message.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    all[all.len().saturating_sub(lines)..].join(" | ")
+}
+
+/// What the agent reader thread tells the waiter.
+#[derive(Debug)]
+enum AgentEvent {
+    Exited { code: Option<i32>, signal: Option<i32> },
+    Gone(String),
+}
+
+/// State shared by the waiter, the control thread and the signaller.
+#[derive(Debug)]
+struct Shared {
+    agent: Mutex<UnixStream>,
+    replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
+    /// Serialises multi-step agent/QMP operations (checkpoint, export).
+    op: Mutex<()>,
+    qmp: Mutex<qmp::Qmp>,
+    qemu: Mutex<Option<Child>>,
+    qemu_pidfd: Arc<OwnedFd>,
+    exited: Mutex<bool>,
+    suspended: Mutex<Option<ExecCheckpoint>>,
+    image: GuestImage,
+    config: MachineConfig,
+    spec: SandboxSpec,
+    vm: VmSpec,
+    lower: PathBuf,
+    upper: PathBuf,
+}
+
+impl Shared {
+    fn send(&self, request: &Request, payload: &[u8]) -> io::Result<()> {
+        let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
+        write_frame(&mut *agent, request, payload)
+    }
+
+    /// Sends `request` and waits for the next non-output reply.
+    fn call(&self, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+        self.send(request, payload).map_err(|e| format!("cannot reach the agent: {e}"))?;
+        self.next_reply(timeout)
+    }
+
+    fn next_reply(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+        let replies = self.replies.lock().unwrap_or_else(|p| p.into_inner());
+        match replies.recv_timeout(timeout) {
+            Ok((Reply::Error { op, message }, _)) => Err(format!("the agent failed {op}: {message}")),
+            Ok(reply) => Ok(reply),
+            Err(RecvTimeoutError::Timeout) => Err(format!("the agent did not answer within {timeout:?}")),
+            Err(RecvTimeoutError::Disconnected) => Err("the agent connection closed".into()),
+        }
+    }
+
+    fn qmp<R: serde::de::DeserializeOwned>(&self, command: &qmp::Command) -> Result<R, String> {
+        self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command).map_err(|e| e.to_string())
+    }
+
+    fn qemu_running(&self) -> bool {
+        let mut qemu = self.qemu.lock().unwrap_or_else(|p| p.into_inner());
+        qemu.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Asks QEMU to quit and reaps it; returns its exit status and usage.
+    fn quit_and_reap(&self) -> (String, Usage) {
+        let _ = self.qmp::<qmp::Empty>(&qmp::Command::Quit);
+        let child = self.qemu.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(child) = child else { return ("already reaped".into(), Usage::default()) };
+        reap(child, Duration::from_secs(10))
+    }
+}
+
+/// Waits for QEMU (killing it after `grace`), with its resource usage.
+fn reap(child: Child, grace: Duration) -> (String, Usage) {
+    let pid = child.id() as libc::pid_t;
+    let deadline = Instant::now() + grace;
+    let mut status = 0;
+    // SAFETY: rusage is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 writes into `status` and `usage` only.
+        let rc = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if rc == pid || rc < 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: the child is not reaped yet, so `pid` is still ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let described = if libc::WIFEXITED(status) {
+        format!("exited {}", libc::WEXITSTATUS(status))
+    } else {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let usage = Usage {
+        user_cpu: tv(usage.ru_utime),
+        system_cpu: tv(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+    };
+    (described, usage)
+}
+
+/// A running microVM.
+#[derive(Debug)]
+pub struct VmProcess {
+    shared: Arc<Shared>,
+    events: Receiver<AgentEvent>,
+    boot_ms: u64,
+    restored: Option<serde_json::Value>,
+    /// The command never started (the agent's exec failed).
+    early: Option<Termination>,
+}
+
+impl VmProcess {
+    fn start(executor: &VmExecutor, spec: &SandboxSpec) -> Result<Self, SandboxError> {
+        let vm = spec.vm.clone().ok_or_else(|| setup("vm", "the vm executor needs a VmSpec"))?;
+        if spec.network != NetworkAttachment::Isolated {
+            return Err(SandboxError::Setup {
+                step: "network".into(),
+                message: "the vm executor supports only --network none so far".into(),
+                hint: Some("use --executor ns for --allow/--network proxy, or drop the network flags".into()),
+            });
+        }
+        fs::create_dir_all(&vm.dir)
+            .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
+        let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
+        let restore = match &vm.restore {
+            Some(dir) => {
+                let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
+                    step: "restore".into(),
+                    message: e,
+                    hint: Some(
+                        "the checkpoint cannot be resumed; fork an earlier one or drop the Job".into(),
+                    ),
+                })?;
+                disk::link_or_copy(&dir.join(checkpoint::LOWER), &lower)
+                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &upper))
+                    .map_err(|e| setup("restore", format!("cannot copy the checkpoint's disks: {e}")))?;
+                Some((dir.join(checkpoint::STATE), manifest))
+            }
+            None => {
+                disk::build_lower(&spec.workspace, &lower).map_err(|e| SandboxError::Setup {
+                    step: "workspace-image".into(),
+                    message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
+                    hint: Some(
+                        "every file in the workspace must be readable by the user running pvisor".into(),
+                    ),
+                })?;
+                disk::create_upper(&upper).map_err(|e| setup("upper-disk", e))?;
+                None
+            }
+        };
+        let config = match &restore {
+            Some((_, manifest)) => manifest.machine,
+            None => MachineConfig {
+                memory_mib: spec.limits.memory_bytes.map_or(DEFAULT_MEMORY_MIB, |b| (b >> 20).max(128)),
+                cpus: spec.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+                accelerator: executor.accel.accelerator,
+            },
+        };
+
+        let (agent, agent_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let console = vm.dir.join("console.log");
+        let mut command = qemu_command(
+            &executor.image,
+            &config,
+            Some((&lower, &upper)),
+            &agent_qemu,
+            &qmp_qemu,
+            &console,
+            restore.as_ref().map(|(state, _)| state.as_path()),
+        );
+        let started = Instant::now();
+        let child = spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu])
+            .map_err(|e| setup("qemu", e))?;
+        drop((agent_qemu, qmp_qemu));
+        let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
+        let qemu_failed = |what: String| {
+            setup(
+                "qemu",
+                format!(
+                    "{what}; qemu: {}; console: {}",
+                    tail(&vm.dir.join("qemu.log"), 3),
+                    tail(&console, 3)
+                ),
+            )
+        };
+        let boot_timeout = match config.accelerator {
+            Accelerator::Kvm => Duration::from_secs(30),
+            Accelerator::Tcg => Duration::from_secs(120),
+        };
+        let qmp = qmp::Qmp::connect(qmp_host, boot_timeout).map_err(|e| qemu_failed(e.to_string()))?;
+
+        let (replies_tx, replies_rx) = mpsc::channel();
+        let (events_tx, events) = mpsc::channel();
+        let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
+        std::thread::Builder::new()
+            .name("pvisor-vm-agent".into())
+            .spawn(move || read_agent(reader, replies_tx, events_tx))
+            .map_err(SandboxError::Spawn)?;
+        let shared = Arc::new(Shared {
+            agent: Mutex::new(agent),
+            replies: Mutex::new(replies_rx),
+            op: Mutex::new(()),
+            qmp: Mutex::new(qmp),
+            qemu: Mutex::new(Some(child)),
+            qemu_pidfd,
+            exited: Mutex::new(false),
+            suspended: Mutex::new(None),
+            image: executor.image.clone(),
+            config,
+            spec: spec.clone(),
+            vm: vm.clone(),
+            lower,
+            upper,
+        });
+        let fail = |message: String| {
+            let (status, _) = shared.quit_and_reap();
+            qemu_failed(format!("{message} (qemu {status})"))
+        };
+
+        let mut restored = None;
+        if restore.is_some() {
+            wait_for_incoming(&shared, boot_timeout).map_err(fail)?;
+            shared.qmp::<qmp::Empty>(&qmp::Command::Cont).map_err(fail)?;
+        }
+        match shared
+            .call(&Request::Hello { version: pvisor_agent::VERSION }, &[], boot_timeout)
+            .map_err(fail)?
+        {
+            (Reply::Hello { version, .. }, _) if version == pvisor_agent::VERSION => {}
+            (other, _) => {
+                return Err(fail(format!(
+                    "the agent answered Hello with {other:?} (protocol {})",
+                    pvisor_agent::VERSION
+                )))
+            }
+        }
+        let boot_ms = started.elapsed().as_millis() as u64;
+        if let Some((_, manifest)) = &restore {
+            restored = Some(reattach(&shared, manifest).map_err(fail)?);
+        } else {
+            let request = Request::Setup {
+                workspace: spec.workspace.clone(),
+                hostname: spec.hostname.clone(),
+                clock_unix_ns: unix_now_ns(),
+            };
+            match shared.call(&request, &[], boot_timeout).map_err(fail)? {
+                (Reply::Ready, _) => {}
+                (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
+            }
+            let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
+            let exec = Request::Exec { id: EXEC_ID, argv, env: spec.env.clone(), cwd: spec.cwd.clone() };
+            match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
+                (Reply::Started { .. }, _) => {}
+                (Reply::ExecFailed { errno, message, .. }, _) => {
+                    // Recorded like `ns` does: a failed Run with 126/127, not a setup error.
+                    let early = Termination::ExecFailed { program: spec.program.clone(), errno, message };
+                    return Ok(Self { shared, events, boot_ms, restored, early: Some(early) });
+                }
+                (other, _) => return Err(fail(format!("the agent answered Exec with {other:?}"))),
+            }
+        }
+        forward_stdin(shared.clone());
+        serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
+        Ok(Self { shared, events, boot_ms, restored, early: None })
+    }
+}
+
+fn unix_now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Polls until QEMU has loaded the incoming state (it stays paused: `-S`).
+fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status: qmp::Status = shared.qmp(&qmp::Command::QueryStatus)?;
+        match status.status.as_str() {
+            "inmigrate" | "prelaunch" if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            "paused" | "postmigrate" => return Ok(()),
+            other => return Err(format!("restoring the machine state ended in state {other}")),
+        }
+    }
+}
+
+/// After a restore: thaw the filesystems the checkpoint froze, step the
+/// clock, reseed the guest's CRNG, and have the agent resend the command's
+/// exit if it ended before the checkpoint.
+fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, String> {
+    let timeout = Duration::from_secs(30);
+    shared.call(&Request::Thaw, &[], timeout)?;
+    let mut entropy = [0u8; 64];
+    getrandom(&mut entropy);
+    let (clock_step_ns, entropy_avail) =
+        match shared.call(&Request::Restored { clock_unix_ns: unix_now_ns() }, &entropy, timeout)? {
+            (Reply::Restored { clock_step_ns, entropy_avail }, _) => (clock_step_ns, entropy_avail),
+            (other, _) => return Err(format!("the agent answered Restored with {other:?}")),
+        };
+    shared.call(&Request::Poll { id: EXEC_ID }, &[], timeout)?;
+    Ok(serde_json::json!({
+        "checkpoint": manifest.id,
+        "clock_step_ms": clock_step_ns / 1_000_000,
+        "entropy_reseeded_bytes": entropy.len(),
+        "entropy_avail": entropy_avail,
+        "network": "no NIC; nothing to reset",
+    }))
+}
+
+fn getrandom(buf: &mut [u8]) {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+}
+
+/// Routes agent frames: output to our stdout/stderr, the exit to the waiter,
+/// everything else to whoever holds the op lock.
+fn read_agent(mut stream: UnixStream, replies: Sender<(Reply, Vec<u8>)>, events: Sender<AgentEvent>) {
+    loop {
+        match read_frame::<Reply>(&mut stream) {
+            Ok(Some((Reply::Stdout { .. }, bytes))) => {
+                let _ = sys::write_all(1, &bytes);
+            }
+            Ok(Some((Reply::Stderr { .. }, bytes))) => {
+                let _ = sys::write_all(2, &bytes);
+            }
+            Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
+                let _ = events.send(AgentEvent::Exited { code, signal });
+            }
+            Ok(Some(reply)) => {
+                let _ = replies.send(reply);
+            }
+            Ok(None) => {
+                let _ = events.send(AgentEvent::Gone("the agent connection closed".into()));
+                return;
+            }
+            Err(e) => {
+                let _ = events.send(AgentEvent::Gone(format!("the agent stream broke: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+/// Copies our stdin to the command's stdin; EOF closes it.
+fn forward_stdin(shared: Arc<Shared>) {
+    let _ = std::thread::Builder::new().name("pvisor-vm-stdin".into()).spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: reading into our own buffer from fd 0.
+            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
+                return;
+            }
+            if shared.send(&Request::Stdin { id: EXEC_ID }, &buf[..n as usize]).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Binds `vm/control.sock` (through `/proc/self/fd` when the path is too
+/// long for `sun_path`) and serves checkpoint and suspend requests.
+fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
+    let path = checkpoint::control_socket(&shared.vm.dir);
+    let _ = fs::remove_file(&path);
+    let dir = fs::File::open(&shared.vm.dir)?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
+    let listener = UnixListener::bind(if path.as_os_str().len() < 100 { &path } else { &short })?;
+    std::thread::Builder::new().name("pvisor-vm-control".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let conn = shared.clone();
+            let _ = std::thread::Builder::new().name("pvisor-vm-control-conn".into()).spawn(move || {
+                let _ = handle_control(&conn, stream);
+            });
+            if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                return;
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
+    let mut line = String::new();
+    BufReader::new(stream.try_clone()?).read_line(&mut line)?;
+    let response = match serde_json::from_str::<ControlRequest>(&line) {
+        Err(e) => ControlResponse::Error { message: format!("bad control request: {e}") },
+        Ok(request) => match checkpoint::take(shared, request) {
+            Ok(manifest) => ControlResponse::Checkpointed { manifest },
+            Err(message) => ControlResponse::Error { message },
+        },
+    };
+    let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
+    out.push(b'\n');
+    (&stream).write_all(&out)
+}
+
+impl SandboxProcess for VmProcess {
+    fn signaller(&self) -> Signaller {
+        let shared = self.shared.clone();
+        Signaller::custom(Arc::new(move |signal| {
+            if signal == libc::SIGKILL {
+                sys::pidfd_send_signal(&shared.qemu_pidfd, libc::SIGKILL)
+            } else {
+                shared.send(&Request::Signal { id: EXEC_ID, signal }, &[])
+            }
+        }))
+    }
+
+    fn facts(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "accelerator": self.shared.config.accelerator.as_str(),
+            "memory_mib": self.shared.config.memory_mib,
+            "cpus": self.shared.config.cpus,
+            "image": self.shared.image.digest,
+            "ready_ms": self.boot_ms,
+            "restored": self.restored,
+        }))
+    }
+
+    fn wait(self: Box<Self>) -> Result<ExitReport, SandboxError> {
+        let shared = self.shared;
+        if let Some(termination) = self.early {
+            let (_, usage) = shared.quit_and_reap();
+            return Ok(ExitReport { termination, usage, oom_killed: false });
+        }
+        let ending = loop {
+            match self.events.recv_timeout(Duration::from_millis(100)) {
+                Ok(AgentEvent::Exited { code, signal }) => {
+                    *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    break Ok((code, signal));
+                }
+                Ok(AgentEvent::Gone(why)) => break Err(why),
+                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {}
+                Err(_) => break Err("the VM stopped".into()),
+            }
+        };
+        // A checkpoint or suspension in progress finishes first.
+        let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(manifest) = shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let (qemu, usage) = shared.quit_and_reap();
+            return Ok(ExitReport {
+                termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
+                usage,
+                oom_killed: false,
+            });
+        }
+        let termination = match ending {
+            Ok((code, signal)) => {
+                if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
+                    let (qemu, _) = shared.quit_and_reap();
+                    return Err(SandboxError::Protocol(format!(
+                        "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
+                        shared.upper.display()
+                    )));
+                }
+                match (code, signal) {
+                    (Some(code), _) => Termination::Exited(code),
+                    (None, Some(signal)) => Termination::Signaled(signal),
+                    (None, None) => Termination::Vanished { detail: "the agent reported no status".into() },
+                }
+            }
+            Err(why) => {
+                let console = tail(&shared.vm.dir.join("console.log"), 3);
+                if shared.qemu_running() {
+                    Termination::Vanished { detail: format!("{why}; console: {console}") }
+                } else {
+                    // Killed from outside (or by cancellation): nothing left to export.
+                    Termination::Signaled(libc::SIGKILL)
+                }
+            }
+        };
+        let (_, usage) = shared.quit_and_reap();
+        // The disks are the Attempt's scratch; the stage now holds the result.
+        let _ = fs::remove_file(&shared.lower);
+        let _ = fs::remove_file(&shared.upper);
+        Ok(ExitReport { termination, usage, oom_killed: false })
+    }
+}
+
+/// Sends a control request to the live supervisor of an Attempt.
+pub fn control(
+    vm_dir: &Path,
+    request: &ControlRequest,
+    timeout: Duration,
+) -> Result<ControlResponse, String> {
+    let path = checkpoint::control_socket(vm_dir);
+    let dir = fs::File::open(vm_dir).map_err(|e| format!("no VM directory at {} ({e})", vm_dir.display()))?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
+    let target = if path.as_os_str().len() < 100 { path.clone() } else { short };
+    let stream = UnixStream::connect(&target).map_err(|e| {
+        format!("the VM's supervisor is not reachable at {} ({e}); is the Job running?", path.display())
+    })?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    (&stream).write_all(&line).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .map_err(|e| format!("no answer from the supervisor: {e}"))?;
+    serde_json::from_str(&answer).map_err(|e| format!("the supervisor answered garbage: {e}"))
+}
