@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit tests, the end-to-end tests and
 # the escape corpus (real namespaces and overlays, as root and as an
-# unprivileged user), then 60 s of fuzzing per target.
+# unprivileged user), the vm executor's tests (real QEMU microVMs), then 60 s
+# of fuzzing per target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The vm executor's guest image (kernel, busybox, agent); the vm tests boot it.
+scripts/vm-image.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets

@@ -81,8 +81,9 @@ impl JobState {
             Pending => matches!(to, Running | Failed | Cancelled | Unknown),
             Running => matches!(to, Completed | Failed | Cancelled | Unknown | Suspended),
             Unknown => matches!(to, Lost),
-            // Resume starts a new Attempt; kill closes it for good.
-            Suspended => matches!(to, Running | Lost),
+            // Resume starts a new Attempt (which may fail to restore, with a
+            // receipt); kill closes it for good.
+            Suspended => matches!(to, Running | Failed | Cancelled | Lost),
             Completed | Failed | Cancelled | Lost => false,
         }
     }

@@ -520,6 +520,11 @@ pub fn admit_resume(
 ) -> Result<Admitted, AdmissionError> {
     use crate::runtime::suspension;
     let not = |reason: String| AdmissionError::NotResumable { job: job_id.clone(), reason };
+    // Finish the records of a supervisor that died after its termination receipt.
+    crate::runtime::recovery::recover(store, job_id).map_err(|e| match e {
+        crate::runtime::job_service::views::ViewError::Store(s) => AdmissionError::Store(s),
+        other => not(other.to_string()),
+    })?;
     let _guard = OwnerLock::acquire_blocking(&store.job_dir(job_id).join("recover.lock"))?;
     let mut job: JobRecord = store.read(&store.job_file(job_id))?;
     if !job.continuation {

@@ -25,6 +25,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         kill_grace: Duration::from_secs(5),
         network: Vec::new(),
         fork: None,
+        fork_execution: None,
         secrets: Default::default(),
         seccomp: true,
         limits: Default::default(),
@@ -81,7 +82,7 @@ async fn a_dropped_wait_cancels_and_completion_is_still_published() {
 async fn waiting_returns_the_receipted_result() {
     let f = fixture();
     let mut run = f.service.submit(request(&f.workspace, "echo a > a; exit 9")).unwrap();
-    let outcome = run.wait().await.unwrap();
+    let outcome = run.wait().await.unwrap().finished().expect("an ns run is never suspended");
     assert_eq!(outcome.result.exit_code, Some(9));
     assert_eq!(outcome.changes.len(), 1);
     assert!(outcome.audit_gaps.is_empty(), "{:?}", outcome.audit_gaps);
@@ -103,7 +104,7 @@ async fn a_cancel_handle_forwards_the_signal() {
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     run.cancel_handle().cancel(libc::SIGUSR1);
-    let outcome = run.wait().await.unwrap();
+    let outcome = run.wait().await.unwrap().finished().expect("an ns run is never suspended");
     assert_eq!(outcome.result.exit_code, Some(42));
     assert_eq!(outcome.result.state, pvisor_core::state::ResultState::Cancelled);
 }

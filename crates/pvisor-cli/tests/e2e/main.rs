@@ -19,3 +19,4 @@ mod read_commands;
 mod recovery;
 mod run;
 mod signals;
+mod vm;

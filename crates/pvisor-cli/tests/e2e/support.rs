@@ -74,6 +74,44 @@ pub fn bin() -> &'static str {
     })
 }
 
+/// The guest image `scripts/vm-image.sh` built beside the binary, made
+/// reachable for the unprivileged test user like [`bin`] (copied to a
+/// world-readable place keyed by its manifest). `None` if it was not built.
+pub fn vm_image() -> Option<&'static PathBuf> {
+    static IMAGE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let built = Path::new(env!("CARGO_BIN_EXE_pvisor")).parent()?.parent()?.join("vm-image");
+            let manifest = fs::read(built.join("manifest.json")).ok()?;
+            if !is_root() {
+                return Some(built);
+            }
+            let key = format!(
+                "{:x}",
+                manifest
+                    .iter()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+            );
+            let shelf = std::env::temp_dir().join("pvisor-e2e-image");
+            let dir = shelf.join(&key);
+            if !dir.join("manifest.json").exists() {
+                let tmp = shelf.join(format!("{key}.{}", std::process::id()));
+                fs::create_dir_all(&tmp).unwrap();
+                for name in ["vmlinux", "initramfs.cpio", "manifest.json"] {
+                    fs::copy(built.join(name), tmp.join(name)).unwrap();
+                }
+                if fs::rename(&tmp, &dir).is_err() {
+                    let _ = fs::remove_dir_all(&tmp);
+                }
+            }
+            for path in [&shelf, &dir] {
+                fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            }
+            Some(dir)
+        })
+        .as_ref()
+}
+
 /// A workspace and a state directory under one temporary directory.
 pub struct Env {
     pub dir: tempfile::TempDir,
@@ -125,6 +163,9 @@ impl Env {
             .env("HOME", self.dir.path())
             .env_remove("XDG_STATE_HOME")
             .stdin(Stdio::null());
+        if let Some(image) = vm_image() {
+            cmd.env("PVISOR_VM_IMAGE", image);
+        }
         cmd
     }
 

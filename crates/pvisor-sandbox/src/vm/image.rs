@@ -214,7 +214,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Picks KVM when a short probe boot of `image` under KVM reaches the agent,
 /// else TCG. `PVISOR_VM_ACCEL=kvm|tcg` overrides. The probe's verdict is
-/// cached per image, host kernel and KVM module in `/var/tmp/pvisor-<uid>/`.
+/// cached per guest kernel, host kernel and KVM module in `/var/tmp/pvisor-<uid>/`.
 pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
     match std::env::var("PVISOR_VM_ACCEL").as_deref() {
         Ok("tcg") => {
@@ -237,7 +237,9 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let key = blake3::hash(format!("{}|{module}|{}", image.digest, release.trim()).as_bytes()).to_hex();
+    // The verdict depends on the guest kernel, not on the agent inside the initramfs.
+    let key =
+        blake3::hash(format!("{}|{module}|{}", image.kernel_version, release.trim()).as_bytes()).to_hex();
     let cache_dir = PathBuf::from(format!("/var/tmp/pvisor-{uid}"));
     let cache = cache_dir.join(format!("accel-{}.json", &key[..16]));
     if let Some(choice) = fs::read(&cache).ok().and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok()) {

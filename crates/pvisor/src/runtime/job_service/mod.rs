@@ -62,6 +62,7 @@ pub struct SuspendedOutcome {
 
 /// How an Attempt ended: finished with a completion receipt, or suspended.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per run, moved a handful of times
 pub enum RunEnd {
     Finished(RunOutcome),
     Suspended(SuspendedOutcome),

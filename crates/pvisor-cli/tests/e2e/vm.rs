@@ -1,0 +1,365 @@
+//! The `vm` executor: real QEMU microVMs (TCG here, KVM where a probe boot
+//! works), the guest agent, the staged-changes flow, and execution
+//! checkpoints: suspend, resume, fork, kill, crashes and corruption.
+//!
+//! The guest image must be built first (`scripts/vm-image.sh`, which
+//! `scripts/test.sh` runs); without it these tests fail and say so.
+
+use std::fs;
+use std::io::Read;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::support::*;
+
+/// A counter loop: prints `c N` and writes `counter` every 0.2 s, then a
+/// random tag (so copies of one VM can be told apart) and a file named by it.
+const COUNTER: &str =
+    "i=0; while [ $i -lt 25 ]; do i=$((i+1)); echo \"c $i\"; echo $i > counter; sleep 0.2; done; \
+     tag=$(head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n'); echo \"tag $tag\"; echo $tag > \"f-$tag\"";
+
+fn require_image() {
+    assert!(
+        vm_image().is_some(),
+        "no guest image beside {}: run scripts/vm-image.sh first",
+        env!("CARGO_BIN_EXE_pvisor")
+    );
+}
+
+/// A `pvisor run --executor vm` in the background whose stdout is collected.
+struct Background {
+    child: Child,
+    out: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(env: &Env, args: &[&str], failpoint: Option<&str>) -> Self {
+        let mut cmd = env.command(args);
+        if let Some(point) = failpoint {
+            cmd.env("PVISOR_FAILPOINT", point);
+        }
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let out = Arc::new(Mutex::new(String::new()));
+        let mut stdout = child.stdout.take().unwrap();
+        let sink = out.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Self { child, out, reader: Some(reader) }
+    }
+
+    fn wait_for(&self, needle: &str) {
+        let found = wait_until(Duration::from_secs(120), || self.out.lock().unwrap().contains(needle));
+        assert!(found, "never printed {needle:?}; got {:?}", self.out.lock().unwrap());
+    }
+
+    /// Waits for exit; returns (code, stdout, stderr).
+    fn finish(mut self) -> (Option<i32>, String, String) {
+        let mut err = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = self.child.wait().unwrap();
+        self.reader.take().unwrap().join().unwrap();
+        let out = self.out.lock().unwrap().clone();
+        (status.code(), out, err)
+    }
+}
+
+fn counts(out: &str) -> Vec<u32> {
+    out.lines().filter_map(|l| l.strip_prefix("c ")).map(|n| n.parse().unwrap()).collect()
+}
+
+fn tag(out: &str) -> String {
+    out.lines().find_map(|l| l.strip_prefix("tag ")).unwrap_or_else(|| panic!("no tag in {out:?}")).to_owned()
+}
+
+fn vm_run_stages_changes_like_ns(who: As) {
+    if !who.available() {
+        return;
+    }
+    require_image();
+    let env = Env::new(who);
+    env.write("existing", "old\n");
+    env.write("tracked", "line 1\n");
+    env.write("dir/a", "a\n");
+    env.write("dir/b", "b\n");
+    env.write("mode", "m\n");
+    let before = snapshot(&env.ws);
+    let script =
+        "cat existing; echo x > new; rm existing; echo y >> tracked; rm -r dir; mkdir dir; echo c > dir/c; \
+                  chmod 700 mode; ln -s /etc/passwd link; mkdir -p deep/er; printf 'nl' > 'deep/er/a\nb'; \
+                  echo to-stderr >&2; exit 3";
+    let out = env.pvisor(&["run", "--executor", "vm", "--", "sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "old\n", "the guest saw the workspace");
+    assert!(text(&out.stderr).contains("to-stderr"));
+    assert_eq!(snapshot(&env.ws), before, "the workspace changed");
+
+    let status = env.status_json(None);
+    assert_eq!((status["state"].as_str(), status["exit_code"].as_i64()), (Some("failed"), Some(3)));
+    assert_eq!(status["receipt"], "valid");
+    let kinds: Vec<(String, String)> = env
+        .review()
+        .iter()
+        .map(|c| (c["path"].as_str().unwrap().to_owned(), c["kind"].as_str().unwrap().to_owned()))
+        .collect();
+    for (path, kind) in [
+        ("existing", "deleted"),
+        ("new", "added"),
+        ("tracked", "modified"),
+        ("link", "added"),
+        ("deep/er/a\nb", "added"),
+    ] {
+        assert!(kinds.iter().any(|(p, k)| p == path && k == kind), "{path} {kind} missing from {kinds:?}");
+    }
+    assert!(kinds.iter().any(|(p, _)| p == "mode"), "mode change missing from {kinds:?}");
+    assert!(kinds.iter().any(|(p, _)| p.starts_with("dir")), "the replaced directory is missing: {kinds:?}");
+
+    // Placement says which accelerator and why; the trace has the VM's facts.
+    let job = status["job"].as_str().unwrap().to_owned();
+    let events = env.events(&job);
+    let placement = events.iter().find(|e| e["type"] == "placement.decided").unwrap();
+    let accel = placement["data"]["details"]["accelerator"].as_str().unwrap();
+    assert!(accel == "tcg" || accel == "kvm", "{placement}");
+    assert!(!placement["data"]["details"]["accelerator_reason"].as_str().unwrap().is_empty());
+    assert!(events.iter().any(|e| e["type"] == "attempt.vm" && e["data"]["ready_ms"].as_u64().is_some()));
+
+    // Apply brings the workspace to what the guest saw.
+    env.expect(&["apply", "--all"], 0);
+    assert!(!env.ws.join("existing").exists());
+    assert_eq!(fs::read_to_string(env.ws.join("tracked")).unwrap(), "line 1\ny\n");
+    assert_eq!(fs::read_to_string(env.ws.join("dir/c")).unwrap(), "c\n");
+    assert!(!env.ws.join("dir/a").exists(), "the opaque directory kept a lower file");
+    assert_eq!(fs::read_link(env.ws.join("link")).unwrap(), std::path::Path::new("/etc/passwd"));
+    assert_eq!(fs::read(env.ws.join("deep/er/a\nb")).unwrap(), b"nl");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(fs::metadata(env.ws.join("mode")).unwrap().permissions().mode() & 0o777, 0o700);
+}
+
+#[test]
+fn vm_run_stages_changes_like_ns_as_root() {
+    vm_run_stages_changes_like_ns(As::Root);
+}
+
+#[test]
+fn vm_run_stages_changes_like_ns_rootless() {
+    vm_run_stages_changes_like_ns(As::Rootless);
+}
+
+#[test]
+fn vm_program_not_found_is_127_with_a_receipt() {
+    require_image();
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&["run", "--executor", "vm", "--", "no-such-program-here"]);
+    assert_eq!(out.status.code(), Some(127), "stderr: {}", text(&out.stderr));
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "failed");
+    assert_eq!(status["receipt"], "valid");
+}
+
+#[test]
+fn suspend_then_resume_continues_the_counter_in_a_new_attempt() {
+    require_image();
+    let env = Env::new(As::Root);
+    let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
+    run.wait_for("c 4\n");
+    let job = only_job(&env);
+    let out = env.expect(&["suspend", &job, "--json"], 0);
+    let manifest: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(manifest["kind"], "execution");
+    let (code, before, _) = run.finish();
+    assert_eq!(code, Some(75), "a suspended run exits 75 (EX_TEMPFAIL)");
+    let last = *counts(&before).last().unwrap();
+
+    let status = env.status_json(Some(&job));
+    assert_eq!(status["state"], "suspended");
+    assert!(!status["live"].as_bool().unwrap());
+    let attempt1 = env.attempt_dir(&status);
+    let termination: serde_json::Value =
+        serde_json::from_slice(&fs::read(attempt1.join("termination.json")).unwrap()).unwrap();
+    assert_eq!(termination["checkpoint"], manifest["id"]);
+    assert_eq!(termination["vm_exit"], "exited 0");
+    // Nothing to apply while the files are inside the saved VM.
+    let refused = env.pvisor(&["apply", &job, "--all"]);
+    assert_eq!(refused.status.code(), Some(125));
+    assert!(text(&refused.stderr).contains("suspended"), "{}", text(&refused.stderr));
+
+    let resumed = env.pvisor(&["resume", &job]);
+    assert_eq!(resumed.status.code(), Some(0), "stderr: {}", text(&resumed.stderr));
+    let after = counts(&text(&resumed.stdout));
+    assert_eq!(after.first(), Some(&(last + 1)), "the counter did not continue: {before:?} then {after:?}");
+    assert_eq!(after.last(), Some(&25));
+
+    let status = env.status_json(Some(&job));
+    assert_eq!(status["state"], "completed");
+    assert_eq!(status["receipt"], "valid");
+    assert!(status["attempt"].as_str().unwrap().ends_with(".2"), "{status}");
+    let events = env.events(&job);
+    let kinds: Vec<(&str, u64)> =
+        events.iter().map(|e| (e["type"].as_str().unwrap(), e["attempt"].as_u64().unwrap_or(0))).collect();
+    assert!(kinds.contains(&("run.hibernated", 1)), "{kinds:?}");
+    assert!(kinds.contains(&("run.completed", 2)), "{kinds:?}");
+    assert!(!kinds.contains(&("run.completed", 1)), "{kinds:?}");
+    let restored = events.iter().find(|e| e["type"] == "attempt.vm" && e["attempt"] == 2).unwrap();
+    assert_eq!(restored["data"]["restored"]["checkpoint"], manifest["id"]);
+    // The file the counter wrote is staged once, with its final value.
+    env.expect(&["apply", &job, "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("counter")).unwrap(), "25\n");
+}
+
+#[test]
+fn an_execution_fork_diverges_with_private_stages_and_fresh_entropy() {
+    require_image();
+    let env = Env::new(As::Root);
+    let parent = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
+    parent.wait_for("c 3\n");
+    let parent_job = only_job(&env);
+    let forked = env.pvisor(&["fork", &parent_job, "--state", "execution", "-q"]);
+    assert_eq!(forked.status.code(), Some(0), "stderr: {}", text(&forked.stderr));
+    let (code, parent_out, _) = parent.finish();
+    assert_eq!(code, Some(0));
+    let child_out = text(&forked.stdout);
+    assert!(counts(&child_out)[0] > 1, "the fork restarted instead of continuing: {child_out:?}");
+    let (parent_tag, child_tag) = (tag(&parent_out), tag(&child_out));
+    assert_ne!(parent_tag, child_tag, "the fork repeated its parent's random stream");
+
+    let jobs: Vec<String> = fs::read_dir(env.home.join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let child_job = jobs.iter().find(|j| **j != parent_job).unwrap().clone();
+    let status = env.status_json(Some(&child_job));
+    assert_eq!(status["lineage"]["parent_job"], parent_job.as_str());
+    assert_eq!(status["lineage"]["kind"], "execution");
+    let staged = |job: &str| -> Vec<String> {
+        let out = env.expect(&["review", job, "--json"], 0);
+        out.lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["path"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let (p, c) = (staged(&parent_job), staged(&child_job));
+    assert!(p.contains(&format!("f-{parent_tag}")) && !p.contains(&format!("f-{child_tag}")), "{p:?}");
+    assert!(c.contains(&format!("f-{child_tag}")) && !c.contains(&format!("f-{parent_tag}")), "{c:?}");
+}
+
+#[test]
+fn after_kill_a_suspended_job_cannot_be_resumed_or_forked() {
+    require_image();
+    let env = Env::new(As::Root);
+    let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
+    run.wait_for("c 2\n");
+    let job = only_job(&env);
+    env.expect(&["suspend", &job], 0);
+    assert_eq!(run.finish().0, Some(75));
+    env.expect(&["kill", &job], 0);
+    assert_eq!(env.status_json(Some(&job))["state"], "lost");
+    for args in [vec!["resume", job.as_str()], vec!["fork", job.as_str(), "--state", "execution"]] {
+        let out = env.pvisor(&args);
+        assert_eq!(out.status.code(), Some(125), "{args:?} was not refused");
+        assert!(text(&out.stderr).contains("killed"), "{args:?}: {}", text(&out.stderr));
+    }
+    assert_eq!(fs::read_dir(env.home.join("jobs")).unwrap().count(), 1, "a refused fork created a Job");
+}
+
+#[test]
+fn checkpoints_need_a_running_vm_job() {
+    let env = Env::new(As::Root);
+    env.run_sh("true");
+    let job = only_job(&env);
+    let out = env.pvisor(&["checkpoint", &job, "--kind", "execution"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("--executor vm"), "{}", text(&out.stderr));
+    let out = env.pvisor(&["suspend", &job]);
+    assert_eq!(out.status.code(), Some(125));
+    let out = env.pvisor(&["resume", &job]);
+    assert_eq!(out.status.code(), Some(125));
+}
+
+/// Killing the supervisor at each step of a suspension: a Job reads
+/// `suspended` only with a published manifest and a termination receipt, and
+/// no QEMU outlives its supervisor.
+#[test]
+fn a_crash_during_suspend_never_leaves_a_false_suspension() {
+    require_image();
+    for (point, expect) in [
+        ("vm-after-quiesce", "unknown"),
+        ("vm-after-state", "unknown"),
+        ("vm-after-publish", "unknown"),
+        ("after-termination-receipt", "suspended"),
+    ] {
+        let env = Env::new(As::Root);
+        let run = Background::start(
+            &env,
+            &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER],
+            Some(point),
+        );
+        run.wait_for("c 2\n");
+        let job = only_job(&env);
+        let out = env.pvisor(&["suspend", &job]);
+        assert_ne!(out.status.code(), None);
+        let (code, _, _) = run.finish();
+        assert_eq!(code, None, "{point}: the supervisor was not killed");
+        let status = env.status_json(Some(&job));
+        assert_eq!(status["state"], expect, "{point}: {status}");
+        let termination = env.attempt_dir(&status).join("termination.json");
+        assert_eq!(termination.exists(), expect == "suspended", "{point}");
+        // No orphaned VM: QEMU dies with the supervisor.
+        let vm_dir = env.attempt_dir(&status).join("vm");
+        let orphan = wait_until(Duration::from_secs(10), || !qemu_running_in(&vm_dir));
+        assert!(orphan, "{point}: a QEMU of this Job outlived its supervisor");
+        if expect == "suspended" {
+            let resumed = env.pvisor(&["resume", &job]);
+            assert_eq!(resumed.status.code(), Some(0), "{point}: {}", text(&resumed.stderr));
+            assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&25));
+        }
+    }
+}
+
+fn qemu_running_in(vm_dir: &std::path::Path) -> bool {
+    let needle = vm_dir.to_string_lossy().into_owned();
+    fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        fs::read(e.path().join("cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c).contains("qemu-system")
+                    && String::from_utf8_lossy(&c).contains(&needle)
+            })
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
+    require_image();
+    let env = Env::new(As::Root);
+    let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
+    run.wait_for("c 2\n");
+    let job = only_job(&env);
+    let manifest: serde_json::Value =
+        serde_json::from_str(env.expect(&["suspend", &job, "--json"], 0).trim()).unwrap();
+    run.finish();
+    let status = env.status_json(Some(&job));
+    let run_dir = env.home.join("runs").join(status["run"].as_str().unwrap());
+    let state = run_dir.join("exec-checkpoints").join(manifest["id"].as_str().unwrap()).join("state");
+    let mut bytes = fs::read(&state).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    fs::write(&state, &bytes).unwrap();
+
+    let out = env.pvisor(&["resume", &job]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("corrupt") && err.contains(&state.display().to_string()), "{err}");
+    let status = env.status_json(Some(&job));
+    assert_eq!(status["state"], "suspended", "a refused resume changed the Job");
+    assert!(status["attempt"].as_str().unwrap().ends_with(".1"), "a refused resume created an Attempt");
+    assert!(!env.events(&job).iter().any(|e| e["type"] == "resume.requested"));
+}
