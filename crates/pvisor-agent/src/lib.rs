@@ -38,11 +38,22 @@ pub enum Request {
     Hello {
         version: u32,
     },
-    /// Mounts the workspace overlay at `workspace` (the host path) and sets the clock.
+    /// Mounts the workspace overlay at `workspace` (the host path), sets the
+    /// clock, and with `proxy_port` listens on guest `127.0.0.1:port`, each
+    /// connection becoming a stream to pvisor's proxy (the guest has no NIC).
     Setup {
         workspace: PathBuf,
         hostname: String,
         clock_unix_ns: i64,
+        proxy_port: Option<u16>,
+    },
+    /// Payload: bytes from the proxy for guest connection `stream`.
+    NetData {
+        stream: u32,
+    },
+    /// The proxy closed `stream`.
+    NetClose {
+        stream: u32,
     },
     /// Starts a process in its own session and process group.
     Exec {
@@ -162,6 +173,18 @@ pub enum Reply {
     ExportDone {
         entries: u64,
         bytes: u64,
+    },
+    /// A guest process connected to the proxy port; the host opens `stream` to its proxy.
+    NetOpen {
+        stream: u32,
+    },
+    /// Payload: bytes the guest process sent on `stream`.
+    NetData {
+        stream: u32,
+    },
+    /// The guest process closed `stream`.
+    NetClose {
+        stream: u32,
     },
     Error {
         op: String,

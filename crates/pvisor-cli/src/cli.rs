@@ -323,7 +323,8 @@ pub struct CheckpointArgs {
     pub json: bool,
 }
 
-/// List checkpoints, oldest first.
+/// List checkpoints, oldest first: workspace checkpoints, then the execution
+/// checkpoints of vm Jobs.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  pvisor checkpoints\n  pvisor checkpoints --json")]
 pub struct CheckpointsArgs {

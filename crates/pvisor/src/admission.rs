@@ -300,11 +300,7 @@ pub fn admit(
     let euid = unsafe { libc::geteuid() };
 
     let network = pvisor_net::policy::resolve(&request.network)?;
-    let attachment = match network.mode {
-        NetworkMode::None => NetworkAttachment::Isolated,
-        NetworkMode::Proxy => NetworkAttachment::ProxyListener { port: PROXY_PORT },
-        NetworkMode::Host => NetworkAttachment::Host,
-    };
+    let attachment = attachment_for(network.mode);
     let policy = EffectivePolicy {
         network: network.clone(),
         kill_grace_ms: request.kill_grace.as_millis() as u64,
@@ -420,7 +416,7 @@ pub fn admit(
         "admission.network",
         None,
         Some(policy_event),
-        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": attachment.describe(), "non_bypassable": attachment.non_bypassable()}),
+        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": if executor == "vm" { pvisor_sandbox::vm::describe_attachment(attachment) } else { attachment.describe() }, "non_bypassable": attachment.non_bypassable()}),
         false,
     )?;
     trace.emit(
@@ -502,6 +498,14 @@ pub fn admit(
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| checkpoint_baseline(&f.manifest));
     Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from, baseline })
+}
+
+fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
+    match mode {
+        NetworkMode::None => NetworkAttachment::Isolated,
+        NetworkMode::Proxy => NetworkAttachment::ProxyListener { port: PROXY_PORT },
+        NetworkMode::Host => NetworkAttachment::Host,
+    }
 }
 
 /// The conflict baseline recorded in an execution checkpoint's context.
@@ -604,7 +608,7 @@ pub fn admit_resume(
         // The command's environment lives on inside the restored guest.
         env: Vec::new(),
         hostname: "pvisor".into(),
-        network: NetworkAttachment::Isolated,
+        network: attachment_for(operation.policy.network.mode),
         seccomp: operation.policy.seccomp,
         limits: operation.policy.limits.clone(),
         vm: Some(pvisor_sandbox::vm::VmSpec {

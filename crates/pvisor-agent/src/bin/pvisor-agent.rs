@@ -64,7 +64,7 @@ fn main() {
         let execs = execs.clone();
         std::thread::spawn(move || reap(execs));
     }
-    let mut agent = Agent { out, execs, boot };
+    let mut agent = Agent { out, execs, boot, streams: Arc::default() };
     let mut reader = port_file;
     loop {
         match read_frame::<Request>(&mut reader) {
@@ -222,6 +222,8 @@ struct Agent {
     out: Out,
     execs: Execs,
     boot: Instant,
+    /// Guest connections to the proxy port, by stream id.
+    streams: Arc<Mutex<HashMap<u32, std::net::TcpStream>>>,
 }
 
 impl Agent {
@@ -246,9 +248,13 @@ impl Agent {
                 },
                 Vec::new(),
             ),
-            Request::Setup { workspace, hostname, clock_unix_ns } => {
+            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port } => {
                 let _ = set_clock(clock_unix_ns);
-                match setup_workspace(&workspace, &hostname) {
+                let network = match proxy_port {
+                    Some(port) => self.listen_proxy(port),
+                    None => Ok(()),
+                };
+                match network.and_then(|()| setup_workspace(&workspace, &hostname)) {
                     Ok(()) => self.send(Reply::Ready, Vec::new()),
                     Err(e) => {
                         self.send(Reply::Error { op: "setup".into(), message: e.to_string() }, Vec::new())
@@ -306,7 +312,24 @@ impl Agent {
                 }
             },
             Request::Thaw => self.done("thaw", thaw()),
+            Request::NetData { stream } => {
+                let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(conn) = streams.get_mut(&stream) {
+                    if conn.write_all(&payload).is_err() {
+                        streams.remove(&stream);
+                    }
+                }
+            }
+            Request::NetClose { stream } => {
+                if let Some(conn) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream) {
+                    let _ = conn.shutdown(std::net::Shutdown::Both);
+                }
+            }
             Request::Restored { clock_unix_ns } => {
+                // Connections to the old host's proxy are gone: reset them.
+                for (_, conn) in self.streams.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+                    let _ = conn.shutdown(std::net::Shutdown::Both);
+                }
                 let step = set_clock(clock_unix_ns).unwrap_or(0);
                 let _ = reseed(&payload);
                 let entropy_avail = fs::read_to_string("/proc/sys/kernel/random/entropy_avail")
@@ -336,6 +359,31 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Brings up `lo` and turns each connection to `127.0.0.1:port` into a
+    /// stream that the host hands to pvisor's proxy.
+    fn listen_proxy(&self, port: u16) -> io::Result<()> {
+        loopback_up()?;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+        let (out, streams) = (self.out.clone(), self.streams.clone());
+        std::thread::spawn(move || {
+            let mut next = 0u32;
+            for conn in listener.incoming().flatten() {
+                next = next.wrapping_add(1);
+                let stream = next;
+                let Ok(reader) = conn.try_clone() else { continue };
+                streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
+                let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
+                let (out, streams) = (out.clone(), streams.clone());
+                std::thread::spawn(move || {
+                    let _ = pump(reader, out.clone(), move || Reply::NetData { stream }).recv();
+                    streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+                    let _ = out.send((Reply::NetClose { stream }, Vec::new()));
+                });
+            }
+        });
+        Ok(())
     }
 
     fn exec(&mut self, id: u32, argv: Vec<String>, env: Vec<(String, String)>, cwd: PathBuf) {
@@ -437,6 +485,33 @@ fn pump(
         let _ = done_tx.send(());
     });
     done_rx
+}
+
+/// `ip link set lo up`, by ioctl (there is no iproute2 in the guest).
+fn loopback_up() -> io::Result<()> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    // SAFETY: a plain socket for interface ioctls.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req = IfReq { name: [0; 16], flags: 0, _pad: [0; 22] };
+    req.name[..2].copy_from_slice(b"lo");
+    req.flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a struct ifreq; ours has its layout and size.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing the socket we opened.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return Err(err);
+    }
+    Ok(())
 }
 
 fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {

@@ -45,6 +45,26 @@ pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
             }
         }
     }
+    for (job, dir, manifest) in pvisor::runtime::suspension::list_all(&store)? {
+        match manifest {
+            Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
+            Ok(m) => writeln!(
+                out,
+                "{}  {}  {}  {} MiB RAM, {}, guest paused {} ms  {}",
+                m.id,
+                m.kind,
+                m.created_at,
+                m.machine.memory_mib,
+                m.machine.accelerator.as_str(),
+                m.paused_ms,
+                job
+            )?,
+            Err(e) => {
+                broken += 1;
+                writeln!(out, "{}  error: {e}", dir.display())?;
+            }
+        }
+    }
     Ok(if broken > 0 { crate::exit::PVISOR_ERROR } else { 0 })
 }
 

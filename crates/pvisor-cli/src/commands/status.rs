@@ -41,6 +41,11 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
     let receipt = match s.receipt {
         ReceiptStatus::Valid => "valid (result confirmed)".to_owned(),
         ReceiptStatus::Missing if s.live => "not yet (the run is in progress)".to_owned(),
+        ReceiptStatus::Missing if s.suspended_to.is_some() => format!(
+            "none yet: suspended to {} (termination receipt valid); `pvisor resume {}` continues it",
+            s.suspended_to.as_ref().map(|c| c.as_str()).unwrap_or_default(),
+            s.job
+        ),
         ReceiptStatus::Missing => {
             "missing: the supervisor stopped before confirming a result; the stage is kept".to_owned()
         }

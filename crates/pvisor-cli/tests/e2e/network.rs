@@ -10,7 +10,7 @@ use crate::support::*;
 
 /// A tiny keep-alive HTTP server on 127.0.0.1 that answers every request with
 /// `hello from <port>`. Returns its port.
-fn http_server() -> u16 {
+pub(crate) fn http_server() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -41,7 +41,7 @@ fn http_server() -> u16 {
 }
 
 /// Runs `pvisor ARGS` with `hosts` as /etc/hosts (a private mount namespace).
-fn with_hosts(env: &Env, hosts: &str, args: &[&str]) -> Output {
+pub(crate) fn with_hosts(env: &Env, hosts: &str, args: &[&str]) -> Output {
     let file = env.dir.path().join("hosts");
     std::fs::write(&file, hosts).unwrap();
     env.give_away(&file);
@@ -54,10 +54,13 @@ fn with_hosts(env: &Env, hosts: &str, args: &[&str]) -> Output {
         .env("PVISOR_HOME", &env.home)
         .env("HOME", env.dir.path())
         .env_remove("XDG_CONFIG_HOME");
+    if let Some(image) = vm_image() {
+        cmd.env("PVISOR_VM_IMAGE", image);
+    }
     cmd.output().unwrap()
 }
 
-fn network_events(env: &Env) -> Vec<serde_json::Value> {
+pub(crate) fn network_events(env: &Env) -> Vec<serde_json::Value> {
     let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
     env.events(&job).into_iter().filter(|e| e["type"].as_str().unwrap().starts_with("network.")).collect()
 }

@@ -363,3 +363,61 @@ fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
     assert!(status["attempt"].as_str().unwrap().ends_with(".1"), "a refused resume created an Attempt");
     assert!(!env.events(&job).iter().any(|e| e["type"] == "resume.requested"));
 }
+
+/// The guest has no network device: its only way out is the agent's relay
+/// from guest 127.0.0.1:3128 to pvisor's proxy, which applies the policy.
+#[test]
+fn a_vm_reaches_only_what_the_proxy_allows() {
+    require_image();
+    let env = Env::new(As::Rootless);
+    let port = crate::network::http_server();
+    let script = format!(
+        "wget -q -O - http://allowed.test:{port}/; echo \" rc=$?\"; \
+         wget -q -O - http://denied.test:{port}/; echo \" rc=$?\"; \
+         env -u http_proxy -u HTTP_PROXY wget -q -T 3 -O - http://127.0.0.1:{port}/ 2>&1; echo \" direct rc=$?\"; \
+         ls /sys/class/net"
+    );
+    let out = crate::network::with_hosts(
+        &env,
+        "127.0.0.1 allowed.test denied.test\n",
+        &[
+            "run",
+            "--executor",
+            "vm",
+            "--allow",
+            "allowed.test",
+            "--allow",
+            "127.0.0.1",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert!(stdout.contains(&format!("hello from {port} rc=0")), "{stdout}");
+    assert!(stdout.contains(" rc=1"), "denied.test was reached: {stdout}");
+    // Without the proxy the guest's own loopback has nothing on that port,
+    // and there is no other interface to try.
+    assert!(!stdout.contains(&format!("hello from {port} direct")), "{stdout}");
+    assert_eq!(stdout.lines().last(), Some("lo"), "the guest has a network device: {stdout}");
+    let events = crate::network::network_events(&env);
+    assert!(events.iter().any(|e| e["type"] == "network.allowed" && e["data"]["host"] == "allowed.test"));
+    assert!(events.iter().any(|e| e["type"] == "network.denied" && e["data"]["host"] == "denied.test"));
+    let status = env.status_json(None);
+    let bundle: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.attempt_dir(&status).join("bundle.json")).unwrap()).unwrap();
+    let network = &bundle["observations"]["network"];
+    assert_eq!(network["non_bypassable"], true);
+    assert!(network["attachment"].as_str().unwrap().contains("without a network device"), "{network}");
+}
+
+#[test]
+fn a_vm_cannot_share_the_host_network() {
+    require_image();
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&["run", "--executor", "vm", "--net", "host", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("--net proxy"), "{}", text(&out.stderr));
+}

@@ -210,7 +210,7 @@ pub struct AccelChoice {
 }
 
 /// How long a KVM probe boot may take to reach the agent.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Picks KVM when a short probe boot of `image` under KVM reaches the agent,
 /// else TCG. `PVISOR_VM_ACCEL=kvm|tcg` overrides. The probe's verdict is
@@ -242,7 +242,15 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
         blake3::hash(format!("{}|{module}|{}", image.kernel_version, release.trim()).as_bytes()).to_hex();
     let cache_dir = PathBuf::from(format!("/var/tmp/pvisor-{uid}"));
     let cache = cache_dir.join(format!("accel-{}.json", &key[..16]));
-    if let Some(choice) = fs::read(&cache).ok().and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok()) {
+    let cached = || fs::read(&cache).ok().and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok());
+    if let Some(choice) = cached() {
+        return choice;
+    }
+    // One probe at a time per host and user; the others wait for its verdict.
+    let _probe_lock = fs::create_dir_all(&cache_dir)
+        .ok()
+        .and_then(|()| pvisor_core::store::OwnerLock::acquire_blocking(&cache.with_extension("lock")).ok());
+    if let Some(choice) = cached() {
         return choice;
     }
     let choice = match probe_kvm(image) {
@@ -255,9 +263,7 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
             reason: format!("/dev/kvm ({module}) failed a probe boot: {why}; using TCG software emulation"),
         },
     };
-    if fs::create_dir_all(&cache_dir).is_ok() {
-        let _ = fs::write(&cache, serde_json::to_vec(&choice).unwrap_or_default());
-    }
+    let _ = pvisor_core::store::write_atomic(&cache, &serde_json::to_vec(&choice).unwrap_or_default());
     choice
 }
 

@@ -20,8 +20,10 @@ mod export;
 pub mod image;
 mod qmp;
 
+use std::collections::HashMap;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -122,6 +124,18 @@ impl Executor for VmExecutor {
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
         VmProcess::start(self, spec).map(|p| Box::new(p) as Box<dyn SandboxProcess>)
+    }
+}
+
+/// How a VM is attached to the network, as recorded in the Bundle. Both
+/// modes are non-bypassable: the guest has no network device at all.
+pub fn describe_attachment(attachment: NetworkAttachment) -> String {
+    match attachment {
+        NetworkAttachment::Isolated => "microVM without a network device".into(),
+        NetworkAttachment::ProxyListener { port } => format!(
+            "microVM without a network device; guest 127.0.0.1:{port} is relayed by the agent over virtio-serial to pvisor's proxy"
+        ),
+        NetworkAttachment::Host => "refused: a VM cannot share the host network".into(),
     }
 }
 
@@ -266,7 +280,7 @@ enum AgentEvent {
 /// State shared by the waiter, the control thread and the signaller.
 #[derive(Debug)]
 struct Shared {
-    agent: Mutex<UnixStream>,
+    agent: Arc<Mutex<UnixStream>>,
     replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
     /// Serialises multi-step agent/QMP operations (checkpoint, export).
     op: Mutex<()>,
@@ -365,18 +379,23 @@ pub struct VmProcess {
     restored: Option<serde_json::Value>,
     /// The command never started (the agent's exec failed).
     early: Option<Termination>,
+    proxy_listener: Option<TcpListener>,
 }
 
 impl VmProcess {
     fn start(executor: &VmExecutor, spec: &SandboxSpec) -> Result<Self, SandboxError> {
         let vm = spec.vm.clone().ok_or_else(|| setup("vm", "the vm executor needs a VmSpec"))?;
-        if spec.network != NetworkAttachment::Isolated {
-            return Err(SandboxError::Setup {
-                step: "network".into(),
-                message: "the vm executor supports only --network none so far".into(),
-                hint: Some("use --executor ns for --allow/--network proxy, or drop the network flags".into()),
-            });
-        }
+        let proxy_port = match spec.network {
+            NetworkAttachment::Isolated => None,
+            NetworkAttachment::ProxyListener { port } => Some(port),
+            NetworkAttachment::Host => {
+                return Err(SandboxError::Setup {
+                    step: "network".into(),
+                    message: "a VM cannot share the host network (--net host)".into(),
+                    hint: Some("use --net proxy with --allow DOMAIN, or --executor ns".into()),
+                })
+            }
+        };
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
         let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
@@ -448,15 +467,27 @@ impl VmProcess {
         };
         let qmp = qmp::Qmp::connect(qmp_host, boot_timeout).map_err(|e| qemu_failed(e.to_string()))?;
 
+        // The proxy listens on host loopback; only this process connects to
+        // it, once per guest connection the agent reports.
+        let proxy_listener = match proxy_port {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").map_err(|e| setup("network", e))?),
+            None => None,
+        };
+        let net = NetBridge {
+            proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            streams: Arc::default(),
+        };
         let (replies_tx, replies_rx) = mpsc::channel();
         let (events_tx, events) = mpsc::channel();
         let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
+        let agent = Arc::new(Mutex::new(agent));
+        let writer = agent.clone();
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
-            .spawn(move || read_agent(reader, replies_tx, events_tx))
+            .spawn(move || read_agent(reader, replies_tx, events_tx, net, writer))
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
-            agent: Mutex::new(agent),
+            agent,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
             qmp: Mutex::new(qmp),
@@ -501,6 +532,7 @@ impl VmProcess {
                 workspace: spec.workspace.clone(),
                 hostname: spec.hostname.clone(),
                 clock_unix_ns: unix_now_ns(),
+                proxy_port,
             };
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {
                 (Reply::Ready, _) => {}
@@ -513,14 +545,21 @@ impl VmProcess {
                 (Reply::ExecFailed { errno, message, .. }, _) => {
                     // Recorded like `ns` does: a failed Run with 126/127, not a setup error.
                     let early = Termination::ExecFailed { program: spec.program.clone(), errno, message };
-                    return Ok(Self { shared, events, boot_ms, restored, early: Some(early) });
+                    return Ok(Self {
+                        shared,
+                        events,
+                        boot_ms,
+                        restored,
+                        early: Some(early),
+                        proxy_listener,
+                    });
                 }
                 (other, _) => return Err(fail(format!("the agent answered Exec with {other:?}"))),
             }
         }
         forward_stdin(shared.clone());
         serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
-        Ok(Self { shared, events, boot_ms, restored, early: None })
+        Ok(Self { shared, events, boot_ms, restored, early: None, proxy_listener })
     }
 }
 
@@ -571,9 +610,70 @@ fn getrandom(buf: &mut [u8]) {
     unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
 }
 
-/// Routes agent frames: output to our stdout/stderr, the exit to the waiter,
-/// everything else to whoever holds the op lock.
-fn read_agent(mut stream: UnixStream, replies: Sender<(Reply, Vec<u8>)>, events: Sender<AgentEvent>) {
+/// The host end of the guest's proxy connections: each agent stream is one
+/// TCP connection to pvisor's proxy on host loopback.
+struct NetBridge {
+    proxy: Option<SocketAddr>,
+    streams: Arc<Mutex<HashMap<u32, TcpStream>>>,
+}
+
+impl NetBridge {
+    fn open(&self, stream: u32, agent: &Arc<Mutex<UnixStream>>) {
+        let send = |request: &Request, payload: &[u8]| {
+            let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+            write_frame(&mut *agent, request, payload)
+        };
+        let Some(conn) = self.proxy.and_then(|addr| TcpStream::connect(addr).ok()) else {
+            let _ = send(&Request::NetClose { stream }, &[]);
+            return;
+        };
+        let Ok(mut reader) = conn.try_clone() else { return };
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
+        let (agent, streams) = (agent.clone(), self.streams.clone());
+        let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+                        if write_frame(&mut *agent, &Request::NetData { stream }, &buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+            let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
+        });
+    }
+
+    fn data(&self, stream: u32, bytes: &[u8]) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(conn) = streams.get_mut(&stream) {
+            if conn.write_all(bytes).is_err() {
+                streams.remove(&stream);
+            }
+        }
+    }
+
+    fn close(&self, stream: u32) {
+        if let Some(conn) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream) {
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
+/// Routes agent frames: output to our stdout/stderr, proxy streams to the
+/// proxy, the exit to the waiter, everything else to whoever holds the op lock.
+fn read_agent(
+    mut stream: UnixStream,
+    replies: Sender<(Reply, Vec<u8>)>,
+    events: Sender<AgentEvent>,
+    net: NetBridge,
+    agent: Arc<Mutex<UnixStream>>,
+) {
     loop {
         match read_frame::<Reply>(&mut stream) {
             Ok(Some((Reply::Stdout { .. }, bytes))) => {
@@ -582,6 +682,9 @@ fn read_agent(mut stream: UnixStream, replies: Sender<(Reply, Vec<u8>)>, events:
             Ok(Some((Reply::Stderr { .. }, bytes))) => {
                 let _ = sys::write_all(2, &bytes);
             }
+            Ok(Some((Reply::NetOpen { stream }, _))) => net.open(stream, &agent),
+            Ok(Some((Reply::NetData { stream }, bytes))) => net.data(stream, &bytes),
+            Ok(Some((Reply::NetClose { stream }, _))) => net.close(stream),
             Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
                 let _ = events.send(AgentEvent::Exited { code, signal });
             }
@@ -660,6 +763,10 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
 }
 
 impl SandboxProcess for VmProcess {
+    fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
+        self.proxy_listener.take()
+    }
+
     fn signaller(&self) -> Signaller {
         let shared = self.shared.clone();
         Signaller::custom(Arc::new(move |signal| {

@@ -23,9 +23,7 @@ pub enum SuspensionError {
     Invalid { path: String, reason: String },
     #[error("{0}")]
     Checkpoint(String),
-    #[error(
-        "Execution checkpoint {id} was not found in job {job}; `pvisor checkpoints --job {job}` lists them"
-    )]
+    #[error("Execution checkpoint {id} was not found in job {job}; `pvisor checkpoints` lists them")]
     NotFound { id: String, job: JobId },
     #[error(
         "Job {job} has no execution checkpoint; take one with `pvisor checkpoint {job} --kind execution`"
@@ -108,4 +106,27 @@ pub fn find_verified(
     };
     let manifest = checkpoint::verify(&dir).map_err(SuspensionError::Checkpoint)?;
     Ok((dir, manifest))
+}
+
+/// One listed execution checkpoint: its Job, its directory, and its manifest
+/// (parsed, not verified) or why it cannot be read.
+pub type Listing = (JobId, PathBuf, Result<ExecCheckpoint, String>);
+
+/// Every execution checkpoint of every Job, oldest Job first.
+pub fn list_all(store: &Store) -> Result<Vec<Listing>, StoreError> {
+    let mut out = Vec::new();
+    for job_id in store.list_jobs()? {
+        let Ok(job) = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job_id)) else {
+            continue;
+        };
+        for dir in checkpoint::list(&store.exec_checkpoints_dir(&job.run)) {
+            let manifest = store::read_capped(&dir.join(checkpoint::MANIFEST), 1 << 20)
+                .map_err(|e| e.to_string())
+                .and_then(|b| {
+                    serde_json::from_slice::<ExecCheckpoint>(&b).map_err(|e| format!("corrupt manifest: {e}"))
+                });
+            out.push((job_id.clone(), dir, manifest));
+        }
+    }
+    Ok(out)
 }

@@ -104,6 +104,10 @@ pub struct JobStatus {
     pub lineage: Option<pvisor_core::records::Lineage>,
     /// The archive a read-only, imported Job came from.
     pub imported_from: Option<String>,
+    /// The executor backend (`ns` or `vm`).
+    pub executor: String,
+    /// For a suspended vm Job: the execution checkpoint its termination receipt names.
+    pub suspended_to: Option<pvisor_core::ids::CheckpointId>,
 }
 
 /// Builds the status of `job`.
@@ -135,6 +139,8 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         audit_gaps: Vec::new(),
         lineage: job.lineage.clone(),
         imported_from: job.imported_from.clone(),
+        executor: run.operation.placement.executor.clone(),
+        suspended_to: None,
     };
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {
@@ -160,15 +166,19 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
             }
         }
         None if live => {}
-        None if job.state == JobState::Lost => {}
-        None if crate::runtime::suspension::load(store, &job.id, &attempt_id)
-            .map_err(|e| ViewError::Suspension(Box::new(e)))?
-            .is_some() =>
-        {
-            status.state = JobState::Suspended;
+        None if job.state != JobState::Lost => {
+            match crate::runtime::suspension::load(store, &job.id, &attempt_id)
+                .map_err(|e| ViewError::Suspension(Box::new(e)))?
+            {
+                Some((receipt, _)) => {
+                    status.state = JobState::Suspended;
+                    status.suspended_to = Some(receipt.checkpoint);
+                }
+                // No owner and no receipt: whatever the records say, the result is unknown.
+                None => status.state = JobState::Unknown,
+            }
         }
-        // No owner and no receipt: whatever the records say, the result is unknown.
-        None => status.state = JobState::Unknown,
+        None => {}
     }
     Ok(status)
 }
