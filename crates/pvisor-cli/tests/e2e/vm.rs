@@ -268,6 +268,9 @@ fn after_kill_a_suspended_job_cannot_be_resumed_or_forked() {
         assert!(text(&out.stderr).contains("killed"), "{args:?}: {}", text(&out.stderr));
     }
     assert_eq!(fs::read_dir(env.home.join("jobs")).unwrap().count(), 1, "a refused fork created a Job");
+    // Nothing can continue from the checkpoint any more, so gc may free it.
+    let freed = env.expect(&["gc", "--older-than", "0s", "--force"], 0);
+    assert!(freed.contains("execution checkpoint"), "{freed}");
 }
 
 #[test]

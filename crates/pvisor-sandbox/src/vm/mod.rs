@@ -778,6 +778,37 @@ impl SandboxProcess for VmProcess {
         }))
     }
 
+    fn limits(&self) -> Vec<crate::limits::Enforcement> {
+        let requested = &self.shared.spec.limits;
+        let config = &self.shared.config;
+        let mut out = Vec::new();
+        if let Some(bytes) = requested.memory_bytes {
+            out.push(crate::limits::Enforcement {
+                limit: "memory".into(),
+                value: bytes.to_string(),
+                by: format!(
+                    "guest RAM of {} MiB (the guest kernel's OOM killer acts inside it)",
+                    config.memory_mib
+                ),
+            });
+        }
+        if let Some(cpus) = requested.cpus {
+            out.push(crate::limits::Enforcement {
+                limit: "cpus".into(),
+                value: cpus.to_string(),
+                by: format!("{} vCPU(s)", config.cpus),
+            });
+        }
+        if let Some(pids) = requested.pids {
+            out.push(crate::limits::Enforcement {
+                limit: "pids".into(),
+                value: pids.to_string(),
+                by: "not enforced: the vm executor does not limit processes inside the guest".into(),
+            });
+        }
+        out
+    }
+
     fn facts(&self) -> Option<serde_json::Value> {
         Some(serde_json::json!({
             "accelerator": self.shared.config.accelerator.as_str(),

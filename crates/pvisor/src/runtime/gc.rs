@@ -165,6 +165,37 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             }
         }
     }
+    // Execution checkpoints (vm): a Job that can still continue keeps them all.
+    for id in store.list_jobs()? {
+        let Ok(job) = store.read::<JobRecord>(&store.job_file(&id)) else { continue };
+        let dir = store.exec_checkpoints_dir(&job.run);
+        if !dir.exists() {
+            continue;
+        }
+        let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
+        for ckpt_dir in pvisor_sandbox::vm::checkpoint::list(&dir) {
+            let name = ckpt_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let keep = |reason: &str| Kept {
+                what: format!("execution checkpoint {name} of {id}"),
+                reason: reason.into(),
+            };
+            if !job.state.is_terminal() || live {
+                report.kept.push(keep("its Job can still continue from it (kill the Job first)"));
+            } else if needed_checkpoints.iter().any(|c| c.as_str() == name) && !force {
+                report.kept.push(keep("a fork's lineage refers to it (use --force)"));
+            } else if !older_than(&ckpt_dir, age) {
+                report.kept.push(keep("newer than the threshold"));
+            } else {
+                free(&mut report, format!("execution checkpoint {name} of {id}"), ckpt_dir);
+            }
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let partial = entry.file_name().to_string_lossy().starts_with(".partial-");
+            if partial && !live && older_than(&entry.path(), age) {
+                free(&mut report, format!("interrupted execution checkpoint of {id}"), entry.path());
+            }
+        }
+    }
     for (ckpt, manifest) in checkpoint::list(store)? {
         let dir = store.checkpoint_dir(&ckpt);
         if needed_checkpoints.contains(&ckpt) && !force {

@@ -1,0 +1,194 @@
+//! The vm executor, measured against baselines in the same run.
+//!
+//! `cargo bench -p pvisor-cli --bench vm` (after `scripts/vm-image.sh`) prints
+//! medians (p10/p90) of:
+//! - `pvisor run -- true` on `ns` vs on `vm` (boot to agent, workspace image,
+//!   export, receipt), and the ratio;
+//! - the same `vm` run over a workspace of 10,000 small files, against `cp -a`
+//!   of that workspace (the price of imaging the workspace onto a block device);
+//! - `pvisor suspend` (quiesce, stop, save, publish, QEMU exit, receipt) and
+//!   `pvisor resume` until the command's next line, on a counter loop;
+//! - the machine-state size and the resident memory of an idle guest's QEMU.
+//!
+//! Each figure names the accelerator (KVM or TCG). `PVISOR_BENCH_ITERS` sets
+//! the sample count (default 10; 1 when run as a smoke test by `cargo test`).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn summary(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
+    samples.sort();
+    let p = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (p(0.5), p(0.1), p(0.9))
+}
+
+fn report(name: &str, samples: &mut [Duration]) -> Duration {
+    let (median, p10, p90) = summary(samples);
+    println!(
+        "{name:<44} median {:>8.1} ms  (p10 {:>8.1}, p90 {:>8.1}, n={})",
+        ms(median),
+        ms(p10),
+        ms(p90),
+        samples.len()
+    );
+    median
+}
+
+fn time(cmd: &mut Command) -> Duration {
+    let start = Instant::now();
+    let out = cmd.output().expect("spawn");
+    let elapsed = start.elapsed();
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    elapsed
+}
+
+fn pvisor(home: &Path, ws: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pvisor"));
+    cmd.current_dir(ws).env("PVISOR_HOME", home).stdin(Stdio::null());
+    cmd
+}
+
+fn main() {
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let iterations: usize = std::env::var("PVISOR_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if measuring { 10 } else { 1 });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("state");
+    let ws = dir.path().join("ws");
+    let big = dir.path().join("big");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("file"), "content\n").unwrap();
+    for i in 0..10_000 {
+        let sub = big.join(format!("d{}", i / 100));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("f{i}")), format!("file {i}\n")).unwrap();
+    }
+
+    // Warm-up: installs the image and settles the accelerator choice.
+    time(pvisor(&home, &ws).args(["run", "-q", "--executor", "vm", "--", "true"]));
+    let accel = accelerator(&home, &ws);
+    println!("vm executor benchmark (accelerator: {accel}, {iterations} samples each)");
+
+    let (mut ns, mut vm, mut vm_big, mut cp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..iterations {
+        ns.push(time(pvisor(&home, &ws).args(["run", "-q", "--", "true"])));
+        vm.push(time(pvisor(&home, &ws).args(["run", "-q", "--executor", "vm", "--", "true"])));
+        vm_big.push(time(pvisor(&home, &big).args(["run", "-q", "--executor", "vm", "--", "true"])));
+        let copy = dir.path().join(format!("copy{i}"));
+        cp.push(time(Command::new("cp").arg("-a").arg(&big).arg(&copy)));
+        let _ = std::fs::remove_dir_all(&copy);
+    }
+    let ns_median = report("pvisor run -- true (ns)", &mut ns);
+    let vm_median = report(&format!("pvisor run --executor vm -- true ({accel})"), &mut vm);
+    let big_median = report(&format!("  same, workspace of 10k files ({accel})"), &mut vm_big);
+    let cp_median = report("cp -a of that workspace", &mut cp);
+    println!("ratio vm/ns: {:.1}x", ms(vm_median) / ms(ns_median));
+    println!(
+        "10k-file workspace adds {:.0} ms to a vm run; cp -a takes {:.0} ms ({:.2}x)",
+        ms(big_median) - ms(vm_median),
+        ms(cp_median),
+        (ms(big_median) - ms(vm_median)) / ms(cp_median)
+    );
+
+    let (mut suspend, mut resume, mut state_bytes, mut rss) = (Vec::new(), Vec::new(), 0u64, 0u64);
+    for _ in 0..iterations {
+        let mut run = pvisor(&home, &ws)
+            .args([
+                "run",
+                "-q",
+                "--executor",
+                "vm",
+                "--",
+                "sh",
+                "-c",
+                "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        for _ in 0..5 {
+            lines.next();
+        }
+        rss = rss.max(qemu_rss_kib(&home));
+        let job = last_job(&home);
+        let start = Instant::now();
+        let out = pvisor(&home, &ws).args(["suspend", &job, "--json"]).output().unwrap();
+        suspend.push(start.elapsed());
+        assert!(out.status.success(), "suspend: {}", String::from_utf8_lossy(&out.stderr));
+        let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        state_bytes = manifest["files"].as_array().unwrap()[0]["size"].as_u64().unwrap();
+        let _ = run.wait();
+
+        let start = Instant::now();
+        let mut resumed = pvisor(&home, &ws)
+            .args(["resume", "-q", &job])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(resumed.stdout.take().unwrap()).lines();
+        lines.next();
+        resume.push(start.elapsed());
+        let _ = pvisor(&home, &ws).args(["kill", &job]).output();
+        let _ = resumed.wait();
+    }
+    report(&format!("pvisor suspend ({accel})"), &mut suspend);
+    report(&format!("pvisor resume to the next output line ({accel})"), &mut resume);
+    println!("machine state per checkpoint: {:.1} MB (512 MiB guest)", state_bytes as f64 / 1e6);
+    println!(
+        "QEMU resident memory of a running guest: {:.0} MiB -> about {} such guests in 24 GiB",
+        rss as f64 / 1024.0,
+        if rss > 0 { (24 * 1024 * 1024) / rss } else { 0 }
+    );
+}
+
+fn accelerator(home: &Path, ws: &Path) -> String {
+    let out = pvisor(home, ws).args(["events", "--json"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "attempt.vm")
+        .and_then(|e| e["data"]["accelerator"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn last_job(home: &Path) -> String {
+    let mut jobs: Vec<String> = std::fs::read_dir(home.join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    jobs.sort();
+    jobs.pop().unwrap()
+}
+
+/// The largest VmRSS of a QEMU whose command line mentions `home`.
+fn qemu_rss_kib(home: &Path) -> u64 {
+    let needle = home.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("qemu-system") && c.contains(&needle)
+            })
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .max()
+        .unwrap_or(0)
+}
