@@ -13,6 +13,9 @@
 //! Each figure names the accelerator (KVM or TCG). `PVISOR_BENCH_ITERS` sets
 //! the sample count (default 10; 1 when run as a smoke test by `cargo test`).
 
+// A benchmark stops at the first failure; each one names what failed.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
