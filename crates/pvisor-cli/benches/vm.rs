@@ -151,7 +151,7 @@ fn main() {
     println!(
         "QEMU resident memory of a running guest: {:.0} MiB -> about {} such guests in 24 GiB",
         rss as f64 / 1024.0,
-        if rss > 0 { (24 * 1024 * 1024) / rss } else { 0 }
+        (24u64 * 1024 * 1024).checked_div(rss).unwrap_or(0)
     );
 }
 
