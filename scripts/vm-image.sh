@@ -86,9 +86,12 @@ echo "root:x:0:" > "$tree/etc/group"
 # Uncompressed: under TCG, unpacking is cheaper than decompressing.
 (cd "$tree" && find . | sort | /bin/busybox cpio -o -H newc 2>/dev/null) > "$work/initramfs.cpio"
 
-mv "$work/vmlinux" "$out/vmlinux"
-mv "$work/initramfs.cpio" "$out/initramfs.cpio"
-cat > "$out/manifest.json" <<JSON
+# Same-filesystem renames: installed images hard-link the previous inodes.
+for f in vmlinux initramfs.cpio; do
+  cp "$work/$f" "$out/$f.tmp" && mv "$out/$f.tmp" "$out/$f"
+done
+# Every file is replaced by rename: installed copies hard-link the old inodes.
+cat > "$out/manifest.json.tmp" <<JSON
 {
   "format": 1,
   "kernel_package": "$pkg",
@@ -99,4 +102,5 @@ cat > "$out/manifest.json" <<JSON
   "inputs": "$stamp"
 }
 JSON
+mv "$out/manifest.json.tmp" "$out/manifest.json"
 echo "vm-image: built $out ($pkg)" >&2

@@ -169,8 +169,13 @@ pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 
 /// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS), with one data byte.
 pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    send_fd_with(sock, fd, &[0u8])
+}
+
+/// Sends `data` with `fd` attached (SCM_RIGHTS); the rest of `data`, if the
+/// kernel took only part of it, follows as plain writes.
+pub(crate) fn send_fd_with(sock: RawFd, fd: RawFd, data: &[u8]) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -186,7 +191,8 @@ pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
         (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-        check(libc::sendmsg(sock, &msg, 0) as libc::c_long)?;
+        let sent = check(libc::sendmsg(sock, &msg, 0) as libc::c_long)? as usize;
+        write_all(sock, &data[sent..])?;
     }
     Ok(())
 }

@@ -169,6 +169,8 @@ pub struct Admitted {
     /// captured by an earlier Attempt: a resumed or execution-forked VM still
     /// sees the workspace image of the original start.
     pub(crate) baseline: Option<i128>,
+    /// For a resume: the suspended Attempt it continues.
+    pub(crate) resumed_from: Option<u32>,
 }
 
 impl Admitted {
@@ -497,7 +499,18 @@ pub fn admit(
     };
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| checkpoint_baseline(&f.manifest));
-    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from, baseline })
+    Ok(Admitted {
+        job,
+        run,
+        attempt,
+        trace,
+        spec,
+        lock,
+        attempt_event,
+        restore_from,
+        baseline,
+        resumed_from: None,
+    })
 }
 
 fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
@@ -534,14 +547,14 @@ pub fn admit_resume(
     if !job.continuation {
         return Err(not("it was killed; its continuation rights are withdrawn".into()));
     }
-    let previous = AttemptId::new(job.run.clone(), job.target_attempt);
-    if OwnerLock::is_held(&store.lock_file(&previous))? {
-        return Err(not(format!("{previous} is still live; suspend it first (pvisor suspend {job_id})")));
+    let target = AttemptId::new(job.run.clone(), job.target_attempt);
+    if OwnerLock::is_held(&store.lock_file(&target))? {
+        return Err(not(format!("{target} is still live; suspend it first (pvisor suspend {job_id})")));
     }
-    let (receipt, _) = suspension::load(store, job_id, &previous)
+    let (previous, receipt, _) = suspension::resumable(store, &job)
         .map_err(|source| AdmissionError::Suspension { job: job_id.clone(), source })?
         .ok_or_else(|| {
-            not(format!("it is {}, not suspended (no termination receipt for {previous})", job.state))
+            not(format!("it is {}, not suspended (no termination receipt to resume from)", job.state))
         })?;
     let dir = suspension::checkpoint_dir(store, &job.run, &receipt.checkpoint);
     let manifest = pvisor_sandbox::vm::checkpoint::verify(&dir).map_err(|e| AdmissionError::Suspension {
@@ -619,5 +632,17 @@ pub fn admit_resume(
         }),
     };
     let baseline = checkpoint_baseline(&manifest);
-    Ok(Admitted { job, run, attempt, trace, spec, lock, attempt_event, restore_from: None, baseline })
+    let resumed_from = Some(previous.number());
+    Ok(Admitted {
+        job,
+        run,
+        attempt,
+        trace,
+        spec,
+        lock,
+        attempt_event,
+        restore_from: None,
+        baseline,
+        resumed_from,
+    })
 }

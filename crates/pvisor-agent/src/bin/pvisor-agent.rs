@@ -58,13 +58,17 @@ fn main() {
     let port_file = OpenOptions::new().read(true).write(true).open(&port).unwrap_or_else(|e| fatal(&port, e));
     let writer = port_file.try_clone().unwrap_or_else(|e| fatal(&port, e));
     let (out, out_rx) = mpsc::sync_channel::<(Reply, Vec<u8>)>(64);
-    std::thread::spawn(move || write_replies(writer, out_rx));
+    let gate = Arc::new(Gate::default());
+    {
+        let gate = gate.clone();
+        std::thread::spawn(move || write_replies(writer, out_rx, gate));
+    }
     let execs: Execs = Arc::default();
     {
         let execs = execs.clone();
         std::thread::spawn(move || reap(execs));
     }
-    let mut agent = Agent { out, execs, boot, streams: Arc::default() };
+    let mut agent = Agent { out, execs, boot, streams: Arc::default(), gate };
     let mut reader = port_file;
     loop {
         match read_frame::<Request>(&mut reader) {
@@ -94,8 +98,39 @@ fn halt() -> ! {
     std::process::exit(1)
 }
 
-fn write_replies(mut port: File, rx: Receiver<(Reply, Vec<u8>)>) {
+/// Holds the writer between `Quiesced` and the next `Thaw`/`Restored`: the
+/// port splits writes at 32 KiB, so a frame written while QEMU stops for a
+/// checkpoint could be cut in two, its head going to the old host and its
+/// tail to the restored one.
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.opened.notify_all();
+    }
+
+    fn wait_open(&self) {
+        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        while *closed {
+            closed = self.opened.wait(closed).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+fn write_replies(mut port: File, rx: Receiver<(Reply, Vec<u8>)>, gate: Arc<Gate>) {
     for (reply, payload) in rx {
+        gate.wait_open();
+        // Close the gate *before* `Quiesced` leaves: once the host has read
+        // it the guest may be stopped at any instruction, and a close still
+        // pending then would run after the restore's `Hello` reopened it.
+        if matches!(reply, Reply::Quiesced { .. }) {
+            *gate.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        }
         // A write error means the host side is gone for good; nothing to tell.
         let _ = write_frame(&mut port, &reply, &payload);
     }
@@ -191,22 +226,34 @@ struct ExecTable {
     by_pid: HashMap<i32, Sender<libc::c_int>>,
     early: HashMap<i32, libc::c_int>,
     groups: HashMap<u32, i32>,
-    stdin: HashMap<u32, std::process::ChildStdin>,
+    stdin: HashMap<u32, Writer>,
     /// Exit statuses already reported, for `Poll` after a restore.
     finished: HashMap<u32, (Option<i32>, Option<i32>)>,
 }
 type Execs = Arc<Mutex<ExecTable>>;
 
+/// Reaps every child (PID 1 inherits orphans). It first *peeks* at an exited
+/// child, then reaps it under the table lock, which `exec` holds while
+/// spawning: a child whose exec failed is reaped by `Command::spawn` itself,
+/// and reaping it here first would make std panic.
 fn reap(execs: Execs) {
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes only into `status`.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid < 0 {
+        // SAFETY: siginfo_t is plain data that waitid fills in.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only into `info`; WNOWAIT leaves the child reapable.
+        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc < 0 {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
+        // SAFETY: waitid succeeded with WEXITED, so si_pid is set.
+        let pid = unsafe { info.si_pid() };
         let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut status = 0;
+        // SAFETY: waitpid writes only into `status`.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
+            continue; // spawn reaped it (a failed exec)
+        }
         match table.by_pid.remove(&pid) {
             Some(tx) => {
                 let _ = tx.send(status);
@@ -222,8 +269,37 @@ struct Agent {
     out: Out,
     execs: Execs,
     boot: Instant,
-    /// Guest connections to the proxy port, by stream id.
-    streams: Arc<Mutex<HashMap<u32, std::net::TcpStream>>>,
+    /// Guest connections to the proxy port: a writer queue per stream id.
+    streams: Arc<Mutex<HashMap<u32, Writer>>>,
+    gate: Arc<Gate>,
+}
+
+/// A queue drained by its own thread, so a slow reader in the guest (a
+/// process not reading its stdin, a stalled proxy client) never blocks the
+/// agent's request loop. Dropping it closes the target.
+struct Writer {
+    tx: SyncSender<Vec<u8>>,
+}
+
+impl Writer {
+    fn spawn(mut target: impl Write + Send + 'static, on_close: impl FnOnce() + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(64);
+        std::thread::spawn(move || {
+            for bytes in rx {
+                if target.write_all(&bytes).is_err() {
+                    break;
+                }
+            }
+            drop(target);
+            on_close();
+        });
+        Self { tx }
+    }
+
+    /// Queues `bytes`; false once the target is gone or hopelessly behind.
+    fn push(&self, bytes: Vec<u8>) -> bool {
+        self.tx.try_send(bytes).is_ok()
+    }
 }
 
 impl Agent {
@@ -240,14 +316,19 @@ impl Agent {
 
     fn handle(&mut self, request: Request, payload: Vec<u8>) {
         match request {
-            Request::Hello { .. } => self.send(
-                Reply::Hello {
-                    version: pvisor_agent::VERSION,
-                    agent: format!("pvisor-agent {}", env!("CARGO_PKG_VERSION")),
-                    uptime_ms: self.boot.elapsed().as_millis() as u64,
-                },
-                Vec::new(),
-            ),
+            // A new host connected (first boot, or after a restore): the
+            // writer may run again.
+            Request::Hello { .. } => {
+                self.gate.open();
+                self.send(
+                    Reply::Hello {
+                        version: pvisor_agent::VERSION,
+                        agent: format!("pvisor-agent {}", env!("CARGO_PKG_VERSION")),
+                        uptime_ms: self.boot.elapsed().as_millis() as u64,
+                    },
+                    Vec::new(),
+                );
+            }
             Request::Setup { workspace, hostname, clock_unix_ns, proxy_port } => {
                 let _ = set_clock(clock_unix_ns);
                 let network = match proxy_port {
@@ -264,8 +345,8 @@ impl Agent {
             Request::Exec { id, argv, env, cwd } => self.exec(id, argv, env, cwd),
             Request::Stdin { id } => {
                 let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(stdin) = table.stdin.get_mut(&id) {
-                    if stdin.write_all(&payload).is_err() {
+                if let Some(stdin) = table.stdin.get(&id) {
+                    if !stdin.push(payload) {
                         table.stdin.remove(&id);
                     }
                 }
@@ -311,25 +392,26 @@ impl Agent {
                     self.send(Reply::Error { op: "quiesce".into(), message: e.to_string() }, Vec::new())
                 }
             },
-            Request::Thaw => self.done("thaw", thaw()),
+            Request::Thaw => {
+                self.gate.open();
+                self.done("thaw", thaw())
+            }
             Request::NetData { stream } => {
                 let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(conn) = streams.get_mut(&stream) {
-                    if conn.write_all(&payload).is_err() {
+                if let Some(conn) = streams.get(&stream) {
+                    if !conn.push(payload) {
                         streams.remove(&stream);
                     }
                 }
             }
             Request::NetClose { stream } => {
-                if let Some(conn) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream) {
-                    let _ = conn.shutdown(std::net::Shutdown::Both);
-                }
+                // Dropping the writer closes the guest side once queued bytes are out.
+                self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
             }
             Request::Restored { clock_unix_ns } => {
                 // Connections to the old host's proxy are gone: reset them.
-                for (_, conn) in self.streams.lock().unwrap_or_else(|p| p.into_inner()).drain() {
-                    let _ = conn.shutdown(std::net::Shutdown::Both);
-                }
+                self.streams.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.gate.open();
                 let step = set_clock(clock_unix_ns).unwrap_or(0);
                 let _ = reseed(&payload);
                 let entropy_avail = fs::read_to_string("/proc/sys/kernel/random/entropy_avail")
@@ -373,7 +455,13 @@ impl Agent {
                 next = next.wrapping_add(1);
                 let stream = next;
                 let Ok(reader) = conn.try_clone() else { continue };
-                streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
+                let closer = conn.try_clone().ok();
+                let writer = Writer::spawn(conn, move || {
+                    if let Some(c) = closer {
+                        let _ = c.shutdown(std::net::Shutdown::Both);
+                    }
+                });
+                streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, writer);
                 let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
                 let (out, streams) = (out.clone(), streams.clone());
                 std::thread::spawn(move || {
@@ -433,7 +521,7 @@ impl Agent {
         }
         table.groups.insert(id, pid);
         if let Some(stdin) = child.stdin.take() {
-            table.stdin.insert(id, stdin);
+            table.stdin.insert(id, Writer::spawn(stdin, || {}));
         }
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());

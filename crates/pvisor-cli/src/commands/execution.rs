@@ -115,11 +115,11 @@ pub fn cmd_resume(args: ResumeArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = views::resolve_job(&store, args.job.as_deref())?;
     let state = views::status(&store, &job)?.state;
-    let (job_record, _, attempt) = records(&store, &job)?;
+    let (job_record, _, _) = records(&store, &job)?;
     if !job_record.continuation {
         bail!("Job {job} was killed; its continuation rights are withdrawn and it cannot be resumed");
     }
-    let (_, manifest) = suspension::load(&store, &job, &attempt)?.ok_or_else(|| {
+    let (_, _, manifest) = suspension::resumable(&store, &job_record)?.ok_or_else(|| {
         anyhow!("Job {job} is {state}, not suspended; only a suspended vm Job can be resumed (pvisor suspend {job})")
     })?;
     let executor = Arc::new(VmExecutor::for_checkpoint(store.root(), &manifest)?);

@@ -210,6 +210,13 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     for gap in &outcome.audit_gaps {
         eprintln!("pvisor: warning: audit gap (the receipt is valid): {gap}");
     }
+    if let Some(previous) = outcome.restore_failed_from {
+        eprintln!(
+            "pvisor: {} is still suspended (attempt {previous}; its checkpoint is intact): fix the cause and run `pvisor resume {}` again",
+            outcome.job, outcome.job
+        );
+        return code;
+    }
     for warning in &outcome.warnings {
         eprintln!("pvisor: warning: {warning}");
     }

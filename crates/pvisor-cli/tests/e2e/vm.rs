@@ -365,6 +365,42 @@ fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
     assert_eq!(status["state"], "suspended", "a refused resume changed the Job");
     assert!(status["attempt"].as_str().unwrap().ends_with(".1"), "a refused resume created an Attempt");
     assert!(!env.events(&job).iter().any(|e| e["type"] == "resume.requested"));
+
+    // Repaired, but the restore itself fails (no QEMU): the failed Attempt is
+    // recorded, and the Job stays suspended on its intact checkpoint.
+    bytes[middle] ^= 0xff;
+    fs::write(&state, &bytes).unwrap();
+    let out = env.command(&["resume", &job]).env("PVISOR_QEMU", "/nonexistent/qemu").output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("still suspended"), "{}", text(&out.stderr));
+    let status = env.status_json(Some(&job));
+    assert_eq!(status["state"], "suspended", "{status}");
+    let resumed = env.pvisor(&["resume", &job]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&25));
+    let status = env.status_json(Some(&job));
+    assert!(status["attempt"].as_str().unwrap().ends_with(".3"), "{status}");
+}
+
+#[test]
+fn a_hidden_path_inside_the_workspace_is_never_copied_into_a_vm() {
+    require_image();
+    let env = Env::new(As::Root);
+    env.write("secret/key", "do not copy\n");
+    let secret = env.ws.join("secret");
+    let out = env.pvisor(&[
+        "run",
+        "--executor",
+        "vm",
+        "--hide",
+        secret.to_str().unwrap(),
+        "--",
+        "cat",
+        "secret/key",
+    ]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stdout));
+    assert!(!text(&out.stdout).contains("do not copy"));
+    assert!(text(&out.stderr).contains("--expose"), "{}", text(&out.stderr));
 }
 
 /// The guest has no network device: its only way out is the agent's relay

@@ -20,7 +20,9 @@ use pvisor_agent::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
 
-use super::{disk, qmp, shell_quote, MachineConfig, Shared};
+use std::os::fd::AsRawFd;
+
+use super::{disk, qmp, MachineConfig, Shared};
 
 pub const STATE: &str = "state";
 pub const UPPER: &str = "upper.img";
@@ -171,9 +173,17 @@ pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecC
     fs::create_dir_all(&partial).map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
     let timeout = Duration::from_secs(60);
 
-    let frozen = match shared.call(&Request::Quiesce, &[], timeout)? {
-        (Reply::Quiesced { frozen }, _) => frozen,
-        (other, _) => return Err(format!("the agent answered Quiesce with {other:?}")),
+    let frozen = match shared.call(&Request::Quiesce, &[], timeout) {
+        Ok((Reply::Quiesced { frozen }, _)) => frozen,
+        other => {
+            // The agent may still freeze late: always thaw, and leave nothing behind.
+            let _ = shared.call(&Request::Thaw, &[], timeout);
+            let _ = fs::remove_dir_all(&partial);
+            return Err(match other {
+                Err(e) => e,
+                Ok((reply, _)) => format!("the agent answered Quiesce with {reply:?}"),
+            });
+        }
     };
     pvisor_core::failpoint::hit("vm-after-quiesce");
     let paused = Instant::now();
@@ -232,8 +242,19 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
     shared.qmp::<qmp::Empty>(&qmp::Command::Stop)?;
     // The default cap (32 MiB/s in QEMU 7.2) doubles the save time.
     shared.qmp::<qmp::Empty>(&qmp::Command::MigrateSetParameters { max_bandwidth: 8 << 30 })?;
-    let uri = format!("exec:cat > {}", shell_quote(&dir.join(STATE)));
-    shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri })?;
+    // QEMU writes into a file pvisor opened and passed it (no `exec:cat`,
+    // whose last writes could still be in flight when QEMU says "completed").
+    let state = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dir.join(STATE))
+        .map_err(|e| format!("cannot create the state file: {e}"))?;
+    shared.qmp_with_fd::<qmp::Empty>(
+        &qmp::Command::GetFd { fdname: "pvisor-state".into() },
+        state.as_raw_fd(),
+    )?;
+    drop(state);
+    shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri: "fd:pvisor-state".into() })?;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let info: qmp::MigrationInfo = shared.qmp(&qmp::Command::QueryMigrate)?;

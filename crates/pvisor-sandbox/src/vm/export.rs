@@ -20,7 +20,11 @@ use std::time::Duration;
 
 use pvisor_agent::{EntryKind, Reply, Request};
 
+use super::disk::UPPER_DISK_BYTES;
 use super::Shared;
+
+/// More entries than an 8 GiB ext4 upper disk can hold inodes for.
+const MAX_ENTRIES: u64 = 4 << 20;
 
 /// Streams the upper layer into `stage` (which exists and is empty).
 pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
@@ -61,6 +65,8 @@ struct Import {
     /// Directory modes are set last: a 0555 directory would refuse its children.
     dir_modes: Vec<(PathBuf, u32, i64)>,
     entries: u64,
+    /// File bytes announced so far; a guest cannot announce more than its disk holds.
+    announced: u64,
 }
 
 impl Import {
@@ -72,6 +78,7 @@ impl Import {
             current: None,
             dir_modes: Vec::new(),
             entries: 0,
+            announced: 0,
         }
     }
 
@@ -107,6 +114,14 @@ impl Import {
     ) -> Result<(), String> {
         self.close_file()?;
         self.check_path(&path)?;
+        self.announced = self.announced.saturating_add(size);
+        if self.announced > UPPER_DISK_BYTES || self.entries >= MAX_ENTRIES {
+            return Err(format!(
+                "the guest announced more than its upper disk can hold ({} entries, {} bytes)",
+                self.entries + 1,
+                self.announced
+            ));
+        }
         let full = self.stage.join(std::ffi::OsStr::from_bytes(&path));
         let fail = |e: std::io::Error| format!("cannot stage {}: {e}", full.display());
         let mode = mode & 0o7777;
@@ -241,6 +256,14 @@ mod tests {
         import.finish().unwrap();
         assert_eq!(fs::read(dir.path().join("d/f")).unwrap(), b"ab");
         assert!(fs::symlink_metadata(dir.path().join("link")).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn a_guest_cannot_announce_more_than_its_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut import = Import::new(dir.path());
+        let huge = import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, u64::MAX, None, false);
+        assert!(huge.unwrap_err().contains("more than its upper disk"));
     }
 
     #[test]

@@ -90,12 +90,16 @@ impl GuestImage {
         let _ = fs::remove_dir_all(&partial);
         let copy = || -> io::Result<()> {
             fs::create_dir_all(&partial)?;
-            for name in ["vmlinux", "initramfs.cpio", "manifest.json"] {
+            // The build replaces vmlinux and initramfs.cpio by rename, so links
+            // keep these bytes; the manifest is written from what was hashed.
+            for name in ["vmlinux", "initramfs.cpio"] {
                 if fs::hard_link(source.join(name), partial.join(name)).is_err() {
                     fs::copy(source.join(name), partial.join(name))?;
                     fs::File::open(partial.join(name))?.sync_all()?;
                 }
             }
+            pvisor_core::store::write_atomic(&partial.join("manifest.json"), &manifest_bytes)
+                .map_err(io::Error::other)?;
             match fs::rename(&partial, &installed) {
                 // Another process installed it first: same digest, same bytes.
                 Err(_) if installed.join("manifest.json").is_file() => {
@@ -242,14 +246,27 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
         blake3::hash(format!("{}|{module}|{}", image.kernel_version, release.trim()).as_bytes()).to_hex();
     let cache_dir = PathBuf::from(format!("/var/tmp/pvisor-{uid}"));
     let cache = cache_dir.join(format!("accel-{}.json", &key[..16]));
-    let cached = || fs::read(&cache).ok().and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok());
+    // Another user could have made the directory first and planted a verdict:
+    // trust it only if it is ours and private.
+    let trusted = {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        let _ = fs::DirBuilder::new().mode(0o700).create(&cache_dir);
+        let ours = fs::symlink_metadata(&cache_dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        ours && fs::set_permissions(&cache_dir, fs::Permissions::from_mode(0o700)).is_ok()
+    };
+    let cached = || {
+        trusted
+            .then(|| fs::read(&cache).ok())
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<AccelChoice>(&b).ok())
+    };
     if let Some(choice) = cached() {
         return choice;
     }
     // One probe at a time per host and user; the others wait for its verdict.
-    let _probe_lock = fs::create_dir_all(&cache_dir)
-        .ok()
-        .and_then(|()| pvisor_core::store::OwnerLock::acquire_blocking(&cache.with_extension("lock")).ok());
+    let _probe_lock = trusted
+        .then(|| pvisor_core::store::OwnerLock::acquire_blocking(&cache.with_extension("lock")).ok())
+        .flatten();
     if let Some(choice) = cached() {
         return choice;
     }
@@ -263,7 +280,9 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
             reason: format!("/dev/kvm ({module}) failed a probe boot: {why}; using TCG software emulation"),
         },
     };
-    let _ = pvisor_core::store::write_atomic(&cache, &serde_json::to_vec(&choice).unwrap_or_default());
+    if trusted {
+        let _ = pvisor_core::store::write_atomic(&cache, &serde_json::to_vec(&choice).unwrap_or_default());
+    }
     choice
 }
 
@@ -271,13 +290,16 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     let dir = tempfile_dir().map_err(|e| e.to_string())?;
     let (agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let (_qmp, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let console = dir.join("console.log");
+    super::capture_console(console_host, &console).map_err(|e| e.to_string())?;
     let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
-    let mut command = super::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console, None);
+    let mut command = super::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
     let started = Instant::now();
-    let mut child = super::spawn_qemu(&mut command, &dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu])
-        .map_err(|e| e.to_string())?;
-    drop((agent_qemu, qmp_qemu));
+    let mut child =
+        super::spawn_qemu(&mut command, &dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
+            .map_err(|e| e.to_string())?;
+    drop((agent_qemu, qmp_qemu, console_qemu));
     let mut channel = agent;
     let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));
     let hello = pvisor_agent::write_frame(
@@ -295,15 +317,24 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
             let tail = fs::read_to_string(&console).unwrap_or_default();
             let last =
                 tail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no console output").to_owned();
-            Err(format!("no agent within {} s ({e}; console: {last})", PROBE_TIMEOUT.as_secs()))
+            let why =
+                if e.kind() == io::ErrorKind::WouldBlock { "timed out".to_owned() } else { e.to_string() };
+            Err(format!("no agent within {} s ({why}; console: {last})", PROBE_TIMEOUT.as_secs()))
         }
     };
     let _ = fs::remove_dir_all(&dir);
     result
 }
 
+/// A fresh private directory (`mkdtemp`): a name another user prepared, or a
+/// symlink planted there, makes creation fail instead of being used.
 fn tempfile_dir() -> io::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("pvisor-kvm-probe-{}", std::process::id()));
-    fs::create_dir_all(&dir)?;
+    use std::os::unix::fs::DirBuilderExt;
+    let mut random = [0u8; 8];
+    // SAFETY: getrandom writes at most `random.len()` bytes into it.
+    unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+    let name = format!("pvisor-kvm-probe-{}", u64::from_le_bytes(random));
+    let dir = std::env::temp_dir().join(name);
+    fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
 }

@@ -29,7 +29,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,12 @@ use crate::{
 
 /// The one exec id of an Attempt's command (the protocol allows more).
 const EXEC_ID: u32 = 1;
+/// How long one write to the agent may block before the channel is given up.
+const AGENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Replies nobody asked for that the host buffers before dropping the agent.
+const REPLY_BACKLOG: usize = 256;
+/// Concurrent proxy connections one guest may hold open.
+const MAX_STREAMS: usize = 256;
 /// Default guest RAM when no `--memory` limit is given.
 const DEFAULT_MEMORY_MIB: u64 = 512;
 
@@ -153,6 +159,18 @@ fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
 }
 
+/// The Attempt's disk images, removed unless the VM started (then `wait`
+/// owns them).
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
 /// The QEMU command line shared by boots, restores and the KVM probe. The
 /// device list and its order are part of the migration contract.
 pub(crate) fn qemu_command(
@@ -161,7 +179,7 @@ pub(crate) fn qemu_command(
     disks: Option<(&Path, &Path)>,
     agent: &UnixStream,
     qmp: &UnixStream,
-    console: &Path,
+    console: &UnixStream,
     incoming: Option<&Path>,
 ) -> Command {
     let mut cmdline = image.cmdline.clone();
@@ -186,7 +204,12 @@ pub(crate) fn qemu_command(
         .arg("-initrd")
         .arg(image.initramfs())
         .args(["-append", &cmdline])
-        .args(["-chardev", &format!("file,id=console,path={}", opt(console)), "-serial", "chardev:console"]);
+        .args([
+            "-chardev",
+            &format!("socket,id=console,fd={}", console.as_raw_fd()),
+            "-serial",
+            "chardev:console",
+        ]);
     if let Some((lower, upper)) = disks {
         command.args([
             "-drive",
@@ -263,6 +286,33 @@ pub(crate) fn spawn_qemu(command: &mut Command, log: &Path, keep: &[&UnixStream]
     })
 }
 
+/// The most of the guest console kept on disk: the guest writes it at will.
+const CONSOLE_CAP: u64 = 1 << 20;
+
+/// Copies the guest console into `path`, keeping the first [`CONSOLE_CAP`]
+/// bytes and discarding the rest (still reading, so the guest never blocks).
+pub(crate) fn capture_console(console: UnixStream, path: &Path) -> io::Result<()> {
+    let mut file = fs::File::create(path)?;
+    let _ = std::thread::Builder::new().name("pvisor-vm-console".into()).spawn(move || {
+        let (mut console, mut kept, mut buf) = (console, 0u64, vec![0u8; 16 * 1024]);
+        loop {
+            match console.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) if kept < CONSOLE_CAP => {
+                    let n = n.min((CONSOLE_CAP - kept) as usize);
+                    let _ = file.write_all(&buf[..n]);
+                    kept += n as u64;
+                    if kept >= CONSOLE_CAP {
+                        let _ = file.write_all(b"\n[pvisor: console truncated at 1 MiB]\n");
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Reads the last lines of a log for an error message.
 fn tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
@@ -305,6 +355,8 @@ impl Shared {
 
     /// Sends `request` and waits for the next non-output reply.
     fn call(&self, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+        // A late answer to an earlier call that timed out must not be taken for this one.
+        while self.replies.lock().unwrap_or_else(|p| p.into_inner()).try_recv().is_ok() {}
         self.send(request, payload).map_err(|e| format!("cannot reach the agent: {e}"))?;
         self.next_reply(timeout)
     }
@@ -321,6 +373,18 @@ impl Shared {
 
     fn qmp<R: serde::de::DeserializeOwned>(&self, command: &qmp::Command) -> Result<R, String> {
         self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command).map_err(|e| e.to_string())
+    }
+
+    fn qmp_with_fd<R: serde::de::DeserializeOwned>(
+        &self,
+        command: &qmp::Command,
+        fd: std::os::fd::RawFd,
+    ) -> Result<R, String> {
+        self.qmp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .execute_with(command, Some(fd))
+            .map_err(|e| e.to_string())
     }
 
     fn qemu_running(&self) -> bool {
@@ -396,9 +460,28 @@ impl VmProcess {
                 })
             }
         };
+        // The guest gets a copy of the workspace; a path the policy hides
+        // inside it would be copied too, so refuse rather than leak it.
+        if vm.restore.is_none() {
+            if let Some(hidden) = spec.hidden.iter().find(|h| h.starts_with(&spec.workspace)) {
+                return Err(SandboxError::Setup {
+                    step: "hide".into(),
+                    message: format!(
+                        "{} is hidden by the policy but lies inside the workspace {}, which the vm executor copies whole into the guest",
+                        hidden.display(),
+                        spec.workspace.display()
+                    ),
+                    hint: Some(format!(
+                        "run on a project directory that does not contain it, pass --expose {} if the command may read it, or use --executor ns",
+                        hidden.display()
+                    )),
+                });
+            }
+        }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
         let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
+        let mut scratch = Scratch(vec![lower.clone(), upper.clone()]);
         let restore = match &vm.restore {
             Some(dir) => {
                 let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
@@ -436,20 +519,25 @@ impl VmProcess {
 
         let (agent, agent_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
         let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let (console_host, console_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
         let console = vm.dir.join("console.log");
+        capture_console(console_host, &console).map_err(|e| setup("vm", e))?;
         let mut command = qemu_command(
             &executor.image,
             &config,
             Some((&lower, &upper)),
             &agent_qemu,
             &qmp_qemu,
-            &console,
+            &console_qemu,
             restore.as_ref().map(|(state, _)| state.as_path()),
         );
         let started = Instant::now();
-        let child = spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu])
-            .map_err(|e| setup("qemu", e))?;
-        drop((agent_qemu, qmp_qemu));
+        let child =
+            spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
+                .map_err(|e| setup("qemu", e))?;
+        drop((agent_qemu, qmp_qemu, console_qemu));
+        // A blocked guest must not block a signal or stdin forwarder forever.
+        agent.set_write_timeout(Some(AGENT_WRITE_TIMEOUT)).map_err(SandboxError::Spawn)?;
         let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
         let qemu_failed = |what: String| {
             setup(
@@ -477,7 +565,7 @@ impl VmProcess {
             proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
             streams: Arc::default(),
         };
-        let (replies_tx, replies_rx) = mpsc::channel();
+        let (replies_tx, replies_rx) = mpsc::sync_channel(REPLY_BACKLOG);
         let (events_tx, events) = mpsc::channel();
         let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
         let agent = Arc::new(Mutex::new(agent));
@@ -545,6 +633,7 @@ impl VmProcess {
                 (Reply::ExecFailed { errno, message, .. }, _) => {
                     // Recorded like `ns` does: a failed Run with 126/127, not a setup error.
                     let early = Termination::ExecFailed { program: spec.program.clone(), errno, message };
+                    scratch.0.clear(); // `wait` removes them after QEMU is gone
                     return Ok(Self {
                         shared,
                         events,
@@ -559,6 +648,7 @@ impl VmProcess {
         }
         forward_stdin(shared.clone());
         serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
+        scratch.0.clear();
         Ok(Self { shared, events, boot_ms, restored, early: None, proxy_listener })
     }
 }
@@ -623,7 +713,8 @@ impl NetBridge {
             let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
             write_frame(&mut *agent, request, payload)
         };
-        let Some(conn) = self.proxy.and_then(|addr| TcpStream::connect(addr).ok()) else {
+        let full = self.streams.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_STREAMS;
+        let Some(conn) = self.proxy.filter(|_| !full).and_then(|addr| TcpStream::connect(addr).ok()) else {
             let _ = send(&Request::NetClose { stream }, &[]);
             return;
         };
@@ -669,7 +760,7 @@ impl NetBridge {
 /// proxy, the exit to the waiter, everything else to whoever holds the op lock.
 fn read_agent(
     mut stream: UnixStream,
-    replies: Sender<(Reply, Vec<u8>)>,
+    replies: SyncSender<(Reply, Vec<u8>)>,
     events: Sender<AgentEvent>,
     net: NetBridge,
     agent: Arc<Mutex<UnixStream>>,
@@ -689,7 +780,14 @@ fn read_agent(
                 let _ = events.send(AgentEvent::Exited { code, signal });
             }
             Ok(Some(reply)) => {
-                let _ = replies.send(reply);
+                // An agent that floods replies nobody asked for is cut off
+                // rather than allowed to fill the supervisor's memory.
+                if let Err(mpsc::TrySendError::Full(_)) = replies.try_send(reply) {
+                    let _ =
+                        events.send(AgentEvent::Gone("the agent sent too many unrequested replies".into()));
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                    return;
+                }
             }
             Ok(None) => {
                 let _ = events.send(AgentEvent::Gone("the agent connection closed".into()));
@@ -773,7 +871,15 @@ impl SandboxProcess for VmProcess {
             if signal == libc::SIGKILL {
                 sys::pidfd_send_signal(&shared.qemu_pidfd, libc::SIGKILL)
             } else {
-                shared.send(&Request::Signal { id: EXEC_ID, signal }, &[])
+                // Never block the caller (the Session's event loop) on the
+                // agent channel; the kill escalation must still fire.
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("pvisor-vm-signal".into())
+                    .spawn(move || {
+                        let _ = shared.send(&Request::Signal { id: EXEC_ID, signal }, &[]);
+                    })
+                    .map(|_| ())
             }
         }))
     }
@@ -824,6 +930,8 @@ impl SandboxProcess for VmProcess {
         let shared = self.shared;
         if let Some(termination) = self.early {
             let (_, usage) = shared.quit_and_reap();
+            let _ = fs::remove_file(&shared.lower);
+            let _ = fs::remove_file(&shared.upper);
             return Ok(ExitReport { termination, usage, oom_killed: false });
         }
         let ending = loop {
@@ -841,6 +949,9 @@ impl SandboxProcess for VmProcess {
         let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(manifest) = shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let (qemu, usage) = shared.quit_and_reap();
+            // The checkpoint holds its own copies; these were this Attempt's scratch.
+            let _ = fs::remove_file(&shared.lower);
+            let _ = fs::remove_file(&shared.upper);
             return Ok(ExitReport {
                 termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
                 usage,

@@ -30,6 +30,9 @@ pub(crate) enum Command {
     Migrate { uri: String },
     #[serde(rename = "query-migrate")]
     QueryMigrate,
+    /// Names the descriptor sent with this command (SCM_RIGHTS).
+    #[serde(rename = "getfd")]
+    GetFd { fdname: String },
     #[serde(rename = "migrate-set-parameters")]
     MigrateSetParameters {
         #[serde(rename = "max-bandwidth")]
@@ -120,9 +123,24 @@ impl Qmp {
 
     /// Runs `command` and decodes its return value.
     pub(crate) fn execute<R: DeserializeOwned>(&mut self, command: &Command) -> Result<R, QmpError> {
+        self.execute_with(command, None)
+    }
+
+    /// Runs `command` with `fd` attached to its bytes (for `getfd`).
+    pub(crate) fn execute_with<R: DeserializeOwned>(
+        &mut self,
+        command: &Command,
+        fd: Option<std::os::fd::RawFd>,
+    ) -> Result<R, QmpError> {
         let mut line = serde_json::to_vec(command).map_err(|e| QmpError::Protocol(e.to_string()))?;
         line.push(b'\n');
-        self.writer.write_all(&line)?;
+        match fd {
+            Some(fd) => {
+                use std::os::fd::AsRawFd;
+                crate::sys::send_fd_with(self.writer.as_raw_fd(), fd, &line)?;
+            }
+            None => self.writer.write_all(&line)?,
+        }
         loop {
             match self.read()? {
                 Message::Return { value } => {

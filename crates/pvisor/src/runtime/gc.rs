@@ -55,7 +55,9 @@ pub struct GcReport {
 fn size_of(path: &Path) -> u64 {
     let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
     if !meta.is_dir() {
-        return meta.len();
+        // Space actually freed: sparse VM disks are mostly holes.
+        use std::os::unix::fs::MetadataExt;
+        return meta.len().min(meta.blocks() * 512);
     }
     std::fs::read_dir(path).map(|entries| entries.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
 }
@@ -129,6 +131,10 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             report.kept.push(keep("the run is live"));
             continue;
         }
+        if status.state == JobState::Suspended {
+            report.kept.push(keep("the Job is suspended; its run continues on resume (kill it first)"));
+            continue;
+        }
         if !older_than(&store.job_file(&id), age) {
             report.kept.push(keep("newer than the threshold"));
             continue;
@@ -168,11 +174,24 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
     // Execution checkpoints (vm): a Job that can still continue keeps them all.
     for id in store.list_jobs()? {
         let Ok(job) = store.read::<JobRecord>(&store.job_file(&id)) else { continue };
+        let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
+        // Disk images a killed vm supervisor left in its Attempt directory.
+        if !live {
+            for n in 1..=job.target_attempt {
+                let vm_dir =
+                    store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
+                for image in ["lower.img", "upper.img"] {
+                    let path = vm_dir.join(image);
+                    if path.exists() && older_than(&path, age) {
+                        free(&mut report, format!("leftover VM disk {image} of {id} attempt {n}"), path);
+                    }
+                }
+            }
+        }
         let dir = store.exec_checkpoints_dir(&job.run);
         if !dir.exists() {
             continue;
         }
-        let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
         for ckpt_dir in pvisor_sandbox::vm::checkpoint::list(&dir) {
             let name = ckpt_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let keep = |reason: &str| Kept {

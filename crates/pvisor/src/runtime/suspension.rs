@@ -130,3 +130,28 @@ pub fn list_all(store: &Store) -> Result<Vec<Listing>, StoreError> {
     }
     Ok(out)
 }
+
+/// The suspension a resume continues from: the newest Attempt with a
+/// termination receipt, provided every later Attempt never started (a resume
+/// whose restore failed, or whose supervisor died while preparing, does not
+/// use the suspension up).
+pub fn resumable(
+    store: &Store,
+    job: &pvisor_core::records::JobRecord,
+) -> Result<Option<(AttemptId, TerminationReceipt, ExecCheckpoint)>, SuspensionError> {
+    for n in (1..=job.target_attempt).rev() {
+        let attempt = AttemptId::new(job.run.clone(), n);
+        if let Some((receipt, manifest)) = load(store, &job.id, &attempt)? {
+            return Ok(Some((attempt, receipt, manifest)));
+        }
+        let record: pvisor_core::records::AttemptRecord = match store.read(&store.attempt_file(&attempt)) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if record.started_at.is_some() {
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}

@@ -70,6 +70,7 @@ pub(crate) struct Session {
     restore_from: Option<PathBuf>,
     limits: Vec<pvisor_sandbox::limits::Enforcement>,
     baseline: Option<i128>,
+    resumed_from: Option<u32>,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -100,6 +101,7 @@ impl Session {
             restore_from: admitted.restore_from,
             limits: Vec::new(),
             baseline: admitted.baseline,
+            resumed_from: admitted.resumed_from,
         }
     }
 
@@ -465,6 +467,12 @@ impl Session {
         wall: Duration,
     ) -> Result<RunOutcome, RunError> {
         let result = self.result_of(&ending, started_at);
+        // A resume that could not even restore leaves the suspension usable.
+        // Only if the restored guest never ran: one that ran may have acted.
+        let restore_failed_from = match &ending {
+            Ending::SetupFailed(_) if self.attempt.state == AttemptState::Preparing => self.resumed_from,
+            Ending::SetupFailed(_) | Ending::Finished(_) => None,
+        };
         let usage = match &ending {
             Ending::Finished(report) => report.usage.clone(),
             Ending::SetupFailed(_) => Usage::default(),
@@ -540,8 +548,11 @@ impl Session {
         .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
 
         // Step 3: the Run projection, then the receipt that makes it true.
-        self.run.state = result.state.job_state();
-        self.run.result = Some(result.clone());
+        // A failed restore leaves the Run suspended: its result is still to come.
+        if restore_failed_from.is_none() {
+            self.run.state = result.state.job_state();
+            self.run.result = Some(result.clone());
+        }
         self.run.updated_at = Timestamp::now();
         self.store
             .write(&self.store.run_file(&self.run.id), &self.run)
@@ -575,6 +586,7 @@ impl Session {
             network: bundle.observations.network.clone(),
             warnings: self.warnings,
             audit_gaps,
+            restore_failed_from,
             job_record: self.job,
         })
     }

@@ -43,6 +43,8 @@ pub struct RunOutcome {
     pub warnings: Vec<String>,
     /// Facts that could not be recorded after the receipt committed.
     pub audit_gaps: Vec<String>,
+    /// A resume whose restore failed: the suspended Attempt the Job still targets.
+    pub restore_failed_from: Option<u32>,
     pub(crate) job_record: JobRecord,
 }
 
@@ -236,7 +238,19 @@ impl JobService {
         // another Attempt by now, and an old result must not overwrite that.
         let mut job = self.store.read(&self.store.job_file(job_id)).unwrap_or_else(|_| record.clone());
         let mut gaps = Vec::new();
-        if job.target_attempt == attempt.number() && !job.state.is_terminal() {
+        let failed_restore = match &end {
+            RunEnd::Finished(o) => o.restore_failed_from,
+            RunEnd::Suspended(_) => None,
+        };
+        if let Some(previous) = failed_restore.filter(|_| job.target_attempt == attempt.number()) {
+            // The Job stays suspended on its intact checkpoint; this Attempt's
+            // failure is recorded in its own receipt and events.
+            job.target_attempt = previous;
+            job.updated_at = Timestamp::now();
+            if let Err(e) = self.store.write(&self.store.job_file(&job.id), &job) {
+                gaps.push(format!("job.json not updated: {e}"));
+            }
+        } else if job.target_attempt == attempt.number() && !job.state.is_terminal() {
             match job.state.transition(target) {
                 Ok(state) => {
                     job.state = state;
