@@ -272,6 +272,7 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
     checks.push(seccomp());
     checks.push(kvm());
     checks.push(qemu());
+    checks.push(vm_image());
     checks
 }
 
@@ -345,7 +346,7 @@ fn kvm() -> Check {
         Ok(_) => {
             let note = match module {
                 Some("kvm_pvm") => {
-                    "; kvm_pvm runs only PVM guest kernels, so a VM executor would use QEMU TCG here"
+                    "; kvm_pvm runs only PVM guest kernels: --executor vm probes it once and falls back to TCG"
                 }
                 _ => "",
             };
@@ -362,6 +363,30 @@ fn kvm() -> Check {
             Status::Info,
             format!("/dev/kvm: {e}"),
             Some("load kvm_intel/kvm_amd, or add the user to the kvm group".into()),
+            false,
+        ),
+    }
+}
+
+fn vm_image() -> Check {
+    let found = crate::vm::GuestImage::locate_built().and_then(|dir| {
+        std::fs::read(dir.join("manifest.json"))
+            .map(|b| (dir, b))
+            .map_err(|e| crate::SandboxError::Protocol(e.to_string()))
+    });
+    match found {
+        Ok((dir, bytes)) => {
+            let kernel = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|m| m["kernel_version"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "unknown kernel".into());
+            check("vm guest image", Status::Info, format!("{} ({kernel})", dir.display()), None, false)
+        }
+        Err(e) => check(
+            "vm guest image",
+            Status::Info,
+            format!("not built: {e}"),
+            Some("scripts/vm-image.sh builds it from Debian packages (needed only for --executor vm)".into()),
             false,
         ),
     }

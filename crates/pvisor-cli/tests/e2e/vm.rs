@@ -166,8 +166,20 @@ fn vm_program_not_found_is_127_with_a_receipt() {
 
 #[test]
 fn suspend_then_resume_continues_the_counter_in_a_new_attempt() {
+    suspend_then_resume(As::Root);
+}
+
+#[test]
+fn suspend_then_resume_rootless() {
+    suspend_then_resume(As::Rootless);
+}
+
+fn suspend_then_resume(who: As) {
+    if !who.available() {
+        return;
+    }
     require_image();
-    let env = Env::new(As::Root);
+    let env = Env::new(who);
     let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
     run.wait_for("c 4\n");
     let job = only_job(&env);
