@@ -472,3 +472,28 @@ fn a_vm_cannot_share_the_host_network() {
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("--net proxy"), "{}", text(&out.stderr));
 }
+
+/// Ctrl-C reaches the command inside the guest; a command that ignores it is
+/// killed after --kill-grace through the agent, and its staged files are
+/// still exported with a cancelled receipt.
+#[test]
+fn cancelling_a_vm_run_kills_the_command_and_keeps_its_stage() {
+    require_image();
+    let env = Env::new(As::Root);
+    let script = "trap '' INT TERM; echo kept > staged; echo started; while true; do sleep 0.1; done";
+    let run = Background::start(
+        &env,
+        &["run", "-q", "--executor", "vm", "--kill-grace", "1s", "--", "sh", "-c", script],
+        None,
+    );
+    run.wait_for("started\n");
+    // SAFETY: signalling the child this test spawned.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
+    let (code, _, err) = run.finish();
+    assert_eq!(code, Some(137), "{err}");
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "cancelled");
+    assert_eq!(status["receipt"], "valid");
+    let staged: Vec<String> = env.review().iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(staged, ["staged"]);
+}

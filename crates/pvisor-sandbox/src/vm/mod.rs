@@ -53,6 +53,8 @@ const AGENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 const REPLY_BACKLOG: usize = 256;
 /// Concurrent proxy connections one guest may hold open.
 const MAX_STREAMS: usize = 256;
+/// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
+const VM_KILL_GRACE: Duration = Duration::from_secs(5);
 /// Default guest RAM when no `--memory` limit is given.
 const DEFAULT_MEMORY_MIB: u64 = 512;
 
@@ -869,7 +871,21 @@ impl SandboxProcess for VmProcess {
         let shared = self.shared.clone();
         Signaller::custom(Arc::new(move |signal| {
             if signal == libc::SIGKILL {
-                sys::pidfd_send_signal(&shared.qemu_pidfd, libc::SIGKILL)
+                // Kill the command's process group inside the guest, so its
+                // staged files can still be exported; if the agent does not
+                // deliver within the grace, kill the whole VM.
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("pvisor-vm-kill".into())
+                    .spawn(move || {
+                        let _ = shared.send(&Request::Signal { id: EXEC_ID, signal: libc::SIGKILL }, &[]);
+                        std::thread::sleep(VM_KILL_GRACE);
+                        if !*shared.exited.lock().unwrap_or_else(|p| p.into_inner()) && shared.qemu_running()
+                        {
+                            let _ = sys::pidfd_send_signal(&shared.qemu_pidfd, libc::SIGKILL);
+                        }
+                    })
+                    .map(|_| ())
             } else {
                 // Never block the caller (the Session's event loop) on the
                 // agent channel; the kill escalation must still fire.
