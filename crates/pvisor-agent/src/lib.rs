@@ -31,6 +31,9 @@ pub const UPPER_SERIAL: &str = "pvisor-upper";
 pub const MAX_HEADER: u32 = 1 << 20;
 pub const MAX_PAYLOAD: u32 = 16 << 20;
 
+/// Host-to-guest data chunks (stdin, proxy data) in flight per exec or stream.
+pub const CREDITS: usize = 16;
+
 /// Host → guest.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -184,6 +187,15 @@ pub enum Reply {
     },
     /// The guest process closed `stream`.
     NetClose {
+        stream: u32,
+    },
+    /// One `Stdin` chunk of exec `id` was written to the process: the host
+    /// may send another (flow control; the host keeps few chunks in flight).
+    StdinAck {
+        id: u32,
+    },
+    /// One `NetData` chunk of `stream` reached the guest process.
+    NetAck {
         stream: u32,
     },
     Error {

@@ -102,22 +102,46 @@ fn halt() -> ! {
 /// port splits writes at 32 KiB, so a frame written while QEMU stops for a
 /// checkpoint could be cut in two, its head going to the old host and its
 /// tail to the restored one.
+///
+/// Counted, not a flag: a `Thaw` may be handled while its `Quiesced` still
+/// waits in the queue (a slow host), and must then keep that `Quiesced`
+/// from closing the gate afterwards.
 #[derive(Default)]
 struct Gate {
-    closed: Mutex<bool>,
+    state: Mutex<GateState>,
     opened: std::sync::Condvar,
 }
 
+#[derive(Default)]
+struct GateState {
+    /// `Quiesced` replies queued by the request loop.
+    queued: u64,
+    /// `Quiesced` replies the writer has written.
+    written: u64,
+    /// The value of `queued` at the last Thaw/Hello/Restored.
+    released: u64,
+}
+
 impl Gate {
+    fn queue_quiesced(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).queued += 1;
+    }
+
     fn open(&self) {
-        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.released = state.queued;
         self.opened.notify_all();
     }
 
+    /// Counts a `Quiesced` about to be written.
+    fn writing_quiesced(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).written += 1;
+    }
+
     fn wait_open(&self) {
-        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        while *closed {
-            closed = self.opened.wait(closed).unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.written > state.released {
+            state = self.opened.wait(state).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -129,7 +153,7 @@ fn write_replies(mut port: File, rx: Receiver<(Reply, Vec<u8>)>, gate: Arc<Gate>
         // it the guest may be stopped at any instruction, and a close still
         // pending then would run after the restore's `Hello` reopened it.
         if matches!(reply, Reply::Quiesced { .. }) {
-            *gate.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            gate.writing_quiesced();
         }
         // A write error means the host side is gone for good; nothing to tell.
         let _ = write_frame(&mut port, &reply, &payload);
@@ -282,13 +306,20 @@ struct Writer {
 }
 
 impl Writer {
-    fn spawn(mut target: impl Write + Send + 'static, on_close: impl FnOnce() + Send + 'static) -> Self {
-        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(64);
+    fn spawn(
+        mut target: impl Write + Send + 'static,
+        out: Out,
+        ack: Reply,
+        on_close: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        // Room for more than the host keeps in flight (`CREDITS`).
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent::CREDITS * 2);
         std::thread::spawn(move || {
             for bytes in rx {
                 if target.write_all(&bytes).is_err() {
                     break;
                 }
+                let _ = out.send((ack.clone(), Vec::new()));
             }
             drop(target);
             on_close();
@@ -296,7 +327,8 @@ impl Writer {
         Self { tx }
     }
 
-    /// Queues `bytes`; false once the target is gone or hopelessly behind.
+    /// Queues `bytes`; false once the target is gone, or if the host ignored
+    /// flow control.
     fn push(&self, bytes: Vec<u8>) -> bool {
         self.tx.try_send(bytes).is_ok()
     }
@@ -387,7 +419,10 @@ impl Agent {
                 self.done("write_file", result)
             }
             Request::Quiesce => match quiesce() {
-                Ok(frozen) => self.send(Reply::Quiesced { frozen }, Vec::new()),
+                Ok(frozen) => {
+                    self.gate.queue_quiesced();
+                    self.send(Reply::Quiesced { frozen }, Vec::new())
+                }
                 Err(e) => {
                     self.send(Reply::Error { op: "quiesce".into(), message: e.to_string() }, Vec::new())
                 }
@@ -456,7 +491,7 @@ impl Agent {
                 let stream = next;
                 let Ok(reader) = conn.try_clone() else { continue };
                 let closer = conn.try_clone().ok();
-                let writer = Writer::spawn(conn, move || {
+                let writer = Writer::spawn(conn, out.clone(), Reply::NetAck { stream }, move || {
                     if let Some(c) = closer {
                         let _ = c.shutdown(std::net::Shutdown::Both);
                     }
@@ -521,7 +556,7 @@ impl Agent {
         }
         table.groups.insert(id, pid);
         if let Some(stdin) = child.stdin.take() {
-            table.stdin.insert(id, Writer::spawn(stdin, || {}));
+            table.stdin.insert(id, Writer::spawn(stdin, self.out.clone(), Reply::StdinAck { id }, || {}));
         }
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());

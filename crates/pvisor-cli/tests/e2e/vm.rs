@@ -497,3 +497,30 @@ fn cancelling_a_vm_run_kills_the_command_and_keeps_its_stage() {
     let staged: Vec<String> = env.review().iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
     assert_eq!(staged, ["staged"]);
 }
+
+/// Stdin is flow-controlled end to end: 8 MiB reach a command that only
+/// starts reading after 2 s, byte for byte.
+#[test]
+fn stdin_reaches_a_slow_reader_in_the_guest_intact() {
+    require_image();
+    let env = Env::new(As::Root);
+    let mut child = env
+        .command(&["run", "-q", "--executor", "vm", "--", "sh", "-c", "sleep 2; wc -c"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..8 {
+            stdin.write_all(&chunk).unwrap();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), (8u64 << 20).to_string());
+}

@@ -172,12 +172,15 @@ pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecC
     let published = root.join(id.to_string());
     fs::create_dir_all(&partial).map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
     let timeout = Duration::from_secs(60);
+    // Held until the guest runs again (or QEMU is told to quit): no stdin,
+    // signal or proxy frame may be cut in half by the stop.
+    let mut held = shared.agent.lock().unwrap_or_else(|p| p.into_inner());
 
-    let frozen = match shared.call(&Request::Quiesce, &[], timeout) {
+    let frozen = match shared.call_held(&mut held, &Request::Quiesce, &[], timeout) {
         Ok((Reply::Quiesced { frozen }, _)) => frozen,
         other => {
             // The agent may still freeze late: always thaw, and leave nothing behind.
-            let _ = shared.call(&Request::Thaw, &[], timeout);
+            let _ = shared.call_held(&mut held, &Request::Thaw, &[], timeout);
             let _ = fs::remove_dir_all(&partial);
             return Err(match other {
                 Err(e) => e,
@@ -218,7 +221,7 @@ pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecC
             // The guest must not stay stopped or frozen because a save failed.
             let _ = fs::remove_dir_all(&partial);
             let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Cont);
-            let _ = shared.call(&Request::Thaw, &[], timeout);
+            let _ = shared.call_held(&mut held, &Request::Thaw, &[], timeout);
             return Err(e);
         }
     };
@@ -226,7 +229,7 @@ pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecC
     match request {
         ControlRequest::Checkpoint => {
             shared.qmp::<qmp::Empty>(&qmp::Command::Cont)?;
-            shared.call(&Request::Thaw, &[], timeout)?;
+            shared.call_held(&mut held, &Request::Thaw, &[], timeout)?;
         }
         ControlRequest::Suspend => {
             *shared.suspended.lock().unwrap_or_else(|p| p.into_inner()) = Some(manifest.clone());

@@ -100,6 +100,8 @@ impl GuestImage {
             }
             pvisor_core::store::write_atomic(&partial.join("manifest.json"), &manifest_bytes)
                 .map_err(io::Error::other)?;
+            // The build may have replaced a file since it was verified.
+            Self::verify_files(&partial, &manifest_bytes).map_err(io::Error::other)?;
             match fs::rename(&partial, &installed) {
                 // Another process installed it first: same digest, same bytes.
                 Err(_) if installed.join("manifest.json").is_file() => {

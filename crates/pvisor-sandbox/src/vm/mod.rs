@@ -47,10 +47,9 @@ use crate::{
 
 /// The one exec id of an Attempt's command (the protocol allows more).
 const EXEC_ID: u32 = 1;
-/// How long one write to the agent may block before the channel is given up.
-const AGENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Replies nobody asked for that the host buffers before dropping the agent.
-const REPLY_BACKLOG: usize = 256;
+/// Replies the reader buffers for the op in progress; beyond that it waits,
+/// so a flooding guest stalls only itself, never the supervisor's memory.
+const REPLY_BACKLOG: usize = 64;
 /// Concurrent proxy connections one guest may hold open.
 const MAX_STREAMS: usize = 256;
 /// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
@@ -333,6 +332,7 @@ enum AgentEvent {
 #[derive(Debug)]
 struct Shared {
     agent: Arc<Mutex<UnixStream>>,
+    credits: Arc<Credits>,
     replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
     /// Serialises multi-step agent/QMP operations (checkpoint, export).
     op: Mutex<()>,
@@ -357,9 +357,23 @@ impl Shared {
 
     /// Sends `request` and waits for the next non-output reply.
     fn call(&self, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+        let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
+        self.call_held(&mut agent, request, payload, timeout)
+    }
+
+    /// [`call`](Self::call) on a channel the caller holds: a checkpoint holds
+    /// it from `Quiesce` to `Thaw` (or `quit`), so no other host frame can be
+    /// half-delivered when the guest stops.
+    fn call_held(
+        &self,
+        agent: &mut UnixStream,
+        request: &Request,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(Reply, Vec<u8>), String> {
         // A late answer to an earlier call that timed out must not be taken for this one.
         while self.replies.lock().unwrap_or_else(|p| p.into_inner()).try_recv().is_ok() {}
-        self.send(request, payload).map_err(|e| format!("cannot reach the agent: {e}"))?;
+        write_frame(agent, request, payload).map_err(|e| format!("cannot reach the agent: {e}"))?;
         self.next_reply(timeout)
     }
 
@@ -538,8 +552,6 @@ impl VmProcess {
             spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
                 .map_err(|e| setup("qemu", e))?;
         drop((agent_qemu, qmp_qemu, console_qemu));
-        // A blocked guest must not block a signal or stdin forwarder forever.
-        agent.set_write_timeout(Some(AGENT_WRITE_TIMEOUT)).map_err(SandboxError::Spawn)?;
         let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
         let qemu_failed = |what: String| {
             setup(
@@ -563,9 +575,11 @@ impl VmProcess {
             Some(_) => Some(TcpListener::bind("127.0.0.1:0").map_err(|e| setup("network", e))?),
             None => None,
         };
+        let credits = Arc::new(Credits::default());
         let net = NetBridge {
             proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
             streams: Arc::default(),
+            credits: credits.clone(),
         };
         let (replies_tx, replies_rx) = mpsc::sync_channel(REPLY_BACKLOG);
         let (events_tx, events) = mpsc::channel();
@@ -574,10 +588,14 @@ impl VmProcess {
         let writer = agent.clone();
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
-            .spawn(move || read_agent(reader, replies_tx, events_tx, net, writer))
+            .spawn({
+                let credits = credits.clone();
+                move || read_agent(reader, replies_tx, events_tx, net, writer, credits)
+            })
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
             agent,
+            credits,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
             qmp: Mutex::new(qmp),
@@ -702,32 +720,89 @@ fn getrandom(buf: &mut [u8]) {
     unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
 }
 
+/// What a host-to-guest data chunk is charged to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Credit {
+    Stdin,
+    Stream(u32),
+}
+
+/// Flow control for host-to-guest data: at most [`pvisor_agent::CREDITS`]
+/// chunks in flight per exec or stream; the agent acks each one it wrote.
+#[derive(Debug, Default)]
+struct Credits {
+    in_flight: Mutex<HashMap<Credit, usize>>,
+    freed: std::sync::Condvar,
+}
+
+impl Credits {
+    /// Waits for room, then charges one chunk. False if `gone` says to stop.
+    fn take(&self, key: Credit, gone: impl Fn() -> bool) -> bool {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if gone() {
+                return false;
+            }
+            let used = in_flight.entry(key).or_default();
+            if *used < pvisor_agent::CREDITS {
+                *used += 1;
+                return true;
+            }
+            in_flight = self
+                .freed
+                .wait_timeout(in_flight, Duration::from_millis(200))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn release(&self, key: Credit) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(used) = in_flight.get_mut(&key) {
+            *used = used.saturating_sub(1);
+        }
+        self.freed.notify_all();
+    }
+
+    fn forget(&self, key: Credit) {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        self.freed.notify_all();
+    }
+}
+
 /// The host end of the guest's proxy connections: each agent stream is one
 /// TCP connection to pvisor's proxy on host loopback.
 struct NetBridge {
     proxy: Option<SocketAddr>,
     streams: Arc<Mutex<HashMap<u32, TcpStream>>>,
+    credits: Arc<Credits>,
 }
 
 impl NetBridge {
     fn open(&self, stream: u32, agent: &Arc<Mutex<UnixStream>>) {
-        let send = |request: &Request, payload: &[u8]| {
-            let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
-            write_frame(&mut *agent, request, payload)
-        };
         let full = self.streams.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_STREAMS;
         let Some(conn) = self.proxy.filter(|_| !full).and_then(|addr| TcpStream::connect(addr).ok()) else {
-            let _ = send(&Request::NetClose { stream }, &[]);
+            // Off the reader thread: a checkpoint may hold the channel, and
+            // it waits for this thread to deliver its `Quiesced`.
+            let agent = agent.clone();
+            let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
+                let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
+            });
             return;
         };
         let Ok(mut reader) = conn.try_clone() else { return };
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
-        let (agent, streams) = (agent.clone(), self.streams.clone());
+        let (agent, streams, credits) = (agent.clone(), self.streams.clone(), self.credits.clone());
         let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
+            let closed = |s: &Arc<Mutex<HashMap<u32, TcpStream>>>| {
+                !s.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream)
+            };
             loop {
                 match reader.read(&mut buf) {
                     Ok(0) | Err(_) => break,
+                    Ok(_) if !credits.take(Credit::Stream(stream), || closed(&streams)) => break,
                     Ok(n) => {
                         let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
                         if write_frame(&mut *agent, &Request::NetData { stream }, &buf[..n]).is_err() {
@@ -737,6 +812,7 @@ impl NetBridge {
                 }
             }
             streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+            credits.forget(Credit::Stream(stream));
             let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
             let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
         });
@@ -766,6 +842,7 @@ fn read_agent(
     events: Sender<AgentEvent>,
     net: NetBridge,
     agent: Arc<Mutex<UnixStream>>,
+    credits: Arc<Credits>,
 ) {
     loop {
         match read_frame::<Reply>(&mut stream) {
@@ -781,13 +858,10 @@ fn read_agent(
             Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
                 let _ = events.send(AgentEvent::Exited { code, signal });
             }
+            Ok(Some((Reply::StdinAck { .. }, _))) => credits.release(Credit::Stdin),
+            Ok(Some((Reply::NetAck { stream }, _))) => credits.release(Credit::Stream(stream)),
             Ok(Some(reply)) => {
-                // An agent that floods replies nobody asked for is cut off
-                // rather than allowed to fill the supervisor's memory.
-                if let Err(mpsc::TrySendError::Full(_)) = replies.try_send(reply) {
-                    let _ =
-                        events.send(AgentEvent::Gone("the agent sent too many unrequested replies".into()));
-                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                if replies.send(reply).is_err() {
                     return;
                 }
             }
@@ -815,6 +889,10 @@ fn forward_stdin(shared: Arc<Shared>) {
             }
             if n <= 0 {
                 let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
+                return;
+            }
+            let gone = || *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) || !shared.qemu_running();
+            if !shared.credits.take(Credit::Stdin, gone) {
                 return;
             }
             if shared.send(&Request::Stdin { id: EXEC_ID }, &buf[..n as usize]).is_err() {
@@ -878,7 +956,12 @@ impl SandboxProcess for VmProcess {
                 std::thread::Builder::new()
                     .name("pvisor-vm-kill".into())
                     .spawn(move || {
-                        let _ = shared.send(&Request::Signal { id: EXEC_ID, signal: libc::SIGKILL }, &[]);
+                        let sender = shared.clone();
+                        let _ =
+                            std::thread::Builder::new().name("pvisor-vm-signal".into()).spawn(move || {
+                                let _ =
+                                    sender.send(&Request::Signal { id: EXEC_ID, signal: libc::SIGKILL }, &[]);
+                            });
                         std::thread::sleep(VM_KILL_GRACE);
                         if !*shared.exited.lock().unwrap_or_else(|p| p.into_inner()) && shared.qemu_running()
                         {

@@ -177,7 +177,10 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
         let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
         // Disk images a killed vm supervisor left in its Attempt directory.
         if !live {
-            for n in 1..=job.target_attempt {
+            let attempts = store
+                .read::<pvisor_core::records::RunRecord>(&store.run_file(&job.run))
+                .map_or(job.target_attempt, |r| r.attempts.max(job.target_attempt));
+            for n in 1..=attempts {
                 let vm_dir =
                     store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
                 for image in ["lower.img", "upper.img"] {

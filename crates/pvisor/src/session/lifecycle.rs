@@ -558,6 +558,21 @@ impl Session {
             .write(&self.store.run_file(&self.run.id), &self.run)
             .map_err(|e| self.finalize_error("saving the Run state", e.into()))?;
         failpoint::hit("after-run-json");
+        if let Some(previous) = restore_failed_from {
+            // Before the receipt: from this point readers must see the Job
+            // suspended on its previous Attempt, never this failed restore.
+            let mut job: JobRecord = self
+                .store
+                .read(&self.store.job_file(&self.job.id))
+                .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
+            if job.target_attempt == self.attempt.id.number() {
+                job.target_attempt = previous;
+                job.updated_at = Timestamp::now();
+                self.store
+                    .write(&self.store.job_file(&job.id), &job)
+                    .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
+            }
+        }
         completion::commit(&self.store, &receipt)
             .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;
         failpoint::hit("after-receipt");

@@ -167,9 +167,13 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         }
         None if live => {}
         None if job.state != JobState::Lost => {
-            match crate::runtime::suspension::load(store, &job.id, &attempt_id)
-                .map_err(|e| ViewError::Suspension(Box::new(e)))?
-            {
+            // A resume that died while preparing leaves the suspension usable.
+            let suspension = if job.state == JobState::Suspended {
+                crate::runtime::suspension::resumable(store, &job).map(|f| f.map(|(_, r, m)| (r, m)))
+            } else {
+                crate::runtime::suspension::load(store, &job.id, &attempt_id)
+            };
+            match suspension.map_err(|e| ViewError::Suspension(Box::new(e)))? {
                 Some((receipt, _)) => {
                     status.state = JobState::Suspended;
                     status.suspended_to = Some(receipt.checkpoint);
