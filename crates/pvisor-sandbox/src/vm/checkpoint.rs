@@ -10,7 +10,7 @@
 //! before the rename leaves only a `.partial-*` directory that nothing trusts.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -85,21 +85,7 @@ pub struct CheckpointFile {
 
 fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();
-    let blake3 = if sparse {
-        disk::sparse_digest(path)?
-    } else {
-        let mut hasher = blake3::Hasher::new();
-        let mut file = fs::File::open(path)?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        hasher.finalize().to_hex().to_string()
-    };
+    let blake3 = if sparse { disk::sparse_digest(path)? } else { disk::file_digest(path)? };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(CheckpointFile { name, size, blake3, sparse })
 }

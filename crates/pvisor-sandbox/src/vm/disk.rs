@@ -104,6 +104,21 @@ pub(crate) fn link_or_copy(src: &Path, dst: &Path) -> io::Result<()> {
     }
 }
 
+/// BLAKE3 of a whole file, read in 1 MiB chunks.
+pub(crate) fn file_digest(path: &Path) -> io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    let mut file = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
 /// BLAKE3 over the data extents of a sparse file (offset, length, bytes), so
 /// an 8 GiB disk with 20 MiB written is hashed in 20 MiB of reads. A hole and
 /// written zeros hash differently; that is fine for an integrity check of

@@ -7,7 +7,7 @@
 //! installed copy, never whatever the build directory holds by then.
 
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -150,8 +150,8 @@ impl GuestImage {
                     file.file
                 )));
             }
-            let got =
-                hash_file(&path).map_err(|e| image_error(format!("cannot read {}: {e}", path.display())))?;
+            let got = super::disk::file_digest(&path)
+                .map_err(|e| image_error(format!("cannot read {}: {e}", path.display())))?;
             if got != file.blake3 {
                 return Err(image_error(format!(
                     "{} is corrupt: BLAKE3 {got}, manifest says {}",
@@ -175,20 +175,6 @@ fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, SandboxError> {
 
 fn display_list(paths: &[PathBuf]) -> String {
     paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-}
-
-fn hash_file(path: &Path) -> io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    let mut file = fs::File::open(path)?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finalize().to_hex().to_string())
 }
 
 /// The hardware accelerator QEMU uses.
