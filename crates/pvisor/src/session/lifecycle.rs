@@ -468,7 +468,8 @@ impl Session {
     ) -> Result<RunOutcome, RunError> {
         let result = self.result_of(&ending, started_at);
         // A resume that could not even restore leaves the suspension usable.
-        // Only if the restored guest never ran: one that ran may have acted.
+        // Only before the Attempt started: until then the restored guest had
+        // no stdin and no proxy, so it cannot have acted on anything outside.
         let restore_failed_from = match &ending {
             Ending::SetupFailed(_) if self.attempt.state == AttemptState::Preparing => self.resumed_from,
             Ending::SetupFailed(_) | Ending::Finished(_) => None,
