@@ -56,6 +56,31 @@ pub(crate) fn lock_job(store: &Store, job: &JobId) -> Result<OwnerLock, ViewErro
     Ok(OwnerLock::acquire_blocking(&store.job_dir(job).join("recover.lock"))?)
 }
 
+/// Projects a receipt's outcome onto the Attempt and the Job (each only if
+/// its lifecycle allows the move) and records `recovery.reconciled`.
+fn reconcile(
+    store: &Store,
+    job: &mut JobRecord,
+    attempt_id: &AttemptId,
+    attempt_state: AttemptState,
+    state: JobState,
+) -> Result<(), ViewError> {
+    let now = Timestamp::now();
+    let mut attempt: AttemptRecord = store.read(&store.attempt_file(attempt_id))?;
+    if let Ok(next) = attempt.state.transition(attempt_state) {
+        attempt.state = next;
+        attempt.updated_at = now;
+        store.write(&store.attempt_file(attempt_id), &attempt)?;
+    }
+    if job.state.can_transition(state) {
+        job.state = state;
+        job.updated_at = now;
+        store.write(&store.job_file(&job.id), job)?;
+        append_event(store, job, "recovery.reconciled", json!({"state": state, "attempt": attempt_id}))?;
+    }
+    Ok(())
+}
+
 /// Recovers `job` if its owner is gone (see the module doc).
 pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
@@ -80,29 +105,13 @@ pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
     match completion::load(store, job_id, &attempt_id)? {
         Some((receipt, _bundle)) => {
             let state = receipt.result.state.job_state();
-            let mut attempt: AttemptRecord = store.read(&store.attempt_file(&attempt_id))?;
-            if let Ok(next) = attempt.state.transition(receipt.result.state.attempt_state()) {
-                attempt.state = next;
-                attempt.updated_at = now;
-                store.write(&store.attempt_file(&attempt_id), &attempt)?;
-            }
             if run.result.is_none() || run.state != state {
                 run.result = Some(receipt.result.clone());
                 run.state = state;
                 run.updated_at = now;
                 store.write(&store.run_file(&run.id), &run)?;
             }
-            if job.state.can_transition(state) {
-                job.state = state;
-                job.updated_at = now;
-                store.write(&store.job_file(job_id), &job)?;
-                append_event(
-                    store,
-                    &job,
-                    "recovery.reconciled",
-                    json!({"state": state, "attempt": attempt_id}),
-                )?;
-            }
+            reconcile(store, &mut job, &attempt_id, receipt.result.state.attempt_state(), state)?;
             Ok(Recovered::Reconciled(state))
         }
         None if suspension::load(store, job_id, &attempt_id)
@@ -110,28 +119,12 @@ pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
             .is_some() =>
         {
             // The supervisor died after the termination receipt: finish its records.
-            let mut attempt: AttemptRecord = store.read(&store.attempt_file(&attempt_id))?;
-            if let Ok(next) = attempt.state.transition(AttemptState::Hibernated) {
-                attempt.state = next;
-                attempt.updated_at = now;
-                store.write(&store.attempt_file(&attempt_id), &attempt)?;
-            }
             if run.state.can_transition(JobState::Suspended) {
                 run.state = JobState::Suspended;
                 run.updated_at = now;
                 store.write(&store.run_file(&run.id), &run)?;
             }
-            if job.state.can_transition(JobState::Suspended) {
-                job.state = JobState::Suspended;
-                job.updated_at = now;
-                store.write(&store.job_file(job_id), &job)?;
-                append_event(
-                    store,
-                    &job,
-                    "recovery.reconciled",
-                    json!({"state": "suspended", "attempt": attempt_id}),
-                )?;
-            }
+            reconcile(store, &mut job, &attempt_id, AttemptState::Hibernated, JobState::Suspended)?;
             Ok(Recovered::Reconciled(JobState::Suspended))
         }
         None => {
