@@ -157,6 +157,12 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
     /// The executor's name as recorded in Placement (descriptive, not a capability).
     fn name(&self) -> &'static str;
 
+    /// How `attachment` reaches the network with this backend, as recorded in
+    /// the Trace and the Bundle.
+    fn describe_attachment(&self, attachment: NetworkAttachment) -> String {
+        attachment.describe()
+    }
+
     /// Further facts for the Placement record (the vm backend's accelerator and why).
     fn placement_details(&self) -> Vec<(String, String)> {
         Vec::new()

@@ -418,7 +418,7 @@ pub fn admit(
         "admission.network",
         None,
         Some(policy_event),
-        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": if executor == "vm" { pvisor_sandbox::vm::describe_attachment(attachment) } else { attachment.describe() }, "non_bypassable": attachment.non_bypassable()}),
+        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": executor_impl.describe_attachment(attachment), "non_bypassable": attachment.non_bypassable()}),
         false,
     )?;
     trace.emit(

@@ -120,6 +120,10 @@ impl Executor for VmExecutor {
         "vm"
     }
 
+    fn describe_attachment(&self, attachment: NetworkAttachment) -> String {
+        describe_attachment(attachment)
+    }
+
     fn placement_details(&self) -> Vec<(String, String)> {
         vec![
             ("accelerator".into(), self.accel.accelerator.as_str().into()),
@@ -136,7 +140,7 @@ impl Executor for VmExecutor {
 
 /// How a VM is attached to the network, as recorded in the Bundle. Both
 /// modes are non-bypassable: the guest has no network device at all.
-pub fn describe_attachment(attachment: NetworkAttachment) -> String {
+fn describe_attachment(attachment: NetworkAttachment) -> String {
     match attachment {
         NetworkAttachment::Isolated => "microVM without a network device".into(),
         NetworkAttachment::ProxyListener { port } => format!(

@@ -377,12 +377,8 @@ impl Session {
             self.network.denied_hosts.iter().map(|(h, n)| (h.clone(), *n)).collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         top.truncate(5);
-        let attachment = match self.spec.vm {
-            Some(_) => pvisor_sandbox::vm::describe_attachment(self.spec.network),
-            None => self.spec.network.describe(),
-        };
         NetworkObservation {
-            attachment,
+            attachment: self.executor.describe_attachment(self.spec.network),
             non_bypassable: self.spec.network.non_bypassable(),
             allowed: self.network.allowed,
             denied: self.network.denied,
