@@ -17,6 +17,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub mod files;
+
 /// The protocol version. A host refuses an agent that answers `Hello` with another.
 pub const VERSION: u32 = 1;
 
@@ -58,12 +60,20 @@ pub enum Request {
     NetClose {
         stream: u32,
     },
-    /// Starts a process in its own session and process group.
+    /// Starts a process in its own session and process group. With `root`
+    /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and
+    /// `/tmp` inside it); `cwd` is then relative to `root`. With `output`,
+    /// stdout and stderr are appended to that guest file instead of being
+    /// streamed (a background command whose log outlives its host).
     Exec {
         id: u32,
         argv: Vec<String>,
         env: Vec<(String, String)>,
         cwd: PathBuf,
+        #[serde(default)]
+        root: Option<PathBuf>,
+        #[serde(default)]
+        output: Option<PathBuf>,
     },
     /// Payload: bytes for the process's stdin.
     Stdin {
@@ -77,14 +87,28 @@ pub enum Request {
         id: u32,
         signal: i32,
     },
-    /// Replies with [`Reply::File`] carrying the contents (at most [`MAX_PAYLOAD`]).
+    /// Replies with [`Reply::File`] carrying the contents from `offset`, at
+    /// most `len` bytes and never more than [`MAX_PAYLOAD`] (callers page).
     ReadFile {
         path: PathBuf,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        len: Option<u64>,
     },
-    /// Payload: the new contents.
+    /// Payload: the new contents (appended with `append`, for paged uploads).
     WriteFile {
         path: PathBuf,
         mode: u32,
+        #[serde(default)]
+        append: bool,
+    },
+    /// File operations for the sandbox file API. Paths are resolved beneath
+    /// `root` ([`resolve_in_root`]): `..` and absolute symlinks stop at it.
+    /// Each answers [`Reply::Done`], [`Reply::Stat`] or [`Reply::Listing`].
+    FileOp {
+        root: PathBuf,
+        op: FileOp,
     },
     /// `sync`, then freeze the writable filesystems. Writers block until `Thaw`.
     Quiesce,
@@ -93,6 +117,10 @@ pub enum Request {
     Restored {
         clock_unix_ns: i64,
     },
+    /// Answers [`Reply::Status`] for exec `id`.
+    Status {
+        id: u32,
+    },
     /// Resends `Exited` for `id` if it has finished (it may have been sent to
     /// a host that no longer exists), then answers `Done`.
     Poll {
@@ -100,6 +128,92 @@ pub enum Request {
     },
     /// Streams the overlay's upper layer as `Entry`/`Data` frames, then `ExportDone`.
     Export,
+}
+
+/// A file operation inside a sandbox root (see [`Request::FileOp`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FileOp {
+    /// Follows a final symlink.
+    Stat { path: PathBuf },
+    /// Entries of a directory; with `depth` > 1, of its subdirectories too
+    /// (at most [`MAX_LISTING`] entries). Names are relative to `path`.
+    List { path: PathBuf, depth: u32 },
+    /// Creates the directory and its parents, then sets `mode` on it.
+    Mkdir { path: PathBuf, mode: u32 },
+    /// Removes a file or symlink; a directory only with `recursive`.
+    Remove { path: PathBuf, recursive: bool },
+    Rename { from: PathBuf, to: PathBuf },
+    /// `mode`, then (when given) owner and group.
+    Chmod { path: PathBuf, mode: Option<u32>, uid: Option<u32>, gid: Option<u32> },
+    /// Creates the parent directories of a file about to be written; both
+    /// this and `Resolve` answer [`Reply::File`] with the resolved guest path.
+    MkParents { path: PathBuf },
+    Resolve { path: PathBuf },
+}
+
+/// Metadata of one file, as the sandbox file API reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// The path relative to the listed directory (a `List`), or as asked (`Stat`).
+    pub path: PathBuf,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+/// Most entries one `List` returns.
+pub const MAX_LISTING: usize = 100_000;
+
+/// Resolves `path` beneath `root` like `openat2(RESOLVE_IN_ROOT)`: `..` never
+/// climbs above `root`, and absolute symlink targets restart at `root`. The
+/// final component is followed only with `follow`. Returns the guest path.
+pub fn resolve_in_root(root: &std::path::Path, path: &std::path::Path, follow: bool) -> io::Result<PathBuf> {
+    use std::path::Component;
+    let mut pending: Vec<std::ffi::OsString> =
+        path.components().rev().filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        }).collect();
+    let mut resolved: Vec<std::ffi::OsString> = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        if part == ".." {
+            resolved.pop();
+            continue;
+        }
+        let mut candidate = root.to_path_buf();
+        candidate.extend(&resolved);
+        candidate.push(&part);
+        let last = pending.is_empty();
+        match std::fs::symlink_metadata(&candidate) {
+            Ok(meta) if meta.file_type().is_symlink() && (follow || !last) => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = std::fs::read_link(&candidate)?;
+                if target.is_absolute() {
+                    resolved.clear();
+                }
+                pending.extend(target.components().rev().filter_map(|c| match c {
+                    Component::Normal(n) => Some(n.to_os_string()),
+                    Component::ParentDir => Some("..".into()),
+                    _ => None,
+                }));
+            }
+            _ => resolved.push(part),
+        }
+    }
+    let mut out = root.to_path_buf();
+    out.extend(&resolved);
+    Ok(out)
 }
 
 /// What a staged entry in the upper layer is.
@@ -173,6 +287,21 @@ pub enum Reply {
         opaque: bool,
     },
     Data,
+    Stat {
+        stat: FileStat,
+    },
+    /// `running` while its process group leader lives; `code`/`signal` once
+    /// it exited; neither for an id this guest never ran.
+    Status {
+        id: u32,
+        running: bool,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    Listing {
+        entries: Vec<FileStat>,
+        truncated: bool,
+    },
     ExportDone {
         entries: u64,
         bytes: u64,

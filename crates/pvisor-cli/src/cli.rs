@@ -40,6 +40,84 @@ pub enum Command {
     Doctor(DoctorArgs),
     Jobs(JobsArgs),
     Events(EventsArgs),
+    Serve(ServeArgs),
+    Image(ImageArgs),
+    #[command(hide = true)]
+    SandboxSupervisor(SandboxSupervisorArgs),
+}
+
+/// Serve the OpenSandbox lifecycle and execd APIs over pvisor microVMs.
+///
+/// Each sandbox (`sb-<id>`) is a vm Job: a QEMU microVM (KVM when usable,
+/// else TCG) booting the named image's root filesystem, with no network
+/// device. Pause saves its execution state to disk and stops the VM; resume
+/// restores it. A sandbox's execd API is served under
+/// `/sandboxes/{id}/port/44772/` on the same listener, and needs the access
+/// token that `GET /v1/sandboxes/{id}/endpoints/44772` returns.
+///
+/// On SIGTERM or Ctrl-C, every Running sandbox is paused, then the daemon
+/// exits; after a restart they are listed Paused and resume on request.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor serve                                  http://127.0.0.1:8080, no API key\n  pvisor serve --api-key-file ~/.pvisor-key     require OPEN-SANDBOX-API-KEY\n  pvisor serve --listen 0.0.0.0:8080 --api-key-file key\n\nPython: SandboxSync.create(\"default\", connection_config=ConnectionConfigSync(\n          domain=\"127.0.0.1:8080\", protocol=\"http\", api_key=KEY))"
+)]
+pub struct ServeArgs {
+    /// The address to listen on. Without --api-key-file only loopback is allowed.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// A file whose first line is the API key clients send as OPEN-SANDBOX-API-KEY.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// The longest `timeout` (and renewal) a sandbox may ask for.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime_duration)]
+    pub max_timeout: std::time::Duration,
+}
+
+/// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor image import python:3.11 ./rootfs-dir\n  pvisor image import alpine rootfs.tar.gz\n  pvisor image import myapp:1 ./oci-layout     (skopeo copy ... oci:DIR)\n  pvisor image ls --json\n\nThe image `default` (sh, bash, coreutils) is imported by `pvisor serve` from\nscripts/sandbox-image.sh's build."
+)]
+pub struct ImageArgs {
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a root filesystem as NAME: a directory, a tar archive (plain,
+    /// gzip, xz or zstd), or an OCI image layout directory. Replaces an image
+    /// of the same name; sandboxes already running keep what they booted.
+    Import {
+        /// The name clients pass as `image.uri` (e.g. python:3.11).
+        name: String,
+        /// DIR, TAR or OCI-LAYOUT.
+        source: PathBuf,
+    },
+    /// List imported images.
+    Ls {
+        /// One JSON object per image.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Internal: supervises one `pvisor serve` sandbox's vm Job (started by the daemon).
+#[derive(Debug, Args)]
+pub struct SandboxSupervisorArgs {
+    /// Where to write `{job, attempt}` once the Job is admitted.
+    #[arg(long)]
+    pub bind: PathBuf,
+    /// The image rootfs (the Job's workspace), for a new sandbox.
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    #[arg(long, default_value = "512")]
+    pub memory_mib: u64,
+    #[arg(long, default_value = "1")]
+    pub cpus: u32,
+    /// Resume this suspended Job instead.
+    #[arg(long)]
+    pub resume: Option<String>,
 }
 
 /// Run a command in a sandbox over a workspace; its writes are staged, not applied.

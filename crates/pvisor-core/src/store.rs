@@ -98,6 +98,12 @@ impl Store {
     pub fn jobs_dir(&self) -> PathBuf {
         self.root.join("jobs")
     }
+
+    /// The root filesystems `pvisor serve` sandboxes boot (`pvisor image`).
+    /// The only place inside the state directory a (vm) workspace may be.
+    pub fn sandbox_images_dir(&self) -> PathBuf {
+        self.root.join("sandbox-images")
+    }
     pub fn job_dir(&self, job: &JobId) -> PathBuf {
         self.jobs_dir().join(job.as_str())
     }

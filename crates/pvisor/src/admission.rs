@@ -244,7 +244,10 @@ pub fn admit(
     if state.starts_with(&workspace) {
         return Err(AdmissionError::WorkspaceContainsState { workspace, state });
     }
-    if workspace.starts_with(&state) {
+    // A vm guest sees only an ext4 copy of its workspace, so a sandbox
+    // image's rootfs (which holds no state) may be one.
+    let image_rootfs = executor == "vm" && workspace.starts_with(store.sandbox_images_dir());
+    if workspace.starts_with(&state) && !image_rootfs {
         return Err(AdmissionError::WorkspaceInsideState { workspace, state });
     }
     let cwd = match &request.cwd {

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvisor_agent::{
-    read_frame, write_frame, EntryKind, Reply, Request, LOWER_SERIAL, PORT_NAME, UPPER_SERIAL,
+    files, read_frame, write_frame, EntryKind, Reply, Request, LOWER_SERIAL, PORT_NAME, UPPER_SERIAL,
 };
 
 const LOWER_MNT: &str = "/mnt/pvisor/lower";
@@ -374,7 +374,9 @@ impl Agent {
                     }
                 }
             }
-            Request::Exec { id, argv, env, cwd } => self.exec(id, argv, env, cwd),
+            Request::Exec { id, argv, env, cwd, root, output } => {
+                self.exec(id, argv, env, cwd, root.as_deref(), output.as_deref())
+            }
             Request::Stdin { id } => {
                 let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(stdin) = table.stdin.get(&id) {
@@ -393,31 +395,27 @@ impl Agent {
                     unsafe { libc::kill(-pgid, signal) };
                 }
             }
-            Request::ReadFile { path } => match fs::read(&path) {
-                Ok(bytes) if bytes.len() <= pvisor_agent::MAX_PAYLOAD as usize => {
-                    self.send(Reply::File { path }, bytes)
-                }
-                Ok(_) => self.send(
-                    Reply::Error {
-                        op: "read_file".into(),
-                        message: format!("{} is too large", path.display()),
-                    },
-                    Vec::new(),
-                ),
+            Request::ReadFile { path, offset, len } => match read_range(&path, offset, len) {
+                Ok(bytes) => self.send(Reply::File { path }, bytes),
                 Err(e) => {
                     self.send(Reply::Error { op: "read_file".into(), message: e.to_string() }, Vec::new())
                 }
             },
-            Request::WriteFile { path, mode } => {
+            Request::WriteFile { path, mode, append } => {
                 let result = OpenOptions::new()
                     .write(true)
                     .create(true)
-                    .truncate(true)
+                    .truncate(!append)
+                    .append(append)
                     .mode(mode)
                     .open(&path)
                     .and_then(|mut f| f.write_all(&payload));
                 self.done("write_file", result)
             }
+            Request::FileOp { root, op } => match files::run(&root, op) {
+                Ok(reply) => self.send(reply, Vec::new()),
+                Err(e) => self.send(Reply::Error { op: "file".into(), message: e.to_string() }, Vec::new()),
+            },
             Request::Quiesce => match quiesce() {
                 Ok(frozen) => {
                     self.gate.queue_quiesced();
@@ -454,6 +452,13 @@ impl Agent {
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
                 self.send(Reply::Restored { clock_step_ns: step, entropy_avail }, Vec::new());
+            }
+            Request::Status { id } => {
+                let table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+                let running = table.groups.contains_key(&id);
+                let (code, signal) = table.finished.get(&id).copied().unwrap_or((None, None));
+                drop(table);
+                self.send(Reply::Status { id, running, code, signal }, Vec::new());
             }
             Request::Poll { id } => {
                 let finished =
@@ -509,26 +514,70 @@ impl Agent {
         Ok(())
     }
 
-    fn exec(&mut self, id: u32, argv: Vec<String>, env: Vec<(String, String)>, cwd: PathBuf) {
+    fn exec(
+        &mut self,
+        id: u32,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: PathBuf,
+        root: Option<&Path>,
+        output: Option<&Path>,
+    ) {
+        let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
-            return self.send(
-                Reply::ExecFailed { id, errno: libc::EINVAL, message: "empty argv".into() },
-                Vec::new(),
-            );
+            return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
         };
         let mut command = Command::new(program);
-        command
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .current_dir(&cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe.
+        command.args(args).env_clear().envs(env).stdin(Stdio::piped());
+        let open_log = |path: &Path| {
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            OpenOptions::new().create(true).append(true).mode(0o600).open(path)
+        };
+        match output.map(open_log) {
+            None => {
+                command.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
+            Some(Ok(log)) => match log.try_clone() {
+                Ok(copy) => {
+                    command.stdout(copy).stderr(log);
+                }
+                Err(e) => return self.send(failed(libc::EIO, e.to_string()), Vec::new()),
+            },
+            Some(Err(e)) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                return self.send(failed(errno, format!("cannot open the log: {e}")), Vec::new());
+            }
+        }
+        let confine = match root.map(|r| prepare_root(r).map(|()| r)) {
+            Some(Err(e)) => return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new()),
+            Some(Ok(r)) => Some(
+                CString::new(r.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
+            ),
+            None => None,
+        };
+        let cwd = match CString::new(cwd.as_os_str().as_bytes()) {
+            Ok(c) => c,
+            Err(_) => return self.send(failed(libc::EINVAL, "cwd has a NUL byte".into()), Vec::new()),
+        };
+        let confine = match confine.transpose() {
+            Ok(c) => c,
+            Err(e) => return self.send(failed(libc::EINVAL, e.to_string()), Vec::new()),
+        };
+        // SAFETY: setsid, chroot and chdir are async-signal-safe; the
+        // CStrings were built before the fork.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if let Some(root) = &confine {
+                    if libc::chroot(root.as_ptr()) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::chdir(cwd.as_ptr()) < 0 {
                     return Err(io::Error::last_os_error());
                 }
                 Ok(())
@@ -668,6 +717,42 @@ fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
     );
     mount("overlay", &workspace.to_string_lossy(), "overlay", 0, &options)
         .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
+}
+
+/// Reads at most `len` bytes (and at most `MAX_PAYLOAD`) from `offset`.
+fn read_range(path: &Path, offset: u64, len: Option<u64>) -> io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let limit = len.unwrap_or(u64::MAX).min(u64::from(pvisor_agent::MAX_PAYLOAD));
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Makes a sandbox root usable by chrooted commands: `/proc`, `/dev` (with
+/// `/dev/pts` and `/dev/shm`) and a world-writable `/tmp`. Idempotent.
+fn prepare_root(root: &Path) -> io::Result<()> {
+    let proc_dir = root.join("proc");
+    if proc_dir.join("self").exists() {
+        return Ok(());
+    }
+    for (dir, mode) in [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777)] {
+        let path = root.join(dir);
+        if !path.is_dir() {
+            fs::create_dir_all(&path)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        }
+    }
+    let at = |dir: &str| root.join(dir).to_string_lossy().into_owned();
+    mount("proc", &at("proc"), "proc", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "")?;
+    mount("devtmpfs", &at("dev"), "devtmpfs", libc::MS_NOSUID, "")?;
+    for (dir, fstype, data) in [("dev/pts", "devpts", "newinstance,ptmxmode=0666"), ("dev/shm", "tmpfs", "mode=1777")] {
+        let _ = fs::create_dir_all(root.join(dir));
+        let _ = mount(fstype, &at(dir), fstype, libc::MS_NOSUID | libc::MS_NOEXEC, data);
+    }
+    let _ = mount("sysfs", &at("sys"), "sysfs", libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "");
+    Ok(())
 }
 
 fn quiesce() -> io::Result<Vec<PathBuf>> {

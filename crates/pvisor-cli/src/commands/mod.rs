@@ -11,6 +11,7 @@ mod jobs;
 mod kill;
 mod review;
 mod run;
+mod serve;
 mod status;
 
 use anyhow::Context;
@@ -38,6 +39,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Gc(args) => archive::cmd_gc(args),
         Command::Jobs(args) => jobs::cmd_jobs(args),
         Command::Events(args) => events::cmd_events(args),
+        Command::Serve(args) => serve::cmd_serve(args),
+        Command::Image(args) => serve::cmd_image(args),
+        Command::SandboxSupervisor(args) => serve::cmd_sandbox_supervisor(args),
     }
 }
 

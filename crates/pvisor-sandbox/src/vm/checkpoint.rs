@@ -35,14 +35,19 @@ pub fn control_socket(vm_dir: &Path) -> PathBuf {
     vm_dir.join(CONTROL_SOCKET)
 }
 
-/// What `pvisor checkpoint --kind execution` and `pvisor suspend` ask for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What `pvisor checkpoint --kind execution` and `pvisor suspend` ask for,
+/// and the guest access of [`super::guest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum ControlRequest {
     /// Save and continue.
     Checkpoint,
     /// Save, then stop the VM; the Attempt ends hibernated.
     Suspend,
+    /// Start another command in the guest and relay it ([`super::guest::exec`]).
+    Exec(super::guest::ExecSpec),
+    /// One agent request; `payload` bytes follow the line ([`super::guest::call`]).
+    Call { request: Box<Request>, payload: u32 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -143,7 +148,8 @@ pub fn list(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Takes a checkpoint of the live VM (the control thread's side).
-pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecCheckpoint>, String> {
+/// Takes a checkpoint; with `suspend` the VM is then stopped instead of continued.
+pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>, String> {
     let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
     if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
         return Err("the VM is already suspended".into());
@@ -212,16 +218,13 @@ pub(super) fn take(shared: &Shared, request: ControlRequest) -> Result<Box<ExecC
         }
     };
     pvisor_core::failpoint::hit("vm-after-publish");
-    match request {
-        ControlRequest::Checkpoint => {
-            shared.qmp::<qmp::Empty>(&qmp::Command::Cont)?;
-            shared.call_held(&mut held, &Request::Thaw, &[], timeout)?;
-        }
-        ControlRequest::Suspend => {
-            *shared.suspended.lock().unwrap_or_else(|p| p.into_inner()) = Some(manifest.clone());
-            // The waiter reaps QEMU and reports the suspension.
-            let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Quit);
-        }
+    if suspend {
+        *shared.suspended.lock().unwrap_or_else(|p| p.into_inner()) = Some(manifest.clone());
+        // The waiter reaps QEMU and reports the suspension.
+        let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Quit);
+    } else {
+        shared.qmp::<qmp::Empty>(&qmp::Command::Cont)?;
+        shared.call_held(&mut held, &Request::Thaw, &[], timeout)?;
     }
     Ok(Box::new(manifest))
 }

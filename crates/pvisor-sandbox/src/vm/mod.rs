@@ -17,6 +17,7 @@
 pub mod checkpoint;
 mod disk;
 mod export;
+pub mod guest;
 pub mod image;
 mod qmp;
 
@@ -332,10 +333,14 @@ enum AgentEvent {
     Gone(String),
 }
 
+/// Where the replies of execs started through [`guest::exec`] go, by exec id.
+type Sinks = Arc<Mutex<HashMap<u32, Sender<(Reply, Vec<u8>)>>>>;
+
 /// State shared by the waiter, the control thread and the signaller.
 #[derive(Debug)]
 struct Shared {
     agent: Arc<Mutex<UnixStream>>,
+    sinks: Sinks,
     credits: Arc<Credits>,
     replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
     /// Serialises multi-step agent/QMP operations (checkpoint, export).
@@ -590,15 +595,17 @@ impl VmProcess {
         let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
         let agent = Arc::new(Mutex::new(agent));
         let writer = agent.clone();
+        let sinks = Sinks::default();
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
             .spawn({
-                let credits = credits.clone();
-                move || read_agent(reader, replies_tx, events_tx, net, writer, credits)
+                let (credits, sinks) = (credits.clone(), sinks.clone());
+                move || read_agent(reader, replies_tx, events_tx, net, writer, credits, sinks)
             })
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
             agent,
+            sinks,
             credits,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
@@ -651,7 +658,14 @@ impl VmProcess {
                 (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
             }
             let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
-            let exec = Request::Exec { id: EXEC_ID, argv, env: spec.env.clone(), cwd: spec.cwd.clone() };
+            let exec = Request::Exec {
+                id: EXEC_ID,
+                argv,
+                env: spec.env.clone(),
+                cwd: spec.cwd.clone(),
+                root: None,
+                output: None,
+            };
             match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
                 (Reply::Started { .. }, _) => {}
                 (Reply::ExecFailed { errno, message, .. }, _) => {
@@ -838,8 +852,9 @@ impl NetBridge {
     }
 }
 
-/// Routes agent frames: output to our stdout/stderr, proxy streams to the
-/// proxy, the exit to the waiter, everything else to whoever holds the op lock.
+/// Routes agent frames: the command's output to our stdout/stderr, other
+/// execs' replies to their relays, proxy streams to the proxy, the exit to
+/// the waiter, everything else to whoever holds the op lock.
 fn read_agent(
     mut stream: UnixStream,
     replies: SyncSender<(Reply, Vec<u8>)>,
@@ -847,9 +862,26 @@ fn read_agent(
     net: NetBridge,
     agent: Arc<Mutex<UnixStream>>,
     credits: Arc<Credits>,
+    sinks: Sinks,
 ) {
     loop {
-        match read_frame::<Reply>(&mut stream) {
+        let frame = read_frame::<Reply>(&mut stream);
+        if let Ok(Some((reply, bytes))) = &frame {
+            if let Some(id) = relayed_exec(reply) {
+                let mut sinks = sinks.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(sink) = sinks.get(&id) {
+                    let last = matches!(reply, Reply::Exited { .. } | Reply::ExecFailed { .. });
+                    if sink.send((reply.clone(), bytes.clone())).is_err() || last {
+                        sinks.remove(&id);
+                    }
+                    continue;
+                }
+            }
+        }
+        match frame {
+            Ok(Some((Reply::Stdout { id, .. } | Reply::Stderr { id, .. }, _))) if id != EXEC_ID => {
+                // A relayed exec whose caller went away: its output has no reader.
+            }
             Ok(Some((Reply::Stdout { .. }, bytes))) => {
                 let _ = sys::write_all(1, &bytes);
             }
@@ -862,7 +894,8 @@ fn read_agent(
             Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
                 let _ = events.send(AgentEvent::Exited { code, signal });
             }
-            Ok(Some((Reply::StdinAck { .. }, _))) => credits.release(Credit::Stdin),
+            Ok(Some((Reply::StdinAck { id }, _))) if id == EXEC_ID => credits.release(Credit::Stdin),
+            Ok(Some((Reply::StdinAck { .. }, _))) => {}
             Ok(Some((Reply::NetAck { stream }, _))) => credits.release(Credit::Stream(stream)),
             Ok(Some(reply)) => {
                 if replies.send(reply).is_err() {
@@ -878,6 +911,18 @@ fn read_agent(
                 return;
             }
         }
+    }
+}
+
+/// The exec a reply belongs to, when it is not the Attempt's own command.
+fn relayed_exec(reply: &Reply) -> Option<u32> {
+    match reply {
+        Reply::Started { id, .. }
+        | Reply::ExecFailed { id, .. }
+        | Reply::Stdout { id }
+        | Reply::Stderr { id }
+        | Reply::Exited { id, .. } => Some(*id).filter(|id| *id != EXEC_ID),
+        _ => None,
     }
 }
 
@@ -930,11 +975,18 @@ fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
 }
 
 fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
-    BufReader::new(stream.try_clone()?).read_line(&mut line)?;
+    reader.read_line(&mut line)?;
     let response = match serde_json::from_str::<ControlRequest>(&line) {
         Err(e) => ControlResponse::Error { message: format!("bad control request: {e}") },
-        Ok(request) => match checkpoint::take(shared, request) {
+        Ok(ControlRequest::Exec(spec)) => return relay_exec(shared, spec, reader, stream),
+        Ok(ControlRequest::Call { request, payload }) => {
+            let payload = guest::read_payload(&mut reader, payload)?;
+            let (reply, bytes) = guest_call(shared, *request, &payload);
+            return write_frame(&mut &stream, &reply, &bytes);
+        }
+        Ok(request) => match checkpoint::take(shared, request == ControlRequest::Suspend) {
             Ok(manifest) => ControlResponse::Checkpointed { manifest },
             Err(message) => ControlResponse::Error { message },
         },
@@ -942,6 +994,84 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
     let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
     out.push(b'\n');
     (&stream).write_all(&out)
+}
+
+/// One agent request for a guest-access caller. Only requests that answer
+/// with exactly one reply are passed through; the rest would confuse the
+/// Attempt's own use of the channel.
+fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (Reply, Vec<u8>) {
+    let refuse = |message: String| (Reply::Error { op: "call".into(), message }, Vec::new());
+    match request {
+        Request::ReadFile { .. } | Request::WriteFile { .. } | Request::FileOp { .. } | Request::Status { .. } => {}
+        // Signals have no reply; they need no op lock either.
+        Request::Signal { id, .. } if id != EXEC_ID => {
+            return match shared.send(&request, &[]) {
+                Ok(()) => (Reply::Done { op: "signal".into() }, Vec::new()),
+                Err(e) => refuse(format!("cannot reach the agent: {e}")),
+            };
+        }
+        _ => return refuse(format!("{request:?} is not a guest-access request")),
+    }
+    // Serialised with checkpoints and other calls, so replies cannot cross.
+    let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        return refuse("the VM is suspended".into());
+    }
+    match shared.call(&request, payload, Duration::from_secs(60)) {
+        Ok(answer) => answer,
+        Err(message) => refuse(message),
+    }
+}
+
+/// Starts `spec` and relays it until it exits or the caller hangs up.
+fn relay_exec(shared: &Shared, spec: guest::ExecSpec, mut from: BufReader<UnixStream>, to: UnixStream) -> io::Result<()> {
+    let id = spec.id;
+    let (tx, rx) = mpsc::channel();
+    {
+        let mut sinks = shared.sinks.lock().unwrap_or_else(|p| p.into_inner());
+        if id == EXEC_ID || sinks.contains_key(&id) {
+            let message = format!("exec id {id} is in use");
+            return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
+        }
+        sinks.insert(id, tx);
+    }
+    let exec = Request::Exec {
+        id,
+        argv: spec.argv,
+        env: spec.env,
+        cwd: spec.cwd,
+        root: spec.root,
+        output: spec.output,
+    };
+    if let Err(e) = shared.send(&exec, &[]) {
+        shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let message = format!("cannot reach the agent: {e}");
+        return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EIO, message }, &[]);
+    }
+    // The caller's signals and stdin, forced to this exec's id.
+    let agent = shared.agent.clone();
+    std::thread::Builder::new().name("pvisor-vm-relay-in".into()).spawn(move || {
+        while let Ok(Some((request, payload))) = read_frame::<Request>(&mut from) {
+            let request = match request {
+                Request::Stdin { .. } => Request::Stdin { id },
+                Request::CloseStdin { .. } => Request::CloseStdin { id },
+                Request::Signal { signal, .. } => Request::Signal { id, signal },
+                _ => continue,
+            };
+            let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+            if write_frame(&mut *agent, &request, &payload).is_err() {
+                return;
+            }
+        }
+    })?;
+    for (reply, bytes) in rx {
+        if write_frame(&mut &to, &reply, &bytes).is_err() {
+            // The caller hung up; the process keeps running (see `guest`).
+            shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            break;
+        }
+    }
+    Ok(())
 }
 
 impl SandboxProcess for VmProcess {
@@ -1094,19 +1224,25 @@ impl SandboxProcess for VmProcess {
     }
 }
 
+/// Connects to the control socket of the live supervisor of an Attempt
+/// (through `/proc/self/fd` when the path is too long for `sun_path`).
+fn connect_control(vm_dir: &Path) -> Result<UnixStream, String> {
+    let path = checkpoint::control_socket(vm_dir);
+    let dir = fs::File::open(vm_dir).map_err(|e| format!("no VM directory at {} ({e})", vm_dir.display()))?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
+    let target = if path.as_os_str().len() < 100 { path.clone() } else { short };
+    UnixStream::connect(&target).map_err(|e| {
+        format!("the VM's supervisor is not reachable at {} ({e}); is the Job running?", path.display())
+    })
+}
+
 /// Sends a control request to the live supervisor of an Attempt.
 pub fn control(
     vm_dir: &Path,
     request: &ControlRequest,
     timeout: Duration,
 ) -> Result<ControlResponse, String> {
-    let path = checkpoint::control_socket(vm_dir);
-    let dir = fs::File::open(vm_dir).map_err(|e| format!("no VM directory at {} ({e})", vm_dir.display()))?;
-    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
-    let target = if path.as_os_str().len() < 100 { path.clone() } else { short };
-    let stream = UnixStream::connect(&target).map_err(|e| {
-        format!("the VM's supervisor is not reachable at {} ({e}); is the Job running?", path.display())
-    })?;
+    let stream = connect_control(vm_dir)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let mut line = serde_json::to_vec(request).map_err(|e| e.to_string())?;
     line.push(b'\n');

@@ -1,0 +1,156 @@
+//! The guest side of the sandbox file API ([`Request::FileOp`](crate::Request::FileOp)):
+//! each operation resolved beneath a sandbox root with
+//! [`resolve_in_root`](crate::resolve_in_root). Plain std, so it is unit-tested on the host.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, MAX_LISTING};
+
+/// Runs `op` beneath `root` and returns the reply to send.
+pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
+    let done = |op: &str| Reply::Done { op: op.into() };
+    match op {
+        FileOp::Stat { path } => {
+            let meta = fs::metadata(resolve_in_root(root, &path, true)?)?;
+            Ok(Reply::Stat { stat: stat_of(path, &meta) })
+        }
+        FileOp::List { path, depth } => {
+            let dir = resolve_in_root(root, &path, true)?;
+            let mut entries = Vec::new();
+            let truncated = list(&dir, Path::new(""), depth.max(1), &mut entries)?;
+            Ok(Reply::Listing { entries, truncated })
+        }
+        FileOp::Mkdir { path, mode } => {
+            let dir = resolve_in_root(root, &path, true)?;
+            fs::create_dir_all(&dir)?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode & 0o7777))?;
+            Ok(done("mkdir"))
+        }
+        FileOp::MkParents { path } => {
+            let file = resolve_in_root(root, &path, true)?;
+            if let Some(parent) = file.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            Ok(Reply::File { path: file })
+        }
+        FileOp::Resolve { path } => Ok(Reply::File { path: resolve_in_root(root, &path, true)? }),
+        FileOp::Remove { path, recursive } => {
+            let target = resolve_in_root(root, &path, false)?;
+            if target == root {
+                return Err(io::Error::new(io::ErrorKind::PermissionDenied, "refusing to remove the sandbox root"));
+            }
+            let meta = fs::symlink_metadata(&target)?;
+            match (meta.is_dir(), recursive) {
+                (true, true) => fs::remove_dir_all(&target)?,
+                (true, false) => fs::remove_dir(&target)?,
+                (false, _) => fs::remove_file(&target)?,
+            }
+            Ok(done("remove"))
+        }
+        FileOp::Rename { from, to } => {
+            let (from, to) = (resolve_in_root(root, &from, false)?, resolve_in_root(root, &to, false)?);
+            if let Some(parent) = to.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::rename(from, to)?;
+            Ok(done("rename"))
+        }
+        FileOp::Chmod { path, mode, uid, gid } => {
+            let target = resolve_in_root(root, &path, true)?;
+            if let Some(mode) = mode {
+                fs::set_permissions(&target, fs::Permissions::from_mode(mode & 0o7777))?;
+            }
+            if uid.is_some() || gid.is_some() {
+                std::os::unix::fs::chown(&target, uid, gid)?;
+            }
+            Ok(done("chmod"))
+        }
+    }
+}
+
+/// Appends the entries below `dir` (named relative to the listed directory)
+/// down to `depth` levels; true when [`MAX_LISTING`] cut the listing short.
+fn list(dir: &Path, prefix: &Path, depth: u32, out: &mut Vec<FileStat>) -> io::Result<bool> {
+    let mut names: Vec<_> = fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    names.sort();
+    for name in names {
+        if out.len() >= MAX_LISTING {
+            return Ok(true);
+        }
+        let path = dir.join(&name);
+        let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+        let relative = prefix.join(&name);
+        out.push(stat_of(relative.clone(), &meta));
+        if meta.is_dir() && depth > 1 && list(&path, &relative, depth - 1, out)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn stat_of(path: PathBuf, meta: &fs::Metadata) -> FileStat {
+    let kind = if meta.is_dir() {
+        EntryKind::Dir
+    } else if meta.file_type().is_symlink() {
+        EntryKind::Symlink
+    } else {
+        EntryKind::File
+    };
+    FileStat {
+        path,
+        kind,
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn paths_and_absolute_symlinks_stay_beneath_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("etc")).unwrap();
+        symlink("/etc", root.join("abs")).unwrap();
+        symlink("../../../..", root.join("up")).unwrap();
+        assert_eq!(resolve_in_root(&root, Path::new("/../../etc/x"), true).unwrap(), root.join("etc/x"));
+        assert_eq!(resolve_in_root(&root, Path::new("abs/passwd"), true).unwrap(), root.join("etc/passwd"));
+        assert_eq!(resolve_in_root(&root, Path::new("up/etc"), true).unwrap(), root.join("etc"));
+        // The final symlink itself, for remove and rename.
+        assert_eq!(resolve_in_root(&root, Path::new("abs"), false).unwrap(), root.join("abs"));
+        symlink("loop", root.join("loop")).unwrap();
+        assert!(resolve_in_root(&root, Path::new("loop/x"), true).is_err());
+    }
+
+    #[test]
+    fn file_ops_work_beneath_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        run(root, FileOp::Mkdir { path: "/a/b".into(), mode: 0o750 }).unwrap();
+        fs::write(root.join("a/b/f"), b"hey").unwrap();
+        let Reply::Stat { stat } = run(root, FileOp::Stat { path: "/a/b/f".into() }).unwrap() else { panic!() };
+        assert_eq!((stat.size, stat.kind), (3, EntryKind::File));
+        run(root, FileOp::Rename { from: "/a/b/f".into(), to: "/c/g".into() }).unwrap();
+        let Reply::Listing { entries, truncated } = run(root, FileOp::List { path: "/".into(), depth: 3 }).unwrap()
+        else {
+            panic!()
+        };
+        let names: Vec<_> = entries.iter().map(|e| e.path.to_string_lossy().into_owned()).collect();
+        assert_eq!(names, ["a", "a/b", "c", "c/g"]);
+        assert!(!truncated);
+        assert!(run(root, FileOp::Remove { path: "/a".into(), recursive: false }).is_err());
+        run(root, FileOp::Remove { path: "/a".into(), recursive: true }).unwrap();
+        assert!(run(root, FileOp::Remove { path: "/".into(), recursive: true }).is_err());
+        assert!(root.join("c/g").exists());
+    }
+}

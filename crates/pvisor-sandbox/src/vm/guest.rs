@@ -1,0 +1,114 @@
+//! Guest access for whoever owns a live vm Attempt (the `pvisor serve`
+//! daemon): more commands inside the running VM, and agent calls such as file
+//! operations, over the Attempt's control socket.
+//!
+//! Wire format on the socket: one JSON [`ControlRequest`] line, then
+//! - `exec`: AgentCtl frames both ways. The supervisor relays the exec's
+//!   [`Reply`]s (`Started`/`ExecFailed`, output, `Exited`) and accepts
+//!   `Stdin`/`CloseStdin`/`Signal` [`Request`]s, whose id it forces to the
+//!   exec's own. Closing the socket does not signal the process: the caller
+//!   decides (a background command must outlive its request).
+//! - `call`: `payload` raw bytes follow the line; the answer is one frame.
+
+use std::io::{self, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_agent::{read_frame, write_frame, Reply, Request};
+
+use super::checkpoint::ControlRequest;
+
+/// A command to start inside a running VM (see [`Request::Exec`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Chosen by the caller, unique for the guest's lifetime (it survives
+    /// suspend and resume); the Attempt's own command is id 1.
+    pub id: u32,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub root: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+}
+
+/// The caller's end of a relayed exec.
+#[derive(Debug)]
+pub struct ExecChannel {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    id: u32,
+}
+
+impl ExecChannel {
+    /// The next reply of this exec; `None` when the supervisor went away.
+    pub fn next(&mut self) -> io::Result<Option<(Reply, Vec<u8>)>> {
+        read_frame(&mut self.reader)
+    }
+
+    pub fn signal(&mut self, signal: i32) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::Signal { id: self.id, signal }, &[])
+    }
+
+    pub fn close_stdin(&mut self) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::CloseStdin { id: self.id }, &[])
+    }
+
+    /// A handle that can signal the exec while another thread reads it.
+    pub fn signaller(&self) -> io::Result<ExecSignaller> {
+        Ok(ExecSignaller { writer: self.writer.try_clone()?, id: self.id })
+    }
+}
+
+/// Signals a relayed exec from another thread.
+#[derive(Debug)]
+pub struct ExecSignaller {
+    writer: UnixStream,
+    id: u32,
+}
+
+impl ExecSignaller {
+    pub fn signal(&mut self, signal: i32) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::Signal { id: self.id, signal }, &[])
+    }
+}
+
+/// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
+pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, String> {
+    let id = spec.id;
+    let stream = super::connect_control(vm_dir)?;
+    let mut line = serde_json::to_vec(&ControlRequest::Exec(spec)).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    let writer = stream.try_clone().map_err(|e| e.to_string())?;
+    Ok(ExecChannel { reader: BufReader::new(stream), writer, id })
+}
+
+/// One agent request (file operations, `Poll`) answered by one reply.
+pub fn call(vm_dir: &Path, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+    let stream = super::connect_control(vm_dir)?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let call = ControlRequest::Call { request: Box::new(request.clone()), payload: payload.len() as u32 };
+    let mut line = serde_json::to_vec(&call).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    line.extend_from_slice(payload);
+    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    match read_frame::<Reply>(&mut (&stream)) {
+        Ok(Some((Reply::Error { op, message }, _))) => Err(format!("the guest failed {op}: {message}")),
+        Ok(Some(reply)) => Ok(reply),
+        Ok(None) => Err("the VM's supervisor closed the connection".into()),
+        Err(e) => Err(format!("no answer from the VM's supervisor: {e}")),
+    }
+}
+
+/// Reads a `call`'s payload that follows its request line.
+pub(super) fn read_payload(reader: &mut impl Read, len: u32) -> io::Result<Vec<u8>> {
+    if len > pvisor_agent::MAX_PAYLOAD {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "payload exceeds the protocol limit"));
+    }
+    let mut payload = vec![0; len as usize];
+    reader.read_exact(&mut payload)?;
+    Ok(payload)
+}

@@ -1,0 +1,819 @@
+//! The execd API (`execd-api.yaml`) of one sandbox, served by the daemon
+//! under `/sandboxes/{id}/port/44772/` and carried into the guest over the
+//! VM's control socket ([`pvisor_sandbox::vm::guest`]): commands stream as
+//! SSE, files go through the agent's file operations, beneath the image
+//! rootfs the commands are chrooted in.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::body::Bytes;
+use hyper::{HeaderMap, Method, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use pvisor_agent::{EntryKind, FileOp, FileStat, Reply, Request};
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::vm::guest;
+
+use crate::http::{self, json, ApiError, ApiResult, Body};
+use crate::sandbox::{command_env, CommandRecord, Daemon, SandboxRecord, GUEST_LOG_DIR};
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Page size of file transfers through the agent (below its frame limit).
+const CHUNK: u64 = 8 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunCommand {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    background: bool,
+    /// Milliseconds.
+    timeout: Option<u64>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Permission {
+    owner: Option<String>,
+    group: Option<String>,
+    #[serde(default = "default_mode")]
+    mode: u32,
+}
+
+fn default_mode() -> u32 {
+    755
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenameItem {
+    src: String,
+    dest: String,
+}
+
+/// Runs a blocking guest operation off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+}
+
+/// The guest's error text as an HTTP error: missing files are 404.
+fn guest_error(message: String) -> ApiError {
+    if message.contains("No such file") || message.contains("os error 2") {
+        ApiError::not_found(message)
+    } else if message.contains("Is a directory") || message.contains("Not a directory") || message.contains("not empty") {
+        ApiError::bad_request(message)
+    } else {
+        ApiError::internal(message)
+    }
+}
+
+struct Guest {
+    record: SandboxRecord,
+    vm_dir: PathBuf,
+}
+
+impl Guest {
+    fn op(&self, op: FileOp) -> Result<Reply, ApiError> {
+        let request = Request::FileOp { root: self.record.rootfs.clone(), op };
+        guest::call(&self.vm_dir, &request, &[], CALL_TIMEOUT).map(|(r, _)| r).map_err(guest_error)
+    }
+
+    fn resolved(&self, op: FileOp) -> Result<PathBuf, ApiError> {
+        match self.op(op)? {
+            Reply::File { path } => Ok(path),
+            other => Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+        }
+    }
+
+    fn stat(&self, path: &str) -> Result<FileStat, ApiError> {
+        match self.op(FileOp::Stat { path: path.into() })? {
+            Reply::Stat { stat } => Ok(stat),
+            other => Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+        }
+    }
+
+    fn read(&self, guest_path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, ApiError> {
+        let request = Request::ReadFile { path: guest_path.to_owned(), offset, len: Some(len) };
+        guest::call(&self.vm_dir, &request, &[], CALL_TIMEOUT).map(|(_, b)| b).map_err(guest_error)
+    }
+
+    /// Writes `data` to `path` (creating parents), in pages; then its mode and owner.
+    fn write(&self, path: &str, data: &[u8], mode: u32, owner: Option<u32>, group: Option<u32>) -> Result<(), ApiError> {
+        let target = self.resolved(FileOp::MkParents { path: path.into() })?;
+        let mut first = true;
+        let mut chunks = data.chunks(CHUNK as usize).peekable();
+        if chunks.peek().is_none() {
+            let request = Request::WriteFile { path: target.clone(), mode, append: false };
+            guest::call(&self.vm_dir, &request, &[], CALL_TIMEOUT).map_err(guest_error)?;
+        }
+        for chunk in chunks {
+            let request = Request::WriteFile { path: target.clone(), mode, append: !first };
+            guest::call(&self.vm_dir, &request, chunk, CALL_TIMEOUT).map_err(guest_error)?;
+            first = false;
+        }
+        self.op(FileOp::Chmod { path: path.into(), mode: Some(mode), uid: owner, gid: group })?;
+        Ok(())
+    }
+}
+
+fn connect(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> Result<Guest, ApiError> {
+    let record = daemon.get(id)?;
+    let token = headers.get("x-execd-access-token").map(|v| v.as_bytes()).unwrap_or(b"");
+    if !http::constant_time_eq(token, record.token.as_bytes()) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "missing or wrong X-EXECD-ACCESS-TOKEN; use the headers that GET /sandboxes/{id}/endpoints/44772 returns",
+        ));
+    }
+    let (record, vm_dir) = daemon.live_vm_dir(id)?;
+    Ok(Guest { record, vm_dir })
+}
+
+/// The FileInfo schema; owner and group by name from the image's files.
+fn file_info(display: &str, stat: &FileStat, names: &Names) -> Value {
+    let kind = match stat.kind {
+        EntryKind::Dir => "directory",
+        EntryKind::File => "file",
+        EntryKind::Symlink => "symlink",
+        _ => "other",
+    };
+    let time = |ns: i64| Timestamp::from(std::time::UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)).to_string();
+    json!({
+        "path": display,
+        "type": kind,
+        "size": stat.size,
+        "modified_at": time(stat.mtime_ns),
+        "created_at": time(stat.ctime_ns),
+        "owner": names.user(stat.uid),
+        "group": names.group(stat.gid),
+        // The spec writes modes as octal digits in decimal (755).
+        "mode": format!("{:o}", stat.mode).parse::<u32>().unwrap_or(0),
+    })
+}
+
+/// User and group names of the image (its /etc/passwd and /etc/group).
+struct Names {
+    users: BTreeMap<u32, String>,
+    groups: BTreeMap<u32, String>,
+}
+
+impl Names {
+    fn load(rootfs: &Path) -> Self {
+        let table = |file: &str| -> BTreeMap<u32, String> {
+            std::fs::read_to_string(rootfs.join(file))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split(':').collect();
+                    Some((f.get(2)?.parse().ok()?, (*f.first()?).to_owned()))
+                })
+                .collect()
+        };
+        Self { users: table("etc/passwd"), groups: table("etc/group") }
+    }
+    fn user(&self, uid: u32) -> String {
+        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+    fn group(&self, gid: u32) -> String {
+        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+    fn uid(&self, name: &str) -> Result<u32, ApiError> {
+        name.parse().ok().or_else(|| self.users.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
+            .ok_or_else(|| ApiError::bad_request(format!("no user {name:?} in the image")))
+    }
+    fn gid(&self, name: &str) -> Result<u32, ApiError> {
+        name.parse().ok().or_else(|| self.groups.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
+            .ok_or_else(|| ApiError::bad_request(format!("no group {name:?} in the image")))
+    }
+}
+
+/// `755` (octal digits written in decimal, as the spec does) → 0o755.
+fn octal_mode(mode: u32) -> Result<u32, ApiError> {
+    u32::from_str_radix(&mode.to_string(), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| ApiError::bad_request(format!("mode {mode} is not an octal permission like 644 or 755")))
+}
+
+pub async fn route<B>(
+    daemon: &Arc<Daemon>,
+    id: &str,
+    method: &Method,
+    rest: &[&str],
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: B,
+) -> ApiResult
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let guest = connect(daemon, id, headers)?;
+    let q = http::query_pairs(query);
+    let names = Names::load(&guest.record.rootfs);
+    let small = |body: B| http::read_body(body, 16 << 20);
+    match (method, rest) {
+        (&Method::GET, ["ping"]) => Ok(http::empty(StatusCode::OK)),
+        (&Method::POST, ["command"]) => {
+            let request: RunCommand = http::parse_json(&small(body).await?, "RunCommandRequest")?;
+            run_command(daemon.clone(), guest, request).await
+        }
+        (&Method::DELETE, ["command"]) => {
+            let cmd = http::query_one(&q, "id").ok_or_else(|| ApiError::bad_request("id is required"))?.to_owned();
+            interrupt(daemon, guest, &cmd).await
+        }
+        (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
+        (&Method::GET, ["command", cmd, "logs"]) => command_logs(guest, cmd, http::query_one(&q, "cursor")).await,
+        (&Method::GET, ["files", "info"]) => {
+            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+            if paths.is_empty() {
+                return Err(ApiError::bad_request("path is required"));
+            }
+            blocking(move || {
+                let mut out = serde_json::Map::new();
+                for p in paths {
+                    let stat = guest.stat(&p)?;
+                    out.insert(p.clone(), file_info(&p, &stat, &names));
+                }
+                Ok(json(StatusCode::OK, &out))
+            })
+            .await
+        }
+        (&Method::DELETE, ["files"]) => {
+            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+            blocking(move || {
+                for p in paths {
+                    if guest.stat(&p).is_ok_and(|s| s.kind == EntryKind::Dir) {
+                        return Err(ApiError::bad_request(format!("{p} is a directory; use DELETE /directories")));
+                    }
+                    guest.op(FileOp::Remove { path: p.into(), recursive: false })?;
+                }
+                Ok(http::empty(StatusCode::OK))
+            })
+            .await
+        }
+        (&Method::POST, ["files", "permissions"]) => {
+            let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "permissions map")?;
+            blocking(move || {
+                for (p, perm) in map {
+                    let uid = perm.owner.as_deref().map(|o| names.uid(o)).transpose()?;
+                    let gid = perm.group.as_deref().map(|g| names.gid(g)).transpose()?;
+                    guest.op(FileOp::Chmod { path: p.into(), mode: Some(octal_mode(perm.mode)?), uid, gid })?;
+                }
+                Ok(http::empty(StatusCode::OK))
+            })
+            .await
+        }
+        (&Method::POST, ["files", "mv"]) => {
+            let items: Vec<RenameItem> = http::parse_json(&small(body).await?, "rename list")?;
+            blocking(move || {
+                for item in items {
+                    guest.op(FileOp::Rename { from: item.src.into(), to: item.dest.into() })?;
+                }
+                Ok(http::empty(StatusCode::OK))
+            })
+            .await
+        }
+        (&Method::GET, ["files", "search"]) => {
+            let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
+            let pattern = http::query_one(&q, "pattern").unwrap_or("**").to_owned();
+            blocking(move || search(&guest, &names, &root, &pattern)).await
+        }
+        (&Method::GET, ["directories", "list"]) => {
+            let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
+            let depth: u32 = match http::query_one(&q, "depth") {
+                Some(d) => d.parse().map_err(|_| ApiError::bad_request("depth must be an integer"))?,
+                None => 1,
+            };
+            blocking(move || {
+                let entries = list(&guest, &root, depth.max(1))?;
+                let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, &names)).collect();
+                Ok(json(StatusCode::OK, &out))
+            })
+            .await
+        }
+        (&Method::POST, ["directories"]) => {
+            let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "directories map")?;
+            blocking(move || {
+                for (p, perm) in map {
+                    guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
+                    let uid = perm.owner.as_deref().map(|o| names.uid(o)).transpose()?;
+                    let gid = perm.group.as_deref().map(|g| names.gid(g)).transpose()?;
+                    if uid.is_some() || gid.is_some() {
+                        guest.op(FileOp::Chmod { path: p.into(), mode: None, uid, gid })?;
+                    }
+                }
+                Ok(http::empty(StatusCode::OK))
+            })
+            .await
+        }
+        (&Method::DELETE, ["directories"]) => {
+            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+            blocking(move || {
+                for p in paths {
+                    guest.op(FileOp::Remove { path: p.into(), recursive: true })?;
+                }
+                Ok(http::empty(StatusCode::OK))
+            })
+            .await
+        }
+        (&Method::POST, ["files", "upload"]) => {
+            let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+            let bytes = http::read_body(body, 1 << 30).await?;
+            blocking(move || upload(&guest, &names, &content_type, &bytes)).await
+        }
+        (&Method::GET, ["files", "download"]) => {
+            let path = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
+            let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            download(guest, path, range).await
+        }
+        (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
+        (_, ["code", ..]) | (_, ["session", ..]) => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "NOT_IMPLEMENTED",
+            "pvisor serve implements commands and files; code contexts and bash sessions are not implemented (docs/cli-reference.md)",
+        )),
+        (_, ["files", "replace"]) | (_, ["metrics", "watch"]) => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "NOT_IMPLEMENTED",
+            "this execd route is not implemented by pvisor serve (docs/cli-reference.md)",
+        )),
+        _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
+    }
+}
+
+fn join_display(root: &str, relative: &Path) -> String {
+    let root = root.trim_end_matches('/');
+    format!("{root}/{}", relative.display())
+}
+
+fn list(guest: &Guest, root: &str, depth: u32) -> Result<Vec<FileStat>, ApiError> {
+    match guest.op(FileOp::List { path: root.into(), depth })? {
+        Reply::Listing { entries, .. } => Ok(entries),
+        other => Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+    }
+}
+
+fn search(guest: &Guest, names: &Names, root: &str, pattern: &str) -> ApiResult {
+    let entries = list(guest, root, 64)?;
+    let out: Vec<Value> = entries
+        .iter()
+        .filter(|e| e.kind != EntryKind::Dir)
+        .filter(|e| {
+            let rel = e.path.to_string_lossy();
+            let base = e.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            // A pattern without a slash matches the file name at any depth, like `find -name`.
+            if pattern.contains('/') { glob_match(pattern, &rel) } else { glob_match(pattern, &base) }
+        })
+        .map(|e| file_info(&join_display(root, &e.path), e, names))
+        .collect();
+    Ok(json(StatusCode::OK, &out))
+}
+
+/// Glob with `*` (within a segment), `**` (across segments) and `?`.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    fn go(p: &[u8], t: &[u8]) -> bool {
+        match p.first() {
+            None => t.is_empty(),
+            Some(b'*') if p.get(1) == Some(&b'*') => {
+                let rest = if p.get(2) == Some(&b'/') { &p[3..] } else { &p[2..] };
+                (0..=t.len()).any(|i| go(rest, &t[i..]))
+            }
+            Some(b'*') => (0..=t.len()).take_while(|&i| i == 0 || t[i - 1] != b'/').any(|i| go(&p[1..], &t[i..])),
+            Some(b'?') => t.first().is_some_and(|c| *c != b'/') && go(&p[1..], &t[1..]),
+            Some(c) => t.first() == Some(c) && go(&p[1..], &t[1..]),
+        }
+    }
+    go(pattern.as_bytes(), text.as_bytes())
+}
+
+fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiResult {
+    let boundary = content_type
+        .split(';')
+        .filter_map(|p| p.trim().strip_prefix("boundary="))
+        .next()
+        .map(|b| b.trim_matches('"').to_owned())
+        .ok_or_else(|| ApiError::bad_request("files/upload needs a multipart/form-data body with a boundary"))?;
+    let parts = crate::multipart::parse(body, &boundary).map_err(ApiError::bad_request)?;
+    let mut pending: Option<Value> = None;
+    let mut written = 0;
+    for part in parts {
+        match part.name.as_str() {
+            "metadata" => {
+                pending = Some(serde_json::from_slice(&part.data).map_err(|e| ApiError::bad_request(format!("invalid metadata part: {e}")))?)
+            }
+            "file" => {
+                let meta = pending.take().ok_or_else(|| ApiError::bad_request("a file part must follow its metadata part"))?;
+                let path = meta["path"].as_str().ok_or_else(|| ApiError::bad_request("metadata.path is required"))?;
+                let mode = octal_mode(meta["mode"].as_u64().unwrap_or(644) as u32)?;
+                let owner = meta["owner"].as_str().map(|o| names.uid(o)).transpose()?;
+                let group = meta["group"].as_str().map(|g| names.gid(g)).transpose()?;
+                guest.write(path, &part.data, mode, owner, group)?;
+                written += 1;
+            }
+            other => return Err(ApiError::bad_request(format!("unexpected multipart field {other:?} (want metadata, file)"))),
+        }
+    }
+    if written == 0 {
+        return Err(ApiError::bad_request("the upload contained no file part"));
+    }
+    Ok(http::empty(StatusCode::OK))
+}
+
+/// `bytes=a-b`, `bytes=a-`, `bytes=-n` → (start, end inclusive).
+fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
+    let spec = header.strip_prefix("bytes=")?.split(',').next()?.trim();
+    let (a, b) = spec.split_once('-')?;
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().ok()?;
+            (size.saturating_sub(n), size.checked_sub(1)?)
+        }
+        (a, "") => (a.parse().ok()?, size.checked_sub(1)?),
+        (a, b) => (a.parse().ok()?, b.parse::<u64>().ok()?.min(size.checked_sub(1)?)),
+    };
+    (start <= end && start < size).then_some((start, end))
+}
+
+async fn download(guest: Guest, path: String, range: Option<String>) -> ApiResult {
+    let (guest, stat, target) = blocking(move || {
+        let stat = guest.stat(&path)?;
+        if stat.kind == EntryKind::Dir {
+            return Err(ApiError::bad_request(format!("{path} is a directory")));
+        }
+        let target = guest.resolved(FileOp::Resolve { path: path.into() })?;
+        Ok((guest, stat, target))
+    })
+    .await?;
+    let size = stat.size;
+    let (status, start, end) = match range.as_deref() {
+        None => (StatusCode::OK, 0, size),
+        Some(r) => match parse_range(r, size) {
+            Some((s, e)) => (StatusCode::PARTIAL_CONTENT, s, e + 1),
+            None => {
+                let mut resp = ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RANGE_NOT_SATISFIABLE", format!("range {r:?} does not fit a {size}-byte file")).into_response();
+                resp.headers_mut().insert("content-range", format!("bytes */{size}").parse().expect("ascii"));
+                return Ok(resp);
+            }
+        },
+    };
+    let (tx, body) = http::channel_body(4);
+    tokio::task::spawn_blocking(move || {
+        let mut offset = start;
+        while offset < end {
+            let len = (end - offset).min(CHUNK);
+            match guest.read(&target, offset, len) {
+                Ok(bytes) if !bytes.is_empty() => {
+                    offset += bytes.len() as u64;
+                    if tx.blocking_send(Bytes::from(bytes)).is_err() {
+                        return;
+                    }
+                }
+                // Shrunk or unreadable mid-transfer: end the body short.
+                _ => return,
+            }
+        }
+    });
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert("content-type", "application/octet-stream".parse().expect("static"));
+    h.insert("content-length", (end - start).to_string().parse().expect("ascii"));
+    h.insert("accept-ranges", "bytes".parse().expect("static"));
+    if status == StatusCode::PARTIAL_CONTENT {
+        h.insert("content-range", format!("bytes {start}-{}/{size}", end - 1).parse().expect("ascii"));
+    }
+    Ok(resp)
+}
+
+fn metrics(guest: &Guest) -> ApiResult {
+    let read = |p: &str| -> Result<String, ApiError> { Ok(String::from_utf8_lossy(&guest.read(Path::new(p), 0, 1 << 20)?).into_owned()) };
+    let meminfo = read("/proc/meminfo")?;
+    let kib = |key: &str| -> f64 {
+        meminfo.lines().find_map(|l| l.strip_prefix(key)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0.0)
+    };
+    let (total, available) = (kib("MemTotal:"), kib("MemAvailable:"));
+    let cpu = || -> Result<(f64, f64), ApiError> {
+        let stat = read("/proc/stat")?;
+        let fields: Vec<f64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|n| n.parse().ok()).collect();
+        let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
+        Ok((fields.iter().sum(), idle))
+    };
+    let (t0, i0) = cpu()?;
+    std::thread::sleep(Duration::from_millis(100));
+    let (t1, i1) = cpu()?;
+    let used = if t1 > t0 { 100.0 * (1.0 - (i1 - i0) / (t1 - t0)) } else { 0.0 };
+    let cpus = read("/proc/stat")?.lines().filter(|l| l.starts_with("cpu") && !l.starts_with("cpu ")).count();
+    Ok(json(
+        StatusCode::OK,
+        &json!({
+            "cpu_count": cpus as f64,
+            "cpu_used_pct": (used * 10.0).round() / 10.0,
+            "mem_total_mib": total / 1024.0,
+            "mem_used_mib": (total - available) / 1024.0,
+            "timestamp": http::unix_ms(),
+        }),
+    ))
+}
+
+/// One SSE event: `data: {json}\n\n`, with the integer `timestamp` the SDK requires.
+fn event(mut value: Value) -> Bytes {
+    value["timestamp"] = json!(http::unix_ms());
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> ApiResult {
+    let id = guest.record.id.clone();
+    let argv = match (&request.command, &request.argv) {
+        (_, Some(argv)) if !argv.is_empty() => argv.clone(),
+        (Some(cmd), _) if !cmd.is_empty() => {
+            let shell = if guest.record.rootfs.join("bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
+            vec![shell.into(), "-c".into(), cmd.clone()]
+        }
+        _ => return Err(ApiError::bad_request("command (or argv) is required")),
+    };
+    if request.gid.is_some() && request.uid.is_none() {
+        return Err(ApiError::bad_request("gid requires uid"));
+    }
+    let argv = match request.uid {
+        // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
+        Some(uid) => {
+            let gid = request.gid.unwrap_or(uid);
+            let mut v = vec!["/usr/bin/setpriv".into(), format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--".into()];
+            if !guest.record.rootfs.join("usr/bin/setpriv").exists() {
+                return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
+            }
+            v.extend(argv);
+            v
+        }
+        None => argv,
+    };
+    let exec_id = daemon.next_exec_id(&id)?;
+    let command_id = format!("cmd-{exec_id}");
+    let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
+    let spec = guest::ExecSpec {
+        id: exec_id,
+        argv,
+        env: command_env(&guest.record, &request.envs),
+        cwd: request.cwd.clone().unwrap_or_else(|| "/".into()).into(),
+        root: Some(guest.record.rootfs.clone()),
+        output: request.background.then(|| PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+    };
+    let vm_dir = guest.vm_dir.clone();
+    let (mut channel, first) = blocking(move || {
+        let mut channel = guest::exec(&vm_dir, spec).map_err(ApiError::internal)?;
+        let first = channel.next().map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok((channel, first))
+    })
+    .await?;
+    let started_at = Timestamp::now();
+    let failed = match &first {
+        Some((Reply::Started { .. }, _)) => None,
+        Some((Reply::ExecFailed { errno, message, .. }, _)) => Some((if *errno == libc::ENOENT { 127 } else { 126 }, message.clone())),
+        other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
+    };
+    let _ = daemon.update(&id, |r| {
+        r.commands.insert(
+            command_id.clone(),
+            CommandRecord {
+                exec_id,
+                command: text.clone(),
+                background: request.background,
+                started_at,
+                finished_at: failed.as_ref().map(|_| Timestamp::now()),
+                exit_code: failed.as_ref().map(|f| f.0),
+                error: failed.as_ref().map(|f| f.1.clone()),
+            },
+        );
+        Ok(())
+    });
+    let (tx, body) = http::channel_body(64);
+    let _ = tx.send(event(json!({ "type": "init", "text": command_id }))).await;
+    if let Some((code, message)) = failed {
+        let _ = tx.send(error_event(code, &message)).await;
+        return Ok(sse(body));
+    }
+    if request.background {
+        let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
+        return Ok(sse(body));
+    }
+    let signaller = Arc::new(Mutex::new(channel.signaller().ok()));
+    daemon.running.lock().unwrap_or_else(|p| p.into_inner()).insert((id.clone(), command_id.clone()), signaller.clone());
+    // Cancellation: a client that goes away (or a timeout) kills the command.
+    let cancel = {
+        let (tx, signaller) = (tx.clone(), signaller.clone());
+        let timeout = request.timeout.map(Duration::from_millis);
+        tokio::spawn(async move {
+            let timed_out = match timeout {
+                Some(t) => tokio::time::timeout(t, tx.closed()).await.is_err(),
+                None => {
+                    tx.closed().await;
+                    false
+                }
+            };
+            kill_exec(&signaller);
+            timed_out
+        })
+    };
+    let started = Instant::now();
+    let daemon2 = daemon.clone();
+    tokio::task::spawn_blocking(move || {
+        let (mut out_buf, mut err_buf) = (Vec::new(), Vec::new());
+        let flush = |buf: &mut Vec<u8>, kind: &str, all: bool| -> Vec<Bytes> {
+            let mut events = Vec::new();
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                events.push(event(json!({ "type": kind, "text": String::from_utf8_lossy(&line) })));
+            }
+            if all && !buf.is_empty() {
+                events.push(event(json!({ "type": kind, "text": String::from_utf8_lossy(buf) })));
+                buf.clear();
+            }
+            events
+        };
+        let outcome = loop {
+            match channel.next() {
+                Ok(Some((Reply::Stdout { .. }, bytes))) => {
+                    out_buf.extend_from_slice(&bytes);
+                    let big = out_buf.len() > 64 << 10;
+                    for e in flush(&mut out_buf, "stdout", big) {
+                        let _ = tx.blocking_send(e);
+                    }
+                }
+                Ok(Some((Reply::Stderr { .. }, bytes))) => {
+                    err_buf.extend_from_slice(&bytes);
+                    let big = err_buf.len() > 64 << 10;
+                    for e in flush(&mut err_buf, "stderr", big) {
+                        let _ = tx.blocking_send(e);
+                    }
+                }
+                Ok(Some((Reply::Exited { code, signal, .. }, _))) => break Ok(code.unwrap_or(128 + signal.unwrap_or(0))),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break Err("the sandbox stopped (paused or killed) while the command ran".to_string()),
+            }
+        };
+        for e in flush(&mut out_buf, "stdout", true).into_iter().chain(flush(&mut err_buf, "stderr", true)) {
+            let _ = tx.blocking_send(e);
+        }
+        let elapsed = started.elapsed().as_millis() as u64;
+        let (exit_code, error) = match &outcome {
+            Ok(code) => (Some(*code), None),
+            Err(message) => (None, Some(message.clone())),
+        };
+        let final_event = match outcome {
+            Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
+            Ok(code) => error_event(code, &format!("exit status {code}")),
+            Err(message) => event(json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } })),
+        };
+        let _ = tx.blocking_send(final_event);
+        cancel.abort();
+        daemon2.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), command_id.clone()));
+        let _ = daemon2.update(&id, |r| {
+            if let Some(c) = r.commands.get_mut(&command_id) {
+                c.finished_at = Some(Timestamp::now());
+                c.exit_code = exit_code;
+                c.error = error;
+            }
+            Ok(())
+        });
+    });
+    Ok(sse(body))
+}
+
+/// SIGTERM, then SIGKILL after two seconds.
+fn kill_exec(signaller: &Arc<Mutex<Option<guest::ExecSignaller>>>) {
+    if let Some(s) = signaller.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        let _ = s.signal(libc::SIGTERM);
+    }
+    let signaller = signaller.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        if let Some(s) = signaller.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = s.signal(libc::SIGKILL);
+        }
+    });
+}
+
+fn error_event(code: i32, message: &str) -> Bytes {
+    event(json!({
+        "type": "error",
+        "error": { "ename": "CommandExecError", "evalue": code.to_string(), "traceback": [message] },
+    }))
+}
+
+fn sse(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert("content-type", "text/event-stream".parse().expect("static"));
+    h.insert("cache-control", "no-cache".parse().expect("static"));
+    resp
+}
+
+fn command_of(guest: &Guest, cmd: &str) -> Result<CommandRecord, ApiError> {
+    guest.record.commands.get(cmd).cloned().ok_or_else(|| ApiError::not_found(format!("no command {cmd} in sandbox {}", guest.record.id)))
+}
+
+async fn interrupt(daemon: &Arc<Daemon>, guest: Guest, cmd: &str) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    let key = (guest.record.id.clone(), cmd.to_owned());
+    if let Some(signaller) = daemon.running.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned() {
+        kill_exec(&signaller);
+        return Ok(http::empty(StatusCode::OK));
+    }
+    blocking(move || {
+        for signal in [libc::SIGTERM, libc::SIGKILL] {
+            let request = Request::Signal { id: record.exec_id, signal };
+            guest::call(&guest.vm_dir, &request, &[], CALL_TIMEOUT).map_err(guest_error)?;
+            std::thread::sleep(Duration::from_millis(if signal == libc::SIGTERM { 500 } else { 0 }));
+        }
+        Ok(http::empty(StatusCode::OK))
+    })
+    .await
+}
+
+async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    let cmd = cmd.to_owned();
+    blocking(move || {
+        let (running, exit_code) = if record.finished_at.is_some() {
+            (false, record.exit_code)
+        } else {
+            match guest::call(&guest.vm_dir, &Request::Status { id: record.exec_id }, &[], CALL_TIMEOUT) {
+                Ok((Reply::Status { running, code, signal, .. }, _)) => (running, code.or(signal.map(|s| 128 + s))),
+                Ok(other) => return Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+                Err(e) => return Err(guest_error(e)),
+            }
+        };
+        Ok(json(
+            StatusCode::OK,
+            &json!({
+                "id": cmd,
+                "content": record.command,
+                "running": running,
+                "exit_code": exit_code,
+                "error": record.error,
+                "started_at": record.started_at.to_string(),
+                "finished_at": record.finished_at.map(|t| t.to_string()),
+            }),
+        ))
+    })
+    .await
+}
+
+async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    if !record.background {
+        return Err(ApiError::bad_request(format!("{cmd} ran in the foreground; its output was streamed, not logged")));
+    }
+    let cursor: Option<usize> = match cursor {
+        Some(c) => Some(c.parse().map_err(|_| ApiError::bad_request("cursor must be a non-negative integer"))?),
+        None => None,
+    };
+    blocking(move || {
+        let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
+        let bytes = match guest.read(&path, 0, u64::from(pvisor_agent::MAX_PAYLOAD)) {
+            Ok(b) => b,
+            Err(e) if e.status == StatusCode::NOT_FOUND => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        let skip = cursor.unwrap_or(0).min(lines.len());
+        let body: String = lines[skip..].concat();
+        let mut resp = Response::new(http::full(body));
+        resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
+        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", lines.len().to_string().parse().expect("ascii"));
+        Ok(resp)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_and_ranges() {
+        assert!(glob_match("*.txt", "a.txt"));
+        assert!(!glob_match("*.txt", "d/a.txt"));
+        assert!(glob_match("**/*.txt", "d/e/a.txt"));
+        assert!(glob_match("**", "d/e/a.txt"));
+        assert!(glob_match("a?c", "abc"));
+        assert_eq!(parse_range("bytes=0-3", 10), Some((0, 3)));
+        assert_eq!(parse_range("bytes=5-", 10), Some((5, 9)));
+        assert_eq!(parse_range("bytes=-4", 10), Some((6, 9)));
+        assert_eq!(parse_range("bytes=20-30", 10), None);
+        assert_eq!(octal_mode(755).unwrap(), 0o755);
+        assert!(octal_mode(789).is_err());
+    }
+}

@@ -1,0 +1,382 @@
+//! Sandbox root filesystems by name: `pvisor image import NAME SRC`,
+//! `pvisor image ls`, and the built-in `default` image.
+//!
+//! Layout: `$PVISOR_HOME/sandbox-images/<blake3(name)[..16]>/` holds
+//! `rootfs/` and `image.json`. An import is built in a `.partial-*`
+//! directory and renamed into place, so a half-imported image never exists.
+//! A sandbox boots its image's rootfs as the read-only lower layer of its VM.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_core::time::Timestamp;
+
+/// The name of the image `scripts/sandbox-image.sh` builds.
+pub const DEFAULT: &str = "default";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ImageRecord {
+    pub name: String,
+    /// Where it was imported from, and as what (`dir`, `tar`, `oci-layout`).
+    pub source: String,
+    pub kind: String,
+    pub imported_at: Timestamp,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct ImageError(pub String);
+
+impl std::fmt::Display for ImageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ImageError {}
+
+fn err(message: impl Into<String>) -> ImageError {
+    ImageError(message.into())
+}
+
+#[derive(Clone, Debug)]
+pub struct ImageStore {
+    dir: PathBuf,
+}
+
+impl ImageStore {
+    pub fn new(store: &pvisor_core::store::Store) -> Self {
+        Self { dir: store.sandbox_images_dir() }
+    }
+
+    fn slot(&self, name: &str) -> PathBuf {
+        self.dir.join(&blake3::hash(name.as_bytes()).to_hex()[..16])
+    }
+
+    /// The rootfs of `name`, if imported.
+    pub fn rootfs(&self, name: &str) -> Option<PathBuf> {
+        let slot = self.slot(name);
+        slot.join("image.json").is_file().then(|| slot.join("rootfs"))
+    }
+
+    pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(err(format!("cannot read {}: {e}", self.dir.display()))),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path().join("image.json");
+            if let Ok(bytes) = fs::read(&path) {
+                match serde_json::from_slice::<ImageRecord>(&bytes) {
+                    Ok(record) => out.push(record),
+                    Err(e) => return Err(err(format!("{} is corrupt ({e}); re-import that image", path.display()))),
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Imports `source` (a directory, a tar archive, or an OCI image layout
+    /// directory) as `name`, replacing an image of that name.
+    pub fn import(&self, name: &str, source: &Path) -> Result<ImageRecord, ImageError> {
+        validate_name(name)?;
+        let meta = fs::metadata(source).map_err(|e| err(format!("cannot read {}: {e}", source.display())))?;
+        fs::create_dir_all(&self.dir).map_err(|e| err(format!("cannot create {}: {e}", self.dir.display())))?;
+        let partial = self.dir.join(format!(".partial-{}", pvisor_core::ids::new_ulid()));
+        let rootfs = partial.join("rootfs");
+        fs::create_dir_all(&rootfs).map_err(|e| err(format!("cannot create {}: {e}", rootfs.display())))?;
+        let result = (|| {
+            let kind = if meta.is_dir() && source.join("oci-layout").is_file() {
+                import_oci(source, &rootfs)?;
+                "oci-layout"
+            } else if meta.is_dir() {
+                copy_tree(source, &rootfs)?;
+                "dir"
+            } else {
+                unpack(source, &rootfs)?;
+                "tar"
+            };
+            if !rootfs.join("bin/sh").exists() && !rootfs.join("usr/bin/sh").exists() {
+                return Err(err(format!(
+                    "{} has no /bin/sh; sandboxes run commands through sh -c, so import a root filesystem with a shell",
+                    source.display()
+                )));
+            }
+            let (files, bytes) = tree_size(&rootfs);
+            let record = ImageRecord {
+                name: name.to_owned(),
+                source: source.display().to_string(),
+                kind: kind.into(),
+                imported_at: Timestamp::now(),
+                files,
+                bytes,
+            };
+            pvisor_core::store::write_atomic(&partial.join("image.json"), &pvisor_core::store::to_json_bytes(&record))
+                .map_err(|e| err(e.to_string()))?;
+            let slot = self.slot(name);
+            if slot.exists() {
+                // Sandboxes still running from the old rootfs keep it: their VMs
+                // read an ext4 copy made at boot, so the directory can go.
+                let old = self.dir.join(format!(".old-{}", pvisor_core::ids::new_ulid()));
+                fs::rename(&slot, &old).map_err(|e| err(format!("cannot replace {}: {e}", slot.display())))?;
+                let _ = fs::remove_dir_all(&old);
+            }
+            fs::rename(&partial, &slot).map_err(|e| err(format!("cannot publish {}: {e}", slot.display())))?;
+            Ok(record)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&partial);
+        }
+        result
+    }
+
+    /// Imports the built-in image from `built` (`target/sandbox-image/rootfs`)
+    /// when it is missing or older than the build.
+    pub fn ensure_default(&self, built: &Path) -> Result<(), ImageError> {
+        let stamp = built.parent().map(|p| p.join("stamp")).and_then(|s| fs::read_to_string(s).ok());
+        let current = self.list()?.into_iter().find(|r| r.name == DEFAULT);
+        let want_source = format!("{}#{}", built.display(), stamp.as_deref().unwrap_or("").trim());
+        if current.as_ref().is_some_and(|r| r.source == want_source) {
+            return Ok(());
+        }
+        let mut record = self.import(DEFAULT, built)?;
+        record.source = want_source;
+        pvisor_core::store::write_atomic(
+            &self.slot(DEFAULT).join("image.json"),
+            &pvisor_core::store::to_json_bytes(&record),
+        )
+        .map_err(|e| err(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// Image names as the OpenSandbox `image.uri` spells them: `name[:tag]`,
+/// with registry-style slashes. No whitespace or control characters.
+pub fn validate_name(name: &str) -> Result<(), ImageError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
+        && !name.starts_with(['.', '-', '/']);
+    if ok {
+        Ok(())
+    } else {
+        Err(err(format!(
+            "{name:?} is not a valid image name (use letters, digits and . _ - / : @, like python:3.11)"
+        )))
+    }
+}
+
+fn copy_tree(source: &Path, dest: &Path) -> Result<(), ImageError> {
+    let mut from = source.as_os_str().to_owned();
+    from.push("/.");
+    let status = Command::new("cp")
+        .args(["-a", "--reflink=auto", "--"])
+        .arg(&from)
+        .arg(dest)
+        .status()
+        .map_err(|e| err(format!("cannot run cp: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(err(format!("copying {} failed ({status})", source.display())))
+    }
+}
+
+/// Unpacks a tar archive (plain, or compressed as `tar` recognises); the tar
+/// crate refuses entries that would land outside `dest`.
+fn unpack(source: &Path, dest: &Path) -> Result<(), ImageError> {
+    let file = fs::File::open(source).map_err(|e| err(format!("cannot open {}: {e}", source.display())))?;
+    let mut magic = [0u8; 6];
+    let compressed = {
+        use std::io::Read;
+        let n = (&file).read(&mut magic).unwrap_or(0);
+        n >= 2 && (magic.starts_with(&[0x1f, 0x8b]) || magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z']) || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]))
+    };
+    if compressed {
+        return untar_with_tool(source, dest);
+    }
+    let file = fs::File::open(source).map_err(|e| err(format!("cannot open {}: {e}", source.display())))?;
+    let mut archive = tar::Archive::new(file);
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(true);
+    archive
+        .unpack(dest)
+        .map_err(|e| err(format!("{} is not a usable tar archive: {e}", source.display())))
+}
+
+fn untar_with_tool(source: &Path, dest: &Path) -> Result<(), ImageError> {
+    let status = Command::new("tar")
+        .args(["--no-same-owner", "--delay-directory-restore", "-xf"])
+        .arg(source)
+        .arg("-C")
+        .arg(dest)
+        .status()
+        .map_err(|e| err(format!("cannot run tar: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(err(format!("unpacking {} failed ({status})", source.display())))
+    }
+}
+
+/// An OCI image layout: `index.json` → the (first linux/amd64 or only)
+/// manifest → its layers in order, applying `.wh.` whiteouts.
+fn import_oci(layout: &Path, dest: &Path) -> Result<(), ImageError> {
+    let read_json = |path: PathBuf| -> Result<serde_json::Value, ImageError> {
+        let bytes = fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_slice(&bytes).map_err(|e| err(format!("{} is not JSON: {e}", path.display())))
+    };
+    let blob = |digest: &str| -> Result<PathBuf, ImageError> {
+        let (algo, hex) = digest.split_once(':').ok_or_else(|| err(format!("bad digest {digest:?}")))?;
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) || algo.contains('/') {
+            return Err(err(format!("bad digest {digest:?}")));
+        }
+        Ok(layout.join("blobs").join(algo).join(hex))
+    };
+    let index = read_json(layout.join("index.json"))?;
+    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
+    let mut chosen = manifests
+        .iter()
+        .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
+        .or_else(|| manifests.first())
+        .cloned()
+        .ok_or_else(|| err(format!("{} lists no manifest", layout.join("index.json").display())))?;
+    // An index may point at a nested index (multi-platform images).
+    for _ in 0..2 {
+        let media = chosen["mediaType"].as_str().unwrap_or("");
+        if !media.contains("index") {
+            break;
+        }
+        let nested = read_json(blob(chosen["digest"].as_str().unwrap_or(""))?)?;
+        let list = nested["manifests"].as_array().cloned().unwrap_or_default();
+        chosen = list
+            .iter()
+            .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
+            .or_else(|| list.first())
+            .cloned()
+            .ok_or_else(|| err("a nested image index lists no manifest"))?;
+    }
+    let manifest = read_json(blob(chosen["digest"].as_str().unwrap_or(""))?)?;
+    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
+    if layers.is_empty() {
+        return Err(err("the image manifest has no layers"));
+    }
+    for layer in layers {
+        let path = blob(layer["digest"].as_str().unwrap_or(""))?;
+        let scratch = dest.with_extension("layer");
+        let _ = fs::remove_dir_all(&scratch);
+        fs::create_dir_all(&scratch).map_err(|e| err(e.to_string()))?;
+        untar_with_tool(&path, &scratch)?;
+        apply_layer(&scratch, dest).map_err(|e| err(format!("applying layer {}: {e}", path.display())))?;
+        let _ = fs::remove_dir_all(&scratch);
+    }
+    Ok(())
+}
+
+/// Moves one unpacked layer onto `dest`: `.wh.NAME` deletes NAME,
+/// `.wh..wh..opq` empties the directory first.
+fn apply_layer(layer: &Path, dest: &Path) -> io::Result<()> {
+    fn walk(layer: &Path, dest: &Path) -> io::Result<()> {
+        if layer.join(".wh..wh..opq").exists() {
+            if let Ok(entries) = fs::read_dir(dest) {
+                for e in entries.flatten() {
+                    remove(&e.path())?;
+                }
+            }
+        }
+        for entry in fs::read_dir(layer)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name_s = name.to_string_lossy();
+            if name_s == ".wh..wh..opq" {
+                continue;
+            }
+            if let Some(deleted) = name_s.strip_prefix(".wh.") {
+                let _ = remove(&dest.join(deleted));
+                continue;
+            }
+            let (from, to) = (entry.path(), dest.join(&name));
+            let meta = fs::symlink_metadata(&from)?;
+            let existing = fs::symlink_metadata(&to).ok();
+            if meta.is_dir() && existing.as_ref().is_some_and(|m| m.is_dir()) {
+                walk(&from, &to)?;
+                fs::set_permissions(&to, meta.permissions())?;
+            } else {
+                if existing.is_some() {
+                    remove(&to)?;
+                }
+                fs::rename(&from, &to)?;
+            }
+        }
+        Ok(())
+    }
+    fn remove(path: &Path) -> io::Result<()> {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+            Ok(_) => fs::remove_file(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+    walk(layer, dest)
+}
+
+fn tree_size(root: &Path) -> (u64, u64) {
+    let (mut files, mut bytes) = (0, 0);
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            files += 1;
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                bytes += meta.len();
+            }
+        }
+    }
+    (files, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imports_a_directory_and_a_tar_and_refuses_one_without_a_shell() {
+        let home = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(&pvisor_core::store::Store::open(home.path().join("state")).unwrap());
+        let src = home.path().join("src");
+        fs::create_dir_all(src.join("bin")).unwrap();
+        fs::write(src.join("bin/sh"), b"#!fake").unwrap();
+        let record = store.import("app:1", &src).unwrap();
+        assert_eq!((record.kind.as_str(), record.files), ("dir", 2));
+        assert!(store.rootfs("app:1").unwrap().join("bin/sh").is_file());
+
+        let tarball = home.path().join("img.tar");
+        let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
+        builder.append_dir_all(".", &src).unwrap();
+        builder.finish().unwrap();
+        drop(builder);
+        assert_eq!(store.import("app:2", &tarball).unwrap().kind, "tar");
+
+        let empty = home.path().join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        let e = store.import("bad", &empty).unwrap_err();
+        assert!(e.0.contains("no /bin/sh"), "{e}");
+        assert!(store.rootfs("bad").is_none());
+        let names: Vec<_> = store.list().unwrap().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["app:1", "app:2"]);
+        assert!(validate_name("a b").is_err());
+        assert!(validate_name("../x").is_err());
+    }
+}

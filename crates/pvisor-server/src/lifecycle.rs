@@ -1,0 +1,346 @@
+//! The OpenSandbox lifecycle API (`sandbox-lifecycle.yml`): create, list,
+//! get, delete, metadata, pause, resume, renew-expiration, endpoints.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hyper::{HeaderMap, Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::http::{self, json, ApiError, ApiResult};
+use crate::sandbox::{CreateRequest, Daemon, OpError, SandboxRecord, SandboxState, EXECD_PORT};
+
+impl From<OpError> for ApiError {
+    fn from(e: OpError) -> Self {
+        match e {
+            OpError::NotFound(m) => ApiError::not_found(m),
+            OpError::Conflict(m) => ApiError::conflict(m),
+            OpError::Invalid(m) => ApiError::bad_request(m),
+            OpError::Internal(m) => ApiError::internal(m),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateBody {
+    image: Option<ImageSpec>,
+    snapshot_id: Option<String>,
+    platform: Option<Value>,
+    timeout: Option<i64>,
+    resource_limits: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    entrypoint: Option<Vec<String>>,
+    network_policy: Option<Value>,
+    credential_proxy: Option<Value>,
+    #[serde(default)]
+    secure_access: bool,
+    volumes: Option<Vec<Value>>,
+    extensions: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageSpec {
+    uri: String,
+    #[allow(dead_code)]
+    auth: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RenewBody {
+    expires_at: String,
+}
+
+/// Renders a record as the spec's `Sandbox`.
+pub fn sandbox_json(r: &SandboxRecord) -> Value {
+    let mut v = json!({
+        "id": r.id,
+        "image": { "uri": r.image },
+        "status": {
+            "state": r.state.as_str(),
+            "reason": r.reason,
+            "message": r.message,
+            "lastTransitionAt": r.last_transition_at.to_string(),
+        },
+        "metadata": r.metadata,
+        "entrypoint": r.entrypoint,
+        "createdAt": r.created_at.to_string(),
+    });
+    if let Some(t) = r.expires_at {
+        v["expiresAt"] = json!(t.to_string());
+    }
+    if let Some(p) = &r.platform {
+        v["platform"] = p.clone();
+    }
+    v
+}
+
+/// Routes `rest` (the path after `/v1` or `/`) of a lifecycle request.
+pub async fn route(
+    daemon: &Arc<Daemon>,
+    method: &Method,
+    rest: &[&str],
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: hyper::body::Bytes,
+) -> ApiResult {
+    match (method, rest) {
+        (&Method::POST, ["sandboxes"]) => create(daemon, &body),
+        (&Method::GET, ["sandboxes"]) => list(daemon, query),
+        (&Method::GET, ["sandboxes", id]) => Ok(json(StatusCode::OK, &sandbox_json(&daemon.get(id)?))),
+        (&Method::DELETE, ["sandboxes", id]) => {
+            daemon.delete(id, "user_delete")?;
+            Ok(http::empty(StatusCode::NO_CONTENT))
+        }
+        (&Method::PATCH, ["sandboxes", id, "metadata"]) => patch_metadata(daemon, id, &body),
+        (&Method::POST, ["sandboxes", id, "pause"]) => {
+            daemon.pause(id)?;
+            Ok(http::empty(StatusCode::ACCEPTED))
+        }
+        (&Method::POST, ["sandboxes", id, "resume"]) => {
+            daemon.resume(id)?;
+            Ok(http::empty(StatusCode::ACCEPTED))
+        }
+        (&Method::POST, ["sandboxes", id, "renew-expiration"]) => renew(daemon, id, &body),
+        (&Method::GET, ["sandboxes", id, "endpoints", port]) => endpoint(daemon, id, port, query, headers),
+        (_, ["sandboxes", _, "snapshots"]) | (_, ["snapshots", ..]) => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "NOT_IMPLEMENTED",
+            "pvisor serve has no snapshot API; pause/resume keeps a sandbox's execution state (docs/cli-reference.md)",
+        )),
+        (&Method::POST, ["metrics", "events"]) => Ok(http::empty(StatusCode::NO_CONTENT)),
+        (_, ["sandboxes", ..]) => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "METHOD_NOT_ALLOWED",
+            format!("{method} is not allowed on this path"),
+        )),
+        _ => Err(ApiError::not_found(format!("no route for {method} /{}", rest.join("/")))),
+    }
+}
+
+fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
+    let b: CreateBody = http::parse_json(body, "CreateSandboxRequest")?;
+    if b.snapshot_id.is_some() {
+        return Err(ApiError::bad_request("snapshotId is not supported: pvisor serve has no snapshots; create from an image"));
+    }
+    let image = b.image.ok_or_else(|| ApiError::bad_request("image is required (an image imported with `pvisor image import`, or \"default\")"))?;
+    if b.secure_access {
+        // Every pvisor endpoint already carries its access token.
+    }
+    if b.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::bad_request("volumes are not supported by pvisor serve; copy files in with the execd file API"));
+    }
+    if b.network_policy.is_some() || b.credential_proxy.is_some() {
+        return Err(ApiError::bad_request(
+            "networkPolicy/credentialProxy are not supported: pvisor sandboxes have no network at all (no NIC)",
+        ));
+    }
+    if let Some(p) = &b.platform {
+        if p.get("os").and_then(Value::as_str) != Some("linux") || p.get("arch").and_then(Value::as_str) != Some("amd64") {
+            return Err(ApiError::bad_request(format!("platform {p} cannot be satisfied: this host runs linux/amd64 guests only")));
+        }
+    }
+    let _ = b.extensions;
+    for key in b.metadata.keys() {
+        if key.starts_with("opensandbox.io/") {
+            return Err(ApiError::bad_request(format!("metadata key {key:?} uses the reserved opensandbox.io/ prefix")));
+        }
+    }
+    let limits = b.resource_limits.unwrap_or_default();
+    let memory_mib = match limits.get("memory") {
+        Some(m) => parse_memory_mib(m)?,
+        None => 512,
+    };
+    let cpus = match limits.get("cpu") {
+        Some(c) => parse_cpus(c)?,
+        None => 1,
+    };
+    let timeout = match b.timeout {
+        None => None,
+        Some(t) if t < 0 => return Err(ApiError::bad_request("timeout must be positive")),
+        Some(t) => Some(t as u64),
+    };
+    let entrypoint = b.entrypoint.unwrap_or_else(|| vec!["tail".into(), "-f".into(), "/dev/null".into()]);
+    if entrypoint.is_empty() {
+        return Err(ApiError::bad_request("entrypoint must have at least one element"));
+    }
+    let record = daemon.create(CreateRequest {
+        image: image.uri,
+        entrypoint,
+        env: b.env,
+        metadata: b.metadata,
+        resource_limits: limits,
+        platform: b.platform,
+        timeout,
+        memory_mib,
+        cpus,
+    })?;
+    let mut v = sandbox_json(&record);
+    v.as_object_mut().map(|o| o.remove("image"));
+    Ok(json(StatusCode::ACCEPTED, &v))
+}
+
+/// `512Mi`, `2Gi`, `1G`, `1048576` (bytes) → MiB, between 64 MiB and 16 GiB.
+fn parse_memory_mib(s: &str) -> Result<u64, ApiError> {
+    let bad = || ApiError::bad_request(format!("resourceLimits.memory {s:?} is not a size like 512Mi or 2Gi"));
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let mib = match unit {
+        "Ki" => n / 1024.0,
+        "Mi" => n,
+        "Gi" => n * 1024.0,
+        "K" | "k" => n * 1000.0 / 1048576.0,
+        "M" => n * 1e6 / 1048576.0,
+        "G" => n * 1e9 / 1048576.0,
+        "" => n / 1048576.0,
+        _ => return Err(bad()),
+    };
+    let mib = mib.ceil() as u64;
+    if !(64..=16384).contains(&mib) {
+        return Err(ApiError::bad_request(format!("resourceLimits.memory {s:?} must be between 64Mi and 16Gi")));
+    }
+    Ok(mib)
+}
+
+/// `500m` → 1, `2` → 2 (whole vCPUs, at least 1, at most the host's).
+fn parse_cpus(s: &str) -> Result<u32, ApiError> {
+    let bad = || ApiError::bad_request(format!("resourceLimits.cpu {s:?} is not a CPU amount like 500m or 2"));
+    let cores = match s.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().map_err(|_| bad())? / 1000.0,
+        None => s.parse::<f64>().map_err(|_| bad())?,
+    };
+    if !(cores > 0.0) {
+        return Err(bad());
+    }
+    let host = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    Ok((cores.ceil() as u32).clamp(1, host))
+}
+
+fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
+    let q = http::query_pairs(query);
+    let mut states = Vec::new();
+    for s in http::query_all(&q, "state") {
+        states.push(SandboxState::parse(s).ok_or_else(|| ApiError::bad_request(format!("unknown state {s:?}")))?);
+    }
+    // `metadata=k%3Dv%26k2%3Dv2`: one already-decoded `k=v&k2=v2` string.
+    let mut wanted = Vec::new();
+    if let Some(m) = http::query_one(&q, "metadata") {
+        for pair in m.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
+            wanted.push((http::percent_decode(k), http::percent_decode(v)));
+        }
+    }
+    let number = |key: &str, default: u64| -> Result<u64, ApiError> {
+        match http::query_one(&q, key) {
+            None => Ok(default),
+            Some(v) => v.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| ApiError::bad_request(format!("{key} must be an integer >= 1"))),
+        }
+    };
+    let (page, size) = (number("page", 1)?, number("pageSize", 20)?.min(1000));
+    let mut items: Vec<SandboxRecord> = daemon
+        .list()
+        .into_iter()
+        .filter(|r| states.is_empty() || states.contains(&r.state))
+        .filter(|r| wanted.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+        .collect();
+    items.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    let total = items.len() as u64;
+    let pages = total.div_ceil(size);
+    let slice: Vec<Value> =
+        items.iter().skip(((page - 1) * size) as usize).take(size as usize).map(sandbox_json).collect();
+    Ok(json(
+        StatusCode::OK,
+        &json!({
+            "items": slice,
+            "pagination": { "page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages },
+        }),
+    ))
+}
+
+fn patch_metadata(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
+    let patch: BTreeMap<String, Option<String>> = http::parse_json(body, "metadata merge patch (string or null values)")?;
+    for key in patch.keys() {
+        if key.starts_with("opensandbox.io/") {
+            return Err(ApiError::bad_request(format!("metadata key {key:?} uses the reserved opensandbox.io/ prefix")));
+        }
+    }
+    let record = daemon.update(id, |r| {
+        if r.state.is_final() {
+            return Err(OpError::Conflict(format!("sandbox {id} is {}", r.state.as_str())));
+        }
+        for (k, v) in patch {
+            match v {
+                Some(v) => r.metadata.insert(k, v),
+                None => r.metadata.remove(&k),
+            };
+        }
+        Ok(r.clone())
+    })?;
+    Ok(json(StatusCode::OK, &sandbox_json(&record)))
+}
+
+fn renew(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
+    let b: RenewBody = http::parse_json(body, "RenewSandboxExpirationRequest")?;
+    let at = http::parse_rfc3339(&b.expires_at)
+        .ok_or_else(|| ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time", b.expires_at)))?;
+    if at <= std::time::SystemTime::now() {
+        return Err(ApiError::bad_request("expiresAt must be in the future"));
+    }
+    let max = daemon.config.max_timeout;
+    if at.duration_since(std::time::SystemTime::now()).unwrap_or_default() > max {
+        return Err(ApiError::bad_request(format!("expiresAt is beyond this server's maximum timeout of {} s", max.as_secs())));
+    }
+    let at = pvisor_core::time::Timestamp::from(at);
+    let record = daemon.update(id, |r| {
+        if !matches!(r.state, SandboxState::Running | SandboxState::Paused | SandboxState::Pending | SandboxState::Pausing | SandboxState::Resuming) {
+            return Err(OpError::Conflict(format!("sandbox {id} is {}; only a live sandbox can be renewed", r.state.as_str())));
+        }
+        if r.expires_at.is_some_and(|cur| at <= cur) {
+            return Err(OpError::Invalid(format!("expiresAt must be after the current expiry {}", r.expires_at.map(|t| t.to_string()).unwrap_or_default())));
+        }
+        r.expires_at = Some(at);
+        Ok(r.clone())
+    })?;
+    Ok(json(StatusCode::OK, &json!({ "expiresAt": record.expires_at.map(|t| t.to_string()) })))
+}
+
+fn endpoint(daemon: &Arc<Daemon>, id: &str, port: &str, query: Option<&str>, headers: &HeaderMap) -> ApiResult {
+    let record = daemon.get(id)?;
+    let port: u16 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
+    let q = http::query_pairs(query);
+    if http::query_one(&q, "expires").is_some() {
+        return Err(ApiError::bad_request("signed endpoints (expires=) are not supported; endpoints carry an access token header instead"));
+    }
+    if record.state.is_final() {
+        return Err(ApiError::not_found(format!("sandbox {id} is {}", record.state.as_str())));
+    }
+    // The address the client reached us on, so the endpoint works through it.
+    let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_owned();
+    let mut body = json!({ "endpoint": format!("{host}/sandboxes/{id}/port/{port}") });
+    if port == EXECD_PORT {
+        body["headers"] = json!({ "X-EXECD-ACCESS-TOKEN": record.token });
+    }
+    Ok(json(StatusCode::OK, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_limits_parse_like_kubernetes() {
+        assert_eq!(parse_memory_mib("512Mi").unwrap(), 512);
+        assert_eq!(parse_memory_mib("2Gi").unwrap(), 2048);
+        assert!(parse_memory_mib("1Ti").is_err());
+        assert!(parse_memory_mib("lots").is_err());
+        assert_eq!(parse_cpus("500m").unwrap(), 1);
+        assert!(parse_cpus("0").is_err());
+    }
+}

@@ -1,0 +1,792 @@
+//! The sandboxes a daemon manages: their private records, the OpenSandbox
+//! state machine, and the operations behind the lifecycle API.
+//!
+//! A sandbox `sb-<ulid>` is one vm Job. Its supervisor is `pvisor
+//! sandbox-supervisor`, a separate process in its own process group, so a
+//! daemon restart leaves the VM running. The record binds each generation
+//! (create, then one per resume) to the Job's Attempt; sandbox ids are never
+//! Job ids, and the Job id never leaves this daemon.
+//!
+//! The Job's own command is an idle keeper in the guest's initramfs; the
+//! image's entrypoint and every execd command run chrooted in the image
+//! rootfs, which is the Job's workspace (the read-only lower layer; writes
+//! land in the VM's upper disk). Pause is an execution suspend; resume is a
+//! new Attempt restored from it; delete is `pvisor kill`.
+//!
+//! Records are `server/sandboxes/<id>.json`, written atomically; the state
+//! there is what a restarted daemon starts from ([`Daemon::recover`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor::runtime::job_service::views;
+use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_core::state::JobState;
+use pvisor_core::store::Store;
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::vm::{self, ControlRequest, ControlResponse};
+
+use crate::images::ImageStore;
+
+/// The port of the execd API inside an OpenSandbox sandbox.
+pub const EXECD_PORT: u16 = 44772;
+/// The egress sidecar port the SDK resolves at create.
+pub const EGRESS_PORT: u16 = 18080;
+/// Where background command logs live inside the guest (outside the rootfs).
+pub const GUEST_LOG_DIR: &str = "/run/pvisor/cmd";
+/// The Job's own command: idles in the guest's initramfs until killed.
+pub const KEEPER: &str = "while :; do sleep 3600; done";
+/// How long a VM may take to boot (TCG is slow) or restore.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SandboxState {
+    Pending,
+    Running,
+    Pausing,
+    Paused,
+    Resuming,
+    Stopping,
+    Terminated,
+    Failed,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Pausing => "Pausing",
+            Self::Paused => "Paused",
+            Self::Resuming => "Resuming",
+            Self::Stopping => "Stopping",
+            Self::Terminated => "Terminated",
+            Self::Failed => "Failed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Pending,
+            Self::Running,
+            Self::Pausing,
+            Self::Paused,
+            Self::Resuming,
+            Self::Stopping,
+            Self::Terminated,
+            Self::Failed,
+        ]
+        .into_iter()
+        .find(|st| st.as_str().eq_ignore_ascii_case(s))
+    }
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Terminated | Self::Failed)
+    }
+}
+
+/// One generation: the Attempt that ran the sandbox from a create or a resume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Generation {
+    pub attempt: u32,
+    pub started_at: Timestamp,
+    /// Milliseconds from the request to a ready agent.
+    pub ready_ms: Option<u64>,
+}
+
+/// An execd command: its guest exec id and, for background ones, its log.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommandRecord {
+    pub exec_id: u32,
+    pub command: String,
+    pub background: bool,
+    pub started_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+}
+
+/// The private record of a sandbox (`server/sandboxes/<id>.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub format: u32,
+    pub id: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub resource_limits: BTreeMap<String, String>,
+    pub platform: Option<serde_json::Value>,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub state: SandboxState,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_at: Timestamp,
+    /// The vm Job behind the sandbox, once its supervisor admitted it.
+    pub job: Option<JobId>,
+    pub generations: Vec<Generation>,
+    /// The execd access token the endpoint hands out.
+    pub token: String,
+    /// Guest exec ids are unique for the guest's life (they survive resume).
+    pub next_exec: u32,
+    pub commands: BTreeMap<String, CommandRecord>,
+    /// The rootfs path: the Job's workspace, and the root commands are confined to.
+    pub rootfs: PathBuf,
+    pub memory_mib: u64,
+    pub cpus: u32,
+}
+
+/// Why an operation was refused.
+#[derive(Debug)]
+pub enum OpError {
+    NotFound(String),
+    Conflict(String),
+    Invalid(String),
+    Internal(String),
+}
+
+/// How the daemon is set up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub state_root: PathBuf,
+    /// The `pvisor` binary that supervises each sandbox.
+    pub pvisor: PathBuf,
+    /// Largest `timeout` a create may ask for.
+    pub max_timeout: Duration,
+}
+
+/// The daemon's view of every sandbox; one per `pvisor serve`.
+#[derive(Debug)]
+pub struct Daemon {
+    pub config: Config,
+    pub store: Store,
+    pub images: ImageStore,
+    dir: PathBuf,
+    records: Mutex<BTreeMap<String, SandboxRecord>>,
+    /// Foreground commands in flight, for `DELETE /command`.
+    pub running: Mutex<HashMap<(String, String), Arc<Mutex<Option<vm::guest::ExecSignaller>>>>>,
+}
+
+impl Daemon {
+    pub fn open(config: Config) -> anyhow::Result<Arc<Self>> {
+        let store = Store::open(&config.state_root)?;
+        let dir = config.state_root.join("server").join("sandboxes");
+        pvisor_core::store::create_dir_all_private(&dir)?;
+        let mut records = BTreeMap::new();
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let bytes = fs::read(&path)?;
+            match serde_json::from_slice::<SandboxRecord>(&bytes) {
+                Ok(r) => {
+                    records.insert(r.id.clone(), r);
+                }
+                Err(e) => eprintln!(
+                    "pvisor serve: warning: skipping the corrupt sandbox record {} ({e}); move it away to silence this",
+                    path.display()
+                ),
+            }
+        }
+        let images = ImageStore::new(&store);
+        Ok(Arc::new(Self {
+            config,
+            store,
+            images,
+            dir,
+            records: Mutex::new(records),
+            running: Mutex::default(),
+        }))
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SandboxRecord>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn persist(&self, record: &SandboxRecord) -> Result<(), OpError> {
+        let path = self.dir.join(format!("{}.json", record.id));
+        pvisor_core::store::write_atomic(&path, &pvisor_core::store::to_json_bytes(record))
+            .map_err(|e| OpError::Internal(format!("cannot write {}: {e}", path.display())))
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxRecord, OpError> {
+        self.records().get(id).cloned().ok_or_else(|| OpError::NotFound(format!("no sandbox {id}")))
+    }
+
+    pub fn list(&self) -> Vec<SandboxRecord> {
+        self.records().values().cloned().collect()
+    }
+
+    /// Applies `change` to the record under the lock and persists it.
+    pub fn update<T>(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut SandboxRecord) -> Result<T, OpError>,
+    ) -> Result<T, OpError> {
+        let mut records = self.records();
+        let record = records.get_mut(id).ok_or_else(|| OpError::NotFound(format!("no sandbox {id}")))?;
+        let mut next = record.clone();
+        let out = change(&mut next)?;
+        self.persist(&next)?;
+        *record = next;
+        Ok(out)
+    }
+
+    /// Moves `id` from one of `from` to `to`, or refuses with 409.
+    fn transition(&self, id: &str, from: &[SandboxState], to: SandboxState, reason: &str) -> Result<SandboxRecord, OpError> {
+        self.update(id, |r| {
+            if !from.contains(&r.state) {
+                return Err(OpError::Conflict(format!(
+                    "sandbox {id} is {}; this needs it {}",
+                    r.state.as_str(),
+                    from.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ")
+                )));
+            }
+            set_state(r, to, reason, "");
+            Ok(r.clone())
+        })
+    }
+
+    fn finish(&self, id: &str, to: SandboxState, reason: &str, message: &str) {
+        let _ = self.update(id, |r| {
+            set_state(r, to, reason, message);
+            Ok(())
+        });
+    }
+
+    /// Creates a sandbox record in `Pending` and starts its VM in the background.
+    pub fn create(self: &Arc<Self>, request: CreateRequest) -> Result<SandboxRecord, OpError> {
+        crate::images::validate_name(&request.image).map_err(|e| OpError::Invalid(e.0))?;
+        let rootfs = self.images.rootfs(&request.image).ok_or_else(|| {
+            let known = self.images.list().map(|l| l.into_iter().map(|r| r.name).collect::<Vec<_>>().join(", "));
+            OpError::Invalid(format!(
+                "image {:?} is not imported on this host (known: {}); import it with `pvisor image import {} DIR|TAR|OCI-LAYOUT` (no registry is contacted)",
+                request.image,
+                known.unwrap_or_default(),
+                request.image
+            ))
+        })?;
+        let now = Timestamp::now();
+        let expires_at = match request.timeout {
+            None => None,
+            Some(t) if t < 60 => return Err(OpError::Invalid(format!("timeout {t} s is below the minimum of 60 s"))),
+            Some(t) if Duration::from_secs(t) > self.config.max_timeout => {
+                return Err(OpError::Invalid(format!(
+                    "timeout {t} s exceeds this server's maximum of {} s",
+                    self.config.max_timeout.as_secs()
+                )))
+            }
+            Some(t) => Some(Timestamp::from(now.system_time() + Duration::from_secs(t))),
+        };
+        let record = SandboxRecord {
+            format: 1,
+            id: format!("sb-{}", pvisor_core::ids::new_ulid().to_ascii_lowercase()),
+            image: request.image,
+            entrypoint: request.entrypoint,
+            env: request.env,
+            metadata: request.metadata,
+            resource_limits: request.resource_limits,
+            platform: request.platform,
+            created_at: now,
+            expires_at,
+            state: SandboxState::Pending,
+            reason: "provisioning".into(),
+            message: "starting the microVM".into(),
+            last_transition_at: now,
+            job: None,
+            generations: Vec::new(),
+            token: crate::http::uuid4(),
+            next_exec: 2,
+            commands: BTreeMap::new(),
+            rootfs,
+            memory_mib: request.memory_mib,
+            cpus: request.cpus,
+        };
+        self.persist(&record)?;
+        self.records().insert(record.id.clone(), record.clone());
+        let (daemon, id) = (self.clone(), record.id.clone());
+        std::thread::Builder::new()
+            .name("pvisor-sb-create".into())
+            .spawn(move || daemon.provision(&id, None))
+            .map_err(|e| OpError::Internal(e.to_string()))?;
+        Ok(record)
+    }
+
+    /// Starts (or, with `resume`, restores) the sandbox's VM and waits until
+    /// its agent answers; then `Running`, or `Failed`/`Paused` saying why.
+    fn provision(self: &Arc<Self>, id: &str, resume: Option<JobId>) {
+        let started = Instant::now();
+        let outcome = self.start_generation(id, resume.as_ref());
+        let ready_ms = started.elapsed().as_millis() as u64;
+        let Ok(record) = self.get(id) else { return };
+        match outcome {
+            Ok(attempt) => {
+                let first = resume.is_none();
+                let _ = self.update(id, |r| {
+                    r.generations.push(Generation { attempt, started_at: Timestamp::now(), ready_ms: Some(ready_ms) });
+                    if r.state != SandboxState::Stopping {
+                        set_state(r, SandboxState::Running, if first { "ready" } else { "resumed" }, "");
+                    }
+                    Ok(())
+                });
+                if first {
+                    if let Err(e) = self.start_entrypoint(id) {
+                        eprintln!("pvisor serve: {id}: the entrypoint did not start: {e}");
+                    }
+                }
+                // A delete that arrived while it was starting.
+                if self.get(id).is_ok_and(|r| r.state == SandboxState::Stopping) {
+                    self.stop(id, "user_delete");
+                }
+            }
+            Err(message) => {
+                eprintln!("pvisor serve: {id}: {message}");
+                let job_state = record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
+                if resume.is_some() && job_state == Some(JobState::Suspended) {
+                    self.finish(id, SandboxState::Paused, "resume_failed", &message);
+                } else {
+                    if let Some(job) = &record.job {
+                        let _ = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(10));
+                    }
+                    self.finish(id, SandboxState::Failed, "runtime_error", &message);
+                }
+            }
+        }
+    }
+
+    fn start_generation(&self, id: &str, resume: Option<&JobId>) -> Result<u32, String> {
+        let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
+        let bind = self.dir.join(format!("{id}.bind"));
+        let _ = fs::remove_file(&bind);
+        let log_path = self.dir.join(format!("{id}.log"));
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let mut command = Command::new(&self.config.pvisor);
+        command.arg("sandbox-supervisor").arg("--bind").arg(&bind);
+        match resume {
+            Some(job) => {
+                command.arg("--resume").arg(job.as_str());
+            }
+            None => {
+                command
+                    .arg("--workspace")
+                    .arg(&record.rootfs)
+                    .arg("--memory-mib")
+                    .arg(record.memory_mib.to_string())
+                    .arg("--cpus")
+                    .arg(record.cpus.to_string());
+            }
+        }
+        command
+            .env("PVISOR_HOME", &self.config.state_root)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        // Its own process group: a Ctrl-C or SIGTERM aimed at the daemon
+        // must not reach the VMs (the daemon's shutdown policy decides).
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.config.pvisor.display()))?;
+        let pid = child.id();
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let binding: Binding = loop {
+            if let Ok(bytes) = fs::read(&bind) {
+                if let Ok(b) = serde_json::from_slice(&bytes) {
+                    break b;
+                }
+            }
+            if Instant::now() > deadline || !pid_alive(pid) {
+                // The bind file may have landed just before the exit.
+                if let Ok(b) = fs::read(&bind).map_err(|_| ()).and_then(|b| serde_json::from_slice(&b).map_err(|_| ())) {
+                    break b;
+                }
+                return Err(format!(
+                    "the sandbox supervisor exited before admitting the VM; see {}: {}",
+                    log_path.display(),
+                    tail(&log_path)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = self.update(id, |r| {
+            r.job = Some(binding.job.clone());
+            Ok(())
+        });
+        let vm_dir = self.vm_dir_of(&binding.job, binding.attempt);
+        loop {
+            let probe = pvisor_agent::Request::FileOp {
+                root: record.rootfs.clone(),
+                op: pvisor_agent::FileOp::Stat { path: "/".into() },
+            };
+            match vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)) {
+                Ok(_) => return Ok(binding.attempt),
+                Err(e) => {
+                    if Instant::now() > deadline || !pid_alive(pid) {
+                        return Err(format!("the VM did not become ready: {e}; see {}: {}", log_path.display(), tail(&log_path)));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn vm_dir_of(&self, job: &JobId, attempt: u32) -> PathBuf {
+        let run = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)).map(|j| j.run);
+        match run {
+            Ok(run) => self.store.attempt_dir(&AttemptId::new(run, attempt)).join("vm"),
+            Err(_) => PathBuf::from("/nonexistent"),
+        }
+    }
+
+    /// The VM directory of a Running sandbox's current generation.
+    pub fn live_vm_dir(&self, id: &str) -> Result<(SandboxRecord, PathBuf), OpError> {
+        let record = self.get(id)?;
+        if record.state != SandboxState::Running {
+            return Err(OpError::Conflict(format!(
+                "sandbox {id} is {}; the execd API needs it Running",
+                record.state.as_str()
+            )));
+        }
+        let (Some(job), Some(generation)) = (&record.job, record.generations.last()) else {
+            return Err(OpError::Conflict(format!("sandbox {id} has no running VM")));
+        };
+        let dir = self.vm_dir_of(job, generation.attempt);
+        Ok((record, dir))
+    }
+
+    /// Allocates a guest exec id (persisted: ids are unique for the guest's life).
+    pub fn next_exec_id(&self, id: &str) -> Result<u32, OpError> {
+        self.update(id, |r| {
+            let n = r.next_exec;
+            r.next_exec += 1;
+            Ok(n)
+        })
+    }
+
+    fn start_entrypoint(&self, id: &str) -> Result<(), String> {
+        let (record, vm_dir) = self.live_vm_dir(id).map_err(|e| format!("{e:?}"))?;
+        if record.entrypoint.is_empty() {
+            return Ok(());
+        }
+        let exec_id = self.next_exec_id(id).map_err(|e| format!("{e:?}"))?;
+        let spec = vm::guest::ExecSpec {
+            id: exec_id,
+            argv: record.entrypoint.clone(),
+            env: command_env(&record, &BTreeMap::new()),
+            cwd: "/".into(),
+            root: Some(record.rootfs.clone()),
+            output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+        };
+        let mut channel = vm::guest::exec(&vm_dir, spec)?;
+        let started = match channel.next() {
+            Ok(Some((pvisor_agent::Reply::Started { .. }, _))) => Ok(()),
+            Ok(Some((pvisor_agent::Reply::ExecFailed { message, .. }, _))) => Err(message),
+            other => Err(format!("unexpected answer {other:?}")),
+        };
+        let _ = self.update(id, |r| {
+            r.commands.insert(
+                "entrypoint".into(),
+                CommandRecord {
+                    exec_id,
+                    command: r.entrypoint.join(" "),
+                    background: true,
+                    started_at: Timestamp::now(),
+                    finished_at: None,
+                    exit_code: None,
+                    error: started.as_ref().err().cloned(),
+                },
+            );
+            Ok(())
+        });
+        started
+    }
+
+    /// `POST /pause`: Running → Pausing, then Paused once the VM's state is saved.
+    pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), OpError> {
+        let record = self.transition(id, &[SandboxState::Running], SandboxState::Pausing, "pause_requested")?;
+        let (daemon, id) = (self.clone(), id.to_owned());
+        std::thread::spawn(move || {
+            let outcome = daemon.suspend_vm(&record);
+            match outcome {
+                Ok(()) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
+                Err(message) => {
+                    eprintln!("pvisor serve: {id}: pause failed: {message}");
+                    let alive = record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok());
+                    match alive.map(|s| s.state) {
+                        Some(JobState::Running) => daemon.finish(&id, SandboxState::Running, "pause_failed", &message),
+                        Some(JobState::Suspended) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
+                        _ => daemon.finish(&id, SandboxState::Failed, "pause_failed", &message),
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn suspend_vm(&self, record: &SandboxRecord) -> Result<(), String> {
+        let (Some(job), Some(generation)) = (&record.job, record.generations.last()) else {
+            return Err("no VM to suspend".into());
+        };
+        let vm_dir = self.vm_dir_of(job, generation.attempt);
+        match vm::control(&vm_dir, &ControlRequest::Suspend, Duration::from_secs(600))? {
+            ControlResponse::Checkpointed { .. } => {}
+            ControlResponse::Error { message } => return Err(message),
+        }
+        // Paused only once the termination receipt makes the Job suspended.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match views::status(&self.store, job).map(|s| s.state) {
+                Ok(JobState::Suspended) => return Ok(()),
+                Ok(JobState::Running | JobState::Pending) if Instant::now() < deadline => {}
+                Ok(other) => return Err(format!("the Job ended {other} instead of suspended")),
+                Err(e) => return Err(e.to_string()),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `POST /resume`: Paused → Resuming, then Running in a new generation.
+    pub fn resume(self: &Arc<Self>, id: &str) -> Result<(), OpError> {
+        let record = self.transition(id, &[SandboxState::Paused], SandboxState::Resuming, "resume_requested")?;
+        let job = record.job.clone().ok_or_else(|| OpError::Internal("a paused sandbox without a Job".into()))?;
+        let (daemon, id) = (self.clone(), id.to_owned());
+        std::thread::spawn(move || daemon.provision(&id, Some(job)));
+        Ok(())
+    }
+
+    /// `DELETE`: → Stopping, then Terminated once the Job has ended.
+    pub fn delete(self: &Arc<Self>, id: &str, reason: &str) -> Result<(), OpError> {
+        let record = self.get(id)?;
+        match record.state {
+            SandboxState::Terminated | SandboxState::Failed | SandboxState::Stopping => {
+                return Err(OpError::Conflict(format!("sandbox {id} is already {}", record.state.as_str())))
+            }
+            SandboxState::Pausing | SandboxState::Resuming => {
+                return Err(OpError::Conflict(format!(
+                    "sandbox {id} is {}; delete it once that finishes",
+                    record.state.as_str()
+                )))
+            }
+            _ => {}
+        }
+        let pending = record.state == SandboxState::Pending;
+        self.transition(
+            id,
+            &[SandboxState::Pending, SandboxState::Running, SandboxState::Paused],
+            SandboxState::Stopping,
+            reason,
+        )?;
+        if !pending {
+            // A Pending sandbox is stopped by its provisioner once it is up.
+            let (daemon, id, reason) = (self.clone(), id.to_owned(), reason.to_owned());
+            std::thread::spawn(move || daemon.stop(&id, &reason));
+        }
+        Ok(())
+    }
+
+    fn stop(&self, id: &str, reason: &str) {
+        let Ok(record) = self.get(id) else { return };
+        let result = match &record.job {
+            Some(job) => pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(15)).map(|_| ()).map_err(|e| e.to_string()),
+            None => Ok(()),
+        };
+        match result {
+            Ok(()) => self.finish(id, SandboxState::Terminated, reason, ""),
+            Err(e) => self.finish(id, SandboxState::Failed, "stop_failed", &e),
+        }
+    }
+
+    /// Kills sandboxes whose `expiresAt` passed (Running, Paused, or Pending).
+    pub fn expire(self: &Arc<Self>) {
+        let now = SystemTime::now();
+        let due: Vec<String> = self
+            .records()
+            .values()
+            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused | SandboxState::Pending))
+            .filter(|r| r.expires_at.is_some_and(|t| t.system_time() <= now))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in due {
+            eprintln!("pvisor serve: {id}: its timeout expired; stopping it");
+            let _ = self.delete(&id, "ttl_expiry");
+        }
+    }
+
+    /// Reconciles every unfinished record with what is on disk after a
+    /// (re)start: a state is only kept when the Job confirms it.
+    pub fn recover(self: &Arc<Self>) {
+        for record in self.list() {
+            if record.state.is_final() {
+                continue;
+            }
+            let id = record.id.clone();
+            let job = record.job.clone().or_else(|| {
+                let bind = self.dir.join(format!("{id}.bind"));
+                fs::read(bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok()).map(|b| b.job)
+            });
+            let Some(job) = job else {
+                self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted; nothing is running");
+                continue;
+            };
+            let status = views::status(&self.store, &job);
+            let (state, attempt) = match &status {
+                Ok(s) => (s.state, s.attempt.number()),
+                Err(e) => {
+                    self.finish(&id, SandboxState::Failed, "record_unreadable", &format!("its Job {job} cannot be read: {e}"));
+                    continue;
+                }
+            };
+            let _ = self.update(&id, |r| {
+                r.job = Some(job.clone());
+                if r.generations.last().map(|g| g.attempt) != Some(attempt) && state == JobState::Running {
+                    r.generations.push(Generation { attempt, started_at: Timestamp::now(), ready_ms: None });
+                }
+                Ok(())
+            });
+            match (record.state, state) {
+                (SandboxState::Stopping, _) => {
+                    let daemon = self.clone();
+                    std::thread::spawn(move || daemon.stop(&id, "user_delete"));
+                }
+                (_, JobState::Running | JobState::Pending) => {
+                    let vm_dir = self.vm_dir_of(&job, attempt);
+                    let probe = pvisor_agent::Request::FileOp {
+                        root: record.rootfs.clone(),
+                        op: pvisor_agent::FileOp::Stat { path: "/".into() },
+                    };
+                    match vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)) {
+                        Ok(_) => {
+                            let entrypoint_missing = !record.commands.contains_key("entrypoint");
+                            self.finish(&id, SandboxState::Running, "reattached", "the daemon restarted; the VM kept running");
+                            if entrypoint_missing {
+                                let _ = self.start_entrypoint(&id);
+                            }
+                        }
+                        Err(e) => {
+                            // Still booting or restoring (a supervisor outlived the daemon): wait in the background.
+                            let (daemon, id2) = (self.clone(), id.clone());
+                            self.finish(&id, SandboxState::Pending, "reattaching", &e);
+                            std::thread::spawn(move || {
+                                let deadline = Instant::now() + READY_TIMEOUT;
+                                while Instant::now() < deadline {
+                                    if vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)).is_ok() {
+                                        daemon.finish(&id2, SandboxState::Running, "reattached", "");
+                                        return;
+                                    }
+                                    std::thread::sleep(Duration::from_millis(200));
+                                }
+                                let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                                daemon.finish(&id2, SandboxState::Failed, "daemon_restart", "its VM never became reachable after the daemon restarted");
+                            });
+                        }
+                    }
+                }
+                (_, JobState::Suspended) => {
+                    self.finish(&id, SandboxState::Paused, "paused", "recovered from disk: the VM is suspended");
+                }
+                (_, other) => {
+                    let message = format!("its VM ended while the daemon was away (Job state {other})");
+                    if matches!(other, JobState::Unknown) {
+                        let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
+                    }
+                    self.finish(&id, SandboxState::Failed, "runtime_exited", &message);
+                }
+            }
+        }
+    }
+
+    /// The SIGTERM policy: every Running sandbox is paused (its execution
+    /// saved to disk, the VM stopped), so a restarted daemon lists it Paused.
+    pub fn shutdown(self: &Arc<Self>) {
+        let running: Vec<SandboxRecord> =
+            self.list().into_iter().filter(|r| r.state == SandboxState::Running).collect();
+        let handles: Vec<_> = running
+            .into_iter()
+            .filter_map(|record| {
+                let daemon = self.clone();
+                let id = record.id.clone();
+                daemon.transition(&id, &[SandboxState::Running], SandboxState::Pausing, "daemon_shutdown").ok()?;
+                Some(std::thread::spawn(move || match daemon.suspend_vm(&record) {
+                    Ok(()) => daemon.finish(&id, SandboxState::Paused, "daemon_shutdown", "paused when the daemon stopped"),
+                    Err(e) => {
+                        eprintln!("pvisor serve: {id}: could not pause at shutdown ({e}); it keeps running and is reattached on restart");
+                        daemon.finish(&id, SandboxState::Running, "pause_failed", &e);
+                    }
+                }))
+            })
+            .collect();
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What the supervisor writes once its Job is admitted.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Binding {
+    pub job: JobId,
+    pub attempt: u32,
+}
+
+/// The validated parts of a create request.
+#[derive(Debug)]
+pub struct CreateRequest {
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub resource_limits: BTreeMap<String, String>,
+    pub platform: Option<serde_json::Value>,
+    pub timeout: Option<u64>,
+    pub memory_mib: u64,
+    pub cpus: u32,
+}
+
+pub fn set_state(r: &mut SandboxRecord, to: SandboxState, reason: &str, message: &str) {
+    r.state = to;
+    r.reason = reason.into();
+    r.message = message.into();
+    r.last_transition_at = Timestamp::now();
+}
+
+/// The environment of a command in the sandbox: a standard PATH and HOME,
+/// the sandbox's env, then the request's.
+pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = [
+        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        ("HOME", "/root"),
+        ("TERM", "xterm"),
+        ("LANG", "C.UTF-8"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    env.insert("HOSTNAME".into(), record.id.clone());
+    env.extend(record.env.clone());
+    env.extend(extra.clone());
+    env.into_iter().collect()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie counts as gone: the waiter thread reaps it.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false)
+}
+
+fn tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(3).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
