@@ -42,7 +42,6 @@ ln -sfn dash "$fs/bin/sh"
 # Applets the Debian packages above do not provide (ps, vi, less, ...).
 mkdir -p "$fs/usr/local/bin"
 for applet in ps top vi less more wget tar gzip gunzip xz unxz which hostname free uptime; do
-  command -v "$applet" >/dev/null 2>&1 || true
   [ -e "$fs/bin/$applet" ] || [ -e "$fs/usr/bin/$applet" ] || ln -sfn /bin/busybox "$fs/usr/local/bin/$applet"
 done
 mkdir -p "$fs/etc" "$fs/root" "$fs/tmp" "$fs/home" "$fs/var/tmp" "$fs/proc" "$fs/dev" "$fs/sys" "$fs/run"

@@ -40,7 +40,10 @@ pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
         FileOp::Remove { path, recursive } => {
             let target = resolve_in_root(root, &path, false)?;
             if target == root {
-                return Err(io::Error::new(io::ErrorKind::PermissionDenied, "refusing to remove the sandbox root"));
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "refusing to remove the sandbox root",
+                ));
             }
             let meta = fs::symlink_metadata(&target)?;
             match (meta.is_dir(), recursive) {
@@ -138,10 +141,13 @@ mod tests {
         let root = dir.path();
         run(root, FileOp::Mkdir { path: "/a/b".into(), mode: 0o750 }).unwrap();
         fs::write(root.join("a/b/f"), b"hey").unwrap();
-        let Reply::Stat { stat } = run(root, FileOp::Stat { path: "/a/b/f".into() }).unwrap() else { panic!() };
+        let Reply::Stat { stat } = run(root, FileOp::Stat { path: "/a/b/f".into() }).unwrap() else {
+            panic!()
+        };
         assert_eq!((stat.size, stat.kind), (3, EntryKind::File));
         run(root, FileOp::Rename { from: "/a/b/f".into(), to: "/c/g".into() }).unwrap();
-        let Reply::Listing { entries, truncated } = run(root, FileOp::List { path: "/".into(), depth: 3 }).unwrap()
+        let Reply::Listing { entries, truncated } =
+            run(root, FileOp::List { path: "/".into(), depth: 3 }).unwrap()
         else {
             panic!()
         };

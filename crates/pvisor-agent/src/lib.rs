@@ -135,21 +135,44 @@ pub enum Request {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FileOp {
     /// Follows a final symlink.
-    Stat { path: PathBuf },
+    Stat {
+        path: PathBuf,
+    },
     /// Entries of a directory; with `depth` > 1, of its subdirectories too
     /// (at most [`MAX_LISTING`] entries). Names are relative to `path`.
-    List { path: PathBuf, depth: u32 },
+    List {
+        path: PathBuf,
+        depth: u32,
+    },
     /// Creates the directory and its parents, then sets `mode` on it.
-    Mkdir { path: PathBuf, mode: u32 },
+    Mkdir {
+        path: PathBuf,
+        mode: u32,
+    },
     /// Removes a file or symlink; a directory only with `recursive`.
-    Remove { path: PathBuf, recursive: bool },
-    Rename { from: PathBuf, to: PathBuf },
+    Remove {
+        path: PathBuf,
+        recursive: bool,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
     /// `mode`, then (when given) owner and group.
-    Chmod { path: PathBuf, mode: Option<u32>, uid: Option<u32>, gid: Option<u32> },
+    Chmod {
+        path: PathBuf,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
     /// Creates the parent directories of a file about to be written; both
     /// this and `Resolve` answer [`Reply::File`] with the resolved guest path.
-    MkParents { path: PathBuf },
-    Resolve { path: PathBuf },
+    MkParents {
+        path: PathBuf,
+    },
+    Resolve {
+        path: PathBuf,
+    },
 }
 
 /// Metadata of one file, as the sandbox file API reports it.
@@ -175,12 +198,15 @@ pub const MAX_LISTING: usize = 100_000;
 /// final component is followed only with `follow`. Returns the guest path.
 pub fn resolve_in_root(root: &std::path::Path, path: &std::path::Path, follow: bool) -> io::Result<PathBuf> {
     use std::path::Component;
-    let mut pending: Vec<std::ffi::OsString> =
-        path.components().rev().filter_map(|c| match c {
+    let mut pending: Vec<std::ffi::OsString> = path
+        .components()
+        .rev()
+        .filter_map(|c| match c {
             Component::Normal(n) => Some(n.to_os_string()),
             Component::ParentDir => Some("..".into()),
             _ => None,
-        }).collect();
+        })
+        .collect();
     let mut resolved: Vec<std::ffi::OsString> = Vec::new();
     let mut hops = 0;
     while let Some(part) = pending.pop() {

@@ -19,7 +19,7 @@ use pvisor_core::time::Timestamp;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::{self, json, ApiError, ApiResult, Body};
-use crate::sandbox::{command_env, CommandRecord, Daemon, SandboxRecord, GUEST_LOG_DIR};
+use crate::sandbox::{command_env, CommandRecord, Daemon, SandboxRecord, SharedSignaller, GUEST_LOG_DIR};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Page size of file transfers through the agent (below its frame limit).
@@ -61,7 +61,9 @@ struct RenameItem {
 }
 
 /// Runs a blocking guest operation off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
 }
 
@@ -69,7 +71,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
 fn guest_error(message: String) -> ApiError {
     if message.contains("No such file") || message.contains("os error 2") {
         ApiError::not_found(message)
-    } else if message.contains("Is a directory") || message.contains("Not a directory") || message.contains("not empty") {
+    } else if message.contains("Is a directory")
+        || message.contains("Not a directory")
+        || message.contains("not empty")
+    {
         ApiError::bad_request(message)
     } else {
         ApiError::internal(message)
@@ -107,7 +112,14 @@ impl Guest {
     }
 
     /// Writes `data` to `path` (creating parents), in pages; then its mode and owner.
-    fn write(&self, path: &str, data: &[u8], mode: u32, owner: Option<u32>, group: Option<u32>) -> Result<(), ApiError> {
+    fn write(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: u32,
+        owner: Option<u32>,
+        group: Option<u32>,
+    ) -> Result<(), ApiError> {
         let target = self.resolved(FileOp::MkParents { path: path.into() })?;
         let mut first = true;
         let mut chunks = data.chunks(CHUNK as usize).peekable();
@@ -147,7 +159,8 @@ fn file_info(display: &str, stat: &FileStat, names: &Names) -> Value {
         EntryKind::Symlink => "symlink",
         _ => "other",
     };
-    let time = |ns: i64| Timestamp::from(std::time::UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)).to_string();
+    let time =
+        |ns: i64| Timestamp::from(std::time::UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64)).to_string();
     json!({
         "path": display,
         "type": kind,
@@ -188,21 +201,24 @@ impl Names {
         self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
     }
     fn uid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse().ok().or_else(|| self.users.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
+        name.parse()
+            .ok()
+            .or_else(|| self.users.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
             .ok_or_else(|| ApiError::bad_request(format!("no user {name:?} in the image")))
     }
     fn gid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse().ok().or_else(|| self.groups.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
+        name.parse()
+            .ok()
+            .or_else(|| self.groups.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
             .ok_or_else(|| ApiError::bad_request(format!("no group {name:?} in the image")))
     }
 }
 
 /// `755` (octal digits written in decimal, as the spec does) → 0o755.
 fn octal_mode(mode: u32) -> Result<u32, ApiError> {
-    u32::from_str_radix(&mode.to_string(), 8)
-        .ok()
-        .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| ApiError::bad_request(format!("mode {mode} is not an octal permission like 644 or 755")))
+    u32::from_str_radix(&mode.to_string(), 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
+        ApiError::bad_request(format!("mode {mode} is not an octal permission like 644 or 755"))
+    })
 }
 
 pub async fn route<B>(
@@ -338,15 +354,16 @@ where
             download(guest, path, range).await
         }
         (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
+        // Documented 400s (the spec has no 501): say what to use instead.
         (_, ["code", ..]) | (_, ["session", ..]) => Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "NOT_IMPLEMENTED",
-            "pvisor serve implements commands and files; code contexts and bash sessions are not implemented (docs/cli-reference.md)",
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
+            "pvisor serve has no code contexts or bash sessions; run each step with POST /command (docs/cli-reference.md)",
         )),
         (_, ["files", "replace"]) | (_, ["metrics", "watch"]) => Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "NOT_IMPLEMENTED",
-            "this execd route is not implemented by pvisor serve (docs/cli-reference.md)",
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
+            "this execd route is not implemented by pvisor serve (docs/cli-reference.md lists what is)",
         )),
         _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
     }
@@ -373,7 +390,11 @@ fn search(guest: &Guest, names: &Names, root: &str, pattern: &str) -> ApiResult 
             let rel = e.path.to_string_lossy();
             let base = e.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             // A pattern without a slash matches the file name at any depth, like `find -name`.
-            if pattern.contains('/') { glob_match(pattern, &rel) } else { glob_match(pattern, &base) }
+            if pattern.contains('/') {
+                glob_match(pattern, &rel)
+            } else {
+                glob_match(pattern, &base)
+            }
         })
         .map(|e| file_info(&join_display(root, &e.path), e, names))
         .collect();
@@ -389,7 +410,9 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
                 let rest = if p.get(2) == Some(&b'/') { &p[3..] } else { &p[2..] };
                 (0..=t.len()).any(|i| go(rest, &t[i..]))
             }
-            Some(b'*') => (0..=t.len()).take_while(|&i| i == 0 || t[i - 1] != b'/').any(|i| go(&p[1..], &t[i..])),
+            Some(b'*') => {
+                (0..=t.len()).take_while(|&i| i == 0 || t[i - 1] != b'/').any(|i| go(&p[1..], &t[i..]))
+            }
             Some(b'?') => t.first().is_some_and(|c| *c != b'/') && go(&p[1..], &t[1..]),
             Some(c) => t.first() == Some(c) && go(&p[1..], &t[1..]),
         }
@@ -403,25 +426,38 @@ fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiR
         .filter_map(|p| p.trim().strip_prefix("boundary="))
         .next()
         .map(|b| b.trim_matches('"').to_owned())
-        .ok_or_else(|| ApiError::bad_request("files/upload needs a multipart/form-data body with a boundary"))?;
+        .ok_or_else(|| {
+            ApiError::bad_request("files/upload needs a multipart/form-data body with a boundary")
+        })?;
     let parts = crate::multipart::parse(body, &boundary).map_err(ApiError::bad_request)?;
     let mut pending: Option<Value> = None;
     let mut written = 0;
     for part in parts {
         match part.name.as_str() {
             "metadata" => {
-                pending = Some(serde_json::from_slice(&part.data).map_err(|e| ApiError::bad_request(format!("invalid metadata part: {e}")))?)
+                pending = Some(
+                    serde_json::from_slice(&part.data)
+                        .map_err(|e| ApiError::bad_request(format!("invalid metadata part: {e}")))?,
+                )
             }
             "file" => {
-                let meta = pending.take().ok_or_else(|| ApiError::bad_request("a file part must follow its metadata part"))?;
-                let path = meta["path"].as_str().ok_or_else(|| ApiError::bad_request("metadata.path is required"))?;
+                let meta = pending
+                    .take()
+                    .ok_or_else(|| ApiError::bad_request("a file part must follow its metadata part"))?;
+                let path = meta["path"]
+                    .as_str()
+                    .ok_or_else(|| ApiError::bad_request("metadata.path is required"))?;
                 let mode = octal_mode(meta["mode"].as_u64().unwrap_or(644) as u32)?;
                 let owner = meta["owner"].as_str().map(|o| names.uid(o)).transpose()?;
                 let group = meta["group"].as_str().map(|g| names.gid(g)).transpose()?;
                 guest.write(path, &part.data, mode, owner, group)?;
                 written += 1;
             }
-            other => return Err(ApiError::bad_request(format!("unexpected multipart field {other:?} (want metadata, file)"))),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected multipart field {other:?} (want metadata, file)"
+                )))
+            }
         }
     }
     if written == 0 {
@@ -461,7 +497,12 @@ async fn download(guest: Guest, path: String, range: Option<String>) -> ApiResul
         Some(r) => match parse_range(r, size) {
             Some((s, e)) => (StatusCode::PARTIAL_CONTENT, s, e + 1),
             None => {
-                let mut resp = ApiError::new(StatusCode::RANGE_NOT_SATISFIABLE, "RANGE_NOT_SATISFIABLE", format!("range {r:?} does not fit a {size}-byte file")).into_response();
+                let mut resp = ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "RANGE_NOT_SATISFIABLE",
+                    format!("range {r:?} does not fit a {size}-byte file"),
+                )
+                .into_response();
                 resp.headers_mut().insert("content-range", format!("bytes */{size}").parse().expect("ascii"));
                 return Ok(resp);
             }
@@ -497,15 +538,29 @@ async fn download(guest: Guest, path: String, range: Option<String>) -> ApiResul
 }
 
 fn metrics(guest: &Guest) -> ApiResult {
-    let read = |p: &str| -> Result<String, ApiError> { Ok(String::from_utf8_lossy(&guest.read(Path::new(p), 0, 1 << 20)?).into_owned()) };
+    let read = |p: &str| -> Result<String, ApiError> {
+        Ok(String::from_utf8_lossy(&guest.read(Path::new(p), 0, 1 << 20)?).into_owned())
+    };
     let meminfo = read("/proc/meminfo")?;
     let kib = |key: &str| -> f64 {
-        meminfo.lines().find_map(|l| l.strip_prefix(key)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0.0)
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0)
     };
     let (total, available) = (kib("MemTotal:"), kib("MemAvailable:"));
     let cpu = || -> Result<(f64, f64), ApiError> {
         let stat = read("/proc/stat")?;
-        let fields: Vec<f64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|n| n.parse().ok()).collect();
+        let fields: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|n| n.parse().ok())
+            .collect();
         let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
         Ok((fields.iter().sum(), idle))
     };
@@ -549,7 +604,13 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
         Some(uid) => {
             let gid = request.gid.unwrap_or(uid);
-            let mut v = vec!["/usr/bin/setpriv".into(), format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--".into()];
+            let mut v = vec![
+                "/usr/bin/setpriv".into(),
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".into(),
+                "--".into(),
+            ];
             if !guest.record.rootfs.join("usr/bin/setpriv").exists() {
                 return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
             }
@@ -572,14 +633,16 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     let vm_dir = guest.vm_dir.clone();
     let (mut channel, first) = blocking(move || {
         let mut channel = guest::exec(&vm_dir, spec).map_err(ApiError::internal)?;
-        let first = channel.next().map_err(|e| ApiError::internal(e.to_string()))?;
+        let first = channel.next_reply().map_err(|e| ApiError::internal(e.to_string()))?;
         Ok((channel, first))
     })
     .await?;
     let started_at = Timestamp::now();
     let failed = match &first {
         Some((Reply::Started { .. }, _)) => None,
-        Some((Reply::ExecFailed { errno, message, .. }, _)) => Some((if *errno == libc::ENOENT { 127 } else { 126 }, message.clone())),
+        Some((Reply::ExecFailed { errno, message, .. }, _)) => {
+            Some((if *errno == libc::ENOENT { 127 } else { 126 }, message.clone()))
+        }
         other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
     };
     let _ = daemon.update(&id, |r| {
@@ -608,7 +671,11 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         return Ok(sse(body));
     }
     let signaller = Arc::new(Mutex::new(channel.signaller().ok()));
-    daemon.running.lock().unwrap_or_else(|p| p.into_inner()).insert((id.clone(), command_id.clone()), signaller.clone());
+    daemon
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert((id.clone(), command_id.clone()), signaller.clone());
     // Cancellation: a client that goes away (or a timeout) kills the command.
     let cancel = {
         let (tx, signaller) = (tx.clone(), signaller.clone());
@@ -642,7 +709,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
             events
         };
         let outcome = loop {
-            match channel.next() {
+            match channel.next_reply() {
                 Ok(Some((Reply::Stdout { .. }, bytes))) => {
                     out_buf.extend_from_slice(&bytes);
                     let big = out_buf.len() > 64 << 10;
@@ -657,9 +724,13 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
                         let _ = tx.blocking_send(e);
                     }
                 }
-                Ok(Some((Reply::Exited { code, signal, .. }, _))) => break Ok(code.unwrap_or(128 + signal.unwrap_or(0))),
+                Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
+                    break Ok(code.unwrap_or(128 + signal.unwrap_or(0)))
+                }
                 Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break Err("the sandbox stopped (paused or killed) while the command ran".to_string()),
+                Ok(None) | Err(_) => {
+                    break Err("the sandbox stopped (paused or killed) while the command ran".to_string())
+                }
             }
         };
         for e in flush(&mut out_buf, "stdout", true).into_iter().chain(flush(&mut err_buf, "stderr", true)) {
@@ -673,7 +744,9 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         let final_event = match outcome {
             Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
             Ok(code) => error_event(code, &format!("exit status {code}")),
-            Err(message) => event(json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } })),
+            Err(message) => event(
+                json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } }),
+            ),
         };
         let _ = tx.blocking_send(final_event);
         cancel.abort();
@@ -691,7 +764,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
 }
 
 /// SIGTERM, then SIGKILL after two seconds.
-fn kill_exec(signaller: &Arc<Mutex<Option<guest::ExecSignaller>>>) {
+fn kill_exec(signaller: &SharedSignaller) {
     if let Some(s) = signaller.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
         let _ = s.signal(libc::SIGTERM);
     }
@@ -720,7 +793,12 @@ fn sse(body: Body) -> Response<Body> {
 }
 
 fn command_of(guest: &Guest, cmd: &str) -> Result<CommandRecord, ApiError> {
-    guest.record.commands.get(cmd).cloned().ok_or_else(|| ApiError::not_found(format!("no command {cmd} in sandbox {}", guest.record.id)))
+    guest
+        .record
+        .commands
+        .get(cmd)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("no command {cmd} in sandbox {}", guest.record.id)))
 }
 
 async fn interrupt(daemon: &Arc<Daemon>, guest: Guest, cmd: &str) -> ApiResult {
@@ -749,23 +827,25 @@ async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
             (false, record.exit_code)
         } else {
             match guest::call(&guest.vm_dir, &Request::Status { id: record.exec_id }, &[], CALL_TIMEOUT) {
-                Ok((Reply::Status { running, code, signal, .. }, _)) => (running, code.or(signal.map(|s| 128 + s))),
+                Ok((Reply::Status { running, code, signal, .. }, _)) => {
+                    (running, code.or(signal.map(|s| 128 + s)))
+                }
                 Ok(other) => return Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
                 Err(e) => return Err(guest_error(e)),
             }
         };
-        Ok(json(
-            StatusCode::OK,
-            &json!({
-                "id": cmd,
-                "content": record.command,
-                "running": running,
-                "exit_code": exit_code,
-                "error": record.error,
-                "started_at": record.started_at.to_string(),
-                "finished_at": record.finished_at.map(|t| t.to_string()),
-            }),
-        ))
+        let mut body = json!({
+            "id": cmd,
+            "content": record.command,
+            "running": running,
+            "exit_code": exit_code,
+            "started_at": record.started_at.to_string(),
+            "finished_at": record.finished_at.map(|t| t.to_string()),
+        });
+        if let Some(error) = record.error {
+            body["error"] = json!(error);
+        }
+        Ok(json(StatusCode::OK, &body))
     })
     .await
 }
@@ -773,10 +853,14 @@ async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
 async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResult {
     let record = command_of(&guest, cmd)?;
     if !record.background {
-        return Err(ApiError::bad_request(format!("{cmd} ran in the foreground; its output was streamed, not logged")));
+        return Err(ApiError::bad_request(format!(
+            "{cmd} ran in the foreground; its output was streamed, not logged"
+        )));
     }
     let cursor: Option<usize> = match cursor {
-        Some(c) => Some(c.parse().map_err(|_| ApiError::bad_request("cursor must be a non-negative integer"))?),
+        Some(c) => {
+            Some(c.parse().map_err(|_| ApiError::bad_request("cursor must be a non-negative integer"))?)
+        }
         None => None,
     };
     blocking(move || {
@@ -792,7 +876,8 @@ async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResul
         let body: String = lines[skip..].concat();
         let mut resp = Response::new(http::full(body));
         resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
-        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", lines.len().to_string().parse().expect("ascii"));
+        resp.headers_mut()
+            .insert("EXECD-COMMANDS-TAIL-CURSOR", lines.len().to_string().parse().expect("ascii"));
         Ok(resp)
     })
     .await

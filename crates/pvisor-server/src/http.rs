@@ -70,7 +70,10 @@ pub struct ChannelBody {
 impl hyper::body::Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.rx.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
     }
 }
@@ -179,7 +182,10 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 pub fn unix_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Parses RFC 3339 with any offset (`Z`, `+00:00`, `-05:30`) and up to nine
@@ -188,7 +194,10 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     let s = s.trim();
     let (body, offset_secs) = if let Some(b) = s.strip_suffix('Z').or_else(|| s.strip_suffix('z')) {
         (b, 0i64)
-    } else if s.len() > 6 && matches!(&s.as_bytes()[s.len() - 6], b'+' | b'-') && s.as_bytes()[s.len() - 3] == b':' {
+    } else if s.len() > 6
+        && matches!(&s.as_bytes()[s.len() - 6], b'+' | b'-')
+        && s.as_bytes()[s.len() - 3] == b':'
+    {
         let (b, off) = s.split_at(s.len() - 6);
         let sign = if off.starts_with('-') { -1 } else { 1 };
         let h: i64 = off[1..3].parse().ok()?;

@@ -76,7 +76,9 @@ impl ImageStore {
             if let Ok(bytes) = fs::read(&path) {
                 match serde_json::from_slice::<ImageRecord>(&bytes) {
                     Ok(record) => out.push(record),
-                    Err(e) => return Err(err(format!("{} is corrupt ({e}); re-import that image", path.display()))),
+                    Err(e) => {
+                        return Err(err(format!("{} is corrupt ({e}); re-import that image", path.display())))
+                    }
                 }
             }
         }
@@ -89,7 +91,8 @@ impl ImageStore {
     pub fn import(&self, name: &str, source: &Path) -> Result<ImageRecord, ImageError> {
         validate_name(name)?;
         let meta = fs::metadata(source).map_err(|e| err(format!("cannot read {}: {e}", source.display())))?;
-        fs::create_dir_all(&self.dir).map_err(|e| err(format!("cannot create {}: {e}", self.dir.display())))?;
+        fs::create_dir_all(&self.dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", self.dir.display())))?;
         let partial = self.dir.join(format!(".partial-{}", pvisor_core::ids::new_ulid()));
         let rootfs = partial.join("rootfs");
         fs::create_dir_all(&rootfs).map_err(|e| err(format!("cannot create {}: {e}", rootfs.display())))?;
@@ -119,17 +122,22 @@ impl ImageStore {
                 files,
                 bytes,
             };
-            pvisor_core::store::write_atomic(&partial.join("image.json"), &pvisor_core::store::to_json_bytes(&record))
-                .map_err(|e| err(e.to_string()))?;
+            pvisor_core::store::write_atomic(
+                &partial.join("image.json"),
+                &pvisor_core::store::to_json_bytes(&record),
+            )
+            .map_err(|e| err(e.to_string()))?;
             let slot = self.slot(name);
             if slot.exists() {
                 // Sandboxes still running from the old rootfs keep it: their VMs
                 // read an ext4 copy made at boot, so the directory can go.
                 let old = self.dir.join(format!(".old-{}", pvisor_core::ids::new_ulid()));
-                fs::rename(&slot, &old).map_err(|e| err(format!("cannot replace {}: {e}", slot.display())))?;
+                fs::rename(&slot, &old)
+                    .map_err(|e| err(format!("cannot replace {}: {e}", slot.display())))?;
                 let _ = fs::remove_dir_all(&old);
             }
-            fs::rename(&partial, &slot).map_err(|e| err(format!("cannot publish {}: {e}", slot.display())))?;
+            fs::rename(&partial, &slot)
+                .map_err(|e| err(format!("cannot publish {}: {e}", slot.display())))?;
             Ok(record)
         })();
         if result.is_err() {
@@ -198,7 +206,10 @@ fn unpack(source: &Path, dest: &Path) -> Result<(), ImageError> {
     let compressed = {
         use std::io::Read;
         let n = (&file).read(&mut magic).unwrap_or(0);
-        n >= 2 && (magic.starts_with(&[0x1f, 0x8b]) || magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z']) || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]))
+        n >= 2
+            && (magic.starts_with(&[0x1f, 0x8b])
+                || magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z'])
+                || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]))
     };
     if compressed {
         return untar_with_tool(source, dest);
@@ -207,9 +218,7 @@ fn unpack(source: &Path, dest: &Path) -> Result<(), ImageError> {
     let mut archive = tar::Archive::new(file);
     archive.set_preserve_permissions(true);
     archive.set_overwrite(true);
-    archive
-        .unpack(dest)
-        .map_err(|e| err(format!("{} is not a usable tar archive: {e}", source.display())))
+    archive.unpack(dest).map_err(|e| err(format!("{} is not a usable tar archive: {e}", source.display())))
 }
 
 fn untar_with_tool(source: &Path, dest: &Path) -> Result<(), ImageError> {

@@ -92,7 +92,11 @@ where
     if let Some(key) = api_key {
         let given = parts.headers.get("open-sandbox-api-key").map(|v| v.as_bytes()).unwrap_or(b"");
         if !http::constant_time_eq(given, key.as_bytes()) {
-            return Err(ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "missing or wrong OPEN-SANDBOX-API-KEY header"));
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "missing or wrong OPEN-SANDBOX-API-KEY header",
+            ));
         }
     }
     let rest = match segments.as_slice() {
@@ -129,10 +133,7 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
         }
     }
     daemon.recover();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(options.listen)

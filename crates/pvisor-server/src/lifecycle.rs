@@ -110,8 +110,8 @@ pub async fn route(
         (&Method::POST, ["sandboxes", id, "renew-expiration"]) => renew(daemon, id, &body),
         (&Method::GET, ["sandboxes", id, "endpoints", port]) => endpoint(daemon, id, port, query, headers),
         (_, ["sandboxes", _, "snapshots"]) | (_, ["snapshots", ..]) => Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "NOT_IMPLEMENTED",
+            StatusCode::BAD_REQUEST,
+            "NOT_SUPPORTED",
             "pvisor serve has no snapshot API; pause/resume keeps a sandbox's execution state (docs/cli-reference.md)",
         )),
         (&Method::POST, ["metrics", "events"]) => Ok(http::empty(StatusCode::NO_CONTENT)),
@@ -127,14 +127,22 @@ pub async fn route(
 fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
     let b: CreateBody = http::parse_json(body, "CreateSandboxRequest")?;
     if b.snapshot_id.is_some() {
-        return Err(ApiError::bad_request("snapshotId is not supported: pvisor serve has no snapshots; create from an image"));
+        return Err(ApiError::bad_request(
+            "snapshotId is not supported: pvisor serve has no snapshots; create from an image",
+        ));
     }
-    let image = b.image.ok_or_else(|| ApiError::bad_request("image is required (an image imported with `pvisor image import`, or \"default\")"))?;
+    let image = b.image.ok_or_else(|| {
+        ApiError::bad_request(
+            "image is required (an image imported with `pvisor image import`, or \"default\")",
+        )
+    })?;
     if b.secure_access {
         // Every pvisor endpoint already carries its access token.
     }
     if b.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::bad_request("volumes are not supported by pvisor serve; copy files in with the execd file API"));
+        return Err(ApiError::bad_request(
+            "volumes are not supported by pvisor serve; copy files in with the execd file API",
+        ));
     }
     if b.network_policy.is_some() || b.credential_proxy.is_some() {
         return Err(ApiError::bad_request(
@@ -142,14 +150,20 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         ));
     }
     if let Some(p) = &b.platform {
-        if p.get("os").and_then(Value::as_str) != Some("linux") || p.get("arch").and_then(Value::as_str) != Some("amd64") {
-            return Err(ApiError::bad_request(format!("platform {p} cannot be satisfied: this host runs linux/amd64 guests only")));
+        if p.get("os").and_then(Value::as_str) != Some("linux")
+            || p.get("arch").and_then(Value::as_str) != Some("amd64")
+        {
+            return Err(ApiError::bad_request(format!(
+                "platform {p} cannot be satisfied: this host runs linux/amd64 guests only"
+            )));
         }
     }
     let _ = b.extensions;
     for key in b.metadata.keys() {
         if key.starts_with("opensandbox.io/") {
-            return Err(ApiError::bad_request(format!("metadata key {key:?} uses the reserved opensandbox.io/ prefix")));
+            return Err(ApiError::bad_request(format!(
+                "metadata key {key:?} uses the reserved opensandbox.io/ prefix"
+            )));
         }
     }
     let limits = b.resource_limits.unwrap_or_default();
@@ -188,7 +202,8 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
 
 /// `512Mi`, `2Gi`, `1G`, `1048576` (bytes) → MiB, between 64 MiB and 16 GiB.
 fn parse_memory_mib(s: &str) -> Result<u64, ApiError> {
-    let bad = || ApiError::bad_request(format!("resourceLimits.memory {s:?} is not a size like 512Mi or 2Gi"));
+    let bad =
+        || ApiError::bad_request(format!("resourceLimits.memory {s:?} is not a size like 512Mi or 2Gi"));
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().map_err(|_| bad())?;
@@ -204,19 +219,22 @@ fn parse_memory_mib(s: &str) -> Result<u64, ApiError> {
     };
     let mib = mib.ceil() as u64;
     if !(64..=16384).contains(&mib) {
-        return Err(ApiError::bad_request(format!("resourceLimits.memory {s:?} must be between 64Mi and 16Gi")));
+        return Err(ApiError::bad_request(format!(
+            "resourceLimits.memory {s:?} must be between 64Mi and 16Gi"
+        )));
     }
     Ok(mib)
 }
 
 /// `500m` → 1, `2` → 2 (whole vCPUs, at least 1, at most the host's).
 fn parse_cpus(s: &str) -> Result<u32, ApiError> {
-    let bad = || ApiError::bad_request(format!("resourceLimits.cpu {s:?} is not a CPU amount like 500m or 2"));
+    let bad =
+        || ApiError::bad_request(format!("resourceLimits.cpu {s:?} is not a CPU amount like 500m or 2"));
     let cores = match s.strip_suffix('m') {
         Some(milli) => milli.parse::<f64>().map_err(|_| bad())? / 1000.0,
         None => s.parse::<f64>().map_err(|_| bad())?,
     };
-    if !(cores > 0.0) {
+    if cores.is_nan() || cores <= 0.0 {
         return Err(bad());
     }
     let host = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
@@ -227,20 +245,28 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
     let q = http::query_pairs(query);
     let mut states = Vec::new();
     for s in http::query_all(&q, "state") {
-        states.push(SandboxState::parse(s).ok_or_else(|| ApiError::bad_request(format!("unknown state {s:?}")))?);
+        states.push(
+            SandboxState::parse(s).ok_or_else(|| ApiError::bad_request(format!("unknown state {s:?}")))?,
+        );
     }
     // `metadata=k%3Dv%26k2%3Dv2`: one already-decoded `k=v&k2=v2` string.
     let mut wanted = Vec::new();
     if let Some(m) = http::query_one(&q, "metadata") {
         for pair in m.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
             wanted.push((http::percent_decode(k), http::percent_decode(v)));
         }
     }
     let number = |key: &str, default: u64| -> Result<u64, ApiError> {
         match http::query_one(&q, key) {
             None => Ok(default),
-            Some(v) => v.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| ApiError::bad_request(format!("{key} must be an integer >= 1"))),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| ApiError::bad_request(format!("{key} must be an integer >= 1"))),
         }
     };
     let (page, size) = (number("page", 1)?, number("pageSize", 20)?.min(1000));
@@ -250,7 +276,7 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
         .filter(|r| states.is_empty() || states.contains(&r.state))
         .filter(|r| wanted.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .collect();
-    items.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    items.sort_by_key(|r| std::cmp::Reverse(r.created_at));
     let total = items.len() as u64;
     let pages = total.div_ceil(size);
     let slice: Vec<Value> =
@@ -265,10 +291,13 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
 }
 
 fn patch_metadata(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
-    let patch: BTreeMap<String, Option<String>> = http::parse_json(body, "metadata merge patch (string or null values)")?;
+    let patch: BTreeMap<String, Option<String>> =
+        http::parse_json(body, "metadata merge patch (string or null values)")?;
     for key in patch.keys() {
         if key.starts_with("opensandbox.io/") {
-            return Err(ApiError::bad_request(format!("metadata key {key:?} uses the reserved opensandbox.io/ prefix")));
+            return Err(ApiError::bad_request(format!(
+                "metadata key {key:?} uses the reserved opensandbox.io/ prefix"
+            )));
         }
     }
     let record = daemon.update(id, |r| {
@@ -288,22 +317,39 @@ fn patch_metadata(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
 
 fn renew(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
     let b: RenewBody = http::parse_json(body, "RenewSandboxExpirationRequest")?;
-    let at = http::parse_rfc3339(&b.expires_at)
-        .ok_or_else(|| ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time", b.expires_at)))?;
+    let at = http::parse_rfc3339(&b.expires_at).ok_or_else(|| {
+        ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time", b.expires_at))
+    })?;
     if at <= std::time::SystemTime::now() {
         return Err(ApiError::bad_request("expiresAt must be in the future"));
     }
     let max = daemon.config.max_timeout;
     if at.duration_since(std::time::SystemTime::now()).unwrap_or_default() > max {
-        return Err(ApiError::bad_request(format!("expiresAt is beyond this server's maximum timeout of {} s", max.as_secs())));
+        return Err(ApiError::bad_request(format!(
+            "expiresAt is beyond this server's maximum timeout of {} s",
+            max.as_secs()
+        )));
     }
     let at = pvisor_core::time::Timestamp::from(at);
     let record = daemon.update(id, |r| {
-        if !matches!(r.state, SandboxState::Running | SandboxState::Paused | SandboxState::Pending | SandboxState::Pausing | SandboxState::Resuming) {
-            return Err(OpError::Conflict(format!("sandbox {id} is {}; only a live sandbox can be renewed", r.state.as_str())));
+        if !matches!(
+            r.state,
+            SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Pending
+                | SandboxState::Pausing
+                | SandboxState::Resuming
+        ) {
+            return Err(OpError::Conflict(format!(
+                "sandbox {id} is {}; only a live sandbox can be renewed",
+                r.state.as_str()
+            )));
         }
         if r.expires_at.is_some_and(|cur| at <= cur) {
-            return Err(OpError::Invalid(format!("expiresAt must be after the current expiry {}", r.expires_at.map(|t| t.to_string()).unwrap_or_default())));
+            return Err(OpError::Invalid(format!(
+                "expiresAt must be after the current expiry {}",
+                r.expires_at.map(|t| t.to_string()).unwrap_or_default()
+            )));
         }
         r.expires_at = Some(at);
         Ok(r.clone())
@@ -311,12 +357,24 @@ fn renew(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
     Ok(json(StatusCode::OK, &json!({ "expiresAt": record.expires_at.map(|t| t.to_string()) })))
 }
 
-fn endpoint(daemon: &Arc<Daemon>, id: &str, port: &str, query: Option<&str>, headers: &HeaderMap) -> ApiResult {
+fn endpoint(
+    daemon: &Arc<Daemon>,
+    id: &str,
+    port: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> ApiResult {
     let record = daemon.get(id)?;
-    let port: u16 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p >= 1)
+        .ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
     let q = http::query_pairs(query);
     if http::query_one(&q, "expires").is_some() {
-        return Err(ApiError::bad_request("signed endpoints (expires=) are not supported; endpoints carry an access token header instead"));
+        return Err(ApiError::bad_request(
+            "signed endpoints (expires=) are not supported; endpoints carry an access token header instead",
+        ));
     }
     if record.state.is_final() {
         return Err(ApiError::not_found(format!("sandbox {id} is {}", record.state.as_str())));

@@ -137,6 +137,9 @@ pub struct SandboxRecord {
     pub commands: BTreeMap<String, CommandRecord>,
     /// The rootfs path: the Job's workspace, and the root commands are confined to.
     pub rootfs: PathBuf,
+    /// The pid of the current generation's supervisor (to find it after a daemon restart).
+    #[serde(default)]
+    pub supervisor: Option<u32>,
     pub memory_mib: u64,
     pub cpus: u32,
 }
@@ -149,6 +152,9 @@ pub enum OpError {
     Invalid(String),
     Internal(String),
 }
+
+/// Signals one foreground command; shared by its stream and `DELETE /command`.
+pub type SharedSignaller = Arc<Mutex<Option<vm::guest::ExecSignaller>>>;
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -169,7 +175,7 @@ pub struct Daemon {
     dir: PathBuf,
     records: Mutex<BTreeMap<String, SandboxRecord>>,
     /// Foreground commands in flight, for `DELETE /command`.
-    pub running: Mutex<HashMap<(String, String), Arc<Mutex<Option<vm::guest::ExecSignaller>>>>>,
+    pub running: Mutex<HashMap<(String, String), SharedSignaller>>,
 }
 
 impl Daemon {
@@ -239,7 +245,13 @@ impl Daemon {
     }
 
     /// Moves `id` from one of `from` to `to`, or refuses with 409.
-    fn transition(&self, id: &str, from: &[SandboxState], to: SandboxState, reason: &str) -> Result<SandboxRecord, OpError> {
+    fn transition(
+        &self,
+        id: &str,
+        from: &[SandboxState],
+        to: SandboxState,
+        reason: &str,
+    ) -> Result<SandboxRecord, OpError> {
         self.update(id, |r| {
             if !from.contains(&r.state) {
                 return Err(OpError::Conflict(format!(
@@ -275,7 +287,9 @@ impl Daemon {
         let now = Timestamp::now();
         let expires_at = match request.timeout {
             None => None,
-            Some(t) if t < 60 => return Err(OpError::Invalid(format!("timeout {t} s is below the minimum of 60 s"))),
+            Some(t) if t < 60 => {
+                return Err(OpError::Invalid(format!("timeout {t} s is below the minimum of 60 s")))
+            }
             Some(t) if Duration::from_secs(t) > self.config.max_timeout => {
                 return Err(OpError::Invalid(format!(
                     "timeout {t} s exceeds this server's maximum of {} s",
@@ -305,6 +319,7 @@ impl Daemon {
             next_exec: 2,
             commands: BTreeMap::new(),
             rootfs,
+            supervisor: None,
             memory_mib: request.memory_mib,
             cpus: request.cpus,
         };
@@ -323,13 +338,28 @@ impl Daemon {
     fn provision(self: &Arc<Self>, id: &str, resume: Option<JobId>) {
         let started = Instant::now();
         let outcome = self.start_generation(id, resume.as_ref());
+        self.provisioned(id, resume, outcome, started);
+    }
+
+    /// Records the outcome of a generation's start (see [`Self::provision`]).
+    fn provisioned(
+        self: &Arc<Self>,
+        id: &str,
+        resume: Option<JobId>,
+        outcome: Result<u32, String>,
+        started: Instant,
+    ) {
         let ready_ms = started.elapsed().as_millis() as u64;
         let Ok(record) = self.get(id) else { return };
         match outcome {
             Ok(attempt) => {
                 let first = resume.is_none();
                 let _ = self.update(id, |r| {
-                    r.generations.push(Generation { attempt, started_at: Timestamp::now(), ready_ms: Some(ready_ms) });
+                    r.generations.push(Generation {
+                        attempt,
+                        started_at: Timestamp::now(),
+                        ready_ms: Some(ready_ms),
+                    });
                     if r.state != SandboxState::Stopping {
                         set_state(r, SandboxState::Running, if first { "ready" } else { "resumed" }, "");
                     }
@@ -347,7 +377,8 @@ impl Daemon {
             }
             Err(message) => {
                 eprintln!("pvisor serve: {id}: {message}");
-                let job_state = record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
+                let job_state =
+                    record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
                 if resume.is_some() && job_state == Some(JobState::Suspended) {
                     self.finish(id, SandboxState::Paused, "resume_failed", &message);
                 } else {
@@ -362,9 +393,9 @@ impl Daemon {
 
     fn start_generation(&self, id: &str, resume: Option<&JobId>) -> Result<u32, String> {
         let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
-        let bind = self.dir.join(format!("{id}.bind"));
+        let bind = self.bind_file(id);
         let _ = fs::remove_file(&bind);
-        let log_path = self.dir.join(format!("{id}.log"));
+        let log_path = self.log_file(id);
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -394,21 +425,34 @@ impl Daemon {
         // Its own process group: a Ctrl-C or SIGTERM aimed at the daemon
         // must not reach the VMs (the daemon's shutdown policy decides).
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.config.pvisor.display()))?;
+        let mut child =
+            command.spawn().map_err(|e| format!("cannot start {}: {e}", self.config.pvisor.display()))?;
         let pid = child.id();
+        // Recorded first, so a daemon that dies now can find this supervisor again.
+        let _ = self.update(id, |r| {
+            r.supervisor = Some(pid);
+            Ok(())
+        });
         std::thread::spawn(move || {
             let _ = child.wait();
         });
+        self.await_generation(id, pid)
+    }
+
+    /// Waits for the supervisor `pid` of `id` to admit its Job (the bind
+    /// file) and for the guest agent to answer; returns the Attempt number.
+    fn await_generation(&self, id: &str, pid: u32) -> Result<u32, String> {
+        let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
+        let (bind, log_path) = (self.bind_file(id), self.log_file(id));
+        let read_bind = || fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
         let deadline = Instant::now() + READY_TIMEOUT;
-        let binding: Binding = loop {
-            if let Ok(bytes) = fs::read(&bind) {
-                if let Ok(b) = serde_json::from_slice(&bytes) {
-                    break b;
-                }
+        let binding = loop {
+            if let Some(b) = read_bind() {
+                break b;
             }
-            if Instant::now() > deadline || !pid_alive(pid) {
+            if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
                 // The bind file may have landed just before the exit.
-                if let Ok(b) = fs::read(&bind).map_err(|_| ()).and_then(|b| serde_json::from_slice(&b).map_err(|_| ())) {
+                if let Some(b) = read_bind() {
                     break b;
                 }
                 return Err(format!(
@@ -425,15 +469,15 @@ impl Daemon {
         });
         let vm_dir = self.vm_dir_of(&binding.job, binding.attempt);
         loop {
-            let probe = pvisor_agent::Request::FileOp {
-                root: record.rootfs.clone(),
-                op: pvisor_agent::FileOp::Stat { path: "/".into() },
-            };
-            match vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)) {
+            match vm::guest::call(&vm_dir, &probe(&record), &[], Duration::from_secs(10)) {
                 Ok(_) => return Ok(binding.attempt),
                 Err(e) => {
-                    if Instant::now() > deadline || !pid_alive(pid) {
-                        return Err(format!("the VM did not become ready: {e}; see {}: {}", log_path.display(), tail(&log_path)));
+                    if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
+                        return Err(format!(
+                            "the VM did not become ready: {e}; see {}: {}",
+                            log_path.display(),
+                            tail(&log_path)
+                        ));
                     }
                 }
             }
@@ -441,8 +485,17 @@ impl Daemon {
         }
     }
 
+    fn bind_file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.bind"))
+    }
+
+    fn log_file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.log"))
+    }
+
     fn vm_dir_of(&self, job: &JobId, attempt: u32) -> PathBuf {
-        let run = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)).map(|j| j.run);
+        let run =
+            self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)).map(|j| j.run);
         match run {
             Ok(run) => self.store.attempt_dir(&AttemptId::new(run, attempt)).join("vm"),
             Err(_) => PathBuf::from("/nonexistent"),
@@ -489,7 +542,7 @@ impl Daemon {
             output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
         };
         let mut channel = vm::guest::exec(&vm_dir, spec)?;
-        let started = match channel.next() {
+        let started = match channel.next_reply() {
             Ok(Some((pvisor_agent::Reply::Started { .. }, _))) => Ok(()),
             Ok(Some((pvisor_agent::Reply::ExecFailed { message, .. }, _))) => Err(message),
             other => Err(format!("unexpected answer {other:?}")),
@@ -514,7 +567,8 @@ impl Daemon {
 
     /// `POST /pause`: Running → Pausing, then Paused once the VM's state is saved.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), OpError> {
-        let record = self.transition(id, &[SandboxState::Running], SandboxState::Pausing, "pause_requested")?;
+        let record =
+            self.transition(id, &[SandboxState::Running], SandboxState::Pausing, "pause_requested")?;
         let (daemon, id) = (self.clone(), id.to_owned());
         std::thread::spawn(move || {
             let outcome = daemon.suspend_vm(&record);
@@ -524,7 +578,9 @@ impl Daemon {
                     eprintln!("pvisor serve: {id}: pause failed: {message}");
                     let alive = record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok());
                     match alive.map(|s| s.state) {
-                        Some(JobState::Running) => daemon.finish(&id, SandboxState::Running, "pause_failed", &message),
+                        Some(JobState::Running) => {
+                            daemon.finish(&id, SandboxState::Running, "pause_failed", &message)
+                        }
                         Some(JobState::Suspended) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
                         _ => daemon.finish(&id, SandboxState::Failed, "pause_failed", &message),
                     }
@@ -558,8 +614,10 @@ impl Daemon {
 
     /// `POST /resume`: Paused → Resuming, then Running in a new generation.
     pub fn resume(self: &Arc<Self>, id: &str) -> Result<(), OpError> {
-        let record = self.transition(id, &[SandboxState::Paused], SandboxState::Resuming, "resume_requested")?;
-        let job = record.job.clone().ok_or_else(|| OpError::Internal("a paused sandbox without a Job".into()))?;
+        let record =
+            self.transition(id, &[SandboxState::Paused], SandboxState::Resuming, "resume_requested")?;
+        let job =
+            record.job.clone().ok_or_else(|| OpError::Internal("a paused sandbox without a Job".into()))?;
         let (daemon, id) = (self.clone(), id.to_owned());
         std::thread::spawn(move || daemon.provision(&id, Some(job)));
         Ok(())
@@ -598,7 +656,9 @@ impl Daemon {
     fn stop(&self, id: &str, reason: &str) {
         let Ok(record) = self.get(id) else { return };
         let result = match &record.job {
-            Some(job) => pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(15)).map(|_| ()).map_err(|e| e.to_string()),
+            Some(job) => pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(15))
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             None => Ok(()),
         };
         match result {
@@ -613,7 +673,9 @@ impl Daemon {
         let due: Vec<String> = self
             .records()
             .values()
-            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused | SandboxState::Pending))
+            .filter(|r| {
+                matches!(r.state, SandboxState::Running | SandboxState::Paused | SandboxState::Pending)
+            })
             .filter(|r| r.expires_at.is_some_and(|t| t.system_time() <= now))
             .map(|r| r.id.clone())
             .collect();
@@ -624,76 +686,105 @@ impl Daemon {
     }
 
     /// Reconciles every unfinished record with what is on disk after a
-    /// (re)start: a state is only kept when the Job confirms it.
+    /// (re)start: a state is only kept when the Job confirms it. Work a dead
+    /// daemon left in flight (a create, pause or resume its supervisor is
+    /// still doing) is awaited in the background.
     pub fn recover(self: &Arc<Self>) {
         for record in self.list() {
             if record.state.is_final() {
                 continue;
             }
             let id = record.id.clone();
-            let job = record.job.clone().or_else(|| {
-                let bind = self.dir.join(format!("{id}.bind"));
-                fs::read(bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok()).map(|b| b.job)
-            });
-            let Some(job) = job else {
-                self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted; nothing is running");
+            let bind = self.bind_file(&id);
+            // The pid is recorded just after the spawn; a daemon killed in
+            // between is covered by looking for the bind file in /proc.
+            let supervisor = record
+                .supervisor
+                .filter(|pid| supervisor_alive(*pid, &bind))
+                .or_else(|| find_supervisor(&bind));
+            let binding = fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
+            // A create or resume whose supervisor is still starting the VM.
+            if matches!(record.state, SandboxState::Pending | SandboxState::Resuming) {
+                if let Some(pid) = supervisor {
+                    let daemon = self.clone();
+                    let resume =
+                        (record.state == SandboxState::Resuming).then(|| record.job.clone()).flatten();
+                    std::thread::spawn(move || {
+                        let outcome = daemon.await_generation(&id, pid);
+                        daemon.provisioned(&id, resume, outcome, Instant::now());
+                    });
+                    continue;
+                }
+            }
+            let Some(job) = binding.map(|b| b.job).or(record.job.clone()) else {
+                self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted, and its supervisor is gone; nothing is running");
                 continue;
             };
-            let status = views::status(&self.store, &job);
-            let (state, attempt) = match &status {
-                Ok(s) => (s.state, s.attempt.number()),
+            let status = match views::status(&self.store, &job) {
+                Ok(s) => s,
                 Err(e) => {
-                    self.finish(&id, SandboxState::Failed, "record_unreadable", &format!("its Job {job} cannot be read: {e}"));
+                    self.finish(
+                        &id,
+                        SandboxState::Failed,
+                        "record_unreadable",
+                        &format!("its Job {job} cannot be read: {e}"),
+                    );
                     continue;
                 }
             };
+            let attempt = status.attempt.number();
             let _ = self.update(&id, |r| {
                 r.job = Some(job.clone());
-                if r.generations.last().map(|g| g.attempt) != Some(attempt) && state == JobState::Running {
+                if r.generations.last().map(|g| g.attempt) != Some(attempt)
+                    && status.state == JobState::Running
+                {
                     r.generations.push(Generation { attempt, started_at: Timestamp::now(), ready_ms: None });
                 }
                 Ok(())
             });
-            match (record.state, state) {
+            match (record.state, status.state) {
                 (SandboxState::Stopping, _) => {
                     let daemon = self.clone();
                     std::thread::spawn(move || daemon.stop(&id, "user_delete"));
                 }
+                (_, JobState::Suspended) => {
+                    self.finish(
+                        &id,
+                        SandboxState::Paused,
+                        "paused",
+                        "recovered from disk: the VM is suspended",
+                    );
+                }
+                // A pause the supervisor may still be finishing: Paused only
+                // once the Job is suspended, Running if the VM carried on.
+                (SandboxState::Pausing, JobState::Running) => {
+                    let daemon = self.clone();
+                    std::thread::spawn(move || daemon.settle_pause(&id, &job));
+                }
                 (_, JobState::Running | JobState::Pending) => {
                     let vm_dir = self.vm_dir_of(&job, attempt);
-                    let probe = pvisor_agent::Request::FileOp {
-                        root: record.rootfs.clone(),
-                        op: pvisor_agent::FileOp::Stat { path: "/".into() },
-                    };
-                    match vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)) {
+                    match vm::guest::call(&vm_dir, &probe(&record), &[], Duration::from_secs(10)) {
                         Ok(_) => {
-                            let entrypoint_missing = !record.commands.contains_key("entrypoint");
-                            self.finish(&id, SandboxState::Running, "reattached", "the daemon restarted; the VM kept running");
-                            if entrypoint_missing {
+                            self.finish(
+                                &id,
+                                SandboxState::Running,
+                                "reattached",
+                                "the daemon restarted; the VM kept running",
+                            );
+                            if !record.commands.contains_key("entrypoint") {
                                 let _ = self.start_entrypoint(&id);
                             }
                         }
                         Err(e) => {
-                            // Still booting or restoring (a supervisor outlived the daemon): wait in the background.
-                            let (daemon, id2) = (self.clone(), id.clone());
-                            self.finish(&id, SandboxState::Pending, "reattaching", &e);
-                            std::thread::spawn(move || {
-                                let deadline = Instant::now() + READY_TIMEOUT;
-                                while Instant::now() < deadline {
-                                    if vm::guest::call(&vm_dir, &probe, &[], Duration::from_secs(10)).is_ok() {
-                                        daemon.finish(&id2, SandboxState::Running, "reattached", "");
-                                        return;
-                                    }
-                                    std::thread::sleep(Duration::from_millis(200));
-                                }
-                                let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
-                                daemon.finish(&id2, SandboxState::Failed, "daemon_restart", "its VM never became reachable after the daemon restarted");
-                            });
+                            let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
+                            self.finish(
+                                &id,
+                                SandboxState::Failed,
+                                "daemon_restart",
+                                &format!("its VM no longer answers ({e}); it was stopped"),
+                            );
                         }
                     }
-                }
-                (_, JobState::Suspended) => {
-                    self.finish(&id, SandboxState::Paused, "paused", "recovered from disk: the VM is suspended");
                 }
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
@@ -704,6 +795,34 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Waits out a suspend another daemon instance requested.
+    fn settle_pause(&self, id: &str, job: &JobId) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            match views::status(&self.store, job).map(|s| s.state) {
+                Ok(JobState::Suspended) => return self.finish(id, SandboxState::Paused, "paused", ""),
+                Ok(JobState::Running) => {}
+                Ok(other) => {
+                    return self.finish(
+                        id,
+                        SandboxState::Failed,
+                        "pause_failed",
+                        &format!("the Job ended {other}"),
+                    )
+                }
+                Err(e) => return self.finish(id, SandboxState::Failed, "pause_failed", &e.to_string()),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Still running: the suspend was never taken (or failed); the VM is live.
+        self.finish(
+            id,
+            SandboxState::Running,
+            "pause_failed",
+            "the pause did not complete before the daemon restarted",
+        );
     }
 
     /// The SIGTERM policy: every Running sandbox is paused (its execution
@@ -778,11 +897,32 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
     env.into_iter().collect()
 }
 
-fn pid_alive(pid: u32) -> bool {
-    // A zombie counts as gone: the waiter thread reaps it.
-    fs::read_to_string(format!("/proc/{pid}/stat"))
+/// Whether `pid` is still this sandbox's supervisor: alive (a zombie is
+/// not), and its command line names our bind file (pids are reused).
+fn supervisor_alive(pid: u32, bind: &Path) -> bool {
+    let alive = fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-        .unwrap_or(false)
+        .unwrap_or(false);
+    let ours = fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
+        .unwrap_or(false);
+    alive && ours
+}
+
+/// The live supervisor whose command line names `bind`, if any.
+fn find_supervisor(bind: &Path) -> Option<u32> {
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        supervisor_alive(pid, bind).then_some(pid)
+    })
+}
+
+/// A cheap agent call that succeeds once the guest serves the sandbox root.
+fn probe(record: &SandboxRecord) -> pvisor_agent::Request {
+    pvisor_agent::Request::FileOp {
+        root: record.rootfs.clone(),
+        op: pvisor_agent::FileOp::Stat { path: "/".into() },
+    }
 }
 
 fn tail(path: &Path) -> String {

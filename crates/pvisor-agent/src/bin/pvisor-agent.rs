@@ -551,9 +551,12 @@ impl Agent {
             }
         }
         let confine = match root.map(|r| prepare_root(r).map(|()| r)) {
-            Some(Err(e)) => return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new()),
+            Some(Err(e)) => {
+                return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new())
+            }
             Some(Ok(r)) => Some(
-                CString::new(r.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
+                CString::new(r.as_os_str().as_bytes())
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
             ),
             None => None,
         };
@@ -747,11 +750,19 @@ fn prepare_root(root: &Path) -> io::Result<()> {
     let at = |dir: &str| root.join(dir).to_string_lossy().into_owned();
     mount("proc", &at("proc"), "proc", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "")?;
     mount("devtmpfs", &at("dev"), "devtmpfs", libc::MS_NOSUID, "")?;
-    for (dir, fstype, data) in [("dev/pts", "devpts", "newinstance,ptmxmode=0666"), ("dev/shm", "tmpfs", "mode=1777")] {
+    for (dir, fstype, data) in
+        [("dev/pts", "devpts", "newinstance,ptmxmode=0666"), ("dev/shm", "tmpfs", "mode=1777")]
+    {
         let _ = fs::create_dir_all(root.join(dir));
         let _ = mount(fstype, &at(dir), fstype, libc::MS_NOSUID | libc::MS_NOEXEC, data);
     }
-    let _ = mount("sysfs", &at("sys"), "sysfs", libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "");
+    let _ = mount(
+        "sysfs",
+        &at("sys"),
+        "sysfs",
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "",
+    );
     Ok(())
 }
 

@@ -22,10 +22,14 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let api_key = match &args.api_key_file {
         None => None,
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("Cannot read the API key file {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("Cannot read the API key file {}", path.display()))?;
             let key = text.lines().next().unwrap_or("").trim().to_owned();
             if key.len() < 16 {
-                bail!("the API key in {} is shorter than 16 characters; use a long random key", path.display());
+                bail!(
+                    "the API key in {} is shorter than 16 characters; use a long random key",
+                    path.display()
+                );
             }
             Some(key)
         }
@@ -33,9 +37,14 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("Cannot find the pvisor binary")?;
     // The vm image must be installed before the first sandbox (fails early if missing).
     VmExecutor::prepare(store.root())?;
-    let default_image = std::env::var_os("PVISOR_SANDBOX_IMAGE").map(std::path::PathBuf::from).or_else(|| {
-        exe.ancestors().skip(1).take(3).map(|d| d.join("sandbox-image/rootfs")).find(|d| d.join("bin/sh").exists())
-    });
+    let default_image =
+        std::env::var_os("PVISOR_SANDBOX_IMAGE").map(std::path::PathBuf::from).or_else(|| {
+            exe.ancestors()
+                .skip(1)
+                .take(3)
+                .map(|d| d.join("sandbox-image/rootfs"))
+                .find(|d| d.join("bin/sh").exists())
+        });
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,
         api_key,
@@ -56,7 +65,14 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
         ImageCommand::Import { name, source } => {
             eprintln!("pvisor: importing {} as {name} ...", source.display());
             let record = images.import(&name, &source)?;
-            println!("{}: imported from {} ({}; {} files, {:.1} MB)", record.name, record.source, record.kind, record.files, record.bytes as f64 / 1e6);
+            println!(
+                "{}: imported from {} ({}; {} files, {:.1} MB)",
+                record.name,
+                record.source,
+                record.kind,
+                record.files,
+                record.bytes as f64 / 1e6
+            );
         }
         ImageCommand::Ls { json } => {
             let list = images.list()?;
@@ -66,7 +82,15 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
                     json_line(&mut out, "image", record)?;
                 } else {
                     use std::io::Write;
-                    writeln!(out, "{:<32} {:<10} {:>8.1} MB  {}  {}", record.name, record.kind, record.bytes as f64 / 1e6, record.imported_at, record.source)?;
+                    writeln!(
+                        out,
+                        "{:<32} {:<10} {:>8.1} MB  {}  {}",
+                        record.name,
+                        record.kind,
+                        record.bytes as f64 / 1e6,
+                        record.imported_at,
+                        record.source
+                    )?;
                 }
             }
             if list.is_empty() && !json {

@@ -18,5 +18,6 @@ mod network;
 mod read_commands;
 mod recovery;
 mod run;
+mod serve;
 mod signals;
 mod vm;

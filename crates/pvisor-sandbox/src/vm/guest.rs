@@ -44,7 +44,7 @@ pub struct ExecChannel {
 
 impl ExecChannel {
     /// The next reply of this exec; `None` when the supervisor went away.
-    pub fn next(&mut self) -> io::Result<Option<(Reply, Vec<u8>)>> {
+    pub fn next_reply(&mut self) -> io::Result<Option<(Reply, Vec<u8>)>> {
         read_frame(&mut self.reader)
     }
 
@@ -87,7 +87,12 @@ pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, String> {
 }
 
 /// One agent request (file operations, `Poll`) answered by one reply.
-pub fn call(vm_dir: &Path, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+pub fn call(
+    vm_dir: &Path,
+    request: &Request,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<(Reply, Vec<u8>), String> {
     let stream = super::connect_control(vm_dir)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let call = ControlRequest::Call { request: Box::new(request.clone()), payload: payload.len() as u32 };

@@ -1002,7 +1002,10 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
 fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (Reply, Vec<u8>) {
     let refuse = |message: String| (Reply::Error { op: "call".into(), message }, Vec::new());
     match request {
-        Request::ReadFile { .. } | Request::WriteFile { .. } | Request::FileOp { .. } | Request::Status { .. } => {}
+        Request::ReadFile { .. }
+        | Request::WriteFile { .. }
+        | Request::FileOp { .. }
+        | Request::Status { .. } => {}
         // Signals have no reply; they need no op lock either.
         Request::Signal { id, .. } if id != EXEC_ID => {
             return match shared.send(&request, &[]) {
@@ -1024,7 +1027,12 @@ fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (Reply, Vec<
 }
 
 /// Starts `spec` and relays it until it exits or the caller hangs up.
-fn relay_exec(shared: &Shared, spec: guest::ExecSpec, mut from: BufReader<UnixStream>, to: UnixStream) -> io::Result<()> {
+fn relay_exec(
+    shared: &Shared,
+    spec: guest::ExecSpec,
+    mut from: BufReader<UnixStream>,
+    to: UnixStream,
+) -> io::Result<()> {
     let id = spec.id;
     let (tx, rx) = mpsc::channel();
     {

@@ -1,0 +1,401 @@
+//! `pvisor serve`: the real daemon on loopback, driven by real HTTP clients
+//! (curl, and the published OpenSandbox Python SDK), booting real microVMs.
+//! Crash tests SIGKILL the daemon mid-operation and check that, after a
+//! restart, every sandbox's state is what is really true.
+//!
+//! Needs the guest image (`scripts/vm-image.sh`), the default sandbox image
+//! (`scripts/sandbox-image.sh`) and the SDK venv (`scripts/sdk-env.sh`);
+//! `scripts/test.sh` builds all three.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const BOOT: Duration = Duration::from_secs(180);
+
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn sandbox_image() -> PathBuf {
+    let rootfs = target_dir().join("sandbox-image/rootfs");
+    assert!(
+        rootfs.join("bin/sh").exists(),
+        "no default sandbox image at {}: run scripts/sandbox-image.sh",
+        rootfs.display()
+    );
+    rootfs
+}
+
+fn sdk_python() -> PathBuf {
+    let python = target_dir().join("sdk-venv/bin/python");
+    assert!(python.exists(), "no SDK venv at {}: run scripts/sdk-env.sh", python.display());
+    python
+}
+
+/// A `pvisor serve` on a free loopback port, restartable over one state directory.
+struct Daemon {
+    env: Env,
+    port: u16,
+    key: String,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn new() -> Self {
+        assert!(vm_image().is_some(), "no guest image: run scripts/vm-image.sh");
+        let env = Env::new(As::Root);
+        let key = format!("test-key-{:016}-{}", std::process::id(), port_seed());
+        fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut daemon = Self { env, port, key, child: None };
+        daemon.start();
+        daemon
+    }
+
+    fn start(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.env.dir.path().join("serve.log"))
+            .unwrap();
+        let key_file = self.env.dir.path().join("key");
+        let mut cmd =
+            self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
+        cmd.arg(&key_file)
+            .env("PVISOR_SANDBOX_IMAGE", sandbox_image())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(cmd.spawn().unwrap());
+        let up = wait_until(Duration::from_secs(60), || self.curl("GET", "/health", None).0 == 200);
+        assert!(up, "the daemon did not come up: {}", self.log());
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.env.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// `(status, body)` of a request with the API key.
+    fn curl(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-s",
+            "-X",
+            method,
+            "-H",
+            &format!("OPEN-SANDBOX-API-KEY: {}", self.key),
+            "-w",
+            "\n%{http_code}",
+        ]);
+        if let Some(body) = body {
+            cmd.args(["-H", "content-type: application/json", "--data-binary", &body.to_string()]);
+        }
+        let out = cmd.arg(&url).output().unwrap();
+        let text = text(&out.stdout);
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    fn create(&self, extra: Value) -> String {
+        let mut body = json!({ "image": { "uri": "default" }, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 3600 });
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (code, created) = self.curl("POST", "/v1/sandboxes", Some(body));
+        assert_eq!(code, 202, "{created}");
+        created["id"].as_str().unwrap().to_owned()
+    }
+
+    fn state(&self, id: &str) -> Value {
+        self.curl("GET", &format!("/v1/sandboxes/{id}"), None).1
+    }
+
+    /// Waits for `want`; fails at once on a state outside `via`.
+    fn wait_state(&self, id: &str, want: &str, via: &[&str]) -> Value {
+        let start = Instant::now();
+        loop {
+            let got = self.state(id);
+            let state = got["status"]["state"].as_str().unwrap_or("?").to_owned();
+            if state == want {
+                return got;
+            }
+            assert!(
+                via.contains(&state.as_str()),
+                "{id} went {state} while waiting for {want}: {got}\n{}",
+                self.log()
+            );
+            assert!(start.elapsed() < BOOT, "{id} is still {state} after {BOOT:?}: {got}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The execd base URL and its token header.
+    fn execd(&self, id: &str) -> (String, String) {
+        let (code, ep) = self.curl("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None);
+        assert_eq!(code, 200, "{ep}");
+        (
+            format!("http://{}", ep["endpoint"].as_str().unwrap()),
+            format!("X-EXECD-ACCESS-TOKEN: {}", ep["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap()),
+        )
+    }
+
+    /// Runs `command` to completion in the sandbox; returns the SSE body.
+    fn run(&self, id: &str, command: &str) -> String {
+        let (base, token) = self.execd(id);
+        let out = Command::new("curl")
+            .args(["-sN", "-H", &token, "-H", "content-type: application/json", "--data-binary"])
+            .arg(json!({ "command": command }).to_string())
+            .arg(format!("{base}/command"))
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    }
+
+    fn command_status(&self, id: &str, cmd: &str) -> Value {
+        let (base, token) = self.execd(id);
+        let out = Command::new("curl")
+            .args(["-s", "-H", &token])
+            .arg(format!("{base}/command/status/{cmd}"))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn jobs(&self) -> Vec<Value> {
+        let out = self.env.pvisor(&["jobs", "--json"]);
+        text(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Leave no VM behind: kill every sandbox's Job, then the daemon.
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for job in self.jobs() {
+            if let Some(id) = job["job"].as_str().or(job["id"].as_str()) {
+                let _ = self.env.pvisor(&["kill", id, "--grace", "2s"]);
+            }
+        }
+    }
+}
+
+fn sdk(daemon: &Daemon, script: &str) -> String {
+    let out = Command::new(sdk_python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk").join(script))
+        .env("PVISOR_URL", format!("127.0.0.1:{}", daemon.port))
+        .env("PVISOR_KEY", &daemon.key)
+        .env("SPECS", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/opensandbox-specs"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed\nstdout: {}\nstderr: {}\ndaemon: {}",
+        text(&out.stdout),
+        text(&out.stderr),
+        daemon.log()
+    );
+    text(&out.stdout)
+}
+
+#[test]
+fn the_published_python_sdk_runs_its_flow_unchanged() {
+    let daemon = Daemon::new();
+    let out = sdk(&daemon, "flow.py");
+    assert!(out.contains("SDK flow OK"), "{out}");
+    // One vm Job behind the one sandbox that was created, two Attempts
+    // (create, resume); sandbox ids are not Job ids.
+    let jobs = daemon.jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let listing = daemon.curl("GET", "/v1/sandboxes", None).1;
+    let sandbox = &listing["items"][0];
+    // kill() returns at 204; the sandbox is Terminated once its Job ended.
+    daemon.wait_state(sandbox["id"].as_str().unwrap(), "Terminated", &["Stopping"]);
+    let record: Value = serde_json::from_slice(
+        &fs::read(daemon.env.home.join(format!("server/sandboxes/{}.json", sandbox["id"].as_str().unwrap())))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["generations"].as_array().unwrap().len(), 2, "{record}");
+    assert_ne!(record["job"], sandbox["id"]);
+}
+
+#[test]
+fn every_route_answers_as_the_spec_says() {
+    let daemon = Daemon::new();
+    let out = sdk(&daemon, "contract.py");
+    assert!(out.contains("contract OK"), "{out}");
+}
+
+#[test]
+fn a_daemon_killed_during_create_finds_the_sandbox_running_after_restart() {
+    let mut daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    // Killed once the supervisor is starting the VM (well before it is ready).
+    let log = daemon.env.home.join(format!("server/sandboxes/{id}.log"));
+    assert!(wait_until(Duration::from_secs(10), || log.exists()));
+    daemon.kill9();
+    assert_eq!(daemon.curl("GET", "/health", None).0, 0, "the daemon is down");
+    daemon.start();
+    // Pending (booting, or being reattached) and then Running; never Failed.
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    assert!(daemon.run(&id, "echo alive").contains("alive\\n"));
+    assert_eq!(daemon.jobs().len(), 1, "the restart must not start a second VM");
+    // The entrypoint was started exactly once.
+    let record: Value = serde_json::from_slice(
+        &fs::read(daemon.env.home.join(format!("server/sandboxes/{id}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert!(record["commands"]["entrypoint"].is_object(), "{record}");
+}
+
+#[test]
+fn a_daemon_killed_during_pause_reports_paused_only_once_it_is() {
+    let mut daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    daemon.run(&id, "echo before > /root/mark");
+    let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(code, 202, "{body}");
+    daemon.kill9();
+    daemon.start();
+    // The supervisor finished the suspend on its own; the state says so only
+    // once the termination receipt made the Job suspended.
+    daemon.wait_state(&id, "Paused", &["Pausing", "Running"]);
+    let status = daemon.env.pvisor(&["status", "--json"]);
+    assert!(text(&status.stdout).contains("\"suspended\""), "{}", text(&status.stdout));
+    assert_eq!(daemon.curl("POST", &format!("/v1/sandboxes/{id}/resume"), None).0, 202);
+    daemon.wait_state(&id, "Running", &["Resuming", "Paused"]);
+    assert!(daemon.run(&id, "cat /root/mark").contains("before\\n"));
+}
+
+#[test]
+fn a_daemon_killed_during_a_streamed_command_reports_it_honestly() {
+    let mut daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    let (base, token) = daemon.execd(&id);
+    let mut stream = Command::new("curl")
+        .args(["-sN", "-H", &token, "-H", "content-type: application/json", "--data-binary"])
+        .arg(json!({ "command": "echo started; sleep 3; echo finished > /tmp/done" }).to_string())
+        .arg(format!("{base}/command"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = String::new();
+    let mut out = stream.stdout.take().unwrap();
+    while !seen.contains("started") {
+        let mut buf = [0u8; 4096];
+        let n = std::io::Read::read(&mut out, &mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let cmd = seen.split("\"text\":\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    daemon.kill9();
+    let _ = stream.wait();
+    daemon.start();
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    // The command kept running in the guest; its status comes from the guest.
+    assert!(
+        wait_until(Duration::from_secs(30), || daemon.command_status(&id, &cmd)["running"] == false),
+        "{}",
+        daemon.command_status(&id, &cmd)
+    );
+    let status = daemon.command_status(&id, &cmd);
+    assert_eq!(status["exit_code"], 0, "{status}");
+    assert!(daemon.run(&id, "cat /tmp/done").contains("finished"));
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_command() {
+    let daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    let (base, token) = daemon.execd(&id);
+    let out = Command::new("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "3",
+            "-H",
+            &token,
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+        ])
+        .arg(json!({ "command": "echo go; sleep 20; touch /tmp/never" }).to_string())
+        .arg(format!("{base}/command"))
+        .output()
+        .unwrap();
+    let seen = text(&out.stdout);
+    let cmd = seen.split("\"text\":\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(15), || daemon.command_status(&id, &cmd)["running"] == false),
+        "the command outlived its client: {}",
+        daemon.command_status(&id, &cmd)
+    );
+    let status = daemon.command_status(&id, &cmd);
+    assert_eq!(status["exit_code"], 128 + libc::SIGTERM, "{status}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(daemon.run(&id, "ls /tmp/never 2>&1; true").contains("No such file"));
+}
+
+#[test]
+fn an_expired_sandbox_is_killed_even_across_a_restart() {
+    let mut daemon = Daemon::new();
+    let id = daemon.create(json!({ "timeout": 60 }));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    daemon.kill9();
+    daemon.start();
+    let started = Instant::now();
+    let ended = daemon.wait_state(&id, "Terminated", &["Running", "Stopping"]);
+    assert_eq!(ended["status"]["reason"], "ttl_expiry", "{ended}");
+    let expires = ended["expiresAt"].as_str().unwrap().to_owned();
+    assert!(started.elapsed() < Duration::from_secs(75), "expired late ({expires})");
+    let jobs = daemon.jobs();
+    assert!(jobs.iter().all(|j| j["state"] != "running"), "{jobs:?}");
+}
+
+#[test]
+fn sigterm_pauses_running_sandboxes_and_they_resume_after_restart() {
+    let mut daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    daemon.run(
+        &id,
+        "echo kept > /root/file; (while true; do date +%s%N > /tmp/beat; sleep 0.2; done) > /dev/null 2>&1 &",
+    );
+    let mut child = daemon.child.take().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", daemon.log());
+    daemon.start();
+    assert_eq!(daemon.state(&id)["status"]["state"], "Paused", "{}", daemon.log());
+    assert_eq!(daemon.curl("POST", &format!("/v1/sandboxes/{id}/resume"), None).0, 202);
+    daemon.wait_state(&id, "Running", &["Resuming", "Paused"]);
+    assert!(daemon.run(&id, "cat /root/file").contains("kept"));
+    let beat = |d: &Daemon| d.run(&id, "cat /tmp/beat");
+    let first = beat(&daemon);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_ne!(first, beat(&daemon), "the background loop did not survive pause and resume");
+}
+
+/// Distinguishes the keys of daemons one test process starts.
+fn port_seed() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -1,0 +1,231 @@
+"""Contract tests: every lifecycle and execd route of `pvisor serve`, each
+response checked against the OpenSandbox OpenAPI documents: the status must
+be one the operation documents, and a JSON body must match its schema.
+
+Usage: PVISOR_URL=127.0.0.1:PORT PVISOR_KEY=KEY SPECS=DIR python contract.py
+"""
+import json
+import os
+import sys
+import time
+
+import httpx
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+SPECS = os.environ["SPECS"]
+BASE = "http://" + os.environ["PVISOR_URL"]
+KEY = os.environ.get("PVISOR_KEY", "")
+
+
+def load(name):
+    with open(os.path.join(SPECS, name)) as f:
+        doc = yaml.safe_load(f)
+
+    # OpenAPI 3.0's `nullable` (execd) as JSON Schema 2020-12 types.
+    def fix(node):
+        if isinstance(node, dict):
+            if node.get("nullable") is True and isinstance(node.get("type"), str):
+                node["type"] = [node["type"], "null"]
+            for v in node.values():
+                fix(v)
+        elif isinstance(node, list):
+            for v in node:
+                fix(v)
+
+    fix(doc)
+    return doc
+
+
+LIFECYCLE = load("sandbox-lifecycle.yml")
+EXECD = load("execd-api.yaml")
+checked = []
+
+
+def check(spec, uri, method, template, resp, want=None):
+    op = spec["paths"][template][method.lower()]
+    status = str(resp.status_code)
+    assert status in op["responses"], f"{method} {template}: {status} is not documented ({list(op['responses'])}): {resp.text[:300]}"
+    if want is not None:
+        assert resp.status_code == want, f"{method} {template}: want {want}, got {status}: {resp.text[:300]}"
+    assert resp.headers.get("x-request-id"), f"{method} {template}: no X-Request-ID"
+    escape = lambda part: part.replace("~", "~0").replace("/", "~1")
+    pointer = f"/paths/{escape(template)}/{method.lower()}/responses/{status}"
+    answer = op["responses"][status]
+    if "$ref" in answer:
+        pointer = answer["$ref"][1:]
+        answer = spec["components"]["responses"][answer["$ref"].split("/")[-1]]
+    if "schema" in answer.get("content", {}).get("application/json", {}):
+        registry = Registry().with_resource(uri, Resource.from_contents(spec, default_specification=DRAFT202012))
+        ref = {"$ref": f"{uri}#{pointer}/content/application~1json/schema"}
+        jsonschema.Draft202012Validator(ref, registry=registry).validate(resp.json())
+    checked.append(f"{method} {template} {status}")
+    return resp
+
+
+def life(method, template, path, want=None, **kw):
+    headers = kw.pop("headers", {"OPEN-SANDBOX-API-KEY": KEY})
+    resp = httpx.request(method, BASE + "/v1" + path, headers=headers, timeout=120, **kw)
+    return check(LIFECYCLE, "urn:lifecycle", method, template, resp, want)
+
+
+# --- lifecycle ---------------------------------------------------------------
+health = httpx.get(BASE + "/health")
+assert health.status_code == 200 and health.json()["status"] == "healthy"
+
+r = life("GET", "/sandboxes", "/sandboxes", 401, headers={"OPEN-SANDBOX-API-KEY": "wrong"})
+assert r.json()["code"] == "UNAUTHORIZED"
+r = life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "bogus": 1})
+assert "bogus" in r.json()["message"]
+life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "nope:1"}, "entrypoint": ["true"]})
+life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "timeout": 5})
+life("GET", "/sandboxes/{sandboxId}", "/sandboxes/sb-missing", 404)
+
+body = {"image": {"uri": "default"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600,
+        "resourceLimits": {"cpu": "500m", "memory": "512Mi"}, "metadata": {"team": "ml", "note": "a b&c"}, "env": {"GREETING": "hi"}}
+created = life("POST", "/sandboxes", "/sandboxes", 202, json=body, headers={"OPEN-SANDBOX-API-KEY": KEY, "X-Request-ID": "req-123"})
+assert created.headers["x-request-id"] == "req-123"
+sid = created.json()["id"]
+assert sid.startswith("sb-") and created.json()["status"]["state"] == "Pending"
+deadline = time.time() + 180
+while True:
+    got = life("GET", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 200).json()
+    if got["status"]["state"] == "Running":
+        break
+    assert got["status"]["state"] == "Pending" and time.time() < deadline, got
+    time.sleep(0.2)
+# The `/` alias of the reference server.
+assert httpx.get(f"{BASE}/sandboxes/{sid}", headers={"OPEN-SANDBOX-API-KEY": KEY}).json()["id"] == sid
+
+listing = life("GET", "/sandboxes", "/sandboxes", 200, params=[("state", "Running"), ("state", "Paused"), ("metadata", "team=ml&note=a%20b%26c"), ("pageSize", "1")]).json()
+assert [s["id"] for s in listing["items"]] == [sid], listing
+assert listing["pagination"]["totalItems"] == 1
+none = life("GET", "/sandboxes", "/sandboxes", 200, params={"metadata": "team=other"}).json()
+assert none["items"] == [] and none["pagination"]["hasNextPage"] is False
+life("GET", "/sandboxes", "/sandboxes", 400, params={"state": "Sleeping"})
+
+patched = life("PATCH", "/sandboxes/{sandboxId}/metadata", f"/sandboxes/{sid}/metadata", 200, json={"team": None, "env": "prod"}).json()
+assert patched["metadata"] == {"note": "a b&c", "env": "prod"}, patched
+life("PATCH", "/sandboxes/{sandboxId}/metadata", f"/sandboxes/{sid}/metadata", 400, json={"opensandbox.io/x": "1"})
+
+renewed = life("POST", "/sandboxes/{sandboxId}/renew-expiration", f"/sandboxes/{sid}/renew-expiration", 200,
+               json={"expiresAt": time.strftime("%Y-%m-%dT%H:%M:%S.123456+00:00", time.gmtime(time.time() + 1200))}).json()
+assert renewed["expiresAt"].endswith("Z")
+life("POST", "/sandboxes/{sandboxId}/renew-expiration", f"/sandboxes/{sid}/renew-expiration", 400, json={"expiresAt": "2000-01-01T00:00:00Z"})
+
+ep = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/44772", 200).json()
+assert "://" not in ep["endpoint"] and ep["headers"]["X-EXECD-ACCESS-TOKEN"]
+life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/0", 400)
+other = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/8000", 200).json()
+proxied = httpx.get("http://" + other["endpoint"] + "/")
+assert proxied.status_code == 501 and "no network device" in proxied.json()["message"], proxied.text
+life("POST", "/sandboxes/{sandboxId}/resume", f"/sandboxes/{sid}/resume", 409)
+
+# --- execd -------------------------------------------------------------------
+E = "http://" + ep["endpoint"]
+T = ep["headers"]
+
+
+def ex(method, template, path, want=None, **kw):
+    headers = kw.pop("headers", T)
+    resp = httpx.request(method, E + path, headers=headers, timeout=120, **kw)
+    return check(EXECD, "urn:execd", method, template, resp, want)
+
+
+assert httpx.get(E + "/ping").status_code == 401
+ex("GET", "/ping", "/ping", 200)
+
+
+def sse(resp):
+    events = [json.loads(chunk[len("data: "):]) for chunk in resp.text.split("\n\n") if chunk.startswith("data: ")]
+    schema = {"$ref": "urn:execd#/components/schemas/ServerStreamEvent"}
+    registry = Registry().with_resource("urn:execd", Resource.from_contents(EXECD, default_specification=DRAFT202012))
+    for e in events:
+        jsonschema.Draft202012Validator(schema, registry=registry).validate(e)
+        assert isinstance(e["timestamp"], int)
+    return events
+
+
+r = ex("POST", "/command", "/command", 200, json={"command": "echo $GREETING; echo err >&2; pwd", "cwd": "/tmp"})
+assert r.headers["content-type"].startswith("text/event-stream")
+events = sse(r)
+assert [e["type"] for e in events] == ["init", "stdout", "stderr", "stdout", "execution_complete"], events
+assert events[1]["text"] == "hi\n" and events[3]["text"] == "/tmp\n"
+events = sse(ex("POST", "/command", "/command", 200, json={"command": "exit 4"}))
+assert events[-1]["type"] == "error" and events[-1]["error"]["evalue"] == "4"
+events = sse(ex("POST", "/command", "/command", 200, json={"command": "sleep 30", "timeout": 500}))
+assert events[-1]["type"] == "error", events
+ex("POST", "/command", "/command", 400, json={"cmd": "x"})
+
+bg = sse(ex("POST", "/command", "/command", 200, json={"command": "for i in 1 2 3; do echo line $i; done; sleep 300", "background": True}))
+cid = bg[0]["text"]
+assert [e["type"] for e in bg] == ["init", "execution_complete"]
+time.sleep(1)
+st = ex("GET", "/command/status/{id}", f"/command/status/{cid}", 200).json()
+assert st["running"] is True and st["exit_code"] is None, st
+logs = ex("GET", "/command/{id}/logs", f"/command/{cid}/logs", 200)
+assert logs.text == "line 1\nline 2\nline 3\n" and logs.headers["EXECD-COMMANDS-TAIL-CURSOR"] == "3", (logs.text, logs.headers)
+assert ex("GET", "/command/{id}/logs", f"/command/{cid}/logs", 200, params={"cursor": 2}).text == "line 3\n"
+ex("GET", "/command/{id}/logs", "/command/cmd-missing/logs", 404)
+ex("DELETE", "/command", "/command", 200, params={"id": cid})
+deadline = time.time() + 10
+while ex("GET", "/command/status/{id}", f"/command/status/{cid}", 200).json()["running"]:
+    assert time.time() < deadline
+    time.sleep(0.2)
+
+files = {"metadata": (None, json.dumps({"path": "/work/dir/a.txt", "mode": 640}), "application/json"),
+         "file": ("a.txt", b"0123456789", "application/octet-stream")}
+ex("POST", "/files/upload", "/files/upload", 200, files=files)
+info = ex("GET", "/files/info", "/files/info", 200, params=[("path", "/work/dir/a.txt"), ("path", "/etc/passwd")]).json()
+assert info["/work/dir/a.txt"]["size"] == 10 and info["/work/dir/a.txt"]["mode"] == 640 and info["/work/dir/a.txt"]["type"] == "file", info
+ex("GET", "/files/info", "/files/info", 404, params={"path": "/nope"})
+assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/work/dir/a.txt"}).content == b"0123456789"
+part = ex("GET", "/files/download", "/files/download", 206, params={"path": "/work/dir/a.txt"}, headers={**T, "Range": "bytes=2-4"})
+assert part.content == b"234" and part.headers["content-range"] == "bytes 2-4/10"
+ex("GET", "/files/download", "/files/download", 416, params={"path": "/work/dir/a.txt"}, headers={**T, "Range": "bytes=50-60"})
+ex("GET", "/files/download", "/files/download", 404, params={"path": "/nope"})
+ex("POST", "/files/permissions", "/files/permissions", 200, json={"/work/dir/a.txt": {"mode": 600, "owner": "root", "group": "root"}})
+ex("POST", "/directories", "/directories", 200, json={"/work/dir/sub/deeper": {"mode": 700}})
+ex("POST", "/files/mv", "/files/mv", 200, json=[{"src": "/work/dir/a.txt", "dest": "/work/dir/sub/b.txt"}])
+listing = ex("GET", "/directories/list", "/directories/list", 200, params={"path": "/work/dir", "depth": 3}).json()
+assert [(e["path"], e["type"], e["mode"]) for e in listing] == [
+    ("/work/dir/sub", "directory", 755), ("/work/dir/sub/b.txt", "file", 600), ("/work/dir/sub/deeper", "directory", 700)], listing
+found = ex("GET", "/files/search", "/files/search", 200, params={"path": "/work", "pattern": "*.txt"}).json()
+assert [e["path"] for e in found] == ["/work/dir/sub/b.txt"], found
+ex("DELETE", "/files", "/files", 200, params={"path": "/work/dir/sub/b.txt"})
+ex("DELETE", "/directories", "/directories", 200, params={"path": "/work"})
+ex("GET", "/files/info", "/files/info", 404, params={"path": "/work"})
+# Escapes stay in the sandbox root: `..` and absolute symlinks resolve beneath it.
+sse(ex("POST", "/command", "/command", 200, json={"command": "ln -s / /tmp/up; ln -s /../../.. /tmp/up2"}))
+assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/../../../etc/os-release"}).content.startswith(b"PRETTY_NAME=\"pvisor default")
+assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/tmp/up2/etc/os-release"}).content.startswith(b"PRETTY_NAME=\"pvisor default")
+m = ex("GET", "/metrics", "/metrics", 200).json()
+assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
+for template in ["/code", "/session", "/code/context"]:
+    r = ex("POST", template, template, 400, json={"code": "1+1"} if template == "/code" else {})
+    assert r.json()["code"] == "NOT_SUPPORTED" and "POST /command" in r.json()["message"], r.text
+
+# --- pause, resume, delete ----------------------------------------------------
+life("POST", "/sandboxes/{sandboxId}/pause", f"/sandboxes/{sid}/pause", 202)
+life("POST", "/sandboxes/{sandboxId}/pause", f"/sandboxes/{sid}/pause", 409)
+deadline = time.time() + 120
+while life("GET", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 200).json()["status"]["state"] != "Paused":
+    assert time.time() < deadline
+    time.sleep(0.1)
+assert httpx.get(E + "/ping", headers=T).status_code == 409
+life("POST", "/sandboxes/{sandboxId}/resume", f"/sandboxes/{sid}/resume", 202)
+deadline = time.time() + 120
+while life("GET", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 200).json()["status"]["state"] != "Running":
+    assert time.time() < deadline
+    time.sleep(0.1)
+life("DELETE", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 204)
+life("DELETE", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 409)
+deadline = time.time() + 120
+while life("GET", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 200).json()["status"]["state"] != "Terminated":
+    assert time.time() < deadline
+    time.sleep(0.1)
+r = life("POST", "/sandboxes/{sandboxId}/snapshots", f"/sandboxes/{sid}/snapshots", 400, json={})
+assert r.json()["code"] == "NOT_SUPPORTED", r.text
+print(f"contract OK: {len(checked)} responses checked against the spec")
