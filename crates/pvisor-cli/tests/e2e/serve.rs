@@ -245,8 +245,14 @@ fn a_daemon_killed_during_create_finds_the_sandbox_running_after_restart() {
     let mut daemon = Daemon::new();
     let id = daemon.create(json!({}));
     // Killed once the supervisor is starting the VM (well before it is ready).
-    let log = daemon.env.home.join(format!("server/sandboxes/{id}.log"));
-    assert!(wait_until(Duration::from_secs(10), || log.exists()));
+    let record = daemon.env.home.join(format!("server/sandboxes/{id}.json"));
+    let spawned = || {
+        fs::read(&record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|r| r["supervisor"].is_u64())
+    };
+    assert!(wait_until(Duration::from_secs(10), spawned));
     daemon.kill9();
     assert_eq!(daemon.curl("GET", "/health", None).0, 0, "the daemon is down");
     daemon.start();

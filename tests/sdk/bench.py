@@ -1,0 +1,67 @@
+"""`pvisor serve` through the published SDK: the figures the serve benchmark
+reports (crates/pvisor-cli/benches/serve.rs runs this and adds baselines).
+
+Prints one JSON object: lists of milliseconds per measure, plus the ids of
+idle sandboxes left running for the memory measurement (the caller kills them).
+"""
+import json
+import os
+import time
+from datetime import timedelta
+
+import httpx
+from opensandbox import SandboxSync
+from opensandbox.config import ConnectionConfigSync
+
+os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
+iters = int(os.environ.get("ITERS", "5"))
+idle = int(os.environ.get("IDLE", "3"))
+url = os.environ["PVISOR_URL"]
+cfg = ConnectionConfigSync(domain=url, protocol="http", api_key=os.environ.get("PVISOR_KEY"),
+                           request_timeout=timedelta(seconds=120))
+out = {"create_ms": [], "run_true_ms": [], "health_ms": [], "pause_ms": [], "resume_ms": [], "idle": []}
+
+
+def ms(start):
+    return round((time.monotonic() - start) * 1000, 1)
+
+
+client = httpx.Client()
+for _ in range(iters):
+    start = time.monotonic()
+    client.get(f"http://{url}/health")
+    out["health_ms"].append(ms(start))
+
+for _ in range(iters):
+    start = time.monotonic()
+    sb = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
+    out["create_ms"].append(ms(start))
+    sb.kill()
+    sb.close()
+
+sb = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
+sb.commands.run("true")
+for _ in range(iters * 4):
+    start = time.monotonic()
+    sb.commands.run("true")
+    out["run_true_ms"].append(ms(start))
+for _ in range(iters):
+    start = time.monotonic()
+    sb.pause()
+    while sb.get_info().status.state != "Paused":
+        time.sleep(0.01)
+    out["pause_ms"].append(ms(start))
+    start = time.monotonic()
+    sb2 = SandboxSync.resume(sb.id, connection_config=cfg, resume_timeout=timedelta(seconds=180))
+    sb2.commands.run("true")
+    out["resume_ms"].append(ms(start))
+    sb.close()
+    sb = sb2
+sb.kill()
+sb.close()
+
+for _ in range(idle):
+    s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
+    out["idle"].append(s.id)
+    s.close()
+print(json.dumps(out))
