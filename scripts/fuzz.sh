@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../fuzz"
 seconds="${1:-60}"
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
-for target in records upper; do
+for target in records upper http_inputs; do
   mkdir -p "target/work-$target"
   log="target/fuzz-$target.log"
   if ! cargo fuzz run --sanitizer none "$target" "target/work-$target" "corpus/$target" -- \

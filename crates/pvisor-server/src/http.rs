@@ -63,6 +63,7 @@ pub fn empty(status: StatusCode) -> Response<Body> {
 
 /// A response body fed by a channel: SSE events, file downloads. The
 /// sender sees the receiver dropped when the client goes away.
+#[derive(Debug)]
 pub struct ChannelBody {
     rx: tokio::sync::mpsc::Receiver<Bytes>,
 }

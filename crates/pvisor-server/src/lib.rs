@@ -12,10 +12,10 @@
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
 pub mod execd;
-mod http;
+pub mod http;
 pub mod images;
 pub mod lifecycle;
-mod multipart;
+pub mod multipart;
 pub mod sandbox;
 
 use std::net::SocketAddr;

@@ -2,6 +2,7 @@
 //! already in memory, so this only splits it at the boundary and reads each
 //! part's `Content-Disposition` name.
 
+#[derive(Debug)]
 pub struct Part {
     pub name: String,
     pub data: Vec<u8>,
