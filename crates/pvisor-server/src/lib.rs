@@ -48,10 +48,29 @@ where
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map(str::to_owned)
         .unwrap_or_else(http::uuid4);
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let started = std::time::Instant::now();
     let mut response = match route(&daemon, api_key.as_deref().map(String::as_str), req).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // The access log names errors; successful polling stays quiet.
+            eprintln!(
+                "pvisor serve: {request_id} {method} {path} -> {} {} ({} ms): {}",
+                e.status.as_u16(),
+                e.code,
+                started.elapsed().as_millis(),
+                e.message
+            );
+            e.into_response()
+        }
     };
+    if method != Method::GET && response.status().is_success() {
+        eprintln!(
+            "pvisor serve: {request_id} {method} {path} -> {} ({} ms)",
+            response.status().as_u16(),
+            started.elapsed().as_millis()
+        );
+    }
     if let Ok(v) = request_id.parse() {
         response.headers_mut().insert("x-request-id", v);
     }

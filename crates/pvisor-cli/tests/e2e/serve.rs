@@ -48,8 +48,12 @@ struct Daemon {
 
 impl Daemon {
     fn new() -> Self {
+        Self::new_as(As::Root)
+    }
+
+    fn new_as(who: As) -> Self {
         assert!(vm_image().is_some(), "no guest image: run scripts/vm-image.sh");
-        let env = Env::new(As::Root);
+        let env = Env::new(who);
         let key = format!("test-key-{:016}-{}", std::process::id(), port_seed());
         fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -65,12 +69,22 @@ impl Daemon {
             .open(self.env.dir.path().join("serve.log"))
             .unwrap();
         let key_file = self.env.dir.path().join("key");
+        // The unprivileged user imports its own copy of the default image.
+        let image = if self.env.who == As::Rootless && is_root() {
+            let copy = self.env.dir.path().join("sandbox-image");
+            if !copy.exists() {
+                let ok =
+                    Command::new("cp").arg("-a").arg(sandbox_image()).arg(&copy).status().unwrap().success();
+                assert!(ok);
+                self.env.give_away(&copy);
+            }
+            copy
+        } else {
+            sandbox_image()
+        };
         let mut cmd =
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
-        cmd.arg(&key_file)
-            .env("PVISOR_SANDBOX_IMAGE", sandbox_image())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.arg(&key_file).env("PVISOR_SANDBOX_IMAGE", image).stdout(log.try_clone().unwrap()).stderr(log);
         self.child = Some(cmd.spawn().unwrap());
         let up = wait_until(Duration::from_secs(60), || self.curl("GET", "/health", None).0 == 200);
         assert!(up, "the daemon did not come up: {}", self.log());
@@ -231,6 +245,23 @@ fn the_published_python_sdk_runs_its_flow_unchanged() {
     .unwrap();
     assert_eq!(record["generations"].as_array().unwrap().len(), 2, "{record}");
     assert_ne!(record["job"], sandbox["id"]);
+}
+
+#[test]
+fn the_sdk_flow_runs_rootless_too() {
+    if !As::Rootless.available() {
+        return;
+    }
+    let daemon = Daemon::new_as(As::Rootless);
+    let out = sdk(&daemon, "flow.py");
+    assert!(out.contains("SDK flow OK"), "{out}");
+    // The supervisors and QEMU ran as the unprivileged user.
+    let record = fs::read_dir(daemon.env.home.join("server/sandboxes"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&record.metadata().unwrap()), UNPRIVILEGED);
 }
 
 #[test]
