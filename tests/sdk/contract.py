@@ -203,9 +203,28 @@ assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/..
 assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/tmp/up2/etc/os-release"}).content.startswith(b"PRETTY_NAME=\"pvisor default")
 m = ex("GET", "/metrics", "/metrics", 200).json()
 assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
-for template in ["/code", "/session", "/code/context"]:
+for template in ["/code", "/code/context"]:
     r = ex("POST", template, template, 400, json={"code": "1+1"} if template == "/code" else {})
-    assert r.json()["code"] == "NOT_SUPPORTED" and "POST /command" in r.json()["message"], r.text
+    assert r.json()["code"] == "NOT_SUPPORTED" and "POST /session" in r.json()["message"], r.text
+
+# Bash sessions keep shell state between runs.
+session = ex("POST", "/session", "/session", 200, json={"cwd": "/tmp"}).json()["session_id"]
+run = lambda cmd, **kw: sse(ex("POST", "/session/{sessionId}/run", f"/session/{session}/run", 200, json={"command": cmd, **kw}))
+events = run("pwd; X=42; cd /etc; f() { echo in-f; }")
+assert [e["type"] for e in events] == ["init", "stdout", "execution_complete"] and events[1]["text"] == "/tmp\n", events
+events = run("echo $X $(pwd); f; echo oops >&2; false")
+assert events[1]["text"] == "42 /etc\nin-f\n" or [e.get("text") for e in events if e["type"] == "stdout"] == ["42 /etc\n", "in-f\n"], events
+assert any(e["type"] == "stderr" and e["text"] == "oops\n" for e in events), events
+assert events[-1]["type"] == "error" and events[-1]["error"]["evalue"] == "1", events
+events = run("echo -n no-newline")
+assert [e["text"] for e in events if e["type"] == "stdout"] == ["no-newline"], events
+events = run("if then fi")  # a syntax error does not wedge the shell
+assert events[-1]["type"] == "error" and events[-1]["error"]["evalue"] == "2", events
+assert [e["text"] for e in run("echo still-here") if e["type"] == "stdout"] == ["still-here\n"]
+ex("DELETE", "/session/{sessionId}", f"/session/{session}", 200)
+ex("DELETE", "/session/{sessionId}", f"/session/{session}", 404)
+r = ex("POST", "/session/{sessionId}/run", f"/session/{session}/run", 400, json={"command": "true"})
+assert r.json()["code"] == "SESSION_NOT_FOUND", r.text
 
 # --- pause, resume, delete ----------------------------------------------------
 life("POST", "/sandboxes/{sandboxId}/pause", f"/sandboxes/{sid}/pause", 202)

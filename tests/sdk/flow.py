@@ -49,6 +49,12 @@ try:
     fail = sb.commands.run("echo oops >&2; exit 7")
     assert fail.exit_code == 7 and fail.logs.stderr[0].text == "oops\n", (fail.exit_code, fail.logs)
 
+    session = sb.commands.create_session()
+    sb.commands.run_in_session(session, "cd /tmp; GREETING=hi")
+    ex = sb.commands.run_in_session(session, "echo $GREETING from $(pwd)")
+    assert ex.text == "hi from /tmp", (ex.text, ex.error)
+    sb.commands.delete_session(session)
+
     sb.files.write_file("/root/notes.txt", "kept across pause\n")
     assert sb.files.read_file("/root/notes.txt") == "kept across pause\n"
 

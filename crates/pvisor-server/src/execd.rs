@@ -354,11 +354,31 @@ where
             download(guest, path, range).await
         }
         (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
+        (&Method::POST, ["session"]) => {
+            let bytes = small(body).await?;
+            let request: CreateSession =
+                if bytes.iter().all(u8::is_ascii_whitespace) { CreateSession::default() } else { http::parse_json(&bytes, "CreateSessionRequest")? };
+            create_session(daemon, guest, request).await
+        }
+        (&Method::POST, ["session", session, "run"]) => {
+            let request: RunInSession = http::parse_json(&small(body).await?, "RunInSessionRequest")?;
+            run_in_session(daemon, &guest.record.id, session, request)
+        }
+        (&Method::DELETE, ["session", session]) => {
+            let removed = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(guest.record.id.clone(), (*session).to_owned()));
+            match removed {
+                Some(s) => {
+                    s.kill();
+                    Ok(http::empty(StatusCode::OK))
+                }
+                None => Err(ApiError::not_found(format!("no session {session} in sandbox {}", guest.record.id))),
+            }
+        }
         // Documented 400s (the spec has no 501): say what to use instead.
-        (_, ["code", ..]) | (_, ["session", ..]) => Err(ApiError::new(
+        (_, ["code", ..]) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "NOT_SUPPORTED",
-            "pvisor serve has no code contexts or bash sessions; run each step with POST /command (docs/cli-reference.md)",
+            "pvisor serve has no code interpreter contexts; use POST /session for a stateful bash, or POST /command (docs/cli-reference.md)",
         )),
         (_, ["files", "replace"]) | (_, ["metrics", "watch"]) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -367,6 +387,79 @@ where
         )),
         _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
     }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSession {
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunInSession {
+    command: String,
+    cwd: Option<String>,
+    /// Milliseconds.
+    timeout: Option<u64>,
+}
+
+async fn create_session(daemon: &Arc<Daemon>, guest: Guest, request: CreateSession) -> ApiResult {
+    let exec_id = daemon.next_exec_id(&guest.record.id)?;
+    let sandbox = guest.record.id.clone();
+    let session = blocking(move || {
+        crate::bash_sessions::BashSession::start(
+            &guest.vm_dir,
+            &guest.record,
+            exec_id,
+            request.cwd.as_deref(),
+        )
+    })
+    .await?;
+    let id = format!("session-{exec_id}");
+    daemon
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert((sandbox, id.clone()), Arc::new(session));
+    Ok(json(StatusCode::OK, &json!({ "session_id": id })))
+}
+
+fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: RunInSession) -> ApiResult {
+    use crate::bash_sessions::Piece;
+    let key = (sandbox.to_owned(), session.to_owned());
+    let found = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+    let session = match found {
+        Some(s) if !s.ended() => s,
+        Some(_) => {
+            daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "SESSION_ENDED", format!("session {} has ended (its shell exited, or the sandbox was paused or the daemon restarted); create a new one", key.1)));
+        }
+        None => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "SESSION_NOT_FOUND",
+                format!("no session {} in sandbox {sandbox}; create one with POST /session", key.1),
+            ))
+        }
+    };
+    let (tx, body) = http::channel_body(64);
+    let id = key.1.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let _ = tx.blocking_send(event(json!({ "type": "init", "text": id })));
+        session.run(&request.command, request.cwd.as_deref(), request.timeout.map(Duration::from_millis), |piece| {
+            let e = match piece {
+                Piece::Stdout(b) => event(json!({ "type": "stdout", "text": String::from_utf8_lossy(&b) })),
+                Piece::Stderr(b) => event(json!({ "type": "stderr", "text": String::from_utf8_lossy(&b) })),
+                Piece::Exit(0) => event(json!({ "type": "execution_complete", "execution_time": started.elapsed().as_millis() as u64 })),
+                Piece::Exit(code) => error_event(code, &format!("exit status {code}")),
+                Piece::Failed(why) => event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } })),
+            };
+            tx.blocking_send(e).is_ok()
+        });
+    });
+    Ok(sse(body))
 }
 
 fn join_display(root: &str, relative: &Path) -> String {

@@ -11,6 +11,7 @@
 //! `/sandboxes/{id}/port/44772/…` (what `endpoints/44772` returns, with the
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
+mod bash_sessions;
 pub mod execd;
 pub mod http;
 pub mod images;

@@ -176,6 +176,8 @@ pub struct Daemon {
     records: Mutex<BTreeMap<String, SandboxRecord>>,
     /// Foreground commands in flight, for `DELETE /command`.
     pub running: Mutex<HashMap<(String, String), SharedSignaller>>,
+    /// Execd bash sessions (in memory: they end with their relay).
+    pub sessions: crate::bash_sessions::Sessions,
 }
 
 impl Daemon {
@@ -208,6 +210,7 @@ impl Daemon {
             dir,
             records: Mutex::new(records),
             running: Mutex::default(),
+            sessions: Mutex::default(),
         }))
     }
 

@@ -62,7 +62,7 @@ impl ExecChannel {
     }
 }
 
-/// Signals a relayed exec from another thread.
+/// Signals a relayed exec, or feeds its stdin, from another thread.
 #[derive(Debug)]
 pub struct ExecSignaller {
     writer: UnixStream,
@@ -72,6 +72,12 @@ pub struct ExecSignaller {
 impl ExecSignaller {
     pub fn signal(&mut self, signal: i32) -> io::Result<()> {
         write_frame(&mut self.writer, &Request::Signal { id: self.id, signal }, &[])
+    }
+
+    /// Writes to the exec's stdin (small writes: the agent queues a few
+    /// chunks per exec and drops stdin if a caller floods it).
+    pub fn stdin(&mut self, bytes: &[u8]) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::Stdin { id: self.id }, bytes)
     }
 }
 
