@@ -201,6 +201,26 @@ ex("GET", "/files/info", "/files/info", 404, params={"path": "/work"})
 sse(ex("POST", "/command", "/command", 200, json={"command": "ln -s / /tmp/up; ln -s /../../.. /tmp/up2"}))
 assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/../../../etc/os-release"}).content.startswith(b"PRETTY_NAME=\"pvisor default")
 assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/tmp/up2/etc/os-release"}).content.startswith(b"PRETTY_NAME=\"pvisor default")
+# A search over the whole root (with /proc, /sys and /dev mounted inside)
+# is bounded and leaves the sandbox working.
+found = ex("GET", "/files/search", "/files/search", 200, params={"path": "/", "pattern": "*.so*"}).json()
+assert any(e["path"].startswith("/lib/") or e["path"].startswith("/usr/lib/") for e in found), found[:3]
+assert not any(e["path"].startswith(("/proc/", "/sys/")) for e in found)
+big = ex("GET", "/directories/list", "/directories/list", 200, params={"path": "/", "depth": 64}).json()
+assert len(big) > 300 and not any(e["path"].startswith("/proc/") for e in big), len(big)
+# A FIFO or a device is not a file to download; the agent does not hang on it.
+sse(ex("POST", "/command", "/command", 200, json={"command": "mkfifo /tmp/fifo"}))
+r = ex("GET", "/files/download", "/files/download", 400, params={"path": "/tmp/fifo"})
+assert "not a regular file" in r.json()["message"], r.text
+ex("GET", "/files/download", "/files/download", 400, params={"path": "/dev/zero"})
+assert ex("GET", "/files/info", "/files/info", 200, params={"path": "/tmp/fifo"}).json()["/tmp/fifo"]["type"] == "other"
+ex("POST", "/command", "/command", 400, json={"command": "x" * (300 << 10)})
+# A background command's timeout ends it.
+bg = sse(ex("POST", "/command", "/command", 200, json={"command": "sleep 300", "background": True, "timeout": 300}))[0]["text"]
+deadline = time.time() + 15
+while ex("GET", "/command/status/{id}", f"/command/status/{bg}", 200).json()["running"]:
+    assert time.time() < deadline, "the background timeout did not end the command"
+    time.sleep(0.2)
 m = ex("GET", "/metrics", "/metrics", 200).json()
 assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
 for template in ["/code", "/code/context"]:

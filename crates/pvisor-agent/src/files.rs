@@ -19,9 +19,10 @@ pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
         }
         FileOp::List { path, depth } => {
             let dir = resolve_in_root(root, &path, true)?;
-            let mut entries = Vec::new();
-            let truncated = list(&dir, Path::new(""), depth.max(1), &mut entries)?;
-            Ok(Reply::Listing { entries, truncated })
+            let device = fs::metadata(&dir)?.dev();
+            let mut listing = Listing { entries: Vec::new(), bytes: 0, device };
+            let truncated = list(&dir, Path::new(""), depth.max(1), &mut listing)?;
+            Ok(Reply::Listing { entries: listing.entries, truncated })
         }
         FileOp::Mkdir { path, mode } => {
             let dir = resolve_in_root(root, &path, true)?;
@@ -74,20 +75,37 @@ pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
     }
 }
 
+/// A listing being built: its entries, their encoded size so far, and the
+/// filesystem it stays on.
+struct Listing {
+    entries: Vec<FileStat>,
+    bytes: usize,
+    device: u64,
+}
+
+/// Room for a `Listing` reply's entries: well inside the frame's header
+/// limit, so a huge tree is cut short instead of breaking the channel.
+const LISTING_BYTES: usize = (crate::MAX_HEADER as usize) * 3 / 4;
+
 /// Appends the entries below `dir` (named relative to the listed directory)
-/// down to `depth` levels; true when [`MAX_LISTING`] cut the listing short.
-fn list(dir: &Path, prefix: &Path, depth: u32, out: &mut Vec<FileStat>) -> io::Result<bool> {
+/// down to `depth` levels, not descending into other filesystems (`/proc`,
+/// `/sys`, `/dev` are mounted inside a sandbox root). True when the listing
+/// was cut short ([`MAX_LISTING`] entries, or the reply size).
+fn list(dir: &Path, prefix: &Path, depth: u32, out: &mut Listing) -> io::Result<bool> {
     let mut names: Vec<_> = fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
-        if out.len() >= MAX_LISTING {
-            return Ok(true);
-        }
         let path = dir.join(&name);
         let Ok(meta) = fs::symlink_metadata(&path) else { continue };
         let relative = prefix.join(&name);
-        out.push(stat_of(relative.clone(), &meta));
-        if meta.is_dir() && depth > 1 && list(&path, &relative, depth - 1, out)? {
+        // The JSON of one entry: its path plus about 150 bytes of fields.
+        let size = relative.as_os_str().len() * 2 + 160;
+        if out.entries.len() >= MAX_LISTING || out.bytes + size > LISTING_BYTES {
+            return Ok(true);
+        }
+        out.bytes += size;
+        out.entries.push(stat_of(relative.clone(), &meta));
+        if meta.is_dir() && depth > 1 && meta.dev() == out.device && list(&path, &relative, depth - 1, out)? {
             return Ok(true);
         }
     }
@@ -99,8 +117,11 @@ fn stat_of(path: PathBuf, meta: &fs::Metadata) -> FileStat {
         EntryKind::Dir
     } else if meta.file_type().is_symlink() {
         EntryKind::Symlink
-    } else {
+    } else if meta.is_file() {
         EntryKind::File
+    } else {
+        // FIFOs, sockets and devices: reported as neither file nor directory.
+        EntryKind::Fifo
     };
     FileStat {
         path,
@@ -158,5 +179,22 @@ mod tests {
         run(root, FileOp::Remove { path: "/a".into(), recursive: true }).unwrap();
         assert!(run(root, FileOp::Remove { path: "/".into(), recursive: true }).is_err());
         assert!(root.join("c/g").exists());
+    }
+
+    #[test]
+    fn a_huge_listing_is_cut_short_within_the_frame_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for i in 0..12_000 {
+            fs::write(root.join(format!("file-with-a-longish-name-{i:05}")), b"").unwrap();
+        }
+        let Reply::Listing { entries, truncated } =
+            run(root, FileOp::List { path: "/".into(), depth: 1 }).unwrap()
+        else {
+            panic!()
+        };
+        assert!(truncated && entries.len() > 1000);
+        let header = serde_json::to_vec(&Reply::Listing { entries, truncated }).unwrap();
+        assert!(header.len() < crate::MAX_HEADER as usize, "{}", header.len());
     }
 }

@@ -362,6 +362,17 @@ pub enum Reply {
 /// Writes one frame.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, header: &T, payload: &[u8]) -> io::Result<()> {
     let header = serde_json::to_vec(header).map_err(io::Error::other)?;
+    // The reader would reject it and lose its place in the stream: refuse here.
+    if header.len() > MAX_HEADER as usize || payload.len() > MAX_PAYLOAD as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a {}-byte header or {}-byte payload exceeds the protocol limits",
+                header.len(),
+                payload.len()
+            ),
+        ));
+    }
     let mut buf = Vec::with_capacity(8 + header.len() + payload.len());
     buf.extend_from_slice(&(header.len() as u32).to_be_bytes());
     buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());

@@ -22,6 +22,10 @@ use crate::http::{self, json, ApiError, ApiResult, Body};
 use crate::sandbox::{command_env, CommandRecord, Daemon, SandboxRecord, SharedSignaller, GUEST_LOG_DIR};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest command plus environment (an AgentCtl header is at most 1 MiB).
+const MAX_COMMAND_BYTES: usize = 256 << 10;
+/// Largest background log `GET /command/{id}/logs` reads.
+const MAX_LOG_BYTES: u64 = 256 << 20;
 /// Page size of file transfers through the agent (below its frame limit).
 const CHUNK: u64 = 8 << 20;
 
@@ -71,9 +75,9 @@ async fn blocking<T: Send + 'static>(
 fn guest_error(message: String) -> ApiError {
     if message.contains("No such file") || message.contains("os error 2") {
         ApiError::not_found(message)
-    } else if message.contains("Is a directory")
-        || message.contains("Not a directory")
-        || message.contains("not empty")
+    } else if ["Is a directory", "Not a directory", "not empty", "not a regular file"]
+        .iter()
+        .any(|m| message.contains(m))
     {
         ApiError::bad_request(message)
     } else {
@@ -183,7 +187,10 @@ struct Names {
 impl Names {
     fn load(rootfs: &Path) -> Self {
         let table = |file: &str| -> BTreeMap<u32, String> {
-            std::fs::read_to_string(rootfs.join(file))
+            // Beneath the rootfs: an image's absolute symlink must not make
+            // the daemon read the host's own files.
+            pvisor_agent::resolve_in_root(rootfs, Path::new(file), true)
+                .and_then(std::fs::read_to_string)
                 .unwrap_or_default()
                 .lines()
                 .filter_map(|l| {
@@ -234,9 +241,16 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let guest = connect(daemon, id, headers)?;
+    let (guest, names) = {
+        let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
+        blocking(move || {
+            let guest = connect(&daemon, &id, &headers)?;
+            let names = Names::load(&guest.record.rootfs);
+            Ok((guest, names))
+        })
+        .await?
+    };
     let q = http::query_pairs(query);
-    let names = Names::load(&guest.record.rootfs);
     let small = |body: B| http::read_body(body, 16 << 20);
     match (method, rest) {
         (&Method::GET, ["ping"]) => Ok(http::empty(StatusCode::OK)),
@@ -351,7 +365,7 @@ where
         (&Method::GET, ["files", "download"]) => {
             let path = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
             let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_owned);
-            download(guest, path, range).await
+            download(daemon, guest, path, range).await
         }
         (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
         (&Method::POST, ["session"]) => {
@@ -405,6 +419,20 @@ struct RunInSession {
 }
 
 async fn create_session(daemon: &Arc<Daemon>, guest: Guest, request: CreateSession) -> ApiResult {
+    let open = daemon
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .filter(|(sb, _)| *sb == guest.record.id)
+        .count();
+    if open >= crate::sandbox::MAX_STREAMS {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TOO_MANY_SESSIONS",
+            format!("sandbox {} has {open} bash sessions; delete one first", guest.record.id),
+        ));
+    }
     let exec_id = daemon.next_exec_id(&guest.record.id)?;
     let sandbox = guest.record.id.clone();
     let session = blocking(move || {
@@ -443,9 +471,11 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
             ))
         }
     };
+    let slot = daemon.stream_slot(sandbox)?;
     let (tx, body) = http::channel_body(64);
     let id = key.1.clone();
     tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let started = Instant::now();
         let _ = tx.blocking_send(event(json!({ "type": "init", "text": id })));
         session.run(&request.command, request.cwd.as_deref(), request.timeout.map(Duration::from_millis), |piece| {
@@ -460,6 +490,11 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
         });
     });
     Ok(sse(body))
+}
+
+/// Whether the image has `path` (resolved beneath its rootfs, on the host).
+pub fn in_image(rootfs: &Path, path: &str) -> bool {
+    pvisor_agent::resolve_in_root(rootfs, Path::new(path), true).is_ok_and(|p| p.exists())
 }
 
 fn join_display(root: &str, relative: &Path) -> String {
@@ -529,7 +564,7 @@ fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiR
         match part.name.as_str() {
             "metadata" => {
                 pending = Some(
-                    serde_json::from_slice(&part.data)
+                    serde_json::from_slice(&body[part.data.clone()])
                         .map_err(|e| ApiError::bad_request(format!("invalid metadata part: {e}")))?,
                 )
             }
@@ -543,7 +578,7 @@ fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiR
                 let mode = octal_mode(meta["mode"].as_u64().unwrap_or(644) as u32)?;
                 let owner = meta["owner"].as_str().map(|o| names.uid(o)).transpose()?;
                 let group = meta["group"].as_str().map(|g| names.gid(g)).transpose()?;
-                guest.write(path, &part.data, mode, owner, group)?;
+                guest.write(path, &body[part.data.clone()], mode, owner, group)?;
                 written += 1;
             }
             other => {
@@ -574,11 +609,18 @@ fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
     (start <= end && start < size).then_some((start, end))
 }
 
-async fn download(guest: Guest, path: String, range: Option<String>) -> ApiResult {
+async fn download(daemon: &Arc<Daemon>, guest: Guest, path: String, range: Option<String>) -> ApiResult {
+    let slot = daemon.stream_slot(&guest.record.id)?;
     let (guest, stat, target) = blocking(move || {
         let stat = guest.stat(&path)?;
-        if stat.kind == EntryKind::Dir {
-            return Err(ApiError::bad_request(format!("{path} is a directory")));
+        match stat.kind {
+            EntryKind::File => {}
+            EntryKind::Dir => return Err(ApiError::bad_request(format!("{path} is a directory"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "{path} is not a regular file (a FIFO, socket or device)"
+                )))
+            }
         }
         let target = guest.resolved(FileOp::Resolve { path: path.into() })?;
         Ok((guest, stat, target))
@@ -603,6 +645,7 @@ async fn download(guest: Guest, path: String, range: Option<String>) -> ApiResul
     };
     let (tx, body) = http::channel_body(4);
     tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let mut offset = start;
         while offset < end {
             let len = (end - offset).min(CHUNK);
@@ -685,7 +728,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     let argv = match (&request.command, &request.argv) {
         (_, Some(argv)) if !argv.is_empty() => argv.clone(),
         (Some(cmd), _) if !cmd.is_empty() => {
-            let shell = if guest.record.rootfs.join("bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
+            let shell = if in_image(&guest.record.rootfs, "bin/bash") { "/bin/bash" } else { "/bin/sh" };
             vec![shell.into(), "-c".into(), cmd.clone()]
         }
         _ => return Err(ApiError::bad_request("command (or argv) is required")),
@@ -693,6 +736,14 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     if request.gid.is_some() && request.uid.is_none() {
         return Err(ApiError::bad_request("gid requires uid"));
     }
+    let size: usize = argv.iter().map(String::len).sum::<usize>()
+        + request.envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if size > MAX_COMMAND_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} (write a script with the file API and run that)"
+        )));
+    }
+    let slot = if request.background { None } else { Some(daemon.stream_slot(&id)?) };
     let argv = match request.uid {
         // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
         Some(uid) => {
@@ -704,7 +755,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
                 "--clear-groups".into(),
                 "--".into(),
             ];
-            if !guest.record.rootfs.join("usr/bin/setpriv").exists() {
+            if !in_image(&guest.record.rootfs, "usr/bin/setpriv") {
                 return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
             }
             v.extend(argv);
@@ -712,7 +763,10 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         }
         None => argv,
     };
-    let exec_id = daemon.next_exec_id(&id)?;
+    let exec_id = {
+        let (daemon, id) = (daemon.clone(), id.clone());
+        blocking(move || Ok(daemon.next_exec_id(&id)?)).await?
+    };
     let command_id = format!("cmd-{exec_id}");
     let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
     let spec = guest::ExecSpec {
@@ -739,6 +793,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
     };
     let _ = daemon.update(&id, |r| {
+        crate::sandbox::trim_commands(&mut r.commands);
         r.commands.insert(
             command_id.clone(),
             CommandRecord {
@@ -760,6 +815,17 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         return Ok(sse(body));
     }
     if request.background {
+        if let Some(timeout) = request.timeout.map(Duration::from_millis) {
+            // The spec's background timeout: the server ends the process.
+            let vm_dir = guest.vm_dir.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(timeout);
+                for signal in [libc::SIGTERM, libc::SIGKILL] {
+                    let _ = guest::call(&vm_dir, &Request::Signal { id: exec_id, signal }, &[], CALL_TIMEOUT);
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            });
+        }
         let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
         return Ok(sse(body));
     }
@@ -770,19 +836,19 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
         .unwrap_or_else(|p| p.into_inner())
         .insert((id.clone(), command_id.clone()), signaller.clone());
     // Cancellation: a client that goes away (or a timeout) kills the command.
+    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cancel = {
-        let (tx, signaller) = (tx.clone(), signaller.clone());
+        let (tx, signaller, flag) = (tx.clone(), signaller.clone(), timed_out.clone());
         let timeout = request.timeout.map(Duration::from_millis);
         tokio::spawn(async move {
-            let timed_out = match timeout {
-                Some(t) => tokio::time::timeout(t, tx.closed()).await.is_err(),
-                None => {
-                    tx.closed().await;
-                    false
+            if let Some(t) = timeout {
+                if tokio::time::timeout(t, tx.closed()).await.is_err() {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
-            };
+            } else {
+                tx.closed().await;
+            }
             kill_exec(&signaller);
-            timed_out
         })
     };
     let started = Instant::now();
@@ -834,8 +900,16 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
             Ok(code) => (Some(*code), None),
             Err(message) => (None, Some(message.clone())),
         };
+        let _slot = slot;
         let final_event = match outcome {
             Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
+            Ok(code) if timed_out.load(std::sync::atomic::Ordering::SeqCst) => error_event(
+                code,
+                &format!(
+                    "the command exceeded its timeout of {} ms and was killed (exit status {code})",
+                    request.timeout.unwrap_or(0)
+                ),
+            ),
             Ok(code) => error_event(code, &format!("exit status {code}")),
             Err(message) => event(
                 json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } }),
@@ -958,19 +1032,25 @@ async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResul
     };
     blocking(move || {
         let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
-        let bytes = match guest.read(&path, 0, u64::from(pvisor_agent::MAX_PAYLOAD)) {
-            Ok(b) => b,
-            Err(e) if e.status == StatusCode::NOT_FOUND => Vec::new(),
-            Err(e) => return Err(e),
-        };
+        let mut bytes = Vec::new();
+        while (bytes.len() as u64) < MAX_LOG_BYTES {
+            match guest.read(&path, bytes.len() as u64, CHUNK) {
+                Ok(page) if page.is_empty() => break,
+                Ok(page) => bytes.extend_from_slice(&page),
+                Err(e) if e.status == StatusCode::NOT_FOUND => break,
+                Err(e) => return Err(e),
+            }
+        }
         let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        // The cursor counts complete lines: a line still being written is
+        // sent again, whole, by the next poll.
+        let complete = lines.iter().filter(|l| l.ends_with('\n')).count();
         let skip = cursor.unwrap_or(0).min(lines.len());
         let body: String = lines[skip..].concat();
         let mut resp = Response::new(http::full(body));
         resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
-        resp.headers_mut()
-            .insert("EXECD-COMMANDS-TAIL-CURSOR", lines.len().to_string().parse().expect("ascii"));
+        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", complete.to_string().parse().expect("ascii"));
         Ok(resp)
     })
     .await

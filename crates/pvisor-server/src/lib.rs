@@ -109,22 +109,65 @@ where
         }
         _ => {}
     }
-    if let Some(key) = api_key {
-        let given = parts.headers.get("open-sandbox-api-key").map(|v| v.as_bytes()).unwrap_or(b"");
-        if !http::constant_time_eq(given, key.as_bytes()) {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "UNAUTHORIZED",
-                "missing or wrong OPEN-SANDBOX-API-KEY header",
-            ));
+    match api_key {
+        Some(key) => {
+            let given = parts.headers.get("open-sandbox-api-key").map(|v| v.as_bytes()).unwrap_or(b"");
+            if !http::constant_time_eq(given, key.as_bytes()) {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "UNAUTHORIZED",
+                    "missing or wrong OPEN-SANDBOX-API-KEY header",
+                ));
+            }
         }
+        None => loopback_only(&parts.headers)?,
     }
-    let rest = match segments.as_slice() {
+    let rest: Vec<String> = match segments.as_slice() {
         ["v1", rest @ ..] => rest,
         rest => rest,
-    };
+    }
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
     let body = http::read_body(body, LIFECYCLE_BODY_LIMIT).await?;
-    lifecycle::route(daemon, &parts.method, rest, query.as_deref(), &parts.headers, body).await
+    let daemon = daemon.clone();
+    tokio::task::spawn_blocking(move || {
+        let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+        lifecycle::route(&daemon, &parts.method, &rest, query.as_deref(), &parts.headers, body)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+}
+
+/// Without an API key only local, non-browser clients may call: a web page
+/// could otherwise reach the daemon (a cross-site POST, or DNS rebinding
+/// with a Host that is not loopback).
+fn loopback_only(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    let forbidden = |why: &str| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            format!("{why}; without --api-key-file only local non-browser clients are served"),
+        )
+    };
+    if headers.contains_key("origin") {
+        return Err(forbidden("requests from web pages (with an Origin header) are refused"));
+    }
+    let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("");
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => name,
+        _ => host,
+    };
+    let loopback = name == "localhost"
+        || name
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        return Err(forbidden(&format!("Host {host:?} is not a loopback name")));
+    }
+    Ok(())
 }
 
 /// How `pvisor serve` was asked to run.
@@ -146,6 +189,19 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
             options.listen
         );
     }
+    // One daemon per state directory: a second one would reconcile (and
+    // could kill) the first one's sandboxes.
+    let server_dir = options.config.state_root.join("server");
+    pvisor_core::store::create_dir_all_private(&server_dir)?;
+    let _lock = pvisor_core::store::OwnerLock::acquire(&server_dir.join("daemon.lock")).map_err(|e| {
+        anyhow::anyhow!(
+            "another pvisor serve is using {} ({e}); stop it first",
+            options.config.state_root.display()
+        )
+    })?;
+    let listener = std::net::TcpListener::bind(options.listen)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", options.listen))?;
+    listener.set_nonblocking(true)?;
     let daemon = Daemon::open(options.config)?;
     if let Some(built) = &options.default_image {
         if let Err(e) = daemon.images.ensure_default(built) {
@@ -155,26 +211,25 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
     daemon.recover();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(options.listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", options.listen))?;
+    let result = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         eprintln!(
             "pvisor serve: listening on http://{} ({} sandboxes on record{})",
             listener.local_addr()?,
             daemon.list().len(),
             if api_key.is_some() { "; OPEN-SANDBOX-API-KEY required" } else { "; no API key (loopback only)" }
         );
-        let expiry = {
-            let daemon = daemon.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    let d = daemon.clone();
-                    let _ = tokio::task::spawn_blocking(move || d.expire()).await;
+        // Its own thread: expiry must go on however busy the request workers are.
+        let stop_expiry = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (daemon, stop) = (daemon.clone(), stop_expiry.clone());
+            std::thread::Builder::new().name("pvisor-serve-expiry".into()).spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    daemon.expire();
                 }
-            })
-        };
+            })?;
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         loop {
@@ -196,10 +251,36 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
                 _ = int.recv() => break,
             }
         }
-        expiry.abort();
+        stop_expiry.store(true, std::sync::atomic::Ordering::Relaxed);
         eprintln!("pvisor serve: stopping: pausing running sandboxes (they resume on request after a restart)");
         let d = daemon.clone();
         tokio::task::spawn_blocking(move || d.shutdown()).await?;
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>(())
+    });
+    // Streams still open (a sandbox that could not be paused) must not keep
+    // the daemon from exiting.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> hyper::HeaderMap {
+        pairs.iter().map(|(k, v)| (hyper::header::HeaderName::from_static(k), v.parse().unwrap())).collect()
+    }
+
+    #[test]
+    fn without_a_key_only_local_non_browser_clients_are_served() {
+        assert!(loopback_only(&headers(&[("host", "127.0.0.1:8080")])).is_ok());
+        assert!(loopback_only(&headers(&[("host", "localhost:8080")])).is_ok());
+        assert!(loopback_only(&headers(&[("host", "[::1]:8080")])).is_ok());
+        // DNS rebinding: a page served as evil.example that resolves to 127.0.0.1.
+        assert!(loopback_only(&headers(&[("host", "evil.example:8080")])).is_err());
+        // A cross-site POST from a browser carries an Origin.
+        assert!(loopback_only(&headers(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example")]))
+            .is_err());
+        assert!(loopback_only(&headers(&[])).is_err());
+    }
 }

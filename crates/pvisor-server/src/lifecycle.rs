@@ -41,6 +41,10 @@ struct CreateBody {
     secure_access: bool,
     volumes: Option<Vec<Value>>,
     extensions: Option<BTreeMap<String, String>>,
+    /// Sent by SDKs when set; requests are not reservations on one node.
+    resource_requests: Option<BTreeMap<String, String>>,
+    lifecycle: Option<Value>,
+    template_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,7 +86,8 @@ pub fn sandbox_json(r: &SandboxRecord) -> Value {
 }
 
 /// Routes `rest` (the path after `/v1` or `/`) of a lifecycle request.
-pub async fn route(
+/// Blocking (records are fsynced): callers run it off the async workers.
+pub fn route(
     daemon: &Arc<Daemon>,
     method: &Method,
     rest: &[&str],
@@ -126,6 +131,12 @@ pub async fn route(
 
 fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
     let b: CreateBody = http::parse_json(body, "CreateSandboxRequest")?;
+    let _ = (b.resource_requests, b.lifecycle);
+    if let Some(t) = b.template_id {
+        return Err(ApiError::bad_request(format!(
+            "templateId {t:?} is not supported: pvisor serve has no templates; create from an image"
+        )));
+    }
     if b.snapshot_id.is_some() {
         return Err(ApiError::bad_request(
             "snapshotId is not supported: pvisor serve has no snapshots; create from an image",

@@ -2,10 +2,12 @@
 //! already in memory, so this only splits it at the boundary and reads each
 //! part's `Content-Disposition` name.
 
+/// One part: its field name and where its data lies in the body (no copy:
+/// uploads can be large).
 #[derive(Debug)]
 pub struct Part {
     pub name: String,
-    pub data: Vec<u8>,
+    pub data: std::ops::Range<usize>,
 }
 
 fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
@@ -34,7 +36,7 @@ pub fn parse(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
         let mut next_delim = b"\r\n".to_vec();
         next_delim.extend_from_slice(&delimiter);
         let data_end = find(body, &next_delim, data_start).ok_or("a multipart part is not terminated")?;
-        parts.push(Part { name, data: body[data_start..data_end].to_vec() });
+        parts.push(Part { name, data: data_start..data_end });
         pos = data_end + 2;
     }
 }
@@ -47,7 +49,7 @@ mod tests {
         let parts = super::parse(body, "B").unwrap();
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].name, "metadata");
-        assert_eq!(parts[1].data, b"line1\r\nline2");
+        assert_eq!(&body[parts[1].data.clone()], b"line1\r\nline2");
         assert!(super::parse(b"garbage", "B").is_err());
     }
 }

@@ -178,6 +178,47 @@ pub struct Daemon {
     pub running: Mutex<HashMap<(String, String), SharedSignaller>>,
     /// Execd bash sessions (in memory: they end with their relay).
     pub sessions: crate::bash_sessions::Sessions,
+    /// Open streams (foreground commands, downloads) per sandbox.
+    streams: Mutex<HashMap<String, usize>>,
+}
+
+/// Streams one sandbox may hold open at once; each holds a worker thread.
+pub const MAX_STREAMS: usize = 32;
+/// Finished commands a record keeps (status and logs of older ones go).
+const KEPT_COMMANDS: usize = 500;
+/// How long a Terminated or Failed sandbox stays listed.
+const KEEP_FINISHED: Duration = Duration::from_secs(3600);
+
+/// A held stream slot of one sandbox; released on drop.
+#[derive(Debug)]
+pub struct StreamSlot {
+    daemon: Arc<Daemon>,
+    id: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut streams = self.daemon.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = streams.get_mut(&self.id) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// Drops the oldest finished commands beyond [`KEPT_COMMANDS`].
+pub fn trim_commands(commands: &mut BTreeMap<String, CommandRecord>) {
+    let mut finished: Vec<(Timestamp, String)> = commands
+        .iter()
+        .filter(|(_, c)| c.finished_at.is_some())
+        .map(|(k, c)| (c.started_at, k.clone()))
+        .collect();
+    if finished.len() <= KEPT_COMMANDS {
+        return;
+    }
+    finished.sort();
+    for (_, key) in finished.iter().take(finished.len() - KEPT_COMMANDS) {
+        commands.remove(key);
+    }
 }
 
 impl Daemon {
@@ -211,6 +252,7 @@ impl Daemon {
             records: Mutex::new(records),
             running: Mutex::default(),
             sessions: Mutex::default(),
+            streams: Mutex::default(),
         }))
     }
 
@@ -380,6 +422,13 @@ impl Daemon {
             }
             Err(message) => {
                 eprintln!("pvisor serve: {id}: {message}");
+                // A supervisor that is still starting the VM must not finish
+                // the job for a sandbox recorded as failed.
+                let bind = self.bind_file(id);
+                if let Some(pid) = record.supervisor.filter(|pid| supervisor_alive(*pid, &bind)) {
+                    stop_supervisor(pid, &bind);
+                }
+                let record = self.get(id).unwrap_or(record);
                 let job_state =
                     record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
                 if resume.is_some() && job_state == Some(JobState::Suspended) {
@@ -394,7 +443,7 @@ impl Daemon {
         }
     }
 
-    fn start_generation(&self, id: &str, resume: Option<&JobId>) -> Result<u32, String> {
+    fn start_generation(self: &Arc<Self>, id: &str, resume: Option<&JobId>) -> Result<u32, String> {
         let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
         let bind = self.bind_file(id);
         let _ = fs::remove_file(&bind);
@@ -439,7 +488,41 @@ impl Daemon {
         std::thread::spawn(move || {
             let _ = child.wait();
         });
+        self.watch(id, pid);
         self.await_generation(id, pid)
+    }
+
+    /// Notices when a generation's supervisor exits on its own: a Running
+    /// sandbox whose VM ended (a crash, or `kill -9 -1` inside it taking
+    /// the Job's keeper) must not stay Running.
+    fn watch(self: &Arc<Self>, id: &str, pid: u32) {
+        let (daemon, id, bind) = (self.clone(), id.to_owned(), self.bind_file(id));
+        std::thread::spawn(move || {
+            while supervisor_alive(pid, &bind) {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            let Ok(record) = daemon.get(&id) else { return };
+            // A pause, a delete or a later generation accounts for this exit.
+            if record.supervisor != Some(pid) || record.state != SandboxState::Running {
+                return;
+            }
+            let state =
+                record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok()).map(|s| s.state);
+            match state {
+                Some(JobState::Suspended) => {
+                    daemon.finish(&id, SandboxState::Paused, "paused", "suspended outside the API")
+                }
+                other => {
+                    let what = other.map_or("unknown".to_owned(), |s| s.to_string());
+                    let _ = daemon.update(&id, |r| {
+                        if r.state == SandboxState::Running && r.supervisor == Some(pid) {
+                            set_state(r, SandboxState::Failed, "runtime_exited", &format!("the VM ended on its own (Job {what}); was its keeper killed from inside?"));
+                        }
+                        Ok(())
+                    });
+                }
+            }
+        });
     }
 
     /// Waits for the supervisor `pid` of `id` to admit its Job (the bind
@@ -519,6 +602,21 @@ impl Daemon {
         };
         let dir = self.vm_dir_of(job, generation.attempt);
         Ok((record, dir))
+    }
+
+    /// Takes one of the sandbox's [`MAX_STREAMS`] stream slots, or 429.
+    pub fn stream_slot(self: &Arc<Self>, id: &str) -> Result<StreamSlot, crate::http::ApiError> {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let n = streams.entry(id.to_owned()).or_default();
+        if *n >= MAX_STREAMS {
+            return Err(crate::http::ApiError::new(
+                hyper::StatusCode::TOO_MANY_REQUESTS,
+                "TOO_MANY_STREAMS",
+                format!("sandbox {id} already has {MAX_STREAMS} streamed commands or downloads open; wait for one to end"),
+            ));
+        }
+        *n += 1;
+        Ok(StreamSlot { daemon: self.clone(), id: id.to_owned() })
     }
 
     /// Allocates a guest exec id (persisted: ids are unique for the guest's life).
@@ -628,27 +726,26 @@ impl Daemon {
 
     /// `DELETE`: → Stopping, then Terminated once the Job has ended.
     pub fn delete(self: &Arc<Self>, id: &str, reason: &str) -> Result<(), OpError> {
-        let record = self.get(id)?;
-        match record.state {
-            SandboxState::Terminated | SandboxState::Failed | SandboxState::Stopping => {
-                return Err(OpError::Conflict(format!("sandbox {id} is already {}", record.state.as_str())))
+        // Decided under the records lock: a provisioner that sets Running
+        // concurrently either sees Stopping (and stops it) or is seen here.
+        let was = self.update(id, |r| {
+            match r.state {
+                SandboxState::Pending | SandboxState::Running | SandboxState::Paused => {}
+                SandboxState::Pausing | SandboxState::Resuming => {
+                    return Err(OpError::Conflict(format!(
+                        "sandbox {id} is {}; delete it once that finishes",
+                        r.state.as_str()
+                    )))
+                }
+                other => {
+                    return Err(OpError::Conflict(format!("sandbox {id} is already {}", other.as_str())))
+                }
             }
-            SandboxState::Pausing | SandboxState::Resuming => {
-                return Err(OpError::Conflict(format!(
-                    "sandbox {id} is {}; delete it once that finishes",
-                    record.state.as_str()
-                )))
-            }
-            _ => {}
-        }
-        let pending = record.state == SandboxState::Pending;
-        self.transition(
-            id,
-            &[SandboxState::Pending, SandboxState::Running, SandboxState::Paused],
-            SandboxState::Stopping,
-            reason,
-        )?;
-        if !pending {
+            let was = r.state;
+            set_state(r, SandboxState::Stopping, reason, "");
+            Ok(was)
+        })?;
+        if was != SandboxState::Pending {
             // A Pending sandbox is stopped by its provisioner once it is up.
             let (daemon, id, reason) = (self.clone(), id.to_owned(), reason.to_owned());
             std::thread::spawn(move || daemon.stop(&id, &reason));
@@ -665,8 +762,31 @@ impl Daemon {
             None => Ok(()),
         };
         match result {
-            Ok(()) => self.finish(id, SandboxState::Terminated, reason, ""),
+            Ok(()) => {
+                if let Some(job) = &record.job {
+                    self.release_storage(job);
+                }
+                self.finish(id, SandboxState::Terminated, reason, "")
+            }
             Err(e) => self.finish(id, SandboxState::Failed, "stop_failed", &e),
+        }
+    }
+
+    /// A terminated sandbox's disk: its staged writes are dropped (there is
+    /// no apply over this API; `pvisor gc` then frees them) and its execution
+    /// checkpoints are deleted (the killed Job can never continue from them).
+    /// The records and receipts stay.
+    fn release_storage(&self, job: &JobId) {
+        if let Err(e) = pvisor::effects::drop_changes(&self.store, job, &[]) {
+            eprintln!("pvisor serve: warning: cannot drop the stage of {job}: {e}");
+        }
+        if let Ok(record) = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)) {
+            let dir = self.store.exec_checkpoints_dir(&record.run);
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("pvisor serve: warning: cannot remove {}: {e}", dir.display());
+                }
+            }
         }
     }
 
@@ -685,6 +805,21 @@ impl Daemon {
         for id in due {
             eprintln!("pvisor serve: {id}: its timeout expired; stopping it");
             let _ = self.delete(&id, "ttl_expiry");
+        }
+        // Finished sandboxes stay listed for a while, then their records go
+        // (the Job's own records stay with pvisor's).
+        let old: Vec<String> = self
+            .records()
+            .values()
+            .filter(|r| r.state.is_final() && r.last_transition_at.system_time() + KEEP_FINISHED <= now)
+            .map(|r| r.id.clone())
+            .collect();
+        for id in old {
+            self.records().remove(&id);
+            for file in [format!("{id}.json"), format!("{id}.bind"), format!("{id}.log")] {
+                let _ = fs::remove_file(self.dir.join(file));
+            }
+            self.sessions.lock().unwrap_or_else(|p| p.into_inner()).retain(|(sb, _), _| sb != &id);
         }
     }
 
@@ -765,29 +900,41 @@ impl Daemon {
                     std::thread::spawn(move || daemon.settle_pause(&id, &job));
                 }
                 (_, JobState::Running | JobState::Pending) => {
+                    // Probed in the background, with patience: a busy or slow
+                    // (TCG) guest is not a dead one.
                     let vm_dir = self.vm_dir_of(&job, attempt);
-                    match vm::guest::call(&vm_dir, &probe(&record), &[], Duration::from_secs(10)) {
-                        Ok(_) => {
-                            self.finish(
-                                &id,
-                                SandboxState::Running,
-                                "reattached",
-                                "the daemon restarted; the VM kept running",
-                            );
-                            if !record.commands.contains_key("entrypoint") {
-                                let _ = self.start_entrypoint(&id);
+                    let (daemon, record) = (self.clone(), record.clone());
+                    std::thread::spawn(move || {
+                        let deadline = Instant::now() + READY_TIMEOUT;
+                        let mut last = String::new();
+                        while Instant::now() < deadline {
+                            match vm::guest::call(&vm_dir, &probe(&record), &[], Duration::from_secs(10)) {
+                                Ok(_) => {
+                                    let _ = daemon.update(&id, |r| {
+                                        r.supervisor = supervisor.or(r.supervisor);
+                                        set_state(
+                                            r,
+                                            SandboxState::Running,
+                                            "reattached",
+                                            "the daemon restarted; the VM kept running",
+                                        );
+                                        Ok(())
+                                    });
+                                    if let Some(pid) = supervisor {
+                                        daemon.watch(&id, pid);
+                                    }
+                                    if !record.commands.contains_key("entrypoint") {
+                                        let _ = daemon.start_entrypoint(&id);
+                                    }
+                                    return;
+                                }
+                                Err(e) => last = e,
                             }
+                            std::thread::sleep(Duration::from_millis(200));
                         }
-                        Err(e) => {
-                            let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
-                            self.finish(
-                                &id,
-                                SandboxState::Failed,
-                                "daemon_restart",
-                                &format!("its VM no longer answers ({e}); it was stopped"),
-                            );
-                        }
-                    }
+                        let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                        daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
+                    });
                 }
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
@@ -910,6 +1057,22 @@ fn supervisor_alive(pid: u32, bind: &Path) -> bool {
         .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
         .unwrap_or(false);
     alive && ours
+}
+
+/// Asks a supervisor to cancel its Job (SIGTERM: it still publishes a
+/// receipt), then SIGKILLs it after 15 s.
+fn stop_supervisor(pid: u32, bind: &Path) {
+    // SAFETY: kill takes no pointers; the pid was just checked to be ours.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while supervisor_alive(pid, bind) {
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The live supervisor whose command line names `bind`, if any.

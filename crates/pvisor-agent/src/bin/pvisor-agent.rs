@@ -402,14 +402,15 @@ impl Agent {
                 }
             },
             Request::WriteFile { path, mode, append } => {
-                let result = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(!append)
-                    .append(append)
-                    .mode(mode)
-                    .open(&path)
-                    .and_then(|mut f| f.write_all(&payload));
+                let mut options = OpenOptions::new();
+                options.write(true).create(true).append(append).mode(mode);
+                // Truncate only once it is known to be a regular file.
+                let result = open_regular(&options, &path).and_then(|mut f| {
+                    if !append {
+                        f.set_len(0)?;
+                    }
+                    f.write_all(&payload)
+                });
                 self.done("write_file", result)
             }
             Request::FileOp { root, op } => match files::run(&root, op) {
@@ -725,12 +726,30 @@ fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
 /// Reads at most `len` bytes (and at most `MAX_PAYLOAD`) from `offset`.
 fn read_range(path: &Path, offset: u64, len: Option<u64>) -> io::Result<Vec<u8>> {
     use std::io::{Seek, SeekFrom};
-    let mut file = File::open(path)?;
+    let mut file = open_regular(OpenOptions::new().read(true), path)?;
     file.seek(SeekFrom::Start(offset))?;
     let limit = len.unwrap_or(u64::MAX).min(u64::from(pvisor_agent::MAX_PAYLOAD));
     let mut bytes = Vec::new();
     file.take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// Opens `path` without blocking (a FIFO or a tty would hang the agent's
+/// only request loop) and refuses anything but a regular file.
+fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
+    let mut options = options.clone();
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    // Regular-file I/O ignores O_NONBLOCK, but clear it anyway.
+    // SAFETY: F_SETFL on our own descriptor.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) };
+    Ok(file)
 }
 
 /// Makes a sandbox root usable by chrooted commands: `/proc`, `/dev` (with

@@ -245,6 +245,11 @@ fn the_published_python_sdk_runs_its_flow_unchanged() {
     .unwrap();
     assert_eq!(record["generations"].as_array().unwrap().len(), 2, "{record}");
     assert_ne!(record["job"], sandbox["id"]);
+    // A terminated sandbox leaves no execution checkpoint, and its stage is dropped.
+    let runs = fs::read_dir(daemon.env.home.join("runs")).unwrap().flatten().collect::<Vec<_>>();
+    assert!(runs.iter().all(|r| !r.path().join("exec-checkpoints").exists()), "checkpoints left behind");
+    let status = text(&daemon.env.pvisor(&["status", "--json"]).stdout);
+    assert!(status.contains("\"stage_state\":\"dropped\"") || status.contains("\"changes\":0"), "{status}");
 }
 
 #[test]
@@ -435,4 +440,18 @@ fn sigterm_pauses_running_sandboxes_and_they_resume_after_restart() {
 fn port_seed() -> u32 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn a_vm_that_ends_on_its_own_is_not_reported_running() {
+    let daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    // Root in the guest can kill every process but PID 1, the Job's keeper included.
+    daemon.run(&id, "kill -9 -1");
+    let ended = daemon.wait_state(&id, "Failed", &["Running"]);
+    assert_eq!(ended["status"]["reason"], "runtime_exited", "{ended}");
+    assert!(ended["status"]["message"].as_str().unwrap().contains("keeper"), "{ended}");
+    let (code, _) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(code, 409);
 }

@@ -334,7 +334,13 @@ enum AgentEvent {
 }
 
 /// Where the replies of execs started through [`guest::exec`] go, by exec id.
-type Sinks = Arc<Mutex<HashMap<u32, Sender<(Reply, Vec<u8>)>>>>;
+/// Bounded: a relay whose caller reads slowly holds the guest back (as our
+/// own stdout does), for at most [`RELAY_STALL`].
+type Sinks = Arc<Mutex<HashMap<u32, SyncSender<(Reply, Vec<u8>)>>>>;
+/// Frames (up to 64 KiB each) a relayed exec may have in flight to its caller.
+const RELAY_BACKLOG: usize = 64;
+/// How long a relay's full queue may stall the guest before it is cut off.
+const RELAY_STALL: Duration = Duration::from_secs(30);
 
 /// State shared by the waiter, the control thread and the signaller.
 #[derive(Debug)]
@@ -365,9 +371,12 @@ impl Shared {
     }
 
     /// Sends `request` and waits for the next non-output reply.
+    /// The channel is held only for the write, so signals and stdin are
+    /// never stuck behind a slow answer.
     fn call(&self, request: &Request, payload: &[u8], timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
-        let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
-        self.call_held(&mut agent, request, payload, timeout)
+        while self.replies.lock().unwrap_or_else(|p| p.into_inner()).try_recv().is_ok() {}
+        self.send(request, payload).map_err(|e| format!("cannot reach the agent: {e}"))?;
+        self.next_reply(timeout)
     }
 
     /// [`call`](Self::call) on a channel the caller holds: a checkpoint holds
@@ -866,22 +875,22 @@ fn read_agent(
 ) {
     loop {
         let frame = read_frame::<Reply>(&mut stream);
-        if let Ok(Some((reply, bytes))) = &frame {
+        if let Ok(Some((reply, bytes))) = frame.as_ref() {
             if let Some(id) = relayed_exec(reply) {
-                let mut sinks = sinks.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(sink) = sinks.get(&id) {
+                // Never a `call`'s answer: a relayed exec's frames go to its
+                // relay, or nowhere (its caller left, or it predates this
+                // supervisor, as a resumed guest's commands do).
+                let sink = sinks.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+                if let Some(sink) = sink {
                     let last = matches!(reply, Reply::Exited { .. } | Reply::ExecFailed { .. });
-                    if sink.send((reply.clone(), bytes.clone())).is_err() || last {
-                        sinks.remove(&id);
+                    if !relay_frame(&sink, (reply.clone(), bytes.clone())) || last {
+                        sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
                     }
-                    continue;
                 }
+                continue;
             }
         }
         match frame {
-            Ok(Some((Reply::Stdout { id, .. } | Reply::Stderr { id, .. }, _))) if id != EXEC_ID => {
-                // A relayed exec whose caller went away: its output has no reader.
-            }
             Ok(Some((Reply::Stdout { .. }, bytes))) => {
                 let _ = sys::write_all(1, &bytes);
             }
@@ -910,6 +919,23 @@ fn read_agent(
                 let _ = events.send(AgentEvent::Gone(format!("the agent stream broke: {e}")));
                 return;
             }
+        }
+    }
+}
+
+/// Queues a frame for a relay, waiting up to [`RELAY_STALL`] for room;
+/// false when the relay is gone or stalled (it is then cut off).
+fn relay_frame(sink: &SyncSender<(Reply, Vec<u8>)>, mut frame: (Reply, Vec<u8>)) -> bool {
+    let deadline = Instant::now() + RELAY_STALL;
+    loop {
+        match sink.try_send(frame) {
+            Ok(()) => return true,
+            Err(mpsc::TrySendError::Disconnected(_)) => return false,
+            Err(mpsc::TrySendError::Full(back)) if Instant::now() < deadline => {
+                frame = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(mpsc::TrySendError::Full(_)) => return false,
         }
     }
 }
@@ -1020,9 +1046,43 @@ fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (Reply, Vec<
     if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
         return refuse("the VM is suspended".into());
     }
-    match shared.call(&request, payload, Duration::from_secs(60)) {
+    let timeout = Duration::from_secs(60);
+    let deadline = Instant::now() + timeout;
+    let mut answer = shared.call(&request, payload, timeout);
+    // A late answer to an earlier call that timed out is not this one's.
+    while let Ok((reply, _)) = &answer {
+        if answers(&request, reply) {
+            break;
+        }
+        answer = shared.next_reply(deadline.saturating_duration_since(Instant::now()));
+    }
+    match answer {
         Ok(answer) => answer,
         Err(message) => refuse(message),
+    }
+}
+
+/// Whether `reply` can be the answer to `request` (replies carry no request id).
+fn answers(request: &Request, reply: &Reply) -> bool {
+    match (request, reply) {
+        (_, Reply::Error { .. }) => true,
+        (Request::ReadFile { path, .. }, Reply::File { path: p }) => p == path,
+        (Request::WriteFile { .. }, Reply::Done { op }) => op == "write_file",
+        (Request::Status { id }, Reply::Status { id: i, .. }) => i == id,
+        (Request::FileOp { op, .. }, reply) => match (op, reply) {
+            (pvisor_agent::FileOp::Stat { .. }, Reply::Stat { .. }) => true,
+            (pvisor_agent::FileOp::List { .. }, Reply::Listing { .. }) => true,
+            (
+                pvisor_agent::FileOp::MkParents { .. } | pvisor_agent::FileOp::Resolve { .. },
+                Reply::File { .. },
+            ) => true,
+            (pvisor_agent::FileOp::Mkdir { .. }, Reply::Done { op }) => op == "mkdir",
+            (pvisor_agent::FileOp::Remove { .. }, Reply::Done { op }) => op == "remove",
+            (pvisor_agent::FileOp::Rename { .. }, Reply::Done { op }) => op == "rename",
+            (pvisor_agent::FileOp::Chmod { .. }, Reply::Done { op }) => op == "chmod",
+            _ => false,
+        },
+        _ => false,
     }
 }
 
@@ -1034,7 +1094,7 @@ fn relay_exec(
     to: UnixStream,
 ) -> io::Result<()> {
     let id = spec.id;
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::sync_channel(RELAY_BACKLOG);
     {
         let mut sinks = shared.sinks.lock().unwrap_or_else(|p| p.into_inner());
         if id == EXEC_ID || sinks.contains_key(&id) {
