@@ -59,7 +59,7 @@ try:
     assert sb.files.read_file("/root/notes.txt") == "kept across pause\n"
 
     bg = sb.commands.run(
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; echo tick $i; sleep 0.2; done",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; echo tick $i; sleep 0.2; done",
         opts=RunCommandOpts(background=True))
     assert bg.id, "no command id"
     time.sleep(1.5)

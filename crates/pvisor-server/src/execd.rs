@@ -19,7 +19,9 @@ use pvisor_core::time::Timestamp;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::{self, json, ApiError, ApiResult, Body};
-use crate::sandbox::{command_env, CommandRecord, Daemon, SandboxRecord, SharedSignaller, GUEST_LOG_DIR};
+use crate::sandbox::{
+    command_env, CommandRecord, Daemon, SandboxRecord, SandboxState, SharedSignaller, GUEST_LOG_DIR,
+};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest command plus environment (an AgentCtl header is at most 1 MiB).
@@ -241,6 +243,9 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    if let (&Method::GET, ["ping"]) = (method, rest) {
+        return ping(daemon, id, headers).await;
+    }
     let (guest, names) = {
         let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
         blocking(move || {
@@ -253,7 +258,6 @@ where
     let q = http::query_pairs(query);
     let small = |body: B| http::read_body(body, 16 << 20);
     match (method, rest) {
-        (&Method::GET, ["ping"]) => Ok(http::empty(StatusCode::OK)),
         (&Method::POST, ["command"]) => {
             let request: RunCommand = http::parse_json(&small(body).await?, "RunCommandRequest")?;
             run_command(daemon.clone(), guest, request).await
@@ -495,6 +499,39 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
 /// Whether the image has `path` (resolved beneath its rootfs, on the host).
 pub fn in_image(rootfs: &Path, path: &str) -> bool {
     pvisor_agent::resolve_in_root(rootfs, Path::new(path), true).is_ok_and(|p| p.exists())
+}
+
+/// How long `/ping` waits for a starting sandbox before answering 409.
+const PING_WAIT: Duration = Duration::from_secs(10);
+
+/// `GET /ping`: 200 once the sandbox is Running. While it is Pending or
+/// Resuming the answer waits (up to [`PING_WAIT`]), so a client's readiness
+/// loop sees the sandbox ready when it is, not at its next poll.
+async fn ping(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> ApiResult {
+    let started = Instant::now();
+    loop {
+        let record = daemon.get(id)?;
+        let token = headers.get("x-execd-access-token").map(|v| v.as_bytes()).unwrap_or(b"");
+        if !http::constant_time_eq(token, record.token.as_bytes()) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "missing or wrong X-EXECD-ACCESS-TOKEN",
+            ));
+        }
+        match record.state {
+            SandboxState::Running => return Ok(http::empty(StatusCode::OK)),
+            SandboxState::Pending | SandboxState::Resuming if started.elapsed() < PING_WAIT => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is {}; the execd API needs it Running",
+                    other.as_str()
+                )))
+            }
+        }
+    }
 }
 
 fn join_display(root: &str, relative: &Path) -> String {

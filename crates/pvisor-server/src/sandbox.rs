@@ -777,8 +777,14 @@ impl Daemon {
     /// checkpoints are deleted (the killed Job can never continue from them).
     /// The records and receipts stay.
     fn release_storage(&self, job: &JobId) {
-        if let Err(e) = pvisor::effects::drop_changes(&self.store, job, &[]) {
-            eprintln!("pvisor serve: warning: cannot drop the stage of {job}: {e}");
+        // Only a confirmed result has a stage to drop (a suspended Job that
+        // was killed ends `lost`, its writes only in the checkpoint below).
+        let confirmed = views::status(&self.store, job)
+            .is_ok_and(|s| matches!(s.state, JobState::Completed | JobState::Failed | JobState::Cancelled));
+        if confirmed {
+            if let Err(e) = pvisor::effects::drop_changes(&self.store, job, &[]) {
+                eprintln!("pvisor serve: warning: cannot drop the stage of {job}: {e}");
+            }
         }
         if let Ok(record) = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)) {
             let dir = self.store.exec_checkpoints_dir(&record.run);
