@@ -131,7 +131,10 @@ pub fn route(
 
 fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
     let b: CreateBody = http::parse_json(body, "CreateSandboxRequest")?;
-    let _ = (b.resource_requests, b.lifecycle);
+    // Accepted without effect: every endpoint already requires its token
+    // (secureAccess), extensions are opaque, and on one node resource
+    // requests and lifecycle hints reserve nothing.
+    let _accepted = (b.secure_access, b.extensions, b.resource_requests, b.lifecycle);
     if let Some(t) = b.template_id {
         return Err(ApiError::bad_request(format!(
             "templateId {t:?} is not supported: pvisor serve has no templates; create from an image"
@@ -147,9 +150,6 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
             "image is required (an image imported with `pvisor image import`, or \"default\")",
         )
     })?;
-    if b.secure_access {
-        // Every pvisor endpoint already carries its access token.
-    }
     if b.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::bad_request(
             "volumes are not supported by pvisor serve; copy files in with the execd file API",
@@ -169,7 +169,6 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
             )));
         }
     }
-    let _ = b.extensions;
     for key in b.metadata.keys() {
         if key.starts_with("opensandbox.io/") {
             return Err(ApiError::bad_request(format!(

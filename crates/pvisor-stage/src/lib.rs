@@ -13,12 +13,13 @@
 //! - [`review`]: unified diffs for people;
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
+//! - [`glob`]: path patterns (`*`, `**`, `?`, classes), shared with `pvisor serve`'s file search.
 
 pub mod apply;
 pub mod beneath;
 mod changes;
 pub mod checkpoint;
-mod glob;
+pub mod glob;
 pub mod ledger;
 mod overlay;
 pub mod preimage;

@@ -211,7 +211,7 @@ fn sdk(daemon: &Daemon, script: &str) -> String {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk").join(script))
         .env("PVISOR_URL", format!("127.0.0.1:{}", daemon.port))
         .env("PVISOR_KEY", &daemon.key)
-        .env("SPECS", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/opensandbox-specs"))
+        .env("SPECS", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../specs/opensandbox"))
         .stdin(Stdio::null())
         .output()
         .unwrap();
