@@ -77,14 +77,19 @@ assert health.status_code == 200 and health.json()["status"] == "healthy"
 
 r = life("GET", "/sandboxes", "/sandboxes", 401, headers={"OPEN-SANDBOX-API-KEY": "wrong"})
 assert r.json()["code"] == "UNAUTHORIZED"
-r = life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "bogus": 1})
+# Unknown fields are refused exactly where the spec says additionalProperties: false.
+r = life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default", "bogus": 1}, "entrypoint": ["true"]})
 assert "bogus" in r.json()["message"]
+r = life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "platform": {"os": "linux", "arch": "amd64", "x": 1}})
+assert "unknown field" in r.json()["message"]
+life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "platform": {"os": "linux", "arch": "arm64"}})
 life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "nope:1"}, "entrypoint": ["true"]})
 life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "entrypoint": ["true"], "timeout": 5})
 life("GET", "/sandboxes/{sandboxId}", "/sandboxes/sb-missing", 404)
 
 body = {"image": {"uri": "default"}, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 600,
-        "resourceLimits": {"cpu": "500m", "memory": "512Mi"}, "metadata": {"team": "ml", "note": "a b&c"}, "env": {"GREETING": "hi"}}
+        "resourceLimits": {"cpu": "500m", "memory": "512Mi"}, "metadata": {"team": "ml", "note": "a b&c"}, "env": {"GREETING": "hi"},
+        "someFutureField": {"ignored": True}}
 created = life("POST", "/sandboxes", "/sandboxes", 202, json=body, headers={"OPEN-SANDBOX-API-KEY": KEY, "X-Request-ID": "req-123"})
 assert created.headers["x-request-id"] == "req-123"
 sid = created.json()["id"]
@@ -114,6 +119,7 @@ renewed = life("POST", "/sandboxes/{sandboxId}/renew-expiration", f"/sandboxes/{
                json={"expiresAt": time.strftime("%Y-%m-%dT%H:%M:%S.123456+00:00", time.gmtime(time.time() + 1200))}).json()
 assert renewed["expiresAt"].endswith("Z")
 life("POST", "/sandboxes/{sandboxId}/renew-expiration", f"/sandboxes/{sid}/renew-expiration", 400, json={"expiresAt": "2000-01-01T00:00:00Z"})
+life("POST", "/sandboxes/{sandboxId}/renew-expiration", f"/sandboxes/{sid}/renew-expiration", 400, json={"expiresAt": "2999-01-01T00:00:00Z", "extra": 1})
 
 ep = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/44772", 200).json()
 assert "://" not in ep["endpoint"] and ep["headers"]["X-EXECD-ACCESS-TOKEN"]

@@ -31,8 +31,9 @@ const MAX_LOG_BYTES: u64 = 256 << 20;
 /// Page size of file transfers through the agent (below its frame limit).
 const CHUNK: u64 = 8 << 20;
 
+/// The execd request schemas allow unknown fields (no `additionalProperties:
+/// false`), so these structs accept them; SDKs send newer ones (`argv`).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RunCommand {
     command: Option<String>,
     argv: Option<Vec<String>>,
@@ -60,7 +61,6 @@ fn default_mode() -> u32 {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RenameItem {
     src: String,
     dest: String,
@@ -414,13 +414,11 @@ where
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct CreateSession {
     cwd: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RunInSession {
     command: String,
     cwd: Option<String>,

@@ -22,12 +22,14 @@ impl From<OpError> for ApiError {
     }
 }
 
+/// Unknown fields are ignored here and refused in `image`, `platform` and
+/// the renewal, exactly where the spec sets `additionalProperties: false`.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct CreateBody {
     image: Option<ImageSpec>,
     snapshot_id: Option<String>,
-    platform: Option<Value>,
+    platform: Option<PlatformSpec>,
     timeout: Option<i64>,
     resource_limits: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -45,6 +47,13 @@ struct CreateBody {
     resource_requests: Option<BTreeMap<String, String>>,
     lifecycle: Option<Value>,
     template_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct PlatformSpec {
+    os: String,
+    arch: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,11 +170,10 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         ));
     }
     if let Some(p) = &b.platform {
-        if p.get("os").and_then(Value::as_str) != Some("linux")
-            || p.get("arch").and_then(Value::as_str) != Some("amd64")
-        {
+        if p.os != "linux" || p.arch != "amd64" {
             return Err(ApiError::bad_request(format!(
-                "platform {p} cannot be satisfied: this host runs linux/amd64 guests only"
+                "platform {}/{} cannot be satisfied: this host runs linux/amd64 guests only",
+                p.os, p.arch
             )));
         }
     }
@@ -200,7 +208,7 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         env: b.env,
         metadata: b.metadata,
         resource_limits: limits,
-        platform: b.platform,
+        platform: b.platform.map(|p| serde_json::json!({ "os": p.os, "arch": p.arch })),
         timeout,
         memory_mib,
         cpus,

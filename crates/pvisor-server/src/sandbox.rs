@@ -899,11 +899,15 @@ impl Daemon {
                         "recovered from disk: the VM is suspended",
                     );
                 }
-                // A pause the supervisor may still be finishing: Paused only
-                // once the Job is suspended, Running if the VM carried on.
+                // An accepted pause is finished: asked again (a suspend the
+                // supervisor already began answers at once, and is waited out).
                 (SandboxState::Pausing, JobState::Running) => {
-                    let daemon = self.clone();
-                    std::thread::spawn(move || daemon.settle_pause(&id, &job));
+                    let (daemon, mut record) = (self.clone(), record.clone());
+                    record.job = Some(job.clone());
+                    std::thread::spawn(move || match daemon.suspend_vm(&record) {
+                        Ok(()) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
+                        Err(_) => daemon.settle_pause(&id, &job),
+                    });
                 }
                 (_, JobState::Running | JobState::Pending) => {
                     // Probed in the background, with patience: a busy or slow
