@@ -125,8 +125,9 @@ ep = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/e
 assert "://" not in ep["endpoint"] and ep["headers"]["X-EXECD-ACCESS-TOKEN"]
 life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/0", 400)
 other = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/8000", 200).json()
-proxied = httpx.get("http://" + other["endpoint"] + "/")
-assert proxied.status_code == 501 and "no network device" in proxied.json()["message"], proxied.text
+# Nothing listens yet: a clear 502 (the service is started below, after execd is checked).
+proxied = httpx.get("http://" + other["endpoint"] + "/", headers=other["headers"])
+assert proxied.status_code == 502 and proxied.json()["code"] == "PORT_NOT_REACHABLE", proxied.text
 life("POST", "/sandboxes/{sandboxId}/resume", f"/sandboxes/{sid}/resume", 409)
 
 # --- execd -------------------------------------------------------------------
@@ -227,6 +228,15 @@ deadline = time.time() + 15
 while ex("GET", "/command/status/{id}", f"/command/status/{bg}", 200).json()["running"]:
     assert time.time() < deadline, "the background timeout did not end the command"
     time.sleep(0.2)
+# A service in the sandbox, reached through its endpoint (relayed over the agent channel).
+sse(ex("POST", "/command", "/command", 200, json={"command": "mkdir -p /srv/www/d && echo served > /srv/www/d/page.html && head -c 3000000 /dev/urandom > /srv/www/blob && busybox httpd -p 127.0.0.1:8000 -h /srv/www"}))
+blob = sse(ex("POST", "/command", "/command", 200, json={"command": "sha256sum < /srv/www/blob"}))[1]["text"].split()[0]
+page = httpx.get("http://" + other["endpoint"] + "/d/page.html", headers=other["headers"])
+assert page.status_code == 200 and page.text == "served\n", (page.status_code, page.text)
+import hashlib
+assert hashlib.sha256(httpx.get("http://" + other["endpoint"] + "/blob", headers=other["headers"]).content).hexdigest() == blob
+assert httpx.get("http://" + other["endpoint"] + "/d/page.html").status_code == 401
+assert httpx.get("http://" + other["endpoint"] + "/missing", headers=other["headers"]).status_code == 404
 m = ex("GET", "/metrics", "/metrics", 200).json()
 assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
 for template in ["/code", "/code/context"]:

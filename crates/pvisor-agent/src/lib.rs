@@ -33,6 +33,9 @@ pub const UPPER_SERIAL: &str = "pvisor-upper";
 pub const MAX_HEADER: u32 = 1 << 20;
 pub const MAX_PAYLOAD: u32 = 16 << 20;
 
+/// Host-initiated stream ids ([`Request::NetConnect`]) have this bit set;
+/// guest-initiated ones (the proxy port) never do.
+pub const HOST_STREAM: u32 = 1 << 31;
 /// Host-to-guest data chunks (stdin, proxy data) in flight per exec or stream.
 pub const CREDITS: usize = 16;
 
@@ -59,6 +62,13 @@ pub enum Request {
     /// The proxy closed `stream`.
     NetClose {
         stream: u32,
+    },
+    /// Connects `stream` to guest `127.0.0.1:port` (a host-initiated stream,
+    /// for a service in the guest); answers `Done` or `Error`. Its bytes then
+    /// travel as `NetData`/`NetClose` both ways, like proxy streams.
+    NetConnect {
+        stream: u32,
+        port: u16,
     },
     /// Starts a process in its own session and process group. With `root`
     /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and

@@ -144,7 +144,7 @@ impl Guest {
 }
 
 /// The sandbox's execd access token, compared in constant time.
-fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result<(), ApiError> {
     let token = headers.get("x-execd-access-token").map(|v| v.as_bytes()).unwrap_or(b"");
     if http::constant_time_eq(token, record.token.as_bytes()) {
         Ok(())

@@ -17,6 +17,7 @@ pub mod http;
 pub mod images;
 pub mod lifecycle;
 pub mod multipart;
+mod proxy;
 pub mod sandbox;
 
 use std::net::SocketAddr;
@@ -92,20 +93,33 @@ where
         ["health"] | ["v1", "health"] if parts.method == Method::GET => {
             return Ok(http::json(StatusCode::OK, &serde_json::json!({ "status": "healthy" })))
         }
-        // A sandbox's own ports: execd authenticates with its access token.
+        // A sandbox's own ports, authenticated with its access token: execd,
+        // or a service of its own relayed into the guest.
         ["sandboxes", id, "port", port, rest @ ..] | ["v1", "sandboxes", id, "port", port, rest @ ..] => {
-            return if *port == sandbox::EXECD_PORT.to_string() {
-                execd::route(daemon, id, &parts.method, rest, query.as_deref(), &parts.headers, body).await
-            } else {
-                Err(ApiError::new(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "PORT_NOT_REACHABLE",
-                    format!(
-                        "port {port} of sandbox {id} cannot be proxied: pvisor sandboxes have no network device, so only the execd API (port {}) is served (docs/cli-reference.md)",
-                        sandbox::EXECD_PORT
-                    ),
-                ))
-            };
+            let port: u16 =
+                port.parse().map_err(|_| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
+            if port == sandbox::EXECD_PORT {
+                return execd::route(daemon, id, &parts.method, rest, query.as_deref(), &parts.headers, body)
+                    .await;
+            }
+            // The service sees the path as the client wrote it (not decoded).
+            let skip = if segments.first() == Some(&"v1") { 5 } else { 4 };
+            let mut raw_rest =
+                path.split('/').filter(|s| !s.is_empty()).skip(skip).collect::<Vec<_>>().join("/");
+            if path.ends_with('/') && !raw_rest.is_empty() {
+                raw_rest.push('/');
+            }
+            return proxy::route(
+                daemon,
+                id,
+                port,
+                &parts.method,
+                &raw_rest,
+                query.as_deref(),
+                &parts.headers,
+                body,
+            )
+            .await;
         }
         _ => {}
     }

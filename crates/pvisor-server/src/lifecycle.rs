@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::http::{self, json, ApiError, ApiResult};
-use crate::sandbox::{CreateRequest, Daemon, OpError, SandboxRecord, SandboxState, EXECD_PORT};
+use crate::sandbox::{CreateRequest, Daemon, OpError, SandboxRecord, SandboxState};
 
 impl From<OpError> for ApiError {
     fn from(e: OpError) -> Self {
@@ -399,10 +399,11 @@ fn endpoint(
     }
     // The address the client reached us on, so the endpoint works through it.
     let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_owned();
-    let mut body = json!({ "endpoint": format!("{host}/sandboxes/{id}/port/{port}") });
-    if port == EXECD_PORT {
-        body["headers"] = json!({ "X-EXECD-ACCESS-TOKEN": record.token });
-    }
+    // Every port of the sandbox (execd, or a service it runs) needs its token.
+    let body = json!({
+        "endpoint": format!("{host}/sandboxes/{id}/port/{port}"),
+        "headers": { "X-EXECD-ACCESS-TOKEN": record.token },
+    });
     Ok(json(StatusCode::OK, &body))
 }
 

@@ -699,6 +699,9 @@ impl Daemon {
         match vm::control(&vm_dir, &ControlRequest::Suspend, Duration::from_secs(600))? {
             ControlResponse::Checkpointed { .. } => {}
             ControlResponse::Error { message } => return Err(message),
+            ControlResponse::Forwarded => {
+                return Err("the supervisor answered a suspend with `forwarded`".into())
+            }
         }
         // Paused only once the termination receipt makes the Job suspended.
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -363,6 +363,9 @@ impl Agent {
             }
             Request::Setup { workspace, hostname, clock_unix_ns, proxy_port } => {
                 let _ = set_clock(clock_unix_ns);
+                // Loopback is the guest's own: services inside it need it,
+                // and it reaches nothing outside.
+                let _ = loopback_up();
                 let network = match proxy_port {
                     Some(port) => self.listen_proxy(port),
                     None => Ok(()),
@@ -438,6 +441,11 @@ impl Agent {
                     }
                 }
             }
+            Request::NetConnect { stream, port } => {
+                let connected = std::net::TcpStream::connect(("127.0.0.1", port))
+                    .and_then(|conn| attach_stream(stream, conn, &self.out, &self.streams));
+                self.done("net_connect", connected)
+            }
             Request::NetClose { stream } => {
                 // Dropping the writer closes the guest side once queued bytes are out.
                 self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
@@ -493,23 +501,11 @@ impl Agent {
         std::thread::spawn(move || {
             let mut next = 0u32;
             for conn in listener.incoming().flatten() {
-                next = next.wrapping_add(1);
-                let stream = next;
-                let Ok(reader) = conn.try_clone() else { continue };
-                let closer = conn.try_clone().ok();
-                let writer = Writer::spawn(conn, out.clone(), Reply::NetAck { stream }, move || {
-                    if let Some(c) = closer {
-                        let _ = c.shutdown(std::net::Shutdown::Both);
-                    }
-                });
-                streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, writer);
-                let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
-                let (out, streams) = (out.clone(), streams.clone());
-                std::thread::spawn(move || {
-                    let _ = pump(reader, out.clone(), move || Reply::NetData { stream }).recv();
-                    streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
-                    let _ = out.send((Reply::NetClose { stream }, Vec::new()));
-                });
+                next = (next + 1) % pvisor_agent::HOST_STREAM;
+                let stream = next.max(1);
+                if attach_stream(stream, conn, &out, &streams).is_ok() {
+                    let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
+                }
             }
         });
         Ok(())
@@ -637,6 +633,32 @@ impl Agent {
             let _ = out.send((Reply::Exited { id, code, signal }, Vec::new()));
         });
     }
+}
+
+/// Joins a guest TCP connection to stream `stream`: a writer queue for the
+/// host's `NetData` (acked, for flow control) and a pump for the guest's
+/// bytes; `NetClose` when the guest side ends.
+fn attach_stream(
+    stream: u32,
+    conn: std::net::TcpStream,
+    out: &Out,
+    streams: &Arc<Mutex<HashMap<u32, Writer>>>,
+) -> io::Result<()> {
+    let reader = conn.try_clone()?;
+    let closer = conn.try_clone().ok();
+    let writer = Writer::spawn(conn, out.clone(), Reply::NetAck { stream }, move || {
+        if let Some(c) = closer {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, writer);
+    let (out, streams) = (out.clone(), streams.clone());
+    std::thread::spawn(move || {
+        let _ = pump(reader, out.clone(), move || Reply::NetData { stream }).recv();
+        streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+        let _ = out.send((Reply::NetClose { stream }, Vec::new()));
+    });
+    Ok(())
 }
 
 /// Copies a pipe into output frames; the returned channel fires at EOF.

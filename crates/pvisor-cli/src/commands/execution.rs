@@ -48,6 +48,9 @@ fn request(store: &Store, job: &JobId, request: ControlRequest) -> anyhow::Resul
     let dir = store.attempt_dir(&attempt).join("vm");
     match vm::control(&dir, &request, CONTROL_TIMEOUT).map_err(|e| anyhow!(e))? {
         ControlResponse::Checkpointed { manifest } => Ok(*manifest),
+        ControlResponse::Forwarded => {
+            bail!("the supervisor of job {job} answered a checkpoint request with `forwarded`")
+        }
         ControlResponse::Error { message } => {
             bail!("Cannot save the execution state of job {job}: {message}")
         }

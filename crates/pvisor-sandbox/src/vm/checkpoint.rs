@@ -48,13 +48,21 @@ pub enum ControlRequest {
     Exec(super::guest::ExecSpec),
     /// One agent request; `payload` bytes follow the line ([`super::guest::call`]).
     Call { request: Box<Request>, payload: u32 },
+    /// A stream to guest `127.0.0.1:port` ([`super::guest::forward`]).
+    Forward { port: u16 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum ControlResponse {
-    Checkpointed { manifest: Box<ExecCheckpoint> },
-    Error { message: String },
+    Checkpointed {
+        manifest: Box<ExecCheckpoint>,
+    },
+    /// A forward is connected; raw stream bytes follow on the connection.
+    Forwarded,
+    Error {
+        message: String,
+    },
 }
 
 /// `runs/<run>/exec-checkpoints/<id>/manifest.json`.

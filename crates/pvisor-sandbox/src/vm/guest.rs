@@ -9,6 +9,8 @@
 //!   exec's own. Closing the socket does not signal the process: the caller
 //!   decides (a background command must outlive its request).
 //! - `call`: `payload` raw bytes follow the line; the answer is one frame.
+//! - `forward`: one JSON [`ControlResponse`] line; after `forwarded`, the
+//!   connection is a byte stream to a service on guest `127.0.0.1:port`.
 
 use std::io::{self, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -19,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use pvisor_agent::{read_frame, write_frame, Reply, Request};
 
-use super::checkpoint::ControlRequest;
+use super::checkpoint::{ControlRequest, ControlResponse};
 
 /// A command to start inside a running VM (see [`Request::Exec`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +113,31 @@ pub fn call(
         Ok(Some(reply)) => Ok(reply),
         Ok(None) => Err("the VM's supervisor closed the connection".into()),
         Err(e) => Err(format!("no answer from the VM's supervisor: {e}")),
+    }
+}
+
+/// A byte stream to `127.0.0.1:port` inside the VM (a service the sandbox runs).
+pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, String> {
+    let stream = super::connect_control(vm_dir)?;
+    let mut line = serde_json::to_vec(&ControlRequest::Forward { port }).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    // Byte by byte: what follows the answer line is the stream itself.
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while answer.len() < 64 << 10 {
+        match (&stream).read(&mut byte) {
+            Ok(1) if byte[0] == b'\n' => break,
+            Ok(1) => answer.push(byte[0]),
+            Ok(_) => return Err("the VM's supervisor closed the connection".into()),
+            Err(e) => return Err(format!("no answer from the VM's supervisor: {e}")),
+        }
+    }
+    match serde_json::from_slice(&answer) {
+        Ok(ControlResponse::Forwarded) => Ok(stream),
+        Ok(ControlResponse::Error { message }) => Err(message),
+        Ok(other) => Err(format!("the supervisor answered {other:?}")),
+        Err(e) => Err(format!("the supervisor answered garbage: {e}")),
     }
 }
 

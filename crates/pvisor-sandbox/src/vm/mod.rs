@@ -347,6 +347,10 @@ const RELAY_STALL: Duration = Duration::from_secs(30);
 struct Shared {
     agent: Arc<Mutex<UnixStream>>,
     sinks: Sinks,
+    /// The guest's streams (proxy connections and port forwards).
+    net: NetBridge,
+    /// The next host-initiated stream id (below [`pvisor_agent::HOST_STREAM`]).
+    next_stream: std::sync::atomic::AtomicU32,
     credits: Arc<Credits>,
     replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
     /// Serialises multi-step agent/QMP operations (checkpoint, export).
@@ -608,13 +612,15 @@ impl VmProcess {
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
             .spawn({
-                let (credits, sinks) = (credits.clone(), sinks.clone());
+                let (credits, sinks, net) = (credits.clone(), sinks.clone(), net.clone());
                 move || read_agent(reader, replies_tx, events_tx, net, writer, credits, sinks)
             })
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
             agent,
             sinks,
+            net,
+            next_stream: std::sync::atomic::AtomicU32::new(1),
             credits,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
@@ -797,12 +803,51 @@ impl Credits {
     }
 }
 
-/// The host end of the guest's proxy connections: each agent stream is one
-/// TCP connection to pvisor's proxy on host loopback.
+/// The host ends of the guest's streams: each agent stream is a TCP
+/// connection to pvisor's proxy on host loopback, or a port forward.
+#[derive(Clone)]
 struct NetBridge {
     proxy: Option<SocketAddr>,
-    streams: Arc<Mutex<HashMap<u32, TcpStream>>>,
+    streams: Arc<Mutex<HashMap<u32, Conn>>>,
     credits: Arc<Credits>,
+}
+
+impl std::fmt::Debug for NetBridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetBridge").field("proxy", &self.proxy).finish_non_exhaustive()
+    }
+}
+
+/// The host end of a stream: a connection to the policy proxy (guest
+/// connections to its proxy port), or the control connection of a port
+/// forward ([`guest::forward`]).
+#[derive(Debug)]
+enum Conn {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Conn {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Tcp(c) => c.write_all(bytes),
+            Conn::Unix(c) => c.write_all(bytes),
+        }
+    }
+
+    fn shutdown_write(&self) {
+        let _ = match self {
+            Conn::Tcp(c) => c.shutdown(std::net::Shutdown::Write),
+            Conn::Unix(c) => c.shutdown(std::net::Shutdown::Write),
+        };
+    }
+
+    fn reader(&self) -> io::Result<Box<dyn Read + Send>> {
+        Ok(match self {
+            Conn::Tcp(c) => Box::new(c.try_clone()?),
+            Conn::Unix(c) => Box::new(c.try_clone()?),
+        })
+    }
 }
 
 impl NetBridge {
@@ -818,12 +863,19 @@ impl NetBridge {
             });
             return;
         };
-        let Ok(mut reader) = conn.try_clone() else { return };
+        let conn = Conn::Tcp(conn);
+        let Ok(reader) = conn.reader() else { return };
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
+        self.pump_to_guest(stream, reader, agent);
+    }
+
+    /// Copies the host end's bytes to the guest as `NetData` (within the
+    /// stream's credits), then `NetClose`.
+    fn pump_to_guest(&self, stream: u32, mut reader: Box<dyn Read + Send>, agent: &Arc<Mutex<UnixStream>>) {
         let (agent, streams, credits) = (agent.clone(), self.streams.clone(), self.credits.clone());
         let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
-            let closed = |s: &Arc<Mutex<HashMap<u32, TcpStream>>>| {
+            let closed = |s: &Arc<Mutex<HashMap<u32, Conn>>>| {
                 !s.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream)
             };
             loop {
@@ -856,7 +908,7 @@ impl NetBridge {
 
     fn close(&self, stream: u32) {
         if let Some(conn) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream) {
-            let _ = conn.shutdown(std::net::Shutdown::Write);
+            conn.shutdown_write();
         }
     }
 }
@@ -1007,6 +1059,7 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
     let response = match serde_json::from_str::<ControlRequest>(&line) {
         Err(e) => ControlResponse::Error { message: format!("bad control request: {e}") },
         Ok(ControlRequest::Exec(spec)) => return relay_exec(shared, spec, reader, stream),
+        Ok(ControlRequest::Forward { port }) => return forward(shared, port, stream),
         Ok(ControlRequest::Call { request, payload }) => {
             let payload = guest::read_payload(&mut reader, payload)?;
             let (reply, bytes) = guest_call(shared, *request, &payload);
@@ -1031,7 +1084,8 @@ fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (Reply, Vec<
         Request::ReadFile { .. }
         | Request::WriteFile { .. }
         | Request::FileOp { .. }
-        | Request::Status { .. } => {}
+        | Request::Status { .. }
+        | Request::NetConnect { .. } => {}
         // Signals have no reply; they need no op lock either.
         Request::Signal { id, .. } if id != EXEC_ID => {
             return match shared.send(&request, &[]) {
@@ -1069,6 +1123,7 @@ fn answers(request: &Request, reply: &Reply) -> bool {
         (Request::ReadFile { path, .. }, Reply::File { path: p }) => p == path,
         (Request::WriteFile { .. }, Reply::Done { op }) => op == "write_file",
         (Request::Status { id }, Reply::Status { id: i, .. }) => i == id,
+        (Request::NetConnect { .. }, Reply::Done { op }) => op == "net_connect",
         (Request::FileOp { op, .. }, reply) => match (op, reply) {
             (pvisor_agent::FileOp::Stat { .. }, Reply::Stat { .. }) => true,
             (pvisor_agent::FileOp::List { .. }, Reply::Listing { .. }) => true,
@@ -1084,6 +1139,33 @@ fn answers(request: &Request, reply: &Reply) -> bool {
         },
         _ => false,
     }
+}
+
+/// Connects the caller to guest `127.0.0.1:port`: once the agent has
+/// connected, the control connection carries the stream's raw bytes.
+fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
+    let answer = |response: &ControlResponse| -> io::Result<()> {
+        let mut line = serde_json::to_vec(response).map_err(io::Error::other)?;
+        line.push(b'\n');
+        (&stream).write_all(&line)
+    };
+    let id = pvisor_agent::HOST_STREAM
+        | (shared.next_stream.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            & !pvisor_agent::HOST_STREAM);
+    // Registered first, so the service's first bytes have somewhere to go.
+    let conn = Conn::Unix(stream.try_clone()?);
+    let reader = conn.reader()?;
+    shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(id, conn);
+    let (reply, _) = guest_call(shared, Request::NetConnect { stream: id, port }, &[]);
+    if let Reply::Error { message, .. } = reply {
+        shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        return answer(&ControlResponse::Error {
+            message: format!("nothing accepts connections on port {port} in the guest ({message})"),
+        });
+    }
+    answer(&ControlResponse::Forwarded)?;
+    shared.net.pump_to_guest(id, reader, &shared.agent);
+    Ok(())
 }
 
 /// Starts `spec` and relays it until it exits or the caller hangs up.
