@@ -182,6 +182,18 @@ while ex("GET", "/command/status/{id}", f"/command/status/{cid}", 200).json()["r
     assert time.time() < deadline
     time.sleep(0.2)
 
+# An upload larger than one 8 MiB agent page arrives whole.
+import hashlib
+big = os.urandom(20 << 20)
+ex("POST", "/files/upload", "/files/upload", 200, files={
+    "metadata": (None, json.dumps({"path": "/work/big.bin", "mode": 600}), "application/json"),
+    "file": ("big.bin", big, "application/octet-stream")})
+digest = sse(ex("POST", "/command", "/command", 200, json={"command": "sha256sum < /work/big.bin; stat -c %s /work/big.bin"}))
+assert [e["text"] for e in digest if e["type"] == "stdout"] == [hashlib.sha256(big).hexdigest() + "  -\n", f"{len(big)}\n"], digest
+assert ex("GET", "/files/download", "/files/download", 200, params={"path": "/work/big.bin"}).content == big
+part = ex("GET", "/files/download", "/files/download", 206, params={"path": "/work/big.bin"}, headers={**T, "Range": "bytes=9000000-9000009"})
+assert part.content == big[9000000:9000010]
+
 files = {"metadata": (None, json.dumps({"path": "/work/dir/a.txt", "mode": 640}), "application/json"),
          "file": ("a.txt", b"0123456789", "application/octet-stream")}
 ex("POST", "/files/upload", "/files/upload", 200, files=files)

@@ -35,9 +35,9 @@ pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
             if let Some(parent) = file.parent() {
                 fs::create_dir_all(parent)?;
             }
-            Ok(Reply::File { path: file })
+            Ok(Reply::Resolved { path: file })
         }
-        FileOp::Resolve { path } => Ok(Reply::File { path: resolve_in_root(root, &path, true)? }),
+        FileOp::Resolve { path } => Ok(Reply::Resolved { path: resolve_in_root(root, &path, true)? }),
         FileOp::Remove { path, recursive } => {
             let target = resolve_in_root(root, &path, false)?;
             if target == root {

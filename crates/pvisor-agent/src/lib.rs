@@ -70,6 +70,12 @@ pub enum Request {
         stream: u32,
         port: u16,
     },
+    /// One guest `NetData` chunk of `stream` was written to its host end:
+    /// the guest may send another (flow control, as `Reply::NetAck` the
+    /// other way; at most [`CREDITS`] chunks in flight per stream).
+    NetAck {
+        stream: u32,
+    },
     /// Starts a process in its own session and process group. With `root`
     /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and
     /// `/tmp` inside it); `cwd` is then relative to `root`. With `output`,
@@ -176,7 +182,7 @@ pub enum FileOp {
         gid: Option<u32>,
     },
     /// Creates the parent directories of a file about to be written; both
-    /// this and `Resolve` answer [`Reply::File`] with the resolved guest path.
+    /// this and `Resolve` answer [`Reply::Resolved`] with the guest path.
     MkParents {
         path: PathBuf,
     },
@@ -325,6 +331,10 @@ pub enum Reply {
     Data,
     Stat {
         stat: FileStat,
+    },
+    /// The guest path a `MkParents` or `Resolve` resolved to.
+    Resolved {
+        path: PathBuf,
     },
     /// `running` while its process group leader lives; `code`/`signal` once
     /// it exited; neither for an id this guest never ran.

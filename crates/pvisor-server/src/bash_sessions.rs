@@ -33,7 +33,7 @@ enum Out {
 pub struct BashSession {
     input: Mutex<guest::ExecSignaller>,
     output: Mutex<Receiver<Out>>,
-    busy: AtomicBool,
+    busy: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
 }
 
@@ -89,18 +89,22 @@ impl BashSession {
             other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
         }
         let input = channel.signaller().map_err(|e| ApiError::internal(e.to_string()))?;
-        let (tx, rx) = mpsc::channel();
+        // Bounded, and output between runs (a background job's) is dropped:
+        // a chatty session cannot grow the daemon; a slow client of a run
+        // holds the shell back (and is cut off by the relay's stall limit).
+        let (tx, rx) = mpsc::sync_channel(256);
         let ended = Arc::new(AtomicBool::new(false));
-        let flag = ended.clone();
+        let busy = Arc::new(AtomicBool::new(false));
+        let (flag, running) = (ended.clone(), busy.clone());
         std::thread::Builder::new()
             .name("pvisor-bash-session".into())
             .spawn(move || {
                 let why = loop {
                     match channel.next_reply() {
-                        Ok(Some((Reply::Stdout { .. }, bytes))) => {
+                        Ok(Some((Reply::Stdout { .. }, bytes))) if running.load(Ordering::SeqCst) => {
                             let _ = tx.send(Out::Stdout(bytes));
                         }
-                        Ok(Some((Reply::Stderr { .. }, bytes))) => {
+                        Ok(Some((Reply::Stderr { .. }, bytes))) if running.load(Ordering::SeqCst) => {
                             let _ = tx.send(Out::Stderr(bytes));
                         }
                         Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
@@ -116,7 +120,7 @@ impl BashSession {
                 let _ = tx.send(Out::Ended(why));
             })
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(Self { input: Mutex::new(input), output: Mutex::new(rx), busy: AtomicBool::new(false), ended })
+        Ok(Self { input: Mutex::new(input), output: Mutex::new(rx), busy, ended })
     }
 
     pub fn ended(&self) -> bool {

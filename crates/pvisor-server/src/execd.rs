@@ -100,7 +100,7 @@ impl Guest {
 
     fn resolved(&self, op: FileOp) -> Result<PathBuf, ApiError> {
         match self.op(op)? {
-            Reply::File { path } => Ok(path),
+            Reply::Resolved { path } => Ok(path),
             other => Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
         }
     }
@@ -831,11 +831,16 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     if request.background {
         if let Some(timeout) = request.timeout.map(Duration::from_millis) {
             // The spec's background timeout: the server ends the process.
-            let vm_dir = guest.vm_dir.clone();
+            // The VM at fire time: the sandbox may have been paused and
+            // resumed (a new generation) meanwhile.
+            let (daemon, sandbox) = (daemon.clone(), id.clone());
             std::thread::spawn(move || {
                 std::thread::sleep(timeout);
                 for signal in [libc::SIGTERM, libc::SIGKILL] {
-                    let _ = guest::call(&vm_dir, &Request::Signal { id: exec_id, signal }, &[], CALL_TIMEOUT);
+                    if let Ok((_, vm_dir)) = daemon.live_vm_dir(&sandbox) {
+                        let _ =
+                            guest::call(&vm_dir, &Request::Signal { id: exec_id, signal }, &[], CALL_TIMEOUT);
+                    }
                     std::thread::sleep(Duration::from_secs(2));
                 }
             });
@@ -867,6 +872,7 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     };
     let started = Instant::now();
     let daemon2 = daemon.clone();
+    let kill_dir = guest.vm_dir.clone();
     tokio::task::spawn_blocking(move || {
         let (mut out_buf, mut err_buf) = (Vec::new(), Vec::new());
         let flush = |buf: &mut Vec<u8>, kind: &str, all: bool| -> Vec<Bytes> {
@@ -902,7 +908,15 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
-                    break Err("the sandbox stopped (paused or killed) while the command ran".to_string())
+                    // Its output has no reader any more (the sandbox stopped,
+                    // or this stream stalled and was cut off): end it.
+                    let _ = guest::call(
+                        &kill_dir,
+                        &Request::Signal { id: exec_id, signal: libc::SIGKILL },
+                        &[],
+                        CALL_TIMEOUT,
+                    );
+                    break Err("the command's stream ended early (the sandbox was paused or stopped, or the client stalled for 30 s)".to_string());
                 }
             }
         };

@@ -47,6 +47,7 @@ where
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??
     };
+    let slot = daemon.stream_slot(id)?;
     let bytes = http::read_body(body, BODY_LIMIT).await?;
     let unreachable = |why: String| {
         ApiError::new(
@@ -70,9 +71,20 @@ where
         Some(q) => format!("/{raw_rest}?{q}"),
         None => format!("/{raw_rest}"),
     };
+    // Hop-by-hop headers (and those `Connection` names), and pvisor's own
+    // credentials, stay here: the service is the sandbox's, not trusted.
+    let named: Vec<String> = headers
+        .get_all("connection")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|n| n.trim().to_ascii_lowercase()))
+        .collect();
     let mut request = Request::builder().method(method.clone()).uri(&target);
     for (name, value) in headers {
-        let skip = HOP.contains(&name.as_str()) || name == "host" || name == "x-execd-access-token";
+        let name_s = name.as_str();
+        let skip = HOP.contains(&name_s)
+            || named.iter().any(|n| n == name_s)
+            || ["host", "x-execd-access-token", "open-sandbox-api-key", "expect"].contains(&name_s);
         if !skip {
             request = request.header(name, value);
         }
@@ -87,6 +99,7 @@ where
     let (parts, mut incoming) = response.into_parts();
     let (tx, body) = http::channel_body(16);
     tokio::spawn(async move {
+        let _slot = slot;
         while let Some(Ok(frame)) = incoming.frame().await {
             if let Ok(data) = frame.into_data() {
                 if tx.send(data).await.is_err() {

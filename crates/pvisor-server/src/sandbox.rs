@@ -310,9 +310,19 @@ impl Daemon {
         })
     }
 
+    /// Records the end of an operation. Terminated and Failed are final,
+    /// and a Stopping sandbox only ends: a pause or resume finishing late
+    /// (or a recovery acting on what it saw earlier) never undoes them.
     fn finish(&self, id: &str, to: SandboxState, reason: &str, message: &str) {
         let _ = self.update(id, |r| {
-            set_state(r, to, reason, message);
+            let allowed = match r.state {
+                SandboxState::Terminated | SandboxState::Failed => false,
+                SandboxState::Stopping => to.is_final(),
+                _ => true,
+            };
+            if allowed {
+                set_state(r, to, reason, message);
+            }
             Ok(())
         });
     }
@@ -821,6 +831,10 @@ impl Daemon {
             .records()
             .values()
             .filter(|r| r.state.is_final() && r.last_transition_at.system_time() + KEEP_FINISHED <= now)
+            // Never forget a sandbox whose VM still runs (a failed stop).
+            .filter(
+                |r| !matches!(r.job.as_ref().map(|j| views::status(&self.store, j)), Some(Ok(s)) if s.live),
+            )
             .map(|r| r.id.clone())
             .collect();
         for id in old {
@@ -923,14 +937,17 @@ impl Daemon {
                         while Instant::now() < deadline {
                             match vm::guest::call(&vm_dir, &probe(&record), &[], Duration::from_secs(10)) {
                                 Ok(_) => {
+                                    // Only if nothing happened to it meanwhile (a pause, a delete).
                                     let _ = daemon.update(&id, |r| {
-                                        r.supervisor = supervisor.or(r.supervisor);
-                                        set_state(
-                                            r,
-                                            SandboxState::Running,
-                                            "reattached",
-                                            "the daemon restarted; the VM kept running",
-                                        );
+                                        if r.state == SandboxState::Running {
+                                            r.supervisor = supervisor.or(r.supervisor);
+                                            set_state(
+                                                r,
+                                                SandboxState::Running,
+                                                "reattached",
+                                                "the daemon restarted; the VM kept running",
+                                            );
+                                        }
                                         Ok(())
                                     });
                                     if let Some(pid) = supervisor {
@@ -945,8 +962,11 @@ impl Daemon {
                             }
                             std::thread::sleep(Duration::from_millis(200));
                         }
-                        let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
-                        daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
+                        // A sandbox paused or deleted meanwhile is not this probe's to end.
+                        if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
+                            let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                            daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
+                        }
                     });
                 }
                 (_, other) => {

@@ -68,7 +68,7 @@ fn main() {
         let execs = execs.clone();
         std::thread::spawn(move || reap(execs));
     }
-    let mut agent = Agent { out, execs, boot, streams: Arc::default(), gate };
+    let mut agent = Agent { out, execs, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
     let mut reader = port_file;
     loop {
         match read_frame::<Request>(&mut reader) {
@@ -295,7 +295,58 @@ struct Agent {
     boot: Instant,
     /// Guest connections to the proxy port: a writer queue per stream id.
     streams: Arc<Mutex<HashMap<u32, Writer>>>,
+    /// Guest-to-host chunks in flight per stream (the host acks each).
+    stream_credits: Arc<StreamCredits>,
     gate: Arc<Gate>,
+}
+
+/// Flow control for guest-to-host stream data: a stream's pump waits while
+/// [`pvisor_agent::CREDITS`] of its chunks are unacknowledged, so a slow
+/// host end (a client not reading a forwarded service) stalls that stream
+/// only, never the channel every other reply shares.
+#[derive(Default)]
+struct StreamCredits {
+    in_flight: Mutex<HashMap<u32, usize>>,
+    freed: std::sync::Condvar,
+}
+
+impl StreamCredits {
+    /// Waits for room; false once `open` says the stream is gone.
+    fn take(&self, stream: u32, open: impl Fn() -> bool) -> bool {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let n = in_flight.entry(stream).or_default();
+            if *n < pvisor_agent::CREDITS {
+                *n += 1;
+                return true;
+            }
+            if !open() {
+                return false;
+            }
+            in_flight = self
+                .freed
+                .wait_timeout(in_flight, Duration::from_millis(200))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn ack(&self, stream: u32) {
+        if let Some(n) = self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&stream) {
+            *n = n.saturating_sub(1);
+        }
+        self.freed.notify_all();
+    }
+
+    fn forget(&self, stream: u32) {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+        self.freed.notify_all();
+    }
+
+    fn clear(&self) {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.freed.notify_all();
+    }
 }
 
 /// A queue drained by its own thread, so a slow reader in the guest (a
@@ -442,10 +493,23 @@ impl Agent {
                 }
             }
             Request::NetConnect { stream, port } => {
-                let connected = std::net::TcpStream::connect(("127.0.0.1", port))
-                    .and_then(|conn| attach_stream(stream, conn, &self.out, &self.streams));
-                self.done("net_connect", connected)
+                // Bounded: a service whose backlog is full must not hold the
+                // request loop for the kernel's whole SYN retry time.
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let connected =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(|conn| {
+                        attach_stream(stream, conn, &self.out, &self.streams, &self.stream_credits)
+                    });
+                match connected {
+                    Ok(start) => {
+                        // Announced before any of its bytes can be sent.
+                        self.done("net_connect", Ok(()));
+                        start();
+                    }
+                    Err(e) => self.done("net_connect", Err(e)),
+                }
             }
+            Request::NetAck { stream } => self.stream_credits.ack(stream),
             Request::NetClose { stream } => {
                 // Dropping the writer closes the guest side once queued bytes are out.
                 self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
@@ -453,6 +517,7 @@ impl Agent {
             Request::Restored { clock_unix_ns } => {
                 // Connections to the old host's proxy are gone: reset them.
                 self.streams.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.stream_credits.clear();
                 self.gate.open();
                 let step = set_clock(clock_unix_ns).unwrap_or(0);
                 let _ = reseed(&payload);
@@ -497,14 +562,16 @@ impl Agent {
     fn listen_proxy(&self, port: u16) -> io::Result<()> {
         loopback_up()?;
         let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
-        let (out, streams) = (self.out.clone(), self.streams.clone());
+        let (out, streams, credits) = (self.out.clone(), self.streams.clone(), self.stream_credits.clone());
         std::thread::spawn(move || {
             let mut next = 0u32;
             for conn in listener.incoming().flatten() {
                 next = (next + 1) % pvisor_agent::HOST_STREAM;
                 let stream = next.max(1);
-                if attach_stream(stream, conn, &out, &streams).is_ok() {
+                if let Ok(start) = attach_stream(stream, conn, &out, &streams, &credits) {
+                    // Announced before any of its bytes can be sent.
                     let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
+                    start();
                 }
             }
         });
@@ -637,14 +704,17 @@ impl Agent {
 
 /// Joins a guest TCP connection to stream `stream`: a writer queue for the
 /// host's `NetData` (acked, for flow control) and a pump for the guest's
-/// bytes; `NetClose` when the guest side ends.
+/// bytes (within the stream's credits); `NetClose` when the guest side ends.
+/// The pump starts when the caller calls the returned closure, after it
+/// announced the stream, so no byte can arrive before the announcement.
 fn attach_stream(
     stream: u32,
     conn: std::net::TcpStream,
     out: &Out,
     streams: &Arc<Mutex<HashMap<u32, Writer>>>,
-) -> io::Result<()> {
-    let reader = conn.try_clone()?;
+    credits: &Arc<StreamCredits>,
+) -> io::Result<impl FnOnce()> {
+    let mut reader = conn.try_clone()?;
     let closer = conn.try_clone().ok();
     let writer = Writer::spawn(conn, out.clone(), Reply::NetAck { stream }, move || {
         if let Some(c) = closer {
@@ -652,13 +722,29 @@ fn attach_stream(
         }
     });
     streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, writer);
-    let (out, streams) = (out.clone(), streams.clone());
-    std::thread::spawn(move || {
-        let _ = pump(reader, out.clone(), move || Reply::NetData { stream }).recv();
-        streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
-        let _ = out.send((Reply::NetClose { stream }, Vec::new()));
-    });
-    Ok(())
+    let (out, streams, credits) = (out.clone(), streams.clone(), credits.clone());
+    Ok(move || {
+        std::thread::spawn(move || {
+            let open = || streams.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream);
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if !credits.take(stream, open) {
+                            break;
+                        }
+                        let _ = out.send((Reply::NetData { stream }, buf[..n].to_vec()));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+            credits.forget(stream);
+            let _ = out.send((Reply::NetClose { stream }, Vec::new()));
+        });
+    })
 }
 
 /// Copies a pipe into output frames; the returned channel fires at EOF.
@@ -768,9 +854,15 @@ fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
             format!("{} is not a regular file", path.display()),
         ));
     }
-    // Regular-file I/O ignores O_NONBLOCK, but clear it anyway.
-    // SAFETY: F_SETFL on our own descriptor.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) };
+    // Regular-file I/O ignores O_NONBLOCK, but clear it anyway, and only it
+    // (F_SETFL replaces every status flag: O_APPEND must stay).
+    // SAFETY: F_GETFL/F_SETFL on our own descriptor.
+    unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
     Ok(file)
 }
 

@@ -808,7 +808,7 @@ impl Credits {
 #[derive(Clone)]
 struct NetBridge {
     proxy: Option<SocketAddr>,
-    streams: Arc<Mutex<HashMap<u32, Conn>>>,
+    streams: Arc<Mutex<HashMap<u32, HostEnd>>>,
     credits: Arc<Credits>,
 }
 
@@ -828,6 +828,13 @@ enum Conn {
 }
 
 impl Conn {
+    fn try_clone(&self) -> io::Result<Conn> {
+        Ok(match self {
+            Conn::Tcp(c) => Conn::Tcp(c.try_clone()?),
+            Conn::Unix(c) => Conn::Unix(c.try_clone()?),
+        })
+    }
+
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
             Conn::Tcp(c) => c.write_all(bytes),
@@ -835,10 +842,10 @@ impl Conn {
         }
     }
 
-    fn shutdown_write(&self) {
+    fn shutdown(&self, how: std::net::Shutdown) {
         let _ = match self {
-            Conn::Tcp(c) => c.shutdown(std::net::Shutdown::Write),
-            Conn::Unix(c) => c.shutdown(std::net::Shutdown::Write),
+            Conn::Tcp(c) => c.shutdown(how),
+            Conn::Unix(c) => c.shutdown(how),
         };
     }
 
@@ -848,6 +855,15 @@ impl Conn {
             Conn::Unix(c) => Box::new(c.try_clone()?),
         })
     }
+}
+
+/// A stream's host end, written by its own thread from a queue: the guest
+/// sends at most [`pvisor_agent::CREDITS`] chunks before an ack, so the
+/// agent reader never waits on a slow host end. An empty chunk closes it.
+#[derive(Debug)]
+struct HostEnd {
+    queue: SyncSender<Vec<u8>>,
+    conn: Conn,
 }
 
 impl NetBridge {
@@ -865,8 +881,45 @@ impl NetBridge {
         };
         let conn = Conn::Tcp(conn);
         let Ok(reader) = conn.reader() else { return };
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, conn);
-        self.pump_to_guest(stream, reader, agent);
+        if self.register(stream, conn, agent, None).is_ok() {
+            self.pump_to_guest(stream, reader, agent);
+        }
+    }
+
+    /// Makes `conn` the host end of `stream`, with its writer thread; with
+    /// `ready`, the thread writes nothing until it fires (a forward first
+    /// answers its caller on the same connection).
+    fn register(
+        &self,
+        stream: u32,
+        conn: Conn,
+        agent: &Arc<Mutex<UnixStream>>,
+        ready: Option<Receiver<()>>,
+    ) -> io::Result<()> {
+        let mut writer = conn.try_clone()?;
+        let (queue, chunks) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent::CREDITS * 2);
+        let (agent, streams) = (agent.clone(), self.streams.clone());
+        std::thread::Builder::new().name("pvisor-vm-net-out".into()).spawn(move || {
+            if ready.is_some_and(|r| r.recv().is_err()) {
+                return;
+            }
+            for bytes in chunks {
+                if bytes.is_empty() {
+                    writer.shutdown(std::net::Shutdown::Write);
+                    return;
+                }
+                if writer.write_all(&bytes).is_err() {
+                    break;
+                }
+                let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = write_frame(&mut *agent, &Request::NetAck { stream }, &[]);
+            }
+            // The host end is gone: so is the stream.
+            writer.shutdown(std::net::Shutdown::Both);
+            streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
+        })?;
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(stream, HostEnd { queue, conn });
+        Ok(())
     }
 
     /// Copies the host end's bytes to the guest as `NetData` (within the
@@ -875,7 +928,7 @@ impl NetBridge {
         let (agent, streams, credits) = (agent.clone(), self.streams.clone(), self.credits.clone());
         let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
-            let closed = |s: &Arc<Mutex<HashMap<u32, Conn>>>| {
+            let closed = |s: &Arc<Mutex<HashMap<u32, HostEnd>>>| {
                 !s.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream)
             };
             loop {
@@ -890,25 +943,32 @@ impl NetBridge {
                     }
                 }
             }
-            streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
             credits.forget(Credit::Stream(stream));
             let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
             let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
         });
     }
 
-    fn data(&self, stream: u32, bytes: &[u8]) {
+    /// Guest bytes for `stream`: queued, never waited on (the guest keeps
+    /// within its credits; one that does not loses the stream).
+    fn data(&self, stream: u32, bytes: Vec<u8>) {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(conn) = streams.get_mut(&stream) {
-            if conn.write_all(bytes).is_err() {
+        if let Some(end) = streams.get(&stream) {
+            if bytes.is_empty() {
+                return;
+            }
+            if end.queue.try_send(bytes).is_err() {
+                end.conn.shutdown(std::net::Shutdown::Both);
                 streams.remove(&stream);
             }
         }
     }
 
+    /// The guest closed `stream`: the host end gets EOF once its queue is out,
+    /// and the stream is forgotten (its host-to-guest pump stops too).
     fn close(&self, stream: u32) {
-        if let Some(conn) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(&stream) {
-            conn.shutdown_write();
+        if let Some(end) = self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream) {
+            let _ = end.queue.try_send(Vec::new());
         }
     }
 }
@@ -950,7 +1010,7 @@ fn read_agent(
                 let _ = sys::write_all(2, &bytes);
             }
             Ok(Some((Reply::NetOpen { stream }, _))) => net.open(stream, &agent),
-            Ok(Some((Reply::NetData { stream }, bytes))) => net.data(stream, &bytes),
+            Ok(Some((Reply::NetData { stream }, bytes))) => net.data(stream, bytes),
             Ok(Some((Reply::NetClose { stream }, _))) => net.close(stream),
             Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
                 let _ = events.send(AgentEvent::Exited { code, signal });
@@ -1125,11 +1185,11 @@ fn answers(request: &Request, reply: &Reply) -> bool {
         (Request::Status { id }, Reply::Status { id: i, .. }) => i == id,
         (Request::NetConnect { .. }, Reply::Done { op }) => op == "net_connect",
         (Request::FileOp { op, .. }, reply) => match (op, reply) {
-            (pvisor_agent::FileOp::Stat { .. }, Reply::Stat { .. }) => true,
+            (pvisor_agent::FileOp::Stat { path }, Reply::Stat { stat }) => &stat.path == path,
             (pvisor_agent::FileOp::List { .. }, Reply::Listing { .. }) => true,
             (
                 pvisor_agent::FileOp::MkParents { .. } | pvisor_agent::FileOp::Resolve { .. },
-                Reply::File { .. },
+                Reply::Resolved { .. },
             ) => true,
             (pvisor_agent::FileOp::Mkdir { .. }, Reply::Done { op }) => op == "mkdir",
             (pvisor_agent::FileOp::Remove { .. }, Reply::Done { op }) => op == "remove",
@@ -1152,10 +1212,15 @@ fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
     let id = pvisor_agent::HOST_STREAM
         | (shared.next_stream.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             & !pvisor_agent::HOST_STREAM);
-    // Registered first, so the service's first bytes have somewhere to go.
+    if shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_STREAMS {
+        return answer(&ControlResponse::Error {
+            message: format!("the VM already has {MAX_STREAMS} open streams"),
+        });
+    }
     let conn = Conn::Unix(stream.try_clone()?);
     let reader = conn.reader()?;
-    shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(id, conn);
+    let (ready, wait) = mpsc::channel();
+    shared.net.register(id, conn, &shared.agent, Some(wait))?;
     let (reply, _) = guest_call(shared, Request::NetConnect { stream: id, port }, &[]);
     if let Reply::Error { message, .. } = reply {
         shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
@@ -1164,6 +1229,7 @@ fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
         });
     }
     answer(&ControlResponse::Forwarded)?;
+    let _ = ready.send(());
     shared.net.pump_to_guest(id, reader, &shared.agent);
     Ok(())
 }
@@ -1221,6 +1287,9 @@ fn relay_exec(
             break;
         }
     }
+    // Ended (exit, hang-up, or cut off for stalling): close both directions,
+    // which also ends the relay-in thread and tells the caller.
+    let _ = to.shutdown(std::net::Shutdown::Both);
     Ok(())
 }
 
