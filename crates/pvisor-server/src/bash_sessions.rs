@@ -20,6 +20,7 @@ use pvisor_agent::Reply;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::ApiError;
+use crate::multipart::find;
 use crate::sandbox::{command_env, SandboxRecord};
 
 /// What the shell produced, as the reader thread saw it.
@@ -172,7 +173,7 @@ impl BashSession {
             match output.recv_timeout(wait) {
                 Ok(Out::Stdout(bytes)) if status.is_none() => {
                     out.extend_from_slice(&bytes);
-                    if let Some(pos) = find(&out, out_marker.as_bytes()) {
+                    if let Some(pos) = find(&out, out_marker.as_bytes(), 0) {
                         let rest = &out[pos + out_marker.len()..];
                         if let Some(end) = rest.iter().position(|b| *b == 0x1e) {
                             status = std::str::from_utf8(&rest[..end])
@@ -202,7 +203,7 @@ impl BashSession {
                 }
                 Ok(Out::Stderr(bytes)) if !err_done => {
                     err.extend_from_slice(&bytes);
-                    if let Some(pos) = find(&err, err_marker.as_bytes()) {
+                    if let Some(pos) = find(&err, err_marker.as_bytes(), 0) {
                         err_done = true;
                         let body = err[..pos].to_vec();
                         if !body.is_empty() && !emit(Piece::Stderr(body)) {
@@ -247,8 +248,4 @@ impl BashSession {
     pub fn kill(&self) {
         let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGKILL);
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }

@@ -90,9 +90,16 @@ fn guest_error(message: String) -> ApiError {
 struct Guest {
     record: SandboxRecord,
     vm_dir: PathBuf,
+    /// The image's user and group names, read only by the routes that show
+    /// or set owners (not on every command).
+    names: std::sync::OnceLock<Names>,
 }
 
 impl Guest {
+    fn names(&self) -> &Names {
+        self.names.get_or_init(|| Names::load(&self.record.rootfs))
+    }
+
     fn op(&self, op: FileOp) -> Result<Reply, ApiError> {
         let request = Request::FileOp { root: self.record.rootfs.clone(), op };
         guest::call(&self.vm_dir, &request, &[], CALL_TIMEOUT).map(|(r, _)| r).map_err(guest_error)
@@ -160,7 +167,7 @@ pub(crate) fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result
 fn connect(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> Result<Guest, ApiError> {
     check_token(&daemon.get(id)?, headers)?;
     let (record, vm_dir) = daemon.live_vm_dir(id)?;
-    Ok(Guest { record, vm_dir })
+    Ok(Guest { record, vm_dir, names: std::sync::OnceLock::new() })
 }
 
 /// The FileInfo schema; owner and group by name from the image's files.
@@ -252,14 +259,9 @@ where
     if let (&Method::GET, ["ping"]) = (method, rest) {
         return ping(daemon, id, headers).await;
     }
-    let (guest, names) = {
+    let guest = {
         let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
-        blocking(move || {
-            let guest = connect(&daemon, &id, &headers)?;
-            let names = Names::load(&guest.record.rootfs);
-            Ok((guest, names))
-        })
-        .await?
+        blocking(move || connect(&daemon, &id, &headers)).await?
     };
     let q = http::query_pairs(query);
     let small = |body: B| http::read_body(body, 16 << 20);
@@ -283,7 +285,7 @@ where
                 let mut out = serde_json::Map::new();
                 for p in paths {
                     let stat = guest.stat(&p)?;
-                    out.insert(p.clone(), file_info(&p, &stat, &names));
+                    out.insert(p.clone(), file_info(&p, &stat, guest.names()));
                 }
                 Ok(json(StatusCode::OK, &out))
             })
@@ -306,8 +308,8 @@ where
             let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "permissions map")?;
             blocking(move || {
                 for (p, perm) in map {
-                    let uid = perm.owner.as_deref().map(|o| names.uid(o)).transpose()?;
-                    let gid = perm.group.as_deref().map(|g| names.gid(g)).transpose()?;
+                    let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
+                    let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
                     guest.op(FileOp::Chmod { path: p.into(), mode: Some(octal_mode(perm.mode)?), uid, gid })?;
                 }
                 Ok(http::empty(StatusCode::OK))
@@ -327,7 +329,7 @@ where
         (&Method::GET, ["files", "search"]) => {
             let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
             let pattern = http::query_one(&q, "pattern").unwrap_or("**").to_owned();
-            blocking(move || search(&guest, &names, &root, &pattern)).await
+            blocking(move || search(&guest, &root, &pattern)).await
         }
         (&Method::GET, ["directories", "list"]) => {
             let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
@@ -337,7 +339,7 @@ where
             };
             blocking(move || {
                 let entries = list(&guest, &root, depth.max(1))?;
-                let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, &names)).collect();
+                let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, guest.names())).collect();
                 Ok(json(StatusCode::OK, &out))
             })
             .await
@@ -347,8 +349,8 @@ where
             blocking(move || {
                 for (p, perm) in map {
                     guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
-                    let uid = perm.owner.as_deref().map(|o| names.uid(o)).transpose()?;
-                    let gid = perm.group.as_deref().map(|g| names.gid(g)).transpose()?;
+                    let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
+                    let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
                     if uid.is_some() || gid.is_some() {
                         guest.op(FileOp::Chmod { path: p.into(), mode: None, uid, gid })?;
                     }
@@ -370,7 +372,7 @@ where
         (&Method::POST, ["files", "upload"]) => {
             let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
             let bytes = http::read_body(body, 1 << 30).await?;
-            blocking(move || upload(&guest, &names, &content_type, &bytes)).await
+            blocking(move || upload(&guest, &content_type, &bytes)).await
         }
         (&Method::GET, ["files", "download"]) => {
             let path = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
@@ -543,7 +545,7 @@ fn list(guest: &Guest, root: &str, depth: u32) -> Result<Vec<FileStat>, ApiError
     }
 }
 
-fn search(guest: &Guest, names: &Names, root: &str, pattern: &str) -> ApiResult {
+fn search(guest: &Guest, root: &str, pattern: &str) -> ApiResult {
     let entries = list(guest, root, 64)?;
     let out: Vec<Value> = entries
         .iter()
@@ -557,12 +559,12 @@ fn search(guest: &Guest, names: &Names, root: &str, pattern: &str) -> ApiResult 
             };
             pvisor_stage::glob::matches(pattern.as_bytes(), target)
         })
-        .map(|e| file_info(&join_display(root, &e.path), e, names))
+        .map(|e| file_info(&join_display(root, &e.path), e, guest.names()))
         .collect();
     Ok(json(StatusCode::OK, &out))
 }
 
-fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiResult {
+fn upload(guest: &Guest, content_type: &str, body: &[u8]) -> ApiResult {
     let boundary = content_type
         .split(';')
         .filter_map(|p| p.trim().strip_prefix("boundary="))
@@ -590,8 +592,8 @@ fn upload(guest: &Guest, names: &Names, content_type: &str, body: &[u8]) -> ApiR
                     .as_str()
                     .ok_or_else(|| ApiError::bad_request("metadata.path is required"))?;
                 let mode = octal_mode(meta["mode"].as_u64().unwrap_or(644) as u32)?;
-                let owner = meta["owner"].as_str().map(|o| names.uid(o)).transpose()?;
-                let group = meta["group"].as_str().map(|g| names.gid(g)).transpose()?;
+                let owner = meta["owner"].as_str().map(|o| guest.names().uid(o)).transpose()?;
+                let group = meta["group"].as_str().map(|g| guest.names().gid(g)).transpose()?;
                 guest.write(path, &body[part.data.clone()], mode, owner, group)?;
                 written += 1;
             }

@@ -10,7 +10,8 @@ pub struct Part {
     pub data: std::ops::Range<usize>,
 }
 
-fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+/// Where `needle` first occurs in `haystack` at or after `from`.
+pub(crate) fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     haystack.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|p| p + from)
 }
 
