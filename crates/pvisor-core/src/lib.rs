@@ -6,6 +6,7 @@
 //!   completion receipt, as versioned serde records;
 //! - [`state`]: the lifecycle enums and their explicit transition functions;
 //! - [`event`]: the Trace (`events.jsonl`) entry shape;
+//! - [`journal`]: the Trace's appends, sequence-numbered under a lock on the file;
 //! - [`store`]: the on-disk layout and the only sanctioned way to write durable
 //!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
 //!
@@ -14,6 +15,7 @@
 pub mod event;
 pub mod failpoint;
 pub mod ids;
+pub mod journal;
 pub mod records;
 pub mod state;
 pub mod store;

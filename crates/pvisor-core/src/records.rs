@@ -129,6 +129,29 @@ pub struct RunRecord {
 }
 record!(RunRecord, "run.json");
 
+impl RunRecord {
+    /// The BLAKE3 of what admission fixed and nothing may change afterwards:
+    /// the Run's identity, its workspace and its Operation (program, args,
+    /// cwd, policy, Placement). The Bundle binds it, and the receipt binds
+    /// the Bundle, so a `run.json` pointed at another workspace or given
+    /// another command is detected.
+    pub fn fixed_digest(&self) -> String {
+        let fixed = (&self.id, &self.job, &self.workspace, &self.operation);
+        crate::store::blake3_hex(&serde_json::to_vec(&fixed).unwrap_or_default())
+    }
+}
+
+/// What a Bundle binds besides the result (absent in Bundles before it existed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunBinding {
+    /// [`RunRecord::fixed_digest`] of the Run at admission.
+    pub run_blake3: String,
+    /// BLAKE3 of the exact bytes of `stage/preimages.json`, the conflict
+    /// baselines apply trusts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preimages_blake3: Option<String>,
+}
+
 /// What pvisor processes: today only `run.execute`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
@@ -277,6 +300,9 @@ pub struct Bundle {
     /// The staged-change manifest, sorted by path.
     pub changes: Vec<ChangeEntry>,
     pub warnings: Vec<String>,
+    /// The Run and conflict baselines this result belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<RunBinding>,
 }
 record!(Bundle, "bundle.json");
 

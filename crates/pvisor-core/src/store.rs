@@ -21,6 +21,24 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{AttemptId, JobId, RunId};
 use crate::records::{Record, FORMAT};
 
+/// The size of the state directory's `reserve` file (see [`Store::reserve_file`]).
+pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Whether `err` or any error beneath it is "no space left on device" (or
+/// a disk quota exceeded).
+pub fn is_out_of_space(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                return true;
+            }
+        }
+        current = e.source();
+    }
+    false
+}
+
 /// The largest record pvisor will read (Bundles with huge manifests included).
 pub const RECORD_READ_CAP: u64 = 256 * 1024 * 1024;
 
@@ -87,7 +105,51 @@ impl Store {
             create_dir_all_private(&dir)?;
         }
         let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
-        Ok(Self { root })
+        let store = Self { root };
+        store.ensure_reserve();
+        Ok(store)
+    }
+
+    /// `admission.lock`: held shared by every admission (and import) from
+    /// before it creates a Run directory until that Run's owner lock is
+    /// held, and exclusively by `gc` while it looks for the leftovers of
+    /// killed admissions, so gc never mistakes a Run being created for one.
+    pub fn admission_lock_file(&self) -> PathBuf {
+        self.root.join("admission.lock")
+    }
+
+    /// `reserve`: space set aside so the commands that free space (`drop`,
+    /// `kill`, `gc`) can still write their records on a full filesystem.
+    pub fn reserve_file(&self) -> PathBuf {
+        self.root.join("reserve")
+    }
+
+    /// Allocates the reserve if it is missing (best effort: on a full
+    /// filesystem there is nothing to set aside, and nothing fails).
+    fn ensure_reserve(&self) {
+        let path = self.reserve_file();
+        if path.exists() {
+            return;
+        }
+        let tmp = temp_path(&path);
+        let allocated =
+            OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).and_then(|f| {
+                // SAFETY: fallocate on a valid, owned descriptor; real blocks, not a sparse hole.
+                let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, RESERVE_BYTES as libc::off_t) };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                f.sync_all()
+            });
+        if allocated.is_ok() && fs::rename(&tmp, &path).is_ok() {
+            return;
+        }
+        let _ = fs::remove_file(&tmp);
+    }
+
+    /// Gives the reserve back to the filesystem. Returns whether there was one.
+    pub fn release_reserve(&self) -> bool {
+        fs::remove_file(self.reserve_file()).is_ok()
     }
 
     /// Returns the canonical state root.
@@ -154,6 +216,20 @@ impl Store {
         self.run_dir(run).join("stage")
     }
 
+    /// Makes a new Job visible atomically: `job.json` is written into a
+    /// private directory (`jobs/.admitting-<run>`, named after the Run so gc
+    /// can tell whether its admission is still alive) that is then renamed
+    /// to `jobs/<job>`. Readers see either no Job or a whole one.
+    pub fn publish_job(&self, job: &crate::records::JobRecord) -> Result<(), StoreError> {
+        let id = &job.id;
+        let staging = self.jobs_dir().join(format!("{ADMITTING_PREFIX}{}", job.run));
+        create_dir_all_private(&staging)?;
+        write_atomic(&staging.join("job.json"), &to_json_bytes(job))?;
+        let target = self.job_dir(id);
+        fs::rename(&staging, &target).map_err(|e| StoreError::io("publish", &target, e))?;
+        sync_dir(&self.jobs_dir())
+    }
+
     /// Lists every Job id, oldest first (ULIDs sort by time). Foreign names are skipped.
     pub fn list_jobs(&self) -> Result<Vec<JobId>, StoreError> {
         let dir = self.jobs_dir();
@@ -179,6 +255,9 @@ impl Store {
         write_atomic(path, &to_json_bytes(record))
     }
 }
+
+/// The name prefix of a Job directory still being admitted (see [`Store::publish_job`]).
+pub const ADMITTING_PREFIX: &str = ".admitting-";
 
 /// Serializes a record as pretty JSON with a trailing newline.
 pub fn to_json_bytes<T: Serialize>(value: &T) -> Vec<u8> {
@@ -338,7 +417,7 @@ pub fn append_line(path: &Path, line: &[u8], sync: bool) -> Result<(), StoreErro
 }
 
 /// Truncates `file` after its last newline if it ends in a partial line.
-fn trim_torn_tail(file: &File) -> io::Result<()> {
+pub(crate) fn trim_torn_tail(file: &File) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let len = file.metadata()?.len();
     if len == 0 {
@@ -369,7 +448,7 @@ fn trim_torn_tail(file: &File) -> io::Result<()> {
 /// can take the lock knows the owner is gone.
 #[derive(Debug)]
 pub struct OwnerLock {
-    _file: File,
+    file: File,
 }
 
 impl OwnerLock {
@@ -392,16 +471,60 @@ impl OwnerLock {
         if rc != 0 {
             return Err(StoreError::io("lock", path, io::Error::last_os_error()));
         }
-        Ok(Self { _file: file })
+        Ok(Self { file })
     }
 
     /// Takes the lock, waiting while another process holds it.
     pub fn acquire_blocking(path: &Path) -> Result<Self, StoreError> {
-        let file = Self::open_file(path)?;
+        Self::lock_blocking(Self::open_file(path)?, path)
+    }
+
+    /// Takes an exclusive lock on directory `dir` itself, waiting while
+    /// another process holds it. Nothing is created inside `dir`.
+    pub fn acquire_directory(dir: &Path) -> Result<Self, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)
+            .map_err(|e| StoreError::io("open", dir, e))?;
+        Self::lock_blocking(file, dir)
+    }
+
+    /// Takes a shared lock at `path`, waiting while an exclusive holder has it.
+    /// Many processes may hold it at once; an exclusive [`Self::try_acquire`]
+    /// fails while any do.
+    pub fn acquire_shared_blocking(path: &Path) -> Result<Self, StoreError> {
+        Self::flock_blocking(Self::open_file(path)?, path, libc::LOCK_SH)
+    }
+
+    /// Takes the lock exclusively if nobody holds it (shared or not);
+    /// `Ok(None)` if somebody does.
+    pub fn try_acquire(path: &Path) -> Result<Option<Self>, StoreError> {
+        match Self::acquire(path) {
+            Ok(lock) => Ok(Some(lock)),
+            Err(StoreError::Io { source, .. }) if source.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the lock on an already open `file` (named `path` in errors),
+    /// waiting while another holder has it.
+    pub(crate) fn lock_blocking(file: File, path: &Path) -> Result<Self, StoreError> {
+        Self::flock_blocking(file, path, libc::LOCK_EX)
+    }
+
+    /// The locked file, for a holder that also reads or writes it.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    fn flock_blocking(file: File, path: &Path, op: libc::c_int) -> Result<Self, StoreError> {
         loop {
             // SAFETY: flock on a valid, owned descriptor.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Self { _file: file });
+            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+                return Ok(Self { file });
             }
             let err = io::Error::last_os_error();
             if err.kind() != io::ErrorKind::Interrupted {

@@ -352,7 +352,12 @@ pub fn admit(
         placement: placement.clone(),
     };
 
+    // The owner lock comes first: from the moment any record of this Job
+    // exists, a reader sees a live owner and never "recovers" a starting run.
+    let creating = OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
     store::create_dir_all_private(&store.attempt_dir(&attempt_id))?;
+    let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
+    drop(creating);
     let stage = store.stage_dir(&run_id);
     let run = RunRecord {
         format: FORMAT,
@@ -367,7 +372,6 @@ pub fn admit(
         result: None,
     };
     store.write(&store.run_file(&run_id), &run)?;
-    store::create_dir_all_private(&store.job_dir(&job_id))?;
     let job = JobRecord {
         format: FORMAT,
         id: job_id.clone(),
@@ -393,8 +397,6 @@ pub fn admit(
         },
         imported_from: None,
     };
-    store.write(&store.job_file(&job_id), &job)?;
-    let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
     let attempt = AttemptRecord {
         format: FORMAT,
         id: attempt_id.clone(),
@@ -407,8 +409,12 @@ pub fn admit(
         owner_pid: std::process::id(),
     };
     store.write(&store.attempt_file(&attempt_id), &attempt)?;
+    // The Job appears last and whole: its directory is renamed into place
+    // with job.json inside, so `pvisor jobs` never meets a half-made Job.
+    // A crash before this leaves an unreferenced Run that gc removes.
+    store.publish_job(&job)?;
 
-    let mut trace = Trace::new(store.events_file(&run_id), run_id.clone());
+    let mut trace = Trace::open(store, &run_id);
     let created = trace.emit(
         "job.created",
         None,
@@ -590,10 +596,7 @@ pub fn admit_resume(
     job.updated_at = now;
     store.write(&store.job_file(job_id), &job)?;
 
-    let mut trace = Trace::reopen(store, &run.id).map_err(|e| match e {
-        crate::runtime::job_service::views::ViewError::Store(s) => AdmissionError::Store(s),
-        other => not(other.to_string()),
-    })?;
+    let mut trace = Trace::open(store, &run.id);
     let requested = trace.emit(
         "resume.requested",
         Some(number),

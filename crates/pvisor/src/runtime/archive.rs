@@ -29,7 +29,7 @@ use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
 
 use super::completion;
-use super::job_service::views::ViewError;
+use super::job_service::views::{self, ViewError};
 
 const ROOT: &str = "pvisor-bundle";
 
@@ -102,6 +102,9 @@ fn append(
 /// Writes the Run Bundle archive of `job` to `out`. The Job must have a valid receipt.
 pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManifest, ArchiveError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
+    // Never package records that do not bind each other, or a foreign Trace.
+    views::status(store, job_id)?;
+    views::events(store, &job.run)?;
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
     let Some((receipt, bundle)) = completion::load(store, job_id, &attempt).map_err(ViewError::from)? else {
         return Err(ArchiveError::NotABundle {
@@ -305,6 +308,11 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
 /// not been applied or dropped against the Bundle's manifest.
 pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
+    // Identity and binding of job.json, run.json, attempt.json and the
+    // conflict baselines (the Stage checks those it opens).
+    crate::effects::Stage::open(store, job_id)
+        .map_err(|e| ArchiveError::Failed { archive: job_id.to_string(), failures: vec![e.to_string()] })?;
+    let (_, trace_warnings) = views::events(store, &job.run)?;
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
     let Some((_, bundle)) = completion::load(store, job_id, &attempt).map_err(ViewError::from)? else {
         return Err(ArchiveError::Failed {
@@ -315,7 +323,9 @@ pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> 
     let stage = store.stage_dir(&job.run);
     let outcomes = pvisor_stage::ledger::Ledger::new(&stage).outcomes().map_err(ViewError::Stage)?;
     let upper = pvisor_stage::beneath::Root::open(&stage.join("upper"));
-    let mut failures = Vec::new();
+    // A Trace out of order (two writers, or an edit) fails verification.
+    let mut failures: Vec<String> =
+        trace_warnings.into_iter().filter(|w| w.contains("out of order")).collect();
     let mut checked = 0;
     for change in &bundle.changes {
         if outcomes.contains_key(&change.path)
@@ -378,7 +388,12 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     job.imported_from = Some(path.display().to_string());
     job.continuation = false;
     job.state = verified.receipt.result.state.job_state();
+    // Held until the Job is published, so gc never takes the half-imported
+    // Run for the leftover of a killed import (see `Store::admission_lock_file`).
+    let creating = store::OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
     store::create_dir_all_private(&store.attempt_dir(&attempt))?;
+    let _owner = store::OwnerLock::acquire(&store.lock_file(&attempt))?;
+    drop(creating);
     let attempt_dir = store.attempt_dir(&attempt);
     store::write_atomic(&store.run_file(&run.id), &get("run.json"))?;
     store::write_atomic(&attempt_dir.join("attempt.json"), &get("attempt.json"))?;
@@ -424,7 +439,6 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     }
     // The receipt last: the imported Job is confirmed only once everything is in place.
     store::write_atomic(&attempt_dir.join("completion.json"), &get("completion.json"))?;
-    store::create_dir_all_private(&store.job_dir(&job_id))?;
-    store.write(&store.job_file(&job_id), &job)?;
+    store.publish_job(&job)?;
     Ok(job_id)
 }

@@ -197,6 +197,7 @@ mod tests {
             observations: Observations::default(),
             changes: vec![],
             warnings: vec![],
+            binding: None,
         };
         let bytes = store::to_json_bytes(&bundle);
         std::fs::write(f.store.bundle_file(&f.attempt), &bytes).unwrap();

@@ -47,13 +47,31 @@ pub(crate) fn append_event(
     kind: &str,
     data: serde_json::Value,
 ) -> Result<(), ViewError> {
-    Trace::reopen(store, &job.run)?.emit(kind, Some(job.target_attempt), None, data, true)?;
+    Trace::open(store, &job.run).emit(kind, Some(job.target_attempt), None, data, true)?;
     Ok(())
 }
 
 /// Holds the Job's recovery lock: the one writer of recovery facts.
 pub(crate) fn lock_job(store: &Store, job: &JobId) -> Result<OwnerLock, ViewError> {
     Ok(OwnerLock::acquire_blocking(&store.job_dir(job).join("recover.lock"))?)
+}
+
+/// Changes `job.json` by read-modify-write under the Job's record lock, so
+/// a concurrent `kill` (which withdraws continuation) or recovery is never
+/// overwritten by a stale copy. Returns the record as written (or as found,
+/// when `change` returns `false` and nothing is written).
+pub(crate) fn update_job(
+    store: &Store,
+    job_id: &JobId,
+    change: impl FnOnce(&mut JobRecord) -> bool,
+) -> Result<JobRecord, pvisor_core::store::StoreError> {
+    let _guard = OwnerLock::acquire_blocking(&store.job_dir(job_id).join("recover.lock"))?;
+    let mut job: JobRecord = store.read(&store.job_file(job_id))?;
+    if change(&mut job) {
+        job.updated_at = Timestamp::now();
+        store.write(&store.job_file(job_id), &job)?;
+    }
+    Ok(job)
 }
 
 /// Projects a receipt's outcome onto the Attempt and the Job (each only if

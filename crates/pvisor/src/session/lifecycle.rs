@@ -19,8 +19,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use pvisor_core::records::{
-    AttemptRecord, Bundle, ChangeEntry, JobRecord, NetworkObservation, Observations, RunRecord, RunResult,
-    FORMAT,
+    AttemptRecord, Bundle, ChangeEntry, JobRecord, NetworkObservation, Observations, RunBinding, RunRecord,
+    RunResult, FORMAT,
 };
 use pvisor_core::state::{AttemptState, JobState, ResultState};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
@@ -160,20 +160,34 @@ impl Session {
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Running)
             .map_err(|e| self.finalize_error(step, e.into()))?;
         let now = Timestamp::now();
-        let moved = self
+        let run_state = self
             .run
             .state
             .transition(JobState::Running)
-            .and_then(|run| self.job.state.transition(JobState::Running).map(|job| (run, job)));
-        let (run_state, job_state) =
-            moved.map_err(|e| self.finalize_error(step, AttemptError::from(e).into()))?;
+            .map_err(|e| self.finalize_error(step, AttemptError::from(e).into()))?;
         (self.run.state, self.run.updated_at) = (run_state, now);
-        (self.job.state, self.job.updated_at) = (job_state, now);
-        let written = self
-            .store
+        self.store
             .write(&self.store.run_file(&self.run.id), &self.run)
-            .and_then(|()| self.store.write(&self.store.job_file(&self.job.id), &self.job));
-        written.map_err(|e| self.finalize_error(step, e.into()))
+            .map_err(|e| self.finalize_error(step, e.into()))?;
+        // Read-modify-write under the Job's lock: a `kill` that already
+        // withdrew continuation must not be overwritten by our copy.
+        let updated = crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+            match job.state.transition(JobState::Running) {
+                Ok(state) => {
+                    job.state = state;
+                    true
+                }
+                // Closed by kill meanwhile: leave its state alone.
+                Err(_) => false,
+            }
+        });
+        match updated {
+            Ok(job) => {
+                self.job = job;
+                Ok(())
+            }
+            Err(e) => Err(self.finalize_error(step, e.into())),
+        }
     }
 
     /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
@@ -417,6 +431,10 @@ impl Session {
                         format!("killed by the kernel's OOM killer: the {limit} memory limit was reached");
                     (ResultState::Failed, None, Some(*sig), Some(error))
                 }
+                // Ctrl-C typed on the terminal: cancelled by the user, as documented.
+                Termination::Signaled(sig) if *sig == libc::SIGINT && report.interrupted_at_terminal => {
+                    (ResultState::Cancelled, None, Some(*sig), None)
+                }
                 Termination::Signaled(sig) => (ResultState::Failed, None, Some(*sig), None),
                 Termination::ExecFailed { program, errno, message } => {
                     let (code, what) =
@@ -505,7 +523,8 @@ impl Session {
             .filter(|e| matches!(e.preimage, pvisor_stage::preimage::Preimage::Unknown { .. }))
             .count();
         let preimages_file = self.store.stage_dir(&self.run.id).join("preimages.json");
-        store::write_atomic(&preimages_file, &store::to_json_bytes(&preimages))
+        let preimages_bytes = store::to_json_bytes(&preimages);
+        store::write_atomic(&preimages_file, &preimages_bytes)
             .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
         self.emit("stage.sealed", json!({"changes": changes.len(), "without_baseline": without_baseline}))
             .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
@@ -532,6 +551,10 @@ impl Session {
             },
             changes: changes.clone(),
             warnings: self.warnings.clone(),
+            binding: Some(RunBinding {
+                run_blake3: self.run.fixed_digest(),
+                preimages_blake3: Some(store::blake3_hex(&preimages_bytes)),
+            }),
         };
         let bundle_bytes = store::to_json_bytes(&bundle);
         store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
@@ -558,17 +581,15 @@ impl Session {
         if let Some(previous) = restore_failed_from {
             // Before the receipt: from this point readers must see the Job
             // suspended on its previous Attempt, never this failed restore.
-            let mut job: JobRecord = self
-                .store
-                .read(&self.store.job_file(&self.job.id))
-                .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
-            if job.target_attempt == self.attempt.id.number() {
-                job.target_attempt = previous;
-                job.updated_at = Timestamp::now();
-                self.store
-                    .write(&self.store.job_file(&job.id), &job)
-                    .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
-            }
+            let this = self.attempt.id.number();
+            crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+                let retarget = job.target_attempt == this;
+                if retarget {
+                    job.target_attempt = previous;
+                }
+                retarget
+            })
+            .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
         }
         completion::commit(&self.store, &receipt)
             .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;

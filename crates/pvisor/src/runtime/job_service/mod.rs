@@ -19,7 +19,6 @@ use pvisor_core::ids::{AttemptId, JobId, RunId};
 use pvisor_core::records::{ChangeEntry, JobRecord, RunResult};
 use pvisor_core::state::JobState;
 use pvisor_core::store::{Store, StoreError};
-use pvisor_core::time::Timestamp;
 use pvisor_sandbox::Executor;
 
 use super::attempt::AttemptError;
@@ -234,34 +233,39 @@ impl JobService {
             RunEnd::Finished(o) => (&o.job, &o.attempt, o.result.state.job_state(), &o.job_record),
             RunEnd::Suspended(s) => (&s.job, &s.attempt, JobState::Suspended, &s.job_record),
         };
-        // Read the Job afresh: `kill` may have closed it, or it may target
-        // another Attempt by now, and an old result must not overwrite that.
-        let mut job = self.store.read(&self.store.job_file(job_id)).unwrap_or_else(|_| record.clone());
+        // Read-modify-write under the Job's lock: `kill` may have closed it,
+        // or it may target another Attempt by now, and an old result must
+        // not overwrite that.
         let mut gaps = Vec::new();
         let failed_restore = match &end {
             RunEnd::Finished(o) => o.restore_failed_from,
             RunEnd::Suspended(_) => None,
         };
-        if let Some(previous) = failed_restore.filter(|_| job.target_attempt == attempt.number()) {
-            // The Job stays suspended on its intact checkpoint; this Attempt's
-            // failure is recorded in its own receipt and events.
-            job.target_attempt = previous;
-            job.updated_at = Timestamp::now();
-            if let Err(e) = self.store.write(&self.store.job_file(&job.id), &job) {
-                gaps.push(format!("job.json not updated: {e}"));
+        let updated = crate::runtime::recovery::update_job(&self.store, job_id, |job| {
+            if let Some(previous) = failed_restore.filter(|_| job.target_attempt == attempt.number()) {
+                // The Job stays suspended on its intact checkpoint; this Attempt's
+                // failure is recorded in its own receipt and events.
+                job.target_attempt = previous;
+                return true;
             }
-        } else if job.target_attempt == attempt.number() && !job.state.is_terminal() {
+            if job.target_attempt != attempt.number() || job.state.is_terminal() {
+                return false;
+            }
             match job.state.transition(target) {
                 Ok(state) => {
                     job.state = state;
-                    job.updated_at = Timestamp::now();
-                    if let Err(e) = self.store.write(&self.store.job_file(&job.id), &job) {
-                        gaps.push(format!("job.json not updated: {e}"));
-                    }
+                    true
                 }
-                Err(e) => gaps.push(format!("job state not published: {e}")),
+                Err(e) => {
+                    gaps.push(format!("job state not published: {e}"));
+                    false
+                }
             }
-        }
+        });
+        let job = updated.unwrap_or_else(|e| {
+            gaps.push(format!("job.json not updated: {e}"));
+            record.clone()
+        });
         match end {
             RunEnd::Finished(mut o) => {
                 o.audit_gaps.extend(gaps);

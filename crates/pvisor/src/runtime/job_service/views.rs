@@ -35,6 +35,55 @@ pub enum ViewError {
     Stage(pvisor_stage::StageError),
     #[error(transparent)]
     Suspension(Box<crate::runtime::suspension::SuspensionError>),
+    #[error(
+        "{} does not match the records that bind it: {reason}. It was changed outside pvisor; \
+         nothing is applied from it (restore it from a backup, or `pvisor export` another copy)",
+        path.display()
+    )]
+    Unbound { path: PathBuf, reason: String },
+}
+
+/// Checks that `job.json`, `run.json` and `attempt.json` name each other,
+/// so a record swapped in from another Job is refused by name.
+fn check_identity(
+    store: &Store,
+    job_id: &JobId,
+    job: &JobRecord,
+    run: &RunRecord,
+    attempt_id: &AttemptId,
+    attempt: &AttemptRecord,
+) -> Result<(), ViewError> {
+    let unbound = |path: PathBuf, reason: String| Err(ViewError::Unbound { path, reason });
+    if &job.id != job_id {
+        return unbound(store.job_file(job_id), format!("it names {}", job.id));
+    }
+    if run.id != job.run || &run.job != job_id {
+        return unbound(store.run_file(&job.run), format!("it names {} of {}", run.id, run.job));
+    }
+    if &attempt.id != attempt_id || &attempt.job != job_id {
+        return unbound(
+            store.attempt_file(attempt_id),
+            format!("it names {} of {}", attempt.id, attempt.job),
+        );
+    }
+    Ok(())
+}
+
+/// Checks `run.json` against the digest its Bundle fixed at finalization.
+pub(crate) fn check_run_binding(
+    store: &Store,
+    run: &RunRecord,
+    bundle: &pvisor_core::records::Bundle,
+) -> Result<(), ViewError> {
+    match &bundle.binding {
+        Some(binding) if binding.run_blake3 != run.fixed_digest() => Err(ViewError::Unbound {
+            path: store.run_file(&run.id),
+            reason: "its workspace, command or policy differs from the one its Bundle and receipt bind"
+                .into(),
+        }),
+        // Bundles written before the binding existed bind nothing here.
+        Some(_) | None => Ok(()),
+    }
 }
 
 /// Resolves a job reference: an id, a unique prefix (with or without `job-`),
@@ -116,6 +165,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
     let run: RunRecord = store.read(&store.run_file(&job.run))?;
     let attempt_id = AttemptId::new(run.id.clone(), job.target_attempt);
     let attempt: AttemptRecord = store.read(&store.attempt_file(&attempt_id))?;
+    check_identity(store, job_id, &job, &run, &attempt_id, &attempt)?;
     let live = OwnerLock::is_held(&store.lock_file(&attempt_id))?;
     let mut status = JobStatus {
         job: job.id.clone(),
@@ -144,6 +194,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
     };
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {
+            check_run_binding(store, &run, &bundle)?;
             let result = receipt.result;
             status.state =
                 if job.state == JobState::Lost { JobState::Lost } else { result.state.job_state() };
@@ -200,9 +251,27 @@ pub fn events(store: &Store, run: &RunId) -> Result<(Vec<Event>, Vec<String>), V
     let mut warnings = Vec::new();
     let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect();
     let torn_tail = !bytes.ends_with(b"\n");
+    let mut last_seq = 0;
     for (i, line) in lines.iter().enumerate() {
         match serde_json::from_slice::<Event>(line) {
-            Ok(event) => events.push(event),
+            Ok(event) if &event.run != run => {
+                return Err(ViewError::Unbound {
+                    path,
+                    reason: format!("line {} is an event of {}, not of {run}", i + 1, event.run),
+                });
+            }
+            Ok(event) => {
+                if event.seq <= last_seq {
+                    warnings.push(format!(
+                        "{}: line {} has seq {} after seq {last_seq}: the Trace is out of order",
+                        path.display(),
+                        i + 1,
+                        event.seq
+                    ));
+                }
+                last_seq = last_seq.max(event.seq);
+                events.push(event);
+            }
             Err(_) if torn_tail && i + 1 == lines.len() => warnings
                 .push(format!("{}: last line is incomplete (interrupted write); skipped", path.display())),
             Err(source) => {
