@@ -180,6 +180,52 @@ pub fn verdict(
     })
 }
 
+/// The ledger's outcomes, with what an interrupted apply left behind settled
+/// against the workspace: a path whose intent was logged but whose outcome
+/// was not counts as applied when the workspace holds exactly the staged
+/// state (the write landed before the crash), and stays interrupted
+/// otherwise. Returns the outcomes and the paths settled as applied.
+pub fn settle_interrupted(
+    ws: &Root,
+    changes: &[ChangeEntry],
+    mut outcomes: BTreeMap<RelPath, Outcome>,
+) -> Result<(BTreeMap<RelPath, Outcome>, Vec<ChangeEntry>), StageError> {
+    let mut landed = Vec::new();
+    for change in changes {
+        if outcomes.get(&change.path) != Some(&Outcome::Interrupted) || change.entry == EntryType::Special {
+            continue;
+        }
+        let host = host_state(ws, change)?;
+        if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
+            outcomes.insert(change.path.clone(), Outcome::Applied);
+            landed.push(change.clone());
+        }
+    }
+    Ok((outcomes, landed))
+}
+
+/// Records in the ledger what [`settle_interrupted`] found, and removes the
+/// temporaries the interrupted apply left beside its paths. Call under the
+/// stage and workspace locks.
+pub fn reconcile_interrupted(
+    ws: &Root,
+    ledger: &Ledger,
+    changes: &[ChangeEntry],
+    outcomes: BTreeMap<RelPath, Outcome>,
+) -> Result<(BTreeMap<RelPath, Outcome>, Vec<ChangeEntry>), StageError> {
+    let interrupted: Vec<&ChangeEntry> =
+        changes.iter().filter(|c| outcomes.get(&c.path) == Some(&Outcome::Interrupted)).collect();
+    for change in &interrupted {
+        ws.remove_temporary(change.path.as_path())
+            .map_err(|e| StageError::io("remove the temporary of", change.path.as_path(), e))?;
+    }
+    let (outcomes, landed) = settle_interrupted(ws, changes, outcomes)?;
+    let records: Vec<_> =
+        landed.iter().map(|c| (c.path.clone(), Action::Applied, c.blake3.clone(), false)).collect();
+    ledger.append(&records)?;
+    Ok((outcomes, landed))
+}
+
 /// Plans `selection` (from [`with_required_ancestors`]).
 pub fn plan(
     ws: &Root,

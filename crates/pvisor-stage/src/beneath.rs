@@ -58,6 +58,11 @@ const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
 
+/// The name apply writes `plain`'s new content under before renaming it over.
+fn temp_name(plain: &OsStr) -> io::Result<CString> {
+    cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))
+}
+
 /// Splits a relative path into its normal components, refusing `..`, `.`,
 /// absolute paths and empty paths: the names a manifest may hold.
 pub fn components(rel: &Path) -> io::Result<Vec<&OsStr>> {
@@ -297,7 +302,7 @@ impl Root {
         expect: Option<&str>,
     ) -> io::Result<String> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))?;
+        let tmp = temp_name(plain)?;
         let create = || {
             // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
             let rc = unsafe {
@@ -382,10 +387,28 @@ impl Root {
         }
     }
 
+    /// Removes the temporary a killed apply of `rel` may have left beside it.
+    /// Returns whether there was one.
+    pub fn remove_temporary(&self, rel: &Path) -> io::Result<bool> {
+        let (dir, _, plain) = match self.parent(rel) {
+            Ok(found) => found,
+            // No parent directory: nothing can have been written there.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let tmp = temp_name(plain)?;
+        // SAFETY: valid dirfd and name; unlinkat never follows the final name.
+        match check(unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) }.into()) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Replaces `rel` with a symlink to `target`, atomically.
     pub fn write_symlink(&self, rel: &Path, target: &[u8]) -> io::Result<()> {
         let (dir, name, plain) = self.parent(rel)?;
-        let tmp = cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))?;
+        let tmp = temp_name(plain)?;
         let target = CString::new(target).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: valid dirfd and names.
         unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };

@@ -7,8 +7,9 @@
 //! The list of changes is the Bundle's manifest, bound by the receipt. Apply
 //! and drop need that receipt: a run without one (`unknown`, or still live)
 //! can be reviewed from its stage, but nothing is applied or dropped. Each
-//! apply or drop holds the stage's `apply.lock`, so two at once serialize, and
-//! records every step in the ledger and the Trace.
+//! apply or drop holds the stage's `apply.lock` and then the workspace's
+//! lock, so two at once serialize even across Jobs, reconciles what an
+//! interrupted apply left, and records every step in the ledger and the Trace.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -135,21 +136,50 @@ impl Stage {
         let job_record: JobRecord = store.read(&store.job_file(job))?;
         let stage_dir = store.stage_dir(&status.run);
         let upper = stage_dir.join("upper");
+        let mut binding = None;
         let (changes, confirmed) =
             match completion::load(store, job, &status.attempt).map_err(ViewError::from)? {
-                Some((_, bundle)) => (bundle.changes, true),
+                Some((_, bundle)) => {
+                    binding = bundle.binding;
+                    (bundle.changes, true)
+                }
                 None if upper.is_dir() && status.workspace.is_dir() => {
                     (pvisor_stage::scan(&upper, &status.workspace)?, false)
                 }
                 None => (Vec::new(), false),
             };
-        let preimages = match store::read_record::<Preimages>(&stage_dir.join("preimages.json")) {
-            Ok(p) => Some(p),
+        let preimages_path = stage_dir.join("preimages.json");
+        let preimages = match store::read_capped(&preimages_path, store::RECORD_READ_CAP) {
+            Ok(bytes) => {
+                // The conflict baselines decide what apply may overwrite:
+                // only the ones the Bundle bound are trusted.
+                let bound = binding.as_ref().and_then(|b| b.preimages_blake3.as_deref());
+                if bound.is_some_and(|digest| digest != store::blake3_hex(&bytes)) {
+                    return Err(ViewError::Unbound {
+                        path: preimages_path,
+                        reason: "its conflict baselines differ from the ones the Bundle binds".into(),
+                    }
+                    .into());
+                }
+                Some(store::parse_record::<Preimages>(&preimages_path, &bytes)?)
+            }
+            Err(e) if e.is_not_found() && binding.as_ref().is_some_and(|b| b.preimages_blake3.is_some()) => {
+                return Err(ViewError::Unbound {
+                    path: preimages_path,
+                    reason: "it is missing, but the Bundle binds it".into(),
+                }
+                .into());
+            }
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(e.into()),
         };
-        let outcomes = Ledger::new(&stage_dir).outcomes()?;
         let workspace = status.workspace.clone();
+        let mut outcomes = Ledger::new(&stage_dir).outcomes()?;
+        // What an interrupted apply already wrote is applied, whatever the
+        // ledger's missing outcome line says (recorded by the next apply or drop).
+        if let (true, Ok(ws)) = (confirmed, Root::open(&workspace)) {
+            outcomes = apply::settle_interrupted(&ws, &changes, outcomes)?.0;
+        }
         Ok(Self { status, job: job_record, changes, confirmed, preimages, outcomes, stage_dir, workspace })
     }
 
@@ -263,6 +293,45 @@ pub(crate) fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
     Ok(OwnerLock::acquire_blocking(&stage_dir.join("apply.lock"))?)
 }
 
+/// The workspace's writer lock, taken after the stage's: the preimage check
+/// and the writes of one apply happen with no other apply or drop (of any
+/// Job, from any state directory) in between, so two Jobs can never both
+/// "win" the same file. It is an `flock` on the workspace directory itself,
+/// which needs no file in the workspace and is shared by every pvisor.
+pub(crate) fn lock_workspace(workspace: &Path) -> Result<OwnerLock, EffectsError> {
+    OwnerLock::acquire_directory(workspace).map_err(|e| match e {
+        StoreError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            EffectsError::WorkspaceMissing { path: workspace.to_owned() }
+        }
+        other => other.into(),
+    })
+}
+
+/// Under both writer locks: records what an interrupted apply already wrote
+/// as applied (and removes its temporaries), so nothing that is in the
+/// workspace is ever recorded as dropped, then reopens the stage.
+fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stage, EffectsError> {
+    let ledger = Ledger::new(&stage.stage_dir);
+    let raw = ledger.outcomes()?;
+    if !raw.values().any(|o| *o == Outcome::Interrupted) {
+        return Ok(stage);
+    }
+    let (ws, _) = stage.roots()?;
+    let (_, landed) = apply::reconcile_interrupted(&ws, &ledger, &stage.changes, raw)?;
+    if !landed.is_empty() {
+        let (mut trace, terminal) = open_trace(store, &stage)?;
+        let paths: Vec<&RelPath> = landed.iter().map(|c| &c.path).collect();
+        trace.emit(
+            "apply.reconciled",
+            Some(stage.status.attempt.number()),
+            terminal,
+            json!({"paths": paths, "reason": "an interrupted apply had already written them"}),
+            true,
+        )?;
+    }
+    Stage::open(store, job)
+}
+
 pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     if let Some(origin) = &stage.job.imported_from {
         return Err(EffectsError::Imported { job: stage.status.job.clone(), origin: origin.clone() });
@@ -288,7 +357,7 @@ fn open_trace(store: &Store, stage: &Stage) -> Result<(Trace, Option<u64>), Effe
         .rev()
         .find(|e| matches!(e.kind.as_str(), "run.completed" | "run.failed" | "run.cancelled"))
         .map(|e| e.seq);
-    Ok((Trace::reopen(store, &stage.status.run)?, terminal))
+    Ok((Trace::open(store, &stage.status.run), terminal))
 }
 
 /// Which changes to apply.
@@ -311,8 +380,9 @@ pub fn apply(
     let stage = Stage::open(store, job)?;
     require_confirmed(&stage)?;
     let _lock = lock_stage(&stage.stage_dir)?;
-    // Re-read under the lock: another apply may have just finished.
-    let stage = Stage::open(store, job)?;
+    let _workspace_lock = lock_workspace(&stage.workspace)?;
+    // Re-read under the locks: another apply may have just finished.
+    let stage = reconcile(store, job, Stage::open(store, job)?)?;
     let (ws, upper) = stage.roots()?;
     let remaining: Vec<ChangeEntry> = stage
         .changes
@@ -429,7 +499,8 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
     let stage = Stage::open(store, job)?;
     require_confirmed(&stage)?;
     let _lock = lock_stage(&stage.stage_dir)?;
-    let stage = Stage::open(store, job)?;
+    let _workspace_lock = lock_workspace(&stage.workspace)?;
+    let stage = reconcile(store, job, Stage::open(store, job)?)?;
     let selected = apply::select(&stage.changes, patterns)?;
     let mut report = DropReport::default();
     for i in selected {
