@@ -67,7 +67,8 @@ pub fn cmd_import(args: ImportArgs) -> anyhow::Result<i32> {
 
 pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let report = gc::gc(&store, args.older_than, args.dry_run, args.force)?;
+    let report =
+        super::freeing_space(&store, || Ok(gc::gc(&store, args.older_than, args.dry_run, args.force)?))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         for f in &report.freed {

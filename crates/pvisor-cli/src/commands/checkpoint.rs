@@ -15,7 +15,7 @@ pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     if args.kind == "execution" {
         return super::execution::cmd_checkpoint_execution(&store, &job, args.json);
     }
-    let manifest = checkpoint::checkpoint(&store, &job)?;
+    let (manifest, _hold) = checkpoint::checkpoint(&store, &job)?;
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
     println!("next: pvisor fork {} -- COMMAND", manifest.id);
@@ -74,15 +74,18 @@ pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
         return super::execution::cmd_fork_execution(store, &args);
     }
     anyhow::ensure!(!args.command.is_empty(), "No program given: pvisor fork FROM -- PROGRAM [ARGS...]");
-    let checkpoint: CheckpointId = if args.from.starts_with(CheckpointId::PREFIX) {
-        checkpoint::resolve(&store, &args.from)?
+    // The hold lasts until the fork is done: gc leaves its checkpoint alone.
+    let (checkpoint, _hold): (CheckpointId, _) = if args.from.starts_with(CheckpointId::PREFIX) {
+        let id = checkpoint::resolve(&store, &args.from)?;
+        let hold = checkpoint::hold(&store, &id)?;
+        (id, hold)
     } else {
         let job = views::resolve_job(&store, Some(&args.from))?;
-        let manifest = checkpoint::checkpoint(&store, &job)?;
+        let (manifest, hold) = checkpoint::checkpoint(&store, &job)?;
         if !args.run.quiet {
             eprintln!("pvisor: checkpointed {job} as {} ({})", manifest.id, manifest.copy_method);
         }
-        manifest.id
+        (manifest.id, hold)
     };
     // Admission verifies every file before the new Job exists.
     let manifest = checkpoint::manifest(&store, &checkpoint)?;

@@ -9,7 +9,7 @@ use crate::cli::DropArgs;
 pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
-    let report = effects::drop_changes(&store, &job, &paths)?;
+    let report = super::freeing_space(&store, || Ok(effects::drop_changes(&store, &job, &paths)?))?;
     let mut out = std::io::stdout().lock();
     for change in &report.dropped {
         writeln!(out, "  dropped  {:<12} {}", change.kind.as_str(), change.path.display_escaped())?;

@@ -45,12 +45,20 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
                 if args.json {
                     json_line(&mut out, "error", &serde_json::json!({"job": id, "error": e.to_string()}))?;
                 } else {
-                    writeln!(out, "{id:<30}  error: {e}")?;
+                    writeln!(out, "{id:<30}  {:<20}  error: {e}", "damaged")?;
                 }
             }
         }
     }
-    Ok(if broken > 0 { crate::exit::PVISOR_ERROR } else { 0 })
+    // The list itself succeeded: one damaged Job must not make every later
+    // `pvisor jobs` fail. It is named on stderr as well as in the list.
+    if broken > 0 {
+        eprintln!(
+            "pvisor: warning: {broken} job(s) have damaged records (listed as `damaged`); \
+             `pvisor status JOB` names the file, `pvisor gc` removes half-created ones"
+        );
+    }
+    Ok(0)
 }
 
 /// Orders Jobs so each fork follows its parent (depth-first, oldest first).

@@ -8,7 +8,7 @@ use crate::cli::KillArgs;
 pub fn cmd_kill(args: KillArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = views::resolve_job(&store, args.job.as_deref())?;
-    match kill::kill(&store, &job, args.grace)? {
+    match super::freeing_space(&store, || Ok(kill::kill(&store, &job, args.grace)?))? {
         Killed::AlreadyEnded(state) => println!("{job} had already ended ({state}); nothing to kill"),
         Killed::Ended { state, stopped_owner } => {
             if let Some(pid) = stopped_owner {

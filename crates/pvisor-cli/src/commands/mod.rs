@@ -58,6 +58,23 @@ pub fn open_store() -> anyhow::Result<Store> {
     })
 }
 
+/// Runs a command that frees space (`drop`, `kill`, `gc`). If the state
+/// filesystem is full, it releases the state directory's reserve and runs
+/// the command once more: these commands are idempotent, and the reserve is
+/// what lets them write their records. The next command re-creates it.
+pub fn freeing_space<T>(store: &Store, mut command: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    match command() {
+        Err(e) if e.chain().any(pvisor_core::store::is_out_of_space) && store.release_reserve() => {
+            eprintln!(
+                "pvisor: warning: the state directory {} is full; using its reserve to record this",
+                store.root().display()
+            );
+            command()
+        }
+        other => other,
+    }
+}
+
 /// Splits `[JOB] [PATH...]`: the first word is a job if it resolves to one,
 /// otherwise it is a path and the most recent Job is meant.
 pub fn job_and_paths(

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use pvisor_core::ids::{CheckpointId, JobId};
 use pvisor_core::records::CheckpointManifest;
-use pvisor_core::store::{self, Store, StoreError};
+use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
 use pvisor_stage::checkpoint::{copy_upper, verify_checkpoint};
 use pvisor_stage::StageError;
@@ -41,12 +41,40 @@ pub enum CheckpointError {
     Store(#[from] StoreError),
 }
 
-/// Checkpoints `job`'s stage. The Job must be confirmed stopped by its receipt.
-pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, CheckpointError> {
+/// A shared hold on a checkpoint: while any process holds one, `gc` neither
+/// removes the checkpoint nor (for one being written) its temporary.
+#[derive(Debug)]
+pub struct CheckpointHold {
+    _lock: OwnerLock,
+}
+
+fn use_lock_file(store: &Store, id: &CheckpointId) -> std::path::PathBuf {
+    store.checkpoints_dir().join(format!(".use-{id}.lock"))
+}
+
+/// Holds `id` against `gc` (a fork holds its checkpoint until it is done).
+pub fn hold(store: &Store, id: &CheckpointId) -> Result<CheckpointHold, StoreError> {
+    Ok(CheckpointHold { _lock: OwnerLock::acquire_shared_blocking(&use_lock_file(store, id))? })
+}
+
+/// For `gc`: takes `id` exclusively if no process holds it, so nothing can
+/// start using it while it is removed. `None` while it is in use.
+pub(crate) fn try_claim(store: &Store, id: &str) -> Result<Option<OwnerLock>, StoreError> {
+    OwnerLock::try_acquire(&store.checkpoints_dir().join(format!(".use-{id}.lock")))
+}
+
+/// Checkpoints `job`'s stage. The Job must be confirmed stopped by its
+/// receipt. The returned hold keeps `gc` away from the new checkpoint (and
+/// from its temporary while it is being written) until it is dropped.
+pub fn checkpoint(
+    store: &Store,
+    job: &JobId,
+) -> Result<(CheckpointManifest, CheckpointHold), CheckpointError> {
     let stage = Stage::open(store, job)?;
     effects::require_confirmed(&stage)?;
     let _lock = effects::lock_stage(&stage.stage_dir)?;
     let id = CheckpointId::generate();
+    let held = hold(store, &id)?;
     let tmp = store.checkpoints_dir().join(format!(".tmp-{id}"));
     store::create_dir_all_private(&tmp)?;
     let result = (|| -> Result<CheckpointManifest, CheckpointError> {
@@ -96,7 +124,7 @@ pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, Chec
             return Err(e);
         }
     };
-    let mut trace = Trace::reopen(store, &stage.status.run).map_err(EffectsError::from)?;
+    let mut trace = Trace::open(store, &stage.status.run);
     trace.emit(
         "checkpoint.created",
         Some(stage.status.attempt.number()),
@@ -104,7 +132,7 @@ pub fn checkpoint(store: &Store, job: &JobId) -> Result<CheckpointManifest, Chec
         json!({"checkpoint": manifest.id, "kind": manifest.kind, "entries": manifest.entries.len(), "copy_method": manifest.copy_method}),
         true,
     )?;
-    Ok(manifest)
+    Ok((manifest, held))
 }
 
 /// One row of [`list`]: a checkpoint id and its manifest, or why it cannot be read.

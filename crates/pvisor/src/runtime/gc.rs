@@ -80,11 +80,107 @@ fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
     Ok(())
 }
 
+/// How long a Job directory of an older pvisor (which wrote `job.json` in
+/// place) may lack it before it counts as the leftover of a killed admission.
+const UNLOCKED_GRACE: Duration = Duration::from_secs(60);
+
+/// Whether any Attempt of the Run at `run_dir` has a live owner. Call with
+/// the admission lock held exclusively: then no Run is between its creation
+/// and its owner lock, and a Run without a held lock has no owner, ever.
+fn run_is_owned(run_dir: &Path) -> bool {
+    let attempts = run_dir.join("attempts");
+    std::fs::read_dir(&attempts).into_iter().flatten().flatten().any(|attempt| {
+        pvisor_core::store::OwnerLock::is_held(&attempt.path().join("owner.lock")).unwrap_or(true)
+    })
+}
+
+/// Removes what a crash in admission (or import) left: a Run no Job refers to
+/// whose owner is gone, a `jobs/.admitting-*` directory that was never
+/// published, and a Job directory without `job.json`. Each is recognisable
+/// and unowned, so it goes at once, whatever the age threshold.
+fn collect_half_admitted(
+    store: &Store,
+    report: &mut GcReport,
+    free: &impl Fn(&mut GcReport, String, PathBuf),
+) {
+    use pvisor_core::store::ADMITTING_PREFIX;
+    // Admissions wait (for as long as this scan takes) rather than be mistaken for leftovers.
+    let Ok(_no_admission) = pvisor_core::store::OwnerLock::acquire_blocking(&store.admission_lock_file())
+    else {
+        return;
+    };
+    let mut referenced = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(store.jobs_dir()).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let job_file = entry.path().join("job.json");
+        if let Some(run) = name.strip_prefix(ADMITTING_PREFIX) {
+            // Named after its Run: a publication whose admission died.
+            let run_dir = store.root().join("runs").join(run);
+            if run.parse::<pvisor_core::ids::RunId>().is_ok() && !run_is_owned(&run_dir) {
+                free(report, format!("half-created Job of {run}"), entry.path());
+            }
+            continue;
+        }
+        match store.read::<JobRecord>(&job_file) {
+            Ok(job) => {
+                referenced.insert(job.run.to_string());
+            }
+            Err(e) if e.is_not_found() => {
+                // Left by an older pvisor that wrote job.json in place.
+                let is_job = name.parse::<pvisor_core::ids::JobId>().is_ok();
+                if is_job && older_than(&entry.path(), UNLOCKED_GRACE) {
+                    free(report, format!("half-created Job {name} (no job.json)"), entry.path());
+                }
+            }
+            // A damaged job.json is evidence: kept, and `pvisor jobs` lists it.
+            Err(_) => {}
+        }
+    }
+    for entry in std::fs::read_dir(store.root().join("runs")).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.parse::<pvisor_core::ids::RunId>().is_err() || referenced.contains(&name) {
+            continue;
+        }
+        // Ownership first, then publication: admission publishes the Job
+        // before its owner can let go, so a Run found unowned here whose Job
+        // exists was published before this check (after the listing above).
+        if run_is_owned(&entry.path()) {
+            continue;
+        }
+        let published = store
+            .read::<pvisor_core::records::RunRecord>(&entry.path().join("run.json"))
+            .is_ok_and(|run| store.job_file(&run.job).exists());
+        if !published {
+            free(report, format!("Run {name} of a Job whose admission was interrupted"), entry.path());
+        }
+    }
+}
+
 fn older_than(path: &Path, age: Duration) -> bool {
     std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .map(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= age)
         .unwrap_or(false)
+}
+
+/// The VM disk images left in the Attempt directories of `job` (a vm
+/// supervisor deletes them when it ends; one that was killed cannot).
+/// Only for a Job with no live owner: a running VM still uses them.
+pub fn leftover_vm_disks(store: &Store, job: &JobRecord) -> Vec<(String, PathBuf)> {
+    let attempts = store
+        .read::<pvisor_core::records::RunRecord>(&store.run_file(&job.run))
+        .map_or(job.target_attempt, |r| r.attempts.max(job.target_attempt));
+    let mut found = Vec::new();
+    for n in 1..=attempts {
+        let vm_dir = store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
+        for image in [pvisor_sandbox::vm::checkpoint::LOWER, pvisor_sandbox::vm::checkpoint::UPPER] {
+            let path = vm_dir.join(image);
+            if path.exists() {
+                found.push((format!("leftover VM disk {image} of {} attempt {n}", job.id), path));
+            }
+        }
+    }
+    found
 }
 
 /// Collects garbage. `dry_run` only reports. A removal that fails (a file
@@ -158,10 +254,13 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
         } else {
             let lock = pvisor_core::store::OwnerLock::acquire_blocking(&stage.join("apply.lock"))?;
             pvisor_core::store::write_atomic(&stage.join("collected"), b"removed by pvisor gc\n")?;
-            if let Ok(mut trace) = Trace::reopen(store, &job.run) {
-                let _ =
-                    trace.emit("stage.collected", Some(job.target_attempt), None, json!({"by": "gc"}), true);
-            }
+            let _ = Trace::open(store, &job.run).emit(
+                "stage.collected",
+                Some(job.target_attempt),
+                None,
+                json!({"by": "gc"}),
+                true,
+            );
             Some(lock)
         };
         for part in ["upper", "work", "root", "empty"] {
@@ -177,17 +276,9 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
         let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
         // Disk images a killed vm supervisor left in its Attempt directory.
         if !live {
-            let attempts = store
-                .read::<pvisor_core::records::RunRecord>(&store.run_file(&job.run))
-                .map_or(job.target_attempt, |r| r.attempts.max(job.target_attempt));
-            for n in 1..=attempts {
-                let vm_dir =
-                    store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
-                for image in ["lower.img", "upper.img"] {
-                    let path = vm_dir.join(image);
-                    if path.exists() && older_than(&path, age) {
-                        free(&mut report, format!("leftover VM disk {image} of {id} attempt {n}"), path);
-                    }
+            for (what, path) in leftover_vm_disks(store, &job) {
+                if older_than(&path, age) {
+                    free(&mut report, what, path);
                 }
             }
         }
@@ -220,7 +311,14 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
     }
     for (ckpt, manifest) in checkpoint::list(store)? {
         let dir = store.checkpoint_dir(&ckpt);
-        if needed_checkpoints.contains(&ckpt) && !force {
+        // Held exclusively while removed, so no fork can start from it meanwhile.
+        let claim = if dry_run { None } else { checkpoint::try_claim(store, ckpt.as_str())? };
+        if claim.is_none() && !dry_run {
+            report.kept.push(Kept {
+                what: ckpt.to_string(),
+                reason: "in use by a running fork or checkpoint".into(),
+            });
+        } else if needed_checkpoints.contains(&ckpt) && !force {
             report.kept.push(Kept {
                 what: ckpt.to_string(),
                 reason: "a fork's lineage refers to it (use --force)".into(),
@@ -233,17 +331,29 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
                 Err(_) => format!("checkpoint {ckpt} (damaged)"),
             };
             free(&mut report, label, dir);
+            if claim.is_some() {
+                let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{ckpt}.lock")));
+            }
         }
     }
+    collect_half_admitted(store, &mut report, &free);
     // Temporaries of interrupted writes: checkpoints in progress, records, restores.
     let mut temps = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(store.checkpoints_dir()) {
-        temps.extend(
-            entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))),
-        );
+    for entry in std::fs::read_dir(store.checkpoints_dir()).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_prefix(".tmp-") else { continue };
+        // A checkpoint being written is held by its writer; one nobody holds
+        // was killed, and its temporary goes at once.
+        match if dry_run { Ok(None) } else { checkpoint::try_claim(store, id) } {
+            Ok(Some(_claim)) => {
+                free(&mut report, "temporary of an interrupted checkpoint".into(), entry.path());
+                let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{id}.lock")));
+            }
+            Ok(None) if !dry_run => report
+                .kept
+                .push(Kept { what: format!("checkpoint {id}"), reason: "being written right now".into() }),
+            Ok(None) | Err(_) => temps.push(entry.path()),
+        }
     }
     for dir in [store.jobs_dir(), store.root().join("runs")] {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
