@@ -121,6 +121,9 @@ pub struct ExitReport {
     pub usage: Usage,
     /// The kernel's OOM killer acted in the run's memory cgroup.
     pub oom_killed: bool,
+    /// The user typed the interrupt character (Ctrl-C) on the terminal the
+    /// command's own terminal is relayed to: a `SIGINT` death is theirs.
+    pub interrupted_at_terminal: bool,
 }
 
 /// A failure to create or supervise a sandbox. The command never ran unsandboxed.

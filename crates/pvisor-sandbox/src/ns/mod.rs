@@ -272,6 +272,7 @@ impl SandboxProcess for NsProcess {
             }
         }
         let status = self.child.wait().map_err(SandboxError::Wait)?;
+        let interrupted_at_terminal = self.relay.as_ref().is_some_and(|r| r.interrupt_typed());
         self.restore_terminal();
         let oom_killed = self.limits.oom_killed();
         self.limits.remove();
@@ -297,6 +298,6 @@ impl SandboxProcess for NsProcess {
                 ),
             },
         };
-        Ok(ExitReport { termination, usage, oom_killed })
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal })
     }
 }

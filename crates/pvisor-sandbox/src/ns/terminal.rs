@@ -5,6 +5,11 @@
 //! on the user's shell). The supervisor puts the user's terminal in raw mode
 //! and relays bytes both ways; window-size changes are copied across. The
 //! user's terminal settings are restored when the relay stops.
+//!
+//! The user's terminal is raw, so Ctrl-C reaches pvisor as a byte, not a
+//! signal: it is passed on (the sandbox's terminal turns it into `SIGINT`
+//! for its foreground job, as a shell expects) and remembered, so a command
+//! that then dies of `SIGINT` is recorded as cancelled by the user.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -17,6 +22,8 @@ use std::thread::JoinHandle;
 pub(crate) struct Relay {
     saved: Option<libc::termios>,
     stop: Arc<AtomicBool>,
+    /// Set once the user typed the sandbox terminal's interrupt character.
+    interrupted: Arc<AtomicBool>,
     input: Option<JoinHandle<()>>,
     output: Option<JoinHandle<()>>,
 }
@@ -43,6 +50,18 @@ fn write_all(fd: RawFd, mut buf: &[u8]) -> bool {
     true
 }
 
+/// The sandbox terminal's interrupt character, if it generates signals
+/// (`ISIG`); the master reads the settings the command's side has set.
+fn interrupt_char(master: RawFd) -> Option<u8> {
+    // SAFETY: zeroed termios is a valid out-parameter.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr fills `t` from a valid descriptor.
+    if unsafe { libc::tcgetattr(master, &mut t) } != 0 || t.c_lflag & libc::ISIG == 0 {
+        return None;
+    }
+    Some(t.c_cc[libc::VINTR]).filter(|&c| c != 0)
+}
+
 fn window_size(fd: RawFd) -> Option<(u16, u16)> {
     // SAFETY: zeroed winsize is a valid out-parameter.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
@@ -67,8 +86,9 @@ impl Relay {
             }
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let interrupted = Arc::new(AtomicBool::new(false));
         let input = {
-            let (master, stop) = (master.clone(), stop.clone());
+            let (master, stop, interrupted) = (master.clone(), stop.clone(), interrupted.clone());
             std::thread::Builder::new()
                 .name("pvisor-tty-in".into())
                 .spawn(move || {
@@ -79,7 +99,14 @@ impl Relay {
                         }
                         // SAFETY: reading into a local buffer.
                         let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-                        if n <= 0 || !write_all(master.as_raw_fd(), &buf[..n as usize]) {
+                        if n <= 0 {
+                            break;
+                        }
+                        let typed = &buf[..n as usize];
+                        if interrupt_char(master.as_raw_fd()).is_some_and(|c| typed.contains(&c)) {
+                            interrupted.store(true, Ordering::Relaxed);
+                        }
+                        if !write_all(master.as_raw_fd(), typed) {
                             break;
                         }
                     }
@@ -121,7 +148,12 @@ impl Relay {
                 })
                 .ok()
         };
-        Relay { saved, stop, input, output }
+        Relay { saved, stop, interrupted, input, output }
+    }
+
+    /// Whether the user typed the interrupt character since the relay started.
+    pub(crate) fn interrupt_typed(&self) -> bool {
+        self.interrupted.load(Ordering::Relaxed)
     }
 
     /// Drains what the sandbox wrote, stops relaying and restores the terminal.

@@ -1384,7 +1384,7 @@ impl SandboxProcess for VmProcess {
             let (_, usage) = shared.quit_and_reap();
             let _ = fs::remove_file(&shared.lower);
             let _ = fs::remove_file(&shared.upper);
-            return Ok(ExitReport { termination, usage, oom_killed: false });
+            return Ok(ExitReport { termination, usage, oom_killed: false, interrupted_at_terminal: false });
         }
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
@@ -1408,6 +1408,7 @@ impl SandboxProcess for VmProcess {
                 termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
                 usage,
                 oom_killed: false,
+                interrupted_at_terminal: false,
             });
         }
         let termination = match ending {
@@ -1439,7 +1440,7 @@ impl SandboxProcess for VmProcess {
         // The disks are the Attempt's scratch; the stage now holds the result.
         let _ = fs::remove_file(&shared.lower);
         let _ = fs::remove_file(&shared.upper);
-        Ok(ExitReport { termination, usage, oom_killed: false })
+        Ok(ExitReport { termination, usage, oom_killed: false, interrupted_at_terminal: false })
     }
 }
 
