@@ -524,12 +524,17 @@ impl Daemon {
                 }
                 other => {
                     let what = other.map_or("unknown".to_owned(), |s| s.to_string());
-                    let _ = daemon.update(&id, |r| {
-                        if r.state == SandboxState::Running && r.supervisor == Some(pid) {
+                    let failed = daemon.update(&id, |r| {
+                        let ours = r.state == SandboxState::Running && r.supervisor == Some(pid);
+                        if ours {
                             set_state(r, SandboxState::Failed, "runtime_exited", &format!("the VM ended on its own (Job {what}); was its keeper killed from inside?"));
                         }
-                        Ok(())
+                        Ok(ours)
                     });
+                    // Nobody will continue it: close the Job and free its disks now.
+                    if let (Ok(true), Some(job)) = (failed, &record.job) {
+                        daemon.close_and_release(job);
+                    }
                 }
             }
         });
@@ -744,6 +749,9 @@ impl Daemon {
         let was = self.update(id, |r| {
             match r.state {
                 SandboxState::Pending | SandboxState::Running | SandboxState::Paused => {}
+                // The reference server deletes a failed sandbox's container
+                // too: DELETE frees what is left and answers 204.
+                SandboxState::Failed => return Ok(SandboxState::Failed),
                 SandboxState::Pausing | SandboxState::Resuming => {
                     return Err(OpError::Conflict(format!(
                         "sandbox {id} is {}; delete it once that finishes",
@@ -758,12 +766,28 @@ impl Daemon {
             set_state(r, SandboxState::Stopping, reason, "");
             Ok(was)
         })?;
+        if was == SandboxState::Failed {
+            if let Some(job) = self.get(id).ok().and_then(|r| r.job) {
+                let daemon = self.clone();
+                std::thread::spawn(move || daemon.close_and_release(&job));
+            }
+            return Ok(());
+        }
         if was != SandboxState::Pending {
             // A Pending sandbox is stopped by its provisioner once it is up.
             let (daemon, id, reason) = (self.clone(), id.to_owned(), reason.to_owned());
             std::thread::spawn(move || daemon.stop(&id, &reason));
         }
         Ok(())
+    }
+
+    /// Closes the Job of a sandbox that can never run again (its supervisor
+    /// died) and frees its storage. Idempotent.
+    fn close_and_release(&self, job: &JobId) {
+        if let Err(e) = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(5)) {
+            eprintln!("pvisor serve: warning: cannot close {job}: {e}");
+        }
+        self.release_storage(job);
     }
 
     fn stop(&self, id: &str, reason: &str) {
@@ -800,6 +824,15 @@ impl Daemon {
             }
         }
         if let Ok(record) = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)) {
+            let live = views::status(&self.store, job).map_or(true, |s| s.live);
+            for (what, path) in pvisor::runtime::gc::leftover_vm_disks(&self.store, &record) {
+                if live {
+                    break;
+                }
+                if let Err(e) = fs::remove_file(&path) {
+                    eprintln!("pvisor serve: warning: cannot remove {what} ({}): {e}", path.display());
+                }
+            }
             let dir = self.store.exec_checkpoints_dir(&record.run);
             if let Err(e) = fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
