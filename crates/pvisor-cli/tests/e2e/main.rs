@@ -16,6 +16,7 @@ mod effects;
 mod limits;
 mod network;
 mod read_commands;
+mod records;
 mod recovery;
 mod run;
 mod serve;

@@ -454,4 +454,53 @@ fn a_vm_that_ends_on_its_own_is_not_reported_running() {
     assert!(ended["status"]["message"].as_str().unwrap().contains("keeper"), "{ended}");
     let (code, _) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(code, 409);
+    assert_closed_and_freed(&daemon, &id);
+}
+
+/// The VM disk images left anywhere in the daemon's state directory.
+fn vm_disks(daemon: &Daemon) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for run in fs::read_dir(daemon.env.home.join("runs")).into_iter().flatten().flatten() {
+        for attempt in fs::read_dir(run.path().join("attempts")).into_iter().flatten().flatten() {
+            for image in ["lower.img", "upper.img"] {
+                let path = attempt.path().join("vm").join(image);
+                if path.exists() {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// A Failed sandbox: its Job is closed, its disks are freed, and DELETE
+/// answers 204 (the reference server deletes a failed sandbox's container).
+fn assert_closed_and_freed(daemon: &Daemon, id: &str) {
+    assert!(
+        wait_until(Duration::from_secs(60), || vm_disks(daemon).is_empty()),
+        "VM disks left behind: {:?}",
+        vm_disks(daemon)
+    );
+    let jobs = daemon.jobs();
+    assert!(jobs.iter().all(|j| j["live"] == false && j["state"] != "running"), "{jobs:?}");
+    let (code, _) = daemon.curl("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(code, 204);
+}
+
+#[test]
+fn a_killed_sandbox_supervisor_is_closed_and_its_disks_freed() {
+    let daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    assert!(!vm_disks(&daemon).is_empty(), "a running VM has its disks");
+    let record: Value = serde_json::from_slice(
+        &fs::read(daemon.env.home.join("server/sandboxes").join(format!("{id}.json"))).unwrap(),
+    )
+    .unwrap();
+    let pid = record["supervisor"].as_u64().expect("the supervisor's pid is recorded") as i32;
+    // SAFETY: SIGKILL to the sandbox's supervisor, a child process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let ended = daemon.wait_state(&id, "Failed", &["Running"]);
+    assert_eq!(ended["status"]["reason"], "runtime_exited", "{ended}");
+    assert_closed_and_freed(&daemon, &id);
 }

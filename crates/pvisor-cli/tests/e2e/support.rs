@@ -46,7 +46,10 @@ impl As {
 pub fn bin() -> &'static str {
     static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     BIN.get_or_init(|| {
-        let built = env!("CARGO_BIN_EXE_pvisor");
+        // PVISOR_E2E_BIN runs the suite against another build (e.g. an older
+        // release, to count how often its bugs reproduce).
+        let built_here = env!("CARGO_BIN_EXE_pvisor").to_owned();
+        let built = &*Box::leak(std::env::var("PVISOR_E2E_BIN").unwrap_or(built_here).into_boxed_str());
         if !is_root() {
             return built.to_owned();
         }
