@@ -18,6 +18,13 @@ use serde::Deserialize;
 
 use crate::store::{self, OwnerLock, StoreError};
 
+/// A prefix of a Trace, as a Bundle binds it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct TracePrefix {
+    pub bytes: u64,
+    pub blake3: String,
+}
+
 /// An append-only JSON Lines file whose lines carry a `seq` field.
 #[derive(Debug, Clone)]
 pub struct Journal {
@@ -69,6 +76,42 @@ impl Journal {
             file.sync_data().map_err(io)?;
         }
         Ok(first)
+    }
+
+    /// The length and BLAKE3 of the file as it stands (a torn tail cut
+    /// first), taken under the lock, so no append is half in it. A Bundle
+    /// binds this prefix of the Trace; later appends do not change it.
+    pub fn seal_prefix(&self) -> Result<TracePrefix, StoreError> {
+        let io = |e| StoreError::Io { op: "read", path: self.path.clone(), source: e };
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.path)
+            .map_err(io)?;
+        let locked = OwnerLock::lock_blocking(file, &self.path)?;
+        let file = locked.file();
+        store::trim_torn_tail(file).map_err(io)?;
+        let mut hasher = blake3::Hasher::new();
+        let bytes = std::io::copy(&mut std::io::Read::by_ref(&mut &*file), &mut hasher).map_err(io)?;
+        Ok(TracePrefix { bytes, blake3: hasher.finalize().to_hex().to_string() })
+    }
+
+    /// Checks that the file still begins with `prefix`; an error says how not.
+    pub fn check_prefix(&self, prefix: &TracePrefix) -> Result<(), String> {
+        let file = File::open(&self.path).map_err(|e| format!("cannot read it: {e}"))?;
+        let mut hasher = blake3::Hasher::new();
+        let read = std::io::copy(&mut std::io::Read::take(&file, prefix.bytes), &mut hasher)
+            .map_err(|e| format!("cannot read it: {e}"))?;
+        if read < prefix.bytes {
+            return Err(format!("it is {read} bytes, shorter than the {} its Bundle binds", prefix.bytes));
+        }
+        if hasher.finalize().to_hex().as_str() != prefix.blake3 {
+            return Err(format!("its first {} bytes differ from the ones its Bundle binds", prefix.bytes));
+        }
+        Ok(())
     }
 
     /// The `seq` of the file's last line (0 when empty). The file ends in a

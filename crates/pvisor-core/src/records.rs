@@ -150,6 +150,9 @@ pub struct RunBinding {
     /// baselines apply trusts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preimages_blake3: Option<String>,
+    /// The Trace up to the Bundle (every event before `bundle.saved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::journal::TracePrefix>,
 }
 
 /// What pvisor processes: today only `run.execute`.

@@ -6,12 +6,15 @@
 //! outcomes, and the next apply knows those paths may hold pvisor's own
 //! half-finished write rather than a user's edit. `dropped` lines record
 //! discarded changes. A torn final line (a crash mid-append) is ignored.
+//! Each line names its Run, so a ledger swapped in from another Job is
+//! refused instead of telling this Job's story.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use pvisor_core::ids::RunId;
 use pvisor_core::records::FORMAT;
 use pvisor_core::store::{self, RelPath};
 use pvisor_core::time::Timestamp;
@@ -41,6 +44,9 @@ pub struct LedgerRecord {
     /// Applied over a conflict with `--force`.
     #[serde(default)]
     pub forced: bool,
+    /// The Run whose stage this is (absent in ledgers written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunId>,
 }
 
 /// The resolved state of one path according to the ledger.
@@ -56,11 +62,13 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     path: PathBuf,
+    run: RunId,
 }
 
 impl Ledger {
-    pub fn new(stage_dir: &Path) -> Self {
-        Self { path: stage_dir.join("ledger.jsonl") }
+    /// The ledger of `run`'s stage directory.
+    pub fn new(stage_dir: &Path, run: &RunId) -> Self {
+        Self { path: stage_dir.join("ledger.jsonl"), run: run.clone() }
     }
 
     pub fn path(&self) -> &Path {
@@ -89,6 +97,14 @@ impl Ledger {
                     }))
                 }
             };
+            if let Some(found) = record.run.as_ref().filter(|r| **r != self.run) {
+                return Err(StageError::ForeignLedger {
+                    path: self.path.clone(),
+                    line: i + 1,
+                    found: found.to_string(),
+                    expected: self.run.to_string(),
+                });
+            }
             let outcome = match record.action {
                 Action::Intent => Outcome::Interrupted,
                 Action::Applied => Outcome::Applied,
@@ -114,6 +130,7 @@ impl Ledger {
                 action: *action,
                 blake3: blake3.clone(),
                 forced: *forced,
+                run: Some(self.run.clone()),
             };
             buf.extend(serde_json::to_vec(&record).unwrap_or_default());
             buf.push(b'\n');

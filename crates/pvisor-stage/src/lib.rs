@@ -45,6 +45,11 @@ pub enum StageError {
     Record(pvisor_core::store::StoreError),
     #[error("Checkpoint {}: {reason}", path.display())]
     Checkpoint { path: PathBuf, reason: String },
+    #[error(
+        "{} line {line} records {found}, not {expected}: the ledger was replaced or edited outside pvisor",
+        path.display()
+    )]
+    ForeignLedger { path: PathBuf, line: usize, found: String, expected: String },
 }
 
 impl StageError {

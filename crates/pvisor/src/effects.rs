@@ -174,7 +174,7 @@ impl Stage {
             Err(e) => return Err(e.into()),
         };
         let workspace = status.workspace.clone();
-        let mut outcomes = Ledger::new(&stage_dir).outcomes()?;
+        let mut outcomes = Ledger::new(&stage_dir, &status.run).outcomes()?;
         // What an interrupted apply already wrote is applied, whatever the
         // ledger's missing outcome line says (recorded by the next apply or drop).
         if let (true, Ok(ws)) = (confirmed, Root::open(&workspace)) {
@@ -311,7 +311,7 @@ pub(crate) fn lock_workspace(workspace: &Path) -> Result<OwnerLock, EffectsError
 /// as applied (and removes its temporaries), so nothing that is in the
 /// workspace is ever recorded as dropped, then reopens the stage.
 fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stage, EffectsError> {
-    let ledger = Ledger::new(&stage.stage_dir);
+    let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
     let raw = ledger.outcomes()?;
     if !raw.values().any(|o| *o == Outcome::Interrupted) {
         return Ok(stage);
@@ -444,7 +444,7 @@ pub fn apply(
         report.state = Some(stage.state());
         return Ok(report);
     }
-    let ledger = Ledger::new(&stage.stage_dir);
+    let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
     let executed = apply::execute(&ws, &upper, &ledger, &report.plan, progress);
     let done = match executed {
         Ok(done) => done,
@@ -511,7 +511,7 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
             Some(Outcome::Interrupted) | None => report.dropped.push(change.clone()),
         }
     }
-    let ledger = Ledger::new(&stage.stage_dir);
+    let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
     let records: Vec<_> =
         report.dropped.iter().map(|c| (c.path.clone(), Action::Dropped, None, false)).collect();
     ledger.append(&records)?;

@@ -296,6 +296,7 @@ fn damaged_records_are_detected_or_harmless_and_never_write_the_workspace() {
         "attempts/1/completion.json",
         "events.jsonl",
         "stage/preimages.json",
+        "stage/ledger.jsonl",
     ];
     let damages = [Damage::Truncate, Damage::BitFlip, Damage::Delete, Damage::SwapWithOtherJob];
     let (mut detected, mut harmless, mut cases) = (0, 0, 0);
@@ -314,6 +315,9 @@ fn damaged_records_are_detected_or_harmless_and_never_write_the_workspace() {
             let ws_arg = other_ws.to_string_lossy().into_owned();
             env.expect(&["run", "-w", &ws_arg, "--", "sh", "-c", "echo other > tracked; rm -f tracked"], 0);
             let other = job_ids(&env).into_iter().find(|j| *j != victim).unwrap();
+            // Both Jobs have a ledger: each applied one change.
+            env.expect(&["apply", &victim, "added"], 0);
+            env.expect(&["apply", &other, "tracked"], 0);
             let genuine = env.status_json(Some(&victim));
             let (victim_dir, other_dir) = (run_dir(&env, &victim), run_dir(&env, &other));
             let job_dir = |job: &str| env.home.join("jobs").join(job);
@@ -340,6 +344,7 @@ fn damaged_records_are_detected_or_harmless_and_never_write_the_workspace() {
                 assert_eq!(apply.status.code(), Some(0), "{case}: {}", text(&apply.stderr));
                 assert_eq!(fs::read_to_string(env.ws.join("tracked")).unwrap(), "victim\n", "{case}");
                 assert_eq!(fs::read_to_string(env.ws.join("added")).unwrap(), "new\n", "{case}");
+                eprintln!("  {case}: not detected, harmless");
                 harmless += 1;
             } else {
                 assert_ne!(apply.status.code(), Some(0), "{case}: verify failed but apply succeeded");
@@ -527,4 +532,30 @@ fn a_full_state_directory_is_recovered_with_pvisor_commands_only() {
     // And pvisor is usable again.
     assert_eq!(env.run_sh("echo after > after").status.code(), Some(0));
     assert!(!env.ws.join("staged").exists(), "drop wrote to the workspace");
+}
+
+#[test]
+fn a_killed_export_leaves_no_temporary_after_the_next_export() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("head -c 80000000 /dev/urandom > big").status.code(), Some(0));
+    let out_dir = env.dir.path().join("exports");
+    fs::create_dir(&out_dir).unwrap();
+    env.give_away(&out_dir);
+    let target = out_dir.join("run.pvisor.tar");
+    let target_arg = target.to_string_lossy().into_owned();
+    let temps = || {
+        fs::read_dir(&out_dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".run.pvisor.tar.tmp-"))
+            .count()
+    };
+    let mut export = env.command(&["export", "-o", &target_arg]).stdout(Stdio::null()).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(30), || temps() > 0 || export.try_wait().unwrap().is_some()));
+    let _ = export.kill();
+    let _ = export.wait();
+    assert_eq!(temps(), 1, "the killed export left its temporary (or finished first)");
+    env.expect(&["export", "-o", &target_arg], 0);
+    assert_eq!(temps(), 0, "the next export removed the dead one's temporary");
+    env.expect(&["verify", &target_arg], 0);
 }

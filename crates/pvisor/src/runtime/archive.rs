@@ -116,11 +116,9 @@ pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManife
         let path = path.to_owned();
         move |source| ArchiveError::Io { op, path, source }
     };
-    let tmp = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id()
-    ));
+    let temp_prefix = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    remove_dead_temporaries(out, &temp_prefix);
+    let tmp = out.with_file_name(format!("{temp_prefix}{}", std::process::id()));
     let file = File::create(&tmp).map_err(io("create", &tmp))?;
     let mut builder = tar::Builder::new(file);
     let mut files = Vec::new();
@@ -304,6 +302,19 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
     }
 }
 
+/// Removes what killed exports to `out` left beside it: `.<name>.tmp-<pid>`
+/// files whose process is gone (a live export's own temporary is kept).
+fn remove_dead_temporaries(out: &Path, prefix: &str) {
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Verifies a local Job: its receipt and Bundle, and every staged file that has
 /// not been applied or dropped against the Bundle's manifest.
 pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> {
@@ -321,7 +332,8 @@ pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> 
         });
     };
     let stage = store.stage_dir(&job.run);
-    let outcomes = pvisor_stage::ledger::Ledger::new(&stage).outcomes().map_err(ViewError::Stage)?;
+    let outcomes =
+        pvisor_stage::ledger::Ledger::new(&stage, &job.run).outcomes().map_err(ViewError::Stage)?;
     let upper = pvisor_stage::beneath::Root::open(&stage.join("upper"));
     // A Trace out of order (two writers, or an edit) fails verification.
     let mut failures: Vec<String> =

@@ -530,7 +530,11 @@ impl Session {
             .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
         failpoint::hit("after-seal");
 
-        // Step 2: the Bundle fixes the result and observations.
+        // Step 2: the Bundle fixes the result and observations, and binds
+        // the Run, the baselines and the Trace so far.
+        let trace = pvisor_core::journal::Journal::new(self.store.events_file(&self.run.id))
+            .seal_prefix()
+            .map_err(|e| self.finalize_error("sealing the Trace", e.into()))?;
         let bundle = Bundle {
             format: FORMAT,
             job: self.job.id.clone(),
@@ -554,6 +558,7 @@ impl Session {
             binding: Some(RunBinding {
                 run_blake3: self.run.fixed_digest(),
                 preimages_blake3: Some(store::blake3_hex(&preimages_bytes)),
+                trace: Some(trace),
             }),
         };
         let bundle_bytes = store::to_json_bytes(&bundle);

@@ -69,7 +69,8 @@ fn check_identity(
     Ok(())
 }
 
-/// Checks `run.json` against the digest its Bundle fixed at finalization.
+/// Checks `run.json` and the Trace's sealed prefix against the digests its
+/// Bundle fixed at finalization.
 pub(crate) fn check_run_binding(
     store: &Store,
     run: &RunRecord,
@@ -81,8 +82,14 @@ pub(crate) fn check_run_binding(
             reason: "its workspace, command or policy differs from the one its Bundle and receipt bind"
                 .into(),
         }),
+        Some(binding) => match &binding.trace {
+            Some(prefix) => pvisor_core::journal::Journal::new(store.events_file(&run.id))
+                .check_prefix(prefix)
+                .map_err(|reason| ViewError::Unbound { path: store.events_file(&run.id), reason }),
+            None => Ok(()),
+        },
         // Bundles written before the binding existed bind nothing here.
-        Some(_) | None => Ok(()),
+        None => Ok(()),
     }
 }
 
@@ -204,11 +211,12 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
             status.finished_at = Some(result.finished_at);
             status.receipt = ReceiptStatus::Valid;
             status.changes = Some(bundle.changes.len());
-            let outcomes =
-                pvisor_stage::ledger::Ledger::new(&status.stage).outcomes().map_err(|e| match e {
+            let outcomes = pvisor_stage::ledger::Ledger::new(&status.stage, &status.run).outcomes().map_err(
+                |e| match e {
                     pvisor_stage::StageError::Record(s) => ViewError::Store(s),
                     other => ViewError::Stage(other),
-                })?;
+                },
+            )?;
             status.stage_state = Some(crate::effects::StageState::of(&bundle.changes, &outcomes));
             let terminal = result.state.terminal_event();
             let (events, _) = events(store, &run.id)?;
