@@ -26,7 +26,7 @@ pub fn json_line<T: Serialize>(out: &mut impl Write, kind: &str, value: &T) -> a
 
 /// Quotes a command line for display, shell-style.
 pub fn shell_words(program: &str, args: &[String]) -> String {
-    std::iter::once(program)
+    let quoted = std::iter::once(program)
         .chain(args.iter().map(String::as_str))
         .map(|w| {
             if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
@@ -36,7 +36,9 @@ pub fn shell_words(program: &str, args: &[String]) -> String {
             }
         })
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    // Quoting keeps the words apart; escaping keeps the terminal safe.
+    pvisor_core::text::escape(&quoted, pvisor_core::text::Tabs::Escape).into_owned()
 }
 
 /// Describes how a run ended: `completed`, `failed (exit 3)`, `cancelled (signal 2)`.

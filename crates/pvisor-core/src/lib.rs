@@ -10,6 +10,8 @@
 //! - [`store`]: the on-disk layout and the only sanctioned way to write durable
 //!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
 //!
+//! - [`text`]: untrusted names and contents made safe for a terminal.
+//!
 //! It never prints, exits, or reads user configuration.
 
 pub mod event;
@@ -19,6 +21,7 @@ pub mod journal;
 pub mod records;
 pub mod state;
 pub mod store;
+pub mod text;
 pub mod time;
 
 pub use ids::{AttemptId, JobId, RunId};

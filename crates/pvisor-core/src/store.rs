@@ -579,26 +579,11 @@ impl RelPath {
             && bytes.split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..")
     }
 
-    /// Returns the path for display, escaping control characters and invalid UTF-8.
+    /// Returns the path for a person's terminal: control, escape, bidi and
+    /// invisible formatting characters and invalid UTF-8 shown escaped
+    /// (see [`crate::text`]).
     pub fn display_escaped(&self) -> String {
-        let lossy = String::from_utf8_lossy(&self.0);
-        if std::str::from_utf8(&self.0).is_ok() && !lossy.chars().any(char::is_control) {
-            return lossy.into_owned();
-        }
-        let mut out = String::new();
-        for chunk in self.0.utf8_chunks() {
-            for c in chunk.valid().chars() {
-                if c.is_control() {
-                    out.extend(c.escape_default());
-                } else {
-                    out.push(c);
-                }
-            }
-            for b in chunk.invalid() {
-                out.push_str(&format!("\\x{b:02x}"));
-            }
-        }
-        out
+        crate::text::escape_bytes(&self.0, crate::text::Tabs::Escape)
     }
 }
 

@@ -1,17 +1,27 @@
 //! Rendering one change for a person: a unified diff for text, sizes and
 //! digests for binary files, and one-line summaries for links, modes and
 //! directories. Colour is the caller's choice (on a terminal, off in pipes).
+//!
+//! Names, link targets and contents are untrusted: every one is printed
+//! through `pvisor_core::text::escape`, so no byte of a staged file can move
+//! the cursor, recolour or hide a line, or reorder text. A text file full of
+//! escape sequences is summarised instead of shown.
 
 use std::io::{self, Read, Write};
 
 use similar::{ChangeTag, TextDiff};
 
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::text::{self, Tabs};
 
 use crate::beneath::{Kind, Root};
 
 /// Files larger than this are summarised, not diffed.
 pub const DIFF_LIMIT: u64 = 8 * 1024 * 1024;
+
+/// A text side with more escaped characters than this is summarised: it is
+/// built to drive a terminal, not to be read.
+pub const ESCAPE_LIMIT: usize = 32;
 
 const RED: &str = "\x1b[31m";
 const GREEN: &str = "\x1b[32m";
@@ -59,12 +69,12 @@ pub fn write_diff(
             let target = upper.read_link(change.path.as_path())?;
             let before = match host_stat.map(|s| s.kind) {
                 Some(Kind::Symlink) => {
-                    format!("-> {}", String::from_utf8_lossy(&ws.read_link(change.path.as_path())?))
+                    format!("-> {}", text::escape_bytes(&ws.read_link(change.path.as_path())?, Tabs::Escape))
                 }
                 Some(_) => "(not a symlink)".into(),
                 None => "(absent)".into(),
             };
-            writeln!(out, "  symlink: {before}  =>  -> {}", String::from_utf8_lossy(&target))?;
+            writeln!(out, "  symlink: {before}  =>  -> {}", text::escape_bytes(&target, Tabs::Escape))?;
             return Ok(());
         }
         EntryType::Dir => {
@@ -122,6 +132,20 @@ pub fn write_diff(
         return Ok(());
     }
     let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
+    let escapes =
+        text::count_unsafe(&old.replace("\r\n", "\n")) + text::count_unsafe(&new.replace("\r\n", "\n"));
+    if escapes > ESCAPE_LIMIT {
+        let digest = |b: &str| blake3::hash(b.as_bytes()).to_hex().to_string();
+        writeln!(
+            out,
+            "  text with {escapes} control or formatting characters (escape sequences), not shown: {} bytes (blake3 {}) => {} bytes (blake3 {})",
+            old.len(),
+            &digest(&old)[..16],
+            new.len(),
+            &digest(&new)[..16]
+        )?;
+        return Ok(());
+    }
     let diff = TextDiff::from_lines(old.as_ref(), new.as_ref());
     let a = if host_stat.is_some() { format!("a/{name}") } else { "/dev/null".into() };
     let b = if change.entry == EntryType::None { "/dev/null".into() } else { format!("b/{name}") };
@@ -136,10 +160,13 @@ pub fn write_diff(
                 ChangeTag::Insert => ('+', paint(GREEN)),
                 ChangeTag::Equal => (' ', ""),
             };
-            let text = line.value();
-            let text = text.strip_suffix('\n').unwrap_or(text);
+            let value = line.value();
+            // A CRLF line ending cannot hide anything; any other CR (the
+            // diff splits lines at a lone CR too) is shown as `\r`.
+            let value = value.strip_suffix("\r\n").or_else(|| value.strip_suffix('\n')).unwrap_or(value);
+            let shown = text::escape(value, Tabs::Keep);
             let end = if code.is_empty() { "" } else { reset };
-            writeln!(out, "{code}{sign}{text}{end}")?;
+            writeln!(out, "{code}{sign}{shown}{end}")?;
             if line.missing_newline() {
                 writeln!(out, "\\ No newline at end of file")?;
             }

@@ -1,5 +1,6 @@
 //! `pvisor events [JOB] [--json]`: the Trace.
 
+use pvisor_core::text::{escape, Tabs};
 use std::io::Write;
 
 use pvisor::runtime::job_service::views;
@@ -23,7 +24,9 @@ pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
                 serde_json::Value::Null => String::new(),
                 d => d.to_string(),
             };
-            writeln!(out, "{:>3}{:<5} {}  {:<22} {}", event.seq, cause, event.time, event.kind, data)?;
+            // Event data carries staged names and hosts the command chose.
+            let (kind, data) = (escape(&event.kind, Tabs::Escape), escape(&data, Tabs::Escape));
+            writeln!(out, "{:>3}{:<5} {}  {:<22} {}", event.seq, cause, event.time, kind, data)?;
         }
     }
     for warning in warnings {
