@@ -253,6 +253,9 @@ pub struct Executed {
     pub applied: Vec<(ChangeEntry, bool)>,
     /// Paths that already matched and were only recorded.
     pub already: Vec<ChangeEntry>,
+    /// Paths that could not be written, and why. The others were applied
+    /// regardless: one bad path never holds the rest back.
+    pub failed: Vec<(ChangeEntry, String)>,
     pub warnings: Vec<String>,
 }
 
@@ -272,13 +275,21 @@ pub fn execute(
         .map(|p| (p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
         .collect();
     ledger.append(&intents)?;
-    let mut result = Ok(());
     for planned in plan {
         match &planned.verdict {
             Verdict::Apply { forced } => {
+                // A child of a path that failed cannot land either; say so once.
+                let parent_failed = done.failed.iter().any(|(f, _)| {
+                    f.entry == EntryType::Dir && planned.change.path.as_path().starts_with(f.path.as_path())
+                });
+                if parent_failed {
+                    done.failed
+                        .push((planned.change.clone(), "its parent directory could not be applied".into()));
+                    continue;
+                }
                 if let Err(e) = apply_one(ws, upper, &planned.change, &mut done.warnings) {
-                    result = Err(e);
-                    break;
+                    done.failed.push((planned.change.clone(), error_chain(&e)));
+                    continue;
                 }
                 progress(&planned.change);
                 done.applied.push((planned.change.clone(), *forced));
@@ -296,7 +307,18 @@ pub fn execute(
         .chain(done.already.iter().map(|c| (c.path.clone(), Action::Applied, c.blake3.clone(), false)))
         .collect();
     ledger.append(&outcomes)?;
-    result.map(|()| done)
+    Ok(done)
+}
+
+/// An error and its causes on one line (`Cannot write x: File name too long`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 fn apply_one(

@@ -58,10 +58,18 @@ const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
 
-/// The name apply writes `plain`'s new content under before renaming it over.
+/// The name apply writes `plain`'s new content under before renaming it
+/// over: fixed-length (29 bytes), so any legal name (up to NAME_MAX) has
+/// one, and derived from the name, so the temporary a killed apply of that
+/// very path left is found again.
 fn temp_name(plain: &OsStr) -> io::Result<CString> {
-    cstr(OsStr::new(&format!(".{}.pvisor-tmp", plain.to_string_lossy())))
+    use std::os::unix::ffi::OsStrExt;
+    let digest = blake3::hash(plain.as_bytes()).to_hex();
+    cstr(OsStr::new(&format!("{TEMP_PREFIX}{}", &digest[..16])))
 }
+
+/// How apply's temporaries are named (`.pvisor-tmp-` and 16 hex digits).
+pub const TEMP_PREFIX: &str = ".pvisor-tmp-";
 
 /// Splits a relative path into its normal components, refusing `..`, `.`,
 /// absolute paths and empty paths: the names a manifest may hold.
