@@ -42,6 +42,7 @@ pub enum Command {
     Events(EventsArgs),
     Serve(ServeArgs),
     Image(ImageArgs),
+    Trust(TrustArgs),
     #[command(hide = true)]
     SandboxSupervisor(SandboxSupervisorArgs),
 }
@@ -323,9 +324,15 @@ pub struct ReviewArgs {
 /// atomically, beneath the workspace root, never through a symlink; symlinks
 /// are applied as symlinks; device nodes, fifos and sockets are never created;
 /// setuid/setgid bits are dropped. An interrupted apply resumes where it stopped.
+///
+/// Sensitive paths (`.git/`, `.envrc`, `.pvisor.toml`, editor and CI task
+/// files, …: they make the host run code) are applied only when named
+/// exactly, chosen with -i, or with --include-sensitive; --all, globs and
+/// directories skip them and say so (exit 1). A path that cannot be written
+/// does not stop the others.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied); 125 error."
+    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
 )]
 pub struct ApplyArgs {
     /// The Job (id or unique prefix) [default: the most recent]. A first argument that is not a job is taken as a path.
@@ -344,6 +351,9 @@ pub struct ApplyArgs {
     /// Ask about each change in turn, showing its diff (needs a terminal).
     #[arg(long, short = 'i')]
     pub interactive: bool,
+    /// Also apply sensitive paths that --all, a glob or a directory selects.
+    #[arg(long)]
+    pub include_sensitive: bool,
     /// Colour diffs: auto (on a terminal), always, never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
@@ -511,6 +521,33 @@ pub struct GcArgs {
 )]
 pub struct DoctorArgs {
     /// One JSON object per check.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Trust a workspace's `.pvisor.toml`, so it may widen the network policy.
+///
+/// A workspace's `.pvisor.toml` belongs to the repository, so pvisor treats
+/// it as untrusted: until you trust it, it may only narrow the policy
+/// (`mode = "none"`, deny rules); a mode that opens the network and allow
+/// rules are ignored, and `pvisor run` says so before the command starts.
+/// Trusting records the file's BLAKE3 in the state directory (like direnv's
+/// `allow`): any change to the file, by you, a `git pull` or an applied
+/// change, makes it untrusted again.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor trust                      trust ./.pvisor.toml as it is now\n  pvisor trust ~/src/app/.pvisor.toml\n  pvisor trust --list               every trusted file, and whether it changed since\n  pvisor trust --revoke             stop trusting ./.pvisor.toml"
+)]
+pub struct TrustArgs {
+    /// The configuration file [default: .pvisor.toml in the current directory].
+    pub file: Option<PathBuf>,
+    /// List the trusted files.
+    #[arg(long, conflicts_with = "revoke")]
+    pub list: bool,
+    /// Stop trusting the file.
+    #[arg(long)]
+    pub revoke: bool,
+    /// With --list: one JSON object per line.
     #[arg(long)]
     pub json: bool,
 }

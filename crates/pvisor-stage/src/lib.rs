@@ -13,6 +13,7 @@
 //! - [`review`]: unified diffs for people;
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
+//! - [`sensitive`]: paths that make the host run code when applied (need consent);
 //! - [`glob`]: path patterns (`*`, `**`, `?`, classes), shared with `pvisor serve`'s file search.
 
 pub mod apply;
@@ -24,6 +25,7 @@ pub mod ledger;
 mod overlay;
 pub mod preimage;
 pub mod review;
+pub mod sensitive;
 
 pub use changes::{scan, seal};
 pub use checkpoint::restore_logical_checkpoint;

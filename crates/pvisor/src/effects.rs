@@ -25,6 +25,7 @@ use pvisor_stage::apply::{self, NoMatch, Planned, Verdict};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::ledger::{Action, Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
+pub use pvisor_stage::sensitive::Sensitive;
 use pvisor_stage::StageError;
 
 use crate::runtime::completion;
@@ -209,8 +210,12 @@ impl Stage {
     }
 
     /// The review of every change: remaining ones with their conflict state,
-    /// applied and dropped ones marked.
-    pub fn review(&self, patterns: &[String]) -> Result<Vec<ReviewItem>, EffectsError> {
+    /// applied and dropped ones marked, sensitive ones with the reason.
+    pub fn review(
+        &self,
+        patterns: &[String],
+        sensitive: &Sensitive,
+    ) -> Result<Vec<ReviewItem>, EffectsError> {
         let selected = apply::select(&self.changes, patterns)?;
         let ws = Root::open(&self.workspace).ok();
         let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
@@ -232,7 +237,15 @@ impl Stage {
                     }
                 }
             };
-            items.push(ReviewItem { change: change.clone(), applied, dropped, conflict, unsupported });
+            let sensitive = sensitive.reason(&change.path);
+            items.push(ReviewItem {
+                change: change.clone(),
+                applied,
+                dropped,
+                conflict,
+                unsupported,
+                sensitive,
+            });
         }
         Ok(items)
     }
@@ -262,6 +275,8 @@ pub struct ReviewItem {
     pub conflict: Option<String>,
     /// Why apply never writes this change (device nodes, fifos, sockets).
     pub unsupported: Option<String>,
+    /// Why applying this change needs explicit consent (it makes the host run code).
+    pub sensitive: Option<String>,
 }
 
 impl ReviewItem {
@@ -271,10 +286,14 @@ impl ReviewItem {
 }
 
 /// Options for [`apply`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ApplyOptions {
     pub force: bool,
     pub dry_run: bool,
+    /// Apply sensitive paths that `--all`, a glob or a directory selects.
+    pub include_sensitive: bool,
+    /// Which paths are sensitive.
+    pub sensitive: Sensitive,
 }
 
 /// What an apply did (or, with `dry_run`, would do).
@@ -284,6 +303,11 @@ pub struct ApplyReport {
     /// Whether anything was written. False on a dry run or when conflicts refused the apply.
     pub executed: bool,
     pub conflicts: Vec<(ChangeEntry, String)>,
+    /// Sensitive paths the selection named only by `--all`, a glob or a
+    /// directory: not applied, with the reason.
+    pub skipped_sensitive: Vec<(ChangeEntry, String)>,
+    /// Paths that could not be written (the rest were applied).
+    pub failed: Vec<(ChangeEntry, String)>,
     pub warnings: Vec<String>,
     pub state: Option<StageState>,
 }
@@ -360,6 +384,15 @@ fn open_trace(store: &Store, stage: &Stage) -> Result<(Trace, Option<u64>), Effe
     Ok((Trace::open(store, &stage.status.run), terminal))
 }
 
+/// Whether selection pattern `pattern` names `path` itself (not by a glob,
+/// nor as a directory above it).
+fn names_exactly(pattern: &str, path: &RelPath) -> bool {
+    let trimmed = pattern.trim_end_matches('/');
+    let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+    !pvisor_stage::glob::is_glob(trimmed)
+        && trimmed.as_bytes() == path.as_path().as_os_str().as_encoded_bytes()
+}
+
 /// Which changes to apply.
 #[derive(Debug, Clone)]
 pub enum Selection {
@@ -399,6 +432,25 @@ pub fn apply(
             (0..remaining.len()).filter(|&i| paths.contains(&remaining[i].path)).collect()
         }
     };
+    // A sensitive path is applied only when named exactly (or chosen one by
+    // one, or with --include-sensitive): never swept in by --all or a glob.
+    let mut skipped_sensitive = Vec::new();
+    let selected: Vec<usize> = selected
+        .into_iter()
+        .filter(|&i| {
+            let change = &remaining[i];
+            let Some(reason) = options.sensitive.reason(&change.path) else { return true };
+            let consented = options.include_sensitive
+                || match selection {
+                    Selection::Paths(_) => true,
+                    Selection::Patterns(patterns) => patterns.iter().any(|p| names_exactly(p, &change.path)),
+                };
+            if !consented {
+                skipped_sensitive.push((change.clone(), reason));
+            }
+            consented
+        })
+        .collect();
     let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
     let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
@@ -410,7 +462,7 @@ pub fn apply(
             Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Unsupported(_) => None,
         })
         .collect();
-    let mut report = ApplyReport { plan, conflicts, ..Default::default() };
+    let mut report = ApplyReport { plan, conflicts, skipped_sensitive, ..Default::default() };
     report.warnings.extend(report.plan.iter().filter_map(|p| match &p.verdict {
         Verdict::Unsupported(why) => Some(format!("{} not applied: {why}", p.change.path.display_escaped())),
         Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Conflict(_) => None,
@@ -478,8 +530,12 @@ pub fn apply(
             json!({"path": change.path, "kind": change.kind, "already_applied": true}),
         ));
     }
+    for (change, error) in &done.failed {
+        events.push(("apply.failed", attempt, Some(started), json!({"path": change.path, "error": error})));
+    }
     trace.emit_batch(events)?;
     report.executed = true;
+    report.failed = done.failed;
     report.warnings.extend(done.warnings);
     report.state = Some(Stage::open(store, job)?.state());
     Ok(report)

@@ -21,9 +21,15 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     if args.all && !paths.is_empty() {
         bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
     }
-    let options = ApplyOptions { force: args.force, dry_run: args.dry_run };
+    let sensitive = crate::config::sensitive()?;
+    let options = ApplyOptions {
+        force: args.force,
+        dry_run: args.dry_run,
+        include_sensitive: args.include_sensitive,
+        sensitive: sensitive.clone(),
+    };
     let selection = if args.interactive {
-        match choose_interactively(&store, &job, &paths, args.color)? {
+        match choose_interactively(&store, &job, &paths, &sensitive, args.color)? {
             Some(chosen) if !chosen.is_empty() => Selection::Paths(chosen),
             _ => {
                 eprintln!("pvisor: nothing chosen; nothing applied");
@@ -56,9 +62,35 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
         return Ok(REFUSED);
     }
+    // Not applied, but the rest was: each is said, and the exit status is 1.
+    let mut incomplete = false;
+    if !report.skipped_sensitive.is_empty() {
+        incomplete = true;
+        writeln!(
+            out,
+            "skipped {} sensitive path(s): applying them makes the host run code",
+            report.skipped_sensitive.len()
+        )?;
+        for (change, reason) in &report.skipped_sensitive {
+            writeln!(out, "  SENSITIVE {}: {reason}", change.path.display_escaped())?;
+        }
+        writeln!(out, "review them with `pvisor review {job} --diff`; apply one by naming it exactly, or pass --include-sensitive")?;
+    }
+    for (change, error) in &report.failed {
+        incomplete = true;
+        writeln!(
+            out,
+            "  FAILED    {}: {}",
+            change.path.display_escaped(),
+            pvisor_core::text::escape(error, pvisor_core::text::Tabs::Escape)
+        )?;
+    }
     let verb = if args.dry_run { "would apply" } else { "applied" };
     let mut count = 0;
     for planned in &report.plan {
+        if report.failed.iter().any(|(c, _)| c.path == planned.change.path) {
+            continue;
+        }
         let (word, note) = match &planned.verdict {
             Verdict::Apply { forced: true } => (verb, " (forced over a conflict)"),
             Verdict::Apply { forced: false } => (verb, ""),
@@ -76,7 +108,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     if args.dry_run {
         writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
-        return Ok(0);
+        return Ok(if incomplete { REFUSED } else { 0 });
     }
     let stage = Stage::open(&store, &job)?;
     let remaining = stage.remaining();
@@ -89,7 +121,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     if remaining > 0 {
         writeln!(out, "next: pvisor review {job}  ·  pvisor apply {job} --all  ·  pvisor drop {job}")?;
     }
-    Ok(0)
+    Ok(if incomplete { REFUSED } else { 0 })
 }
 
 /// Shows each remaining selected change with its diff and asks about it.
@@ -97,13 +129,14 @@ fn choose_interactively(
     store: &pvisor_core::store::Store,
     job: &pvisor_core::ids::JobId,
     paths: &[String],
+    sensitive: &pvisor::effects::Sensitive,
     color: crate::cli::ColorChoice,
 ) -> anyhow::Result<Option<Vec<pvisor_core::store::RelPath>>> {
     if !std::io::stdin().is_terminal() {
         bail!("-i asks on a terminal, but stdin is not one; name the paths to apply instead");
     }
     let stage = Stage::open(store, job)?;
-    let items: Vec<_> = stage.review(paths)?.into_iter().filter(|i| i.remaining()).collect();
+    let items: Vec<_> = stage.review(paths, sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(color);
     let mut chosen = Vec::new();
@@ -111,7 +144,7 @@ fn choose_interactively(
     let mut lines = stdin.lock().lines();
     let mut all_rest = false;
     for (n, item) in items.iter().enumerate() {
-        if all_rest {
+        if all_rest && item.sensitive.is_none() {
             chosen.push(item.change.path.clone());
             continue;
         }
@@ -120,6 +153,9 @@ fn choose_interactively(
         pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
         if let Some(reason) = &item.conflict {
             writeln!(out, "CONFLICT: {reason}")?;
+        }
+        if let Some(reason) = &item.sensitive {
+            writeln!(out, "SENSITIVE: {reason}")?;
         }
         loop {
             write!(
@@ -132,13 +168,29 @@ fn choose_interactively(
             out.flush()?;
             let Some(line) = lines.next().transpose()? else { return Ok(Some(chosen)) };
             match line.trim() {
+                "y" | "yes" if item.sensitive.is_some() => {
+                    // Asked separately: "all remaining" never covers it either.
+                    write!(
+                        out,
+                        "{} makes the host run code. Apply it? Type 'yes': ",
+                        item.change.path.display_escaped()
+                    )?;
+                    out.flush()?;
+                    let Some(confirm) = lines.next().transpose()? else { return Ok(Some(chosen)) };
+                    if confirm.trim() == "yes" {
+                        chosen.push(item.change.path.clone());
+                    }
+                    break;
+                }
                 "y" | "yes" => {
                     chosen.push(item.change.path.clone());
                     break;
                 }
                 "n" | "no" | "" => break,
                 "a" | "all" => {
-                    chosen.push(item.change.path.clone());
+                    if item.sensitive.is_none() {
+                        chosen.push(item.change.path.clone());
+                    }
                     all_rest = true;
                     break;
                 }

@@ -12,7 +12,7 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     let stage = Stage::open(&store, &job)?;
-    let items = stage.review(&paths)?;
+    let items = stage.review(&paths, &crate::config::sensitive()?)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         for item in &items {
@@ -47,6 +47,8 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "unsupported": item.unsupported,
         "applied": item.applied,
         "dropped": item.dropped,
+        "sensitive": item.sensitive.is_some(),
+        "sensitive_reason": item.sensitive,
     })
 }
 
@@ -72,7 +74,11 @@ pub fn print_header(out: &mut impl Write, stage: &Stage, items: &[ReviewItem]) -
             s.job, s.state
         )?;
     }
-    writeln!(out, "workspace {}", s.workspace.display())
+    writeln!(
+        out,
+        "workspace {}",
+        pvisor_core::text::escape(&s.workspace.to_string_lossy(), pvisor_core::text::Tabs::Escape)
+    )
 }
 
 fn human_size(change: &pvisor_core::records::ChangeEntry) -> String {
@@ -122,6 +128,9 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
             item.conflict.as_ref().or(item.unsupported.as_ref()).filter(|_| item.remaining())
         {
             writeln!(out, "            {reason}")?;
+        }
+        if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
+            writeln!(out, "            SENSITIVE: {reason}; applied only when named exactly")?;
         }
     }
     Ok(())
