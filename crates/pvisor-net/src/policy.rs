@@ -48,20 +48,6 @@ pub enum PolicyError {
     Invalid { source_name: String, message: String },
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    network: Option<PolicySpec>,
-}
-
-/// Parses a config file (`.pvisor.toml` or the user config): a `[network]`
-/// table with `mode`, `allow` and `deny`.
-pub fn parse_config(text: &str, source: &str) -> Result<PolicySpec, PolicyError> {
-    let file: ConfigFile = toml::from_str(text)
-        .map_err(|e| PolicyError::Invalid { source_name: source.to_owned(), message: e.to_string() })?;
-    Ok(file.network.unwrap_or_default())
-}
-
 fn normalize(host: &str) -> String {
     let host = host.trim_end_matches('.').trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
     // inet_aton accepts 2130706433, 0x7f.1, 0177.0.0.1 …: getaddrinfo would
@@ -125,6 +111,26 @@ fn validate(pattern: &str, source: &str) -> Result<String, PolicyError> {
         return Err(bad(format!("{pattern:?} is not a host name, \"*.domain\" or an IP address")));
     }
     Ok(p)
+}
+
+impl PolicySpec {
+    /// The part of this spec that can only narrow a policy: deny rules, and
+    /// `mode = "none"`. Returns it with a description of each thing dropped
+    /// (a mode that opens the network, allow rules).
+    pub fn narrowing_only(&self) -> (PolicySpec, Vec<String>) {
+        let mut dropped = Vec::new();
+        let mode = match self.mode {
+            Some(Mode::None) | None => self.mode,
+            Some(other) => {
+                dropped.push(format!("mode = {:?}", other.as_str()));
+                None
+            }
+        };
+        if !self.allow.is_empty() {
+            dropped.push(format!("allow = {:?}", self.allow));
+        }
+        (PolicySpec { mode, allow: Vec::new(), deny: self.deny.clone() }, dropped)
+    }
 }
 
 /// Merges scoped policies: the mode comes from the highest-precedence scope
@@ -348,14 +354,19 @@ mod tests {
     }
 
     #[test]
-    fn config_files_parse_and_bad_rules_name_their_source() {
-        let spec =
-            parse_config("[network]\nmode = \"proxy\"\nallow = [\"pypi.org\"]\n", ".pvisor.toml").unwrap();
-        assert_eq!(spec.mode, Some(Mode::Proxy));
-        assert!(parse_config("[network]\nmode = \"open\"\n", "x").is_err());
-        assert!(parse_config("[network]\nallwo = []\n", "x").is_err(), "unknown keys are refused");
-        assert_eq!(parse_config("", "x").unwrap(), PolicySpec::default());
+    fn bad_rules_name_their_source() {
         let err = resolve(&[scoped(Scope::Workspace, None, &["ex*ample.com"], &[])]).unwrap_err();
         assert!(err.to_string().starts_with("Workspace:"), "{err}");
+    }
+
+    #[test]
+    fn an_untrusted_spec_keeps_only_what_narrows() {
+        let spec =
+            PolicySpec { mode: Some(Mode::Host), allow: vec!["*".into()], deny: vec!["evil.com".into()] };
+        let (narrow, dropped) = spec.narrowing_only();
+        assert_eq!(narrow, PolicySpec { mode: None, allow: vec![], deny: vec!["evil.com".into()] });
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        let none = PolicySpec { mode: Some(Mode::None), allow: vec![], deny: vec![] };
+        assert_eq!(none.narrowing_only(), (none.clone(), vec![]));
     }
 }

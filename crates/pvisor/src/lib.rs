@@ -15,6 +15,7 @@
 //! 5. [`effects`]: review, apply and drop of staged changes.
 //! 6. [`runtime::job_service::views`]: read projections for status, lists and
 //!    the Trace, trusting only valid receipts.
+//! 7. [`trust`]: which workspace configuration files the user trusts.
 //!
 //! The library never prints, exits or reads user configuration; the CLI and
 //! the daemon do.
@@ -25,6 +26,7 @@ use pvisor_core::failpoint;
 pub mod runtime;
 pub mod session;
 mod trace;
+pub mod trust;
 
 pub use admission::{AdmissionError, RunRequest};
 pub use runtime::job_service::{JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome};

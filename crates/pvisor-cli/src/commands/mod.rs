@@ -13,6 +13,7 @@ mod review;
 mod run;
 mod serve;
 mod status;
+mod trust;
 
 use anyhow::Context;
 use pvisor_core::store::{resolve_state_root, Store};
@@ -41,6 +42,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Events(args) => events::cmd_events(args),
         Command::Serve(args) => serve::cmd_serve(args),
         Command::Image(args) => serve::cmd_image(args),
+        Command::Trust(args) => trust::cmd_trust(args),
         Command::SandboxSupervisor(args) => serve::cmd_sandbox_supervisor(args),
     }
 }

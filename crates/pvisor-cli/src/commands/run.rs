@@ -19,6 +19,7 @@ use pvisor_sandbox::vm::VmExecutor;
 use pvisor_sandbox::Executor;
 
 use crate::cli::{ExecutorArg, NetArg, RunArgs, RunOptions};
+use crate::config;
 use crate::exit;
 use crate::output::ending;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -67,7 +68,8 @@ pub fn execute(
             (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
         }
     }
-    let network = network_scopes(options, &workspace)?;
+    let network = network_scopes(&store, options, &workspace)?;
+    announce_policy(&network)?;
     let request = RunRequest {
         secrets: pvisor::admission::SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
@@ -155,7 +157,16 @@ fn finish_suspended(outcome: &SuspendedOutcome, quiet: bool) -> i32 {
 
 /// Gathers the network policies in scope: the command line, the workspace's
 /// `.pvisor.toml`, and the user's config file. Admission merges them.
-fn network_scopes(args: &RunOptions, workspace: &std::path::Path) -> anyhow::Result<Vec<ScopedPolicy>> {
+///
+/// The workspace file is the repository's content: unless the user trusted
+/// these exact bytes (`pvisor trust`), only what narrows the policy is kept
+/// (`mode = "none"`, deny rules), and what was ignored is said before the
+/// command starts, even with `-q`.
+fn network_scopes(
+    store: &pvisor_core::store::Store,
+    args: &RunOptions,
+    workspace: &std::path::Path,
+) -> anyhow::Result<Vec<ScopedPolicy>> {
     let mut scopes = vec![ScopedPolicy {
         scope: Scope::CommandLine,
         source: "command line".into(),
@@ -169,29 +180,74 @@ fn network_scopes(args: &RunOptions, workspace: &std::path::Path) -> anyhow::Res
             deny: args.deny.clone(),
         },
     }];
-    let user_config = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config")))
-        .map(|dir| dir.join("pvisor/config.toml"));
-    let files = [(Scope::Workspace, Some(workspace.join(".pvisor.toml"))), (Scope::User, user_config)];
-    for (scope, path) in files {
-        let Some(path) = path else { continue };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            // A HOME we may not read (e.g. sudo -u without -H) must not stop the run.
-            Err(e) if scope == Scope::User && e.kind() == std::io::ErrorKind::PermissionDenied => {
-                eprintln!("pvisor: warning: skipping the user config {}: {e}", path.display());
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("Cannot read {}", path.display())),
-        };
-        let source = path.display().to_string();
-        let spec = pvisor_net::policy::parse_config(&text, &source)?;
-        scopes.push(ScopedPolicy { scope, source, spec });
+    let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_owned());
+    let ws_file = workspace.join(config::WORKSPACE_FILE);
+    if let Some(bytes) = config::read(&ws_file)? {
+        let parsed = config::parse(&bytes, &ws_file)?;
+        if parsed.apply.is_some() {
+            eprintln!(
+                "pvisor: warning: ignoring [apply] in {}: sensitive paths are set in your own config only",
+                ws_file.display()
+            );
+        }
+        if let Some(spec) = parsed.network {
+            let source = ws_file.display().to_string();
+            // Every rule must be valid, even one that is then ignored.
+            pvisor_net::policy::resolve(&[ScopedPolicy { scope: Scope::Workspace, source, spec: spec.clone() }])?;
+            let trust = pvisor::trust::check(store, &ws_file, &bytes)?;
+            let spec = if trust == pvisor::trust::Trust::Trusted {
+                spec
+            } else {
+                let (narrow, ignored) = spec.narrowing_only();
+                if !ignored.is_empty() {
+                    let why = match trust {
+                        pvisor::trust::Trust::Changed => "it changed since you trusted it",
+                        _ => "it is not trusted",
+                    };
+                    eprintln!(
+                        "pvisor: ignoring {} from {}: {why}, so it may only narrow the policy; `pvisor trust {}` trusts this exact file",
+                        ignored.join(" and "),
+                        ws_file.display(),
+                        ws_file.display()
+                    );
+                }
+                narrow
+            };
+            scopes.push(ScopedPolicy {
+                scope: Scope::Workspace,
+                source: ws_file.display().to_string(),
+                spec,
+            });
+        }
+    }
+    if let (Some(path), user) = config::user_config()? {
+        if let Some(spec) = user.network {
+            scopes.push(ScopedPolicy { scope: Scope::User, source: path.display().to_string(), spec });
+        }
     }
     Ok(scopes)
+}
+
+/// Says the effective network policy, with where each part came from, when
+/// it is not the default (no network at all). One line on stderr, even with
+/// `-q`: a policy that opens the network is never silent.
+fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
+    let network = pvisor_net::policy::resolve(scopes)?;
+    if network.mode == Mode::None && network.allow.is_empty() && network.deny.is_empty() {
+        return Ok(());
+    }
+    let rules = |rules: &[pvisor_core::records::NetworkRule]| {
+        rules.iter().map(|r| format!("{} ({})", r.pattern, r.source)).collect::<Vec<_>>().join(", ")
+    };
+    let mut line = format!("pvisor: network {} ({})", network.mode.as_str(), network.mode_source);
+    if !network.allow.is_empty() {
+        line.push_str(&format!("; allow {}", rules(&network.allow)));
+    }
+    if !network.deny.is_empty() {
+        line.push_str(&format!("; deny {}", rules(&network.deny)));
+    }
+    eprintln!("{}", pvisor_core::text::escape(&line, pvisor_core::text::Tabs::Escape));
+    Ok(())
 }
 
 /// Prints the end-of-run summary on stderr and returns pvisor's exit code.

@@ -1,0 +1,161 @@
+//! Configuration files: the workspace's `.pvisor.toml` and the user's
+//! `~/.config/pvisor/config.toml`, read safely and parsed strictly.
+//!
+//! Both are read the same way: a regular file only (never through a symlink,
+//! never a device, FIFO or terminal), at most [`CONFIG_CAP`] bytes, and every
+//! unknown key is an error naming the file. The workspace file is the
+//! repository's content, so the caller lets it only *narrow* the policy until
+//! the user trusts that exact file (`pvisor trust`; see `pvisor::trust`).
+
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use pvisor_net::policy::PolicySpec;
+
+/// The largest configuration file pvisor reads.
+pub const CONFIG_CAP: u64 = 64 * 1024;
+
+/// The name of a workspace's configuration file.
+pub const WORKSPACE_FILE: &str = ".pvisor.toml";
+
+/// A configuration file's contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// `[network]`: `mode`, `allow`, `deny`.
+    #[serde(default)]
+    pub network: Option<PolicySpec>,
+    /// `[apply]`: `sensitive`, globs of paths whose changes need consent.
+    #[serde(default)]
+    pub apply: Option<ApplyConfig>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyConfig {
+    #[serde(default)]
+    pub sensitive: Vec<String>,
+}
+
+/// Reads a configuration file safely. `Ok(None)` when it does not exist.
+pub fn read(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
+    // O_NOFOLLOW: a symlink is refused, not followed (to /dev/zero, /dev/tty,
+    // or a file outside the workspace). O_NONBLOCK: opening a FIFO never hangs.
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => bail!(
+            "{} is a symlink; pvisor reads configuration only from a regular file (replace the link with the file)",
+            path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("Cannot read {}", path.display())),
+    };
+    let meta = file.metadata().with_context(|| format!("Cannot read {}", path.display()))?;
+    if !meta.file_type().is_file() {
+        let what = match meta.file_type() {
+            t if t.is_dir() => "a directory",
+            t if t.is_fifo() => "a FIFO",
+            t if t.is_char_device() || t.is_block_device() => "a device",
+            t if t.is_socket() => "a socket",
+            _ => "not a regular file",
+        };
+        bail!("{} is {what}; pvisor reads configuration only from a regular file", path.display());
+    }
+    if meta.len() > CONFIG_CAP {
+        bail!(
+            "{} is {} bytes, over the {CONFIG_CAP}-byte limit for a configuration file",
+            path.display(),
+            meta.len()
+        );
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(CONFIG_CAP + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("Cannot read {}", path.display()))?;
+    if bytes.len() as u64 > CONFIG_CAP {
+        bail!("{} grew over the {CONFIG_CAP}-byte limit while being read", path.display());
+    }
+    Ok(Some(bytes))
+}
+
+/// Parses a configuration file's bytes strictly (unknown keys are errors).
+pub fn parse(bytes: &[u8], path: &Path) -> anyhow::Result<ConfigFile> {
+    let text = std::str::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", path.display()))?;
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Where the user's configuration lives: `$XDG_CONFIG_HOME/pvisor/config.toml`,
+/// else `~/.config/pvisor/config.toml`.
+pub fn user_config_path() -> Option<PathBuf> {
+    std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|dir| dir.join("pvisor/config.toml"))
+}
+
+/// The user's configuration (empty when there is none). A HOME pvisor may
+/// not read (e.g. `sudo -u` without `-H`) is skipped with a warning.
+pub fn user_config() -> anyhow::Result<(Option<PathBuf>, ConfigFile)> {
+    let Some(path) = user_config_path() else { return Ok((None, ConfigFile::default())) };
+    match read(&path) {
+        Ok(Some(bytes)) => Ok((Some(path.clone()), parse(&bytes, &path)?)),
+        Ok(None) => Ok((None, ConfigFile::default())),
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
+        {
+            eprintln!("pvisor: warning: skipping the user config {}: {e:#}", path.display());
+            Ok((None, ConfigFile::default()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The sensitive paths: the built-in list and the user's own globs. A
+/// workspace cannot shorten this list.
+pub fn sensitive() -> anyhow::Result<pvisor::effects::Sensitive> {
+    let (_, user) = user_config()?;
+    Ok(pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_files_parse_strictly() {
+        let p = Path::new(".pvisor.toml");
+        let file = parse(b"[network]\nmode = \"proxy\"\nallow = [\"pypi.org\"]\n", p).unwrap();
+        assert_eq!(file.network.unwrap().mode, Some(pvisor_net::policy::Mode::Proxy));
+        assert!(parse(b"[network]\nmode = \"open\"\n", p).is_err());
+        assert!(parse(b"[network]\nallwo = []\n", p).is_err(), "unknown keys are refused");
+        assert!(parse(b"[netwrok]\n", p).is_err(), "unknown tables are refused");
+        assert_eq!(parse(b"", p).unwrap(), ConfigFile::default());
+        let file = parse(b"[apply]\nsensitive = [\"Makefile\"]\n", p).unwrap();
+        assert_eq!(file.apply.unwrap().sensitive, vec!["Makefile".to_owned()]);
+    }
+
+    #[test]
+    fn only_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let err = read(&link).unwrap_err().to_string();
+        assert!(err.contains("is a symlink"), "{err}");
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("a directory"), "{err}");
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; CONFIG_CAP as usize + 1]).unwrap();
+        assert!(read(&big).unwrap_err().to_string().contains("limit"));
+        assert_eq!(read(&dir.path().join("absent.toml")).unwrap(), None);
+    }
+}
