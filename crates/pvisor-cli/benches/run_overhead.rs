@@ -8,6 +8,8 @@
 //!
 //! and the ratios between them. The three are interleaved, so drift in machine
 //! load hits each alike. `PVISOR_BENCH_ITERS` sets the sample count (default 60).
+//! `PVISOR_BENCH_BASELINE=/path/to/older/pvisor` times that build too, in the
+//! same interleaving, with its own state directory, and prints new / baseline.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -51,6 +53,14 @@ fn main() {
     let mut pvisor = Command::new(env!("CARGO_BIN_EXE_pvisor"));
     pvisor.args(["run", "-q", "--", "true"]).current_dir(&workspace).env("PVISOR_HOME", &home);
     commands.push(("pvisor run -- true", pvisor));
+    let baseline = std::env::var_os("PVISOR_BENCH_BASELINE");
+    if let Some(older) = &baseline {
+        let mut cmd = Command::new(older);
+        cmd.args(["run", "-q", "--", "true"])
+            .current_dir(&workspace)
+            .env("PVISOR_HOME", dir.path().join("state-baseline"));
+        commands.push(("baseline pvisor run -- true", cmd));
+    }
 
     for (_, cmd) in commands.iter_mut() {
         for _ in 0..3 {
@@ -79,6 +89,13 @@ fn main() {
     }
     println!("ratio pvisor / unshare: {:.2}x", ms(medians[2]) / ms(medians[1]));
     println!("ratio pvisor / true:    {:.2}x", ms(medians[2]) / ms(medians[0]));
+    if baseline.is_some() {
+        println!(
+            "this build vs baseline:  {:+.2} ms ({:.2}x)",
+            ms(medians[2]) - ms(medians[3]),
+            ms(medians[2]) / ms(medians[3])
+        );
+    }
     if measuring {
         let verdict = if ms(medians[2]) <= 25.0 { "met" } else { "MISSED" };
         println!("target: pvisor run -- true median <= 25 ms: {verdict}");

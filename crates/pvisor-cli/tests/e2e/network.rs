@@ -224,6 +224,8 @@ fn policy_is_decided_once_from_scoped_sources_and_recorded() {
     std::fs::create_dir_all(&config_dir).unwrap();
     std::fs::write(config_dir.join("config.toml"), "[network]\nallow = [\"crates.io\"]\n").unwrap();
     env.give_away(&env.dir.path().join("config"));
+    // A workspace's config widens the policy only once trusted (see hostile_repo.rs).
+    env.expect(&["trust"], 0);
     let out = env
         .command(&["run", "--allow", "example.org", "--", "sh", "-c", "env | grep -c _proxy="])
         .env("XDG_CONFIG_HOME", env.dir.path().join("config"))

@@ -144,7 +144,9 @@ fn a_killed_apply_is_reconciled_and_drop_never_records_an_applied_file_as_droppe
         assert_eq!(lies, 0, "trial {trial}: the ledger disagrees with the workspace");
         // No temporary of the killed apply is left in the workspace.
         let temps = fs::read_dir(env.ws.join("d"))
-            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".pvisor-tmp")).count())
+            .map(|d| {
+                d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".pvisor-tmp-")).count()
+            })
             .unwrap_or(0);
         assert_eq!(temps, 0, "trial {trial}: temporaries left in the workspace");
         assert_trace_in_order(&env, &job);
