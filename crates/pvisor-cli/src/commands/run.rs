@@ -193,7 +193,11 @@ fn network_scopes(
         if let Some(spec) = parsed.network {
             let source = ws_file.display().to_string();
             // Every rule must be valid, even one that is then ignored.
-            pvisor_net::policy::resolve(&[ScopedPolicy { scope: Scope::Workspace, source, spec: spec.clone() }])?;
+            pvisor_net::policy::resolve(&[ScopedPolicy {
+                scope: Scope::Workspace,
+                source,
+                spec: spec.clone(),
+            }])?;
             let trust = pvisor::trust::check(store, &ws_file, &bytes)?;
             let spec = if trust == pvisor::trust::Trust::Trusted {
                 spec

