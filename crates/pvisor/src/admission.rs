@@ -69,8 +69,11 @@ pub struct SecretPolicy {
     pub pass_env: Vec<String>,
 }
 
-/// Secret stores hidden by default, relative to the home directory.
-pub const DEFAULT_HIDDEN: [&str; 19] = [
+/// Secret stores hidden by default, relative to the home directory: cloud,
+/// package-registry and database credentials, the credentials of the AI
+/// agents people run under pvisor, and shell histories (they hold pasted
+/// tokens). `--expose PATH` shows one (or everything beneath PATH) anyway.
+pub const DEFAULT_HIDDEN: [&str; 47] = [
     ".ssh",
     ".gnupg",
     ".aws",
@@ -90,14 +93,56 @@ pub const DEFAULT_HIDDEN: [&str; 19] = [
     ".local/share/keyrings",
     ".vault-token",
     ".terraform.d/credentials.tfrc.json",
+    ".config/git/credentials",
+    ".pgpass",
+    ".my.cnf",
+    ".m2/settings.xml",
+    ".yarnrc.yml",
+    ".gem/credentials",
+    ".cache/huggingface/token",
+    ".huggingface/token",
+    ".config/rclone",
+    ".config/op",
+    ".env",
+    // AI agents: Claude Code, Codex, Gemini CLI, Copilot, Cursor, Aider, goose.
+    ".claude/.credentials.json",
+    ".claude.json",
+    ".codex/auth.json",
+    ".gemini/oauth_creds.json",
+    ".gemini/.env",
+    ".config/github-copilot",
+    ".cursor/mcp.json",
+    ".config/Cursor/User/globalStorage",
+    ".aider.conf.yml",
+    ".config/goose",
+    // Shell and REPL histories.
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".psql_history",
+    ".mysql_history",
+    ".node_repl_history",
+    ".local/share/fish/fish_history",
 ];
 
 /// Whether a variable's name marks it as a secret (scrubbed unless passed).
+/// Settings that only look like secrets (`AWS_REGION`, `*_CA_BUNDLE`,
+/// `*_CERT_FILE`) pass: scrubbing them breaks tools and protects nothing.
 pub fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    upper == "SSH_AUTH_SOCK"
+    let harmless = ["AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE"]
+        .contains(&upper.as_str())
+        || ["_CA_BUNDLE", "_CERT_FILE", "_CERT_DIR"].iter().any(|s| upper.ends_with(s));
+    if harmless {
+        return false;
+    }
+    ["SSH_AUTH_SOCK", "PGPASSWORD", "MYSQL_PWD", "DATABASE_URL", "API_KEY"].contains(&upper.as_str())
         || upper.starts_with("AWS_")
-        || ["_TOKEN", "_SECRET", "_PASSWORD", "_API_KEY", "_PASSWD"].iter().any(|s| upper.ends_with(s))
+        || upper.starts_with("OP_SESSION_")
+        || upper.contains("_AUTHTOKEN")
+        || ["_TOKEN", "_SECRET", "_PASSWORD", "_PASSWD", "_KEY", "_DATABASE_URL"]
+            .iter()
+            .any(|s| upper.ends_with(s))
 }
 
 /// The loopback port the proxy listens on inside the sandbox.
@@ -281,7 +326,8 @@ pub fn admit(
         .chain(request.secrets.hide.iter().map(|p| (p.clone(), "--hide")));
     for (path, reason) in candidates {
         let Some(real) = canonical(&path) else { continue };
-        if exposed.contains(&real) || hidden_secrets.iter().any(|(p, _)| *p == real) {
+        // `--expose DIR` shows the secrets beneath DIR too (`--expose ~/.claude`).
+        if exposed.iter().any(|e| real.starts_with(e)) || hidden_secrets.iter().any(|(p, _)| *p == real) {
             continue;
         }
         // The workspace itself can never be hidden from the command; say so
@@ -651,4 +697,46 @@ pub fn admit_resume(
         baseline,
         resumed_from,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_secret_name;
+
+    #[test]
+    fn secret_names_are_scrubbed_and_lookalike_settings_pass() {
+        for secret in [
+            "GH_TOKEN",
+            "DB_PASSWORD",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "SSH_AUTH_SOCK",
+            "PGPASSWORD",
+            "MYSQL_PWD",
+            "DATABASE_URL",
+            "REPLICA_DATABASE_URL",
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "API_KEY",
+            "STRIPE_KEY",
+            "OP_SESSION_my",
+            "npm_config__authToken",
+            "NPM_CONFIG_//registry.npmjs.org/:_authToken",
+        ] {
+            assert!(is_secret_name(secret), "{secret} should be scrubbed");
+        }
+        for harmless in [
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_PROFILE",
+            "AWS_CA_BUNDLE",
+            "REQUESTS_CA_BUNDLE",
+            "SSL_CERT_FILE",
+            "PATH",
+            "HOME",
+            "KEYMAP",
+        ] {
+            assert!(!is_secret_name(harmless), "{harmless} should pass");
+        }
+    }
 }

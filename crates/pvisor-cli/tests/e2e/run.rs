@@ -377,3 +377,77 @@ fn secret_stores_and_secret_variables_stay_out_unless_asked_for() {
         .unwrap();
     assert_eq!(text(&out.stdout), "machine x password p");
 }
+
+/// The credentials of the agents people run under pvisor, database and
+/// registry credentials and shell histories stay hidden; their variables are
+/// scrubbed; look-alike settings pass; `--expose DIR` brings a store back.
+#[test]
+fn agent_credentials_and_more_secrets_stay_out_unless_exposed() {
+    let env = Env::new(As::Rootless);
+    let home_dir = tempfile::Builder::new().prefix("pvisor-e2e-home-").tempdir_in("/var/tmp").unwrap();
+    let home = home_dir.path();
+    let stores = [
+        ".claude/.credentials.json",
+        ".codex/auth.json",
+        ".gemini/oauth_creds.json",
+        ".config/github-copilot/hosts.json",
+        ".config/git/credentials",
+        ".pgpass",
+        ".my.cnf",
+        ".m2/settings.xml",
+        ".yarnrc.yml",
+        ".cache/huggingface/token",
+        ".config/rclone/rclone.conf",
+        ".bash_history",
+        ".zsh_history",
+    ];
+    for rel in stores {
+        let path = home.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, format!("SECRET-IN-{rel}")).unwrap();
+    }
+    fs::write(home.join(".claude/settings.json"), "visible settings").unwrap();
+    env.give_away(home);
+    let cat_all: Vec<String> = stores.iter().map(|r| format!("cat ~/{r} 2>/dev/null;")).collect();
+    let script = format!(
+        "{} cat ~/.claude/settings.json; echo; echo \"pg=[$PGPASSWORD] my=[$MYSQL_PWD] db=[$DATABASE_URL] oa=[$OPENAI_API_KEY] op=[$OP_SESSION_x] npm=[$npm_config__authToken] region=[$AWS_REGION] bundle=[$AWS_CA_BUNDLE]\"",
+        cat_all.join(" ")
+    );
+    let out = env
+        .command(&["run", "-q", "--", "sh", "-c", &script])
+        .env("HOME", home)
+        .env("PGPASSWORD", "v1")
+        .env("MYSQL_PWD", "v2")
+        .env("DATABASE_URL", "postgres://u:v3@h/db")
+        .env("OPENAI_API_KEY", "v4")
+        .env("OP_SESSION_x", "v5")
+        .env("npm_config__authToken", "v6")
+        .env("AWS_REGION", "eu-west-1")
+        .env("AWS_CA_BUNDLE", "/etc/ssl/ca.pem")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    assert!(!stdout.contains("SECRET-IN"), "a credential store was readable: {stdout}");
+    assert!(stdout.contains("visible settings"), "only the credentials are hidden, not the agent's settings");
+    assert!(
+        stdout.contains("pg=[] my=[] db=[] oa=[] op=[] npm=[] region=[eu-west-1] bundle=[/etc/ssl/ca.pem]"),
+        "{stdout}"
+    );
+    // The recipe for running an agent with its own credentials: expose its store.
+    let out = env
+        .command(&[
+            "run",
+            "-q",
+            "--expose",
+            home.join(".claude").to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "cat ~/.claude/.credentials.json",
+        ])
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout), "SECRET-IN-.claude/.credentials.json");
+}

@@ -291,12 +291,25 @@ calls = {"keyctl": (250, 0, 0, 0, 0), "add_key": (248, 0, 0, 0, 0, 0), "bpf": (3
          "userfaultfd": (323, 0), "perf_event_open": (298, 0, 0, 0, 0, 0), "open_by_handle_at": (304, 0, 0, 0),
          "kexec_load": (246, 0, 0, 0, 0), "init_module": (175, 0, 0, 0), "mount": (165, 0, 0, 0, 0, 0),
          "pivot_root": (155, 0, 0), "unshare_user": (272, 0x10000000), "settimeofday": (164, 0, 0),
-         "swapon": (167, 0, 0), "reboot": (169, 0, 0, 0, 0), "setns": (308, 0, 0)}
+         "swapon": (167, 0, 0), "reboot": (169, 0, 0, 0, 0), "setns": (308, 0, 0),
+         "io_uring_setup": (425, 8, 0), "io_uring_enter": (426, 0, 0, 0, 0, 0), "io_uring_register": (427, 0, 0, 0, 0)}
 for name, args in calls.items():
     rc = libc.syscall(*args)
     print(name, "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
 rc = libc.syscall(0x40000000 | 250, 0, 0, 0, 0)
 print("x32_keyctl", "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
+# Socket families: vsock (a route to the hypervisor), packet, Bluetooth, AF_ALG, AF_KEY, XDP, CAN.
+for family in (40, 17, 31, 38, 15, 44, 29):
+    rc = libc.socket(family, 1, 0)
+    rc2 = libc.socket(family, 2, 0)
+    print("family", family, "ALLOWED" if rc >= 0 or rc2 >= 0 else "refused", ctypes.get_errno())
+pair = (ctypes.c_int * 2)()
+rc = libc.socketpair(40, 1, 0, pair)
+print("socketpair_vsock", "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
+import socket
+for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+    socket.socket(family, socket.SOCK_DGRAM).close()
+print("FAMILIES-OK")
 "#,
     );
     let out = env.run_sh(
@@ -307,7 +320,9 @@ print("x32_keyctl", "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
     );
     let stdout = text(&out.stdout);
     assert!(!stdout.contains("ALLOWED"), "{stdout}");
-    assert_eq!(stdout.matches("refused 1\n").count(), 15, "every call refused with EPERM: {stdout}");
+    assert_eq!(stdout.matches("refused 1\n").count(), 18, "every call refused with EPERM: {stdout}");
+    assert_eq!(stdout.matches("refused 97\n").count(), 8, "other socket families: EAFNOSUPPORT: {stdout}");
+    assert!(stdout.contains("FAMILIES-OK"), "unix, inet, inet6 and netlink still work: {stdout}");
     assert!(
         stdout.contains("x32_keyctl refused 38"),
         "the x32 ABI is closed, not a way around the filter: {stdout}"

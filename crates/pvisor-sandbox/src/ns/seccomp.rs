@@ -17,7 +17,16 @@
 //! - `open_by_handle_at`: opens files by handle, bypassing the mount view
 //!   (the "shocker" container escape);
 //! - `settimeofday`, `clock_settime`, `clock_adjtime`: the host clock;
-//! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: typing into a terminal.
+//! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: typing into a terminal;
+//! - `io_uring_setup`, `io_uring_enter`, `io_uring_register`: a large kernel
+//!   attack surface that also bypasses per-call filtering (Docker's default
+//!   profile has denied it since 2023).
+//!
+//! `socket` and `socketpair` get `EAFNOSUPPORT` for every address family but
+//! `AF_UNIX`, `AF_INET`, `AF_INET6` and `AF_NETLINK`: `AF_VSOCK` would reach
+//! the hypervisor of a host that is itself a VM (vsock is not network
+//! namespaced), and packet, Bluetooth, crypto (`AF_ALG`), XDP and the other
+//! families are kernel surface no workload needs.
 //!
 //! `clone3` gets `ENOSYS`: its flags live in memory a filter cannot read, and
 //! libc falls back to `clone`, which is checked. On x86_64, every x32-ABI call
@@ -63,13 +72,21 @@ const DENIED: &[i64] = &[
     libc::SYS_settimeofday,
     libc::SYS_clock_settime,
     libc::SYS_clock_adjtime,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
 ];
 
-/// The programs to install: the `EPERM` deny-list, and `ENOSYS` for clone3.
+/// The socket address families a sandboxed command may create.
+const ALLOWED_FAMILIES: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+
+/// The programs to install: the `EPERM` deny-list, `ENOSYS` for clone3, and
+/// `EAFNOSUPPORT` for socket families outside [`ALLOWED_FAMILIES`].
 #[derive(Debug)]
 pub(crate) struct Filters {
     deny: BpfProgram,
     no_clone3: BpfProgram,
+    families: BpfProgram,
 }
 
 /// On x86_64, x32-ABI system calls carry the same audit arch with bit 30 set
@@ -137,9 +154,31 @@ pub(crate) fn build() -> Result<Filters, String> {
     let no_clone3 =
         SeccompFilter::new(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)
             .map_err(|e| e.to_string())?;
+    // One rule, all conditions ANDed: the family is none of the allowed ones.
+    let other_family = SeccompRule::new(
+        ALLOWED_FAMILIES
+            .iter()
+            .map(|&family| {
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family as u64)
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut sockets = BTreeMap::new();
+    sockets.insert(libc::SYS_socket, vec![other_family.clone()]);
+    sockets.insert(libc::SYS_socketpair, vec![other_family]);
+    let families = SeccompFilter::new(
+        sockets,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EAFNOSUPPORT as u32),
+        arch,
+    )
+    .map_err(|e| e.to_string())?;
     Ok(Filters {
         deny: deny.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
         no_clone3: no_clone3.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
+        families: families.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
     })
 }
 
@@ -149,6 +188,7 @@ impl Filters {
         #[cfg(target_arch = "x86_64")]
         refuse_x32()?;
         seccompiler::apply_filter(&self.deny).map_err(|e| e.to_string())?;
+        seccompiler::apply_filter(&self.families).map_err(|e| e.to_string())?;
         seccompiler::apply_filter(&self.no_clone3).map_err(|e| e.to_string())
     }
 }
