@@ -23,7 +23,7 @@ pub const CONFIG_CAP: u64 = 64 * 1024;
 pub const WORKSPACE_FILE: &str = ".pvisor.toml";
 
 /// A configuration file's contents.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// `[network]`: `mode`, `allow`, `deny`.
@@ -32,6 +32,38 @@ pub struct ConfigFile {
     /// `[apply]`: `sensitive`, globs of paths whose changes need consent.
     #[serde(default)]
     pub apply: Option<ApplyConfig>,
+    /// `[limits]`: the default `memory`, `pids` and `cpus` of every run
+    /// (flags override them). Only read from the user's config.
+    #[serde(default)]
+    pub limits: Option<LimitsConfig>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Bytes, or a size like "8G".
+    #[serde(default, deserialize_with = "size")]
+    pub memory: Option<u64>,
+    #[serde(default)]
+    pub pids: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+}
+
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Option::<Size>::deserialize(d)? {
+        None => Ok(None),
+        Some(Size::Bytes(b)) => Ok(Some(b)),
+        Some(Size::Text(t)) => pvisor_sandbox::limits::parse_size(&t)
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("{t:?} is not a size like 512M or 8G"))),
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

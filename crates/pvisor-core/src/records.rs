@@ -195,6 +195,11 @@ pub struct ResourceLimits {
     pub memory_bytes: Option<u64>,
     pub pids: Option<u64>,
     pub cpus: Option<f64>,
+    /// The memory limit is pvisor's default, not the user's: it is enforced
+    /// by a cgroup only, never by an address-space rlimit (which breaks
+    /// programs that reserve large address ranges).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_is_default: bool,
 }
 
 fn enabled() -> bool {

@@ -301,7 +301,12 @@ fn cgroups() -> Check {
 
 /// Whether `--memory/--pids/--cpus` can use a cgroup here, or only rlimits.
 fn limits_check() -> Check {
-    let probe = crate::limits::Limits { memory_bytes: Some(1 << 30), pids: Some(4096), cpus: Some(1.0) };
+    let probe = crate::limits::Limits {
+        memory_bytes: Some(1 << 30),
+        pids: Some(4096),
+        cpus: Some(1.0),
+        memory_is_default: false,
+    };
     let mut applied = crate::limits::apply(&probe, &format!("pvisor-doctor-{}", std::process::id()));
     let report = applied.report.clone();
     applied.remove();

@@ -166,6 +166,7 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
             memory_bytes: limits.memory_bytes.filter(|_| limit == "memory"),
             pids: limits.pids.filter(|_| limit == "pids"),
             cpus: limits.cpus.filter(|_| limit == "cpus"),
+            memory_is_default: limits.memory_is_default,
         };
         out = fallback(&only, out, &reason);
     }
@@ -201,7 +202,7 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
     if let Err(e) = fs::create_dir_all(&dir) {
         return fallback(limits, out, &format!("cannot create {}: {e}", dir.display()));
     }
-    let mut rest = Limits::default();
+    let mut rest = Limits { memory_is_default: limits.memory_is_default, ..Limits::default() };
     let set = |file: &str, value: String| {
         fs::write(dir.join(file), &value)
             .map(|()| value)
@@ -262,7 +263,15 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
 
 /// Rlimits where no cgroup could be made; a CPU rate cannot be enforced that way.
 fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
-    if let Some(m) = limits.memory_bytes {
+    if let Some(m) = limits.memory_bytes.filter(|_| limits.memory_is_default) {
+        out.report.push(Enforcement {
+            limit: "memory".into(),
+            value: human_bytes(m),
+            by: format!(
+                "not enforced: the default needs a cgroup ({reason}); --memory SIZE enforces one with RLIMIT_AS"
+            ),
+        });
+    } else if let Some(m) = limits.memory_bytes {
         out.rlimits.push((libc::RLIMIT_AS, m));
         out.report.push(Enforcement {
             limit: "memory".into(),

@@ -68,7 +68,8 @@ pub fn execute(
             (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
         }
     }
-    let network = network_scopes(&store, options, &workspace)?;
+    let ws_config = workspace_config(&workspace)?;
+    let network = network_scopes(&store, options, ws_config.as_ref())?;
     announce_policy(&network)?;
     let request = RunRequest {
         secrets: pvisor::admission::SecretPolicy {
@@ -80,11 +81,7 @@ pub fn execute(
         fork,
         fork_execution,
         seccomp: !options.no_seccomp,
-        limits: pvisor_core::records::ResourceLimits {
-            memory_bytes: options.memory,
-            pids: options.pids,
-            cpus: options.cpus,
-        },
+        limits: limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?,
         network,
         workspace,
         cwd: None,
@@ -165,7 +162,7 @@ fn finish_suspended(outcome: &SuspendedOutcome, quiet: bool) -> i32 {
 fn network_scopes(
     store: &pvisor_core::store::Store,
     args: &RunOptions,
-    workspace: &std::path::Path,
+    ws_config: Option<&WorkspaceConfig>,
 ) -> anyhow::Result<Vec<ScopedPolicy>> {
     let mut scopes = vec![ScopedPolicy {
         scope: Scope::CommandLine,
@@ -180,16 +177,8 @@ fn network_scopes(
             deny: args.deny.clone(),
         },
     }];
-    let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_owned());
-    let ws_file = workspace.join(config::WORKSPACE_FILE);
-    if let Some(bytes) = config::read(&ws_file)? {
-        let parsed = config::parse(&bytes, &ws_file)?;
-        if parsed.apply.is_some() {
-            eprintln!(
-                "pvisor: warning: ignoring [apply] in {}: sensitive paths are set in your own config only",
-                ws_file.display()
-            );
-        }
+    if let Some((ws_file, bytes, parsed)) = ws_config {
+        let (ws_file, parsed) = (ws_file.clone(), parsed.clone());
         if let Some(spec) = parsed.network {
             let source = ws_file.display().to_string();
             // Every rule must be valid, even one that is then ignored.
@@ -198,7 +187,7 @@ fn network_scopes(
                 source,
                 spec: spec.clone(),
             }])?;
-            let trust = pvisor::trust::check(store, &ws_file, &bytes)?;
+            let trust = pvisor::trust::check(store, &ws_file, bytes)?;
             let spec = if trust == pvisor::trust::Trust::Trusted {
                 spec
             } else {
@@ -230,6 +219,74 @@ fn network_scopes(
         }
     }
     Ok(scopes)
+}
+
+/// The workspace's `.pvisor.toml`: its canonical path, exact bytes (what
+/// trust is checked against) and contents. `None` when there is none.
+type WorkspaceConfig = (std::path::PathBuf, Vec<u8>, config::ConfigFile);
+
+fn workspace_config(workspace: &std::path::Path) -> anyhow::Result<Option<WorkspaceConfig>> {
+    let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_owned());
+    let ws_file = workspace.join(config::WORKSPACE_FILE);
+    let Some(bytes) = config::read(&ws_file)? else { return Ok(None) };
+    let parsed = config::parse(&bytes, &ws_file)?;
+    if parsed.apply.is_some() {
+        eprintln!(
+            "pvisor: warning: ignoring [apply] in {}: sensitive paths are set in your own config only",
+            ws_file.display()
+        );
+    }
+    Ok(Some((ws_file, bytes, parsed)))
+}
+
+/// The process limit every `ns` run gets unless told otherwise.
+pub const DEFAULT_PIDS: u64 = 4096;
+
+/// The run's resource limits: the flags, else the user config's `[limits]`,
+/// else (for the `ns` executor, whose sandbox shares the host's kernel)
+/// pvisor's defaults: 4096 processes and half the host's RAM. A vm's memory
+/// is its guest's size, so it gets no default here. A workspace's
+/// `[limits]` may only make each limit smaller (it is untrusted input).
+fn limits_for(
+    executor: &str,
+    options: &RunOptions,
+    workspace: Option<&config::ConfigFile>,
+) -> anyhow::Result<pvisor_core::records::ResourceLimits> {
+    let (_, user) = config::user_config()?;
+    let configured = user.limits.unwrap_or_default();
+    let memory = options.memory.or(configured.memory);
+    let ns = executor == "ns";
+    let default_memory = (ns && memory.is_none()).then(half_the_ram).flatten();
+    let mut limits = pvisor_core::records::ResourceLimits {
+        memory_bytes: memory.or(default_memory),
+        pids: options.pids.or(configured.pids).or(ns.then_some(DEFAULT_PIDS)),
+        cpus: options.cpus.or(configured.cpus),
+        memory_is_default: default_memory.is_some(),
+    };
+    if let Some(narrower) = workspace.and_then(|c| c.limits.clone()) {
+        fn smaller<T: PartialOrd + Copy>(current: Option<T>, asked: Option<T>) -> Option<T> {
+            match (current, asked) {
+                (Some(c), Some(a)) if a < c => Some(a),
+                (None, Some(a)) => Some(a),
+                (c, _) => c,
+            }
+        }
+        let memory = smaller(limits.memory_bytes, narrower.memory);
+        if memory != limits.memory_bytes {
+            limits.memory_is_default = false;
+        }
+        limits.memory_bytes = memory;
+        limits.pids = smaller(limits.pids, narrower.pids);
+        limits.cpus = smaller(limits.cpus, narrower.cpus);
+    }
+    Ok(limits)
+}
+
+/// Half of the host's physical memory.
+fn half_the_ram() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages > 0 && size > 0).then(|| (pages as u64).saturating_mul(size as u64) / 2)
 }
 
 /// Says the effective network policy, with where each part came from, when

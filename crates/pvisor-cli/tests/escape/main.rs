@@ -165,6 +165,73 @@ fn fork_bomb_is_contained(who: As) {
     let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
     let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
     assert!(limits["data"]["limits"].as_array().unwrap().iter().any(|l| l["limit"] == "pids"), "{limits}");
+
+    // The attack failed: forks past the budget are refused with EAGAIN.
+    env.write(
+        "forks.py",
+        "import os, time\nok = 0\nerr = None\nfor _ in range(100):\n    try:\n        if os.fork() == 0:\n            time.sleep(5); os._exit(0)\n        ok += 1\n    except OSError as e:\n        err = e.errno; break\nprint('forked', ok, 'errno', err)\n",
+    );
+    let out = env.pvisor(&["run", "-q", "--pids", "32", "--", "/usr/bin/python3", "forks.py"]);
+    let said = text(&out.stdout);
+    let forked: usize = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(usize::MAX);
+    assert!(forked < 32, "{said}");
+    assert!(said.contains(&format!("errno {}", libc::EAGAIN)), "{said}");
+}
+
+/// With no flags at all, a run still has a process limit that holds (4096),
+/// and a memory limit where a cgroup can enforce one. The values are read
+/// from the kernel inside the sandbox, not from pvisor's record.
+fn default_limits_hold(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let script = r#"awk '/^Max processes/ {print $3}' /proc/self/limits
+        if [ -e /sys/fs/cgroup/cgroup.controllers ]; then
+            p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3)
+            cat /sys/fs/cgroup$p/pids.max /sys/fs/cgroup$p/memory.max 2>/dev/null || echo none none
+        else
+            p=$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); m=$(grep ':memory:' /proc/self/cgroup | cut -d: -f3)
+            cat /sys/fs/cgroup/pids$p/pids.max 2>/dev/null || echo none
+            cat /sys/fs/cgroup/memory$m/memory.limit_in_bytes 2>/dev/null || echo none
+        fi"#;
+    let out = env.run_sh(script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
+    let list = limits["data"]["limits"].as_array().unwrap().clone();
+    let pids = list.iter().find(|l| l["limit"] == "pids").expect("a default pids limit");
+    assert_eq!(pids["value"], "4096", "{limits}");
+    assert!(!pids["by"].as_str().unwrap().starts_with("not enforced"), "{limits}");
+    let memory = list.iter().find(|l| l["limit"] == "memory").expect("a default memory limit");
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().map(str::trim).collect();
+    if pids["by"].as_str().unwrap().starts_with("cgroup") {
+        assert_eq!(lines[1], "4096", "the kernel's pids.max for the sandbox: {stdout}");
+        // SAFETY: sysconf has no preconditions.
+        let ram =
+            unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64 };
+        let set: u64 = lines[2].parse().unwrap_or_else(|_| panic!("no memory limit in the kernel: {stdout}"));
+        assert!(
+            set <= ram / 2 && set > ram / 2 - (1 << 20),
+            "memory limit {set} is not half of {ram}: {limits}"
+        );
+        assert!(memory["by"].as_str().unwrap().starts_with("cgroup"), "{limits}");
+    } else {
+        assert_eq!(lines[0], "4096", "RLIMIT_NPROC in the sandbox: {stdout}");
+        assert!(memory["by"].as_str().unwrap().starts_with("not enforced"), "said, not pretended: {limits}");
+        assert!(text(&out.stderr).contains("not enforced"), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn default_limits_hold_as_root() {
+    default_limits_hold(As::Root);
+}
+
+#[test]
+fn default_limits_hold_rootless() {
+    default_limits_hold(As::Rootless);
 }
 
 #[test]
