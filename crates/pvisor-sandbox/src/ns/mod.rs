@@ -60,14 +60,29 @@ impl Executor for NsExecutor {
         let (spec_fd, report_fd, pass_fd) =
             (spec_read.as_raw_fd(), report_write.as_raw_fd(), fd_pass_child.as_raw_fd());
 
+        // Where the user's terminal is on fd 0–2, the command gets the
+        // sandbox's own terminal (foreground, stdin a terminal), /dev/null
+        // (stdin of a background run) or a pipe relayed to it (stdout,
+        // stderr): never the terminal itself (see terminal.rs).
+        let terminal = stdin_is_foreground_tty();
+        let mut output_relays = Vec::new();
+        let mut relayed = |fd: i32| -> Result<Stdio, SandboxError> {
+            if terminal || !is_tty(fd) {
+                return Ok(Stdio::inherit());
+            }
+            let (read, write) = sys::pipe().map_err(SandboxError::Spawn)?;
+            output_relays.push(terminal::PipeRelay::start(read, fd));
+            Ok(Stdio::from(write))
+        };
+        let (stdout, stderr) = (relayed(1)?, relayed(2)?);
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0("pvisor-sandbox")
             .arg(HELPER_ARG)
             .env_clear()
             .stdin(Stdio::inherit())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
+            .stdout(stdout)
+            .stderr(stderr);
         // SAFETY: dup2 is async-signal-safe; both descriptors are open in the child.
         unsafe {
             command.pre_exec(move || {
@@ -81,6 +96,8 @@ impl Executor for NsExecutor {
             });
         }
         let child = command.spawn().map_err(SandboxError::Spawn)?;
+        // Our copies of the pipes' write ends go, so a relay ends with the sandbox.
+        drop(command);
         drop(spec_read);
         drop(report_write);
         drop(fd_pass_child);
@@ -92,8 +109,8 @@ impl Executor for NsExecutor {
             rlimits: std::mem::take(&mut limits.rlimits),
             sandbox: spec.clone(),
             supervisor_pid: std::process::id() as i32,
-            terminal: stdin_is_foreground_tty() && is_tty(1),
-            detach_stdin: is_tty(0) && !stdin_is_foreground_tty(),
+            terminal,
+            detach_stdin: is_tty(0) && !terminal,
         };
         let bytes = serde_json::to_vec(&helper_spec)
             .map_err(|e| SandboxError::Protocol(format!("cannot encode the sandbox spec: {e}")))?;
@@ -108,6 +125,7 @@ impl Executor for NsExecutor {
             reports: BufReader::new(File::from(report_read)),
             signaller: Signaller::pidfd(Arc::new(pidfd)),
             relay: None,
+            output_relays,
         };
         match process.next_report()? {
             Some(Report::Ready) => {
@@ -129,7 +147,10 @@ impl Executor for NsExecutor {
                         .ok_or_else(|| {
                             SandboxError::Protocol("the sandbox did not hand over its terminal".into())
                         })?;
-                    process.relay = Some(terminal::Relay::start(master));
+                    // What the sandbox's terminal prints goes to the user's
+                    // terminal: stdout if it is one, else stderr, else stdin's.
+                    let output = [1, 2, 0].into_iter().find(|&fd| is_tty(fd)).unwrap_or(1);
+                    process.relay = Some(terminal::Relay::start(master, output));
                 }
                 Ok(Box::new(process))
             }
@@ -202,6 +223,8 @@ struct NsProcess {
     signaller: Signaller,
     /// The relay to the sandbox's own terminal, when stdin is the user's.
     relay: Option<terminal::Relay>,
+    /// Copies of the command's stdout/stderr to the user's terminal.
+    output_relays: Vec<terminal::PipeRelay>,
 }
 
 impl NsProcess {
@@ -225,9 +248,13 @@ impl NsProcess {
         }
     }
 
-    /// Stops relaying the sandbox's terminal and restores the user's.
+    /// Stops relaying the sandbox's terminal and restores the user's; waits
+    /// until the command's relayed output has been copied.
     fn restore_terminal(&mut self) {
         if let Some(mut relay) = self.relay.take() {
+            relay.finish();
+        }
+        for relay in &mut self.output_relays {
             relay.finish();
         }
     }

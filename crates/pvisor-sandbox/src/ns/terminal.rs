@@ -1,10 +1,19 @@
-//! The supervisor's side of the sandbox's own terminal, as `ssh -t` does it.
+//! The supervisor's side of the sandbox's own terminal, as `ssh -t` does it,
+//! and of output relays: the command never holds a descriptor of the user's
+//! terminal, on any of fds 0–2.
 //!
-//! When the user's stdin is a terminal, the command gets a pseudo-terminal of
-//! its own inside the sandbox (so `TIOCSTI` and job control act on that, never
-//! on the user's shell). The supervisor puts the user's terminal in raw mode
-//! and relays bytes both ways; window-size changes are copied across. The
-//! user's terminal settings are restored when the relay stops.
+//! When the user's stdin is a terminal and pvisor is its foreground job, the
+//! command gets a pseudo-terminal of its own inside the sandbox (so `TIOCSTI`
+//! and job control act on that, never on the user's shell). The supervisor
+//! puts the user's terminal in raw mode and relays bytes both ways;
+//! window-size changes are copied across. The user's terminal settings are
+//! restored when the relay stops.
+//!
+//! Otherwise (a background run, or stdin redirected) a stdout or stderr that
+//! is the user's terminal reaches the command as a pipe, copied to the
+//! terminal by a [`PipeRelay`]: the terminal descriptors are opened read-write,
+//! so passing one would let the command read keystrokes typed at the shell
+//! and change the terminal's modes.
 //!
 //! The user's terminal is raw, so Ctrl-C reaches pvisor as a byte, not a
 //! signal: it is passed on (the sandbox's terminal turns it into `SIGINT`
@@ -70,8 +79,9 @@ fn window_size(fd: RawFd) -> Option<(u16, u16)> {
 }
 
 impl Relay {
-    /// Starts relaying between the user's stdin/stdout and `master`.
-    pub(crate) fn start(master: OwnedFd) -> Relay {
+    /// Starts relaying between the user's stdin and `master`; what the
+    /// sandbox's terminal prints goes to `output` (the user's terminal).
+    pub(crate) fn start(master: OwnedFd, output: RawFd) -> Relay {
         let master = Arc::new(master);
         // SAFETY: zeroed termios is a valid out-parameter; cfmakeraw edits a copy.
         let saved = unsafe {
@@ -119,10 +129,10 @@ impl Relay {
                 .name("pvisor-tty-out".into())
                 .spawn(move || {
                     let mut buf = [0u8; 16384];
-                    let mut size = window_size(0);
+                    let mut size = window_size(output);
                     loop {
                         let readable = poll_readable(master.as_raw_fd(), 100);
-                        let now = window_size(0);
+                        let now = window_size(output);
                         if now != size {
                             size = now;
                             if let Some((rows, cols)) = now {
@@ -141,7 +151,7 @@ impl Relay {
                         // SAFETY: reading into a local buffer.
                         let n = unsafe { libc::read(master.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
                         // EIO: every slave descriptor is closed; the sandbox is gone.
-                        if n <= 0 || !write_all(1, &buf[..n as usize]) {
+                        if n <= 0 || !write_all(output, &buf[..n as usize]) {
                             break;
                         }
                     }
@@ -172,5 +182,43 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+/// Copies what the command writes into a pipe to one of pvisor's own
+/// descriptors (the user's terminal), until the pipe's last writer closes it.
+#[derive(Debug)]
+pub(crate) struct PipeRelay {
+    copier: Option<JoinHandle<()>>,
+}
+
+impl PipeRelay {
+    /// Starts copying `from` (a pipe's read end) to `to`.
+    pub(crate) fn start(from: OwnedFd, to: RawFd) -> PipeRelay {
+        let copier = std::thread::Builder::new()
+            .name("pvisor-out".into())
+            .spawn(move || {
+                let mut buf = [0u8; 16384];
+                loop {
+                    // SAFETY: reading into a local buffer from an owned descriptor.
+                    let n = unsafe { libc::read(from.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                    if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    // End of file (every writer is gone) or an unwritable terminal.
+                    if n <= 0 || !write_all(to, &buf[..n as usize]) {
+                        break;
+                    }
+                }
+            })
+            .ok();
+        PipeRelay { copier }
+    }
+
+    /// Waits until everything the command wrote has been copied.
+    pub(crate) fn finish(&mut self) {
+        if let Some(handle) = self.copier.take() {
+            let _ = handle.join();
+        }
     }
 }

@@ -215,8 +215,11 @@ impl Session {
                 }
                 if !limits.is_empty() {
                     self.record_best_effort("attempt.limits", json!({"limits": limits}));
+                    // A limit the user asked for and did not get is warned
+                    // about; pvisor's own default is recorded (attempt.limits,
+                    // the Bundle) and shown by `pvisor doctor`, not on every run.
                     for l in &limits {
-                        if !l.enforced() {
+                        if !l.enforced() && !l.is_default() {
                             self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
                         }
                     }
