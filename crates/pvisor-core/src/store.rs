@@ -91,6 +91,54 @@ pub fn resolve_state_root(
         .or_else(|| non_empty(home).map(|p| p.join(".local/state/pvisor")))
 }
 
+/// Where a user's pvisor state directories are listed, so every sandbox can
+/// hide all of them, not only its own: `$XDG_STATE_HOME/pvisor-state-dirs`,
+/// else `$HOME/.local/state/pvisor-state-dirs`.
+pub fn state_dirs_registry(xdg_state_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let non_empty = |v: Option<OsString>| v.filter(|s| !s.is_empty()).map(PathBuf::from);
+    non_empty(xdg_state_home)
+        .or_else(|| non_empty(home).map(|h| h.join(".local/state")))
+        .map(|dir| dir.join("pvisor-state-dirs"))
+}
+
+/// Adds `root` to the registry (one canonical path per line) unless it is
+/// listed already. Best effort: a registry that cannot be written only means
+/// fewer directories are known to hide.
+pub fn register_state_dir(registry: &Path, root: &Path) {
+    if known_state_dirs(registry).iter().any(|known| known == root) {
+        return;
+    }
+    if let Some(parent) = registry.parent() {
+        let _ = fs::create_dir_all(parent);
+    }
+    let mut line = root.as_os_str().as_bytes().to_vec();
+    if line.contains(&b'\n') {
+        return;
+    }
+    line.push(b'\n');
+    // One O_APPEND write: concurrent registrations never interleave.
+    let _ = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(registry)
+        .and_then(|mut f| f.write_all(&line));
+}
+
+/// The state directories listed in the registry that still exist.
+pub fn known_state_dirs(registry: &Path) -> Vec<PathBuf> {
+    let Ok(bytes) = read_capped(registry, 1 << 20) else { return Vec::new() };
+    let mut dirs: Vec<PathBuf> = bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| l.first() == Some(&b'/'))
+        .map(|l| PathBuf::from(OsStr::from_bytes(l)))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
 /// The state directory and its layout (see `docs/on-disk-format.md`).
 #[derive(Clone, Debug)]
 pub struct Store {

@@ -67,6 +67,9 @@ pub struct SecretPolicy {
     pub hide: Vec<PathBuf>,
     pub expose: Vec<PathBuf>,
     pub pass_env: Vec<String>,
+    /// Other pvisor state directories (their stages, records and VM
+    /// control sockets): hidden like this run's own, and never exposable.
+    pub other_state_dirs: Vec<PathBuf>,
 }
 
 /// Secret stores hidden by default, relative to the home directory: cloud,
@@ -323,11 +326,18 @@ pub fn admit(
         request.secrets.home.iter().flat_map(|home| DEFAULT_HIDDEN.iter().map(move |rel| home.join(rel)));
     let candidates = defaults
         .map(|p| (p, "secret store"))
-        .chain(request.secrets.hide.iter().map(|p| (p.clone(), "--hide")));
+        .chain(request.secrets.hide.iter().map(|p| (p.clone(), "--hide")))
+        .chain(
+            request.secrets.other_state_dirs.iter().map(|p| (p.clone(), "another pvisor state directory")),
+        );
     for (path, reason) in candidates {
         let Some(real) = canonical(&path) else { continue };
-        // `--expose DIR` shows the secrets beneath DIR too (`--expose ~/.claude`).
-        if exposed.iter().any(|e| real.starts_with(e)) || hidden_secrets.iter().any(|(p, _)| *p == real) {
+        let state_dir = reason == "another pvisor state directory";
+        // `--expose DIR` shows the secrets beneath DIR too (`--expose ~/.claude`);
+        // no exposure reaches into a pvisor state directory.
+        if (!state_dir && exposed.iter().any(|e| real.starts_with(e)))
+            || hidden_secrets.iter().any(|(p, _)| *p == real)
+        {
             continue;
         }
         // The workspace itself can never be hidden from the command; say so

@@ -55,9 +55,37 @@ pub fn open_store() -> anyhow::Result<Store> {
         std::env::var_os("HOME"),
     )
     .context("Cannot locate the state directory: set PVISOR_HOME (or HOME)")?;
-    Store::open(&root).with_context(|| {
+    let store = Store::open(&root).with_context(|| {
         format!("Cannot use state directory {} (set PVISOR_HOME to a writable directory)", root.display())
-    })
+    })?;
+    if let Some(registry) = state_dirs_registry() {
+        pvisor_core::store::register_state_dir(&registry, store.root());
+    }
+    Ok(store)
+}
+
+fn state_dirs_registry() -> Option<std::path::PathBuf> {
+    pvisor_core::store::state_dirs_registry(std::env::var_os("XDG_STATE_HOME"), std::env::var_os("HOME"))
+}
+
+/// Every pvisor state directory a sandbox must not see besides `store`'s
+/// own (which admission always hides): the ones this user registered, and
+/// every user's default one under `/home` and `/root` (visible to a
+/// sandbox run as root).
+pub fn other_state_dirs(store: &Store) -> Vec<std::path::PathBuf> {
+    let mut dirs =
+        state_dirs_registry().map(|r| pvisor_core::store::known_state_dirs(&r)).unwrap_or_default();
+    let homes = std::fs::read_dir("/home").into_iter().flatten().flatten().map(|e| e.path());
+    for home in homes.chain(std::iter::once(std::path::PathBuf::from("/root"))) {
+        let default = home.join(".local/state/pvisor");
+        if let Ok(real) = std::fs::canonicalize(&default) {
+            dirs.push(real);
+        }
+    }
+    dirs.retain(|d| d != store.root());
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
 /// Runs a command that frees space (`drop`, `kill`, `gc`). If the state

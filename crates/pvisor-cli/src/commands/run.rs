@@ -77,6 +77,7 @@ pub fn execute(
             hide: options.hide.clone(),
             expose: options.expose.clone(),
             pass_env: options.env.clone(),
+            other_state_dirs: super::other_state_dirs(&store),
         },
         fork,
         fork_execution,

@@ -471,3 +471,64 @@ fn the_command_never_holds_the_users_terminal_on_any_descriptor() {
         assert!(stdout.contains("VISIBLE-OUT") && stdout.contains("VISIBLE-ERR"), "{label}: {stdout}");
     }
 }
+
+/// Another state directory of the same user (its staged files, records and
+/// the control socket of a live vm Job) is hidden from every sandbox, not
+/// only the current state directory.
+#[test]
+fn another_state_directory_and_its_vm_control_socket_are_out_of_reach() {
+    let env = Env::new(As::Rootless);
+    // Outside /tmp: the sandbox's /tmp is private, which would hide it anyway.
+    let other_dir = tempfile::Builder::new().prefix("pvisor-e2e-other-").tempdir_in("/var/tmp").unwrap();
+    env.give_away(other_dir.path());
+    let other = other_dir.path().join("state");
+    let in_other = |args: &[&str]| {
+        let mut cmd = env.command(args);
+        cmd.env("PVISOR_HOME", &other);
+        cmd
+    };
+    let out = in_other(&["run", "-q", "--", "sh", "-c", "echo STAGED-SECRET > secret.txt"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut vm = None;
+    if vm_image().is_some() {
+        vm = Some(in_other(&["run", "-q", "--executor", "vm", "--", "sleep", "120"]).spawn().unwrap());
+    } else {
+        eprintln!("no guest image: checking the staged files only");
+    }
+    let control = || -> Option<std::path::PathBuf> {
+        let runs = fs::read_dir(other.join("runs")).ok()?;
+        runs.flatten().map(|r| r.path().join("attempts/1/vm/control.sock")).find(|p| p.exists())
+    };
+    let socket = vm.as_ref().map(|_| {
+        assert!(wait_until(Duration::from_secs(180), || control().is_some()), "the vm Job never started");
+        control().unwrap()
+    });
+    let stage_glob = format!("{}/runs/*/stage/upper/secret.txt", other.display());
+    let connect = socket.as_ref().map_or(String::new(), |s| {
+        format!(
+            "/usr/bin/python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}'); print('CONNECTED-TO-CONTROL')\" 2>/dev/null;",
+            s.display()
+        )
+    });
+    let script = format!(
+        "cat {stage_glob} 2>/dev/null; ls {} 2>/dev/null | grep -q runs && echo LISTED-OTHER; {connect} true",
+        other.display()
+    );
+    let out = env.pvisor(&["run", "-q", "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    if let Some(mut vm) = vm {
+        let _ = in_other(&["kill", "--grace", "1s"]).output();
+        let _ = vm.kill();
+        let _ = vm.wait();
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for leaked in ["STAGED-SECRET", "LISTED-OTHER", "CONNECTED-TO-CONTROL"] {
+        assert!(!stdout.contains(leaked), "{leaked}: {stdout}");
+    }
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let hidden = env
+        .events(&job)
+        .into_iter()
+        .any(|e| e["type"] == "admission.rewrite" && e["data"]["reason"] == "another pvisor state directory");
+    assert!(hidden, "the other state directory is hidden and recorded");
+}
