@@ -377,7 +377,12 @@ mod tests {
     #[test]
     fn a_cpu_rate_without_cgroups_is_reported_as_not_enforced() {
         let out = fallback(
-            &Limits { memory_bytes: Some(1 << 20), pids: Some(10), cpus: Some(0.5) },
+            &Limits {
+                memory_bytes: Some(1 << 20),
+                pids: Some(10),
+                cpus: Some(0.5),
+                memory_is_default: false,
+            },
             Applied::default(),
             "rootless",
         );

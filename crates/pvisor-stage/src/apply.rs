@@ -298,6 +298,15 @@ pub fn execute(
             Verdict::Conflict(_) | Verdict::Unsupported(_) => {}
         }
     }
+    // Directories staged without owner access (`chmod 000`) get their mode
+    // last, deepest first, after everything beneath them was written.
+    for (change, _) in done.applied.iter().rev() {
+        if change.entry == EntryType::Dir && change.mode & 0o700 != 0o700 {
+            if let Err(e) = ws.set_dir_mode(change.path.as_path(), change.mode & 0o1777) {
+                done.warnings.push(format!("{}: mode not set: {e}", change.path.display_escaped()));
+            }
+        }
+    }
     // Whatever was written is made durable before the ledger says so.
     ws.sync().map_err(|e| StageError::io("sync", "the workspace", e))?;
     let outcomes: Vec<_> = done
@@ -356,7 +365,9 @@ fn apply_one(
             if ws.stat(rel).map_err(io("inspect"))?.is_some_and(|s| s.kind != Kind::Dir) {
                 ws.remove_all(rel).map_err(io("replace"))?;
             }
-            ws.mkdir(rel, change.mode & 0o1777).map_err(io("create directory"))?;
+            // Created open to its owner, so its staged children can be
+            // written; `execute` gives it its staged mode once they are.
+            ws.mkdir(rel, (change.mode | 0o700) & 0o1777).map_err(io("create directory"))?;
             if change.kind == ChangeKind::OpaqueDir {
                 let keep: std::collections::BTreeSet<_> =
                     upper.list(rel).map_err(io("list the staged"))?.into_iter().collect();

@@ -167,12 +167,15 @@ impl Root {
         match check(rc) {
             // SAFETY: openat2 returned a fresh descriptor.
             Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }),
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => self.walk(parts),
+            // No openat2, or a path longer than PATH_MAX (a tree a command
+            // built deeper than that): the same confinement, a name at a time.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::ENAMETOOLONG)) => self.walk(parts),
             Err(e) => Err(e),
         }
     }
 
-    /// The pre-openat2 fallback: one component at a time, never following.
+    /// The pre-openat2 fallback, and the way past PATH_MAX: one component
+    /// at a time, never following a symlink.
     fn walk(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {
         let mut dir = self.fd.try_clone()?;
         for part in parts {

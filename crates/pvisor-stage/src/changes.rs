@@ -23,22 +23,33 @@ const FSYNC_EACH_LIMIT: usize = 256;
 /// Makes the staged files durable before the Bundle that describes them is
 /// written. A small stage fsyncs each file and directory: O(staged entries),
 /// and no other dirty data on the filesystem is flushed with it. A large one
-/// (thousands of files from a build or an install) is flushed with a single
-/// `syncfs(2)`, where thousands of fsyncs would cost seconds.
+/// (thousands of files from a build or an install), or one the walk cannot
+/// finish (a tree deeper than PATH_MAX, a directory the command made
+/// unreadable), is flushed with a single `syncfs(2)`: the command can make
+/// sealing slower, never impossible.
 pub fn seal(upper: &Path) -> Result<(), StageError> {
     let open = |path: &Path| {
         fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
             .open(path)
-            .map_err(|e| StageError::io("open", path, e))
+    };
+    let syncfs = || {
+        use std::os::fd::AsRawFd;
+        let root = open(upper).map_err(|e| StageError::io("open", upper, e))?;
+        // SAFETY: syncfs on a descriptor we own.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(StageError::io("sync", upper, io::Error::last_os_error()));
+        }
+        Ok(())
     };
     let mut to_sync = Vec::new();
     let mut dirs = vec![upper.to_path_buf()];
     while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).map_err(|e| StageError::io("list", &dir, e))? {
-            let entry = entry.map_err(|e| StageError::io("list", &dir, e))?;
-            let file_type = entry.file_type().map_err(|e| StageError::io("inspect", entry.path(), e))?;
+        let Ok(entries) = fs::read_dir(&dir) else { return syncfs() };
+        for entry in entries {
+            let Ok(entry) = entry else { return syncfs() };
+            let Ok(file_type) = entry.file_type() else { return syncfs() };
             if file_type.is_dir() {
                 dirs.push(entry.path());
             } else if file_type.is_file() {
@@ -47,28 +58,64 @@ pub fn seal(upper: &Path) -> Result<(), StageError> {
         }
         to_sync.push(dir);
         if to_sync.len() > FSYNC_EACH_LIMIT {
-            use std::os::fd::AsRawFd;
-            let root = open(upper)?;
-            // SAFETY: syncfs on a descriptor we own.
-            if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
-                return Err(StageError::io("sync", upper, std::io::Error::last_os_error()));
-            }
-            return Ok(());
+            return syncfs();
         }
     }
     for path in to_sync {
-        open(&path)?.sync_all().map_err(|e| StageError::io("sync", &path, e))?;
+        match open(&path) {
+            Ok(file) => file.sync_all().map_err(|e| StageError::io("sync", &path, e))?,
+            // Unreadable or out of reach by path: one syncfs covers it.
+            Err(_) => return syncfs(),
+        }
     }
     Ok(())
 }
 
 /// Returns the changes in `upper` relative to `lower`, sorted by path.
+///
+/// The walk holds a descriptor for each directory and reaches entries as
+/// `/proc/self/fd/<dir>/<name>`, so no path it uses is longer than a name:
+/// a tree deeper than PATH_MAX is scanned whole. A staged directory or file
+/// the command made unreadable to its owner (`chmod 000`) is given the
+/// owner's access back (pvisor must read it to seal, review and apply it);
+/// the manifest records the mode the command left, which apply writes.
 pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
     let mut out = Vec::new();
-    walk(upper, lower, Path::new(""), false, &mut out)?;
+    let upper_dir = open_dir(upper).map_err(|e| StageError::io("list", upper, e))?;
+    let lower_dir = match open_dir(lower) {
+        Ok(dir) => Some(dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(StageError::io("list", lower, e)),
+    };
+    walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out)?;
     Ok(out)
 }
 
+fn open_dir(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// `/proc/self/fd/<dir>/<name>`: a short path to an entry of an open directory.
+fn at(dir: &fs::File, name: &std::ffi::OsStr) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string()).join(name)
+}
+
+/// Runs `f` on an entry the owner may have made unreadable: on `EACCES`,
+/// grants the owner `add` (read, and search for directories) and retries.
+fn with_access<T>(path: &Path, mode: u32, add: u32, f: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    use std::os::unix::fs::PermissionsExt;
+    match f() {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied && mode & add != add => {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode | add))?;
+            f()
+        }
+        other => other,
+    }
+}
 fn entry_type(meta: &Metadata) -> EntryType {
     let ft = meta.file_type();
     if ft.is_file() {
@@ -91,47 +138,53 @@ fn lstat(path: &Path) -> Result<Option<Metadata>, StageError> {
 }
 
 /// Hex BLAKE3 of a regular file, opened without following symlinks.
-fn file_digest(path: &Path) -> Result<String, StageError> {
+fn file_digest(path: &Path) -> io::Result<String> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| StageError::io("read", path, e))?;
+        .open(path)?;
     let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(file).map_err(|e| StageError::io("read", path, e))?;
+    hasher.update_reader(file)?;
     Ok(hasher.finalize().to_hex().to_string())
 }
 
-fn link_digest(path: &Path) -> Result<(PathBuf, String), StageError> {
-    let target = fs::read_link(path).map_err(|e| StageError::io("read link", path, e))?;
+fn link_digest(path: &Path) -> io::Result<(PathBuf, String)> {
+    let target = fs::read_link(path)?;
     use std::os::unix::ffi::OsStrExt;
     let digest = blake3::hash(target.as_os_str().as_bytes()).to_hex().to_string();
     Ok((target, digest))
 }
 
 /// `under_opaque`: an ancestor directory is opaque, so the lower side is hidden.
+/// `upper_dir` and `lower_dir` are open handles on `rel` in each layer.
 fn walk(
-    upper_root: &Path,
-    lower_root: &Path,
+    upper_dir: &fs::File,
+    lower_dir: Option<&fs::File>,
     rel: &Path,
     under_opaque: bool,
     out: &mut Vec<ChangeEntry>,
 ) -> Result<(), StageError> {
-    let dir = upper_root.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .map_err(|e| StageError::io("list", &dir, e))?
+    use std::os::unix::fs::PermissionsExt;
+    let here = at(upper_dir, std::ffi::OsStr::new("."));
+    let list_err = |e| StageError::io("list", rel, e);
+    let mut names: Vec<_> = fs::read_dir(&here)
+        .map_err(list_err)?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<Result<_, _>>()
-        .map_err(|e| StageError::io("list", &dir, e))?;
+        .map_err(list_err)?;
     names.sort_by(|a, b| {
         use std::os::unix::ffi::OsStrExt;
         a.as_bytes().cmp(b.as_bytes())
     });
     for name in names {
         let rel = rel.join(&name);
-        let upper = upper_root.join(&rel);
-        let Some(meta) = lstat(&upper)? else { continue };
-        let lower = if under_opaque { None } else { lstat(&lower_root.join(&rel))? };
+        let upper = at(upper_dir, &name);
+        let lower_path = lower_dir.filter(|_| !under_opaque).map(|d| at(d, &name));
+        let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, &rel))? else { continue };
+        let lower = match &lower_path {
+            Some(p) => lstat(p).map_err(|e| rename_path(e, &rel))?,
+            None => None,
+        };
         let lower_type = lower.as_ref().map(entry_type);
         let mode = meta.mode() & 0o7777;
         let mut push = |kind, entry, size, digest| {
@@ -159,35 +212,49 @@ fn walk(
                     Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
                 }
                 let hides_lower = under_opaque || opaque || lower_type != Some(EntryType::Dir);
-                walk(upper_root, lower_root, &rel, hides_lower, out)?;
+                // A directory the command made unsearchable to its owner is
+                // opened back up (the manifest keeps the mode it set).
+                if mode & 0o700 != 0o700 {
+                    fs::set_permissions(&upper, fs::Permissions::from_mode(mode | 0o700))
+                        .map_err(|e| StageError::io("unlock", &rel, e))?;
+                }
+                let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
+                let lower_child = match (&lower_path, hides_lower) {
+                    (Some(p), false) => Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?),
+                    _ => None,
+                };
+                walk(&child, lower_child.as_ref(), &rel, hides_lower, out)?;
             }
             EntryType::File => {
-                let digest = file_digest(&upper)?;
+                let digest = with_access(&upper, mode, 0o400, || file_digest(&upper))
+                    .map_err(|e| StageError::io("read", &rel, e))?;
                 let size = meta.len();
-                match (lower_type, &lower) {
-                    (None, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
-                    (Some(EntryType::File), Some(l)) => {
-                        let same = l.len() == size && file_digest(&lower_root.join(&rel))? == digest;
+                match (lower_type, &lower, &lower_path) {
+                    (None, _, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
+                    (Some(EntryType::File), Some(l), Some(lp)) => {
+                        let same = l.len() == size
+                            && file_digest(lp).map_err(|e| StageError::io("read", &rel, e))? == digest;
                         if !same {
                             push(ChangeKind::Modified, EntryType::File, size, Some(digest));
                         } else if mode_differs {
                             push(ChangeKind::ModeChanged, EntryType::File, size, Some(digest));
                         }
                     }
-                    (Some(_), _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
+                    (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
                 }
             }
             EntryType::Symlink => {
-                let (target, digest) = link_digest(&upper)?;
+                let (target, digest) =
+                    link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;
                 let size = target.as_os_str().len() as u64;
-                match lower_type {
-                    None => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
-                    Some(EntryType::Symlink) => {
-                        if fs::read_link(lower_root.join(&rel)).ok().as_deref() != Some(target.as_path()) {
+                match (lower_type, &lower_path) {
+                    (None, _) => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
+                    (Some(EntryType::Symlink), Some(lp)) => {
+                        if fs::read_link(lp).ok().as_deref() != Some(target.as_path()) {
                             push(ChangeKind::Symlink, EntryType::Symlink, size, Some(digest));
                         }
                     }
-                    Some(_) => push(ChangeKind::TypeChanged, EntryType::Symlink, size, Some(digest)),
+                    (Some(_), _) => push(ChangeKind::TypeChanged, EntryType::Symlink, size, Some(digest)),
                 }
             }
             EntryType::Special | EntryType::None => match lower_type {
@@ -197,6 +264,14 @@ fn walk(
         }
     }
     Ok(())
+}
+
+/// Names the workspace-relative path in an error about a `/proc/self/fd` path.
+fn rename_path(e: StageError, rel: &Path) -> StageError {
+    match e {
+        StageError::Io { op, source, .. } => StageError::Io { op, path: rel.to_owned(), source },
+        other => other,
+    }
 }
 
 #[cfg(test)]

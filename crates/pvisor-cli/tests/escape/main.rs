@@ -532,3 +532,63 @@ fn another_state_directory_and_its_vm_control_socket_are_out_of_reach() {
         .any(|e| e["type"] == "admission.rewrite" && e["data"]["reason"] == "another pvisor state directory");
     assert!(hidden, "the other state directory is hidden and recorded");
 }
+
+/// A command cannot make its own run impossible to seal: directories and
+/// files it made unreadable, and a tree deeper than PATH_MAX, are sealed,
+/// the exit code and receipt are recorded, apply and gc still work.
+fn sealing_cannot_be_blocked(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let out = env
+        .run_sh("mkdir -p a/b && echo x > a/b/f && echo y > secret && chmod 000 a/b/f a/b a secret; exit 3");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let status = env.status_json(None);
+    assert_eq!(
+        (status["state"].as_str(), status["receipt"].as_str()),
+        (Some("failed"), Some("valid")),
+        "{status}"
+    );
+    assert_eq!(status["changes"], 4, "{status}");
+    env.expect(&["apply", "--all"], 0);
+    let mode = |rel: &str| fs::symlink_metadata(env.ws.join(rel)).unwrap().permissions().mode() & 0o7777;
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!((mode("a"), mode("secret")), (0, 0), "the staged modes are applied, last");
+
+    // Deeper than PATH_MAX (220 levels of 20-character names: 4,620 bytes).
+    let deep = "import os, sys\nfor _ in range(220):\n    os.mkdir('d' * 20)\n    os.chdir('d' * 20)\nopen('f', 'w').write('deep')\nsys.exit(4)\n";
+    env.write("deep.py", deep);
+    std::thread::sleep(Duration::from_millis(25));
+    let out = env.pvisor(&["run", "--", "/usr/bin/python3", "deep.py"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let status = env.status_json(None);
+    assert_eq!(
+        (status["state"].as_str(), status["receipt"].as_str()),
+        (Some("failed"), Some("valid")),
+        "{status}"
+    );
+    assert_eq!(status["changes"], 221, "{status}");
+    // Its stage (and the unreadable one's) can be freed with pvisor alone.
+    let gc = env.pvisor(&["gc", "--force", "--older-than", "0s", "--json"]);
+    assert_eq!(gc.status.code(), Some(0), "{}", text(&gc.stdout));
+    assert!(!text(&gc.stdout).contains("\"failed\""), "{}", text(&gc.stdout));
+    for run in fs::read_dir(env.home.join("runs")).unwrap().flatten() {
+        assert!(!run.path().join("stage/upper").exists(), "{} kept its stage", run.path().display());
+    }
+    // Make the workspace removable again for the test's own cleanup.
+    for rel in ["a/b", "a", "secret"] {
+        let _ = fs::set_permissions(env.ws.join(rel), fs::Permissions::from_mode(0o700));
+    }
+    let _ = fs::set_permissions(env.ws.join("a/b"), fs::Permissions::from_mode(0o700));
+}
+
+#[test]
+fn sealing_cannot_be_blocked_as_root() {
+    sealing_cannot_be_blocked(As::Root);
+}
+
+#[test]
+fn sealing_cannot_be_blocked_rootless() {
+    sealing_cannot_be_blocked(As::Rootless);
+}

@@ -62,22 +62,44 @@ fn size_of(path: &Path) -> u64 {
     std::fs::read_dir(path).map(|entries| entries.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
 }
 
-/// Removes a tree, making directories writable first (overlay work dirs are
-/// 000). An error names the entry that could not be removed.
+/// Removes a tree, making directories writable first (overlay work dirs
+/// are 000, and a command can `chmod 000` what it staged). Each directory is
+/// held open and its entries reached as `/proc/self/fd/<dir>/<name>`, so a
+/// tree deeper than PATH_MAX goes too. An error names the entry.
 fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
-    use std::os::unix::fs::PermissionsExt;
-    let at = |e| (path.to_owned(), e);
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if meta.is_dir() {
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-            for entry in std::fs::read_dir(path).map_err(at)?.flatten() {
-                remove_tree(&entry.path())?;
-            }
-            return std::fs::remove_dir(path).map_err(at);
-        }
-        return std::fs::remove_file(path).map_err(at);
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    if !meta.is_dir() {
+        return std::fs::remove_file(path).map_err(|e| (path.to_owned(), e));
     }
+    remove_dir_tree(path, path)?;
     Ok(())
+}
+
+/// Empties and removes the directory at `path` (a short path), naming
+/// errors by `label` (its real path).
+fn remove_dir_tree(path: &Path, label: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |e| (label.to_owned(), e);
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err)?;
+    let here = Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string());
+    for entry in std::fs::read_dir(&here).map_err(err)? {
+        let name = entry.map_err(err)?.file_name();
+        let child = here.join(&name);
+        let is_dir = std::fs::symlink_metadata(&child).map_err(err)?.is_dir();
+        if is_dir {
+            remove_dir_tree(&child, &label.join(&name))?;
+        } else {
+            std::fs::remove_file(&child).map_err(|e| (label.join(&name), e))?;
+        }
+    }
+    drop(dir);
+    std::fs::remove_dir(path).map_err(err)
 }
 
 /// How long a Job directory of an older pvisor (which wrote `job.json` in
