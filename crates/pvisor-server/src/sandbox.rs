@@ -1116,12 +1116,19 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
 /// Whether `pid` is still this sandbox's supervisor: alive (a zombie is
 /// not), and its command line names our bind file (pids are reused).
 fn supervisor_alive(pid: u32, bind: &Path) -> bool {
-    let alive = fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-        .unwrap_or(false);
-    let ours = fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
-        .unwrap_or(false);
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name: "<state> <ppid> ...".
+    let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+    let (state, ppid) = (fields.next().unwrap_or("Z"), fields.next().and_then(|p| p.parse::<u32>().ok()));
+    let alive = !stat.is_empty() && !state.starts_with('Z');
+    // A child of this daemon is ours even before it has exec'd (its cmdline
+    // is still the daemon's then); after a daemon restart the supervisor is
+    // recognised by the bind file on its command line.
+    let child = ppid == Some(std::process::id());
+    let ours = child
+        || fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
+            .unwrap_or(false);
     alive && ours
 }
 
