@@ -200,6 +200,9 @@ pub struct ResourceLimits {
     /// programs that reserve large address ranges).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub memory_is_default: bool,
+    /// The process limit is pvisor's default, not the user's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pids_is_default: bool,
 }
 
 fn enabled() -> bool {

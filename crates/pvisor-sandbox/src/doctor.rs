@@ -306,6 +306,7 @@ fn limits_check() -> Check {
         pids: Some(4096),
         cpus: Some(1.0),
         memory_is_default: false,
+        pids_is_default: false,
     };
     let mut applied = crate::limits::apply(&probe, &format!("pvisor-doctor-{}", std::process::id()));
     let report = applied.report.clone();

@@ -258,11 +258,14 @@ fn limits_for(
     let memory = options.memory.or(configured.memory);
     let ns = executor == "ns";
     let default_memory = (ns && memory.is_none()).then(half_the_ram).flatten();
+    let pids = options.pids.or(configured.pids);
+    let default_pids = (ns && pids.is_none()).then_some(DEFAULT_PIDS);
     let mut limits = pvisor_core::records::ResourceLimits {
         memory_bytes: memory.or(default_memory),
-        pids: options.pids.or(configured.pids).or(ns.then_some(DEFAULT_PIDS)),
+        pids: pids.or(default_pids),
         cpus: options.cpus.or(configured.cpus),
         memory_is_default: default_memory.is_some(),
+        pids_is_default: default_pids.is_some(),
     };
     if let Some(narrower) = workspace.and_then(|c| c.limits.clone()) {
         fn smaller<T: PartialOrd + Copy>(current: Option<T>, asked: Option<T>) -> Option<T> {
@@ -277,7 +280,11 @@ fn limits_for(
             limits.memory_is_default = false;
         }
         limits.memory_bytes = memory;
-        limits.pids = smaller(limits.pids, narrower.pids);
+        let pids = smaller(limits.pids, narrower.pids);
+        if pids != limits.pids {
+            limits.pids_is_default = false;
+        }
+        limits.pids = pids;
         limits.cpus = smaller(limits.cpus, narrower.cpus);
     }
     Ok(limits)

@@ -145,6 +145,7 @@ pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32
             pids: None,
             cpus: Some(f64::from(args.cpus)),
             memory_is_default: false,
+            pids_is_default: false,
         },
     };
     let service = JobService::new(store, executor);
