@@ -40,6 +40,26 @@ impl Journal {
         &self.path
     }
 
+    /// Opens the file (creating it), takes its lock and cuts off a torn
+    /// tail. The lock is released when the returned guard is dropped.
+    fn lock(&self) -> Result<OwnerLock, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.path)
+            .map_err(|e| StoreError::Io { op: "open", path: self.path.clone(), source: e })?;
+        let locked = OwnerLock::lock_blocking(file, &self.path)?;
+        store::trim_torn_tail(locked.file()).map_err(|e| StoreError::Io {
+            op: "repair",
+            path: self.path.clone(),
+            source: e,
+        })?;
+        Ok(locked)
+    }
+
     /// Appends `count` lines built by `build(first_seq)` (which returns them
     /// joined by `\n`, without the final newline) and returns `first_seq`.
     /// `sync` makes them durable before returning.
@@ -50,18 +70,8 @@ impl Journal {
         build: impl FnOnce(u64) -> Vec<u8>,
     ) -> Result<u64, StoreError> {
         let io = |e| StoreError::Io { op: "append to", path: self.path.clone(), source: e };
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&self.path)
-            .map_err(io)?;
-        // Released when `locked` (and with it the descriptor) is dropped.
-        let locked = OwnerLock::lock_blocking(file, &self.path)?;
+        let locked = self.lock()?;
         let file = locked.file();
-        store::trim_torn_tail(file).map_err(io)?;
         let first = self.last_seq(file)? + 1;
         if count == 0 {
             return Ok(first);
@@ -83,17 +93,8 @@ impl Journal {
     /// binds this prefix of the Trace; later appends do not change it.
     pub fn seal_prefix(&self) -> Result<TracePrefix, StoreError> {
         let io = |e| StoreError::Io { op: "read", path: self.path.clone(), source: e };
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&self.path)
-            .map_err(io)?;
-        let locked = OwnerLock::lock_blocking(file, &self.path)?;
+        let locked = self.lock()?;
         let file = locked.file();
-        store::trim_torn_tail(file).map_err(io)?;
         let mut hasher = blake3::Hasher::new();
         let bytes = std::io::copy(&mut std::io::Read::by_ref(&mut &*file), &mut hasher).map_err(io)?;
         Ok(TracePrefix { bytes, blake3: hasher.finalize().to_hex().to_string() })

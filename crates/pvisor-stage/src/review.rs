@@ -49,6 +49,19 @@ fn is_binary(bytes: &[u8]) -> bool {
     bytes[..bytes.len().min(8192)].contains(&0) || std::str::from_utf8(bytes).is_err()
 }
 
+/// One line instead of a diff: sizes and digests of both sides.
+fn summarise(out: &mut dyn Write, what: &str, old: &[u8], new: &[u8]) -> io::Result<()> {
+    let digest = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+    writeln!(
+        out,
+        "  {what}: {} bytes (blake3 {}) => {} bytes (blake3 {})",
+        old.len(),
+        &digest(old)[..16],
+        new.len(),
+        &digest(new)[..16]
+    )
+}
+
 /// Writes the diff of `change`: the workspace (`ws`) now versus the stage (`upper`).
 pub fn write_diff(
     out: &mut dyn Write,
@@ -120,31 +133,15 @@ pub fn write_diff(
         (old, new, _) => (old.unwrap_or_default(), new.unwrap_or_default()),
     };
     if is_binary(&old) || is_binary(&new) {
-        let digest = |b: &[u8]| blake3::hash(b).to_hex().to_string();
-        writeln!(
-            out,
-            "  binary: {} bytes (blake3 {}) => {} bytes (blake3 {})",
-            old.len(),
-            &digest(&old)[..16],
-            new.len(),
-            &digest(&new)[..16]
-        )?;
-        return Ok(());
+        return summarise(out, "binary", &old, &new);
     }
     let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
     let escapes =
         text::count_unsafe(&old.replace("\r\n", "\n")) + text::count_unsafe(&new.replace("\r\n", "\n"));
     if escapes > ESCAPE_LIMIT {
-        let digest = |b: &str| blake3::hash(b.as_bytes()).to_hex().to_string();
-        writeln!(
-            out,
-            "  text with {escapes} control or formatting characters (escape sequences), not shown: {} bytes (blake3 {}) => {} bytes (blake3 {})",
-            old.len(),
-            &digest(&old)[..16],
-            new.len(),
-            &digest(&new)[..16]
-        )?;
-        return Ok(());
+        let what =
+            format!("text with {escapes} control or formatting characters (escape sequences), not shown");
+        return summarise(out, &what, old.as_bytes(), new.as_bytes());
     }
     let diff = TextDiff::from_lines(old.as_ref(), new.as_ref());
     let a = if host_stat.is_some() { format!("a/{name}") } else { "/dev/null".into() };
