@@ -27,9 +27,11 @@ pub fn report(err: &anyhow::Error) -> i32 {
     {
         return SUCCESS;
     }
-    eprintln!("pvisor: error: {err}");
+    // Errors quote staged names and config lines: untrusted bytes.
+    let safe = |text: String| pvisor_core::text::escape(&text, pvisor_core::text::Tabs::Keep).into_owned();
+    eprintln!("pvisor: error: {}", safe(err.to_string()));
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        eprintln!("  caused by: {}", safe(cause.to_string()));
     }
     if let Some(hint) = hint_for(err) {
         eprintln!("  hint: {hint}");

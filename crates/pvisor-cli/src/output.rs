@@ -41,6 +41,17 @@ pub fn shell_words(program: &str, args: &[String]) -> String {
     pvisor_core::text::escape(&quoted, pvisor_core::text::Tabs::Escape).into_owned()
 }
 
+/// Untrusted text (a reason quoting host names, an error, a path) made safe
+/// for a terminal; see `pvisor_core::text`.
+pub fn shown(text: &str) -> String {
+    pvisor_core::text::escape(text, pvisor_core::text::Tabs::Escape).into_owned()
+}
+
+/// A path made safe for a terminal.
+pub fn shown_path(path: &std::path::Path) -> String {
+    shown(&path.to_string_lossy())
+}
+
 /// Describes how a run ended: `completed`, `failed (exit 3)`, `cancelled (signal 2)`.
 pub fn ending(state: &str, exit_code: Option<i32>, signal: Option<i32>) -> String {
     match (exit_code, signal) {

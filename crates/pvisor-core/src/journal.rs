@@ -95,6 +95,9 @@ impl Journal {
         let io = |e| StoreError::Io { op: "read", path: self.path.clone(), source: e };
         let locked = self.lock()?;
         let file = locked.file();
+        // Durable before it is bound: the Bundle and receipt are fsynced,
+        // and after a power loss the Trace must still begin with what they bind.
+        file.sync_data().map_err(io)?;
         let mut hasher = blake3::Hasher::new();
         let bytes = std::io::copy(&mut std::io::Read::by_ref(&mut &*file), &mut hasher).map_err(io)?;
         Ok(TracePrefix { bytes, blake3: hasher.finalize().to_hex().to_string() })

@@ -834,6 +834,10 @@ impl Daemon {
                 }
             }
             let dir = self.store.exec_checkpoints_dir(&record.run);
+            // A Job still live (its kill did not finish) may yet need them.
+            if live {
+                return;
+            }
             if let Err(e) = fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     eprintln!("pvisor serve: warning: cannot remove {}: {e}", dir.display());

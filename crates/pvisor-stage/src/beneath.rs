@@ -213,11 +213,13 @@ impl Root {
         Ok(stat_of(&st))
     }
 
-    /// `lstat` of `rel`; `None` if it does not exist (or a parent is not a directory).
+    /// `lstat` of `rel`; `None` if it does not exist beneath the root (a
+    /// parent is missing, not a directory, or a symlink, which is never
+    /// followed: a command may replace a host symlink with a directory).
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
         let (dir, name, _) = match self.parent(rel) {
             Ok(p) => p,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)) => {
                 return Ok(None)
             }
             Err(e) => return Err(e),

@@ -237,7 +237,7 @@ impl Stage {
                     }
                 }
             };
-            let sensitive = sensitive.reason(&change.path);
+            let sensitive = sensitive.reason_for(change);
             items.push(ReviewItem {
                 change: change.clone(),
                 applied,
@@ -439,7 +439,7 @@ pub fn apply(
         .into_iter()
         .filter(|&i| {
             let change = &remaining[i];
-            let Some(reason) = options.sensitive.reason(&change.path) else { return true };
+            let Some(reason) = options.sensitive.reason_for(change) else { return true };
             let consented = options.include_sensitive
                 || match selection {
                     Selection::Paths(_) => true,
@@ -555,8 +555,15 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
     let stage = Stage::open(store, job)?;
     require_confirmed(&stage)?;
     let _lock = lock_stage(&stage.stage_dir)?;
-    let _workspace_lock = lock_workspace(&stage.workspace)?;
-    let stage = reconcile(store, job, Stage::open(store, job)?)?;
+    // A workspace that is gone can be written by nobody: nothing to lock or
+    // reconcile, and its stage can still be dropped.
+    let workspace_exists = stage.workspace.is_dir();
+    let _workspace_lock = if workspace_exists { Some(lock_workspace(&stage.workspace)?) } else { None };
+    let stage = if workspace_exists {
+        reconcile(store, job, Stage::open(store, job)?)?
+    } else {
+        Stage::open(store, job)?
+    };
     let selected = apply::select(&stage.changes, patterns)?;
     let mut report = DropReport::default();
     for i in selected {

@@ -8,6 +8,7 @@ use pvisor::effects::{self, ApplyOptions, Selection, Stage};
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
+use crate::output::{shown, shown_path};
 
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
@@ -57,7 +58,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     if !report.conflicts.is_empty() {
         writeln!(out, "refused: {} conflict(s); nothing was applied", report.conflicts.len())?;
         for (change, reason) in &report.conflicts {
-            writeln!(out, "  CONFLICT  {}: {reason}", change.path.display_escaped())?;
+            writeln!(out, "  CONFLICT  {}: {}", change.path.display_escaped(), shown(reason))?;
         }
         writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
         return Ok(REFUSED);
@@ -78,12 +79,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     for (change, error) in &report.failed {
         incomplete = true;
-        writeln!(
-            out,
-            "  FAILED    {}: {}",
-            change.path.display_escaped(),
-            pvisor_core::text::escape(error, pvisor_core::text::Tabs::Escape)
-        )?;
+        writeln!(out, "  FAILED    {}: {}", change.path.display_escaped(), shown(error))?;
     }
     let verb = if args.dry_run { "would apply" } else { "applied" };
     let mut count = 0;
@@ -115,7 +111,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     writeln!(
         out,
         "{count} change(s) applied to {}; {remaining} remaining; stage {}",
-        stage.workspace.display(),
+        shown_path(&stage.workspace),
         report.state.map_or("?", |s| s.as_str())
     )?;
     if remaining > 0 {
@@ -152,7 +148,7 @@ fn choose_interactively(
         writeln!(out)?;
         pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
         if let Some(reason) = &item.conflict {
-            writeln!(out, "CONFLICT: {reason}")?;
+            writeln!(out, "CONFLICT: {}", shown(reason))?;
         }
         if let Some(reason) = &item.sensitive {
             writeln!(out, "SENSITIVE: {reason}")?;

@@ -74,11 +74,7 @@ pub fn print_header(out: &mut impl Write, stage: &Stage, items: &[ReviewItem]) -
             s.job, s.state
         )?;
     }
-    writeln!(
-        out,
-        "workspace {}",
-        pvisor_core::text::escape(&s.workspace.to_string_lossy(), pvisor_core::text::Tabs::Escape)
-    )
+    writeln!(out, "workspace {}", crate::output::shown_path(&s.workspace))
 }
 
 fn human_size(change: &pvisor_core::records::ChangeEntry) -> String {
@@ -127,7 +123,7 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
         if let Some(reason) =
             item.conflict.as_ref().or(item.unsupported.as_ref()).filter(|_| item.remaining())
         {
-            writeln!(out, "            {reason}")?;
+            writeln!(out, "            {}", crate::output::shown(reason))?;
         }
         if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
             writeln!(out, "            SENSITIVE: {reason}; applied only when named exactly")?;

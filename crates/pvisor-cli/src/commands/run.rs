@@ -200,9 +200,9 @@ fn network_scopes(
                     };
                     eprintln!(
                         "pvisor: ignoring {} from {}: {why}, so it may only narrow the policy; `pvisor trust {}` trusts this exact file",
-                        ignored.join(" and "),
-                        ws_file.display(),
-                        ws_file.display()
+                        crate::output::shown(&ignored.join(" and ")),
+                        crate::output::shown_path(&ws_file),
+                        crate::output::shown_path(&ws_file)
                     );
                 }
                 narrow
@@ -330,7 +330,11 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     let failed_to_start =
         matches!(code, exit::CANNOT_EXECUTE | exit::NOT_FOUND | exit::PVISOR_ERROR) && result.error.is_some();
     if let Some(error) = &result.error {
-        eprintln!("pvisor: {}: {error}", if failed_to_start { "error" } else { "note" });
+        eprintln!(
+            "pvisor: {}: {}",
+            if failed_to_start { "error" } else { "note" },
+            crate::output::shown(error)
+        );
     }
     for gap in &outcome.audit_gaps {
         eprintln!("pvisor: warning: audit gap (the receipt is valid): {gap}");
@@ -357,7 +361,11 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
             format!("{} staged ({})", plural(outcome.changes.len(), "change"), parts.join(", "))
         };
         let state = ending(result.state.as_str(), result.exit_code, result.signal);
-        eprintln!("pvisor: {} {state}; {staged}; {} untouched", outcome.job, outcome.workspace.display());
+        eprintln!(
+            "pvisor: {} {state}; {staged}; {} untouched",
+            outcome.job,
+            crate::output::shown_path(&outcome.workspace)
+        );
         let job = &outcome.job;
         if outcome.changes.is_empty() {
             if result.state != ResultState::Completed {

@@ -55,7 +55,7 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
         writeln!(out, "audit      {gap}")?;
     }
     if let Some(error) = &s.error {
-        writeln!(out, "error      {error}")?;
+        writeln!(out, "error      {}", crate::output::shown(error))?;
     }
     if let Some(l) = &s.lineage {
         writeln!(out, "lineage    fork of {} (checkpoint {}, {})", l.parent_job, l.checkpoint, l.kind)?;
@@ -64,7 +64,7 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
         writeln!(out, "imported   from {origin} (read-only: review only)")?;
     }
     writeln!(out, "command    {}", shell_words(&s.program, &s.args))?;
-    writeln!(out, "workspace  {}", s.workspace.display())?;
+    writeln!(out, "workspace  {}", crate::output::shown_path(&s.workspace))?;
     writeln!(out, "run        {}  (attempt {})", s.run, s.attempt)?;
     writeln!(out, "created    {}", s.created_at)?;
     if let Some(t) = s.started_at {

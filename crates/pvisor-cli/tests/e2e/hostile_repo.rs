@@ -242,3 +242,29 @@ fn every_legal_name_applies_and_one_bad_path_does_not_stop_the_rest() {
     env.expect(&["apply", "--all"], 0);
     assert_eq!(fs::read_to_string(env.ws.join("locked/new")).unwrap(), "4\n");
 }
+
+/// A symlink put where `.vscode` or `.github` was leads editors and CI to
+/// files that are not flagged themselves: the symlink is sensitive. And a
+/// host symlink the command replaced with a directory never stops the seal
+/// (the baseline of what is beneath it is "absent", never followed).
+#[test]
+fn a_symlink_in_place_of_a_sensitive_directory_and_a_replaced_host_symlink() {
+    let env = Env::new(As::Rootless);
+    fs::create_dir_all(env.ws.join(".vscode")).unwrap();
+    fs::write(env.ws.join(".vscode/extensions.json"), "{}").unwrap();
+    fs::create_dir(env.ws.join("dir")).unwrap();
+    symlink("dir", env.ws.join("link")).unwrap();
+    env.give_away(&env.ws);
+    let script = "rm -rf .vscode && mkdir cfg && echo '{\"runOn\": \"folderOpen\"}' > cfg/tasks.json && ln -s cfg .vscode; \
+        rm link && mkdir link && touch \"link/$(printf 'n\\033[2Kx')\"; exit 0";
+    let out = env.run_sh(script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(env.status_json(None)["receipt"], "valid");
+    let out = env.pvisor(&["apply", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        fs::symlink_metadata(env.ws.join(".vscode")).unwrap().is_dir(),
+        "the .vscode symlink was applied by --all"
+    );
+    assert!(!text(&out.stdout).contains('\u{1b}') && !text(&out.stderr).contains('\u{1b}'));
+}

@@ -561,3 +561,19 @@ fn a_killed_export_leaves_no_temporary_after_the_next_export() {
     assert_eq!(temps(), 0, "the next export removed the dead one's temporary");
     env.expect(&["verify", &target_arg], 0);
 }
+
+#[test]
+fn drop_works_when_the_workspace_is_gone() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("echo x > f").status.code(), Some(0));
+    let job = only_job(&env);
+    let moved = env.dir.path().join("moved");
+    fs::rename(&env.ws, &moved).unwrap();
+    let mut cmd = env.command(&["drop", &job]);
+    cmd.current_dir(env.dir.path());
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run = fs::read_dir(env.home.join("runs")).unwrap().next().unwrap().unwrap().path();
+    let ledger = fs::read_to_string(run.join("stage/ledger.jsonl")).unwrap();
+    assert!(ledger.contains("\"path\":\"f\"") && ledger.contains("\"dropped\""), "{ledger}");
+}
