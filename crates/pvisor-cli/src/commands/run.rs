@@ -285,7 +285,13 @@ fn limits_for(
             limits.pids_is_default = false;
         }
         limits.pids = pids;
-        limits.cpus = smaller(limits.cpus, narrower.cpus);
+        // A CPU rate the kernel cannot enforce (cpu.cfs_quota_us < 1000) would
+        // replace a usable one with "not enforced": it is no narrowing.
+        let usable = narrower.cpus.filter(|c| c.is_finite() && *c >= 0.01);
+        if usable.is_none() && narrower.cpus.is_some() {
+            eprintln!("pvisor: warning: ignoring the workspace's cpus: not a rate of at least 0.01 cores");
+        }
+        limits.cpus = smaller(limits.cpus, usable);
     }
     Ok(limits)
 }
