@@ -530,12 +530,21 @@ impl OwnerLock {
     /// Takes an exclusive lock on directory `dir` itself, waiting while
     /// another process holds it. Nothing is created inside `dir`.
     pub fn acquire_directory(dir: &Path) -> Result<Self, StoreError> {
-        let file = OpenOptions::new()
+        Self::flock_blocking(Self::open_directory(dir)?, dir, libc::LOCK_EX)
+    }
+
+    /// Takes a shared lock on directory `dir` itself, waiting while another
+    /// process holds it exclusively.
+    pub fn acquire_directory_shared(dir: &Path) -> Result<Self, StoreError> {
+        Self::flock_blocking(Self::open_directory(dir)?, dir, libc::LOCK_SH)
+    }
+
+    fn open_directory(dir: &Path) -> Result<File, StoreError> {
+        OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(dir)
-            .map_err(|e| StoreError::io("open", dir, e))?;
-        Self::lock_blocking(file, dir)
+            .map_err(|e| StoreError::io("open", dir, e))
     }
 
     /// Takes a shared lock at `path`, waiting while an exclusive holder has it.

@@ -320,15 +320,30 @@ pub(crate) fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
 /// The workspace's writer lock, taken after the stage's: the preimage check
 /// and the writes of one apply happen with no other apply or drop (of any
 /// Job, from any state directory) in between, so two Jobs can never both
-/// "win" the same file. It is an `flock` on the workspace directory itself,
-/// which needs no file in the workspace and is shared by every pvisor.
-pub(crate) fn lock_workspace(workspace: &Path) -> Result<OwnerLock, EffectsError> {
-    OwnerLock::acquire_directory(workspace).map_err(|e| match e {
+/// "win" the same file. It is an exclusive `flock` on the workspace
+/// directory itself (no file in the workspace; shared by every pvisor), after
+/// shared ones on each of its ancestors, taken from `/` down: a Job whose
+/// workspace is a parent or a child of this one waits too, while sibling
+/// workspaces do not.
+pub(crate) fn lock_workspace(workspace: &Path) -> Result<Vec<OwnerLock>, EffectsError> {
+    let missing = |e: StoreError| match e {
         StoreError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             EffectsError::WorkspaceMissing { path: workspace.to_owned() }
         }
         other => other.into(),
-    })
+    };
+    let mut ancestors: Vec<&Path> = workspace.ancestors().skip(1).collect();
+    ancestors.reverse();
+    let mut locks = Vec::with_capacity(ancestors.len() + 1);
+    for dir in ancestors {
+        // An ancestor pvisor may not open (another user's home above a
+        // shared workspace) cannot hold a nested workspace of ours either.
+        if let Ok(lock) = OwnerLock::acquire_directory_shared(dir) {
+            locks.push(lock);
+        }
+    }
+    locks.push(OwnerLock::acquire_directory(workspace).map_err(missing)?);
+    Ok(locks)
 }
 
 /// Under both writer locks: records what an interrupted apply already wrote

@@ -577,3 +577,40 @@ fn drop_works_when_the_workspace_is_gone() {
     let ledger = fs::read_to_string(run.join("stage/ledger.jsonl")).unwrap();
     assert!(ledger.contains("\"path\":\"f\"") && ledger.contains("\"dropped\""), "{ledger}");
 }
+
+/// The same file through nested workspaces: a Job over the workspace and a
+/// Job over its subdirectory never both win it.
+#[test]
+fn concurrent_applies_through_nested_workspaces_never_both_win() {
+    const TRIALS: usize = 8;
+    let mut failures = Vec::new();
+    for trial in 0..TRIALS {
+        let env = Env::new(As::Rootless);
+        env.write("sub/shared", "base\n");
+        assert_eq!(env.run_sh("echo from-outer > sub/shared").status.code(), Some(0));
+        std::thread::sleep(Duration::from_millis(25));
+        let sub = env.ws.join("sub").to_string_lossy().into_owned();
+        let out = env.pvisor(&["run", "-w", &sub, "--", "sh", "-c", "echo from-inner > shared"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let jobs = job_ids(&env);
+        let children: Vec<_> = jobs
+            .iter()
+            .map(|job| {
+                env.command(&["apply", job, "--all"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let codes: Vec<Option<i32>> =
+            children.into_iter().map(|c| c.wait_with_output().unwrap().status.code()).collect();
+        let content = fs::read_to_string(env.ws.join("sub/shared")).unwrap();
+        let winners = codes.iter().filter(|c| **c == Some(0)).count();
+        if winners != 1 {
+            failures.push(format!("trial {trial}: exit codes {codes:?}, file {content:?}"));
+        }
+    }
+    eprintln!("nested workspaces: {} of {TRIALS} trials lost an update", failures.len());
+    assert!(failures.is_empty(), "{failures:#?}");
+}
