@@ -163,6 +163,8 @@ pub fn cmd_fork_execution(store: Store, args: &ForkArgs) -> anyhow::Result<i32> 
             None => suspension::find_verified(&store, &parent, &run.id, None)?,
         },
     };
+    // Held until the fork is done, as a workspace checkpoint is: gc leaves it alone.
+    let _hold = pvisor::runtime::checkpoint::hold(&store, &manifest.id)?;
     let executor = Arc::new(VmExecutor::for_checkpoint(store.root(), &manifest)?);
     if !args.run.quiet {
         eprintln!("pvisor: forking the execution of {parent} from {}", manifest.id);

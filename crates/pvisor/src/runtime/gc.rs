@@ -321,7 +321,11 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             } else if !older_than(&ckpt_dir, age) {
                 report.kept.push(keep("newer than the threshold"));
             } else {
-                free(&mut report, format!("execution checkpoint {name} of {id}"), ckpt_dir);
+                // Held exclusively while removed: no execution fork starts from it meanwhile.
+                match if dry_run { Ok(None) } else { checkpoint::try_claim(store, &name) } {
+                    Ok(None) if !dry_run => report.kept.push(keep("in use by a running execution fork")),
+                    _ => free(&mut report, format!("execution checkpoint {name} of {id}"), ckpt_dir),
+                }
             }
         }
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

@@ -67,7 +67,11 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
     if job.state.is_terminal() {
         return Ok(Killed::AlreadyEnded(job.state));
     }
-    {
+    // Withdrawing continuation comes first, but a failure to record it (a
+    // full disk a live command keeps filling) must not keep that command
+    // running: the owner is stopped regardless, then the error is returned
+    // (and `pvisor kill` retries it with the state directory's reserve).
+    let withdrawn = (|| -> Result<(), ViewError> {
         let _guard = recovery::lock_job(store, job_id)?;
         let mut job: JobRecord = store.read(&store.job_file(job_id))?;
         if job.continuation {
@@ -76,7 +80,8 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
             store.write(&store.job_file(job_id), &job)?;
             recovery::append_event(store, &job, "job.continuation_withdrawn", json!({"by": "kill"}))?;
         }
-    }
+        Ok(())
+    })();
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
     let lock = store.lock_file(&attempt);
     let mut stopped_owner = None;
@@ -92,6 +97,7 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
             }
         }
     }
+    withdrawn?;
     let state = match recovery::recover(store, job_id)? {
         Recovered::Reconciled(state) => state,
         Recovered::Live => JobState::Running,
