@@ -205,6 +205,18 @@ pub struct ResourceLimits {
     pub pids_is_default: bool,
 }
 
+impl ResourceLimits {
+    /// Whether `limit` (`memory`, `pids`, `cpus`) is pvisor's default rather
+    /// than the user's request.
+    pub fn is_default(&self, limit: &str) -> bool {
+        match limit {
+            "memory" => self.memory_is_default,
+            "pids" => self.pids_is_default,
+            _ => false,
+        }
+    }
+}
+
 fn enabled() -> bool {
     true
 }

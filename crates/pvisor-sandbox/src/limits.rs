@@ -37,11 +37,6 @@ impl Enforcement {
     pub fn enforced(&self) -> bool {
         !self.by.starts_with("not enforced")
     }
-
-    /// Whether this is pvisor's default rather than the user's request.
-    pub fn is_default(&self) -> bool {
-        self.by.contains("the default")
-    }
 }
 
 /// The cgroups made for one run, and the rlimits for the helper to set.

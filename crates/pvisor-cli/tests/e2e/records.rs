@@ -42,6 +42,21 @@ fn ledger(env: &Env, job: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// Starts `apply JOB --all` for every Job at once; returns their exit codes.
+fn apply_all_at_once(env: &Env, jobs: &[String]) -> Vec<Option<i32>> {
+    let children: Vec<_> = jobs
+        .iter()
+        .map(|job| {
+            env.command(&["apply", job, "--all"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children.into_iter().map(|c| c.wait_with_output().unwrap().status.code()).collect()
+}
+
 /// Asserts `job`'s Trace is numbered 1, 2, 3, … with no gap or repeat.
 fn assert_trace_in_order(env: &Env, job: &str) {
     let seqs: Vec<u64> = env.events(job).iter().map(|e| e["seq"].as_u64().unwrap()).collect();
@@ -61,18 +76,7 @@ fn concurrent_applies_never_both_win(who: As) {
         assert_eq!(env.run_sh("echo from-a > shared").status.code(), Some(0));
         assert_eq!(env.run_sh("echo from-b > shared").status.code(), Some(0));
         let jobs = job_ids(&env);
-        let children: Vec<_> = jobs
-            .iter()
-            .map(|job| {
-                env.command(&["apply", job, "--all"])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let codes: Vec<Option<i32>> =
-            children.into_iter().map(|c| c.wait_with_output().unwrap().status.code()).collect();
+        let codes = apply_all_at_once(&env, &jobs);
         let content = fs::read_to_string(env.ws.join("shared")).unwrap();
         let winners: Vec<usize> = (0..2).filter(|&i| codes[i] == Some(0)).collect();
         let [winner] = winners[..] else {
@@ -593,18 +597,7 @@ fn concurrent_applies_through_nested_workspaces_never_both_win() {
         let out = env.pvisor(&["run", "-w", &sub, "--", "sh", "-c", "echo from-inner > shared"]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let jobs = job_ids(&env);
-        let children: Vec<_> = jobs
-            .iter()
-            .map(|job| {
-                env.command(&["apply", job, "--all"])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let codes: Vec<Option<i32>> =
-            children.into_iter().map(|c| c.wait_with_output().unwrap().status.code()).collect();
+        let codes = apply_all_at_once(&env, &jobs);
         let content = fs::read_to_string(env.ws.join("sub/shared")).unwrap();
         let winners = codes.iter().filter(|c| **c == Some(0)).count();
         if winners != 1 {

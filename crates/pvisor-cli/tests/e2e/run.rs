@@ -196,12 +196,7 @@ fn a_terminal_reaches_the_command() {
         env.home.display(),
         bin()
     );
-    let out = Command::new("script")
-        .args(["-qec", &inner, "/dev/null"])
-        .current_dir(&env.ws)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = env.under_terminal(&inner);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("TTY-OK"), "{stdout}");
     assert!(stdout.contains("/dev/pts/"), "{stdout}");

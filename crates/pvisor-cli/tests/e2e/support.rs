@@ -219,6 +219,17 @@ impl Env {
         text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     }
 
+    /// Runs the shell command `inner` under script(1), which gives it a real
+    /// pseudo-terminal as an interactive user's shell has; returns its output.
+    pub fn under_terminal(&self, inner: &str) -> Output {
+        Command::new("script")
+            .args(["-qec", inner, "/dev/null"])
+            .current_dir(&self.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     pub fn attempt_dir(&self, status: &serde_json::Value) -> PathBuf {
         let run = status["run"].as_str().unwrap();
         self.home.join("runs").join(run).join("attempts/1")

@@ -12,7 +12,7 @@ mod support;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -330,12 +330,7 @@ fn tiocsti_cannot_type_into_the_users_shell() {
             env.home.display(),
             bin()
         );
-        let out = Command::new("script")
-            .args(["-qec", &inner, "/dev/null"])
-            .current_dir(&env.ws)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = env.under_terminal(&inner);
         let stdout = text(&out.stdout);
         assert!(stdout.contains(expect), "{flags}: {stdout}");
         assert!(stdout.contains("GOT:[]"), "{flags}: the injected line reached the user's shell: {stdout}");
@@ -428,12 +423,7 @@ fn a_background_run_cannot_read_the_terminal() {
         env.home.display(),
         bin()
     );
-    let out = std::process::Command::new("script")
-        .args(["-qec", &inner, "/dev/null"])
-        .current_dir(&env.ws)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = env.under_terminal(&inner);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("NO-TTY-STDIN"), "{stdout}");
 }
@@ -458,12 +448,7 @@ fn the_command_never_holds_the_users_terminal_on_any_descriptor() {
     ] {
         let pvisor = format!("PVISOR_HOME={} {} run -q -- sh probe.sh", env.home.display(), bin());
         let inner = launch.replace("{pvisor}", &pvisor);
-        let out = std::process::Command::new("script")
-            .args(["-qec", &inner, "/dev/null"])
-            .current_dir(&env.ws)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = env.under_terminal(&inner);
         let stdout = text(&out.stdout);
         for attack in ["TTY-ON-", "CHANGED-MODES", "READ-THROUGH"] {
             assert!(!stdout.contains(attack), "{label}: {attack}: {stdout}");
@@ -533,6 +518,17 @@ fn another_state_directory_and_its_vm_control_socket_are_out_of_reach() {
     assert!(hidden, "the other state directory is hidden and recorded");
 }
 
+/// The last run failed as its command did, with a valid receipt and `changes` staged.
+fn sealed_with_receipt(env: &Env, changes: u64) {
+    let status = env.status_json(None);
+    assert_eq!(
+        (status["state"].as_str(), status["receipt"].as_str()),
+        (Some("failed"), Some("valid")),
+        "{status}"
+    );
+    assert_eq!(status["changes"], changes, "{status}");
+}
+
 /// A command cannot make its own run impossible to seal: directories and
 /// files it made unreadable, and a tree deeper than PATH_MAX, are sealed,
 /// the exit code and receipt are recorded, apply and gc still work.
@@ -544,13 +540,7 @@ fn sealing_cannot_be_blocked(who: As) {
     let out = env
         .run_sh("mkdir -p a/b && echo x > a/b/f && echo y > secret && chmod 000 a/b/f a/b a secret; exit 3");
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    let status = env.status_json(None);
-    assert_eq!(
-        (status["state"].as_str(), status["receipt"].as_str()),
-        (Some("failed"), Some("valid")),
-        "{status}"
-    );
-    assert_eq!(status["changes"], 4, "{status}");
+    sealed_with_receipt(&env, 4);
     env.expect(&["apply", "--all"], 0);
     let mode = |rel: &str| fs::symlink_metadata(env.ws.join(rel)).unwrap().permissions().mode() & 0o7777;
     use std::os::unix::fs::PermissionsExt;
@@ -562,13 +552,7 @@ fn sealing_cannot_be_blocked(who: As) {
     std::thread::sleep(Duration::from_millis(25));
     let out = env.pvisor(&["run", "--", "/usr/bin/python3", "deep.py"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    let status = env.status_json(None);
-    assert_eq!(
-        (status["state"].as_str(), status["receipt"].as_str()),
-        (Some("failed"), Some("valid")),
-        "{status}"
-    );
-    assert_eq!(status["changes"], 221, "{status}");
+    sealed_with_receipt(&env, 221);
     // Its stage (and the unreadable one's) can be freed with pvisor alone.
     let gc = env.pvisor(&["gc", "--force", "--older-than", "0s", "--json"]);
     assert_eq!(gc.status.code(), Some(0), "{}", text(&gc.stdout));

@@ -219,7 +219,7 @@ impl Session {
                     // about; pvisor's own default is recorded (attempt.limits,
                     // the Bundle) and shown by `pvisor doctor`, not on every run.
                     for l in &limits {
-                        if !l.enforced() && !l.is_default() {
+                        if !l.enforced() && !self.spec.limits.is_default(&l.limit) {
                             self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
                         }
                     }
