@@ -96,6 +96,22 @@ fn config_files_that_are_not_regular_files_are_refused_before_anything_runs() {
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "{target}: pvisor read from it");
     }
     let _ = fs::remove_file(env.ws.join(".pvisor.toml"));
+    // A FIFO (which would block a plain open) and a directory.
+    for (what, make) in [("a FIFO", "mkfifo"), ("a directory", "mkdir")] {
+        assert!(std::process::Command::new(make)
+            .arg(env.ws.join(".pvisor.toml"))
+            .status()
+            .unwrap()
+            .success());
+        env.give_away(&env.ws);
+        let started = std::time::Instant::now();
+        let out = env.pvisor(&["run", "--", "true"]);
+        assert_eq!(out.status.code(), Some(125), "{what}");
+        assert!(text(&out.stderr).contains(what), "{what}: {}", text(&out.stderr));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{what}: pvisor blocked on it");
+        let _ = fs::remove_file(env.ws.join(".pvisor.toml"));
+        let _ = fs::remove_dir(env.ws.join(".pvisor.toml"));
+    }
     fs::write(env.ws.join(".pvisor.toml"), vec![b'#'; 100_000]).unwrap();
     let out = env.pvisor(&["run", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
@@ -147,7 +163,14 @@ fn sensitive_paths_need_consent(who: As) {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("skipped"), "{}", text(&out.stdout));
     assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), "fine\n");
-    for path in [".git/hooks/pre-commit", ".git/config", ".envrc", ".pvisor.toml", ".vscode/tasks.json"] {
+    for path in [
+        ".git/hooks/pre-commit",
+        ".git/config",
+        ".envrc",
+        ".pvisor.toml",
+        ".vscode/tasks.json",
+        ".github/workflows/ci.yml",
+    ] {
         assert!(!env.ws.join(path).exists(), "{path} was applied by --all");
     }
     // A glob or a directory does not sweep them in either.
@@ -262,6 +285,7 @@ fn a_symlink_in_place_of_a_sensitive_directory_and_a_replaced_host_symlink() {
     assert_eq!(env.status_json(None)["receipt"], "valid");
     let out = env.pvisor(&["apply", "--all"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("SENSITIVE .vscode"), "skipped as sensitive: {}", text(&out.stdout));
     assert!(
         fs::symlink_metadata(env.ws.join(".vscode")).unwrap().is_dir(),
         "the .vscode symlink was applied by --all"

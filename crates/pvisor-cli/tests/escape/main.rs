@@ -384,6 +384,16 @@ print("FAMILIES-OK")
     assert_eq!(stdout.matches("refused 1\n").count(), 18, "every call refused with EPERM: {stdout}");
     assert_eq!(stdout.matches("refused 97\n").count(), 8, "other socket families: EAFNOSUPPORT: {stdout}");
     assert!(stdout.contains("FAMILIES-OK"), "unix, inet, inet6 and netlink still work: {stdout}");
+    // Positive control: the refusal is the filter's, not a missing module:
+    // as root the host itself creates at least one of these families.
+    if is_root() {
+        let host = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", "import ctypes\nlibc = ctypes.CDLL(None)\nprint(sum(libc.socket(f, t, 0) >= 0 for f in (40, 17, 31, 38, 15, 44, 29) for t in (1, 2, 3)))"])
+            .output()
+            .unwrap();
+        let creatable: u32 = text(&host.stdout).trim().parse().unwrap_or(0);
+        assert!(creatable > 0, "no probed family exists on this host: the check would prove nothing");
+    }
     assert!(
         stdout.contains("x32_keyctl refused 38"),
         "the x32 ABI is closed, not a way around the filter: {stdout}"
@@ -499,6 +509,12 @@ fn another_state_directory_and_its_vm_control_socket_are_out_of_reach() {
         "cat {stage_glob} 2>/dev/null; ls {} 2>/dev/null | grep -q runs && echo LISTED-OTHER; {connect} true",
         other.display()
     );
+    // Positive control: outside a sandbox the same script does reach it all.
+    let unsandboxed = text(&std::process::Command::new("sh").args(["-c", &script]).output().unwrap().stdout);
+    assert!(unsandboxed.contains("STAGED-SECRET") && unsandboxed.contains("LISTED-OTHER"), "{unsandboxed}");
+    if socket.is_some() {
+        assert!(unsandboxed.contains("CONNECTED-TO-CONTROL"), "{unsandboxed}");
+    }
     let out = env.pvisor(&["run", "-q", "--", "sh", "-c", &script]);
     let stdout = text(&out.stdout);
     if let Some(mut vm) = vm {
