@@ -174,6 +174,11 @@ pub struct RunOptions {
     /// Show a path that is hidden by default (e.g. --expose ~/.npmrc). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub expose: Vec<PathBuf>,
+    /// Let the command connect to one host Unix socket (e.g. --expose-socket
+    /// "$SSH_AUTH_SOCK"). Every other host socket is unreachable. Recorded in
+    /// the Trace. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub expose_socket: Vec<PathBuf>,
     /// Pass a variable whose name looks secret (*_TOKEN, *_SECRET, *_PASSWORD,
     /// *_API_KEY, AWS_*, SSH_AUTH_SOCK are removed otherwise). Repeatable.
     #[arg(long = "env", value_name = "NAME")]

@@ -181,6 +181,9 @@ pub struct EffectivePolicy {
     pub kill_grace_ms: u64,
     /// Paths hidden from the sandbox (replaced by empty directories).
     pub hidden_paths: Vec<PathBuf>,
+    /// Host Unix sockets the command may connect to (`--expose-socket`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_sockets: Vec<PathBuf>,
     /// Whether the command runs under pvisor's seccomp deny-list.
     #[serde(default = "enabled")]
     pub seccomp: bool,

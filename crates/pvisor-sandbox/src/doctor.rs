@@ -61,6 +61,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         work: stage.join("work"),
         root_mount: stage.join("root"),
         hidden: Vec::new(),
+        exposed_sockets: Vec::new(),
         program: "sh".into(),
         args: vec!["-c".into(), "echo probe > probe-file".into()],
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],

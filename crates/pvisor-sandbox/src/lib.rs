@@ -40,6 +40,10 @@ pub struct SandboxSpec {
     pub root_mount: PathBuf,
     /// Host directories the sandbox must not see (replaced by empty directories).
     pub hidden: Vec<PathBuf>,
+    /// Host Unix sockets the command may connect to (`--expose-socket`);
+    /// every other host socket is unreachable (see `ns/host_view.rs`).
+    #[serde(default)]
+    pub exposed_sockets: Vec<PathBuf>,
     pub program: String,
     pub args: Vec<String>,
     /// The complete environment of the command.

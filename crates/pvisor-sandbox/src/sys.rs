@@ -146,8 +146,9 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Sets mount attributes on `path` and, recursively, every mount below it.
-pub(crate) fn mount_setattr_recursive(path: &Path, attr_set: u64) -> io::Result<()> {
+/// Sets mount attributes on the mount at `path` (and every mount below it,
+/// when `recursive`).
+pub(crate) fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
     let target = cpath(path)?;
     let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     // SAFETY: a valid path, AT_RECURSIVE, and a correctly sized mount_attr.
@@ -156,7 +157,7 @@ pub(crate) fn mount_setattr_recursive(path: &Path, attr_set: u64) -> io::Result<
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             target.as_ptr(),
-            libc::AT_RECURSIVE,
+            if recursive { libc::AT_RECURSIVE } else { 0 },
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -166,6 +167,19 @@ pub(crate) fn mount_setattr_recursive(path: &Path, attr_set: u64) -> io::Result<
 
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// Opens `path` as an `O_PATH` directory descriptor (close-on-exec).
+pub(crate) fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
 
 /// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS), with one data byte.
 pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {

@@ -70,6 +70,44 @@ pub struct SecretPolicy {
     /// Other pvisor state directories (their stages, records and VM
     /// control sockets): hidden like this run's own, and never exposable.
     pub other_state_dirs: Vec<PathBuf>,
+    /// Host Unix sockets the command may connect to (`--expose-socket`);
+    /// every other one is unreachable.
+    pub expose_sockets: Vec<PathBuf>,
+}
+
+/// Resolves and checks each `--expose-socket` path: it must be a host Unix
+/// socket, and never one of pvisor's own (a state directory's control sockets).
+fn exposable_sockets(
+    secrets: &SecretPolicy,
+    state: &Path,
+    workspace: &Path,
+) -> Result<Vec<PathBuf>, AdmissionError> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut sockets = Vec::new();
+    for path in &secrets.expose_sockets {
+        let problem = |problem| AdmissionError::ExposeSocket { path: path.clone(), problem };
+        let real = std::fs::canonicalize(path)
+            .map_err(|_| problem("no such socket; give the path of a listening Unix socket"))?;
+        let meta = std::fs::metadata(&real).map_err(|_| problem("cannot be inspected"))?;
+        if !meta.file_type().is_socket() {
+            return Err(problem("is not a Unix socket"));
+        }
+        if real.starts_with(state) || secrets.other_state_dirs.iter().any(|d| real.starts_with(d)) {
+            return Err(problem(
+                "is inside a pvisor state directory; pvisor's own sockets are never exposed",
+            ));
+        }
+        if real.starts_with(workspace) {
+            return Err(problem("is inside the workspace, which the sandbox sees through its overlay; give a socket outside it"));
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        if !sockets.contains(&real) {
+            sockets.push(real);
+        }
+    }
+    Ok(sockets)
 }
 
 /// Secret stores hidden by default, relative to the home directory: cloud,
@@ -178,6 +216,8 @@ pub enum AdmissionError {
     CwdOutsideWorkspace { cwd: PathBuf, workspace: PathBuf },
     #[error("Path {} is not valid UTF-8; pvisor records paths as text", path.display())]
     NonUtf8Path { path: PathBuf },
+    #[error("--expose-socket {}: {problem}", path.display())]
+    ExposeSocket { path: PathBuf, problem: &'static str },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
     #[error("Invalid network policy in {0}")]
@@ -352,6 +392,8 @@ pub fn admit(
         hidden_secrets.push((real, reason));
     }
 
+    let exposed_sockets = exposable_sockets(&request.secrets, &state, &workspace)?;
+
     let now = Timestamp::now();
     let job_id = JobId::generate();
     let run_id = RunId::generate();
@@ -370,6 +412,7 @@ pub fn admit(
         hidden_paths: std::iter::once(state.clone())
             .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
             .collect(),
+        exposed_sockets: exposed_sockets.clone(),
     };
     let placement = Placement {
         executor: executor.to_owned(),
@@ -511,6 +554,15 @@ pub fn admit(
             false,
         )?;
     }
+    for path in &exposed_sockets {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "expose.socket", "path": path, "reason": "--expose-socket"}),
+            false,
+        )?;
+    }
     for name in &scrubbed {
         trace.emit(
             "admission.rewrite",
@@ -548,6 +600,7 @@ pub fn admit(
         work: stage.join("work"),
         root_mount: stage.join("root"),
         hidden: policy.hidden_paths.clone(),
+        exposed_sockets,
         program: request.program,
         args: request.args,
         env,
@@ -678,6 +731,7 @@ pub fn admit_resume(
         work: stage.join("work"),
         root_mount: stage.join("root"),
         hidden: operation.policy.hidden_paths.clone(),
+        exposed_sockets: operation.policy.exposed_sockets.clone(),
         program: operation.program.clone(),
         args: operation.args.clone(),
         // The command's environment lives on inside the restored guest.

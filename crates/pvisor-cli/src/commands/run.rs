@@ -78,6 +78,7 @@ pub fn execute(
             expose: options.expose.clone(),
             pass_env: options.env.clone(),
             other_state_dirs: super::other_state_dirs(&store),
+            expose_sockets: options.expose_socket.clone(),
         },
         fork,
         fork_execution,

@@ -592,3 +592,114 @@ fn sealing_cannot_be_blocked_as_root() {
 fn sealing_cannot_be_blocked_rootless() {
     sealing_cannot_be_blocked(As::Rootless);
 }
+
+/// A host service listening on a Unix socket in a world-writable, read-only
+/// (to the sandbox) place: `connect(2)` and `sendto(2)` ignore read-only
+/// mounts, so only the overlay view stops them (`ns/host_view.rs`).
+const SOCKET_SERVER: &str = r#"
+import os, socket, sys, time
+d = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind(d + '/stream.sock'); s.listen(64)
+g = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); g.bind(d + '/dgram.sock')
+q = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); q.bind(d + '/seqpacket.sock'); q.listen(64)
+for name in ('stream', 'dgram', 'seqpacket'):
+    os.chmod(d + '/' + name + '.sock', 0o777)
+open(d + '/ready', 'w').close()
+time.sleep(120)
+"#;
+
+const SOCKET_PROBE: &str = r#"
+import socket, sys
+d = sys.argv[1]
+for kind, name in ((socket.SOCK_STREAM, 'stream'), (socket.SOCK_SEQPACKET, 'seqpacket')):
+    s = socket.socket(socket.AF_UNIX, kind)
+    try:
+        s.connect(d + '/' + name + '.sock'); print('ESCAPED-' + name)
+    except OSError as e:
+        print(name, 'refused', e.errno)
+g = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    g.sendto(b'x', d + '/dgram.sock'); print('ESCAPED-dgram')
+except OSError as e:
+    print('dgram refused', e.errno)
+"#;
+
+fn host_sockets_are_unreachable(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    // Outside the workspace and outside /tmp and /run (which the sandbox gets
+    // fresh): a directory the sandbox sees read-only.
+    let service = tempfile::Builder::new().prefix("pvisor-escape-").tempdir_in("/var/tmp").unwrap();
+    let dir = service.path().to_owned();
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut server = std::process::Command::new("python3")
+        .args(["-c", SOCKET_SERVER, dir.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || dir.join("ready").exists()), "the server never started");
+    env.write("probe.py", SOCKET_PROBE);
+    let probe = |extra: &[&str]| {
+        let mut args = vec!["run", "-q"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/usr/bin/python3", "probe.py", dir.to_str().unwrap()]);
+        let out = env.pvisor(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // Positive control: the same probe outside a sandbox reaches all three.
+    let bare = std::process::Command::new("python3")
+        .args(["-c", SOCKET_PROBE, dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(text(&bare.stdout).matches("ESCAPED").count(), 3, "{}", text(&bare.stdout));
+
+    let sandboxed = probe(&[]);
+    // ECONNREFUSED: the overlay's copy of the socket has no listener (not a
+    // permission error, which the exposed case below rules out).
+    assert_eq!(sandboxed.matches(" refused 111").count(), 3, "{sandboxed}");
+    assert!(!sandboxed.contains("ESCAPED"), "{sandboxed}");
+    // --expose-socket lets exactly the named one through, and says so.
+    let stream = dir.join("stream.sock");
+    let exposed = probe(&["--expose-socket", stream.to_str().unwrap()]);
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(exposed.contains("ESCAPED-stream"), "{exposed}");
+    assert!(!exposed.contains("ESCAPED-seqpacket") && !exposed.contains("ESCAPED-dgram"), "{exposed}");
+    let events = env.events(&job);
+    assert!(
+        events.iter().any(|e| e["type"] == "admission.rewrite"
+            && e["data"]["rewrite"] == "expose.socket"
+            && e["data"]["path"] == stream.to_str().unwrap()),
+        "the exposure is not in the Trace"
+    );
+    let facts = events.iter().find(|e| e["type"] == "attempt.ns").expect("attempt.ns");
+    assert_eq!(facts["data"]["sockets_reachable_under"], serde_json::json!([]), "{facts}");
+}
+
+#[test]
+fn host_sockets_are_unreachable_as_root() {
+    host_sockets_are_unreachable(As::Root);
+}
+
+#[test]
+fn host_sockets_are_unreachable_rootless() {
+    host_sockets_are_unreachable(As::Rootless);
+}
+
+#[test]
+fn exposing_a_non_socket_or_pvisors_own_socket_is_refused() {
+    let env = Env::new(As::Rootless);
+    let file = env.dir.path().join("plain");
+    fs::write(&file, "").unwrap();
+    for (path, says) in [
+        (file.to_str().unwrap().to_owned(), "is not a Unix socket"),
+        ("/nonexistent/agent.sock".to_owned(), "no such socket"),
+    ] {
+        let out = env.pvisor(&["run", "--expose-socket", &path, "--", "true"]);
+        assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+    }
+}

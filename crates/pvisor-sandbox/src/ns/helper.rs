@@ -275,9 +275,10 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
             .report_and_exit();
         }
     }
-    if let Err(e) = mounts::assemble(&spec.sandbox) {
-        e.report_and_exit();
-    }
+    let view = match mounts::assemble(&spec.sandbox) {
+        Ok(view) => view,
+        Err(e) => e.report_and_exit(),
+    };
     if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| attach_network(spec.sandbox.network)) {
         e.report_and_exit();
     }
@@ -300,7 +301,9 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
             Err(e) => e.report_and_exit(),
         }
     }
-    Report::Ready.send();
+    // Bounded so the report stays one atomic pipe write.
+    let sockets_reachable = view.sockets_reachable.into_iter().take(16).collect();
+    Report::Ready { sockets_reachable }.send();
 
     // SAFETY: init is single-threaded, so the child may run arbitrary code.
     let child = unsafe { libc::fork() };

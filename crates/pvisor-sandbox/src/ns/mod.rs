@@ -7,6 +7,7 @@
 
 pub(crate) mod diagnose;
 mod helper;
+mod host_view;
 mod mounts;
 mod protocol;
 mod seccomp;
@@ -126,9 +127,12 @@ impl Executor for NsExecutor {
             signaller: Signaller::pidfd(Arc::new(pidfd)),
             relay: None,
             output_relays,
+            sockets_reachable: Vec::new(),
+            exposed_sockets: spec.exposed_sockets.clone(),
         };
         match process.next_report()? {
-            Some(Report::Ready) => {
+            Some(Report::Ready { sockets_reachable }) => {
+                process.sockets_reachable = sockets_reachable;
                 if let crate::NetworkAttachment::ProxyListener { .. } = spec.network {
                     let fd = sys::recv_fd(process.fd_pass.as_raw_fd())
                         .map_err(|e| {
@@ -225,6 +229,9 @@ struct NsProcess {
     relay: Option<terminal::Relay>,
     /// Copies of the command's stdout/stderr to the user's terminal.
     output_relays: Vec<terminal::PipeRelay>,
+    /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
+    sockets_reachable: Vec<std::path::PathBuf>,
+    exposed_sockets: Vec<std::path::PathBuf>,
 }
 
 impl NsProcess {
@@ -273,6 +280,19 @@ impl SandboxProcess for NsProcess {
         self.proxy_listener.take()
     }
 
+    fn facts(&self) -> Option<serde_json::Value> {
+        let host_sockets = if self.sockets_reachable.is_empty() {
+            "unreachable: every host filesystem is shown through a read-only overlay"
+        } else {
+            "reachable under the listed mounts, which the kernel would not show through an overlay"
+        };
+        Some(serde_json::json!({
+            "host_sockets": host_sockets,
+            "sockets_reachable_under": self.sockets_reachable,
+            "exposed_sockets": self.exposed_sockets,
+        }))
+    }
+
     fn wait(mut self: Box<Self>) -> Result<ExitReport, SandboxError> {
         let mut exec_error = None;
         let mut exit = None;
@@ -295,7 +315,7 @@ impl SandboxProcess for NsProcess {
                     self.restore_terminal();
                     return Err(SandboxError::Setup { step, message, hint });
                 }
-                Report::Ready => {}
+                Report::Ready { .. } => {}
             }
         }
         let status = self.child.wait().map_err(SandboxError::Wait)?;

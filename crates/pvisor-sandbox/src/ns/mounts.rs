@@ -1,7 +1,9 @@
 //! Assembles the sandbox's filesystem inside init's new mount namespace.
 //!
 //! The result, after `pivot_root`:
-//! - `/` is a recursive bind of the host root, read-only and nosuid;
+//! - `/` shows the host's filesystems read-only, nosuid and nodev, each as an
+//!   overlay of itself so no host Unix socket can be connected to
+//!   (`host_view.rs`);
 //! - the workspace path is an overlayfs (lower = the live workspace,
 //!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
 //! - `/tmp`, `/run` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
@@ -18,23 +20,15 @@ use std::io;
 use std::path::Path;
 
 use super::helper::{under, StepError};
+use super::host_view::{self, HostView};
 use crate::sys;
 use crate::SandboxSpec;
 
-pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
+pub(crate) fn assemble(spec: &SandboxSpec) -> Result<HostView, StepError> {
     let root = spec.root_mount.as_path();
     sys::mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(|e| mount_err("mount-namespace", "make / private", e))?;
-    sys::mount(Some("/"), root, None, libc::MS_BIND | libc::MS_REC, None)
-        .map_err(|e| mount_err("root", "bind the host root", e))?;
-    sys::mount_setattr_recursive(root, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID).map_err(|e| {
-        let err = mount_err("root", "make the host root read-only", e);
-        if err.message.contains("os error 38") {
-            err.hint("mount_setattr(2) needs Linux 5.12 or newer")
-        } else {
-            err
-        }
-    })?;
+    let view = host_view::assemble(root)?;
 
     tmpfs(&under(root, Path::new("/tmp")), "mode=1777", 0)?;
     private_run(root)?;
@@ -59,6 +53,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
     for hidden in &spec.hidden {
         hide(&under(root, hidden))?;
     }
+    host_view::expose_sockets(root, &spec.exposed_sockets)?;
 
     let enter = |what: &str, e: io::Error| mount_err("pivot-root", what, e);
     std::env::set_current_dir(root).map_err(|e| enter("enter the new root", e))?;
@@ -70,7 +65,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<(), StepError> {
     let rc = unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) };
     sys::check(rc.into()).map_err(|e| enter("detach the host root", e))?;
     std::env::set_current_dir("/").map_err(|e| enter("enter /", e))?;
-    Ok(())
+    Ok(view)
 }
 
 /// Parts of a fresh /proc that reach the host kernel itself. Sysctl writes are
@@ -200,7 +195,7 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
 
 /// Escapes a path for overlayfs's option string, where `,` separates options,
 /// `:` separates lower layers and `\` escapes.
-fn escape_overlay_path(path: &Path) -> String {
+pub(crate) fn escape_overlay_path(path: &Path) -> String {
     let mut out = String::new();
     for c in path.to_string_lossy().chars() {
         if matches!(c, '\\' | ',' | ':') {

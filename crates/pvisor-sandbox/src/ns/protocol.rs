@@ -28,7 +28,12 @@ pub(crate) enum Report {
     /// A setup step failed; the command was never started.
     SetupError { step: String, message: String, hint: Option<String> },
     /// The sandbox is assembled and the command is about to be executed.
-    Ready,
+    /// `sockets_reachable` lists host mounts shown without the socket-proof
+    /// overlay (see `host_view.rs`).
+    Ready {
+        #[serde(default)]
+        sockets_reachable: Vec<std::path::PathBuf>,
+    },
     /// execve(2) of the program failed inside the sandbox.
     ExecError { program: String, errno: i32 },
     /// The command ended; rusage sums every process init reaped.

@@ -211,7 +211,8 @@ impl Session {
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
                 if let Some(facts) = facts {
-                    self.record_best_effort("attempt.vm", facts);
+                    let kind = format!("attempt.{}", self.executor.name());
+                    self.record_best_effort(&kind, facts);
                 }
                 if !limits.is_empty() {
                     self.record_best_effort("attempt.limits", json!({"limits": limits}));
