@@ -47,8 +47,10 @@ fn check(
     Check { name: name.into(), status, detail: detail.into(), fix, essential }
 }
 
-/// Runs `true` in a real sandbox over a scratch workspace under `scratch`.
-pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
+/// Runs `true` in a real sandbox over a scratch workspace under `scratch`;
+/// returns the host mounts whose Unix sockets stay reachable (see
+/// `ns/host_view.rs`).
+pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, String> {
     let ws = scratch.join("ws");
     let stage = scratch.join("stage");
     for dir in [&ws, &stage.join("upper"), &stage.join("work"), &stage.join("root")] {
@@ -75,9 +77,13 @@ pub fn probe_sandbox(scratch: &Path) -> Result<(), String> {
         Some(hint) => format!("{e} (fix: {hint})"),
         None => e.to_string(),
     })?;
+    let reachable = process
+        .facts()
+        .and_then(|f| serde_json::from_value(f["sockets_reachable_under"].clone()).ok())
+        .unwrap_or_default();
     let report = process.wait().map_err(|e| e.to_string())?;
     match report.termination {
-        Termination::Exited(0) if stage.join("upper/probe-file").is_file() => Ok(()),
+        Termination::Exited(0) if stage.join("upper/probe-file").is_file() => Ok(reachable),
         other => Err(format!("the probe command did not stage its file ({other:?})")),
     }
 }
@@ -88,7 +94,7 @@ pub fn maybe_run_probe() {
     if args.next().is_some_and(|a| a == PROBE_ARG) {
         let dir = PathBuf::from(args.next().unwrap_or_default());
         match probe_sandbox(&dir) {
-            Ok(()) => std::process::exit(0),
+            Ok(_) => std::process::exit(0),
             Err(e) => {
                 println!("{e}");
                 std::process::exit(1)
@@ -223,16 +229,19 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let who = if root { "as root" } else { "rootless" };
-    checks.push(match probe_sandbox(&scratch) {
-        Ok(()) => check(
-            &format!("sandbox ({who})"),
-            Status::Ok,
-            "namespaces, read-only root, overlay workspace and staging work",
-            None,
-            true,
-        ),
-        Err(e) => check(&format!("sandbox ({who})"), Status::Missing, e, None, true),
-    });
+    match probe_sandbox(&scratch) {
+        Ok(reachable) => {
+            checks.push(check(
+                &format!("sandbox ({who})"),
+                Status::Ok,
+                "namespaces, read-only root, overlay workspace and staging work",
+                None,
+                true,
+            ));
+            checks.push(host_sockets(&reachable));
+        }
+        Err(e) => checks.push(check(&format!("sandbox ({who})"), Status::Missing, e, None, true)),
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     if root {
         let dir = std::env::temp_dir().join(format!("pvisor-doctor-rootless-{}", std::process::id()));
@@ -275,6 +284,28 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
     checks.push(qemu());
     checks.push(vm_image());
     checks
+}
+
+fn host_sockets(reachable: &[String]) -> Check {
+    if reachable.is_empty() {
+        return check(
+            "host sockets",
+            Status::Ok,
+            "unreachable: every host filesystem is shown through a read-only overlay (--expose-socket lets one through)",
+            None,
+            false,
+        );
+    }
+    check(
+        "host sockets",
+        Status::Missing,
+        format!(
+            "reachable under {}: the kernel would not take these mounts as overlay layers, so they are bound read-only and their sockets answer connect(2)",
+            reachable.join(", ")
+        ),
+        Some("keep host services' sockets off these filesystems, or --hide the directories that hold them".into()),
+        false,
+    )
 }
 
 fn cgroups() -> Check {

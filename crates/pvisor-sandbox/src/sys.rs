@@ -238,3 +238,52 @@ pub(crate) fn recv_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
         Ok(Some(OwnedFd::from_raw_fd(fd)))
     }
 }
+
+/// The peer of a connected Unix socket: `(pid, uid)` from `SO_PEERCRED`, the
+/// pid as this process's pid namespace sees it.
+pub(crate) fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::uid_t)> {
+    // SAFETY: zeroed ucred is a valid out-parameter.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket, out-pointer and length.
+    let rc = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
+    check(rc.into())?;
+    Ok((cred.pid, cred.uid))
+}
+
+/// Whether `pid` shares this process's user and mount namespaces: it is not
+/// inside any sandbox (each has its own of both).
+pub(crate) fn shares_namespaces(pid: libc::pid_t) -> bool {
+    ["user", "mnt"].iter().all(|ns| {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"));
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}"));
+        matches!((theirs, ours), (Ok(a), Ok(b)) if a == b)
+    })
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::*;
+
+    #[test]
+    fn a_process_in_other_namespaces_is_not_taken_for_a_host_peer() {
+        // SAFETY: getpid has no preconditions.
+        assert!(shares_namespaces(unsafe { libc::getpid() }));
+        let mut child = match std::process::Command::new("unshare").args(["-Urm", "sleep", "5"]).spawn() {
+            Ok(child) => child,
+            Err(e) => return eprintln!("skipped: no unshare ({e})"),
+        };
+        let pid = child.id() as libc::pid_t;
+        let moved = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()
+                != std::fs::read_link("/proc/self/ns/user").ok()
+        });
+        let shares = shares_namespaces(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(moved && !shares);
+    }
+}

@@ -1100,6 +1100,10 @@ fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
     std::thread::Builder::new().name("pvisor-vm-control".into()).spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
+            if !trusted_peer(&stream) {
+                // Dropped unanswered: nothing about the VM reaches a stranger.
+                continue;
+            }
             let conn = shared.clone();
             let _ = std::thread::Builder::new().name("pvisor-vm-control-conn".into()).spawn(move || {
                 let _ = handle_control(&conn, stream);
@@ -1110,6 +1114,20 @@ fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
         }
     })?;
     Ok(())
+}
+
+/// The control socket answers only the user who owns the Attempt (or root),
+/// from outside every sandbox: a process in another user or mount namespace
+/// than the supervisor's (a sandboxed command that somehow reached the
+/// socket) is refused, whatever its uid. The socket also lives in the state
+/// directory, which every sandbox has hidden.
+fn trusted_peer(stream: &UnixStream) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let own = unsafe { libc::geteuid() };
+    match crate::sys::peer_credentials(stream.as_raw_fd()) {
+        Ok((pid, uid)) => (uid == own || uid == 0) && pid > 0 && crate::sys::shares_namespaces(pid),
+        Err(_) => false,
+    }
 }
 
 fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
