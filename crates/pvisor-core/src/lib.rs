@@ -10,10 +10,12 @@
 //! - [`store`]: the on-disk layout and the only sanctioned way to write durable
 //!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
 //!
-//! - [`text`]: untrusted names and contents made safe for a terminal.
+//! - [`text`]: untrusted names and contents made safe for a terminal;
+//! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies.
 //!
 //! It never prints, exits, or reads user configuration.
 
+pub mod digest;
 pub mod event;
 pub mod failpoint;
 pub mod ids;

@@ -247,7 +247,13 @@ pub(crate) fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::ui
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: a valid socket, out-pointer and length.
     let rc = unsafe {
-        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
     };
     check(rc.into())?;
     Ok((cred.pid, cred.uid))

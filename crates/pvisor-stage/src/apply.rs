@@ -341,13 +341,13 @@ fn apply_one(
     match change.entry {
         EntryType::None => ws.remove_all(rel).map_err(io("remove")),
         EntryType::File => {
-            let mut staged = upper.open_file(rel).map_err(io("read the staged"))?;
+            let staged = upper.open_file(rel).map_err(io("read the staged"))?;
             let mut mode = change.mode;
             if mode & 0o6000 != 0 {
                 warnings.push(format!("{}: setuid/setgid bits dropped", change.path.display_escaped()));
                 mode &= !0o6000;
             }
-            ws.write_file(rel, &mut staged, mode, change.blake3.as_deref()).map_err(io("write")).map(|_| ())
+            ws.write_file(rel, &staged, mode, change.blake3.as_deref()).map_err(io("write")).map(|_| ())
         }
         EntryType::Symlink => {
             let target = upper.read_link(rel).map_err(io("read the staged link"))?;

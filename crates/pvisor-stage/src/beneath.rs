@@ -15,7 +15,9 @@
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io;
+
+use pvisor_core::digest::Contents;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
@@ -28,11 +30,6 @@ use std::path::{Component, Path};
 pub struct Root {
     fd: OwnedFd,
     last_parent: std::cell::RefCell<Option<(std::path::PathBuf, std::rc::Rc<OwnedFd>)>>,
-}
-
-thread_local! {
-    /// One copy buffer per thread, reused by every file written.
-    static COPY_BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 128 * 1024]);
 }
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
@@ -310,7 +307,7 @@ impl Root {
     pub fn write_file(
         &self,
         rel: &Path,
-        contents: &mut dyn Read,
+        contents: &(impl Contents + ?Sized),
         mode: u32,
         expect: Option<&str>,
     ) -> io::Result<String> {
@@ -338,23 +335,10 @@ impl Root {
             other => other?,
         };
         // SAFETY: openat returned a fresh descriptor.
-        let mut file = unsafe { File::from_raw_fd(fd as RawFd) };
+        let file = unsafe { File::from_raw_fd(fd as RawFd) };
         let result = (|| {
-            let digest = COPY_BUFFER.with(|buf| -> io::Result<String> {
-                let mut buf = buf.borrow_mut();
-                let mut hasher = blake3::Hasher::new();
-                loop {
-                    let n = match contents.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    };
-                    hasher.update(&buf[..n]);
-                    file.write_all(&buf[..n])?;
-                }
-                Ok(hasher.finalize().to_hex().to_string())
-            })?;
+            // Zero blocks stay holes: a sparse file is applied sparse.
+            let digest = pvisor_core::digest::copy_sparse(contents, &file)?;
             if let Some(expected) = expect {
                 if digest != expected {
                     return Err(io::Error::new(
@@ -535,13 +519,13 @@ mod tests {
         let root_dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), root_dir.path().join("evil")).unwrap();
         let root = Root::open(root_dir.path()).unwrap();
-        let err = root.write_file(Path::new("evil/pwned"), &mut &b"x"[..], 0o644, None).unwrap_err();
+        let err = root.write_file(Path::new("evil/pwned"), &b"x"[..], 0o644, None).unwrap_err();
         assert!(matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)), "{err}");
         assert!(!outside.path().join("pwned").exists());
         assert!(root.open_file(Path::new("evil/anything")).is_err());
         assert!(root.mkdir(Path::new("evil/d"), 0o755).is_err());
         // The link itself is a fine target: it is replaced, not followed.
-        root.write_file(Path::new("evil"), &mut &b"now a file"[..], 0o644, None).unwrap();
+        root.write_file(Path::new("evil"), &b"now a file"[..], 0o644, None).unwrap();
         assert_eq!(fs::read(root_dir.path().join("evil")).unwrap(), b"now a file");
         assert!(outside.path().is_dir());
     }
@@ -551,12 +535,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("f"), "old").unwrap();
         let root = Root::open(dir.path()).unwrap();
-        let err = root.write_file(Path::new("f"), &mut &b"new"[..], 0o644, Some("00")).unwrap_err();
+        let err = root.write_file(Path::new("f"), &b"new"[..], 0o644, Some("00")).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"old");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "temporary left behind");
         let digest = blake3::hash(b"new").to_hex().to_string();
-        root.write_file(Path::new("f"), &mut &b"new"[..], 0o600, Some(&digest)).unwrap();
+        root.write_file(Path::new("f"), &b"new"[..], 0o600, Some(&digest)).unwrap();
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"new");
     }
 

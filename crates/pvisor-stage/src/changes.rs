@@ -137,15 +137,14 @@ fn lstat(path: &Path) -> Result<Option<Metadata>, StageError> {
     }
 }
 
-/// Hex BLAKE3 of a regular file, opened without following symlinks.
+/// The content digest of a regular file (holes are not read), opened without
+/// following symlinks.
 fn file_digest(path: &Path) -> io::Result<String> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_NONBLOCK)
         .open(path)?;
-    let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(file)?;
-    Ok(hasher.finalize().to_hex().to_string())
+    pvisor_core::digest::digest(&file)
 }
 
 fn link_digest(path: &Path) -> io::Result<(PathBuf, String)> {

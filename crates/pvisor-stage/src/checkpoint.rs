@@ -58,7 +58,7 @@ fn cpath(path: &Path) -> io::Result<CString> {
 /// Copies one regular file, reflinking when the filesystem allows; returns
 /// the BLAKE3 of its contents and whether it was reflinked.
 fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageError> {
-    let mut from = fs::OpenOptions::new()
+    let from = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(src)
@@ -72,32 +72,14 @@ fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageE
         .map_err(io_err("create", dst))?;
     // SAFETY: FICLONE between two descriptors we own.
     let reflinked = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) } == 0;
-    let mut hasher = blake3::Hasher::new();
-    if reflinked {
-        io::copy(&mut from, &mut hasher).map_err(io_err("read", src))?;
+    let digest = if reflinked {
+        pvisor_core::digest::digest(&from).map_err(io_err("read", src))?
     } else {
-        // Hash while copying: one read of the source.
-        let mut writer = HashingWriter { file: &to, hasher: &mut hasher };
-        io::copy(&mut from, &mut writer).map_err(io_err("copy to", dst))?;
-    }
+        // Hash while copying (one read of the source), keeping holes.
+        pvisor_core::digest::copy_sparse(&from, &to).map_err(io_err("copy to", dst))?
+    };
     fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
-    Ok((hasher.finalize().to_hex().to_string(), reflinked))
-}
-
-struct HashingWriter<'a> {
-    file: &'a File,
-    hasher: &'a mut blake3::Hasher,
-}
-
-impl io::Write for HashingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = (&mut &*self.file).write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
+    Ok((digest, reflinked))
 }
 
 fn make_whiteout(dst: &Path) -> Result<(), StageError> {
@@ -305,12 +287,10 @@ fn scan_entries(upper: &Path) -> Result<(Vec<CheckpointEntry>, ()), StageError> 
                 entry.opaque = overlay::is_opaque(&path);
                 stack.push(rel);
             } else if ft.is_file() {
-                let mut hasher = blake3::Hasher::new();
                 let file = File::open(&path).map_err(io_err("read", &path))?;
-                hasher.update_reader(file).map_err(io_err("read", &path))?;
                 entry.entry = "file".into();
                 entry.size = meta.len();
-                entry.blake3 = Some(hasher.finalize().to_hex().to_string());
+                entry.blake3 = Some(pvisor_core::digest::digest(&file).map_err(io_err("read", &path))?);
             } else if ft.is_symlink() {
                 let target = fs::read_link(&path).map_err(io_err("read link", &path))?;
                 entry.entry = "symlink".into();

@@ -112,12 +112,6 @@ fn removes_tree(change: &ChangeEntry) -> bool {
     change.entry != EntryType::Dir || change.kind == ChangeKind::OpaqueDir
 }
 
-fn hash_reader(mut r: impl std::io::Read) -> std::io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    std::io::copy(&mut r, &mut hasher)?;
-    Ok(hasher.finalize().to_hex().to_string())
-}
-
 /// Reads the host state of `rel`. Directories get a tree digest when
 /// `tree` is set. With `baseline`, any entry newer than it makes the result
 /// `Err(reason)` instead.
@@ -137,7 +131,7 @@ fn observe(
     // A host directory that apply would remove is fingerprinted in full, so an
     // edit anywhere beneath it is a conflict rather than a casualty.
     let blake3 = match st.kind {
-        Kind::File => Some(hash_reader(root.open_file(rel).map_err(io)?).map_err(io)?),
+        Kind::File => Some(pvisor_core::digest::digest(&root.open_file(rel).map_err(io)?).map_err(io)?),
         Kind::Symlink => Some(blake3::hash(&root.read_link(rel).map_err(io)?).to_hex().to_string()),
         Kind::Dir if tree => match tree_digest(root, rel, baseline)? {
             Ok(d) => Some(d),

@@ -703,3 +703,57 @@ fn exposing_a_non_socket_or_pvisors_own_socket_is_refused() {
         assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
     }
 }
+
+/// A 20 GiB sparse file (4 KiB on disk) cannot stall the seal or fill the
+/// disk on apply: it is hashed without reading its holes and applied sparse,
+/// with the same contents and the same digest as a dense copy would have.
+fn a_huge_sparse_file_seals_and_applies_sparse(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let out = env.run_sh(
+        "truncate -s 20G huge && printf x | dd of=huge bs=1 seek=10737418240 conv=notrunc 2>/dev/null && \
+         dd if=/dev/zero of=zeros bs=1M count=2 2>/dev/null && exit 5",
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    sealed_with_receipt(&env, 2);
+    let staged = env.review();
+    let huge = staged.iter().find(|c| c["path"] == "huge").expect("huge staged");
+    assert_eq!(huge["size"], 20u64 << 30);
+    env.expect(&["apply", "--all"], 0);
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(env.ws.join("huge")).unwrap();
+    assert_eq!(meta.len(), 20 << 30);
+    assert!(meta.blocks() * 512 <= 1 << 20, "apply wrote {} bytes of a sparse file", meta.blocks() * 512);
+    let mut byte = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &fs::File::open(env.ws.join("huge")).unwrap(),
+        &mut byte,
+        10 << 30,
+    )
+    .unwrap();
+    assert_eq!(&byte, b"x");
+    // The applied file has the digest the Bundle recorded (a hole and written
+    // zeros hash alike), and so does a dense copy of the zeros file.
+    let applied = pvisor_digest(&env.ws.join("huge"));
+    assert_eq!(huge["blake3"].as_str(), Some(applied.as_str()));
+    let zeros = staged.iter().find(|c| c["path"] == "zeros").unwrap();
+    assert_eq!(zeros["size"], 2u64 << 20);
+    assert_eq!(zeros["blake3"].as_str(), Some(pvisor_digest(&env.ws.join("zeros")).as_str()));
+    let _ = fs::remove_file(env.ws.join("huge"));
+}
+
+fn pvisor_digest(path: &Path) -> String {
+    pvisor_core::digest::digest(&fs::File::open(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_huge_sparse_file_seals_and_applies_sparse_as_root() {
+    a_huge_sparse_file_seals_and_applies_sparse(As::Root);
+}
+
+#[test]
+fn a_huge_sparse_file_seals_and_applies_sparse_rootless() {
+    a_huge_sparse_file_seals_and_applies_sparse(As::Rootless);
+}

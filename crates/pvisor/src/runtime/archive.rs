@@ -284,10 +284,11 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
                     String::from_utf8_lossy(&name),
                     change.kind.as_str()
                 )),
-                Some(bytes) if Some(store::blake3_hex(bytes).as_str()) != expected => failures.push(format!(
-                    "{}: does not match the Bundle's manifest",
-                    String::from_utf8_lossy(&name)
-                )),
+                Some(bytes) if Some(staged_digest(change.entry, bytes).as_str()) != expected => failures
+                    .push(format!(
+                        "{}: does not match the Bundle's manifest",
+                        String::from_utf8_lossy(&name)
+                    )),
                 Some(_) => {}
             }
         }
@@ -349,11 +350,7 @@ pub fn verify_job(store: &Store, job_id: &JobId) -> Result<usize, ArchiveError> 
         }
         let rel = change.path.as_path();
         let digest = match (&upper, change.entry) {
-            (Ok(root), EntryType::File) => root.open_file(rel).and_then(|f| {
-                let mut h = blake3::Hasher::new();
-                h.update_reader(f)?;
-                Ok(h.finalize().to_hex().to_string())
-            }),
+            (Ok(root), EntryType::File) => root.open_file(rel).and_then(|f| pvisor_core::digest::digest(&f)),
             (Ok(root), _) => root.read_link(rel).map(|t| store::blake3_hex(&t)),
             (Err(e), _) => Err(std::io::Error::new(e.kind(), e.to_string())),
         };
@@ -436,7 +433,7 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
         match change.entry {
             EntryType::File => {
                 let bytes = verified.entries.get(&staged_name("files", rel)).cloned().unwrap_or_default();
-                root.write_file(rel, &mut bytes.as_slice(), change.mode & 0o777, change.blake3.as_deref())
+                root.write_file(rel, bytes.as_slice(), change.mode & 0o777, change.blake3.as_deref())
                     .map_err(io("write", &dst))?;
             }
             EntryType::Symlink => {
@@ -455,4 +452,13 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     store::write_atomic(&attempt_dir.join("completion.json"), &get("completion.json"))?;
     store.publish_job(&job)?;
     Ok(job_id)
+}
+
+/// The digest the Bundle records for a staged entry's bytes: a file's
+/// content digest, or BLAKE3 of a symlink's target.
+fn staged_digest(entry: EntryType, bytes: &[u8]) -> String {
+    match entry {
+        EntryType::File => pvisor_core::digest::digest_bytes(bytes),
+        _ => store::blake3_hex(bytes),
+    }
 }
