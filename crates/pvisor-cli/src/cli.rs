@@ -198,6 +198,12 @@ pub struct RunOptions {
     /// as not enforced.
     #[arg(long, value_name = "CORES")]
     pub cpus: Option<f64>,
+    /// Disk quota for what the command writes (e.g. 500M, 20G): writes past
+    /// it fail inside the sandbox with ENOSPC (XFS) or EDQUOT (ext4). Needs
+    /// root and project quotas on the state directory's filesystem; the run
+    /// says before it starts when the host cannot enforce it.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub disk: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -32,7 +32,7 @@ pub struct ConfigFile {
     /// `[apply]`: `sensitive`, globs of paths whose changes need consent.
     #[serde(default)]
     pub apply: Option<ApplyConfig>,
-    /// `[limits]`: the default `memory`, `pids` and `cpus` of every run
+    /// `[limits]`: the default `memory`, `pids`, `cpus` and `disk` of every run
     /// (flags override them). Only read from the user's config.
     #[serde(default)]
     pub limits: Option<LimitsConfig>,
@@ -48,6 +48,9 @@ pub struct LimitsConfig {
     pub pids: Option<u64>,
     #[serde(default)]
     pub cpus: Option<f64>,
+    /// The stage's disk quota: bytes, or a size like "20G".
+    #[serde(default, deserialize_with = "size")]
+    pub disk: Option<u64>,
 }
 
 fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {

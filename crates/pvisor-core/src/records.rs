@@ -192,7 +192,7 @@ pub struct EffectivePolicy {
     pub limits: ResourceLimits,
 }
 
-/// `--memory`, `--pids`, `--cpus`.
+/// `--memory`, `--pids`, `--cpus`, `--disk`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceLimits {
     pub memory_bytes: Option<u64>,
@@ -206,6 +206,13 @@ pub struct ResourceLimits {
     /// The process limit is pvisor's default, not the user's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pids_is_default: bool,
+    /// The stage's disk quota (`--disk`): bytes and inodes the command may
+    /// add to the stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// The disk quota is pvisor's default, not the user's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_is_default: bool,
 }
 
 impl ResourceLimits {
@@ -215,6 +222,7 @@ impl ResourceLimits {
         match limit {
             "memory" => self.memory_is_default,
             "pids" => self.pids_is_default,
+            "disk" => self.disk_is_default,
             _ => false,
         }
     }

@@ -337,8 +337,7 @@ fn limits_check() -> Check {
         memory_bytes: Some(1 << 30),
         pids: Some(4096),
         cpus: Some(1.0),
-        memory_is_default: false,
-        pids_is_default: false,
+        ..Default::default()
     };
     let mut applied = crate::limits::apply(&probe, &format!("pvisor-doctor-{}", std::process::id()));
     let report = applied.report.clone();

@@ -128,6 +128,9 @@ pub struct ExitReport {
     /// The user typed the interrupt character (Ctrl-C) on the terminal the
     /// command's own terminal is relayed to: a `SIGINT` death is theirs.
     pub interrupted_at_terminal: bool,
+    /// The stage could not be saved whole (a memory stage that failed to
+    /// copy out): what is staged is incomplete, and why.
+    pub stage_error: Option<String>,
 }
 
 /// A failure to create or supervise a sandbox. The command never ran unsandboxed.

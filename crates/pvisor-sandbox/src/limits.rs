@@ -1,4 +1,5 @@
-//! Resource limits: `--memory`, `--pids`, `--cpus`.
+//! Resource limits: `--memory`, `--pids`, `--cpus` (and how `--disk` is
+//! enforced, for the report).
 //!
 //! Each limit is enforced the strongest way this host allows, and the report
 //! says which — or that it is not enforced, and why; nothing is pretended:
@@ -125,6 +126,16 @@ fn join_shared_v1(
     Ok(())
 }
 
+/// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
+pub(crate) fn disk(bytes: u64) -> Enforcement {
+    Enforcement {
+        limit: "disk".into(),
+        value: human_bytes(bytes),
+        by: "tmpfs size= (the stage is held in memory until the command ends; writes past it fail with ENOSPC)"
+            .into(),
+    }
+}
+
 /// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.
 pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
     let mut out = Applied::default();
@@ -202,6 +213,7 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
             cpus: limits.cpus.filter(|_| limit == "cpus"),
             memory_is_default: limits.memory_is_default,
             pids_is_default: limits.pids_is_default,
+            ..Limits::default()
         };
         out = fallback(&only, out, &reason);
     }
@@ -424,8 +436,7 @@ mod tests {
                 memory_bytes: Some(1 << 20),
                 pids: Some(10),
                 cpus: Some(0.5),
-                memory_is_default: false,
-                pids_is_default: false,
+                ..Default::default()
             },
             Applied::default(),
             "rootless",

@@ -261,12 +261,20 @@ fn limits_for(
     let default_memory = (ns && memory.is_none()).then(half_the_ram).flatten();
     let pids = options.pids.or(configured.pids);
     let default_pids = (ns && pids.is_none()).then_some(DEFAULT_PIDS);
+    // No default disk quota: the one mechanism every host has keeps the
+    // stage in memory (see pvisor-sandbox's ns/memory_stage.rs).
+    if options.disk.is_some() && !ns {
+        anyhow::bail!("--disk applies to the ns executor; a vm Job's writes are bounded by its guest's disk");
+    }
+    let disk = options.disk.or(configured.disk).filter(|_| ns);
     let mut limits = pvisor_core::records::ResourceLimits {
         memory_bytes: memory.or(default_memory),
         pids: pids.or(default_pids),
         cpus: options.cpus.or(configured.cpus),
         memory_is_default: default_memory.is_some(),
         pids_is_default: default_pids.is_some(),
+        disk_bytes: disk,
+        disk_is_default: false,
     };
     if let Some(narrower) = workspace.and_then(|c| c.limits.clone()) {
         fn smaller<T: PartialOrd + Copy>(current: Option<T>, asked: Option<T>) -> Option<T> {
@@ -286,6 +294,11 @@ fn limits_for(
             limits.pids_is_default = false;
         }
         limits.pids = pids;
+        let disk = smaller(limits.disk_bytes, narrower.disk);
+        if disk != limits.disk_bytes {
+            limits.disk_is_default = false;
+        }
+        limits.disk_bytes = disk;
         // A CPU rate the kernel cannot enforce (cpu.cfs_quota_us < 1000) would
         // replace a usable one with "not enforced": it is no narrowing.
         let usable = narrower.cpus.filter(|c| c.is_finite() && *c >= 0.01);

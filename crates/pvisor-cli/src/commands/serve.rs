@@ -144,8 +144,7 @@ pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32
             memory_bytes: Some(args.memory_mib << 20),
             pids: None,
             cpus: Some(f64::from(args.cpus)),
-            memory_is_default: false,
-            pids_is_default: false,
+            ..Default::default()
         },
     };
     let service = JobService::new(store, executor);

@@ -757,3 +757,54 @@ fn a_huge_sparse_file_seals_and_applies_sparse_as_root() {
 fn a_huge_sparse_file_seals_and_applies_sparse_rootless() {
     a_huge_sparse_file_seals_and_applies_sparse(As::Rootless);
 }
+
+/// `--disk SIZE`: writing past it fails with ENOSPC inside the sandbox, the
+/// run still seals with its exit code, and what was staged (a deletion, a
+/// directory the command locked, the part of the file that fit) is whole.
+fn a_disk_quota_holds_inside_the_sandbox(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    env.write("doomed", "delete me\n");
+    let out = env.pvisor(&[
+        "run",
+        "-q",
+        "--disk",
+        "8M",
+        "--",
+        "sh",
+        "-c",
+        "rm doomed; mkdir -p locked/in && echo kept > locked/in/f && chmod 000 locked; \
+         dd if=/dev/zero of=big bs=1M count=32 2>/tmp/ddlog; echo dd=$?; grep -c 'No space left' /tmp/ddlog; exit 7",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert!(stdout.contains("dd=1") && stdout.contains("\n1\n"), "the write past the quota did not fail with ENOSPC: {stdout}");
+    let staged = env.review();
+    let size = |path: &str| staged.iter().find(|c| c["path"] == path).map(|c| c["size"].as_u64().unwrap_or(0));
+    let big = size("big").expect("big is staged");
+    assert!(big > 0 && big <= 8 << 20, "big is {big} bytes");
+    assert!(staged.iter().any(|c| c["path"] == "doomed" && c["kind"] == "deleted"), "{staged:?}");
+    let status = env.status_json(None);
+    assert_eq!((status["exit_code"].as_i64(), status["receipt"].as_str()), (Some(7), Some("valid")), "{status}");
+    let job = status["job"].as_str().unwrap().to_owned();
+    let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
+    assert!(limits.to_string().contains("tmpfs size="), "{limits}");
+    env.expect(&["apply", "--all"], 0);
+    assert!(!env.ws.join("doomed").exists());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(fs::symlink_metadata(env.ws.join("locked")).unwrap().permissions().mode() & 0o777, 0);
+    fs::set_permissions(env.ws.join("locked"), fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(fs::read_to_string(env.ws.join("locked/in/f")).unwrap(), "kept\n");
+}
+
+#[test]
+fn a_disk_quota_holds_inside_the_sandbox_as_root() {
+    a_disk_quota_holds_inside_the_sandbox(As::Root);
+}
+
+#[test]
+fn a_disk_quota_holds_inside_the_sandbox_rootless() {
+    a_disk_quota_holds_inside_the_sandbox(As::Rootless);
+}

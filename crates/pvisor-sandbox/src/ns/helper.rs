@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::protocol::{Report, FD_PASS_FD, REPORT_FD, SPEC_FD};
-use super::{diagnose, mounts};
+use super::{diagnose, memory_stage, mounts};
 use crate::{sys, NetworkAttachment, SandboxSpec};
 
 /// What the supervisor tells the helper, on [`SPEC_FD`].
@@ -275,8 +275,8 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
             .report_and_exit();
         }
     }
-    let view = match mounts::assemble(&spec.sandbox) {
-        Ok(view) => view,
+    let mounts::Assembled { view, memory_stage } = match mounts::assemble(&spec.sandbox) {
+        Ok(assembled) => assembled,
         Err(e) => e.report_and_exit(),
     };
     if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| attach_network(spec.sandbox.network)) {
@@ -314,11 +314,11 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     if child == 0 {
         command.exec();
     }
-    supervise(child)
+    supervise(child, memory_stage)
 }
 
 /// Forwards signals to the command and reaps everything until the command exits.
-fn supervise(command: libc::pid_t) -> ! {
+fn supervise(command: libc::pid_t, memory_stage: Option<memory_stage::MemoryStage>) -> ! {
     let mut waited: Vec<i32> = FORWARDED.to_vec();
     waited.push(libc::SIGCHLD);
     let mask = sys::sigset(&waited);
@@ -359,9 +359,30 @@ fn supervise(command: libc::pid_t) -> ! {
                 } else {
                     (None, Some(libc::WTERMSIG(status)))
                 };
-                Report::Exit { code, signal, user_us, system_us, max_rss_kib }.send();
+                let stage_error = memory_stage.as_ref().and_then(|stage| {
+                    // Nothing may write the stage while it is copied: end
+                    // every process left in the sandbox first.
+                    end_the_rest();
+                    // Bounded: the report must stay one atomic pipe write.
+                    memory_stage::copy_out(stage).err().map(|e| e.chars().take(1500).collect())
+                });
+                Report::Exit { code, signal, user_us, system_us, max_rss_kib, stage_error }.send();
                 exit(status_to_code(status));
             }
+        }
+    }
+}
+
+/// Kills every other process in the sandbox's pid namespace (init is exempt
+/// from its own `kill(-1)`) and reaps them.
+fn end_the_rest() {
+    // SAFETY: kill(-1) from pid 1 signals every other process in its namespace.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
+    loop {
+        let mut status = 0;
+        // SAFETY: reaping any child, blocking.
+        if unsafe { libc::waitpid(-1, &mut status, 0) } <= 0 {
+            break;
         }
     }
 }

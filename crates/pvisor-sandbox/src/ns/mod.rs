@@ -8,6 +8,7 @@
 pub(crate) mod diagnose;
 mod helper;
 mod host_view;
+mod memory_stage;
 mod mounts;
 mod protocol;
 mod seccomp;
@@ -105,6 +106,9 @@ impl Executor for NsExecutor {
         let pidfd = sys::pidfd_open(child.id() as libc::pid_t).map_err(SandboxError::Spawn)?;
 
         let mut limits = crate::limits::apply(&spec.limits, &cgroup_name(spec));
+        if let Some(bytes) = spec.limits.disk_bytes {
+            limits.report.push(crate::limits::disk(bytes));
+        }
         let helper_spec = helper::HelperSpec {
             cgroup_join: std::mem::take(&mut limits.join),
             rlimits: std::mem::take(&mut limits.rlimits),
@@ -296,10 +300,12 @@ impl SandboxProcess for NsProcess {
     fn wait(mut self: Box<Self>) -> Result<ExitReport, SandboxError> {
         let mut exec_error = None;
         let mut exit = None;
+        let mut stage_error = None;
         while let Some(report) = self.next_report()? {
             match report {
                 Report::ExecError { program, errno } => exec_error = Some((program, errno)),
-                Report::Exit { code, signal, user_us, system_us, max_rss_kib } => {
+                Report::Exit { code, signal, user_us, system_us, max_rss_kib, stage_error: lost } => {
+                    stage_error = lost;
                     exit = Some((
                         code,
                         signal,
@@ -345,6 +351,6 @@ impl SandboxProcess for NsProcess {
                 ),
             },
         };
-        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal })
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal, stage_error })
     }
 }

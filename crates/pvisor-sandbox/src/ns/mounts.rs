@@ -21,10 +21,19 @@ use std::path::Path;
 
 use super::helper::{under, StepError};
 use super::host_view::{self, HostView};
+use super::memory_stage::{self, MemoryStage};
 use crate::sys;
 use crate::SandboxSpec;
 
-pub(crate) fn assemble(spec: &SandboxSpec) -> Result<HostView, StepError> {
+/// What init keeps from the assembly: the host view's gaps, and the memory
+/// stage to copy out when the command has ended (with `--disk`).
+#[derive(Debug)]
+pub(crate) struct Assembled {
+    pub view: HostView,
+    pub memory_stage: Option<MemoryStage>,
+}
+
+pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
     let root = spec.root_mount.as_path();
     sys::mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(|e| mount_err("mount-namespace", "make / private", e))?;
@@ -48,7 +57,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<HostView, StepError> {
 
     protect_proc(&under(root, Path::new("/proc")))?;
 
-    overlay_workspace(spec, root)?;
+    let memory_stage = overlay_workspace(spec, root)?;
     // After the overlay, so a hidden path inside the workspace is hidden too.
     for hidden in &spec.hidden {
         hide(&under(root, hidden))?;
@@ -65,7 +74,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<HostView, StepError> {
     let rc = unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) };
     sys::check(rc.into()).map_err(|e| enter("detach the host root", e))?;
     std::env::set_current_dir("/").map_err(|e| enter("enter /", e))?;
-    Ok(view)
+    Ok(Assembled { view, memory_stage })
 }
 
 /// Parts of a fresh /proc that reach the host kernel itself. Sysctl writes are
@@ -206,7 +215,7 @@ pub(crate) fn escape_overlay_path(path: &Path) -> String {
     out
 }
 
-fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<(), StepError> {
+fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<Option<MemoryStage>, StepError> {
     let target = under(root, &spec.workspace);
     if !target.is_dir() {
         // The workspace lives under a private tmpfs (e.g. /tmp): make its mount point there.
@@ -217,11 +226,20 @@ fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<(), StepError> {
             )
         })?;
     }
+    // With a disk quota the layers live in a tmpfs of that size (see
+    // memory_stage.rs), copied to the stage when the command has ended.
+    let (memory, upper, work) = match spec.limits.disk_bytes {
+        Some(bytes) => {
+            let (stage, upper, work) = memory_stage::prepare(&spec.upper, &spec.work, bytes)?;
+            (Some(stage), upper, work)
+        }
+        None => (None, spec.upper.clone(), spec.work.clone()),
+    };
     let options = format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
         escape_overlay_path(&spec.workspace),
-        escape_overlay_path(&spec.upper),
-        escape_overlay_path(&spec.work),
+        escape_overlay_path(&upper),
+        escape_overlay_path(&work),
     );
     sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(&options)).map_err(|e| {
         let hint = match e.raw_os_error() {
@@ -239,7 +257,8 @@ fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<(), StepError> {
             format!("cannot mount the workspace overlay on {}: {e}", spec.workspace.display()),
         )
         .hint(hint)
-    })
+    })?;
+    Ok(memory)
 }
 
 #[cfg(test)]

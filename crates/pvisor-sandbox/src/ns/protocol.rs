@@ -37,7 +37,16 @@ pub(crate) enum Report {
     /// execve(2) of the program failed inside the sandbox.
     ExecError { program: String, errno: i32 },
     /// The command ended; rusage sums every process init reaped.
-    Exit { code: Option<i32>, signal: Option<i32>, user_us: u64, system_us: u64, max_rss_kib: u64 },
+    /// `stage_error`: a memory stage (`--disk`) could not be copied out whole.
+    Exit {
+        code: Option<i32>,
+        signal: Option<i32>,
+        user_us: u64,
+        system_us: u64,
+        max_rss_kib: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stage_error: Option<String>,
+    },
 }
 
 impl Report {
