@@ -278,7 +278,15 @@ impl Session {
                     self.record_network(event);
                 }
                 match report {
-                    Ok(report) => Ending::Finished(report),
+                    Ok(report) => {
+                        if let Some(error) = &report.stage_error {
+                            // The records say what the stage is missing; the
+                            // seal then covers what did reach the disk.
+                            self.record_best_effort("attempt.stage_incomplete", json!({"error": error}));
+                            self.warnings.push(format!("the stage is incomplete: {error}"));
+                        }
+                        Ending::Finished(report)
+                    }
                     Err(e) => Ending::SetupFailed(e),
                 }
             }
