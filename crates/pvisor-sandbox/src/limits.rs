@@ -126,6 +126,43 @@ fn join_shared_v1(
     Ok(())
 }
 
+/// The limits this host cannot enforce, and why, found without changing
+/// anything: said before the command starts (`apply` reports the same in
+/// `attempt.limits` once it has run). A limit is taken as enforceable where
+/// the directory `apply` would make its cgroup in is writable.
+pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
+    let writable = |dir: &Path| {
+        crate::sys::cpath(dir).is_ok_and(|c| {
+            // SAFETY: access(2) on a NUL-terminated path.
+            unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+        })
+    };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let cgroup_dir = |controller: &str| -> Option<PathBuf> {
+        if unified() {
+            if root {
+                return Some(PathBuf::from(ROOT));
+            }
+            let own = own_cgroup("")?;
+            return Some(Path::new(ROOT).join(own.trim_start_matches('/')));
+        }
+        let own = own_cgroup(controller)?;
+        Some(Path::new(ROOT).join(controller).join(own.trim_start_matches('/')))
+    };
+    let usable = |controller: &str| cgroup_dir(controller).is_some_and(|d| writable(&d));
+    let without = Limits {
+        memory_bytes: limits.memory_bytes.filter(|_| !usable("memory")),
+        pids: limits.pids.filter(|_| !usable("pids")),
+        cpus: limits.cpus.filter(|_| !usable("cpu")),
+        memory_is_default: limits.memory_is_default,
+        pids_is_default: limits.pids_is_default,
+        ..Limits::default()
+    };
+    let mut dry = fallback(&without, Applied::default(), "no cgroup this user may create");
+    std::mem::take(&mut dry.report).into_iter().filter(|e| !e.enforced()).collect()
+}
+
 /// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
 pub(crate) fn disk(bytes: u64) -> Enforcement {
     Enforcement {

@@ -71,6 +71,10 @@ pub fn execute(
     let ws_config = workspace_config(&workspace)?;
     let network = network_scopes(&store, options, ws_config.as_ref())?;
     announce_policy(&network)?;
+    let limits = limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?;
+    if executor.name() == "ns" {
+        announce_unenforceable(&limits, options.quiet);
+    }
     let request = RunRequest {
         secrets: pvisor::admission::SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
@@ -83,7 +87,7 @@ pub fn execute(
         fork,
         fork_execution,
         seccomp: !options.no_seccomp,
-        limits: limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?,
+        limits,
         network,
         workspace,
         cwd: None,
@@ -310,6 +314,28 @@ fn limits_for(
     Ok(limits)
 }
 
+/// The limits announced as not enforceable before the command started.
+static ANNOUNCED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Says, before the command starts, which limits this host cannot enforce:
+/// a limit the user asked for as a warning (even with `-q`), pvisor's own
+/// defaults as one note (not with `-q`). `pvisor doctor` says why in full.
+fn announce_unenforceable(limits: &pvisor_core::records::ResourceLimits, quiet: bool) {
+    let missing = pvisor_sandbox::limits::unenforceable(limits);
+    let (defaults, asked): (Vec<_>, Vec<_>) = missing.iter().partition(|l| limits.is_default(&l.limit));
+    for l in &asked {
+        eprintln!("pvisor: warning: --{} {} is {}", l.limit, l.value, l.by);
+    }
+    if !defaults.is_empty() && !quiet {
+        let names: Vec<String> = defaults.iter().map(|l| format!("{} {}", l.limit, l.value)).collect();
+        eprintln!(
+            "pvisor: note: default limits not enforced on this host: {} (no cgroup this user may create; see `pvisor doctor`)",
+            names.join(", ")
+        );
+    }
+    let _ = ANNOUNCED.set(asked.iter().map(|l| l.limit.clone()).collect());
+}
+
 /// Half of the host's physical memory.
 fn half_the_ram() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
@@ -367,6 +393,10 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
         return code;
     }
     for warning in &outcome.warnings {
+        // Said before the command started (announce_unenforceable).
+        if ANNOUNCED.get().is_some_and(|names| names.iter().any(|n| warning.starts_with(&format!("--{n} ")))) {
+            continue;
+        }
         eprintln!("pvisor: warning: {warning}");
     }
     if !quiet {

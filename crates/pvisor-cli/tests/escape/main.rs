@@ -808,3 +808,23 @@ fn a_disk_quota_holds_inside_the_sandbox_as_root() {
 fn a_disk_quota_holds_inside_the_sandbox_rootless() {
     a_disk_quota_holds_inside_the_sandbox(As::Rootless);
 }
+
+/// A limit the host cannot enforce is said before the command starts (here:
+/// a CPU rate, rootless on a host that delegates no cgroup), not only in the
+/// records afterwards.
+#[test]
+fn an_unenforceable_limit_is_said_before_the_command_starts() {
+    let env = Env::new(As::Rootless);
+    let out = env.pvisor(&["run", "--cpus", "0.5", "--", "sh", "-c", "echo COMMAND-STARTED >&2"]);
+    let stderr = text(&out.stderr);
+    let started = stderr.find("COMMAND-STARTED").expect("the command ran");
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
+    let cpus = limits["data"]["limits"].as_array().unwrap().iter().find(|l| l["limit"] == "cpus").unwrap().clone();
+    if !cpus["by"].as_str().unwrap().starts_with("not enforced") {
+        return eprintln!("skipped: this host enforces --cpus for an unprivileged user ({cpus})");
+    }
+    let warned = stderr.find("--cpus 0.5 is not enforced").unwrap_or_else(|| panic!("no warning: {stderr}"));
+    assert!(warned < started, "the warning came after the command started: {stderr}");
+    assert_eq!(stderr.matches("--cpus 0.5 is not enforced").count(), 1, "said twice: {stderr}");
+}
