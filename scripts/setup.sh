@@ -6,6 +6,7 @@
 #   bsdutils         script(1)
 #   curl, python3    clients the network-policy tests drive through the proxy
 #   xfsprogs         the checkpoint benchmark's reflink figure (a loop-mounted XFS)
+#   bubblewrap       the run-overhead benchmark's comparison
 #   qemu-system-x86  the vm executor's hypervisor
 #   busybox-static, kmod, lz4, e2fsprogs
 #                    the vm guest image (scripts/vm-image.sh) and its workspace disks
@@ -20,6 +21,7 @@ command -v script >/dev/null 2>&1 || need+=(bsdutils)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || need+=(xfsprogs)
 [ -x /usr/bin/qemu-system-x86_64 ] || need+=(qemu-system-x86)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 [ -x /sbin/depmod ] || need+=(kmod)
 [ -x /usr/bin/lz4 ] || need+=(lz4)

@@ -13,8 +13,9 @@
 //!   real uid 0 is exempt, so root without a cgroup gets "not enforced");
 //!   there is no rlimit for a CPU *rate*.
 //!
-//! The helper joins the cgroups before it creates the namespaces, so every
-//! process of the sandbox is inside; the cgroups are removed after the run.
+//! The helper moves the sandbox's init into the cgroups while init builds the
+//! filesystem, and init forks the command only once that is done, so every
+//! sandboxed process is inside; the cgroups are removed after the run.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,28 @@ fn join_shared_v1(
         by: format!("cgroup v1 {file} (the default, shared by default-limited runs)"),
     });
     Ok(())
+}
+
+/// Starts, in the background, the RCU grace period that moving a process
+/// between cgroup v1 cgroups waits for, so the run's own move (moments
+/// later, in the helper) finds it passed.
+///
+/// Every write to a v1 `cgroup.procs` takes the kernel's threadgroup rwsem
+/// for writing, whose first writer waits a grace period (~7 ms here, the
+/// largest cost of starting a run with limits); a writer shortly after
+/// another does not. Writing this process's own pid into its current memory
+/// cgroup is such a write that moves nothing. (cgroup v2 hosts mounted with
+/// `favordynmods` do not need this; it is a no-op there and without root.)
+pub fn warm_up() {
+    // SAFETY: geteuid has no preconditions.
+    if unified() || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let Some(own) = own_cgroup("memory") else { return };
+    let procs = Path::new(ROOT).join("memory").join(own.trim_start_matches('/')).join("cgroup.procs");
+    let _ = std::thread::Builder::new().name("pvisor-cgroup-warm-up".into()).spawn(move || {
+        let _ = fs::write(procs, std::process::id().to_string());
+    });
 }
 
 /// The limits this host cannot enforce, and why, found without changing
@@ -469,12 +492,7 @@ mod tests {
     #[test]
     fn a_cpu_rate_without_cgroups_is_reported_as_not_enforced() {
         let out = fallback(
-            &Limits {
-                memory_bytes: Some(1 << 20),
-                pids: Some(10),
-                cpus: Some(0.5),
-                ..Default::default()
-            },
+            &Limits { memory_bytes: Some(1 << 20), pids: Some(10), cpus: Some(0.5), ..Default::default() },
             Applied::default(),
             "rootless",
         );

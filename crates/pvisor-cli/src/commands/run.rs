@@ -73,6 +73,9 @@ pub fn execute(
     announce_policy(&network)?;
     let limits = limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?;
     if executor.name() == "ns" {
+        if limits.memory_bytes.is_some() || limits.pids.is_some() || limits.cpus.is_some() {
+            pvisor_sandbox::limits::warm_up();
+        }
         announce_unenforceable(&limits, options.quiet);
     }
     let request = RunRequest {
@@ -394,7 +397,8 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     }
     for warning in &outcome.warnings {
         // Said before the command started (announce_unenforceable).
-        if ANNOUNCED.get().is_some_and(|names| names.iter().any(|n| warning.starts_with(&format!("--{n} ")))) {
+        if ANNOUNCED.get().is_some_and(|names| names.iter().any(|n| warning.starts_with(&format!("--{n} "))))
+        {
             continue;
         }
         eprintln!("pvisor: warning: {warning}");

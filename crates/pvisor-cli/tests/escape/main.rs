@@ -353,7 +353,8 @@ calls = {"keyctl": (250, 0, 0, 0, 0), "add_key": (248, 0, 0, 0, 0, 0), "bpf": (3
          "kexec_load": (246, 0, 0, 0, 0), "init_module": (175, 0, 0, 0), "mount": (165, 0, 0, 0, 0, 0),
          "pivot_root": (155, 0, 0), "unshare_user": (272, 0x10000000), "settimeofday": (164, 0, 0),
          "swapon": (167, 0, 0), "reboot": (169, 0, 0, 0, 0), "setns": (308, 0, 0),
-         "io_uring_setup": (425, 8, 0), "io_uring_enter": (426, 0, 0, 0, 0, 0), "io_uring_register": (427, 0, 0, 0, 0)}
+         "io_uring_setup": (425, 8, 0), "io_uring_enter": (426, 0, 0, 0, 0, 0), "io_uring_register": (427, 0, 0, 0, 0),
+         "name_to_handle_at": (303, -100, 0, 0, 0, 0), "vhangup": (153,)}
 for name, args in calls.items():
     rc = libc.syscall(*args)
     print(name, "ALLOWED" if rc >= 0 else "refused", ctypes.get_errno())
@@ -381,7 +382,7 @@ print("FAMILIES-OK")
     );
     let stdout = text(&out.stdout);
     assert!(!stdout.contains("ALLOWED"), "{stdout}");
-    assert_eq!(stdout.matches("refused 1\n").count(), 18, "every call refused with EPERM: {stdout}");
+    assert_eq!(stdout.matches("refused 1\n").count(), 20, "every call refused with EPERM: {stdout}");
     assert_eq!(stdout.matches("refused 97\n").count(), 8, "other socket families: EAFNOSUPPORT: {stdout}");
     assert!(stdout.contains("FAMILIES-OK"), "unix, inet, inet6 and netlink still work: {stdout}");
     // Positive control: the refusal is the filter's, not a missing module:
@@ -780,14 +781,22 @@ fn a_disk_quota_holds_inside_the_sandbox(who: As) {
     ]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
-    assert!(stdout.contains("dd=1") && stdout.contains("\n1\n"), "the write past the quota did not fail with ENOSPC: {stdout}");
+    assert!(
+        stdout.contains("dd=1") && stdout.contains("\n1\n"),
+        "the write past the quota did not fail with ENOSPC: {stdout}"
+    );
     let staged = env.review();
-    let size = |path: &str| staged.iter().find(|c| c["path"] == path).map(|c| c["size"].as_u64().unwrap_or(0));
+    let size =
+        |path: &str| staged.iter().find(|c| c["path"] == path).map(|c| c["size"].as_u64().unwrap_or(0));
     let big = size("big").expect("big is staged");
     assert!(big > 0 && big <= 8 << 20, "big is {big} bytes");
     assert!(staged.iter().any(|c| c["path"] == "doomed" && c["kind"] == "deleted"), "{staged:?}");
     let status = env.status_json(None);
-    assert_eq!((status["exit_code"].as_i64(), status["receipt"].as_str()), (Some(7), Some("valid")), "{status}");
+    assert_eq!(
+        (status["exit_code"].as_i64(), status["receipt"].as_str()),
+        (Some(7), Some("valid")),
+        "{status}"
+    );
     let job = status["job"].as_str().unwrap().to_owned();
     let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
     assert!(limits.to_string().contains("tmpfs size="), "{limits}");
@@ -820,7 +829,8 @@ fn an_unenforceable_limit_is_said_before_the_command_starts() {
     let started = stderr.find("COMMAND-STARTED").expect("the command ran");
     let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
     let limits = env.events(&job).into_iter().find(|e| e["type"] == "attempt.limits").unwrap();
-    let cpus = limits["data"]["limits"].as_array().unwrap().iter().find(|l| l["limit"] == "cpus").unwrap().clone();
+    let cpus =
+        limits["data"]["limits"].as_array().unwrap().iter().find(|l| l["limit"] == "cpus").unwrap().clone();
     if !cpus["by"].as_str().unwrap().starts_with("not enforced") {
         return eprintln!("skipped: this host enforces --cpus for an unprivileged user ({cpus})");
     }

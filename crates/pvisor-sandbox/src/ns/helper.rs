@@ -8,7 +8,8 @@
 //!    the parent namespace may map a full range), then releases init through
 //!    the `go` pipe and forwards every signal it receives to init.
 //! 2. **init** (pid 1 in the sandbox): assembles the filesystem
-//!    (`mounts.rs`), brings up loopback, reports `Ready`, forks the command,
+//!    (`mounts.rs`) while the helper moves it into the run's cgroups, waits
+//!    for that, brings up loopback, reports `Ready`, forks the command,
 //!    forwards signals to it, reaps every orphan, and reports the command's
 //!    exit. When init exits the kernel kills everything left in the pid
 //!    namespace, so no sandboxed process outlives the command.
@@ -140,13 +141,6 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     let mask = sys::sigset(&waited);
     sys::set_sigmask(libc::SIG_BLOCK, &mask).map_err(|e| helper_err("sigprocmask", e))?;
 
-    // Join the run's cgroups first: everything after inherits them.
-    for procs in &spec.cgroup_join {
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        std::fs::write(procs, pid.to_string())
-            .map_err(|e| StepError::new("limits", format!("cannot join {}: {e}", procs.display())))?;
-    }
     let (go_read, go_write) = sys::pipe().map_err(|e| helper_err("pipe", e))?;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -186,6 +180,18 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
         return Err(e);
     }
     let _ = sys::write_all(go_write.as_raw_fd(), b"1");
+    // Init builds the sandbox's filesystem while it is moved into the run's
+    // cgroups: on cgroup v1 each move waits for an RCU grace period (~7 ms
+    // here), which this overlaps with the mounts. Init forks the command
+    // only after the second byte, so every sandboxed process is inside.
+    for procs in &spec.cgroup_join {
+        if let Err(e) = std::fs::write(procs, pid.to_string()) {
+            // SAFETY: `pid` is our unreaped child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return Err(StepError::new("limits", format!("cannot join {}: {e}", procs.display())));
+        }
+    }
+    let _ = sys::write_all(go_write.as_raw_fd(), b"2");
     drop(go_write);
 
     loop {
@@ -257,7 +263,6 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     let mut go = [0u8; 1];
     // SAFETY: reading one byte into a local buffer.
     let n = unsafe { libc::read(go_read.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
-    drop(go_read);
     if n != 1 {
         // The helper died or gave up mapping ids; it reported why.
         exit(SETUP_FAILED);
@@ -300,6 +305,14 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
             Ok(slave) => command.pty_slave = Some(slave),
             Err(e) => e.report_and_exit(),
         }
+    }
+    // The helper has moved init into the run's cgroups (see run_helper).
+    // SAFETY: reading one byte into a local buffer.
+    let n = unsafe { libc::read(go_read.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
+    drop(go_read);
+    if n != 1 {
+        // The helper could not join a cgroup (it reported why) or died.
+        exit(SETUP_FAILED);
     }
     // Bounded so the report stays one atomic pipe write.
     let sockets_reachable = view.sockets_reachable.into_iter().take(16).collect();

@@ -258,16 +258,23 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 /// a hidden one) is left out, so the sandbox never sees more than the host does.
 fn visible_in_order(mounts: &[HostMount]) -> Vec<&HostMount> {
     let by_id: HashMap<u32, &HostMount> = mounts.iter().map(|m| (m.id, m)).collect();
-    let overmounted =
-        |m: &HostMount| mounts.iter().any(|c| c.parent == m.id && c.id != m.id && c.point == m.point);
+    // Whether something other than `except` is mounted over `m` itself.
+    let covered = |m: &HostMount, except: u32| {
+        mounts.iter().any(|c| c.parent == m.id && c.id != m.id && c.id != except && c.point == m.point)
+    };
     let visible = |m: &HostMount| {
+        if covered(m, m.id) {
+            return false;
+        }
         let mut current = m;
         for _ in 0..mounts.len() {
-            if overmounted(current) {
-                return false;
-            }
             match by_id.get(&current.parent) {
-                Some(parent) if parent.id != current.id => current = parent,
+                Some(parent) if parent.id != current.id => {
+                    if covered(parent, current.id) {
+                        return false;
+                    }
+                    current = parent;
+                }
                 _ => return true,
             }
         }

@@ -50,7 +50,8 @@ pub(crate) fn prepare(
     for dir in [&mem_upper, &mem_work] {
         std::fs::create_dir(dir).map_err(|e| err("create the stage's layers", e))?;
     }
-    let memory = open_dir(libc::AT_FDCWD, &cpath(mem_upper.as_os_str())?).map_err(|e| err("open the tmpfs", e))?;
+    let memory =
+        open_dir(libc::AT_FDCWD, &cpath(mem_upper.as_os_str())?).map_err(|e| err("open the tmpfs", e))?;
     Ok((MemoryStage { memory, disk }, mem_upper, mem_work))
 }
 
@@ -61,7 +62,11 @@ fn cpath(path: &OsStr) -> Result<CString, StepError> {
 fn open_dir(at: RawFd, name: &CStr) -> io::Result<OwnedFd> {
     // SAFETY: a valid directory descriptor (or AT_FDCWD) and name.
     let fd = unsafe {
-        libc::openat(at, name.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        libc::openat(
+            at,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
     };
     sys::check(fd.into())?;
     // SAFETY: a fresh descriptor.
@@ -114,7 +119,9 @@ fn names(dir: RawFd) -> io::Result<Vec<CString>> {
 /// stops the copy and is returned: the run's records then say the stage is
 /// incomplete.
 pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
-    let describe = |at: &[u8], e: io::Error| format!("copying the stage out of memory at {:?}: {e}", String::from_utf8_lossy(at));
+    let describe = |at: &[u8], e: io::Error| {
+        format!("copying the stage out of memory at {:?}: {e}", String::from_utf8_lossy(at))
+    };
     // The directories still to list, each as (depth, names left); only the
     // current pair of directory descriptors is open, so depth is unlimited.
     let mut memory = open_dir(stage.memory.as_raw_fd(), c".").map_err(|e| describe(b".", e))?;
@@ -184,40 +191,47 @@ fn finish_dir(memory: RawFd, disk: RawFd) {
 
 fn copy_entry(memory: RawFd, disk: RawFd, name: &CStr, st: &libc::stat) -> io::Result<()> {
     let kind = st.st_mode & libc::S_IFMT;
-    // SAFETY (each block): valid descriptors and NUL-terminated names.
+    let chown = || {
+        // SAFETY: valid descriptor and name; a failure keeps init's ownership.
+        unsafe { libc::fchownat(disk, name.as_ptr(), st.st_uid, st.st_gid, libc::AT_SYMLINK_NOFOLLOW) };
+    };
     match kind {
         libc::S_IFREG => {
-            let fd = unsafe { libc::openat(memory, name.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-            sys::check(fd.into())?;
-            let from = unsafe { File::from_raw_fd(fd) };
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-            let fd = unsafe { libc::openat(disk, name.as_ptr(), flags, 0o600) };
-            sys::check(fd.into())?;
-            let to = unsafe { File::from_raw_fd(fd) };
+            let open = |dir: RawFd, flags: libc::c_int| -> io::Result<File> {
+                // SAFETY: valid descriptor and name.
+                let fd = unsafe {
+                    libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
+                };
+                sys::check(fd.into())?;
+                // SAFETY: a fresh descriptor.
+                Ok(unsafe { File::from_raw_fd(fd) })
+            };
+            let from = open(memory, libc::O_RDONLY)?;
+            let to = open(disk, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC)?;
             pvisor_core::digest::copy_sparse(&from, &to)?;
             copy_xattrs(from.as_raw_fd(), to.as_raw_fd());
-            unsafe {
-                libc::fchown(to.as_raw_fd(), st.st_uid, st.st_gid);
-                sys::check(libc::fchmod(to.as_raw_fd(), st.st_mode & 0o7777).into())?;
-            }
+            chown();
+            // SAFETY: fchmod on our descriptor.
+            sys::check(unsafe { libc::fchmod(to.as_raw_fd(), st.st_mode & 0o7777) }.into())?;
         }
         libc::S_IFLNK => {
-            let mut buf = vec![0u8; 4096];
+            let mut buf = vec![0u8; libc::PATH_MAX as usize];
+            // SAFETY: valid descriptor, name and buffer.
             let n = unsafe { libc::readlinkat(memory, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
             sys::check(n as i64)?;
             buf.truncate(n as usize);
             let target = CString::new(buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            // SAFETY: valid descriptor and NUL-terminated strings.
             sys::check(unsafe { libc::symlinkat(target.as_ptr(), disk, name.as_ptr()) }.into())?;
-            unsafe { libc::fchownat(disk, name.as_ptr(), st.st_uid, st.st_gid, libc::AT_SYMLINK_NOFOLLOW) };
-            return set_times(disk, name, st);
+            chown();
         }
         // Whiteouts (character device 0:0) may be made without CAP_MKNOD;
         // fifos by anyone. Sockets and other devices cannot be copied and
         // are staged as nothing (the seal would refuse them anyway).
         libc::S_IFCHR | libc::S_IFIFO => {
-            let rc = unsafe { libc::mknodat(disk, name.as_ptr(), st.st_mode, st.st_rdev) };
-            sys::check(rc.into())?;
-            unsafe { libc::fchownat(disk, name.as_ptr(), st.st_uid, st.st_gid, libc::AT_SYMLINK_NOFOLLOW) };
+            // SAFETY: valid descriptor and name.
+            sys::check(unsafe { libc::mknodat(disk, name.as_ptr(), st.st_mode, st.st_rdev) }.into())?;
+            chown();
         }
         _ => return Ok(()),
     }

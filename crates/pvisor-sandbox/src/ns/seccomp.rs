@@ -19,8 +19,12 @@
 //! - `settimeofday`, `clock_settime`, `clock_adjtime`: the host clock;
 //! - `ioctl(TIOCSTI)` and `ioctl(TIOCLINUX)`: typing into a terminal;
 //! - `io_uring_setup`, `io_uring_enter`, `io_uring_register`: a large kernel
-//!   attack surface that also bypasses per-call filtering (Docker's default
-//!   profile has denied it since 2023).
+//!   attack surface that also bypasses per-call filtering;
+//! - `name_to_handle_at` (the other half of the "shocker" pair),
+//!   `lookup_dcookie`, `syslog` (the kernel log), `vhangup`, `fanotify_init`,
+//!   and on x86_64 `iopl`, `ioperm`, `uselib`, `ustat`, `sysfs`, `_sysctl`:
+//!   what Docker's default profile refuses a container without the matching
+//!   capability; docs/threat-model.md compares the two lists.
 //!
 //! `socket` and `socketpair` get `EAFNOSUPPORT` for every address family but
 //! `AF_UNIX`, `AF_INET`, `AF_INET6` and `AF_NETLINK`: `AF_VSOCK` would reach
@@ -75,7 +79,26 @@ const DENIED: &[i64] = &[
     libc::SYS_io_uring_setup,
     libc::SYS_io_uring_enter,
     libc::SYS_io_uring_register,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_syslog,
+    libc::SYS_vhangup,
+    libc::SYS_fanotify_init,
 ];
+
+/// Calls only x86_64 has, refused for the same reasons as Docker's default
+/// profile refuses them: port I/O, and obsolete interfaces with a history of bugs.
+#[cfg(target_arch = "x86_64")]
+const DENIED_X86_64: &[i64] = &[
+    libc::SYS_iopl,
+    libc::SYS_ioperm,
+    libc::SYS_uselib,
+    libc::SYS_ustat,
+    libc::SYS_sysfs,
+    libc::SYS__sysctl,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const DENIED_X86_64: &[i64] = &[];
 
 /// The socket address families a sandboxed command may create.
 const ALLOWED_FAMILIES: [i32; 4] = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
@@ -141,7 +164,8 @@ fn equals(arg: u8, value: u64) -> Result<SeccompRule, String> {
 #[allow(clippy::unnecessary_cast)]
 pub(crate) fn build() -> Result<Filters, String> {
     let arch = arch()?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().chain(DENIED_X86_64).map(|&nr| (nr, Vec::new())).collect();
     let newuser = libc::CLONE_NEWUSER as u64;
     rules.insert(libc::SYS_unshare, vec![masked(0, newuser)?]);
     rules.insert(libc::SYS_clone, vec![masked(0, newuser)?]);

@@ -1402,7 +1402,13 @@ impl SandboxProcess for VmProcess {
             let (_, usage) = shared.quit_and_reap();
             let _ = fs::remove_file(&shared.lower);
             let _ = fs::remove_file(&shared.upper);
-            return Ok(ExitReport { termination, usage, oom_killed: false, interrupted_at_terminal: false, stage_error: None });
+            return Ok(ExitReport {
+                termination,
+                usage,
+                oom_killed: false,
+                interrupted_at_terminal: false,
+                stage_error: None,
+            });
         }
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
@@ -1459,7 +1465,13 @@ impl SandboxProcess for VmProcess {
         // The disks are the Attempt's scratch; the stage now holds the result.
         let _ = fs::remove_file(&shared.lower);
         let _ = fs::remove_file(&shared.upper);
-        Ok(ExitReport { termination, usage, oom_killed: false, interrupted_at_terminal: false, stage_error: None })
+        Ok(ExitReport {
+            termination,
+            usage,
+            oom_killed: false,
+            interrupted_at_terminal: false,
+            stage_error: None,
+        })
     }
 }
 
