@@ -155,9 +155,13 @@ impl Builder<'_> {
             } else if kind.is_symlink() {
                 let link = fs::read_link(&from).map_err(|e| io_err("read", &from, e))?;
                 std::os::unix::fs::symlink(link, &to).map_err(|e| io_err("create", &to, e))?;
-            } else if !kind.is_socket() {
+            } else {
                 fs::File::create(&to).map_err(|e| io_err("create", &to, e))?;
-                bind_read_only(&from, &to, false)?;
+                // A socket stays an empty file (connecting to it is refused,
+                // and --expose-socket has a place to bind the real one).
+                if !kind.is_socket() {
+                    bind_read_only(&from, &to, false)?;
+                }
             }
         }
         sys::mount_setattr(target, sys::MOUNT_ATTR_RDONLY, false).map_err(|e| mount_err("seal the view", e))
