@@ -216,6 +216,11 @@ pub struct ResourceLimits {
 }
 
 impl ResourceLimits {
+    /// Whether no limit at all is asked for.
+    pub fn is_empty(&self) -> bool {
+        self.memory_bytes.is_none() && self.pids.is_none() && self.cpus.is_none() && self.disk_bytes.is_none()
+    }
+
     /// Whether `limit` (`memory`, `pids`, `cpus`) is pvisor's default rather
     /// than the user's request.
     pub fn is_default(&self, limit: &str) -> bool {

@@ -130,6 +130,9 @@ fn join_shared_v1(
 /// Starts, in the background, the RCU grace period that moving a process
 /// between cgroup v1 cgroups waits for, so the run's own move (moments
 /// later, in the helper) finds it passed.
+/// Called as `pvisor run` starts, so the wait overlaps admission. (A second
+/// warm-up as the sandbox is spawned measured slower: it restarts the wait
+/// whenever the first window has closed.)
 ///
 /// Every write to a v1 `cgroup.procs` takes the kernel's threadgroup rwsem
 /// for writing, whose first writer waits a grace period (~7 ms here, the

@@ -359,7 +359,10 @@ pub fn admit(
     let scrubbed: Vec<String> = scrubbed.into_iter().map(|(k, _)| k).collect();
     let mut hidden_secrets: Vec<(PathBuf, &'static str)> = Vec::new();
     let mut skipped_hides: Vec<PathBuf> = Vec::new();
-    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    // Most candidates (47 default secret stores, other state directories)
+    // do not exist: one lstat says so, where realpath would walk each
+    // component first.
+    let canonical = |p: &Path| std::fs::symlink_metadata(p).ok().and_then(|_| std::fs::canonicalize(p).ok());
     let exposed: Vec<PathBuf> =
         request.secrets.expose.iter().map(|p| canonical(p).unwrap_or_else(|| p.clone())).collect();
     let defaults =

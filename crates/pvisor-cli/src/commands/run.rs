@@ -73,7 +73,7 @@ pub fn execute(
     announce_policy(&network)?;
     let limits = limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?;
     if executor.name() == "ns" {
-        if limits.memory_bytes.is_some() || limits.pids.is_some() || limits.cpus.is_some() {
+        if !limits.is_empty() {
             pvisor_sandbox::limits::warm_up();
         }
         announce_unenforceable(&limits, options.quiet);
