@@ -92,8 +92,19 @@ pub struct CheckpointManifest {
     pub preimages_blake3: String,
     /// What a workspace checkpoint does not capture.
     pub limits: String,
+    /// The Job's changes not carried because they were already applied or
+    /// dropped: a fork starts from the *remaining* changes only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
 }
 record!(CheckpointManifest, "manifest.json");
+
+/// A change a checkpoint leaves out, and why (`applied` or `dropped`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub path: crate::store::RelPath,
+    pub outcome: String,
+}
 
 /// One entry of a checkpoint's upper tree, with its overlay markers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@
 //! `copy_file_range`/read-write elsewhere; [`CopyMethod`] says which.
 
 use std::ffi::CString;
+use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -121,11 +122,23 @@ fn sync_dir(dir: &Path) -> Result<(), StageError> {
 /// one `syncfs(2)` (cheaper than an fsync per file, and just as complete).
 /// Returns the entries, sorted by path.
 pub fn copy_upper(src: &Path, dst: &Path) -> Result<(Vec<CheckpointEntry>, CopyMethod), StageError> {
+    copy_upper_except(src, dst, &BTreeSet::new())
+}
+
+/// [`copy_upper`], leaving out the changes at `left_out` (those already
+/// applied or dropped): a file, symlink or whiteout there is not copied, a
+/// directory there loses its opaque marker and is kept only if something
+/// beneath it is carried.
+pub fn copy_upper_except(
+    src: &Path,
+    dst: &Path,
+    left_out: &BTreeSet<RelPath>,
+) -> Result<(Vec<CheckpointEntry>, CopyMethod), StageError> {
     let mode = fs::symlink_metadata(src).map_err(io_err("inspect", src))?.mode() & 0o7777;
     fs::DirBuilder::new().mode(0o700).create(dst).map_err(io_err("create", dst))?;
     let mut entries = Vec::new();
     let mut method = CopyMethod::default();
-    copy_dir(src, dst, Path::new(""), &mut entries, &mut method)?;
+    copy_dir(src, dst, Path::new(""), left_out, &mut entries, &mut method)?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
     syncfs(dst)?;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
@@ -136,6 +149,7 @@ fn copy_dir(
     src_root: &Path,
     dst_root: &Path,
     rel: &Path,
+    left_out: &BTreeSet<RelPath>,
     entries: &mut Vec<CheckpointEntry>,
     method: &mut CopyMethod,
 ) -> Result<(), StageError> {
@@ -160,17 +174,26 @@ fn copy_dir(
             blake3: None,
             opaque: false,
         };
+        let leave_out = left_out.contains(&entry.path);
+        if leave_out && !ft.is_dir() {
+            continue;
+        }
         if overlay::is_whiteout(&src, &meta) {
             make_whiteout(&dst)?;
             entry.entry = "whiteout".into();
             entry.mode = 0;
         } else if ft.is_dir() {
             fs::DirBuilder::new().mode(0o700).create(&dst).map_err(io_err("create", &dst))?;
-            entry.opaque = overlay::is_opaque(&src);
+            entry.opaque = !leave_out && overlay::is_opaque(&src);
             if entry.opaque {
                 mark_opaque(&dst)?;
             }
-            copy_dir(src_root, dst_root, &rel, entries, method)?;
+            let before = entries.len();
+            copy_dir(src_root, dst_root, &rel, left_out, entries, method)?;
+            if leave_out && entries.len() == before {
+                fs::remove_dir(&dst).map_err(io_err("remove", &dst))?;
+                continue;
+            }
             fs::set_permissions(&dst, fs::Permissions::from_mode(mode))
                 .map_err(io_err("set the mode of", &dst))?;
             sync_dir(&dst)?;
@@ -394,6 +417,7 @@ mod tests {
             entries,
             preimages_blake3: store::blake3_hex(b"{}"),
             limits: String::new(),
+            left_out: Vec::new(),
         };
         fs::write(ckpt.join("manifest.json"), store::to_json_bytes(&manifest)).unwrap();
         verify_checkpoint(&ckpt).unwrap();

@@ -78,6 +78,40 @@ fn a_fork_keeps_the_original_conflict_baselines() {
     assert_eq!(fs::read_to_string(env.ws.join("notes")).unwrap(), "mine, edited\n");
 }
 
+/// A fork starts from the parent's *remaining* changes: what the user
+/// dropped does not come back, what they applied is not applied twice, and
+/// the checkpoint says what it left out (issue 17, item 1: `a` was deleted).
+#[test]
+fn a_fork_carries_only_the_parents_remaining_changes() {
+    let env = Env::new(As::Rootless);
+    env.write("a", "keep me\n");
+    env.write("b", "b\n");
+    env.write("d/x", "x\n");
+    assert!(env.run_sh("rm a; echo B2 > b; echo c > c; rm -r d").status.success());
+    let parent = job_of(&env);
+    env.expect(&["drop", "a"], 0);
+    env.expect(&["apply", "b"], 0);
+    fs::write(env.ws.join("b"), "edited after apply\n").unwrap();
+    let out = env.pvisor(&["fork", &parent, "--", "sh", "-c", "test -e a && echo A-PRESENT; cat b"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "A-PRESENT\nedited after apply\n", "the fork sees the host's a and b");
+    let paths: Vec<String> =
+        env.review().iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(paths, ["c", "d"], "only the remaining changes are carried");
+    env.expect(&["apply", "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("a")).unwrap(), "keep me\n", "the dropped deletion stayed dropped");
+    assert_eq!(fs::read_to_string(env.ws.join("b")).unwrap(), "edited after apply\n");
+    assert!(env.ws.join("c").exists() && !env.ws.join("d").exists());
+    let ckpt = checkpoint_ids(&env).pop().unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(env.home.join("checkpoints").join(&ckpt).join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        manifest["left_out"],
+        serde_json::json!([{"path": "a", "outcome": "dropped"}, {"path": "b", "outcome": "applied"}])
+    );
+}
+
 #[test]
 fn a_crash_during_checkpoint_leaves_no_listed_checkpoint() {
     let env = Env::new(As::Rootless);

@@ -12,10 +12,11 @@ use std::fs;
 use serde_json::json;
 
 use pvisor_core::ids::{CheckpointId, JobId};
-use pvisor_core::records::CheckpointManifest;
+use pvisor_core::records::{CheckpointManifest, LeftOut};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_stage::checkpoint::{copy_upper, verify_checkpoint};
+use pvisor_stage::checkpoint::{copy_upper_except, verify_checkpoint};
+use pvisor_stage::ledger::Outcome;
 use pvisor_stage::StageError;
 
 use crate::effects::{self, EffectsError, Stage};
@@ -78,7 +79,19 @@ pub fn checkpoint(
     let tmp = store.checkpoints_dir().join(format!(".tmp-{id}"));
     store::create_dir_all_private(&tmp)?;
     let result = (|| -> Result<CheckpointManifest, CheckpointError> {
-        let (entries, method) = copy_upper(&stage.stage_dir.join("upper"), &tmp.join("upper"))?;
+        // Changes already applied (now in the workspace) or dropped are
+        // not carried: a fork must not bring back what the user discarded.
+        let left_out: Vec<LeftOut> = stage
+            .outcomes
+            .iter()
+            .filter_map(|(path, outcome)| match outcome {
+                Outcome::Applied => Some(LeftOut { path: path.clone(), outcome: "applied".into() }),
+                Outcome::Dropped => Some(LeftOut { path: path.clone(), outcome: "dropped".into() }),
+                Outcome::Interrupted => None,
+            })
+            .collect();
+        let skip = left_out.iter().map(|l| l.path.clone()).collect();
+        let (entries, method) = copy_upper_except(&stage.stage_dir.join("upper"), &tmp.join("upper"), &skip)?;
         let preimages =
             match store::read_capped(&stage.stage_dir.join("preimages.json"), store::RECORD_READ_CAP) {
                 Ok(bytes) => bytes,
@@ -103,6 +116,7 @@ pub fn checkpoint(
             entries,
             preimages_blake3: store::blake3_hex(&preimages),
             limits: LIMITS.into(),
+            left_out,
         };
         failpoint::hit("checkpoint-before-manifest");
         store::write_atomic(&tmp.join("manifest.json"), &store::to_json_bytes(&manifest))?;
@@ -129,7 +143,7 @@ pub fn checkpoint(
         "checkpoint.created",
         Some(stage.status.attempt.number()),
         None,
-        json!({"checkpoint": manifest.id, "kind": manifest.kind, "entries": manifest.entries.len(), "copy_method": manifest.copy_method}),
+        json!({"checkpoint": manifest.id, "kind": manifest.kind, "entries": manifest.entries.len(), "copy_method": manifest.copy_method, "left_out": manifest.left_out}),
         true,
     )?;
     Ok((manifest, held))
