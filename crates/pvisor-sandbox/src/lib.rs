@@ -40,6 +40,11 @@ pub struct SandboxSpec {
     pub root_mount: PathBuf,
     /// Host directories the sandbox must not see (replaced by empty directories).
     pub hidden: Vec<PathBuf>,
+    /// The command starts only once `CLOCK_REALTIME_COARSE` has reached this
+    /// (ns since the epoch): the run's conflict baseline, so an edit on the
+    /// host during the run is never stamped before it.
+    #[serde(default)]
+    pub start_at_coarse_ns: Option<i128>,
     /// Host Unix sockets the command may connect to (`--expose-socket`);
     /// every other host socket is unreachable (see `ns/host_view.rs`).
     #[serde(default)]

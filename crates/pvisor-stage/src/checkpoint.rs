@@ -11,8 +11,8 @@
 //! Copies use reflinks (`FICLONE`) where the filesystem shares extents, and
 //! `copy_file_range`/read-write elsewhere; [`CopyMethod`] says which.
 
-use std::ffi::CString;
 use std::collections::BTreeSet;
+use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;

@@ -3,7 +3,8 @@
 //! A preimage is what the host held at a path before the sandbox first
 //! modified it: absent, or kind + mode + size + BLAKE3. The `ns` executor's
 //! lower layer *is* the live workspace, so there is no snapshot to compare
-//! with; instead (DESIGN.md "Effects") the run's start time is the baseline:
+//! with; instead (DESIGN.md "Effects") the run's start is the baseline
+//! ([`baseline_now`]: the next tick of the clock that stamps ctime):
 //! at sealing, a host entry whose ctime is older than the start is exactly what
 //! the sandbox saw, so it is hashed then; an entry changed during the run, or
 //! a path whose directory changed (something created or removed), has no
@@ -26,12 +27,28 @@ use pvisor_core::store::RelPath;
 use crate::beneath::{Kind, Root};
 use crate::StageError;
 
-/// Returns the clock filesystems stamp ctime with (`CLOCK_REALTIME_COARSE`), in
-/// ns since the epoch. Take it when the run starts: any later change to a host
-/// entry then has a ctime at or after it, because the coarse clock never goes
-/// back. An entry stamped in the same tick as the start is treated as changed
-/// during the run (a false conflict is safe; a missed one is not).
+/// The run's baseline, in ns since the epoch on the clock filesystems stamp
+/// ctime with (`CLOCK_REALTIME_COARSE`): the *next* tick of that clock.
+///
+/// An entry changed before the clock reaches it has a ctime below it; the
+/// command must not start until the clock has reached it (see
+/// [`coarse_now`]; the `ns` sandbox waits for it, a VM boots for longer), so
+/// every change made while the command runs has a ctime at or after it, the
+/// coarse clock never going back. Taking the current tick instead would count
+/// an edit made just before the run, in the same tick, as made during it: a
+/// false conflict on timestamps alone (git's "racy" entries), seen in 1 of
+/// 6-17 run → fork → apply trials on a fresh workspace.
 pub fn baseline_now() -> i128 {
+    let mut resolution = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and out-pointer.
+    unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut resolution) };
+    let tick = (i128::from(resolution.tv_sec) * 1_000_000_000 + i128::from(resolution.tv_nsec))
+        .clamp(1, 100_000_000);
+    coarse_now() + tick
+}
+
+/// `CLOCK_REALTIME_COARSE` now, in ns since the epoch.
+pub fn coarse_now() -> i128 {
     // SAFETY: zeroed timespec is a valid out-parameter.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: a valid clock id and out-pointer.

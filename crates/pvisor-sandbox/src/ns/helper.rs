@@ -318,6 +318,9 @@ fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     let sockets_reachable = view.sockets_reachable.into_iter().take(16).collect();
     Report::Ready { sockets_reachable }.send();
 
+    if let Some(at) = spec.sandbox.start_at_coarse_ns {
+        wait_for_coarse_clock(at);
+    }
     // SAFETY: init is single-threaded, so the child may run arbitrary code.
     let child = unsafe { libc::fork() };
     if child < 0 {
@@ -383,6 +386,25 @@ fn supervise(command: libc::pid_t, memory_stage: Option<memory_stage::MemoryStag
                 exit(status_to_code(status));
             }
         }
+    }
+}
+
+/// Sleeps until `CLOCK_REALTIME_COARSE` reaches `at` (the run's conflict
+/// baseline; usually passed already, the sandbox's setup being longer than
+/// a clock tick).
+fn wait_for_coarse_clock(at: i128) {
+    let now = || {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid clock id and out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+        i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+    };
+    for _ in 0..1000 {
+        let left = at - now();
+        if left <= 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(left.clamp(100_000, 100_000_000) as u64));
     }
 }
 

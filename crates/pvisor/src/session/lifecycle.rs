@@ -195,6 +195,7 @@ impl Session {
     pub(crate) async fn run(mut self, mut cancel: mpsc::UnboundedReceiver<i32>) -> Result<RunEnd, RunError> {
         // A resumed or forked VM still sees the workspace image of its first start.
         let baseline = self.baseline.unwrap_or_else(pvisor_stage::preimage::baseline_now);
+        self.spec.start_at_coarse_ns = Some(baseline);
         if let Some(vm) = self.spec.vm.as_mut() {
             vm.context["baseline"] = json!(baseline.to_string());
         }
