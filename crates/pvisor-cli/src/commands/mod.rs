@@ -25,6 +25,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::cmd_run(args),
         Command::Status(args) => status::cmd_status(args),
         Command::Review(args) => review::cmd_review(args),
+        Command::Diff(mut args) => {
+            args.diff = true;
+            review::cmd_review(args)
+        }
         Command::Apply(args) => apply::cmd_apply(args),
         Command::Drop(args) => drop::cmd_drop(args),
         Command::Kill(args) => kill::cmd_kill(args),

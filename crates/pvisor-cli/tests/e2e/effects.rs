@@ -175,6 +175,8 @@ fn review_apply_some_review_the_rest_then_drop() {
     assert!(!diff.contains('\x1b'), "piped output must be plain");
     let colored = env.expect(&["review", "--diff", "--color", "always", "tracked"], 0);
     assert!(colored.contains("\x1b[32m+five"), "{colored}");
+    // `pvisor diff` is `review --diff` (it used to be a plain alias of review).
+    assert_eq!(env.expect(&["diff", "tracked", "existing"], 0), diff);
 
     // Apply a directory: everything under it, nothing else.
     env.expect(&["apply", "src"], 0);
