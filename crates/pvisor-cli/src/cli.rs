@@ -25,7 +25,9 @@ pub enum Command {
     Status(StatusArgs),
     Review(ReviewArgs),
     /// Show a Job's staged changes as unified diffs: `pvisor review --diff`.
-    #[command(after_help = "Examples:\n  pvisor diff                  the last Job's changes, as diffs\n  pvisor diff src/             only under src/\n  pvisor diff job-01JD4 --color never")]
+    #[command(
+        after_help = "Examples:\n  pvisor diff                  the last Job's changes, as diffs\n  pvisor diff src/             only under src/\n  pvisor diff job-01JD4 --color never"
+    )]
     Diff(ReviewArgs),
     Apply(ApplyArgs),
     Drop(DropArgs),

@@ -11,7 +11,7 @@ use crate::output::json_line;
 
 pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
     let out = args.output.unwrap_or_else(|| format!("{job}.pvisor.tar").into());
     let manifest = archive::export(&store, &job, &out)?;

@@ -11,7 +11,7 @@ use crate::output::json_line;
 
 pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     if args.kind == "execution" {
         return super::execution::cmd_checkpoint_execution(&store, &job, args.json);
     }

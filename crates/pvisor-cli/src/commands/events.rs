@@ -10,7 +10,7 @@ use crate::output::json_line;
 
 pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
     let job_record: pvisor_core::records::JobRecord = store.read(&store.job_file(&job))?;
     let (events, warnings) = views::events(&store, &job_record.run)?;

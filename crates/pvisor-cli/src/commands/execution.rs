@@ -86,7 +86,7 @@ pub fn cmd_checkpoint_execution(store: &Store, job: &JobId, json: bool) -> anyho
 
 pub fn cmd_suspend(args: SuspendArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     let manifest = request(&store, &job, ControlRequest::Suspend)?;
     // The supervisor reaps QEMU and commits the termination receipt; wait for it.
     let (_, _, attempt) = records(&store, &job)?;
@@ -116,7 +116,7 @@ pub fn cmd_suspend(args: SuspendArgs) -> anyhow::Result<i32> {
 
 pub fn cmd_resume(args: ResumeArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     let state = views::status(&store, &job)?.state;
     let (job_record, _, _) = records(&store, &job)?;
     if !job_record.continuation {

@@ -1,13 +1,12 @@
 //! `pvisor kill [JOB] [--grace DURATION]`.
 
-use pvisor::runtime::job_service::views;
 use pvisor::runtime::kill::{self, Killed};
 
 use crate::cli::KillArgs;
 
 pub fn cmd_kill(args: KillArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     match super::freeing_space(&store, || Ok(kill::kill(&store, &job, args.grace)?))? {
         Killed::AlreadyEnded(state) => println!("{job} had already ended ({state}); nothing to kill"),
         Killed::Ended { state, stopped_owner } => {

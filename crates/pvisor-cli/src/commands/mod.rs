@@ -110,26 +110,118 @@ pub fn freeing_space<T>(store: &Store, mut command: impl FnMut() -> anyhow::Resu
 }
 
 /// Splits `[JOB] [PATH...]`: the first word is a job if it resolves to one,
-/// otherwise it is a path and the most recent Job is meant.
+/// otherwise it is a path and the current workspace's most recent Job is
+/// meant (see [`resolve_job`]). Paths are relative to the current directory
+/// when it is inside the Job's workspace, else to the workspace's root.
 pub fn job_and_paths(
     store: &Store,
     first: Option<String>,
     mut rest: Vec<String>,
 ) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
     use pvisor::runtime::job_service::views;
+    let mut named = None;
     if let Some(word) = first {
         let looks_like_job =
             word.starts_with("job-") || (!word.contains(['/', '.', '*', '?', '[']) && word.len() >= 4);
         if looks_like_job {
             match views::resolve_job(store, Some(&word)) {
-                Ok(job) => return Ok((job, rest)),
+                Ok(job) => named = Some(job),
                 Err(views::ViewError::NotFound { .. }) if !word.starts_with("job-") => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        rest.insert(0, word);
+        if named.is_none() {
+            rest.insert(0, word);
+        }
     }
-    Ok((views::resolve_job(store, None)?, rest))
+    let job = match named {
+        Some(job) => job,
+        None => resolve_job(store, None)?,
+    };
+    let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job))?.workspace;
+    let paths = match current_dir() {
+        Some(cwd) => workspace_relative(rest, &cwd, &workspace)?,
+        None => rest,
+    };
+    Ok((job, paths))
+}
+
+fn current_dir() -> Option<std::path::PathBuf> {
+    std::env::current_dir().and_then(std::fs::canonicalize).ok()
+}
+
+/// Resolves a JOB argument; without one, the most recent Job of the
+/// workspace that contains the current directory (said on stderr when it is
+/// not the most recent Job overall), else the most recent Job (said too).
+pub fn resolve_job(store: &Store, query: Option<&str>) -> anyhow::Result<pvisor_core::ids::JobId> {
+    use pvisor::runtime::job_service::views;
+    if query.is_some() {
+        return Ok(views::resolve_job(store, query)?);
+    }
+    let latest = views::resolve_job(store, None)?;
+    let Some(cwd) = current_dir() else { return Ok(latest) };
+    match views::latest_job_in(store, &cwd)? {
+        Some((job, _)) if job == latest => Ok(job),
+        Some((job, workspace)) => {
+            eprintln!(
+                "pvisor: {job}: the most recent Job of this workspace ({}); the most recent overall is {latest}",
+                crate::output::shown_path(&workspace)
+            );
+            Ok(job)
+        }
+        None => {
+            let workspace = store
+                .read::<pvisor_core::records::JobRecord>(&store.job_file(&latest))
+                .map(|r| crate::output::shown_path(&r.workspace))
+                .unwrap_or_default();
+            eprintln!(
+                "pvisor: note: no Job ran over this directory; using the most recent Job, {latest} (workspace {workspace})"
+            );
+            Ok(latest)
+        }
+    }
+}
+
+/// Makes `paths` (given relative to `cwd`) relative to `workspace`, when
+/// `cwd` is inside it: `pvisor apply file` from `sub/` means `sub/file`,
+/// `.` means `sub` (or everything, at the root), `../x` climbs. A path that
+/// leaves the workspace is an error. Globs are taken relative to `cwd` too.
+fn workspace_relative(
+    paths: Vec<String>,
+    cwd: &std::path::Path,
+    workspace: &std::path::Path,
+) -> anyhow::Result<Vec<String>> {
+    use std::path::{Component, Path, PathBuf};
+    if !cwd.starts_with(workspace) {
+        return Ok(paths);
+    }
+    let mut out = Vec::with_capacity(paths.len());
+    for given in paths {
+        let joined = if Path::new(&given).is_absolute() { PathBuf::from(&given) } else { cwd.join(&given) };
+        let mut normal = PathBuf::new();
+        for component in joined.components() {
+            match component {
+                Component::ParentDir => {
+                    normal.pop();
+                }
+                Component::CurDir => {}
+                other => normal.push(other),
+            }
+        }
+        let Ok(rel) = normal.strip_prefix(workspace) else {
+            anyhow::bail!(
+                "{} is outside the workspace {}; give a path inside it",
+                crate::output::shown(&given),
+                crate::output::shown_path(workspace)
+            );
+        };
+        out.push(if rel.as_os_str().is_empty() {
+            "**".to_owned()
+        } else {
+            rel.to_string_lossy().into_owned()
+        });
+    }
+    Ok(out)
 }
 
 /// Whether to colour output written to stdout.

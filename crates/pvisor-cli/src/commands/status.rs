@@ -9,7 +9,7 @@ use crate::output::{ending, json_line, shell_words};
 
 pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let job = views::resolve_job(&store, args.job.as_deref())?;
+    let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
     let status = views::status(&store, &job)?;
     let mut out = std::io::stdout().lock();

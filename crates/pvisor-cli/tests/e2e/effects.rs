@@ -355,3 +355,51 @@ fn a_host_directory_replaced_by_a_staged_file_is_compared_in_full() {
     assert_eq!(fs::read_to_string(env.ws.join("d/x")).unwrap(), "file\n");
     assert!(env.ws.join("d/other").exists(), "only the selected path changed");
 }
+
+/// Without a JOB, commands act on the most recent Job of the workspace you
+/// are in, not the most recent anywhere; paths are relative to the current
+/// directory (issue 17, item 5: `apply --all --dry-run` offered another
+/// directory's Job, and `apply file` failed from a subdirectory).
+#[test]
+fn commands_act_on_the_workspace_you_are_in_with_paths_relative_to_it() {
+    let env = Env::new(As::Rootless);
+    env.write("sub/f", "1\n");
+    assert!(env.run_sh("echo changed > sub/f; echo new > top").status.success());
+    let mine = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    // Another workspace, same state directory, run later.
+    let other = env.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    env.give_away(&other);
+    let out = env
+        .command(&["run", "-q", "--", "sh", "-c", "echo x > elsewhere"])
+        .current_dir(&other)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sub = env.ws.join("sub");
+    let in_sub = |args: &[&str]| env.command(args).current_dir(&sub).output().unwrap();
+    let review = in_sub(&["review", "--json", "."]);
+    let stdout = text(&review.stdout);
+    assert!(
+        stdout.contains("\"sub/f\"") && !stdout.contains("elsewhere") && !stdout.contains("\"top\""),
+        "{stdout}"
+    );
+    assert!(
+        text(&review.stderr).contains(&format!("{mine}: the most recent Job of this workspace")),
+        "{}",
+        text(&review.stderr)
+    );
+    let dry = in_sub(&["apply", "--all", "--dry-run"]);
+    assert!(
+        text(&dry.stdout).contains("sub/f") && !text(&dry.stdout).contains("elsewhere"),
+        "{}",
+        text(&dry.stdout)
+    );
+    let applied = in_sub(&["apply", "./f", "../top"]);
+    assert_eq!(applied.status.code(), Some(0), "{}{}", text(&applied.stdout), text(&applied.stderr));
+    assert_eq!(fs::read_to_string(sub.join("f")).unwrap(), "changed\n");
+    assert!(env.ws.join("top").exists() && !other.join("elsewhere").exists());
+    let outside = in_sub(&["apply", "../../other/elsewhere"]);
+    assert_eq!(outside.status.code(), Some(125));
+    assert!(text(&outside.stderr).contains("is outside the workspace"), "{}", text(&outside.stderr));
+}

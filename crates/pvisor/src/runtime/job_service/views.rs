@@ -95,6 +95,18 @@ pub(crate) fn check_run_binding(
 
 /// Resolves a job reference: an id, a unique prefix (with or without `job-`),
 /// or nothing for the most recent Job.
+/// The most recent Job whose workspace contains `dir` (canonical), newest
+/// first; `None` when no Job's does (or none can be read).
+pub fn latest_job_in(store: &Store, dir: &std::path::Path) -> Result<Option<(JobId, PathBuf)>, ViewError> {
+    for job in store.list_jobs()?.into_iter().rev() {
+        let Ok(record) = store.read::<JobRecord>(&store.job_file(&job)) else { continue };
+        if dir.starts_with(&record.workspace) {
+            return Ok(Some((job, record.workspace)));
+        }
+    }
+    Ok(None)
+}
+
 pub fn resolve_job(store: &Store, query: Option<&str>) -> Result<JobId, ViewError> {
     let jobs = store.list_jobs()?;
     let Some(query) = query else {
