@@ -36,10 +36,17 @@ use crate::trace::Trace;
 #[derive(Debug, thiserror::Error)]
 pub enum EffectsError {
     #[error(
-        "Job {job} has no confirmed result (state: {state}); apply and drop need an Attempt confirmed stopped by a valid receipt. \
-         `pvisor review {job}` still shows its staged files; `pvisor kill {job}` closes it as lost"
+        "Job {job} has no confirmed result (state: {state}): apply needs an Attempt confirmed stopped by a valid receipt, \
+         and drop a Job that is closed. `pvisor review {job} --diff` shows its staged files; `pvisor kill {job}` closes \
+         it as lost, after which `pvisor drop {job}` can discard them"
     )]
     Unconfirmed { job: JobId, state: JobState },
+    #[error(
+        "Job {job} was closed as lost: no receipt confirms how its command ended, so its staged files are never \
+         applied. `pvisor review {job} --diff` shows them (copy what you need by hand); `pvisor drop {job}` discards \
+         them, and `pvisor gc` then frees the space"
+    )]
+    Lost { job: JobId },
     #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
     Live { job: JobId },
     #[error(
@@ -381,10 +388,23 @@ pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     if stage.status.state == JobState::Suspended {
         return Err(EffectsError::Suspended { job: stage.status.job.clone() });
     }
+    if !stage.confirmed && stage.status.state == JobState::Lost {
+        return Err(EffectsError::Lost { job: stage.status.job.clone() });
+    }
     if !stage.confirmed {
         return Err(EffectsError::Unconfirmed { job: stage.status.job.clone(), state: stage.status.state });
     }
     Ok(())
+}
+
+/// What `drop` needs: a stage nobody writes any more. A Job closed as lost
+/// qualifies (dropping writes nothing to the workspace), though it can
+/// never be applied.
+fn require_closed(stage: &Stage) -> Result<(), EffectsError> {
+    match require_confirmed(stage) {
+        Err(EffectsError::Lost { .. }) => Ok(()),
+        other => other,
+    }
 }
 
 /// Reopens the Trace for an apply or drop; returns it with the seq of the
@@ -568,7 +588,7 @@ pub struct DropReport {
 /// Discards the remaining staged changes of `job` (or only those selected).
 pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<DropReport, EffectsError> {
     let stage = Stage::open(store, job)?;
-    require_confirmed(&stage)?;
+    require_closed(&stage)?;
     let _lock = lock_stage(&stage.stage_dir)?;
     // A workspace that is gone can be written by nobody: nothing to lock or
     // reconcile, and its stage can still be dropped.

@@ -64,7 +64,32 @@ fn unconfirmed_after(point: &str) {
     let killed = env.expect(&["kill"], 0);
     assert!(killed.contains("closed as lost"), "{killed}");
     assert_eq!(env.status_json(None)["state"], "lost");
-    assert_eq!(env.pvisor(&["apply", "--all"]).status.code(), Some(125));
+    // A lost Job is never applied, and the error says what can be done
+    // instead; drop and gc then free it (issue 17, item 6: a dead end).
+    let refused = env.pvisor(&["apply", "--all"]);
+    assert_eq!(refused.status.code(), Some(125));
+    let says = text(&refused.stderr);
+    assert!(
+        says.contains("closed as lost")
+            && says.contains("pvisor drop")
+            && !says.contains("closes it as lost"),
+        "{says}"
+    );
+    assert!(!env.ws.join("n").exists());
+    env.expect(&["drop"], 0);
+    let review = env.expect(&["review"], 0);
+    assert!(review.contains("dropped") && !review.contains("pending"), "{point}: {review}");
+    assert_eq!(
+        fs::read_to_string(env.ws.join("tracked")).unwrap(),
+        "t\n",
+        "drop writes nothing to the workspace"
+    );
+    let gc = env.expect(&["gc", "--older-than", "0s"], 0);
+    assert!(gc.contains("freed"), "{gc}");
+    assert!(
+        !attempt_dir(&env).parent().unwrap().parent().unwrap().join("stage/upper").exists(),
+        "{point}: {gc}"
+    );
 }
 
 /// After the receipt: the result is confirmed even though finalization stopped.

@@ -257,8 +257,16 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             report.kept.push(keep("newer than the threshold"));
             continue;
         }
-        let reviewed =
-            matches!(status.stage_state, Some(StageState::Applied | StageState::Dropped | StageState::Empty));
+        // A Job closed as lost has no confirmed stage state; once its
+        // changes are all dropped (the only thing it allows), it is reviewed.
+        let lost_and_dropped = status.state == JobState::Lost
+            && crate::effects::Stage::open(store, &id)
+                .is_ok_and(|stage| matches!(stage.state(), StageState::Dropped | StageState::Empty));
+        let reviewed = lost_and_dropped
+            || matches!(
+                status.stage_state,
+                Some(StageState::Applied | StageState::Dropped | StageState::Empty)
+            );
         if !reviewed && !force {
             let why = match status.state {
                 JobState::Unknown | JobState::Lost => {
