@@ -372,6 +372,12 @@ pub struct ApplyArgs {
     /// Colour diffs: auto (on a terminal), always, never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
+    /// List every path (by default more than 20 are summarised by directory).
+    #[arg(long, short = 'v', conflicts_with = "quiet")]
+    pub verbose: bool,
+    /// Print no per-path lines, only problems and the one-line total.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 /// Discard staged changes: the remaining ones, or only those selected.
@@ -385,6 +391,12 @@ pub struct DropArgs {
     pub job: Option<String>,
     /// Paths or globs to drop [default: every remaining change].
     pub paths: Vec<String>,
+    /// List every path (by default more than 20 are summarised by directory).
+    #[arg(long, short = 'v', conflicts_with = "quiet")]
+    pub verbose: bool,
+    /// Print no per-path lines, only the one-line total.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 /// End a Job in any non-terminal state; the way out of `unknown`.
@@ -471,11 +483,12 @@ pub struct ForkArgs {
 /// entry, so anyone can check it with `pvisor verify FILE`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor export -o run.pvisor.tar\n  pvisor export job-01JD4 -o /tmp/audit.tar"
+    after_help = "Examples:\n  pvisor export                             the last Job, into $PVISOR_HOME/exports/\n  pvisor export -o run.pvisor.tar\n  pvisor export job-01JD4 -o /tmp/audit.tar"
 )]
 pub struct ExportArgs {
     pub job: Option<String>,
-    /// Where to write the archive [default: <job>.pvisor.tar in the current directory].
+    /// Where to write the archive [default: <job>.pvisor.tar in the state
+    /// directory's exports/, never silently into the workspace].
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 }

@@ -97,3 +97,73 @@ mod tests {
         assert!(out.ends_with(b"}\n"));
     }
 }
+
+/// How many per-path lines `apply` and `drop` print before summarising.
+pub const PATH_LINES: usize = 20;
+
+/// How much of a per-path listing to print: `-q` none, `-v` every path,
+/// otherwise every path up to [`PATH_LINES`] and a summary by top-level
+/// directory beyond that (a pip install stages thousands of files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    Quiet,
+    Summary,
+    Verbose,
+}
+
+impl Detail {
+    pub fn of(quiet: bool, verbose: bool) -> Self {
+        match (quiet, verbose) {
+            (true, _) => Self::Quiet,
+            (false, true) => Self::Verbose,
+            (false, false) => Self::Summary,
+        }
+    }
+}
+
+/// One line of a per-path listing: the verb (`applied`, `dropped`), the
+/// change's kind, its (escaped) path and a note.
+pub struct PathLine {
+    pub word: String,
+    pub kind: &'static str,
+    pub path: String,
+    pub note: String,
+}
+
+/// Prints `lines` at `detail`; a summary groups them by verb and top-level
+/// directory, with counts by kind.
+pub fn path_lines(out: &mut impl Write, lines: &[PathLine], detail: Detail) -> std::io::Result<()> {
+    let every = |out: &mut dyn Write| -> std::io::Result<()> {
+        for l in lines {
+            writeln!(out, "  {:<11} {:<12} {}{}", l.word, l.kind, l.path, l.note)?;
+        }
+        Ok(())
+    };
+    match detail {
+        Detail::Quiet => Ok(()),
+        Detail::Verbose => every(out),
+        Detail::Summary if lines.len() <= PATH_LINES => every(out),
+        Detail::Summary => {
+            use std::collections::BTreeMap;
+            let mut groups: BTreeMap<(&str, String), BTreeMap<&str, usize>> = BTreeMap::new();
+            for l in lines {
+                // `lib` itself and what is under `lib/` are one group.
+                let top = l.path.split_once('/').map_or(l.path.as_str(), |(dir, _)| dir).to_owned();
+                *groups.entry((l.word.as_str(), top)).or_default().entry(l.kind).or_default() += 1;
+            }
+            for ((word, top), kinds) in groups.iter().take(PATH_LINES) {
+                let total: usize = kinds.values().sum();
+                let by_kind: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+                if total == 1 {
+                    writeln!(out, "  {word:<11} {top} ({})", by_kind.join(", "))?;
+                } else {
+                    writeln!(out, "  {word:<11} {total} changes in {top}/ ({})", by_kind.join(", "))?;
+                }
+            }
+            if groups.len() > PATH_LINES {
+                writeln!(out, "  … and {} more groups", groups.len() - PATH_LINES)?;
+            }
+            writeln!(out, "  ({} paths in {} groups; -v lists every path)", lines.len(), groups.len())
+        }
+    }
+}

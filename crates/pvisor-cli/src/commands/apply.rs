@@ -8,7 +8,7 @@ use pvisor::effects::{self, ApplyOptions, Selection, Stage};
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
-use crate::output::{shown, shown_path};
+use crate::output::{path_lines, shown, shown_path, Detail, PathLine};
 
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
@@ -83,6 +83,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     let verb = if args.dry_run { "would apply" } else { "applied" };
     let mut count = 0;
+    let mut lines = Vec::new();
     for planned in &report.plan {
         if report.failed.iter().any(|(c, _)| c.path == planned.change.path) {
             continue;
@@ -95,13 +96,14 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         };
         count += 1;
         let implied = if planned.implied { " (needed by a selected path)" } else { "" };
-        writeln!(
-            out,
-            "  {word:<11} {:<12} {}{note}{implied}",
-            planned.change.kind.as_str(),
-            planned.change.path.display_escaped()
-        )?;
+        lines.push(PathLine {
+            word: word.into(),
+            kind: planned.change.kind.as_str(),
+            path: planned.change.path.display_escaped(),
+            note: format!("{note}{implied}"),
+        });
     }
+    path_lines(&mut out, &lines, Detail::of(args.quiet, args.verbose))?;
     if args.dry_run {
         writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
         return Ok(if incomplete { REFUSED } else { 0 });

@@ -13,7 +13,16 @@ pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
-    let out = args.output.unwrap_or_else(|| format!("{job}.pvisor.tar").into());
+    // Not the current directory: that is usually the workspace, and an
+    // archive there would be the next run's input (and a staged file).
+    let out = match args.output {
+        Some(out) => out,
+        None => {
+            let dir = store.root().join("exports");
+            pvisor_core::store::create_dir_all_private(&dir)?;
+            dir.join(format!("{job}.pvisor.tar"))
+        }
+    };
     let manifest = archive::export(&store, &job, &out)?;
     println!(
         "{}: {} entries of {job}; check it with `pvisor verify {}`",

@@ -5,15 +5,24 @@ use std::io::Write;
 use pvisor::effects;
 
 use crate::cli::DropArgs;
+use crate::output::{path_lines, Detail, PathLine};
 
 pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     let report = super::freeing_space(&store, || Ok(effects::drop_changes(&store, &job, &paths)?))?;
     let mut out = std::io::stdout().lock();
-    for change in &report.dropped {
-        writeln!(out, "  dropped  {:<12} {}", change.kind.as_str(), change.path.display_escaped())?;
-    }
+    let lines: Vec<PathLine> = report
+        .dropped
+        .iter()
+        .map(|c| PathLine {
+            word: "dropped".into(),
+            kind: c.kind.as_str(),
+            path: c.path.display_escaped(),
+            note: String::new(),
+        })
+        .collect();
+    path_lines(&mut out, &lines, Detail::of(args.quiet, args.verbose))?;
     writeln!(
         out,
         "{} change(s) dropped; stage {}",

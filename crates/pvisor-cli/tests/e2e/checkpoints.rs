@@ -188,6 +188,12 @@ fn export_verify_and_import_elsewhere() {
     assert!(ok.contains("ok") && ok.contains("receipt binds bundle.json"), "{ok}");
     let job = job_of(&env);
     env.expect(&["verify", &job], 0);
+    // Without -o the archive goes to the state directory, never into the
+    // workspace the command runs in (issue 17, item 7).
+    let said = env.expect(&["export"], 0);
+    let default = env.home.join("exports").join(format!("{job}.pvisor.tar"));
+    assert!(default.is_file() && said.contains("exports/"), "{said}");
+    assert!(!env.ws.join(format!("{job}.pvisor.tar")).exists());
 
     // One flipped byte: the failing entry is named.
     let mut bytes = fs::read(&archive).unwrap();

@@ -403,3 +403,23 @@ fn commands_act_on_the_workspace_you_are_in_with_paths_relative_to_it() {
     assert_eq!(outside.status.code(), Some(125));
     assert!(text(&outside.stderr).contains("is outside the workspace"), "{}", text(&outside.stderr));
 }
+
+/// Apply and drop summarise long listings by directory; -v lists every
+/// path, -q none (issue 17, item 7: 1,670 lines for a pip install).
+#[test]
+fn long_apply_and_drop_listings_are_summarised() {
+    let env = Env::new(As::Rootless);
+    let stage = "mkdir -p lib/a; for i in $(seq 60); do echo $i > lib/a/f$i; done; echo r > readme";
+    assert!(env.run_sh(stage).status.success());
+    let summary = env.expect(&["apply", "--all", "--dry-run"], 0);
+    assert!(summary.lines().count() <= 5, "{summary}");
+    assert!(summary.contains("62 changes in lib/ (62 added)") && summary.contains("readme"), "{summary}");
+    let every = env.expect(&["apply", "--all", "--dry-run", "-v"], 0);
+    assert_eq!(every.lines().filter(|l| l.contains("would apply")).count(), 63, "{every}");
+    let quiet = env.expect(&["apply", "--all", "-q"], 0);
+    assert_eq!(quiet.lines().count(), 1, "only the total: {quiet}");
+    assert!(quiet.starts_with("63 change(s) applied"), "{quiet}");
+    assert!(env.run_sh("for i in $(seq 60); do echo again > lib/a/f$i; done").status.success());
+    let dropped = env.expect(&["drop"], 0);
+    assert!(dropped.lines().count() <= 5 && dropped.contains("changes in lib/"), "{dropped}");
+}
