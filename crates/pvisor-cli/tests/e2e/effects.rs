@@ -61,8 +61,11 @@ fn paths_that_climb_out_of_the_workspace_are_refused() {
     for bad in ["../f", "/etc/passwd", "../../etc/passwd"] {
         let out = env.pvisor(&["apply", bad]);
         assert_eq!(out.status.code(), Some(125), "{bad}: {}", text(&out.stdout));
-        assert!(text(&out.stderr).contains("No staged change matches"), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("is outside the workspace"), "{}", text(&out.stderr));
     }
+    // A path that stays inside is matched against the stage as before.
+    let out = env.pvisor(&["apply", "sub/../g"]);
+    assert!(text(&out.stderr).contains("No staged change matches"), "{}", text(&out.stderr));
     assert!(!env.ws.join("f").exists());
 }
 
