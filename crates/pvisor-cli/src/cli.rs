@@ -363,7 +363,8 @@ pub struct ApplyArgs {
     /// Overwrite conflicting paths (the host's newer version is lost).
     #[arg(long, short = 'f')]
     pub force: bool,
-    /// Ask about each change in turn, showing its diff (needs a terminal).
+    /// Ask about each change in turn, showing its diff: single keys on a
+    /// terminal (y n a d s q ?), one answer per line from a pipe.
     #[arg(long, short = 'i')]
     pub interactive: bool,
     /// Also apply sensitive paths that --all, a glob or a directory selects.

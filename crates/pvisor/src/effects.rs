@@ -296,6 +296,8 @@ impl ReviewItem {
 #[derive(Debug, Clone, Default)]
 pub struct ApplyOptions {
     pub force: bool,
+    /// Paths to apply over a conflict, each chosen explicitly (`apply -i`).
+    pub force_paths: Vec<RelPath>,
     pub dry_run: bool,
     /// Apply sensitive paths that `--all`, a glob or a directory selects.
     pub include_sensitive: bool,
@@ -489,7 +491,14 @@ pub fn apply(
     let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
     let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
-    let plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
+    let mut plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
+    for planned in &mut plan {
+        if matches!(planned.verdict, Verdict::Conflict(_))
+            && options.force_paths.contains(&planned.change.path)
+        {
+            planned.verdict = Verdict::Apply { forced: true };
+        }
+    }
     let conflicts: Vec<(ChangeEntry, String)> = plan
         .iter()
         .filter_map(|p| match &p.verdict {

@@ -25,18 +25,27 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     let sensitive = crate::config::sensitive()?;
     let options = ApplyOptions {
         force: args.force,
+        force_paths: Vec::new(),
         dry_run: args.dry_run,
         include_sensitive: args.include_sensitive,
         sensitive: sensitive.clone(),
     };
+    let mut options = options;
+    let mut to_drop = Vec::new();
     let selection = if args.interactive {
-        match choose_interactively(&store, &job, &paths, &sensitive, args.color)? {
-            Some(chosen) if !chosen.is_empty() => Selection::Paths(chosen),
-            _ => {
-                eprintln!("pvisor: nothing chosen; nothing applied");
-                return Ok(0);
-            }
+        let choices = choose_interactively(&store, &job, &paths, &sensitive, args.color)?;
+        if choices.quit {
+            eprintln!("pvisor: quit; nothing applied or dropped");
+            return Ok(0);
         }
+        to_drop = choices.drop;
+        options.force_paths = choices.force;
+        if choices.apply.is_empty() {
+            drop_chosen(&store, &job, &to_drop)?;
+            eprintln!("pvisor: nothing chosen to apply");
+            return Ok(0);
+        }
+        Selection::Paths(choices.apply)
     } else {
         Selection::Patterns(paths)
     };
@@ -108,6 +117,9 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
         return Ok(if incomplete { REFUSED } else { 0 });
     }
+    drop(out);
+    drop_chosen(&store, &job, &to_drop)?;
+    let mut out = std::io::stdout().lock();
     let stage = Stage::open(&store, &job)?;
     let remaining = stage.remaining();
     writeln!(
@@ -122,31 +134,141 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     Ok(if incomplete { REFUSED } else { 0 })
 }
 
-/// Shows each remaining selected change with its diff and asks about it.
+/// Drops the changes `apply -i` was told to drop (`d`).
+fn drop_chosen(
+    store: &pvisor_core::store::Store,
+    job: &pvisor_core::ids::JobId,
+    paths: &[pvisor_core::store::RelPath],
+) -> anyhow::Result<()> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let patterns: Vec<String> = paths.iter().map(|p| p.as_path().to_string_lossy().into_owned()).collect();
+    let report = effects::drop_changes(store, job, &patterns)?;
+    for change in &report.dropped {
+        println!("  dropped     {:<12} {}", change.kind.as_str(), change.path.display_escaped());
+    }
+    Ok(())
+}
+
+/// What `apply -i` was told.
+#[derive(Default)]
+struct Choices {
+    apply: Vec<pvisor_core::store::RelPath>,
+    /// Chosen over a conflict, each confirmed on its own.
+    force: Vec<pvisor_core::store::RelPath>,
+    drop: Vec<pvisor_core::store::RelPath>,
+    quit: bool,
+}
+
+const HELP: &str = "y - apply this change
+n - leave it for later
+a - apply this and every later change (conflicts and sensitive paths are still asked)
+d - drop this change (discard it from the stage)
+s - skip the rest: leave them for later, and apply what was chosen
+q - quit: apply and drop nothing
+? - this help";
+
+/// Where answers come from: single keys on a terminal (no Enter), or one
+/// answer per line from a pipe or file (its first character), so `apply -i`
+/// is scriptable: `printf 'y\nn\n' | pvisor apply -i`.
+enum Answers {
+    Keys(std::fs::File),
+    Lines(std::io::Lines<std::io::StdinLock<'static>>),
+}
+
+impl Answers {
+    fn open() -> Self {
+        if std::io::stdin().is_terminal() {
+            if let Ok(tty) = std::fs::File::open("/dev/stdin") {
+                return Self::Keys(tty);
+            }
+        }
+        Self::Lines(std::io::stdin().lock().lines())
+    }
+
+    /// The next answer, lower-cased; `None` at end of input. Ctrl-C and
+    /// Ctrl-D on a terminal are `q`.
+    fn next(&mut self) -> anyhow::Result<Option<char>> {
+        match self {
+            Self::Lines(lines) => {
+                Ok(lines.next().transpose()?.map(|l| l.trim().chars().next().unwrap_or('n')))
+            }
+            Self::Keys(tty) => {
+                let key = read_key(tty)?;
+                Ok(Some(match key {
+                    3 | 4 => 'q',
+                    b'\r' | b'\n' => 'n',
+                    other => (other as char).to_ascii_lowercase(),
+                }))
+            }
+        }
+    }
+}
+
+/// Reads one key from the terminal without waiting for Enter: canonical
+/// mode, echo and signal keys off for that one read, restored after.
+fn read_key(tty: &std::fs::File) -> anyhow::Result<u8> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let fd = tty.as_raw_fd();
+    // SAFETY: zeroed termios is a valid out-parameter; tcgetattr fills it.
+    let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and out-pointer.
+    if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
+        bail!("cannot read the terminal's settings: {}", std::io::Error::last_os_error());
+    }
+    let mut raw = saved;
+    raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
+    raw.c_cc[libc::VMIN] = 1;
+    raw.c_cc[libc::VTIME] = 0;
+    // SAFETY: a valid descriptor and settings.
+    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) };
+    let mut byte = [0u8; 1];
+    let read = (&mut &*tty).read(&mut byte);
+    // SAFETY: restoring the settings read above.
+    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };
+    match read? {
+        0 => Ok(4),
+        _ => Ok(byte[0]),
+    }
+}
+
+/// Asks a yes/no question whose default is no.
+fn confirm(out: &mut impl Write, answers: &mut Answers, question: &str) -> anyhow::Result<bool> {
+    write!(out, "{question} [y/N] ")?;
+    out.flush()?;
+    let yes = answers.next()? == Some('y');
+    writeln!(out, "{}", if yes { "y" } else { "n" })?;
+    Ok(yes)
+}
+
+/// Shows each remaining selected change with its diff and asks about it,
+/// one key each (see [`HELP`]). Every answer is kept: a path in conflict is
+/// applied only if its overwrite is confirmed on its own, so a conflict
+/// never refuses the other answers.
 fn choose_interactively(
     store: &pvisor_core::store::Store,
     job: &pvisor_core::ids::JobId,
     paths: &[String],
     sensitive: &pvisor::effects::Sensitive,
     color: crate::cli::ColorChoice,
-) -> anyhow::Result<Option<Vec<pvisor_core::store::RelPath>>> {
-    if !std::io::stdin().is_terminal() {
-        bail!("-i asks on a terminal, but stdin is not one; name the paths to apply instead");
-    }
+) -> anyhow::Result<Choices> {
     let stage = Stage::open(store, job)?;
     let items: Vec<_> = stage.review(paths, sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(color);
-    let mut chosen = Vec::new();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut choices = Choices::default();
+    let mut answers = Answers::open();
     let mut all_rest = false;
+    let mut out = std::io::stdout().lock();
     for (n, item) in items.iter().enumerate() {
-        if all_rest && item.sensitive.is_none() {
-            chosen.push(item.change.path.clone());
+        let path = item.change.path.display_escaped();
+        let plain = item.conflict.is_none() && item.sensitive.is_none();
+        if all_rest && plain {
+            choices.apply.push(item.change.path.clone());
             continue;
         }
-        let mut out = std::io::stdout().lock();
         writeln!(out)?;
         pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
         if let Some(reason) = &item.conflict {
@@ -156,46 +278,55 @@ fn choose_interactively(
             writeln!(out, "SENSITIVE: {reason}")?;
         }
         loop {
-            write!(
-                out,
-                "({}/{}) Apply {}? [y]es [n]o [a]ll remaining [q]uit: ",
-                n + 1,
-                items.len(),
-                item.change.path.display_escaped()
-            )?;
+            write!(out, "({}/{}) Apply {path}? [y,n,a,d,s,q,?] ", n + 1, items.len())?;
             out.flush()?;
-            let Some(line) = lines.next().transpose()? else { return Ok(Some(chosen)) };
-            match line.trim() {
-                "y" | "yes" if item.sensitive.is_some() => {
-                    // Asked separately: "all remaining" never covers it either.
-                    write!(
-                        out,
-                        "{} makes the host run code. Apply it? Type 'yes': ",
-                        item.change.path.display_escaped()
-                    )?;
-                    out.flush()?;
-                    let Some(confirm) = lines.next().transpose()? else { return Ok(Some(chosen)) };
-                    if confirm.trim() == "yes" {
-                        chosen.push(item.change.path.clone());
+            let Some(key) = answers.next()? else { return Ok(choices) };
+            writeln!(out, "{key}")?;
+            match key {
+                'y' | 'a' => {
+                    if key == 'a' {
+                        all_rest = true;
+                    }
+                    let overwrite = item.conflict.is_some();
+                    if overwrite
+                        && !confirm(
+                            &mut out,
+                            &mut answers,
+                            &format!(
+                                "{path} changed on the host since the run: overwrite the host's version?"
+                            ),
+                        )?
+                    {
+                        break;
+                    }
+                    if item.sensitive.is_some()
+                        && !confirm(
+                            &mut out,
+                            &mut answers,
+                            &format!("{path} makes the host run code: apply it anyway?"),
+                        )?
+                    {
+                        break;
+                    }
+                    choices.apply.push(item.change.path.clone());
+                    if overwrite {
+                        choices.force.push(item.change.path.clone());
                     }
                     break;
                 }
-                "y" | "yes" => {
-                    chosen.push(item.change.path.clone());
+                'n' => break,
+                'd' => {
+                    choices.drop.push(item.change.path.clone());
                     break;
                 }
-                "n" | "no" | "" => break,
-                "a" | "all" => {
-                    if item.sensitive.is_none() {
-                        chosen.push(item.change.path.clone());
-                    }
-                    all_rest = true;
-                    break;
+                's' => return Ok(choices),
+                'q' => {
+                    choices.quit = true;
+                    return Ok(choices);
                 }
-                "q" | "quit" => return Ok(Some(chosen)),
-                _ => writeln!(out, "answer y, n, a or q")?,
+                _ => writeln!(out, "{HELP}")?,
             }
         }
     }
-    Ok(Some(chosen))
+    Ok(choices)
 }

@@ -2,8 +2,10 @@
 //! remaining → apply or drop. Adversarial cases first.
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::process::Stdio;
 
 use crate::support::*;
 
@@ -425,4 +427,64 @@ fn long_apply_and_drop_listings_are_summarised() {
     assert!(env.run_sh("for i in $(seq 60); do echo again > lib/a/f$i; done").status.success());
     let dropped = env.expect(&["drop"], 0);
     assert!(dropped.lines().count() <= 5 && dropped.contains("changes in lib/"), "{dropped}");
+}
+
+/// `apply -i` keeps every answer: a path in conflict is applied only if its
+/// overwrite is confirmed on its own, so declining it never loses the other
+/// answers; `d` drops, `q` applies nothing. Answers come one per line from
+/// a pipe (issue 17, item 3: a `y` on a conflict refused everything).
+#[test]
+fn interactive_apply_keeps_every_answer() {
+    let env = Env::new(As::Rootless);
+    env.write("c", "orig\n");
+    assert!(env
+        .run_sh("echo agent > c; echo one > one; echo three > three; echo two > two")
+        .status
+        .success());
+    fs::write(env.ws.join("c"), "host edit\n").unwrap();
+    let answer = |keys: &str, extra: &[&str]| {
+        let mut args = vec!["apply", "-i", "--color", "never"];
+        args.extend_from_slice(extra);
+        let mut child = env.command(&args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(keys.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // q: nothing applied, nothing dropped.
+    let quit = answer("y\nq\n", &[]);
+    assert!(quit.status.success(), "{}", text(&quit.stderr));
+    assert_eq!(fs::read_to_string(env.ws.join("c")).unwrap(), "host edit\n");
+    assert!(!env.ws.join("one").exists());
+    // c: y then decline the overwrite; one: n; three: d; two: y.
+    let out = answer("y\nn\nn\nd\ny\n", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(fs::read_to_string(env.ws.join("c")).unwrap(), "host edit\n", "declined overwrite");
+    assert!(env.ws.join("two").exists() && !env.ws.join("one").exists() && !env.ws.join("three").exists());
+    let state = |path: &str| {
+        let review = env.review();
+        let c = review.iter().find(|c| c["path"] == path).unwrap().clone();
+        (c["applied"].as_bool().unwrap(), c["dropped"].as_bool().unwrap())
+    };
+    assert_eq!(state("three"), (false, true));
+    assert_eq!(state("one"), (false, false));
+    // Confirming the overwrite applies it, forced, alone.
+    let forced = answer("y\ny\ns\n", &[]);
+    assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stdout));
+    assert_eq!(fs::read_to_string(env.ws.join("c")).unwrap(), "agent\n");
+    assert!(text(&forced.stdout).contains("forced over a conflict"), "{}", text(&forced.stdout));
+    assert!(!env.ws.join("one").exists(), "s skipped the rest");
+}
+
+/// On a terminal, `apply -i` takes single keys: no Enter.
+#[test]
+fn interactive_apply_takes_single_keys_on_a_terminal() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo 1 > m1; echo 2 > m2").status.success());
+    let inner = format!(
+        "printf 'ny' | script -qec 'PVISOR_HOME={} {} apply -i --color never' /dev/null",
+        env.home.display(),
+        bin()
+    );
+    let out = std::process::Command::new("sh").args(["-c", &inner]).current_dir(&env.ws).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!env.ws.join("m1").exists() && env.ws.join("m2").exists(), "{}", text(&out.stdout));
 }
