@@ -47,8 +47,32 @@ pub enum Command {
     Serve(ServeArgs),
     Image(ImageArgs),
     Trust(TrustArgs),
+    Completions(CompletionsArgs),
+    Man(ManArgs),
     #[command(hide = true)]
     SandboxSupervisor(SandboxSupervisorArgs),
+}
+
+/// Print a shell completion script for pvisor.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor completions bash > ~/.local/share/bash-completion/completions/pvisor\n  pvisor completions zsh > ~/.zfunc/_pvisor      (with fpath+=~/.zfunc)\n  pvisor completions fish > ~/.config/fish/completions/pvisor.fish"
+)]
+pub struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Print pvisor's man page (roff), or write one page per command into DIR.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor man | man -l -\n  pvisor man --dir ~/.local/share/man/man1     (then: man pvisor-apply)"
+)]
+pub struct ManArgs {
+    /// Write pvisor.1 and pvisor-<command>.1 into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Serve the OpenSandbox lifecycle and execd APIs over pvisor microVMs.

@@ -9,6 +9,7 @@ mod events;
 mod execution;
 mod jobs;
 mod kill;
+mod manuals;
 mod review;
 mod run;
 mod serve;
@@ -25,6 +26,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::cmd_run(args),
         Command::Status(args) => status::cmd_status(args),
         Command::Review(args) => review::cmd_review(args),
+        Command::Completions(args) => manuals::cmd_completions(args),
+        Command::Man(args) => manuals::cmd_man(args),
         Command::Diff(mut args) => {
             args.diff = true;
             review::cmd_review(args)

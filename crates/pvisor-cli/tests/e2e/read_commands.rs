@@ -100,3 +100,27 @@ fn doctor_names_a_missing_feature_and_its_fix() {
     assert!(stdout.contains("MISSING  user namespaces"), "{stdout}");
     assert!(stdout.contains("max_user_namespaces"), "{stdout}");
 }
+
+/// Completions and man pages come from the binary's own definitions
+/// (issue 17, item 9).
+#[test]
+fn completions_and_man_pages_are_generated_from_the_binary() {
+    let env = Env::new(As::Rootless);
+    let bash = env.expect(&["completions", "bash"], 0);
+    assert!(
+        bash.contains("_pvisor()") && bash.contains("apply") && bash.contains("--expose-socket"),
+        "{bash}"
+    );
+    let zsh = env.expect(&["completions", "zsh"], 0);
+    assert!(zsh.starts_with("#compdef pvisor"), "{zsh}");
+    let page = env.expect(&["man"], 0);
+    assert!(page.contains(".TH pvisor 1"), "{page}");
+    let dir = env.dir.path().join("man1");
+    env.give_away(env.dir.path());
+    let said = env.expect(&["man", "--dir", dir.to_str().unwrap()], 0);
+    assert!(said.contains("man pages"), "{said}");
+    let apply = std::fs::read_to_string(dir.join("pvisor-apply.1")).unwrap();
+    assert!(apply.contains(".TH pvisor-apply 1") && apply.contains("interactive"), "{apply}");
+    let bad = env.pvisor(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(125), "{}", text(&bad.stderr));
+}
