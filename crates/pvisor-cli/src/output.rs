@@ -167,3 +167,13 @@ pub fn path_lines(out: &mut impl Write, lines: &[PathLine], detail: Detail) -> s
         }
     }
 }
+
+/// How the user invoked pvisor, for the commands hints suggest:
+/// `scripts/pvisor` sets `PVISOR_INVOKED_AS` to itself, so a hint says
+/// `scripts/pvisor apply …` rather than a `pvisor` that is not on PATH.
+pub fn me() -> String {
+    match std::env::var("PVISOR_INVOKED_AS") {
+        Ok(name) if !name.trim().is_empty() => shown(name.trim()),
+        _ => "pvisor".into(),
+    }
+}

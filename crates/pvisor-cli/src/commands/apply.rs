@@ -129,7 +129,8 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         report.state.map_or("?", |s| s.as_str())
     )?;
     if remaining > 0 {
-        writeln!(out, "next: pvisor review {job}  ·  pvisor apply {job} --all  ·  pvisor drop {job}")?;
+        let me = crate::output::me();
+        writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
     }
     Ok(if incomplete { REFUSED } else { 0 })
 }

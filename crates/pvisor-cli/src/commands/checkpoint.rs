@@ -18,7 +18,8 @@ pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     let (manifest, _hold) = checkpoint::checkpoint(&store, &job)?;
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
-    println!("next: pvisor fork {} -- COMMAND", manifest.id);
+    let me = crate::output::me();
+    println!("next: {me} fork {} -- COMMAND", manifest.id);
     Ok(0)
 }
 

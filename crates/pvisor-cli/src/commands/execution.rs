@@ -79,7 +79,8 @@ pub fn cmd_checkpoint_execution(store: &Store, job: &JobId, json: bool) -> anyho
     let manifest = request(store, job, ControlRequest::Checkpoint)?;
     print_manifest(&manifest, json, &format!("execution checkpoint of {job}, which keeps running"))?;
     if !json {
-        println!("next: pvisor fork {job} --state execution --checkpoint {}", manifest.id);
+        let me = crate::output::me();
+        println!("next: {me} fork {job} --state execution --checkpoint {}", manifest.id);
     }
     Ok(0)
 }
@@ -109,7 +110,8 @@ pub fn cmd_suspend(args: SuspendArgs) -> anyhow::Result<i32> {
     }
     print_manifest(&manifest, args.json, &format!("{job} suspended; its VM has exited"))?;
     if !args.json {
-        println!("next: pvisor resume {job}  ·  pvisor fork {job} --state execution  ·  pvisor kill {job}");
+        let me = crate::output::me();
+        println!("next: {me} resume {job}  ·  {me} fork {job} --state execution  ·  {me} kill {job}");
     }
     Ok(0)
 }

@@ -154,8 +154,9 @@ fn finish_suspended(outcome: &SuspendedOutcome, quiet: bool) -> i32 {
             "pvisor: {job} suspended to {} (VM {}; paused {} ms)",
             outcome.checkpoint.id, outcome.vm_exit, outcome.checkpoint.paused_ms
         );
+        let me = crate::output::me();
         eprintln!(
-            "pvisor: next: pvisor resume {job}  ·  pvisor fork {job} --state execution  ·  pvisor kill {job}"
+            "pvisor: next: {me} resume {job}  ·  {me} fork {job} --state execution  ·  {me} kill {job}"
         );
     }
     exit::SUSPENDED
@@ -423,11 +424,13 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
         let job = &outcome.job;
         if outcome.changes.is_empty() {
             if result.state != ResultState::Completed {
-                eprintln!("pvisor: details: pvisor status {job}");
+                let me = crate::output::me();
+                eprintln!("pvisor: details: {me} status {job}");
             }
         } else {
+            let me = crate::output::me();
             eprintln!(
-                "pvisor: next: pvisor review {job} --diff  ·  pvisor apply {job} --all  ·  pvisor drop {job}"
+                "pvisor: next: {me} review {job} --diff  ·  {me} apply {job} --all  ·  {me} drop {job}"
             );
         }
         match &outcome.network {
