@@ -47,10 +47,36 @@ pub enum Command {
     Serve(ServeArgs),
     Image(ImageArgs),
     Trust(TrustArgs),
+    Cache(CacheArgs),
     Completions(CompletionsArgs),
     Man(ManArgs),
     #[command(hide = true)]
     SandboxSupervisor(SandboxSupervisorArgs),
+}
+
+/// List or remove the caches `pvisor run --cache` keeps.
+///
+/// A cache holds what runs added under a host directory (downloaded crates,
+/// wheels, packages). It is shared by every run that names the directory, so
+/// one run can influence the next through it: prune it when in doubt.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor cache ls\n  pvisor cache prune ~/.cargo/registry\n  pvisor cache prune              every cache not in use"
+)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub action: CacheAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheAction {
+    /// Every cache: its host directory, size, and whether a run holds it.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove caches not in use (all, or those of the given host directories).
+    Prune { paths: Vec<PathBuf> },
 }
 
 /// Print a shell completion script for pvisor.
@@ -202,6 +228,12 @@ pub struct RunOptions {
     /// Show a path that is hidden by default (e.g. --expose ~/.npmrc). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub expose: Vec<PathBuf>,
+    /// A writable, persistent cache at PATH that is not staged: the host's
+    /// directory is read-only underneath, what runs add is kept in pvisor's
+    /// cache store and shared by later runs (BuildKit's cache mounts).
+    /// Presets: cargo, pip, npm. Repeatable. Never the workspace.
+    #[arg(long, value_name = "PATH|PRESET")]
+    pub cache: Vec<String>,
     /// Let the command connect to one host Unix socket (e.g. --expose-socket
     /// "$SSH_AUTH_SOCK"). Every other host socket is unreachable. Recorded in
     /// the Trace. Repeatable.

@@ -195,6 +195,9 @@ pub struct EffectivePolicy {
     /// Host Unix sockets the command may connect to (`--expose-socket`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exposed_sockets: Vec<PathBuf>,
+    /// Host directories mounted writable through pvisor's cache store (`--cache`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<PathBuf>,
     /// Whether the command runs under pvisor's seccomp deny-list.
     #[serde(default = "enabled")]
     pub seccomp: bool,

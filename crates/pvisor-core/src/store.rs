@@ -288,6 +288,31 @@ impl Store {
     pub fn lock_file(&self, attempt: &AttemptId) -> PathBuf {
         self.attempt_dir(attempt).join("owner.lock")
     }
+    /// Where `--cache` stores what runs add: one directory per host path.
+    pub fn caches_dir(&self) -> PathBuf {
+        self.root.join("caches")
+    }
+
+    /// The cache store of host directory `path`: readable name, plus a short
+    /// digest of the path so two directories never share one.
+    pub fn cache_dir(&self, path: &Path) -> PathBuf {
+        let name: String = path
+            .components()
+            .rev()
+            .take(2)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join("-")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .collect();
+        let digest = blake3_hex(path.as_os_str().as_bytes());
+        self.caches_dir().join(format!("{}-{}", name.trim_start_matches(['-', '_']), &digest[..12]))
+    }
+
     pub fn checkpoints_dir(&self) -> PathBuf {
         self.root.join("checkpoints")
     }

@@ -64,6 +64,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, String> {
         root_mount: stage.join("root"),
         hidden: Vec::new(),
         start_at_coarse_ns: None,
+        caches: Vec::new(),
         exposed_sockets: Vec::new(),
         program: "sh".into(),
         args: vec!["-c".into(), "echo probe > probe-file".into()],

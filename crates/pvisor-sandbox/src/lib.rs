@@ -45,6 +45,10 @@ pub struct SandboxSpec {
     /// host during the run is never stamped before it.
     #[serde(default)]
     pub start_at_coarse_ns: Option<i128>,
+    /// Cache mounts (`--cache`): writable at their host path, persisted in
+    /// pvisor's cache store, never staged (see `ns/host_view.rs`).
+    #[serde(default)]
+    pub caches: Vec<CacheMount>,
     /// Host Unix sockets the command may connect to (`--expose-socket`);
     /// every other host socket is unreachable (see `ns/host_view.rs`).
     #[serde(default)]
@@ -63,6 +67,20 @@ pub struct SandboxSpec {
     /// The `vm` backend's directories and restore source (`None` for `ns`).
     #[serde(default)]
     pub vm: Option<vm::VmSpec>,
+}
+
+/// One `--cache PATH`: the host directory is the read-only lower layer, and
+/// what runs add lives in `store` (`upper/`, `work/`), shared by every Job
+/// that uses the same cache, one at a time (`store/use.lock`); a run that
+/// finds it in use gets a private, throw-away upper in `scratch` instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheMount {
+    pub path: PathBuf,
+    pub store: PathBuf,
+    pub scratch: PathBuf,
+    /// Set by the executor: whether this run holds the store (else scratch).
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 /// How the sandbox is attached to the network.

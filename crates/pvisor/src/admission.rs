@@ -50,6 +50,9 @@ pub struct RunRequest {
     pub seccomp: bool,
     /// `--memory`, `--pids`, `--cpus`.
     pub limits: pvisor_core::records::ResourceLimits,
+    /// `--cache PATH`: host directories the command may write, persistently
+    /// and unstaged, through pvisor's cache store.
+    pub caches: Vec<PathBuf>,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -73,6 +76,47 @@ pub struct SecretPolicy {
     /// Host Unix sockets the command may connect to (`--expose-socket`);
     /// every other one is unreachable.
     pub expose_sockets: Vec<PathBuf>,
+}
+
+/// Resolves and checks each `--cache` path: an existing host directory that
+/// is not the workspace (nor holds or sits in it), not hidden, and not under
+/// `/tmp` or `/run` (the sandbox has its own).
+fn cache_paths(
+    requested: &[PathBuf],
+    workspace: &Path,
+    hidden: &[PathBuf],
+) -> Result<Vec<PathBuf>, AdmissionError> {
+    let mut out = Vec::new();
+    for path in requested {
+        let problem = |problem| AdmissionError::Cache { path: path.clone(), problem };
+        let real = std::fs::canonicalize(path)
+            .map_err(|_| problem("no such directory; create it first (mkdir -p)"))?;
+        if !real.is_dir() {
+            return Err(problem("is not a directory"));
+        }
+        if real.starts_with(workspace) || workspace.starts_with(&real) {
+            return Err(problem(
+                "overlaps the workspace; a cache is never the workspace, whose changes are staged",
+            ));
+        }
+        if hidden.iter().any(|h| real.starts_with(h) || h.starts_with(&real)) {
+            return Err(problem("overlaps a hidden path (a secret store or a pvisor state directory)"));
+        }
+        if ["/tmp", "/run", "/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p))
+            || real == Path::new("/")
+        {
+            return Err(problem(
+                "is in a part of the tree the sandbox gets fresh (/tmp, /run, /dev, /proc, /sys)",
+            ));
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        if !out.contains(&real) {
+            out.push(real);
+        }
+    }
+    Ok(out)
 }
 
 /// Resolves and checks each `--expose-socket` path: it must be a host Unix
@@ -218,6 +262,8 @@ pub enum AdmissionError {
     NonUtf8Path { path: PathBuf },
     #[error("--expose-socket {}: {problem}", path.display())]
     ExposeSocket { path: PathBuf, problem: &'static str },
+    #[error("--cache {}: {problem}", path.display())]
+    Cache { path: PathBuf, problem: &'static str },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
     #[error("Invalid network policy in {0}")]
@@ -396,6 +442,9 @@ pub fn admit(
     }
 
     let exposed_sockets = exposable_sockets(&request.secrets, &state, &workspace)?;
+    let hidden_now: Vec<PathBuf> =
+        std::iter::once(state.clone()).chain(hidden_secrets.iter().map(|(p, _)| p.clone())).collect();
+    let cache_paths = cache_paths(&request.caches, &workspace, &hidden_now)?;
 
     let now = Timestamp::now();
     let job_id = JobId::generate();
@@ -416,6 +465,7 @@ pub fn admit(
             .chain(hidden_secrets.iter().map(|(p, _)| p.clone()))
             .collect(),
         exposed_sockets: exposed_sockets.clone(),
+        caches: cache_paths.clone(),
     };
     let placement = Placement {
         executor: executor.to_owned(),
@@ -557,6 +607,15 @@ pub fn admit(
             false,
         )?;
     }
+    for path in &cache_paths {
+        trace.emit(
+            "admission.rewrite",
+            None,
+            Some(policy_event),
+            json!({"rewrite": "cache", "path": path, "reason": "--cache: writable, persisted in pvisor's cache store, not staged"}),
+            false,
+        )?;
+    }
     for path in &exposed_sockets {
         trace.emit(
             "admission.rewrite",
@@ -596,6 +655,23 @@ pub fn admit(
         false,
     )?;
 
+    let caches = cache_paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let store_dir = store.cache_dir(path);
+            for sub in ["upper", "work"] {
+                store::create_dir_all_private(&store_dir.join(sub))?;
+            }
+            let _ = std::fs::write(store_dir.join("path"), path.as_os_str().as_encoded_bytes());
+            Ok(pvisor_sandbox::CacheMount {
+                path: path.clone(),
+                store: store_dir,
+                scratch: stage.join(format!("cache-{i}")),
+                persistent: false,
+            })
+        })
+        .collect::<Result<Vec<_>, store::StoreError>>()?;
     let spec = SandboxSpec {
         workspace,
         cwd,
@@ -604,6 +680,7 @@ pub fn admit(
         root_mount: stage.join("root"),
         hidden: policy.hidden_paths.clone(),
         start_at_coarse_ns: None,
+        caches: caches.clone(),
         exposed_sockets,
         program: request.program,
         args: request.args,
@@ -736,6 +813,7 @@ pub fn admit_resume(
         root_mount: stage.join("root"),
         hidden: operation.policy.hidden_paths.clone(),
         start_at_coarse_ns: None,
+        caches: Vec::new(),
         exposed_sockets: operation.policy.exposed_sockets.clone(),
         program: operation.program.clone(),
         args: operation.args.clone(),

@@ -2,6 +2,7 @@
 
 mod apply;
 mod archive;
+mod cache;
 mod checkpoint;
 mod doctor;
 mod drop;
@@ -26,6 +27,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::cmd_run(args),
         Command::Status(args) => status::cmd_status(args),
         Command::Review(args) => review::cmd_review(args),
+        Command::Cache(args) => cache::cmd_cache(args),
         Command::Completions(args) => manuals::cmd_completions(args),
         Command::Man(args) => manuals::cmd_man(args),
         Command::Diff(mut args) => {

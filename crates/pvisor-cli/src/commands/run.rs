@@ -78,7 +78,9 @@ pub fn execute(
         }
         announce_unenforceable(&limits, options.quiet);
     }
+    let caches = cache_paths(&options.cache)?;
     let request = RunRequest {
+        caches,
         secrets: pvisor::admission::SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
             hide: options.hide.clone(),
@@ -316,6 +318,49 @@ fn limits_for(
         limits.cpus = smaller(limits.cpus, usable);
     }
     Ok(limits)
+}
+
+/// Expands `--cache` presets into the directories each tool caches in
+/// (created if missing: the user asked for a cache there); other values are
+/// paths.
+fn cache_paths(requested: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use std::path::PathBuf;
+    let env_dir = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let home = env_dir("HOME");
+    let under_home = |rel: &str| -> anyhow::Result<PathBuf> {
+        Ok(home.clone().context("--cache presets need $HOME")?.join(rel))
+    };
+    let mut out = Vec::new();
+    for value in requested {
+        let dirs = match value.as_str() {
+            "cargo" => {
+                let cargo_home = match env_dir("CARGO_HOME") {
+                    Some(dir) => dir,
+                    None => under_home(".cargo")?,
+                };
+                vec![cargo_home.join("registry"), cargo_home.join("git")]
+            }
+            "pip" => vec![match (env_dir("PIP_CACHE_DIR"), env_dir("XDG_CACHE_HOME")) {
+                (Some(dir), _) => dir,
+                (None, Some(cache)) => cache.join("pip"),
+                (None, None) => under_home(".cache/pip")?,
+            }],
+            "npm" => vec![match env_dir("npm_config_cache") {
+                Some(dir) => dir,
+                None => under_home(".npm")?,
+            }],
+            path => {
+                out.push(PathBuf::from(path));
+                continue;
+            }
+        };
+        for dir in dirs {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("--cache {value}: cannot create {}", dir.display()))?;
+            out.push(dir);
+        }
+    }
+    Ok(out)
 }
 
 /// The limits announced as not enforceable before the command started.

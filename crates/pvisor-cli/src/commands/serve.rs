@@ -125,6 +125,7 @@ pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32
     let workspace = args.workspace.context("--workspace or --resume is required")?;
     let executor = Arc::new(VmExecutor::prepare(store.root())?);
     let request = RunRequest {
+        caches: Vec::new(),
         workspace,
         cwd: None,
         program: "/bin/sh".into(),

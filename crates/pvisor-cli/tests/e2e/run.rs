@@ -3,6 +3,7 @@
 use std::fs;
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -445,4 +446,62 @@ fn agent_credentials_and_more_secrets_stay_out_unless_exposed() {
         .output()
         .unwrap();
     assert_eq!(text(&out.stdout), "SECRET-IN-.claude/.credentials.json");
+}
+
+/// `--cache PATH`: writable in the sandbox, kept for the next run, never
+/// staged, and the host's directory never written; a run that finds the
+/// cache in use gets a private copy, said; the workspace cannot be a cache
+/// (issue 17, item 8: cargo failed on a read-only ~/.cargo).
+#[test]
+fn a_cache_persists_between_runs_without_being_staged() {
+    let env = Env::new(As::Rootless);
+    let host = tempfile::Builder::new().prefix("pvisor-cache-").tempdir_in("/var/tmp").unwrap();
+    let dir = host.path().to_owned();
+    fs::write(dir.join("from-host"), "host\n").unwrap();
+    env.give_away(&dir);
+    let cache = dir.to_str().unwrap();
+    let first = format!("cat {cache}/from-host && echo downloaded > {cache}/crate");
+    let out = env.pvisor(&["run", "-q", "--cache", cache, "--", "sh", "-c", &first]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "host\n");
+    assert!(!dir.join("crate").exists(), "the host's directory is never written");
+    assert!(env.review().is_empty(), "a cache is not staged");
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    assert!(env.events(&job).iter().any(|e| e["data"]["rewrite"] == "cache" && e["data"]["path"] == cache));
+    let second = env.pvisor(&["run", "-q", "--cache", cache, "--", "cat", &format!("{cache}/crate")]);
+    assert_eq!(text(&second.stdout), "downloaded\n", "{}", text(&second.stderr));
+    // Two at once: the second writes to a private copy, and is told so.
+    let holder = env
+        .command(&["run", "-q", "--cache", cache, "--", "sh", "-c", &format!("touch {cache}/held; sleep 3")])
+        .spawn()
+        .unwrap();
+    let store = env.home.join("caches");
+    assert!(wait_until(Duration::from_secs(10), || fs::read_dir(&store)
+        .unwrap()
+        .flatten()
+        .any(|c| c.path().join("upper/held").exists())));
+    let busy = env.pvisor(&[
+        "run",
+        "-q",
+        "--cache",
+        cache,
+        "--",
+        "sh",
+        "-c",
+        &format!("echo lost > {cache}/private"),
+    ]);
+    let _ = holder.wait_with_output();
+    assert!(text(&busy.stderr).contains("another run holds it"), "{}", text(&busy.stderr));
+    let listed = env.expect(&["cache", "ls", "--json"], 0);
+    assert!(listed.contains(cache) && listed.contains("\"in_use\":false"), "{listed}");
+    let third = env.pvisor(&["run", "-q", "--cache", cache, "--", "ls", cache]);
+    assert_eq!(text(&third.stdout), "crate\nfrom-host\nheld\n", "the private copy was thrown away");
+    // The workspace is never a cache.
+    let ws = env.ws.to_str().unwrap();
+    let refused = env.pvisor(&["run", "--cache", ws, "--", "true"]);
+    assert_eq!(refused.status.code(), Some(125));
+    assert!(text(&refused.stderr).contains("overlaps the workspace"), "{}", text(&refused.stderr));
+    assert!(env.expect(&["cache", "prune"], 0).contains("removed 1 cache"));
+    let after = env.pvisor(&["run", "-q", "--cache", cache, "--", "ls", cache]);
+    assert_eq!(text(&after.stdout), "from-host\n");
 }

@@ -212,6 +212,51 @@ pub(crate) fn expose_sockets(root: &Path, sockets: &[PathBuf]) -> Result<(), Ste
     Ok(())
 }
 
+/// Mounts each cache at its host path: an overlay whose lower layer is the
+/// host's directory (read-only to the run) and whose upper is the cache
+/// store, or a throw-away tmpfs when another run holds the store.
+pub(crate) fn mount_caches(root: &Path, caches: &[crate::CacheMount]) -> Result<(), StepError> {
+    for cache in caches {
+        let target = under(root, &cache.path);
+        let (upper, work) = if cache.persistent {
+            (cache.store.join("upper"), cache.store.join("work"))
+        } else {
+            sys::mount(
+                Some("tmpfs"),
+                &cache.scratch,
+                Some("tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some("mode=0700"),
+            )
+            .map_err(|e| mount_err("make a private cache layer", e))?;
+            let (upper, work) = (cache.scratch.join("upper"), cache.scratch.join("work"));
+            for dir in [&upper, &work] {
+                fs::create_dir(dir).map_err(|e| mount_err("make a private cache layer", e))?;
+            }
+            (upper, work)
+        };
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr",
+            super::mounts::escape_overlay_path(&cache.path),
+            super::mounts::escape_overlay_path(&upper),
+            super::mounts::escape_overlay_path(&work),
+        );
+        sys::mount(
+            Some("overlay"),
+            &target,
+            Some("overlay"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&options),
+        )
+        .map_err(|e| {
+            StepError::new("cache", format!("cannot mount the cache {}: {e}", cache.path.display())).hint(
+                "--cache needs an existing host directory on a filesystem overlayfs can use as a lower layer",
+            )
+        })?;
+    }
+    Ok(())
+}
+
 fn mount_err(what: &str, e: io::Error) -> StepError {
     StepError::new("root", format!("cannot {what}: {e}"))
 }

@@ -109,10 +109,12 @@ impl Executor for NsExecutor {
         if let Some(bytes) = spec.limits.disk_bytes {
             limits.report.push(crate::limits::disk(bytes));
         }
+        let mut sandbox = spec.clone();
+        let cache_locks = lock_caches(&mut sandbox.caches);
         let helper_spec = helper::HelperSpec {
             cgroup_join: std::mem::take(&mut limits.join),
             rlimits: std::mem::take(&mut limits.rlimits),
-            sandbox: spec.clone(),
+            sandbox,
             supervisor_pid: std::process::id() as i32,
             terminal,
             detach_stdin: is_tty(0) && !terminal,
@@ -133,6 +135,7 @@ impl Executor for NsExecutor {
             output_relays,
             sockets_reachable: Vec::new(),
             exposed_sockets: spec.exposed_sockets.clone(),
+            cache_locks,
         };
         match process.next_report()? {
             Some(Report::Ready { sockets_reachable }) => {
@@ -218,6 +221,32 @@ fn stdin_is_foreground_tty() -> bool {
     unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
+/// Takes each cache store for this run (`flock` on `use.lock`, never
+/// waiting): one that another run holds is marked non-persistent, and the
+/// run gets a private, throw-away layer for it instead.
+fn lock_caches(caches: &mut [crate::CacheMount]) -> Vec<(std::path::PathBuf, File)> {
+    let mut held = Vec::new();
+    for cache in caches.iter_mut() {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(cache.store.join("use.lock"));
+        cache.persistent = match lock {
+            // SAFETY: flock on a descriptor we own.
+            Ok(file) if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 => {
+                held.push((cache.path.clone(), file));
+                true
+            }
+            _ => {
+                let _ = std::fs::create_dir_all(&cache.scratch);
+                false
+            }
+        };
+    }
+    held
+}
+
 /// A running `ns` sandbox.
 #[derive(Debug)]
 struct NsProcess {
@@ -236,6 +265,9 @@ struct NsProcess {
     /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
     sockets_reachable: Vec<std::path::PathBuf>,
     exposed_sockets: Vec<std::path::PathBuf>,
+    /// Each cache store this run holds (`flock`), with its path; released
+    /// when the sandbox is gone.
+    cache_locks: Vec<(std::path::PathBuf, File)>,
 }
 
 impl NsProcess {
@@ -290,10 +322,12 @@ impl SandboxProcess for NsProcess {
         } else {
             "reachable under the listed mounts, which the kernel would not show through an overlay"
         };
+        let persistent: Vec<&std::path::PathBuf> = self.cache_locks.iter().map(|(p, _)| p).collect();
         Some(serde_json::json!({
             "host_sockets": host_sockets,
             "sockets_reachable_under": self.sockets_reachable,
             "exposed_sockets": self.exposed_sockets,
+            "caches_persistent": persistent,
         }))
     }
 

@@ -57,6 +57,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
 
     protect_proc(&under(root, Path::new("/proc")))?;
 
+    host_view::mount_caches(root, &spec.caches)?;
     let memory_stage = overlay_workspace(spec, root)?;
     // After the overlay, so a hidden path inside the workspace is hidden too.
     for hidden in &spec.hidden {

@@ -52,7 +52,7 @@ pub struct GcReport {
     pub failed: Vec<Failed>,
 }
 
-fn size_of(path: &Path) -> u64 {
+pub fn size_of(path: &Path) -> u64 {
     let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
     if !meta.is_dir() {
         // Space actually freed: sparse VM disks are mostly holes.
@@ -66,7 +66,7 @@ fn size_of(path: &Path) -> u64 {
 /// are 000, and a command can `chmod 000` what it staged). Each directory is
 /// held open and its entries reached as `/proc/self/fd/<dir>/<name>`, so a
 /// tree deeper than PATH_MAX goes too. An error names the entry.
-fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+pub fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
     let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
     if !meta.is_dir() {
         return std::fs::remove_file(path).map_err(|e| (path.to_owned(), e));

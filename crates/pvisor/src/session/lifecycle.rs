@@ -212,6 +212,16 @@ impl Session {
                 self.emit("attempt.started", json!({"executor": self.executor.name()}))
                     .map_err(|e| self.finalize_error("recording the start", e.into()))?;
                 if let Some(facts) = facts {
+                    if let Some(kept) = facts["caches_persistent"].as_array() {
+                        for cache in &self.spec.caches {
+                            if !kept.iter().any(|k| k.as_str() == cache.path.to_str()) {
+                                self.warnings.push(format!(
+                                    "--cache {}: another run holds it, so this run wrote to a private copy that is thrown away",
+                                    cache.path.display()
+                                ));
+                            }
+                        }
+                    }
                     let kind = format!("attempt.{}", self.executor.name());
                     self.record_best_effort(&kind, facts);
                 }
