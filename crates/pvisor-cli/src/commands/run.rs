@@ -78,6 +78,11 @@ pub fn execute(
         }
         announce_unenforceable(&limits, options.quiet);
     }
+    if executor.name() != "ns" && !(options.cache.is_empty() && options.expose_socket.is_empty()) {
+        anyhow::bail!(
+            "--cache and --expose-socket apply to the ns executor; a vm guest sees none of the host's directories or sockets"
+        );
+    }
     let caches = cache_paths(&options.cache)?;
     let request = RunRequest {
         caches,

@@ -501,6 +501,9 @@ fn a_cache_persists_between_runs_without_being_staged() {
     let refused = env.pvisor(&["run", "--cache", ws, "--", "true"]);
     assert_eq!(refused.status.code(), Some(125));
     assert!(text(&refused.stderr).contains("overlaps the workspace"), "{}", text(&refused.stderr));
+    let vm = env.pvisor(&["run", "--executor", "vm", "--cache", cache, "--", "true"]);
+    assert_eq!(vm.status.code(), Some(125), "{}", text(&vm.stderr));
+    assert!(text(&vm.stderr).contains("apply to the ns executor"), "{}", text(&vm.stderr));
     assert!(env.expect(&["cache", "prune"], 0).contains("removed 1 cache"));
     let after = env.pvisor(&["run", "-q", "--cache", cache, "--", "ls", cache]);
     assert_eq!(text(&after.stdout), "from-host\n");
