@@ -1,4 +1,5 @@
-//! Wall-clock timestamps as they appear in records: RFC 3339, UTC, microseconds.
+//! Wall-clock timestamps as they appear in records: RFC 3339, UTC,
+//! microseconds; and the coarse clock filesystems stamp ctime with.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -60,6 +61,15 @@ impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", humantime::format_rfc3339_micros(self.0))
     }
+}
+
+/// `CLOCK_REALTIME_COARSE` now, in ns since the epoch: the clock the kernel
+/// stamps file ctimes with (conflict baselines are taken on it).
+pub fn coarse_realtime_ns() -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
 }
 
 #[cfg(test)]

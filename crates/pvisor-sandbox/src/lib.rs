@@ -83,6 +83,23 @@ pub struct CacheMount {
     pub persistent: bool,
 }
 
+impl CacheMount {
+    /// Takes the cache store `store` for one run (`flock` on `use.lock`,
+    /// never waiting); `None` while another process holds it. Dropping the
+    /// file releases it.
+    pub fn hold(store: &std::path::Path) -> Option<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(store.join("use.lock"))
+            .ok()?;
+        // SAFETY: flock on a descriptor we own.
+        (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(file)
+    }
+}
+
 /// How the sandbox is attached to the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]

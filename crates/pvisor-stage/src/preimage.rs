@@ -32,7 +32,7 @@ use crate::StageError;
 ///
 /// An entry changed before the clock reaches it has a ctime below it; the
 /// command must not start until the clock has reached it (see
-/// [`coarse_now`]; the `ns` sandbox waits for it, a VM boots for longer), so
+/// [`pvisor_core::time::coarse_realtime_ns`]; the `ns` sandbox waits for it, a VM boots for longer), so
 /// every change made while the command runs has a ctime at or after it, the
 /// coarse clock never going back. Taking the current tick instead would count
 /// an edit made just before the run, in the same tick, as made during it: a
@@ -44,16 +44,7 @@ pub fn baseline_now() -> i128 {
     unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut resolution) };
     let tick = (i128::from(resolution.tv_sec) * 1_000_000_000 + i128::from(resolution.tv_nsec))
         .clamp(1, 100_000_000);
-    coarse_now() + tick
-}
-
-/// `CLOCK_REALTIME_COARSE` now, in ns since the epoch.
-pub fn coarse_now() -> i128 {
-    // SAFETY: zeroed timespec is a valid out-parameter.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+    pvisor_core::time::coarse_realtime_ns() + tick
 }
 
 /// What the host held at a path.

@@ -3,8 +3,7 @@
 //! host `path`, and `use.lock`, held by the run using it).
 
 use std::fs;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use pvisor::runtime::gc;
 
@@ -36,25 +35,13 @@ fn caches(store: &pvisor_core::store::Store) -> anyhow::Result<Vec<Cache>> {
     Ok(out)
 }
 
-/// Takes the cache's lock if no run holds it; dropped to release.
-fn claim(store_dir: &Path) -> Option<fs::File> {
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(store_dir.join("use.lock"))
-        .ok()?;
-    // SAFETY: flock on a descriptor we own.
-    (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(file)
-}
-
 pub fn cmd_cache(args: CacheArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     match args.action {
         CacheAction::Ls { json } => {
             let mut out = std::io::stdout().lock();
             for cache in caches(&store)? {
-                let in_use = claim(&cache.store).is_none();
+                let in_use = pvisor_sandbox::CacheMount::hold(&cache.store).is_none();
                 if json {
                     json_line(
                         &mut out,
@@ -81,7 +68,7 @@ pub fn cmd_cache(args: CacheArgs) -> anyhow::Result<i32> {
                 if !wanted.is_empty() && !wanted.contains(&cache.path) {
                     continue;
                 }
-                let Some(_held) = claim(&cache.store) else {
+                let Some(_held) = pvisor_sandbox::CacheMount::hold(&cache.store) else {
                     eprintln!("pvisor: kept the cache of {}: a run is using it", shown_path(&cache.path));
                     continue;
                 };

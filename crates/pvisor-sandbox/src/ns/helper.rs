@@ -393,14 +393,8 @@ fn supervise(command: libc::pid_t, memory_stage: Option<memory_stage::MemoryStag
 /// baseline; usually passed already, the sandbox's setup being longer than
 /// a clock tick).
 fn wait_for_coarse_clock(at: i128) {
-    let now = || {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: a valid clock id and out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-        i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-    };
     for _ in 0..1000 {
-        let left = at - now();
+        let left = at - pvisor_core::time::coarse_realtime_ns();
         if left <= 0 {
             return;
         }

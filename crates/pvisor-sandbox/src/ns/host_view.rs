@@ -31,6 +31,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::helper::{under, StepError};
+use super::mounts::tmpfs;
 use crate::sys;
 
 /// Paths the sandbox gets its own, fresh filesystems for; host mounts at or
@@ -83,7 +84,7 @@ pub(crate) fn assemble(root: &Path) -> Result<HostView, StepError> {
         .map_err(|e| StepError::new("root", format!("cannot read /proc/self/mountinfo: {e}")))?;
     // The second, empty lower layer every overlay needs: a tiny tmpfs that the
     // view is then stacked on, named through an open descriptor.
-    tmpfs_at(root, 0o755)?;
+    tmpfs(root, "mode=0755,size=64k", 0)?;
     let empty = sys::open_path(root).map_err(|e| mount_err("open the empty layer", e))?;
     let mut builder = Builder {
         mounts: visible_in_order(&mounts),
@@ -139,7 +140,7 @@ impl Builder<'_> {
             StepError::new("root", format!("cannot {what} {}: {e}", path.display()))
         };
         let meta = fs::metadata(host).map_err(|e| io_err("inspect", host, e))?;
-        tmpfs_at(target, meta.permissions().mode() & 0o7777)?;
+        tmpfs(target, &format!("mode={:o},size=64k", meta.permissions().mode() & 0o7777), 0)?;
         let entries = fs::read_dir(host).map_err(|e| io_err("list", host, e))?;
         for entry in entries.flatten() {
             let (from, to) = (entry.path(), target.join(entry.file_name()));
@@ -166,12 +167,6 @@ impl Builder<'_> {
         }
         sys::mount_setattr(target, sys::MOUNT_ATTR_RDONLY, false).map_err(|e| mount_err("seal the view", e))
     }
-}
-
-fn tmpfs_at(target: &Path, mode: u32) -> Result<(), StepError> {
-    let options = format!("mode={mode:o},size=64k");
-    sys::mount(Some("tmpfs"), target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options))
-        .map_err(|e| mount_err(&format!("mount a tmpfs on {}", target.display()), e))
 }
 
 fn bind_read_only(source: &Path, target: &Path, recursive: bool) -> Result<(), StepError> {
@@ -258,7 +253,7 @@ pub(crate) fn mount_caches(root: &Path, caches: &[crate::CacheMount]) -> Result<
 }
 
 fn mount_err(what: &str, e: io::Error) -> StepError {
-    StepError::new("root", format!("cannot {what}: {e}"))
+    super::mounts::mount_err("root", what, e)
 }
 
 fn read_mountinfo() -> io::Result<Vec<HostMount>> {

@@ -44,8 +44,7 @@ pub(crate) fn prepare(
     let disk = open_dir(libc::AT_FDCWD, &cpath(upper.as_os_str())?).map_err(|e| err("open the stage", e))?;
     // One inode per 4 KiB of quota, as a disk filesystem would have.
     let options = format!("size={bytes},nr_inodes={},mode=0700", (bytes / 4096).max(1024));
-    sys::mount(Some("tmpfs"), work, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options))
-        .map_err(|e| err(&format!("mount a {bytes}-byte tmpfs for the stage"), e))?;
+    super::mounts::tmpfs(work, &options, 0)?;
     let (mem_upper, mem_work) = (work.join("upper"), work.join("work"));
     for dir in [&mem_upper, &mem_work] {
         std::fs::create_dir(dir).map_err(|e| err("create the stage's layers", e))?;

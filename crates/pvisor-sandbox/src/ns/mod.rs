@@ -227,18 +227,12 @@ fn stdin_is_foreground_tty() -> bool {
 fn lock_caches(caches: &mut [crate::CacheMount]) -> Vec<(std::path::PathBuf, File)> {
     let mut held = Vec::new();
     for cache in caches.iter_mut() {
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(cache.store.join("use.lock"));
-        cache.persistent = match lock {
-            // SAFETY: flock on a descriptor we own.
-            Ok(file) if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 => {
+        cache.persistent = match crate::CacheMount::hold(&cache.store) {
+            Some(file) => {
                 held.push((cache.path.clone(), file));
                 true
             }
-            _ => {
+            None => {
                 let _ = std::fs::create_dir_all(&cache.scratch);
                 false
             }

@@ -136,11 +136,11 @@ fn hide(target: &Path) -> Result<(), StepError> {
         .map_err(|e| mount_err("hide", &what, e))
 }
 
-fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
+pub(crate) fn mount_err(step: &'static str, what: &str, e: io::Error) -> StepError {
     StepError::new(step, format!("cannot {what}: {e}"))
 }
 
-fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Result<(), StepError> {
+pub(crate) fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Result<(), StepError> {
     sys::mount(Some("tmpfs"), target, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV | flags, Some(options))
         .map_err(|e| mount_err("tmpfs", &format!("mount a tmpfs on {}", target.display()), e))
 }
