@@ -445,6 +445,14 @@ pub fn admit(
     let hidden_now: Vec<PathBuf> =
         std::iter::once(state.clone()).chain(hidden_secrets.iter().map(|(p, _)| p.clone())).collect();
     let cache_paths = cache_paths(&request.caches, &workspace, &hidden_now)?;
+    // A cache's upper is written by earlier runs: a place for the socket
+    // would be made through whatever they left there.
+    if let Some(path) = exposed_sockets.iter().find(|s| cache_paths.iter().any(|c| s.starts_with(c))) {
+        return Err(AdmissionError::ExposeSocket {
+            path: path.clone(),
+            problem: "is inside a --cache directory; expose it without the cache, or cache another directory",
+        });
+    }
 
     let now = Timestamp::now();
     let job_id = JobId::generate();

@@ -838,3 +838,54 @@ fn an_unenforceable_limit_is_said_before_the_command_starts() {
     assert!(warned < started, "the warning came after the command started: {stderr}");
     assert_eq!(stderr.matches("--cpus 0.5 is not enforced").count(), 1, "said twice: {stderr}");
 }
+
+/// Hard links share blocks in the `--disk` tmpfs but would be copied out as
+/// files: a command must not multiply its quota on the host's disk by
+/// linking. The copy stops at the quota and the records say so.
+#[test]
+fn hard_links_cannot_multiply_the_disk_quota() {
+    let env = Env::new(As::Rootless);
+    let out = env.pvisor(&[
+        "run",
+        "-q",
+        "--disk",
+        "8M",
+        "--",
+        "sh",
+        "-c",
+        "head -c 4000000 /dev/urandom > big && for i in $(seq 40); do ln big link$i; done; exit 0",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("the stage is incomplete"), "{}", text(&out.stderr));
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    assert!(env.events(&job).iter().any(|e| e["type"] == "attempt.stage_incomplete"));
+    let staged: u64 = fs::read_dir(env.home.join("runs"))
+        .unwrap()
+        .flatten()
+        .flat_map(|r| fs::read_dir(r.path().join("stage/upper")).unwrap().flatten())
+        .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
+        .sum();
+    assert!(staged <= 8 << 20, "{staged} bytes reached the host's disk for an 8 MiB quota");
+}
+
+/// A fifo in a skeleton directory of the host view (here `/`) is shown as
+/// an empty read-only file: opening a fifo ignores read-only mounts, so
+/// binding it would give the sandbox a channel to a host process.
+#[test]
+fn a_host_fifo_is_not_a_channel_out() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !As::Root.available() {
+        return;
+    }
+    let env = Env::new(As::Root);
+    let fifo = format!("/pvisor-escape-fifo-{}", std::process::id());
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let script = format!("printf ESCAPED > {fifo} 2>/dev/null; true");
+    let out = env.run_sh(&script);
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut &reader, &mut got);
+    let _ = fs::remove_file(&fifo);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(got.is_empty(), "the sandbox wrote to a host fifo: {:?}", String::from_utf8_lossy(&got));
+}

@@ -38,8 +38,15 @@ use crate::sys;
 /// below them are never shown.
 const REPLACED: [&str; 4] = ["/proc", "/dev", "/tmp", "/run"];
 
+/// Whether a mount cannot hold a Unix socket a host service listens on:
+/// one of [`SOCKETLESS`], or anything under `/sys` (the kernel's own tree;
+/// its cgroup tmpfs is root's).
+fn socketless(fs_type: &str, point: &Path) -> bool {
+    SOCKETLESS.contains(&fs_type) || point.starts_with("/sys")
+}
+
 /// Filesystem types that cannot hold a Unix socket: bound as they are.
-const SOCKETLESS: [&str; 19] = [
+const SOCKETLESS: [&str; 18] = [
     "proc",
     "sysfs",
     "cgroup",
@@ -57,7 +64,6 @@ const SOCKETLESS: [&str; 19] = [
     "efivarfs",
     "hugetlbfs",
     "nsfs",
-    "autofs",
     "selinuxfs",
 ];
 
@@ -118,11 +124,16 @@ impl Builder<'_> {
             .rev()
             .filter(|m| host.starts_with(&m.point))
             .max_by_key(|m| m.point.components().count())
-            .map_or("", |m| m.fs_type.as_str());
-        if SOCKETLESS.contains(&fs_type) {
+            .map_or(String::new(), |m| m.fs_type.clone());
+        let below: Vec<&&HostMount> =
+            self.mounts.iter().filter(|m| m.point.starts_with(host) && m.point != host).collect();
+        // A recursive bind brings every mount below along: only when none
+        // of them can hold a socket either (an automounted /home of NFS
+        // homes must not come along bound).
+        if socketless(&fs_type, host) && below.iter().all(|m| socketless(&m.fs_type, &m.point)) {
             return bind_read_only(host, target, true);
         }
-        let mounts_below = self.mounts.iter().any(|m| m.point.starts_with(host) && m.point != host);
+        let mounts_below = !below.is_empty();
         if !mounts_below {
             let options = format!("lowerdir={}:{}", super::mounts::escape_overlay_path(host), self.empty);
             let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
@@ -158,9 +169,10 @@ impl Builder<'_> {
                 std::os::unix::fs::symlink(link, &to).map_err(|e| io_err("create", &to, e))?;
             } else {
                 fs::File::create(&to).map_err(|e| io_err("create", &to, e))?;
-                // A socket stays an empty file (connecting to it is refused,
-                // and --expose-socket has a place to bind the real one).
-                if !kind.is_socket() {
+                // A socket or a fifo stays an empty file: both are ways to
+                // talk to a host process that a read-only mount does not
+                // stop (and --expose-socket gets a place to bind onto).
+                if !kind.is_socket() && !kind.is_fifo() {
                     bind_read_only(&from, &to, false)?;
                 }
             }

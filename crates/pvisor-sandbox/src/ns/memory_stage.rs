@@ -30,6 +30,10 @@ use crate::sys;
 pub(crate) struct MemoryStage {
     memory: OwnedFd,
     disk: OwnedFd,
+    /// The quota: the copy never writes more than this to the disk either.
+    /// (Hard links share blocks in the tmpfs but are copied as files, so a
+    /// command could otherwise multiply its quota by linking.)
+    limit: u64,
 }
 
 /// Mounts a tmpfs of `bytes` on the stage's work directory (in init's mount
@@ -51,7 +55,7 @@ pub(crate) fn prepare(
     }
     let memory =
         open_dir(libc::AT_FDCWD, &cpath(mem_upper.as_os_str())?).map_err(|e| err("open the tmpfs", e))?;
-    Ok((MemoryStage { memory, disk }, mem_upper, mem_work))
+    Ok((MemoryStage { memory, disk, limit: bytes }, mem_upper, mem_work))
 }
 
 fn cpath(path: &OsStr) -> Result<CString, StepError> {
@@ -128,6 +132,7 @@ pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
     copy_xattrs(memory.as_raw_fd(), disk.as_raw_fd());
     let mut pending: Vec<Vec<CString>> = vec![names(memory.as_raw_fd()).map_err(|e| describe(b".", e))?];
     let mut path: Vec<u8> = Vec::new();
+    let mut written = 0u64;
     while let Some(level) = pending.last_mut() {
         let Some(name) = level.pop() else {
             pending.pop();
@@ -158,6 +163,14 @@ pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
             pending.push(listed);
             path = shown;
             continue;
+        }
+        written = written.saturating_add(st.st_blocks as u64 * 512);
+        if written > stage.limit {
+            return Err(format!(
+                "the staged files add up to more than the --disk quota of {} bytes (hard links are copied as separate files); the copy stopped at {:?}",
+                stage.limit,
+                String::from_utf8_lossy(&shown)
+            ));
         }
         copy_entry(memory.as_raw_fd(), disk.as_raw_fd(), &name, &st).map_err(|e| describe(&shown, e))?;
     }
