@@ -295,3 +295,40 @@ impl Signaller {
         self.signal(libc::SIGKILL)
     }
 }
+
+/// A backend that could not be prepared (the `vm` guest image is missing,
+/// say). It still admits Jobs, so the failure is recorded like any other
+/// setup failure, as docs/exit-codes.md promises: `start` returns the
+/// preparation error, and the Job ends `failed` with it as its reason.
+#[derive(Debug)]
+pub struct Unavailable {
+    name: &'static str,
+    step: String,
+    message: String,
+    hint: Option<String>,
+}
+
+impl Unavailable {
+    /// The backend `name`, which failed to prepare with `error`.
+    pub fn new(name: &'static str, error: &SandboxError) -> Self {
+        let (step, message) = match error {
+            SandboxError::Setup { step, message, .. } => (step.clone(), message.clone()),
+            other => ("prepare".to_owned(), other.to_string()),
+        };
+        Self { name, step, message, hint: error.hint().map(str::to_owned) }
+    }
+}
+
+impl Executor for Unavailable {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn start(&self, _spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
+        Err(SandboxError::Setup {
+            step: self.step.clone(),
+            message: self.message.clone(),
+            hint: self.hint.clone(),
+        })
+    }
+}

@@ -36,13 +36,19 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
 
 /// Builds the executor `--executor` names; `vm` installs the guest image
 /// under the state directory and decides KVM or TCG (recorded in Placement).
+/// A `vm` backend that cannot be prepared (no guest image) still admits the
+/// Job, which then fails setup with that reason: every setup failure is a
+/// recorded Job.
 pub fn executor_for(
     store: &pvisor_core::store::Store,
     which: ExecutorArg,
 ) -> anyhow::Result<Arc<dyn Executor>> {
     Ok(match which {
         ExecutorArg::Ns => Arc::new(NsExecutor),
-        ExecutorArg::Vm => Arc::new(VmExecutor::prepare(store.root())?),
+        ExecutorArg::Vm => match VmExecutor::prepare(store.root()) {
+            Ok(vm) => Arc::new(vm),
+            Err(e) => Arc::new(pvisor_sandbox::Unavailable::new("vm", &e)),
+        },
     })
 }
 

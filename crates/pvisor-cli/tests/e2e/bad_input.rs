@@ -115,3 +115,25 @@ fn a_full_disk_while_writing_records_is_reported_and_leaves_no_false_success() {
     assert!(!stdout.contains("\"state\":\"completed\""), "{stdout}");
     assert!(!stdout.contains("\"type\":\"error\""), "a record was left corrupt: {stdout}");
 }
+
+/// docs/exit-codes.md: "A setup failure (125 from `run`) is recorded too".
+/// A missing vm guest image is one: the Job exists, reads `failed`, and its
+/// reason says how to build the image.
+#[test]
+fn a_missing_vm_guest_image_is_a_recorded_failed_job() {
+    let env = Env::new(As::Root);
+    let missing = env.dir.path().join("no-image-here");
+    let out = env
+        .command(&["run", "--executor", "vm", "--", "true"])
+        .env("PVISOR_VM_IMAGE", &missing)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("vm-image.sh"), "the error says how to get an image: {stderr}");
+    let status = env.status_json(None);
+    assert_eq!(status["state"], "failed", "{status}");
+    assert_eq!(status["receipt"], "valid", "{status}");
+    let shown = env.expect(&["status"], 0);
+    assert!(shown.contains("no-image-here") || shown.contains("guest image"), "{shown}");
+}
