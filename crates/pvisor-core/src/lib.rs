@@ -11,10 +11,12 @@
 //!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
 //!
 //! - [`text`]: untrusted names and contents made safe for a terminal;
-//! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies.
+//! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies;
+//! - [`assets`]: where the images pvisor ships with are found (build tree, install prefix, XDG).
 //!
 //! It never prints, exits, or reads user configuration.
 
+pub mod assets;
 pub mod digest;
 pub mod event;
 pub mod failpoint;

@@ -39,11 +39,9 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     VmExecutor::prepare(store.root())?;
     let default_image =
         std::env::var_os("PVISOR_SANDBOX_IMAGE").map(std::path::PathBuf::from).or_else(|| {
-            exe.ancestors()
-                .skip(1)
-                .take(3)
-                .map(|d| d.join("sandbox-image/rootfs"))
-                .find(|d| d.join("bin/sh").exists())
+            pvisor_core::assets::locate("sandbox-image", |d| d.join("rootfs/bin/sh").exists())
+                .ok()
+                .map(|d| d.join("rootfs"))
         });
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,

@@ -524,3 +524,60 @@ fn stdin_reaches_a_slow_reader_in_the_guest_intact() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), (8u64 << 20).to_string());
 }
+
+/// Issue 17: an installed binary (no build tree beside it, no
+/// PVISOR_VM_IMAGE) finds the guest image where `scripts/install.sh` puts it:
+/// `PREFIX/share/pvisor/vm-image`, or `$XDG_DATA_HOME/pvisor/vm-image` for a
+/// binary elsewhere (a `cargo install`ed one in `~/.cargo/bin`).
+#[test]
+fn an_installed_binary_finds_its_guest_image() {
+    require_image();
+    let env = Env::new(As::Root);
+    let image = vm_image().unwrap();
+    let place = |dir: &std::path::Path| {
+        fs::create_dir_all(dir).unwrap();
+        for name in ["vmlinux", "initramfs.cpio", "manifest.json"] {
+            fs::copy(image.join(name), dir.join(name)).unwrap();
+        }
+    };
+    let install = |bin_dir: &std::path::Path| {
+        fs::create_dir_all(bin_dir).unwrap();
+        let exe = bin_dir.join("pvisor");
+        fs::copy(bin(), &exe).unwrap();
+        exe
+    };
+    let run = |exe: &std::path::Path, data_home: &std::path::Path, args: &[&str]| {
+        std::process::Command::new(exe)
+            .args(args)
+            .current_dir(&env.ws)
+            .env("PVISOR_HOME", &env.home)
+            .env("HOME", env.dir.path())
+            .env("XDG_DATA_HOME", data_home)
+            .env("XDG_DATA_DIRS", env.dir.path().join("no-system-data"))
+            .env_remove("PVISOR_VM_IMAGE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let nowhere = env.dir.path().join("empty-data");
+
+    // An install prefix: a real vm run boots from PREFIX/share/pvisor.
+    let prefix = env.dir.path().join("prefix");
+    place(&prefix.join("share/pvisor/vm-image"));
+    let exe = install(&prefix.join("bin"));
+    let out = run(&exe, &nowhere, &["run", "--executor", "vm", "--", "sh", "-c", "echo booted > proof"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(env.review().len(), 1);
+
+    // A binary with nothing beside it finds $XDG_DATA_HOME/pvisor/vm-image.
+    let data = env.dir.path().join("data");
+    place(&data.join("pvisor/vm-image"));
+    let lone = install(&env.dir.path().join("cargo-home/bin"));
+    let doctor = text(&run(&lone, &data, &["doctor", "--json"]).stdout);
+    let check = doctor.lines().find(|l| l.contains("vm guest image")).expect("a vm guest image check");
+    assert!(check.contains(&*data.join("pvisor/vm-image").to_string_lossy()), "{check}");
+    // And says where it looked when there is none.
+    let doctor = text(&run(&lone, &nowhere, &["doctor", "--json"]).stdout);
+    let check = doctor.lines().find(|l| l.contains("vm guest image")).unwrap();
+    assert!(check.contains("not built") && check.contains("empty-data"), "{check}");
+}

@@ -46,7 +46,7 @@ fn image_error(message: String) -> SandboxError {
         step: "vm-image".into(),
         message,
         hint: Some(
-            "build the guest image with scripts/vm-image.sh (or set PVISOR_VM_IMAGE to its directory)".into(),
+            "build the guest image with scripts/vm-image.sh, or install pvisor with scripts/install.sh (or set PVISOR_VM_IMAGE to its directory)".into(),
         ),
     }
 }
@@ -60,17 +60,16 @@ impl GuestImage {
         self.dir.join("initramfs.cpio")
     }
 
-    /// Where the built image is: `$PVISOR_VM_IMAGE`, else `vm-image/` beside
-    /// the binary's target directory (`target/release/pvisor` → `target/vm-image`).
+    /// Where the built image is: `$PVISOR_VM_IMAGE`, else the first of the
+    /// build tree (`target/vm-image`), the install prefix
+    /// (`PREFIX/share/pvisor/vm-image`) and `$XDG_DATA_HOME/pvisor/vm-image`
+    /// that holds one (see `pvisor_core::assets`).
     pub fn locate_built() -> Result<PathBuf, SandboxError> {
         if let Some(dir) = std::env::var_os("PVISOR_VM_IMAGE") {
             return Ok(PathBuf::from(dir));
         }
-        let exe = std::env::current_exe()
-            .map_err(|e| image_error(format!("cannot find the pvisor binary: {e}")))?;
-        let candidates = exe.ancestors().skip(1).take(3).map(|d| d.join("vm-image")).collect::<Vec<_>>();
-        candidates.iter().find(|d| d.join("manifest.json").is_file()).cloned().ok_or_else(|| {
-            image_error(format!("no guest image found (looked in {})", display_list(&candidates)))
+        pvisor_core::assets::locate("vm-image", |d| d.join("manifest.json").is_file()).map_err(|searched| {
+            image_error(format!("no guest image found (looked in {})", display_list(&searched)))
         })
     }
 

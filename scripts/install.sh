@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs pvisor and the images it ships with, where an installed binary
+# finds them (see crates/pvisor-core/src/assets.rs):
+#   PREFIX/bin/pvisor
+#   PREFIX/share/pvisor/vm-image/          the --executor vm guest image
+#   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` default image
+# Usage: scripts/install.sh [PREFIX]
+#   PREFIX defaults to /usr/local as root, ~/.local otherwise (then put
+#   ~/.local/bin on your PATH). The images need Debian packages (QEMU,
+#   busybox-static), which only root can install: as another user the ns
+#   executor is installed alone, and the script says what is missing.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ "$(id -u)" -eq 0 ]; then prefix="${1:-/usr/local}"; else prefix="${1:-$HOME/.local}"; fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install: building pvisor needs a Rust toolchain (cargo), and none is on PATH." >&2
+  echo "  Install one for your user: curl https://sh.rustup.rs -sSf | sh   (then open a new shell)" >&2
+  exit 127
+fi
+echo "install: building pvisor (release; the first build takes a few minutes)..." >&2
+cargo build --release --manifest-path "$root/Cargo.toml" -p pvisor-cli
+install -d "$prefix/bin" "$prefix/share/pvisor"
+install -m 0755 "$root/target/release/pvisor" "$prefix/bin/pvisor.new"
+mv -f "$prefix/bin/pvisor.new" "$prefix/bin/pvisor"
+echo "install: $prefix/bin/pvisor" >&2
+
+# Each image is built into target/ and copied whole, then renamed into place,
+# so a running pvisor never sees half an image.
+copy_image() { # NAME BUILD_SCRIPT
+  local name="$1" script="$2" built="$root/target/$1"
+  if ! "$root/scripts/$script" >&2; then
+    echo "install: $name not installed: scripts/$script failed (above); pvisor works without it except where it is needed" >&2
+    return 0
+  fi
+  rm -rf "$prefix/share/pvisor/.$name.new"
+  cp -a "$built" "$prefix/share/pvisor/.$name.new"
+  rm -rf "$prefix/share/pvisor/$name"
+  mv "$prefix/share/pvisor/.$name.new" "$prefix/share/pvisor/$name"
+  echo "install: $prefix/share/pvisor/$name" >&2
+}
+copy_image vm-image vm-image.sh
+copy_image sandbox-image sandbox-image.sh
+case ":$PATH:" in
+  *":$prefix/bin:"*) ;;
+  *) echo "install: add $prefix/bin to your PATH (e.g. in ~/.profile: PATH=\"$prefix/bin:\$PATH\")" >&2 ;;
+esac
+echo "install: done; try: pvisor doctor" >&2
