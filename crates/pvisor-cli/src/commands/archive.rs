@@ -23,13 +23,23 @@ pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
             dir.join(format!("{job}.pvisor.tar"))
         }
     };
-    let manifest = archive::export(&store, &job, &out)?;
-    println!(
-        "{}: {} entries of {job}; check it with `pvisor verify {}`",
-        out.display(),
-        manifest.files.len() + 1,
-        out.display()
-    );
+    let exported = archive::export(&store, &job, &out)?;
+    if exported.confirmed {
+        println!(
+            "{}: {} entries of {job}; check it with `pvisor verify {}`",
+            out.display(),
+            exported.manifest.files.len() + 1,
+            out.display()
+        );
+    } else {
+        println!(
+            "{}: {} entries of {job}'s unconfirmed stage (the Job was lost: no receipt confirms it, so it \
+             cannot be imported or applied); `tar -xf {}` unpacks it for inspection",
+            out.display(),
+            exported.manifest.files.len() + 1,
+            out.display()
+        );
+    }
     Ok(0)
 }
 

@@ -76,6 +76,23 @@ fn unconfirmed_after(point: &str) {
         "{says}"
     );
     assert!(!env.ws.join("n").exists());
+    // Its stage can be salvaged: export keeps it, marked unconfirmed; verify
+    // and import refuse to treat it as a Bundle, and tar unpacks it.
+    let exported = env.expect(&["export"], 0);
+    assert!(exported.contains("unconfirmed stage"), "{point}: {exported}");
+    let tar = fs::read_dir(env.home.join("exports")).unwrap().next().unwrap().unwrap().path();
+    let verified = env.pvisor(&["verify", tar.to_str().unwrap()]);
+    assert_eq!(verified.status.code(), Some(1), "{point}: an unconfirmed stage never verifies as a Bundle");
+    assert!(text(&verified.stdout).contains("no receipt"), "{}", text(&verified.stdout));
+    let other = Env::new(As::Rootless);
+    let imported = other.pvisor(&["import", tar.to_str().unwrap()]);
+    assert_eq!(imported.status.code(), Some(125), "{point}: imported an unconfirmed stage");
+    let unpack = env.dir.path().join("unpacked");
+    fs::create_dir(&unpack).unwrap();
+    let untar =
+        std::process::Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&unpack).status().unwrap();
+    assert!(untar.success());
+    assert_eq!(fs::read_to_string(unpack.join("pvisor-bundle/stage/files/n")).unwrap(), "new\n");
     env.expect(&["drop"], 0);
     let review = env.expect(&["review"], 0);
     assert!(review.contains("dropped") && !review.contains("pending"), "{point}: {review}");

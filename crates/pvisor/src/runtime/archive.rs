@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::{Bundle, CompletionReceipt, EntryType, JobRecord, RunRecord, FORMAT};
+use pvisor_core::state::JobState;
 use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
 
@@ -99,18 +100,70 @@ fn append(
     Ok(())
 }
 
-/// Writes the Run Bundle archive of `job` to `out`. The Job must have a valid receipt.
-pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManifest, ArchiveError> {
+/// `MANIFEST.json`'s `kind` of a Run Bundle archive.
+const KIND_BUNDLE: &str = "pvisor-run-bundle";
+/// `MANIFEST.json`'s `kind` of a lost Job's salvaged stage: the records that
+/// exist and a live scan of the stage, with no receipt to confirm any of it.
+const KIND_UNCONFIRMED: &str = "pvisor-unconfirmed-stage";
+
+/// What [`export`] wrote.
+#[derive(Debug)]
+pub struct Exported {
+    pub manifest: ArchiveManifest,
+    /// False for a lost Job's stage: nothing in it is confirmed by a receipt.
+    pub confirmed: bool,
+}
+
+/// Writes the Run Bundle archive of `job` to `out`. A Job with a valid
+/// receipt gives a Run Bundle; a Job closed as lost (or ended `unknown`)
+/// gives its stage as the sandbox left it, marked unconfirmed, so it can be
+/// inspected and salvaged but never imported or applied.
+pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<Exported, ArchiveError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
     // Never package records that do not bind each other, or a foreign Trace.
-    views::status(store, job_id)?;
+    let status = views::status(store, job_id)?;
     views::events(store, &job.run)?;
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
-    let Some((receipt, bundle)) = completion::load(store, job_id, &attempt).map_err(ViewError::from)? else {
-        return Err(ArchiveError::NotABundle {
-            archive: out.display().to_string(),
-            reason: format!("{job_id} has no completion receipt, so there is no confirmed Bundle to export"),
-        });
+    let confirmed = completion::load(store, job_id, &attempt).map_err(ViewError::from)?;
+    let stage = store.stage_dir(&job.run);
+    let (changes, kind, records) = match &confirmed {
+        Some((_, bundle)) => (
+            bundle.changes.clone(),
+            KIND_BUNDLE,
+            vec![
+                ("job.json", store.job_file(job_id)),
+                ("run.json", store.run_file(&job.run)),
+                ("attempt.json", store.attempt_file(&attempt)),
+                ("bundle.json", store.bundle_file(&attempt)),
+                ("completion.json", store.receipt_file(&attempt)),
+                ("events.jsonl", store.events_file(&job.run)),
+            ],
+        ),
+        None if status.live || !matches!(status.state, JobState::Lost | JobState::Unknown) => {
+            return Err(ArchiveError::NotABundle {
+                archive: out.display().to_string(),
+                reason: format!(
+                    "{job_id} has no completion receipt (state: {}), so there is no confirmed Bundle to export; \
+                     a Job closed with `pvisor kill` (lost) can be exported as an unconfirmed stage",
+                    status.state
+                ),
+            })
+        }
+        None => {
+            let upper = stage.join("upper");
+            let changes = if upper.is_dir() && status.workspace.is_dir() {
+                pvisor_stage::scan(&upper, &status.workspace).map_err(ViewError::Stage)?
+            } else {
+                Vec::new()
+            };
+            let records = vec![
+                ("job.json", store.job_file(job_id)),
+                ("run.json", store.run_file(&job.run)),
+                ("attempt.json", store.attempt_file(&attempt)),
+                ("events.jsonl", store.events_file(&job.run)),
+            ];
+            (changes, KIND_UNCONFIRMED, records)
+        }
     };
     let io = |op, path: &Path| {
         let path = path.to_owned();
@@ -122,27 +175,37 @@ pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManife
     let file = File::create(&tmp).map_err(io("create", &tmp))?;
     let mut builder = tar::Builder::new(file);
     let mut files = Vec::new();
-    let records = [
-        ("job.json", store.job_file(job_id)),
-        ("run.json", store.run_file(&job.run)),
-        ("attempt.json", store.attempt_file(&attempt)),
-        ("bundle.json", store.bundle_file(&attempt)),
-        ("completion.json", store.receipt_file(&attempt)),
-        ("events.jsonl", store.events_file(&job.run)),
-    ];
     let result = (|| -> Result<(), ArchiveError> {
         for (name, path) in records {
-            let bytes = store::read_capped(&path, store::RECORD_READ_CAP)?;
+            let bytes = match store::read_capped(&path, store::RECORD_READ_CAP) {
+                Ok(bytes) => bytes,
+                // A lost Job may lack records its setup never wrote.
+                Err(e) if kind == KIND_UNCONFIRMED && e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
             append(&mut builder, format!("{ROOT}/records/{name}").as_bytes(), &bytes, &mut files)
                 .map_err(io("write", &tmp))?;
         }
-        let stage = store.stage_dir(&job.run);
+        if kind == KIND_UNCONFIRMED {
+            // What the scan found, in the Bundle's terms, so `verify` can
+            // check every staged file against it.
+            append(
+                &mut builder,
+                format!("{ROOT}/stage/changes.json").as_bytes(),
+                &store::to_json_bytes(&changes),
+                &mut files,
+            )
+            .map_err(io("write", &tmp))?;
+        }
         if let Ok(bytes) = store::read_capped(&stage.join("preimages.json"), store::RECORD_READ_CAP) {
             append(&mut builder, format!("{ROOT}/stage/preimages.json").as_bytes(), &bytes, &mut files)
                 .map_err(io("write", &tmp))?;
         }
+        if changes.iter().all(|c| !matches!(c.entry, EntryType::File | EntryType::Symlink)) {
+            return Ok(());
+        }
         let upper = pvisor_stage::beneath::Root::open(&stage.join("upper")).map_err(io("open", &stage))?;
-        for change in &bundle.changes {
+        for change in &changes {
             let rel = change.path.as_path();
             match change.entry {
                 EntryType::File => {
@@ -170,9 +233,9 @@ pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManife
     }
     let manifest = ArchiveManifest {
         format: FORMAT,
-        kind: "pvisor-run-bundle".into(),
+        kind: kind.into(),
         job: job_id.clone(),
-        attempt: receipt.attempt.clone(),
+        attempt: confirmed.as_ref().map(|(receipt, _)| receipt.attempt.clone()).unwrap_or(attempt),
         created_at: Timestamp::now(),
         files,
     };
@@ -187,7 +250,7 @@ pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<ArchiveManife
     let file = builder.into_inner().map_err(io("finish", &tmp))?;
     file.sync_all().map_err(io("sync", &tmp))?;
     fs::rename(&tmp, out).map_err(io("write", out))?;
-    Ok(manifest)
+    Ok(Exported { manifest, confirmed: kind == KIND_BUNDLE })
 }
 
 /// A verified archive, in memory.
@@ -250,6 +313,19 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
             failures.push(format!("{}: listed in MANIFEST.json but missing", f.path));
         }
     }
+    if manifest.kind == KIND_UNCONFIRMED {
+        failures.extend(unconfirmed_stage_failures(&entries));
+        if failures.is_empty() {
+            failures.push(format!(
+                "its {} entries match MANIFEST.json, but it is the unconfirmed stage of {}, a Job closed as lost: \
+                 no receipt confirms how its command ended, so it is never imported or applied. \
+                 `tar -xf {archive_name}` unpacks it for inspection",
+                manifest.files.len(),
+                manifest.job
+            ));
+        }
+        return Err(ArchiveError::Failed { archive: archive_name, failures });
+    }
     let record = |name: &str| entries.get(format!("{ROOT}/records/{name}").as_bytes());
     let receipt: Option<CompletionReceipt> =
         record("completion.json").and_then(|b| serde_json::from_slice(b).ok());
@@ -270,28 +346,7 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
     }
     let bundle: Option<Bundle> = serde_json::from_slice(bundle_bytes).ok();
     if let Some(bundle) = &bundle {
-        for change in &bundle.changes {
-            let rel = change.path.as_path();
-            let (kind, expected) = match change.entry {
-                EntryType::File => ("files", change.blake3.as_deref()),
-                EntryType::Symlink => ("links", change.blake3.as_deref()),
-                EntryType::Dir | EntryType::None | EntryType::Special => continue,
-            };
-            let name = staged_name(kind, rel);
-            match entries.get(&name) {
-                None => failures.push(format!(
-                    "{}: staged {} missing",
-                    String::from_utf8_lossy(&name),
-                    change.kind.as_str()
-                )),
-                Some(bytes) if Some(staged_digest(change.entry, bytes).as_str()) != expected => failures
-                    .push(format!(
-                        "{}: does not match the Bundle's manifest",
-                        String::from_utf8_lossy(&name)
-                    )),
-                Some(_) => {}
-            }
-        }
+        failures.extend(changes_failures(&bundle.changes, &entries));
     }
     match (failures.is_empty(), bundle) {
         (true, Some(bundle)) => Ok(Verified { manifest, receipt, bundle, entries }),
@@ -301,6 +356,46 @@ pub fn verify_archive(path: &Path) -> Result<Verified, ArchiveError> {
         }
         (false, Some(_)) => Err(ArchiveError::Failed { archive: archive_name, failures }),
     }
+}
+
+/// An unconfirmed stage's staged files checked against its `changes.json`.
+fn unconfirmed_stage_failures(entries: &BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<String> {
+    let Some(bytes) = entries.get(format!("{ROOT}/stage/changes.json").as_bytes()) else {
+        return vec!["stage/changes.json is missing".into()];
+    };
+    let Ok(changes) = serde_json::from_slice::<Vec<pvisor_core::records::ChangeEntry>>(bytes) else {
+        return vec!["stage/changes.json is corrupt".into()];
+    };
+    changes_failures(&changes, entries)
+}
+
+/// Every staged file and link of `changes` present in `entries` with the
+/// recorded digest.
+fn changes_failures(
+    changes: &[pvisor_core::records::ChangeEntry],
+    entries: &BTreeMap<Vec<u8>, Vec<u8>>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for change in changes {
+        let rel = change.path.as_path();
+        let (kind, expected) = match change.entry {
+            EntryType::File => ("files", change.blake3.as_deref()),
+            EntryType::Symlink => ("links", change.blake3.as_deref()),
+            EntryType::Dir | EntryType::None | EntryType::Special => continue,
+        };
+        let name = staged_name(kind, rel);
+        match entries.get(&name) {
+            None => failures.push(format!(
+                "{}: staged {} missing",
+                String::from_utf8_lossy(&name),
+                change.kind.as_str()
+            )),
+            Some(bytes) if Some(staged_digest(change.entry, bytes).as_str()) != expected => failures
+                .push(format!("{}: does not match the Bundle's manifest", String::from_utf8_lossy(&name))),
+            Some(_) => {}
+        }
+    }
+    failures
 }
 
 /// Removes what killed exports to `out` left beside it: `.<name>.tmp-<pid>`
