@@ -403,7 +403,7 @@ pub struct ReviewArgs {
 /// does not stop the others.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
+    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
 )]
 pub struct ApplyArgs {
     /// The Job (id or unique prefix) [default: the most recent]. A first argument that is not a job is taken as a path.
@@ -421,8 +421,13 @@ pub struct ApplyArgs {
     pub force: bool,
     /// Ask about each change in turn, showing its diff: single keys on a
     /// terminal (y n a d s q ?), one answer per line from a pipe.
-    #[arg(long, short = 'i')]
+    #[arg(long, short = 'i', conflicts_with = "patch")]
     pub interactive: bool,
+    /// Ask about each hunk of each modified text file, as `git add -p` does
+    /// (y n a d q ?). The rest of a file stays staged, its baseline updated;
+    /// a file in conflict offers no hunks.
+    #[arg(long, short = 'p', conflicts_with_all = ["all", "force", "dry_run"])]
+    pub patch: bool,
     /// Also apply sensitive paths that --all, a glob or a directory selects.
     #[arg(long)]
     pub include_sensitive: bool,

@@ -9,6 +9,7 @@ mod commands;
 mod config;
 mod exit;
 mod output;
+mod prompt;
 
 use clap::Parser;
 

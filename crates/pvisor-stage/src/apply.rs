@@ -18,7 +18,7 @@ use pvisor_core::store::RelPath;
 
 use crate::beneath::{Kind, Root};
 use crate::glob;
-use crate::ledger::{Action, Ledger, Outcome};
+use crate::ledger::{Action, Entry, Ledger, Outcome, PartialState};
 use crate::preimage::{host_state, same_state, staged_state, HostState, Preimage, Preimages};
 use crate::StageError;
 
@@ -160,12 +160,14 @@ pub fn verdict(
     if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
         return Ok(Verdict::AlreadyApplied);
     }
+    let partial_baseline = baseline(preimage, outcome);
+    let preimage = partial_baseline.as_ref().or(preimage);
     let conflict = match preimage {
         None => Some("no baseline was recorded for this path".to_owned()),
         Some(Preimage::Unknown { reason }) => Some(format!("no baseline: {reason}")),
         Some(Preimage::Known(base)) if same_state(&host, base) => None,
         Some(Preimage::Known(base)) => Some(match outcome {
-            Some(Outcome::Interrupted) => {
+            Some(Outcome::Interrupted { .. }) => {
                 format!("an interrupted apply left this path in an unknown state (now {})", describe(&host))
             }
             _ => {
@@ -180,28 +182,87 @@ pub fn verdict(
     })
 }
 
+/// The baseline of a path some of whose hunks were applied: the content
+/// the hunk write left (mode and kind as the run found them). `None` for every
+/// other path, whose baseline is its preimage.
+pub fn baseline(preimage: Option<&Preimage>, outcome: Option<&Outcome>) -> Option<Preimage> {
+    let (Some(Outcome::Partial(state)), Some(Preimage::Known(HostState::Present { entry, mode, .. }))) =
+        (outcome, preimage)
+    else {
+        return None;
+    };
+    Some(Preimage::Known(HostState::Present {
+        entry: *entry,
+        mode: *mode,
+        size: state.size,
+        blake3: Some(state.blake3.clone()),
+    }))
+}
+
+/// `preimages` with the baseline of every partially applied path replaced by
+/// what its hunk write left (see [`baseline`]): the baselines a fork of this
+/// stage must inherit, since the host holds that content now.
+pub fn current_baselines(preimages: &Preimages, outcomes: &BTreeMap<RelPath, Outcome>) -> Preimages {
+    let mut out = preimages.clone();
+    for entry in &mut out.entries {
+        if let Some(partial) = baseline(Some(&entry.preimage), outcomes.get(&entry.path)) {
+            entry.preimage = partial;
+        }
+    }
+    out
+}
+
+/// Whether the host holds exactly what a hunk write meant to leave.
+fn holds_partial(host: &HostState, state: &PartialState) -> bool {
+    matches!(host, HostState::Present { entry: EntryType::File, size, blake3: Some(digest), .. }
+        if *size == state.size && *digest == state.blake3)
+}
+
 /// The ledger's outcomes, with what an interrupted apply left behind settled
 /// against the workspace: a path whose intent was logged but whose outcome
 /// was not counts as applied when the workspace holds exactly the staged
-/// state (the write landed before the crash), and stays interrupted
-/// otherwise. Returns the outcomes and the paths settled as applied.
+/// state (the write landed before the crash), as partially applied when it
+/// holds what an interrupted hunk write meant to leave, and stays
+/// interrupted otherwise. Returns the outcomes and the paths settled.
 pub fn settle_interrupted(
     ws: &Root,
     changes: &[ChangeEntry],
     mut outcomes: BTreeMap<RelPath, Outcome>,
-) -> Result<(BTreeMap<RelPath, Outcome>, Vec<ChangeEntry>), StageError> {
+) -> Result<(BTreeMap<RelPath, Outcome>, Vec<Landed>), StageError> {
     let mut landed = Vec::new();
     for change in changes {
-        if outcomes.get(&change.path) != Some(&Outcome::Interrupted) || change.entry == EntryType::Special {
+        let Some(Outcome::Interrupted { partial }) = outcomes.get(&change.path) else { continue };
+        if change.entry == EntryType::Special {
             continue;
         }
+        let partial = partial.clone();
         let host = host_state(ws, change)?;
         if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
             outcomes.insert(change.path.clone(), Outcome::Applied);
-            landed.push(change.clone());
+            landed.push(Landed::Whole(change.clone()));
+        } else if let Some(state) = partial.filter(|state| holds_partial(&host, state)) {
+            outcomes.insert(change.path.clone(), Outcome::Partial(state.clone()));
+            landed.push(Landed::Hunks(change.clone(), state));
         }
     }
     Ok((outcomes, landed))
+}
+
+/// What an interrupted apply had already written.
+#[derive(Clone, Debug)]
+pub enum Landed {
+    /// The whole staged change.
+    Whole(ChangeEntry),
+    /// Some of its hunks (`apply -p`).
+    Hunks(ChangeEntry, PartialState),
+}
+
+impl Landed {
+    pub fn change(&self) -> &ChangeEntry {
+        match self {
+            Self::Whole(change) | Self::Hunks(change, _) => change,
+        }
+    }
 }
 
 /// Records in the ledger what [`settle_interrupted`] found, and removes the
@@ -212,16 +273,23 @@ pub fn reconcile_interrupted(
     ledger: &Ledger,
     changes: &[ChangeEntry],
     outcomes: BTreeMap<RelPath, Outcome>,
-) -> Result<(BTreeMap<RelPath, Outcome>, Vec<ChangeEntry>), StageError> {
-    let interrupted: Vec<&ChangeEntry> =
-        changes.iter().filter(|c| outcomes.get(&c.path) == Some(&Outcome::Interrupted)).collect();
+) -> Result<(BTreeMap<RelPath, Outcome>, Vec<Landed>), StageError> {
+    let interrupted: Vec<&ChangeEntry> = changes
+        .iter()
+        .filter(|c| matches!(outcomes.get(&c.path), Some(Outcome::Interrupted { .. })))
+        .collect();
     for change in &interrupted {
         ws.remove_temporary(change.path.as_path())
             .map_err(|e| StageError::io("remove the temporary of", change.path.as_path(), e))?;
     }
     let (outcomes, landed) = settle_interrupted(ws, changes, outcomes)?;
-    let records: Vec<_> =
-        landed.iter().map(|c| (c.path.clone(), Action::Applied, c.blake3.clone(), false)).collect();
+    let records: Vec<Entry> = landed
+        .iter()
+        .map(|l| match l {
+            Landed::Whole(c) => Entry::new(c.path.clone(), Action::Applied, c.blake3.clone(), false),
+            Landed::Hunks(c, state) => Entry::partial(c.path.clone(), Action::Partial, state.clone()),
+        })
+        .collect();
     ledger.append(&records)?;
     Ok((outcomes, landed))
 }
@@ -272,7 +340,7 @@ pub fn execute(
     let intents: Vec<_> = plan
         .iter()
         .filter(|p| matches!(p.verdict, Verdict::Apply { .. }))
-        .map(|p| (p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
+        .map(|p| Entry::new(p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
         .collect();
     ledger.append(&intents)?;
     for planned in plan {
@@ -312,11 +380,38 @@ pub fn execute(
     let outcomes: Vec<_> = done
         .applied
         .iter()
-        .map(|(c, forced)| (c.path.clone(), Action::Applied, c.blake3.clone(), *forced))
-        .chain(done.already.iter().map(|c| (c.path.clone(), Action::Applied, c.blake3.clone(), false)))
+        .map(|(c, forced)| Entry::new(c.path.clone(), Action::Applied, c.blake3.clone(), *forced))
+        .chain(
+            done.already.iter().map(|c| Entry::new(c.path.clone(), Action::Applied, c.blake3.clone(), false)),
+        )
         .collect();
     ledger.append(&outcomes)?;
     Ok(done)
+}
+
+/// Writes `contents` (the host's file with some of the staged hunks in it,
+/// from `hunks::Hunks::merge`) over `change`'s path, keeping the host file's
+/// mode, and records it in the ledger as partially applied: intent, write,
+/// `syncfs`, outcome, as [`execute`] does for whole changes. The caller has
+/// checked, under the stage and workspace locks, that the host still holds
+/// the text the hunks were taken from.
+pub fn write_partial(
+    ws: &Root,
+    ledger: &Ledger,
+    change: &ChangeEntry,
+    contents: &[u8],
+    mode: u32,
+) -> Result<PartialState, StageError> {
+    let rel = change.path.as_path();
+    let state =
+        PartialState { blake3: pvisor_core::digest::digest_bytes(contents), size: contents.len() as u64 };
+    ledger.append(&[Entry::partial(change.path.clone(), Action::Intent, state.clone())])?;
+    ws.write_file(rel, contents, mode & 0o1777, Some(&state.blake3))
+        .map_err(|e| StageError::io("write", rel, e))?;
+    ws.sync().map_err(|e| StageError::io("sync", "the workspace", e))?;
+    pvisor_core::failpoint::hit("hunks-before-outcome");
+    ledger.append(&[Entry::partial(change.path.clone(), Action::Partial, state.clone())])?;
+    Ok(state)
 }
 
 /// An error and its causes on one line (`Cannot write x: File name too long`).

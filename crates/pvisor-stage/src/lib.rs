@@ -11,6 +11,7 @@
 //! - [`ledger`]: what has been applied or dropped, crash-safe;
 //! - [`apply`]: selection, conflict verdicts and confined writes;
 //! - [`review`]: unified diffs for people;
+//! - [`hunks`]: a modified text file's hunks, and the file with only some of them (`apply -p`);
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
 //! - [`sensitive`]: paths that make the host run code when applied (need consent);
@@ -21,6 +22,7 @@ pub mod beneath;
 mod changes;
 pub mod checkpoint;
 pub mod glob;
+pub mod hunks;
 pub mod ledger;
 mod overlay;
 pub mod preimage;

@@ -150,23 +150,36 @@ pub fn write_diff(
     writeln!(out, "{}+++ {b}{reset}", paint(BOLD))?;
     let unified = diff.unified_diff();
     for hunk in unified.iter_hunks() {
-        writeln!(out, "{}{}{reset}", paint(CYAN), hunk.header())?;
-        for line in hunk.iter_changes() {
-            let (sign, code) = match line.tag() {
-                ChangeTag::Delete => ('-', paint(RED)),
-                ChangeTag::Insert => ('+', paint(GREEN)),
-                ChangeTag::Equal => (' ', ""),
-            };
-            let value = line.value();
-            // A CRLF line ending cannot hide anything; any other CR (the
-            // diff splits lines at a lone CR too) is shown as `\r`.
-            let value = value.strip_suffix("\r\n").or_else(|| value.strip_suffix('\n')).unwrap_or(value);
-            let shown = text::escape(value, Tabs::Keep);
-            let end = if code.is_empty() { "" } else { reset };
-            writeln!(out, "{code}{sign}{shown}{end}")?;
-            if line.missing_newline() {
-                writeln!(out, "\\ No newline at end of file")?;
-            }
+        write_hunk(out, &hunk, color)?;
+    }
+    Ok(())
+}
+
+/// Writes one hunk: its `@@` header and its lines, escaped so no byte of the
+/// staged text can drive the terminal, coloured when `color`.
+pub fn write_hunk<'text>(
+    out: &mut dyn Write,
+    hunk: &similar::udiff::UnifiedDiffHunk<'_, 'text, 'text, '_, str>,
+    color: bool,
+) -> io::Result<()> {
+    let paint = |code: &'static str| if color { code } else { "" };
+    let reset = paint(RESET);
+    writeln!(out, "{}{}{reset}", paint(CYAN), hunk.header())?;
+    for line in hunk.iter_changes() {
+        let (sign, code) = match line.tag() {
+            ChangeTag::Delete => ('-', paint(RED)),
+            ChangeTag::Insert => ('+', paint(GREEN)),
+            ChangeTag::Equal => (' ', ""),
+        };
+        let value = line.value();
+        // A CRLF line ending cannot hide anything; any other CR (the
+        // diff splits lines at a lone CR too) is shown as `\r`.
+        let value = value.strip_suffix("\r\n").or_else(|| value.strip_suffix('\n')).unwrap_or(value);
+        let shown = text::escape(value, Tabs::Keep);
+        let end = if code.is_empty() { "" } else { reset };
+        writeln!(out, "{code}{sign}{shown}{end}")?;
+        if line.missing_newline() {
+            writeln!(out, "\\ No newline at end of file")?;
         }
     }
     Ok(())

@@ -23,7 +23,7 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{self, OwnerLock, RelPath, Store, StoreError};
 use pvisor_stage::apply::{self, NoMatch, Planned, Verdict};
 use pvisor_stage::beneath::Root;
-use pvisor_stage::ledger::{Action, Ledger, Outcome};
+use pvisor_stage::ledger::{self, Action, Ledger, Outcome, PartialState};
 use pvisor_stage::preimage::Preimages;
 pub use pvisor_stage::sensitive::Sensitive;
 use pvisor_stage::StageError;
@@ -43,8 +43,8 @@ pub enum EffectsError {
     Unconfirmed { job: JobId, state: JobState },
     #[error(
         "Job {job} was closed as lost: no receipt confirms how its command ended, so its staged files are never \
-         applied. `pvisor review {job} --diff` shows them (copy what you need by hand); `pvisor drop {job}` discards \
-         them, and `pvisor gc` then frees the space"
+         applied. `pvisor review {job} --diff` shows them; `pvisor export {job}` saves them to a tar for inspection \
+         (copy what you need by hand); `pvisor drop {job}` discards them, and `pvisor gc` then frees the space"
     )]
     Lost { job: JobId },
     #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
@@ -104,16 +104,18 @@ impl StageState {
         if changes.is_empty() {
             return Self::Empty;
         }
-        let (mut applied, mut dropped) = (0, 0);
+        let (mut applied, mut dropped, mut partial) = (0, 0, false);
         for change in changes {
             match outcomes.get(&change.path) {
                 Some(Outcome::Applied) => applied += 1,
                 Some(Outcome::Dropped) => dropped += 1,
-                Some(Outcome::Interrupted) | None => {}
+                // Some hunks are on the host: the stage is partly applied.
+                Some(Outcome::Partial(_)) => partial = true,
+                Some(Outcome::Interrupted { .. }) | None => {}
             }
         }
         match (applied + dropped == changes.len(), applied, dropped) {
-            (false, 0, 0) => Self::Pending,
+            (false, 0, 0) if !partial => Self::Pending,
             (false, _, _) => Self::PartiallyApplied,
             (true, 0, _) => Self::Dropped,
             (true, _, _) => Self::Applied,
@@ -193,12 +195,7 @@ impl Stage {
 
     /// How many changes are neither applied nor dropped.
     pub fn remaining(&self) -> usize {
-        self.changes
-            .iter()
-            .filter(|c| {
-                !matches!(self.outcomes.get(&c.path), Some(Outcome::Applied) | Some(Outcome::Dropped))
-            })
-            .count()
+        self.changes.iter().filter(|c| !self.outcomes.get(&c.path).is_some_and(Outcome::is_settled)).count()
     }
 
     pub fn state(&self) -> StageState {
@@ -249,6 +246,7 @@ impl Stage {
                 change: change.clone(),
                 applied,
                 dropped,
+                partly_applied: matches!(outcome, Some(Outcome::Partial(_))),
                 conflict,
                 unsupported,
                 sensitive,
@@ -278,6 +276,8 @@ pub struct ReviewItem {
     pub change: ChangeEntry,
     pub applied: bool,
     pub dropped: bool,
+    /// Some of its hunks are on the host (`apply -p`); the rest remain.
+    pub partly_applied: bool,
     /// Why apply would refuse this change without `--force`.
     pub conflict: Option<String>,
     /// Why apply never writes this change (device nodes, fifos, sockets).
@@ -361,14 +361,14 @@ pub(crate) fn lock_workspace(workspace: &Path) -> Result<Vec<OwnerLock>, Effects
 fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stage, EffectsError> {
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
     let raw = ledger.outcomes()?;
-    if !raw.values().any(|o| *o == Outcome::Interrupted) {
+    if !raw.values().any(|o| matches!(o, Outcome::Interrupted { .. })) {
         return Ok(stage);
     }
     let (ws, _) = stage.roots()?;
     let (_, landed) = apply::reconcile_interrupted(&ws, &ledger, &stage.changes, raw)?;
     if !landed.is_empty() {
         let (mut trace, terminal) = open_trace(store, &stage)?;
-        let paths: Vec<&RelPath> = landed.iter().map(|c| &c.path).collect();
+        let paths: Vec<&RelPath> = landed.iter().map(|l| &l.change().path).collect();
         trace.emit(
             "apply.reconciled",
             Some(stage.status.attempt.number()),
@@ -380,7 +380,9 @@ fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stage, EffectsE
     Stage::open(store, job)
 }
 
-pub(crate) fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
+/// Refuses a stage that may not be applied: imported, live, suspended,
+/// lost or otherwise unconfirmed, each with what to do instead.
+pub fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
     if let Some(origin) = &stage.job.imported_from {
         return Err(EffectsError::Imported { job: stage.status.job.clone(), origin: origin.clone() });
     }
@@ -439,6 +441,25 @@ pub enum Selection {
     Paths(Vec<RelPath>),
 }
 
+/// Both writer locks of an apply, released when dropped (the workspace's
+/// first, as they were taken in the other order).
+struct WriterLocks {
+    _workspace: Vec<OwnerLock>,
+    _stage: OwnerLock,
+}
+
+/// Opens `job`'s stage for writing to the workspace: confirmed, both writer
+/// locks taken, then re-read under them (another apply may have just
+/// finished) with what an interrupted apply left reconciled.
+fn open_for_apply(store: &Store, job: &JobId) -> Result<(Stage, WriterLocks), EffectsError> {
+    let stage = Stage::open(store, job)?;
+    require_confirmed(&stage)?;
+    let stage_lock = lock_stage(&stage.stage_dir)?;
+    let locks = WriterLocks { _workspace: lock_workspace(&stage.workspace)?, _stage: stage_lock };
+    let stage = reconcile(store, job, Stage::open(store, job)?)?;
+    Ok((stage, locks))
+}
+
 /// Applies the selected changes of `job`'s stage.
 pub fn apply(
     store: &Store,
@@ -447,17 +468,12 @@ pub fn apply(
     options: ApplyOptions,
     progress: impl FnMut(&ChangeEntry),
 ) -> Result<ApplyReport, EffectsError> {
-    let stage = Stage::open(store, job)?;
-    require_confirmed(&stage)?;
-    let _lock = lock_stage(&stage.stage_dir)?;
-    let _workspace_lock = lock_workspace(&stage.workspace)?;
-    // Re-read under the locks: another apply may have just finished.
-    let stage = reconcile(store, job, Stage::open(store, job)?)?;
+    let (stage, _locks) = open_for_apply(store, job)?;
     let (ws, upper) = stage.roots()?;
     let remaining: Vec<ChangeEntry> = stage
         .changes
         .iter()
-        .filter(|c| !matches!(stage.outcomes.get(&c.path), Some(Outcome::Applied) | Some(Outcome::Dropped)))
+        .filter(|c| !stage.outcomes.get(&c.path).is_some_and(Outcome::is_settled))
         .cloned()
         .collect();
     let selected = match selection {
@@ -585,6 +601,101 @@ pub fn apply(
     Ok(report)
 }
 
+/// The hunks chosen of one modified text file (`apply -p`): the file to
+/// write, and the host content the hunks were shown against.
+#[derive(Debug, Clone)]
+pub struct HunkChoice {
+    pub path: RelPath,
+    /// Content digest of the host file the hunks were computed from.
+    pub host_blake3: String,
+    /// That host file with the chosen hunks in it.
+    pub contents: Vec<u8>,
+}
+
+/// What [`apply_hunks`] did.
+#[derive(Debug, Default)]
+pub struct HunksReport {
+    /// Paths now holding some of their hunks, and what the host holds.
+    pub written: Vec<(ChangeEntry, PartialState)>,
+    /// Paths not written, and why (the host file changed since the hunks were shown…).
+    pub refused: Vec<(ChangeEntry, String)>,
+    pub state: Option<StageState>,
+}
+
+/// Writes some hunks of modified text files (`apply -p`). Each path must be
+/// a remaining change whose host file still equals its conflict baseline and
+/// still holds exactly the text the hunks were shown against; otherwise it is
+/// refused and nothing is written to it. The path stays a remaining change
+/// whose baseline is now what was written, so its other hunks can be applied
+/// or dropped later, and a host edit after this is still a conflict.
+pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result<HunksReport, EffectsError> {
+    let (stage, _locks) = open_for_apply(store, job)?;
+    let (ws, _) = stage.roots()?;
+    let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+    let preimages = stage.preimages.as_ref().unwrap_or(&empty);
+    let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
+    let (mut trace, terminal) = open_trace(store, &stage)?;
+    let attempt = Some(stage.status.attempt.number());
+    let mut report = HunksReport::default();
+    let mut started = None;
+    for choice in choices {
+        let Some(change) = stage.changes.iter().find(|c| c.path == choice.path) else {
+            return Err(NoMatch { pattern: choice.path.as_path().to_string_lossy().into_owned() }.into());
+        };
+        let outcome = stage.outcomes.get(&change.path);
+        let refusal = if outcome.is_some_and(Outcome::is_settled) {
+            Some("it was applied or dropped meanwhile".to_owned())
+        } else {
+            match apply::verdict(&ws, change, preimages.get(&change.path), outcome, false)? {
+                Verdict::Apply { forced: false } => None,
+                Verdict::Conflict(reason) => Some(reason),
+                Verdict::AlreadyApplied => Some("the host already holds the staged file".into()),
+                Verdict::Apply { forced: true } | Verdict::Unsupported(_) => {
+                    Some("not a modified text file".into())
+                }
+            }
+        };
+        let host = pvisor_stage::preimage::host_state(&ws, change)?;
+        let (mode, digest) = match &host {
+            pvisor_stage::preimage::HostState::Present { mode, blake3, .. } => (*mode, blake3.clone()),
+            pvisor_stage::preimage::HostState::Absent => (0, None),
+        };
+        let refusal = refusal.or_else(|| {
+            (digest.as_deref() != Some(choice.host_blake3.as_str()))
+                .then(|| "the host file changed after its hunks were shown".to_owned())
+        });
+        if let Some(reason) = refusal {
+            report.refused.push((change.clone(), reason));
+            continue;
+        }
+        let cause = match started {
+            Some(seq) => seq,
+            None => {
+                let seq = trace.emit(
+                    "apply.started",
+                    attempt,
+                    terminal,
+                    json!({"selected": choices.len(), "hunks": true}),
+                    false,
+                )?;
+                started = Some(seq);
+                seq
+            }
+        };
+        let state = apply::write_partial(&ws, &ledger, change, &choice.contents, mode)?;
+        trace.emit(
+            "apply.hunks",
+            attempt,
+            Some(cause),
+            json!({"path": change.path, "blake3": state.blake3, "size": state.size}),
+            true,
+        )?;
+        report.written.push((change.clone(), state));
+    }
+    report.state = Some(Stage::open(store, job)?.state());
+    Ok(report)
+}
+
 /// What a drop did.
 #[derive(Debug, Default)]
 pub struct DropReport {
@@ -615,12 +726,17 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
         match stage.outcomes.get(&change.path) {
             Some(Outcome::Applied) => report.already_applied += 1,
             Some(Outcome::Dropped) => {}
-            Some(Outcome::Interrupted) | None => report.dropped.push(change.clone()),
+            Some(Outcome::Interrupted { .. } | Outcome::Partial(_)) | None => {
+                report.dropped.push(change.clone())
+            }
         }
     }
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
-    let records: Vec<_> =
-        report.dropped.iter().map(|c| (c.path.clone(), Action::Dropped, None, false)).collect();
+    let records: Vec<_> = report
+        .dropped
+        .iter()
+        .map(|c| ledger::Entry::new(c.path.clone(), Action::Dropped, None, false))
+        .collect();
     ledger.append(&records)?;
     if !report.dropped.is_empty() {
         let (mut trace, terminal) = open_trace(store, &stage)?;

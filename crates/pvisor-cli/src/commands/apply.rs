@@ -1,6 +1,6 @@
 //! `pvisor apply [JOB] [PATH|GLOB...] [--all] [--dry-run] [--force] [-i]`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::bail;
 
@@ -9,11 +9,15 @@ use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
 use crate::output::{path_lines, shown, shown_path, Detail, PathLine};
+use crate::prompt::{confirm, Answers};
 
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
 
 pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
+    if args.patch {
+        return super::apply_hunks::cmd_apply_hunks(args);
+    }
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     if paths.is_empty() && !args.all && !args.interactive {
@@ -169,80 +173,6 @@ d - drop this change (discard it from the stage)
 s - skip the rest: leave them for later, and apply what was chosen
 q - quit: apply and drop nothing
 ? - this help";
-
-/// Where answers come from: single keys on a terminal (no Enter), or one
-/// answer per line from a pipe or file (its first character), so `apply -i`
-/// is scriptable: `printf 'y\nn\n' | pvisor apply -i`.
-enum Answers {
-    Keys(std::fs::File),
-    Lines(std::io::Lines<std::io::StdinLock<'static>>),
-}
-
-impl Answers {
-    fn open() -> Self {
-        if std::io::stdin().is_terminal() {
-            if let Ok(tty) = std::fs::File::open("/dev/stdin") {
-                return Self::Keys(tty);
-            }
-        }
-        Self::Lines(std::io::stdin().lock().lines())
-    }
-
-    /// The next answer, lower-cased; `None` at end of input. Ctrl-C and
-    /// Ctrl-D on a terminal are `q`.
-    fn next(&mut self) -> anyhow::Result<Option<char>> {
-        match self {
-            Self::Lines(lines) => {
-                Ok(lines.next().transpose()?.map(|l| l.trim().chars().next().unwrap_or('n')))
-            }
-            Self::Keys(tty) => {
-                let key = read_key(tty)?;
-                Ok(Some(match key {
-                    3 | 4 => 'q',
-                    b'\r' | b'\n' => 'n',
-                    other => (other as char).to_ascii_lowercase(),
-                }))
-            }
-        }
-    }
-}
-
-/// Reads one key from the terminal without waiting for Enter: canonical
-/// mode, echo and signal keys off for that one read, restored after.
-fn read_key(tty: &std::fs::File) -> anyhow::Result<u8> {
-    use std::io::Read;
-    use std::os::fd::AsRawFd;
-    let fd = tty.as_raw_fd();
-    // SAFETY: zeroed termios is a valid out-parameter; tcgetattr fills it.
-    let mut saved: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and out-pointer.
-    if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
-        bail!("cannot read the terminal's settings: {}", std::io::Error::last_os_error());
-    }
-    let mut raw = saved;
-    raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
-    raw.c_cc[libc::VMIN] = 1;
-    raw.c_cc[libc::VTIME] = 0;
-    // SAFETY: a valid descriptor and settings.
-    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) };
-    let mut byte = [0u8; 1];
-    let read = (&mut &*tty).read(&mut byte);
-    // SAFETY: restoring the settings read above.
-    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };
-    match read? {
-        0 => Ok(4),
-        _ => Ok(byte[0]),
-    }
-}
-
-/// Asks a yes/no question whose default is no.
-fn confirm(out: &mut impl Write, answers: &mut Answers, question: &str) -> anyhow::Result<bool> {
-    write!(out, "{question} [y/N] ")?;
-    out.flush()?;
-    let yes = answers.next()? == Some('y');
-    writeln!(out, "{}", if yes { "y" } else { "n" })?;
-    Ok(yes)
-}
 
 /// Shows each remaining selected change with its diff and asks about it,
 /// one key each (see [`HELP`]). Every answer is kept: a path in conflict is

@@ -1,6 +1,7 @@
 //! One file per subcommand; `dispatch` routes to them.
 
 mod apply;
+mod apply_hunks;
 mod archive;
 mod cache;
 mod checkpoint;

@@ -47,6 +47,7 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "unsupported": item.unsupported,
         "applied": item.applied,
         "dropped": item.dropped,
+        "partly_applied": item.partly_applied,
         "sensitive": item.sensitive.is_some(),
         "sensitive_reason": item.sensitive,
     })
@@ -110,6 +111,9 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
             "CONFLICT"
         } else if item.unsupported.is_some() {
             "skipped"
+        } else if item.partly_applied {
+            // Some hunks are on the host (`apply -p`); the rest remain.
+            "partly"
         } else {
             "pending"
         };

@@ -87,13 +87,23 @@ pub fn checkpoint(
             .filter_map(|(path, outcome)| match outcome {
                 Outcome::Applied => Some(LeftOut { path: path.clone(), outcome: "applied".into() }),
                 Outcome::Dropped => Some(LeftOut { path: path.clone(), outcome: "dropped".into() }),
-                Outcome::Interrupted => None,
+                Outcome::Interrupted { .. } | Outcome::Partial(_) => None,
             })
             .collect();
         let skip = left_out.iter().map(|l| l.path.clone()).collect();
         let (entries, method) = copy_upper_except(&stage.stage_dir.join("upper"), &tmp.join("upper"), &skip)?;
         let preimages =
             match store::read_capped(&stage.stage_dir.join("preimages.json"), store::RECORD_READ_CAP) {
+                // A path some of whose hunks were applied carries what the
+                // host holds now as its baseline, not what the run found.
+                Ok(bytes) if stage.outcomes.values().any(|o| matches!(o, Outcome::Partial(_))) => {
+                    match &stage.preimages {
+                        Some(p) => {
+                            store::to_json_bytes(&pvisor_stage::apply::current_baselines(p, &stage.outcomes))
+                        }
+                        None => bytes,
+                    }
+                }
                 Ok(bytes) => bytes,
                 Err(e) if e.is_not_found() => store::to_json_bytes(&pvisor_stage::preimage::Preimages {
                     format: pvisor_core::records::FORMAT,
