@@ -8,6 +8,9 @@
 //!
 //! Under `cargo test` (no `--bench`) it runs once with tiny sizes.
 
+#[path = "support/xfs.rs"]
+mod xfs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -82,30 +85,16 @@ fn main() {
     println!("checkpoint benchmark ({} mode)", if measuring { "measuring" } else { "smoke" });
     measure("ext4/tmp", &dir.path().join("plain"), files, size, false);
 
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let mkfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"].into_iter().find(|p| Path::new(p).exists());
-    let (true, Some(mkfs), true) = (root, mkfs, measuring) else {
-        println!(
-            "reflink figure skipped: needs root, mkfs.xfs (scripts/setup.sh installs xfsprogs) and --bench"
-        );
-        return;
-    };
-    let image = dir.path().join("xfs.img");
-    let mount = dir.path().join("xfs");
-    std::fs::create_dir(&mount).expect("mount point");
-    let ok = Command::new("truncate").args(["-s", "2G"]).arg(&image).status().is_ok_and(|s| s.success())
-        && Command::new(mkfs).args(["-q", "-m", "reflink=1"]).arg(&image).status().is_ok_and(|s| s.success())
-        && Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(&mount)
-            .status()
-            .is_ok_and(|s| s.success());
-    if !ok {
-        println!("reflink figure skipped: could not make a loop-mounted XFS image");
+    if !measuring {
+        println!("reflink figure skipped: needs --bench");
         return;
     }
-    measure("xfs+reflink", &mount.join("b"), files, size, true);
-    let _ = Command::new("umount").arg(&mount).status();
+    let xfs = match xfs::Xfs::mount(dir.path(), "2G") {
+        Ok(xfs) => xfs,
+        Err(why) => {
+            println!("reflink figure skipped: {why}");
+            return;
+        }
+    };
+    measure("xfs+reflink", &xfs.mount.join("b"), files, size, true);
 }

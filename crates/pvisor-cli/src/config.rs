@@ -158,8 +158,11 @@ pub fn user_config() -> anyhow::Result<(Option<PathBuf>, ConfigFile)> {
 /// The sensitive paths: the built-in list and the user's own globs. A
 /// workspace cannot shorten this list.
 pub fn sensitive() -> anyhow::Result<pvisor::effects::Sensitive> {
-    let (_, user) = user_config()?;
-    Ok(pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default()))
+    let (path, user) = user_config()?;
+    pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default()).map_err(|e| {
+        let file = path.map(|p| p.display().to_string()).unwrap_or_else(|| "the user config".into());
+        anyhow::anyhow!("{file}: [apply] sensitive: {e}")
+    })
 }
 
 #[cfg(test)]

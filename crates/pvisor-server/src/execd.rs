@@ -546,6 +546,7 @@ fn list(guest: &Guest, root: &str, depth: u32) -> Result<Vec<FileStat>, ApiError
 }
 
 fn search(guest: &Guest, root: &str, pattern: &str) -> ApiResult {
+    let glob = pvisor_stage::glob::Pattern::new(pattern).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let entries = list(guest, root, 64)?;
     let out: Vec<Value> = entries
         .iter()
@@ -557,7 +558,7 @@ fn search(guest: &Guest, root: &str, pattern: &str) -> ApiResult {
                 Some(name) if !pattern.contains('/') => name.as_bytes(),
                 _ => e.path.as_os_str().as_bytes(),
             };
-            pvisor_stage::glob::matches(pattern.as_bytes(), target)
+            glob.matches(target)
         })
         .map(|e| file_info(&join_display(root, &e.path), e, guest.names()))
         .collect();

@@ -22,11 +22,13 @@ use crate::ledger::{Action, Entry, Ledger, Outcome, PartialState};
 use crate::preimage::{host_state, same_state, staged_state, HostState, Preimage, Preimages};
 use crate::StageError;
 
-/// A selection pattern that matched no staged change.
+/// A selection pattern that matched no staged change, or is no pattern.
 #[derive(Debug, thiserror::Error)]
-#[error("No staged change matches {pattern:?}; `pvisor review` lists them")]
-pub struct NoMatch {
-    pub pattern: String,
+pub enum NoMatch {
+    #[error("No staged change matches {pattern:?}; `pvisor review` lists them")]
+    Nothing { pattern: String },
+    #[error(transparent)]
+    BadPattern(#[from] glob::BadPattern),
 }
 
 /// Selects the changes named by `patterns` (workspace-relative paths or globs).
@@ -39,12 +41,13 @@ pub fn select(changes: &[ChangeEntry], patterns: &[String]) -> Result<Vec<usize>
     for pattern in patterns {
         let trimmed = pattern.trim_end_matches('/');
         let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+        let compiled = glob::is_glob(trimmed).then(|| glob::Pattern::new(trimmed)).transpose()?;
         let before = chosen.len();
         let mut any = false;
         for (i, change) in changes.iter().enumerate() {
             let path = change.path.as_path().as_os_str().as_bytes();
-            let hit = if glob::is_glob(trimmed) {
-                glob::matches(trimmed.as_bytes(), path)
+            let hit = if let Some(glob) = &compiled {
+                glob.matches(path)
             } else {
                 trimmed.is_empty()
                     || path == trimmed.as_bytes()
@@ -56,7 +59,7 @@ pub fn select(changes: &[ChangeEntry], patterns: &[String]) -> Result<Vec<usize>
             }
         }
         if !any && chosen.len() == before {
-            return Err(NoMatch { pattern: pattern.clone() });
+            return Err(NoMatch::Nothing { pattern: pattern.clone() });
         }
     }
     Ok(chosen.into_iter().collect())
@@ -334,9 +337,11 @@ pub fn execute(
     upper: &Root,
     ledger: &Ledger,
     plan: &[Planned],
+    sealed_ns: i128,
     mut progress: impl FnMut(&ChangeEntry),
 ) -> Result<Executed, StageError> {
     let mut done = Executed::default();
+    let mut copy = Copy { sealed_ns, reflinks: sealed_ns > 0 };
     let intents: Vec<_> = plan
         .iter()
         .filter(|p| matches!(p.verdict, Verdict::Apply { .. }))
@@ -355,7 +360,7 @@ pub fn execute(
                         .push((planned.change.clone(), "its parent directory could not be applied".into()));
                     continue;
                 }
-                if let Err(e) = apply_one(ws, upper, &planned.change, &mut done.warnings) {
+                if let Err(e) = apply_one(ws, upper, &planned.change, &mut copy, &mut done.warnings) {
                     done.failed.push((planned.change.clone(), error_chain(&e)));
                     continue;
                 }
@@ -425,10 +430,32 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// How [`apply_one`] moves file contents.
+struct Copy {
+    /// From `Preimages::sealed_ns`: staged files older than this still hold
+    /// their manifest digest.
+    sealed_ns: i128,
+    /// False once the workspace refused a reflink: copy from then on.
+    reflinks: bool,
+}
+
+impl Copy {
+    /// Whether `staged` is unchanged since its manifest digest was taken:
+    /// its ctime (which every write moves, and no user can set back) is
+    /// older than the seal, and its size is the manifest's.
+    fn sealed_unchanged(&self, staged: &std::fs::File, change: &ChangeEntry) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = staged.metadata() else { return false };
+        let ctime = i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec());
+        ctime < self.sealed_ns && meta.len() == change.size
+    }
+}
+
 fn apply_one(
     ws: &Root,
     upper: &Root,
     change: &ChangeEntry,
+    copy: &mut Copy,
     warnings: &mut Vec<String>,
 ) -> Result<(), StageError> {
     let rel = change.path.as_path();
@@ -441,6 +468,15 @@ fn apply_one(
             if mode & 0o6000 != 0 {
                 warnings.push(format!("{}: setuid/setgid bits dropped", change.path.display_escaped()));
                 mode &= !0o6000;
+            }
+            // Where the stage and the workspace share a filesystem that can
+            // reflink, an unchanged sealed file lands in constant time: no
+            // data is read or written, and its manifest digest still holds.
+            if copy.reflinks && copy.sealed_unchanged(&staged, change) {
+                if ws.clone_file(rel, &staged, mode).map_err(io("write"))? {
+                    return Ok(());
+                }
+                copy.reflinks = false;
             }
             ws.write_file(rel, &staged, mode, change.blake3.as_deref()).map_err(io("write")).map(|_| ())
         }

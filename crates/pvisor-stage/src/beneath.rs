@@ -311,6 +311,46 @@ impl Root {
         mode: u32,
         expect: Option<&str>,
     ) -> io::Result<String> {
+        self.replace_file(rel, mode, |file| {
+            // Zero blocks stay holes: a sparse file is applied sparse.
+            let digest = pvisor_core::digest::copy_sparse(contents, file)?;
+            if let Some(expected) = expect {
+                if digest != expected {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "staged contents changed since sealing (blake3 {digest}, manifest {expected})"
+                        ),
+                    ));
+                }
+            }
+            Ok(digest)
+        })
+    }
+
+    /// Writes `rel` atomically as a reflink of `from` (shared extents, no
+    /// data copied), with `mode`. `Ok(false)`, with nothing changed, where
+    /// the filesystem cannot reflink between the two.
+    pub fn clone_file(&self, rel: &Path, from: &File, mode: u32) -> io::Result<bool> {
+        let cloned = self.replace_file(rel, mode, |file| match pvisor_core::digest::reflink(from, file) {
+            true => Ok(()),
+            false => Err(io::Error::from(io::ErrorKind::Unsupported)),
+        });
+        match cloned {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a temporary beside `rel`, lets `fill` write it, gives it
+    /// `mode` and renames it over `rel`; on any error the temporary is gone.
+    fn replace_file<T>(
+        &self,
+        rel: &Path,
+        mode: u32,
+        fill: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<T> {
         let (dir, name, plain) = self.parent(rel)?;
         let tmp = temp_name(plain)?;
         let create = || {
@@ -337,22 +377,11 @@ impl Root {
         // SAFETY: openat returned a fresh descriptor.
         let file = unsafe { File::from_raw_fd(fd as RawFd) };
         let result = (|| {
-            // Zero blocks stay holes: a sparse file is applied sparse.
-            let digest = pvisor_core::digest::copy_sparse(contents, &file)?;
-            if let Some(expected) = expect {
-                if digest != expected {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "staged contents changed since sealing (blake3 {digest}, manifest {expected})"
-                        ),
-                    ));
-                }
-            }
+            let filled = fill(&file)?;
             // SAFETY: fchmod on our descriptor.
             check(unsafe { libc::fchmod(file.as_raw_fd(), mode) }.into())?;
             self.rename_over(&dir, &tmp, &name)?;
-            Ok(digest)
+            Ok(filled)
         })();
         if result.is_err() {
             // SAFETY: valid dirfd and name.

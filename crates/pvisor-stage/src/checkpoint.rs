@@ -71,8 +71,7 @@ fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageE
         .custom_flags(libc::O_NOFOLLOW)
         .open(dst)
         .map_err(io_err("create", dst))?;
-    // SAFETY: FICLONE between two descriptors we own.
-    let reflinked = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) } == 0;
+    let reflinked = pvisor_core::digest::reflink(&from, &to);
     let digest = if reflinked {
         pvisor_core::digest::digest(&from).map_err(io_err("read", src))?
     } else {

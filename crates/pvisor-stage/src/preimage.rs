@@ -87,6 +87,16 @@ pub struct Preimages {
     /// The baseline instant (ns since the epoch): entries older than it are trusted.
     pub baseline_ns: i128,
     pub entries: Vec<PreimageEntry>,
+    /// `CLOCK_REALTIME_COARSE` when sealing began (0: unknown). A staged file
+    /// whose ctime is older was last changed before the manifest hashed it,
+    /// so its manifest digest still holds and apply may reflink it without
+    /// reading it again (any later write would have moved its ctime past this).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sealed_ns: i128,
+}
+
+fn is_zero(n: &i128) -> bool {
+    *n == 0
 }
 
 impl pvisor_core::records::Record for Preimages {
@@ -97,6 +107,11 @@ impl pvisor_core::records::Record for Preimages {
 }
 
 impl Preimages {
+    /// No baselines at all (a stage sealed without them, or imported).
+    pub fn none() -> Self {
+        Self { format: 1, baseline_ns: 0, entries: Vec::new(), sealed_ns: 0 }
+    }
+
     /// Returns the preimage of `path`, if one was captured.
     pub fn get(&self, path: &RelPath) -> Option<&Preimage> {
         self.entries.binary_search_by(|e| e.path.cmp(path)).ok().map(|i| &self.entries[i].preimage)
@@ -249,7 +264,7 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Res
         entries.push(PreimageEntry { path: change.path.clone(), preimage });
     }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(Preimages { format: pvisor_core::records::FORMAT, baseline_ns: baseline, entries })
+    Ok(Preimages { format: pvisor_core::records::FORMAT, baseline_ns: baseline, entries, sealed_ns: 0 })
 }
 
 /// An absent path is a trustworthy baseline only if its nearest existing

@@ -67,13 +67,13 @@ fn same_name(a: &[u8], b: &str) -> bool {
 /// The built-in list plus the user's own globs.
 #[derive(Clone, Debug, Default)]
 pub struct Sensitive {
-    user: Vec<String>,
+    user: Vec<glob::Pattern>,
 }
 
 impl Sensitive {
     /// The built-in list and `user` globs (from the user's config).
-    pub fn new(user: Vec<String>) -> Self {
-        Self { user }
+    pub fn new(user: Vec<String>) -> Result<Self, glob::BadPattern> {
+        Ok(Self { user: user.iter().map(|p| glob::Pattern::new(p)).collect::<Result<_, _>>()? })
     }
 
     /// Why applying `path` needs consent, or `None` if it does not.
@@ -110,8 +110,8 @@ impl Sensitive {
         }
         self.user
             .iter()
-            .find(|pattern| glob::matches(pattern.as_bytes(), bytes))
-            .map(|pattern| format!("your config marks {pattern:?} as sensitive"))
+            .find(|pattern| pattern.matches(bytes))
+            .map(|pattern| format!("your config marks {:?} as sensitive", pattern.as_str()))
     }
 
     /// [`Self::reason`] for a staged change, and also: a symlink or file put
@@ -130,7 +130,7 @@ impl Sensitive {
             |root: &[u8]| root.len() > lower.len() && root.starts_with(&lower) && root[lower.len()] == b'/';
         let builtin = ROOT_PATHS.iter().any(|(root, _)| above(root.as_bytes()));
         let user = self.user.iter().any(|pattern| {
-            let literal: Vec<u8> = pattern.bytes().take_while(|b| !b"*?[".contains(b)).collect();
+            let literal: Vec<u8> = pattern.as_str().bytes().take_while(|b| !b"*?[\\".contains(b)).collect();
             above(&literal.to_ascii_lowercase())
         });
         (builtin || user).then(|| {
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn paths_that_run_code_on_the_host_are_sensitive() {
-        let s = Sensitive::new(vec!["Makefile".into(), "scripts/**".into()]);
+        let s = Sensitive::new(vec!["Makefile".into(), "scripts/**".into()]).unwrap();
         for path in [
             ".git/hooks/pre-commit",
             ".git/config",

@@ -222,7 +222,7 @@ impl Stage {
     ) -> Result<Vec<ReviewItem>, EffectsError> {
         let selected = apply::select(&self.changes, patterns)?;
         let ws = Root::open(&self.workspace).ok();
-        let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+        let empty = Preimages::none();
         let preimages = self.preimages.as_ref().unwrap_or(&empty);
         let mut items = Vec::with_capacity(selected.len());
         for i in selected {
@@ -505,7 +505,7 @@ pub fn apply(
         })
         .collect();
     let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
-    let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+    let empty = Preimages::none();
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
     let mut plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
     for planned in &mut plan {
@@ -557,7 +557,7 @@ pub fn apply(
         return Ok(report);
     }
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
-    let executed = apply::execute(&ws, &upper, &ledger, &report.plan, progress);
+    let executed = apply::execute(&ws, &upper, &ledger, &report.plan, preimages.sealed_ns, progress);
     let done = match executed {
         Ok(done) => done,
         Err(e) => {
@@ -631,7 +631,7 @@ pub struct HunksReport {
 pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result<HunksReport, EffectsError> {
     let (stage, _locks) = open_for_apply(store, job)?;
     let (ws, _) = stage.roots()?;
-    let empty = Preimages { format: 1, baseline_ns: 0, entries: Vec::new() };
+    let empty = Preimages::none();
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
     let (mut trace, terminal) = open_trace(store, &stage)?;
@@ -640,7 +640,9 @@ pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result
     let mut started = None;
     for choice in choices {
         let Some(change) = stage.changes.iter().find(|c| c.path == choice.path) else {
-            return Err(NoMatch { pattern: choice.path.as_path().to_string_lossy().into_owned() }.into());
+            return Err(
+                NoMatch::Nothing { pattern: choice.path.as_path().to_string_lossy().into_owned() }.into()
+            );
         };
         let outcome = stage.outcomes.get(&change.path);
         let refusal = if outcome.is_some_and(Outcome::is_settled) {

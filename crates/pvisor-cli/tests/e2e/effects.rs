@@ -614,3 +614,71 @@ fn a_fork_of_a_partly_applied_job_carries_the_remaining_hunks() {
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), staged);
 }
+
+/// Issue 17: where the stage and the workspace share a filesystem that can
+/// reflink (XFS here, loop-mounted), apply reflinks sealed files instead of
+/// copying them, and a staged file changed after sealing is still caught: it
+/// is never reflinked, and apply refuses its bytes.
+#[test]
+fn on_a_reflink_filesystem_apply_shares_extents_and_still_catches_tampering() {
+    assert!(is_root(), "this test mounts an XFS image (run as root, as scripts/test.sh does)");
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("xfs.img");
+    let mount = dir.path().join("xfs");
+    fs::create_dir(&mount).unwrap();
+    let sh = |script: &str| {
+        let out = std::process::Command::new("sh").arg("-c").arg(script).output().unwrap();
+        assert!(out.status.success(), "{script}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    sh(&format!(
+        "truncate -s 1G {img} && mkfs.xfs -q -m reflink=1 {img} && mount -o loop {img} {mnt}",
+        img = image.display(),
+        mnt = mount.display()
+    ));
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let (ws, home) = (mount.join("ws"), mount.join("state"));
+    fs::create_dir(&ws).unwrap();
+    let pvisor = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .args(args)
+            .current_dir(&ws)
+            .env("PVISOR_HOME", &home)
+            .output()
+            .unwrap()
+    };
+    let out = pvisor(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "head -c 3000000 /dev/urandom > big; echo small > small; echo t > tampered",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let upper = fs::read_dir(home.join("runs")).unwrap().next().unwrap().unwrap().path().join("stage/upper");
+    // Changed after sealing, behind pvisor's back: same size, other bytes.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(upper.join("tampered"), "x\n").unwrap();
+
+    let out = pvisor(&["apply", "big", "small"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(fs::read(ws.join("big")).unwrap(), fs::read(upper.join("big")).unwrap());
+    assert_eq!(fs::read_to_string(ws.join("small")).unwrap(), "small\n");
+    let extents = sh(&format!("filefrag -v {}", ws.join("big").display()));
+    assert!(extents.contains("shared"), "apply copied instead of reflinking:\n{extents}");
+    // The workspace file is the user's own inode: writing it leaves the stage alone.
+    fs::write(ws.join("big"), "edited\n").unwrap();
+    assert_eq!(fs::metadata(upper.join("big")).unwrap().len(), 3_000_000);
+
+    let out = pvisor(&["apply", "tampered"]);
+    assert_ne!(out.status.code(), Some(0), "a tampered staged file was applied: {}", text(&out.stdout));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("changed since sealing"), "{said}");
+    assert!(!ws.join("tampered").exists(), "tampered bytes reached the workspace");
+}

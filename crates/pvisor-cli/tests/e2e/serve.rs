@@ -504,3 +504,47 @@ fn a_killed_sandbox_supervisor_is_closed_and_its_disks_freed() {
     assert_eq!(ended["status"]["reason"], "runtime_exited", "{ended}");
     assert_closed_and_freed(&daemon, &id);
 }
+
+/// Issue 18: `GET /files/search` compiles the client's pattern into an
+/// automaton. A pattern of many stars against long names answers at once
+/// (the old backtracking matcher took seconds per name: a client could pin
+/// the daemon), and a malformed pattern is a 400 that names it.
+#[test]
+fn a_hostile_search_pattern_cannot_pin_the_daemon() {
+    let daemon = Daemon::new();
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    daemon.run(
+        &id,
+        &format!(
+            "mkdir -p /tmp/s && cd /tmp/s && for i in 1 2 3 4 5 6 7 8; do touch {}$i; done",
+            "a".repeat(40)
+        ),
+    );
+    let (base, token) = daemon.execd(&id);
+    let search = |pattern: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "20", "-G", "-w", "\n%{http_code}", "-H", &token])
+            .arg("--data-urlencode")
+            .arg("path=/tmp/s")
+            .arg("--data-urlencode")
+            .arg(format!("pattern={pattern}"))
+            .arg(format!("{base}/files/search"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "curl gave up on {pattern:?}: the daemon is pinned");
+        let body = text(&out.stdout);
+        let (body, code) = body.rsplit_once('\n').unwrap();
+        (code.to_owned(), body.to_owned())
+    };
+    // Twelve stars; every name is forty `a`s and a digit.
+    let (code, body) = search(&format!("{}b", "*a".repeat(12)));
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(body.trim(), "[]", "no name ends in b");
+    let (code, body) = search("*a1");
+    assert_eq!(code, "200");
+    assert!(body.contains("a1"), "{body}");
+    let (code, body) = search("a[0-9");
+    assert_eq!(code, "400", "{body}");
+    assert!(body.contains("a[0-9"), "the error names the pattern: {body}");
+}

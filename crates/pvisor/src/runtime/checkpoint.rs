@@ -105,11 +105,9 @@ pub fn checkpoint(
                     }
                 }
                 Ok(bytes) => bytes,
-                Err(e) if e.is_not_found() => store::to_json_bytes(&pvisor_stage::preimage::Preimages {
-                    format: pvisor_core::records::FORMAT,
-                    baseline_ns: 0,
-                    entries: Vec::new(),
-                }),
+                Err(e) if e.is_not_found() => {
+                    store::to_json_bytes(&pvisor_stage::preimage::Preimages::none())
+                }
                 Err(e) => return Err(e.into()),
             };
         store::write_atomic(&tmp.join("preimages.json"), &preimages)?;

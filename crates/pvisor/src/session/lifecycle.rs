@@ -524,10 +524,13 @@ impl Session {
             json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error}),
         )
         .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
+        // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
+        let sealed_ns = pvisor_core::time::coarse_realtime_ns();
         let changes = self.seal_stage()?;
         let preimages = pvisor_stage::preimage::capture(&self.spec.workspace, &changes, baseline)
             .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
         let mut preimages = preimages;
+        preimages.sealed_ns = sealed_ns;
         if self.restore_from.is_some() {
             // Paths the parent changed keep the parent's baseline: what the host
             // held before the *first* sandbox touched them.
