@@ -353,6 +353,29 @@ impl Root {
     ) -> io::Result<T> {
         let (dir, name, plain) = self.parent(rel)?;
         let tmp = temp_name(plain)?;
+        // Unnamed until complete (O_TMPFILE): a new file appears whole by one
+        // link, with no temporary name to create, rename away or leave behind
+        // after a crash; only a file that replaces another is linked under the
+        // temporary name first, then renamed over it.
+        if let Some(file) = tmpfile_in(&dir)? {
+            let filled = fill(&file)?;
+            // SAFETY: fchmod on our descriptor.
+            check(unsafe { libc::fchmod(file.as_raw_fd(), mode) }.into())?;
+            match link_anonymous(&file, &dir, &name) {
+                Ok(()) => return Ok(filled),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+            // SAFETY: valid dirfd and name (a temporary a killed apply left).
+            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            link_anonymous(&file, &dir, &tmp)?;
+            if let Err(e) = self.rename_over(&dir, &tmp, &name) {
+                // SAFETY: valid dirfd and name.
+                unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+                return Err(e);
+            }
+            return Ok(filled);
+        }
         let create = || {
             // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
             let rc = unsafe {
@@ -466,6 +489,46 @@ impl Root {
 }
 
 /// `openat(2)` with `O_CLOEXEC`, returning an owned descriptor.
+/// An unnamed regular file in `dir` (`O_TMPFILE`), or `None` where the
+/// filesystem has none or `/proc` is missing (an unnamed file is linked
+/// through `/proc/self/fd` without privileges): the caller then names a
+/// temporary instead.
+fn tmpfile_in(dir: &OwnedFd) -> io::Result<Option<File>> {
+    static PROC_FD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
+        return Ok(None);
+    }
+    // SAFETY: a valid dirfd and name; O_TMPFILE creates no directory entry.
+    let rc = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    match check(rc.into()) {
+        // SAFETY: openat returned a fresh descriptor.
+        Ok(fd) => Ok(Some(unsafe { File::from_raw_fd(fd as RawFd) })),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives the unnamed `file` the name `name` in `dir`; `EEXIST` if taken
+/// (never replaces, never follows `name`).
+fn link_anonymous(file: &File, dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<()> {
+    let source = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(io::Error::other)?;
+    // SAFETY: valid C strings and dirfd; AT_SYMLINK_FOLLOW resolves only the
+    // /proc magic link to our own descriptor's inode.
+    let rc = unsafe {
+        libc::linkat(libc::AT_FDCWD, source.as_ptr(), dir.as_raw_fd(), name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+    };
+    check(rc.into()).map(|_| ())
+}
+
 fn openat(dirfd: RawFd, name: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: a valid dirfd and NUL-terminated name; the flags never create.
     let fd = check(unsafe { libc::openat(dirfd, name.as_ptr(), flags | libc::O_CLOEXEC) }.into())?;

@@ -202,6 +202,14 @@ impl Stage {
         StageState::of(&self.changes, &self.outcomes)
     }
 
+    /// The stage as it is once `outcomes` (just appended to the ledger by
+    /// this process, under the writer locks) are in: its state and how many
+    /// changes remain, without reading the stage again.
+    fn after(&mut self, outcomes: impl IntoIterator<Item = (RelPath, Outcome)>) -> (StageState, usize) {
+        self.outcomes.extend(outcomes);
+        (self.state(), self.remaining())
+    }
+
     fn roots(&self) -> Result<(Root, Root), EffectsError> {
         if self.stage_dir.join("collected").exists() {
             return Err(EffectsError::Collected { job: self.status.job.clone() });
@@ -319,6 +327,10 @@ pub struct ApplyReport {
     pub failed: Vec<(ChangeEntry, String)>,
     pub warnings: Vec<String>,
     pub state: Option<StageState>,
+    /// Changes neither applied nor dropped once this apply is done.
+    pub remaining: usize,
+    /// The workspace it applied to.
+    pub workspace: PathBuf,
 }
 
 /// The stage's writer lock: one apply or drop at a time.
@@ -468,7 +480,7 @@ pub fn apply(
     options: ApplyOptions,
     progress: impl FnMut(&ChangeEntry),
 ) -> Result<ApplyReport, EffectsError> {
-    let (stage, _locks) = open_for_apply(store, job)?;
+    let (mut stage, _locks) = open_for_apply(store, job)?;
     let (ws, upper) = stage.roots()?;
     let remaining: Vec<ChangeEntry> = stage
         .changes
@@ -522,7 +534,13 @@ pub fn apply(
             Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Unsupported(_) => None,
         })
         .collect();
-    let mut report = ApplyReport { plan, conflicts, skipped_sensitive, ..Default::default() };
+    let mut report = ApplyReport {
+        plan,
+        conflicts,
+        skipped_sensitive,
+        workspace: stage.workspace.clone(),
+        ..Default::default()
+    };
     report.warnings.extend(report.plan.iter().filter_map(|p| match &p.verdict {
         Verdict::Unsupported(why) => Some(format!("{} not applied: {why}", p.change.path.display_escaped())),
         Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Conflict(_) => None,
@@ -597,7 +615,10 @@ pub fn apply(
     report.executed = true;
     report.failed = done.failed;
     report.warnings.extend(done.warnings);
-    report.state = Some(Stage::open(store, job)?.state());
+    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already);
+    let (state, remaining) = stage.after(landed.map(|c| (c.path.clone(), Outcome::Applied)));
+    report.state = Some(state);
+    report.remaining = remaining;
     Ok(report)
 }
 
@@ -629,7 +650,7 @@ pub struct HunksReport {
 /// whose baseline is now what was written, so its other hunks can be applied
 /// or dropped later, and a host edit after this is still a conflict.
 pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result<HunksReport, EffectsError> {
-    let (stage, _locks) = open_for_apply(store, job)?;
+    let (mut stage, _locks) = open_for_apply(store, job)?;
     let (ws, _) = stage.roots()?;
     let empty = Preimages::none();
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
@@ -694,7 +715,8 @@ pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result
         )?;
         report.written.push((change.clone(), state));
     }
-    report.state = Some(Stage::open(store, job)?.state());
+    let written = report.written.iter().map(|(c, s)| (c.path.clone(), Outcome::Partial(s.clone())));
+    report.state = Some(stage.after(written.collect::<Vec<_>>()).0);
     Ok(report)
 }
 
@@ -716,7 +738,7 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
     // reconcile, and its stage can still be dropped.
     let workspace_exists = stage.workspace.is_dir();
     let _workspace_lock = if workspace_exists { Some(lock_workspace(&stage.workspace)?) } else { None };
-    let stage = if workspace_exists {
+    let mut stage = if workspace_exists {
         reconcile(store, job, Stage::open(store, job)?)?
     } else {
         Stage::open(store, job)?
@@ -751,6 +773,7 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
             true,
         )?;
     }
-    report.state = Some(Stage::open(store, job)?.state());
+    let dropped: Vec<_> = report.dropped.iter().map(|c| (c.path.clone(), Outcome::Dropped)).collect();
+    report.state = Some(stage.after(dropped).0);
     Ok(report)
 }

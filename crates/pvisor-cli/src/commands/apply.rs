@@ -122,15 +122,19 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         return Ok(if incomplete { REFUSED } else { 0 });
     }
     drop(out);
-    drop_chosen(&store, &job, &to_drop)?;
+    let (remaining, state) = if to_drop.is_empty() {
+        (report.remaining, report.state)
+    } else {
+        drop_chosen(&store, &job, &to_drop)?;
+        let stage = Stage::open(&store, &job)?;
+        (stage.remaining(), Some(stage.state()))
+    };
     let mut out = std::io::stdout().lock();
-    let stage = Stage::open(&store, &job)?;
-    let remaining = stage.remaining();
     writeln!(
         out,
         "{count} change(s) applied to {}; {remaining} remaining; stage {}",
-        shown_path(&stage.workspace),
-        report.state.map_or("?", |s| s.as_str())
+        shown_path(&report.workspace),
+        state.map_or("?", |s| s.as_str())
     )?;
     if remaining > 0 {
         let me = crate::output::me();
