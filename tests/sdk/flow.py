@@ -47,7 +47,7 @@ try:
     assert ex.exit_code == 0 and ex.text == "hello", (ex.exit_code, ex.text, ex.error)
     timed("true_ms", lambda: sb.commands.run("true"))
     fail = sb.commands.run("echo oops >&2; exit 7")
-    assert fail.exit_code == 7 and fail.logs.stderr[0].text == "oops\n", (fail.exit_code, fail.logs)
+    assert fail.exit_code == 7 and fail.logs.stderr[0].text == "oops", (fail.exit_code, fail.logs)
 
     session = sb.commands.create_session()
     sb.commands.run_in_session(session, "cd /tmp; GREETING=hi")

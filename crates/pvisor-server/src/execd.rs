@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 
 use pvisor_agent::{EntryKind, FileOp, FileStat, Reply, Request};
 use pvisor_core::time::Timestamp;
+
+use crate::lines::Lines;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::{self, json, ApiError, ApiResult, Body};
@@ -30,6 +32,8 @@ const MAX_COMMAND_BYTES: usize = 256 << 10;
 const MAX_LOG_BYTES: u64 = 256 << 20;
 /// Page size of file transfers through the agent (below its frame limit).
 const CHUNK: u64 = 8 << 20;
+/// The most a line-based download (`offset`/`limit`) holds in memory.
+const MAX_LINE_READ: u64 = 16 << 20;
 
 /// The execd request schemas allow unknown fields (no `additionalProperties:
 /// false`), so these structs accept them; SDKs send newer ones (`argv`).
@@ -76,7 +80,8 @@ async fn blocking<T: Send + 'static>(
 /// The guest's error text as an HTTP error: missing files are 404.
 fn guest_error(message: String) -> ApiError {
     if message.contains("No such file") || message.contains("os error 2") {
-        ApiError::not_found(message)
+        // The reference's code and wording (execd `handleFileError`).
+        ApiError::new(StatusCode::NOT_FOUND, "FILE_NOT_FOUND", format!("file not found. {message}"))
     } else if ["Is a directory", "Not a directory", "not empty", "not a regular file"]
         .iter()
         .any(|m| message.contains(m))
@@ -165,7 +170,7 @@ pub(crate) fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result
 }
 
 fn connect(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> Result<Guest, ApiError> {
-    check_token(&daemon.get(id)?, headers)?;
+    check_token(&daemon.visible(id)?, headers)?;
     let (record, vm_dir) = daemon.live_vm_dir(id)?;
     Ok(Guest { record, vm_dir, names: std::sync::OnceLock::new() })
 }
@@ -243,6 +248,17 @@ fn octal_mode(mode: u32) -> Result<u32, ApiError> {
     })
 }
 
+/// A required query parameter is missing, in the reference execd's words
+/// (`components/execd/pkg/web/controller`, e.g. `DownloadFile`:
+/// `MISSING_QUERY`, "missing query parameter 'path'").
+fn missing_query(name: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "MISSING_QUERY", format!("missing query parameter '{name}'"))
+}
+
+/// execd's routes. Errors are answered in the reference execd's code
+/// vocabulary (`components/execd/pkg/web/model/error.go`), which differs
+/// from the lifecycle API's: a bad request is `INVALID_REQUEST_BODY`, a
+/// failure inside the sandbox `RUNTIME_ERROR`.
 pub async fn route<B>(
     daemon: &Arc<Daemon>,
     id: &str,
@@ -256,163 +272,181 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    if let (&Method::GET, ["ping"]) = (method, rest) {
-        return ping(daemon, id, headers).await;
-    }
-    let guest = {
-        let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
-        blocking(move || connect(&daemon, &id, &headers)).await?
-    };
-    let q = http::query_pairs(query);
-    let small = |body: B| http::read_body(body, 16 << 20);
-    match (method, rest) {
-        (&Method::POST, ["command"]) => {
-            let request: RunCommand = http::parse_json(&small(body).await?, "RunCommandRequest")?;
-            run_command(daemon.clone(), guest, request).await
+    let answered: ApiResult = async {
+        if let (&Method::GET, ["ping"]) = (method, rest) {
+            return ping(daemon, id, headers).await;
         }
-        (&Method::DELETE, ["command"]) => {
-            let cmd = http::query_one(&q, "id").ok_or_else(|| ApiError::bad_request("id is required"))?.to_owned();
-            interrupt(daemon, guest, &cmd).await
-        }
-        (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
-        (&Method::GET, ["command", cmd, "logs"]) => command_logs(guest, cmd, http::query_one(&q, "cursor")).await,
-        (&Method::GET, ["files", "info"]) => {
-            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-            if paths.is_empty() {
-                return Err(ApiError::bad_request("path is required"));
+        let guest = {
+            let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
+            blocking(move || connect(&daemon, &id, &headers)).await?
+        };
+        let q = http::query_pairs(query);
+        let small = |body: B| http::read_body(body, 16 << 20);
+        match (method, rest) {
+            (&Method::POST, ["command"]) => {
+                let request: RunCommand = http::parse_json(&small(body).await?, "RunCommandRequest")?;
+                run_command(daemon.clone(), guest, request).await
             }
-            blocking(move || {
-                let mut out = serde_json::Map::new();
-                for p in paths {
-                    let stat = guest.stat(&p)?;
-                    out.insert(p.clone(), file_info(&p, &stat, guest.names()));
+            (&Method::DELETE, ["command"]) => {
+                let cmd = http::query_one(&q, "id").ok_or_else(|| missing_query("id"))?.to_owned();
+                interrupt(daemon, guest, &cmd).await
+            }
+            (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
+            (&Method::GET, ["command", cmd, "logs"]) => command_logs(guest, cmd, http::query_one(&q, "cursor")).await,
+            (&Method::GET, ["files", "info"]) => {
+                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+                if paths.is_empty() {
+                    return Err(missing_query("path"));
                 }
-                Ok(json(StatusCode::OK, &out))
-            })
-            .await
-        }
-        (&Method::DELETE, ["files"]) => {
-            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-            blocking(move || {
-                for p in paths {
-                    if guest.stat(&p).is_ok_and(|s| s.kind == EntryKind::Dir) {
-                        return Err(ApiError::bad_request(format!("{p} is a directory; use DELETE /directories")));
+                blocking(move || {
+                    let mut out = serde_json::Map::new();
+                    for p in paths {
+                        let stat = guest.stat(&p)?;
+                        out.insert(p.clone(), file_info(&p, &stat, guest.names()));
                     }
-                    guest.op(FileOp::Remove { path: p.into(), recursive: false })?;
-                }
-                Ok(http::empty(StatusCode::OK))
-            })
-            .await
-        }
-        (&Method::POST, ["files", "permissions"]) => {
-            let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "permissions map")?;
-            blocking(move || {
-                for (p, perm) in map {
-                    let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
-                    let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
-                    guest.op(FileOp::Chmod { path: p.into(), mode: Some(octal_mode(perm.mode)?), uid, gid })?;
-                }
-                Ok(http::empty(StatusCode::OK))
-            })
-            .await
-        }
-        (&Method::POST, ["files", "mv"]) => {
-            let items: Vec<RenameItem> = http::parse_json(&small(body).await?, "rename list")?;
-            blocking(move || {
-                for item in items {
-                    guest.op(FileOp::Rename { from: item.src.into(), to: item.dest.into() })?;
-                }
-                Ok(http::empty(StatusCode::OK))
-            })
-            .await
-        }
-        (&Method::GET, ["files", "search"]) => {
-            let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
-            let pattern = http::query_one(&q, "pattern").unwrap_or("**").to_owned();
-            blocking(move || search(&guest, &root, &pattern)).await
-        }
-        (&Method::GET, ["directories", "list"]) => {
-            let root = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
-            let depth: u32 = match http::query_one(&q, "depth") {
-                Some(d) => d.parse().map_err(|_| ApiError::bad_request("depth must be an integer"))?,
-                None => 1,
-            };
-            blocking(move || {
-                let entries = list(&guest, &root, depth.max(1))?;
-                let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, guest.names())).collect();
-                Ok(json(StatusCode::OK, &out))
-            })
-            .await
-        }
-        (&Method::POST, ["directories"]) => {
-            let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "directories map")?;
-            blocking(move || {
-                for (p, perm) in map {
-                    guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
-                    let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
-                    let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
-                    if uid.is_some() || gid.is_some() {
-                        guest.op(FileOp::Chmod { path: p.into(), mode: None, uid, gid })?;
+                    Ok(json(StatusCode::OK, &out))
+                })
+                .await
+            }
+            (&Method::DELETE, ["files"]) => {
+                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+                blocking(move || {
+                    for p in paths {
+                        if guest.stat(&p).is_ok_and(|s| s.kind == EntryKind::Dir) {
+                            return Err(ApiError::bad_request(format!("{p} is a directory; use DELETE /directories")));
+                        }
+                        guest.op(FileOp::Remove { path: p.into(), recursive: false })?;
                     }
-                }
-                Ok(http::empty(StatusCode::OK))
-            })
-            .await
-        }
-        (&Method::DELETE, ["directories"]) => {
-            let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-            blocking(move || {
-                for p in paths {
-                    guest.op(FileOp::Remove { path: p.into(), recursive: true })?;
-                }
-                Ok(http::empty(StatusCode::OK))
-            })
-            .await
-        }
-        (&Method::POST, ["files", "upload"]) => {
-            let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-            let bytes = http::read_body(body, 1 << 30).await?;
-            blocking(move || upload(&guest, &content_type, &bytes)).await
-        }
-        (&Method::GET, ["files", "download"]) => {
-            let path = http::query_one(&q, "path").ok_or_else(|| ApiError::bad_request("path is required"))?.to_owned();
-            let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_owned);
-            download(daemon, guest, path, range).await
-        }
-        (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
-        (&Method::POST, ["session"]) => {
-            let bytes = small(body).await?;
-            let request: CreateSession =
-                if bytes.iter().all(u8::is_ascii_whitespace) { CreateSession::default() } else { http::parse_json(&bytes, "CreateSessionRequest")? };
-            create_session(daemon, guest, request).await
-        }
-        (&Method::POST, ["session", session, "run"]) => {
-            let request: RunInSession = http::parse_json(&small(body).await?, "RunInSessionRequest")?;
-            run_in_session(daemon, &guest.record.id, session, request)
-        }
-        (&Method::DELETE, ["session", session]) => {
-            let removed = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(guest.record.id.clone(), (*session).to_owned()));
-            match removed {
-                Some(s) => {
-                    s.kill();
                     Ok(http::empty(StatusCode::OK))
-                }
-                None => Err(ApiError::not_found(format!("no session {session} in sandbox {}", guest.record.id))),
+                })
+                .await
             }
+            (&Method::POST, ["files", "permissions"]) => {
+                let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "permissions map")?;
+                blocking(move || {
+                    for (p, perm) in map {
+                        let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
+                        let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
+                        guest.op(FileOp::Chmod { path: p.into(), mode: Some(octal_mode(perm.mode)?), uid, gid })?;
+                    }
+                    Ok(http::empty(StatusCode::OK))
+                })
+                .await
+            }
+            (&Method::POST, ["files", "mv"]) => {
+                let items: Vec<RenameItem> = http::parse_json(&small(body).await?, "rename list")?;
+                blocking(move || {
+                    for item in items {
+                        guest.op(FileOp::Rename { from: item.src.into(), to: item.dest.into() })?;
+                    }
+                    Ok(http::empty(StatusCode::OK))
+                })
+                .await
+            }
+            (&Method::GET, ["files", "search"]) => {
+                let root = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
+                let pattern = http::query_one(&q, "pattern").unwrap_or("**").to_owned();
+                blocking(move || search(&guest, &root, &pattern)).await
+            }
+            (&Method::GET, ["directories", "list"]) => {
+                let root = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
+                let depth: u32 = match http::query_one(&q, "depth") {
+                    Some(d) => d.parse().map_err(|_| ApiError::bad_request("depth must be an integer"))?,
+                    None => 1,
+                };
+                blocking(move || {
+                    let entries = list(&guest, &root, depth.max(1))?;
+                    let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, guest.names())).collect();
+                    Ok(json(StatusCode::OK, &out))
+                })
+                .await
+            }
+            (&Method::POST, ["directories"]) => {
+                let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "directories map")?;
+                blocking(move || {
+                    for (p, perm) in map {
+                        guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
+                        let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
+                        let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
+                        if uid.is_some() || gid.is_some() {
+                            guest.op(FileOp::Chmod { path: p.into(), mode: None, uid, gid })?;
+                        }
+                    }
+                    Ok(http::empty(StatusCode::OK))
+                })
+                .await
+            }
+            (&Method::DELETE, ["directories"]) => {
+                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
+                blocking(move || {
+                    for p in paths {
+                        guest.op(FileOp::Remove { path: p.into(), recursive: true })?;
+                    }
+                    Ok(http::empty(StatusCode::OK))
+                })
+                .await
+            }
+            (&Method::POST, ["files", "upload"]) => {
+                let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                let bytes = http::read_body(body, 1 << 30).await?;
+                blocking(move || upload(&guest, &content_type, &bytes)).await
+            }
+            (&Method::GET, ["files", "download"]) => {
+                let path = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
+                let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                let lines = LineWindow::from_query(&q)?;
+                match (lines, range) {
+                    (Some(_), Some(_)) => Err(ApiError::bad_request(
+                        "offset/limit (lines) and a Range header (bytes) are mutually exclusive; send one",
+                    )),
+                    (Some(window), None) => blocking(move || read_lines(&guest, &path, window)).await,
+                    (None, range) => download(daemon, guest, path, range).await,
+                }
+            }
+            (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
+            (&Method::POST, ["session"]) => {
+                let bytes = small(body).await?;
+                let request: CreateSession =
+                    if bytes.iter().all(u8::is_ascii_whitespace) { CreateSession::default() } else { http::parse_json(&bytes, "CreateSessionRequest")? };
+                create_session(daemon, guest, request).await
+            }
+            (&Method::POST, ["session", session, "run"]) => {
+                let request: RunInSession = http::parse_json(&small(body).await?, "RunInSessionRequest")?;
+                run_in_session(daemon, &guest.record.id, session, request)
+            }
+            (&Method::DELETE, ["session", session]) => {
+                let removed = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(guest.record.id.clone(), (*session).to_owned()));
+                match removed {
+                    Some(s) => {
+                        s.kill();
+                        Ok(http::empty(StatusCode::OK))
+                    }
+                    None => Err(ApiError::not_found(format!("no session {session} in sandbox {}", guest.record.id))),
+                }
+            }
+            // Documented 400s (the spec has no 501): say what to use instead.
+            (_, ["code", ..]) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NOT_SUPPORTED",
+                "pvisor serve has no code interpreter contexts; use POST /session for a stateful bash, or POST /command (docs/cli-reference.md)",
+            )),
+            (_, ["files", "replace"]) | (_, ["metrics", "watch"]) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "NOT_SUPPORTED",
+                "this execd route is not implemented by pvisor serve (docs/cli-reference.md lists what is)",
+            )),
+            _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
         }
-        // Documented 400s (the spec has no 501): say what to use instead.
-        (_, ["code", ..]) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "pvisor serve has no code interpreter contexts; use POST /session for a stateful bash, or POST /command (docs/cli-reference.md)",
-        )),
-        (_, ["files", "replace"]) | (_, ["metrics", "watch"]) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "this execd route is not implemented by pvisor serve (docs/cli-reference.md lists what is)",
-        )),
-        _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
     }
+    .await;
+    answered.map_err(|mut e| {
+        e.code = match e.code {
+            "INVALID_REQUEST" => "INVALID_REQUEST_BODY",
+            "INTERNAL_ERROR" => "RUNTIME_ERROR",
+            other => other,
+        };
+        e
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -488,15 +522,16 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
         let _slot = slot;
         let started = Instant::now();
         let _ = tx.blocking_send(event(json!({ "type": "init", "text": id })));
+        let (mut out, mut err) = (Lines::default(), Lines::default());
         session.run(&request.command, request.cwd.as_deref(), request.timeout.map(Duration::from_millis), |piece| {
-            let e = match piece {
-                Piece::Stdout(b) => event(json!({ "type": "stdout", "text": String::from_utf8_lossy(&b) })),
-                Piece::Stderr(b) => event(json!({ "type": "stderr", "text": String::from_utf8_lossy(&b) })),
-                Piece::Exit(0) => event(json!({ "type": "execution_complete", "execution_time": started.elapsed().as_millis() as u64 })),
-                Piece::Exit(code) => error_event(code, &format!("exit status {code}")),
-                Piece::Failed(why) => event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } })),
+            let events = match piece {
+                Piece::Stdout(b) => output_events("stdout", out.push(&b)),
+                Piece::Stderr(b) => output_events("stderr", err.push(&b)),
+                Piece::Exit(0) => ending(&mut out, &mut err, event(json!({ "type": "execution_complete", "execution_time": started.elapsed().as_millis() as u64 }))),
+                Piece::Exit(code) => ending(&mut out, &mut err, error_event(code, &format!("exit status {code}"))),
+                Piece::Failed(why) => ending(&mut out, &mut err, event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } }))),
             };
-            tx.blocking_send(e).is_ok()
+            events.into_iter().all(|e| tx.blocking_send(e).is_ok())
         });
     });
     Ok(sse(body))
@@ -516,7 +551,7 @@ const PING_WAIT: Duration = Duration::from_secs(10);
 async fn ping(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> ApiResult {
     let started = Instant::now();
     loop {
-        let record = daemon.get(id)?;
+        let record = daemon.visible(id)?;
         check_token(&record, headers)?;
         match record.state {
             SandboxState::Running => return Ok(http::empty(StatusCode::OK)),
@@ -624,6 +659,81 @@ fn parse_range(header: &str, size: u64) -> Option<(u64, u64)> {
         (a, b) => (a.parse().ok()?, b.parse::<u64>().ok()?.min(size.checked_sub(1)?)),
     };
     (start <= end && start < size).then_some((start, end))
+}
+
+/// `offset`/`limit` of `GET /files/download`: lines, 1-based (execd-api.yaml,
+/// `downloadFile`: "line-based reading … returns text/plain").
+#[derive(Clone, Copy, Debug)]
+struct LineWindow {
+    /// The first line to return, from 1.
+    offset: u64,
+    /// How many lines at most; all the rest when absent.
+    limit: Option<u64>,
+}
+
+impl LineWindow {
+    fn from_query(q: &[(String, String)]) -> Result<Option<Self>, ApiError> {
+        let number = |key: &str| -> Result<Option<u64>, ApiError> {
+            http::query_one(q, key)
+                .map(|v| {
+                    v.parse::<u64>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                        ApiError::bad_request(format!("{key} must be an integer >= 1, not {v:?}"))
+                    })
+                })
+                .transpose()
+        };
+        let (offset, limit) = (number("offset")?, number("limit")?);
+        Ok((offset.is_some() || limit.is_some()).then(|| Self { offset: offset.unwrap_or(1), limit }))
+    }
+}
+
+/// The lines `window` selects of the file at `path`, as text/plain, each
+/// with its own terminator. An offset past the last line is a 400 that says
+/// how many lines there are (not an empty 200 an agent takes for an empty file).
+fn read_lines(guest: &Guest, path: &str, window: LineWindow) -> ApiResult {
+    let stat = guest.stat(path)?;
+    if stat.kind != EntryKind::File {
+        return Err(ApiError::bad_request(format!("{path} is not a regular file")));
+    }
+    let target = guest.resolved(FileOp::Resolve { path: path.into() })?;
+    let (mut out, mut line, mut at, mut seen) = (Vec::new(), 1u64, 0u64, 0u64);
+    let wanted = |line: u64| line >= window.offset && window.limit.is_none_or(|l| line < window.offset + l);
+    'read: while at < stat.size {
+        let bytes = guest.read(&target, at, CHUNK)?;
+        if bytes.is_empty() {
+            break;
+        }
+        at += bytes.len() as u64;
+        for &b in &bytes {
+            if wanted(line) {
+                if out.len() as u64 >= MAX_LINE_READ {
+                    return Err(ApiError::bad_request(format!(
+                        "the selected lines exceed {} MiB; ask for fewer (limit) or use a Range",
+                        MAX_LINE_READ >> 20
+                    )));
+                }
+                out.push(b);
+            }
+            seen = line;
+            if b == b'\n' {
+                line += 1;
+                if window.limit.is_some_and(|l| line >= window.offset + l) {
+                    break 'read;
+                }
+            }
+        }
+    }
+    // `seen` is the last line that had a byte (a final line without a
+    // terminator counts; an empty file has none).
+    if window.offset > seen {
+        return Err(ApiError::bad_request(format!(
+            "offset {} is past the end of {path}, which has {seen} line(s)",
+            window.offset
+        )));
+    }
+    let mut resp = Response::new(http::full(out));
+    resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
+    Ok(resp)
 }
 
 async fn download(daemon: &Arc<Daemon>, guest: Guest, path: String, range: Option<String>) -> ApiResult {
@@ -877,35 +987,16 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
     let daemon2 = daemon.clone();
     let kill_dir = guest.vm_dir.clone();
     tokio::task::spawn_blocking(move || {
-        let (mut out_buf, mut err_buf) = (Vec::new(), Vec::new());
-        let flush = |buf: &mut Vec<u8>, kind: &str, all: bool| -> Vec<Bytes> {
-            let mut events = Vec::new();
-            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                events.push(event(json!({ "type": kind, "text": String::from_utf8_lossy(&line) })));
+        let (mut out_lines, mut err_lines) = (Lines::default(), Lines::default());
+        let send = |kind: &str, texts: Vec<Vec<u8>>| {
+            for e in output_events(kind, texts) {
+                let _ = tx.blocking_send(e);
             }
-            if all && !buf.is_empty() {
-                events.push(event(json!({ "type": kind, "text": String::from_utf8_lossy(buf) })));
-                buf.clear();
-            }
-            events
         };
         let outcome = loop {
             match channel.next_reply() {
-                Ok(Some((Reply::Stdout { .. }, bytes))) => {
-                    out_buf.extend_from_slice(&bytes);
-                    let big = out_buf.len() > 64 << 10;
-                    for e in flush(&mut out_buf, "stdout", big) {
-                        let _ = tx.blocking_send(e);
-                    }
-                }
-                Ok(Some((Reply::Stderr { .. }, bytes))) => {
-                    err_buf.extend_from_slice(&bytes);
-                    let big = err_buf.len() > 64 << 10;
-                    for e in flush(&mut err_buf, "stderr", big) {
-                        let _ = tx.blocking_send(e);
-                    }
-                }
+                Ok(Some((Reply::Stdout { .. }, bytes))) => send("stdout", out_lines.push(&bytes)),
+                Ok(Some((Reply::Stderr { .. }, bytes))) => send("stderr", err_lines.push(&bytes)),
                 Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
                     break Ok(code.unwrap_or(128 + signal.unwrap_or(0)))
                 }
@@ -923,9 +1014,8 @@ async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> 
                 }
             }
         };
-        for e in flush(&mut out_buf, "stdout", true).into_iter().chain(flush(&mut err_buf, "stderr", true)) {
-            let _ = tx.blocking_send(e);
-        }
+        send("stdout", out_lines.finish().into_iter().collect());
+        send("stderr", err_lines.finish().into_iter().collect());
         let elapsed = started.elapsed().as_millis() as u64;
         let (exit_code, error) = match &outcome {
             Ok(code) => (Some(*code), None),
@@ -973,6 +1063,19 @@ fn kill_exec(signaller: &SharedSignaller) {
             let _ = s.signal(libc::SIGKILL);
         }
     });
+}
+
+/// stdout or stderr events, one per text (see `lines.rs`).
+fn output_events(kind: &str, texts: Vec<Vec<u8>>) -> Vec<Bytes> {
+    texts.iter().map(|t| event(json!({ "type": kind, "text": String::from_utf8_lossy(t) }))).collect()
+}
+
+/// The events that end a run: the unterminated tails, then `last`.
+fn ending(out: &mut Lines, err: &mut Lines, last: Bytes) -> Vec<Bytes> {
+    let mut events = output_events("stdout", out.finish().into_iter().collect());
+    events.extend(output_events("stderr", err.finish().into_iter().collect()));
+    events.push(last);
+    events
 }
 
 fn error_event(code: i32, message: &str) -> Bytes {
@@ -1055,33 +1158,32 @@ async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResul
             "{cmd} ran in the foreground; its output was streamed, not logged"
         )));
     }
-    let cursor: Option<usize> = match cursor {
-        Some(c) => {
-            Some(c.parse().map_err(|_| ApiError::bad_request("cursor must be a non-negative integer"))?)
-        }
-        None => None,
-    };
+    // A byte offset into the log, as the reference execd's is
+    // (`GetBackgroundCommandOutput` → `SeekBackgroundCommandOutput`, which
+    // seeks the log to `cursor`; the spec's "line cursor" is not what it
+    // does): missing or not a number is 0, negative is refused.
+    let cursor: i64 = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
+    if cursor < 0 {
+        return Err(ApiError::bad_request(format!("error seek file: cursor {cursor} is negative")));
+    }
+    let cursor = cursor as u64;
     blocking(move || {
         let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
         let mut bytes = Vec::new();
         while (bytes.len() as u64) < MAX_LOG_BYTES {
-            match guest.read(&path, bytes.len() as u64, CHUNK) {
+            match guest.read(&path, cursor + bytes.len() as u64, CHUNK) {
                 Ok(page) if page.is_empty() => break,
                 Ok(page) => bytes.extend_from_slice(&page),
                 Err(e) if e.status == StatusCode::NOT_FOUND => break,
                 Err(e) => return Err(e),
             }
         }
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.split_inclusive('\n').collect();
-        // The cursor counts complete lines: a line still being written is
-        // sent again, whole, by the next poll.
-        let complete = lines.iter().filter(|l| l.ends_with('\n')).count();
-        let skip = cursor.unwrap_or(0).min(lines.len());
-        let body: String = lines[skip..].concat();
-        let mut resp = Response::new(http::full(body));
+        // The next cursor: where this read stopped (the end of the log, or
+        // the cursor itself when it is past the end).
+        let next = cursor + bytes.len() as u64;
+        let mut resp = Response::new(http::full(bytes));
         resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
-        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", complete.to_string().parse().expect("ascii"));
+        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", next.to_string().parse().expect("ascii"));
         Ok(resp)
     })
     .await

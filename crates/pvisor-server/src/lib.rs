@@ -16,6 +16,7 @@ pub mod execd;
 pub mod http;
 pub mod images;
 pub mod lifecycle;
+mod lines;
 pub mod multipart;
 mod proxy;
 pub mod sandbox;

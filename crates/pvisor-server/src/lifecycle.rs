@@ -104,10 +104,19 @@ pub fn route(
     headers: &HeaderMap,
     body: hyper::body::Bytes,
 ) -> ApiResult {
+    // A deleted sandbox is gone for every route (reference: the Docker
+    // server's `_get_container_by_sandbox_id` finds no container and
+    // answers 404 SANDBOX_NOT_FOUND, server/opensandbox_server/services/
+    // docker/docker_service.py at 4db3a99); DELETE says so itself.
+    if let ["sandboxes", id, tail @ ..] = rest {
+        if *method != Method::DELETE && tail.first() != Some(&"snapshots") {
+            daemon.visible(id)?;
+        }
+    }
     match (method, rest) {
         (&Method::POST, ["sandboxes"]) => create(daemon, &body),
         (&Method::GET, ["sandboxes"]) => list(daemon, query),
-        (&Method::GET, ["sandboxes", id]) => Ok(json(StatusCode::OK, &sandbox_json(&daemon.get(id)?))),
+        (&Method::GET, ["sandboxes", id]) => Ok(json(StatusCode::OK, &sandbox_json(&daemon.visible(id)?))),
         (&Method::DELETE, ["sandboxes", id]) => {
             daemon.delete(id, "user_delete")?;
             Ok(http::empty(StatusCode::NO_CONTENT))
@@ -261,12 +270,12 @@ fn parse_cpus(s: &str) -> Result<u32, ApiError> {
 
 fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
     let q = http::query_pairs(query);
-    let mut states = Vec::new();
-    for s in http::query_all(&q, "state") {
-        states.push(
-            SandboxState::parse(s).ok_or_else(|| ApiError::bad_request(format!("unknown state {s:?}")))?,
-        );
-    }
+    // Free strings, matched ignoring case, repeated to OR them; a state
+    // pvisor never uses (`Allocated`) matches nothing rather than failing
+    // (reference: `matches_filter` in server/opensandbox_server/services/
+    // helpers.py at 4db3a99; the spec asks clients and servers to tolerate
+    // new states).
+    let states: Vec<String> = http::query_all(&q, "state").iter().map(|s| s.to_ascii_lowercase()).collect();
     // `metadata=k%3Dv%26k2%3Dv2`: one already-decoded `k=v&k2=v2` string.
     let mut wanted = Vec::new();
     if let Some(m) = http::query_one(&q, "metadata") {
@@ -291,7 +300,8 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
     let mut items: Vec<SandboxRecord> = daemon
         .list()
         .into_iter()
-        .filter(|r| states.is_empty() || states.contains(&r.state))
+        .filter(|r| !r.deleted)
+        .filter(|r| states.is_empty() || states.contains(&r.state.as_str().to_ascii_lowercase()))
         .filter(|r| wanted.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .collect();
     items.sort_by_key(|r| std::cmp::Reverse(r.created_at));
@@ -339,7 +349,7 @@ fn renew(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
         ApiError::bad_request(format!("expiresAt {:?} is not an RFC 3339 time", b.expires_at))
     })?;
     if at <= std::time::SystemTime::now() {
-        return Err(ApiError::bad_request("expiresAt must be in the future"));
+        return Err(ApiError::bad_request("New expiration time must be in the future."));
     }
     let max = daemon.config.max_timeout;
     if at.duration_since(std::time::SystemTime::now()).unwrap_or_default() > max {
@@ -363,12 +373,12 @@ fn renew(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {
                 r.state.as_str()
             )));
         }
-        if r.expires_at.is_some_and(|cur| at <= cur) {
-            return Err(OpError::Invalid(format!(
-                "expiresAt must be after the current expiry {}",
-                r.expires_at.map(|t| t.to_string()).unwrap_or_default()
-            )));
-        }
+        // Any future time, earlier than the current expiry too: the
+        // reference servers check only that it is in the future
+        // (`ensure_future_expiration`, server/opensandbox_server/services/
+        // validators.py at 4db3a99), and the SDK's SandboxPool renews warm
+        // 24 h sandboxes down to the caller's timeout. The spec's "after the
+        // current expiresAt" is not what they do (docs/serve.md).
         r.expires_at = Some(at);
         Ok(r.clone())
     })?;

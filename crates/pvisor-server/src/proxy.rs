@@ -41,7 +41,7 @@ where
     let vm_dir = {
         let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
         tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-            crate::execd::check_token(&daemon.get(&id)?, &headers)?;
+            crate::execd::check_token(&daemon.visible(&id)?, &headers)?;
             Ok(daemon.live_vm_dir(&id)?.1)
         })
         .await

@@ -142,6 +142,11 @@ pub struct SandboxRecord {
     pub supervisor: Option<u32>,
     pub memory_mib: u64,
     pub cpus: u32,
+    /// A client deleted it (or its timeout did): the API answers 404 for it
+    /// from then on, as the reference server does once a sandbox's container
+    /// is removed, while the daemon still stops its Job and keeps the record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
 }
 
 /// Why an operation was refused.
@@ -270,6 +275,15 @@ impl Daemon {
         self.records().get(id).cloned().ok_or_else(|| OpError::NotFound(format!("no sandbox {id}")))
     }
 
+    /// [`Self::get`] for a client: a deleted sandbox is not found (the
+    /// reference's wording: "Sandbox {id} not found.").
+    pub fn visible(&self, id: &str) -> Result<SandboxRecord, OpError> {
+        self.get(id)
+            .ok()
+            .filter(|r| !r.deleted)
+            .ok_or_else(|| OpError::NotFound(format!("Sandbox {id} not found.")))
+    }
+
     pub fn list(&self) -> Vec<SandboxRecord> {
         self.records().values().cloned().collect()
     }
@@ -377,6 +391,7 @@ impl Daemon {
             supervisor: None,
             memory_mib: request.memory_mib,
             cpus: request.cpus,
+            deleted: false,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
@@ -747,25 +762,33 @@ impl Daemon {
         // Decided under the records lock: a provisioner that sets Running
         // concurrently either sees Stopping (and stops it) or is seen here.
         let was = self.update(id, |r| {
+            if r.deleted {
+                return Err(OpError::NotFound(format!("Sandbox {id} not found.")));
+            }
             match r.state {
                 SandboxState::Pending | SandboxState::Running | SandboxState::Paused => {}
-                // The reference server deletes a failed sandbox's container
-                // too: DELETE frees what is left and answers 204.
-                SandboxState::Failed => return Ok(SandboxState::Failed),
-                SandboxState::Pausing | SandboxState::Resuming => {
+                // The reference server removes an ended sandbox's container
+                // too: DELETE frees what is left, answers 204, and the
+                // sandbox is gone from the API.
+                SandboxState::Failed | SandboxState::Terminated => {
+                    r.deleted = true;
+                    return Ok(r.state);
+                }
+                SandboxState::Pausing | SandboxState::Resuming | SandboxState::Stopping => {
                     return Err(OpError::Conflict(format!(
                         "sandbox {id} is {}; delete it once that finishes",
                         r.state.as_str()
                     )))
                 }
-                other => {
-                    return Err(OpError::Conflict(format!("sandbox {id} is already {}", other.as_str())))
-                }
             }
             let was = r.state;
+            r.deleted = true;
             set_state(r, SandboxState::Stopping, reason, "");
             Ok(was)
         })?;
+        if was == SandboxState::Terminated {
+            return Ok(());
+        }
         if was == SandboxState::Failed {
             if let Some(job) = self.get(id).ok().and_then(|r| r.job) {
                 let daemon = self.clone();

@@ -153,6 +153,31 @@ impl Daemon {
         }
     }
 
+    /// The daemon's own record of a sandbox (kept after the API forgets a
+    /// deleted one).
+    fn record(&self, id: &str) -> Value {
+        let path = self.env.home.join(format!("server/sandboxes/{id}.json"));
+        serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+    }
+
+    /// Waits until the daemon's record of `id` reads `want`.
+    fn wait_record(&self, id: &str, want: &str) -> Value {
+        let start = Instant::now();
+        loop {
+            let record = self.record(id);
+            if record["state"] == want {
+                return record;
+            }
+            assert!(
+                start.elapsed() < BOOT,
+                "{id} is still {} after {BOOT:?}\n{}",
+                record["state"],
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The execd base URL and its token header.
     fn execd(&self, id: &str) -> (String, String) {
         let (code, ep) = self.curl("GET", &format!("/v1/sandboxes/{id}/endpoints/44772"), None);
@@ -234,17 +259,23 @@ fn the_published_python_sdk_runs_its_flow_unchanged() {
     // (create, resume); sandbox ids are not Job ids.
     let jobs = daemon.jobs();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
+    // kill() returns at 204 and the sandbox is gone from the API at once
+    // (the reference removes its container); the daemon's record reads
+    // Terminated once its Job ended.
     let listing = daemon.curl("GET", "/v1/sandboxes", None).1;
-    let sandbox = &listing["items"][0];
-    // kill() returns at 204; the sandbox is Terminated once its Job ended.
-    daemon.wait_state(sandbox["id"].as_str().unwrap(), "Terminated", &["Stopping"]);
-    let record: Value = serde_json::from_slice(
-        &fs::read(daemon.env.home.join(format!("server/sandboxes/{}.json", sandbox["id"].as_str().unwrap())))
-            .unwrap(),
-    )
-    .unwrap();
+    assert_eq!(listing["items"], json!([]), "{listing}");
+    let records: Vec<_> = fs::read_dir(daemon.env.home.join("server/sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let id = records[0].path().file_stem().unwrap().to_string_lossy().into_owned();
+    let id = id.as_str();
+    assert_eq!(daemon.curl("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
+    let record = daemon.wait_record(id, "Terminated");
     assert_eq!(record["generations"].as_array().unwrap().len(), 2, "{record}");
-    assert_ne!(record["job"], sandbox["id"]);
+    assert_ne!(record["job"], id);
     // A terminated sandbox leaves no execution checkpoint, and its stage is dropped.
     let runs = fs::read_dir(daemon.env.home.join("runs")).unwrap().flatten().collect::<Vec<_>>();
     assert!(runs.iter().all(|r| !r.path().join("exec-checkpoints").exists()), "checkpoints left behind");
@@ -294,7 +325,7 @@ fn a_daemon_killed_during_create_finds_the_sandbox_running_after_restart() {
     daemon.start();
     // Pending (booting, or being reattached) and then Running; never Failed.
     daemon.wait_state(&id, "Running", &["Pending"]);
-    assert!(daemon.run(&id, "echo alive").contains("alive\\n"));
+    assert!(daemon.run(&id, "echo alive").contains(r#""text":"alive""#));
     assert_eq!(daemon.jobs().len(), 1, "the restart must not start a second VM");
     // The entrypoint was started exactly once.
     let record: Value = serde_json::from_slice(
@@ -321,7 +352,7 @@ fn a_daemon_killed_during_pause_reports_paused_only_once_it_is() {
     assert!(text(&status.stdout).contains("\"suspended\""), "{}", text(&status.stdout));
     assert_eq!(daemon.curl("POST", &format!("/v1/sandboxes/{id}/resume"), None).0, 202);
     daemon.wait_state(&id, "Running", &["Resuming", "Paused"]);
-    assert!(daemon.run(&id, "cat /root/mark").contains("before\\n"));
+    assert!(daemon.run(&id, "cat /root/mark").contains(r#""text":"before""#));
 }
 
 #[test]
@@ -403,9 +434,12 @@ fn an_expired_sandbox_is_killed_even_across_a_restart() {
     daemon.kill9();
     daemon.start();
     let started = Instant::now();
-    let ended = daemon.wait_state(&id, "Terminated", &["Running", "Stopping"]);
-    assert_eq!(ended["status"]["reason"], "ttl_expiry", "{ended}");
-    let expires = ended["expiresAt"].as_str().unwrap().to_owned();
+    let ended = daemon.wait_record(&id, "Terminated");
+    assert_eq!(ended["reason"], "ttl_expiry", "{ended}");
+    // Expired is deleted: gone from the API, as the reference's
+    // `_expire_sandbox` removes the container.
+    assert_eq!(daemon.curl("GET", &format!("/v1/sandboxes/{id}"), None).0, 404);
+    let expires = ended["expires_at"].as_str().unwrap_or_default().to_owned();
     assert!(started.elapsed() < Duration::from_secs(75), "expired late ({expires})");
     let jobs = daemon.jobs();
     assert!(jobs.iter().all(|j| j["state"] != "running"), "{jobs:?}");
