@@ -24,8 +24,7 @@ pub struct IdError {
 /// Returns a new ULID string: 48 bits of milliseconds, 80 random bits.
 pub fn new_ulid() -> String {
     let millis = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    let mut random = [0u8; 10];
-    fill_random(&mut random);
+    let random = crate::random::must::<10>();
     let mut value: u128 = (u128::from(millis) & ((1 << 48) - 1)) << 80;
     for (i, byte) in random.iter().enumerate() {
         value |= u128::from(*byte) << (8 * (9 - i));
@@ -36,26 +35,6 @@ pub fn new_ulid() -> String {
         *slot = CROCKFORD[((value >> shift) & 0x1f) as usize];
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-fn fill_random(buf: &mut [u8]) {
-    let mut filled = 0;
-    while filled < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            // getrandom(2) only fails on ancient kernels; fall back to time + pid noise
-            // rather than panic, ids only need to be unique, not secret.
-            let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-            let noise = u64::from(nanos) ^ (u64::from(std::process::id()) << 32);
-            for (i, b) in buf[filled..].iter_mut().enumerate() {
-                *b = (noise >> ((i % 8) * 8)) as u8;
-            }
-            return;
-        }
-    }
 }
 
 fn is_ulid(s: &str) -> bool {

@@ -12,6 +12,7 @@
 //!
 //! - [`text`]: untrusted names and contents made safe for a terminal;
 //! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies;
+//! - [`random`]: the one path to the kernel's random bytes;
 //! - [`assets`]: where the images pvisor ships with are found (build tree, install prefix, XDG).
 //!
 //! It never prints, exits, or reads user configuration.
@@ -22,6 +23,7 @@ pub mod event;
 pub mod failpoint;
 pub mod ids;
 pub mod journal;
+pub mod random;
 pub mod records;
 pub mod state;
 pub mod store;

@@ -107,14 +107,14 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> R
 }
 
 /// The decoded `key=value` pairs of a query string, in order.
-pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
     query
         .unwrap_or("")
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|pair| {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k), percent_decode(v))
+            Ok((percent_decode(k)?, percent_decode(v)?))
         })
         .collect()
 }
@@ -127,28 +127,25 @@ pub fn query_all<'a>(pairs: &'a [(String, String)], key: &str) -> Vec<&'a str> {
     pairs.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
 }
 
-pub fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(high), Some(low)) => {
-                        out.push((high * 16 + low) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// Decodes one query component: `+` is a space (as Go's `url.ParseQuery`,
+/// which the reference execd uses, and every form encoder agree), `%XX` a
+/// byte, and the result must be UTF-8: a path that is not would otherwise be
+/// replaced with U+FFFD and name some other file, so it is a 400 instead.
+pub fn percent_decode(s: &str) -> Result<String, ApiError> {
+    strict_decode(&s.replace('+', " "), s)
+}
+
+/// Decodes one path segment: `%XX` only (a `+` in a path is a plus sign),
+/// UTF-8 or a 400.
+pub fn path_segment(s: &str) -> Result<String, ApiError> {
+    strict_decode(s, s)
+}
+
+fn strict_decode(s: &str, shown: &str) -> Result<String, ApiError> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| ApiError::bad_request(format!("{shown:?} is not UTF-8 once percent-decoded")))
 }
 
 /// Compares secrets in time independent of where they differ.
@@ -163,24 +160,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// A random version-4 UUID (request ids, access tokens).
 pub fn uuid4() -> String {
-    let mut b = random_bytes::<16>();
+    let mut b = pvisor_core::random::must::<16>();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
-}
-
-pub fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    let mut filled = 0;
-    while filled < N {
-        // SAFETY: getrandom writes at most the given length into our buffer.
-        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), N - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        }
-    }
-    buf
 }
 
 pub fn unix_ms() -> i64 {
@@ -245,10 +229,14 @@ mod tests {
 
     #[test]
     fn decodes_queries_and_compares_secrets() {
-        let q = query_pairs(Some("path=%2Ftmp%2Fa+b.txt&path=x&depth=2"));
+        let q = query_pairs(Some("path=%2Ftmp%2Fa+b.txt&path=x&depth=2")).unwrap();
         assert_eq!(query_all(&q, "path"), ["/tmp/a b.txt", "x"]);
         assert_eq!(query_one(&q, "depth"), Some("2"));
-        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("100%").unwrap(), "100%");
+        assert_eq!(percent_decode("a%2Bb+c").unwrap(), "a+b c");
+        // Not UTF-8 once decoded: refused, never replaced with U+FFFD.
+        assert!(percent_decode("%FF%FE").is_err());
+        assert_eq!(path_segment("a+b%20c").unwrap(), "a+b c");
         assert!(constant_time_eq(b"secret", b"secret"));
         assert!(!constant_time_eq(b"secret", b"secreT"));
         assert!(!constant_time_eq(b"secret", b"secret2"));

@@ -88,7 +88,8 @@ where
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().map(str::to_owned);
-    let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(http::percent_decode).collect();
+    let segments: Vec<String> =
+        path.split('/').filter(|s| !s.is_empty()).map(http::path_segment).collect::<Result<_, _>>()?;
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
     match segments.as_slice() {
         ["health"] | ["v1", "health"] if parts.method == Method::GET => {

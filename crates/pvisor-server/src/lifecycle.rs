@@ -269,7 +269,7 @@ fn parse_cpus(s: &str) -> Result<u32, ApiError> {
 }
 
 fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
-    let q = http::query_pairs(query);
+    let q = http::query_pairs(query)?;
     // Free strings, matched ignoring case, repeated to OR them; a state
     // pvisor never uses (`Allocated`) matches nothing rather than failing
     // (reference: `matches_filter` in server/opensandbox_server/services/
@@ -283,7 +283,7 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
             let (k, v) = pair
                 .split_once('=')
                 .ok_or_else(|| ApiError::bad_request(format!("metadata filter {pair:?} is not key=value")))?;
-            wanted.push((http::percent_decode(k), http::percent_decode(v)));
+            wanted.push((http::percent_decode(k)?, http::percent_decode(v)?));
         }
     }
     let number = |key: &str, default: u64| -> Result<u64, ApiError> {
@@ -398,7 +398,7 @@ fn endpoint(
         .ok()
         .filter(|p| *p >= 1)
         .ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
-    let q = http::query_pairs(query);
+    let q = http::query_pairs(query)?;
     if http::query_one(&q, "expires").is_some() {
         return Err(ApiError::bad_request(
             "signed endpoints (expires=) are not supported; endpoints carry an access token header instead",

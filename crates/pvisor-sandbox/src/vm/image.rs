@@ -317,9 +317,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
 /// symlink planted there, makes creation fail instead of being used.
 fn tempfile_dir() -> io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let mut random = [0u8; 8];
-    // SAFETY: getrandom writes at most `random.len()` bytes into it.
-    unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+    let random = pvisor_core::random::bytes::<8>()?;
     let name = format!("pvisor-kvm-probe-{}", u64::from_le_bytes(random));
     let dir = std::env::temp_dir().join(name);
     fs::DirBuilder::new().mode(0o700).create(&dir)?;

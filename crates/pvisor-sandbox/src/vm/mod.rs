@@ -731,8 +731,9 @@ fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
 fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, String> {
     let timeout = Duration::from_secs(30);
     shared.call(&Request::Thaw, &[], timeout)?;
-    let mut entropy = [0u8; 64];
-    getrandom(&mut entropy);
+    // Never zeros: a guest reseeded with nothing would repeat its
+    // checkpoint's random state in every copy.
+    let entropy = pvisor_core::random::bytes::<64>().map_err(|e| format!("cannot reseed the guest: {e}"))?;
     let (clock_step_ns, entropy_avail) =
         match shared.call(&Request::Restored { clock_unix_ns: unix_now_ns() }, &entropy, timeout)? {
             (Reply::Restored { clock_step_ns, entropy_avail }, _) => (clock_step_ns, entropy_avail),
@@ -746,11 +747,6 @@ fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Va
         "entropy_avail": entropy_avail,
         "network": "no NIC; nothing to reset",
     }))
-}
-
-fn getrandom(buf: &mut [u8]) {
-    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-    unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
 }
 
 /// What a host-to-guest data chunk is charged to.
