@@ -300,6 +300,13 @@ sse(ex("POST", "/command", "/command", 200, json={"command": "mkdir -p /srv/www/
 blob = sse(ex("POST", "/command", "/command", 200, json={"command": "sha256sum < /srv/www/blob"}))[1]["text"].split()[0]
 page = httpx.get("http://" + other["endpoint"] + "/d/page.html", headers=other["headers"])
 assert page.status_code == 200 and page.text == "served\n", (page.status_code, page.text)
+# use_server_proxy=true: the reference's /proxy/ path (get_sandbox_endpoint,
+# server/opensandbox_server/api/lifecycle.py at 4db3a99) reaches the same service.
+sp = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/8000", 200, params={"use_server_proxy": "true"}).json()
+assert sp["endpoint"].endswith(f"/sandboxes/{sid}/proxy/8000"), sp
+assert httpx.get("http://" + sp["endpoint"] + "/d/page.html", headers=sp["headers"]).text == "served\n"
+r = life("GET", "/sandboxes/{sandboxId}/endpoints/{port}", f"/sandboxes/{sid}/endpoints/8000", 400, params={"use_server_proxy": "true", "expires": "1999999999"})
+assert "use_server_proxy" in r.json()["message"], r.text
 import hashlib
 assert hashlib.sha256(httpx.get("http://" + other["endpoint"] + "/blob", headers=other["headers"]).content).hexdigest() == blob
 assert httpx.get("http://" + other["endpoint"] + "/d/page.html").status_code == 401

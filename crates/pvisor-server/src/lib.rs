@@ -97,7 +97,9 @@ where
         }
         // A sandbox's own ports, authenticated with its access token: execd,
         // or a service of its own relayed into the guest.
-        ["sandboxes", id, "port", port, rest @ ..] | ["v1", "sandboxes", id, "port", port, rest @ ..] => {
+        // `/proxy/` is the reference server's name for the same relay.
+        ["sandboxes", id, "port" | "proxy", port, rest @ ..]
+        | ["v1", "sandboxes", id, "port" | "proxy", port, rest @ ..] => {
             let port: u16 =
                 port.parse().map_err(|_| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
             if port == sandbox::EXECD_PORT {

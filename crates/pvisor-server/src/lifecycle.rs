@@ -399,10 +399,18 @@ fn endpoint(
         .filter(|p| *p >= 1)
         .ok_or_else(|| ApiError::bad_request(format!("port {port:?} must be 1-65535")))?;
     let q = http::query_pairs(query)?;
+    // `use_server_proxy=true`: the path through this server, as the
+    // reference's `get_sandbox_endpoint` builds it (`{host}/sandboxes/{id}/
+    // proxy/{port}`, server/opensandbox_server/api/lifecycle.py at 4db3a99).
+    // pvisor relays every port through itself anyway; both paths work.
+    let server_proxy =
+        http::query_one(&q, "use_server_proxy").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     if http::query_one(&q, "expires").is_some() {
-        return Err(ApiError::bad_request(
-            "signed endpoints (expires=) are not supported; endpoints carry an access token header instead",
-        ));
+        return Err(ApiError::bad_request(if server_proxy {
+            "use_server_proxy cannot be combined with expires"
+        } else {
+            "signed endpoints (expires=) are not supported; endpoints carry an access token header instead"
+        }));
     }
     if record.state.is_final() {
         return Err(ApiError::not_found(format!("sandbox {id} is {}", record.state.as_str())));
@@ -411,7 +419,7 @@ fn endpoint(
     let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_owned();
     // Every port of the sandbox (execd, or a service it runs) needs its token.
     let body = json!({
-        "endpoint": format!("{host}/sandboxes/{id}/port/{port}"),
+        "endpoint": format!("{host}/sandboxes/{id}/{}/{port}", if server_proxy { "proxy" } else { "port" }),
         "headers": { "X-EXECD-ACCESS-TOKEN": record.token },
     });
     Ok(json(StatusCode::OK, &body))
