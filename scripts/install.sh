@@ -3,7 +3,8 @@
 # finds them (see crates/pvisor-core/src/assets.rs):
 #   PREFIX/bin/pvisor
 #   PREFIX/share/pvisor/vm-image/          the --executor vm guest image
-#   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` default image
+#   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` images `default`
+#   PREFIX/share/pvisor/sandbox-image-python/  and `python`
 # Usage: scripts/install.sh [PREFIX]
 #   PREFIX defaults to /usr/local as root, ~/.local otherwise (then put
 #   ~/.local/bin on your PATH). The images need Debian packages (QEMU,
@@ -26,12 +27,17 @@ echo "install: $prefix/bin/pvisor" >&2
 
 # Each image is built into target/ and copied whole, then renamed into place,
 # so a running pvisor never sees half an image.
+built_ok=" "
+for script in vm-image.sh sandbox-image.sh; do
+  if "$root/scripts/$script" >&2; then
+    built_ok+="$script "
+  else
+    echo "install: scripts/$script failed (above); pvisor works without its images except where they are needed" >&2
+  fi
+done
 copy_image() { # NAME BUILD_SCRIPT
   local name="$1" script="$2" built="$root/target/$1"
-  if ! "$root/scripts/$script" >&2; then
-    echo "install: $name not installed: scripts/$script failed (above); pvisor works without it except where it is needed" >&2
-    return 0
-  fi
+  case "$built_ok" in *" $script "*) ;; *) return 0 ;; esac
   rm -rf "$prefix/share/pvisor/.$name.new"
   cp -a "$built" "$prefix/share/pvisor/.$name.new"
   rm -rf "$prefix/share/pvisor/$name"
@@ -40,6 +46,7 @@ copy_image() { # NAME BUILD_SCRIPT
 }
 copy_image vm-image vm-image.sh
 copy_image sandbox-image sandbox-image.sh
+copy_image sandbox-image-python sandbox-image.sh
 case ":$PATH:" in
   *":$prefix/bin:"*) ;;
   *) echo "install: add $prefix/bin to your PATH (e.g. in ~/.profile: PATH=\"$prefix/bin:\$PATH\")" >&2 ;;

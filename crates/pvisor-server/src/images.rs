@@ -1,5 +1,9 @@
 //! Sandbox root filesystems by name: `pvisor image import NAME SRC`,
-//! `pvisor image ls`, and the built-in `default` image.
+//! `pvisor image ls`, and the built-in images `default` (sh, bash,
+//! coreutils, setpriv) and `python` (python3, pip, venv, git, curl), built
+//! from Debian packages by `scripts/sandbox-image.sh`. `default` is imported
+//! when the daemon starts; `python` (ten times larger) when a sandbox first
+//! asks for it.
 //!
 //! Layout: `$PVISOR_HOME/sandbox-images/<blake3(name)[..16]>/` holds
 //! `rootfs/` and `image.json`. An import is built in a `.partial-*`
@@ -15,8 +19,12 @@ use serde::{Deserialize, Serialize};
 
 use pvisor_core::time::Timestamp;
 
-/// The name of the image `scripts/sandbox-image.sh` builds.
+/// The image a create without one names.
 pub const DEFAULT: &str = "default";
+
+/// The built-in images: name, and the directory `scripts/sandbox-image.sh`
+/// builds it in (found like every shipped asset, `pvisor_core::assets`).
+pub const BUILT_IN: [(&str, &str); 2] = [(DEFAULT, "sandbox-image"), ("python", "sandbox-image-python")];
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ImageRecord {
@@ -47,11 +55,31 @@ fn err(message: impl Into<String>) -> ImageError {
 #[derive(Clone, Debug)]
 pub struct ImageStore {
     dir: PathBuf,
+    /// Built-in images found built on this host: name → built rootfs.
+    built_in: Vec<(String, PathBuf)>,
+    /// One import of a built-in image at a time (two creates racing).
+    importing: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl ImageStore {
     pub fn new(store: &pvisor_core::store::Store) -> Self {
-        Self { dir: store.sandbox_images_dir() }
+        Self { dir: store.sandbox_images_dir(), built_in: Vec::new(), importing: Default::default() }
+    }
+
+    /// Knows these built-in images (name → built rootfs).
+    pub fn with_built_in(mut self, built_in: Vec<(String, PathBuf)>) -> Self {
+        self.built_in = built_in;
+        self
+    }
+
+    /// The rootfs of `name`: imported already, or a built-in image imported
+    /// now (again when its build is newer than the imported copy).
+    pub fn rootfs_importing(&self, name: &str) -> Result<Option<PathBuf>, ImageError> {
+        if let Some((_, built)) = self.built_in.iter().find(|(n, _)| n == name) {
+            let _one = self.importing.lock().unwrap_or_else(|p| p.into_inner());
+            self.ensure_built_in(name, built)?;
+        }
+        Ok(self.rootfs(name))
     }
 
     fn slot(&self, name: &str) -> PathBuf {
@@ -146,19 +174,19 @@ impl ImageStore {
         result
     }
 
-    /// Imports the built-in image from `built` (`target/sandbox-image/rootfs`)
-    /// when it is missing or older than the build.
-    pub fn ensure_default(&self, built: &Path) -> Result<(), ImageError> {
+    /// Imports the built-in image `name` from `built`
+    /// (`target/sandbox-image/rootfs`) when it is missing or older than the build.
+    pub fn ensure_built_in(&self, name: &str, built: &Path) -> Result<(), ImageError> {
         let stamp = built.parent().map(|p| p.join("stamp")).and_then(|s| fs::read_to_string(s).ok());
-        let current = self.list()?.into_iter().find(|r| r.name == DEFAULT);
+        let current = self.list()?.into_iter().find(|r| r.name == name);
         let want_source = format!("{}#{}", built.display(), stamp.as_deref().unwrap_or("").trim());
         if current.as_ref().is_some_and(|r| r.source == want_source) {
             return Ok(());
         }
-        let mut record = self.import(DEFAULT, built)?;
+        let mut record = self.import(name, built)?;
         record.source = want_source;
         pvisor_core::store::write_atomic(
-            &self.slot(DEFAULT).join("image.json"),
+            &self.slot(name).join("image.json"),
             &pvisor_core::store::to_json_bytes(&record),
         )
         .map_err(|e| err(e.to_string()))?;

@@ -194,8 +194,9 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     pub api_key: Option<String>,
     pub config: Config,
-    /// The built default image's rootfs, imported as `default` when newer.
-    pub default_image: Option<PathBuf>,
+    /// The built-in images found built (name → rootfs): `default` is
+    /// imported at start when newer, the others when first asked for.
+    pub built_in_images: Vec<(String, PathBuf)>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then applies the shutdown policy
@@ -220,9 +221,9 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let listener = std::net::TcpListener::bind(options.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", options.listen))?;
     listener.set_nonblocking(true)?;
-    let daemon = Daemon::open(options.config)?;
-    if let Some(built) = &options.default_image {
-        if let Err(e) = daemon.images.ensure_default(built) {
+    let daemon = Daemon::open(options.config, options.built_in_images.clone())?;
+    if let Some((_, built)) = options.built_in_images.iter().find(|(n, _)| n == images::DEFAULT) {
+        if let Err(e) = daemon.images.ensure_built_in(images::DEFAULT, built) {
             eprintln!("pvisor serve: warning: the default image is not available: {e}");
         }
     }

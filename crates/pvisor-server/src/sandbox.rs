@@ -227,7 +227,7 @@ pub fn trim_commands(commands: &mut BTreeMap<String, CommandRecord>) {
 }
 
 impl Daemon {
-    pub fn open(config: Config) -> anyhow::Result<Arc<Self>> {
+    pub fn open(config: Config, built_in_images: Vec<(String, PathBuf)>) -> anyhow::Result<Arc<Self>> {
         let store = Store::open(&config.state_root)?;
         let dir = config.state_root.join("server").join("sandboxes");
         pvisor_core::store::create_dir_all_private(&dir)?;
@@ -248,7 +248,7 @@ impl Daemon {
                 ),
             }
         }
-        let images = ImageStore::new(&store);
+        let images = ImageStore::new(&store).with_built_in(built_in_images);
         Ok(Arc::new(Self {
             config,
             store,
@@ -344,7 +344,8 @@ impl Daemon {
     /// Creates a sandbox record in `Pending` and starts its VM in the background.
     pub fn create(self: &Arc<Self>, request: CreateRequest) -> Result<SandboxRecord, OpError> {
         crate::images::validate_name(&request.image).map_err(|e| OpError::Invalid(e.0))?;
-        let rootfs = self.images.rootfs(&request.image).ok_or_else(|| {
+        let rootfs = self.images.rootfs_importing(&request.image).map_err(|e| OpError::Invalid(e.0))?;
+        let rootfs = rootfs.ok_or_else(|| {
             let known = self.images.list().map(|l| l.into_iter().map(|r| r.name).collect::<Vec<_>>().join(", "));
             OpError::Invalid(format!(
                 "image {:?} is not imported on this host (known: {}); import it with `pvisor image import {} DIR|TAR|OCI-LAYOUT` (no registry is contacted)",

@@ -18,7 +18,7 @@ fn daemon() -> (tempfile::TempDir, Arc<pvisor_server::Daemon>) {
         pvisor: "/nonexistent/pvisor".into(),
         max_timeout: Duration::from_secs(3600),
     };
-    (dir, pvisor_server::Daemon::open(config).unwrap())
+    (dir, pvisor_server::Daemon::open(config, Vec::new()).unwrap())
 }
 
 fn call(

@@ -37,12 +37,21 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("Cannot find the pvisor binary")?;
     // The vm image must be installed before the first sandbox (fails early if missing).
     VmExecutor::prepare(store.root())?;
-    let default_image =
-        std::env::var_os("PVISOR_SANDBOX_IMAGE").map(std::path::PathBuf::from).or_else(|| {
-            pvisor_core::assets::locate("sandbox-image", |d| d.join("rootfs/bin/sh").exists())
-                .ok()
-                .map(|d| d.join("rootfs"))
-        });
+    // PVISOR_SANDBOX_IMAGE overrides where `default` is built.
+    let built_in_images = pvisor_server::images::BUILT_IN
+        .iter()
+        .filter_map(|(name, asset)| {
+            let overridden = (*name == pvisor_server::images::DEFAULT)
+                .then(|| std::env::var_os("PVISOR_SANDBOX_IMAGE").map(std::path::PathBuf::from))
+                .flatten();
+            let rootfs = overridden.or_else(|| {
+                pvisor_core::assets::locate(asset, |d| d.join("rootfs/bin/sh").exists())
+                    .ok()
+                    .map(|d| d.join("rootfs"))
+            })?;
+            Some((name.to_string(), rootfs))
+        })
+        .collect();
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,
         api_key,
@@ -51,7 +60,7 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
             pvisor: exe,
             max_timeout: args.max_timeout,
         },
-        default_image,
+        built_in_images,
     })?;
     Ok(0)
 }

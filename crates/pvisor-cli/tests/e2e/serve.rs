@@ -582,3 +582,35 @@ fn a_hostile_search_pattern_cannot_pin_the_daemon() {
     assert_eq!(code, "400", "{body}");
     assert!(body.contains("a[0-9"), "the error names the pattern: {body}");
 }
+
+/// Issue 20, item 8: images agents can use. `python` (imported when first
+/// asked for) runs python3 with its standard library, a venv, pip, git and
+/// curl; `default` has setpriv, so commands with uid/gid run as that user.
+#[test]
+fn the_built_in_images_run_python_and_commands_as_another_user() {
+    let daemon = Daemon::new();
+    let py = daemon.create(json!({ "image": { "uri": "python" } }));
+    let plain = daemon.create(json!({}));
+    daemon.wait_state(&py, "Running", &["Pending"]);
+    daemon.wait_state(&plain, "Running", &["Pending"]);
+    let out = daemon.run(
+        &py,
+        "python3 -c 'import json, sqlite3, ssl, ctypes; print(6 * 7)' && python3 -m venv /tmp/v && \
+         /tmp/v/bin/python -m pip --version >/dev/null && git --version && curl --version | head -1 && \
+         test -s /etc/ssl/certs/ca-certificates.crt && echo certs-ok",
+    );
+    for want in [r#""text":"42""#, "git version", "curl 7", "certs-ok"] {
+        assert!(out.contains(want), "{want} missing from the python image's output: {out}");
+    }
+    assert!(!out.contains(r#""type":"error""#), "{out}");
+    // uid/gid through the API (setpriv in `default`).
+    let (base, token) = daemon.execd(&plain);
+    let run_as = Command::new("curl")
+        .args(["-sN", "-H", &token, "-H", "content-type: application/json", "--data-binary"])
+        .arg(json!({ "command": "id -u; id -g", "uid": 1000, "gid": 1001 }).to_string())
+        .arg(format!("{base}/command"))
+        .output()
+        .unwrap();
+    let out = text(&run_as.stdout);
+    assert!(out.contains(r#""text":"1000""#) && out.contains(r#""text":"1001""#), "{out}");
+}
