@@ -22,9 +22,13 @@ use pvisor_core::time::Timestamp;
 /// The image a create without one names.
 pub const DEFAULT: &str = "default";
 
-/// The built-in images: name, and the directory `scripts/sandbox-image.sh`
-/// builds it in (found like every shipped asset, `pvisor_core::assets`).
-pub const BUILT_IN: [(&str, &str); 2] = [(DEFAULT, "sandbox-image"), ("python", "sandbox-image-python")];
+/// The built-in images: name, the directory `scripts/sandbox-image.sh`
+/// builds it in (found like every shipped asset, `pvisor_core::assets`), and
+/// the variable that names its rootfs instead.
+pub const BUILT_IN: [(&str, &str, &str); 2] = [
+    (DEFAULT, "sandbox-image", "PVISOR_SANDBOX_IMAGE"),
+    ("python", "sandbox-image-python", "PVISOR_SANDBOX_IMAGE_PYTHON"),
+];
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ImageRecord {
