@@ -2,13 +2,15 @@
 # Installs the published OpenSandbox Python SDK (unchanged, from PyPI) and the
 # contract tests' schema tools into a virtualenv: target/sdk-venv.
 #   opensandbox 1.1.1   the SDK tests/sdk/flow.py drives against `pvisor serve`
+#   opensandbox-code-interpreter 1.1.1
+#                       its code-interpreter SDK, driven by tests/sdk/code.py
 #   pyyaml, jsonschema  tests/sdk/contract.py validates responses against the
 #                       OpenSandbox OpenAPI documents
 # Usage: scripts/sdk-env.sh [VENV_DIR]; prints the venv's python. Idempotent.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${1:-$root/target/sdk-venv}"
-want="opensandbox==1.1.1 pyyaml==6.0.2 jsonschema==4.23.0"
+want="opensandbox==1.1.1 opensandbox-code-interpreter==1.1.1 pyyaml==6.0.2 jsonschema==4.23.0"
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.pvisor-stamp" 2>/dev/null)" = "$want" ]; then
   echo "$venv/bin/python"
   exit 0

@@ -313,9 +313,44 @@ assert httpx.get("http://" + other["endpoint"] + "/d/page.html").status_code == 
 assert httpx.get("http://" + other["endpoint"] + "/missing", headers=other["headers"]).status_code == 404
 m = ex("GET", "/metrics", "/metrics", 200).json()
 assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
-for template in ["/code", "/code/context"]:
-    r = ex("POST", template, template, 400, json={"code": "1+1"} if template == "/code" else {})
-    assert r.json()["code"] == "NOT_SUPPORTED" and "POST /session" in r.json()["message"], r.text
+# Code contexts, in the reference execd's shapes
+# (components/execd/pkg/web/controller/codeinterpreting.go and
+# pkg/runtime/jupyter.go, dispatchExecutionResultHooks, at 4db3a99); Python
+# ones are driven by the code-interpreter SDK in code.py (this image has no
+# python3, which is the first bad input).
+r = ex("POST", "/code/context", "/code/context", 400, json={"language": "python"})
+assert "no python3" in r.json()["message"] and '"python"' in r.json()["message"], r.text
+r = ex("POST", "/code/context", "/code/context", 400, json={"language": "cobol"})
+assert "cobol" in r.json()["message"], r.text
+ctx = ex("POST", "/code/context", "/code/context", 200, json={"language": "bash"}).json()
+assert ctx["language"] == "bash" and len(ctx["id"]) == 32, ctx
+code = lambda body: sse(ex("POST", "/code", "/code", 200, json=body))
+events = code({"context": ctx, "code": "Y=7; cd /etc; echo $Y"})
+assert [e["type"] for e in events] == ["init", "stdout", "execution_complete"], events
+assert events[0]["text"] == ctx["id"] and events[1]["text"] == "7\n", events
+events = code({"context": ctx, "code": "echo $Y $(pwd); false"})
+assert events[1]["text"] == "7 /etc\n" and events[-1]["type"] == "error" and events[-1]["error"]["evalue"] == "1", events
+default = code({"context": {"language": "bash"}, "code": "echo default"})
+assert default[0]["text"] != ctx["id"] and default[-1]["type"] == "execution_complete", default
+assert code({"context": {"language": "bash"}, "code": "true"})[0]["text"] == default[0]["text"]
+listed = ex("GET", "/code/contexts", "/code/contexts", 200, params={"language": "bash"}).json()
+assert sorted(c["id"] for c in listed) == sorted([ctx["id"], default[0]["text"]]), listed
+assert ex("GET", "/code/contexts", "/code/contexts", 200, params={"language": "java"}).json() == []
+assert ex("GET", "/code/contexts/{context_id}", f"/code/contexts/{ctx['id']}", 200).json() == ctx
+r = ex("POST", "/code", "/code", 400, json={"context": {"id": "f" * 32, "language": "bash"}, "code": "true"})
+assert r.json()["code"] == "CONTEXT_NOT_FOUND", r.text
+r = ex("POST", "/code", "/code", 400, json={"context": {"id": ctx["id"], "language": "python"}, "code": "1"})
+assert "runs bash" in r.json()["message"], r.text
+assert ex("POST", "/code", "/code", 400, json={"context": ctx}).json()["code"] == "INVALID_REQUEST_BODY"
+assert ex("DELETE", "/code", "/code", 400).json()["code"] == "MISSING_QUERY"
+ex("DELETE", "/code", "/code", 200, params={"id": ctx["id"]})
+assert ex("DELETE", "/code/contexts", "/code/contexts", 400).json()["code"] == "MISSING_QUERY"
+ex("DELETE", "/code/contexts/{context_id}", f"/code/contexts/{ctx['id']}", 200)
+r = ex("DELETE", "/code/contexts/{context_id}", f"/code/contexts/{ctx['id']}", 404)
+assert r.json()["code"] == "CONTEXT_NOT_FOUND", r.text
+ex("GET", "/code/contexts/{context_id}", f"/code/contexts/{ctx['id']}", 404)
+ex("DELETE", "/code/contexts", "/code/contexts", 200, params={"language": "bash"})
+assert ex("GET", "/code/contexts", "/code/contexts", 200, params={"language": "bash"}).json() == []
 
 # Bash sessions keep shell state between runs.
 session = ex("POST", "/session", "/session", 200, json={"cwd": "/tmp"}).json()["session_id"]

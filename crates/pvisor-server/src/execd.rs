@@ -424,12 +424,31 @@ where
                     None => Err(ApiError::not_found(format!("no session {session} in sandbox {}", guest.record.id))),
                 }
             }
-            // Documented 400s (the spec has no 501): say what to use instead.
-            (_, ["code", ..]) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "NOT_SUPPORTED",
-                "pvisor serve has no code interpreter contexts; use POST /session for a stateful bash, or POST /command (docs/serve.md, \"Where the API stops\")",
-            )),
+            (&Method::POST, ["code", "context"]) => {
+                let bytes = small(body).await?;
+                let request: crate::code_contexts::CreateContext =
+                    if bytes.iter().all(u8::is_ascii_whitespace) { Default::default() } else { http::parse_json(&bytes, "CodeContextRequest")? };
+                crate::code_contexts::create(daemon, guest.vm_dir, guest.record, request).await
+            }
+            (&Method::GET, ["code", "contexts"]) => {
+                crate::code_contexts::list(daemon, &guest.record.id, http::query_one(&q, "language"))
+            }
+            (&Method::DELETE, ["code", "contexts"]) => {
+                let language = http::query_one(&q, "language").filter(|l| !l.is_empty()).ok_or_else(|| missing_query("language"))?;
+                crate::code_contexts::delete_language(daemon, &guest.record.id, language)
+            }
+            (&Method::GET, ["code", "contexts", context]) => crate::code_contexts::get(daemon, &guest.record.id, context),
+            (&Method::DELETE, ["code", "contexts", context]) => {
+                crate::code_contexts::delete(daemon, &guest.record.id, context)
+            }
+            (&Method::POST, ["code"]) => {
+                let request: crate::code_contexts::RunCode = http::parse_json(&small(body).await?, "RunCodeRequest")?;
+                crate::code_contexts::run(daemon, guest.vm_dir, guest.record, request).await
+            }
+            (&Method::DELETE, ["code"]) => {
+                let id = http::query_one(&q, "id").filter(|i| !i.is_empty()).ok_or_else(|| missing_query("id"))?;
+                crate::code_contexts::interrupt(daemon, &guest.record.id, id)
+            }
             (&Method::POST, ["files", "replace"]) => {
                 let verbose = http::query_one(&q, "verbose").is_some_and(|v| v == "true" || v == "1");
                 let request: BTreeMap<String, ReplaceItem> =
@@ -486,7 +505,8 @@ async fn create_session(daemon: &Arc<Daemon>, guest: Guest, request: CreateSessi
     let exec_id = daemon.next_exec_id(&guest.record.id)?;
     let sandbox = guest.record.id.clone();
     let session = blocking(move || {
-        crate::bash_sessions::BashSession::start(
+        crate::repl::Repl::start(
+            crate::repl::Dialect::Bash,
             &guest.vm_dir,
             &guest.record,
             exec_id,
@@ -504,7 +524,7 @@ async fn create_session(daemon: &Arc<Daemon>, guest: Guest, request: CreateSessi
 }
 
 fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: RunInSession) -> ApiResult {
-    use crate::bash_sessions::Piece;
+    use crate::repl::Piece;
     let key = (sandbox.to_owned(), session.to_owned());
     let found = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
     let session = match found {
@@ -533,8 +553,10 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
             let events = match piece {
                 Piece::Stdout(b) => output_events("stdout", out.push(&b)),
                 Piece::Stderr(b) => output_events("stderr", err.push(&b)),
-                Piece::Exit(0) => ending(&mut out, &mut err, event(json!({ "type": "execution_complete", "execution_time": started.elapsed().as_millis() as u64 }))),
-                Piece::Exit(code) => ending(&mut out, &mut err, error_event(code, &format!("exit status {code}"))),
+                Piece::Done(status) => match status.parse().unwrap_or(-1) {
+                    0 => ending(&mut out, &mut err, complete_event(started)),
+                    code => ending(&mut out, &mut err, error_event(code, &format!("exit status {code}"))),
+                },
                 Piece::Failed(why) => ending(&mut out, &mut err, event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } }))),
             };
             events.into_iter().all(|e| tx.blocking_send(e).is_ok())
@@ -928,7 +950,7 @@ fn metrics(guest: &Guest) -> ApiResult {
 }
 
 /// One SSE event: `data: {json}\n\n`, with the integer `timestamp` the SDK requires.
-fn event(mut value: Value) -> Bytes {
+pub(crate) fn event(mut value: Value) -> Bytes {
     value["timestamp"] = json!(http::unix_ms());
     Bytes::from(format!("data: {value}\n\n"))
 }
@@ -1149,7 +1171,7 @@ fn kill_exec(signaller: &SharedSignaller) {
 }
 
 /// stdout or stderr events, one per text (see `lines.rs`).
-fn output_events(kind: &str, texts: Vec<Vec<u8>>) -> Vec<Bytes> {
+pub(crate) fn output_events(kind: &str, texts: Vec<Vec<u8>>) -> Vec<Bytes> {
     texts.iter().map(|t| event(json!({ "type": kind, "text": String::from_utf8_lossy(t) }))).collect()
 }
 
@@ -1161,14 +1183,18 @@ fn ending(out: &mut Lines, err: &mut Lines, last: Bytes) -> Vec<Bytes> {
     events
 }
 
-fn error_event(code: i32, message: &str) -> Bytes {
+pub(crate) fn complete_event(started: Instant) -> Bytes {
+    event(json!({ "type": "execution_complete", "execution_time": started.elapsed().as_millis() as u64 }))
+}
+
+pub(crate) fn error_event(code: i32, message: &str) -> Bytes {
     event(json!({
         "type": "error",
         "error": { "ename": "CommandExecError", "evalue": code.to_string(), "traceback": [message] },
     }))
 }
 
-fn sse(body: Body) -> Response<Body> {
+pub(crate) fn sse(body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
     h.insert("content-type", "text/event-stream".parse().expect("static"));

@@ -11,7 +11,7 @@
 //! `/sandboxes/{id}/port/44772/…` (what `endpoints/44772` returns, with the
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
-mod bash_sessions;
+mod code_contexts;
 pub mod execd;
 pub mod http;
 pub mod images;
@@ -19,6 +19,7 @@ pub mod lifecycle;
 mod lines;
 pub mod multipart;
 mod proxy;
+mod repl;
 pub mod sandbox;
 
 use std::net::SocketAddr;

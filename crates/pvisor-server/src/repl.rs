@@ -1,13 +1,18 @@
-//! Execd bash sessions (`/session`): one long-lived `bash` per session in
-//! the sandbox, chrooted like commands, whose state (cwd, variables,
-//! functions) carries from one run to the next.
+//! Long-lived interpreters in a sandbox, driven over their stdin: execd bash
+//! sessions (`/session`) and code contexts (`/code`, see
+//! [`crate::code_contexts`]). One guest process per session or context,
+//! chrooted like commands, whose state (cwd, variables, functions, Python
+//! globals) carries from one run to the next.
 //!
-//! Each run writes `cd CWD && eval 'COMMAND'` to the shell's stdin, then two
-//! markers with a per-run nonce (the exit status on stdout, a bare marker on
-//! stderr); output up to the markers is the run's. `eval` keeps a syntax
-//! error from leaving the shell waiting for more input. A session lives in
-//! the daemon's memory with its relay: a pause, a daemon restart or `exit`
-//! in a run ends it, and later runs get 404.
+//! Each run writes one request to the interpreter's stdin, which ends it with
+//! two markers carrying a per-run nonce: `\n\x1eNONCE:PAYLOAD\x1e\n` on
+//! stdout (the payload is bash's exit status, or the Python driver's JSON
+//! result) and `\x1eNONCE\x1e\n` on stderr; output up to the markers is the
+//! run's. Bash runs `cd CWD && eval 'COMMAND'` (`eval` keeps a syntax error
+//! from leaving the shell waiting for more input); Python runs
+//! [`PYTHON_DRIVER`]. A session lives in the daemon's memory with its relay:
+//! a pause, a daemon restart or `exit` in a run ends it, and later runs get
+//! an error saying so.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,29 +35,98 @@ enum Out {
     Ended(String),
 }
 
-/// One bash process in one sandbox.
-pub struct BashSession {
+/// Which interpreter a [`Repl`] runs, and so how a request is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Bash,
+    Python,
+}
+
+/// The Python side of a code context: reads one JSON request per line
+/// (`{"nonce", "code"}`) from a private copy of stdin (the cell's own stdin
+/// is /dev/null, so `input()` cannot eat requests), runs the cell like a
+/// notebook (statements, then the value of a final expression), and ends it
+/// with the markers the module doc describes, the payload being
+/// `{"count", "result", "error"}` as JSON (ASCII: no 0x1e inside).
+/// SIGINT interrupts the cell (KeyboardInterrupt is its error) and never the
+/// driver.
+pub const PYTHON_DRIVER: &str = r#"
+import ast, json, os, signal, sys, traceback
+requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+sys.stdin = open(0, "r", closefd=False)
+cell_globals = {"__name__": "__main__", "__builtins__": __builtins__}
+count = 0
+while True:
+    try:
+        line = requests.readline()
+        if not line:
+            break
+        request = json.loads(line)
+    except KeyboardInterrupt:
+        continue
+    except ValueError:
+        continue
+    count += 1
+    result, error = None, None
+    try:
+        tree = ast.parse(request["code"], "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<cell>", "exec"), cell_globals)
+        if last is not None:
+            value = eval(compile(last, "<cell>", "eval"), cell_globals)
+            if value is not None:
+                result = repr(value)
+    except BaseException as e:
+        lines = traceback.format_exception(type(e), e, e.__traceback__)
+        error = {"ename": type(e).__name__, "evalue": str(e), "traceback": [l.rstrip("\n") for l in lines]}
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        payload = json.dumps({"count": count, "result": result, "error": error})
+        os.write(1, ("\n\x1e%s:%s\x1e\n" % (request["nonce"], payload)).encode())
+        os.write(2, ("\x1e%s\x1e\n" % request["nonce"]).encode())
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+"#;
+
+/// One interpreter process in one sandbox.
+pub struct Repl {
+    dialect: Dialect,
     input: Mutex<guest::ExecSignaller>,
     output: Mutex<Receiver<Out>>,
     busy: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
 }
 
-impl std::fmt::Debug for BashSession {
+impl std::fmt::Debug for Repl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BashSession").field("busy", &self.busy).field("ended", &self.ended).finish()
+        f.debug_struct("Repl")
+            .field("dialect", &self.dialect)
+            .field("busy", &self.busy)
+            .field("ended", &self.ended)
+            .finish()
     }
 }
 
-/// Sessions by (sandbox id, session id).
-pub type Sessions = Mutex<HashMap<(String, String), Arc<BashSession>>>;
+/// Bash sessions by (sandbox id, session id).
+pub type Sessions = Mutex<HashMap<(String, String), Arc<Repl>>>;
 
 /// One piece of a run's result, streamed as an SSE event.
 #[derive(Debug)]
 pub enum Piece {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
-    Exit(i32),
+    /// The run ended; the end marker's payload (bash: the exit status;
+    /// Python: the driver's JSON result).
+    Done(String),
     Failed(String),
 }
 
@@ -60,19 +134,42 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-impl BashSession {
-    /// Starts bash (sh when the image has none) in the sandbox.
+impl Repl {
+    /// Starts the interpreter in the sandbox: bash (sh when the image has
+    /// none), or the image's python3 running [`PYTHON_DRIVER`].
     pub fn start(
+        dialect: Dialect,
         vm_dir: &std::path::Path,
         record: &SandboxRecord,
         exec_id: u32,
         cwd: Option<&str>,
     ) -> Result<Self, ApiError> {
-        let shell = if record.rootfs.join("bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-        let mut argv = vec![shell.to_owned()];
-        if shell.ends_with("bash") {
-            argv.extend(["--norc".to_owned(), "--noprofile".to_owned()]);
-        }
+        let (shell, argv) = match dialect {
+            Dialect::Bash => {
+                let shell =
+                    if crate::execd::in_image(&record.rootfs, "bin/bash") { "/bin/bash" } else { "/bin/sh" };
+                let mut argv = vec![shell.to_owned()];
+                if shell.ends_with("bash") {
+                    argv.extend(["--norc".to_owned(), "--noprofile".to_owned()]);
+                }
+                (shell, argv)
+            }
+            Dialect::Python => {
+                let python = ["usr/bin/python3", "usr/local/bin/python3", "bin/python3"]
+                    .into_iter()
+                    .find(|p| crate::execd::in_image(&record.rootfs, p))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "image {:?} has no python3; create the sandbox with the built-in image \"python\" (or one that has python3) for python contexts",
+                            record.image
+                        ))
+                    })?;
+                (
+                    "python3",
+                    vec![format!("/{python}"), "-u".to_owned(), "-c".to_owned(), PYTHON_DRIVER.to_owned()],
+                )
+            }
+        };
         let spec = guest::ExecSpec {
             id: exec_id,
             argv,
@@ -109,7 +206,7 @@ impl BashSession {
                             let _ = tx.send(Out::Stderr(bytes));
                         }
                         Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
-                            break format!("the session's shell exited (status {code:?}, signal {signal:?})")
+                            break format!("the interpreter exited (status {code:?}, signal {signal:?})")
                         }
                         Ok(Some(_)) => {}
                         Ok(None) | Err(_) => {
@@ -121,14 +218,15 @@ impl BashSession {
                 let _ = tx.send(Out::Ended(why));
             })
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(Self { input: Mutex::new(input), output: Mutex::new(rx), busy, ended })
+        Ok(Self { dialect, input: Mutex::new(input), output: Mutex::new(rx), busy, ended })
     }
 
     pub fn ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
     }
 
-    /// Runs `command`, handing each piece of output to `emit` as it comes.
+    /// Runs `command` (a shell command, or a Python cell), handing each piece
+    /// of output to `emit` as it comes.
     pub fn run(
         &self,
         command: &str,
@@ -137,7 +235,7 @@ impl BashSession {
         mut emit: impl FnMut(Piece) -> bool,
     ) {
         if self.busy.swap(true, Ordering::SeqCst) {
-            emit(Piece::Failed("another run is in progress in this session".into()));
+            emit(Piece::Failed("another run is in progress in this session or context".into()));
             return;
         }
         let output = self.output.lock().unwrap_or_else(|p| p.into_inner());
@@ -151,22 +249,28 @@ impl BashSession {
         }
         let nonce = crate::http::uuid4().replace('-', "");
         let (out_marker, err_marker) = (format!("\x1e{nonce}:"), format!("\x1e{nonce}\x1e\n"));
-        let mut script = String::new();
-        if let Some(cwd) = cwd {
-            script.push_str(&format!("cd -- {} && ", shell_quote(cwd)));
-        }
-        script.push_str(&format!(
-            "eval {}\nprintf '\\n\\036%s:%d\\036\\n' {nonce} $?; printf '\\036%s\\036\\n' {nonce} >&2\n",
-            shell_quote(command)
-        ));
+        let script = match self.dialect {
+            Dialect::Bash => {
+                let mut script = String::new();
+                if let Some(cwd) = cwd {
+                    script.push_str(&format!("cd -- {} && ", shell_quote(cwd)));
+                }
+                script.push_str(&format!(
+                    "eval {}\nprintf '\\n\\036%s:%d\\036\\n' {nonce} $?; printf '\\036%s\\036\\n' {nonce} >&2\n",
+                    shell_quote(command)
+                ));
+                script
+            }
+            Dialect::Python => format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command })),
+        };
         if self.input.lock().unwrap_or_else(|p| p.into_inner()).stdin(script.as_bytes()).is_err() {
-            emit(Piece::Failed("the session's shell is gone".into()));
+            emit(Piece::Failed("the interpreter is gone".into()));
             self.busy.store(false, Ordering::SeqCst);
             return;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let (mut status, mut err_done) = (None, false);
+        let (mut status, mut err_done): (Option<String>, bool) = (None, false);
         while status.is_none() || !err_done {
             let wait =
                 deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
@@ -176,10 +280,7 @@ impl BashSession {
                     if let Some(pos) = find(&out, out_marker.as_bytes(), 0) {
                         let rest = &out[pos + out_marker.len()..];
                         if let Some(end) = rest.iter().position(|b| *b == 0x1e) {
-                            status = std::str::from_utf8(&rest[..end])
-                                .ok()
-                                .and_then(|s| s.parse().ok())
-                                .or(Some(-1));
+                            status = Some(String::from_utf8_lossy(&rest[..end]).into_owned());
                             // The marker's own leading newline is not output.
                             let mut body = out[..pos].to_vec();
                             if body.last() == Some(&b'\n') {
@@ -228,7 +329,8 @@ impl BashSession {
                 }
                 Ok(_) => {}
                 Err(_) => {
-                    // Timed out: interrupt the foreground job; the shell survives.
+                    // Timed out: interrupt the foreground job (the cell);
+                    // the interpreter survives.
                     let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGINT);
                     emit(Piece::Failed(format!(
                         "the run exceeded its timeout of {} ms",
@@ -239,10 +341,15 @@ impl BashSession {
                 }
             }
         }
-        if let Some(code) = status {
-            emit(Piece::Exit(code));
+        if let Some(payload) = status {
+            emit(Piece::Done(payload));
         }
         self.busy.store(false, Ordering::SeqCst);
+    }
+
+    /// Interrupts the run in progress (SIGINT); the interpreter survives.
+    pub fn interrupt(&self) {
+        let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGINT);
     }
 
     pub fn kill(&self) {

@@ -182,7 +182,9 @@ pub struct Daemon {
     /// Foreground commands in flight, for `DELETE /command`.
     pub running: Mutex<HashMap<(String, String), SharedSignaller>>,
     /// Execd bash sessions (in memory: they end with their relay).
-    pub sessions: crate::bash_sessions::Sessions,
+    pub sessions: crate::repl::Sessions,
+    /// Execd code contexts (in memory, like sessions).
+    pub contexts: crate::code_contexts::Contexts,
     /// Open streams (foreground commands, downloads) per sandbox.
     streams: Mutex<HashMap<String, usize>>,
 }
@@ -257,6 +259,7 @@ impl Daemon {
             records: Mutex::new(records),
             running: Mutex::default(),
             sessions: Mutex::default(),
+            contexts: Mutex::default(),
             streams: Mutex::default(),
         }))
     }
@@ -904,6 +907,7 @@ impl Daemon {
                 let _ = fs::remove_file(self.dir.join(file));
             }
             self.sessions.lock().unwrap_or_else(|p| p.into_inner()).retain(|(sb, _), _| sb != &id);
+            self.contexts.lock().unwrap_or_else(|p| p.into_inner()).retain(|(sb, _), _| sb != &id);
         }
     }
 

@@ -85,6 +85,12 @@ impl Daemon {
         let mut cmd =
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
         cmd.arg(&key_file).env("PVISOR_SANDBOX_IMAGE", image).stdout(log.try_clone().unwrap()).stderr(log);
+        // As root the binary runs from a copy (support::bin), away from the
+        // build tree where it would find the `python` image.
+        let python = target_dir().join("sandbox-image-python/rootfs");
+        if self.env.who == As::Root && python.join("bin/sh").exists() {
+            cmd.env("PVISOR_SANDBOX_IMAGE_PYTHON", python);
+        }
         self.child = Some(cmd.spawn().unwrap());
         let up = wait_until(Duration::from_secs(60), || self.curl("GET", "/health", None).0 == 200);
         assert!(up, "the daemon did not come up: {}", self.log());
@@ -281,6 +287,15 @@ fn the_published_python_sdk_runs_its_flow_unchanged() {
     assert!(runs.iter().all(|r| !r.path().join("exec-checkpoints").exists()), "checkpoints left behind");
     let status = text(&daemon.env.pvisor(&["status", "--json"]).stdout);
     assert!(status.contains("\"stage_state\":\"dropped\"") || status.contains("\"changes\":0"), "{status}");
+}
+
+/// Issue 20, item 7: code contexts, driven by the published code-interpreter
+/// SDK (`tests/sdk/code.py`, which cites the reference e2e test it follows).
+#[test]
+fn the_code_interpreter_sdk_runs_python_and_bash_contexts() {
+    let daemon = Daemon::new();
+    let out = sdk(&daemon, "code.py");
+    assert!(out.contains("code interpreter OK"), "{out}");
 }
 
 #[test]

@@ -1,0 +1,105 @@
+"""The published OpenSandbox code-interpreter SDK, unchanged, against
+`pvisor serve`: Python and bash contexts in a sandbox of the built-in
+`python` image.
+
+The assertions follow the reference's own e2e suite
+(OpenSandbox tests/python/tests/test_code_interpreter_e2e_sync.py,
+test_03_python_code_execution, at 4db3a99): an ephemeral run by language,
+a context whose variables persist, a NameError as the terminal error event.
+The SDK's strict health check probes a Jupyter port inside the sandbox;
+pvisor runs no Jupyter (docs/serve.md), so the check is skipped.
+Usage: PVISOR_URL=127.0.0.1:PORT PVISOR_KEY=KEY python code.py
+"""
+import os
+import threading
+import time
+from datetime import timedelta
+
+from code_interpreter import CodeInterpreterSync
+from code_interpreter.models.code import SupportedLanguage
+from opensandbox import SandboxSync
+from opensandbox.config import ConnectionConfigSync
+from opensandbox.exceptions import SandboxApiException
+
+os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
+cfg = ConnectionConfigSync(
+    domain=os.environ["PVISOR_URL"],
+    protocol="http",
+    api_key=os.environ.get("PVISOR_KEY"),
+    request_timeout=timedelta(seconds=120),
+)
+
+sb = SandboxSync.create("python", connection_config=cfg, timeout=timedelta(minutes=10), ready_timeout=timedelta(seconds=180))
+try:
+    ci = CodeInterpreterSync.create(sb, skip_health_check=True)
+    codes = ci.codes
+
+    # An ephemeral run by language: the value of the last expression.
+    r = codes.run("result = 2 + 2\nresult", language=SupportedLanguage.PYTHON)
+    assert r.id and r.error is None and r.result[0].text == "4", r
+
+    # A context keeps its globals; output streams; the count goes up.
+    ctx = codes.create_context(SupportedLanguage.PYTHON)
+    assert ctx.id and ctx.language == "python", ctx
+    r = codes.run("print('Hello from Python!')\nx = 42\nprint(f'x = {x}')", context=ctx)
+    out = "".join(m.text for m in r.logs.stdout)
+    assert "Hello from Python!" in out and "x = 42" in out and r.error is None, r
+    assert r.complete is not None and r.id == ctx.id, r
+    r = codes.run("import sys\nprint('to stderr', file=sys.stderr)\nx + 1", context=ctx)
+    assert r.result[0].text == "43" and "to stderr" in "".join(m.text for m in r.logs.stderr), r
+    assert r.execution_count == 2, r
+
+    # An exception is the terminal error event, with name, value, traceback.
+    r = codes.run("print(undefined_variable)", context=ctx)
+    assert r.error is not None and r.error.name == "NameError", r
+    assert "undefined_variable" in r.error.value and r.complete is None, r
+    assert any("NameError" in line for line in r.error.traceback), r.error
+
+    # Two contexts never share state.
+    other = codes.create_context(SupportedLanguage.PYTHON)
+    r = codes.run("print('x' in globals())", context=other)
+    assert "".join(m.text for m in r.logs.stdout).strip() == "False", r
+
+    # Interrupt: a long cell ends with KeyboardInterrupt; the context lives.
+    def interrupt_soon():
+        time.sleep(3)
+        codes.interrupt(ctx.id)
+
+    threading.Thread(target=interrupt_soon, daemon=True).start()
+    started = time.monotonic()
+    r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
+    assert r.error is not None and r.error.name == "KeyboardInterrupt", r
+    assert time.monotonic() - started < 50, "the interrupt did not end the cell"
+    r = codes.run("x", context=ctx)
+    assert r.result[0].text == "42", r
+
+    # input() in a cell reads nothing (it cannot eat the context's requests).
+    r = codes.run("input()", context=ctx)
+    assert r.error is not None and r.error.name == "EOFError", r
+    assert codes.run("x * 2", context=ctx).result[0].text == "84"
+
+    # A cell that kills its interpreter: an error, then the context is gone.
+    r = codes.run("import os\nos._exit(3)", context=ctx)
+    assert r.error is not None, r
+    try:
+        codes.run("1", context=ctx)
+        raise SystemExit("a dead context still ran code")
+    except SandboxApiException as e:
+        assert e.status_code == 400 and "not found" in str(e), e
+
+    # bash contexts keep shell state.
+    sh = codes.create_context(SupportedLanguage.BASH)
+    codes.run("cd /tmp; GREETING=hi", context=sh)
+    r = codes.run("echo $GREETING from $(pwd)", context=sh)
+    assert "".join(m.text for m in r.logs.stdout).strip() == "hi from /tmp", r
+
+    # Listing and deleting.
+    listed = {c.id for c in codes.list_contexts(SupportedLanguage.PYTHON)}
+    assert other.id in listed and sh.id not in listed, listed
+    codes.delete_context(other.id)
+    assert other.id not in {c.id for c in codes.list_contexts(SupportedLanguage.PYTHON)}
+    codes.delete_contexts(SupportedLanguage.BASH)
+    assert codes.list_contexts(SupportedLanguage.BASH) == []
+    print("code interpreter OK")
+finally:
+    sb.kill()
