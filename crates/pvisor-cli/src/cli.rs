@@ -173,6 +173,9 @@ pub struct SandboxSupervisorArgs {
     /// Resume this suspended Job instead.
     #[arg(long)]
     pub resume: Option<String>,
+    /// The sandbox's egress policy (an ordered policy, JSON), for a new sandbox.
+    #[arg(long)]
+    pub network_policy: Option<String>,
 }
 
 /// Run a command in a sandbox over a workspace; its writes are staged, not applied.

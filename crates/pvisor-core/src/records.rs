@@ -289,6 +289,37 @@ pub struct EffectiveNetwork {
     pub mode_source: String,
     pub allow: Vec<NetworkRule>,
     pub deny: Vec<NetworkRule>,
+    /// An ordered policy (OpenSandbox's `networkPolicy`, from `pvisor
+    /// serve`): when present it alone decides, first matching rule wins,
+    /// and `allow`/`deny` are empty. Absent in every record before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordered: Option<OrderedPolicy>,
+}
+
+/// Allow or deny.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleAction {
+    Allow,
+    Deny,
+}
+
+/// Rules evaluated in order; the first whose target matches decides, else
+/// `default_action`. A target is a name, `*.domain`, an IP address or a
+/// CIDR block (validated by `pvisor_net::policy`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderedPolicy {
+    pub default_action: RuleAction,
+    pub rules: Vec<OrderedRule>,
+    /// Where the policy came from (e.g. "pvisor serve networkPolicy").
+    pub source: String,
+}
+
+/// One rule of an [`OrderedPolicy`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderedRule {
+    pub action: RuleAction,
+    pub target: String,
 }
 
 /// Where and how an Attempt is executed.

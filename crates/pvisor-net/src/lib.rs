@@ -11,4 +11,6 @@
 pub mod policy;
 pub mod proxy;
 
-pub use policy::{Decide, EffectiveNetwork, Mode, PolicySpec, Scope, ScopedPolicy};
+pub use policy::{
+    Decide, EffectiveNetwork, Mode, OrderedPolicy, OrderedRule, PolicySpec, RuleAction, Scope, ScopedPolicy,
+};

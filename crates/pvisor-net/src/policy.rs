@@ -6,12 +6,23 @@
 //! A name that resolves to a loopback, private, link-local or otherwise
 //! internal address is refused (DNS rebinding) unless that address — or
 //! `localhost`, for loopback — is allowed explicitly.
+//!
+//! An ordered policy (OpenSandbox's `networkPolicy`, [`OrderedPolicy`])
+//! decides differently, as the reference egress sidecar does
+//! (`components/egress/pkg/policy/policy.go`, `domain_index.go`): the first
+//! rule whose target matches wins, else the default action; targets are
+//! names, `*.domain`, IP addresses and CIDR blocks. Internal addresses stay
+//! refused unless an IP or CIDR allow rule (or `localhost`) covers them, even
+//! under a default of allow: a sandbox never reaches the host's own services
+//! by accident.
 
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-pub use pvisor_core::records::{EffectiveNetwork, NetworkMode as Mode, NetworkRule as Rule};
+pub use pvisor_core::records::{
+    EffectiveNetwork, NetworkMode as Mode, NetworkRule as Rule, OrderedPolicy, OrderedRule, RuleAction,
+};
 
 /// Where a policy came from, highest precedence first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -31,6 +42,10 @@ pub struct PolicySpec {
     pub allow: Vec<String>,
     #[serde(default)]
     pub deny: Vec<String>,
+    /// An ordered policy, given by a program (`pvisor serve`), never by a
+    /// file: it replaces the allow and deny rules of every scope.
+    #[serde(skip)]
+    pub ordered: Option<OrderedPolicy>,
 }
 
 /// A policy and where it came from (a file path, or "command line").
@@ -129,7 +144,10 @@ impl PolicySpec {
         if !self.allow.is_empty() {
             dropped.push(format!("allow = {:?}", self.allow));
         }
-        (PolicySpec { mode, allow: Vec::new(), deny: self.deny.clone() }, dropped)
+        if self.ordered.is_some() {
+            dropped.push("an ordered policy".into());
+        }
+        (PolicySpec { mode, allow: Vec::new(), deny: self.deny.clone(), ordered: None }, dropped)
     }
 }
 
@@ -154,7 +172,137 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
         None if !allow.is_empty() => (Mode::Proxy, "implied by allow rules".to_owned()),
         None => (Mode::None, "default".to_owned()),
     };
-    Ok(EffectiveNetwork { mode, mode_source, allow, deny })
+    let rules = match ordered.iter().find_map(|s| s.spec.ordered.as_ref().map(|o| (o, &s.source))) {
+        Some((policy, source)) => {
+            validate_ordered(policy)
+                .map_err(|message| PolicyError::Invalid { source_name: source.clone(), message })?;
+            // The ordered policy alone decides.
+            allow.clear();
+            deny.clear();
+            Some(policy.clone())
+        }
+        None => None,
+    };
+    Ok(EffectiveNetwork { mode, mode_source, allow, deny, ordered: rules })
+}
+
+/// What an ordered rule's target is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Ip(IpAddr),
+    Cidr(ipnet::IpNet),
+    /// A name or `*.domain` (normalized).
+    Name,
+}
+
+fn target_kind(target: &str) -> Target {
+    let t = normalize(target);
+    if let Ok(ip) = t.parse::<IpAddr>() {
+        return Target::Ip(ip);
+    }
+    match t.parse::<ipnet::IpNet>() {
+        Ok(net) => Target::Cidr(net),
+        Err(_) => Target::Name,
+    }
+}
+
+/// Checks every target of an ordered policy: a name, `*.domain`, an IP
+/// address or a CIDR block (its host bits clear); `*` alone is refused
+/// (the reference matches nothing with it; `defaultAction` says "all").
+pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let at = format!("egress[{i}] ({:?})", rule.target);
+        let target = rule.target.trim();
+        if target.is_empty() {
+            return Err(format!(
+                "{at}: the target is empty; name a domain, *.domain, an IP address or a CIDR block"
+            ));
+        }
+        if target == "*" {
+            return Err(format!(
+                "{at}: \"*\" matches nothing here; say defaultAction: \"{}\" to decide for every destination",
+                match rule.action {
+                    RuleAction::Allow => "allow",
+                    RuleAction::Deny => "deny",
+                }
+            ));
+        }
+        if target.contains('/') {
+            let net: ipnet::IpNet = target
+                .parse()
+                .map_err(|_| format!("{at}: not a CIDR block (e.g. 10.0.0.0/8 or fd00::/8)"))?;
+            if net.trunc() != net {
+                return Err(format!("{at}: host bits are set; did you mean {}?", net.trunc()));
+            }
+            continue;
+        }
+        validate(target, "").map_err(|e| match e {
+            PolicyError::Invalid { message, .. } => format!("{at}: {message}"),
+        })?;
+    }
+    Ok(())
+}
+
+fn ordered_matches(target: &str, host: &str, host_ip: Option<IpAddr>) -> bool {
+    match (target_kind(target), host_ip) {
+        (Target::Ip(ip), Some(h)) => ip == h,
+        (Target::Cidr(net), Some(h)) => net.contains(&h),
+        (Target::Name, None) => {
+            let pattern = normalize(target);
+            pattern == host
+                || pattern.strip_prefix("*.").is_some_and(|suffix| host.ends_with(&format!(".{suffix}")))
+        }
+        _ => false,
+    }
+}
+
+fn describe(rule: &OrderedRule, index: usize, source: &str) -> String {
+    let action = match rule.action {
+        RuleAction::Allow => "allow",
+        RuleAction::Deny => "deny",
+    };
+    format!("egress[{index}] {action} {} ({source})", rule.target)
+}
+
+impl Decide for OrderedPolicy {
+    fn decide(&self, host: &str) -> Decision {
+        let host = &normalize(host);
+        let host_ip = host.parse::<IpAddr>().ok();
+        match self.rules.iter().enumerate().find(|(_, r)| ordered_matches(&r.target, host, host_ip)) {
+            Some((i, rule)) if rule.action == RuleAction::Allow => {
+                Decision::Allow { rule: describe(rule, i, &self.source) }
+            }
+            Some((i, rule)) => {
+                Decision::Deny { rule: describe(rule, i, &self.source), reason: "denied by rule".into() }
+            }
+            None if self.default_action == RuleAction::Allow => {
+                Decision::Allow { rule: format!("defaultAction allow ({})", self.source) }
+            }
+            None => Decision::Deny {
+                rule: format!("defaultAction deny ({})", self.source),
+                reason: "no rule allows it".into(),
+            },
+        }
+    }
+
+    /// A resolved address: the first IP or CIDR rule covering it decides; an
+    /// internal one no rule allows is refused whatever the default.
+    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+        let host = &normalize(host);
+        let covering = self.rules.iter().enumerate().find(|(_, r)| {
+            matches!(target_kind(&r.target), Target::Ip(_) | Target::Cidr(_))
+                && ordered_matches(&r.target, "", Some(addr))
+        });
+        match covering {
+            Some((_, rule)) if rule.action == RuleAction::Allow => Ok(()),
+            Some((i, rule)) => Err(format!("{host} resolves to {addr}, denied by {}", describe(rule, i, &self.source))),
+            None if !is_internal(addr) => Ok(()),
+            None if host == "localhost" && addr.is_loopback() && self.rules.iter().any(|r| r.action == RuleAction::Allow && normalize(&r.target) == "localhost") => Ok(()),
+            None => Err(format!(
+                "{host} resolves to the internal address {addr}; add an egress rule {{\"action\": \"allow\", \"target\": \"{addr}\"}} to reach it"
+            )),
+        }
+    }
 }
 
 /// The outcome of checking one destination.
@@ -216,6 +364,9 @@ pub trait Decide {
 impl Decide for EffectiveNetwork {
     fn decide(&self, host: &str) -> Decision {
         let host = normalize(host);
+        if let Some(ordered) = &self.ordered {
+            return ordered.decide(&host);
+        }
         let is_ip = host.parse::<IpAddr>().is_ok();
         if let Some(rule) = self.deny.iter().find(|r| matches(&r.pattern, &host, is_ip)) {
             return Decision::Deny {
@@ -234,6 +385,9 @@ impl Decide for EffectiveNetwork {
     }
 
     fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+        if let Some(ordered) = &self.ordered {
+            return ordered.check_address(host, addr);
+        }
         if let Some(rule) = self.deny.iter().find(|r| r.pattern.parse::<IpAddr>().ok() == Some(addr)) {
             return Err(format!(
                 "{host} resolves to {addr}, denied by deny {} ({})",
@@ -270,6 +424,7 @@ mod tests {
                 mode,
                 allow: allow.iter().map(|s| s.to_string()).collect(),
                 deny: deny.iter().map(|s| s.to_string()).collect(),
+                ordered: None,
             },
         }
     }
@@ -361,12 +516,94 @@ mod tests {
 
     #[test]
     fn an_untrusted_spec_keeps_only_what_narrows() {
-        let spec =
-            PolicySpec { mode: Some(Mode::Host), allow: vec!["*".into()], deny: vec!["evil.com".into()] };
+        let spec = PolicySpec {
+            mode: Some(Mode::Host),
+            allow: vec!["*".into()],
+            deny: vec!["evil.com".into()],
+            ordered: None,
+        };
         let (narrow, dropped) = spec.narrowing_only();
-        assert_eq!(narrow, PolicySpec { mode: None, allow: vec![], deny: vec!["evil.com".into()] });
+        assert_eq!(
+            narrow,
+            PolicySpec { mode: None, allow: vec![], deny: vec!["evil.com".into()], ordered: None }
+        );
         assert_eq!(dropped.len(), 2, "{dropped:?}");
-        let none = PolicySpec { mode: Some(Mode::None), allow: vec![], deny: vec![] };
+        let none = PolicySpec { mode: Some(Mode::None), allow: vec![], deny: vec![], ordered: None };
         assert_eq!(none.narrowing_only(), (none.clone(), vec![]));
+    }
+
+    fn ordered(default_action: RuleAction, rules: &[(RuleAction, &str)]) -> EffectiveNetwork {
+        let policy = OrderedPolicy {
+            default_action,
+            rules: rules
+                .iter()
+                .map(|(action, target)| OrderedRule { action: *action, target: target.to_string() })
+                .collect(),
+            source: "test".into(),
+        };
+        let spec = PolicySpec { mode: Some(Mode::Proxy), ordered: Some(policy), ..Default::default() };
+        resolve(&[ScopedPolicy { scope: Scope::CommandLine, source: "test".into(), spec }]).unwrap()
+    }
+
+    fn allowed(net: &EffectiveNetwork, host: &str) -> bool {
+        matches!(net.decide(host), Decision::Allow { .. })
+    }
+
+    /// The reference egress sidecar's order: the first matching rule wins
+    /// (components/egress/pkg/policy/domain_index.go, `match`: the lowest
+    /// index among the exact and wildcard rules that match).
+    #[test]
+    fn an_ordered_policy_takes_the_first_matching_rule_then_the_default() {
+        use RuleAction::{Allow, Deny};
+        let net =
+            ordered(Deny, &[(Allow, "api.example.com"), (Deny, "*.example.com"), (Allow, "*.example.com")]);
+        assert!(allowed(&net, "api.example.com"));
+        assert!(allowed(&net, "API.Example.com."));
+        assert!(!allowed(&net, "www.example.com"), "the earlier deny wins");
+        assert!(!allowed(&net, "example.com"), "a wildcard is not its apex; the default denies");
+        let open = ordered(Allow, &[(Deny, "evil.com"), (Deny, "10.0.0.0/8")]);
+        assert!(allowed(&open, "anything.org") && !allowed(&open, "evil.com"));
+        assert!(!allowed(&open, "10.1.2.3") && allowed(&open, "93.184.216.34"));
+        // IP rules match addresses, name rules names.
+        let ips = ordered(Deny, &[(Allow, "203.0.113.0/24"), (Allow, "2001:db8::1")]);
+        assert!(
+            allowed(&ips, "203.0.113.9") && allowed(&ips, "[2001:db8::1]") && !allowed(&ips, "203.0.114.1")
+        );
+    }
+
+    #[test]
+    fn internal_addresses_need_an_ip_rule_even_when_the_default_allows() {
+        use RuleAction::{Allow, Deny};
+        let open = ordered(Allow, &[]);
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(open.check_address("example.com", lo).is_err(), "rebinding to loopback");
+        assert!(open.check_address("127.0.0.1", lo).is_err(), "an IP literal of the host");
+        assert!(open.check_address("example.com", "93.184.216.34".parse().unwrap()).is_ok());
+        let lan = ordered(Deny, &[(Allow, "127.0.0.0/8"), (Allow, "localhost")]);
+        assert!(lan.check_address("127.0.0.1", lo).is_ok());
+        assert!(ordered(Deny, &[(Allow, "localhost")]).check_address("localhost", lo).is_ok());
+        let blocked = ordered(Allow, &[(Deny, "93.184.216.0/24")]);
+        assert!(blocked.check_address("example.com", "93.184.216.34".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn bad_ordered_targets_are_refused_by_index_and_value() {
+        use RuleAction::Allow;
+        for (target, says) in [
+            ("", "empty"),
+            ("*", "defaultAction"),
+            ("10.0.0.1/8", "host bits"),
+            ("10.0.0.0/33", "CIDR"),
+            ("exa mple.com", "not a host name"),
+            ("a.*.com", "wildcard"),
+        ] {
+            let policy = OrderedPolicy {
+                default_action: Allow,
+                rules: vec![OrderedRule { action: Allow, target: target.into() }],
+                source: "s".into(),
+            };
+            let err = validate_ordered(&policy).unwrap_err();
+            assert!(err.contains("egress[0]") && err.contains(says), "{target:?}: {err}");
+        }
     }
 }

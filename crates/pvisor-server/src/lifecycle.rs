@@ -173,11 +173,12 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
             "volumes are not supported by pvisor serve; copy files in with the execd file API",
         ));
     }
-    if b.network_policy.is_some() || b.credential_proxy.is_some() {
+    if b.credential_proxy.is_some() {
         return Err(ApiError::bad_request(
-            "networkPolicy/credentialProxy are not supported: pvisor sandboxes have no network at all (no NIC)",
+            "credentialProxy is not supported: pvisor serve does not intercept TLS; pass credentials with env, and reach their APIs through networkPolicy",
         ));
     }
+    let network_policy = b.network_policy.filter(|v| !v.is_null()).map(parse_network_policy).transpose()?;
     if let Some(p) = &b.platform {
         if p.os != "linux" || p.arch != "amd64" {
             return Err(ApiError::bad_request(format!(
@@ -221,10 +222,65 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         timeout,
         memory_mib,
         cpus,
+        network_policy,
     })?;
     let mut v = sandbox_json(&record);
     v.as_object_mut().map(|o| o.remove("image"));
     Ok(json(StatusCode::ACCEPTED, &v))
+}
+
+/// The spec's `NetworkPolicy` (`additionalProperties: false`, as is each
+/// `NetworkRule`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NetworkPolicyBody {
+    default_action: Option<String>,
+    #[serde(default)]
+    egress: Vec<NetworkRuleBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkRuleBody {
+    action: String,
+    target: String,
+}
+
+/// `networkPolicy` as the reference egress sidecar reads it
+/// (`components/egress/pkg/policy/policy.go`, `ParsePolicy` and
+/// `normalizePolicy`): actions are trimmed and case-folded, an empty one is
+/// deny, an omitted `defaultAction` is deny (so `{}` denies everything),
+/// rules keep their order. Every target is checked before the sandbox exists.
+fn parse_network_policy(value: Value) -> Result<pvisor_net::OrderedPolicy, ApiError> {
+    use pvisor_net::{OrderedRule, RuleAction};
+    let body: NetworkPolicyBody = serde_json::from_value(value).map_err(|e| {
+        ApiError::bad_request(format!(
+            "networkPolicy: {e} (fields: defaultAction, egress[{{action, target}}])"
+        ))
+    })?;
+    let action = |raw: &str, at: &str| match raw.trim().to_ascii_lowercase().as_str() {
+        "" | "deny" => Ok(RuleAction::Deny),
+        "allow" => Ok(RuleAction::Allow),
+        other => {
+            Err(ApiError::bad_request(format!("networkPolicy.{at}: {other:?} is not \"allow\" or \"deny\"")))
+        }
+    };
+    let default_action = action(body.default_action.as_deref().unwrap_or(""), "defaultAction")?;
+    let rules = body
+        .egress
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            Ok(OrderedRule {
+                action: action(&r.action, &format!("egress[{i}].action"))?,
+                target: r.target.trim().to_owned(),
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let policy = pvisor_net::OrderedPolicy { default_action, rules, source: "networkPolicy".into() };
+    pvisor_net::policy::validate_ordered(&policy)
+        .map_err(|e| ApiError::bad_request(format!("networkPolicy.{e}")))?;
+    Ok(policy)
 }
 
 /// `512Mi`, `2Gi`, `1G`, `1048576` (bytes) → MiB, between 64 MiB and 16 GiB.

@@ -147,6 +147,10 @@ pub struct SandboxRecord {
     /// is removed, while the daemon still stops its Job and keeps the record.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
+    /// The create request's `networkPolicy`: the Job's proxy enforces it, and
+    /// commands get the proxy variables. None: the VM reaches nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<pvisor_net::OrderedPolicy>,
 }
 
 /// Why an operation was refused.
@@ -396,6 +400,7 @@ impl Daemon {
             memory_mib: request.memory_mib,
             cpus: request.cpus,
             deleted: false,
+            network_policy: request.network_policy,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
@@ -496,6 +501,11 @@ impl Daemon {
                     .arg(record.memory_mib.to_string())
                     .arg("--cpus")
                     .arg(record.cpus.to_string());
+                if let Some(policy) = &record.network_policy {
+                    command
+                        .arg("--network-policy")
+                        .arg(serde_json::to_string(policy).map_err(|e| e.to_string())?);
+                }
             }
         }
         command
@@ -1118,6 +1128,7 @@ pub struct CreateRequest {
     pub timeout: Option<u64>,
     pub memory_mib: u64,
     pub cpus: u32,
+    pub network_policy: Option<pvisor_net::OrderedPolicy>,
 }
 
 pub fn set_state(r: &mut SandboxRecord, to: SandboxState, reason: &str, message: &str) {
@@ -1140,6 +1151,10 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
     env.insert("HOSTNAME".into(), record.id.clone());
+    if record.network_policy.is_some() {
+        // What the Job's own command gets: the agent's relay to the proxy.
+        env.extend(pvisor::admission::proxy_env().into_iter().map(|(k, v)| (k.to_owned(), v)));
+    }
     env.extend(record.env.clone());
     env.extend(extra.clone());
     env.into_iter().collect()

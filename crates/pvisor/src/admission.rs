@@ -233,6 +233,19 @@ pub fn is_secret_name(name: &str) -> bool {
 /// The loopback port the proxy listens on inside the sandbox.
 pub const PROXY_PORT: u16 = 3128;
 
+/// The variables that point a sandbox's programs at the proxy listener
+/// (ordinary tools — curl, pip, npm, cargo, git — honour them).
+pub fn proxy_env() -> Vec<(&'static str, String)> {
+    let url = format!("http://127.0.0.1:{PROXY_PORT}");
+    let mut env: Vec<(&'static str, String)> =
+        ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+            .into_iter()
+            .map(|name| (name, url.clone()))
+            .collect();
+    env.extend(["NO_PROXY", "no_proxy"].map(|name| (name, "localhost,127.0.0.1,::1".to_owned())));
+    env
+}
+
 /// Why a request was not admitted. Nothing was recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum AdmissionError {
@@ -486,14 +499,7 @@ pub fn admit(
     let mut env = env;
     let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job_id.to_string())];
     if network.mode == NetworkMode::Proxy {
-        // Ordinary tools (curl, pip, npm, cargo, git) honour these.
-        let url = format!("http://127.0.0.1:{PROXY_PORT}");
-        for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
-            env_rewrites.push((name, url.clone()));
-        }
-        for name in ["NO_PROXY", "no_proxy"] {
-            env_rewrites.push((name, "localhost,127.0.0.1,::1".to_owned()));
-        }
+        env_rewrites.extend(proxy_env());
     }
     let rewritten: Vec<&str> = env_rewrites.iter().map(|(k, _)| *k).collect();
     env.retain(|(k, _)| !rewritten.contains(&k.as_str()));

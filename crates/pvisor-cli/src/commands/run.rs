@@ -198,6 +198,7 @@ fn network_scopes(
             }),
             allow: args.allow.clone(),
             deny: args.deny.clone(),
+            ordered: None,
         },
     }];
     if let Some((ws_file, bytes, parsed)) = ws_config {

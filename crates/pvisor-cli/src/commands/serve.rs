@@ -129,6 +129,12 @@ pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32
         });
     }
     let workspace = args.workspace.context("--workspace or --resume is required")?;
+    let ordered: Option<pvisor_net::OrderedPolicy> = args
+        .network_policy
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--network-policy is not an ordered policy (JSON)")?;
     let executor = Arc::new(VmExecutor::prepare(store.root())?);
     let request = RunRequest {
         caches: Vec::new(),
@@ -141,7 +147,12 @@ pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32
         network: vec![ScopedPolicy {
             scope: Scope::CommandLine,
             source: "pvisor serve".into(),
-            spec: PolicySpec { mode: Some(Mode::None), allow: Vec::new(), deny: Vec::new() },
+            spec: PolicySpec {
+                mode: Some(if ordered.is_some() { Mode::Proxy } else { Mode::None }),
+                allow: Vec::new(),
+                deny: Vec::new(),
+                ordered,
+            },
         }],
         fork: None,
         fork_execution: None,
