@@ -6,9 +6,26 @@
 #                       its code-interpreter SDK, driven by tests/sdk/code.py
 #   pyyaml, jsonschema  tests/sdk/contract.py validates responses against the
 #                       OpenSandbox OpenAPI documents
+# And the published TypeScript SDK (@alibaba-group/opensandbox 0.1.11, from
+# the npm registry) in target/ts-sdk, driven by tests/sdk/flow.mjs with node
+# (Debian's nodejs and npm are installed where the machine has no npm).
 # Usage: scripts/sdk-env.sh [VENV_DIR]; prints the venv's python. Idempotent.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+
+ts="$root/target/ts-sdk"
+ts_want="@alibaba-group/opensandbox@0.1.11"
+if [ "$(cat "$ts/.pvisor-stamp" 2>/dev/null)" != "$ts_want" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    [ "$(id -u)" -eq 0 ] || { echo "sdk-env: install node and npm (apt-get install nodejs npm)" >&2; exit 1; }
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q nodejs npm >/dev/null 2>&1 || { apt-get update -q >/dev/null; apt-get install -y -q nodejs npm >/dev/null; }
+  fi
+  rm -rf "$ts"
+  mkdir -p "$ts"
+  npm install --prefix "$ts" --no-audit --no-fund --silent "$ts_want" >&2
+  echo "$ts_want" >"$ts/.pvisor-stamp"
+fi
 venv="${1:-$root/target/sdk-venv}"
 want="opensandbox==1.1.1 opensandbox-code-interpreter==1.1.1 pyyaml==6.0.2 jsonschema==4.23.0"
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.pvisor-stamp" 2>/dev/null)" = "$want" ]; then

@@ -298,6 +298,31 @@ fn the_code_interpreter_sdk_runs_python_and_bash_contexts() {
     assert!(out.contains("code interpreter OK"), "{out}");
 }
 
+/// Issue 20: a client nobody here wrote in Python. The published TypeScript
+/// SDK (`tests/sdk/flow.mjs`, installed by `scripts/sdk-env.sh`) creates,
+/// runs commands, moves files, renews earlier, pauses, resumes and kills.
+#[test]
+fn the_published_typescript_sdk_runs_its_flow_unchanged() {
+    let sdk = target_dir().join("ts-sdk/node_modules/@alibaba-group/opensandbox/dist/index.js");
+    assert!(sdk.exists(), "no TypeScript SDK at {}: run scripts/sdk-env.sh", sdk.display());
+    let daemon = Daemon::new();
+    let out = Command::new("node")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/flow.mjs"))
+        .env("PVISOR_URL", format!("127.0.0.1:{}", daemon.port))
+        .env("PVISOR_KEY", &daemon.key)
+        .env("OPENSANDBOX_TS_SDK", &sdk)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && text(&out.stdout).contains("TypeScript SDK flow OK"),
+        "flow.mjs failed\nstdout: {}\nstderr: {}\ndaemon: {}",
+        text(&out.stdout),
+        text(&out.stderr),
+        daemon.log()
+    );
+}
+
 #[test]
 fn the_sdk_flow_runs_rootless_too() {
     if !As::Rootless.available() {
