@@ -64,4 +64,24 @@ for _ in range(idle):
     s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
     out["idle"].append(s.id)
     s.close()
+# Egress through networkPolicy: a download and small requests from a sandbox
+# through the policy path (the agent's relay, then the Job's proxy) to a
+# host server on EGRESS_PORT; the caller measures the same from the host.
+egress_port = os.environ.get("EGRESS_PORT")
+if egress_port:
+    from opensandbox.models.sandboxes import NetworkPolicy, NetworkRule
+
+    policy = NetworkPolicy(default_action="deny", egress=[NetworkRule(action="allow", target="localhost")])
+    s = SandboxSync.create("python", connection_config=cfg, ready_timeout=timedelta(seconds=180), network_policy=policy)
+    # localhost is the guest itself unless the proxy is asked for it.
+    curl = f"curl -s --noproxy '' -o /dev/null -w '%{{time_total}} %{{size_download}}\\n' http://localhost:{egress_port}"
+    out["egress_big_s"], out["egress_small_s"] = [], []
+    for _ in range(iters):
+        line = s.commands.run(f"{curl}/big").text.split()
+        assert int(line[1]) == int(os.environ["EGRESS_BYTES"]), line
+        out["egress_big_s"].append(float(line[0]))
+    for t in s.commands.run(f"for i in $(seq {iters * 4}); do {curl}/small; done").text.splitlines():
+        out["egress_small_s"].append(float(t.split()[0]))
+    s.kill()
+    s.close()
 print(json.dumps(out))

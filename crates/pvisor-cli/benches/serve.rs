@@ -12,7 +12,11 @@
 //! - pause (POST until the state is Paused) and resume (until a command ran),
 //!   against E2B's published ~1 s resume;
 //! - the memory of an idle sandbox (PSS of its QEMU and supervisor), and how
-//!   many fit in 24 GiB.
+//!   many fit in 24 GiB;
+//! - egress through a `networkPolicy` (the agent's relay, then the Job's
+//!   proxy): a 100 MB download (1 MiB as a smoke test) and the time of a
+//!   small request from a `python` sandbox, against the same requests by a
+//!   host process straight to the host server.
 //!
 //! Every figure names the accelerator. `PVISOR_BENCH_ITERS` sets the sample
 //! count (default 5; 1 when `cargo test` runs this as a smoke test).
@@ -80,6 +84,7 @@ fn main() {
             rootfs.display()
         );
     }
+    let python_image = target().join("sandbox-image-python/rootfs");
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("state");
     let ws = dir.path().join("ws");
@@ -112,6 +117,7 @@ fn main() {
     let mut daemon: Child = pvisor(&["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"])
         .arg(dir.path().join("key"))
         .env("PVISOR_SANDBOX_IMAGE", &rootfs)
+        .env("PVISOR_SANDBOX_IMAGE_PYTHON", &python_image)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -120,14 +126,37 @@ fn main() {
         assert!(up.elapsed() < Duration::from_secs(60), "the daemon did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = Command::new(&python)
+    // The host server the egress figures download from.
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    let big_bytes: usize = if measuring { 100_000_000 } else { 1 << 20 };
+    let mut big = vec![0u8; big_bytes];
+    pvisor_core::random::fill(&mut big).unwrap();
+    std::fs::write(served.join("big"), &big).unwrap();
+    std::fs::write(served.join("small"), vec![b'x'; 1024]).unwrap();
+    let web_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut web = Command::new("python3")
+        .args(["-m", "http.server", &web_port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(&served)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while std::net::TcpStream::connect(("127.0.0.1", web_port)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let egress = python_image.join("bin/sh").exists();
+    let mut bench = Command::new(&python);
+    bench
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/bench.py"))
         .env("PVISOR_URL", format!("127.0.0.1:{port}"))
         .env("PVISOR_KEY", key)
         .env("ITERS", iterations.to_string())
-        .env("IDLE", if measuring { "3" } else { "1" })
-        .output()
-        .unwrap();
+        .env("IDLE", if measuring { "3" } else { "1" });
+    if egress {
+        bench.env("EGRESS_PORT", web_port.to_string()).env("EGRESS_BYTES", big_bytes.to_string());
+    }
+    let out = bench.output().unwrap();
     assert!(out.status.success(), "bench.py failed: {}", String::from_utf8_lossy(&out.stderr));
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let samples =
@@ -145,6 +174,41 @@ fn main() {
     );
     summary("pause (until Paused)", &mut samples("pause_ms"), None);
     summary("resume (until a command ran)", &mut samples("resume_ms"), Some(("E2B's ~1 s resume", 1000.0)));
+
+    if egress {
+        // The same requests by a host process, straight to the server.
+        let host_curl = |path: &str| -> f64 {
+            let out = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{time_total}"])
+                .arg(format!("http://127.0.0.1:{web_port}/{path}"))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().unwrap() * 1000.0
+        };
+        let mut host_big: Vec<f64> = (0..iterations).map(|_| host_curl("big")).collect();
+        let mut host_small: Vec<f64> = (0..iterations * 4).map(|_| host_curl("small")).collect();
+        let to_ms = |k: &str| -> Vec<f64> { samples(k).iter().map(|s| s * 1000.0).collect() };
+        let mb = big_bytes as f64 / 1e6;
+        let base = summary(&format!("baseline: host curl of {mb:.0} MB, direct"), &mut host_big, None);
+        let through = summary(
+            &format!("sandbox curl of {mb:.0} MB via networkPolicy"),
+            &mut to_ms("egress_big_s"),
+            Some(("the host's direct download", base)),
+        );
+        println!(
+            "{:<46} {:.0} MB/s through the policy path, {:.0} MB/s direct",
+            "",
+            mb / (through / 1000.0),
+            mb / (base / 1000.0)
+        );
+        let base = summary("baseline: host curl of 1 KiB, direct", &mut host_small, None);
+        let small = summary("sandbox curl of 1 KiB via networkPolicy", &mut to_ms("egress_small_s"), None);
+        println!("{:<46} +{:.1} ms per request over the direct one", "", small - base);
+    } else {
+        println!("(no python image: run scripts/sandbox-image.sh for the egress figures)");
+    }
+    let _ = web.kill();
+    let _ = web.wait();
 
     let home_s = home.to_string_lossy().into_owned();
     let idle = figures["idle"].as_array().unwrap().len().max(1);

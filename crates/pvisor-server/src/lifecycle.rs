@@ -235,8 +235,8 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NetworkPolicyBody {
     default_action: Option<String>,
-    #[serde(default)]
-    egress: Vec<NetworkRuleBody>,
+    /// SDKs send `null` for "no rules".
+    egress: Option<Vec<NetworkRuleBody>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,6 +268,7 @@ fn parse_network_policy(value: Value) -> Result<pvisor_net::OrderedPolicy, ApiEr
     let default_action = action(body.default_action.as_deref().unwrap_or(""), "defaultAction")?;
     let rules = body
         .egress
+        .unwrap_or_default()
         .iter()
         .enumerate()
         .map(|(i, r)| {
