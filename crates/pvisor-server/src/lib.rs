@@ -12,6 +12,7 @@
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
 mod code_contexts;
+mod egress_policy;
 pub mod execd;
 pub mod http;
 pub mod images;
@@ -106,6 +107,9 @@ where
             if port == sandbox::EXECD_PORT {
                 return execd::route(daemon, id, &parts.method, rest, query.as_deref(), &parts.headers, body)
                     .await;
+            }
+            if port == egress_policy::EGRESS_PORT {
+                return egress_policy::route(daemon, id, &parts.method, rest, &parts.headers);
             }
             // The service sees the path as the client wrote it (not decoded).
             let skip = if segments.first() == Some(&"v1") { 5 } else { 4 };

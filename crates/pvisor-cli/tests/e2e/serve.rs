@@ -776,6 +776,40 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
     assert_eq!(status(&first_match, &by_name), "403");
     assert_eq!(status(&first_match, &by_ip), "200");
 
+    // The egress sidecar's policy API (port 18080, what the SDKs'
+    // get_egress_policy calls) reads the policy back; a change is refused.
+    let (code, ep) = daemon.curl("GET", &format!("/v1/sandboxes/{first_match}/endpoints/18080"), None);
+    assert_eq!(code, 200, "{ep}");
+    let token = format!("X-EXECD-ACCESS-TOKEN: {}", ep["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap());
+    let policy_api = |method: &str, body: &str| {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-X",
+                method,
+                "-H",
+                &token,
+                "-H",
+                "content-type: application/json",
+                "-w",
+                "\n%{http_code}",
+            ])
+            .args(if body.is_empty() { vec![] } else { vec!["--data-binary", body] })
+            .arg(format!("http://{}/policy", ep["endpoint"].as_str().unwrap()))
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    let got = policy_api("GET", "");
+    let (body, code) = got.rsplit_once('\n').unwrap();
+    assert_eq!(code, "200", "{got}");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["mode"], "enforcing", "{body}");
+    assert_eq!(body["policy"]["defaultAction"], "allow", "{body}");
+    assert_eq!(body["policy"]["egress"][1], json!({ "action": "allow", "target": "127.0.0.0/8" }), "{body}");
+    let refused = policy_api("PATCH", r#"[{"action":"allow","target":"example.com"}]"#);
+    assert!(refused.ends_with("400") && refused.contains("fixed at create"), "{refused}");
+
     // Every decision is in the sandbox Job's Trace, with the rule that made it.
     let job = daemon.record(&only_localhost)["job"].as_str().unwrap().to_owned();
     let events = text(&daemon.env.pvisor(&["events", &job, "--json"]).stdout);
