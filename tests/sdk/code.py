@@ -78,6 +78,28 @@ try:
     assert r.error is not None and r.error.name == "EOFError", r
     assert codes.run("x * 2", context=ctx).result[0].text == "84"
 
+    # Two interrupts in quick succession end the cell, never the driver.
+    def interrupt_twice():
+        time.sleep(3)
+        codes.interrupt(ctx.id)
+        codes.interrupt(ctx.id)
+
+    threading.Thread(target=interrupt_twice, daemon=True).start()
+    r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
+    assert r.error is not None and r.error.name == "KeyboardInterrupt", r
+    assert codes.run("x + 2", context=ctx).result[0].text == "44"
+
+    # Output without newlines streams through whole; a cell that sends its
+    # stdout elsewhere still ends with its value.
+    r = codes.run("import sys\nsys.stderr.write('e' * 3000000)\nsys.stdout.write('o' * 3000000)\n0", context=ctx)
+    assert sum(len(m.text) for m in r.logs.stderr) == 3000000, len(r.logs.stderr)
+    assert sum(len(m.text) for m in r.logs.stdout) == 3000000 and r.result[0].text == "0"
+    quiet = codes.create_context(SupportedLanguage.PYTHON)
+    r = codes.run("import os\nos.dup2(os.open(os.devnull, os.O_WRONLY), 1)\nos.dup2(1, 2)\nprint('gone')\n7", context=quiet)
+    assert r.result[0].text == "7" and r.error is None, r
+    assert codes.run("8", context=quiet).result[0].text == "8"
+    codes.delete_context(quiet.id)
+
     # A cell that kills its interpreter: an error, then the context is gone.
     r = codes.run("import os\nos._exit(3)", context=ctx)
     assert r.error is not None, r
@@ -85,7 +107,7 @@ try:
         codes.run("1", context=ctx)
         raise SystemExit("a dead context still ran code")
     except SandboxApiException as e:
-        assert e.status_code == 400 and "not found" in str(e), e
+        assert e.status_code == 400 and "has ended" in str(e) and "exited" in str(e), e
 
     # bash contexts keep shell state.
     sh = codes.create_context(SupportedLanguage.BASH)
@@ -93,9 +115,35 @@ try:
     r = codes.run("echo $GREETING from $(pwd)", context=sh)
     assert "".join(m.text for m in r.logs.stdout).strip() == "hi from /tmp", r
 
+    # An interrupt ends the command, not the shell; a command that reads
+    # stdin reads nothing (it cannot swallow the run's end).
+    def interrupt_sh():
+        time.sleep(3)
+        codes.interrupt(sh.id)
+
+    threading.Thread(target=interrupt_sh, daemon=True).start()
+    r = codes.run("sleep 100; echo not-reached", context=sh)
+    assert r.error is not None and "not-reached" not in "".join(m.text for m in r.logs.stdout), r
+    assert "".join(m.text for m in codes.run("echo $GREETING", context=sh).logs.stdout).strip() == "hi"
+    r = codes.run('read x; echo "got:$x"; exec >/dev/null; echo hidden', context=sh)
+    assert "".join(m.text for m in r.logs.stdout).strip() == "got:" and r.error is None, r
+
+    # Two first runs at once share one default context.
+    firsts = []
+    runners = [threading.Thread(target=lambda: firsts.append(codes.run("echo $$", language=SupportedLanguage.BASH))) for _ in range(2)]
+    for t in runners:
+        t.start()
+    for t in runners:
+        t.join()
+    assert len({r.id for r in firsts}) == 1, [r.id for r in firsts]
+    # (the later of two runs at once may be refused as busy, as the reference's is)
+    shells = {"".join(m.text for m in r.logs.stdout) for r in firsts} - {""}
+    assert len(shells) == 1, f"two shells answered: {shells}"
+
     # Listing and deleting.
     listed = {c.id for c in codes.list_contexts(SupportedLanguage.PYTHON)}
     assert other.id in listed and sh.id not in listed, listed
+    assert len(codes.list_contexts(SupportedLanguage.BASH)) == 2  # sh and the default
     codes.delete_context(other.id)
     assert other.id not in {c.id for c in codes.list_contexts(SupportedLanguage.PYTHON)}
     codes.delete_contexts(SupportedLanguage.BASH)

@@ -207,7 +207,7 @@ fn target_kind(target: &str) -> Target {
 }
 
 /// Checks every target of an ordered policy: a name, `*.domain`, an IP
-/// address or a CIDR block (its host bits clear); `*` alone is refused
+/// address or a CIDR block; `*` alone is refused
 /// (the reference matches nothing with it; `defaultAction` says "all").
 pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
     for (i, rule) in policy.rules.iter().enumerate() {
@@ -218,7 +218,7 @@ pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
                 "{at}: the target is empty; name a domain, *.domain, an IP address or a CIDR block"
             ));
         }
-        if target == "*" {
+        if normalize(target) == "*" {
             return Err(format!(
                 "{at}: \"*\" matches nothing here; say defaultAction: \"{}\" to decide for every destination",
                 match rule.action {
@@ -228,12 +228,11 @@ pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
             ));
         }
         if target.contains('/') {
-            let net: ipnet::IpNet = target
-                .parse()
+            // Host bits may be set (`10.0.0.1/8` is 10.0.0.0/8), as the
+            // reference's netip.ParsePrefix accepts.
+            target
+                .parse::<ipnet::IpNet>()
                 .map_err(|_| format!("{at}: not a CIDR block (e.g. 10.0.0.0/8 or fd00::/8)"))?;
-            if net.trunc() != net {
-                return Err(format!("{at}: host bits are set; did you mean {}?", net.trunc()));
-            }
             continue;
         }
         validate(target, "").map_err(|e| match e {
@@ -244,15 +243,15 @@ pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
 }
 
 fn ordered_matches(target: &str, host: &str, host_ip: Option<IpAddr>) -> bool {
-    match (target_kind(target), host_ip) {
-        (Target::Ip(ip), Some(h)) => ip == h,
-        (Target::Cidr(net), Some(h)) => net.contains(&h),
-        (Target::Name, None) => {
-            let pattern = normalize(target);
-            pattern == host
-                || pattern.strip_prefix("*.").is_some_and(|suffix| host.ends_with(&format!(".{suffix}")))
+    match host_ip {
+        Some(addr) => address_covers(target, addr),
+        None => {
+            target_kind(target) == Target::Name && {
+                let pattern = normalize(target);
+                pattern == host
+                    || pattern.strip_prefix("*.").is_some_and(|suffix| host.ends_with(&format!(".{suffix}")))
+            }
         }
-        _ => false,
     }
 }
 
@@ -264,11 +263,60 @@ fn describe(rule: &OrderedRule, index: usize, source: &str) -> String {
     format!("egress[{index}] {action} {} ({source})", rule.target)
 }
 
+/// Whether the IP or CIDR `target` covers `addr` (IPv4-mapped IPv6 is its
+/// IPv4 address, as the host's dual-stack socket would connect to it).
+fn address_covers(target: &str, addr: IpAddr) -> bool {
+    let canonical = addr.to_canonical();
+    match target_kind(target) {
+        Target::Ip(ip) => ip.to_canonical() == canonical,
+        Target::Cidr(net) => net.contains(&canonical) || net.contains(&addr),
+        Target::Name => false,
+    }
+}
+
+/// The ranges [`is_internal`] calls internal, as blocks: an address rule
+/// opens an internal address only if its whole block lies in one of them
+/// (`10.0.0.0/8` does, `0.0.0.0/0` does not).
+fn inside_internal_range(target: &str) -> bool {
+    const RANGES: [&str; 11] = [
+        "127.0.0.0/8",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "0.0.0.0/8",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+        "64:ff9b::/96",
+    ];
+    let block = match target_kind(target) {
+        Target::Ip(ip) => ipnet::IpNet::from(ip.to_canonical()),
+        Target::Cidr(net) => net.trunc(),
+        Target::Name => return false,
+    };
+    RANGES.iter().filter_map(|r| r.parse::<ipnet::IpNet>().ok()).any(|r| r.contains(&block))
+}
+
+/// The first rule of `action` in `policy` whose IP or CIDR target covers `addr`.
+fn address_rule(policy: &OrderedPolicy, addr: IpAddr, action: RuleAction) -> Option<(usize, &OrderedRule)> {
+    policy.rules.iter().enumerate().find(|(_, r)| r.action == action && address_covers(&r.target, addr))
+}
+
 impl Decide for OrderedPolicy {
+    /// Names: the first matching name rule, in order (the reference's
+    /// `domain_index.go`). Addresses: a covering deny rule, then a covering
+    /// allow rule, whatever their order (its nftables deny sets come before
+    /// the allow sets). Else `defaultAction`.
     fn decide(&self, host: &str) -> Decision {
         let host = &normalize(host);
-        let host_ip = host.parse::<IpAddr>().ok();
-        match self.rules.iter().enumerate().find(|(_, r)| ordered_matches(&r.target, host, host_ip)) {
+        let found = match host.parse::<IpAddr>() {
+            Ok(addr) => address_rule(self, addr, RuleAction::Deny)
+                .or_else(|| address_rule(self, addr, RuleAction::Allow)),
+            Err(_) => self.rules.iter().enumerate().find(|(_, r)| ordered_matches(&r.target, host, None)),
+        };
+        match found {
             Some((i, rule)) if rule.action == RuleAction::Allow => {
                 Decision::Allow { rule: describe(rule, i, &self.source) }
             }
@@ -285,22 +333,30 @@ impl Decide for OrderedPolicy {
         }
     }
 
-    /// A resolved address: the first IP or CIDR rule covering it decides; an
-    /// internal one no rule allows is refused whatever the default.
+    /// An address the proxy is about to connect to (an allowed name's, or
+    /// an allowed literal): a covering deny rule refuses it; an internal one
+    /// needs an allow rule whose whole block is internal (or the rule
+    /// `localhost`, for the name localhost), whatever the default.
     fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
         let host = &normalize(host);
-        let covering = self.rules.iter().enumerate().find(|(_, r)| {
-            matches!(target_kind(&r.target), Target::Ip(_) | Target::Cidr(_))
-                && ordered_matches(&r.target, "", Some(addr))
+        if let Some((i, rule)) = address_rule(self, addr, RuleAction::Deny) {
+            return Err(format!("{host} resolves to {addr}, denied by {}", describe(rule, i, &self.source)));
+        }
+        if !is_internal(addr) {
+            return Ok(());
+        }
+        let opened = self.rules.iter().any(|r| {
+            r.action == RuleAction::Allow
+                && ((address_covers(&r.target, addr) && inside_internal_range(&r.target))
+                    || (normalize(&r.target) == "localhost" && host == "localhost" && addr.is_loopback()))
         });
-        match covering {
-            Some((_, rule)) if rule.action == RuleAction::Allow => Ok(()),
-            Some((i, rule)) => Err(format!("{host} resolves to {addr}, denied by {}", describe(rule, i, &self.source))),
-            None if !is_internal(addr) => Ok(()),
-            None if host == "localhost" && addr.is_loopback() && self.rules.iter().any(|r| r.action == RuleAction::Allow && normalize(&r.target) == "localhost") => Ok(()),
-            None => Err(format!(
-                "{host} resolves to the internal address {addr}; add an egress rule {{\"action\": \"allow\", \"target\": \"{addr}\"}} to reach it"
-            )),
+        if opened {
+            Ok(())
+        } else {
+            Err(format!(
+                "{host} resolves to the internal address {addr}; add an egress rule {{\"action\": \"allow\", \"target\": \"{}\"}} to reach it",
+                addr.to_canonical()
+            ))
         }
     }
 }
@@ -586,13 +642,43 @@ mod tests {
         assert!(blocked.check_address("example.com", "93.184.216.34".parse().unwrap()).is_err());
     }
 
+    /// Address rules as the reference's nftables sets: deny before allow,
+    /// whatever the order (components/egress/pkg/nftables/manager.go).
+    #[test]
+    fn address_rules_deny_before_allow_and_mapped_addresses_are_their_ipv4() {
+        use RuleAction::{Allow, Deny};
+        let net = ordered(Deny, &[(Allow, "203.0.113.0/24"), (Deny, "203.0.113.5")]);
+        assert!(allowed(&net, "203.0.113.6") && !allowed(&net, "203.0.113.5"));
+        let open = ordered(Allow, &[(Deny, "203.0.113.0/24")]);
+        assert!(!allowed(&open, "[::ffff:203.0.113.5]"), "IPv4-mapped IPv6 is the IPv4 address");
+        assert!(!allowed(&open, "::ffff:cb00:7105"));
+        let mapped: IpAddr = "::ffff:203.0.113.5".parse().unwrap();
+        assert!(open.check_address("example.com", mapped).is_err(), "a mapped AAAA answer");
+        // An allow-everything block does not open the host's own addresses.
+        let everything = ordered(Deny, &[(Allow, "0.0.0.0/0"), (Allow, "::/0")]);
+        for internal in ["127.0.0.1", "::1", "10.1.2.3", "169.254.169.254", "::ffff:127.0.0.1"] {
+            let addr: IpAddr = internal.parse().unwrap();
+            assert!(everything.check_address(internal, addr).is_err(), "{internal} opened by a /0");
+        }
+        assert!(everything.check_address("x", "93.184.216.34".parse().unwrap()).is_ok());
+        // Host bits are accepted, as the reference's ParsePrefix does.
+        let loose = ordered(Deny, &[(Allow, "10.0.0.1/8")]);
+        assert!(allowed(&loose, "10.9.9.9"));
+        assert!(loose.check_address("10.9.9.9", "10.9.9.9".parse().unwrap()).is_ok());
+        assert!(validate_ordered(&OrderedPolicy {
+            default_action: Allow,
+            rules: vec![OrderedRule { action: Allow, target: "[*]".into() }],
+            source: "s".into()
+        })
+        .is_err());
+    }
+
     #[test]
     fn bad_ordered_targets_are_refused_by_index_and_value() {
         use RuleAction::Allow;
         for (target, says) in [
             ("", "empty"),
             ("*", "defaultAction"),
-            ("10.0.0.1/8", "host bits"),
             ("10.0.0.0/33", "CIDR"),
             ("exa mple.com", "not a host name"),
             ("a.*.com", "wildcard"),

@@ -107,16 +107,23 @@ fn not_found(sandbox: &str, id: &str) -> ApiError {
     )
 }
 
-/// The live context `id` of `sandbox` (an ended one is forgotten).
-fn find(daemon: &Daemon, sandbox: &str, id: &str) -> Option<Arc<CodeContext>> {
+/// The live context `id` of `sandbox`; an ended one is forgotten, and the
+/// error says why it ended.
+fn find(daemon: &Daemon, sandbox: &str, id: &str) -> Result<Arc<CodeContext>, ApiError> {
     let mut contexts = lock(daemon);
     let key = (sandbox.to_owned(), id.to_owned());
     match contexts.get(&key) {
         Some(c) if c.repl.ended() => {
+            let why = c.repl.ended_reason().unwrap_or_else(|| "its interpreter ended".into());
             contexts.remove(&key);
-            None
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "CONTEXT_NOT_FOUND",
+                format!("context {id} has ended ({why}); create a new one with POST /code/context"),
+            ))
         }
-        found => found.cloned(),
+        Some(found) => Ok(found.clone()),
+        None => Err(not_found(sandbox, id)),
     }
 }
 
@@ -148,7 +155,10 @@ async fn start(
     .map_err(|e| ApiError::internal(format!("worker failed: {e}")))??;
     let id = http::uuid4().replace('-', "");
     let context = Arc::new(CodeContext { language, default, repl });
-    lock(daemon).insert((sandbox, id.clone()), context.clone());
+    if !default {
+        // A default is registered by its caller, which checks for a rival.
+        lock(daemon).insert((sandbox, id.clone()), context.clone());
+    }
     Ok((id, context))
 }
 
@@ -186,7 +196,7 @@ pub fn list(daemon: &Daemon, sandbox: &str, language: Option<&str>) -> ApiResult
 
 /// `GET /code/contexts/{id}`.
 pub fn get(daemon: &Daemon, sandbox: &str, id: &str) -> ApiResult {
-    let context = find(daemon, sandbox, id).ok_or_else(|| not_found(sandbox, id))?;
+    let context = find(daemon, sandbox, id)?;
     Ok(http::json(StatusCode::OK, &describe(id, &context)))
 }
 
@@ -217,7 +227,7 @@ pub fn delete_language(daemon: &Daemon, sandbox: &str, language: &str) -> ApiRes
 /// `DELETE /code?id=`: interrupts the context's run in progress (SIGINT;
 /// a Python cell ends with a KeyboardInterrupt error), keeping its state.
 pub fn interrupt(daemon: &Daemon, sandbox: &str, id: &str) -> ApiResult {
-    let context = find(daemon, sandbox, id).ok_or_else(|| not_found(sandbox, id))?;
+    let context = find(daemon, sandbox, id)?;
     context.repl.interrupt();
     Ok(http::empty(StatusCode::OK))
 }
@@ -244,8 +254,7 @@ pub async fn run(
         Some(id) => {
             // Documented statuses of POST /code are 400 and 500; an unknown
             // context is the client's mistake (the reference answers 500).
-            let context = find(daemon, &sandbox, id).ok_or_else(|| {
-                let mut e = not_found(&sandbox, id);
+            let context = find(daemon, &sandbox, id).map_err(|mut e| {
                 e.status = StatusCode::BAD_REQUEST;
                 e
             })?;
@@ -271,7 +280,28 @@ pub async fn run(
             };
             match existing {
                 Some(found) => found,
-                None => start(daemon, vm_dir, record, language, None, true).await?,
+                None => {
+                    let (id, started) = start(daemon, vm_dir, record, language, None, true).await?;
+                    // Two first runs at once each start one; the first to
+                    // register it is the default, the other's is ended.
+                    let mut contexts = lock(daemon);
+                    let rival = contexts
+                        .iter()
+                        .find(|((sb, _), c)| {
+                            *sb == sandbox && c.default && c.language == language && !c.repl.ended()
+                        })
+                        .map(|((_, other), c)| (other.clone(), c.clone()));
+                    match rival {
+                        Some(found) => {
+                            started.repl.kill();
+                            found
+                        }
+                        None => {
+                            contexts.insert((sandbox.clone(), id.clone()), started.clone());
+                            (id, started)
+                        }
+                    }
+                }
             }
         }
     };

@@ -74,6 +74,10 @@ pub fn route(
         Method::PATCH | Method::DELETE => Err(ApiError::bad_request(format!(
             "the egress policy of sandbox {id} is fixed at create (it is recorded in the sandbox's Job and enforced by its proxy); create a new sandbox with the networkPolicy you need"
         ))),
-        _ => Err(ApiError::not_found(format!("no egress route for {method} /policy"))),
+        _ => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "METHOD_NOT_ALLOWED",
+            format!("{method} /policy: the egress policy API answers GET (and refuses PATCH and DELETE)"),
+        )),
     }
 }

@@ -5,7 +5,7 @@
 //! globals) carries from one run to the next.
 //!
 //! Each run writes one request to the interpreter's stdin, which ends it with
-//! two markers carrying a per-run nonce: `\n\x1eNONCE:PAYLOAD\x1e\n` on
+//! two markers carrying a per-run nonce: `\x1eNONCE:PAYLOAD\x1e\n` on
 //! stdout (the payload is bash's exit status, or the Python driver's JSON
 //! result) and `\x1eNONCE\x1e\n` on stderr; output up to the markers is the
 //! run's. Bash runs `cd CWD && eval 'COMMAND'` (`eval` keeps a syntax error
@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,6 @@ use pvisor_agent::Reply;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::ApiError;
-use crate::multipart::find;
 use crate::sandbox::{command_env, SandboxRecord};
 
 /// What the shell produced, as the reader thread saw it.
@@ -42,68 +41,102 @@ pub enum Dialect {
     Python,
 }
 
-/// The Python side of a code context: reads one JSON request per line
+/// The Python side of a code context. It reads one JSON request per line
 /// (`{"nonce", "code"}`) from a private copy of stdin (the cell's own stdin
 /// is /dev/null, so `input()` cannot eat requests), runs the cell like a
-/// notebook (statements, then the value of a final expression), and ends it
-/// with the markers the module doc describes, the payload being
-/// `{"count", "result", "error"}` as JSON (ASCII: no 0x1e inside).
-/// SIGINT interrupts the cell (KeyboardInterrupt is its error) and never the
-/// driver.
+/// notebook (statements, then the value of a final expression) in a module
+/// that is `__main__` (so `import __main__` is the cell's, not the driver's),
+/// and ends it with the markers the module doc describes on private copies
+/// of fds 1 and 2 (a cell that redirects or closes its stdout cannot lose
+/// them), the payload being `{"count", "result", "error"}` as JSON (ASCII:
+/// no 0x1e inside). SIGINT is blocked except while a cell runs, and one that
+/// came while idle is discarded, so an interrupt ends the cell it was aimed
+/// at (KeyboardInterrupt is its error) and never the driver.
 pub const PYTHON_DRIVER: &str = r#"
-import ast, json, os, signal, sys, traceback
-requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-sys.stdin = open(0, "r", closefd=False)
-cell_globals = {"__name__": "__main__", "__builtins__": __builtins__}
-count = 0
-while True:
+import ast, json, os, signal, sys, traceback, types
+
+def describe(e):
     try:
-        line = requests.readline()
-        if not line:
-            break
-        request = json.loads(line)
-    except KeyboardInterrupt:
-        continue
-    except ValueError:
-        continue
-    count += 1
-    result, error = None, None
-    try:
-        tree = ast.parse(request["code"], "<cell>", "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<cell>", "exec"), cell_globals)
-        if last is not None:
-            value = eval(compile(last, "<cell>", "eval"), cell_globals)
-            if value is not None:
-                result = repr(value)
-    except BaseException as e:
-        lines = traceback.format_exception(type(e), e, e.__traceback__)
-        error = {"ename": type(e).__name__, "evalue": str(e), "traceback": [l.rstrip("\n") for l in lines]}
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for stream in (sys.stdout, sys.stderr):
+        value = str(e)
+    except Exception:
+        value = "<unprintable>"
+    lines = traceback.format_exception(type(e), e, e.__traceback__)
+    return {"ename": type(e).__name__, "evalue": value, "traceback": [l.rstrip("\n") for l in lines]}
+
+def serve():
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, "r", closefd=False)
+    marks = (os.dup(1), os.dup(2))
+    cell = types.ModuleType("__main__")
+    cell.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = cell
+    block = {signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, block)
+    count = 0
+    while True:
+        try:
+            line = requests.readline()
+            if not line:
+                return
+            request = json.loads(line)
+            code, nonce = request["code"], request["nonce"]
+        except (KeyboardInterrupt, ValueError, KeyError, TypeError):
+            continue
+        count += 1
+        result, error = None, None
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
             try:
-                stream.flush()
-            except Exception:
-                pass
-        payload = json.dumps({"count": count, "result": result, "error": error})
-        os.write(1, ("\n\x1e%s:%s\x1e\n" % (request["nonce"], payload)).encode())
-        os.write(2, ("\x1e%s\x1e\n" % request["nonce"]).encode())
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+                tree = ast.parse(code, "<cell>", "exec")
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = ast.Expression(tree.body.pop().value)
+                exec(compile(tree, "<cell>", "exec"), cell.__dict__)
+                if last is not None:
+                    value = eval(compile(last, "<cell>", "eval"), cell.__dict__)
+                    if value is not None:
+                        result = repr(value)
+            finally:
+                signal.pthread_sigmask(signal.SIG_BLOCK, block)
+        except BaseException as e:
+            error = e
+        for attempt in range(3):
+            try:
+                if isinstance(error, BaseException):
+                    error = describe(error)
+                if result is not None and len(result) > 1048576:
+                    result = result[:1048576] + "... (truncated)"
+                payload = json.dumps({"count": count, "result": result, "error": error})
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:
+                        pass
+                os.write(marks[0], ("\x1e%s:%s\x1e\n" % (nonce, payload)).encode())
+                os.write(marks[1], ("\x1e%s\x1e\n" % nonce).encode())
+                break
+            except KeyboardInterrupt:
+                continue
+
+serve()
 "#;
 
 /// One interpreter process in one sandbox.
 pub struct Repl {
     dialect: Dialect,
+    /// The shell is bash (not a plain sh).
+    bash: bool,
     input: Mutex<guest::ExecSignaller>,
     output: Mutex<Receiver<Out>>,
     busy: Arc<AtomicBool>,
     ended: Arc<AtomicBool>,
+    /// Why the interpreter ended, once it has.
+    why: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Repl {
@@ -132,6 +165,109 @@ pub enum Piece {
 
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The most an end marker's payload (a Python result) may hold.
+const PAYLOAD_MAX: usize = 4 << 20;
+
+/// What a [`Tail`] found in the bytes pushed to it.
+#[derive(Debug, PartialEq)]
+enum Split {
+    Output(Vec<u8>),
+    /// The marker's payload (between the marker and the next 0x1e).
+    Marker(String),
+}
+
+/// One output stream of a run: passes output on as it comes (never a split
+/// UTF-8 character), holding back only what may be the start of the end
+/// marker; memory stays bounded and each byte is searched about once.
+#[derive(Debug, Default)]
+struct Tail {
+    held: Vec<u8>,
+    /// `held` starts with the marker; its payload is still coming.
+    at_marker: bool,
+}
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8], marker: &[u8]) -> Vec<Split> {
+        let searched_to = self.held.len().saturating_sub(marker.len());
+        self.held.extend_from_slice(bytes);
+        let mut found = Vec::new();
+        let at = if self.at_marker {
+            Some(0)
+        } else {
+            memchr::memmem::find(&self.held[searched_to..], marker).map(|i| i + searched_to)
+        };
+        self.at_marker = false;
+        if let Some(at) = at {
+            let after = at + marker.len();
+            if marker.last() == Some(&b'\n') {
+                // A marker with nothing after it (stderr's).
+                if at > 0 {
+                    found.push(Split::Output(self.held[..at].to_vec()));
+                }
+                found.push(Split::Marker(String::new()));
+                self.held.clear();
+                return found;
+            }
+            match self.held[after..].iter().position(|b| *b == 0x1e) {
+                Some(end) => {
+                    if at > 0 {
+                        found.push(Split::Output(self.held[..at].to_vec()));
+                    }
+                    found.push(Split::Marker(
+                        String::from_utf8_lossy(&self.held[after..after + end]).into_owned(),
+                    ));
+                    self.held.clear();
+                    return found;
+                }
+                None if self.held.len() - after <= PAYLOAD_MAX => {
+                    // The payload is still coming: send what precedes it.
+                    if at > 0 {
+                        found.push(Split::Output(self.held.drain(..at).collect()));
+                    }
+                    self.at_marker = true;
+                    return found;
+                }
+                None => {} // Not a marker after all: output like the rest.
+            }
+        }
+        // Hold back only what may be the marker's beginning (a suffix that
+        // is a prefix of it) and an unfinished UTF-8 character; send the rest.
+        let keep =
+            (1..marker.len().min(self.held.len() + 1)).rev().find(|k| self.held.ends_with(&marker[..*k]));
+        let cut = complete_utf8(&self.held[..self.held.len() - keep.unwrap_or(0)]);
+        if cut > 0 {
+            found.push(Split::Output(self.held.drain(..cut).collect()));
+        }
+        found
+    }
+
+    /// What is left when the stream ends without a marker.
+    fn rest(&mut self) -> Vec<u8> {
+        self.at_marker = false;
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// The length of the longest prefix of `bytes` that ends on a UTF-8
+/// character boundary (an unfinished character at the end is left out).
+fn complete_utf8(bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    for back in 1..=len.min(4) {
+        let b = bytes[len - back];
+        if b & 0xc0 == 0x80 {
+            continue; // a continuation byte: look further back
+        }
+        let width = match b {
+            0x00..=0x7f => 1,
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            _ => 4,
+        };
+        return if back < width { len - back } else { len };
+    }
+    len
 }
 
 impl Repl {
@@ -186,14 +322,28 @@ impl Repl {
             }
             other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
         }
-        let input = channel.signaller().map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut input = channel.signaller().map_err(|e| ApiError::internal(e.to_string()))?;
+        if dialect == Dialect::Bash {
+            // A non-interactive shell dies of SIGINT; with a trap it lives
+            // (its children still get the default action). The markers'
+            // own copies of stdout and stderr survive a run's `exec >file`.
+            let init: &[u8] = if shell.ends_with("bash") {
+                // bash: a run is a function, and the trap's `return` ends it
+                // (the rest of the command line too, as at a prompt).
+                b"__pvisor_run() { eval \"$__pvisor_cmd\"; }\ntrap 'return 130 2>/dev/null' INT\nexec 8>&1 9>&2\n"
+            } else {
+                b"trap : INT\nexec 8>&1 9>&2\n"
+            };
+            input.stdin(init).map_err(|e| ApiError::internal(e.to_string()))?;
+        }
         // Bounded, and output between runs (a background job's) is dropped:
         // a chatty session cannot grow the daemon; a slow client of a run
         // holds the shell back (and is cut off by the relay's stall limit).
         let (tx, rx) = mpsc::sync_channel(256);
         let ended = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(AtomicBool::new(false));
-        let (flag, running) = (ended.clone(), busy.clone());
+        let why_ended = Arc::new(Mutex::new(None));
+        let (flag, running, reason) = (ended.clone(), busy.clone(), why_ended.clone());
         std::thread::Builder::new()
             .name("pvisor-bash-session".into())
             .spawn(move || {
@@ -214,19 +364,38 @@ impl Repl {
                         }
                     }
                 };
+                *reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
                 flag.store(true, Ordering::SeqCst);
                 let _ = tx.send(Out::Ended(why));
             })
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        Ok(Self { dialect, input: Mutex::new(input), output: Mutex::new(rx), busy, ended })
+        let bash = dialect == Dialect::Bash && shell.ends_with("bash");
+        Ok(Self {
+            dialect,
+            bash,
+            input: Mutex::new(input),
+            output: Mutex::new(rx),
+            busy,
+            ended,
+            why: why_ended,
+        })
     }
 
     pub fn ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// Why the interpreter ended (its exit status, or the relay closing).
+    pub fn ended_reason(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Runs `command` (a shell command, or a Python cell), handing each piece
-    /// of output to `emit` as it comes.
+    /// of output to `emit` as it comes (`emit` answers false once its client
+    /// is gone). A run whose client leaves, or that outlives `timeout`, is
+    /// interrupted (SIGINT) and the interpreter stays busy, its output
+    /// discarded, until that run's markers arrive: the next run never sees
+    /// the previous one's output.
     pub fn run(
         &self,
         command: &str,
@@ -235,7 +404,9 @@ impl Repl {
         mut emit: impl FnMut(Piece) -> bool,
     ) {
         if self.busy.swap(true, Ordering::SeqCst) {
-            emit(Piece::Failed("another run is in progress in this session or context".into()));
+            emit(Piece::Failed(
+                "another run is in progress in this session or context (interrupt it, or wait)".into(),
+            ));
             return;
         }
         let output = self.output.lock().unwrap_or_else(|p| p.into_inner());
@@ -248,18 +419,24 @@ impl Repl {
             }
         }
         let nonce = crate::http::uuid4().replace('-', "");
+        // Output is exactly what precedes a marker (0x1e does not occur in
+        // text), so a last line keeps its newline or its lack of one.
         let (out_marker, err_marker) = (format!("\x1e{nonce}:"), format!("\x1e{nonce}\x1e\n"));
         let script = match self.dialect {
             Dialect::Bash => {
-                let mut script = String::new();
-                if let Some(cwd) = cwd {
-                    script.push_str(&format!("cd -- {} && ", shell_quote(cwd)));
-                }
-                script.push_str(&format!(
-                    "eval {}\nprintf '\\n\\036%s:%d\\036\\n' {nonce} $?; printf '\\036%s\\036\\n' {nonce} >&2\n",
-                    shell_quote(command)
-                ));
-                script
+                // One line, stdin from /dev/null: a command that reads stdin
+                // cannot swallow the markers. They go to the copies of
+                // stdout and stderr made at start (fds 8 and 9: dash takes
+                // single digits only).
+                let cd = cwd.map(|c| format!("cd -- {} && ", shell_quote(c))).unwrap_or_default();
+                let body = if self.bash {
+                    format!("{{ __pvisor_cmd={}; __pvisor_run; }}", shell_quote(command))
+                } else {
+                    format!("eval {}", shell_quote(command))
+                };
+                format!(
+                    "{{ {cd}{body}\n}} </dev/null; printf '\\036%s:%d\\036\\n' {nonce} $? >&8; printf '\\036%s\\036\\n' {nonce} >&9\n"
+                )
             }
             Dialect::Python => format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command })),
         };
@@ -269,80 +446,74 @@ impl Repl {
             return;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut emitting = true;
+        let mut pieces = |piece: Piece, emitting: &mut bool| {
+            if *emitting && !emit(piece) {
+                // The client is gone: end its run, then drain it.
+                *emitting = false;
+                self.interrupt();
+            }
+        };
+        let (mut out, mut err) = (Tail::default(), Tail::default());
         let (mut status, mut err_done): (Option<String>, bool) = (None, false);
         while status.is_none() || !err_done {
-            let wait =
-                deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
-            match output.recv_timeout(wait) {
+            let next = match deadline.filter(|_| emitting) {
+                Some(d) => output.recv_timeout(d.saturating_duration_since(Instant::now())),
+                None => output.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match next {
                 Ok(Out::Stdout(bytes)) if status.is_none() => {
-                    out.extend_from_slice(&bytes);
-                    if let Some(pos) = find(&out, out_marker.as_bytes(), 0) {
-                        let rest = &out[pos + out_marker.len()..];
-                        if let Some(end) = rest.iter().position(|b| *b == 0x1e) {
-                            status = Some(String::from_utf8_lossy(&rest[..end]).into_owned());
-                            // The marker's own leading newline is not output.
-                            let mut body = out[..pos].to_vec();
-                            if body.last() == Some(&b'\n') {
-                                body.pop();
-                            }
-                            if !body.is_empty() && !emit(Piece::Stdout(body)) {
-                                break;
-                            }
-                            out.clear();
-                        }
-                    } else if let Some(k) =
-                        out[..out.len().saturating_sub(1)].iter().rposition(|b| *b == b'\n')
-                    {
-                        // Whole lines go out now; a final newline waits, as
-                        // it may be the one the marker starts with.
-                        let lines: Vec<u8> = out.drain(..=k).collect();
-                        if !emit(Piece::Stdout(lines)) {
-                            break;
+                    for piece in out.push(&bytes, out_marker.as_bytes()) {
+                        match piece {
+                            Split::Output(b) => pieces(Piece::Stdout(b), &mut emitting),
+                            Split::Marker(payload) => status = Some(payload),
                         }
                     }
                 }
                 Ok(Out::Stderr(bytes)) if !err_done => {
-                    err.extend_from_slice(&bytes);
-                    if let Some(pos) = find(&err, err_marker.as_bytes(), 0) {
-                        err_done = true;
-                        let body = err[..pos].to_vec();
-                        if !body.is_empty() && !emit(Piece::Stderr(body)) {
-                            break;
+                    for piece in err.push(&bytes, err_marker.as_bytes()) {
+                        match piece {
+                            Split::Output(b) => pieces(Piece::Stderr(b), &mut emitting),
+                            Split::Marker(_) => err_done = true,
                         }
-                        err.clear();
                     }
                 }
                 Ok(Out::Ended(why)) => {
-                    for (piece, bytes) in [(true, &out), (false, &err)] {
-                        if !bytes.is_empty() {
-                            emit(if piece {
-                                Piece::Stdout(bytes.clone())
-                            } else {
-                                Piece::Stderr(bytes.clone())
-                            });
+                    for (is_out, rest) in [(true, out.rest()), (false, err.rest())] {
+                        if !rest.is_empty() {
+                            pieces(
+                                if is_out { Piece::Stdout(rest) } else { Piece::Stderr(rest) },
+                                &mut emitting,
+                            );
                         }
                     }
-                    emit(Piece::Failed(why));
+                    pieces(Piece::Failed(why), &mut emitting);
                     self.busy.store(false, Ordering::SeqCst);
                     return;
                 }
                 Ok(_) => {}
-                Err(_) => {
+                Err(RecvTimeoutError::Timeout) => {
                     // Timed out: interrupt the foreground job (the cell);
-                    // the interpreter survives.
-                    let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGINT);
-                    emit(Piece::Failed(format!(
-                        "the run exceeded its timeout of {} ms",
-                        timeout.unwrap_or_default().as_millis()
-                    )));
+                    // the interpreter survives, and the run is drained.
+                    pieces(
+                        Piece::Failed(format!(
+                            "the run exceeded its timeout of {} ms",
+                            timeout.unwrap_or_default().as_millis()
+                        )),
+                        &mut emitting,
+                    );
+                    emitting = false;
+                    self.interrupt();
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    pieces(Piece::Failed("the interpreter's relay closed".into()), &mut emitting);
                     self.busy.store(false, Ordering::SeqCst);
                     return;
                 }
             }
         }
         if let Some(payload) = status {
-            emit(Piece::Done(payload));
+            pieces(Piece::Done(payload), &mut emitting);
         }
         self.busy.store(false, Ordering::SeqCst);
     }
@@ -354,5 +525,70 @@ impl Repl {
 
     pub fn kill(&self) {
         let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outputs(found: &[Split]) -> Vec<u8> {
+        found
+            .iter()
+            .filter_map(|s| if let Split::Output(b) = s { Some(b.clone()) } else { None })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_marker_split_across_chunks_ends_the_stream_with_its_payload() {
+        let marker = b"\x1eabc:";
+        let mut tail = Tail::default();
+        let mut seen = tail.push(b"line one\nline two\n\x1ea", marker);
+        seen.extend(tail.push(b"bc:{\"count\": 1}", marker));
+        assert!(!seen.iter().any(|s| matches!(s, Split::Marker(_))), "no marker before its end: {seen:?}");
+        seen.extend(tail.push(b"\x1e\n", marker));
+        assert_eq!(outputs(&seen), b"line one\nline two\n");
+        assert_eq!(seen.last(), Some(&Split::Marker("{\"count\": 1}".into())));
+    }
+
+    #[test]
+    fn output_without_newlines_is_streamed_and_memory_stays_bounded() {
+        let marker = b"\x1enonce\x1e\n";
+        let mut tail = Tail::default();
+        let mut sent = 0;
+        for _ in 0..64 {
+            sent += outputs(&tail.push(&[b'x'; 65536], marker)).len();
+            assert!(tail.held.len() < marker.len(), "{} bytes held", tail.held.len());
+        }
+        assert_eq!(sent, 64 * 65536, "everything was streamed before the end");
+        let end = tail.push(b"\x1enonce\x1e\n", marker);
+        assert_eq!(sent + outputs(&end).len(), 64 * 65536);
+        assert_eq!(end.last(), Some(&Split::Marker(String::new())));
+    }
+
+    #[test]
+    fn a_cut_never_splits_a_utf8_character() {
+        let marker = b"\x1en\x1e\n";
+        let mut tail = Tail::default();
+        let text = "é€😀".repeat(1000);
+        let bytes = text.as_bytes();
+        let mut sent = Vec::new();
+        for chunk in bytes.chunks(7) {
+            let out = outputs(&tail.push(chunk, marker));
+            assert!(std::str::from_utf8(&out).is_ok(), "a split character was sent");
+            sent.extend(out);
+        }
+        sent.extend(tail.rest());
+        assert_eq!(sent, bytes);
+    }
+
+    #[test]
+    fn a_stray_record_separator_is_output_not_a_marker() {
+        let marker = b"\x1eabc:";
+        let mut tail = Tail::default();
+        let found = tail.push(b"a\x1eb\nnext\n\x1ea", marker);
+        // Only what may begin the marker waits.
+        assert_eq!(outputs(&found), b"a\x1eb\nnext\n");
     }
 }

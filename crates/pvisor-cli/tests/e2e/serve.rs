@@ -700,9 +700,10 @@ fn stdout_of(sse: &str) -> String {
 }
 
 /// Issue 20: `networkPolicy` is enforced by the sandbox Job's proxy, in the
-/// reference egress sidecar's order (first matching rule, then
+/// reference egress sidecar's order (names: the first matching rule, then
 /// `defaultAction`: components/egress/pkg/policy/policy.go, `Evaluate`, and
-/// domain_index.go, `match`); a client that ignores the proxy variables
+/// domain_index.go, `match`; addresses: deny sets before allow sets,
+/// pkg/nftables/manager.go); a client that ignores the proxy variables
 /// reaches nothing (the VM has no NIC); every decision is a Trace event.
 #[test]
 fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
@@ -713,7 +714,7 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
         (json!({ "egress": [{ "action": "permit", "target": "a.com" }] }), "egress[0].action"),
         (json!({ "egress": [{ "action": "allow", "target": "" }] }), "empty"),
         (
-            json!({ "egress": [{ "action": "allow", "target": "a.com" }, { "action": "deny", "target": "10.0.0.1/8" }] }),
+            json!({ "egress": [{ "action": "allow", "target": "a.com" }, { "action": "deny", "target": "10.0.0.0/33" }] }),
             "egress[1]",
         ),
         (json!({ "egress": [{ "action": "allow", "target": "300.1.2.0/24" }] }), "CIDR"),
@@ -736,7 +737,7 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
         "networkPolicy": { "defaultAction": "allow", "egress": [
             { "action": "deny", "target": "localhost" },
             { "action": "allow", "target": "127.0.0.0/8" },
-            { "action": "deny", "target": "127.0.0.1" } ] } }));
+            { "action": "deny", "target": "127.0.0.2" } ] } }));
     daemon.wait_state(&only_localhost, "Running", &["Pending"]);
     daemon.wait_state(&first_match, "Running", &["Pending"]);
     // Inside the guest, localhost and 127.0.0.1 are the guest itself and
@@ -771,10 +772,13 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
         assert!(direct.contains(want), "{want} missing: {direct}");
     }
 
-    // First match wins: localhost is denied by egress[0] though the default
-    // allows; 127.0.0.1 is allowed by egress[1] though egress[2] denies it.
+    // Names: the first matching rule wins, so localhost is denied by
+    // egress[0] though the default allows. Addresses: a deny rule beats an
+    // allow rule whatever the order, as the reference's nftables sets do, so
+    // 127.0.0.1 is allowed by egress[1] and 127.0.0.2 denied by egress[2].
     assert_eq!(status(&first_match, &by_name), "403");
     assert_eq!(status(&first_match, &by_ip), "200");
+    assert_eq!(status(&first_match, &format!("http://127.0.0.2:{port}/hello.txt")), "403");
 
     // The egress sidecar's policy API (port 18080, what the SDKs'
     // get_egress_policy calls) reads the policy back; a change is refused.
