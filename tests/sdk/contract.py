@@ -366,6 +366,18 @@ assert [e["text"] for e in events if e["type"] == "stdout"] == ["no-newline"], e
 events = run("if then fi")  # a syntax error does not wedge the shell
 assert events[-1]["type"] == "error" and events[-1]["error"]["evalue"] == "2", events
 assert [e["text"] for e in run("echo still-here") if e["type"] == "stdout"] == ["still-here"]
+# A timeout ends the answer at once and interrupts the command line; the
+# shell lives on, and the next run sees none of the old output.
+started = time.time()
+events = run("sleep 30; echo not-reached", timeout=1000)
+assert time.time() - started < 15 and events[-1]["type"] == "error", events
+assert "timeout" in events[-1]["error"]["traceback"][0], events
+for attempt in range(10):
+    events = run("echo $X after-timeout")
+    if events[-1]["type"] == "execution_complete":
+        break
+    time.sleep(0.5)  # still draining the interrupted run
+assert [e["text"] for e in events if e["type"] == "stdout"] == ["42 after-timeout"], events
 ex("DELETE", "/session/{sessionId}", f"/session/{session}", 200)
 ex("DELETE", "/session/{sessionId}", f"/session/{session}", 404)
 r = ex("POST", "/session/{sessionId}/run", f"/session/{session}/run", 400, json={"command": "true"})

@@ -314,7 +314,9 @@ pub async fn run(
             return;
         }
         let language = context.language;
+        let mut tx = Some(tx);
         context.repl.run(&request.code, None, None, |piece| {
+            let last = matches!(piece, Piece::Failed(_));
             let events = match piece {
                 // Jupyter's streams are chunks, not lines: sent as they come.
                 Piece::Stdout(b) => output_events("stdout", vec![b]),
@@ -330,7 +332,13 @@ pub async fn run(
                     json!({ "type": "error", "error": { "ename": "ContextError", "evalue": why, "traceback": [] } }),
                 )],
             };
-            events.into_iter().all(|e| tx.blocking_send(e).is_ok())
+            let sent = tx.as_ref().is_some_and(|tx| events.into_iter().all(|e| tx.blocking_send(e).is_ok()));
+            if last {
+                // The answer is complete: end the stream now, even while an
+                // interrupted run is still being drained.
+                tx = None;
+            }
+            sent
         });
     });
     Ok(sse(body))

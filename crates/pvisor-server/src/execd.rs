@@ -549,7 +549,9 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
         let started = Instant::now();
         let _ = tx.blocking_send(event(json!({ "type": "init", "text": id })));
         let (mut out, mut err) = (Lines::default(), Lines::default());
+        let mut tx = Some(tx);
         session.run(&request.command, request.cwd.as_deref(), request.timeout.map(Duration::from_millis), |piece| {
+            let last = matches!(piece, Piece::Failed(_));
             let events = match piece {
                 Piece::Stdout(b) => output_events("stdout", out.push(&b)),
                 Piece::Stderr(b) => output_events("stderr", err.push(&b)),
@@ -559,7 +561,13 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
                 },
                 Piece::Failed(why) => ending(&mut out, &mut err, event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } }))),
             };
-            events.into_iter().all(|e| tx.blocking_send(e).is_ok())
+            let sent = tx.as_ref().is_some_and(|tx| events.into_iter().all(|e| tx.blocking_send(e).is_ok()));
+            if last {
+                // The answer is complete: end the stream now, even while an
+                // interrupted run is still being drained.
+                tx = None;
+            }
+            sent
         });
     });
     Ok(sse(body))
