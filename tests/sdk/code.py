@@ -29,6 +29,17 @@ cfg = ConnectionConfigSync(
     request_timeout=timedelta(seconds=120),
 )
 
+def interrupt_later(codes, context, times=1):
+    """Interrupts `context` `times` times, 3 s from now (while a run is under way)."""
+
+    def later():
+        time.sleep(3)
+        for _ in range(times):
+            codes.interrupt(context.id)
+
+    threading.Thread(target=later, daemon=True).start()
+
+
 sb = SandboxSync.create("python", connection_config=cfg, timeout=timedelta(minutes=10), ready_timeout=timedelta(seconds=180))
 try:
     ci = CodeInterpreterSync.create(sb, skip_health_check=True)
@@ -61,11 +72,7 @@ try:
     assert "".join(m.text for m in r.logs.stdout).strip() == "False", r
 
     # Interrupt: a long cell ends with KeyboardInterrupt; the context lives.
-    def interrupt_soon():
-        time.sleep(3)
-        codes.interrupt(ctx.id)
-
-    threading.Thread(target=interrupt_soon, daemon=True).start()
+    interrupt_later(codes, ctx)
     started = time.monotonic()
     r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
     assert r.error is not None and r.error.name == "KeyboardInterrupt", r
@@ -79,12 +86,7 @@ try:
     assert codes.run("x * 2", context=ctx).result[0].text == "84"
 
     # Two interrupts in quick succession end the cell, never the driver.
-    def interrupt_twice():
-        time.sleep(3)
-        codes.interrupt(ctx.id)
-        codes.interrupt(ctx.id)
-
-    threading.Thread(target=interrupt_twice, daemon=True).start()
+    interrupt_later(codes, ctx, times=2)
     r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
     assert r.error is not None and r.error.name == "KeyboardInterrupt", r
     assert codes.run("x + 2", context=ctx).result[0].text == "44"
@@ -117,11 +119,7 @@ try:
 
     # An interrupt ends the command, not the shell; a command that reads
     # stdin reads nothing (it cannot swallow the run's end).
-    def interrupt_sh():
-        time.sleep(3)
-        codes.interrupt(sh.id)
-
-    threading.Thread(target=interrupt_sh, daemon=True).start()
+    interrupt_later(codes, sh)
     r = codes.run("sleep 100; echo not-reached", context=sh)
     assert r.error is not None and "not-reached" not in "".join(m.text for m in r.logs.stdout), r
     assert "".join(m.text for m in codes.run("echo $GREETING", context=sh).logs.stdout).strip() == "hi"
