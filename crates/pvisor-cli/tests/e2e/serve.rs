@@ -814,6 +814,18 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
     let refused = policy_api("PATCH", r#"[{"action":"allow","target":"example.com"}]"#);
     assert!(refused.ends_with("400") && refused.contains("fixed at create"), "{refused}");
 
+    // The policy survives a pause and resume (a new Attempt of the same Job,
+    // from the recorded decision): allowed still arrives, denied still 403.
+    let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{only_localhost}/pause"), None);
+    assert_eq!(code, 202, "{body}");
+    daemon.wait_state(&only_localhost, "Paused", &["Pausing", "Running"]);
+    let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{only_localhost}/resume"), None);
+    assert_eq!(code, 202, "{body}");
+    daemon.wait_state(&only_localhost, "Running", &["Resuming", "Paused"]);
+    let raw = daemon.run(&only_localhost, &format!("curl -sSf --noproxy '' {by_name}"));
+    assert!(stdout_of(&raw).contains("from the host"), "after resume, an allowed request failed: {raw}");
+    assert_eq!(status(&only_localhost, &by_ip), "403", "after resume");
+
     // Every decision is in the sandbox Job's Trace, with the rule that made it.
     let job = daemon.record(&only_localhost)["job"].as_str().unwrap().to_owned();
     let events = text(&daemon.env.pvisor(&["events", &job, "--json"]).stdout);
