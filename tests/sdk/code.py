@@ -66,6 +66,13 @@ try:
     assert "undefined_variable" in r.error.value and r.complete is None, r
     assert any("NameError" in line for line in r.error.traceback), r.error
 
+    # An interrupt the moment a context exists ends nothing (the driver is
+    # ready before the context is returned; an idle interrupt is dropped).
+    early = codes.create_context(SupportedLanguage.PYTHON)
+    codes.interrupt(early.id)
+    assert codes.run("1 + 1", context=early).result[0].text == "2"
+    codes.delete_context(early.id)
+
     # Two contexts never share state.
     other = codes.create_context(SupportedLanguage.PYTHON)
     r = codes.run("print('x' in globals())", context=other)

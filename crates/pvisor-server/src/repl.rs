@@ -53,7 +53,9 @@ pub enum Dialect {
 /// came while idle is discarded, so an interrupt ends the cell it was aimed
 /// at (KeyboardInterrupt is its error) and never the driver.
 pub const PYTHON_DRIVER: &str = r#"
-import ast, json, os, signal, sys, traceback, types
+import signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+import ast, json, os, sys, traceback, types
 
 def describe(e):
     try:
@@ -74,8 +76,8 @@ def serve():
     cell.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = cell
     block = {signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, block)
     count = 0
+    os.write(marks[0], b"\x1eready\x1e\n")
     while True:
         try:
             line = requests.readline()
@@ -167,6 +169,10 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// What an interpreter prints once it is ready for runs.
+const READY: &[u8] = b"\x1eready\x1e\n";
+/// How long a starting interpreter may take (Python under TCG is slow).
+const READY_WAIT: Duration = Duration::from_secs(60);
 /// The most an end marker's payload (a Python result) may hold.
 const PAYLOAD_MAX: usize = 4 << 20;
 
@@ -330,11 +336,35 @@ impl Repl {
             let init: &[u8] = if shell.ends_with("bash") {
                 // bash: a run is a function, and the trap's `return` ends it
                 // (the rest of the command line too, as at a prompt).
-                b"__pvisor_run() { eval \"$__pvisor_cmd\"; }\ntrap 'return 130 2>/dev/null' INT\nexec 8>&1 9>&2\n"
+                b"__pvisor_run() { eval \"$__pvisor_cmd\"; }\ntrap 'return 130 2>/dev/null' INT\nexec 8>&1 9>&2\nprintf '\\036ready\\036\\n'\n"
             } else {
-                b"trap : INT\nexec 8>&1 9>&2\n"
+                b"trap : INT\nexec 8>&1 9>&2\nprintf '\\036ready\\036\\n'\n"
             };
             input.stdin(init).map_err(|e| ApiError::internal(e.to_string()))?;
+        }
+        // Ready only once the interpreter says so: an interrupt sent before
+        // its SIGINT handling is in place (a Python still starting) would
+        // end it instead of a cell.
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        while memchr::memmem::find(&seen, READY).is_none() {
+            if started.elapsed() > READY_WAIT {
+                return Err(ApiError::internal(format!(
+                    "{shell} did not become ready within {READY_WAIT:?}"
+                )));
+            }
+            match channel.next_reply() {
+                Ok(Some((Reply::Stdout { .. }, bytes))) => seen.extend_from_slice(&bytes),
+                Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
+                    return Err(ApiError::bad_request(format!(
+                        "{shell} exited as it started (status {code:?}, signal {signal:?})"
+                    )))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    return Err(ApiError::internal(format!("{shell}'s relay closed as it started")))
+                }
+            }
         }
         // Bounded, and output between runs (a background job's) is dropped:
         // a chatty session cannot grow the daemon; a slow client of a run
