@@ -49,9 +49,10 @@ pub enum Dialect {
 /// and ends it with the markers the module doc describes on private copies
 /// of fds 1 and 2 (a cell that redirects or closes its stdout cannot lose
 /// them), the payload being `{"count", "result", "error"}` as JSON (ASCII:
-/// no 0x1e inside). SIGINT is blocked except while a cell runs, and one that
-/// came while idle is discarded, so an interrupt ends the cell it was aimed
-/// at (KeyboardInterrupt is its error) and never the driver.
+/// no 0x1e inside). SIGINT is blocked except while a cell runs; one sent
+/// after the cell was asked for but before it started waits and ends it,
+/// one that comes after it ended is discarded, so an interrupt ends the cell
+/// it was aimed at (KeyboardInterrupt is its error) and never the driver.
 pub const PYTHON_DRIVER: &str = r#"
 import signal
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -90,8 +91,6 @@ def serve():
         count += 1
         result, error = None, None
         try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
             try:
                 tree = ast.parse(code, "<cell>", "exec")
@@ -124,6 +123,9 @@ def serve():
                 break
             except KeyboardInterrupt:
                 continue
+        # An interrupt that came after the cell ended was for it, not the next.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 serve()
 "#;
@@ -136,6 +138,8 @@ pub struct Repl {
     input: Mutex<guest::ExecSignaller>,
     output: Mutex<Receiver<Out>>,
     busy: Arc<AtomicBool>,
+    /// This run was interrupted already.
+    interrupted: AtomicBool,
     ended: Arc<AtomicBool>,
     /// Why the interpreter ended, once it has.
     why: Arc<Mutex<Option<String>>>,
@@ -406,6 +410,7 @@ impl Repl {
             input: Mutex::new(input),
             output: Mutex::new(rx),
             busy,
+            interrupted: AtomicBool::new(false),
             ended,
             why: why_ended,
         })
@@ -439,6 +444,7 @@ impl Repl {
             ));
             return;
         }
+        self.interrupted.store(false, Ordering::SeqCst);
         let output = self.output.lock().unwrap_or_else(|p| p.into_inner());
         // Whatever background jobs printed between runs is not this run's.
         while let Ok(stale) = output.try_recv() {
@@ -549,8 +555,14 @@ impl Repl {
     }
 
     /// Interrupts the run in progress (SIGINT); the interpreter survives.
+    /// With no run in progress it does nothing, as the reference's kernel
+    /// interrupt does (an idle signal would wait for the next cell).
+    /// Once per run: a second signal could land after the cell ended and
+    /// wait for the next one.
     pub fn interrupt(&self) {
-        let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGINT);
+        if self.busy.load(Ordering::SeqCst) && !self.interrupted.swap(true, Ordering::SeqCst) {
+            let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGINT);
+        }
     }
 
     pub fn kill(&self) {
