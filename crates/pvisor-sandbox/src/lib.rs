@@ -14,6 +14,7 @@
 //! thing in `main`: the `ns` backend re-executes the current binary as a small,
 //! single-threaded helper that builds the namespaces (see `ns/helper.rs`).
 
+pub mod capabilities;
 pub mod doctor;
 pub mod limits;
 pub mod ns;
@@ -278,7 +279,8 @@ impl Signaller {
     }
 
     /// A signaller whose `SIGKILL` must end the whole sandbox at once.
-    pub(crate) fn custom(f: std::sync::Arc<SignalFn>) -> Self {
+    /// Public for backends outside this crate (tests' fake executors).
+    pub fn custom(f: std::sync::Arc<SignalFn>) -> Self {
         Self { target: SignalTarget::Custom(f) }
     }
 

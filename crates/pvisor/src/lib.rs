@@ -17,16 +17,25 @@
 //!    the Trace, trusting only valid receipts.
 //! 7. [`trust`]: which workspace configuration files the user trusts.
 //!
+//! Frontends reach all of it through one entry point, [`Runtime::execute`]
+//! with an [`Action`] (see [`actions`]); [`backends`] says which executor
+//! runs each backend and what each can do to a running Job.
+//!
 //! The library never prints, exits or reads user configuration; the CLI and
 //! the daemon do.
 
+pub mod actions;
 pub mod admission;
+pub mod backends;
 pub mod effects;
 use pvisor_core::failpoint;
 pub mod runtime;
 pub mod session;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod trace;
 pub mod trust;
 
+pub use actions::{Action, Runtime, RuntimeError};
 pub use admission::{AdmissionError, RunRequest};
 pub use runtime::job_service::{JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome};

@@ -19,6 +19,7 @@ mod disk;
 mod export;
 pub mod guest;
 pub mod image;
+mod live;
 mod qmp;
 
 use std::collections::HashMap;
@@ -40,6 +41,7 @@ use pvisor_agent::{read_frame, write_frame, Reply, Request};
 
 pub use checkpoint::{ControlRequest, ControlResponse, ExecCheckpoint};
 pub use image::{AccelChoice, Accelerator, GuestImage};
+pub use live::VmControl;
 
 use crate::{
     sys, Executor, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller,

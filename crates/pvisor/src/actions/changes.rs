@@ -1,0 +1,51 @@
+//! Actions on a Job's staged changes: apply the selected ones to the
+//! workspace, or drop them.
+
+use pvisor_core::ids::JobId;
+use pvisor_core::records::ChangeEntry;
+
+use super::{Action, Runtime, RuntimeError};
+use crate::effects::{self, ApplyOptions, ApplyReport, DropReport, Selection};
+
+/// Applies the selected changes; `progress` sees each change as it lands.
+pub struct Apply<'a> {
+    pub job: JobId,
+    pub selection: Selection,
+    pub options: ApplyOptions,
+    pub progress: Box<dyn FnMut(&ChangeEntry) + 'a>,
+}
+
+impl std::fmt::Debug for Apply<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Apply")
+            .field("job", &self.job)
+            .field("selection", &self.selection)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Action for Apply<'_> {
+    const NAME: &'static str = "apply";
+    type Outcome = ApplyReport;
+
+    fn perform(self, runtime: &Runtime) -> Result<ApplyReport, RuntimeError> {
+        Ok(effects::apply(&runtime.store, &self.job, &self.selection, self.options, self.progress)?)
+    }
+}
+
+/// Drops the staged changes matching `patterns` (every remaining one when
+/// empty). Never undoes an apply.
+#[derive(Debug)]
+pub struct DropChanges {
+    pub job: JobId,
+    pub patterns: Vec<String>,
+}
+
+impl Action for DropChanges {
+    const NAME: &'static str = "drop";
+    type Outcome = DropReport;
+
+    fn perform(self, runtime: &Runtime) -> Result<DropReport, RuntimeError> {
+        Ok(effects::drop_changes(&runtime.store, &self.job, &self.patterns)?)
+    }
+}

@@ -1,0 +1,78 @@
+//! Access to the guest of a running Job: more commands, agent file
+//! operations and byte streams to its services — what `pvisor serve`'s
+//! execd, code interpreter and port relay are built on.
+//!
+//! [`OpenGuest`] resolves the Job's live Attempt once and checks that its
+//! backend has a guest; the [`Guest`] handle then carries each request to
+//! the backend's [`GuestAccess`].
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_sandbox::capabilities::{CapabilityError, GuestAccess, Reply, Request};
+use pvisor_sandbox::vm::guest::{ExecChannel, ExecSpec};
+
+use super::{Action, Runtime, RuntimeError};
+
+/// Opens the guest of `job`'s running Attempt.
+#[derive(Debug)]
+pub struct OpenGuest {
+    pub job: JobId,
+}
+
+/// The guest of one running Attempt. Cheap to clone; a request after the
+/// Attempt ended fails with [`CapabilityError::Unreachable`].
+#[derive(Clone, Debug)]
+pub struct Guest {
+    access: Arc<dyn GuestAccess>,
+    attempt: AttemptId,
+    attempt_dir: PathBuf,
+}
+
+impl Action for OpenGuest {
+    const NAME: &'static str = "open-guest";
+    type Outcome = Guest;
+
+    fn perform(self, runtime: &Runtime) -> Result<Guest, RuntimeError> {
+        let live = runtime.job(&self.job)?;
+        let access =
+            runtime.backends.guest_access(live.executor()).ok_or_else(|| RuntimeError::Unsupported {
+                job: self.job.clone(),
+                executor: live.executor().to_owned(),
+                what: "reach a guest",
+                hint: "guest access needs a Job started with --executor vm",
+            })?;
+        runtime.require_running(&live, "only a running Job has a guest to reach")?;
+        Ok(Guest { access, attempt: live.attempt, attempt_dir: live.attempt_dir })
+    }
+}
+
+impl Guest {
+    /// The Attempt this handle reaches.
+    pub fn attempt(&self) -> &AttemptId {
+        &self.attempt
+    }
+
+    /// Starts another command in the guest; its stdio and exit are relayed.
+    pub fn exec(&self, spec: ExecSpec) -> Result<ExecChannel, CapabilityError> {
+        self.access.exec(&self.attempt_dir, spec)
+    }
+
+    /// One agent request with its payload, answered by one reply.
+    pub fn call(
+        &self,
+        request: &Request,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(Reply, Vec<u8>), CapabilityError> {
+        self.access.call(&self.attempt_dir, request, payload, timeout)
+    }
+
+    /// A byte stream to `127.0.0.1:port` inside the guest.
+    pub fn connect(&self, port: u16) -> Result<UnixStream, CapabilityError> {
+        self.access.connect(&self.attempt_dir, port)
+    }
+}
