@@ -4,7 +4,9 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::bail;
 
-use pvisor::effects::{self, ApplyOptions, Selection, Stage};
+use pvisor::actions::{Apply, DropChanges};
+use pvisor::effects::{ApplyOptions, Selection, Stage};
+use pvisor::Runtime;
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
@@ -55,12 +57,14 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     };
     let stderr_tty = std::io::stderr().is_terminal();
     let mut written = 0usize;
-    let report = effects::apply(&store, &job, &selection, options, |_| {
+    let progress = Box::new(|_: &pvisor_core::records::ChangeEntry| {
         written += 1;
         if stderr_tty && written.is_multiple_of(500) {
             eprint!("\rpvisor: applied {written} files…");
         }
-    })?;
+    });
+    let report =
+        Runtime::on_host(store.clone()).execute(Apply { job: job.clone(), selection, options, progress })?;
     if stderr_tty && written >= 500 {
         eprintln!();
     }
@@ -153,7 +157,7 @@ fn drop_chosen(
         return Ok(());
     }
     let patterns: Vec<String> = paths.iter().map(|p| p.as_path().to_string_lossy().into_owned()).collect();
-    let report = effects::drop_changes(store, job, &patterns)?;
+    let report = Runtime::on_host(store.clone()).execute(DropChanges { job: job.clone(), patterns })?;
     for change in &report.dropped {
         println!("  dropped     {:<12} {}", change.kind.as_str(), change.path.display_escaped());
     }

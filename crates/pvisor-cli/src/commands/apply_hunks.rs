@@ -8,7 +8,9 @@
 
 use std::io::{Read, Write};
 
+use pvisor::actions::Apply;
 use pvisor::effects::{self, ApplyOptions, HunkChoice, Selection, Stage};
+use pvisor::Runtime;
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::hunks::Hunks;
@@ -180,7 +182,13 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     if !whole.is_empty() {
         let options = ApplyOptions { sensitive: sensitive.clone(), ..Default::default() };
-        let applied = effects::apply(&store, &job, &Selection::Paths(whole), options, |_| {})?;
+        let apply = Apply {
+            job: job.clone(),
+            selection: Selection::Paths(whole),
+            options,
+            progress: Box::new(|_| {}),
+        };
+        let applied = Runtime::on_host(store.clone()).execute(apply)?;
         for (change, reason) in applied.conflicts.iter().chain(&applied.failed) {
             incomplete = true;
             writeln!(out, "  REFUSED    {}: {}", change.path.display_escaped(), shown(reason))?;

@@ -2,9 +2,10 @@
 
 use std::io::Write;
 
+use pvisor::actions::Gc;
 use pvisor::runtime::archive::{self, ArchiveError};
-use pvisor::runtime::gc;
 use pvisor::runtime::job_service::views;
+use pvisor::Runtime;
 
 use crate::cli::{ExportArgs, GcArgs, ImportArgs, VerifyArgs};
 use crate::output::json_line;
@@ -86,8 +87,10 @@ pub fn cmd_import(args: ImportArgs) -> anyhow::Result<i32> {
 
 pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let report =
-        super::freeing_space(&store, || Ok(gc::gc(&store, args.older_than, args.dry_run, args.force)?))?;
+    let report = super::freeing_space(&store, || {
+        let gc = Gc { age: args.older_than, dry_run: args.dry_run, force: args.force };
+        Ok(Runtime::on_host(store.clone()).execute(gc)?)
+    })?;
     let mut out = std::io::stdout().lock();
     if args.json {
         for f in &report.freed {

@@ -15,7 +15,8 @@ pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     if args.kind == "execution" {
         return super::execution::cmd_checkpoint_execution(&store, &job, args.json);
     }
-    let (manifest, _hold) = checkpoint::checkpoint(&store, &job)?;
+    let (manifest, _hold) = pvisor::Runtime::on_host(store.clone())
+        .execute(pvisor::actions::CheckpointWorkspace { job: job.clone() })?;
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
     let me = crate::output::me();
@@ -82,7 +83,8 @@ pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
         (id, hold)
     } else {
         let job = views::resolve_job(&store, Some(&args.from))?;
-        let (manifest, hold) = checkpoint::checkpoint(&store, &job)?;
+        let (manifest, hold) = pvisor::Runtime::on_host(store.clone())
+            .execute(pvisor::actions::CheckpointWorkspace { job: job.clone() })?;
         if !args.run.quiet {
             eprintln!("pvisor: checkpointed {job} as {} ({})", manifest.id, manifest.copy_method);
         }

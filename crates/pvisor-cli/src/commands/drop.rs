@@ -2,7 +2,8 @@
 
 use std::io::Write;
 
-use pvisor::effects;
+use pvisor::actions::DropChanges;
+use pvisor::Runtime;
 
 use crate::cli::DropArgs;
 use crate::output::{path_lines, Detail, PathLine};
@@ -10,7 +11,10 @@ use crate::output::{path_lines, Detail, PathLine};
 pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
-    let report = super::freeing_space(&store, || Ok(effects::drop_changes(&store, &job, &paths)?))?;
+    let report = super::freeing_space(&store, || {
+        Ok(Runtime::on_host(store.clone())
+            .execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
+    })?;
     let mut out = std::io::stdout().lock();
     let lines: Vec<PathLine> = report
         .dropped

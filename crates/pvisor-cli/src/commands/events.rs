@@ -3,7 +3,8 @@
 use pvisor_core::text::{escape, Tabs};
 use std::io::Write;
 
-use pvisor::runtime::job_service::views;
+use pvisor::actions::{Events, Trace};
+use pvisor::Runtime;
 
 use crate::cli::EventsArgs;
 use crate::output::json_line;
@@ -12,8 +13,7 @@ pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
-    let job_record: pvisor_core::records::JobRecord = store.read(&store.job_file(&job))?;
-    let (events, warnings) = views::events(&store, &job_record.run)?;
+    let Trace { events, warnings } = Runtime::on_host(store).execute(Events { job })?;
     let mut out = std::io::stdout().lock();
     for event in &events {
         if args.json {

@@ -19,7 +19,7 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
             eprintln!("pvisor: warning: {id}: {e}");
         }
     }
-    let mut listing = views::list(&store)?;
+    let mut listing = pvisor::Runtime::on_host(store.clone()).execute(pvisor::actions::ListJobs)?;
     if args.tree {
         listing = tree_order(listing);
     }

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
+use pvisor::actions::Run;
 use pvisor::admission::ExecutionFork;
-use pvisor::{JobService, ManagedJobRun, RunEnd, RunOutcome, RunRequest, SuspendedOutcome};
+use pvisor::{ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SuspendedOutcome};
 use pvisor_core::state::ResultState;
-use pvisor_sandbox::ns::NsExecutor;
-use pvisor_sandbox::vm::VmExecutor;
 use pvisor_sandbox::Executor;
 
 use crate::cli::{ExecutorArg, NetArg, RunArgs, RunOptions};
@@ -43,13 +42,11 @@ pub fn executor_for(
     store: &pvisor_core::store::Store,
     which: ExecutorArg,
 ) -> anyhow::Result<Arc<dyn Executor>> {
-    Ok(match which {
-        ExecutorArg::Ns => Arc::new(NsExecutor),
-        ExecutorArg::Vm => match VmExecutor::prepare(store.root()) {
-            Ok(vm) => Arc::new(vm),
-            Err(e) => Arc::new(pvisor_sandbox::Unavailable::new("vm", &e)),
-        },
-    })
+    let name = match which {
+        ExecutorArg::Ns => "ns",
+        ExecutorArg::Vm => "vm",
+    };
+    Ok(Runtime::on_host(store.clone()).executor(name)?)
 }
 
 /// Runs `command` as a new Job over `workspace` (or as a fork of `fork`, or
@@ -112,8 +109,8 @@ pub fn execute(
         env,
         kill_grace: options.kill_grace,
     };
-    let service = JobService::new(store, executor);
-    drive(options.quiet, move || service.submit(request).map_err(Into::into))
+    let runtime = Runtime::on_host(store);
+    drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/

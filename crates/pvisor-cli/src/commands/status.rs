@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use pvisor::runtime::job_service::views::{self, JobStatus, ReceiptStatus};
+use pvisor::actions::Status;
+use pvisor::runtime::job_service::views::{JobStatus, ReceiptStatus};
+use pvisor::Runtime;
 
 use crate::cli::StatusArgs;
 use crate::output::{ending, json_line, shell_words};
@@ -11,7 +13,7 @@ pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let job = super::resolve_job(&store, args.job.as_deref())?;
     super::recover(&store, &job)?;
-    let status = views::status(&store, &job)?;
+    let status = Runtime::on_host(store.clone()).execute(Status { job: job.clone() })?;
     let mut out = std::io::stdout().lock();
     if args.json {
         json_line(&mut out, "status", &status)?;
