@@ -27,8 +27,9 @@ use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent::{
-    files, read_frame, write_frame, EntryKind, Reply, Request, LOWER_SERIAL, PORT_NAME, UPPER_SERIAL,
+use pvisor_agent::files;
+use pvisor_agent_proto::{
+    read_frame, write_frame, EntryKind, Reply, Request, LOWER_SERIAL, PORT_NAME, UPPER_SERIAL,
 };
 
 const LOWER_MNT: &str = "/mnt/pvisor/lower";
@@ -301,7 +302,7 @@ struct Agent {
 }
 
 /// Flow control for guest-to-host stream data: a stream's pump waits while
-/// [`pvisor_agent::CREDITS`] of its chunks are unacknowledged, so a slow
+/// [`pvisor_agent_proto::CREDITS`] of its chunks are unacknowledged, so a slow
 /// host end (a client not reading a forwarded service) stalls that stream
 /// only, never the channel every other reply shares.
 #[derive(Default)]
@@ -316,7 +317,7 @@ impl StreamCredits {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let n = in_flight.entry(stream).or_default();
-            if *n < pvisor_agent::CREDITS {
+            if *n < pvisor_agent_proto::CREDITS {
                 *n += 1;
                 return true;
             }
@@ -364,7 +365,7 @@ impl Writer {
         on_close: impl FnOnce() + Send + 'static,
     ) -> Self {
         // Room for more than the host keeps in flight (`CREDITS`).
-        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent::CREDITS * 2);
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent_proto::CREDITS * 2);
         std::thread::spawn(move || {
             for bytes in rx {
                 if target.write_all(&bytes).is_err() {
@@ -405,7 +406,7 @@ impl Agent {
                 self.gate.open();
                 self.send(
                     Reply::Hello {
-                        version: pvisor_agent::VERSION,
+                        version: pvisor_agent_proto::VERSION,
                         agent: format!("pvisor-agent {}", env!("CARGO_PKG_VERSION")),
                         uptime_ms: self.boot.elapsed().as_millis() as u64,
                     },
@@ -566,7 +567,7 @@ impl Agent {
         std::thread::spawn(move || {
             let mut next = 0u32;
             for conn in listener.incoming().flatten() {
-                next = (next + 1) % pvisor_agent::HOST_STREAM;
+                next = (next + 1) % pvisor_agent_proto::HOST_STREAM;
                 let stream = next.max(1);
                 if let Ok(start) = attach_stream(stream, conn, &out, &streams, &credits) {
                     // Announced before any of its bytes can be sent.
@@ -836,7 +837,7 @@ fn read_range(path: &Path, offset: u64, len: Option<u64>) -> io::Result<Vec<u8>>
     use std::io::{Seek, SeekFrom};
     let mut file = open_regular(OpenOptions::new().read(true), path)?;
     file.seek(SeekFrom::Start(offset))?;
-    let limit = len.unwrap_or(u64::MAX).min(u64::from(pvisor_agent::MAX_PAYLOAD));
+    let limit = len.unwrap_or(u64::MAX).min(u64::from(pvisor_agent_proto::MAX_PAYLOAD));
     let mut bytes = Vec::new();
     file.take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
