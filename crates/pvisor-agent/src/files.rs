@@ -1,13 +1,17 @@
 //! The guest side of the sandbox file API ([`Request::FileOp`](pvisor_agent_proto::Request::FileOp)):
 //! each operation resolved beneath a sandbox root with
-//! [`resolve_in_root`](pvisor_agent_proto::resolve_in_root). Plain std, so it is unit-tested on the host.
+//! [`resolve_in_root`](pvisor_agent_proto::resolve_in_root), and the plain
+//! reads and writes of `ReadFile`/`WriteFile`. Plain std, so it is unit-tested on the host.
 
-use std::fs;
-use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, MAX_HEADER, MAX_LISTING};
+use pvisor_agent_proto::{
+    resolve_in_root, EntryKind, FileOp, FileStat, Reply, MAX_HEADER, MAX_LISTING, MAX_PAYLOAD,
+};
 
 /// Runs `op` beneath `root` and returns the reply to send.
 pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
@@ -133,6 +137,41 @@ fn stat_of(path: PathBuf, meta: &fs::Metadata) -> FileStat {
         mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
     }
+}
+
+/// Reads at most `len` bytes (and at most `MAX_PAYLOAD`) from `offset`.
+pub fn read_range(path: &Path, offset: u64, len: Option<u64>) -> io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = open_regular(OpenOptions::new().read(true), path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let limit = len.unwrap_or(u64::MAX).min(u64::from(MAX_PAYLOAD));
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Opens `path` without blocking (a FIFO or a tty would hang the agent's
+/// only request loop) and refuses anything but a regular file.
+pub fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
+    let mut options = options.clone();
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    // Regular-file I/O ignores O_NONBLOCK, but clear it anyway, and only it
+    // (F_SETFL replaces every status flag: O_APPEND must stay).
+    // SAFETY: F_GETFL/F_SETFL on our own descriptor.
+    unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
 }
 
 #[cfg(test)]

@@ -1,0 +1,146 @@
+//! Bringing the guest up as PID 1: the pseudo-filesystems, the kernel
+//! modules the image lists, loopback networking, and (on `Setup`) the
+//! workspace overlay over the two virtio disks.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use pvisor_agent_proto::{LOWER_SERIAL, UPPER_SERIAL};
+
+pub(crate) const LOWER_MNT: &str = "/mnt/pvisor/lower";
+pub(crate) const UPPER_MNT: &str = "/mnt/pvisor/upper";
+
+/// Mounts the pseudo-filesystems and loads the modules listed in /etc/pvisor/modules.
+pub(crate) fn init_guest() -> io::Result<()> {
+    for (src, target, fstype) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("tmpfs", "/tmp", "tmpfs"),
+        ("tmpfs", "/run", "tmpfs"),
+    ] {
+        fs::create_dir_all(target)?;
+        let _ = mount(src, target, fstype, 0, "");
+    }
+    fs::create_dir_all("/dev/pts")?;
+    let _ = mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666");
+    let modules = fs::read_to_string("/etc/pvisor/modules").unwrap_or_default();
+    let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    for module in modules.lines().filter(|l| !l.trim().is_empty()) {
+        let file = File::open(module.trim())?;
+        let params = CString::new(module_params(module.trim(), &cmdline)).unwrap_or_default();
+        // SAFETY: a valid open fd and a NUL-terminated parameter string.
+        let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                eprintln!("pvisor-agent: cannot load {module}: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `name.key=value` words of the kernel command line that belong to the
+/// module at `path`: modprobe would pass them, and microvm describes its
+/// virtio-mmio devices this way (`virtio_mmio.device=…`).
+fn module_params(path: &str, cmdline: &str) -> String {
+    let file = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = file.split('.').next().unwrap_or_default().replace('-', "_");
+    let prefix = format!("{name}.");
+    cmdline.split_whitespace().filter_map(|word| word.strip_prefix(&prefix)).collect::<Vec<_>>().join(" ")
+}
+
+pub(crate) fn mount(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> io::Result<()> {
+    let c = |s: &str| CString::new(s).map_err(io::Error::other);
+    let (src, target, fstype, data) = (c(src)?, c(target)?, c(fstype)?, c(data)?);
+    // SAFETY: all pointers are NUL-terminated strings that outlive the call.
+    let rc =
+        unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Finds the block device whose virtio serial is `serial`.
+fn disk_by_serial(serial: &str) -> io::Result<PathBuf> {
+    for entry in fs::read_dir("/sys/block")?.flatten() {
+        let found = fs::read_to_string(entry.path().join("serial")).unwrap_or_default();
+        if found.trim() == serial {
+            return Ok(Path::new("/dev").join(entry.file_name()));
+        }
+    }
+    Err(io::Error::other(format!("no disk with serial {serial}")))
+}
+
+/// `ip link set lo up`, by ioctl (there is no iproute2 in the guest).
+pub(crate) fn loopback_up() -> io::Result<()> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    // SAFETY: a plain socket for interface ioctls.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req = IfReq { name: [0; 16], flags: 0, _pad: [0; 22] };
+    req.name[..2].copy_from_slice(b"lo");
+    req.flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a struct ifreq; ours has its layout and size.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing the socket we opened.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
+    let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    if !hostname.is_empty() {
+        // SAFETY: pointer and length describe `hostname`.
+        unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
+    }
+    fs::create_dir_all(LOWER_MNT)?;
+    fs::create_dir_all(UPPER_MNT)?;
+    let lower = disk_by_serial(LOWER_SERIAL)?;
+    let upper = disk_by_serial(UPPER_SERIAL)?;
+    let lower_s = lower.to_string_lossy().into_owned();
+    let upper_s = upper.to_string_lossy().into_owned();
+    mount(&lower_s, LOWER_MNT, "ext4", libc::MS_RDONLY | libc::MS_NODEV, "")
+        .map_err(ctx(format!("mounting the workspace image {lower_s}")))?;
+    mount(&upper_s, UPPER_MNT, "ext4", libc::MS_NODEV, "")
+        .map_err(ctx(format!("mounting the upper disk {upper_s}")))?;
+    let (up, work) = (Path::new(UPPER_MNT).join("upper"), Path::new(UPPER_MNT).join("work"));
+    fs::create_dir_all(&up)?;
+    fs::create_dir_all(&work)?;
+    // The upper root must look like the workspace root.
+    let root = fs::metadata(LOWER_MNT)?;
+    fs::set_permissions(&up, fs::Permissions::from_mode(root.mode() & 0o7777))?;
+    std::os::unix::fs::chown(&up, Some(root.uid()), Some(root.gid()))?;
+    fs::create_dir_all(workspace)?;
+    let options = format!(
+        "lowerdir={LOWER_MNT},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        up.display(),
+        work.display()
+    );
+    mount("overlay", &workspace.to_string_lossy(), "overlay", 0, &options)
+        .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
+}

@@ -1,0 +1,100 @@
+//! Execution checkpoints from the guest's side: `sync` and freeze the
+//! writable filesystem before the snapshot, thaw it after, and once
+//! restored (or forked) step the clock and reseed the CRNG so no two copies
+//! share a random stream.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use pvisor_agent_proto::Reply;
+
+use crate::init::UPPER_MNT;
+use crate::Agent;
+
+impl Agent {
+    /// After a restore or fork: resets what belonged to the old host, steps
+    /// the clock and reseeds the CRNG with `payload`, the host's entropy.
+    pub(crate) fn restored(&self, clock_unix_ns: i64, payload: &[u8]) {
+        // Connections to the old host's proxy are gone: reset them.
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.stream_credits.clear();
+        self.gate.open();
+        let step = set_clock(clock_unix_ns).unwrap_or(0);
+        let _ = reseed(payload);
+        let entropy_avail = fs::read_to_string("/proc/sys/kernel/random/entropy_avail")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        self.send(Reply::Restored { clock_step_ns: step, entropy_avail }, Vec::new());
+    }
+}
+
+pub(crate) fn quiesce() -> io::Result<Vec<PathBuf>> {
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    let mut frozen = Vec::new();
+    if Path::new(UPPER_MNT).join("upper").is_dir() {
+        freeze_ioctl(UPPER_MNT, FIFREEZE)?;
+        frozen.push(PathBuf::from(UPPER_MNT));
+    }
+    Ok(frozen)
+}
+
+pub(crate) fn thaw() -> io::Result<()> {
+    match freeze_ioctl(UPPER_MNT, FITHAW) {
+        // EINVAL: not frozen (thaw after a restore whose checkpoint froze is still fine).
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => other,
+    }
+}
+
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
+
+fn freeze_ioctl(mountpoint: &str, request: libc::c_ulong) -> io::Result<()> {
+    let dir = File::open(mountpoint)?;
+    // SAFETY: FIFREEZE/FITHAW take an int argument that the kernel ignores.
+    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), request, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Steps CLOCK_REALTIME to the host's time; returns how far it moved.
+pub(crate) fn set_clock(unix_ns: i64) -> io::Result<i64> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let ts = libc::timespec {
+        tv_sec: (unix_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_ns % 1_000_000_000) as _,
+    };
+    // SAFETY: a valid timespec.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unix_ns - now)
+}
+
+/// Mixes host entropy into the pool and forces the CRNG to reseed, so a
+/// restored or forked guest does not repeat its parent's random stream.
+fn reseed(entropy: &[u8]) -> io::Result<()> {
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    let random = OpenOptions::new().write(true).open("/dev/urandom")?;
+    let mut buf = Vec::with_capacity(8 + entropy.len());
+    buf.extend_from_slice(&((entropy.len() * 8) as i32).to_ne_bytes());
+    buf.extend_from_slice(&(entropy.len() as i32).to_ne_bytes());
+    buf.extend_from_slice(entropy);
+    // SAFETY: `buf` is a struct rand_pool_info followed by its buffer.
+    unsafe {
+        libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, buf.as_ptr());
+        libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG, 0);
+    }
+    Ok(())
+}
