@@ -5,7 +5,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -164,12 +163,8 @@ pub fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
     }
     // Regular-file I/O ignores O_NONBLOCK, but clear it anyway, and only it
     // (F_SETFL replaces every status flag: O_APPEND must stay).
-    // SAFETY: F_GETFL/F_SETFL on our own descriptor.
-    unsafe {
-        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
+    if let Ok(flags) = rustix::fs::fcntl_getfl(&file) {
+        let _ = rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK);
     }
     Ok(file)
 }

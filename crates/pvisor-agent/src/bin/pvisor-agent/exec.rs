@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvisor_agent_proto::Reply;
+use rustix::mount::MountFlags;
+use rustix::process::{Pid, WaitOptions};
 
 use crate::init::mount;
 use crate::link::Writer;
@@ -43,22 +45,26 @@ pub(crate) type Execs = Arc<Mutex<ExecTable>>;
 /// and reaping it here first would make std panic.
 pub(crate) fn reap(execs: Execs) {
     loop {
-        // SAFETY: siginfo_t is plain data that waitid fills in.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid writes only into `info`; WNOWAIT leaves the child reapable.
-        let rc = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
-        if rc < 0 {
+        // libc's waitid: rustix's reports no pid, and the peek is only
+        // useful with one.
+        // SAFETY: siginfo_t is plain data that waitid writes into (and only
+        // there); WNOWAIT leaves the child reapable; once waitid succeeded
+        // with WEXITED, si_pid is set.
+        let peeked = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let rc = libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT);
+            (rc >= 0).then(|| info.si_pid())
+        };
+        let Some(child) = peeked.and_then(Pid::from_raw) else {
             std::thread::sleep(Duration::from_millis(50));
             continue;
-        }
-        // SAFETY: waitid succeeded with WEXITED, so si_pid is set.
-        let pid = unsafe { info.si_pid() };
+        };
+        let pid = child.as_raw_nonzero().get();
         let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
-        let mut status = 0;
-        // SAFETY: waitpid writes only into `status`.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
-            continue; // spawn reaped it (a failed exec)
-        }
+        let status = match rustix::process::waitpid(Some(child), WaitOptions::NOHANG) {
+            Ok(Some((reaped, status))) if reaped == child => status.as_raw(),
+            _ => continue, // spawn reaped it (a failed exec)
+        };
         match table.by_pid.remove(&pid) {
             Some(tx) => {
                 let _ = tx.send(status);
@@ -89,6 +95,8 @@ impl Agent {
     pub(crate) fn signal(&self, id: u32, signal: i32) {
         let group = self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.get(&id).copied();
         if let Some(pgid) = group {
+            // libc's kill: rustix builds a `Signal` safely only for the named
+            // ones, and the host may forward any number (a real-time signal).
             // SAFETY: kill takes no pointers.
             unsafe { libc::kill(-pgid, signal) };
         }
@@ -164,21 +172,17 @@ impl Agent {
             Ok(c) => c,
             Err(e) => return self.send(failed(libc::EINVAL, e.to_string()), Vec::new()),
         };
-        // SAFETY: setsid, chroot and chdir are async-signal-safe; the
-        // CStrings were built before the fork.
+        // SAFETY: the closure runs between fork and exec, where only
+        // async-signal-safe work is allowed: rustix's setsid, chroot and
+        // chdir are bare syscalls, the CStrings were built before the fork,
+        // and an Errno becomes an io::Error without allocating.
         unsafe {
             command.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                rustix::process::setsid()?;
                 if let Some(root) = &confine {
-                    if libc::chroot(root.as_ptr()) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
+                    rustix::process::chroot(root.as_c_str())?;
                 }
-                if libc::chdir(cwd.as_ptr()) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                rustix::process::chdir(cwd.as_c_str())?;
                 Ok(())
             });
         }
@@ -273,19 +277,19 @@ fn prepare_root(root: &Path) -> io::Result<()> {
         }
     }
     let at = |dir: &str| root.join(dir).to_string_lossy().into_owned();
-    mount("proc", &at("proc"), "proc", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "")?;
-    mount("devtmpfs", &at("dev"), "devtmpfs", libc::MS_NOSUID, "")?;
+    mount("proc", &at("proc"), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")?;
+    mount("devtmpfs", &at("dev"), "devtmpfs", MountFlags::NOSUID, "")?;
     for (dir, fstype, data) in
         [("dev/pts", "devpts", "newinstance,ptmxmode=0666"), ("dev/shm", "tmpfs", "mode=1777")]
     {
         let _ = fs::create_dir_all(root.join(dir));
-        let _ = mount(fstype, &at(dir), fstype, libc::MS_NOSUID | libc::MS_NOEXEC, data);
+        let _ = mount(fstype, &at(dir), fstype, MountFlags::NOSUID | MountFlags::NOEXEC, data);
     }
     let _ = mount(
         "sysfs",
         &at("sys"),
         "sysfs",
-        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         "",
     );
     Ok(())

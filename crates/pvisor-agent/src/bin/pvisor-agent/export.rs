@@ -2,7 +2,6 @@
 //! their bytes, directories, symlinks, whiteouts, opaque markers) streamed
 //! as `Entry`/`Data` frames, which the host turns into the Run's stage.
 
-use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -18,8 +17,7 @@ impl Agent {
     /// Streams the upper layer, then `ExportDone` (or `Error`).
     pub(crate) fn export(&self) {
         let upper = Path::new(UPPER_MNT).join("upper");
-        // SAFETY: sync takes no arguments.
-        unsafe { libc::sync() };
+        rustix::fs::sync();
         let mut stats = (0u64, 0u64);
         match export_dir(&upper, &upper, &self.out, &mut stats) {
             Ok(()) => self.send(Reply::ExportDone { entries: stats.0, bytes: stats.1 }, Vec::new()),
@@ -79,11 +77,9 @@ fn export_dir(root: &Path, dir: &Path, out: &Out, stats: &mut (u64, u64)) -> io:
 }
 
 fn xattr_is(path: &Path, name: &str, want: &[u8]) -> bool {
-    let (Ok(p), Ok(n)) = (CString::new(path.as_os_str().as_bytes()), CString::new(name)) else {
-        return false;
-    };
     let mut buf = [0u8; 8];
-    // SAFETY: valid C strings and a buffer of the stated length.
-    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    len > 0 && &buf[..len as usize] == want
+    match rustix::fs::lgetxattr(path, name, &mut buf[..]) {
+        Ok(len) => len > 0 && &buf[..len] == want,
+        Err(_) => false,
+    }
 }

@@ -10,6 +10,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use pvisor_agent_proto::{LOWER_SERIAL, UPPER_SERIAL};
+use rustix::mount::MountFlags;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 pub(crate) const LOWER_MNT: &str = "/mnt/pvisor/lower";
 pub(crate) const UPPER_MNT: &str = "/mnt/pvisor/upper";
@@ -24,22 +26,18 @@ pub(crate) fn init_guest() -> io::Result<()> {
         ("tmpfs", "/run", "tmpfs"),
     ] {
         fs::create_dir_all(target)?;
-        let _ = mount(src, target, fstype, 0, "");
+        let _ = mount(src, target, fstype, MountFlags::empty(), "");
     }
     fs::create_dir_all("/dev/pts")?;
-    let _ = mount("devpts", "/dev/pts", "devpts", 0, "ptmxmode=0666");
+    let _ = mount("devpts", "/dev/pts", "devpts", MountFlags::empty(), "ptmxmode=0666");
     let modules = fs::read_to_string("/etc/pvisor/modules").unwrap_or_default();
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
     for module in modules.lines().filter(|l| !l.trim().is_empty()) {
         let file = File::open(module.trim())?;
         let params = CString::new(module_params(module.trim(), &cmdline)).unwrap_or_default();
-        // SAFETY: a valid open fd and a NUL-terminated parameter string.
-        let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EEXIST) {
-                eprintln!("pvisor-agent: cannot load {module}: {e}");
-            }
+        match rustix::system::finit_module(&file, &params, 0) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => eprintln!("pvisor-agent: cannot load {module}: {}", io::Error::from(e)),
         }
     }
     Ok(())
@@ -55,23 +53,10 @@ fn module_params(path: &str, cmdline: &str) -> String {
     cmdline.split_whitespace().filter_map(|word| word.strip_prefix(&prefix)).collect::<Vec<_>>().join(" ")
 }
 
-pub(crate) fn mount(
-    src: &str,
-    target: &str,
-    fstype: &str,
-    flags: libc::c_ulong,
-    data: &str,
-) -> io::Result<()> {
-    let c = |s: &str| CString::new(s).map_err(io::Error::other);
-    let (src, target, fstype, data) = (c(src)?, c(target)?, c(fstype)?, c(data)?);
-    // SAFETY: all pointers are NUL-terminated strings that outlive the call.
-    let rc =
-        unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// `mount(2)` with string options (`data` may be empty).
+pub(crate) fn mount(src: &str, target: &str, fstype: &str, flags: MountFlags, data: &str) -> io::Result<()> {
+    let data = CString::new(data).map_err(io::Error::other)?;
+    Ok(rustix::mount::mount(src, target, fstype, flags, data.as_c_str())?)
 }
 
 /// Finds the block device whose virtio serial is `serial`.
@@ -86,6 +71,7 @@ fn disk_by_serial(serial: &str) -> io::Result<PathBuf> {
 }
 
 /// `ip link set lo up`, by ioctl (there is no iproute2 in the guest).
+/// rustix has no call for SIOCSIFFLAGS, so the ioctl itself is libc's.
 pub(crate) fn loopback_up() -> io::Result<()> {
     #[repr(C)]
     struct IfReq {
@@ -93,21 +79,14 @@ pub(crate) fn loopback_up() -> io::Result<()> {
         flags: libc::c_short,
         _pad: [u8; 22],
     }
-    // SAFETY: a plain socket for interface ioctls.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let socket =
+        rustix::net::socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
     let mut req = IfReq { name: [0; 16], flags: 0, _pad: [0; 22] };
     req.name[..2].copy_from_slice(b"lo");
     req.flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: SIOCSIFFLAGS reads a struct ifreq; ours has its layout and size.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
-    let err = io::Error::last_os_error();
-    // SAFETY: closing the socket we opened.
-    unsafe { libc::close(fd) };
-    if rc != 0 {
-        return Err(err);
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -115,8 +94,7 @@ pub(crate) fn loopback_up() -> io::Result<()> {
 pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
     let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     if !hostname.is_empty() {
-        // SAFETY: pointer and length describe `hostname`.
-        unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
+        let _ = rustix::system::sethostname(hostname.as_bytes());
     }
     fs::create_dir_all(LOWER_MNT)?;
     fs::create_dir_all(UPPER_MNT)?;
@@ -124,9 +102,9 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()
     let upper = disk_by_serial(UPPER_SERIAL)?;
     let lower_s = lower.to_string_lossy().into_owned();
     let upper_s = upper.to_string_lossy().into_owned();
-    mount(&lower_s, LOWER_MNT, "ext4", libc::MS_RDONLY | libc::MS_NODEV, "")
+    mount(&lower_s, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
         .map_err(ctx(format!("mounting the workspace image {lower_s}")))?;
-    mount(&upper_s, UPPER_MNT, "ext4", libc::MS_NODEV, "")
+    mount(&upper_s, UPPER_MNT, "ext4", MountFlags::NODEV, "")
         .map_err(ctx(format!("mounting the upper disk {upper_s}")))?;
     let (up, work) = (Path::new(UPPER_MNT).join("upper"), Path::new(UPPER_MNT).join("work"));
     fs::create_dir_all(&up)?;
@@ -141,6 +119,6 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()
         up.display(),
         work.display()
     );
-    mount("overlay", &workspace.to_string_lossy(), "overlay", 0, &options)
+    mount("overlay", &workspace.to_string_lossy(), "overlay", MountFlags::empty(), &options)
         .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
 }

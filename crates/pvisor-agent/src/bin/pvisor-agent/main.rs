@@ -94,11 +94,9 @@ fn fatal(what: &Path, e: io::Error) -> ! {
 
 fn halt() -> ! {
     if std::process::id() == 1 {
-        // SAFETY: sync and reboot take no pointers; PID 1 exiting would panic the kernel.
-        unsafe {
-            libc::sync();
-            libc::reboot(libc::RB_POWER_OFF);
-        }
+        // PID 1 exiting would panic the kernel: power off instead.
+        rustix::fs::sync();
+        let _ = rustix::system::reboot(rustix::system::RebootCommand::PowerOff);
     }
     std::process::exit(1)
 }

@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use pvisor_agent_proto::Reply;
+use rustix::time::{ClockId, Timespec};
 
 use crate::init::UPPER_MNT;
 use crate::Agent;
@@ -32,8 +33,7 @@ impl Agent {
 }
 
 pub(crate) fn quiesce() -> io::Result<Vec<PathBuf>> {
-    // SAFETY: sync takes no arguments.
-    unsafe { libc::sync() };
+    rustix::fs::sync();
     let mut frozen = Vec::new();
     if Path::new(UPPER_MNT).join("upper").is_dir() {
         freeze_ioctl(UPPER_MNT, FIFREEZE)?;
@@ -53,6 +53,8 @@ pub(crate) fn thaw() -> io::Result<()> {
 const FIFREEZE: libc::c_ulong = 0xC004_5877;
 const FITHAW: libc::c_ulong = 0xC004_5878;
 
+/// libc's ioctl: rustix has no FIFREEZE/FITHAW call, and its generic ioctl
+/// would be just as unsafe.
 fn freeze_ioctl(mountpoint: &str, request: libc::c_ulong) -> io::Result<()> {
     let dir = File::open(mountpoint)?;
     // SAFETY: FIFREEZE/FITHAW take an int argument that the kernel ignores.
@@ -70,14 +72,8 @@ pub(crate) fn set_clock(unix_ns: i64) -> io::Result<i64> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
-    let ts = libc::timespec {
-        tv_sec: (unix_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (unix_ns % 1_000_000_000) as _,
-    };
-    // SAFETY: a valid timespec.
-    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let ts = Timespec { tv_sec: unix_ns / 1_000_000_000, tv_nsec: unix_ns % 1_000_000_000 };
+    rustix::time::clock_settime(ClockId::Realtime, ts)?;
     Ok(unix_ns - now)
 }
 
