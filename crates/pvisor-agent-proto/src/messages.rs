@@ -97,6 +97,9 @@ pub enum Request {
     Quiesce,
     Thaw,
     /// Sent after a restore or fork. Payload: fresh entropy from the host.
+    /// Answers [`Reply::Restored`], or [`Reply::Error`] when the guest's
+    /// CRNG could not be reseeded (the copy would repeat its parent's
+    /// random stream, so the restore must not go on).
     Restored {
         clock_unix_ns: i64,
     },

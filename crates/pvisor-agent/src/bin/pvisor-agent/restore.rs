@@ -17,13 +17,19 @@ use crate::Agent;
 impl Agent {
     /// After a restore or fork: resets what belonged to the old host, steps
     /// the clock and reseeds the CRNG with `payload`, the host's entropy.
+    /// Answers `Restored`, or `Error` if the reseed failed.
     pub(crate) fn restored(&self, clock_unix_ns: i64, payload: &[u8]) {
         // Connections to the old host's proxy are gone: reset them.
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.stream_credits.clear();
         self.gate.open();
         let step = set_clock(clock_unix_ns).unwrap_or(0);
-        let _ = reseed(payload);
+        // An unreseeded copy would repeat its checkpoint's random stream:
+        // the host must fail the restore, not record a repaired guest.
+        if let Err(e) = reseed(payload) {
+            let message = format!("cannot reseed the CRNG: {e}");
+            return self.send(Reply::Error { op: "restored".into(), message }, Vec::new());
+        }
         let entropy_avail = fs::read_to_string("/proc/sys/kernel/random/entropy_avail")
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -79,18 +85,28 @@ pub(crate) fn set_clock(unix_ns: i64) -> io::Result<i64> {
 
 /// Mixes host entropy into the pool and forces the CRNG to reseed, so a
 /// restored or forked guest does not repeat its parent's random stream.
+/// Either ioctl failing is an error naming it: the caller must not report
+/// a repaired guest. libc's ioctl: rustix has no call for either.
 fn reseed(entropy: &[u8]) -> io::Result<()> {
     const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
     const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
-    let random = OpenOptions::new().write(true).open("/dev/urandom")?;
+    if entropy.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "the host sent no entropy"));
+    }
+    let failed = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} on /dev/urandom: {e}"));
+    let random = OpenOptions::new().write(true).open("/dev/urandom").map_err(|e| failed("open", e))?;
     let mut buf = Vec::with_capacity(8 + entropy.len());
     buf.extend_from_slice(&((entropy.len() * 8) as i32).to_ne_bytes());
     buf.extend_from_slice(&(entropy.len() as i32).to_ne_bytes());
     buf.extend_from_slice(entropy);
-    // SAFETY: `buf` is a struct rand_pool_info followed by its buffer.
-    unsafe {
-        libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, buf.as_ptr());
-        libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG, 0);
+    // SAFETY: `buf` is a struct rand_pool_info followed by its buffer, and
+    // outlives the call; the kernel only reads it.
+    if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, buf.as_ptr()) } != 0 {
+        return Err(failed("RNDADDENTROPY", io::Error::last_os_error()));
+    }
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG, 0) } != 0 {
+        return Err(failed("RNDRESEEDCRNG", io::Error::last_os_error()));
     }
     Ok(())
 }
