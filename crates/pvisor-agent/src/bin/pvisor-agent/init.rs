@@ -122,3 +122,18 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()
     mount("overlay", &workspace.to_string_lossy(), "overlay", MountFlags::empty(), &options)
         .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_params_are_the_cmdline_words_of_that_module() {
+        let cmdline = "console=ttyS0 virtio_mmio.device=512@0xfeb00e00:12 virtio_mmio.device=4K@0x1:5 quiet";
+        assert_eq!(
+            module_params("/lib/modules/virtio-mmio.ko", cmdline),
+            "device=512@0xfeb00e00:12 device=4K@0x1:5"
+        );
+        assert_eq!(module_params("/lib/modules/overlay.ko.xz", cmdline), "");
+    }
+}

@@ -110,3 +110,15 @@ fn reseed(entropy: &[u8]) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reseed_without_entropy_is_refused_before_any_ioctl() {
+        let e = reseed(&[]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("no entropy"), "{e}");
+    }
+}
