@@ -1,13 +1,16 @@
-//! The guest side of the sandbox file API ([`Request::FileOp`](crate::Request::FileOp)):
+//! The guest side of the sandbox file API ([`Request::FileOp`](pvisor_agent_proto::Request::FileOp)):
 //! each operation resolved beneath a sandbox root with
-//! [`resolve_in_root`](crate::resolve_in_root). Plain std, so it is unit-tested on the host.
+//! [`resolve_in_root`](pvisor_agent_proto::resolve_in_root), and the plain
+//! reads and writes of `ReadFile`/`WriteFile`. Plain std, so it is unit-tested on the host.
 
-use std::fs;
-use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, MAX_LISTING};
+use pvisor_agent_proto::{
+    resolve_in_root, EntryKind, FileOp, FileStat, Reply, MAX_HEADER, MAX_LISTING, MAX_PAYLOAD,
+};
 
 /// Runs `op` beneath `root` and returns the reply to send.
 pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
@@ -85,7 +88,7 @@ struct Listing {
 
 /// Room for a `Listing` reply's entries: well inside the frame's header
 /// limit, so a huge tree is cut short instead of breaking the channel.
-const LISTING_BYTES: usize = (crate::MAX_HEADER as usize) * 3 / 4;
+const LISTING_BYTES: usize = (MAX_HEADER as usize) * 3 / 4;
 
 /// Appends the entries below `dir` (named relative to the listed directory)
 /// down to `depth` levels, not descending into other filesystems (`/proc`,
@@ -135,26 +138,40 @@ fn stat_of(path: PathBuf, meta: &fs::Metadata) -> FileStat {
     }
 }
 
+/// Reads at most `len` bytes (and at most `MAX_PAYLOAD`) from `offset`.
+pub fn read_range(path: &Path, offset: u64, len: Option<u64>) -> io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = open_regular(OpenOptions::new().read(true), path)?;
+    file.seek(SeekFrom::Start(offset))?;
+    let limit = len.unwrap_or(u64::MAX).min(u64::from(MAX_PAYLOAD));
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Opens `path` without blocking (a FIFO or a tty would hang the agent's
+/// only request loop) and refuses anything but a regular file.
+pub fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
+    let mut options = options.clone();
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    // Regular-file I/O ignores O_NONBLOCK, but clear it anyway, and only it
+    // (F_SETFL replaces every status flag: O_APPEND must stay).
+    if let Ok(flags) = rustix::fs::fcntl_getfl(&file) {
+        let _ = rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK);
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
-
-    #[test]
-    fn paths_and_absolute_symlinks_stay_beneath_the_root() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        fs::create_dir_all(root.join("etc")).unwrap();
-        symlink("/etc", root.join("abs")).unwrap();
-        symlink("../../../..", root.join("up")).unwrap();
-        assert_eq!(resolve_in_root(&root, Path::new("/../../etc/x"), true).unwrap(), root.join("etc/x"));
-        assert_eq!(resolve_in_root(&root, Path::new("abs/passwd"), true).unwrap(), root.join("etc/passwd"));
-        assert_eq!(resolve_in_root(&root, Path::new("up/etc"), true).unwrap(), root.join("etc"));
-        // The final symlink itself, for remove and rename.
-        assert_eq!(resolve_in_root(&root, Path::new("abs"), false).unwrap(), root.join("abs"));
-        symlink("loop", root.join("loop")).unwrap();
-        assert!(resolve_in_root(&root, Path::new("loop/x"), true).is_err());
-    }
 
     #[test]
     fn file_ops_work_beneath_the_root() {
@@ -195,6 +212,6 @@ mod tests {
         };
         assert!(truncated && entries.len() > 1000);
         let header = serde_json::to_vec(&Reply::Listing { entries, truncated }).unwrap();
-        assert!(header.len() < crate::MAX_HEADER as usize, "{}", header.len());
+        assert!(header.len() < MAX_HEADER as usize, "{}", header.len());
     }
 }

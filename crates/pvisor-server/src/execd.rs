@@ -14,7 +14,7 @@ use hyper::{HeaderMap, Method, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use pvisor_agent::{EntryKind, FileOp, FileStat, Reply, Request};
+use pvisor_agent_proto::{EntryKind, FileOp, FileStat, Reply, Request};
 use pvisor_core::time::Timestamp;
 
 use crate::lines::Lines;
@@ -209,7 +209,7 @@ impl Names {
         let table = |file: &str| -> BTreeMap<u32, String> {
             // Beneath the rootfs: an image's absolute symlink must not make
             // the daemon read the host's own files.
-            pvisor_agent::resolve_in_root(rootfs, Path::new(file), true)
+            pvisor_agent_proto::resolve_in_root(rootfs, Path::new(file), true)
                 .and_then(std::fs::read_to_string)
                 .unwrap_or_default()
                 .lines()
@@ -575,7 +575,7 @@ fn run_in_session(daemon: &Arc<Daemon>, sandbox: &str, session: &str, request: R
 
 /// Whether the image has `path` (resolved beneath its rootfs, on the host).
 pub fn in_image(rootfs: &Path, path: &str) -> bool {
-    pvisor_agent::resolve_in_root(rootfs, Path::new(path), true).is_ok_and(|p| p.exists())
+    pvisor_agent_proto::resolve_in_root(rootfs, Path::new(path), true).is_ok_and(|p| p.exists())
 }
 
 /// How long `/ping` waits for a starting sandbox before answering 409.

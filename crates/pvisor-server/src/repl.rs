@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent::Reply;
+use pvisor_agent_proto::Reply;
 use pvisor_sandbox::vm::guest;
 
 use crate::http::ApiError;

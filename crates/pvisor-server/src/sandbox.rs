@@ -688,8 +688,8 @@ impl Daemon {
         };
         let mut channel = vm::guest::exec(&vm_dir, spec)?;
         let started = match channel.next_reply() {
-            Ok(Some((pvisor_agent::Reply::Started { .. }, _))) => Ok(()),
-            Ok(Some((pvisor_agent::Reply::ExecFailed { message, .. }, _))) => Err(message),
+            Ok(Some((pvisor_agent_proto::Reply::Started { .. }, _))) => Ok(()),
+            Ok(Some((pvisor_agent_proto::Reply::ExecFailed { message, .. }, _))) => Err(message),
             other => Err(format!("unexpected answer {other:?}")),
         };
         let _ = self.update(id, |r| {
@@ -1204,10 +1204,10 @@ fn find_supervisor(bind: &Path) -> Option<u32> {
 }
 
 /// A cheap agent call that succeeds once the guest serves the sandbox root.
-fn probe(record: &SandboxRecord) -> pvisor_agent::Request {
-    pvisor_agent::Request::FileOp {
+fn probe(record: &SandboxRecord) -> pvisor_agent_proto::Request {
+    pvisor_agent_proto::Request::FileOp {
         root: record.rootfs.clone(),
-        op: pvisor_agent::FileOp::Stat { path: "/".into() },
+        op: pvisor_agent_proto::FileOp::Stat { path: "/".into() },
     }
 }
 

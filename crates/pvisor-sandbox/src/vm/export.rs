@@ -18,7 +18,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pvisor_agent::{EntryKind, Reply, Request};
+use pvisor_agent_proto::{EntryKind, Reply, Request};
 
 use super::disk::UPPER_DISK_BYTES;
 use super::Shared;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use pvisor_agent::{read_frame, write_frame, Reply, Request};
+use pvisor_agent_proto::{read_frame, write_frame, Reply, Request};
 
 use super::checkpoint::{ControlRequest, ControlResponse};
 
@@ -143,7 +143,7 @@ pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, String> {
 
 /// Reads a `call`'s payload that follows its request line.
 pub(super) fn read_payload(reader: &mut impl Read, len: u32) -> io::Result<Vec<u8>> {
-    if len > pvisor_agent::MAX_PAYLOAD {
+    if len > pvisor_agent_proto::MAX_PAYLOAD {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "payload exceeds the protocol limit"));
     }
     let mut payload = vec![0; len as usize];

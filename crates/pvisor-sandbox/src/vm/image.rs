@@ -289,16 +289,16 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     drop((agent_qemu, qmp_qemu, console_qemu));
     let mut channel = agent;
     let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));
-    let hello = pvisor_agent::write_frame(
+    let hello = pvisor_agent_proto::write_frame(
         &mut channel,
-        &pvisor_agent::Request::Hello { version: pvisor_agent::VERSION },
+        &pvisor_agent_proto::Request::Hello { version: pvisor_agent_proto::VERSION },
         &[],
     )
-    .and_then(|()| pvisor_agent::read_frame::<pvisor_agent::Reply>(&mut channel));
+    .and_then(|()| pvisor_agent_proto::read_frame::<pvisor_agent_proto::Reply>(&mut channel));
     let _ = child.kill();
     let _ = child.wait();
     let result = match hello {
-        Ok(Some((pvisor_agent::Reply::Hello { .. }, _))) => Ok(started.elapsed().as_millis()),
+        Ok(Some((pvisor_agent_proto::Reply::Hello { .. }, _))) => Ok(started.elapsed().as_millis()),
         Ok(_) => Err("the agent did not answer".to_owned()),
         Err(e) => {
             let tail = fs::read_to_string(&console).unwrap_or_default();

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use pvisor_agent::{read_frame, write_frame, Reply, Request};
+use pvisor_agent_proto::{read_frame, write_frame, Reply, Request};
 
 pub use checkpoint::{ControlRequest, ControlResponse, ExecCheckpoint};
 pub use image::{AccelChoice, Accelerator, GuestImage};
@@ -223,11 +223,11 @@ pub(crate) fn qemu_command(
             "-drive",
             &format!("file={},if=none,id=lower,format=raw,readonly=on", opt(lower)),
             "-device",
-            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent::LOWER_SERIAL),
+            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent_proto::LOWER_SERIAL),
             "-drive",
             &format!("file={},if=none,id=upper,format=raw,cache=writeback", opt(upper)),
             "-device",
-            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent::UPPER_SERIAL),
+            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent_proto::UPPER_SERIAL),
         ]);
     }
     command.args([
@@ -236,7 +236,7 @@ pub(crate) fn qemu_command(
         "-chardev",
         &format!("socket,id=agent,fd={}", agent.as_raw_fd()),
         "-device",
-        &format!("virtserialport,chardev=agent,name={}", pvisor_agent::PORT_NAME),
+        &format!("virtserialport,chardev=agent,name={}", pvisor_agent_proto::PORT_NAME),
         "-chardev",
         &format!("socket,id=qmp,fd={}", qmp.as_raw_fd()),
         "-mon",
@@ -351,7 +351,7 @@ struct Shared {
     sinks: Sinks,
     /// The guest's streams (proxy connections and port forwards).
     net: NetBridge,
-    /// The next host-initiated stream id (below [`pvisor_agent::HOST_STREAM`]).
+    /// The next host-initiated stream id (below [`pvisor_agent_proto::HOST_STREAM`]).
     next_stream: std::sync::atomic::AtomicU32,
     credits: Arc<Credits>,
     replies: Mutex<Receiver<(Reply, Vec<u8>)>>,
@@ -649,14 +649,14 @@ impl VmProcess {
             shared.qmp::<qmp::Empty>(&qmp::Command::Cont).map_err(fail)?;
         }
         match shared
-            .call(&Request::Hello { version: pvisor_agent::VERSION }, &[], boot_timeout)
+            .call(&Request::Hello { version: pvisor_agent_proto::VERSION }, &[], boot_timeout)
             .map_err(fail)?
         {
-            (Reply::Hello { version, .. }, _) if version == pvisor_agent::VERSION => {}
+            (Reply::Hello { version, .. }, _) if version == pvisor_agent_proto::VERSION => {}
             (other, _) => {
                 return Err(fail(format!(
                     "the agent answered Hello with {other:?} (protocol {})",
-                    pvisor_agent::VERSION
+                    pvisor_agent_proto::VERSION
                 )))
             }
         }
@@ -758,7 +758,7 @@ enum Credit {
     Stream(u32),
 }
 
-/// Flow control for host-to-guest data: at most [`pvisor_agent::CREDITS`]
+/// Flow control for host-to-guest data: at most [`pvisor_agent_proto::CREDITS`]
 /// chunks in flight per exec or stream; the agent acks each one it wrote.
 #[derive(Debug, Default)]
 struct Credits {
@@ -775,7 +775,7 @@ impl Credits {
                 return false;
             }
             let used = in_flight.entry(key).or_default();
-            if *used < pvisor_agent::CREDITS {
+            if *used < pvisor_agent_proto::CREDITS {
                 *used += 1;
                 return true;
             }
@@ -856,7 +856,7 @@ impl Conn {
 }
 
 /// A stream's host end, written by its own thread from a queue: the guest
-/// sends at most [`pvisor_agent::CREDITS`] chunks before an ack, so the
+/// sends at most [`pvisor_agent_proto::CREDITS`] chunks before an ack, so the
 /// agent reader never waits on a slow host end. An empty chunk closes it.
 #[derive(Debug)]
 struct HostEnd {
@@ -895,7 +895,7 @@ impl NetBridge {
         ready: Option<Receiver<()>>,
     ) -> io::Result<()> {
         let mut writer = conn.try_clone()?;
-        let (queue, chunks) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent::CREDITS * 2);
+        let (queue, chunks) = mpsc::sync_channel::<Vec<u8>>(pvisor_agent_proto::CREDITS * 2);
         let (agent, streams) = (agent.clone(), self.streams.clone());
         std::thread::Builder::new().name("pvisor-vm-net-out".into()).spawn(move || {
             if ready.is_some_and(|r| r.recv().is_err()) {
@@ -1201,16 +1201,16 @@ fn answers(request: &Request, reply: &Reply) -> bool {
         (Request::Status { id }, Reply::Status { id: i, .. }) => i == id,
         (Request::NetConnect { .. }, Reply::Done { op }) => op == "net_connect",
         (Request::FileOp { op, .. }, reply) => match (op, reply) {
-            (pvisor_agent::FileOp::Stat { path }, Reply::Stat { stat }) => &stat.path == path,
-            (pvisor_agent::FileOp::List { .. }, Reply::Listing { .. }) => true,
+            (pvisor_agent_proto::FileOp::Stat { path }, Reply::Stat { stat }) => &stat.path == path,
+            (pvisor_agent_proto::FileOp::List { .. }, Reply::Listing { .. }) => true,
             (
-                pvisor_agent::FileOp::MkParents { .. } | pvisor_agent::FileOp::Resolve { .. },
+                pvisor_agent_proto::FileOp::MkParents { .. } | pvisor_agent_proto::FileOp::Resolve { .. },
                 Reply::Resolved { .. },
             ) => true,
-            (pvisor_agent::FileOp::Mkdir { .. }, Reply::Done { op }) => op == "mkdir",
-            (pvisor_agent::FileOp::Remove { .. }, Reply::Done { op }) => op == "remove",
-            (pvisor_agent::FileOp::Rename { .. }, Reply::Done { op }) => op == "rename",
-            (pvisor_agent::FileOp::Chmod { .. }, Reply::Done { op }) => op == "chmod",
+            (pvisor_agent_proto::FileOp::Mkdir { .. }, Reply::Done { op }) => op == "mkdir",
+            (pvisor_agent_proto::FileOp::Remove { .. }, Reply::Done { op }) => op == "remove",
+            (pvisor_agent_proto::FileOp::Rename { .. }, Reply::Done { op }) => op == "rename",
+            (pvisor_agent_proto::FileOp::Chmod { .. }, Reply::Done { op }) => op == "chmod",
             _ => false,
         },
         _ => false,
@@ -1225,9 +1225,9 @@ fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
         line.push(b'\n');
         (&stream).write_all(&line)
     };
-    let id = pvisor_agent::HOST_STREAM
+    let id = pvisor_agent_proto::HOST_STREAM
         | (shared.next_stream.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            & !pvisor_agent::HOST_STREAM);
+            & !pvisor_agent_proto::HOST_STREAM);
     if shared.net.streams.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_STREAMS {
         return answer(&ControlResponse::Error {
             message: format!("the VM already has {MAX_STREAMS} open streams"),

@@ -1,0 +1,103 @@
+//! The frame format on the AgentCtl port: `u32 header length | u32 payload
+//! length | JSON header | raw payload`, both lengths big-endian, with the
+//! limits a reader enforces so a corrupt stream is an error, not an allocation.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Largest header and payload accepted; a larger length is a corrupt stream.
+pub const MAX_HEADER: u32 = 1 << 20;
+pub const MAX_PAYLOAD: u32 = 16 << 20;
+
+/// Writes one frame.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, header: &T, payload: &[u8]) -> io::Result<()> {
+    let header = serde_json::to_vec(header).map_err(io::Error::other)?;
+    // The reader would reject it and lose its place in the stream: refuse here.
+    if header.len() > MAX_HEADER as usize || payload.len() > MAX_PAYLOAD as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a {}-byte header or {}-byte payload exceeds the protocol limits",
+                header.len(),
+                payload.len()
+            ),
+        ));
+    }
+    let mut buf = Vec::with_capacity(8 + header.len() + payload.len());
+    buf.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&header);
+    buf.extend_from_slice(payload);
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+/// Reads one frame. `Ok(None)` is a clean end of stream before a frame began.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<Option<(T, Vec<u8>)>> {
+    let mut lens = [0u8; 8];
+    let mut got = 0;
+    while got < lens.len() {
+        match r.read(&mut lens[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stream ended inside a frame")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let [h0, h1, h2, h3, p0, p1, p2, p3] = lens;
+    let (hlen, plen) = (u32::from_be_bytes([h0, h1, h2, h3]), u32::from_be_bytes([p0, p1, p2, p3]));
+    if hlen > MAX_HEADER || plen > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame lengths {hlen}/{plen} exceed the protocol limits"),
+        ));
+    }
+    let mut header = vec![0; hlen as usize];
+    r.read_exact(&mut header)?;
+    let mut payload = vec![0; plen as usize];
+    r.read_exact(&mut payload)?;
+    let header = serde_json::from_slice(&header)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame header: {e}")))?;
+    Ok(Some((header, payload)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EntryKind, Reply, Request};
+
+    #[test]
+    fn frames_round_trip_with_binary_payload_and_paths() {
+        let mut buf = Vec::new();
+        let entry = Reply::Entry {
+            path: b"a\nb\xff".to_vec(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_ns: -1,
+            size: 3,
+            target: None,
+            opaque: false,
+        };
+        write_frame(&mut buf, &entry, &[0, 1, 2]).unwrap();
+        write_frame(&mut buf, &Reply::Data, b"").unwrap();
+        let mut r = &buf[..];
+        let (h, p): (Reply, _) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!((h, p), (entry, vec![0, 1, 2]));
+        let (h, _): (Reply, _) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(h, Reply::Data);
+        assert!(read_frame::<Reply>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn corrupt_lengths_and_truncation_are_errors() {
+        let mut r = &[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0][..];
+        assert_eq!(read_frame::<Reply>(&mut r).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let mut r = &[0, 0][..];
+        assert_eq!(read_frame::<Reply>(&mut r).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &serde_json::json!({"type": "nope"}), b"").unwrap();
+        assert!(read_frame::<Request>(&mut &buf[..]).is_err());
+    }
+}

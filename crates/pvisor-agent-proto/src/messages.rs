@@ -1,0 +1,301 @@
+//! The AgentCtl messages: [`Request`]s (host → guest), [`Reply`]s (guest →
+//! host) and the types they carry. Only their shape lives here; how they
+//! travel is [`framing`](crate::framing)'s business.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Host → guest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Hello {
+        version: u32,
+    },
+    /// Mounts the workspace overlay at `workspace` (the host path), sets the
+    /// clock, and with `proxy_port` listens on guest `127.0.0.1:port`, each
+    /// connection becoming a stream to pvisor's proxy (the guest has no NIC).
+    Setup {
+        workspace: PathBuf,
+        hostname: String,
+        clock_unix_ns: i64,
+        proxy_port: Option<u16>,
+    },
+    /// Payload: bytes from the proxy for guest connection `stream`.
+    NetData {
+        stream: u32,
+    },
+    /// The proxy closed `stream`.
+    NetClose {
+        stream: u32,
+    },
+    /// Connects `stream` to guest `127.0.0.1:port` (a host-initiated stream,
+    /// for a service in the guest); answers `Done` or `Error`. Its bytes then
+    /// travel as `NetData`/`NetClose` both ways, like proxy streams.
+    NetConnect {
+        stream: u32,
+        port: u16,
+    },
+    /// One guest `NetData` chunk of `stream` was written to its host end:
+    /// the guest may send another (flow control, as `Reply::NetAck` the
+    /// other way; at most [`CREDITS`](crate::CREDITS) chunks in flight per stream).
+    NetAck {
+        stream: u32,
+    },
+    /// Starts a process in its own session and process group. With `root`
+    /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and
+    /// `/tmp` inside it); `cwd` is then relative to `root`. With `output`,
+    /// stdout and stderr are appended to that guest file instead of being
+    /// streamed (a background command whose log outlives its host).
+    Exec {
+        id: u32,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: PathBuf,
+        #[serde(default)]
+        root: Option<PathBuf>,
+        #[serde(default)]
+        output: Option<PathBuf>,
+    },
+    /// Payload: bytes for the process's stdin.
+    Stdin {
+        id: u32,
+    },
+    CloseStdin {
+        id: u32,
+    },
+    /// Sends `signal` to the process group of exec `id`.
+    Signal {
+        id: u32,
+        signal: i32,
+    },
+    /// Replies with [`Reply::File`] carrying the contents from `offset`, at
+    /// most `len` bytes and never more than [`MAX_PAYLOAD`](crate::MAX_PAYLOAD) (callers page).
+    ReadFile {
+        path: PathBuf,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        len: Option<u64>,
+    },
+    /// Payload: the new contents (appended with `append`, for paged uploads).
+    WriteFile {
+        path: PathBuf,
+        mode: u32,
+        #[serde(default)]
+        append: bool,
+    },
+    /// File operations for the sandbox file API. Paths are resolved beneath
+    /// `root` ([`resolve_in_root`](crate::resolve_in_root)): `..` and absolute symlinks stop at it.
+    /// Each answers [`Reply::Done`], [`Reply::Stat`] or [`Reply::Listing`].
+    FileOp {
+        root: PathBuf,
+        op: FileOp,
+    },
+    /// `sync`, then freeze the writable filesystems. Writers block until `Thaw`.
+    Quiesce,
+    Thaw,
+    /// Sent after a restore or fork. Payload: fresh entropy from the host.
+    /// Answers [`Reply::Restored`], or [`Reply::Error`] when the guest's
+    /// CRNG could not be reseeded (the copy would repeat its parent's
+    /// random stream, so the restore must not go on).
+    Restored {
+        clock_unix_ns: i64,
+    },
+    /// Answers [`Reply::Status`] for exec `id`.
+    Status {
+        id: u32,
+    },
+    /// Resends `Exited` for `id` if it has finished (it may have been sent to
+    /// a host that no longer exists), then answers `Done`.
+    Poll {
+        id: u32,
+    },
+    /// Streams the overlay's upper layer as `Entry`/`Data` frames, then `ExportDone`.
+    Export,
+}
+
+/// A file operation inside a sandbox root (see [`Request::FileOp`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FileOp {
+    /// Follows a final symlink.
+    Stat {
+        path: PathBuf,
+    },
+    /// Entries of a directory; with `depth` > 1, of its subdirectories too
+    /// (at most [`MAX_LISTING`] entries). Names are relative to `path`.
+    List {
+        path: PathBuf,
+        depth: u32,
+    },
+    /// Creates the directory and its parents, then sets `mode` on it.
+    Mkdir {
+        path: PathBuf,
+        mode: u32,
+    },
+    /// Removes a file or symlink; a directory only with `recursive`.
+    Remove {
+        path: PathBuf,
+        recursive: bool,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    /// `mode`, then (when given) owner and group.
+    Chmod {
+        path: PathBuf,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
+    /// Creates the parent directories of a file about to be written; both
+    /// this and `Resolve` answer [`Reply::Resolved`] with the guest path.
+    MkParents {
+        path: PathBuf,
+    },
+    Resolve {
+        path: PathBuf,
+    },
+}
+
+/// Metadata of one file, as the sandbox file API reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// The path relative to the listed directory (a `List`), or as asked (`Stat`).
+    pub path: PathBuf,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+/// Most entries one `List` returns.
+pub const MAX_LISTING: usize = 100_000;
+
+/// What a staged entry in the upper layer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    Dir,
+    File,
+    Symlink,
+    /// A 0/0 character device: the lower path was deleted.
+    Whiteout,
+    Fifo,
+}
+
+/// Guest → host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Hello {
+        version: u32,
+        agent: String,
+        uptime_ms: u64,
+    },
+    Ready,
+    Started {
+        id: u32,
+        pid: i32,
+    },
+    ExecFailed {
+        id: u32,
+        errno: i32,
+        message: String,
+    },
+    /// Payload: output bytes.
+    Stdout {
+        id: u32,
+    },
+    Stderr {
+        id: u32,
+    },
+    /// Sent after all output of `id` (or after a short grace if a background
+    /// child keeps the pipes open).
+    Exited {
+        id: u32,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Payload: file contents.
+    File {
+        path: PathBuf,
+    },
+    Done {
+        op: String,
+    },
+    Quiesced {
+        frozen: Vec<PathBuf>,
+    },
+    /// How far the clock was stepped and the entropy the kernel now credits.
+    Restored {
+        clock_step_ns: i64,
+        entropy_avail: u32,
+    },
+    /// One upper-layer entry; a file's bytes follow as `Data` frames totalling `size`.
+    Entry {
+        path: Vec<u8>,
+        kind: EntryKind,
+        mode: u32,
+        mtime_ns: i64,
+        size: u64,
+        target: Option<Vec<u8>>,
+        opaque: bool,
+    },
+    Data,
+    Stat {
+        stat: FileStat,
+    },
+    /// The guest path a `MkParents` or `Resolve` resolved to.
+    Resolved {
+        path: PathBuf,
+    },
+    /// `running` while its process group leader lives; `code`/`signal` once
+    /// it exited; neither for an id this guest never ran.
+    Status {
+        id: u32,
+        running: bool,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    Listing {
+        entries: Vec<FileStat>,
+        truncated: bool,
+    },
+    ExportDone {
+        entries: u64,
+        bytes: u64,
+    },
+    /// A guest process connected to the proxy port; the host opens `stream` to its proxy.
+    NetOpen {
+        stream: u32,
+    },
+    /// Payload: bytes the guest process sent on `stream`.
+    NetData {
+        stream: u32,
+    },
+    /// The guest process closed `stream`.
+    NetClose {
+        stream: u32,
+    },
+    /// One `Stdin` chunk of exec `id` was written to the process: the host
+    /// may send another (flow control; the host keeps few chunks in flight).
+    StdinAck {
+        id: u32,
+    },
+    /// One `NetData` chunk of `stream` reached the guest process.
+    NetAck {
+        stream: u32,
+    },
+    Error {
+        op: String,
+        message: String,
+    },
+}

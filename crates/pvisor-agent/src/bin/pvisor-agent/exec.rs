@@ -1,0 +1,296 @@
+//! Running commands: spawning each in its own session (optionally chrooted
+//! into a prepared sandbox root), pumping its output into frames, signals,
+//! and the reaper that collects every child PID 1 inherits.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pvisor_agent_proto::Reply;
+use rustix::mount::MountFlags;
+use rustix::process::{Pid, WaitOptions};
+
+use crate::init::mount;
+use crate::link::Writer;
+use crate::{Agent, Out};
+
+/// How long output pumps may run on after the process exits (a background
+/// child holding the pipes open must not delay `Exited` forever).
+const OUTPUT_GRACE: Duration = Duration::from_millis(300);
+
+/// Exec ids by pid, and exit statuses that arrived before their pid was registered.
+#[derive(Default)]
+pub(crate) struct ExecTable {
+    by_pid: HashMap<i32, Sender<libc::c_int>>,
+    early: HashMap<i32, libc::c_int>,
+    groups: HashMap<u32, i32>,
+    stdin: HashMap<u32, Writer>,
+    /// Exit statuses already reported, for `Poll` after a restore.
+    finished: HashMap<u32, (Option<i32>, Option<i32>)>,
+}
+pub(crate) type Execs = Arc<Mutex<ExecTable>>;
+
+/// Reaps every child (PID 1 inherits orphans). It first *peeks* at an exited
+/// child, then reaps it under the table lock, which `exec` holds while
+/// spawning: a child whose exec failed is reaped by `Command::spawn` itself,
+/// and reaping it here first would make std panic.
+pub(crate) fn reap(execs: Execs) {
+    loop {
+        // libc's waitid: rustix's reports no pid, and the peek is only
+        // useful with one.
+        // SAFETY: siginfo_t is plain data that waitid writes into (and only
+        // there); WNOWAIT leaves the child reapable; once waitid succeeded
+        // with WEXITED, si_pid is set.
+        let peeked = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let rc = libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT);
+            (rc >= 0).then(|| info.si_pid())
+        };
+        let Some(child) = peeked.and_then(Pid::from_raw) else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let pid = child.as_raw_nonzero().get();
+        let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
+        let status = match rustix::process::waitpid(Some(child), WaitOptions::NOHANG) {
+            Ok(Some((reaped, status))) if reaped == child => status.as_raw(),
+            _ => continue, // spawn reaped it (a failed exec)
+        };
+        match table.by_pid.remove(&pid) {
+            Some(tx) => {
+                let _ = tx.send(status);
+            }
+            None => {
+                table.early.insert(pid, status);
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Queues `payload` for exec `id`'s stdin; a closed or overrun stdin is dropped.
+    pub(crate) fn stdin(&self, id: u32, payload: Vec<u8>) {
+        let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(stdin) = table.stdin.get(&id) {
+            if !stdin.push(payload) {
+                table.stdin.remove(&id);
+            }
+        }
+    }
+
+    pub(crate) fn close_stdin(&self, id: u32) {
+        self.execs.lock().unwrap_or_else(|p| p.into_inner()).stdin.remove(&id);
+    }
+
+    /// Sends `signal` to exec `id`'s process group, if it still runs.
+    pub(crate) fn signal(&self, id: u32, signal: i32) {
+        let group = self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.get(&id).copied();
+        if let Some(pgid) = group {
+            // libc's kill: rustix builds a `Signal` safely only for the named
+            // ones, and the host may forward any number (a real-time signal).
+            // SAFETY: kill takes no pointers.
+            unsafe { libc::kill(-pgid, signal) };
+        }
+    }
+
+    pub(crate) fn status(&self, id: u32) {
+        let table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        let running = table.groups.contains_key(&id);
+        let (code, signal) = table.finished.get(&id).copied().unwrap_or((None, None));
+        drop(table);
+        self.send(Reply::Status { id, running, code, signal }, Vec::new());
+    }
+
+    pub(crate) fn poll(&self, id: u32) {
+        let finished = self.execs.lock().unwrap_or_else(|p| p.into_inner()).finished.get(&id).copied();
+        if let Some((code, signal)) = finished {
+            self.send(Reply::Exited { id, code, signal }, Vec::new());
+        }
+        self.send(Reply::Done { op: "poll".into() }, Vec::new());
+    }
+
+    pub(crate) fn exec(
+        &mut self,
+        id: u32,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: PathBuf,
+        root: Option<&Path>,
+        output: Option<&Path>,
+    ) {
+        let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
+        let Some((program, args)) = argv.split_first() else {
+            return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
+        };
+        let mut command = Command::new(program);
+        command.args(args).env_clear().envs(env).stdin(Stdio::piped());
+        let open_log = |path: &Path| {
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            OpenOptions::new().create(true).append(true).mode(0o600).open(path)
+        };
+        match output.map(open_log) {
+            None => {
+                command.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
+            Some(Ok(log)) => match log.try_clone() {
+                Ok(copy) => {
+                    command.stdout(copy).stderr(log);
+                }
+                Err(e) => return self.send(failed(libc::EIO, e.to_string()), Vec::new()),
+            },
+            Some(Err(e)) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                return self.send(failed(errno, format!("cannot open the log: {e}")), Vec::new());
+            }
+        }
+        let confine = match root.map(|r| prepare_root(r).map(|()| r)) {
+            Some(Err(e)) => {
+                return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new())
+            }
+            Some(Ok(r)) => Some(
+                CString::new(r.as_os_str().as_bytes())
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
+            ),
+            None => None,
+        };
+        let cwd = match CString::new(cwd.as_os_str().as_bytes()) {
+            Ok(c) => c,
+            Err(_) => return self.send(failed(libc::EINVAL, "cwd has a NUL byte".into()), Vec::new()),
+        };
+        let confine = match confine.transpose() {
+            Ok(c) => c,
+            Err(e) => return self.send(failed(libc::EINVAL, e.to_string()), Vec::new()),
+        };
+        // SAFETY: the closure runs between fork and exec, where only
+        // async-signal-safe work is allowed: rustix's setsid, chroot and
+        // chdir are bare syscalls, the CStrings were built before the fork,
+        // and an Errno becomes an io::Error without allocating.
+        unsafe {
+            command.pre_exec(move || {
+                rustix::process::setsid()?;
+                if let Some(root) = &confine {
+                    rustix::process::chroot(root.as_c_str())?;
+                }
+                rustix::process::chdir(cwd.as_c_str())?;
+                Ok(())
+            });
+        }
+        // Hold the table while spawning so the reaper cannot lose this pid's status.
+        let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                drop(table);
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                return self.send(Reply::ExecFailed { id, errno, message: e.to_string() }, Vec::new());
+            }
+        };
+        let pid = child.id() as i32;
+        let (status_tx, status_rx) = mpsc::channel();
+        match table.early.remove(&pid) {
+            Some(status) => {
+                let _ = status_tx.send(status);
+            }
+            None => {
+                table.by_pid.insert(pid, status_tx);
+            }
+        }
+        table.groups.insert(id, pid);
+        if let Some(stdin) = child.stdin.take() {
+            table.stdin.insert(id, Writer::spawn(stdin, self.out.clone(), Reply::StdinAck { id }, || {}));
+        }
+        drop(table);
+        self.send(Reply::Started { id, pid }, Vec::new());
+        let pumps = [
+            child.stdout.take().map(|r| pump(r, self.out.clone(), move || Reply::Stdout { id })),
+            child.stderr.take().map(|r| pump(r, self.out.clone(), move || Reply::Stderr { id })),
+        ];
+        let (out, execs) = (self.out.clone(), self.execs.clone());
+        std::thread::spawn(move || {
+            let status = status_rx.recv().unwrap_or(0);
+            let grace = Instant::now() + OUTPUT_GRACE;
+            for done in pumps.into_iter().flatten() {
+                let _ = done.recv_timeout(grace.saturating_duration_since(Instant::now()));
+            }
+            let (code, signal) = if libc::WIFEXITED(status) {
+                (Some(libc::WEXITSTATUS(status)), None)
+            } else {
+                (None, Some(libc::WTERMSIG(status)))
+            };
+            let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
+            table.stdin.remove(&id);
+            table.groups.remove(&id);
+            table.finished.insert(id, (code, signal));
+            drop(table);
+            let _ = out.send((Reply::Exited { id, code, signal }, Vec::new()));
+        });
+    }
+}
+
+/// Copies a pipe into output frames; the returned channel fires at EOF.
+fn pump(
+    mut r: impl Read + Send + 'static,
+    out: Out,
+    frame: impl Fn() -> Reply + Send + 'static,
+) -> Receiver<()> {
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let _ = out.send((frame(), buf[..n].to_vec()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = done_tx.send(());
+    });
+    done_rx
+}
+
+/// Makes a sandbox root usable by chrooted commands: `/proc`, `/dev` (with
+/// `/dev/pts` and `/dev/shm`) and a world-writable `/tmp`. Idempotent.
+fn prepare_root(root: &Path) -> io::Result<()> {
+    let proc_dir = root.join("proc");
+    if proc_dir.join("self").exists() {
+        return Ok(());
+    }
+    for (dir, mode) in [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777)] {
+        let path = root.join(dir);
+        if !path.is_dir() {
+            fs::create_dir_all(&path)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        }
+    }
+    let at = |dir: &str| root.join(dir).to_string_lossy().into_owned();
+    mount("proc", &at("proc"), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")?;
+    mount("devtmpfs", &at("dev"), "devtmpfs", MountFlags::NOSUID, "")?;
+    for (dir, fstype, data) in
+        [("dev/pts", "devpts", "newinstance,ptmxmode=0666"), ("dev/shm", "tmpfs", "mode=1777")]
+    {
+        let _ = fs::create_dir_all(root.join(dir));
+        let _ = mount(fstype, &at(dir), fstype, MountFlags::NOSUID | MountFlags::NOEXEC, data);
+    }
+    let _ = mount(
+        "sysfs",
+        &at("sys"),
+        "sysfs",
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        "",
+    );
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! Bringing the guest up as PID 1: the pseudo-filesystems, the kernel
+//! modules the image lists, loopback networking, and (on `Setup`) the
+//! workspace overlay over the two virtio disks.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use pvisor_agent_proto::{LOWER_SERIAL, UPPER_SERIAL};
+use rustix::mount::MountFlags;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+pub(crate) const LOWER_MNT: &str = "/mnt/pvisor/lower";
+pub(crate) const UPPER_MNT: &str = "/mnt/pvisor/upper";
+
+/// Mounts the pseudo-filesystems and loads the modules listed in /etc/pvisor/modules.
+pub(crate) fn init_guest() -> io::Result<()> {
+    for (src, target, fstype) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+        ("tmpfs", "/tmp", "tmpfs"),
+        ("tmpfs", "/run", "tmpfs"),
+    ] {
+        fs::create_dir_all(target)?;
+        let _ = mount(src, target, fstype, MountFlags::empty(), "");
+    }
+    fs::create_dir_all("/dev/pts")?;
+    let _ = mount("devpts", "/dev/pts", "devpts", MountFlags::empty(), "ptmxmode=0666");
+    let modules = fs::read_to_string("/etc/pvisor/modules").unwrap_or_default();
+    let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    for module in modules.lines().filter(|l| !l.trim().is_empty()) {
+        let file = File::open(module.trim())?;
+        let params = CString::new(module_params(module.trim(), &cmdline)).unwrap_or_default();
+        match rustix::system::finit_module(&file, &params, 0) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => eprintln!("pvisor-agent: cannot load {module}: {}", io::Error::from(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The `name.key=value` words of the kernel command line that belong to the
+/// module at `path`: modprobe would pass them, and microvm describes its
+/// virtio-mmio devices this way (`virtio_mmio.device=…`).
+fn module_params(path: &str, cmdline: &str) -> String {
+    let file = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = file.split('.').next().unwrap_or_default().replace('-', "_");
+    let prefix = format!("{name}.");
+    cmdline.split_whitespace().filter_map(|word| word.strip_prefix(&prefix)).collect::<Vec<_>>().join(" ")
+}
+
+/// `mount(2)` with string options (`data` may be empty).
+pub(crate) fn mount(src: &str, target: &str, fstype: &str, flags: MountFlags, data: &str) -> io::Result<()> {
+    let data = CString::new(data).map_err(io::Error::other)?;
+    Ok(rustix::mount::mount(src, target, fstype, flags, data.as_c_str())?)
+}
+
+/// Finds the block device whose virtio serial is `serial`.
+fn disk_by_serial(serial: &str) -> io::Result<PathBuf> {
+    for entry in fs::read_dir("/sys/block")?.flatten() {
+        let found = fs::read_to_string(entry.path().join("serial")).unwrap_or_default();
+        if found.trim() == serial {
+            return Ok(Path::new("/dev").join(entry.file_name()));
+        }
+    }
+    Err(io::Error::other(format!("no disk with serial {serial}")))
+}
+
+/// `ip link set lo up`, by ioctl (there is no iproute2 in the guest).
+/// rustix has no call for SIOCSIFFLAGS, so the ioctl itself is libc's.
+pub(crate) fn loopback_up() -> io::Result<()> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    let socket =
+        rustix::net::socket_with(AddressFamily::INET, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    let mut req = IfReq { name: [0; 16], flags: 0, _pad: [0; 22] };
+    req.name[..2].copy_from_slice(b"lo");
+    req.flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads a struct ifreq; ours has its layout and size.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
+    let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    if !hostname.is_empty() {
+        let _ = rustix::system::sethostname(hostname.as_bytes());
+    }
+    fs::create_dir_all(LOWER_MNT)?;
+    fs::create_dir_all(UPPER_MNT)?;
+    let lower = disk_by_serial(LOWER_SERIAL)?;
+    let upper = disk_by_serial(UPPER_SERIAL)?;
+    let lower_s = lower.to_string_lossy().into_owned();
+    let upper_s = upper.to_string_lossy().into_owned();
+    mount(&lower_s, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
+        .map_err(ctx(format!("mounting the workspace image {lower_s}")))?;
+    mount(&upper_s, UPPER_MNT, "ext4", MountFlags::NODEV, "")
+        .map_err(ctx(format!("mounting the upper disk {upper_s}")))?;
+    let (up, work) = (Path::new(UPPER_MNT).join("upper"), Path::new(UPPER_MNT).join("work"));
+    fs::create_dir_all(&up)?;
+    fs::create_dir_all(&work)?;
+    // The upper root must look like the workspace root.
+    let root = fs::metadata(LOWER_MNT)?;
+    fs::set_permissions(&up, fs::Permissions::from_mode(root.mode() & 0o7777))?;
+    std::os::unix::fs::chown(&up, Some(root.uid()), Some(root.gid()))?;
+    fs::create_dir_all(workspace)?;
+    let options = format!(
+        "lowerdir={LOWER_MNT},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        up.display(),
+        work.display()
+    );
+    mount("overlay", &workspace.to_string_lossy(), "overlay", MountFlags::empty(), &options)
+        .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_params_are_the_cmdline_words_of_that_module() {
+        let cmdline = "console=ttyS0 virtio_mmio.device=512@0xfeb00e00:12 virtio_mmio.device=4K@0x1:5 quiet";
+        assert_eq!(
+            module_params("/lib/modules/virtio-mmio.ko", cmdline),
+            "device=512@0xfeb00e00:12 device=4K@0x1:5"
+        );
+        assert_eq!(module_params("/lib/modules/overlay.ko.xz", cmdline), "");
+    }
+}
