@@ -27,7 +27,7 @@ use crate::vm::guest::{ExecChannel, ExecSpec};
 use crate::vm::ExecCheckpoint;
 use crate::{Executor, SandboxError};
 
-pub use pvisor_agent::{EntryKind, FileOp, FileStat, Reply, Request};
+pub use pvisor_agent_proto::{EntryKind, FileOp, FileStat, Reply, Request};
 
 /// Why a capability of a running sandbox could not be used.
 #[derive(Debug, thiserror::Error)]

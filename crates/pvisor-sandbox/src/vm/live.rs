@@ -13,7 +13,7 @@ use crate::{Executor, SandboxError};
 
 use super::guest::{self, ExecChannel, ExecSpec};
 use super::{checkpoint, ControlRequest, ControlResponse, ExecCheckpoint, VmExecutor};
-use pvisor_agent::{Reply, Request};
+use pvisor_agent_proto::{Reply, Request};
 
 /// Reaches running VMs through their supervisors; holds no state, so one
 /// value serves every Attempt.
