@@ -7,11 +7,11 @@
 //! again is a no-op. Reads are size-capped so a corrupt or hostile file cannot
 //! exhaust memory.
 
+use rustix::fs::FlockOperation;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -128,8 +128,8 @@ pub fn register_state_dir(registry: &Path, root: &Path) {
     else {
         return;
     };
-    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+    // Released when `lock` is dropped.
+    if rustix::fs::flock(&lock, FlockOperation::LockExclusive).is_err() {
         return;
     }
     // Re-read under the lock: another process may have changed it.
@@ -218,11 +218,8 @@ impl Store {
         let tmp = temp_path(&path);
         let allocated =
             OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).and_then(|f| {
-                // SAFETY: fallocate on a valid, owned descriptor; real blocks, not a sparse hole.
-                let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, RESERVE_BYTES as libc::off_t) };
-                if rc != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                // Real blocks, not a sparse hole.
+                rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, RESERVE_BYTES)?;
                 f.sync_all()
             });
         if allocated.is_ok() && fs::rename(&tmp, &path).is_ok() {
@@ -575,10 +572,8 @@ impl OwnerLock {
     /// Takes the lock, failing if another process holds it.
     pub fn acquire(path: &Path) -> Result<Self, StoreError> {
         let file = Self::open_file(path)?;
-        // SAFETY: flock on a valid, owned descriptor.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            return Err(StoreError::io("lock", path, io::Error::last_os_error()));
+        if let Err(e) = rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            return Err(StoreError::io("lock", path, e.into()));
         }
         Ok(Self { file })
     }
@@ -591,13 +586,13 @@ impl OwnerLock {
     /// Takes an exclusive lock on directory `dir` itself, waiting while
     /// another process holds it. Nothing is created inside `dir`.
     pub fn acquire_directory(dir: &Path) -> Result<Self, StoreError> {
-        Self::flock_blocking(Self::open_directory(dir)?, dir, libc::LOCK_EX)
+        Self::flock_blocking(Self::open_directory(dir)?, dir, FlockOperation::LockExclusive)
     }
 
     /// Takes a shared lock on directory `dir` itself, waiting while another
     /// process holds it exclusively.
     pub fn acquire_directory_shared(dir: &Path) -> Result<Self, StoreError> {
-        Self::flock_blocking(Self::open_directory(dir)?, dir, libc::LOCK_SH)
+        Self::flock_blocking(Self::open_directory(dir)?, dir, FlockOperation::LockShared)
     }
 
     fn open_directory(dir: &Path) -> Result<File, StoreError> {
@@ -612,7 +607,7 @@ impl OwnerLock {
     /// Many processes may hold it at once; an exclusive [`Self::try_acquire`]
     /// fails while any do.
     pub fn acquire_shared_blocking(path: &Path) -> Result<Self, StoreError> {
-        Self::flock_blocking(Self::open_file(path)?, path, libc::LOCK_SH)
+        Self::flock_blocking(Self::open_file(path)?, path, FlockOperation::LockShared)
     }
 
     /// Takes the lock exclusively if nobody holds it (shared or not);
@@ -630,7 +625,7 @@ impl OwnerLock {
     /// Takes the lock on an already open `file` (named `path` in errors),
     /// waiting while another holder has it.
     pub(crate) fn lock_blocking(file: File, path: &Path) -> Result<Self, StoreError> {
-        Self::flock_blocking(file, path, libc::LOCK_EX)
+        Self::flock_blocking(file, path, FlockOperation::LockExclusive)
     }
 
     /// The locked file, for a holder that also reads or writes it.
@@ -638,15 +633,12 @@ impl OwnerLock {
         &self.file
     }
 
-    fn flock_blocking(file: File, path: &Path, op: libc::c_int) -> Result<Self, StoreError> {
+    fn flock_blocking(file: File, path: &Path, op: FlockOperation) -> Result<Self, StoreError> {
         loop {
-            // SAFETY: flock on a valid, owned descriptor.
-            if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-                return Ok(Self { file });
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(StoreError::io("lock", path, err));
+            match rustix::fs::flock(&file, op) {
+                Ok(()) => return Ok(Self { file }),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(StoreError::io("lock", path, e.into())),
             }
         }
     }
@@ -659,16 +651,11 @@ impl OwnerLock {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(StoreError::io("open lock", path, e)),
         };
-        // SAFETY: flock on a valid, owned descriptor; the shared lock is released on drop.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(false);
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(true)
-        } else {
-            Err(StoreError::io("probe lock", path, err))
+        // The shared lock is released on drop.
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => Ok(false),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+            Err(e) => Err(StoreError::io("probe lock", path, e.into())),
         }
     }
 }

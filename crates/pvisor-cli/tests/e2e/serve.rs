@@ -495,8 +495,7 @@ fn sigterm_pauses_running_sandboxes_and_they_resume_after_restart() {
         "echo kept > /root/file; (while true; do date +%s%N > /tmp/beat; sleep 0.2; done) > /dev/null 2>&1 &",
     );
     let mut child = daemon.child.take().unwrap();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    send_signal(child.id(), rustix::process::Signal::TERM).unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}: {}", daemon.log());
     daemon.start();
@@ -571,9 +570,9 @@ fn a_killed_sandbox_supervisor_is_closed_and_its_disks_freed() {
         &fs::read(daemon.env.home.join("server/sandboxes").join(format!("{id}.json"))).unwrap(),
     )
     .unwrap();
-    let pid = record["supervisor"].as_u64().expect("the supervisor's pid is recorded") as i32;
-    // SAFETY: SIGKILL to the sandbox's supervisor, a child process of this test's daemon.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let pid = record["supervisor"].as_u64().expect("the supervisor's pid is recorded") as u32;
+    // The sandbox's supervisor, a child process of this test's daemon.
+    send_signal(pid, rustix::process::Signal::KILL).unwrap();
     let ended = daemon.wait_state(&id, "Failed", &["Running"]);
     assert_eq!(ended["status"]["reason"], "runtime_exited", "{ended}");
     assert_closed_and_freed(&daemon, &id);

@@ -14,8 +14,13 @@ use std::time::{Duration, Instant};
 pub const UNPRIVILEGED: u32 = 4242;
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
+}
+
+/// Sends `sig` to the process `pid` (a child this test started, or one of its own).
+pub fn send_signal(pid: u32, sig: rustix::process::Signal) -> std::io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(std::io::ErrorKind::InvalidInput)?;
+    Ok(rustix::process::kill_process(pid, sig)?)
 }
 
 /// Who runs the binary.

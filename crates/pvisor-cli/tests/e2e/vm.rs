@@ -487,8 +487,7 @@ fn cancelling_a_vm_run_kills_the_command_and_keeps_its_stage() {
         None,
     );
     run.wait_for("started\n");
-    // SAFETY: signalling the child this test spawned.
-    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
+    send_signal(run.child.id(), rustix::process::Signal::INT).unwrap();
     let (code, _, err) = run.finish();
     assert_eq!(code, Some(137), "{err}");
     let status = env.status_json(None);

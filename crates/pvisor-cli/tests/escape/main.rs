@@ -208,9 +208,8 @@ fn default_limits_hold(who: As) {
     let lines: Vec<&str> = stdout.lines().map(str::trim).collect();
     if pids["by"].as_str().unwrap().starts_with("cgroup") {
         assert_eq!(lines[1], "4096", "the kernel's pids.max for the sandbox: {stdout}");
-        // SAFETY: sysconf has no preconditions.
-        let ram =
-            unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) as u64 * libc::sysconf(libc::_SC_PAGESIZE) as u64 };
+        let info = rustix::system::sysinfo();
+        let ram = (info.totalram as u64) * u64::from(info.mem_unit);
         let set: u64 = lines[2].parse().unwrap_or_else(|_| panic!("no memory limit in the kernel: {stdout}"));
         assert!(
             set <= ram / 2 && set > ram / 2 - (1 << 20),
@@ -412,15 +411,15 @@ print("FAMILIES-OK")
 /// directory descriptor would lead back into the host's writable tree.
 #[test]
 fn inherited_descriptors_do_not_reach_the_command() {
-    use std::os::fd::FromRawFd;
+    use rustix::fs::{Mode, OFlags};
+    use std::os::fd::AsRawFd;
     let env = Env::new(As::Rootless);
-    let dir = std::ffi::CString::new(env.dir.path().to_str().unwrap()).unwrap();
-    // SAFETY: opening a directory without O_CLOEXEC, on purpose: it is inherited.
-    let fd = unsafe { libc::open(dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    // Without O_CLOEXEC, on purpose: it is inherited.
+    let dir = rustix::fs::open(env.dir.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let fd = dir.as_raw_fd();
     assert!(fd > 2);
     let out = env.run_sh(&format!("ls /proc/self/fd/{fd} >/dev/null 2>&1 && echo ESCAPED-fd-{fd}; true"));
-    // SAFETY: closing the descriptor opened above.
-    drop(unsafe { std::fs::File::from_raw_fd(fd) });
+    drop(dir);
     assert!(!escaped(&out), "{}", text(&out.stdout));
 }
 
