@@ -602,11 +602,7 @@ fn a_fork_of_a_partly_applied_job_carries_the_remaining_hunks() {
     let out = env.pvisor(&["fork", &parent, "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let jobs = env.expect(&["jobs", "--json"], 0);
-    let fork = jobs
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|j| j["job"] != parent.as_str())
-        .unwrap()["job"]
+    let fork = records_of(&jobs, "job").into_iter().find(|j| j["job"] != parent.as_str()).unwrap()["job"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -218,7 +218,11 @@ impl Daemon {
 
     fn jobs(&self) -> Vec<Value> {
         let out = self.env.pvisor(&["jobs", "--json"]);
-        text(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+        json_lines(&text(&out.stdout))
+            .into_iter()
+            .filter(|(kind, _)| kind == "job")
+            .map(|(_, job)| job)
+            .collect()
     }
 }
 
@@ -828,9 +832,8 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
     // Every decision is in the sandbox Job's Trace, with the rule that made it.
     let job = daemon.record(&only_localhost)["job"].as_str().unwrap().to_owned();
     let events = text(&daemon.env.pvisor(&["events", &job, "--json"]).stdout);
-    let network: Vec<Value> = events
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    let network: Vec<Value> = records_of(&events, "event")
+        .into_iter()
         .filter(|e| e.to_string().contains("network.allowed") || e.to_string().contains("network.denied"))
         .collect();
     let allowed =
