@@ -6,7 +6,6 @@
 //! second, different receipt for the same Attempt is refused, and the same one
 //! again is a no-op. Reads are size-capped so a corrupt or hostile file cannot
 //! exhaust memory.
-
 //!
 //! This module holds the layout ([`Store`]) and its errors; the write
 //! protocol is in `durable`, the owner lock in `lock`, workspace paths in
