@@ -335,7 +335,7 @@ fn parse_duration(s: &str) -> Option<std::time::Duration> {
 /// completion receipt; a Job whose supervisor vanished without one is `unknown`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor status\n  pvisor status 01JD4\n  pvisor status --json | jq .state"
+    after_help = "Examples:\n  pvisor status\n  pvisor status 01JD4\n  pvisor status --json | jq .data.state"
 )]
 pub struct StatusArgs {
     pub job: Option<String>,
@@ -610,7 +610,7 @@ pub struct GcArgs {
 /// seccomp, KVM, QEMU and the state directory's filesystem and free space.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor doctor\n  pvisor doctor --json | jq 'select(.status != \"ok\")'\n\nExit status: 0 when everything `pvisor run` needs works, 1 otherwise."
+    after_help = "Examples:\n  pvisor doctor\n  pvisor doctor --json | jq 'select(.data.status != \"ok\")'\n\nExit status: 0 when everything `pvisor run` needs works, 1 otherwise."
 )]
 pub struct DoctorArgs {
     /// One JSON object per check.
@@ -662,7 +662,7 @@ pub struct JobsArgs {
 #[command(after_help = "Examples:\n  pvisor events\n  pvisor events job-01JD4 --json")]
 pub struct EventsArgs {
     pub job: Option<String>,
-    /// One JSON object per line (the events.jsonl records) instead of text.
+    /// One JSON object per line (each events.jsonl record as its `data`) instead of text.
     #[arg(long)]
     pub json: bool,
 }
