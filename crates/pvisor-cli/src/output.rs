@@ -1,25 +1,27 @@
 //! Output helpers: JSON Lines records and human formatting.
 //!
-//! `--json` output is one object per line with a `type` field naming the
-//! record (`status`, `event`, …) beside its data fields; see
-//! `docs/cli-reference.md`.
+//! `--json` output is one object per line, `{"type": KIND, "data": RECORD}`:
+//! `type` names the record (`status`, `event`, …) and `data` is the record
+//! itself; see `docs/cli-reference.md`.
 
 use std::io::Write;
 
 use anyhow::Context;
 use serde::Serialize;
 
-/// Writes `value` as one JSON line, with a `"type": kind` field added.
+/// One `--json` line: what kind of record it is, and the record untouched
+/// (ripgrep's envelope), so a record's own `type` field survives.
+#[derive(Serialize)]
+struct Envelope<'a, T> {
+    r#type: &'a str,
+    data: &'a T,
+}
+
+/// Writes `value` as one JSON line, `{"type": kind, "data": value}`.
 pub fn json_line<T: Serialize>(out: &mut impl Write, kind: &str, value: &T) -> anyhow::Result<()> {
-    let mut object = serde_json::Map::new();
-    object.insert("type".into(), kind.into());
-    match serde_json::to_value(value).context("cannot encode JSON output")? {
-        serde_json::Value::Object(fields) => object.extend(fields),
-        other => {
-            object.insert("data".into(), other);
-        }
-    }
-    serde_json::to_writer(&mut *out, &object).context("cannot write output")?;
+    let line =
+        serde_json::to_vec(&Envelope { r#type: kind, data: value }).context("cannot encode JSON output")?;
+    out.write_all(&line).context("cannot write output")?;
     out.write_all(b"\n").context("cannot write output")?;
     Ok(())
 }
@@ -89,12 +91,13 @@ mod tests {
     }
 
     #[test]
-    fn json_lines_carry_a_type_field() {
+    fn json_lines_wrap_the_record_in_an_envelope() {
         let mut out = Vec::new();
-        json_line(&mut out, "status", &serde_json::json!({"job": "j"})).unwrap();
+        json_line(&mut out, "event", &serde_json::json!({"type": "run.started", "seq": 1})).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(line, serde_json::json!({"type": "status", "job": "j"}));
+        assert_eq!(line, serde_json::json!({"type": "event", "data": {"type": "run.started", "seq": 1}}));
         assert!(out.ends_with(b"}\n"));
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
     }
 }
 

@@ -46,25 +46,21 @@ impl Answers {
 /// Reads one key from the terminal without waiting for Enter: canonical
 /// mode, echo and signal keys off for that one read, restored after.
 fn read_key(tty: &std::fs::File) -> anyhow::Result<u8> {
+    use rustix::termios::{self, LocalModes, OptionalActions, SpecialCodeIndex};
     use std::io::Read;
-    use std::os::fd::AsRawFd;
-    let fd = tty.as_raw_fd();
-    // SAFETY: zeroed termios is a valid out-parameter; tcgetattr fills it.
-    let mut saved: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and out-pointer.
-    if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
-        bail!("cannot read the terminal's settings: {}", std::io::Error::last_os_error());
-    }
-    let mut raw = saved;
-    raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG);
-    raw.c_cc[libc::VMIN] = 1;
-    raw.c_cc[libc::VTIME] = 0;
-    // SAFETY: a valid descriptor and settings.
-    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) };
+    let saved = match termios::tcgetattr(tty) {
+        Ok(saved) => saved,
+        Err(e) => bail!("cannot read the terminal's settings: {}", std::io::Error::from(e)),
+    };
+    let mut raw = saved.clone();
+    raw.local_modes &= !(LocalModes::ICANON | LocalModes::ECHO | LocalModes::ISIG);
+    raw.special_codes[SpecialCodeIndex::VMIN] = 1;
+    raw.special_codes[SpecialCodeIndex::VTIME] = 0;
+    let _ = termios::tcsetattr(tty, OptionalActions::Now, &raw);
     let mut byte = [0u8; 1];
     let read = (&mut &*tty).read(&mut byte);
-    // SAFETY: restoring the settings read above.
-    unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };
+    // Restores the settings read above.
+    let _ = termios::tcsetattr(tty, OptionalActions::Now, &saved);
     match read? {
         0 => Ok(4),
         _ => Ok(byte[0]),

@@ -15,8 +15,8 @@
 pub fn hit(name: &str) {
     #[cfg(debug_assertions)]
     if std::env::var_os("PVISOR_FAILPOINT").is_some_and(|v| v == name) {
-        // SAFETY: sending SIGKILL to ourselves; it does not return.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        // SIGKILL to ourselves: it does not return.
+        let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
     #[cfg(not(debug_assertions))]
     let _ = name;

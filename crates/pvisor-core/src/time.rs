@@ -66,9 +66,7 @@ impl fmt::Display for Timestamp {
 /// `CLOCK_REALTIME_COARSE` now, in ns since the epoch: the clock the kernel
 /// stamps file ctimes with (conflict baselines are taken on it).
 pub fn coarse_realtime_ns() -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
     i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
 }
 

@@ -13,12 +13,14 @@
 //! lock), so a temporary left by a killed apply is replaced when the path is
 //! retried instead of lingering.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, OsStr, OsString};
 use std::fs::File;
 use std::io;
 
 use pvisor_core::digest::Contents;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, CWD};
+use rustix::io::Errno;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
@@ -32,37 +34,13 @@ pub struct Root {
     last_parent: std::cell::RefCell<Option<(std::path::PathBuf, std::rc::Rc<OwnedFd>)>>,
 }
 
-fn cstr(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-/// `struct open_how` for openat2(2).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
-
 /// The name apply writes `plain`'s new content under before renaming it
 /// over: fixed-length (29 bytes), so any legal name (up to NAME_MAX) has
 /// one, and derived from the name, so the temporary a killed apply of that
 /// very path left is found again.
-fn temp_name(plain: &OsStr) -> io::Result<CString> {
-    use std::os::unix::ffi::OsStrExt;
+fn temp_name(plain: &OsStr) -> OsString {
     let digest = blake3::hash(plain.as_bytes()).to_hex();
-    cstr(OsStr::new(&format!("{TEMP_PREFIX}{}", &digest[..16])))
+    OsString::from(format!("{TEMP_PREFIX}{}", &digest[..16]))
 }
 
 /// How apply's temporaries are named (`.pvisor-tmp-` and 16 hex digits).
@@ -109,11 +87,12 @@ pub struct Stat {
     pub ctime_ns: i128,
 }
 
-fn stat_of(st: &libc::stat) -> Stat {
-    let kind = match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG => Kind::File,
-        libc::S_IFDIR => Kind::Dir,
-        libc::S_IFLNK => Kind::Symlink,
+fn stat_of(st: &rustix::fs::Stat) -> Stat {
+    use rustix::fs::FileType;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Kind::File,
+        FileType::Directory => Kind::Dir,
+        FileType::Symlink => Kind::Symlink,
         _ => Kind::Special,
     };
     Stat {
@@ -126,16 +105,14 @@ fn stat_of(st: &libc::stat) -> Stat {
     }
 }
 
+fn mode(bits: u32) -> Mode {
+    Mode::from_raw_mode(bits)
+}
+
 impl Root {
     /// Opens `path` as a confining root.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let c = cstr(path.as_os_str())?;
-        // SAFETY: a valid C string; the descriptor is ours.
-        let fd = check(
-            unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) }.into(),
-        )?;
-        // SAFETY: open returned a fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let fd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
         Ok(Self { fd, last_parent: std::cell::RefCell::new(None) })
     }
 
@@ -145,29 +122,19 @@ impl Root {
             return self.fd.try_clone();
         }
         let joined: std::path::PathBuf = parts.iter().collect();
-        let c = cstr(joined.as_os_str())?;
-        let how = OpenHow {
-            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
-            mode: 0,
-            resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-        };
-        // SAFETY: a valid dirfd, C string and open_how of the stated size.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        match check(rc) {
-            // SAFETY: openat2 returned a fresh descriptor.
-            Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }),
+        let opened = rustix::fs::openat2(
+            &self.fd,
+            &joined,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        );
+        match opened {
+            Ok(fd) => Ok(fd),
             // No openat2, or a path longer than PATH_MAX (a tree a command
             // built deeper than that): the same confinement, a name at a time.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::ENAMETOOLONG)) => self.walk(parts),
-            Err(e) => Err(e),
+            Err(Errno::NOSYS | Errno::NAMETOOLONG) => self.walk(parts),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -176,24 +143,24 @@ impl Root {
     fn walk(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {
         let mut dir = self.fd.try_clone()?;
         for part in parts {
-            dir = openat(dir.as_raw_fd(), &cstr(part)?, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
+            dir = openat(&dir, *part, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
         }
         Ok(dir)
     }
 
     /// Returns the parent directory's descriptor and the final name of `rel`.
-    fn parent<'a>(&self, rel: &'a Path) -> io::Result<(std::rc::Rc<OwnedFd>, CString, &'a OsStr)> {
+    fn parent<'a>(&self, rel: &'a Path) -> io::Result<(std::rc::Rc<OwnedFd>, &'a OsStr)> {
         let parts = components(rel)?;
-        let (name, dirs) = parts.split_last().ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let (name, dirs) = parts.split_last().ok_or_else(|| io::Error::from(Errno::INVAL))?;
         let dir_path: std::path::PathBuf = dirs.iter().collect();
         if let Some((cached, fd)) = self.last_parent.borrow().as_ref() {
             if *cached == dir_path {
-                return Ok((fd.clone(), cstr(name)?, name));
+                return Ok((fd.clone(), name));
             }
         }
         let fd = std::rc::Rc::new(self.open_dir(dirs)?);
         *self.last_parent.borrow_mut() = Some((dir_path, fd.clone()));
-        Ok((fd, cstr(name)?, name))
+        Ok((fd, name))
     }
 
     /// Forgets the cached parent: a directory may have been removed or replaced.
@@ -203,40 +170,32 @@ impl Root {
 
     /// `fstat` of the root directory itself.
     pub fn stat_root(&self) -> io::Result<Stat> {
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid descriptor and out-pointer.
-        check(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) }.into())?;
-        Ok(stat_of(&st))
+        Ok(stat_of(&rustix::fs::fstat(&self.fd)?))
     }
 
     /// `lstat` of `rel`; `None` if it does not exist beneath the root (a
     /// parent is missing, not a directory, or a symlink, which is never
     /// followed: a command may replace a host symlink with a directory).
     pub fn stat(&self, rel: &Path) -> io::Result<Option<Stat>> {
-        let (dir, name, _) = match self.parent(rel) {
+        let (dir, name) = match self.parent(rel) {
             Ok(p) => p,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)) => {
                 return Ok(None)
             }
             Err(e) => return Err(e),
         };
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid dirfd, name and out-pointer.
-        let rc = unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-        match check(rc.into()) {
-            Ok(_) => Ok(Some(stat_of(&st))),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(e),
+        match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(stat_of(&st))),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Opens the regular file `rel` for reading, refusing anything else.
     pub fn open_file(&self, rel: &Path) -> io::Result<File> {
-        let (dir, name, _) = self.parent(rel)?;
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let file = File::from(openat(dir.as_raw_fd(), &name, flags)?);
+        let (dir, name) = self.parent(rel)?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+        let file = File::from(openat(&*dir, name, flags)?);
         if !file.metadata()?.is_file() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
         }
@@ -245,41 +204,29 @@ impl Root {
 
     /// Reads the target of the symlink `rel`.
     pub fn read_link(&self, rel: &Path) -> io::Result<Vec<u8>> {
-        let (dir, name, _) = self.parent(rel)?;
-        let mut buf = vec![0u8; libc::PATH_MAX as usize];
-        // SAFETY: valid dirfd, name and buffer.
-        let n = check(unsafe {
-            libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        } as libc::c_long)?;
-        buf.truncate(n as usize);
-        Ok(buf)
+        let (dir, name) = self.parent(rel)?;
+        Ok(rustix::fs::readlinkat(&*dir, name, Vec::new())?.into_bytes())
     }
 
     /// Creates the directory `rel` with `mode` (an existing directory is fine).
-    pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
-        let (dir, name, _) = self.parent(rel)?;
-        // SAFETY: valid dirfd and name.
-        match check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }.into()) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+    pub fn mkdir(&self, rel: &Path, bits: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        match rustix::fs::mkdirat(&*dir, name, mode(bits)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => {
                 if self.stat(rel)?.map(|s| s.kind) != Some(Kind::Dir) {
-                    return Err(e);
+                    return Err(Errno::EXIST.into());
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
-        self.chmod_dir(rel, mode)
+        self.chmod_dir(rel, bits)
     }
 
-    fn chmod_dir(&self, rel: &Path, mode: u32) -> io::Result<()> {
-        let (dir, name, _) = self.parent(rel)?;
-        let fd = openat(
-            dir.as_raw_fd(),
-            &name,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )?;
-        // SAFETY: fchmod on our descriptor.
-        check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }.into())?;
+    fn chmod_dir(&self, rel: &Path, bits: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let fd = openat(&*dir, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
+        rustix::fs::fchmod(&fd, mode(bits))?;
         Ok(())
     }
 
@@ -292,12 +239,12 @@ impl Root {
     /// A path that is already gone is fine.
     pub fn remove_all(&self, rel: &Path) -> io::Result<()> {
         self.forget_parent();
-        let (dir, name, _) = match self.parent(rel) {
+        let (dir, name) = match self.parent(rel) {
             Ok(p) => p,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        remove_at(dir.as_raw_fd(), &name)
+        remove_at(&*dir, name)
     }
 
     /// Writes `rel` atomically: a temporary file in the same directory gets
@@ -348,147 +295,125 @@ impl Root {
     fn replace_file<T>(
         &self,
         rel: &Path,
-        mode: u32,
+        bits: u32,
         fill: impl FnOnce(&File) -> io::Result<T>,
     ) -> io::Result<T> {
-        let (dir, name, plain) = self.parent(rel)?;
-        let tmp = temp_name(plain)?;
+        let (dir, name) = self.parent(rel)?;
+        let tmp = temp_name(name);
+        // Best effort: a temporary that is not there is the usual case.
+        let unlink_tmp = || rustix::fs::unlinkat(&*dir, &tmp, AtFlags::empty()).ok();
         // Unnamed until complete (O_TMPFILE): a new file appears whole by one
         // link, with no temporary name to create, rename away or leave behind
         // after a crash; only a file that replaces another is linked under the
         // temporary name first, then renamed over it.
         if let Some(file) = tmpfile_in(&dir)? {
             let filled = fill(&file)?;
-            // SAFETY: fchmod on our descriptor.
-            check(unsafe { libc::fchmod(file.as_raw_fd(), mode) }.into())?;
-            match link_anonymous(&file, &dir, &name) {
+            rustix::fs::fchmod(&file, mode(bits))?;
+            match link_anonymous(&file, &dir, name) {
                 Ok(()) => return Ok(filled),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e),
             }
-            // SAFETY: valid dirfd and name (a temporary a killed apply left).
-            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            // A temporary a killed apply left.
+            unlink_tmp();
             link_anonymous(&file, &dir, &tmp)?;
-            if let Err(e) = self.rename_over(&dir, &tmp, &name) {
-                // SAFETY: valid dirfd and name.
-                unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            if let Err(e) = self.rename_over(&dir, &tmp, name) {
+                unlink_tmp();
                 return Err(e);
             }
             return Ok(filled);
         }
+        // O_EXCL|O_NOFOLLOW never reuse or follow.
         let create = || {
-            // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never reuse or follow.
-            let rc = unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    tmp.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0o600,
-                )
-            };
-            check(rc.into())
+            rustix::fs::openat(
+                &*dir,
+                &tmp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode(0o600),
+            )
         };
         let fd = match create() {
             // A temporary left by a killed apply of this very path.
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                // SAFETY: valid dirfd and name.
-                unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            Err(Errno::EXIST) => {
+                unlink_tmp();
                 create()?
             }
             other => other?,
         };
-        // SAFETY: openat returned a fresh descriptor.
-        let file = unsafe { File::from_raw_fd(fd as RawFd) };
+        let file = File::from(fd);
         let result = (|| {
             let filled = fill(&file)?;
-            // SAFETY: fchmod on our descriptor.
-            check(unsafe { libc::fchmod(file.as_raw_fd(), mode) }.into())?;
-            self.rename_over(&dir, &tmp, &name)?;
+            rustix::fs::fchmod(&file, mode(bits))?;
+            self.rename_over(&dir, &tmp, name)?;
             Ok(filled)
         })();
         if result.is_err() {
-            // SAFETY: valid dirfd and name.
-            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            unlink_tmp();
         }
         result
     }
 
     /// Renames `tmp` over `name` in `dir`; a directory in the way (a type
     /// change) is removed first.
-    fn rename_over(&self, dir: &OwnedFd, tmp: &CString, name: &CString) -> io::Result<()> {
-        let rename = || {
-            // SAFETY: valid dirfd and names.
-            let rc = unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
-            check(rc.into())
-        };
+    fn rename_over(&self, dir: &OwnedFd, tmp: &OsStr, name: &OsStr) -> io::Result<()> {
+        let rename = || rustix::fs::renameat(dir, tmp, dir, name);
         match rename() {
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST)
-                ) =>
-            {
+            Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
                 self.forget_parent();
-                remove_at(dir.as_raw_fd(), name)?;
-                rename().map(|_| ())
+                remove_at(dir, name)?;
+                Ok(rename()?)
             }
-            other => other.map(|_| ()),
+            other => Ok(other?),
         }
     }
 
     /// Removes the temporary a killed apply of `rel` may have left beside it.
     /// Returns whether there was one.
     pub fn remove_temporary(&self, rel: &Path) -> io::Result<bool> {
-        let (dir, _, plain) = match self.parent(rel) {
+        let (dir, name) = match self.parent(rel) {
             Ok(found) => found,
             // No parent directory: nothing can have been written there.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let tmp = temp_name(plain)?;
-        // SAFETY: valid dirfd and name; unlinkat never follows the final name.
-        match check(unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) }.into()) {
-            Ok(_) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            Err(e) => Err(e),
+        // unlinkat never follows the final name.
+        match rustix::fs::unlinkat(&*dir, temp_name(name), AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Replaces `rel` with a symlink to `target`, atomically.
     pub fn write_symlink(&self, rel: &Path, target: &[u8]) -> io::Result<()> {
-        let (dir, name, plain) = self.parent(rel)?;
-        let tmp = temp_name(plain)?;
-        let target = CString::new(target).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: valid dirfd and names.
-        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
-        // SAFETY: valid C strings and dirfd.
-        check(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), tmp.as_ptr()) }.into())?;
-        let renamed = self.rename_over(&dir, &tmp, &name);
+        let (dir, name) = self.parent(rel)?;
+        let tmp = temp_name(name);
+        let target = OsStr::from_bytes(target);
+        let _ = rustix::fs::unlinkat(&*dir, &tmp, AtFlags::empty());
+        rustix::fs::symlinkat(target, &*dir, &tmp)?;
+        let renamed = self.rename_over(&dir, &tmp, name);
         if renamed.is_err() {
-            // SAFETY: valid dirfd and name.
-            unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+            let _ = rustix::fs::unlinkat(&*dir, &tmp, AtFlags::empty());
         }
         renamed
     }
 
     /// Lists the names in directory `rel` ("" for the root).
-    pub fn list(&self, rel: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    pub fn list(&self, rel: &Path) -> io::Result<Vec<OsString>> {
         let parts = if rel.as_os_str().is_empty() { Vec::new() } else { components(rel)? };
         let fd = self.open_dir(&parts)?;
-        list_fd(fd.as_raw_fd())
+        list_fd(&fd)
     }
 
     /// Makes everything written beneath the root durable: one `syncfs(2)`.
     pub fn sync(&self) -> io::Result<()> {
         // syncfs needs a real open file, not the O_PATH root descriptor.
-        let dir = openat(self.fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)?;
-        // SAFETY: syncfs on a valid descriptor.
-        check(unsafe { libc::syncfs(dir.as_raw_fd()) }.into())?;
+        let dir = openat(&self.fd, c".", OFlags::RDONLY | OFlags::DIRECTORY)?;
+        rustix::fs::syncfs(&dir)?;
         Ok(())
     }
 }
 
-/// `openat(2)` with `O_CLOEXEC`, returning an owned descriptor.
 /// An unnamed regular file in `dir` (`O_TMPFILE`), or `None` where the
 /// filesystem has none or `/proc` is missing (an unnamed file is linked
 /// through `/proc/self/fd` without privileges): the caller then names a
@@ -498,97 +423,56 @@ fn tmpfile_in(dir: &OwnedFd) -> io::Result<Option<File>> {
     if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
         return Ok(None);
     }
-    // SAFETY: a valid dirfd and name; O_TMPFILE creates no directory entry.
-    let rc = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c".".as_ptr(),
-            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
-            0o600,
-        )
-    };
-    match check(rc.into()) {
-        // SAFETY: openat returned a fresh descriptor.
-        Ok(fd) => Ok(Some(unsafe { File::from_raw_fd(fd as RawFd) })),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
+    // O_TMPFILE creates no directory entry.
+    match rustix::fs::openat(dir, c".", OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC, mode(0o600)) {
+        Ok(fd) => Ok(Some(File::from(fd))),
+        Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Gives the unnamed `file` the name `name` in `dir`; `EEXIST` if taken
 /// (never replaces, never follows `name`).
-fn link_anonymous(file: &File, dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<()> {
-    let source = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(io::Error::other)?;
-    // SAFETY: valid C strings and dirfd; AT_SYMLINK_FOLLOW resolves only the
-    // /proc magic link to our own descriptor's inode.
-    let rc = unsafe {
-        libc::linkat(libc::AT_FDCWD, source.as_ptr(), dir.as_raw_fd(), name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
-    };
-    check(rc.into()).map(|_| ())
+fn link_anonymous(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let source = format!("/proc/self/fd/{}", file.as_raw_fd());
+    // AT_SYMLINK_FOLLOW resolves only the /proc magic link to our own
+    // descriptor's inode.
+    Ok(rustix::fs::linkat(CWD, source.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW)?)
 }
 
-fn openat(dirfd: RawFd, name: &std::ffi::CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-    // SAFETY: a valid dirfd and NUL-terminated name; the flags never create.
-    let fd = check(unsafe { libc::openat(dirfd, name.as_ptr(), flags | libc::O_CLOEXEC) }.into())?;
-    // SAFETY: openat returned a fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+/// `openat(2)` with `O_CLOEXEC`; the flags never create.
+fn openat(dir: impl AsFd, name: impl rustix::path::Arg, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(dir, name, flags | OFlags::CLOEXEC, Mode::empty())?)
 }
 
-fn list_fd(dirfd: RawFd) -> io::Result<Vec<std::ffi::OsString>> {
+fn list_fd(dir: impl AsFd) -> io::Result<Vec<OsString>> {
     // Re-open as a readable directory: O_PATH descriptors cannot be listed.
-    let dot = c".";
-    // SAFETY: valid dirfd and name.
-    let fd = check(
-        unsafe { libc::openat(dirfd, dot.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) }
-            .into(),
-    )?;
-    // SAFETY: fdopendir takes ownership of the fresh descriptor.
-    let dirp = unsafe { libc::fdopendir(fd as RawFd) };
-    if dirp.is_null() {
-        let err = io::Error::last_os_error();
-        // SAFETY: closing the descriptor fdopendir did not take.
-        unsafe { libc::close(fd as RawFd) };
-        return Err(err);
-    }
+    let fd = openat(dir, c".", OFlags::RDONLY | OFlags::DIRECTORY)?;
     let mut names = Vec::new();
-    loop {
-        // SAFETY: dirp is a valid DIR*.
-        let entry = unsafe { libc::readdir64(dirp) };
-        if entry.is_null() {
-            break;
-        }
-        // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated.
-        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+    for entry in rustix::fs::Dir::new(fd)? {
+        let entry = entry?;
+        let name: &CStr = entry.file_name();
         let bytes = name.to_bytes();
         if bytes != b"." && bytes != b".." {
             names.push(OsStr::from_bytes(bytes).to_owned());
         }
     }
-    // SAFETY: closing the DIR* we opened.
-    unsafe { libc::closedir(dirp) };
     Ok(names)
 }
 
-/// Removes `name` in `dirfd`, recursing into directories without following links.
-fn remove_at(dirfd: RawFd, name: &CString) -> io::Result<()> {
-    // SAFETY: valid dirfd and name.
-    if unsafe { libc::unlinkat(dirfd, name.as_ptr(), 0) } == 0 {
-        return Ok(());
+/// Removes `name` in `dir`, recursing into directories without following links.
+fn remove_at(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
+    let dir = dir.as_fd();
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => return Ok(()),
+        Err(Errno::ISDIR | Errno::PERM) => {}
+        Err(e) => return Err(e.into()),
     }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::ENOENT) => return Ok(()),
-        Some(libc::EISDIR) | Some(libc::EPERM) => {}
-        _ => return Err(err),
+    let sub = openat(dir, name, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
+    for child in list_fd(&sub)? {
+        remove_at(&sub, &child)?;
     }
-    let sub = openat(dirfd, name, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)?;
-    for child in list_fd(sub.as_raw_fd())? {
-        remove_at(sub.as_raw_fd(), &cstr(&child)?)?;
-    }
-    // SAFETY: valid dirfd and name.
-    check(unsafe { libc::unlinkat(dirfd, name.as_ptr(), libc::AT_REMOVEDIR) }.into())?;
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
     Ok(())
 }
 

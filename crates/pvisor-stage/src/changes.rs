@@ -35,13 +35,8 @@ pub fn seal(upper: &Path) -> Result<(), StageError> {
             .open(path)
     };
     let syncfs = || {
-        use std::os::fd::AsRawFd;
         let root = open(upper).map_err(|e| StageError::io("open", upper, e))?;
-        // SAFETY: syncfs on a descriptor we own.
-        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
-            return Err(StageError::io("sync", upper, io::Error::last_os_error()));
-        }
-        Ok(())
+        rustix::fs::syncfs(&root).map_err(|e| StageError::io("sync", upper, e.into()))
     };
     let mut to_sync = Vec::new();
     let mut dirs = vec![upper.to_path_buf()];
@@ -283,9 +278,7 @@ mod tests {
     }
 
     fn mknod_whiteout(path: &Path) -> bool {
-        let c = std::ffi::CString::new(path.as_os_str().to_string_lossy().as_bytes()).unwrap();
-        // SAFETY: a valid path; creating a 0/0 char device (needs CAP_MKNOD).
-        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) == 0 }
+        crate::overlay::make_whiteout(path).is_ok()
     }
 
     #[test]

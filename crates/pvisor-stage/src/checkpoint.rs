@@ -12,10 +12,8 @@
 //! `copy_file_range`/read-write elsewhere; [`CopyMethod`] says which.
 
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -52,10 +50,6 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Sta
     move |e| StageError::io(op, path, e)
 }
 
-fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
 /// Copies one regular file, reflinking when the filesystem allows; returns
 /// the BLAKE3 of its contents and whether it was reflinked.
 fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageError> {
@@ -83,33 +77,16 @@ fn copy_file(src: &Path, dst: &Path, mode: u32) -> Result<(String, bool), StageE
 }
 
 fn make_whiteout(dst: &Path) -> Result<(), StageError> {
-    let c = cpath(dst).map_err(io_err("create whiteout", dst))?;
-    // SAFETY: a valid path; a 0/0 character device is overlayfs's whiteout,
-    // which Linux 5.8+ lets unprivileged users create.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) } != 0 {
-        return Err(StageError::io("create whiteout", dst, io::Error::last_os_error()));
-    }
-    Ok(())
+    overlay::make_whiteout(dst).map_err(io_err("create whiteout", dst))
 }
 
 fn mark_opaque(dir: &Path) -> Result<(), StageError> {
-    let c = cpath(dir).map_err(io_err("mark opaque", dir))?;
-    // SAFETY: valid C strings and a 1-byte value.
-    let rc =
-        unsafe { libc::lsetxattr(c.as_ptr(), c"user.overlay.opaque".as_ptr(), b"y".as_ptr().cast(), 1, 0) };
-    if rc != 0 {
-        return Err(StageError::io("mark opaque", dir, io::Error::last_os_error()));
-    }
-    Ok(())
+    overlay::mark_opaque(dir).map_err(io_err("mark opaque", dir))
 }
 
 fn syncfs(dir: &Path) -> Result<(), StageError> {
     let d = File::open(dir).map_err(io_err("open", dir))?;
-    // SAFETY: syncfs on a descriptor we own.
-    if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-        return Err(StageError::io("sync", dir, io::Error::last_os_error()));
-    }
-    Ok(())
+    rustix::fs::syncfs(&d).map_err(|e| StageError::io("sync", dir, e.into()))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StageError> {

@@ -9,21 +9,30 @@
 //! `*` is `user` for overlays mounted with `userxattr` (rootless, and how pvisor
 //! always mounts) and `trusted` for ones mounted by real root without it.
 
-use std::ffi::CString;
 use std::fs::Metadata;
-use std::os::unix::ffi::OsStrExt;
+use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
+
+use rustix::fs::{FileType, Mode, XattrFlags, CWD};
 
 const NAMESPACES: [&str; 2] = ["user", "trusted"];
 
 fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    let cpath = CString::new(path.as_os_str().as_bytes()).ok()?;
-    let cname = CString::new(name).ok()?;
     let mut buf = [0u8; 16];
-    // SAFETY: valid C strings and a buffer of the stated length.
-    let n = unsafe { libc::lgetxattr(cpath.as_ptr(), cname.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (n >= 0).then(|| buf[..n as usize].to_vec())
+    let n = rustix::fs::lgetxattr(path, name, &mut buf).ok()?;
+    Some(buf[..n].to_vec())
+}
+
+/// Creates a whiteout at `path`: a 0/0 character device, which Linux 5.8+
+/// lets unprivileged users create.
+pub(crate) fn make_whiteout(path: &Path) -> io::Result<()> {
+    Ok(rustix::fs::mknodat(CWD, path, FileType::CharacterDevice, Mode::empty(), 0)?)
+}
+
+/// Marks the directory `path` opaque (`user.overlay.opaque = "y"`).
+pub(crate) fn mark_opaque(path: &Path) -> io::Result<()> {
+    Ok(rustix::fs::lsetxattr(path, "user.overlay.opaque", b"y", XattrFlags::empty())?)
 }
 
 fn overlay_xattr(path: &Path, key: &str) -> Option<Vec<u8>> {

@@ -39,9 +39,7 @@ use crate::StageError;
 /// false conflict on timestamps alone (git's "racy" entries), seen in 1 of
 /// 6-17 run → fork → apply trials on a fresh workspace.
 pub fn baseline_now() -> i128 {
-    let mut resolution = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and out-pointer.
-    unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut resolution) };
+    let resolution = rustix::time::clock_getres(rustix::time::ClockId::RealtimeCoarse);
     let tick = (i128::from(resolution.tv_sec) * 1_000_000_000 + i128::from(resolution.tv_nsec))
         .clamp(1, 100_000_000);
     pvisor_core::time::coarse_realtime_ns() + tick

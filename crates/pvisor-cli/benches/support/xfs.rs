@@ -14,8 +14,7 @@ impl Xfs {
     /// or says why not (needs root, `mkfs.xfs` from xfsprogs, which
     /// scripts/setup.sh installs, and loop devices).
     pub fn mount(dir: &Path, size: &str) -> Result<Self, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Err("needs root (to mount an image)".into());
         }
         let mkfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"]

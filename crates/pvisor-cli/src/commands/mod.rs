@@ -236,8 +236,7 @@ pub fn use_color(choice: crate::cli::ColorChoice) -> bool {
         crate::cli::ColorChoice::Always => true,
         crate::cli::ColorChoice::Never => false,
         crate::cli::ColorChoice::Auto => {
-            // SAFETY: isatty only inspects the descriptor.
-            let tty = unsafe { libc::isatty(1) == 1 };
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
             tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
                 && std::env::var("TERM").map_or(true, |t| t != "dumb")
         }

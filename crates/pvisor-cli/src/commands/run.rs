@@ -396,9 +396,10 @@ fn announce_unenforceable(limits: &pvisor_core::records::ResourceLimits, quiet: 
 
 /// Half of the host's physical memory.
 fn half_the_ram() -> Option<u64> {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    (pages > 0 && size > 0).then(|| (pages as u64).saturating_mul(size as u64) / 2)
+    // What sysconf(_SC_PHYS_PAGES) * page size is computed from.
+    let info = rustix::system::sysinfo();
+    let total = (info.totalram as u64).saturating_mul(u64::from(info.mem_unit));
+    (total > 0).then_some(total / 2)
 }
 
 /// Says the effective network policy, with where each part came from, when

@@ -12,9 +12,7 @@ fn job_of(env: &Env) -> String {
 
 fn checkpoint_ids(env: &Env) -> Vec<String> {
     let out = env.expect(&["checkpoints", "--json"], 0);
-    out.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_owned())
-        .collect()
+    records_of(&out, "checkpoint").iter().map(|c| c["id"].as_str().unwrap().to_owned()).collect()
 }
 
 #[test]
@@ -210,11 +208,10 @@ fn export_verify_and_import_elsewhere() {
     let imported = run(&["import", archive.to_str().unwrap()]);
     assert!(imported.status.success(), "{}", text(&imported.stderr));
     let review = run(&["review", "--json"]);
-    let changes: Vec<serde_json::Value> =
-        text(&review.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let changes = records_of(&text(&review.stdout), "change");
     let paths: Vec<&str> = changes.iter().map(|c| c["path"].as_str().unwrap()).collect();
     assert_eq!(paths, ["existing", "link", "new"]);
-    let status: serde_json::Value = serde_json::from_slice(&run(&["status", "--json"]).stdout).unwrap();
+    let status = records_of(&text(&run(&["status", "--json"]).stdout), "status").remove(0);
     assert_eq!(status["exit_code"], 5);
     assert_eq!(status["receipt"], "valid");
     assert!(status["imported_from"].is_string());
@@ -299,11 +296,8 @@ fn gc_goes_on_past_what_it_cannot_remove_and_says_so() {
 
     let json = env.pvisor(&["gc", "--older-than", "0s", "--json"]);
     assert_eq!(json.status.code(), Some(1));
-    let failed: Vec<serde_json::Value> = text(&json.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["type"] == "failed")
-        .collect();
+    let failed: Vec<(String, serde_json::Value)> =
+        json_lines(&text(&json.stdout)).into_iter().filter(|(kind, _)| kind == "failed").collect();
     assert_eq!(failed.len(), 1, "{}", text(&json.stdout));
 }
 

@@ -17,12 +17,11 @@ fn jobs_are_found_by_id_prefix_or_recency() {
 
     let out = env.pvisor(&["jobs", "--json"]);
     assert!(out.status.success());
-    let lines: Vec<serde_json::Value> =
-        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = json_lines(&text(&out.stdout));
     assert_eq!(lines.len(), 2);
-    assert_eq!(lines[0]["type"], "job");
-    assert_eq!(lines[0]["state"], "completed");
-    assert_eq!(lines[1]["job"], job);
+    assert_eq!(lines[0].0, "job");
+    assert_eq!(lines[0].1["state"], "completed");
+    assert_eq!(lines[1].1["job"], job);
 
     let human = text(&env.pvisor(&["jobs"]).stdout);
     assert!(human.contains("failed (exit 4)"), "{human}");
@@ -76,7 +75,7 @@ fn a_tampered_bundle_fails_verification() {
 fn doctor_reports_every_check_and_probes_a_real_sandbox() {
     let env = Env::new(As::Rootless);
     let out = env.expect(&["doctor", "--json"], 0);
-    let checks: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let checks = records_of(&out, "check");
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
     for want in
         ["user namespaces", "network namespace", "state directory", "cgroups", "seccomp", "KVM", "QEMU"]

@@ -4,6 +4,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::support::*;
+use rustix::process::Signal;
 
 /// Starts `sleep MARKER` in a sandbox and waits until the run is live.
 fn start_sleeper(env: &Env, marker: &str, extra: &[&str]) -> std::process::Child {
@@ -25,8 +26,7 @@ fn sigint_cancels_with_a_receipt_and_no_survivors(who: As, marker: &str) {
     }
     let env = Env::new(who);
     let child = start_sleeper(&env, marker, &[]);
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    send_signal(child.id(), Signal::INT).unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "stderr: {}", text(&out.stderr));
     assert!(!text(&out.stdout).contains("not-reached"));
@@ -66,8 +66,7 @@ fn a_command_that_ignores_the_signal_is_killed_after_the_grace_period() {
         .spawn()
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || !sleepers(marker).is_empty()));
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    send_signal(child.id(), Signal::TERM).unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {}", text(&out.stderr));
     let status = env.status_json(None);

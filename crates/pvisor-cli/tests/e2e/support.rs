@@ -14,8 +14,39 @@ use std::time::{Duration, Instant};
 pub const UNPRIVILEGED: u32 = 4242;
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
+}
+
+/// The lines of `--json` output, each an envelope `{"type": KIND, "data":
+/// RECORD}`, as (KIND, RECORD) pairs.
+pub fn json_lines(stdout: &str) -> Vec<(String, serde_json::Value)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let mut envelope: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let kind = envelope["type"].as_str().unwrap_or_else(|| panic!("no type: {line}")).to_owned();
+            let data = envelope.get_mut("data").unwrap_or_else(|| panic!("no data: {line}")).take();
+            (kind, data)
+        })
+        .collect()
+}
+
+/// The records of `--json` output, checking every line is a `kind` record.
+pub fn records_of(stdout: &str, kind: &str) -> Vec<serde_json::Value> {
+    json_lines(stdout)
+        .into_iter()
+        .map(|(k, data)| {
+            assert_eq!(k, kind, "a {kind} record expected: {data}");
+            data
+        })
+        .collect()
+}
+
+/// Sends `sig` to the process `pid` (a child this test started, or one of its own).
+pub fn send_signal(pid: u32, sig: rustix::process::Signal) -> std::io::Result<()> {
+    let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(std::io::ErrorKind::InvalidInput)?;
+    Ok(rustix::process::kill_process(pid, sig)?)
 }
 
 /// Who runs the binary.
@@ -199,24 +230,27 @@ impl Env {
         text(&out.stdout)
     }
 
-    /// `review --json` as parsed objects.
+    /// `review --json`'s change records.
     pub fn review(&self) -> Vec<serde_json::Value> {
-        let out = self.expect(&["review", "--json"], 0);
-        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        records_of(&self.expect(&["review", "--json"], 0), "change")
     }
 
+    /// `status --json`'s status record.
     pub fn status_json(&self, job: Option<&str>) -> serde_json::Value {
         let mut args = vec!["status", "--json"];
         args.extend(job);
         let out = self.pvisor(&args);
         assert!(out.status.success(), "status failed: {}", text(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        let mut status = records_of(&text(&out.stdout), "status");
+        assert_eq!(status.len(), 1, "one status record: {}", text(&out.stdout));
+        status.remove(0)
     }
 
+    /// `events --json`'s event records (each with its own `type` and `data`).
     pub fn events(&self, job: &str) -> Vec<serde_json::Value> {
         let out = self.pvisor(&["events", job, "--json"]);
         assert!(out.status.success(), "events failed: {}", text(&out.stderr));
-        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        records_of(&text(&out.stdout), "event")
     }
 
     /// Runs the shell command `inner` under script(1), which gives it a real

@@ -184,7 +184,7 @@ fn suspend_then_resume(who: As) {
     run.wait_for("c 4\n");
     let job = only_job(&env);
     let out = env.expect(&["suspend", &job, "--json"], 0);
-    let manifest: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let manifest = records_of(&out, "checkpoint").remove(0);
     assert_eq!(manifest["kind"], "execution");
     let (code, before, _) = run.finish();
     assert_eq!(code, Some(75), "a suspended run exits 75 (EX_TEMPFAIL)");
@@ -252,11 +252,7 @@ fn an_execution_fork_diverges_with_private_stages_and_fresh_entropy() {
     assert_eq!(status["lineage"]["kind"], "execution");
     let staged = |job: &str| -> Vec<String> {
         let out = env.expect(&["review", job, "--json"], 0);
-        out.lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["path"].as_str().unwrap().to_owned()
-            })
-            .collect()
+        records_of(&out, "change").iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect()
     };
     let (p, c) = (staged(&parent_job), staged(&child_job));
     assert!(p.contains(&format!("f-{parent_tag}")) && !p.contains(&format!("f-{child_tag}")), "{p:?}");
@@ -358,8 +354,7 @@ fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
     let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
     run.wait_for("c 2\n");
     let job = only_job(&env);
-    let manifest: serde_json::Value =
-        serde_json::from_str(env.expect(&["suspend", &job, "--json"], 0).trim()).unwrap();
+    let manifest = records_of(&env.expect(&["suspend", &job, "--json"], 0), "checkpoint").remove(0);
     run.finish();
     let status = env.status_json(Some(&job));
     let run_dir = env.home.join("runs").join(status["run"].as_str().unwrap());
@@ -487,8 +482,7 @@ fn cancelling_a_vm_run_kills_the_command_and_keeps_its_stage() {
         None,
     );
     run.wait_for("started\n");
-    // SAFETY: signalling the child this test spawned.
-    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
+    send_signal(run.child.id(), rustix::process::Signal::INT).unwrap();
     let (code, _, err) = run.finish();
     assert_eq!(code, Some(137), "{err}");
     let status = env.status_json(None);

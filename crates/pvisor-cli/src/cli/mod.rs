@@ -1,0 +1,203 @@
+//! Command-line syntax. The doc comment on each argument struct is its help text.
+//!
+//! This module holds the top level (`Cli`, `Command`) and the commands that
+//! manage pvisor itself (serve, image, cache, completions, man); `run` holds
+//! `pvisor run` and what shares its options (suspend, resume), and `jobs` the
+//! commands that read and change Jobs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+mod jobs;
+mod run;
+
+use run::humantime_duration;
+
+pub use jobs::*;
+pub use run::*;
+
+/// pvisor runs a command in a sandbox that cannot change your workspace.
+///
+/// Every file the command writes is staged in a copy-on-write layer; you review
+/// the changes and apply what you want. Each run is recorded as a Job with a
+/// verifiable completion receipt.
+#[derive(Debug, Parser)]
+#[command(name = "pvisor", version, about, long_about, propagate_version = true)]
+#[command(
+    after_help = "Examples:\n  pvisor run -- make test           run `make test` against the current directory\n  pvisor run -w ~/src/app -- bash   an interactive shell over ~/src/app\n  pvisor status                     what the last run did\n  pvisor jobs --json                every Job as JSON Lines\n\nState lives in $PVISOR_HOME (default: $XDG_STATE_HOME/pvisor or ~/.local/state/pvisor)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Run(RunArgs),
+    Status(StatusArgs),
+    Review(ReviewArgs),
+    /// Show a Job's staged changes as unified diffs: `pvisor review --diff`.
+    #[command(
+        after_help = "Examples:\n  pvisor diff                  the last Job's changes, as diffs\n  pvisor diff src/             only under src/\n  pvisor diff job-01JD4 --color never"
+    )]
+    Diff(ReviewArgs),
+    Apply(ApplyArgs),
+    Drop(DropArgs),
+    Kill(KillArgs),
+    Checkpoint(CheckpointArgs),
+    Checkpoints(CheckpointsArgs),
+    Fork(ForkArgs),
+    Suspend(SuspendArgs),
+    Resume(ResumeArgs),
+    Export(ExportArgs),
+    Verify(VerifyArgs),
+    Import(ImportArgs),
+    Gc(GcArgs),
+    Doctor(DoctorArgs),
+    Jobs(JobsArgs),
+    Events(EventsArgs),
+    Serve(ServeArgs),
+    Image(ImageArgs),
+    Trust(TrustArgs),
+    Cache(CacheArgs),
+    Completions(CompletionsArgs),
+    Man(ManArgs),
+    #[command(hide = true)]
+    SandboxSupervisor(SandboxSupervisorArgs),
+}
+
+/// List or remove the caches `pvisor run --cache` keeps.
+///
+/// A cache holds what runs added under a host directory (downloaded crates,
+/// wheels, packages). It is shared by every run that names the directory, so
+/// one run can influence the next through it: prune it when in doubt.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor cache ls\n  pvisor cache prune ~/.cargo/registry\n  pvisor cache prune              every cache not in use"
+)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub action: CacheAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheAction {
+    /// Every cache: its host directory, size, and whether a run holds it.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove caches not in use (all, or those of the given host directories).
+    Prune { paths: Vec<PathBuf> },
+}
+
+/// Print a shell completion script for pvisor.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor completions bash > ~/.local/share/bash-completion/completions/pvisor\n  pvisor completions zsh > ~/.zfunc/_pvisor      (with fpath+=~/.zfunc)\n  pvisor completions fish > ~/.config/fish/completions/pvisor.fish"
+)]
+pub struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Print pvisor's man page (roff), or write one page per command into DIR.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor man | man -l -\n  pvisor man --dir ~/.local/share/man/man1     (then: man pvisor-apply)"
+)]
+pub struct ManArgs {
+    /// Write pvisor.1 and pvisor-<command>.1 into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// Serve the OpenSandbox lifecycle and execd APIs over pvisor microVMs.
+///
+/// Each sandbox (`sb-<id>`) is a vm Job: a QEMU microVM (KVM when usable,
+/// else TCG) booting the named image's root filesystem, with no network
+/// device. Pause saves its execution state to disk and stops the VM; resume
+/// restores it. A sandbox's execd API is served under
+/// `/sandboxes/{id}/port/44772/` on the same listener, and needs the access
+/// token that `GET /v1/sandboxes/{id}/endpoints/44772` returns.
+///
+/// On SIGTERM or Ctrl-C, every Running sandbox is paused, then the daemon
+/// exits; after a restart they are listed Paused and resume on request.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor serve                                  http://127.0.0.1:8080, no API key\n  pvisor serve --api-key-file ~/.pvisor-key     require OPEN-SANDBOX-API-KEY\n  pvisor serve --listen 0.0.0.0:8080 --api-key-file key\n\nPython: SandboxSync.create(\"default\", connection_config=ConnectionConfigSync(\n          domain=\"127.0.0.1:8080\", protocol=\"http\", api_key=KEY))"
+)]
+pub struct ServeArgs {
+    /// The address to listen on. Without --api-key-file only loopback is allowed.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// A file whose first line is the API key clients send as OPEN-SANDBOX-API-KEY.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// The longest `timeout` (and renewal) a sandbox may ask for.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime_duration)]
+    pub max_timeout: std::time::Duration,
+}
+
+/// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor image import python:3.11 ./rootfs-dir\n  pvisor image import alpine rootfs.tar.gz\n  pvisor image import myapp:1 ./oci-layout     (skopeo copy ... oci:DIR)\n  pvisor image ls --json\n\nThe image `default` (sh, bash, coreutils) is imported by `pvisor serve` from\nscripts/sandbox-image.sh's build."
+)]
+pub struct ImageArgs {
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a root filesystem as NAME: a directory, a tar archive (plain,
+    /// gzip, xz or zstd), or an OCI image layout directory. Replaces an image
+    /// of the same name; sandboxes already running keep what they booted.
+    Import {
+        /// The name clients pass as `image.uri` (e.g. python:3.11).
+        name: String,
+        /// DIR, TAR or OCI-LAYOUT.
+        source: PathBuf,
+    },
+    /// List imported images.
+    Ls {
+        /// One JSON object per image.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Internal: supervises one `pvisor serve` sandbox's vm Job (started by the daemon).
+#[derive(Debug, Args)]
+pub struct SandboxSupervisorArgs {
+    /// Where to write `{job, attempt}` once the Job is admitted.
+    #[arg(long)]
+    pub bind: PathBuf,
+    /// The image rootfs (the Job's workspace), for a new sandbox.
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    #[arg(long, default_value = "512")]
+    pub memory_mib: u64,
+    #[arg(long, default_value = "1")]
+    pub cpus: u32,
+    /// Resume this suspended Job instead.
+    #[arg(long)]
+    pub resume: Option<String>,
+    /// The sandbox's egress policy (an ordered policy, JSON), for a new sandbox.
+    #[arg(long)]
+    pub network_policy: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
