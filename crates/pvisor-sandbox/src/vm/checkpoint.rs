@@ -22,7 +22,8 @@ use pvisor_core::time::Timestamp;
 
 use std::os::fd::AsRawFd;
 
-use super::{disk, qmp, MachineConfig, Shared};
+use super::link::Shared;
+use super::{disk, qmp, MachineConfig};
 
 pub const STATE: &str = "state";
 pub const UPPER: &str = "upper.img";

@@ -21,7 +21,7 @@ use std::time::Duration;
 use pvisor_agent::{EntryKind, Reply, Request};
 
 use super::disk::UPPER_DISK_BYTES;
-use super::Shared;
+use super::link::Shared;
 
 /// More entries than an 8 GiB ext4 upper disk can hold inodes for.
 const MAX_ENTRIES: u64 = 4 << 20;

@@ -279,13 +279,17 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     let (_qmp, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let console = dir.join("console.log");
-    super::capture_console(console_host, &console).map_err(|e| e.to_string())?;
+    super::qemu::capture_console(console_host, &console).map_err(|e| e.to_string())?;
     let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
-    let mut command = super::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
+    let mut command =
+        super::qemu::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
     let started = Instant::now();
-    let mut child =
-        super::spawn_qemu(&mut command, &dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
-            .map_err(|e| e.to_string())?;
+    let mut child = super::qemu::spawn_qemu(
+        &mut command,
+        &dir.join("qemu.log"),
+        &[&agent_qemu, &qmp_qemu, &console_qemu],
+    )
+    .map_err(|e| e.to_string())?;
     drop((agent_qemu, qmp_qemu, console_qemu));
     let mut channel = agent;
     let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));
