@@ -5,9 +5,11 @@
 //! the helper's [`Report`]s until the sandbox is gone. Starting returns once
 //! the sandbox reports `Ready` or a precise setup error.
 
+mod command;
 pub(crate) mod diagnose;
 mod helper;
 mod host_view;
+mod init;
 mod memory_stage;
 mod mounts;
 mod protocol;

@@ -1,0 +1,162 @@
+//! Step 3 of the `ns` sandbox (see `helper.rs`): the command's own process
+//! between fork and `execvp` — session and terminal, signal dispositions,
+//! capabilities, `no_new_privs`, seccomp and the environment.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use super::helper::{exit, HelperSpec, StepError};
+use super::protocol::Report;
+use crate::sys;
+
+/// The command, with every C string built before fork.
+pub(super) struct Command {
+    program: CString,
+    argv: Vec<CString>,
+    env: Vec<(String, String)>,
+    cwd: PathBuf,
+    /// The sandbox's own terminal, when the user's stdin and stdout are one.
+    pub(super) pty_slave: Option<CString>,
+    detach_stdin: bool,
+    pub(super) seccomp: Option<super::seccomp::Filters>,
+    program_name: String,
+    last_cap: u32,
+}
+
+impl Command {
+    pub(super) fn prepare(spec: &HelperSpec) -> Self {
+        let to_c = |s: &str| CString::new(s).unwrap_or_default();
+        let sandbox = &spec.sandbox;
+        let mut argv = vec![to_c(&sandbox.program)];
+        argv.extend(sandbox.args.iter().map(|a| to_c(a)));
+        Self {
+            program: to_c(&sandbox.program),
+            argv,
+            env: sandbox.env.clone(),
+            cwd: sandbox.cwd.clone(),
+            pty_slave: None,
+            detach_stdin: spec.detach_stdin,
+            seccomp: None,
+            program_name: sandbox.program.clone(),
+            last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(63),
+        }
+    }
+
+    /// Runs in the forked command child. Never returns.
+    pub(super) fn exec(self) -> ! {
+        // SAFETY: plain process-attribute calls in a single-threaded child.
+        unsafe {
+            // A new session: the user's terminal is never the command's
+            // controlling terminal, so TIOCSTI cannot type into the user's shell.
+            libc::setsid();
+            if self.detach_stdin {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::close(null);
+                }
+            }
+            if let Some(slave) = &self.pty_slave {
+                let fd = libc::open(slave.as_ptr(), libc::O_RDWR);
+                if fd >= 0 {
+                    libc::ioctl(fd, libc::TIOCSCTTY, 0);
+                    for target in 0..=2 {
+                        if libc::isatty(target) == 1 {
+                            libc::dup2(fd, target);
+                        }
+                    }
+                    if fd > 2 {
+                        libc::close(fd);
+                    }
+                }
+            }
+            for sig in 1..libc::SIGRTMIN() {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let empty = sys::sigset(&[]);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        }
+        if let Err(e) = std::env::set_current_dir(&self.cwd) {
+            StepError::new("cwd", format!("cannot enter {}: {e}", self.cwd.display())).report_and_exit();
+        }
+        // Without this, uid 0 in the sandbox (real root's identity map) could
+        // remount the read-only host tree read-write. Nested user namespaces
+        // cannot undo it: their copies of our mounts are locked read-only.
+        if let Err(e) = drop_all_capabilities(self.last_cap) {
+            StepError::new("capabilities", format!("cannot drop capabilities: {e}")).report_and_exit();
+        }
+        // SAFETY: a plain prctl; no_new_privs also keeps setuid and file
+        // capabilities from granting back what was just dropped.
+        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        if let Some(filters) = &self.seccomp {
+            if let Err(e) = filters.apply() {
+                StepError::new("seccomp", format!("cannot install the seccomp filter: {e}"))
+                    .report_and_exit();
+            }
+        }
+        for (key, _) in std::env::vars_os() {
+            std::env::remove_var(key);
+        }
+        for (key, value) in &self.env {
+            if !key.is_empty() && !key.contains('=') && !key.contains('\0') && !value.contains('\0') {
+                std::env::set_var(key, value);
+            }
+        }
+        let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: `program` and `argv` are NUL-terminated and outlive the call;
+        // execvp searches the PATH we just installed in `environ`.
+        unsafe { libc::execvp(self.program.as_ptr(), argv.as_ptr()) };
+        let mut errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOENT);
+        if errno == libc::EACCES && !self.program_name.contains('/') && !on_path(&self.program_name) {
+            // execvp reports EACCES when some PATH entry was unreadable, even if the
+            // program exists nowhere; "not found" is the truth the user needs.
+            errno = libc::ENOENT;
+        }
+        Report::ExecError { program: self.program_name, errno }.send();
+        exit(if errno == libc::ENOENT { 127 } else { 126 })
+    }
+}
+
+/// Empties the bounding, ambient, effective, permitted and inheritable sets.
+fn drop_all_capabilities(last_cap: u32) -> std::io::Result<()> {
+    for cap in 0..=last_cap {
+        // SAFETY: PR_CAPBSET_DROP takes a capability number.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: a plain prctl.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) };
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: capset(2) with a v3 header and the two data words it expects.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    sys::check(rc)?;
+    Ok(())
+}
+
+/// Returns whether `name` exists as a non-directory in some `$PATH` directory.
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path).any(|dir| std::fs::metadata(dir.join(name)).is_ok_and(|m| !m.is_dir()))
+}
