@@ -3,10 +3,13 @@
 //! capabilities, `no_new_privs`, seccomp and the environment.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::PathBuf;
 
 use super::helper::{exit, HelperSpec, StepError};
 use super::protocol::Report;
+use rustix::fs::{Mode, OFlags};
+
 use crate::sys;
 
 /// The command, with every C string built before fork.
@@ -47,32 +50,36 @@ impl Command {
 
     /// Runs in the forked command child. Never returns.
     pub(super) fn exec(self) -> ! {
-        // SAFETY: plain process-attribute calls in a single-threaded child.
+        // A new session: the user's terminal is never the command's
+        // controlling terminal, so TIOCSTI cannot type into the user's shell.
+        let _ = rustix::process::setsid();
+        if self.detach_stdin {
+            if let Ok(null) = rustix::fs::open(c"/dev/null", OFlags::RDONLY, Mode::empty()) {
+                let _ = rustix::stdio::dup2_stdin(&null);
+            }
+        }
+        if let Some(slave) = &self.pty_slave {
+            if let Ok(fd) = rustix::fs::open(slave.as_c_str(), OFlags::RDWR, Mode::empty()) {
+                let _ = rustix::process::ioctl_tiocsctty(&fd);
+                if rustix::termios::isatty(rustix::stdio::stdin()) {
+                    let _ = rustix::stdio::dup2_stdin(&fd);
+                }
+                if rustix::termios::isatty(rustix::stdio::stdout()) {
+                    let _ = rustix::stdio::dup2_stdout(&fd);
+                }
+                if rustix::termios::isatty(rustix::stdio::stderr()) {
+                    let _ = rustix::stdio::dup2_stderr(&fd);
+                }
+                if fd.as_raw_fd() <= 2 {
+                    // It took a standard descriptor's place (one was closed): keep it.
+                    let _ = fd.into_raw_fd();
+                }
+            }
+        }
+        // SAFETY: resetting dispositions and the mask in a single-threaded
+        // child. Raw `libc`: rustix has no sigaction or sigprocmask outside
+        // its unstable runtime API.
         unsafe {
-            // A new session: the user's terminal is never the command's
-            // controlling terminal, so TIOCSTI cannot type into the user's shell.
-            libc::setsid();
-            if self.detach_stdin {
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-                if null >= 0 {
-                    libc::dup2(null, 0);
-                    libc::close(null);
-                }
-            }
-            if let Some(slave) = &self.pty_slave {
-                let fd = libc::open(slave.as_ptr(), libc::O_RDWR);
-                if fd >= 0 {
-                    libc::ioctl(fd, libc::TIOCSCTTY, 0);
-                    for target in 0..=2 {
-                        if libc::isatty(target) == 1 {
-                            libc::dup2(fd, target);
-                        }
-                    }
-                    if fd > 2 {
-                        libc::close(fd);
-                    }
-                }
-            }
             for sig in 1..libc::SIGRTMIN() {
                 if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                     libc::signal(sig, libc::SIG_DFL);
@@ -90,9 +97,9 @@ impl Command {
         if let Err(e) = drop_all_capabilities(self.last_cap) {
             StepError::new("capabilities", format!("cannot drop capabilities: {e}")).report_and_exit();
         }
-        // SAFETY: a plain prctl; no_new_privs also keeps setuid and file
-        // capabilities from granting back what was just dropped.
-        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        // no_new_privs also keeps setuid and file capabilities from granting
+        // back what was just dropped.
+        let _ = rustix::thread::set_no_new_privs(true);
         if let Some(filters) = &self.seccomp {
             if let Err(e) = filters.apply() {
                 StepError::new("seccomp", format!("cannot install the seccomp filter: {e}"))
@@ -110,7 +117,8 @@ impl Command {
         let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
         // SAFETY: `program` and `argv` are NUL-terminated and outlive the call;
-        // execvp searches the PATH we just installed in `environ`.
+        // execvp searches the PATH we just installed in `environ`. Raw
+        // `libc`: rustix has no PATH-searching exec.
         unsafe { libc::execvp(self.program.as_ptr(), argv.as_ptr()) };
         let mut errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOENT);
         if errno == libc::EACCES && !self.program_name.contains('/') && !on_path(&self.program_name) {
@@ -126,32 +134,20 @@ impl Command {
 /// Empties the bounding, ambient, effective, permitted and inheritable sets.
 fn drop_all_capabilities(last_cap: u32) -> std::io::Result<()> {
     for cap in 0..=last_cap {
-        // SAFETY: PR_CAPBSET_DROP takes a capability number.
+        // SAFETY: PR_CAPBSET_DROP takes a capability number. Raw `libc`:
+        // rustix names only the capabilities it knows, and every number up
+        // to the kernel's last must go.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
         if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
             return Err(std::io::Error::last_os_error());
         }
     }
-    // SAFETY: a plain prctl.
-    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) };
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
-    // SAFETY: capset(2) with a v3 header and the two data words it expects.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
-    sys::check(rc)?;
+    let _ = rustix::thread::clear_ambient_capability_set();
+    let none = rustix::thread::CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        rustix::thread::CapabilitySets { effective: none, permitted: none, inheritable: none },
+    )?;
     Ok(())
 }
 

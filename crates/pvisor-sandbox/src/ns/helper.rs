@@ -24,14 +24,14 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::diagnose;
 use super::init::init;
-use super::protocol::{Report, FD_PASS_FD, REPORT_FD, SPEC_FD};
+use super::protocol::{inherited, Report, FD_PASS_FD, REPORT_FD, SPEC_FD};
 use crate::{sys, NetworkAttachment, SandboxSpec};
 
 /// What the supervisor tells the helper, on [`SPEC_FD`].
@@ -95,16 +95,16 @@ impl StepError {
 
 pub(super) fn exit(code: i32) -> ! {
     // SAFETY: _exit never returns; nothing in this process needs flushing.
+    // Raw `libc`: rustix has `exit_group` only in its unstable runtime API.
     unsafe { libc::_exit(code) }
 }
 
 /// The helper's entry point. Never returns.
 pub(crate) fn main() -> ! {
-    // SAFETY: the supervisor placed the report pipe at REPORT_FD; mark it
+    // The supervisor placed the report pipe at REPORT_FD; mark it
     // close-on-exec so the command never inherits it.
-    unsafe {
-        libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
-        libc::fcntl(FD_PASS_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    for fd in [REPORT_FD, FD_PASS_FD] {
+        let _ = rustix::io::fcntl_setfd(inherited(fd), rustix::io::FdFlags::CLOEXEC);
     }
     let spec = match read_spec() {
         Ok(spec) => spec,
@@ -113,7 +113,8 @@ pub(crate) fn main() -> ! {
     // Every other descriptor pvisor was started with stays out of the sandbox:
     // an inherited directory descriptor would be a way back into the host's
     // writable tree (openat(fd, "..")), the runc CVE-2024-21626 class.
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags (raw:
+    // rustix has no close_range).
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     match run_helper(spec) {
         Ok(never) => match never {},
@@ -135,8 +136,7 @@ enum Never {}
 fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     let helper_err = |what: &str, e: std::io::Error| StepError::new("helper", format!("{what}: {e}"));
     sys::die_with_parent().map_err(|e| helper_err("PR_SET_PDEATHSIG", e))?;
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != spec.supervisor_pid {
+    if rustix::process::Pid::as_raw(rustix::process::getppid()) != spec.supervisor_pid {
         exit(SETUP_FAILED);
     }
     let mut waited: Vec<i32> = FORWARDED.to_vec();
@@ -145,8 +145,7 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     sys::set_sigmask(libc::SIG_BLOCK, &mask).map_err(|e| helper_err("sigprocmask", e))?;
 
     let (go_read, go_write) = sys::pipe().map_err(|e| helper_err("pipe", e))?;
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
 
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
@@ -157,7 +156,8 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
         flags |= libc::CLONE_NEWNET;
     }
     // SAFETY: a fork-style clone (no CLONE_VM, no new stack) of a single-threaded
-    // process: the child continues on a private copy of this stack.
+    // process: the child continues on a private copy of this stack. Raw
+    // `libc`: rustix has no clone with namespace flags.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -176,39 +176,40 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
         init(spec, go_read);
     }
     let pid = pid as libc::pid_t;
+    let child = sys::pid(pid).map_err(|e| helper_err("clone", e))?;
     drop(go_read);
     if let Err(e) = write_id_maps(pid, uid, gid) {
-        // SAFETY: `pid` is our unreaped child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // `pid` is our unreaped child, so it cannot have been recycled.
+        let _ = rustix::process::kill_process(child, rustix::process::Signal::KILL);
         return Err(e);
     }
-    let _ = sys::write_all(go_write.as_raw_fd(), b"1");
+    let _ = sys::write_all(&go_write, b"1");
     // Init builds the sandbox's filesystem while it is moved into the run's
     // cgroups: on cgroup v1 each move waits for an RCU grace period (~7 ms
     // here), which this overlaps with the mounts. Init forks the command
     // only after the second byte, so every sandboxed process is inside.
     for procs in &spec.cgroup_join {
         if let Err(e) = std::fs::write(procs, pid.to_string()) {
-            // SAFETY: `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = rustix::process::kill_process(child, rustix::process::Signal::KILL);
             return Err(StepError::new("limits", format!("cannot join {}: {e}", procs.display())));
         }
     }
-    let _ = sys::write_all(go_write.as_raw_fd(), b"2");
+    let _ = sys::write_all(&go_write, b"2");
     drop(go_write);
 
     loop {
         let sig = sys::sigwait(&mask).map_err(|e| helper_err("sigwaitinfo", e))?;
         if sig != libc::SIGCHLD {
-            // SAFETY: `pid` is our child and not yet reaped, so it cannot be recycled.
-            unsafe { libc::kill(pid, sig) };
+            // `pid` is our child and not yet reaped, so it cannot be recycled.
+            if let Ok(sig) = sys::signal(sig) {
+                let _ = rustix::process::kill_process(child, sig);
+            }
             continue;
         }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            exit(status_to_code(status));
+        if let Ok(Some((_, status))) =
+            rustix::process::waitpid(Some(child), rustix::process::WaitOptions::NOHANG)
+        {
+            exit(status_to_code(status.as_raw()));
         }
     }
 }

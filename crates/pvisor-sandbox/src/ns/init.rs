@@ -3,11 +3,11 @@
 //! forks the command, forwards signals to it and reaps until it exits.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::command::Command;
 use super::helper::{exit, status_to_code, HelperSpec, StepError, FORWARDED, SETUP_FAILED};
-use super::protocol::{Report, FD_PASS_FD};
+use super::protocol::{inherited, Report, FD_PASS_FD};
 use super::{memory_stage, mounts};
 use crate::{sys, NetworkAttachment};
 
@@ -17,9 +17,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         exit(SETUP_FAILED);
     }
     let mut go = [0u8; 1];
-    // SAFETY: reading one byte into a local buffer.
-    let n = unsafe { libc::read(go_read.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
-    if n != 1 {
+    if !matches!(rustix::io::read(&go_read, &mut go), Ok(1)) {
         // The helper died or gave up mapping ids; it reported why.
         exit(SETUP_FAILED);
     }
@@ -27,7 +25,9 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     // clone, RLIMIT_NPROC would count every process the uid has on the host.
     for &(resource, value) in &spec.rlimits {
         let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
-        // SAFETY: setrlimit with a valid resource number and struct.
+        // SAFETY: setrlimit with a valid resource number and struct. Raw
+        // `libc`: the resource arrives as a number, which rustix's `Resource`
+        // cannot be made from.
         if unsafe { libc::setrlimit(resource as _, &limit) } != 0 {
             StepError::new(
                 "limits",
@@ -45,8 +45,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     }
     // The command cannot read init's descriptors (the user's terminal among them)
     // through /proc/1/fd.
-    // SAFETY: a plain prctl.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let mut command = Command::prepare(&spec);
     if spec.sandbox.seccomp {
         match super::seccomp::build() {
@@ -63,10 +62,9 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         }
     }
     // The helper has moved init into the run's cgroups (see run_helper).
-    // SAFETY: reading one byte into a local buffer.
-    let n = unsafe { libc::read(go_read.as_raw_fd(), go.as_mut_ptr().cast(), 1) };
+    let n = rustix::io::read(&go_read, &mut go);
     drop(go_read);
-    if n != 1 {
+    if !matches!(n, Ok(1)) {
         // The helper could not join a cgroup (it reported why) or died.
         exit(SETUP_FAILED);
     }
@@ -78,6 +76,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         wait_for_coarse_clock(at);
     }
     // SAFETY: init is single-threaded, so the child may run arbitrary code.
+    // Raw `libc`: rustix has fork only in its unstable runtime API.
     let child = unsafe { libc::fork() };
     if child < 0 {
         StepError::new("fork", format!("cannot fork the command: {}", std::io::Error::last_os_error()))
@@ -104,27 +103,18 @@ fn supervise(command: libc::pid_t, memory_stage: Option<memory_stage::MemoryStag
             // Like a terminal, signal the command's whole process group (it leads
             // one), so `sh -c 'sleep 100'` stops on SIGINT; fall back to the
             // command alone if it moved to another group.
-            // SAFETY: `command` is unreaped (we exit as soon as it is reaped).
-            unsafe {
-                if libc::kill(-command, sig) != 0 {
-                    libc::kill(command, sig);
+            // `command` is unreaped (we exit as soon as it is reaped).
+            if let (Ok(pid), Ok(sig)) = (sys::pid(command), sys::signal(sig)) {
+                if rustix::process::kill_process_group(pid, sig).is_err() {
+                    let _ = rustix::process::kill_process(pid, sig);
                 }
             }
             continue;
         }
-        loop {
-            let mut status = 0;
-            // SAFETY: zeroed rusage is a valid out-parameter.
-            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-            // SAFETY: reaping any child; both out-pointers are valid.
-            let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
-            if pid <= 0 {
-                break;
-            }
-            let micros = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000 + tv.tv_usec as u64;
-            user_us += micros(usage.ru_utime);
-            system_us += micros(usage.ru_stime);
-            max_rss_kib = max_rss_kib.max(usage.ru_maxrss as u64);
+        while let Ok(Some((pid, status, usage))) = sys::wait4(-1, libc::WNOHANG) {
+            user_us += usage.user_cpu.as_micros() as u64;
+            system_us += usage.system_cpu.as_micros() as u64;
+            max_rss_kib = max_rss_kib.max(usage.max_rss_kib);
             if pid == command {
                 let (code, signal) = if libc::WIFEXITED(status) {
                     (Some(libc::WEXITSTATUS(status)), None)
@@ -161,57 +151,40 @@ fn wait_for_coarse_clock(at: i128) {
 /// Kills every other process in the sandbox's pid namespace (init is exempt
 /// from its own `kill(-1)`) and reaps them.
 fn end_the_rest() {
-    // SAFETY: kill(-1) from pid 1 signals every other process in its namespace.
+    // SAFETY: kill(-1) from pid 1 signals every other process in its
+    // namespace. Raw `libc`: rustix has no kill(-1).
     unsafe { libc::kill(-1, libc::SIGKILL) };
-    loop {
-        let mut status = 0;
-        // SAFETY: reaping any child, blocking.
-        if unsafe { libc::waitpid(-1, &mut status, 0) } <= 0 {
-            break;
-        }
-    }
+    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::empty()) {}
 }
 
 fn set_hostname(name: &str) -> Result<(), StepError> {
-    // SAFETY: a valid pointer and length.
-    let rc = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
-    if rc != 0 {
-        return Err(StepError::new(
+    rustix::system::sethostname(name.as_bytes()).map_err(|e| {
+        StepError::new(
             "uts-namespace",
-            format!("cannot set the sandbox hostname: {}", std::io::Error::last_os_error()),
-        ));
-    }
-    Ok(())
+            format!("cannot set the sandbox hostname: {}", std::io::Error::from(e)),
+        )
+    })
 }
 
 /// Opens a pseudo-terminal in the sandbox's private devpts, copies the user's
 /// window size onto it, hands the master to the supervisor (which relays it to
 /// the user's terminal) and returns the slave's path for the command.
 fn open_pty() -> Result<CString, StepError> {
-    let err = |what: &str| StepError::new("terminal", format!("{what}: {}", std::io::Error::last_os_error()));
-    // SAFETY: posix_openpt/unlockpt/ptsname_r/ioctl on a descriptor we own,
-    // with buffers of the stated sizes.
-    unsafe {
-        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
-        if master < 0 {
-            return Err(err("cannot open /dev/ptmx"));
-        }
-        let master = OwnedFd::from_raw_fd(master);
-        if libc::unlockpt(master.as_raw_fd()) != 0 {
-            return Err(err("cannot unlock the pseudo-terminal"));
-        }
-        let mut name = [0 as libc::c_char; 128];
-        if libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len()) != 0 {
-            return Err(err("cannot name the pseudo-terminal"));
-        }
-        let mut size: libc::winsize = std::mem::zeroed();
-        if libc::ioctl(libc::STDIN_FILENO, libc::TIOCGWINSZ, &mut size) == 0 {
-            libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size);
-        }
-        sys::send_fd(FD_PASS_FD, master.as_raw_fd())
-            .map_err(|e| StepError::new("terminal", format!("cannot hand the terminal over: {e}")))?;
-        Ok(std::ffi::CStr::from_ptr(name.as_ptr()).to_owned())
+    let err = |what: &str, e: rustix::io::Errno| {
+        StepError::new("terminal", format!("{what}: {}", std::io::Error::from(e)))
+    };
+    use rustix::pty::OpenptFlags;
+    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+        .map_err(|e| err("cannot open /dev/ptmx", e))?;
+    rustix::pty::unlockpt(&master).map_err(|e| err("cannot unlock the pseudo-terminal", e))?;
+    let name = rustix::pty::ptsname(&master, Vec::with_capacity(128))
+        .map_err(|e| err("cannot name the pseudo-terminal", e))?;
+    if let Ok(size) = rustix::termios::tcgetwinsize(rustix::stdio::stdin()) {
+        let _ = rustix::termios::tcsetwinsize(&master, size);
     }
+    sys::send_fd(inherited(FD_PASS_FD), master.as_fd())
+        .map_err(|e| StepError::new("terminal", format!("cannot hand the terminal over: {e}")))?;
+    Ok(name)
 }
 
 /// Sets up the network the Placement asked for: nothing for the host
@@ -230,8 +203,7 @@ fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
                     format!("cannot listen on 127.0.0.1:{port} inside the sandbox: {e}"),
                 )
             })?;
-            use std::os::fd::AsRawFd as _;
-            sys::send_fd(FD_PASS_FD, listener.as_raw_fd())
+            sys::send_fd(inherited(FD_PASS_FD), listener.as_fd())
                 .map_err(|e| StepError::new("network", format!("cannot hand the proxy listener over: {e}")))
         }
     }
@@ -241,19 +213,25 @@ fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
 fn loopback_up() -> Result<(), StepError> {
     let err =
         |what: &str| StepError::new("net-namespace", format!("{what}: {}", std::io::Error::last_os_error()));
-    // SAFETY: creating a datagram socket for interface ioctls.
-    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if sock < 0 {
-        return Err(err("cannot open a socket to configure loopback"));
-    }
-    // SAFETY: the socket was just created and is owned here.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let sock = rustix::net::socket_with(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| {
+        StepError::new(
+            "net-namespace",
+            format!("cannot open a socket to configure loopback: {}", std::io::Error::from(e)),
+        )
+    })?;
     // SAFETY: ifreq is plain data; zero is a valid initial value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
         *dst = *src as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `req`, which is valid.
+    // Raw `libc`: rustix has no interface-flags ioctl.
     unsafe {
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
             return Err(err("cannot read loopback flags"));

@@ -20,7 +20,7 @@ use pvisor_agent::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 use super::link::Shared;
 use super::{disk, qmp, MachineConfig};
@@ -250,10 +250,8 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
         .create_new(true)
         .open(dir.join(STATE))
         .map_err(|e| format!("cannot create the state file: {e}"))?;
-    shared.qmp_with_fd::<qmp::Empty>(
-        &qmp::Command::GetFd { fdname: "pvisor-state".into() },
-        state.as_raw_fd(),
-    )?;
+    shared
+        .qmp_with_fd::<qmp::Empty>(&qmp::Command::GetFd { fdname: "pvisor-state".into() }, state.as_fd())?;
     drop(state);
     shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri: "fd:pvisor-state".into() })?;
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -49,8 +49,7 @@ pub(super) fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
 /// socket) is refused, whatever its uid. The socket also lives in the state
 /// directory, which every sandbox has hidden.
 fn trusted_peer(stream: &UnixStream) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let own = unsafe { libc::geteuid() };
+    let own = rustix::process::geteuid().as_raw();
     match crate::sys::peer_credentials(stream.as_raw_fd()) {
         Ok((pid, uid)) => (uid == own || uid == 0) && pid > 0 && crate::sys::shares_namespaces(pid),
         Err(_) => false,

@@ -226,8 +226,7 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
         .collect::<Vec<_>>()
         .join("+");
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = rustix::process::geteuid().as_raw();
     // The verdict depends on the guest kernel, not on the agent inside the initramfs.
     let key =
         blake3::hash(format!("{}|{module}|{}", image.kernel_version, release.trim()).as_bytes()).to_hex();

@@ -115,7 +115,7 @@ impl Shared {
     pub(super) fn qmp_with_fd<R: serde::de::DeserializeOwned>(
         &self,
         command: &qmp::Command,
-        fd: std::os::fd::RawFd,
+        fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<R, String> {
         self.qmp
             .lock()
@@ -219,10 +219,10 @@ pub(super) fn read_agent(
         }
         match frame {
             Ok(Some((Reply::Stdout { .. }, bytes))) => {
-                let _ = sys::write_all(1, &bytes);
+                let _ = sys::write_all(rustix::stdio::stdout(), &bytes);
             }
             Ok(Some((Reply::Stderr { .. }, bytes))) => {
-                let _ = sys::write_all(2, &bytes);
+                let _ = sys::write_all(rustix::stdio::stderr(), &bytes);
             }
             Ok(Some((Reply::NetOpen { stream }, _))) => net.open(stream, &agent),
             Ok(Some((Reply::NetData { stream }, bytes))) => net.data(stream, bytes),

@@ -3,7 +3,6 @@
 //! signalling, and waiting for its end (export, suspension, teardown).
 
 use std::fs;
-use std::io;
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -326,20 +325,19 @@ fn forward_stdin(shared: Arc<Shared>) {
     let _ = std::thread::Builder::new().name("pvisor-vm-stdin".into()).spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: reading into our own buffer from fd 0.
-            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n <= 0 {
-                let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
-                return;
-            }
+            let n = match rustix::io::read(rustix::stdio::stdin(), &mut buf) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Ok(n) if n > 0 => n,
+                _ => {
+                    let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
+                    return;
+                }
+            };
             let gone = || *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) || !shared.qemu_running();
             if !shared.credits.take(Credit::Stdin, gone) {
                 return;
             }
-            if shared.send(&Request::Stdin { id: EXEC_ID }, &buf[..n as usize]).is_err() {
+            if shared.send(&Request::Stdin { id: EXEC_ID }, &buf[..n]).is_err() {
                 return;
             }
         }

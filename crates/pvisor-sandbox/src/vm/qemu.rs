@@ -177,31 +177,24 @@ pub(super) fn tail(path: &Path, lines: usize) -> String {
 pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
     let pid = child.id() as libc::pid_t;
     let deadline = Instant::now() + grace;
-    let mut status = 0;
-    // SAFETY: rusage is plain data.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: wait4 writes into `status` and `usage` only.
-        let rc = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if rc == pid || rc < 0 {
-            break;
+    let (status, usage) = loop {
+        match crate::sys::wait4(pid, libc::WNOHANG) {
+            Ok(Some((_, status, usage))) => break (status, usage),
+            Ok(None) => {}
+            Err(_) => break (0, Usage::default()),
         }
         if Instant::now() > deadline {
-            // SAFETY: the child is not reaped yet, so `pid` is still ours.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The child is not reaped yet, so `pid` is still ours.
+            if let Ok(pid) = crate::sys::pid(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
     let described = if libc::WIFEXITED(status) {
         format!("exited {}", libc::WEXITSTATUS(status))
     } else {
         format!("killed by signal {}", libc::WTERMSIG(status))
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let usage = Usage {
-        user_cpu: tv(usage.ru_utime),
-        system_cpu: tv(usage.ru_stime),
-        max_rss_kib: usage.ru_maxrss as u64,
     };
     (described, usage)
 }
