@@ -131,6 +131,7 @@ impl Shared {
 
     /// Asks QEMU to quit and reaps it; returns its exit status and usage.
     pub(super) fn quit_and_reap(&self) -> (String, Usage) {
+        tracing::debug!("asking QEMU to quit");
         let _ = self.qmp::<qmp::Empty>(&qmp::Command::Quit);
         let child = self.qemu.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(child) = child else { return ("already reaped".into(), Usage::default()) };
@@ -239,10 +240,12 @@ pub(super) fn read_agent(
                 }
             }
             Ok(None) => {
+                tracing::info!("agent link down: the agent connection closed");
                 let _ = events.send(AgentEvent::Gone("the agent connection closed".into()));
                 return;
             }
             Err(e) => {
+                tracing::info!(error = %e, "agent link down: the agent stream broke");
                 let _ = events.send(AgentEvent::Gone(format!("the agent stream broke: {e}")));
                 return;
             }

@@ -144,6 +144,15 @@ impl VmProcess {
         let child =
             spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
                 .map_err(|e| setup("qemu", e))?;
+        tracing::info!(
+            pid = child.id(),
+            accelerator = config.accelerator.as_str(),
+            memory_mib = config.memory_mib,
+            cpus = config.cpus,
+            restore = restore.is_some(),
+            dir = %vm.dir.display(),
+            "QEMU started"
+        );
         drop((agent_qemu, qmp_qemu, console_qemu));
         let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
         let qemu_failed = |what: String| {
@@ -208,6 +217,7 @@ impl VmProcess {
             upper,
         });
         let fail = |message: String| {
+            tracing::info!(error = %message, "VM start failed; stopping QEMU");
             let (status, _) = shared.quit_and_reap();
             qemu_failed(format!("{message} (qemu {status})"))
         };
@@ -216,6 +226,10 @@ impl VmProcess {
         if restore.is_some() {
             wait_for_incoming(&shared, boot_timeout).map_err(fail)?;
             shared.qmp::<qmp::Empty>(&qmp::Command::Cont).map_err(fail)?;
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "restore: machine state loaded"
+            );
         }
         match shared
             .call(&Request::Hello { version: pvisor_agent::VERSION }, &[], boot_timeout)
@@ -230,6 +244,7 @@ impl VmProcess {
             }
         }
         let boot_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(boot_ms, "agent link up");
         if let Some((_, manifest)) = &restore {
             restored = Some(reattach(&shared, manifest).map_err(fail)?);
         } else {
@@ -311,6 +326,12 @@ fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Va
             (other, _) => return Err(format!("the agent answered Restored with {other:?}")),
         };
     shared.call(&Request::Poll { id: EXEC_ID }, &[], timeout)?;
+    tracing::info!(
+        checkpoint = %manifest.id,
+        clock_step_ms = clock_step_ns / 1_000_000,
+        entropy_avail,
+        "restore: guest thawed, clock stepped and CRNG reseeded"
+    );
     Ok(serde_json::json!({
         "checkpoint": manifest.id,
         "clock_step_ms": clock_step_ns / 1_000_000,
@@ -457,6 +478,7 @@ impl SandboxProcess for VmProcess {
         // A checkpoint or suspension in progress finishes first.
         let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(manifest) = shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tracing::info!(checkpoint = %manifest.id, "suspend: waiting for QEMU to quit");
             let (qemu, usage) = shared.quit_and_reap();
             // The checkpoint holds its own copies; these were this Attempt's scratch.
             let _ = fs::remove_file(&shared.lower);
@@ -471,13 +493,17 @@ impl SandboxProcess for VmProcess {
         }
         let termination = match ending {
             Ok((code, signal)) => {
+                tracing::info!(?code, ?signal, "the command exited in the guest; exporting its staged files");
+                let exporting = Instant::now();
                 if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
+                    tracing::info!(error = %e, "export of the staged files failed");
                     let (qemu, _) = shared.quit_and_reap();
                     return Err(SandboxError::Protocol(format!(
                         "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
                         shared.upper.display()
                     )));
                 }
+                tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
                 match (code, signal) {
                     (Some(code), _) => Termination::Exited(code),
                     (None, Some(signal)) => Termination::Signaled(signal),
@@ -485,6 +511,7 @@ impl SandboxProcess for VmProcess {
                 }
             }
             Err(why) => {
+                tracing::info!(reason = %why, "the VM ended without the command's exit");
                 let console = tail(&shared.vm.dir.join("console.log"), 3);
                 if shared.qemu_running() {
                     Termination::Vanished { detail: format!("{why}; console: {console}") }

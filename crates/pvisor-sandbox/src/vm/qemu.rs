@@ -177,6 +177,7 @@ pub(super) fn tail(path: &Path, lines: usize) -> String {
 pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
     let pid = child.id() as libc::pid_t;
     let deadline = Instant::now() + grace;
+    let mut killed = false;
     let (status, usage) = loop {
         match crate::sys::wait4(pid, libc::WNOHANG) {
             Ok(Some((_, status, usage))) => break (status, usage),
@@ -188,6 +189,7 @@ pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
             if let Ok(pid) = crate::sys::pid(pid) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
+            killed = true;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -196,5 +198,13 @@ pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
     } else {
         format!("killed by signal {}", libc::WTERMSIG(status))
     };
+    tracing::info!(
+        pid,
+        status = %described,
+        killed_after_grace = killed,
+        user_cpu_ms = usage.user_cpu.as_millis() as u64,
+        max_rss_kib = usage.max_rss_kib,
+        "QEMU exited"
+    );
     (described, usage)
 }
