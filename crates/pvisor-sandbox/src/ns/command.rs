@@ -6,10 +6,10 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::path::PathBuf;
 
-use super::helper::{exit, HelperSpec, StepError};
-use super::protocol::Report;
 use rustix::fs::{Mode, OFlags};
 
+use super::helper::{exit, HelperSpec, StepError};
+use super::protocol::Report;
 use crate::sys;
 
 /// The command, with every C string built before fork.
