@@ -146,23 +146,23 @@ fn fs_name(magic: i64) -> &'static str {
 
 fn state_dir_check(state: &Path) -> Check {
     let name = "state directory";
-    let c = match std::ffi::CString::new(state.as_os_str().as_encoded_bytes()) {
+    let c = match crate::sys::cpath(state) {
         Ok(c) => c,
         Err(_) => return check(name, Status::Missing, "path contains a NUL byte", None, true),
     };
-    // SAFETY: zeroed statfs is a valid out-parameter.
-    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and out-pointer.
-    if unsafe { libc::statfs(c.as_ptr(), &mut sfs) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return check(
-            name,
-            Status::Missing,
-            format!("{}: {e}", state.display()),
-            Some("set PVISOR_HOME to a writable directory".into()),
-            true,
-        );
-    }
+    let sfs = match rustix::fs::statfs(c.as_c_str()) {
+        Ok(sfs) => sfs,
+        Err(e) => {
+            let e = std::io::Error::from(e);
+            return check(
+                name,
+                Status::Missing,
+                format!("{}: {e}", state.display()),
+                Some("set PVISOR_HOME to a writable directory".into()),
+                true,
+            );
+        }
+    };
     let fs = fs_name(sfs.f_type as i64);
     let free = sfs.f_bavail as u64 * sfs.f_bsize as u64;
     let probe = state.join(".doctor-write-probe");
@@ -228,8 +228,7 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
         });
     }
     let scratch = state.join(format!(".doctor-{}", std::process::id()));
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let who = if root { "as root" } else { "rootless" };
     match probe_sandbox(&scratch) {
         Ok(reachable) => {

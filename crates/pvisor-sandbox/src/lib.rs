@@ -89,15 +89,13 @@ impl CacheMount {
     /// never waiting); `None` while another process holds it. Dropping the
     /// file releases it.
     pub fn hold(store: &std::path::Path) -> Option<std::fs::File> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(store.join("use.lock"))
             .ok()?;
-        // SAFETY: flock on a descriptor we own.
-        (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(file)
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok().then_some(file)
     }
 }
 

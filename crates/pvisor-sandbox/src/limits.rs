@@ -141,8 +141,7 @@ fn join_shared_v1(
 /// cgroup is such a write that moves nothing. (cgroup v2 hosts mounted with
 /// `favordynmods` do not need this; it is a no-op there and without root.)
 pub fn warm_up() {
-    // SAFETY: geteuid has no preconditions.
-    if unified() || unsafe { libc::geteuid() } != 0 {
+    if unified() || !rustix::process::geteuid().is_root() {
         return;
     }
     let Some(own) = own_cgroup("memory") else { return };
@@ -157,14 +156,8 @@ pub fn warm_up() {
 /// `attempt.limits` once it has run). A limit is taken as enforceable where
 /// the directory `apply` would make its cgroup in is writable.
 pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
-    let writable = |dir: &Path| {
-        crate::sys::cpath(dir).is_ok_and(|c| {
-            // SAFETY: access(2) on a NUL-terminated path.
-            unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
-        })
-    };
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let writable = |dir: &Path| rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_ok();
+    let root = rustix::process::geteuid().is_root();
     let cgroup_dir = |controller: &str| -> Option<PathBuf> {
         if unified() {
             if root {
@@ -290,8 +283,7 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
 /// one works). Each limit is written on its own, so one that cannot be set
 /// falls back alone.
 fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Applied {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let parent = if root {
         let parent = Path::new(ROOT).join("pvisor");
         let _ = fs::create_dir_all(&parent);
@@ -403,8 +395,7 @@ fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
         });
     }
     if let Some(p) = limits.pids {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if rustix::process::geteuid().is_root() {
             // The kernel exempts real uid 0 from RLIMIT_NPROC.
             out.report.push(Enforcement {
                 limit: "pids".into(),
@@ -500,8 +491,7 @@ mod tests {
             "rootless",
         );
         assert!(out.report.iter().find(|e| e.limit == "cpus").is_some_and(|e| !e.enforced()));
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         assert_eq!(out.rlimits.len(), if root { 1 } else { 2 }, "real root is exempt from RLIMIT_NPROC");
     }
 }

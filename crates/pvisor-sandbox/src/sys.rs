@@ -1,13 +1,25 @@
 //! Thin, safe wrappers over the raw Linux calls the sandbox needs.
 //!
-//! Each wrapper turns a `-1` into an [`io::Error`] from `errno` and nothing
-//! more; policy lives in the callers.
+//! Each wrapper turns a failure into an [`io::Error`] and nothing more;
+//! policy lives in the callers. Most calls go through `rustix`; the few
+//! left on raw `libc` are those rustix has no safe form of (signal masks,
+//! `mount_setattr(2)`, `SO_PEERCRED` of a peer outside our pid namespace),
+//! each saying so.
 
 use std::ffi::{CString, OsStr};
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
+use rustix::process::{Pid, PidfdFlags, Signal};
 
 /// Converts `rc == -1` into the current `errno`.
 pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
@@ -19,6 +31,8 @@ pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
 }
 
 /// Builds a C string from a path; paths with NUL bytes cannot exist on Linux.
+/// The one C-string helper of the crate: everything that needs a `CString`
+/// of a path or name comes here.
 pub(crate) fn cpath(path: &Path) -> io::Result<CString> {
     cstr(path.as_os_str())
 }
@@ -27,54 +41,52 @@ pub(crate) fn cstr(s: &OsStr) -> io::Result<CString> {
     CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// The named signal `signal` (rustix has no value for unnamed numbers).
+pub(crate) fn signal(signal: i32) -> io::Result<Signal> {
+    Signal::from_named_raw(signal).ok_or_else(|| io::Error::from(Errno::INVAL))
+}
+
+/// A process id; 0 and negative numbers (process groups) are refused.
+pub(crate) fn pid(pid: libc::pid_t) -> io::Result<Pid> {
+    Pid::from_raw(pid).ok_or_else(|| io::Error::from(Errno::INVAL))
+}
+
 pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
-    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
-    // SAFETY: the kernel just returned this descriptor to us; we own it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    Ok(rustix::process::pidfd_open(self::pid(pid)?, PidfdFlags::empty())?)
 }
 
 pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
-    // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    })?;
-    Ok(())
+    Ok(rustix::process::pidfd_send_signal(pidfd, self::signal(signal)?)?)
 }
 
 /// Creates a pipe with both ends close-on-exec.
 pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }.into())?;
-    // SAFETY: pipe2 succeeded, so both descriptors are new and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
+}
+
+/// The standard descriptor `fd` (0, 1 or 2; anything else is stderr).
+pub(crate) fn stdio(fd: RawFd) -> BorrowedFd<'static> {
+    match fd {
+        0 => rustix::stdio::stdin(),
+        1 => rustix::stdio::stdout(),
+        _ => rustix::stdio::stderr(),
+    }
 }
 
 /// Writes all of `buf`, retrying on EINTR and short writes.
-pub(crate) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+pub(crate) fn write_all(fd: impl AsFd, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: `buf` is a valid readable slice.
-        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
+        match rustix::io::write(&fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        buf = &buf[n as usize..];
     }
     Ok(())
 }
 
-/// Returns a signal set holding `signals`.
+/// Returns a signal set holding `signals`. The signal calls stay on raw
+/// `libc`: rustix offers masks and `sigwaitinfo` only as unsafe runtime calls.
 pub(crate) fn sigset(signals: &[i32]) -> libc::sigset_t {
     // SAFETY: sigemptyset initialises the zeroed set; sigaddset only adds members.
     unsafe {
@@ -112,13 +124,42 @@ pub(crate) fn sigwait(set: &libc::sigset_t) -> io::Result<i32> {
     }
 }
 
-/// Asks the kernel to SIGKILL the caller when its parent exits.
-pub(crate) fn die_with_parent() -> io::Result<()> {
-    // SAFETY: PR_SET_PDEATHSIG takes a signal number.
-    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) }.into())?;
-    Ok(())
+/// `wait4(pid, options)`: a reaped child (`pid` -1: any) with its wait
+/// status and resource usage; `None` when `WNOHANG` found none to reap.
+/// Raw `libc`: rustix has no wait4, and the usage is what callers want.
+pub(crate) fn wait4(
+    pid: libc::pid_t,
+    options: libc::c_int,
+) -> io::Result<Option<(libc::pid_t, i32, crate::Usage)>> {
+    let mut status = 0;
+    let mut usage = MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: wait4 writes only into `status` and `usage`, both valid.
+    let rc = unsafe { libc::wait4(pid, &mut status, options, usage.as_mut_ptr()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if rc == 0 {
+        return Ok(None);
+    }
+    // SAFETY: zeroed rusage is valid plain data, and wait4 filled it.
+    let usage = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let usage = crate::Usage {
+        user_cpu: tv(usage.ru_utime),
+        system_cpu: tv(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss as u64,
+    };
+    Ok(Some((rc, status, usage)))
 }
 
+/// Asks the kernel to SIGKILL the caller when its parent exits.
+pub(crate) fn die_with_parent() -> io::Result<()> {
+    Ok(rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?)
+}
+
+/// `mount(2)` with the classic flag word (`MS_*`, as libc spells them).
+/// A `None` source or type is passed as an empty string: the kernel reads
+/// neither for the bind, remount and propagation changes that omit them.
 pub(crate) fn mount(
     source: Option<&str>,
     target: &Path,
@@ -126,14 +167,9 @@ pub(crate) fn mount(
     flags: libc::c_ulong,
     data: Option<&str>,
 ) -> io::Result<()> {
-    let source = source.map(CString::new).transpose()?;
-    let target = cpath(target)?;
-    let fstype = fstype.map(CString::new).transpose()?;
     let data = data.map(CString::new).transpose()?;
-    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
-    let rc = unsafe { libc::mount(ptr(&source), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
-    check(rc.into())?;
+    let flags = rustix::mount::MountFlags::from_bits_retain(flags as _);
+    rustix::mount::mount(source.unwrap_or(""), target, fstype.unwrap_or(""), flags, data.as_deref())?;
     Ok(())
 }
 
@@ -147,7 +183,7 @@ struct MountAttr {
 }
 
 /// Sets mount attributes on the mount at `path` (and every mount below it,
-/// when `recursive`).
+/// when `recursive`). Raw: rustix has no `mount_setattr(2)`.
 pub(crate) fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
     let target = cpath(path)?;
     let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
@@ -171,76 +207,52 @@ pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 /// Opens `path` as an `O_PATH` directory descriptor (close-on-exec).
 pub(crate) fn open_path(path: &Path) -> io::Result<OwnedFd> {
-    let c = cpath(path)?;
-    // SAFETY: a valid NUL-terminated path; the result is checked.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
 }
 
 /// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS), with one data byte.
-pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+pub(crate) fn send_fd(sock: impl AsFd, fd: BorrowedFd<'_>) -> io::Result<()> {
     send_fd_with(sock, fd, &[0u8])
 }
 
 /// Sends `data` with `fd` attached (SCM_RIGHTS); the rest of `data`, if the
 /// kernel took only part of it, follows as plain writes.
-pub(crate) fn send_fd_with(sock: RawFd, fd: RawFd, data: &[u8]) -> io::Result<()> {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: zeroed msghdr is valid; every pointer set below outlives sendmsg.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-        let sent = check(libc::sendmsg(sock, &msg, 0) as libc::c_long)? as usize;
-        write_all(sock, &data[sent..])?;
-    }
-    Ok(())
+pub(crate) fn send_fd_with(sock: impl AsFd, fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let sent = rustix::net::sendmsg(&sock, &[IoSlice::new(data)], &mut control, SendFlags::empty())?;
+    write_all(&sock, &data[sent..])
 }
 
 /// Receives one descriptor sent with [`send_fd`]; `None` if the peer closed.
-pub(crate) fn recv_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
+pub(crate) fn recv_fd(sock: impl AsFd) -> io::Result<Option<OwnedFd>> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: zeroed msghdr is valid; every pointer set below outlives recvmsg,
-    // and the control data is read only as the kernel filled it.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        let n = check(libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) as libc::c_long)?;
-        if n == 0 {
-            return Ok(None);
-        }
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null() || (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
-            return Ok(None);
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-        Ok(Some(OwnedFd::from_raw_fd(fd)))
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        &sock,
+        &mut [IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    if got.bytes == 0 {
+        return Ok(None);
     }
+    // Only the first message counts, as before; any other descriptor the
+    // buffer holds is closed when it drops.
+    let first = control.drain().next();
+    Ok(match first {
+        Some(RecvAncillaryMessage::ScmRights(mut fds)) => fds.next(),
+        _ => None,
+    })
 }
 
 /// The peer of a connected Unix socket: `(pid, uid)` from `SO_PEERCRED`, the
-/// pid as this process's pid namespace sees it.
+/// pid as this process's pid namespace sees it. Raw `libc`: rustix's
+/// `UCred` holds a nonzero `Pid`, but the kernel reports pid 0 for a peer
+/// outside our pid namespace, which is exactly the peer this must refuse.
 pub(crate) fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::uid_t)> {
     // SAFETY: zeroed ucred is a valid out-parameter.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
@@ -275,8 +287,7 @@ mod peer_tests {
 
     #[test]
     fn a_process_in_other_namespaces_is_not_taken_for_a_host_peer() {
-        // SAFETY: getpid has no preconditions.
-        assert!(shares_namespaces(unsafe { libc::getpid() }));
+        assert!(shares_namespaces(rustix::process::getpid().as_raw_nonzero().get()));
         let mut child = match std::process::Command::new("unshare").args(["-Urm", "sleep", "5"]).spawn() {
             Ok(child) => child,
             Err(e) => return eprintln!("skipped: no unshare ({e})"),

@@ -18,7 +18,9 @@ pub(crate) const NAMESPACES: [(libc::c_int, &str, &str); 5] = [
 
 /// Returns the errno of `unshare(flags)` tried in a forked child, or 0.
 pub(crate) fn probe(flags: libc::c_int) -> i32 {
-    // SAFETY: the helper is single-threaded; the child only calls unshare and _exit.
+    // SAFETY: the helper is single-threaded; the child only calls unshare and
+    // _exit. Raw `libc` for all three: rustix has fork and _exit only in its
+    // unstable runtime API.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: async-signal-safe calls only.
@@ -31,13 +33,11 @@ pub(crate) fn probe(flags: libc::c_int) -> i32 {
     if pid < 0 {
         return -1;
     }
-    let mut status = 0;
-    // SAFETY: waiting for the child we just forked.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else {
-        -1
+    let waited = crate::sys::pid(pid)
+        .and_then(|pid| Ok(rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())?));
+    match waited {
+        Ok(Some((_, status))) => status.exit_status().unwrap_or(-1),
+        _ => -1,
     }
 }
 

@@ -15,12 +15,14 @@
 //! keeps modes, owners, times, symlinks, fifos, overlay whiteouts and the
 //! overlay's `user.overlay.*` markers, and writes files sparse.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat, Timespec, Timestamps, XattrFlags, CWD};
+use rustix::io::Errno;
 
 use super::helper::StepError;
 use crate::sys;
@@ -45,7 +47,7 @@ pub(crate) fn prepare(
     bytes: u64,
 ) -> Result<(MemoryStage, std::path::PathBuf, std::path::PathBuf), StepError> {
     let err = |what: &str, e: io::Error| StepError::new("disk-quota", format!("cannot {what}: {e}"));
-    let disk = open_dir(libc::AT_FDCWD, &cpath(upper.as_os_str())?).map_err(|e| err("open the stage", e))?;
+    let disk = open_dir(CWD, &cpath(upper)?).map_err(|e| err("open the stage", e))?;
     // One inode per 4 KiB of quota, as a disk filesystem would have.
     let options = format!("size={bytes},nr_inodes={},mode=0700", (bytes / 4096).max(1024));
     super::mounts::tmpfs(work, &options, 0)?;
@@ -53,68 +55,34 @@ pub(crate) fn prepare(
     for dir in [&mem_upper, &mem_work] {
         std::fs::create_dir(dir).map_err(|e| err("create the stage's layers", e))?;
     }
-    let memory =
-        open_dir(libc::AT_FDCWD, &cpath(mem_upper.as_os_str())?).map_err(|e| err("open the tmpfs", e))?;
+    let memory = open_dir(CWD, &cpath(&mem_upper)?).map_err(|e| err("open the tmpfs", e))?;
     Ok((MemoryStage { memory, disk, limit: bytes }, mem_upper, mem_work))
 }
 
-fn cpath(path: &OsStr) -> Result<CString, StepError> {
-    CString::new(path.as_bytes()).map_err(|_| StepError::new("disk-quota", "a stage path holds a NUL byte"))
+fn cpath(path: &Path) -> Result<CString, StepError> {
+    sys::cpath(path).map_err(|_| StepError::new("disk-quota", "a stage path holds a NUL byte"))
 }
 
-fn open_dir(at: RawFd, name: &CStr) -> io::Result<OwnedFd> {
-    // SAFETY: a valid directory descriptor (or AT_FDCWD) and name.
-    let fd = unsafe {
-        libc::openat(
-            at,
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    sys::check(fd.into())?;
-    // SAFETY: a fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn open_dir(at: impl AsFd, name: &CStr) -> io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rustix::fs::openat(at, name, flags, Mode::empty())?)
 }
 
-fn fstatat(dir: RawFd, name: &CStr) -> io::Result<libc::stat> {
-    // SAFETY: zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid descriptor, name and out-pointer.
-    let rc = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    sys::check(rc.into())?;
-    Ok(st)
+fn fstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
-fn names(dir: RawFd) -> io::Result<Vec<CString>> {
-    // A fresh descriptor for the stream: closedir closes it.
-    // SAFETY: dup of a valid descriptor.
-    let fd = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
-    sys::check(fd.into())?;
-    // SAFETY: fd is a directory descriptor we own; fdopendir takes it.
-    let stream = unsafe { libc::fdopendir(fd) };
-    if stream.is_null() {
-        let e = io::Error::last_os_error();
-        // SAFETY: fdopendir failed, so fd is still ours.
-        unsafe { libc::close(fd) };
-        return Err(e);
-    }
-    // SAFETY: rewinding a valid stream (the dup shares the offset).
-    unsafe { libc::rewinddir(stream) };
+fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    // A fresh descriptor for the stream (opened on ".", so at its start).
+    let mut stream = rustix::fs::Dir::read_from(dir)?;
     let mut out = Vec::new();
-    loop {
-        // SAFETY: a valid stream; the entry is read before the next call.
-        let entry = unsafe { libc::readdir(stream) };
-        if entry.is_null() {
-            break;
-        }
-        // SAFETY: d_name is NUL-terminated.
-        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+    while let Some(entry) = stream.read() {
+        let entry = entry?;
+        let name = entry.file_name();
         if name != c"." && name != c".." {
             out.push(name.to_owned());
         }
     }
-    // SAFETY: closing the stream we opened.
-    unsafe { libc::closedir(stream) };
     Ok(out)
 }
 
@@ -127,38 +95,36 @@ pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
     };
     // The directories still to list, each as (depth, names left); only the
     // current pair of directory descriptors is open, so depth is unlimited.
-    let mut memory = open_dir(stage.memory.as_raw_fd(), c".").map_err(|e| describe(b".", e))?;
-    let mut disk = open_dir(stage.disk.as_raw_fd(), c".").map_err(|e| describe(b".", e))?;
-    copy_xattrs(memory.as_raw_fd(), disk.as_raw_fd());
-    let mut pending: Vec<Vec<CString>> = vec![names(memory.as_raw_fd()).map_err(|e| describe(b".", e))?];
+    let mut memory = open_dir(stage.memory.as_fd(), c".").map_err(|e| describe(b".", e))?;
+    let mut disk = open_dir(stage.disk.as_fd(), c".").map_err(|e| describe(b".", e))?;
+    copy_xattrs(memory.as_fd(), disk.as_fd());
+    let mut pending: Vec<Vec<CString>> = vec![names(memory.as_fd()).map_err(|e| describe(b".", e))?];
     let mut path: Vec<u8> = Vec::new();
     let mut written = 0u64;
     while let Some(level) = pending.last_mut() {
         let Some(name) = level.pop() else {
             pending.pop();
-            finish_dir(memory.as_raw_fd(), disk.as_raw_fd());
+            finish_dir(memory.as_fd(), disk.as_fd());
             if pending.is_empty() {
                 break;
             }
-            memory = open_dir(memory.as_raw_fd(), c"..").map_err(|e| describe(&path, e))?;
-            disk = open_dir(disk.as_raw_fd(), c"..").map_err(|e| describe(&path, e))?;
+            memory = open_dir(memory.as_fd(), c"..").map_err(|e| describe(&path, e))?;
+            disk = open_dir(disk.as_fd(), c"..").map_err(|e| describe(&path, e))?;
             let cut = path.iter().rposition(|&b| b == b'/').unwrap_or(0);
             path.truncate(cut);
             continue;
         };
         let shown = [path.as_slice(), b"/", name.as_bytes()].concat();
-        let st = fstatat(memory.as_raw_fd(), &name).map_err(|e| describe(&shown, e))?;
-        let kind = st.st_mode & libc::S_IFMT;
-        if kind == libc::S_IFDIR {
-            // SAFETY: valid descriptor and name.
-            let rc = unsafe { libc::mkdirat(disk.as_raw_fd(), name.as_ptr(), 0o700) };
-            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
-                return Err(describe(&shown, io::Error::last_os_error()));
+        let st = fstatat(memory.as_fd(), &name).map_err(|e| describe(&shown, e))?;
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            match rustix::fs::mkdirat(disk.as_fd(), &name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(describe(&shown, e.into())),
             }
-            let child_memory = open_dir(memory.as_raw_fd(), &name).map_err(|e| describe(&shown, e))?;
-            let child_disk = open_dir(disk.as_raw_fd(), &name).map_err(|e| describe(&shown, e))?;
-            copy_xattrs(child_memory.as_raw_fd(), child_disk.as_raw_fd());
-            let listed = names(child_memory.as_raw_fd()).map_err(|e| describe(&shown, e))?;
+            let child_memory = open_dir(memory.as_fd(), &name).map_err(|e| describe(&shown, e))?;
+            let child_disk = open_dir(disk.as_fd(), &name).map_err(|e| describe(&shown, e))?;
+            copy_xattrs(child_memory.as_fd(), child_disk.as_fd());
+            let listed = names(child_memory.as_fd()).map_err(|e| describe(&shown, e))?;
             (memory, disk) = (child_memory, child_disk);
             pending.push(listed);
             path = shown;
@@ -172,77 +138,66 @@ pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
                 String::from_utf8_lossy(&shown)
             ));
         }
-        copy_entry(memory.as_raw_fd(), disk.as_raw_fd(), &name, &st).map_err(|e| describe(&shown, e))?;
+        copy_entry(memory.as_fd(), disk.as_fd(), &name, &st).map_err(|e| describe(&shown, e))?;
     }
-    // SAFETY: syncfs on a valid descriptor: the copy is durable before the
-    // command's exit is reported and the stage sealed.
-    unsafe { libc::syncfs(stage.disk.as_raw_fd()) };
+    // The copy is durable before the command's exit is reported and the stage sealed.
+    let _ = rustix::fs::syncfs(&stage.disk);
     Ok(())
 }
 
 /// Gives a copied directory its source's owner, mode and times, last (a
 /// mode without write permission would have stopped the copy into it).
-fn finish_dir(memory: RawFd, disk: RawFd) {
-    // SAFETY: zeroed stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of a valid descriptor.
-    if unsafe { libc::fstat(memory, &mut st) } != 0 {
-        return;
-    }
-    // SAFETY: plain calls on a valid descriptor; failures leave pvisor's defaults.
-    unsafe {
-        libc::fchown(disk, st.st_uid, st.st_gid);
-        libc::fchmod(disk, st.st_mode & 0o7777);
-        let times = [
-            libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
-            libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
-        ];
-        libc::futimens(disk, times.as_ptr());
+fn finish_dir(memory: BorrowedFd<'_>, disk: BorrowedFd<'_>) {
+    let Ok(st) = rustix::fs::fstat(memory) else { return };
+    // Failures leave pvisor's defaults.
+    let _ = rustix::fs::fchown(disk, Some(uid(&st)), Some(gid(&st)));
+    let _ = rustix::fs::fchmod(disk, Mode::from_raw_mode(st.st_mode & 0o7777));
+    let _ = rustix::fs::futimens(disk, &times(&st));
+}
+
+fn uid(st: &Stat) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(st.st_uid)
+}
+
+fn gid(st: &Stat) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(st.st_gid)
+}
+
+fn times(st: &Stat) -> Timestamps {
+    Timestamps {
+        last_access: Timespec { tv_sec: st.st_atime as _, tv_nsec: st.st_atime_nsec as _ },
+        last_modification: Timespec { tv_sec: st.st_mtime as _, tv_nsec: st.st_mtime_nsec as _ },
     }
 }
 
-fn copy_entry(memory: RawFd, disk: RawFd, name: &CStr, st: &libc::stat) -> io::Result<()> {
-    let kind = st.st_mode & libc::S_IFMT;
+fn copy_entry(memory: BorrowedFd<'_>, disk: BorrowedFd<'_>, name: &CStr, st: &Stat) -> io::Result<()> {
     let chown = || {
-        // SAFETY: valid descriptor and name; a failure keeps init's ownership.
-        unsafe { libc::fchownat(disk, name.as_ptr(), st.st_uid, st.st_gid, libc::AT_SYMLINK_NOFOLLOW) };
+        // A failure keeps init's ownership.
+        let _ = rustix::fs::chownat(disk, name, Some(uid(st)), Some(gid(st)), AtFlags::SYMLINK_NOFOLLOW);
     };
-    match kind {
-        libc::S_IFREG => {
-            let open = |dir: RawFd, flags: libc::c_int| -> io::Result<File> {
-                // SAFETY: valid descriptor and name.
-                let fd = unsafe {
-                    libc::openat(dir, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600)
-                };
-                sys::check(fd.into())?;
-                // SAFETY: a fresh descriptor.
-                Ok(unsafe { File::from_raw_fd(fd) })
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {
+            let open = |dir: BorrowedFd<'_>, flags: OFlags| -> io::Result<File> {
+                let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                Ok(File::from(rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?))
             };
-            let from = open(memory, libc::O_RDONLY)?;
-            let to = open(disk, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC)?;
+            let from = open(memory, OFlags::RDONLY)?;
+            let to = open(disk, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)?;
             pvisor_core::digest::copy_sparse(&from, &to)?;
-            copy_xattrs(from.as_raw_fd(), to.as_raw_fd());
+            copy_xattrs(from.as_fd(), to.as_fd());
             chown();
-            // SAFETY: fchmod on our descriptor.
-            sys::check(unsafe { libc::fchmod(to.as_raw_fd(), st.st_mode & 0o7777) }.into())?;
+            rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o7777))?;
         }
-        libc::S_IFLNK => {
-            let mut buf = vec![0u8; libc::PATH_MAX as usize];
-            // SAFETY: valid descriptor, name and buffer.
-            let n = unsafe { libc::readlinkat(memory, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            sys::check(n as i64)?;
-            buf.truncate(n as usize);
-            let target = CString::new(buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-            // SAFETY: valid descriptor and NUL-terminated strings.
-            sys::check(unsafe { libc::symlinkat(target.as_ptr(), disk, name.as_ptr()) }.into())?;
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(memory, name, Vec::with_capacity(libc::PATH_MAX as usize))?;
+            rustix::fs::symlinkat(&target, disk, name)?;
             chown();
         }
         // Whiteouts (character device 0:0) may be made without CAP_MKNOD;
         // fifos by anyone. Sockets and other devices cannot be copied and
         // are staged as nothing (the seal would refuse them anyway).
-        libc::S_IFCHR | libc::S_IFIFO => {
-            // SAFETY: valid descriptor and name.
-            sys::check(unsafe { libc::mknodat(disk, name.as_ptr(), st.st_mode, st.st_rdev) }.into())?;
+        kind @ (FileType::CharacterDevice | FileType::Fifo) => {
+            rustix::fs::mknodat(disk, name, kind, Mode::from_raw_mode(st.st_mode), st.st_rdev as _)?;
             chown();
         }
         _ => return Ok(()),
@@ -250,38 +205,26 @@ fn copy_entry(memory: RawFd, disk: RawFd, name: &CStr, st: &libc::stat) -> io::R
     set_times(disk, name, st)
 }
 
-fn set_times(dir: RawFd, name: &CStr, st: &libc::stat) -> io::Result<()> {
-    let times = [
-        libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
-        libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
-    ];
-    // SAFETY: valid descriptor, name and two timespecs.
-    let rc = unsafe { libc::utimensat(dir, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
-    sys::check(rc.into()).map(drop)
+fn set_times(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> io::Result<()> {
+    Ok(rustix::fs::utimensat(dir, name, &times(st), AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
 /// Copies the `user.*` and `trusted.*` extended attributes (the overlay's
 /// opaque-directory and whiteout markers among them); best effort.
-fn copy_xattrs(from: RawFd, to: RawFd) {
+fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
     let mut list = vec![0u8; 4096];
-    // SAFETY: a valid descriptor and buffer.
-    let n = unsafe { libc::flistxattr(from, list.as_mut_ptr().cast(), list.len()) };
-    if n <= 0 {
+    let Ok(n) = rustix::fs::flistxattr(from, &mut list[..]) else { return };
+    if n == 0 {
         return;
     }
-    list.truncate(n as usize);
+    list.truncate(n);
     for key in list.split(|&b| b == 0).filter(|k| !k.is_empty()) {
         if !(key.starts_with(b"user.") || key.starts_with(b"trusted.")) {
             continue;
         }
         let Ok(key) = CString::new(key) else { continue };
         let mut value = vec![0u8; 4096];
-        // SAFETY: valid descriptor, name and buffer.
-        let len = unsafe { libc::fgetxattr(from, key.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
-        if len < 0 {
-            continue;
-        }
-        // SAFETY: valid descriptor, name and value.
-        unsafe { libc::fsetxattr(to, key.as_ptr(), value.as_ptr().cast(), len as usize, 0) };
+        let Ok(len) = rustix::fs::fgetxattr(from, &key, &mut value[..]) else { continue };
+        let _ = rustix::fs::fsetxattr(to, &key, &value[..len], XattrFlags::empty());
     }
 }

@@ -5,9 +5,11 @@
 //! the helper's [`Report`]s until the sandbox is gone. Starting returns once
 //! the sandbox reports `Ready` or a precise setup error.
 
+mod command;
 pub(crate) mod diagnose;
 mod helper;
 mod host_view;
+mod init;
 mod memory_stage;
 mod mounts;
 mod protocol;
@@ -16,7 +18,7 @@ mod terminal;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -73,7 +75,7 @@ impl Executor for NsExecutor {
                 return Ok(Stdio::inherit());
             }
             let (read, write) = sys::pipe().map_err(SandboxError::Spawn)?;
-            output_relays.push(terminal::PipeRelay::start(read, fd));
+            output_relays.push(terminal::PipeRelay::start(read, sys::stdio(fd)));
             Ok(Stdio::from(write))
         };
         let (stdout, stderr) = (relayed(1)?, relayed(2)?);
@@ -141,7 +143,7 @@ impl Executor for NsExecutor {
             Some(Report::Ready { sockets_reachable }) => {
                 process.sockets_reachable = sockets_reachable;
                 if let crate::NetworkAttachment::ProxyListener { .. } = spec.network {
-                    let fd = sys::recv_fd(process.fd_pass.as_raw_fd())
+                    let fd = sys::recv_fd(&process.fd_pass)
                         .map_err(|e| {
                             SandboxError::Protocol(format!("cannot receive the proxy listener: {e}"))
                         })?
@@ -151,7 +153,7 @@ impl Executor for NsExecutor {
                     process.proxy_listener = Some(std::net::TcpListener::from(fd));
                 }
                 if helper_spec.terminal {
-                    let master = sys::recv_fd(process.fd_pass.as_raw_fd())
+                    let master = sys::recv_fd(&process.fd_pass)
                         .map_err(|e| {
                             SandboxError::Protocol(format!("cannot receive the sandbox's terminal: {e}"))
                         })?
@@ -161,7 +163,7 @@ impl Executor for NsExecutor {
                     // What the sandbox's terminal prints goes to the user's
                     // terminal: stdout if it is one, else stderr, else stdin's.
                     let output = [1, 2, 0].into_iter().find(|&fd| is_tty(fd)).unwrap_or(1);
-                    process.relay = Some(terminal::Relay::start(master, output));
+                    process.relay = Some(terminal::Relay::start(master, sys::stdio(output)));
                 }
                 Ok(Box::new(process))
             }
@@ -199,26 +201,19 @@ fn cgroup_name(spec: &SandboxSpec) -> String {
 }
 
 fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
-    // SAFETY: duplicating a valid descriptor; the new one is ours.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if new < 0 {
-        return Err(SandboxError::Spawn(std::io::Error::last_os_error()));
-    }
-    // SAFETY: fcntl returned a fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+    rustix::io::fcntl_dupfd_cloexec(fd, min).map_err(|e| SandboxError::Spawn(e.into()))
 }
 
 fn is_tty(fd: i32) -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(fd) == 1 }
+    rustix::termios::isatty(sys::stdio(fd))
 }
 
 /// Whether stdin is a terminal whose foreground process group is ours; only
 /// then does the command get a terminal of its own, relayed to the user's (a
 /// background pvisor must not put the user's terminal in raw mode).
 fn stdin_is_foreground_tty() -> bool {
-    // SAFETY: isatty/tcgetpgrp/getpgrp only inspect descriptors and ids.
-    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    let stdin = rustix::stdio::stdin();
+    rustix::termios::isatty(stdin) && rustix::termios::tcgetpgrp(stdin) == Ok(rustix::process::getpgrp())
 }
 
 /// Takes each cache store for this run (`flock` on `use.lock`, never

@@ -67,13 +67,11 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
 
     let enter = |what: &str, e: io::Error| mount_err("pivot-root", what, e);
     std::env::set_current_dir(root).map_err(|e| enter("enter the new root", e))?;
-    // SAFETY: pivot_root(".", ".") stacks the old root under the new one; the
-    // umount below detaches it. Both paths are static NUL-terminated strings.
-    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
-    sys::check(rc).map_err(|e| enter("pivot_root", e))?;
-    // SAFETY: detaching the old root, which is stacked at ".".
-    let rc = unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) };
-    sys::check(rc.into()).map_err(|e| enter("detach the host root", e))?;
+    // pivot_root(".", ".") stacks the old root under the new one; the
+    // umount below detaches it.
+    rustix::process::pivot_root(".", ".").map_err(|e| enter("pivot_root", e.into()))?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(|e| enter("detach the host root", e.into()))?;
     std::env::set_current_dir("/").map_err(|e| enter("enter /", e))?;
     Ok(Assembled { view, memory_stage })
 }

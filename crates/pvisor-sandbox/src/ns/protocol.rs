@@ -6,7 +6,7 @@
 //! never interleave. The supervisor reads until EOF, which comes only when
 //! every holder is gone.
 
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +18,16 @@ pub(crate) const REPORT_FD: RawFd = 4;
 pub(crate) const SPEC_FD: RawFd = 3;
 /// A Unix socket to the supervisor, for handing over descriptors (the proxy listener).
 pub(crate) const FD_PASS_FD: RawFd = 5;
+
+/// One of the descriptors the supervisor leaves open for the whole life of
+/// the helper and its descendants ([`REPORT_FD`], [`FD_PASS_FD`]).
+pub(crate) fn inherited(fd: RawFd) -> BorrowedFd<'static> {
+    debug_assert!(fd == REPORT_FD || fd == FD_PASS_FD);
+    // SAFETY: the supervisor places these two at fixed numbers before exec
+    // and nothing in the sandbox's processes closes them (they are only
+    // marked close-on-exec), so they stay open as long as the process.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
 
 /// Largest message; pipes write up to `PIPE_BUF` (4096) bytes atomically.
 const MAX_MESSAGE: usize = 4000;
@@ -65,6 +75,6 @@ impl Report {
             }
         }
         line.push(b'\n');
-        let _ = sys::write_all(REPORT_FD, &line);
+        let _ = sys::write_all(inherited(REPORT_FD), &line);
     }
 }

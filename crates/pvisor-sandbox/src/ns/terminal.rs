@@ -20,16 +20,19 @@
 //! for its foreground job, as a shell expects) and remembered, so a command
 //! that then dies of `SIGINT` is recorded as cancelled by the user.
 
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios, Winsize};
+
+use crate::sys;
+
 /// A running relay between the user's terminal and the sandbox's.
 #[derive(Debug)]
 pub(crate) struct Relay {
-    saved: Option<libc::termios>,
+    saved: Option<Termios>,
     stop: Arc<AtomicBool>,
     /// Set once the user typed the sandbox terminal's interrupt character.
     interrupted: Arc<AtomicBool>,
@@ -37,64 +40,53 @@ pub(crate) struct Relay {
     output: Option<JoinHandle<()>>,
 }
 
-fn poll_readable(fd: RawFd, timeout_ms: i32) -> bool {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+fn poll_readable(fd: BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+    let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: i64::from(timeout_ms) * 1_000_000 };
+    let n = rustix::event::poll(&mut pfd, Some(&timeout)).unwrap_or(0);
+    n > 0 && pfd[0].revents().intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
 }
 
-fn write_all(fd: RawFd, mut buf: &[u8]) -> bool {
-    while !buf.is_empty() {
-        // SAFETY: writing from a valid slice.
-        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return false;
-        }
-        buf = &buf[n as usize..];
-    }
-    true
+fn write_all(fd: BorrowedFd<'_>, buf: &[u8]) -> bool {
+    sys::write_all(fd, buf).is_ok()
 }
 
 /// The sandbox terminal's interrupt character, if it generates signals
 /// (`ISIG`); the master reads the settings the command's side has set.
-fn interrupt_char(master: RawFd) -> Option<u8> {
-    // SAFETY: zeroed termios is a valid out-parameter.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: tcgetattr fills `t` from a valid descriptor.
-    if unsafe { libc::tcgetattr(master, &mut t) } != 0 || t.c_lflag & libc::ISIG == 0 {
+fn interrupt_char(master: BorrowedFd<'_>) -> Option<u8> {
+    let t = rustix::termios::tcgetattr(master).ok()?;
+    if !t.local_modes.contains(LocalModes::ISIG) {
         return None;
     }
-    Some(t.c_cc[libc::VINTR]).filter(|&c| c != 0)
+    Some(t.special_codes[SpecialCodeIndex::VINTR]).filter(|&c| c != 0)
 }
 
-fn window_size(fd: RawFd) -> Option<(u16, u16)> {
-    // SAFETY: zeroed winsize is a valid out-parameter.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ fills `ws`.
-    (unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0).then_some((ws.ws_row, ws.ws_col))
+fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
+    rustix::termios::tcgetwinsize(fd).ok().map(|ws| (ws.ws_row, ws.ws_col))
+}
+
+/// Reads into `buf`, retrying on EINTR; 0 at end of file or on an error.
+fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return other.unwrap_or(0),
+        }
+    }
 }
 
 impl Relay {
     /// Starts relaying between the user's stdin and `master`; what the
     /// sandbox's terminal prints goes to `output` (the user's terminal).
-    pub(crate) fn start(master: OwnedFd, output: RawFd) -> Relay {
+    pub(crate) fn start(master: OwnedFd, output: BorrowedFd<'static>) -> Relay {
         let master = Arc::new(master);
-        // SAFETY: zeroed termios is a valid out-parameter; cfmakeraw edits a copy.
-        let saved = unsafe {
-            let mut t: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut t) == 0 {
-                let mut raw = t;
-                libc::cfmakeraw(&mut raw);
-                libc::tcsetattr(0, libc::TCSANOW, &raw);
-                Some(t)
-            } else {
-                None
-            }
-        };
+        let stdin = rustix::stdio::stdin();
+        let saved = rustix::termios::tcgetattr(stdin).ok().inspect(|t| {
+            let mut raw = t.clone();
+            raw.make_raw();
+            let _ = rustix::termios::tcsetattr(stdin, OptionalActions::Now, &raw);
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let interrupted = Arc::new(AtomicBool::new(false));
         let input = {
@@ -104,19 +96,18 @@ impl Relay {
                 .spawn(move || {
                     let mut buf = [0u8; 4096];
                     while !stop.load(Ordering::Relaxed) {
-                        if !poll_readable(0, 100) {
+                        if !poll_readable(stdin, 100) {
                             continue;
                         }
-                        // SAFETY: reading into a local buffer.
-                        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-                        if n <= 0 {
-                            break;
-                        }
-                        let typed = &buf[..n as usize];
-                        if interrupt_char(master.as_raw_fd()).is_some_and(|c| typed.contains(&c)) {
+                        let n = match rustix::io::read(stdin, &mut buf) {
+                            Ok(n) if n > 0 => n,
+                            _ => break,
+                        };
+                        let typed = &buf[..n];
+                        if interrupt_char(master.as_fd()).is_some_and(|c| typed.contains(&c)) {
                             interrupted.store(true, Ordering::Relaxed);
                         }
-                        if !write_all(master.as_raw_fd(), typed) {
+                        if !write_all(master.as_fd(), typed) {
                             break;
                         }
                     }
@@ -131,15 +122,13 @@ impl Relay {
                     let mut buf = [0u8; 16384];
                     let mut size = window_size(output);
                     loop {
-                        let readable = poll_readable(master.as_raw_fd(), 100);
+                        let readable = poll_readable(master.as_fd(), 100);
                         let now = window_size(output);
                         if now != size {
                             size = now;
                             if let Some((rows, cols)) = now {
-                                let ws =
-                                    libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
-                                // SAFETY: TIOCSWINSZ reads `ws`.
-                                unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+                                let ws = Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+                                let _ = rustix::termios::tcsetwinsize(&*master, ws);
                             }
                         }
                         if !readable {
@@ -148,10 +137,12 @@ impl Relay {
                             }
                             continue;
                         }
-                        // SAFETY: reading into a local buffer.
-                        let n = unsafe { libc::read(master.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
                         // EIO: every slave descriptor is closed; the sandbox is gone.
-                        if n <= 0 || !write_all(output, &buf[..n as usize]) {
+                        let n = match rustix::io::read(&*master, &mut buf) {
+                            Ok(n) if n > 0 => n,
+                            _ => break,
+                        };
+                        if !write_all(output, &buf[..n]) {
                             break;
                         }
                     }
@@ -160,7 +151,6 @@ impl Relay {
         };
         Relay { saved, stop, interrupted, input, output }
     }
-
     /// Whether the user typed the interrupt character since the relay started.
     pub(crate) fn interrupt_typed(&self) -> bool {
         self.interrupted.load(Ordering::Relaxed)
@@ -173,8 +163,7 @@ impl Relay {
             let _ = handle.join();
         }
         if let Some(saved) = self.saved.take() {
-            // SAFETY: restoring the settings read in `start`.
-            unsafe { libc::tcsetattr(0, libc::TCSADRAIN, &saved) };
+            let _ = rustix::termios::tcsetattr(rustix::stdio::stdin(), OptionalActions::Drain, &saved);
         }
     }
 }
@@ -194,19 +183,15 @@ pub(crate) struct PipeRelay {
 
 impl PipeRelay {
     /// Starts copying `from` (a pipe's read end) to `to`.
-    pub(crate) fn start(from: OwnedFd, to: RawFd) -> PipeRelay {
+    pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>) -> PipeRelay {
         let copier = std::thread::Builder::new()
             .name("pvisor-out".into())
             .spawn(move || {
                 let mut buf = [0u8; 16384];
                 loop {
-                    // SAFETY: reading into a local buffer from an owned descriptor.
-                    let n = unsafe { libc::read(from.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                    if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
+                    let n = read(from.as_fd(), &mut buf);
                     // End of file (every writer is gone) or an unwritable terminal.
-                    if n <= 0 || !write_all(to, &buf[..n as usize]) {
+                    if n == 0 || !write_all(to, &buf[..n]) {
                         break;
                     }
                 }

@@ -20,9 +20,10 @@ use pvisor_agent_proto::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
-use super::{disk, qmp, MachineConfig, Shared};
+use super::link::Shared;
+use super::{disk, qmp, MachineConfig};
 
 pub const STATE: &str = "state";
 pub const UPPER: &str = "upper.img";
@@ -167,6 +168,8 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     }
     let started = Instant::now();
     let id = CheckpointId::generate();
+    let step = if suspend { "suspend" } else { "checkpoint" };
+    tracing::info!(%id, step, "quiescing the guest");
     let root = &shared.vm.checkpoints;
     let partial = root.join(format!(".partial-{id}"));
     let published = root.join(id.to_string());
@@ -189,6 +192,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
         }
     };
     pvisor_core::failpoint::hit("vm-after-quiesce");
+    tracing::debug!(%id, ?frozen, elapsed_ms = started.elapsed().as_millis() as u64, "guest quiesced");
     let paused = Instant::now();
     let saved = save(shared, &partial).and_then(|()| {
         pvisor_core::failpoint::hit("vm-after-state");
@@ -218,6 +222,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     let manifest = match saved {
         Ok(manifest) => manifest,
         Err(e) => {
+            tracing::info!(%id, step, error = %e, "saving failed; resuming the guest");
             // The guest must not stay stopped or frozen because a save failed.
             let _ = fs::remove_dir_all(&partial);
             let _ = shared.qmp::<qmp::Empty>(&qmp::Command::Cont);
@@ -226,6 +231,13 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
         }
     };
     pvisor_core::failpoint::hit("vm-after-publish");
+    tracing::info!(
+        %id,
+        step,
+        paused_ms = manifest.paused_ms,
+        save_ms = manifest.save_ms,
+        "checkpoint published"
+    );
     if suspend {
         *shared.suspended.lock().unwrap_or_else(|p| p.into_inner()) = Some(manifest.clone());
         // The waiter reaps QEMU and reports the suspension.
@@ -233,13 +245,16 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     } else {
         shared.qmp::<qmp::Empty>(&qmp::Command::Cont)?;
         shared.call_held(&mut held, &Request::Thaw, &[], timeout)?;
+        tracing::info!(%id, elapsed_ms = started.elapsed().as_millis() as u64, "guest resumed after checkpoint");
     }
     Ok(Box::new(manifest))
 }
 
 /// Stops the guest and writes its machine state and disks into `dir`.
 fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
+    let started = Instant::now();
     shared.qmp::<qmp::Empty>(&qmp::Command::Stop)?;
+    tracing::debug!("guest stopped");
     // The default cap (32 MiB/s in QEMU 7.2) doubles the save time.
     shared.qmp::<qmp::Empty>(&qmp::Command::MigrateSetParameters { max_bandwidth: 8 << 30 })?;
     // QEMU writes into a file pvisor opened and passed it (no `exec:cat`,
@@ -249,10 +264,8 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
         .create_new(true)
         .open(dir.join(STATE))
         .map_err(|e| format!("cannot create the state file: {e}"))?;
-    shared.qmp_with_fd::<qmp::Empty>(
-        &qmp::Command::GetFd { fdname: "pvisor-state".into() },
-        state.as_raw_fd(),
-    )?;
+    shared
+        .qmp_with_fd::<qmp::Empty>(&qmp::Command::GetFd { fdname: "pvisor-state".into() }, state.as_fd())?;
     drop(state);
     shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri: "fd:pvisor-state".into() })?;
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -270,10 +283,13 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+    tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "machine state migrated");
+    let copying = Instant::now();
     disk::sparse_copy(&shared.upper, &dir.join(UPPER))
         .map_err(|e| format!("cannot copy the upper disk: {e}"))?;
     disk::link_or_copy(&shared.lower, &dir.join(LOWER))
         .map_err(|e| format!("cannot keep the workspace image: {e}"))?;
+    tracing::debug!(elapsed_ms = copying.elapsed().as_millis() as u64, "disks copied");
     fs::File::open(dir.join(STATE))
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("cannot sync the state: {e}"))

@@ -8,7 +8,6 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
@@ -126,20 +125,19 @@ pub(crate) fn file_digest(path: &Path) -> io::Result<String> {
 pub(crate) fn sparse_digest(path: &Path) -> io::Result<String> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
-    let fd = file.as_raw_fd();
     let mut hasher = blake3::Hasher::new();
     hasher.update(&len.to_le_bytes());
     let mut offset: i64 = 0;
     let mut buf = vec![0u8; 1 << 20];
     while (offset as u64) < len {
-        // SAFETY: lseek on an open descriptor.
-        let data = unsafe { libc::lseek(fd, offset, libc::SEEK_DATA) };
-        if data < 0 {
+        let Ok(data) = rustix::fs::seek(&file, rustix::fs::SeekFrom::Data(offset as u64)) else {
             break; // ENXIO: only a hole remains
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        let end = if hole < 0 { len as i64 } else { hole };
+        };
+        let data = data as i64;
+        let end = match rustix::fs::seek(&file, rustix::fs::SeekFrom::Hole(data as u64)) {
+            Ok(hole) => hole as i64,
+            Err(_) => len as i64,
+        };
         hasher.update(&data.to_le_bytes());
         hasher.update(&(end - data).to_le_bytes());
         file.seek(SeekFrom::Start(data as u64))?;

@@ -10,7 +10,6 @@
 //! only inside the stage.
 
 use std::collections::HashSet;
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -21,7 +20,7 @@ use std::time::Duration;
 use pvisor_agent_proto::{EntryKind, Reply, Request};
 
 use super::disk::UPPER_DISK_BYTES;
-use super::Shared;
+use super::link::Shared;
 
 /// More entries than an 8 GiB ext4 upper disk can hold inodes for.
 const MAX_ENTRIES: u64 = 4 << 20;
@@ -194,38 +193,27 @@ impl Import {
     }
 }
 
-fn cpath(path: &Path) -> std::io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)
-}
-
 fn mknod(path: &Path, mode: u32) -> std::io::Result<()> {
-    let c = cpath(path)?;
-    // SAFETY: a valid C string; device 0 (a whiteout) or a fifo.
-    if unsafe { libc::mknod(c.as_ptr(), mode, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    use rustix::fs::{FileType, Mode, CWD};
+    // Device 0 (a whiteout) or a fifo.
+    Ok(rustix::fs::mknodat(CWD, path, FileType::from_raw_mode(mode), Mode::from_raw_mode(mode), 0)?)
 }
 
 fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
-    let (p, n) = (cpath(path)?, CString::new(name).map_err(std::io::Error::other)?);
-    // SAFETY: valid C strings and a value buffer of the stated length.
-    if unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty())?)
 }
 
 /// Best effort: the stage reader does not rely on mtimes, the review shows them.
 fn set_mtime(path: &Path, mtime_ns: i64) {
-    let Ok(c) = cpath(path) else { return };
-    let ts = libc::timespec {
-        tv_sec: mtime_ns.div_euclid(1_000_000_000),
-        tv_nsec: mtime_ns.rem_euclid(1_000_000_000),
+    use rustix::fs::{AtFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
+    let times = Timestamps {
+        last_access: Timespec { tv_sec: 0, tv_nsec: UTIME_OMIT },
+        last_modification: Timespec {
+            tv_sec: mtime_ns.div_euclid(1_000_000_000),
+            tv_nsec: mtime_ns.rem_euclid(1_000_000_000),
+        },
     };
-    let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, ts];
-    // SAFETY: a valid C string and two timespecs.
-    unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    let _ = rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW);
 }
 
 #[cfg(test)]

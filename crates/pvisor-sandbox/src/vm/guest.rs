@@ -86,7 +86,7 @@ impl ExecSignaller {
 /// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
 pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, String> {
     let id = spec.id;
-    let stream = super::connect_control(vm_dir)?;
+    let stream = super::control::connect_control(vm_dir)?;
     let mut line = serde_json::to_vec(&ControlRequest::Exec(spec)).map_err(|e| e.to_string())?;
     line.push(b'\n');
     (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
@@ -101,7 +101,7 @@ pub fn call(
     payload: &[u8],
     timeout: Duration,
 ) -> Result<(Reply, Vec<u8>), String> {
-    let stream = super::connect_control(vm_dir)?;
+    let stream = super::control::connect_control(vm_dir)?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     let call = ControlRequest::Call { request: Box::new(request.clone()), payload: payload.len() as u32 };
     let mut line = serde_json::to_vec(&call).map_err(|e| e.to_string())?;
@@ -118,7 +118,7 @@ pub fn call(
 
 /// A byte stream to `127.0.0.1:port` inside the VM (a service the sandbox runs).
 pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, String> {
-    let stream = super::connect_control(vm_dir)?;
+    let stream = super::control::connect_control(vm_dir)?;
     let mut line = serde_json::to_vec(&ControlRequest::Forward { port }).map_err(|e| e.to_string())?;
     line.push(b'\n');
     (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;

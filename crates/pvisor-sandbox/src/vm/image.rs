@@ -226,8 +226,7 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
         .collect::<Vec<_>>()
         .join("+");
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = rustix::process::geteuid().as_raw();
     // The verdict depends on the guest kernel, not on the agent inside the initramfs.
     let key =
         blake3::hash(format!("{}|{module}|{}", image.kernel_version, release.trim()).as_bytes()).to_hex();
@@ -279,13 +278,17 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     let (_qmp, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let console = dir.join("console.log");
-    super::capture_console(console_host, &console).map_err(|e| e.to_string())?;
+    super::qemu::capture_console(console_host, &console).map_err(|e| e.to_string())?;
     let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
-    let mut command = super::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
+    let mut command =
+        super::qemu::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
     let started = Instant::now();
-    let mut child =
-        super::spawn_qemu(&mut command, &dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
-            .map_err(|e| e.to_string())?;
+    let mut child = super::qemu::spawn_qemu(
+        &mut command,
+        &dir.join("qemu.log"),
+        &[&agent_qemu, &qmp_qemu, &console_qemu],
+    )
+    .map_err(|e| e.to_string())?;
     drop((agent_qemu, qmp_qemu, console_qemu));
     let mut channel = agent;
     let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));

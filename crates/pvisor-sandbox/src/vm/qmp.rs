@@ -130,15 +130,12 @@ impl Qmp {
     pub(crate) fn execute_with<R: DeserializeOwned>(
         &mut self,
         command: &Command,
-        fd: Option<std::os::fd::RawFd>,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<R, QmpError> {
         let mut line = serde_json::to_vec(command).map_err(|e| QmpError::Protocol(e.to_string()))?;
         line.push(b'\n');
         match fd {
-            Some(fd) => {
-                use std::os::fd::AsRawFd;
-                crate::sys::send_fd_with(self.writer.as_raw_fd(), fd, &line)?;
-            }
+            Some(fd) => crate::sys::send_fd_with(&self.writer, fd, &line)?,
             None => self.writer.write_all(&line)?,
         }
         loop {

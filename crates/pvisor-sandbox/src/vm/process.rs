@@ -1,0 +1,536 @@
+//! One running microVM ([`VmProcess`]): booting or restoring it (disks,
+//! QEMU, the agent handshake, the command's exec), forwarding stdin,
+//! signalling, and waiting for its end (export, suspension, teardown).
+
+use std::fs;
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pvisor_agent_proto::{Reply, Request};
+
+use super::control::serve_control;
+use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
+use super::net::NetBridge;
+use super::qemu::{capture_console, qemu_command, spawn_qemu, tail};
+use super::{
+    checkpoint, disk, export, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, VmExecutor, EXEC_ID,
+};
+use crate::{
+    sys, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
+};
+
+/// Replies the reader buffers for the op in progress; beyond that it waits,
+/// so a flooding guest stalls only itself, never the supervisor's memory.
+const REPLY_BACKLOG: usize = 64;
+/// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
+const VM_KILL_GRACE: Duration = Duration::from_secs(5);
+/// Default guest RAM when no `--memory` limit is given.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+
+/// The Attempt's disk images, removed unless the VM started (then `wait`
+/// owns them).
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// A running microVM.
+#[derive(Debug)]
+pub struct VmProcess {
+    shared: Arc<Shared>,
+    events: Receiver<AgentEvent>,
+    boot_ms: u64,
+    restored: Option<serde_json::Value>,
+    /// The command never started (the agent's exec failed).
+    early: Option<Termination>,
+    proxy_listener: Option<TcpListener>,
+}
+
+impl VmProcess {
+    pub(super) fn start(executor: &VmExecutor, spec: &SandboxSpec) -> Result<Self, SandboxError> {
+        let vm = spec.vm.clone().ok_or_else(|| setup("vm", "the vm executor needs a VmSpec"))?;
+        let proxy_port = match spec.network {
+            NetworkAttachment::Isolated => None,
+            NetworkAttachment::ProxyListener { port } => Some(port),
+            NetworkAttachment::Host => {
+                return Err(SandboxError::Setup {
+                    step: "network".into(),
+                    message: "a VM cannot share the host network (--net host)".into(),
+                    hint: Some("use --net proxy with --allow DOMAIN, or --executor ns".into()),
+                })
+            }
+        };
+        // The guest gets a copy of the workspace; a path the policy hides
+        // inside it would be copied too, so refuse rather than leak it.
+        if vm.restore.is_none() {
+            if let Some(hidden) = spec.hidden.iter().find(|h| h.starts_with(&spec.workspace)) {
+                return Err(SandboxError::Setup {
+                    step: "hide".into(),
+                    message: format!(
+                        "{} is hidden by the policy but lies inside the workspace {}, which the vm executor copies whole into the guest",
+                        hidden.display(),
+                        spec.workspace.display()
+                    ),
+                    hint: Some(format!(
+                        "run on a project directory that does not contain it, pass --expose {} if the command may read it, or use --executor ns",
+                        hidden.display()
+                    )),
+                });
+            }
+        }
+        fs::create_dir_all(&vm.dir)
+            .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
+        let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
+        let mut scratch = Scratch(vec![lower.clone(), upper.clone()]);
+        let restore = match &vm.restore {
+            Some(dir) => {
+                let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
+                    step: "restore".into(),
+                    message: e,
+                    hint: Some(
+                        "the checkpoint cannot be resumed; fork an earlier one or drop the Job".into(),
+                    ),
+                })?;
+                disk::link_or_copy(&dir.join(checkpoint::LOWER), &lower)
+                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &upper))
+                    .map_err(|e| setup("restore", format!("cannot copy the checkpoint's disks: {e}")))?;
+                Some((dir.join(checkpoint::STATE), manifest))
+            }
+            None => {
+                disk::build_lower(&spec.workspace, &lower).map_err(|e| SandboxError::Setup {
+                    step: "workspace-image".into(),
+                    message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
+                    hint: Some(
+                        "every file in the workspace must be readable by the user running pvisor".into(),
+                    ),
+                })?;
+                disk::create_upper(&upper).map_err(|e| setup("upper-disk", e))?;
+                None
+            }
+        };
+        let config = match &restore {
+            Some((_, manifest)) => manifest.machine,
+            None => MachineConfig {
+                memory_mib: spec.limits.memory_bytes.map_or(DEFAULT_MEMORY_MIB, |b| (b >> 20).max(128)),
+                cpus: spec.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+                accelerator: executor.accel.accelerator,
+            },
+        };
+
+        let (agent, agent_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let (console_host, console_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
+        let console = vm.dir.join("console.log");
+        capture_console(console_host, &console).map_err(|e| setup("vm", e))?;
+        let mut command = qemu_command(
+            &executor.image,
+            &config,
+            Some((&lower, &upper)),
+            &agent_qemu,
+            &qmp_qemu,
+            &console_qemu,
+            restore.as_ref().map(|(state, _)| state.as_path()),
+        );
+        let started = Instant::now();
+        let child =
+            spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
+                .map_err(|e| setup("qemu", e))?;
+        tracing::info!(
+            pid = child.id(),
+            accelerator = config.accelerator.as_str(),
+            memory_mib = config.memory_mib,
+            cpus = config.cpus,
+            restore = restore.is_some(),
+            dir = %vm.dir.display(),
+            "QEMU started"
+        );
+        drop((agent_qemu, qmp_qemu, console_qemu));
+        let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
+        let qemu_failed = |what: String| {
+            setup(
+                "qemu",
+                format!(
+                    "{what}; qemu: {}; console: {}",
+                    tail(&vm.dir.join("qemu.log"), 3),
+                    tail(&console, 3)
+                ),
+            )
+        };
+        let boot_timeout = match config.accelerator {
+            Accelerator::Kvm => Duration::from_secs(30),
+            Accelerator::Tcg => Duration::from_secs(120),
+        };
+        let qmp = qmp::Qmp::connect(qmp_host, boot_timeout).map_err(|e| qemu_failed(e.to_string()))?;
+
+        // The proxy listens on host loopback; only this process connects to
+        // it, once per guest connection the agent reports.
+        let proxy_listener = match proxy_port {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").map_err(|e| setup("network", e))?),
+            None => None,
+        };
+        let credits = Arc::new(Credits::default());
+        let net = NetBridge {
+            proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            streams: Arc::default(),
+            credits: credits.clone(),
+        };
+        let (replies_tx, replies_rx) = mpsc::sync_channel(REPLY_BACKLOG);
+        let (events_tx, events) = mpsc::channel();
+        let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
+        let agent = Arc::new(Mutex::new(agent));
+        let writer = agent.clone();
+        let sinks = Sinks::default();
+        std::thread::Builder::new()
+            .name("pvisor-vm-agent".into())
+            .spawn({
+                let (credits, sinks, net) = (credits.clone(), sinks.clone(), net.clone());
+                move || read_agent(reader, replies_tx, events_tx, net, writer, credits, sinks)
+            })
+            .map_err(SandboxError::Spawn)?;
+        let shared = Arc::new(Shared {
+            agent,
+            sinks,
+            net,
+            next_stream: std::sync::atomic::AtomicU32::new(1),
+            credits,
+            replies: Mutex::new(replies_rx),
+            op: Mutex::new(()),
+            qmp: Mutex::new(qmp),
+            qemu: Mutex::new(Some(child)),
+            qemu_pidfd,
+            exited: Mutex::new(false),
+            suspended: Mutex::new(None),
+            image: executor.image.clone(),
+            config,
+            spec: spec.clone(),
+            vm: vm.clone(),
+            lower,
+            upper,
+        });
+        let fail = |message: String| {
+            tracing::info!(error = %message, "VM start failed; stopping QEMU");
+            let (status, _) = shared.quit_and_reap();
+            qemu_failed(format!("{message} (qemu {status})"))
+        };
+
+        let mut restored = None;
+        if restore.is_some() {
+            wait_for_incoming(&shared, boot_timeout).map_err(fail)?;
+            shared.qmp::<qmp::Empty>(&qmp::Command::Cont).map_err(fail)?;
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "restore: machine state loaded"
+            );
+        }
+        match shared
+            .call(&Request::Hello { version: pvisor_agent_proto::VERSION }, &[], boot_timeout)
+            .map_err(fail)?
+        {
+            (Reply::Hello { version, .. }, _) if version == pvisor_agent_proto::VERSION => {}
+            (other, _) => {
+                return Err(fail(format!(
+                    "the agent answered Hello with {other:?} (protocol {})",
+                    pvisor_agent_proto::VERSION
+                )))
+            }
+        }
+        let boot_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(boot_ms, "agent link up");
+        if let Some((_, manifest)) = &restore {
+            restored = Some(reattach(&shared, manifest).map_err(fail)?);
+        } else {
+            let request = Request::Setup {
+                workspace: spec.workspace.clone(),
+                hostname: spec.hostname.clone(),
+                clock_unix_ns: unix_now_ns(),
+                proxy_port,
+            };
+            match shared.call(&request, &[], boot_timeout).map_err(fail)? {
+                (Reply::Ready, _) => {}
+                (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
+            }
+            let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
+            let exec = Request::Exec {
+                id: EXEC_ID,
+                argv,
+                env: spec.env.clone(),
+                cwd: spec.cwd.clone(),
+                root: None,
+                output: None,
+            };
+            match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
+                (Reply::Started { .. }, _) => {}
+                (Reply::ExecFailed { errno, message, .. }, _) => {
+                    // Recorded like `ns` does: a failed Run with 126/127, not a setup error.
+                    let early = Termination::ExecFailed { program: spec.program.clone(), errno, message };
+                    scratch.0.clear(); // `wait` removes them after QEMU is gone
+                    return Ok(Self {
+                        shared,
+                        events,
+                        boot_ms,
+                        restored,
+                        early: Some(early),
+                        proxy_listener,
+                    });
+                }
+                (other, _) => return Err(fail(format!("the agent answered Exec with {other:?}"))),
+            }
+        }
+        forward_stdin(shared.clone());
+        serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
+        scratch.0.clear();
+        Ok(Self { shared, events, boot_ms, restored, early: None, proxy_listener })
+    }
+}
+
+fn unix_now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Polls until QEMU has loaded the incoming state (it stays paused: `-S`).
+fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status: qmp::Status = shared.qmp(&qmp::Command::QueryStatus)?;
+        match status.status.as_str() {
+            "inmigrate" | "prelaunch" if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            "paused" | "postmigrate" => return Ok(()),
+            other => return Err(format!("restoring the machine state ended in state {other}")),
+        }
+    }
+}
+
+/// After a restore: thaw the filesystems the checkpoint froze, step the
+/// clock, reseed the guest's CRNG, and have the agent resend the command's
+/// exit if it ended before the checkpoint.
+fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, String> {
+    let timeout = Duration::from_secs(30);
+    shared.call(&Request::Thaw, &[], timeout)?;
+    // Never zeros: a guest reseeded with nothing would repeat its
+    // checkpoint's random state in every copy.
+    let entropy = pvisor_core::random::bytes::<64>().map_err(|e| format!("cannot reseed the guest: {e}"))?;
+    let (clock_step_ns, entropy_avail) =
+        match shared.call(&Request::Restored { clock_unix_ns: unix_now_ns() }, &entropy, timeout)? {
+            (Reply::Restored { clock_step_ns, entropy_avail }, _) => (clock_step_ns, entropy_avail),
+            (other, _) => return Err(format!("the agent answered Restored with {other:?}")),
+        };
+    shared.call(&Request::Poll { id: EXEC_ID }, &[], timeout)?;
+    tracing::info!(
+        checkpoint = %manifest.id,
+        clock_step_ms = clock_step_ns / 1_000_000,
+        entropy_avail,
+        "restore: guest thawed, clock stepped and CRNG reseeded"
+    );
+    Ok(serde_json::json!({
+        "checkpoint": manifest.id,
+        "clock_step_ms": clock_step_ns / 1_000_000,
+        "entropy_reseeded_bytes": entropy.len(),
+        "entropy_avail": entropy_avail,
+        "network": "no NIC; nothing to reset",
+    }))
+}
+
+/// Copies our stdin to the command's stdin; EOF closes it.
+fn forward_stdin(shared: Arc<Shared>) {
+    let _ = std::thread::Builder::new().name("pvisor-vm-stdin".into()).spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match rustix::io::read(rustix::stdio::stdin(), &mut buf) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Ok(n) if n > 0 => n,
+                _ => {
+                    let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
+                    return;
+                }
+            };
+            let gone = || *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) || !shared.qemu_running();
+            if !shared.credits.take(Credit::Stdin, gone) {
+                return;
+            }
+            if shared.send(&Request::Stdin { id: EXEC_ID }, &buf[..n]).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+impl SandboxProcess for VmProcess {
+    fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
+        self.proxy_listener.take()
+    }
+
+    fn signaller(&self) -> Signaller {
+        let shared = self.shared.clone();
+        Signaller::custom(Arc::new(move |signal| {
+            if signal == libc::SIGKILL {
+                // Kill the command's process group inside the guest, so its
+                // staged files can still be exported; if the agent does not
+                // deliver within the grace, kill the whole VM.
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("pvisor-vm-kill".into())
+                    .spawn(move || {
+                        let sender = shared.clone();
+                        let _ =
+                            std::thread::Builder::new().name("pvisor-vm-signal".into()).spawn(move || {
+                                let _ =
+                                    sender.send(&Request::Signal { id: EXEC_ID, signal: libc::SIGKILL }, &[]);
+                            });
+                        std::thread::sleep(VM_KILL_GRACE);
+                        if !*shared.exited.lock().unwrap_or_else(|p| p.into_inner()) && shared.qemu_running()
+                        {
+                            let _ = sys::pidfd_send_signal(&shared.qemu_pidfd, libc::SIGKILL);
+                        }
+                    })
+                    .map(|_| ())
+            } else {
+                // Never block the caller (the Session's event loop) on the
+                // agent channel; the kill escalation must still fire.
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("pvisor-vm-signal".into())
+                    .spawn(move || {
+                        let _ = shared.send(&Request::Signal { id: EXEC_ID, signal }, &[]);
+                    })
+                    .map(|_| ())
+            }
+        }))
+    }
+
+    fn limits(&self) -> Vec<crate::limits::Enforcement> {
+        let requested = &self.shared.spec.limits;
+        let config = &self.shared.config;
+        let mut out = Vec::new();
+        if let Some(bytes) = requested.memory_bytes {
+            out.push(crate::limits::Enforcement {
+                limit: "memory".into(),
+                value: bytes.to_string(),
+                by: format!(
+                    "guest RAM of {} MiB (the guest kernel's OOM killer acts inside it)",
+                    config.memory_mib
+                ),
+            });
+        }
+        if let Some(cpus) = requested.cpus {
+            out.push(crate::limits::Enforcement {
+                limit: "cpus".into(),
+                value: cpus.to_string(),
+                by: format!("{} vCPU(s)", config.cpus),
+            });
+        }
+        if let Some(pids) = requested.pids {
+            out.push(crate::limits::Enforcement {
+                limit: "pids".into(),
+                value: pids.to_string(),
+                by: "not enforced: the vm executor does not limit processes inside the guest".into(),
+            });
+        }
+        out
+    }
+
+    fn facts(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "accelerator": self.shared.config.accelerator.as_str(),
+            "memory_mib": self.shared.config.memory_mib,
+            "cpus": self.shared.config.cpus,
+            "image": self.shared.image.digest,
+            "ready_ms": self.boot_ms,
+            "restored": self.restored,
+        }))
+    }
+
+    fn wait(self: Box<Self>) -> Result<ExitReport, SandboxError> {
+        let shared = self.shared;
+        if let Some(termination) = self.early {
+            let (_, usage) = shared.quit_and_reap();
+            let _ = fs::remove_file(&shared.lower);
+            let _ = fs::remove_file(&shared.upper);
+            return Ok(ExitReport {
+                termination,
+                usage,
+                oom_killed: false,
+                interrupted_at_terminal: false,
+                stage_error: None,
+            });
+        }
+        let ending = loop {
+            match self.events.recv_timeout(Duration::from_millis(100)) {
+                Ok(AgentEvent::Exited { code, signal }) => {
+                    *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    break Ok((code, signal));
+                }
+                Ok(AgentEvent::Gone(why)) => break Err(why),
+                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {}
+                Err(_) => break Err("the VM stopped".into()),
+            }
+        };
+        // A checkpoint or suspension in progress finishes first.
+        let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(manifest) = shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tracing::info!(checkpoint = %manifest.id, "suspend: waiting for QEMU to quit");
+            let (qemu, usage) = shared.quit_and_reap();
+            // The checkpoint holds its own copies; these were this Attempt's scratch.
+            let _ = fs::remove_file(&shared.lower);
+            let _ = fs::remove_file(&shared.upper);
+            return Ok(ExitReport {
+                termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
+                usage,
+                oom_killed: false,
+                interrupted_at_terminal: false,
+                stage_error: None,
+            });
+        }
+        let termination = match ending {
+            Ok((code, signal)) => {
+                tracing::info!(?code, ?signal, "the command exited in the guest; exporting its staged files");
+                let exporting = Instant::now();
+                if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
+                    tracing::info!(error = %e, "export of the staged files failed");
+                    let (qemu, _) = shared.quit_and_reap();
+                    return Err(SandboxError::Protocol(format!(
+                        "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
+                        shared.upper.display()
+                    )));
+                }
+                tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
+                match (code, signal) {
+                    (Some(code), _) => Termination::Exited(code),
+                    (None, Some(signal)) => Termination::Signaled(signal),
+                    (None, None) => Termination::Vanished { detail: "the agent reported no status".into() },
+                }
+            }
+            Err(why) => {
+                tracing::info!(reason = %why, "the VM ended without the command's exit");
+                let console = tail(&shared.vm.dir.join("console.log"), 3);
+                if shared.qemu_running() {
+                    Termination::Vanished { detail: format!("{why}; console: {console}") }
+                } else {
+                    // Killed from outside (or by cancellation): nothing left to export.
+                    Termination::Signaled(libc::SIGKILL)
+                }
+            }
+        };
+        let (_, usage) = shared.quit_and_reap();
+        // The disks are the Attempt's scratch; the stage now holds the result.
+        let _ = fs::remove_file(&shared.lower);
+        let _ = fs::remove_file(&shared.upper);
+        Ok(ExitReport {
+            termination,
+            usage,
+            oom_killed: false,
+            interrupted_at_terminal: false,
+            stage_error: None,
+        })
+    }
+}

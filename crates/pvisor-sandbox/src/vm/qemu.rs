@@ -1,0 +1,210 @@
+//! The QEMU process: its command line (shared by boots, restores and the
+//! KVM probe), spawning it in its own session, capturing the guest console,
+//! and reaping it with its resource usage. Nothing here speaks to the agent.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Accelerator, GuestImage, MachineConfig};
+use crate::Usage;
+
+/// Escapes a value for a QEMU `key=value,...` option (commas are doubled).
+fn opt(path: &Path) -> String {
+    path.to_string_lossy().replace(',', ",,")
+}
+
+/// Quotes `path` for the shell that QEMU's `exec:` migration runs.
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
+}
+
+/// The QEMU command line shared by boots, restores and the KVM probe. The
+/// device list and its order are part of the migration contract.
+pub(crate) fn qemu_command(
+    image: &GuestImage,
+    config: &MachineConfig,
+    disks: Option<(&Path, &Path)>,
+    agent: &UnixStream,
+    qmp: &UnixStream,
+    console: &UnixStream,
+    incoming: Option<&Path>,
+) -> Command {
+    let mut cmdline = image.cmdline.clone();
+    let mut command = Command::new(qemu_binary());
+    command.args(["-machine", "microvm", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    match config.accelerator {
+        Accelerator::Kvm => {
+            command.args(["-accel", "kvm", "-cpu", "host"]);
+        }
+        Accelerator::Tcg => {
+            command.args(["-accel", "tcg"]);
+            // Without it a TCG guest cannot calibrate the TSC while the host is busy.
+            if let Some(khz) = host_tsc_khz() {
+                cmdline.push_str(&format!(" tsc_early_khz={khz}"));
+            }
+        }
+    }
+    command
+        .args(["-m", &config.memory_mib.to_string(), "-smp", &config.cpus.to_string()])
+        .arg("-kernel")
+        .arg(image.kernel())
+        .arg("-initrd")
+        .arg(image.initramfs())
+        .args(["-append", &cmdline])
+        .args([
+            "-chardev",
+            &format!("socket,id=console,fd={}", console.as_raw_fd()),
+            "-serial",
+            "chardev:console",
+        ]);
+    if let Some((lower, upper)) = disks {
+        command.args([
+            "-drive",
+            &format!("file={},if=none,id=lower,format=raw,readonly=on", opt(lower)),
+            "-device",
+            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent_proto::LOWER_SERIAL),
+            "-drive",
+            &format!("file={},if=none,id=upper,format=raw,cache=writeback", opt(upper)),
+            "-device",
+            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent_proto::UPPER_SERIAL),
+        ]);
+    }
+    command.args([
+        "-device",
+        "virtio-serial-device",
+        "-chardev",
+        &format!("socket,id=agent,fd={}", agent.as_raw_fd()),
+        "-device",
+        &format!("virtserialport,chardev=agent,name={}", pvisor_agent_proto::PORT_NAME),
+        "-chardev",
+        &format!("socket,id=qmp,fd={}", qmp.as_raw_fd()),
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-nic",
+        "none",
+    ]);
+    if let Some(state) = incoming {
+        command.args(["-S", "-incoming", &format!("exec:cat {}", shell_quote(state))]);
+    }
+    command
+}
+
+fn qemu_binary() -> String {
+    std::env::var("PVISOR_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+fn host_tsc_khz() -> Option<u64> {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 =
+        cpuinfo.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
+    Some((mhz * 1000.0) as u64)
+}
+
+/// Starts QEMU in its own session (a terminal's ^C is the supervisor's to
+/// forward), dying with the supervisor thread, with `keep` inherited.
+pub(crate) fn spawn_qemu(command: &mut Command, log: &Path, keep: &[&UnixStream]) -> io::Result<Child> {
+    let log = fs::File::create(log)?;
+    let fds: Vec<i32> = keep.iter().map(|s| s.as_raw_fd()).collect();
+    command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: only async-signal-safe calls (setsid, prctl, fcntl) run in the child.
+    unsafe {
+        command.pre_exec(move || {
+            libc::setsid();
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                e.kind(),
+                format!("{} not found; install qemu-system-x86 (scripts/setup.sh)", qemu_binary()),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// The most of the guest console kept on disk: the guest writes it at will.
+const CONSOLE_CAP: u64 = 1 << 20;
+
+/// Copies the guest console into `path`, keeping the first [`CONSOLE_CAP`]
+/// bytes and discarding the rest (still reading, so the guest never blocks).
+pub(crate) fn capture_console(console: UnixStream, path: &Path) -> io::Result<()> {
+    let mut file = fs::File::create(path)?;
+    let _ = std::thread::Builder::new().name("pvisor-vm-console".into()).spawn(move || {
+        let (mut console, mut kept, mut buf) = (console, 0u64, vec![0u8; 16 * 1024]);
+        loop {
+            match console.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) if kept < CONSOLE_CAP => {
+                    let n = n.min((CONSOLE_CAP - kept) as usize);
+                    let _ = file.write_all(&buf[..n]);
+                    kept += n as u64;
+                    if kept >= CONSOLE_CAP {
+                        let _ = file.write_all(b"\n[pvisor: console truncated at 1 MiB]\n");
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Reads the last lines of a log for an error message.
+pub(super) fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    all[all.len().saturating_sub(lines)..].join(" | ")
+}
+
+/// Waits for QEMU (killing it after `grace`), with its resource usage.
+pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
+    let pid = child.id() as libc::pid_t;
+    let deadline = Instant::now() + grace;
+    let mut killed = false;
+    let (status, usage) = loop {
+        match crate::sys::wait4(pid, libc::WNOHANG) {
+            Ok(Some((_, status, usage))) => break (status, usage),
+            Ok(None) => {}
+            Err(_) => break (0, Usage::default()),
+        }
+        if Instant::now() > deadline {
+            // The child is not reaped yet, so `pid` is still ours.
+            if let Ok(pid) = crate::sys::pid(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let described = if libc::WIFEXITED(status) {
+        format!("exited {}", libc::WEXITSTATUS(status))
+    } else {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    };
+    tracing::info!(
+        pid,
+        status = %described,
+        killed_after_grace = killed,
+        user_cpu_ms = usage.user_cpu.as_millis() as u64,
+        max_rss_kib = usage.max_rss_kib,
+        "QEMU exited"
+    );
+    (described, usage)
+}
