@@ -20,15 +20,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::{AttemptId, JobId, RunId};
 use pvisor_core::records::{AttemptRecord, EffectivePolicy, JobRecord, Placement, RunRecord};
 use pvisor_core::store::{OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{NetworkAttachment, SandboxSpec};
 
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 mod fork;
 mod placement;
@@ -297,22 +296,22 @@ fn record_admission(
 ) -> Result<u64, StoreError> {
     let Decided { job, program, args, policy, placement, attachment } = decided;
     let created = trace.emit(
-        "job.created",
+        EventKind::JobCreated,
         None,
         None,
-        json!({"job": job.id, "workspace": job.workspace, "program": program, "args": args}),
+        &data::JobCreated { job: &job.id, workspace: &job.workspace, program, args },
         false,
     )?;
     let policy_event = policy::record(trace, created, policy, executor, attachment, rewrites)?;
     if let Some(lineage) = &job.lineage {
-        trace.emit("fork.lineage", None, Some(created), json!(lineage), false)?;
+        trace.emit(EventKind::ForkLineage, None, Some(created), lineage, false)?;
     }
-    let placed = trace.emit("placement.decided", None, Some(policy_event), json!(placement), false)?;
+    let placed = trace.emit(EventKind::PlacementDecided, None, Some(policy_event), placement, false)?;
     trace.emit(
-        "attempt.created",
+        EventKind::AttemptCreated,
         Some(1),
         Some(placed),
-        json!({"attempt": attempt_id, "executor": executor.name()}),
+        &data::AttemptCreated { attempt: attempt_id, executor: executor.name(), restore: None },
         false,
     )
 }

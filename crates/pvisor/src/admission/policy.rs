@@ -10,8 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::{EffectivePolicy, NetworkMode, ResourceLimits};
 use pvisor_core::store::StoreError;
@@ -19,7 +18,7 @@ use pvisor_sandbox::NetworkAttachment;
 
 use super::secrets::Secrets;
 use super::{AdmissionError, SecretPolicy};
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// Decides the host paths the command may reach outside the workspace: the
 /// `--expose-socket` sockets and the `--cache` directories, each checked
@@ -127,74 +126,46 @@ pub(super) fn record(
 ) -> Result<u64, StoreError> {
     let network = &policy.network;
     let Rewrites { state, secrets, cache_paths, exposed_sockets, env_rewrites } = rewrites;
-    let policy_event = trace.emit("admission.policy", None, Some(created), json!(policy), false)?;
-    trace.emit(
-        "admission.network",
-        None,
-        Some(policy_event),
-        json!({"mode": network.mode, "mode_source": network.mode_source, "allow": network.allow, "deny": network.deny, "attachment": executor.describe_attachment(attachment), "non_bypassable": attachment.non_bypassable()}),
-        false,
-    )?;
-    trace.emit(
-        "admission.rewrite",
-        None,
-        Some(policy_event),
-        json!({"rewrite": "hide", "path": state, "reason": "the sandbox must not read or forge pvisor's records"}),
-        false,
-    )?;
-    for (path, reason) in &secrets.hidden {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "hide", "path": path, "reason": reason}),
-            false,
-        )?;
-    }
-    for path in &secrets.skipped {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "hide.skipped", "path": path, "reason": "it contains the workspace, which the command must see"}),
-            false,
-        )?;
-    }
-    for path in cache_paths {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "cache", "path": path, "reason": "--cache: writable, persisted in pvisor's cache store, not staged"}),
-            false,
-        )?;
-    }
-    for path in exposed_sockets {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "expose.socket", "path": path, "reason": "--expose-socket"}),
-            false,
-        )?;
-    }
-    for name in &secrets.scrubbed {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "env.remove", "name": name, "reason": "named like a secret; pass it with --env"}),
-            false,
-        )?;
-    }
-    for (name, _) in env_rewrites {
-        trace.emit(
-            "admission.rewrite",
-            None,
-            Some(policy_event),
-            json!({"rewrite": "env.set", "name": name}),
-            false,
-        )?;
+    let policy_event = trace.emit(EventKind::AdmissionPolicy, None, Some(created), policy, false)?;
+    let decision = data::AdmissionNetwork {
+        mode: network.mode,
+        mode_source: &network.mode_source,
+        allow: &network.allow,
+        deny: &network.deny,
+        attachment: executor.describe_attachment(attachment),
+        non_bypassable: attachment.non_bypassable(),
+    };
+    trace.emit(EventKind::AdmissionNetwork, None, Some(policy_event), &decision, false)?;
+    let state_dir = data::AdmissionRewrite::Hide {
+        path: state,
+        reason: "the sandbox must not read or forge pvisor's records",
+    };
+    let hidden = secrets.hidden.iter().map(|(path, reason)| data::AdmissionRewrite::Hide { path, reason });
+    let skipped = secrets.skipped.iter().map(|path| data::AdmissionRewrite::HideSkipped {
+        path,
+        reason: "it contains the workspace, which the command must see",
+    });
+    let caches = cache_paths.iter().map(|path| data::AdmissionRewrite::Cache {
+        path,
+        reason: "--cache: writable, persisted in pvisor's cache store, not staged",
+    });
+    let sockets = exposed_sockets
+        .iter()
+        .map(|path| data::AdmissionRewrite::ExposeSocket { path, reason: "--expose-socket" });
+    let removed = secrets.scrubbed.iter().map(|name| data::AdmissionRewrite::EnvRemove {
+        name,
+        reason: "named like a secret; pass it with --env",
+    });
+    let set = env_rewrites.iter().map(|(name, _)| data::AdmissionRewrite::EnvSet { name });
+    let all = std::iter::once(state_dir)
+        .chain(hidden)
+        .chain(skipped)
+        .chain(caches)
+        .chain(sockets)
+        .chain(removed)
+        .chain(set);
+    for rewrite in all {
+        trace.emit(EventKind::AdmissionRewrite, None, Some(policy_event), &rewrite, false)?;
     }
     Ok(policy_event)
 }

@@ -6,6 +6,7 @@
 
 use serde_json::json;
 
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::{JobRecord, RunRecord};
 use pvisor_core::store::{self, OwnerLock, Store};
@@ -13,7 +14,7 @@ use pvisor_core::time::Timestamp;
 use pvisor_sandbox::SandboxSpec;
 
 use super::{fork, policy, records, AdmissionError, Admitted};
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// Admits the resumption of a suspended vm Job: a new Attempt of the same
 /// Run that restores the checkpoint named by the termination receipt. Every
@@ -68,19 +69,16 @@ pub fn admit_resume(
 
     let mut trace = Trace::open(store, &run.id);
     let requested = trace.emit(
-        "resume.requested",
+        EventKind::ResumeRequested,
         Some(number),
         None,
-        json!({"from_attempt": previous, "checkpoint": manifest.id}),
+        &data::ResumeRequested { from_attempt: &previous, checkpoint: &manifest.id },
         false,
     )?;
-    let attempt_event = trace.emit(
-        "attempt.created",
-        Some(number),
-        Some(requested),
-        json!({"attempt": attempt_id, "executor": executor.name(), "restore": manifest.id}),
-        false,
-    )?;
+    let created =
+        data::AttemptCreated { attempt: &attempt_id, executor: executor.name(), restore: Some(&manifest.id) };
+    let attempt_event =
+        trace.emit(EventKind::AttemptCreated, Some(number), Some(requested), &created, false)?;
     let operation = &run.operation;
     let stage = store.stage_dir(&run.id);
     let mut context = manifest.context.clone();

@@ -4,8 +4,7 @@
 
 use std::path::PathBuf;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
@@ -15,6 +14,7 @@ use pvisor_stage::preimage::Preimages;
 
 use super::writers::{open_for_apply, open_trace};
 use super::{EffectsError, Sensitive, StageState};
+use crate::trace::{data, Pending};
 
 /// Options for [`apply`].
 #[derive(Debug, Clone, Default)]
@@ -145,24 +145,16 @@ pub fn apply(
     }
     let (mut trace, terminal) = open_trace(store, &stage)?;
     let attempt = Some(stage.status.attempt.number());
-    let started = trace.emit(
-        "apply.started",
-        attempt,
-        terminal,
-        json!({"selected": report.plan.len(), "force": options.force}),
-        false,
-    )?;
+    let begun = data::ApplyStarted { selected: report.plan.len(), force: Some(options.force), hunks: None };
+    let started = trace.emit(EventKind::ApplyStarted, attempt, terminal, &begun, false)?;
     if !report.conflicts.is_empty() {
         let events = report
             .conflicts
             .iter()
             .map(|(c, reason)| {
-                (
-                    "apply.conflict",
-                    attempt,
-                    Some(started),
-                    json!({"path": c.path, "reason": reason, "refused": true}),
-                )
+                let refused =
+                    data::ApplyConflict { path: &c.path, reason: Some(reason), refused: true, forced: None };
+                Pending::new(EventKind::ApplyConflict, attempt, Some(started), &refused)
             })
             .collect();
         trace.emit_batch(events)?;
@@ -174,37 +166,35 @@ pub fn apply(
     let done = match executed {
         Ok(done) => done,
         Err(e) => {
-            let _ = trace.emit("apply.failed", attempt, Some(started), json!({"error": e.to_string()}), true);
+            let failed = data::ApplyFailed { path: None, error: &e.to_string() };
+            let _ = trace.emit(EventKind::ApplyFailed, attempt, Some(started), &failed, true);
             return Err(e.into());
         }
     };
-    let mut events: Vec<(&str, Option<u32>, Option<u64>, serde_json::Value)> = Vec::new();
+    let cause = Some(started);
+    let mut events: Vec<Pending> = Vec::new();
     for (change, forced) in &done.applied {
         if *forced {
-            events.push((
-                "apply.conflict",
-                attempt,
-                Some(started),
-                json!({"path": change.path, "refused": false, "forced": true}),
-            ));
+            let conflict =
+                data::ApplyConflict { path: &change.path, reason: None, refused: false, forced: Some(true) };
+            events.push(Pending::new(EventKind::ApplyConflict, attempt, cause, &conflict));
         }
-        events.push((
-            "apply.file",
-            attempt,
-            Some(started),
-            json!({"path": change.path, "kind": change.kind, "blake3": change.blake3, "forced": forced}),
-        ));
+        let file = data::ApplyFile::Written {
+            path: &change.path,
+            kind: change.kind,
+            blake3: &change.blake3,
+            forced: *forced,
+        };
+        events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &file));
     }
     for change in &done.already {
-        events.push((
-            "apply.file",
-            attempt,
-            Some(started),
-            json!({"path": change.path, "kind": change.kind, "already_applied": true}),
-        ));
+        let file =
+            data::ApplyFile::AlreadyApplied { path: &change.path, kind: change.kind, already_applied: true };
+        events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &file));
     }
     for (change, error) in &done.failed {
-        events.push(("apply.failed", attempt, Some(started), json!({"path": change.path, "error": error})));
+        let failed = data::ApplyFailed { path: Some(&change.path), error };
+        events.push(Pending::new(EventKind::ApplyFailed, attempt, cause, &failed));
     }
     trace.emit_batch(events)?;
     report.executed = true;

@@ -1,8 +1,7 @@
 //! Dropping staged changes: recorded in the ledger and as `stage.dropped`;
 //! what was already applied stays applied.
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
@@ -11,6 +10,7 @@ use pvisor_stage::ledger::{self, Action, Ledger, Outcome};
 
 use super::writers::{lock_stage, lock_workspace, open_trace, reconcile};
 use super::{require_closed, EffectsError, Stage, StageState};
+use crate::trace::data;
 
 /// What a drop did.
 #[derive(Debug, Default)]
@@ -57,13 +57,8 @@ pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<D
     if !report.dropped.is_empty() {
         let (mut trace, terminal) = open_trace(store, &stage)?;
         let paths: Vec<&RelPath> = report.dropped.iter().map(|c| &c.path).collect();
-        trace.emit(
-            "stage.dropped",
-            Some(stage.status.attempt.number()),
-            terminal,
-            json!({"paths": paths, "already_applied": report.already_applied}),
-            true,
-        )?;
+        let dropped = data::StageDropped { paths, already_applied: report.already_applied };
+        trace.emit(EventKind::StageDropped, Some(stage.status.attempt.number()), terminal, &dropped, true)?;
     }
     let dropped: Vec<_> = report.dropped.iter().map(|c| (c.path.clone(), Outcome::Dropped)).collect();
     report.state = Some(stage.after(dropped).0);

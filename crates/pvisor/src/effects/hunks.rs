@@ -1,8 +1,7 @@
 //! Applying some hunks of modified text files (`apply -p`): each written
 //! file stays a remaining change whose baseline is what was written.
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
@@ -12,6 +11,7 @@ use pvisor_stage::preimage::Preimages;
 
 use super::writers::{open_for_apply, open_trace};
 use super::{EffectsError, StageState};
+use crate::trace::data;
 
 /// The hunks chosen of one modified text file (`apply -p`): the file to
 /// write, and the host content the hunks were shown against.
@@ -85,25 +85,15 @@ pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result
         let cause = match started {
             Some(seq) => seq,
             None => {
-                let seq = trace.emit(
-                    "apply.started",
-                    attempt,
-                    terminal,
-                    json!({"selected": choices.len(), "hunks": true}),
-                    false,
-                )?;
+                let begun = data::ApplyStarted { selected: choices.len(), force: None, hunks: Some(true) };
+                let seq = trace.emit(EventKind::ApplyStarted, attempt, terminal, &begun, false)?;
                 started = Some(seq);
                 seq
             }
         };
         let state = apply::write_partial(&ws, &ledger, change, &choice.contents, mode)?;
-        trace.emit(
-            "apply.hunks",
-            attempt,
-            Some(cause),
-            json!({"path": change.path, "blake3": state.blake3, "size": state.size}),
-            true,
-        )?;
+        let written = data::ApplyHunks { path: &change.path, blake3: &state.blake3, size: state.size };
+        trace.emit(EventKind::ApplyHunks, attempt, Some(cause), &written, true)?;
         report.written.push((change.clone(), state));
     }
     let written = report.written.iter().map(|(c, s)| (c.path.clone(), Outcome::Partial(s.clone())));

@@ -4,8 +4,7 @@
 
 use std::path::Path;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::store::{OwnerLock, RelPath, Store, StoreError};
 use pvisor_stage::apply;
@@ -13,7 +12,7 @@ use pvisor_stage::ledger::{Ledger, Outcome};
 
 use super::{require_confirmed, EffectsError, Stage};
 use crate::runtime::job_service::views;
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// The stage's writer lock: one apply or drop at a time.
 pub(crate) fn lock_stage(stage_dir: &Path) -> Result<OwnerLock, EffectsError> {
@@ -63,11 +62,13 @@ pub(super) fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stag
     if !landed.is_empty() {
         let (mut trace, terminal) = open_trace(store, &stage)?;
         let paths: Vec<&RelPath> = landed.iter().map(|l| &l.change().path).collect();
+        let reconciled =
+            data::ApplyReconciled { paths, reason: "an interrupted apply had already written them" };
         trace.emit(
-            "apply.reconciled",
+            EventKind::ApplyReconciled,
             Some(stage.status.attempt.number()),
             terminal,
-            json!({"paths": paths, "reason": "an interrupted apply had already written them"}),
+            &reconciled,
             true,
         )?;
     }
@@ -78,11 +79,7 @@ pub(super) fn reconcile(store: &Store, job: &JobId, stage: Stage) -> Result<Stag
 /// run's terminal event, the cause of everything that follows.
 pub(super) fn open_trace(store: &Store, stage: &Stage) -> Result<(Trace, Option<u64>), EffectsError> {
     let (events, _) = views::events(store, &stage.status.run)?;
-    let terminal = events
-        .iter()
-        .rev()
-        .find(|e| matches!(e.kind.as_str(), "run.completed" | "run.failed" | "run.cancelled"))
-        .map(|e| e.seq);
+    let terminal = events.iter().rev().find(|e| e.kind.is_run_end()).map(|e| e.seq);
     Ok((Trace::open(store, &stage.status.run), terminal))
 }
 

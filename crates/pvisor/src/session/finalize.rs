@@ -14,8 +14,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::records::{Bundle, ChangeEntry, Observations, RunBinding, RunResult, FORMAT};
 use pvisor_core::state::{AttemptState, JobState, ResultState};
 use pvisor_core::store;
@@ -29,6 +28,7 @@ use crate::runtime::job_service::{RunEnd, RunError, RunOutcome, SuspendedOutcome
 use crate::runtime::suspension;
 
 use super::{Ending, Session};
+use crate::trace::data;
 
 impl Session {
     /// Ends a suspended Attempt: the checkpoint is published and QEMU reaped,
@@ -56,18 +56,18 @@ impl Session {
             }
             Err(e) => audit_gaps.push(format!("run state not updated: {e}")),
         }
-        let data = json!({
-            "checkpoint": checkpoint.id,
-            "vm_exit": vm_exit,
-            "paused_ms": checkpoint.paused_ms,
-            "save_ms": checkpoint.save_ms,
-            "receipt": "termination.json",
-        });
+        let data = data::RunHibernated {
+            checkpoint: &checkpoint.id,
+            vm_exit: &vm_exit,
+            paused_ms: checkpoint.paused_ms,
+            save_ms: checkpoint.save_ms,
+            receipt: "termination.json",
+        };
         if let Err(e) = self.trace.emit(
-            "run.hibernated",
+            EventKind::RunHibernated,
             Some(self.attempt.id.number()),
             Some(self.attempt_event),
-            data,
+            &data,
             true,
         ) {
             audit_gaps.push(format!("terminal event run.hibernated not written: {e}"));
@@ -158,11 +158,13 @@ impl Session {
         // Step 1: the sandbox is gone; seal the stage and take its manifest.
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
             .map_err(|e| self.finalize_error("marking the attempt finalizing", e.into()))?;
-        self.emit(
-            "attempt.exited",
-            json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error}),
-        )
-        .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
+        let exited = data::AttemptExited {
+            exit_code: result.exit_code,
+            signal: result.signal,
+            error: result.error.as_deref(),
+        };
+        self.emit(EventKind::AttemptExited, &exited)
+            .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
         // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
         let sealed_ns = pvisor_core::time::coarse_realtime_ns();
         let changes = self.seal_stage()?;
@@ -191,7 +193,7 @@ impl Session {
         let preimages_bytes = store::to_json_bytes(&preimages);
         store::write_atomic(&preimages_file, &preimages_bytes)
             .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
-        self.emit("stage.sealed", json!({"changes": changes.len(), "without_baseline": without_baseline}))
+        self.emit(EventKind::StageSealed, &data::StageSealed { changes: changes.len(), without_baseline })
             .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
         failpoint::hit("after-seal");
 
@@ -231,11 +233,13 @@ impl Session {
             .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
         failpoint::hit("after-bundle");
         let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
-        self.emit(
-            "bundle.saved",
-            json!({"file": "bundle.json", "size": receipt.bundle.size, "blake3": receipt.bundle.blake3}),
-        )
-        .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
+        let saved = data::BundleSaved {
+            file: "bundle.json",
+            size: receipt.bundle.size,
+            blake3: &receipt.bundle.blake3,
+        };
+        self.emit(EventKind::BundleSaved, &saved)
+            .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
 
         // Step 3: the Run projection, then the receipt that makes it true.
         // A failed restore leaves the Run suspended: its result is still to come.
@@ -272,10 +276,15 @@ impl Session {
         }
         failpoint::hit("before-terminal-event");
         let terminal = result.state.terminal_event();
-        let data = json!({"exit_code": result.exit_code, "signal": result.signal, "error": result.error, "changes": changes.len(), "receipt": "completion.json"});
-        if let Err(e) =
-            self.trace.emit(terminal, Some(self.attempt.id.number()), Some(self.attempt_event), data, true)
-        {
+        let data = data::RunEnded {
+            exit_code: result.exit_code,
+            signal: result.signal,
+            error: result.error.as_deref(),
+            changes: changes.len(),
+            receipt: "completion.json",
+        };
+        let (attempt, cause) = (Some(self.attempt.id.number()), Some(self.attempt_event));
+        if let Err(e) = self.trace.emit(terminal.clone(), attempt, cause, &data, true) {
             audit_gaps.push(format!("terminal event {terminal} not written: {e}"));
         }
         Ok(RunOutcome {

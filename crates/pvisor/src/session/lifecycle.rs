@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use pvisor_core::event::EventKind;
 use pvisor_core::records::NetworkObservation;
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{ExitReport, SandboxError, Termination};
@@ -20,6 +21,7 @@ use pvisor_sandbox::{ExitReport, SandboxError, Termination};
 use crate::runtime::job_service::{RunEnd, RunError};
 
 use super::{Ending, Session};
+use crate::trace::data;
 
 impl Session {
     /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
@@ -41,8 +43,11 @@ impl Session {
             Err(e) => Ending::SetupFailed(e),
             Ok((signaller, listener, limits, facts, mut wait)) => {
                 self.mark_running()?;
-                self.emit("attempt.started", json!({"executor": self.executor.name()}))
-                    .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+                self.emit(
+                    EventKind::AttemptStarted,
+                    &data::AttemptStarted { executor: self.executor.name() },
+                )
+                .map_err(|e| self.finalize_error("recording the start", e.into()))?;
                 if let Some(facts) = facts {
                     if let Some(kept) = facts["caches_persistent"].as_array() {
                         for cache in &self.spec.caches {
@@ -54,11 +59,14 @@ impl Session {
                             }
                         }
                     }
-                    let kind = format!("attempt.{}", self.executor.name());
-                    self.record_best_effort(&kind, facts);
+                    let kind = EventKind::executor_facts(self.executor.name());
+                    self.record_best_effort(kind, &facts);
                 }
                 if !limits.is_empty() {
-                    self.record_best_effort("attempt.limits", json!({"limits": limits}));
+                    self.record_best_effort(
+                        EventKind::AttemptLimits,
+                        &data::AttemptLimits { limits: &limits },
+                    );
                     // A limit the user asked for and did not get is warned
                     // about; pvisor's own default is recorded (attempt.limits,
                     // the Bundle) and shown by `pvisor doctor`, not on every run.
@@ -95,11 +103,12 @@ impl Session {
                                 self.cancel_requested = Some(sig);
                                 let _ = signaller.signal(sig);
                                 deadline = Some(tokio::time::Instant::now() + self.kill_grace);
-                                self.record_best_effort("run.cancel_requested", json!({"signal": sig, "grace_ms": self.kill_grace.as_millis() as u64}));
+                                let grace_ms = self.kill_grace.as_millis() as u64;
+                                self.record_best_effort(EventKind::RunCancelRequested, &data::RunCancelRequested { signal: sig, grace_ms });
                             } else {
                                 let _ = signaller.kill();
                                 deadline = None;
-                                self.record_best_effort("run.kill_escalated", json!({"reason": "second cancellation request"}));
+                                self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "second cancellation request", grace_ms: None });
                             }
                         }
                         event = proxy_rx.recv(), if proxy_open => match event {
@@ -109,7 +118,8 @@ impl Session {
                         () = sleep_until(deadline) => {
                             let _ = signaller.kill();
                             deadline = None;
-                            self.record_best_effort("run.kill_escalated", json!({"reason": "grace period expired", "grace_ms": self.kill_grace.as_millis() as u64}));
+                            let grace_ms = Some(self.kill_grace.as_millis() as u64);
+                            self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "grace period expired", grace_ms });
                         }
                     }
                 };
@@ -125,7 +135,10 @@ impl Session {
                         if let Some(error) = &report.stage_error {
                             // The records say what the stage is missing; the
                             // seal then covers what did reach the disk.
-                            self.record_best_effort("attempt.stage_incomplete", json!({"error": error}));
+                            self.record_best_effort(
+                                EventKind::AttemptStageIncomplete,
+                                &data::AttemptStageIncomplete { error },
+                            );
                             self.warnings.push(format!("the stage is incomplete: {error}"));
                         }
                         Ending::Finished(report)
@@ -145,14 +158,14 @@ impl Session {
 
     /// Records one proxied request in the Trace and the tally.
     pub(super) fn record_network(&mut self, event: pvisor_net::proxy::ProxyEvent) {
-        let kind = if event.allowed { "network.allowed" } else { "network.denied" };
+        let kind = if event.allowed { EventKind::NetworkAllowed } else { EventKind::NetworkDenied };
         if event.allowed {
             self.network.allowed += 1;
         } else {
             self.network.denied += 1;
             *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
         }
-        self.record_best_effort(kind, json!(event));
+        self.record_best_effort(kind, &event);
     }
 
     pub(super) fn network_observation(&self) -> NetworkObservation {

@@ -12,6 +12,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
+
+use pvisor_core::event::EventKind;
 use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
 use pvisor_core::store::{OwnerLock, Store, StoreError};
 use pvisor_sandbox::{Executor, ExitReport, SandboxError, SandboxSpec};
@@ -94,14 +97,14 @@ impl Session {
         }
     }
 
-    fn emit(&mut self, kind: &str, data: serde_json::Value) -> Result<u64, StoreError> {
+    fn emit(&mut self, kind: EventKind, data: &impl Serialize) -> Result<u64, StoreError> {
         let cause = Some(self.attempt_event);
         self.trace.emit(kind, Some(self.attempt.id.number()), cause, data, false)
     }
 
     /// Records a fact whose loss must not stop the run (it is repeated in the Bundle).
-    pub(super) fn record_best_effort(&mut self, kind: &str, data: serde_json::Value) {
-        if let Err(e) = self.emit(kind, data) {
+    pub(super) fn record_best_effort(&mut self, kind: EventKind, data: &impl Serialize) {
+        if let Err(e) = self.emit(kind.clone(), data) {
             self.warnings.push(format!("could not record {kind}: {e}"));
         }
     }
