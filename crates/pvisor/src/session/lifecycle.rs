@@ -23,6 +23,13 @@ use crate::runtime::job_service::{RunEnd, RunError};
 use super::{Ending, Session};
 use crate::trace::data;
 
+/// What [`Session::supervise`] needs of a started sandbox.
+type SandboxStarted = (
+    pvisor_sandbox::Signaller,
+    Option<std::net::TcpListener>,
+    tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
+);
+
 impl Session {
     /// Runs the Attempt to its end and finalizes it. `cancel` carries signals to
     /// forward; the first one marks the run as cancelled.
@@ -41,110 +48,9 @@ impl Session {
         };
         let ending = match started {
             Err(e) => Ending::SetupFailed(e),
-            Ok((signaller, listener, limits, facts, mut wait)) => {
-                self.mark_running()?;
-                self.emit(
-                    EventKind::AttemptStarted,
-                    &data::AttemptStarted { executor: self.executor.name() },
-                )
-                .map_err(|e| self.finalize_error("recording the start", e.into()))?;
-                if let Some(facts) = facts {
-                    if let Some(kept) = facts["caches_persistent"].as_array() {
-                        for cache in &self.spec.caches {
-                            if !kept.iter().any(|k| k.as_str() == cache.path.to_str()) {
-                                self.warnings.push(format!(
-                                    "--cache {}: another run holds it, so this run wrote to a private copy that is thrown away",
-                                    cache.path.display()
-                                ));
-                            }
-                        }
-                    }
-                    let kind = EventKind::executor_facts(self.executor.name());
-                    self.record_best_effort(kind, &facts);
-                }
-                if !limits.is_empty() {
-                    self.record_best_effort(
-                        EventKind::AttemptLimits,
-                        &data::AttemptLimits { limits: &limits },
-                    );
-                    // A limit the user asked for and did not get is warned
-                    // about; pvisor's own default is recorded (attempt.limits,
-                    // the Bundle) and shown by `pvisor doctor`, not on every run.
-                    for l in &limits {
-                        if !l.enforced() && !self.spec.limits.is_default(&l.limit) {
-                            self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
-                        }
-                    }
-                    self.limits = limits;
-                }
-                let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
-                let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-                let proxy = listener.map(|listener| {
-                    let policy = Arc::new(self.run.operation.policy.network.clone());
-                    tokio::spawn(pvisor_net::proxy::serve(
-                        listener,
-                        policy,
-                        proxy_events.clone(),
-                        proxy_stopped,
-                    ))
-                });
-                drop(proxy_events);
-                let mut proxy_open = proxy.is_some();
-                let mut deadline: Option<tokio::time::Instant> = None;
-                let mut cancel_open = true;
-                let report = loop {
-                    tokio::select! {
-                        joined = &mut wait => {
-                            break joined.unwrap_or_else(|_| Err(SandboxError::Protocol("the sandbox thread ended without a report".into())));
-                        }
-                        sig = cancel.recv(), if cancel_open => {
-                            let Some(sig) = sig else { cancel_open = false; continue };
-                            if self.cancel_requested.is_none() {
-                                self.cancel_requested = Some(sig);
-                                let _ = signaller.signal(sig);
-                                deadline = Some(tokio::time::Instant::now() + self.kill_grace);
-                                let grace_ms = self.kill_grace.as_millis() as u64;
-                                self.record_best_effort(EventKind::RunCancelRequested, &data::RunCancelRequested { signal: sig, grace_ms });
-                            } else {
-                                let _ = signaller.kill();
-                                deadline = None;
-                                self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "second cancellation request", grace_ms: None });
-                            }
-                        }
-                        event = proxy_rx.recv(), if proxy_open => match event {
-                            Some(event) => self.record_network(event),
-                            None => proxy_open = false,
-                        },
-                        () = sleep_until(deadline) => {
-                            let _ = signaller.kill();
-                            deadline = None;
-                            let grace_ms = Some(self.kill_grace.as_millis() as u64);
-                            self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "grace period expired", grace_ms });
-                        }
-                    }
-                };
-                let _ = stop_proxy.send(true);
-                if let Some(proxy) = proxy {
-                    let _ = proxy.await;
-                }
-                while let Ok(event) = proxy_rx.try_recv() {
-                    self.record_network(event);
-                }
-                match report {
-                    Ok(report) => {
-                        if let Some(error) = &report.stage_error {
-                            // The records say what the stage is missing; the
-                            // seal then covers what did reach the disk.
-                            self.record_best_effort(
-                                EventKind::AttemptStageIncomplete,
-                                &data::AttemptStageIncomplete { error },
-                            );
-                            self.warnings.push(format!("the stage is incomplete: {error}"));
-                        }
-                        Ending::Finished(report)
-                    }
-                    Err(e) => Ending::SetupFailed(e),
-                }
+            Ok((signaller, listener, limits, facts, wait)) => {
+                self.record_start(limits, facts)?;
+                self.supervise((signaller, listener, wait), &mut cancel).await
             }
         };
         if let Ending::Finished(ExitReport {
@@ -154,6 +60,80 @@ impl Session {
             return self.finalize_suspended(*checkpoint, qemu);
         }
         self.finalize(ending, started_at, baseline, clock.elapsed()).map(RunEnd::Finished)
+    }
+
+    /// Waits for the sandbox to end while serving its proxy: forwards the
+    /// first cancellation signal, SIGKILLs on a second one or when the grace
+    /// period expires, and records each proxied request.
+    async fn supervise(
+        &mut self,
+        started: SandboxStarted,
+        cancel: &mut mpsc::UnboundedReceiver<i32>,
+    ) -> Ending {
+        let (signaller, listener, mut wait) = started;
+        let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
+        let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
+        let proxy = listener.map(|listener| {
+            let policy = Arc::new(self.run.operation.policy.network.clone());
+            tokio::spawn(pvisor_net::proxy::serve(listener, policy, proxy_events.clone(), proxy_stopped))
+        });
+        drop(proxy_events);
+        let mut proxy_open = proxy.is_some();
+        let mut deadline: Option<tokio::time::Instant> = None;
+        let mut cancel_open = true;
+        let report = loop {
+            tokio::select! {
+                joined = &mut wait => {
+                    break joined.unwrap_or_else(|_| Err(SandboxError::Protocol("the sandbox thread ended without a report".into())));
+                }
+                sig = cancel.recv(), if cancel_open => {
+                    let Some(sig) = sig else { cancel_open = false; continue };
+                    if self.cancel_requested.is_none() {
+                        self.cancel_requested = Some(sig);
+                        let _ = signaller.signal(sig);
+                        deadline = Some(tokio::time::Instant::now() + self.kill_grace);
+                        let grace_ms = self.kill_grace.as_millis() as u64;
+                        self.record_best_effort(EventKind::RunCancelRequested, &data::RunCancelRequested { signal: sig, grace_ms });
+                    } else {
+                        let _ = signaller.kill();
+                        deadline = None;
+                        self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "second cancellation request", grace_ms: None });
+                    }
+                }
+                event = proxy_rx.recv(), if proxy_open => match event {
+                    Some(event) => self.record_network(event),
+                    None => proxy_open = false,
+                },
+                () = sleep_until(deadline) => {
+                    let _ = signaller.kill();
+                    deadline = None;
+                    let grace_ms = Some(self.kill_grace.as_millis() as u64);
+                    self.record_best_effort(EventKind::RunKillEscalated, &data::RunKillEscalated { reason: "grace period expired", grace_ms });
+                }
+            }
+        };
+        let _ = stop_proxy.send(true);
+        if let Some(proxy) = proxy {
+            let _ = proxy.await;
+        }
+        while let Ok(event) = proxy_rx.try_recv() {
+            self.record_network(event);
+        }
+        match report {
+            Ok(report) => {
+                if let Some(error) = &report.stage_error {
+                    // The records say what the stage is missing; the
+                    // seal then covers what did reach the disk.
+                    self.record_best_effort(
+                        EventKind::AttemptStageIncomplete,
+                        &data::AttemptStageIncomplete { error },
+                    );
+                    self.warnings.push(format!("the stage is incomplete: {error}"));
+                }
+                Ending::Finished(report)
+            }
+            Err(e) => Ending::SetupFailed(e),
+        }
     }
 
     /// Records one proxied request in the Trace and the tally.

@@ -5,6 +5,7 @@
 use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
+use pvisor_core::event::EventKind;
 use pvisor_core::state::{AttemptState, JobState};
 use pvisor_core::store;
 use pvisor_core::time::Timestamp;
@@ -12,6 +13,7 @@ use pvisor_sandbox::SandboxError;
 
 use crate::runtime::attempt::{self, AttemptError};
 use crate::runtime::job_service::RunError;
+use crate::trace::data;
 
 use super::{Session, Started};
 
@@ -128,5 +130,45 @@ impl Session {
             Err(SandboxError::Protocol("the sandbox thread ended before starting".into()))
         })?;
         Ok((signaller, listener, limits, facts, done_rx))
+    }
+
+    /// Records that the command runs: the Attempt, Run and Job marked
+    /// running, `attempt.started`, the executor's facts and how each limit
+    /// is enforced (warning about a requested one that is not).
+    pub(super) fn record_start(
+        &mut self,
+        limits: Vec<pvisor_sandbox::limits::Enforcement>,
+        facts: Option<serde_json::Value>,
+    ) -> Result<(), RunError> {
+        self.mark_running()?;
+        self.emit(EventKind::AttemptStarted, &data::AttemptStarted { executor: self.executor.name() })
+            .map_err(|e| self.finalize_error("recording the start", e.into()))?;
+        if let Some(facts) = facts {
+            if let Some(kept) = facts["caches_persistent"].as_array() {
+                for cache in &self.spec.caches {
+                    if !kept.iter().any(|k| k.as_str() == cache.path.to_str()) {
+                        self.warnings.push(format!(
+                            "--cache {}: another run holds it, so this run wrote to a private copy that is thrown away",
+                            cache.path.display()
+                        ));
+                    }
+                }
+            }
+            let kind = EventKind::executor_facts(self.executor.name());
+            self.record_best_effort(kind, &facts);
+        }
+        if !limits.is_empty() {
+            self.record_best_effort(EventKind::AttemptLimits, &data::AttemptLimits { limits: &limits });
+            // A limit the user asked for and did not get is warned
+            // about; pvisor's own default is recorded (attempt.limits,
+            // the Bundle) and shown by `pvisor doctor`, not on every run.
+            for l in &limits {
+                if !l.enforced() && !self.spec.limits.is_default(&l.limit) {
+                    self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
+                }
+            }
+            self.limits = limits;
+        }
+        Ok(())
     }
 }
