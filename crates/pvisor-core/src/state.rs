@@ -203,11 +203,11 @@ impl ResultState {
     }
 
     /// Returns the terminal event type published for this result.
-    pub fn terminal_event(self) -> &'static str {
+    pub fn terminal_event(self) -> crate::event::EventKind {
         match self {
-            Self::Completed => "run.completed",
-            Self::Failed => "run.failed",
-            Self::Cancelled => "run.cancelled",
+            Self::Completed => crate::event::EventKind::RunCompleted,
+            Self::Failed => crate::event::EventKind::RunFailed,
+            Self::Cancelled => crate::event::EventKind::RunCancelled,
         }
     }
 }

@@ -25,7 +25,7 @@ pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
                 d => d.to_string(),
             };
             // Event data carries staged names and hosts the command chose.
-            let (kind, data) = (escape(&event.kind, Tabs::Escape), escape(&data, Tabs::Escape));
+            let (kind, data) = (escape(event.kind.as_str(), Tabs::Escape), escape(&data, Tabs::Escape));
             writeln!(out, "{:>3}{:<5} {}  {:<22} {}", event.seq, cause, event.time, kind, data)?;
         }
     }

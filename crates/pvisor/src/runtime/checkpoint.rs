@@ -9,8 +9,7 @@
 
 use std::fs;
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::{CheckpointId, JobId};
 use pvisor_core::records::{CheckpointManifest, LeftOut};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
@@ -21,7 +20,7 @@ use pvisor_stage::StageError;
 
 use crate::effects::{self, EffectsError, Stage};
 use crate::failpoint;
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// What a workspace checkpoint does not capture; printed and recorded.
 pub const LIMITS: &str = "a workspace checkpoint holds the staged files and their conflict baselines only: \
@@ -147,13 +146,14 @@ pub fn checkpoint(
         }
     };
     let mut trace = Trace::open(store, &stage.status.run);
-    trace.emit(
-        "checkpoint.created",
-        Some(stage.status.attempt.number()),
-        None,
-        json!({"checkpoint": manifest.id, "kind": manifest.kind, "entries": manifest.entries.len(), "copy_method": manifest.copy_method, "left_out": manifest.left_out}),
-        true,
-    )?;
+    let created = data::CheckpointCreated {
+        checkpoint: &manifest.id,
+        kind: &manifest.kind,
+        entries: manifest.entries.len(),
+        copy_method: &manifest.copy_method,
+        left_out: &manifest.left_out,
+    };
+    trace.emit(EventKind::CheckpointCreated, Some(stage.status.attempt.number()), None, &created, true)?;
     Ok((manifest, held))
 }
 

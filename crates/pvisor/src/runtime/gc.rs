@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use serde_json::json;
 
+use pvisor_core::event::EventKind;
 use pvisor_core::records::JobRecord;
 use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
@@ -20,7 +20,7 @@ use pvisor_core::store::Store;
 use super::checkpoint;
 use super::job_service::views::{self, ViewError};
 use crate::effects::StageState;
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// One thing gc removed (or would remove).
 #[derive(Debug, Clone, Serialize)]
@@ -285,10 +285,10 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             let lock = pvisor_core::store::OwnerLock::acquire_blocking(&stage.join("apply.lock"))?;
             pvisor_core::store::write_atomic(&stage.join("collected"), b"removed by pvisor gc\n")?;
             let _ = Trace::open(store, &job.run).emit(
-                "stage.collected",
+                EventKind::StageCollected,
                 Some(job.target_attempt),
                 None,
-                json!({"by": "gc"}),
+                &data::By { by: "gc" },
                 true,
             );
             Some(lock)

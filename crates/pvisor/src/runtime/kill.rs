@@ -10,8 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::JobRecord;
 use pvisor_core::state::JobState;
@@ -20,6 +19,7 @@ use pvisor_core::time::Timestamp;
 
 use super::job_service::views::ViewError;
 use super::recovery::{self, Recovered};
+use crate::trace::data::{By, JobLost};
 
 /// How a kill ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
             job.continuation = false;
             job.updated_at = Timestamp::now();
             store.write(&store.job_file(job_id), &job)?;
-            recovery::append_event(store, &job, "job.continuation_withdrawn", json!({"by": "kill"}))?;
+            recovery::append_event(store, &job, EventKind::JobContinuationWithdrawn, &By { by: "kill" })?;
         }
         Ok(())
     })();
@@ -108,12 +108,8 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
                 job.state = JobState::Lost;
                 job.updated_at = Timestamp::now();
                 store.write(&store.job_file(job_id), &job)?;
-                recovery::append_event(
-                    store,
-                    &job,
-                    "job.lost",
-                    json!({"reason": "closed by kill without a completion receipt"}),
-                )?;
+                let lost = JobLost { reason: "closed by kill without a completion receipt" };
+                recovery::append_event(store, &job, EventKind::JobLost, &lost)?;
             }
             job.state
         }

@@ -12,8 +12,7 @@
 //! Recovery holds `jobs/<job>/recover.lock`, so two processes recovering the
 //! same Job at once serialize and only the first one records anything.
 
-use serde_json::json;
-
+use pvisor_core::event::EventKind;
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
 use pvisor_core::state::{AttemptState, JobState};
@@ -22,7 +21,7 @@ use pvisor_core::time::Timestamp;
 
 use super::job_service::views::ViewError;
 use super::{completion, suspension};
-use crate::trace::Trace;
+use crate::trace::{data, Trace};
 
 /// What recovery found (and did).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +43,8 @@ fn target_attempt(job: &JobRecord) -> AttemptId {
 pub(crate) fn append_event(
     store: &Store,
     job: &JobRecord,
-    kind: &str,
-    data: serde_json::Value,
+    kind: EventKind,
+    data: &impl serde::Serialize,
 ) -> Result<(), ViewError> {
     Trace::open(store, &job.run).emit(kind, Some(job.target_attempt), None, data, true)?;
     Ok(())
@@ -94,7 +93,8 @@ fn reconcile(
         job.state = state;
         job.updated_at = now;
         store.write(&store.job_file(&job.id), job)?;
-        append_event(store, job, "recovery.reconciled", json!({"state": state, "attempt": attempt_id}))?;
+        let reconciled = data::RecoveryReconciled { state, attempt: attempt_id };
+        append_event(store, job, EventKind::RecoveryReconciled, &reconciled)?;
     }
     Ok(())
 }
@@ -162,12 +162,11 @@ pub fn recover(store: &Store, job_id: &JobId) -> Result<Recovered, ViewError> {
                 run.updated_at = now;
                 store.write(&store.run_file(&run.id), &run)?;
             }
-            append_event(
-                store,
-                &job,
-                "recovery.unknown",
-                json!({"attempt": attempt_id, "reason": "the owner exited without a completion receipt; the stage is kept"}),
-            )?;
+            let unknown = data::RecoveryUnknown {
+                attempt: &attempt_id,
+                reason: "the owner exited without a completion receipt; the stage is kept",
+            };
+            append_event(store, &job, EventKind::RecoveryUnknown, &unknown)?;
             Ok(Recovered::Unknown)
         }
     }

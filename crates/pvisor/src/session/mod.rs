@@ -2,8 +2,124 @@
 //!
 //! It prepares the stage, starts the executor, relays cancellation (forward
 //! the signal, then SIGKILL after the grace period), and finalizes strictly in
-//! DESIGN.md's order. See `lifecycle.rs`.
+//! DESIGN.md's order. The Session and what every step shares are here; the
+//! steps are [`prepare`] (the stage, the sandbox's start, the running
+//! state), [`lifecycle`] (the run from start to end: cancellation and
+//! proxied requests) and [`finalize`] (seal → Bundle → receipt → terminal
+//! event).
 
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use pvisor_core::event::EventKind;
+use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
+use pvisor_core::store::{OwnerLock, Store, StoreError};
+use pvisor_sandbox::{Executor, ExitReport, SandboxError, SandboxSpec};
+
+use crate::admission::Admitted;
+use crate::runtime::job_service::RunError;
+use crate::trace::Trace;
+
+mod finalize;
 mod lifecycle;
+mod prepare;
 
-pub(crate) use lifecycle::Session;
+/// How the sandbox ended, from the Session's point of view.
+#[derive(Debug)]
+enum Ending {
+    /// The sandbox could not be set up; the command never ran.
+    SetupFailed(SandboxError),
+    Finished(ExitReport),
+}
+
+/// A started sandbox: its signaller, its proxy listener, and its exit report to come.
+type Started = (
+    pvisor_sandbox::Signaller,
+    Option<std::net::TcpListener>,
+    Vec<pvisor_sandbox::limits::Enforcement>,
+    Option<serde_json::Value>,
+    tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
+);
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    store: Store,
+    executor: Arc<dyn Executor>,
+    pub(crate) job: JobRecord,
+    run: RunRecord,
+    attempt: AttemptRecord,
+    trace: Trace,
+    spec: SandboxSpec,
+    _lock: OwnerLock,
+    attempt_event: u64,
+    kill_grace: Duration,
+    cancel_requested: Option<i32>,
+    warnings: Vec<String>,
+    network: NetworkTally,
+    restore_from: Option<PathBuf>,
+    limits: Vec<pvisor_sandbox::limits::Enforcement>,
+    baseline: Option<i128>,
+    resumed_from: Option<u32>,
+}
+
+/// What went through the proxy, for the Bundle and the end-of-run summary.
+#[derive(Debug, Default)]
+struct NetworkTally {
+    allowed: u64,
+    denied: u64,
+    denied_hosts: std::collections::BTreeMap<String, u64>,
+}
+
+impl Session {
+    pub(crate) fn new(store: Store, executor: Arc<dyn Executor>, admitted: Admitted) -> Self {
+        let kill_grace = Duration::from_millis(admitted.run.operation.policy.kill_grace_ms);
+        Self {
+            store,
+            executor,
+            job: admitted.job,
+            run: admitted.run,
+            attempt: admitted.attempt,
+            trace: admitted.trace,
+            spec: admitted.spec,
+            _lock: admitted.lock,
+            attempt_event: admitted.attempt_event,
+            kill_grace,
+            cancel_requested: None,
+            warnings: Vec::new(),
+            network: NetworkTally::default(),
+            restore_from: admitted.restore_from,
+            limits: Vec::new(),
+            baseline: admitted.baseline,
+            resumed_from: admitted.resumed_from,
+        }
+    }
+
+    fn emit(&mut self, kind: EventKind, data: &impl Serialize) -> Result<u64, StoreError> {
+        let cause = Some(self.attempt_event);
+        self.trace.emit(kind, Some(self.attempt.id.number()), cause, data, false)
+    }
+
+    /// Records a fact whose loss must not stop the run (it is repeated in the Bundle).
+    pub(super) fn record_best_effort(&mut self, kind: EventKind, data: &impl Serialize) {
+        if let Err(e) = self.emit(kind.clone(), data) {
+            self.warnings.push(format!("could not record {kind}: {e}"));
+        }
+    }
+
+    pub(super) fn finalize_error(
+        &self,
+        step: &'static str,
+        source: crate::runtime::job_service::FinalizeSource,
+    ) -> RunError {
+        RunError::Finalize {
+            step,
+            job: self.job.id.clone(),
+            attempt: self.attempt.id.clone(),
+            stage: self.store.stage_dir(&self.run.id),
+            source: Box::new(source),
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Admission: the one place a request becomes a Job.
+//!
+//! Admission validates the request, resolves the effective policy exactly
+//! once, applies pvisor's rewrites (hiding the state directory, marking the
+//! environment), decides the Placement, and durably creates the Run, Job and
+//! Attempt records, in that order, so a Job file never points at a missing Run.
+//! Every later component consumes the recorded decision and never re-reads
+//! the request.
+//!
+//! [`admit`] runs its steps in a fixed order, each in its own module:
+//! [`fork`] (verify a checkpoint to start from), [`workspace`] (the
+//! canonical workspace and cwd), [`secrets`] (scrubbed variables, hidden
+//! secret stores), [`policy`] (sockets, caches, the effective policy and
+//! its rewrites), [`placement`] (the Placement and the SandboxSpec) and
+//! [`records`] (the Run, Attempt and Job files). Every refusal comes before
+//! the first record; the order of the records and of the Trace events after
+//! them is part of the crash-safety design. [`resume`] admits a new Attempt
+//! of a suspended Job.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pvisor_core::event::EventKind;
+use pvisor_core::ids::{AttemptId, JobId, RunId};
+use pvisor_core::records::{AttemptRecord, EffectivePolicy, JobRecord, Placement, RunRecord};
+use pvisor_core::store::{OwnerLock, Store, StoreError};
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::{NetworkAttachment, SandboxSpec};
+
+use crate::trace::{data, Trace};
+
+mod fork;
+mod placement;
+mod policy;
+mod records;
+mod resume;
+mod secrets;
+mod workspace;
+
+pub use fork::ExecutionFork;
+pub use policy::{proxy_env, PROXY_PORT};
+pub use resume::admit_resume;
+pub use secrets::{is_secret_name, DEFAULT_HIDDEN};
+
+/// What a frontend asks pvisor to run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The workspace directory; the sandbox sees it at its canonical path.
+    pub workspace: PathBuf,
+    /// The working directory, absolute or relative to the workspace. Defaults to it.
+    pub cwd: Option<PathBuf>,
+    pub program: String,
+    pub args: Vec<String>,
+    /// The environment to pass to the command (frontends usually pass their own).
+    pub env: Vec<(String, String)>,
+    /// How long a cancelled command gets to exit after the forwarded signal.
+    pub kill_grace: Duration,
+    /// The network policies in scope (command line, workspace file, user
+    /// config); admission merges them once.
+    pub network: Vec<pvisor_net::ScopedPolicy>,
+    /// Start from a workspace checkpoint (a fork) instead of an empty stage.
+    pub fork: Option<pvisor_core::ids::CheckpointId>,
+    /// An execution fork (vm): the parent Job and its verified checkpoint.
+    pub fork_execution: Option<ExecutionFork>,
+    /// Secrets: the user's home (for the default secret stores), extra paths
+    /// to hide, paths to expose anyway, and variables to pass despite their names.
+    pub secrets: SecretPolicy,
+    /// Install the seccomp deny-list (on unless the user turns it off).
+    pub seccomp: bool,
+    /// `--memory`, `--pids`, `--cpus`.
+    pub limits: pvisor_core::records::ResourceLimits,
+    /// `--cache PATH`: host directories the command may write, persistently
+    /// and unstaged, through pvisor's cache store.
+    pub caches: Vec<PathBuf>,
+}
+
+/// What the sandbox must not see of the user's secrets.
+#[derive(Clone, Debug, Default)]
+pub struct SecretPolicy {
+    pub home: Option<PathBuf>,
+    pub hide: Vec<PathBuf>,
+    pub expose: Vec<PathBuf>,
+    pub pass_env: Vec<String>,
+    /// Other pvisor state directories (their stages, records and VM
+    /// control sockets): hidden like this run's own, and never exposable.
+    pub other_state_dirs: Vec<PathBuf>,
+    /// Host Unix sockets the command may connect to (`--expose-socket`);
+    /// every other one is unreachable.
+    pub expose_sockets: Vec<PathBuf>,
+}
+
+/// Why a request was not admitted. Nothing was recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("Workspace {} does not exist; pass an existing directory with -w", path.display())]
+    WorkspaceMissing { path: PathBuf },
+    #[error("Workspace {} is not a directory", path.display())]
+    WorkspaceNotDirectory { path: PathBuf },
+    #[error("Cannot resolve workspace {}", path.display())]
+    WorkspaceUnreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("The workspace cannot be / : pvisor stages a directory tree, pick a project directory")]
+    WorkspaceIsRoot,
+    #[error(
+        "Workspace {} contains pvisor's state directory {}; overlayfs cannot stage a tree that holds its own stage. \
+         Run on a subdirectory, or set PVISOR_HOME to a directory outside the workspace",
+        workspace.display(), state.display()
+    )]
+    WorkspaceContainsState { workspace: PathBuf, state: PathBuf },
+    #[error("Workspace {} is inside pvisor's state directory {}; choose a directory outside it", workspace.display(), state.display())]
+    WorkspaceInsideState { workspace: PathBuf, state: PathBuf },
+    #[error("Working directory {} is outside the workspace {}", cwd.display(), workspace.display())]
+    CwdOutsideWorkspace { cwd: PathBuf, workspace: PathBuf },
+    #[error("Path {} is not valid UTF-8; pvisor records paths as text", path.display())]
+    NonUtf8Path { path: PathBuf },
+    #[error("--expose-socket {}: {problem}", path.display())]
+    ExposeSocket { path: PathBuf, problem: &'static str },
+    #[error("--cache {}: {problem}", path.display())]
+    Cache { path: PathBuf, problem: &'static str },
+    #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
+    EmptyProgram,
+    #[error("Invalid network policy in {0}")]
+    Network(#[from] pvisor_net::policy::PolicyError),
+    #[error("Cannot fork from checkpoint {checkpoint}")]
+    Checkpoint {
+        checkpoint: pvisor_core::ids::CheckpointId,
+        #[source]
+        source: pvisor_stage::StageError,
+    },
+    #[error("Cannot record the new Job")]
+    Store(#[from] StoreError),
+    #[error("Job {job} cannot be resumed: {reason}")]
+    NotResumable { job: JobId, reason: String },
+    #[error("Cannot resume job {job}")]
+    Suspension {
+        job: JobId,
+        #[source]
+        source: crate::runtime::suspension::SuspensionError,
+    },
+}
+
+/// A request that passed admission: its records exist and its owner lock is held.
+#[derive(Debug)]
+pub struct Admitted {
+    pub(crate) job: JobRecord,
+    pub(crate) run: RunRecord,
+    pub(crate) attempt: AttemptRecord,
+    pub(crate) trace: Trace,
+    pub(crate) spec: SandboxSpec,
+    pub(crate) lock: OwnerLock,
+    /// The seq of `attempt.created`, the cause of everything the Session records.
+    pub(crate) attempt_event: u64,
+    /// The checkpoint directory a fork's stage is restored from.
+    pub(crate) restore_from: Option<std::path::PathBuf>,
+    /// The conflict baseline (ns since the epoch) when the workspace was
+    /// captured by an earlier Attempt: a resumed or execution-forked VM still
+    /// sees the workspace image of the original start.
+    pub(crate) baseline: Option<i128>,
+    /// For a resume: the suspended Attempt it continues.
+    pub(crate) resumed_from: Option<u32>,
+}
+
+impl Admitted {
+    pub fn job_id(&self) -> &JobId {
+        &self.job.id
+    }
+    pub fn attempt_id(&self) -> &AttemptId {
+        &self.attempt.id
+    }
+}
+
+/// Admits `request`: validates it, fixes the policy and Placement, and records
+/// the Run, Job and Attempt.
+pub fn admit(
+    store: &Store,
+    executor_impl: &dyn pvisor_sandbox::Executor,
+    request: RunRequest,
+) -> Result<Admitted, AdmissionError> {
+    let executor = executor_impl.name();
+    if request.program.is_empty() {
+        return Err(AdmissionError::EmptyProgram);
+    }
+    let fork = fork::verify(store, request.fork.as_ref())?;
+    let requested_workspace = fork::workspace(&fork, request.fork_execution.as_ref(), &request.workspace);
+    let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
+    let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
+    // Secrets: scrub variables by name, hide secret stores; recorded by name only.
+    let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
+    let (exposed_sockets, cache_paths) =
+        policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
+
+    let now = Timestamp::now();
+    let job_id = JobId::generate();
+    let run_id = RunId::generate();
+    let attempt_id = AttemptId::new(run_id.clone(), 1);
+    let requested = policy::Requested {
+        network: &request.network,
+        kill_grace: request.kill_grace,
+        seccomp: request.seccomp,
+        limits: &request.limits,
+    };
+    let (policy, attachment) =
+        policy::effective(requested, &state, &secrets, &exposed_sockets, &cache_paths)?;
+    let placement = placement::decide(executor_impl);
+    let env_rewrites = policy::env_rewrites(&job_id, policy.network.mode);
+    let env = policy::rewrite_env(env, &env_rewrites);
+    let operation = records::operation(
+        &request.program,
+        &request.args,
+        cwd.clone(),
+        &env,
+        policy.clone(),
+        placement.clone(),
+    );
+
+    let new = records::NewJob {
+        now,
+        workspace: workspace.clone(),
+        operation,
+        lineage: fork::lineage(&fork, request.fork_execution.as_ref()),
+        executor: executor.to_owned(),
+    };
+    let records::Created { job, run, attempt, lock } =
+        records::create(store, &job_id, &run_id, &attempt_id, new)?;
+
+    let mut trace = Trace::open(store, &run_id);
+    let decided = Decided {
+        job: &job,
+        program: &request.program,
+        args: &request.args,
+        policy: &policy,
+        placement: &placement,
+        attachment,
+    };
+    let rewrites = policy::Rewrites {
+        state: &state,
+        secrets: &secrets,
+        cache_paths: &cache_paths,
+        exposed_sockets: &exposed_sockets,
+        env_rewrites: &env_rewrites,
+    };
+    let attempt_event = record_admission(&mut trace, executor_impl, decided, rewrites, &attempt_id)?;
+
+    let caches = placement::cache_mounts(store, &cache_paths, &store.stage_dir(&run_id))?;
+    let ids = placement::Ids { job: &job_id, run: &run_id, attempt: &attempt_id };
+    let command = placement::Command {
+        workspace,
+        cwd,
+        program: request.program,
+        args: request.args,
+        env,
+        seccomp: request.seccomp,
+        limits: request.limits,
+    };
+    let spec =
+        placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());
+    let restore_from = fork.map(|(dir, _)| dir);
+    let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
+    Ok(Admitted {
+        job,
+        run,
+        attempt,
+        trace,
+        spec,
+        lock,
+        attempt_event,
+        restore_from,
+        baseline,
+        resumed_from: None,
+    })
+}
+
+/// The recorded decisions [`record_admission`] publishes.
+struct Decided<'a> {
+    job: &'a JobRecord,
+    program: &'a str,
+    args: &'a [String],
+    policy: &'a EffectivePolicy,
+    placement: &'a Placement,
+    attachment: NetworkAttachment,
+}
+
+/// Publishes admission in the Trace, once the records exist: `job.created`,
+/// the policy and its rewrites, the fork's lineage, `placement.decided`, and
+/// `attempt.created` (whose seq, returned, causes everything the Session
+/// records).
+fn record_admission(
+    trace: &mut Trace,
+    executor: &dyn pvisor_sandbox::Executor,
+    decided: Decided<'_>,
+    rewrites: policy::Rewrites<'_>,
+    attempt_id: &AttemptId,
+) -> Result<u64, StoreError> {
+    let Decided { job, program, args, policy, placement, attachment } = decided;
+    let created = trace.emit(
+        EventKind::JobCreated,
+        None,
+        None,
+        &data::JobCreated { job: &job.id, workspace: &job.workspace, program, args },
+        false,
+    )?;
+    let policy_event = policy::record(trace, created, policy, executor, attachment, rewrites)?;
+    if let Some(lineage) = &job.lineage {
+        trace.emit(EventKind::ForkLineage, None, Some(created), lineage, false)?;
+    }
+    let placed = trace.emit(EventKind::PlacementDecided, None, Some(policy_event), placement, false)?;
+    trace.emit(
+        EventKind::AttemptCreated,
+        Some(1),
+        Some(placed),
+        &data::AttemptCreated { attempt: attempt_id, executor: executor.name(), restore: None },
+        false,
+    )
+}

@@ -1,0 +1,133 @@
+//! Placement: where and how the Attempt runs.
+//!
+//! The [`Placement`] record (executor, rootless or not, the sandbox uid,
+//! host and kernel) is decided once and recorded in the Operation and as
+//! `placement.decided`; the [`SandboxSpec`] is what the executor is handed,
+//! built from the recorded decisions only.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use pvisor_core::ids::{AttemptId, JobId, RunId};
+use pvisor_core::records::{EffectivePolicy, Placement, ResourceLimits};
+use pvisor_core::store::{self, Store, StoreError};
+use pvisor_sandbox::{CacheMount, SandboxSpec};
+
+use super::policy::attachment_for;
+use super::ExecutionFork;
+
+/// Decides the Placement: the executor, the effective uid the sandbox maps
+/// to (rootless unless pvisor runs as root), this host's name and kernel,
+/// and whatever the executor adds.
+pub(super) fn decide(executor: &dyn pvisor_sandbox::Executor) -> Placement {
+    let (host, kernel) = uname();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    Placement {
+        executor: executor.name().to_owned(),
+        rootless: euid != 0,
+        sandbox_uid: euid,
+        host,
+        kernel,
+        details: executor.placement_details().into_iter().collect(),
+    }
+}
+
+fn uname() -> (String, String) {
+    // SAFETY: utsname is plain data and uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-parameter.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return ("unknown".into(), "unknown".into());
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    (field(&u.nodename), field(&u.release))
+}
+
+/// Makes each cache's persistent store (`upper/`, `work/`, and a note of
+/// the host path it serves) and returns the mounts, each with a per-run
+/// scratch directory in the stage.
+pub(super) fn cache_mounts(
+    store: &Store,
+    cache_paths: &[PathBuf],
+    stage: &Path,
+) -> Result<Vec<CacheMount>, StoreError> {
+    cache_paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let store_dir = store.cache_dir(path);
+            for sub in ["upper", "work"] {
+                store::create_dir_all_private(&store_dir.join(sub))?;
+            }
+            let _ = std::fs::write(store_dir.join("path"), path.as_os_str().as_encoded_bytes());
+            Ok(CacheMount {
+                path: path.clone(),
+                store: store_dir,
+                scratch: stage.join(format!("cache-{i}")),
+                persistent: false,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()
+}
+
+/// The Job's ids, for paths and the vm's context.
+pub(super) struct Ids<'a> {
+    pub(super) job: &'a JobId,
+    pub(super) run: &'a RunId,
+    pub(super) attempt: &'a AttemptId,
+}
+
+/// What the command is, as admitted.
+pub(super) struct Command {
+    pub(super) workspace: PathBuf,
+    pub(super) cwd: PathBuf,
+    pub(super) program: String,
+    pub(super) args: Vec<String>,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) seccomp: bool,
+    pub(super) limits: ResourceLimits,
+}
+
+/// The spec the executor is handed for Attempt 1: the stage's paths, the
+/// hidden paths of `policy`, the caches and sockets, and (for vm) where
+/// its state lives and, for an execution fork, what it restores.
+pub(super) fn spec(
+    store: &Store,
+    executor: &str,
+    ids: Ids<'_>,
+    command: Command,
+    policy: &EffectivePolicy,
+    caches: Vec<CacheMount>,
+    fork_execution: Option<&ExecutionFork>,
+) -> SandboxSpec {
+    let stage = store.stage_dir(ids.run);
+    SandboxSpec {
+        workspace: command.workspace,
+        cwd: command.cwd,
+        upper: stage.join("upper"),
+        work: stage.join("work"),
+        root_mount: stage.join("root"),
+        hidden: policy.hidden_paths.clone(),
+        start_at_coarse_ns: None,
+        caches,
+        exposed_sockets: policy.exposed_sockets.clone(),
+        program: command.program,
+        args: command.args,
+        env: command.env,
+        hostname: "pvisor".into(),
+        network: attachment_for(policy.network.mode),
+        seccomp: command.seccomp,
+        limits: command.limits,
+        vm: (executor == "vm").then(|| pvisor_sandbox::vm::VmSpec {
+            dir: store.attempt_dir(ids.attempt).join("vm"),
+            checkpoints: store.exec_checkpoints_dir(ids.run),
+            restore: fork_execution.map(|f| f.dir.clone()),
+            context: json!({"job": ids.job, "run": ids.run, "attempt": ids.attempt}),
+        }),
+    }
+}

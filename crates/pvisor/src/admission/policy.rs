@@ -1,0 +1,272 @@
+//! The effective policy: resolved once from the request, with every rewrite
+//! pvisor makes to what the command gets recorded as an event.
+//!
+//! This covers the host paths the command may reach besides the workspace
+//! (`--expose-socket`, `--cache`), the network decision and its attachment,
+//! the variables pvisor sets, and the `admission.policy`,
+//! `admission.network` and `admission.rewrite` events. Later stages consume
+//! the recorded [`EffectivePolicy`] and never re-read the request.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pvisor_core::event::EventKind;
+use pvisor_core::ids::JobId;
+use pvisor_core::records::{EffectivePolicy, NetworkMode, ResourceLimits};
+use pvisor_core::store::StoreError;
+use pvisor_sandbox::NetworkAttachment;
+
+use super::secrets::Secrets;
+use super::{AdmissionError, SecretPolicy};
+use crate::trace::{data, Trace};
+
+/// Decides the host paths the command may reach outside the workspace: the
+/// `--expose-socket` sockets and the `--cache` directories, each checked
+/// against the workspace, the state directory and the hidden paths. Returns
+/// `(exposed_sockets, caches)`.
+pub(super) fn host_paths(
+    secrets: &SecretPolicy,
+    caches: &[PathBuf],
+    state: &Path,
+    workspace: &Path,
+    hidden: &[(PathBuf, &'static str)],
+) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AdmissionError> {
+    let exposed_sockets = exposable_sockets(secrets, state, workspace)?;
+    let hidden_now: Vec<PathBuf> =
+        std::iter::once(state.to_owned()).chain(hidden.iter().map(|(p, _)| p.clone())).collect();
+    let cache_paths = cache_paths(caches, workspace, &hidden_now)?;
+    // A cache's upper is written by earlier runs: a place for the socket
+    // would be made through whatever they left there.
+    if let Some(path) = exposed_sockets.iter().find(|s| cache_paths.iter().any(|c| s.starts_with(c))) {
+        return Err(AdmissionError::ExposeSocket {
+            path: path.clone(),
+            problem: "is inside a --cache directory; expose it without the cache, or cache another directory",
+        });
+    }
+    Ok((exposed_sockets, cache_paths))
+}
+
+/// What the request says about enforcement, besides paths and secrets.
+pub(super) struct Requested<'a> {
+    pub(super) network: &'a [pvisor_net::ScopedPolicy],
+    pub(super) kill_grace: Duration,
+    pub(super) seccomp: bool,
+    pub(super) limits: &'a ResourceLimits,
+}
+
+/// Decides the effective policy, once: merges the network policies in
+/// scope, and fixes the kill grace, seccomp, limits, hidden paths (the
+/// state directory first), exposed sockets and caches. Returns it with the
+/// network attachment the executor gets.
+pub(super) fn effective(
+    requested: Requested<'_>,
+    state: &Path,
+    secrets: &Secrets,
+    exposed_sockets: &[PathBuf],
+    cache_paths: &[PathBuf],
+) -> Result<(EffectivePolicy, NetworkAttachment), AdmissionError> {
+    let network = pvisor_net::policy::resolve(requested.network)?;
+    let attachment = attachment_for(network.mode);
+    let policy = EffectivePolicy {
+        network,
+        kill_grace_ms: requested.kill_grace.as_millis() as u64,
+        seccomp: requested.seccomp,
+        limits: requested.limits.clone(),
+        hidden_paths: std::iter::once(state.to_owned())
+            .chain(secrets.hidden.iter().map(|(p, _)| p.clone()))
+            .collect(),
+        exposed_sockets: exposed_sockets.to_vec(),
+        caches: cache_paths.to_vec(),
+    };
+    Ok((policy, attachment))
+}
+
+/// The variables pvisor sets in every sandbox (and, with the proxy, the
+/// ones that point programs at it), replacing any the request passed.
+pub(super) fn env_rewrites(job: &JobId, mode: NetworkMode) -> Vec<(&'static str, String)> {
+    let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job.to_string())];
+    if mode == NetworkMode::Proxy {
+        env_rewrites.extend(proxy_env());
+    }
+    env_rewrites
+}
+
+/// The command's environment: `env` with `rewrites` in place of any
+/// variable of the same name.
+pub(super) fn rewrite_env(
+    mut env: Vec<(String, String)>,
+    rewrites: &[(&'static str, String)],
+) -> Vec<(String, String)> {
+    let rewritten: Vec<&str> = rewrites.iter().map(|(k, _)| *k).collect();
+    env.retain(|(k, _)| !rewritten.contains(&k.as_str()));
+    env.extend(rewrites.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    env
+}
+
+/// What [`record`] records: the decisions and every rewrite behind them.
+pub(super) struct Rewrites<'a> {
+    pub(super) state: &'a Path,
+    pub(super) secrets: &'a Secrets,
+    pub(super) cache_paths: &'a [PathBuf],
+    pub(super) exposed_sockets: &'a [PathBuf],
+    pub(super) env_rewrites: &'a [(&'static str, String)],
+}
+
+/// Records `admission.policy` (caused by `job.created`), then the network
+/// decision and each rewrite, all caused by it, in a fixed order: the state
+/// directory, hidden secrets, skipped hides, caches, sockets, scrubbed and
+/// set variables. Returns the seq of `admission.policy`.
+pub(super) fn record(
+    trace: &mut Trace,
+    created: u64,
+    policy: &EffectivePolicy,
+    executor: &dyn pvisor_sandbox::Executor,
+    attachment: NetworkAttachment,
+    rewrites: Rewrites<'_>,
+) -> Result<u64, StoreError> {
+    let network = &policy.network;
+    let Rewrites { state, secrets, cache_paths, exposed_sockets, env_rewrites } = rewrites;
+    let policy_event = trace.emit(EventKind::AdmissionPolicy, None, Some(created), policy, false)?;
+    let decision = data::AdmissionNetwork {
+        mode: network.mode,
+        mode_source: &network.mode_source,
+        allow: &network.allow,
+        deny: &network.deny,
+        attachment: executor.describe_attachment(attachment),
+        non_bypassable: attachment.non_bypassable(),
+    };
+    trace.emit(EventKind::AdmissionNetwork, None, Some(policy_event), &decision, false)?;
+    let state_dir = data::AdmissionRewrite::Hide {
+        path: state,
+        reason: "the sandbox must not read or forge pvisor's records",
+    };
+    let hidden = secrets.hidden.iter().map(|(path, reason)| data::AdmissionRewrite::Hide { path, reason });
+    let skipped = secrets.skipped.iter().map(|path| data::AdmissionRewrite::HideSkipped {
+        path,
+        reason: "it contains the workspace, which the command must see",
+    });
+    let caches = cache_paths.iter().map(|path| data::AdmissionRewrite::Cache {
+        path,
+        reason: "--cache: writable, persisted in pvisor's cache store, not staged",
+    });
+    let sockets = exposed_sockets
+        .iter()
+        .map(|path| data::AdmissionRewrite::ExposeSocket { path, reason: "--expose-socket" });
+    let removed = secrets.scrubbed.iter().map(|name| data::AdmissionRewrite::EnvRemove {
+        name,
+        reason: "named like a secret; pass it with --env",
+    });
+    let set = env_rewrites.iter().map(|(name, _)| data::AdmissionRewrite::EnvSet { name });
+    let all = std::iter::once(state_dir)
+        .chain(hidden)
+        .chain(skipped)
+        .chain(caches)
+        .chain(sockets)
+        .chain(removed)
+        .chain(set);
+    for rewrite in all {
+        trace.emit(EventKind::AdmissionRewrite, None, Some(policy_event), &rewrite, false)?;
+    }
+    Ok(policy_event)
+}
+
+/// The loopback port the proxy listens on inside the sandbox.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The variables that point a sandbox's programs at the proxy listener
+/// (ordinary tools — curl, pip, npm, cargo, git — honour them).
+pub fn proxy_env() -> Vec<(&'static str, String)> {
+    let url = format!("http://127.0.0.1:{PROXY_PORT}");
+    let mut env: Vec<(&'static str, String)> =
+        ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+            .into_iter()
+            .map(|name| (name, url.clone()))
+            .collect();
+    env.extend(["NO_PROXY", "no_proxy"].map(|name| (name, "localhost,127.0.0.1,::1".to_owned())));
+    env
+}
+
+/// The attachment the executor gives the sandbox for network mode `mode`.
+pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
+    match mode {
+        NetworkMode::None => NetworkAttachment::Isolated,
+        NetworkMode::Proxy => NetworkAttachment::ProxyListener { port: PROXY_PORT },
+        NetworkMode::Host => NetworkAttachment::Host,
+    }
+}
+
+/// Resolves and checks each `--cache` path: an existing host directory that
+/// is not the workspace (nor holds or sits in it), not hidden, and not under
+/// `/tmp` or `/run` (the sandbox has its own).
+fn cache_paths(
+    requested: &[PathBuf],
+    workspace: &Path,
+    hidden: &[PathBuf],
+) -> Result<Vec<PathBuf>, AdmissionError> {
+    let mut out = Vec::new();
+    for path in requested {
+        let problem = |problem| AdmissionError::Cache { path: path.clone(), problem };
+        let real = std::fs::canonicalize(path)
+            .map_err(|_| problem("no such directory; create it first (mkdir -p)"))?;
+        if !real.is_dir() {
+            return Err(problem("is not a directory"));
+        }
+        if real.starts_with(workspace) || workspace.starts_with(&real) {
+            return Err(problem(
+                "overlaps the workspace; a cache is never the workspace, whose changes are staged",
+            ));
+        }
+        if hidden.iter().any(|h| real.starts_with(h) || h.starts_with(&real)) {
+            return Err(problem("overlaps a hidden path (a secret store or a pvisor state directory)"));
+        }
+        if ["/tmp", "/run", "/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p))
+            || real == Path::new("/")
+        {
+            return Err(problem(
+                "is in a part of the tree the sandbox gets fresh (/tmp, /run, /dev, /proc, /sys)",
+            ));
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        if !out.contains(&real) {
+            out.push(real);
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves and checks each `--expose-socket` path: it must be a host Unix
+/// socket, and never one of pvisor's own (a state directory's control sockets).
+fn exposable_sockets(
+    secrets: &SecretPolicy,
+    state: &Path,
+    workspace: &Path,
+) -> Result<Vec<PathBuf>, AdmissionError> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut sockets = Vec::new();
+    for path in &secrets.expose_sockets {
+        let problem = |problem| AdmissionError::ExposeSocket { path: path.clone(), problem };
+        let real = std::fs::canonicalize(path)
+            .map_err(|_| problem("no such socket; give the path of a listening Unix socket"))?;
+        let meta = std::fs::metadata(&real).map_err(|_| problem("cannot be inspected"))?;
+        if !meta.file_type().is_socket() {
+            return Err(problem("is not a Unix socket"));
+        }
+        if real.starts_with(state) || secrets.other_state_dirs.iter().any(|d| real.starts_with(d)) {
+            return Err(problem(
+                "is inside a pvisor state directory; pvisor's own sockets are never exposed",
+            ));
+        }
+        if real.starts_with(workspace) {
+            return Err(problem("is inside the workspace, which the sandbox sees through its overlay; give a socket outside it"));
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        if !sockets.contains(&real) {
+            sockets.push(real);
+        }
+    }
+    Ok(sockets)
+}

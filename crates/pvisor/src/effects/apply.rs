@@ -1,0 +1,208 @@
+//! Applying whole changes to the workspace: selection (sensitive paths only
+//! when named), the plan with its conflicts, execution, and the `apply.*`
+//! events.
+
+use std::path::PathBuf;
+
+use pvisor_core::event::EventKind;
+use pvisor_core::ids::JobId;
+use pvisor_core::records::ChangeEntry;
+use pvisor_core::store::{RelPath, Store};
+use pvisor_stage::apply::{self, Planned, Verdict};
+use pvisor_stage::ledger::{Ledger, Outcome};
+use pvisor_stage::preimage::Preimages;
+
+use super::writers::{open_for_apply, open_trace};
+use super::{EffectsError, Sensitive, StageState};
+use crate::trace::{data, Pending};
+
+/// Options for [`apply`].
+#[derive(Debug, Clone, Default)]
+pub struct ApplyOptions {
+    pub force: bool,
+    /// Paths to apply over a conflict, each chosen explicitly (`apply -i`).
+    pub force_paths: Vec<RelPath>,
+    pub dry_run: bool,
+    /// Apply sensitive paths that `--all`, a glob or a directory selects.
+    pub include_sensitive: bool,
+    /// Which paths are sensitive.
+    pub sensitive: Sensitive,
+}
+
+/// What an apply did (or, with `dry_run`, would do).
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub plan: Vec<Planned>,
+    /// Whether anything was written. False on a dry run or when conflicts refused the apply.
+    pub executed: bool,
+    pub conflicts: Vec<(ChangeEntry, String)>,
+    /// Sensitive paths the selection named only by `--all`, a glob or a
+    /// directory: not applied, with the reason.
+    pub skipped_sensitive: Vec<(ChangeEntry, String)>,
+    /// Paths that could not be written (the rest were applied).
+    pub failed: Vec<(ChangeEntry, String)>,
+    pub warnings: Vec<String>,
+    pub state: Option<StageState>,
+    /// Changes neither applied nor dropped once this apply is done.
+    pub remaining: usize,
+    /// The workspace it applied to.
+    pub workspace: PathBuf,
+}
+
+/// Whether selection pattern `pattern` names `path` itself (not by a glob,
+/// nor as a directory above it).
+fn names_exactly(pattern: &str, path: &RelPath) -> bool {
+    let trimmed = pattern.trim_end_matches('/');
+    let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+    !pvisor_stage::glob::is_glob(trimmed)
+        && trimmed.as_bytes() == path.as_path().as_os_str().as_encoded_bytes()
+}
+
+/// Which changes to apply.
+#[derive(Debug, Clone)]
+pub enum Selection {
+    /// Paths (a directory selects everything beneath) and globs; empty = all.
+    Patterns(Vec<String>),
+    /// Exactly these changes (e.g. chosen one by one).
+    Paths(Vec<RelPath>),
+}
+
+/// Applies the selected changes of `job`'s stage.
+pub fn apply(
+    store: &Store,
+    job: &JobId,
+    selection: &Selection,
+    options: ApplyOptions,
+    progress: impl FnMut(&ChangeEntry),
+) -> Result<ApplyReport, EffectsError> {
+    let (mut stage, _locks) = open_for_apply(store, job)?;
+    let (ws, upper) = stage.roots()?;
+    let remaining: Vec<ChangeEntry> = stage
+        .changes
+        .iter()
+        .filter(|c| !stage.outcomes.get(&c.path).is_some_and(Outcome::is_settled))
+        .cloned()
+        .collect();
+    let selected = match selection {
+        Selection::Patterns(patterns) => apply::select(&remaining, patterns).or_else(|e| {
+            // A pattern that names only already-applied changes is not an error.
+            apply::select(&stage.changes, patterns).map(|_| Vec::new()).map_err(|_| e)
+        })?,
+        Selection::Paths(paths) => {
+            (0..remaining.len()).filter(|&i| paths.contains(&remaining[i].path)).collect()
+        }
+    };
+    // A sensitive path is applied only when named exactly (or chosen one by
+    // one, or with --include-sensitive): never swept in by --all or a glob.
+    let mut skipped_sensitive = Vec::new();
+    let selected: Vec<usize> = selected
+        .into_iter()
+        .filter(|&i| {
+            let change = &remaining[i];
+            let Some(reason) = options.sensitive.reason_for(change) else { return true };
+            let consented = options.include_sensitive
+                || match selection {
+                    Selection::Paths(_) => true,
+                    Selection::Patterns(patterns) => patterns.iter().any(|p| names_exactly(p, &change.path)),
+                };
+            if !consented {
+                skipped_sensitive.push((change.clone(), reason));
+            }
+            consented
+        })
+        .collect();
+    let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
+    let empty = Preimages::none();
+    let preimages = stage.preimages.as_ref().unwrap_or(&empty);
+    let mut plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
+    for planned in &mut plan {
+        if matches!(planned.verdict, Verdict::Conflict(_))
+            && options.force_paths.contains(&planned.change.path)
+        {
+            planned.verdict = Verdict::Apply { forced: true };
+        }
+    }
+    let conflicts: Vec<(ChangeEntry, String)> = plan
+        .iter()
+        .filter_map(|p| match &p.verdict {
+            Verdict::Conflict(reason) => Some((p.change.clone(), reason.clone())),
+            Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Unsupported(_) => None,
+        })
+        .collect();
+    let mut report = ApplyReport {
+        plan,
+        conflicts,
+        skipped_sensitive,
+        workspace: stage.workspace.clone(),
+        ..Default::default()
+    };
+    report.warnings.extend(report.plan.iter().filter_map(|p| match &p.verdict {
+        Verdict::Unsupported(why) => Some(format!("{} not applied: {why}", p.change.path.display_escaped())),
+        Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Conflict(_) => None,
+    }));
+    if options.dry_run {
+        return Ok(report);
+    }
+    let (mut trace, terminal) = open_trace(store, &stage)?;
+    let attempt = Some(stage.status.attempt.number());
+    let begun = data::ApplyStarted { selected: report.plan.len(), force: Some(options.force), hunks: None };
+    let started = trace.emit(EventKind::ApplyStarted, attempt, terminal, &begun, false)?;
+    if !report.conflicts.is_empty() {
+        let events = report
+            .conflicts
+            .iter()
+            .map(|(c, reason)| {
+                let refused =
+                    data::ApplyConflict { path: &c.path, reason: Some(reason), refused: true, forced: None };
+                Pending::new(EventKind::ApplyConflict, attempt, Some(started), &refused)
+            })
+            .collect();
+        trace.emit_batch(events)?;
+        report.state = Some(stage.state());
+        return Ok(report);
+    }
+    let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
+    let executed = apply::execute(&ws, &upper, &ledger, &report.plan, preimages.sealed_ns, progress);
+    let done = match executed {
+        Ok(done) => done,
+        Err(e) => {
+            let failed = data::ApplyFailed { path: None, error: &e.to_string() };
+            let _ = trace.emit(EventKind::ApplyFailed, attempt, Some(started), &failed, true);
+            return Err(e.into());
+        }
+    };
+    let cause = Some(started);
+    let mut events: Vec<Pending> = Vec::new();
+    for (change, forced) in &done.applied {
+        if *forced {
+            let conflict =
+                data::ApplyConflict { path: &change.path, reason: None, refused: false, forced: Some(true) };
+            events.push(Pending::new(EventKind::ApplyConflict, attempt, cause, &conflict));
+        }
+        let file = data::ApplyFile::Written {
+            path: &change.path,
+            kind: change.kind,
+            blake3: &change.blake3,
+            forced: *forced,
+        };
+        events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &file));
+    }
+    for change in &done.already {
+        let file =
+            data::ApplyFile::AlreadyApplied { path: &change.path, kind: change.kind, already_applied: true };
+        events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &file));
+    }
+    for (change, error) in &done.failed {
+        let failed = data::ApplyFailed { path: Some(&change.path), error };
+        events.push(Pending::new(EventKind::ApplyFailed, attempt, cause, &failed));
+    }
+    trace.emit_batch(events)?;
+    report.executed = true;
+    report.failed = done.failed;
+    report.warnings.extend(done.warnings);
+    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already);
+    let (state, remaining) = stage.after(landed.map(|c| (c.path.clone(), Outcome::Applied)));
+    report.state = Some(state);
+    report.remaining = remaining;
+    Ok(report)
+}

@@ -1,0 +1,166 @@
+//! The effects workflow: review, apply selected files, drop.
+//!
+//! ```text
+//! run → stop → review → apply selected files → review remaining changes → apply or drop
+//! ```
+//!
+//! The list of changes is the Bundle's manifest, bound by the receipt. Apply
+//! and drop need that receipt: a run without one (`unknown`, or still live)
+//! can be reviewed from its stage, but nothing is applied or dropped. Each
+//! apply or drop holds the stage's `apply.lock` and then the workspace's
+//! lock, so two at once serialize even across Jobs, reconciles what an
+//! interrupted apply left, and records every step in the ledger and the Trace.
+//!
+//! The modules follow the workflow: [`stage`] opens and reviews a stage,
+//! [`writers`] holds the writer locks and reconciles an interrupted apply,
+//! [`mod@apply`] and [`hunks`] write to the workspace, [`discard`] drops.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use pvisor_core::ids::JobId;
+use pvisor_core::records::ChangeEntry;
+use pvisor_core::state::JobState;
+use pvisor_core::store::{RelPath, StoreError};
+use pvisor_stage::apply::NoMatch;
+use pvisor_stage::ledger::Outcome;
+use pvisor_stage::StageError;
+
+use crate::runtime::job_service::views::ViewError;
+
+mod apply;
+mod discard;
+mod hunks;
+mod stage;
+mod writers;
+
+pub use apply::{apply, ApplyOptions, ApplyReport, Selection};
+pub use discard::{drop_changes, DropReport};
+pub use hunks::{apply_hunks, HunkChoice, HunksReport};
+pub use pvisor_stage::sensitive::Sensitive;
+pub use stage::{ReviewItem, Stage};
+pub(crate) use writers::lock_stage;
+
+/// Why an effects command could not proceed. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectsError {
+    #[error(
+        "Job {job} has no confirmed result (state: {state}): apply needs an Attempt confirmed stopped by a valid receipt, \
+         and drop a Job that is closed. `pvisor review {job} --diff` shows its staged files; `pvisor kill {job}` closes \
+         it as lost, after which `pvisor drop {job}` can discard them"
+    )]
+    Unconfirmed { job: JobId, state: JobState },
+    #[error(
+        "Job {job} was closed as lost: no receipt confirms how its command ended, so its staged files are never \
+         applied. `pvisor review {job} --diff` shows them; `pvisor export {job}` saves them to a tar for inspection \
+         (copy what you need by hand); `pvisor drop {job}` discards them, and `pvisor gc` then frees the space"
+    )]
+    Lost { job: JobId },
+    #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
+    Live { job: JobId },
+    #[error(
+        "Job {job} is suspended: its staged files are inside the saved VM. `pvisor resume {job}` continues it \
+         (apply after it finishes); `pvisor kill {job}` gives it up"
+    )]
+    Suspended { job: JobId },
+    #[error(
+        "The staged files of job {job} were removed by `pvisor gc`; its records remain (status, events)"
+    )]
+    Collected { job: JobId },
+    #[error("Job {job} was imported from {origin}: it is read-only here (review it; apply it where it ran)")]
+    Imported { job: JobId, origin: String },
+    #[error("Workspace {} no longer exists; nothing can be applied to it", path.display())]
+    WorkspaceMissing { path: PathBuf },
+    #[error(transparent)]
+    NoMatch(#[from] NoMatch),
+    #[error(transparent)]
+    View(#[from] ViewError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where a stage stands, separately from how the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageState {
+    /// The run staged nothing.
+    Empty,
+    /// Nothing applied or dropped yet.
+    Pending,
+    /// Some changes applied or dropped, some remain.
+    PartiallyApplied,
+    /// Nothing remains, and something was applied.
+    Applied,
+    /// Nothing remains, and nothing was applied.
+    Dropped,
+}
+
+impl StageState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Pending => "pending",
+            Self::PartiallyApplied => "partially-applied",
+            Self::Applied => "applied",
+            Self::Dropped => "dropped",
+        }
+    }
+
+    /// Derives the state from the change list and the ledger.
+    pub fn of(changes: &[ChangeEntry], outcomes: &BTreeMap<RelPath, Outcome>) -> Self {
+        if changes.is_empty() {
+            return Self::Empty;
+        }
+        let (mut applied, mut dropped, mut partial) = (0, 0, false);
+        for change in changes {
+            match outcomes.get(&change.path) {
+                Some(Outcome::Applied) => applied += 1,
+                Some(Outcome::Dropped) => dropped += 1,
+                // Some hunks are on the host: the stage is partly applied.
+                Some(Outcome::Partial(_)) => partial = true,
+                Some(Outcome::Interrupted { .. }) | None => {}
+            }
+        }
+        match (applied + dropped == changes.len(), applied, dropped) {
+            (false, 0, 0) if !partial => Self::Pending,
+            (false, _, _) => Self::PartiallyApplied,
+            (true, 0, _) => Self::Dropped,
+            (true, _, _) => Self::Applied,
+        }
+    }
+}
+
+/// Refuses a stage that may not be applied: imported, live, suspended,
+/// lost or otherwise unconfirmed, each with what to do instead.
+pub fn require_confirmed(stage: &Stage) -> Result<(), EffectsError> {
+    if let Some(origin) = &stage.job.imported_from {
+        return Err(EffectsError::Imported { job: stage.status.job.clone(), origin: origin.clone() });
+    }
+    if stage.status.live {
+        return Err(EffectsError::Live { job: stage.status.job.clone() });
+    }
+    if stage.status.state == JobState::Suspended {
+        return Err(EffectsError::Suspended { job: stage.status.job.clone() });
+    }
+    if !stage.confirmed && stage.status.state == JobState::Lost {
+        return Err(EffectsError::Lost { job: stage.status.job.clone() });
+    }
+    if !stage.confirmed {
+        return Err(EffectsError::Unconfirmed { job: stage.status.job.clone(), state: stage.status.state });
+    }
+    Ok(())
+}
+
+/// What `drop` needs: a stage nobody writes any more. A Job closed as lost
+/// qualifies (dropping writes nothing to the workspace), though it can
+/// never be applied.
+fn require_closed(stage: &Stage) -> Result<(), EffectsError> {
+    match require_confirmed(stage) {
+        Err(EffectsError::Lost { .. }) => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,200 @@
+//! A Job's stage as effects see it: its change list (the Bundle's manifest
+//! when a receipt binds it, a live scan otherwise), its conflict baselines
+//! and ledger, and the review of each change. Opening and reviewing write
+//! nothing.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pvisor_core::ids::JobId;
+use pvisor_core::records::{ChangeEntry, JobRecord};
+use pvisor_core::store::{self, RelPath, Store};
+use pvisor_stage::apply::{self, Verdict};
+use pvisor_stage::beneath::Root;
+use pvisor_stage::ledger::{Ledger, Outcome};
+use pvisor_stage::preimage::Preimages;
+use pvisor_stage::StageError;
+
+use super::{EffectsError, Sensitive, StageState};
+use crate::runtime::completion;
+use crate::runtime::job_service::views::{self, JobStatus, ViewError};
+
+/// A Job's stage, ready to review or apply.
+#[derive(Debug)]
+pub struct Stage {
+    pub status: JobStatus,
+    pub job: JobRecord,
+    /// The changes: the Bundle's manifest, or a live scan when unconfirmed.
+    pub changes: Vec<ChangeEntry>,
+    /// Whether `changes` comes from a Bundle bound by a valid receipt.
+    pub confirmed: bool,
+    pub preimages: Option<Preimages>,
+    pub outcomes: BTreeMap<RelPath, Outcome>,
+    pub stage_dir: PathBuf,
+    pub workspace: PathBuf,
+}
+
+impl Stage {
+    /// Opens the stage of `job`.
+    pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
+        crate::runtime::recovery::recover(store, job)?;
+        let status = views::status(store, job)?;
+        let job_record: JobRecord = store.read(&store.job_file(job))?;
+        let stage_dir = store.stage_dir(&status.run);
+        let upper = stage_dir.join("upper");
+        let mut binding = None;
+        let (changes, confirmed) =
+            match completion::load(store, job, &status.attempt).map_err(ViewError::from)? {
+                Some((_, bundle)) => {
+                    binding = bundle.binding;
+                    (bundle.changes, true)
+                }
+                None if upper.is_dir() && status.workspace.is_dir() => {
+                    (pvisor_stage::scan(&upper, &status.workspace)?, false)
+                }
+                None => (Vec::new(), false),
+            };
+        let preimages_path = stage_dir.join("preimages.json");
+        let preimages = match store::read_capped(&preimages_path, store::RECORD_READ_CAP) {
+            Ok(bytes) => {
+                // The conflict baselines decide what apply may overwrite:
+                // only the ones the Bundle bound are trusted.
+                let bound = binding.as_ref().and_then(|b| b.preimages_blake3.as_deref());
+                if bound.is_some_and(|digest| digest != store::blake3_hex(&bytes)) {
+                    return Err(ViewError::Unbound {
+                        path: preimages_path,
+                        reason: "its conflict baselines differ from the ones the Bundle binds".into(),
+                    }
+                    .into());
+                }
+                Some(store::parse_record::<Preimages>(&preimages_path, &bytes)?)
+            }
+            Err(e) if e.is_not_found() && binding.as_ref().is_some_and(|b| b.preimages_blake3.is_some()) => {
+                return Err(ViewError::Unbound {
+                    path: preimages_path,
+                    reason: "it is missing, but the Bundle binds it".into(),
+                }
+                .into());
+            }
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let workspace = status.workspace.clone();
+        let mut outcomes = Ledger::new(&stage_dir, &status.run).outcomes()?;
+        // What an interrupted apply already wrote is applied, whatever the
+        // ledger's missing outcome line says (recorded by the next apply or drop).
+        if let (true, Ok(ws)) = (confirmed, Root::open(&workspace)) {
+            outcomes = apply::settle_interrupted(&ws, &changes, outcomes)?.0;
+        }
+        Ok(Self { status, job: job_record, changes, confirmed, preimages, outcomes, stage_dir, workspace })
+    }
+
+    /// How many changes are neither applied nor dropped.
+    pub fn remaining(&self) -> usize {
+        self.changes.iter().filter(|c| !self.outcomes.get(&c.path).is_some_and(Outcome::is_settled)).count()
+    }
+
+    pub fn state(&self) -> StageState {
+        StageState::of(&self.changes, &self.outcomes)
+    }
+
+    /// The stage as it is once `outcomes` (just appended to the ledger by
+    /// this process, under the writer locks) are in: its state and how many
+    /// changes remain, without reading the stage again.
+    pub(super) fn after(
+        &mut self,
+        outcomes: impl IntoIterator<Item = (RelPath, Outcome)>,
+    ) -> (StageState, usize) {
+        self.outcomes.extend(outcomes);
+        (self.state(), self.remaining())
+    }
+
+    pub(super) fn roots(&self) -> Result<(Root, Root), EffectsError> {
+        if self.stage_dir.join("collected").exists() {
+            return Err(EffectsError::Collected { job: self.status.job.clone() });
+        }
+        let ws = Root::open(&self.workspace)
+            .map_err(|_| EffectsError::WorkspaceMissing { path: self.workspace.clone() })?;
+        let upper_path = self.stage_dir.join("upper");
+        let upper = Root::open(&upper_path).map_err(|e| StageError::io("open", &upper_path, e))?;
+        Ok((ws, upper))
+    }
+
+    /// The review of every change: remaining ones with their conflict state,
+    /// applied and dropped ones marked, sensitive ones with the reason.
+    pub fn review(
+        &self,
+        patterns: &[String],
+        sensitive: &Sensitive,
+    ) -> Result<Vec<ReviewItem>, EffectsError> {
+        let selected = apply::select(&self.changes, patterns)?;
+        let ws = Root::open(&self.workspace).ok();
+        let empty = Preimages::none();
+        let preimages = self.preimages.as_ref().unwrap_or(&empty);
+        let mut items = Vec::with_capacity(selected.len());
+        for i in selected {
+            let change = &self.changes[i];
+            let outcome = self.outcomes.get(&change.path);
+            let applied = outcome == Some(&Outcome::Applied);
+            let dropped = outcome == Some(&Outcome::Dropped);
+            let (conflict, unsupported) = match (&ws, applied || dropped) {
+                (_, true) => (None, None),
+                (None, false) => (Some("the workspace no longer exists".to_owned()), None),
+                (Some(ws), false) => {
+                    match apply::verdict(ws, change, preimages.get(&change.path), outcome, false)? {
+                        Verdict::Conflict(reason) => (Some(reason), None),
+                        Verdict::Unsupported(reason) => (None, Some(reason)),
+                        Verdict::Apply { .. } | Verdict::AlreadyApplied => (None, None),
+                    }
+                }
+            };
+            let sensitive = sensitive.reason_for(change);
+            items.push(ReviewItem {
+                change: change.clone(),
+                applied,
+                dropped,
+                partly_applied: matches!(outcome, Some(Outcome::Partial(_))),
+                conflict,
+                unsupported,
+                sensitive,
+            });
+        }
+        Ok(items)
+    }
+
+    /// Opens the workspace and stage roots for rendering diffs. A workspace
+    /// that does not exist here (an imported Job) diffs against nothing.
+    pub fn diff_roots(&self) -> Result<(Root, Root), EffectsError> {
+        if self.workspace.is_dir() || self.stage_dir.join("collected").exists() {
+            return self.roots();
+        }
+        let empty = self.stage_dir.join("empty");
+        store::create_dir_all_private(&empty)?;
+        let ws = Root::open(&empty).map_err(|e| StageError::io("open", &empty, e))?;
+        let upper_path = self.stage_dir.join("upper");
+        let upper = Root::open(&upper_path).map_err(|e| StageError::io("open", &upper_path, e))?;
+        Ok((ws, upper))
+    }
+}
+
+/// One change as review shows it.
+#[derive(Debug, Clone)]
+pub struct ReviewItem {
+    pub change: ChangeEntry,
+    pub applied: bool,
+    pub dropped: bool,
+    /// Some of its hunks are on the host (`apply -p`); the rest remain.
+    pub partly_applied: bool,
+    /// Why apply would refuse this change without `--force`.
+    pub conflict: Option<String>,
+    /// Why apply never writes this change (device nodes, fifos, sockets).
+    pub unsupported: Option<String>,
+    /// Why applying this change needs explicit consent (it makes the host run code).
+    pub sensitive: Option<String>,
+}
+
+impl ReviewItem {
+    pub fn remaining(&self) -> bool {
+        !self.applied && !self.dropped
+    }
+}

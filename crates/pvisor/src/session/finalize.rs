@@ -1,0 +1,315 @@
+//! Finalizing an Attempt once its sandbox is gone (a suspended vm Attempt
+//! commits its termination receipt instead).
+//!
+//! Finalization, strictly in this order:
+//! 1. the sandbox is gone (its pid namespace died with the command); seal the
+//!    stage (`syncfs`) and compute the change manifest;
+//! 2. save the Bundle (result, observations, manifest, warnings), no-clobber;
+//! 3. save the Run state projection, then commit the completion receipt;
+//! 4. publish the terminal event. A failure here is an audit gap: reported,
+//!    never answered by rewriting the Bundle or publishing another state.
+//!
+//! The Job state is published afterwards by the Job service.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pvisor_core::event::EventKind;
+use pvisor_core::records::{Bundle, ChangeEntry, Observations, RunBinding, RunResult, FORMAT};
+use pvisor_core::state::{AttemptState, JobState, ResultState};
+use pvisor_core::store;
+use pvisor_core::time::Timestamp;
+use pvisor_sandbox::{Termination, Usage};
+
+use crate::failpoint;
+use crate::runtime::attempt;
+use crate::runtime::completion;
+use crate::runtime::job_service::{RunEnd, RunError, RunOutcome, SuspendedOutcome};
+use crate::runtime::suspension;
+
+use super::{Ending, Session};
+use crate::trace::data;
+
+impl Session {
+    /// Ends a suspended Attempt: the checkpoint is published and QEMU reaped,
+    /// so commit the termination receipt, then project it (attempt
+    /// `hibernated`, Run `suspended`) and publish `run.hibernated`.
+    pub(super) fn finalize_suspended(
+        mut self,
+        checkpoint: pvisor_sandbox::vm::ExecCheckpoint,
+        vm_exit: String,
+    ) -> Result<RunEnd, RunError> {
+        suspension::commit(&self.store, &self.job.id, &self.attempt.id, &checkpoint, &vm_exit)
+            .map_err(|e| self.finalize_error("committing the termination receipt", e.into()))?;
+        failpoint::hit("after-termination-receipt");
+        let mut audit_gaps = Vec::new();
+        if let Err(e) = attempt::advance(&self.store, &mut self.attempt, AttemptState::Hibernated) {
+            audit_gaps.push(format!("attempt.json not updated: {e}"));
+        }
+        match self.run.state.transition(JobState::Suspended) {
+            Ok(state) => {
+                self.run.state = state;
+                self.run.updated_at = Timestamp::now();
+                if let Err(e) = self.store.write(&self.store.run_file(&self.run.id), &self.run) {
+                    audit_gaps.push(format!("run.json not updated: {e}"));
+                }
+            }
+            Err(e) => audit_gaps.push(format!("run state not updated: {e}")),
+        }
+        let data = data::RunHibernated {
+            checkpoint: &checkpoint.id,
+            vm_exit: &vm_exit,
+            paused_ms: checkpoint.paused_ms,
+            save_ms: checkpoint.save_ms,
+            receipt: "termination.json",
+        };
+        if let Err(e) = self.trace.emit(
+            EventKind::RunHibernated,
+            Some(self.attempt.id.number()),
+            Some(self.attempt_event),
+            &data,
+            true,
+        ) {
+            audit_gaps.push(format!("terminal event run.hibernated not written: {e}"));
+        }
+        Ok(RunEnd::Suspended(SuspendedOutcome {
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            checkpoint: Box::new(checkpoint),
+            vm_exit,
+            audit_gaps,
+            job_record: self.job,
+        }))
+    }
+
+    pub(super) fn result_of(&self, ending: &Ending, started_at: Timestamp) -> RunResult {
+        let finished_at = Timestamp::now();
+        let cancelled = self.cancel_requested.is_some();
+        let (mut state, exit_code, signal, error) = match ending {
+            Ending::SetupFailed(e) => {
+                let mut message = e.to_string();
+                if let Some(hint) = e.hint() {
+                    message.push_str(&format!(" (hint: {hint})"));
+                }
+                (ResultState::Failed, None, None, Some(message))
+            }
+            Ending::Finished(report) => match &report.termination {
+                Termination::Exited(0) => (ResultState::Completed, Some(0), None, None),
+                Termination::Exited(code) => (ResultState::Failed, Some(*code), None, None),
+                Termination::Signaled(sig) if report.oom_killed => {
+                    let limit = self
+                        .limits
+                        .iter()
+                        .find(|l| l.limit == "memory")
+                        .map_or("?".into(), |l| l.value.clone());
+                    let error =
+                        format!("killed by the kernel's OOM killer: the {limit} memory limit was reached");
+                    (ResultState::Failed, None, Some(*sig), Some(error))
+                }
+                // Ctrl-C typed on the terminal: cancelled by the user, as documented.
+                Termination::Signaled(sig) if *sig == libc::SIGINT && report.interrupted_at_terminal => {
+                    (ResultState::Cancelled, None, Some(*sig), None)
+                }
+                Termination::Signaled(sig) => (ResultState::Failed, None, Some(*sig), None),
+                Termination::ExecFailed { program, errno, message } => {
+                    let (code, what) =
+                        if *errno == libc::ENOENT { (127, "not found") } else { (126, "cannot be executed") };
+                    (
+                        ResultState::Failed,
+                        Some(code),
+                        None,
+                        Some(format!("program {program:?} {what}: {message}")),
+                    )
+                }
+                Termination::Vanished { detail } => (ResultState::Failed, None, None, Some(detail.clone())),
+                // Handled by `finalize_suspended` before a result is ever formed.
+                Termination::Suspended { .. } => {
+                    (ResultState::Failed, None, None, Some("suspended without a termination receipt".into()))
+                }
+            },
+        };
+        if cancelled {
+            state = ResultState::Cancelled;
+        }
+        RunResult { state, exit_code, signal, started_at, finished_at, error }
+    }
+
+    pub(super) fn finalize(
+        mut self,
+        ending: Ending,
+        started_at: Timestamp,
+        baseline: i128,
+        wall: Duration,
+    ) -> Result<RunOutcome, RunError> {
+        let result = self.result_of(&ending, started_at);
+        // A resume that could not even restore leaves the suspension usable.
+        // Only before the Attempt started: until then the restored guest had
+        // no stdin and no proxy, so it cannot have acted on anything outside.
+        let restore_failed_from = match &ending {
+            Ending::SetupFailed(_) if self.attempt.state == AttemptState::Preparing => self.resumed_from,
+            Ending::SetupFailed(_) | Ending::Finished(_) => None,
+        };
+        let usage = match &ending {
+            Ending::Finished(report) => report.usage.clone(),
+            Ending::SetupFailed(_) => Usage::default(),
+        };
+
+        // Step 1: the sandbox is gone; seal the stage and take its manifest.
+        attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
+            .map_err(|e| self.finalize_error("marking the attempt finalizing", e.into()))?;
+        let exited = data::AttemptExited {
+            exit_code: result.exit_code,
+            signal: result.signal,
+            error: result.error.as_deref(),
+        };
+        self.emit(EventKind::AttemptExited, &exited)
+            .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
+        // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
+        let sealed_ns = pvisor_core::time::coarse_realtime_ns();
+        let changes = self.seal_stage()?;
+        let preimages = pvisor_stage::preimage::capture(&self.spec.workspace, &changes, baseline)
+            .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
+        let mut preimages = preimages;
+        preimages.sealed_ns = sealed_ns;
+        if self.restore_from.is_some() {
+            // Paths the parent changed keep the parent's baseline: what the host
+            // held before the *first* sandbox touched them.
+            let inherited: pvisor_stage::preimage::Preimages =
+                store::read_record(&self.inherited_preimages_path())
+                    .map_err(|e| self.finalize_error("reading the inherited conflict baselines", e.into()))?;
+            for entry in &mut preimages.entries {
+                if let Some(original) = inherited.get(&entry.path) {
+                    entry.preimage = original.clone();
+                }
+            }
+        }
+        let without_baseline = preimages
+            .entries
+            .iter()
+            .filter(|e| matches!(e.preimage, pvisor_stage::preimage::Preimage::Unknown { .. }))
+            .count();
+        let preimages_file = self.store.stage_dir(&self.run.id).join("preimages.json");
+        let preimages_bytes = store::to_json_bytes(&preimages);
+        store::write_atomic(&preimages_file, &preimages_bytes)
+            .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
+        self.emit(EventKind::StageSealed, &data::StageSealed { changes: changes.len(), without_baseline })
+            .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
+        failpoint::hit("after-seal");
+
+        // Step 2: the Bundle fixes the result and observations, and binds
+        // the Run, the baselines and the Trace so far.
+        let trace = pvisor_core::journal::Journal::new(self.store.events_file(&self.run.id))
+            .seal_prefix()
+            .map_err(|e| self.finalize_error("sealing the Trace", e.into()))?;
+        let bundle = Bundle {
+            format: FORMAT,
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            result: result.clone(),
+            observations: Observations {
+                wall_ms: wall.as_millis() as u64,
+                user_cpu_ms: usage.user_cpu.as_millis() as u64,
+                system_cpu_ms: usage.system_cpu.as_millis() as u64,
+                max_rss_kib: usage.max_rss_kib,
+                network: Some(self.network_observation()),
+                extra: self
+                    .limits
+                    .iter()
+                    .map(|l| (format!("limit.{}", l.limit), format!("{} via {}", l.value, l.by)))
+                    .collect(),
+            },
+            changes: changes.clone(),
+            warnings: self.warnings.clone(),
+            binding: Some(RunBinding {
+                run_blake3: self.run.fixed_digest(),
+                preimages_blake3: Some(store::blake3_hex(&preimages_bytes)),
+                trace: Some(trace),
+            }),
+        };
+        let bundle_bytes = store::to_json_bytes(&bundle);
+        store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
+            .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
+        failpoint::hit("after-bundle");
+        let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
+        let saved = data::BundleSaved {
+            file: "bundle.json",
+            size: receipt.bundle.size,
+            blake3: &receipt.bundle.blake3,
+        };
+        self.emit(EventKind::BundleSaved, &saved)
+            .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
+
+        // Step 3: the Run projection, then the receipt that makes it true.
+        // A failed restore leaves the Run suspended: its result is still to come.
+        if restore_failed_from.is_none() {
+            self.run.state = result.state.job_state();
+            self.run.result = Some(result.clone());
+        }
+        self.run.updated_at = Timestamp::now();
+        self.store
+            .write(&self.store.run_file(&self.run.id), &self.run)
+            .map_err(|e| self.finalize_error("saving the Run state", e.into()))?;
+        failpoint::hit("after-run-json");
+        if let Some(previous) = restore_failed_from {
+            // Before the receipt: from this point readers must see the Job
+            // suspended on its previous Attempt, never this failed restore.
+            let this = self.attempt.id.number();
+            crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+                let retarget = job.target_attempt == this;
+                if retarget {
+                    job.target_attempt = previous;
+                }
+                retarget
+            })
+            .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
+        }
+        completion::commit(&self.store, &receipt)
+            .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;
+        failpoint::hit("after-receipt");
+
+        // Step 4: from here on, nothing may contradict the receipt.
+        let mut audit_gaps = Vec::new();
+        if let Err(e) = attempt::advance(&self.store, &mut self.attempt, result.state.attempt_state()) {
+            audit_gaps.push(format!("attempt.json not updated: {e}"));
+        }
+        failpoint::hit("before-terminal-event");
+        let terminal = result.state.terminal_event();
+        let data = data::RunEnded {
+            exit_code: result.exit_code,
+            signal: result.signal,
+            error: result.error.as_deref(),
+            changes: changes.len(),
+            receipt: "completion.json",
+        };
+        let (attempt, cause) = (Some(self.attempt.id.number()), Some(self.attempt_event));
+        if let Err(e) = self.trace.emit(terminal.clone(), attempt, cause, &data, true) {
+            audit_gaps.push(format!("terminal event {terminal} not written: {e}"));
+        }
+        Ok(RunOutcome {
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            workspace: self.run.workspace.clone(),
+            result,
+            changes,
+            bundle_blake3: receipt.bundle.blake3,
+            network: bundle.observations.network.clone(),
+            warnings: self.warnings,
+            audit_gaps,
+            restore_failed_from,
+            job_record: self.job,
+        })
+    }
+
+    pub(super) fn seal_stage(&mut self) -> Result<Vec<ChangeEntry>, RunError> {
+        let upper: PathBuf = self.spec.upper.clone();
+        if !upper.is_dir() {
+            return Ok(Vec::new());
+        }
+        pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
+        pvisor_stage::scan(&upper, &self.spec.workspace)
+            .map_err(|e| self.finalize_error("reading the stage", e.into()))
+    }
+}
