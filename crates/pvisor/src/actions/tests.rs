@@ -102,7 +102,7 @@ impl Fixture {
             .unwrap()
             .events
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.as_str().to_owned())
             .collect()
     }
 
