@@ -22,8 +22,7 @@ use super::ExecutionFork;
 /// and whatever the executor adds.
 pub(super) fn decide(executor: &dyn pvisor_sandbox::Executor) -> Placement {
     let (host, kernel) = uname();
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     Placement {
         executor: executor.name().to_owned(),
         rootless: euid != 0,
@@ -35,17 +34,9 @@ pub(super) fn decide(executor: &dyn pvisor_sandbox::Executor) -> Placement {
 }
 
 fn uname() -> (String, String) {
-    // SAFETY: utsname is plain data and uname fills it.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid out-parameter.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return ("unknown".into(), "unknown".into());
-    }
-    let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    (field(&u.nodename), field(&u.release))
+    let u = rustix::system::uname();
+    let field = |f: &std::ffi::CStr| f.to_string_lossy().into_owned();
+    (field(u.nodename()), field(u.release()))
 }
 
 /// Makes each cache's persistent store (`upper/`, `work/`, and a note of

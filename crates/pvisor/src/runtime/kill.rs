@@ -88,11 +88,13 @@ pub fn kill(store: &Store, job_id: &JobId, grace: Duration) -> Result<Killed, Vi
     if OwnerLock::is_held(&lock)? {
         if let Some(pid) = lock_holder(&lock) {
             stopped_owner = Some(pid);
-            // SAFETY: signalling the process that holds the Attempt's lock.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            // The process that holds the Attempt's lock: its supervisor.
+            let owner = rustix::process::Pid::from_raw(pid);
+            let signal = |s| owner.map(|p| rustix::process::kill_process(p, s));
+            let _ = signal(rustix::process::Signal::TERM);
             if !wait_released(&lock, grace)? {
-                // SAFETY: as above; the sandbox dies with its supervisor.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // The sandbox dies with its supervisor.
+                let _ = signal(rustix::process::Signal::KILL);
                 wait_released(&lock, Duration::from_secs(10))?;
             }
         }

@@ -42,7 +42,13 @@ impl Session {
         }
         let started_at = Timestamp::now();
         let clock = Instant::now();
-        let started = match self.prepare_stage() {
+        let (session, prepared) = blocking(move || {
+            let prepared = self.prepare_stage();
+            (self, prepared)
+        })
+        .await;
+        self = session;
+        let started = match prepared {
             Ok(()) => self.start_sandbox().await,
             Err(e) => Err(e),
         };
@@ -57,9 +63,10 @@ impl Session {
             termination: Termination::Suspended { checkpoint, qemu }, ..
         }) = ending
         {
-            return self.finalize_suspended(*checkpoint, qemu);
+            return blocking(move || self.finalize_suspended(*checkpoint, qemu)).await;
         }
-        self.finalize(ending, started_at, baseline, clock.elapsed()).map(RunEnd::Finished)
+        let elapsed = clock.elapsed();
+        blocking(move || self.finalize(ending, started_at, baseline, elapsed)).await.map(RunEnd::Finished)
     }
 
     /// Waits for the sandbox to end while serving its proxy: forwards the
@@ -161,6 +168,14 @@ impl Session {
             top_denied: top,
         }
     }
+}
+
+/// Runs blocking Session work (copying a checkpoint into the stage,
+/// scanning and sealing it, hashing, fsyncs) on Tokio's blocking pool, so
+/// the runtime's own threads keep serving other Jobs' tasks (the daemon's
+/// streams, the proxies) meanwhile. A panic in `work` is resumed here.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -51,8 +51,7 @@ impl Session {
             .map_err(|e| setup(format!("cannot inspect {}", self.spec.workspace.display()), e))?;
         std::fs::set_permissions(&self.spec.upper, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
             .map_err(|e| setup(format!("cannot set the mode of {}", self.spec.upper.display()), e))?;
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if rustix::process::geteuid().is_root() {
             chown(&self.spec.upper, Some(meta.uid()), Some(meta.gid()))
                 .map_err(|e| setup(format!("cannot chown {}", self.spec.upper.display()), e))?;
         }
