@@ -14,6 +14,7 @@
 mod code_contexts;
 mod egress_policy;
 pub mod execd;
+pub mod guest_link;
 pub mod http;
 pub mod images;
 pub mod lifecycle;
