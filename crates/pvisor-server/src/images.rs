@@ -41,16 +41,9 @@ pub struct ImageRecord {
     pub bytes: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct ImageError(pub String);
-
-impl std::fmt::Display for ImageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ImageError {}
 
 fn err(message: impl Into<String>) -> ImageError {
     ImageError(message.into())

@@ -15,10 +15,57 @@ use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
 
-use crate::guest_link;
+use crate::guest_link::{self, GuestError};
+
+/// Why a generation (a create or a resume) did not come up; the message
+/// becomes the sandbox's `status.message`.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    #[error("the record vanished")]
+    RecordVanished,
+    #[error("cannot open {}: {source}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Policy(#[from] serde_json::Error),
+    #[error("cannot start {}: {source}", pvisor.display())]
+    Spawn {
+        pvisor: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox supervisor exited before admitting the VM; see {}: {tail}", log.display())]
+    NotAdmitted { log: PathBuf, tail: String },
+    #[error("the VM did not become ready: {source}; see {}: {tail}", log.display())]
+    NotReady {
+        #[source]
+        source: GuestError,
+        log: PathBuf,
+        tail: String,
+    },
+}
+
+/// Why the image's entrypoint did not start (kept in its command record).
+#[derive(Debug, thiserror::Error)]
+pub enum EntrypointError {
+    #[error(transparent)]
+    NotLive(#[from] OpError),
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    /// The guest could not execute it (its message).
+    #[error("{0}")]
+    ExecFailed(String),
+    #[error("unexpected answer {0}")]
+    Unexpected(String),
+}
 
 use super::{
-    command_env, set_state, Binding, CommandRecord, Daemon, Generation, SandboxState, GUEST_LOG_DIR,
+    command_env, set_state, Binding, CommandRecord, Daemon, Generation, OpError, SandboxState, GUEST_LOG_DIR,
     READY_TIMEOUT,
 };
 
@@ -36,7 +83,7 @@ impl Daemon {
         self: &Arc<Self>,
         id: &str,
         resume: Option<JobId>,
-        outcome: Result<u32, String>,
+        outcome: Result<u32, GenerationError>,
         started: Instant,
     ) {
         let ready_ms = started.elapsed().as_millis() as u64;
@@ -51,13 +98,16 @@ impl Daemon {
                         ready_ms: Some(ready_ms),
                     });
                     if r.state != SandboxState::Stopping {
-                        set_state(r, SandboxState::Running, if first { "ready" } else { "resumed" }, "");
+                        let reason = if first { "ready" } else { "resumed" };
+                        if let Err(e) = set_state(r, SandboxState::Running, reason, "") {
+                            tracing::warn!(sandbox = %id, "{e}; the VM is up but not recorded Running");
+                        }
                     }
                     Ok(())
                 });
                 if first {
                     if let Err(e) = self.start_entrypoint(id) {
-                        eprintln!("pvisor serve: {id}: the entrypoint did not start: {e}");
+                        tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 }
                 // A delete that arrived while it was starting.
@@ -65,8 +115,9 @@ impl Daemon {
                     self.stop(id, "user_delete");
                 }
             }
-            Err(message) => {
-                eprintln!("pvisor serve: {id}: {message}");
+            Err(e) => {
+                let message = e.to_string();
+                tracing::error!(sandbox = %id, "{message}");
                 // A supervisor that is still starting the VM must not finish
                 // the job for a sandbox recorded as failed.
                 let bind = self.bind_file(id);
@@ -92,8 +143,8 @@ impl Daemon {
         self: &Arc<Self>,
         id: &str,
         resume: Option<&JobId>,
-    ) -> Result<u32, String> {
-        let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
+    ) -> Result<u32, GenerationError> {
+        let record = self.get(id).map_err(|_| GenerationError::RecordVanished)?;
         let bind = self.bind_file(id);
         let _ = fs::remove_file(&bind);
         let log_path = self.log_file(id);
@@ -101,9 +152,12 @@ impl Daemon {
             .create(true)
             .append(true)
             .open(&log_path)
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+            .map_err(|source| GenerationError::OpenLog { path: log_path.clone(), source })?;
         let mut command = Command::new(&self.config.pvisor);
         command.arg("sandbox-supervisor").arg("--bind").arg(&bind);
+        if let Some(level) = &self.config.log_level {
+            command.arg("--log-level").arg(level);
+        }
         match resume {
             Some(job) => {
                 command.arg("--resume").arg(job.as_str());
@@ -117,30 +171,32 @@ impl Daemon {
                     .arg("--cpus")
                     .arg(record.cpus.to_string());
                 if let Some(policy) = &record.network_policy {
-                    command
-                        .arg("--network-policy")
-                        .arg(serde_json::to_string(policy).map_err(|e| e.to_string())?);
+                    command.arg("--network-policy").arg(serde_json::to_string(policy)?);
                 }
             }
         }
         command
             .env("PVISOR_HOME", &self.config.state_root)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stdout(log.try_clone()?)
             .stderr(log);
         // Its own process group: a Ctrl-C or SIGTERM aimed at the daemon
         // must not reach the VMs (the daemon's shutdown policy decides).
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child =
-            command.spawn().map_err(|e| format!("cannot start {}: {e}", self.config.pvisor.display()))?;
+        let mut child = command
+            .spawn()
+            .map_err(|source| GenerationError::Spawn { pvisor: self.config.pvisor.clone(), source })?;
         let pid = child.id();
         // Recorded first, so a daemon that dies now can find this supervisor again.
         let _ = self.update(id, |r| {
             r.supervisor = Some(pid);
             Ok(())
         });
-        std::thread::spawn(move || {
-            let _ = child.wait();
+        tracing::info!(sandbox = %id, pid, resume = resume.map(JobId::as_str), "supervisor started");
+        let sandbox = id.to_owned();
+        std::thread::spawn(move || match child.wait() {
+            Ok(status) => tracing::info!(sandbox, pid, %status, "supervisor exited"),
+            Err(e) => tracing::warn!(sandbox, pid, "cannot wait for the supervisor: {e}"),
         });
         self.watch(id, pid);
         self.await_generation(id, pid)
@@ -171,7 +227,11 @@ impl Daemon {
                     let failed = daemon.update(&id, |r| {
                         let ours = r.state == SandboxState::Running && r.supervisor == Some(pid);
                         if ours {
-                            set_state(r, SandboxState::Failed, "runtime_exited", &format!("the VM ended on its own (Job {what}); was its keeper killed from inside?"));
+                            let why = format!(
+                                "the VM ended on its own (Job {what}); was its keeper killed from inside?"
+                            );
+                            set_state(r, SandboxState::Failed, "runtime_exited", &why)
+                                .map_err(|e| OpError::Conflict(e.to_string()))?;
                         }
                         Ok(ours)
                     });
@@ -186,8 +246,8 @@ impl Daemon {
 
     /// Waits for the supervisor `pid` of `id` to admit its Job (the bind
     /// file) and for the guest agent to answer; returns the Attempt number.
-    pub(super) fn await_generation(&self, id: &str, pid: u32) -> Result<u32, String> {
-        let record = self.get(id).map_err(|_| "the record vanished".to_string())?;
+    pub(super) fn await_generation(&self, id: &str, pid: u32) -> Result<u32, GenerationError> {
+        let record = self.get(id).map_err(|_| GenerationError::RecordVanished)?;
         let (bind, log_path) = (self.bind_file(id), self.log_file(id));
         let read_bind = || fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -200,11 +260,8 @@ impl Daemon {
                 if let Some(b) = read_bind() {
                     break b;
                 }
-                return Err(format!(
-                    "the sandbox supervisor exited before admitting the VM; see {}: {}",
-                    log_path.display(),
-                    tail(&log_path)
-                ));
+                let tail = tail(&log_path);
+                return Err(GenerationError::NotAdmitted { log: log_path, tail });
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -216,13 +273,10 @@ impl Daemon {
         loop {
             match guest_link::probe(&vm_dir, &record.rootfs) {
                 Ok(_) => return Ok(binding.attempt),
-                Err(e) => {
+                Err(source) => {
                     if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
-                        return Err(format!(
-                            "the VM did not become ready: {e}; see {}: {}",
-                            log_path.display(),
-                            tail(&log_path)
-                        ));
+                        let tail = tail(&log_path);
+                        return Err(GenerationError::NotReady { source, log: log_path, tail });
                     }
                 }
             }
@@ -230,12 +284,12 @@ impl Daemon {
         }
     }
 
-    pub(super) fn start_entrypoint(&self, id: &str) -> Result<(), String> {
-        let (record, vm_dir) = self.live_vm_dir(id).map_err(|e| format!("{e:?}"))?;
+    pub(super) fn start_entrypoint(&self, id: &str) -> Result<(), EntrypointError> {
+        let (record, vm_dir) = self.live_vm_dir(id)?;
         if record.entrypoint.is_empty() {
             return Ok(());
         }
-        let exec_id = self.next_exec_id(id).map_err(|e| format!("{e:?}"))?;
+        let exec_id = self.next_exec_id(id)?;
         let spec = guest_link::ExecSpec {
             id: exec_id,
             argv: record.entrypoint.clone(),
@@ -244,11 +298,13 @@ impl Daemon {
             root: Some(record.rootfs.clone()),
             output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
         };
-        let mut channel = guest_link::exec(&vm_dir, spec).map_err(|e| e.0)?;
+        let mut channel = guest_link::exec(&vm_dir, spec)?;
         let started = match channel.next_reply() {
             Ok(Some((guest_link::Reply::Started { .. }, _))) => Ok(()),
-            Ok(Some((guest_link::Reply::ExecFailed { message, .. }, _))) => Err(message),
-            other => Err(format!("unexpected answer {other:?}")),
+            Ok(Some((guest_link::Reply::ExecFailed { message, .. }, _))) => {
+                Err(EntrypointError::ExecFailed(message))
+            }
+            other => Err(EntrypointError::Unexpected(format!("{other:?}"))),
         };
         let _ = self.update(id, |r| {
             r.commands.insert(
@@ -260,7 +316,7 @@ impl Daemon {
                     started_at: Timestamp::now(),
                     finished_at: None,
                     exit_code: None,
-                    error: started.as_ref().err().cloned(),
+                    error: started.as_ref().err().map(ToString::to_string),
                 },
             );
             Ok(())

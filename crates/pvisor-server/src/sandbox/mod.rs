@@ -48,13 +48,30 @@ pub const KEEPER: &str = "while :; do sleep 3600; done";
 /// How long a VM may take to boot (TCG is slow) or restore.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Why an operation was refused.
-#[derive(Debug)]
+/// Why an operation was refused (answered 404, 409, 400 and 500).
+#[derive(Debug, thiserror::Error)]
 pub enum OpError {
+    #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
     Invalid(String),
+    #[error("{0}")]
     Internal(String),
+}
+
+/// Why the daemon could not load its records.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Store(#[from] pvisor_core::store::StoreError),
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Signals one foreground command; shared by its stream and `DELETE /command`.
@@ -68,6 +85,8 @@ pub struct Config {
     pub pvisor: PathBuf,
     /// Largest `timeout` a create may ask for.
     pub max_timeout: Duration,
+    /// The daemon's `--log-level`, handed to each supervisor it starts.
+    pub log_level: Option<String>,
 }
 
 /// The daemon's view of every sandbox; one per `pvisor serve`.
@@ -108,23 +127,27 @@ impl Drop for StreamSlot {
 }
 
 impl Daemon {
-    pub fn open(config: Config, built_in_images: Vec<(String, PathBuf)>) -> anyhow::Result<Arc<Self>> {
+    pub fn open(config: Config, built_in_images: Vec<(String, PathBuf)>) -> Result<Arc<Self>, OpenError> {
         let store = Store::open(&config.state_root)?;
         let dir = config.state_root.join("server").join("sandboxes");
         pvisor_core::store::create_dir_all_private(&dir)?;
         let mut records = BTreeMap::new();
-        for entry in fs::read_dir(&dir)? {
-            let path = entry?.path();
+        let unreadable = |path: &std::path::Path| {
+            let path = path.to_owned();
+            move |source| OpenError::Read { path, source }
+        };
+        for entry in fs::read_dir(&dir).map_err(unreadable(&dir))? {
+            let path = entry.map_err(unreadable(&dir))?.path();
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            let bytes = fs::read(&path)?;
+            let bytes = fs::read(&path).map_err(unreadable(&path))?;
             match serde_json::from_slice::<SandboxRecord>(&bytes) {
                 Ok(r) => {
                     records.insert(r.id.clone(), r);
                 }
-                Err(e) => eprintln!(
-                    "pvisor serve: warning: skipping the corrupt sandbox record {} ({e}); move it away to silence this",
+                Err(e) => tracing::warn!(
+                    "skipping the corrupt sandbox record {} ({e}); move it away to silence this",
                     path.display()
                 ),
             }
@@ -201,23 +224,19 @@ impl Daemon {
                     from.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ")
                 )));
             }
-            set_state(r, to, reason, "");
+            set_state(r, to, reason, "").map_err(|e| OpError::Conflict(e.to_string()))?;
             Ok(r.clone())
         })
     }
 
-    /// Records the end of an operation. Terminated and Failed are final,
-    /// and a Stopping sandbox only ends: a pause or resume finishing late
-    /// (or a recovery acting on what it saw earlier) never undoes them.
+    /// Records the end of an operation, if the state table allows it from
+    /// where the sandbox is now: Terminated and Failed are final, and a
+    /// Stopping sandbox only ends, so a pause or resume finishing late (or a
+    /// recovery acting on what it saw earlier) never undoes them.
     fn finish(&self, id: &str, to: SandboxState, reason: &str, message: &str) {
         let _ = self.update(id, |r| {
-            let allowed = match r.state {
-                SandboxState::Terminated | SandboxState::Failed => false,
-                SandboxState::Stopping => to.is_final(),
-                _ => true,
-            };
-            if allowed {
-                set_state(r, to, reason, message);
+            if let Err(e) = set_state(r, to, reason, message) {
+                tracing::debug!(sandbox = %id, "{e}; the late {reason:?} is not recorded");
             }
             Ok(())
         });

@@ -12,9 +12,22 @@ use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
 
-use crate::guest_link;
+use crate::guest_link::{self, GuestError};
 
 use super::{set_state, CreateRequest, Daemon, OpError, SandboxRecord, SandboxState};
+
+/// Why a pause did not leave the VM suspended.
+#[derive(Debug, thiserror::Error)]
+pub enum SuspendError {
+    #[error("no VM to suspend")]
+    NoVm,
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    #[error("the Job ended {0} instead of suspended")]
+    Ended(JobState),
+    #[error(transparent)]
+    Status(views::ViewError),
+}
 
 /// How long a Terminated or Failed sandbox stays listed.
 const KEEP_FINISHED: Duration = Duration::from_secs(3600);
@@ -93,8 +106,9 @@ impl Daemon {
             let outcome = daemon.suspend_vm(&record);
             match outcome {
                 Ok(()) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
-                Err(message) => {
-                    eprintln!("pvisor serve: {id}: pause failed: {message}");
+                Err(e) => {
+                    let message = e.to_string();
+                    tracing::warn!(sandbox = %id, "pause failed: {message}");
                     let alive = record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok());
                     match alive.map(|s| s.state) {
                         Some(JobState::Running) => {
@@ -109,20 +123,20 @@ impl Daemon {
         Ok(())
     }
 
-    pub(super) fn suspend_vm(&self, record: &SandboxRecord) -> Result<(), String> {
+    pub(super) fn suspend_vm(&self, record: &SandboxRecord) -> Result<(), SuspendError> {
         let (Some(job), Some(generation)) = (&record.job, record.generations.last()) else {
-            return Err("no VM to suspend".into());
+            return Err(SuspendError::NoVm);
         };
         let vm_dir = self.vm_dir_of(job, generation.attempt);
-        guest_link::suspend(&vm_dir).map_err(|e| e.0)?;
+        guest_link::suspend(&vm_dir)?;
         // Paused only once the termination receipt makes the Job suspended.
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             match views::status(&self.store, job).map(|s| s.state) {
                 Ok(JobState::Suspended) => return Ok(()),
                 Ok(JobState::Running | JobState::Pending) if Instant::now() < deadline => {}
-                Ok(other) => return Err(format!("the Job ended {other} instead of suspended")),
-                Err(e) => return Err(e.to_string()),
+                Ok(other) => return Err(SuspendError::Ended(other)),
+                Err(e) => return Err(SuspendError::Status(e)),
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -165,7 +179,7 @@ impl Daemon {
             }
             let was = r.state;
             r.deleted = true;
-            set_state(r, SandboxState::Stopping, reason, "");
+            set_state(r, SandboxState::Stopping, reason, "").map_err(|e| OpError::Conflict(e.to_string()))?;
             Ok(was)
         })?;
         if was == SandboxState::Terminated {
@@ -190,7 +204,7 @@ impl Daemon {
     /// died) and frees its storage. Idempotent.
     pub(super) fn close_and_release(&self, job: &JobId) {
         if let Err(e) = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(5)) {
-            eprintln!("pvisor serve: warning: cannot close {job}: {e}");
+            tracing::warn!("cannot close {job}: {e}");
         }
         self.release_storage(job);
     }
@@ -225,7 +239,7 @@ impl Daemon {
             .is_ok_and(|s| matches!(s.state, JobState::Completed | JobState::Failed | JobState::Cancelled));
         if confirmed {
             if let Err(e) = pvisor::effects::drop_changes(&self.store, job, &[]) {
-                eprintln!("pvisor serve: warning: cannot drop the stage of {job}: {e}");
+                tracing::warn!("cannot drop the stage of {job}: {e}");
             }
         }
         if let Ok(record) = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)) {
@@ -235,7 +249,7 @@ impl Daemon {
                     break;
                 }
                 if let Err(e) = fs::remove_file(&path) {
-                    eprintln!("pvisor serve: warning: cannot remove {what} ({}): {e}", path.display());
+                    tracing::warn!("cannot remove {what} ({}): {e}", path.display());
                 }
             }
             let dir = self.store.exec_checkpoints_dir(&record.run);
@@ -245,7 +259,7 @@ impl Daemon {
             }
             if let Err(e) = fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
-                    eprintln!("pvisor serve: warning: cannot remove {}: {e}", dir.display());
+                    tracing::warn!("cannot remove {}: {e}", dir.display());
                 }
             }
         }
@@ -264,7 +278,7 @@ impl Daemon {
             .map(|r| r.id.clone())
             .collect();
         for id in due {
-            eprintln!("pvisor serve: {id}: its timeout expired; stopping it");
+            tracing::info!(sandbox = %id, "its timeout expired; stopping it");
             let _ = self.delete(&id, "ttl_expiry");
         }
         // Finished sandboxes stay listed for a while, then their records go
@@ -303,8 +317,8 @@ impl Daemon {
                 Some(std::thread::spawn(move || match daemon.suspend_vm(&record) {
                     Ok(()) => daemon.finish(&id, SandboxState::Paused, "daemon_shutdown", "paused when the daemon stopped"),
                     Err(e) => {
-                        eprintln!("pvisor serve: {id}: could not pause at shutdown ({e}); it keeps running and is reattached on restart");
-                        daemon.finish(&id, SandboxState::Running, "pause_failed", &e);
+                        tracing::warn!(sandbox = %id, "could not pause at shutdown ({e}); it keeps running and is reattached on restart");
+                        daemon.finish(&id, SandboxState::Running, "pause_failed", &e.to_string());
                     }
                 }))
             })

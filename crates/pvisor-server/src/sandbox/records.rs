@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use pvisor_core::ids::JobId;
+use pvisor_core::state::InvalidTransition;
 use pvisor_core::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +52,44 @@ impl SandboxState {
     }
     pub fn is_final(self) -> bool {
         matches!(self, Self::Terminated | Self::Failed)
+    }
+
+    /// Whether the daemon may move a sandbox from `self` to `to`. Written
+    /// per source state with no catch-all arm (as the core's Job table), so
+    /// a new state forces a decision about every edge. A move to the same
+    /// state is a refresh of the reason (a reattach, a recovery that found
+    /// the VM suspended as recorded).
+    pub fn can_transition(self, to: SandboxState) -> bool {
+        use SandboxState::*;
+        match self {
+            // Up; failed to come up; deleted while starting; or, found by a
+            // recovery, its Job was suspended outside the API.
+            Pending => matches!(to, Running | Failed | Stopping | Paused),
+            // A pause; a delete; the VM ended (crashed, or suspended from
+            // outside the API); a reattach after a daemon restart.
+            Running => matches!(to, Running | Pausing | Paused | Stopping | Failed),
+            // Saved; the pause failed with the VM alive (Running) or not.
+            Pausing => matches!(to, Paused | Running | Failed),
+            // A resume; a delete; a recovery that found it suspended, or its
+            // Job unreadable or ended.
+            Paused => matches!(to, Resuming | Stopping | Paused | Failed),
+            // Restored; the restore failed and the checkpoint stands (Paused)
+            // or it did not (Failed).
+            Resuming => matches!(to, Running | Paused | Failed),
+            // A stopping sandbox only ends.
+            Stopping => matches!(to, Terminated | Failed),
+            Terminated | Failed => false,
+        }
+    }
+
+    /// Returns `to` if [`Self::can_transition`] allows it, else an error
+    /// naming both states.
+    pub fn transition(self, to: SandboxState) -> Result<SandboxState, InvalidTransition> {
+        if self.can_transition(to) {
+            Ok(to)
+        } else {
+            Err(InvalidTransition { what: "sandbox", from: self.as_str().into(), to: to.as_str().into() })
+        }
     }
 }
 
@@ -159,11 +198,20 @@ pub struct CreateRequest {
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
 }
 
-pub fn set_state(r: &mut SandboxRecord, to: SandboxState, reason: &str, message: &str) {
-    r.state = to;
+/// Moves the record to `to` (saying why), if the state table allows it.
+pub fn set_state(
+    r: &mut SandboxRecord,
+    to: SandboxState,
+    reason: &str,
+    message: &str,
+) -> Result<(), InvalidTransition> {
+    let from = r.state;
+    r.state = from.transition(to)?;
+    tracing::info!(sandbox = %r.id, from = from.as_str(), to = to.as_str(), reason, message, "state");
     r.reason = reason.into();
     r.message = message.into();
     r.last_transition_at = Timestamp::now();
+    Ok(())
 }
 
 /// The environment of a command in the sandbox: a standard PATH and HOME,
@@ -186,4 +234,60 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
     env.extend(record.env.clone());
     env.extend(extra.clone());
     env.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SandboxState::{self, *};
+
+    const ALL: [SandboxState; 8] =
+        [Pending, Running, Pausing, Paused, Resuming, Stopping, Terminated, Failed];
+
+    /// Every allowed move, written out once more: the table must match it
+    /// exactly, for all 64 pairs.
+    const ALLOWED: &[(SandboxState, SandboxState)] = &[
+        (Pending, Running),
+        (Pending, Failed),
+        (Pending, Stopping),
+        (Pending, Paused),
+        (Running, Running),
+        (Running, Pausing),
+        (Running, Paused),
+        (Running, Stopping),
+        (Running, Failed),
+        (Pausing, Paused),
+        (Pausing, Running),
+        (Pausing, Failed),
+        (Paused, Resuming),
+        (Paused, Stopping),
+        (Paused, Paused),
+        (Paused, Failed),
+        (Resuming, Running),
+        (Resuming, Paused),
+        (Resuming, Failed),
+        (Stopping, Terminated),
+        (Stopping, Failed),
+    ];
+
+    #[test]
+    fn every_pair_is_decided_by_the_table() {
+        for from in ALL {
+            for to in ALL {
+                let allowed = ALLOWED.contains(&(from, to));
+                assert_eq!(from.can_transition(to), allowed, "{} -> {}", from.as_str(), to.as_str());
+                assert_eq!(from.transition(to).is_ok(), allowed);
+            }
+        }
+    }
+
+    #[test]
+    fn final_states_have_no_exits_and_refusals_name_both_states() {
+        for to in ALL {
+            assert!(!Terminated.can_transition(to) && !Failed.can_transition(to));
+        }
+        let e = Stopping.transition(Running).unwrap_err();
+        assert_eq!(e.to_string(), "sandbox cannot move from Stopping to Running");
+        assert_eq!(ALL.iter().filter(|s| s.is_final()).count(), 2);
+        assert_eq!(ALL.map(|s| SandboxState::parse(s.as_str())), ALL.map(Some));
+    }
 }

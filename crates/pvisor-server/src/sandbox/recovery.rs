@@ -14,7 +14,7 @@ use pvisor_core::time::Timestamp;
 use crate::guest_link;
 
 use super::generations::{find_supervisor, supervisor_alive};
-use super::{set_state, Binding, Daemon, Generation, SandboxState, READY_TIMEOUT};
+use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT};
 
 impl Daemon {
     /// Reconciles every unfinished record with what is on disk after a
@@ -38,6 +38,7 @@ impl Daemon {
             // A create or resume whose supervisor is still starting the VM.
             if matches!(record.state, SandboxState::Pending | SandboxState::Resuming) {
                 if let Some(pid) = supervisor {
+                    tracing::info!(sandbox = %id, pid, state = record.state.as_str(), "recovery: its supervisor is still starting the VM; awaiting it");
                     let daemon = self.clone();
                     let resume =
                         (record.state == SandboxState::Resuming).then(|| record.job.clone()).flatten();
@@ -49,6 +50,7 @@ impl Daemon {
                 }
             }
             let Some(job) = binding.map(|b| b.job).or(record.job.clone()) else {
+                tracing::info!(sandbox = %id, state = record.state.as_str(), "recovery: no Job was admitted and no supervisor is left");
                 self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted, and its supervisor is gone; nothing is running");
                 continue;
             };
@@ -65,6 +67,14 @@ impl Daemon {
                 }
             };
             let attempt = status.attempt.number();
+            tracing::info!(
+                sandbox = %id,
+                state = record.state.as_str(),
+                job = %job,
+                job_state = %status.state,
+                supervisor,
+                "recovery: reconciling the record with its Job"
+            );
             let _ = self.update(&id, |r| {
                 r.job = Some(job.clone());
                 if r.generations.last().map(|g| g.attempt) != Some(attempt)
@@ -117,7 +127,8 @@ impl Daemon {
                                                 SandboxState::Running,
                                                 "reattached",
                                                 "the daemon restarted; the VM kept running",
-                                            );
+                                            )
+                                            .map_err(|e| OpError::Conflict(e.to_string()))?;
                                         }
                                         Ok(())
                                     });
