@@ -6,6 +6,9 @@
 //! - [`lifecycle`] and [`execd`]: the two APIs; [`handle`] is the one router,
 //!   so tests drive it without a socket.
 //! - [`images`]: the named root filesystems sandboxes boot.
+//! - [`guest_link`]: the one place the daemon calls into a live VM.
+//! - [`supervisor`]: the per-sandbox supervisor process (`pvisor
+//!   sandbox-supervisor`); [`logging`]: stderr diagnostics of both.
 //!
 //! Paths: the lifecycle API under `/v1/…` and `/…`; a sandbox's execd under
 //! `/sandboxes/{id}/port/44772/…` (what `endpoints/44772` returns, with the
@@ -20,7 +23,6 @@ pub mod images;
 pub mod lifecycle;
 mod lines;
 pub mod logging;
-pub mod multipart;
 mod proxy;
 mod repl;
 pub mod sandbox;

@@ -86,7 +86,22 @@ impl Names {
     }
 }
 
-pub(super) fn upload(guest: &Guest, content_type: &str, body: &[u8]) -> ApiResult {
+/// The largest upload body, as when it was read whole (the guest's disk
+/// is the real bound; the daemon's memory no longer is).
+const MAX_UPLOAD: u64 = 1 << 30;
+/// The most a `metadata` part (JSON) may hold: it is read whole.
+const MAX_METADATA: u64 = 1 << 20;
+
+/// `POST /files/upload`: `multipart/form-data` read as a stream, each
+/// `metadata` part naming the path, mode and owner of the `file` part that
+/// follows it. A file's bytes go to the guest a page ([`CHUNK`]) at a time
+/// as they arrive, so the daemon holds about one page per upload, whatever
+/// the file's size. Files before a malformed part are written.
+pub(super) async fn upload<B>(guest: Guest, content_type: &str, body: B) -> ApiResult
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     let boundary = content_type
         .split(';')
         .filter_map(|p| p.trim().strip_prefix("boundary="))
@@ -95,14 +110,25 @@ pub(super) fn upload(guest: &Guest, content_type: &str, body: &[u8]) -> ApiResul
         .ok_or_else(|| {
             ApiError::bad_request("files/upload needs a multipart/form-data body with a boundary")
         })?;
-    let parts = crate::multipart::parse(body, &boundary).map_err(ApiError::bad_request)?;
+    let limits = multer::SizeLimit::new().whole_stream(MAX_UPLOAD).for_field("metadata", MAX_METADATA);
+    let mut parts = multer::Multipart::with_constraints(
+        http_body_util::BodyExt::into_data_stream(body),
+        boundary,
+        multer::Constraints::new().size_limit(limits),
+    );
+    let guest = Arc::new(guest);
     let mut pending: Option<Value> = None;
     let mut written = 0;
-    for part in parts {
-        match part.name.as_str() {
+    while let Some(mut part) = parts.next_field().await.map_err(multipart_error)? {
+        let name = part
+            .name()
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::bad_request("a multipart part has no Content-Disposition name"))?;
+        match name.as_str() {
             "metadata" => {
+                let bytes = part.bytes().await.map_err(multipart_error)?;
                 pending = Some(
-                    serde_json::from_slice(&body[part.data.clone()])
+                    serde_json::from_slice(&bytes)
                         .map_err(|e| ApiError::bad_request(format!("invalid metadata part: {e}")))?,
                 )
             }
@@ -112,11 +138,44 @@ pub(super) fn upload(guest: &Guest, content_type: &str, body: &[u8]) -> ApiResul
                     .ok_or_else(|| ApiError::bad_request("a file part must follow its metadata part"))?;
                 let path = meta["path"]
                     .as_str()
-                    .ok_or_else(|| ApiError::bad_request("metadata.path is required"))?;
+                    .ok_or_else(|| ApiError::bad_request("metadata.path is required"))?
+                    .to_owned();
                 let mode = octal_mode(meta["mode"].as_u64().unwrap_or(644) as u32)?;
-                let owner = meta["owner"].as_str().map(|o| guest.names().uid(o)).transpose()?;
-                let group = meta["group"].as_str().map(|g| guest.names().gid(g)).transpose()?;
-                guest.write(path, &body[part.data.clone()], mode, owner, group)?;
+                let (owner, group) =
+                    (meta["owner"].as_str().map(str::to_owned), meta["group"].as_str().map(str::to_owned));
+                let (g, p) = (guest.clone(), path.clone());
+                let (mut file, owner, group) = blocking(move || {
+                    let owner = owner.map(|o| g.names().uid(&o)).transpose()?;
+                    let group = group.map(|o| g.names().gid(&o)).transpose()?;
+                    Ok((g.create(&p, mode)?, owner, group))
+                })
+                .await?;
+                let mut page: Vec<u8> = Vec::with_capacity(CHUNK as usize);
+                loop {
+                    let chunk = part.chunk().await.map_err(multipart_error)?;
+                    let ended = chunk.is_none();
+                    let mut rest = chunk.as_deref().unwrap_or_default();
+                    // Whole pages go as soon as they are full; the last, short one at the end.
+                    while !rest.is_empty() {
+                        let take = rest.len().min(CHUNK as usize - page.len());
+                        page.extend_from_slice(&rest[..take]);
+                        rest = &rest[take..];
+                        if page.len() == CHUNK as usize {
+                            let (g, full) = (guest.clone(), std::mem::take(&mut page));
+                            file = blocking(move || g.write_page(file, &full)).await?;
+                            page.reserve(CHUNK as usize);
+                        }
+                    }
+                    if ended {
+                        break;
+                    }
+                }
+                let g = guest.clone();
+                blocking(move || {
+                    let file = if page.is_empty() { file } else { g.write_page(file, &page)? };
+                    g.finish(file, owner, group)
+                })
+                .await?;
                 written += 1;
             }
             other => {
@@ -130,6 +189,22 @@ pub(super) fn upload(guest: &Guest, content_type: &str, body: &[u8]) -> ApiResul
         return Err(ApiError::bad_request("the upload contained no file part"));
     }
     Ok(http::empty(StatusCode::OK))
+}
+
+/// A multipart body that cannot be read (or is too large) as a 400 (or 413),
+/// in the words [`http::read_body`] uses for a body read whole.
+fn multipart_error(e: multer::Error) -> ApiError {
+    match e {
+        multer::Error::StreamSizeExceeded { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PAYLOAD_TOO_LARGE",
+            format!("the request body exceeds {} MiB", MAX_UPLOAD >> 20),
+        ),
+        multer::Error::StreamReadFailed(e) => {
+            ApiError::bad_request(format!("cannot read the request body: {e}"))
+        }
+        other => ApiError::bad_request(format!("invalid multipart body: {other}")),
+    }
 }
 
 /// `bytes=a-b`, `bytes=a-`, `bytes=-n` → (start, end inclusive).

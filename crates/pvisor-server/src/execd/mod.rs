@@ -124,19 +124,47 @@ impl Guest {
         owner: Option<u32>,
         group: Option<u32>,
     ) -> Result<(), ApiError> {
+        let mut file = self.create(path, mode)?;
+        for chunk in data.chunks(CHUNK as usize) {
+            file = self.write_page(file, chunk)?;
+        }
+        self.finish(file, owner, group)
+    }
+
+    /// Starts writing `path` (its parents created): nothing is written yet.
+    fn create(&self, path: &str, mode: u32) -> Result<FileWrite, ApiError> {
         let target = self.resolved(FileOp::MkParents { path: path.into() })?;
-        let mut first = true;
-        let mut chunks = data.chunks(CHUNK as usize).peekable();
-        if chunks.peek().is_none() {
-            guest_link::write_chunk(&self.vm_dir, &target, mode, false, &[]).map_err(guest_error)?;
+        Ok(FileWrite { path: path.to_owned(), target, mode, started: false })
+    }
+
+    /// Writes the next page (at most [`CHUNK`] bytes): the first truncates.
+    fn write_page(&self, mut file: FileWrite, page: &[u8]) -> Result<FileWrite, ApiError> {
+        guest_link::write_chunk(&self.vm_dir, &file.target, file.mode, file.started, page)
+            .map_err(guest_error)?;
+        file.started = true;
+        Ok(file)
+    }
+
+    /// Ends the file (empty if no page was written), then sets its mode and owner.
+    fn finish(&self, file: FileWrite, owner: Option<u32>, group: Option<u32>) -> Result<(), ApiError> {
+        if !file.started {
+            guest_link::write_chunk(&self.vm_dir, &file.target, file.mode, false, &[])
+                .map_err(guest_error)?;
         }
-        for chunk in chunks {
-            guest_link::write_chunk(&self.vm_dir, &target, mode, !first, chunk).map_err(guest_error)?;
-            first = false;
-        }
-        self.op(FileOp::Chmod { path: path.into(), mode: Some(mode), uid: owner, gid: group })?;
+        self.op(FileOp::Chmod { path: file.path.into(), mode: Some(file.mode), uid: owner, gid: group })?;
         Ok(())
     }
+}
+
+/// A guest file being written page by page (see [`Guest::create`]).
+struct FileWrite {
+    /// As the client named it (for the mode and owner).
+    path: String,
+    /// Resolved beneath the rootfs (for the pages).
+    target: PathBuf,
+    mode: u32,
+    /// A first page truncated it; the next ones append.
+    started: bool,
 }
 
 /// The sandbox's execd access token, compared in constant time.
@@ -306,8 +334,7 @@ where
             }
             (&Method::POST, ["files", "upload"]) => {
                 let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                let bytes = http::read_body(body, 1 << 30).await?;
-                blocking(move || upload(&guest, &content_type, &bytes)).await
+                upload(guest, &content_type, body).await
             }
             (&Method::GET, ["files", "download"]) => {
                 let path = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
