@@ -347,13 +347,14 @@ pub(super) fn supervisor_alive(pid: u32, bind: &Path) -> bool {
 /// Asks a supervisor to cancel its Job (SIGTERM: it still publishes a
 /// receipt), then SIGKILLs it after 15 s.
 pub(super) fn stop_supervisor(pid: u32, bind: &Path) {
-    // SAFETY: kill takes no pointers; the pid was just checked to be ours.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    use rustix::process::{kill_process, Pid, Signal};
+    // The pid was just checked to be ours; one that is gone already needs nothing.
+    let Some(target) = i32::try_from(pid).ok().and_then(Pid::from_raw) else { return };
+    let _ = kill_process(target, Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(15);
     while supervisor_alive(pid, bind) {
         if Instant::now() > deadline {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = kill_process(target, Signal::KILL);
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
