@@ -131,6 +131,8 @@ fn upload_memory(port: u16, key: &str, daemon: u32, bytes: u64) {
 
     let head = b"--B0undary\r\nContent-Disposition: form-data; name=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{\"path\": \"/root/upload.bin\"}\r\n--B0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"upload.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n";
     let tail = b"\r\n--B0undary--\r\n";
+    // The whole body within the daemon's 1 GiB upload limit.
+    let bytes = bytes.min((1 << 30) - (head.len() + tail.len()) as u64);
     let mut page = vec![0u8; 1 << 20];
     pvisor_core::random::fill(&mut page).unwrap();
     let before = status_kib(daemon, "VmRSS:");

@@ -30,6 +30,24 @@ pub const BUILT_IN: [(&str, &str, &str); 2] = [
     ("python", "sandbox-image-python", "PVISOR_SANDBOX_IMAGE_PYTHON"),
 ];
 
+/// The built-in images built on this host (name → rootfs):
+/// `PVISOR_SANDBOX_IMAGE` (`PVISOR_SANDBOX_IMAGE_PYTHON`) overrides where
+/// `default` (`python`) is built.
+pub fn built_in_found() -> Vec<(String, PathBuf)> {
+    BUILT_IN
+        .iter()
+        .filter_map(|(name, asset, variable)| {
+            let overridden = std::env::var_os(variable).map(PathBuf::from);
+            let rootfs = overridden.or_else(|| {
+                pvisor_core::assets::locate(asset, |d| d.join("rootfs/bin/sh").exists())
+                    .ok()
+                    .map(|d| d.join("rootfs"))
+            })?;
+            Some((name.to_string(), rootfs))
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ImageRecord {
     pub name: String,

@@ -31,20 +31,7 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("Cannot find the pvisor binary")?;
     // The vm image must be installed before the first sandbox (fails early if missing).
     VmExecutor::prepare(store.root())?;
-    // PVISOR_SANDBOX_IMAGE (PVISOR_SANDBOX_IMAGE_PYTHON) overrides where
-    // `default` (`python`) is built.
-    let built_in_images = pvisor_server::images::BUILT_IN
-        .iter()
-        .filter_map(|(name, asset, variable)| {
-            let overridden = std::env::var_os(variable).map(std::path::PathBuf::from);
-            let rootfs = overridden.or_else(|| {
-                pvisor_core::assets::locate(asset, |d| d.join("rootfs/bin/sh").exists())
-                    .ok()
-                    .map(|d| d.join("rootfs"))
-            })?;
-            Some((name.to_string(), rootfs))
-        })
-        .collect();
+    let built_in_images = pvisor_server::images::built_in_found();
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,
         api_key,
