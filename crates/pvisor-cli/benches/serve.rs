@@ -16,7 +16,11 @@
 //! - egress through a `networkPolicy` (the agent's relay, then the Job's
 //!   proxy): a 100 MB download (1 MiB as a smoke test) and the time of a
 //!   small request from a `python` sandbox, against the same requests by a
-//!   host process straight to the host server.
+//!   host process straight to the host server;
+//! - one `POST /files/upload` of 1 GiB (16 MiB as a smoke test): its
+//!   throughput, and how much the daemon's resident memory grew meanwhile
+//!   (sampled VmRSS, and VmHWM, from /proc/PID/status), against the
+//!   target of < 64 MiB (the upload is streamed to the guest page by page).
 //!
 //! Every figure names the accelerator. `PVISOR_BENCH_ITERS` sets the sample
 //! count (default 5; 1 when `cargo test` runs this as a smoke test).
@@ -67,6 +71,115 @@ fn pss_kib(needle: &str, what: &str) -> (u64, usize) {
         total = (total.0 + pss, total.1 + 1);
     }
     total
+}
+
+/// One HTTP/1.1 request (`Connection: close`) to the daemon: status and body.
+/// `body` is sent as `length` bytes it writes itself.
+fn request(
+    port: u16,
+    head: &str,
+    length: u64,
+    body: impl FnOnce(&mut std::net::TcpStream),
+) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stream, "{head}Host: 127.0.0.1:{port}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    body(&mut stream);
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let status = String::from_utf8_lossy(&answer[9..12]).parse().unwrap();
+    let at = answer.windows(4).position(|w| w == b"\r\n\r\n").map_or(answer.len(), |p| p + 4);
+    (status, answer[at..].to_vec())
+}
+
+/// A field of /proc/PID/status, in KiB (`VmRSS:`, `VmHWM:`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Uploads `bytes` to a new sandbox through `POST /files/upload` while
+/// sampling the daemon's VmRSS; prints the throughput beside the growth.
+fn upload_memory(port: u16, key: &str, daemon: u32, bytes: u64) {
+    let auth = format!("OPEN-SANDBOX-API-KEY: {key}\r\n");
+    let create = br#"{"image":{"uri":"default"},"timeout":600}"#;
+    let (status, body) = request(
+        port,
+        &format!("POST /v1/sandboxes HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"),
+        create.len() as u64,
+        |s| std::io::Write::write_all(s, create).unwrap(),
+    );
+    assert!(status < 300, "create: {status} {}", String::from_utf8_lossy(&body));
+    let sandbox: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let id = sandbox["id"].as_str().unwrap().to_owned();
+    let (_, body) =
+        request(port, &format!("GET /v1/sandboxes/{id}/endpoints/44772 HTTP/1.1\r\n{auth}"), 0, |_| {});
+    let endpoint: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let token = format!(
+        "X-EXECD-ACCESS-TOKEN: {}\r\n",
+        endpoint["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap()
+    );
+    let execd = format!("/sandboxes/{id}/port/44772");
+    let up = Instant::now();
+    while request(port, &format!("GET {execd}/ping HTTP/1.1\r\n{token}"), 0, |_| {}).0 != 200 {
+        assert!(up.elapsed() < Duration::from_secs(300), "sandbox {id} did not become ready");
+    }
+
+    let head = b"--B0undary\r\nContent-Disposition: form-data; name=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{\"path\": \"/root/upload.bin\"}\r\n--B0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"upload.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n";
+    let tail = b"\r\n--B0undary--\r\n";
+    // The whole body within the daemon's 1 GiB upload limit.
+    let bytes = bytes.min((1 << 30) - (head.len() + tail.len()) as u64);
+    let mut page = vec![0u8; 1 << 20];
+    pvisor_core::random::fill(&mut page).unwrap();
+    let before = status_kib(daemon, "VmRSS:");
+    let hwm_before = status_kib(daemon, "VmHWM:");
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(status_kib(daemon, "VmRSS:"));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    let start = Instant::now();
+    let (status, body) = request(
+        port,
+        &format!("POST {execd}/files/upload HTTP/1.1\r\n{token}Content-Type: multipart/form-data; boundary=B0undary\r\n"),
+        head.len() as u64 + bytes + tail.len() as u64,
+        |s| {
+            use std::io::Write;
+            s.write_all(head).unwrap();
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(page.len() as u64) as usize;
+                s.write_all(&page[..n]).unwrap();
+                left -= n as u64;
+            }
+            s.write_all(tail).unwrap();
+        },
+    );
+    let elapsed = start.elapsed().as_secs_f64();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap().max(status_kib(daemon, "VmRSS:"));
+    assert_eq!(status, 200, "upload: {}", String::from_utf8_lossy(&body));
+    let hwm = status_kib(daemon, "VmHWM:");
+    println!(
+        "{:<46} {:.0} MB/s ({:.0} MiB in {elapsed:.1} s); daemon RSS +{:.1} MiB (VmHWM +{:.1} MiB; target < 64 MiB)",
+        "POST /files/upload, streamed",
+        bytes as f64 / 1e6 / elapsed,
+        bytes as f64 / f64::from(1 << 20),
+        peak.saturating_sub(before) as f64 / 1024.0,
+        hwm.saturating_sub(hwm_before) as f64 / 1024.0,
+    );
+    let _ = request(port, &format!("DELETE /v1/sandboxes/{id} HTTP/1.1\r\n{auth}"), 0, |_| {});
 }
 
 fn main() {
@@ -226,6 +339,9 @@ fn main() {
         "idle sandboxes in 24 GiB by that figure        {}",
         (24u64 << 20).checked_div(per).unwrap_or(0)
     );
+
+    // After the idle figure: this sandbox is not idle, and its stop is not waited for.
+    upload_memory(port, key, daemon.id(), if measuring { 1 << 30 } else { 16 << 20 });
 
     let _ = daemon.kill();
     let _ = daemon.wait();

@@ -30,6 +30,24 @@ pub const BUILT_IN: [(&str, &str, &str); 2] = [
     ("python", "sandbox-image-python", "PVISOR_SANDBOX_IMAGE_PYTHON"),
 ];
 
+/// The built-in images built on this host (name → rootfs):
+/// `PVISOR_SANDBOX_IMAGE` (`PVISOR_SANDBOX_IMAGE_PYTHON`) overrides where
+/// `default` (`python`) is built.
+pub fn built_in_found() -> Vec<(String, PathBuf)> {
+    BUILT_IN
+        .iter()
+        .filter_map(|(name, asset, variable)| {
+            let overridden = std::env::var_os(variable).map(PathBuf::from);
+            let rootfs = overridden.or_else(|| {
+                pvisor_core::assets::locate(asset, |d| d.join("rootfs/bin/sh").exists())
+                    .ok()
+                    .map(|d| d.join("rootfs"))
+            })?;
+            Some((name.to_string(), rootfs))
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ImageRecord {
     pub name: String,
@@ -41,16 +59,9 @@ pub struct ImageRecord {
     pub bytes: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct ImageError(pub String);
-
-impl std::fmt::Display for ImageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ImageError {}
 
 fn err(message: impl Into<String>) -> ImageError {
     ImageError(message.into())

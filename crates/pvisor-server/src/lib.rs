@@ -6,6 +6,9 @@
 //! - [`lifecycle`] and [`execd`]: the two APIs; [`handle`] is the one router,
 //!   so tests drive it without a socket.
 //! - [`images`]: the named root filesystems sandboxes boot.
+//! - [`guest_link`]: the one place the daemon calls into a live VM.
+//! - [`supervisor`]: the per-sandbox supervisor process (`pvisor
+//!   sandbox-supervisor`); [`logging`]: stderr diagnostics of both.
 //!
 //! Paths: the lifecycle API under `/v1/…` and `/…`; a sandbox's execd under
 //! `/sandboxes/{id}/port/44772/…` (what `endpoints/44772` returns, with the
@@ -14,14 +17,16 @@
 mod code_contexts;
 mod egress_policy;
 pub mod execd;
+pub mod guest_link;
 pub mod http;
 pub mod images;
 pub mod lifecycle;
 mod lines;
-pub mod multipart;
+pub mod logging;
 mod proxy;
 mod repl;
 pub mod sandbox;
+pub mod supervisor;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,26 +60,23 @@ where
         .unwrap_or_else(http::uuid4);
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let started = std::time::Instant::now();
-    let mut response = match route(&daemon, api_key.as_deref().map(String::as_str), req).await {
-        Ok(r) => r,
+    let (mut response, failure) = match route(&daemon, api_key.as_deref().map(String::as_str), req).await {
+        Ok(r) => (r, None),
         Err(e) => {
-            // The access log names errors; successful polling stays quiet.
-            eprintln!(
-                "pvisor serve: {request_id} {method} {path} -> {} {} ({} ms): {}",
-                e.status.as_u16(),
-                e.code,
-                started.elapsed().as_millis(),
-                e.message
-            );
-            e.into_response()
+            let failure = (e.code, e.message.clone());
+            (e.into_response(), Some(failure))
         }
     };
-    if method != Method::GET && response.status().is_success() {
-        eprintln!(
-            "pvisor serve: {request_id} {method} {path} -> {} ({} ms)",
-            response.status().as_u16(),
-            started.elapsed().as_millis()
-        );
+    // The access log: one line per request, naming the error when there was one.
+    let (status, ms) = (response.status().as_u16(), started.elapsed().as_millis() as u64);
+    match failure {
+        None => tracing::info!(request_id, %method, path, status, ms, "request"),
+        Some((code, message)) if status >= 500 => {
+            tracing::warn!(request_id, %method, path, status, ms, code, message, "request failed")
+        }
+        Some((code, message)) => {
+            tracing::info!(request_id, %method, path, status, ms, code, message, "request refused")
+        }
     }
     if let Ok(v) = request_id.parse() {
         response.headers_mut().insert("x-request-id", v);
@@ -204,32 +206,52 @@ pub struct ServeOptions {
     pub built_in_images: Vec<(String, PathBuf)>,
 }
 
+/// Why `pvisor serve` could not start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("refusing to listen on {0} without an API key: pass --api-key-file, or listen on 127.0.0.1")]
+    NoKeyOffLoopback(SocketAddr),
+    #[error("another pvisor serve is using {} ({source}); stop it first", root.display())]
+    Locked {
+        root: PathBuf,
+        #[source]
+        source: pvisor_core::store::StoreError,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] pvisor_core::store::StoreError),
+    #[error(transparent)]
+    Open(#[from] sandbox::OpenError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("the shutdown worker failed: {0}")]
+    Shutdown(#[from] tokio::task::JoinError),
+}
+
 /// Runs the daemon until SIGTERM or SIGINT, then applies the shutdown policy
 /// (pause every Running sandbox; see [`Daemon::shutdown`]).
-pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
+pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     if options.api_key.is_none() && !options.listen.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on {} without an API key: pass --api-key-file, or listen on 127.0.0.1",
-            options.listen
-        );
+        return Err(ServeError::NoKeyOffLoopback(options.listen));
     }
     // One daemon per state directory: a second one would reconcile (and
     // could kill) the first one's sandboxes.
     let server_dir = options.config.state_root.join("server");
     pvisor_core::store::create_dir_all_private(&server_dir)?;
-    let _lock = pvisor_core::store::OwnerLock::acquire(&server_dir.join("daemon.lock")).map_err(|e| {
-        anyhow::anyhow!(
-            "another pvisor serve is using {} ({e}); stop it first",
-            options.config.state_root.display()
-        )
-    })?;
+    let _lock = pvisor_core::store::OwnerLock::acquire(&server_dir.join("daemon.lock"))
+        .map_err(|source| ServeError::Locked { root: options.config.state_root.clone(), source })?;
     let listener = std::net::TcpListener::bind(options.listen)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", options.listen))?;
+        .map_err(|source| ServeError::Listen { addr: options.listen, source })?;
     listener.set_nonblocking(true)?;
     let daemon = Daemon::open(options.config, options.built_in_images.clone())?;
     if let Some((_, built)) = options.built_in_images.iter().find(|(n, _)| n == images::DEFAULT) {
         if let Err(e) = daemon.images.ensure_built_in(images::DEFAULT, built) {
-            eprintln!("pvisor serve: warning: the default image is not available: {e}");
+            tracing::warn!("the default image is not available: {e}");
         }
     }
     daemon.recover();
@@ -237,8 +259,8 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let api_key = options.api_key.map(Arc::new);
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        eprintln!(
-            "pvisor serve: listening on http://{} ({} sandboxes on record{})",
+        tracing::info!(
+            "listening on http://{} ({} sandboxes on record{})",
             listener.local_addr()?,
             daemon.list().len(),
             if api_key.is_some() { "; OPEN-SANDBOX-API-KEY required" } else { "; no API key (loopback only)" }
@@ -276,10 +298,10 @@ pub fn serve(options: ServeOptions) -> anyhow::Result<()> {
             }
         }
         stop_expiry.store(true, std::sync::atomic::Ordering::Relaxed);
-        eprintln!("pvisor serve: stopping: pausing running sandboxes (they resume on request after a restart)");
+        tracing::info!("stopping: pausing running sandboxes (they resume on request after a restart)");
         let d = daemon.clone();
         tokio::task::spawn_blocking(move || d.shutdown()).await?;
-        Ok::<_, anyhow::Error>(())
+        Ok::<_, ServeError>(())
     });
     // Streams still open (a sandbox that could not be paused) must not keep
     // the daemon from exiting.

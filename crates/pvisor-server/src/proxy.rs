@@ -1,7 +1,7 @@
 //! `endpoints/{port}` for ports other than execd: HTTP requests relayed to
 //! a service listening on guest `127.0.0.1:port`. The guest has no network
 //! device, so the bytes travel over the VM's agent channel
-//! ([`pvisor_sandbox::vm::guest::forward`]), one stream per request.
+//! ([`crate::guest_link::forward`]), one stream per request.
 //! Requests need the sandbox's access token like execd; the token is not
 //! passed on to the service.
 
@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 
-use pvisor_sandbox::vm::guest;
+use crate::guest_link;
 
 use crate::http::{self, ApiError, ApiResult};
 use crate::sandbox::Daemon;
@@ -56,10 +56,10 @@ where
             format!("port {port} of sandbox {id}: {why}"),
         )
     };
-    let stream = tokio::task::spawn_blocking(move || guest::forward(&vm_dir, port))
+    let stream = tokio::task::spawn_blocking(move || guest_link::forward(&vm_dir, port))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(unreachable)?;
+        .map_err(|e| unreachable(e.0))?;
     stream.set_nonblocking(true).map_err(|e| ApiError::internal(e.to_string()))?;
     let io = tokio::net::UnixStream::from_std(stream).map_err(|e| ApiError::internal(e.to_string()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))

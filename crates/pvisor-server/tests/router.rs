@@ -17,6 +17,7 @@ fn daemon() -> (tempfile::TempDir, Arc<pvisor_server::Daemon>) {
         state_root: dir.path().join("state"),
         pvisor: "/nonexistent/pvisor".into(),
         max_timeout: Duration::from_secs(3600),
+        log_level: None,
     };
     (dir, pvisor_server::Daemon::open(config, Vec::new()).unwrap())
 }

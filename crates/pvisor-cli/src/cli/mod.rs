@@ -139,6 +139,11 @@ pub struct ServeArgs {
     /// The longest `timeout` (and renewal) a sandbox may ask for.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime_duration)]
     pub max_timeout: std::time::Duration,
+    /// What the daemon and its sandbox supervisors log to stderr: a level or
+    /// EnvFilter directives (`debug`, `warn,pvisor_server=debug`). Overrides
+    /// PVISOR_LOG; the default is `info` (one access line per request).
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 /// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).
@@ -189,6 +194,9 @@ pub struct SandboxSupervisorArgs {
     /// The sandbox's egress policy (an ordered policy, JSON), for a new sandbox.
     #[arg(long)]
     pub network_policy: Option<String>,
+    /// The daemon's --log-level, passed down (else PVISOR_LOG, else info).
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@
 //! a pause, a daemon restart or `exit` in a run ends it, and later runs get
 //! an error saying so.
 
+mod tail;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,11 +23,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent_proto::Reply;
-use pvisor_sandbox::vm::guest;
+use crate::guest_link::{self, Reply};
 
 use crate::http::ApiError;
 use crate::sandbox::{command_env, SandboxRecord};
+use tail::{Split, Tail};
 
 /// What the shell produced, as the reader thread saw it.
 enum Out {
@@ -135,7 +137,7 @@ pub struct Repl {
     dialect: Dialect,
     /// The shell is bash (not a plain sh).
     bash: bool,
-    input: Mutex<guest::ExecSignaller>,
+    input: Mutex<guest_link::ExecSignaller>,
     output: Mutex<Receiver<Out>>,
     busy: Arc<AtomicBool>,
     /// This run was interrupted already.
@@ -177,108 +179,6 @@ fn shell_quote(s: &str) -> String {
 const READY: &[u8] = b"\x1eready\x1e\n";
 /// How long a starting interpreter may take (Python under TCG is slow).
 const READY_WAIT: Duration = Duration::from_secs(60);
-/// The most an end marker's payload (a Python result) may hold.
-const PAYLOAD_MAX: usize = 4 << 20;
-
-/// What a [`Tail`] found in the bytes pushed to it.
-#[derive(Debug, PartialEq)]
-enum Split {
-    Output(Vec<u8>),
-    /// The marker's payload (between the marker and the next 0x1e).
-    Marker(String),
-}
-
-/// One output stream of a run: passes output on as it comes (never a split
-/// UTF-8 character), holding back only what may be the start of the end
-/// marker; memory stays bounded and each byte is searched about once.
-#[derive(Debug, Default)]
-struct Tail {
-    held: Vec<u8>,
-    /// `held` starts with the marker; its payload is still coming.
-    at_marker: bool,
-}
-
-impl Tail {
-    fn push(&mut self, bytes: &[u8], marker: &[u8]) -> Vec<Split> {
-        let searched_to = self.held.len().saturating_sub(marker.len());
-        self.held.extend_from_slice(bytes);
-        let mut found = Vec::new();
-        let at = if self.at_marker {
-            Some(0)
-        } else {
-            memchr::memmem::find(&self.held[searched_to..], marker).map(|i| i + searched_to)
-        };
-        self.at_marker = false;
-        if let Some(at) = at {
-            let after = at + marker.len();
-            if marker.last() == Some(&b'\n') {
-                // A marker with nothing after it (stderr's).
-                if at > 0 {
-                    found.push(Split::Output(self.held[..at].to_vec()));
-                }
-                found.push(Split::Marker(String::new()));
-                self.held.clear();
-                return found;
-            }
-            match self.held[after..].iter().position(|b| *b == 0x1e) {
-                Some(end) => {
-                    if at > 0 {
-                        found.push(Split::Output(self.held[..at].to_vec()));
-                    }
-                    found.push(Split::Marker(
-                        String::from_utf8_lossy(&self.held[after..after + end]).into_owned(),
-                    ));
-                    self.held.clear();
-                    return found;
-                }
-                None if self.held.len() - after <= PAYLOAD_MAX => {
-                    // The payload is still coming: send what precedes it.
-                    if at > 0 {
-                        found.push(Split::Output(self.held.drain(..at).collect()));
-                    }
-                    self.at_marker = true;
-                    return found;
-                }
-                None => {} // Not a marker after all: output like the rest.
-            }
-        }
-        // Hold back only what may be the marker's beginning (a suffix that
-        // is a prefix of it) and an unfinished UTF-8 character; send the rest.
-        let keep =
-            (1..marker.len().min(self.held.len() + 1)).rev().find(|k| self.held.ends_with(&marker[..*k]));
-        let cut = complete_utf8(&self.held[..self.held.len() - keep.unwrap_or(0)]);
-        if cut > 0 {
-            found.push(Split::Output(self.held.drain(..cut).collect()));
-        }
-        found
-    }
-
-    /// What is left when the stream ends without a marker.
-    fn rest(&mut self) -> Vec<u8> {
-        self.at_marker = false;
-        std::mem::take(&mut self.held)
-    }
-}
-
-/// The length of the longest prefix of `bytes` that ends on a UTF-8
-/// character boundary (an unfinished character at the end is left out).
-fn complete_utf8(bytes: &[u8]) -> usize {
-    let len = bytes.len();
-    for back in 1..=len.min(4) {
-        let b = bytes[len - back];
-        if b & 0xc0 == 0x80 {
-            continue; // a continuation byte: look further back
-        }
-        let width = match b {
-            0x00..=0x7f => 1,
-            0xc0..=0xdf => 2,
-            0xe0..=0xef => 3,
-            _ => 4,
-        };
-        return if back < width { len - back } else { len };
-    }
-    len
-}
 
 impl Repl {
     /// Starts the interpreter in the sandbox: bash (sh when the image has
@@ -316,7 +216,7 @@ impl Repl {
                 )
             }
         };
-        let spec = guest::ExecSpec {
+        let spec = guest_link::ExecSpec {
             id: exec_id,
             argv,
             env: command_env(record, &Default::default()),
@@ -324,7 +224,7 @@ impl Repl {
             root: Some(record.rootfs.clone()),
             output: None,
         };
-        let mut channel = guest::exec(vm_dir, spec).map_err(ApiError::internal)?;
+        let mut channel = guest_link::exec(vm_dir, spec).map_err(|e| ApiError::internal(e.0))?;
         match channel.next_reply() {
             Ok(Some((Reply::Started { .. }, _))) => {}
             Ok(Some((Reply::ExecFailed { message, .. }, _))) => {
@@ -567,70 +467,5 @@ impl Repl {
 
     pub fn kill(&self) {
         let _ = self.input.lock().unwrap_or_else(|p| p.into_inner()).signal(libc::SIGKILL);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn outputs(found: &[Split]) -> Vec<u8> {
-        found
-            .iter()
-            .filter_map(|s| if let Split::Output(b) = s { Some(b.clone()) } else { None })
-            .flatten()
-            .collect()
-    }
-
-    #[test]
-    fn a_marker_split_across_chunks_ends_the_stream_with_its_payload() {
-        let marker = b"\x1eabc:";
-        let mut tail = Tail::default();
-        let mut seen = tail.push(b"line one\nline two\n\x1ea", marker);
-        seen.extend(tail.push(b"bc:{\"count\": 1}", marker));
-        assert!(!seen.iter().any(|s| matches!(s, Split::Marker(_))), "no marker before its end: {seen:?}");
-        seen.extend(tail.push(b"\x1e\n", marker));
-        assert_eq!(outputs(&seen), b"line one\nline two\n");
-        assert_eq!(seen.last(), Some(&Split::Marker("{\"count\": 1}".into())));
-    }
-
-    #[test]
-    fn output_without_newlines_is_streamed_and_memory_stays_bounded() {
-        let marker = b"\x1enonce\x1e\n";
-        let mut tail = Tail::default();
-        let mut sent = 0;
-        for _ in 0..64 {
-            sent += outputs(&tail.push(&[b'x'; 65536], marker)).len();
-            assert!(tail.held.len() < marker.len(), "{} bytes held", tail.held.len());
-        }
-        assert_eq!(sent, 64 * 65536, "everything was streamed before the end");
-        let end = tail.push(b"\x1enonce\x1e\n", marker);
-        assert_eq!(sent + outputs(&end).len(), 64 * 65536);
-        assert_eq!(end.last(), Some(&Split::Marker(String::new())));
-    }
-
-    #[test]
-    fn a_cut_never_splits_a_utf8_character() {
-        let marker = b"\x1en\x1e\n";
-        let mut tail = Tail::default();
-        let text = "é€😀".repeat(1000);
-        let bytes = text.as_bytes();
-        let mut sent = Vec::new();
-        for chunk in bytes.chunks(7) {
-            let out = outputs(&tail.push(chunk, marker));
-            assert!(std::str::from_utf8(&out).is_ok(), "a split character was sent");
-            sent.extend(out);
-        }
-        sent.extend(tail.rest());
-        assert_eq!(sent, bytes);
-    }
-
-    #[test]
-    fn a_stray_record_separator_is_output_not_a_marker() {
-        let marker = b"\x1eabc:";
-        let mut tail = Tail::default();
-        let found = tail.push(b"a\x1eb\nnext\n\x1ea", marker);
-        // Only what may begin the marker waits.
-        assert_eq!(outputs(&found), b"a\x1eb\nnext\n");
     }
 }

@@ -1,0 +1,346 @@
+//! Execd commands: `POST /command` (foreground, streamed as SSE, or in the
+//! background with its output logged in the guest), its interrupt, status
+//! and logs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::{Response, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+
+use pvisor_core::time::Timestamp;
+
+use super::events::{error_event, event, output_events, sse};
+use super::{blocking, guest_error, guest_link, in_image, Guest, Reply, CHUNK};
+use crate::http::{self, json, ApiError, ApiResult};
+use crate::lines::Lines;
+use crate::sandbox::{command_env, CommandRecord, Daemon, SharedSignaller, GUEST_LOG_DIR};
+
+/// Largest command plus environment (an AgentCtl header is at most 1 MiB).
+const MAX_COMMAND_BYTES: usize = 256 << 10;
+/// Largest background log `GET /command/{id}/logs` reads.
+const MAX_LOG_BYTES: u64 = 256 << 20;
+
+/// The execd request schemas allow unknown fields (no `additionalProperties:
+/// false`), so these structs accept them; SDKs send newer ones (`argv`).
+#[derive(Debug, Deserialize)]
+pub(super) struct RunCommand {
+    command: Option<String>,
+    argv: Option<Vec<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    background: bool,
+    /// Milliseconds.
+    timeout: Option<u64>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+}
+
+pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> ApiResult {
+    let id = guest.record.id.clone();
+    let argv = match (&request.command, &request.argv) {
+        (_, Some(argv)) if !argv.is_empty() => argv.clone(),
+        (Some(cmd), _) if !cmd.is_empty() => {
+            let shell = if in_image(&guest.record.rootfs, "bin/bash") { "/bin/bash" } else { "/bin/sh" };
+            vec![shell.into(), "-c".into(), cmd.clone()]
+        }
+        _ => return Err(ApiError::bad_request("command (or argv) is required")),
+    };
+    if request.gid.is_some() && request.uid.is_none() {
+        return Err(ApiError::bad_request("gid requires uid"));
+    }
+    let size: usize = argv.iter().map(String::len).sum::<usize>()
+        + request.envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if size > MAX_COMMAND_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} (write a script with the file API and run that)"
+        )));
+    }
+    let slot = if request.background { None } else { Some(daemon.stream_slot(&id)?) };
+    let argv = match request.uid {
+        // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
+        Some(uid) => {
+            let gid = request.gid.unwrap_or(uid);
+            let mut v = vec![
+                "/usr/bin/setpriv".into(),
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--clear-groups".into(),
+                "--".into(),
+            ];
+            if !in_image(&guest.record.rootfs, "usr/bin/setpriv") {
+                return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
+            }
+            v.extend(argv);
+            v
+        }
+        None => argv,
+    };
+    let exec_id = {
+        let (daemon, id) = (daemon.clone(), id.clone());
+        blocking(move || Ok(daemon.next_exec_id(&id)?)).await?
+    };
+    let command_id = format!("cmd-{exec_id}");
+    let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
+    let spec = guest_link::ExecSpec {
+        id: exec_id,
+        argv,
+        env: command_env(&guest.record, &request.envs),
+        cwd: request.cwd.clone().unwrap_or_else(|| "/".into()).into(),
+        root: Some(guest.record.rootfs.clone()),
+        output: request.background.then(|| PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+    };
+    let vm_dir = guest.vm_dir.clone();
+    let (mut channel, first) = blocking(move || {
+        let mut channel = guest_link::exec(&vm_dir, spec).map_err(|e| ApiError::internal(e.0))?;
+        let first = channel.next_reply().map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok((channel, first))
+    })
+    .await?;
+    let started_at = Timestamp::now();
+    let failed = match &first {
+        Some((Reply::Started { .. }, _)) => None,
+        Some((Reply::ExecFailed { errno, message, .. }, _)) => {
+            Some((if *errno == libc::ENOENT { 127 } else { 126 }, message.clone()))
+        }
+        other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
+    };
+    let _ = daemon.update(&id, |r| {
+        crate::sandbox::trim_commands(&mut r.commands);
+        r.commands.insert(
+            command_id.clone(),
+            CommandRecord {
+                exec_id,
+                command: text.clone(),
+                background: request.background,
+                started_at,
+                finished_at: failed.as_ref().map(|_| Timestamp::now()),
+                exit_code: failed.as_ref().map(|f| f.0),
+                error: failed.as_ref().map(|f| f.1.clone()),
+            },
+        );
+        Ok(())
+    });
+    let (tx, body) = http::channel_body(64);
+    let _ = tx.send(event(json!({ "type": "init", "text": command_id }))).await;
+    if let Some((code, message)) = failed {
+        let _ = tx.send(error_event(code, &message)).await;
+        return Ok(sse(body));
+    }
+    if request.background {
+        if let Some(timeout) = request.timeout.map(Duration::from_millis) {
+            // The spec's background timeout: the server ends the process.
+            // The VM at fire time: the sandbox may have been paused and
+            // resumed (a new generation) meanwhile.
+            let (daemon, sandbox) = (daemon.clone(), id.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(timeout);
+                for signal in [libc::SIGTERM, libc::SIGKILL] {
+                    if let Ok((_, vm_dir)) = daemon.live_vm_dir(&sandbox) {
+                        let _ = guest_link::signal(&vm_dir, exec_id, signal);
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            });
+        }
+        let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
+        return Ok(sse(body));
+    }
+    let signaller = Arc::new(Mutex::new(channel.signaller().ok()));
+    daemon
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert((id.clone(), command_id.clone()), signaller.clone());
+    // Cancellation: a client that goes away (or a timeout) kills the command.
+    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cancel = {
+        let (tx, signaller, flag) = (tx.clone(), signaller.clone(), timed_out.clone());
+        let timeout = request.timeout.map(Duration::from_millis);
+        tokio::spawn(async move {
+            if let Some(t) = timeout {
+                if tokio::time::timeout(t, tx.closed()).await.is_err() {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            } else {
+                tx.closed().await;
+            }
+            kill_exec(&signaller);
+        })
+    };
+    let started = Instant::now();
+    let daemon2 = daemon.clone();
+    let kill_dir = guest.vm_dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let (mut out_lines, mut err_lines) = (Lines::default(), Lines::default());
+        let send = |kind: &str, texts: Vec<Vec<u8>>| {
+            for e in output_events(kind, texts) {
+                let _ = tx.blocking_send(e);
+            }
+        };
+        let outcome = loop {
+            match channel.next_reply() {
+                Ok(Some((Reply::Stdout { .. }, bytes))) => send("stdout", out_lines.push(&bytes)),
+                Ok(Some((Reply::Stderr { .. }, bytes))) => send("stderr", err_lines.push(&bytes)),
+                Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
+                    break Ok(code.unwrap_or(128 + signal.unwrap_or(0)))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    // Its output has no reader any more (the sandbox stopped,
+                    // or this stream stalled and was cut off): end it.
+                    let _ = guest_link::signal(&kill_dir, exec_id, libc::SIGKILL);
+                    break Err("the command's stream ended early (the sandbox was paused or stopped, or the client stalled for 30 s)".to_string());
+                }
+            }
+        };
+        send("stdout", out_lines.finish().into_iter().collect());
+        send("stderr", err_lines.finish().into_iter().collect());
+        let elapsed = started.elapsed().as_millis() as u64;
+        let (exit_code, error) = match &outcome {
+            Ok(code) => (Some(*code), None),
+            Err(message) => (None, Some(message.clone())),
+        };
+        let _slot = slot;
+        let final_event = match outcome {
+            Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
+            Ok(code) if timed_out.load(std::sync::atomic::Ordering::SeqCst) => error_event(
+                code,
+                &format!(
+                    "the command exceeded its timeout of {} ms and was killed (exit status {code})",
+                    request.timeout.unwrap_or(0)
+                ),
+            ),
+            Ok(code) => error_event(code, &format!("exit status {code}")),
+            Err(message) => event(
+                json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } }),
+            ),
+        };
+        let _ = tx.blocking_send(final_event);
+        cancel.abort();
+        daemon2.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), command_id.clone()));
+        let _ = daemon2.update(&id, |r| {
+            if let Some(c) = r.commands.get_mut(&command_id) {
+                c.finished_at = Some(Timestamp::now());
+                c.exit_code = exit_code;
+                c.error = error;
+            }
+            Ok(())
+        });
+    });
+    Ok(sse(body))
+}
+
+/// SIGTERM, then SIGKILL after two seconds.
+pub(super) fn kill_exec(signaller: &SharedSignaller) {
+    if let Some(s) = signaller.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        let _ = s.signal(libc::SIGTERM);
+    }
+    let signaller = signaller.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        if let Some(s) = signaller.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = s.signal(libc::SIGKILL);
+        }
+    });
+}
+
+pub(super) fn command_of(guest: &Guest, cmd: &str) -> Result<CommandRecord, ApiError> {
+    guest
+        .record
+        .commands
+        .get(cmd)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(format!("no command {cmd} in sandbox {}", guest.record.id)))
+}
+
+pub(super) async fn interrupt(daemon: &Arc<Daemon>, guest: Guest, cmd: &str) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    let key = (guest.record.id.clone(), cmd.to_owned());
+    if let Some(signaller) = daemon.running.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned() {
+        kill_exec(&signaller);
+        return Ok(http::empty(StatusCode::OK));
+    }
+    blocking(move || {
+        for signal in [libc::SIGTERM, libc::SIGKILL] {
+            guest_link::signal(&guest.vm_dir, record.exec_id, signal).map_err(guest_error)?;
+            std::thread::sleep(Duration::from_millis(if signal == libc::SIGTERM { 500 } else { 0 }));
+        }
+        Ok(http::empty(StatusCode::OK))
+    })
+    .await
+}
+
+pub(super) async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    let cmd = cmd.to_owned();
+    blocking(move || {
+        let (running, exit_code) = if record.finished_at.is_some() {
+            (false, record.exit_code)
+        } else {
+            match guest_link::status(&guest.vm_dir, record.exec_id) {
+                Ok(Reply::Status { running, code, signal, .. }) => {
+                    (running, code.or(signal.map(|s| 128 + s)))
+                }
+                Ok(other) => return Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+                Err(e) => return Err(guest_error(e)),
+            }
+        };
+        let mut body = json!({
+            "id": cmd,
+            "content": record.command,
+            "running": running,
+            "exit_code": exit_code,
+            "started_at": record.started_at.to_string(),
+            "finished_at": record.finished_at.map(|t| t.to_string()),
+        });
+        if let Some(error) = record.error {
+            body["error"] = json!(error);
+        }
+        Ok(json(StatusCode::OK, &body))
+    })
+    .await
+}
+
+pub(super) async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResult {
+    let record = command_of(&guest, cmd)?;
+    if !record.background {
+        return Err(ApiError::bad_request(format!(
+            "{cmd} ran in the foreground; its output was streamed, not logged"
+        )));
+    }
+    // A byte offset into the log, as the reference execd's is
+    // (`GetBackgroundCommandOutput` → `SeekBackgroundCommandOutput`, which
+    // seeks the log to `cursor`; the spec's "line cursor" is not what it
+    // does): missing or not a number is 0, negative is refused.
+    let cursor: i64 = cursor.and_then(|c| c.parse().ok()).unwrap_or(0);
+    if cursor < 0 {
+        return Err(ApiError::bad_request(format!("error seek file: cursor {cursor} is negative")));
+    }
+    let cursor = cursor as u64;
+    blocking(move || {
+        let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
+        let mut bytes = Vec::new();
+        while (bytes.len() as u64) < MAX_LOG_BYTES {
+            match guest.read(&path, cursor + bytes.len() as u64, CHUNK) {
+                Ok(page) if page.is_empty() => break,
+                Ok(page) => bytes.extend_from_slice(&page),
+                Err(e) if e.status == StatusCode::NOT_FOUND => break,
+                Err(e) => return Err(e),
+            }
+        }
+        // The next cursor: where this read stopped (the end of the log, or
+        // the cursor itself when it is past the end).
+        let next = cursor + bytes.len() as u64;
+        let mut resp = Response::new(http::full(bytes));
+        resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
+        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", next.to_string().parse().expect("ascii"));
+        Ok(resp)
+    })
+    .await
+}

@@ -1,0 +1,376 @@
+//! One generation of a sandbox: the `pvisor sandbox-supervisor` process
+//! the daemon starts for a create or a resume, waiting for it to admit its
+//! Job and for the guest to answer, watching it exit, and the entrypoint
+//! started once the first generation is up.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pvisor::runtime::job_service::views;
+use pvisor_core::ids::JobId;
+use pvisor_core::state::JobState;
+use pvisor_core::time::Timestamp;
+
+use crate::guest_link::{self, GuestError};
+
+/// Why a generation (a create or a resume) did not come up; the message
+/// becomes the sandbox's `status.message`.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    #[error("the record vanished")]
+    RecordVanished,
+    #[error("cannot open {}: {source}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Policy(#[from] serde_json::Error),
+    #[error("cannot start {}: {source}", pvisor.display())]
+    Spawn {
+        pvisor: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox supervisor exited before admitting the VM; see {}: {tail}", log.display())]
+    NotAdmitted { log: PathBuf, tail: String },
+    #[error("the VM did not become ready: {source}; see {}: {tail}", log.display())]
+    NotReady {
+        #[source]
+        source: GuestError,
+        log: PathBuf,
+        tail: String,
+    },
+}
+
+/// Why the image's entrypoint did not start (kept in its command record).
+#[derive(Debug, thiserror::Error)]
+pub enum EntrypointError {
+    #[error(transparent)]
+    NotLive(#[from] OpError),
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    /// The guest could not execute it (its message).
+    #[error("{0}")]
+    ExecFailed(String),
+    #[error("unexpected answer {0}")]
+    Unexpected(String),
+}
+
+use super::{
+    command_env, set_state, Binding, CommandRecord, Daemon, Generation, OpError, SandboxState, GUEST_LOG_DIR,
+    READY_TIMEOUT,
+};
+
+impl Daemon {
+    /// Starts (or, with `resume`, restores) the sandbox's VM and waits until
+    /// its agent answers; then `Running`, or `Failed`/`Paused` saying why.
+    pub(super) fn provision(self: &Arc<Self>, id: &str, resume: Option<JobId>) {
+        let started = Instant::now();
+        let outcome = self.start_generation(id, resume.as_ref());
+        self.provisioned(id, resume, outcome, started);
+    }
+
+    /// Records the outcome of a generation's start (see [`Self::provision`]).
+    pub(super) fn provisioned(
+        self: &Arc<Self>,
+        id: &str,
+        resume: Option<JobId>,
+        outcome: Result<u32, GenerationError>,
+        started: Instant,
+    ) {
+        let ready_ms = started.elapsed().as_millis() as u64;
+        let Ok(record) = self.get(id) else { return };
+        match outcome {
+            Ok(attempt) => {
+                let first = resume.is_none();
+                let _ = self.update(id, |r| {
+                    r.generations.push(Generation {
+                        attempt,
+                        started_at: Timestamp::now(),
+                        ready_ms: Some(ready_ms),
+                    });
+                    if r.state != SandboxState::Stopping {
+                        let reason = if first { "ready" } else { "resumed" };
+                        if let Err(e) = set_state(r, SandboxState::Running, reason, "") {
+                            tracing::warn!(sandbox = %id, "{e}; the VM is up but not recorded Running");
+                        }
+                    }
+                    Ok(())
+                });
+                if first {
+                    if let Err(e) = self.start_entrypoint(id) {
+                        tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
+                    }
+                }
+                // A delete that arrived while it was starting.
+                if self.get(id).is_ok_and(|r| r.state == SandboxState::Stopping) {
+                    self.stop(id, "user_delete");
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                tracing::error!(sandbox = %id, "{message}");
+                // A supervisor that is still starting the VM must not finish
+                // the job for a sandbox recorded as failed.
+                let bind = self.bind_file(id);
+                if let Some(pid) = record.supervisor.filter(|pid| supervisor_alive(*pid, &bind)) {
+                    stop_supervisor(pid, &bind);
+                }
+                let record = self.get(id).unwrap_or(record);
+                let job_state =
+                    record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
+                if resume.is_some() && job_state == Some(JobState::Suspended) {
+                    self.finish(id, SandboxState::Paused, "resume_failed", &message);
+                } else {
+                    if let Some(job) = &record.job {
+                        let _ = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(10));
+                    }
+                    self.finish(id, SandboxState::Failed, "runtime_error", &message);
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_generation(
+        self: &Arc<Self>,
+        id: &str,
+        resume: Option<&JobId>,
+    ) -> Result<u32, GenerationError> {
+        let record = self.get(id).map_err(|_| GenerationError::RecordVanished)?;
+        let bind = self.bind_file(id);
+        let _ = fs::remove_file(&bind);
+        let log_path = self.log_file(id);
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|source| GenerationError::OpenLog { path: log_path.clone(), source })?;
+        let mut command = Command::new(&self.config.pvisor);
+        command.arg("sandbox-supervisor").arg("--bind").arg(&bind);
+        if let Some(level) = &self.config.log_level {
+            command.arg("--log-level").arg(level);
+        }
+        match resume {
+            Some(job) => {
+                command.arg("--resume").arg(job.as_str());
+            }
+            None => {
+                command
+                    .arg("--workspace")
+                    .arg(&record.rootfs)
+                    .arg("--memory-mib")
+                    .arg(record.memory_mib.to_string())
+                    .arg("--cpus")
+                    .arg(record.cpus.to_string());
+                if let Some(policy) = &record.network_policy {
+                    command.arg("--network-policy").arg(serde_json::to_string(policy)?);
+                }
+            }
+        }
+        command
+            .env("PVISOR_HOME", &self.config.state_root)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // Its own process group: a Ctrl-C or SIGTERM aimed at the daemon
+        // must not reach the VMs (the daemon's shutdown policy decides).
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
+            .spawn()
+            .map_err(|source| GenerationError::Spawn { pvisor: self.config.pvisor.clone(), source })?;
+        let pid = child.id();
+        // Recorded first, so a daemon that dies now can find this supervisor again.
+        let _ = self.update(id, |r| {
+            r.supervisor = Some(pid);
+            Ok(())
+        });
+        tracing::info!(sandbox = %id, pid, resume = resume.map(JobId::as_str), "supervisor started");
+        let sandbox = id.to_owned();
+        std::thread::spawn(move || match child.wait() {
+            Ok(status) => tracing::info!(sandbox, pid, %status, "supervisor exited"),
+            Err(e) => tracing::warn!(sandbox, pid, "cannot wait for the supervisor: {e}"),
+        });
+        self.watch(id, pid);
+        self.await_generation(id, pid)
+    }
+
+    /// Notices when a generation's supervisor exits on its own: a Running
+    /// sandbox whose VM ended (a crash, or `kill -9 -1` inside it taking
+    /// the Job's keeper) must not stay Running.
+    pub(super) fn watch(self: &Arc<Self>, id: &str, pid: u32) {
+        let (daemon, id, bind) = (self.clone(), id.to_owned(), self.bind_file(id));
+        std::thread::spawn(move || {
+            while supervisor_alive(pid, &bind) {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            let Ok(record) = daemon.get(&id) else { return };
+            // A pause, a delete or a later generation accounts for this exit.
+            if record.supervisor != Some(pid) || record.state != SandboxState::Running {
+                return;
+            }
+            let state =
+                record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok()).map(|s| s.state);
+            match state {
+                Some(JobState::Suspended) => {
+                    daemon.finish(&id, SandboxState::Paused, "paused", "suspended outside the API")
+                }
+                other => {
+                    let what = other.map_or("unknown".to_owned(), |s| s.to_string());
+                    let failed = daemon.update(&id, |r| {
+                        let ours = r.state == SandboxState::Running && r.supervisor == Some(pid);
+                        if ours {
+                            let why = format!(
+                                "the VM ended on its own (Job {what}); was its keeper killed from inside?"
+                            );
+                            set_state(r, SandboxState::Failed, "runtime_exited", &why)
+                                .map_err(|e| OpError::Conflict(e.to_string()))?;
+                        }
+                        Ok(ours)
+                    });
+                    // Nobody will continue it: close the Job and free its disks now.
+                    if let (Ok(true), Some(job)) = (failed, &record.job) {
+                        daemon.close_and_release(job);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Waits for the supervisor `pid` of `id` to admit its Job (the bind
+    /// file) and for the guest agent to answer; returns the Attempt number.
+    pub(super) fn await_generation(&self, id: &str, pid: u32) -> Result<u32, GenerationError> {
+        let record = self.get(id).map_err(|_| GenerationError::RecordVanished)?;
+        let (bind, log_path) = (self.bind_file(id), self.log_file(id));
+        let read_bind = || fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let binding = loop {
+            if let Some(b) = read_bind() {
+                break b;
+            }
+            if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
+                // The bind file may have landed just before the exit.
+                if let Some(b) = read_bind() {
+                    break b;
+                }
+                let tail = tail(&log_path);
+                return Err(GenerationError::NotAdmitted { log: log_path, tail });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = self.update(id, |r| {
+            r.job = Some(binding.job.clone());
+            Ok(())
+        });
+        let vm_dir = self.vm_dir_of(&binding.job, binding.attempt);
+        loop {
+            match guest_link::probe(&vm_dir, &record.rootfs) {
+                Ok(_) => return Ok(binding.attempt),
+                Err(source) => {
+                    if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
+                        let tail = tail(&log_path);
+                        return Err(GenerationError::NotReady { source, log: log_path, tail });
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(super) fn start_entrypoint(&self, id: &str) -> Result<(), EntrypointError> {
+        let (record, vm_dir) = self.live_vm_dir(id)?;
+        if record.entrypoint.is_empty() {
+            return Ok(());
+        }
+        let exec_id = self.next_exec_id(id)?;
+        let spec = guest_link::ExecSpec {
+            id: exec_id,
+            argv: record.entrypoint.clone(),
+            env: command_env(&record, &BTreeMap::new()),
+            cwd: "/".into(),
+            root: Some(record.rootfs.clone()),
+            output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+        };
+        let mut channel = guest_link::exec(&vm_dir, spec)?;
+        let started = match channel.next_reply() {
+            Ok(Some((guest_link::Reply::Started { .. }, _))) => Ok(()),
+            Ok(Some((guest_link::Reply::ExecFailed { message, .. }, _))) => {
+                Err(EntrypointError::ExecFailed(message))
+            }
+            other => Err(EntrypointError::Unexpected(format!("{other:?}"))),
+        };
+        let _ = self.update(id, |r| {
+            r.commands.insert(
+                "entrypoint".into(),
+                CommandRecord {
+                    exec_id,
+                    command: r.entrypoint.join(" "),
+                    background: true,
+                    started_at: Timestamp::now(),
+                    finished_at: None,
+                    exit_code: None,
+                    error: started.as_ref().err().map(ToString::to_string),
+                },
+            );
+            Ok(())
+        });
+        started
+    }
+}
+
+/// Whether `pid` is still this sandbox's supervisor: alive (a zombie is
+/// not), and its command line names our bind file (pids are reused).
+pub(super) fn supervisor_alive(pid: u32, bind: &Path) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name: "<state> <ppid> ...".
+    let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+    let (state, ppid) = (fields.next().unwrap_or("Z"), fields.next().and_then(|p| p.parse::<u32>().ok()));
+    let alive = !stat.is_empty() && !state.starts_with('Z');
+    // A child of this daemon is ours even before it has exec'd (its cmdline
+    // is still the daemon's then); after a daemon restart the supervisor is
+    // recognised by the bind file on its command line.
+    let child = ppid == Some(std::process::id());
+    let ours = child
+        || fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
+            .unwrap_or(false);
+    alive && ours
+}
+
+/// Asks a supervisor to cancel its Job (SIGTERM: it still publishes a
+/// receipt), then SIGKILLs it after 15 s.
+pub(super) fn stop_supervisor(pid: u32, bind: &Path) {
+    use rustix::process::{kill_process, Pid, Signal};
+    // The pid was just checked to be ours; one that is gone already needs nothing.
+    let Some(target) = i32::try_from(pid).ok().and_then(Pid::from_raw) else { return };
+    let _ = kill_process(target, Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while supervisor_alive(pid, bind) {
+        if Instant::now() > deadline {
+            let _ = kill_process(target, Signal::KILL);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The live supervisor whose command line names `bind`, if any.
+pub(super) fn find_supervisor(bind: &Path) -> Option<u32> {
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        supervisor_alive(pid, bind).then_some(pid)
+    })
+}
+
+pub(super) fn tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(3).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}

@@ -1,0 +1,192 @@
+//! What a (re)started daemon does with the records it finds: every
+//! unfinished sandbox is reconciled with its Job, and work a dead daemon
+//! left in flight is awaited or finished.
+
+use std::fs;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pvisor::runtime::job_service::views;
+use pvisor_core::ids::JobId;
+use pvisor_core::state::JobState;
+use pvisor_core::time::Timestamp;
+
+use crate::guest_link;
+
+use super::generations::{find_supervisor, supervisor_alive};
+use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT};
+
+impl Daemon {
+    /// Reconciles every unfinished record with what is on disk after a
+    /// (re)start: a state is only kept when the Job confirms it. Work a dead
+    /// daemon left in flight (a create, pause or resume its supervisor is
+    /// still doing) is awaited in the background.
+    pub fn recover(self: &Arc<Self>) {
+        for record in self.list() {
+            if record.state.is_final() {
+                continue;
+            }
+            let id = record.id.clone();
+            let bind = self.bind_file(&id);
+            // The pid is recorded just after the spawn; a daemon killed in
+            // between is covered by looking for the bind file in /proc.
+            let supervisor = record
+                .supervisor
+                .filter(|pid| supervisor_alive(*pid, &bind))
+                .or_else(|| find_supervisor(&bind));
+            let binding = fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
+            // A create or resume whose supervisor is still starting the VM.
+            if matches!(record.state, SandboxState::Pending | SandboxState::Resuming) {
+                if let Some(pid) = supervisor {
+                    tracing::info!(sandbox = %id, pid, state = record.state.as_str(), "recovery: its supervisor is still starting the VM; awaiting it");
+                    let daemon = self.clone();
+                    let resume =
+                        (record.state == SandboxState::Resuming).then(|| record.job.clone()).flatten();
+                    std::thread::spawn(move || {
+                        let outcome = daemon.await_generation(&id, pid);
+                        daemon.provisioned(&id, resume, outcome, Instant::now());
+                    });
+                    continue;
+                }
+            }
+            let Some(job) = binding.map(|b| b.job).or(record.job.clone()) else {
+                tracing::info!(sandbox = %id, state = record.state.as_str(), "recovery: no Job was admitted and no supervisor is left");
+                self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted, and its supervisor is gone; nothing is running");
+                continue;
+            };
+            let status = match views::status(&self.store, &job) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.finish(
+                        &id,
+                        SandboxState::Failed,
+                        "record_unreadable",
+                        &format!("its Job {job} cannot be read: {e}"),
+                    );
+                    continue;
+                }
+            };
+            let attempt = status.attempt.number();
+            tracing::info!(
+                sandbox = %id,
+                state = record.state.as_str(),
+                job = %job,
+                job_state = %status.state,
+                supervisor,
+                "recovery: reconciling the record with its Job"
+            );
+            let _ = self.update(&id, |r| {
+                r.job = Some(job.clone());
+                if r.generations.last().map(|g| g.attempt) != Some(attempt)
+                    && status.state == JobState::Running
+                {
+                    r.generations.push(Generation { attempt, started_at: Timestamp::now(), ready_ms: None });
+                }
+                Ok(())
+            });
+            match (record.state, status.state) {
+                (SandboxState::Stopping, _) => {
+                    let daemon = self.clone();
+                    std::thread::spawn(move || daemon.stop(&id, "user_delete"));
+                }
+                (_, JobState::Suspended) => {
+                    self.finish(
+                        &id,
+                        SandboxState::Paused,
+                        "paused",
+                        "recovered from disk: the VM is suspended",
+                    );
+                }
+                // An accepted pause is finished: asked again (a suspend the
+                // supervisor already began answers at once, and is waited out).
+                (SandboxState::Pausing, JobState::Running) => {
+                    let (daemon, mut record) = (self.clone(), record.clone());
+                    record.job = Some(job.clone());
+                    std::thread::spawn(move || match daemon.suspend_vm(&record) {
+                        Ok(()) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
+                        Err(_) => daemon.settle_pause(&id, &job),
+                    });
+                }
+                (_, JobState::Running | JobState::Pending) => {
+                    // Probed in the background, with patience: a busy or slow
+                    // (TCG) guest is not a dead one.
+                    let vm_dir = self.vm_dir_of(&job, attempt);
+                    let (daemon, record) = (self.clone(), record.clone());
+                    std::thread::spawn(move || {
+                        let deadline = Instant::now() + READY_TIMEOUT;
+                        let mut last = String::new();
+                        while Instant::now() < deadline {
+                            match guest_link::probe(&vm_dir, &record.rootfs) {
+                                Ok(_) => {
+                                    // Only if nothing happened to it meanwhile (a pause, a delete).
+                                    let _ = daemon.update(&id, |r| {
+                                        if r.state == SandboxState::Running {
+                                            r.supervisor = supervisor.or(r.supervisor);
+                                            set_state(
+                                                r,
+                                                SandboxState::Running,
+                                                "reattached",
+                                                "the daemon restarted; the VM kept running",
+                                            )
+                                            .map_err(|e| OpError::Conflict(e.to_string()))?;
+                                        }
+                                        Ok(())
+                                    });
+                                    if let Some(pid) = supervisor {
+                                        daemon.watch(&id, pid);
+                                    }
+                                    if !record.commands.contains_key("entrypoint") {
+                                        let _ = daemon.start_entrypoint(&id);
+                                    }
+                                    return;
+                                }
+                                Err(e) => last = e.0,
+                            }
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                        // A sandbox paused or deleted meanwhile is not this probe's to end.
+                        if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
+                            let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                            daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
+                        }
+                    });
+                }
+                (_, other) => {
+                    let message = format!("its VM ended while the daemon was away (Job state {other})");
+                    if matches!(other, JobState::Unknown) {
+                        let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
+                    }
+                    self.finish(&id, SandboxState::Failed, "runtime_exited", &message);
+                }
+            }
+        }
+    }
+
+    /// Waits out a suspend another daemon instance requested.
+    pub(super) fn settle_pause(&self, id: &str, job: &JobId) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            match views::status(&self.store, job).map(|s| s.state) {
+                Ok(JobState::Suspended) => return self.finish(id, SandboxState::Paused, "paused", ""),
+                Ok(JobState::Running) => {}
+                Ok(other) => {
+                    return self.finish(
+                        id,
+                        SandboxState::Failed,
+                        "pause_failed",
+                        &format!("the Job ended {other}"),
+                    )
+                }
+                Err(e) => return self.finish(id, SandboxState::Failed, "pause_failed", &e.to_string()),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Still running: the suspend was never taken (or failed); the VM is live.
+        self.finish(
+            id,
+            SandboxState::Running,
+            "pause_failed",
+            "the pause did not complete before the daemon restarted",
+        );
+    }
+}
