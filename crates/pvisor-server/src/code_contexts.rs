@@ -15,7 +15,6 @@
 //! sandbox's relay (pause, daemon restart), as bash sessions do.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -130,7 +129,7 @@ fn find(daemon: &Daemon, sandbox: &str, id: &str) -> Result<Arc<CodeContext>, Ap
 /// Starts a context's interpreter and registers it.
 async fn start(
     daemon: &Arc<Daemon>,
-    vm_dir: PathBuf,
+    link: crate::guest_link::Link,
     record: SandboxRecord,
     language: Language,
     cwd: Option<String>,
@@ -149,7 +148,7 @@ async fn start(
     }
     let exec_id = daemon.next_exec_id(&sandbox)?;
     let repl = tokio::task::spawn_blocking(move || {
-        Repl::start(language.dialect(), &vm_dir, &record, exec_id, cwd.as_deref())
+        Repl::start(language.dialect(), &link, &record, exec_id, cwd.as_deref())
     })
     .await
     .map_err(|e| ApiError::internal(format!("worker failed: {e}")))??;
@@ -169,12 +168,12 @@ fn describe(id: &str, context: &CodeContext) -> Value {
 /// `POST /code/context`.
 pub async fn create(
     daemon: &Arc<Daemon>,
-    vm_dir: PathBuf,
+    link: crate::guest_link::Link,
     record: SandboxRecord,
     request: CreateContext,
 ) -> ApiResult {
     let language = Language::parse(request.language.as_deref())?;
-    let (id, context) = start(daemon, vm_dir, record, language, request.cwd, false).await?;
+    let (id, context) = start(daemon, link, record, language, request.cwd, false).await?;
     Ok(http::json(StatusCode::OK, &describe(&id, &context)))
 }
 
@@ -244,7 +243,7 @@ struct CellEnd {
 /// default context (created on first use), streaming SSE events.
 pub async fn run(
     daemon: &Arc<Daemon>,
-    vm_dir: PathBuf,
+    link: crate::guest_link::Link,
     record: SandboxRecord,
     request: RunCode,
 ) -> ApiResult {
@@ -281,7 +280,7 @@ pub async fn run(
             match existing {
                 Some(found) => found,
                 None => {
-                    let (id, started) = start(daemon, vm_dir, record, language, None, true).await?;
+                    let (id, started) = start(daemon, link, record, language, None, true).await?;
                     // Two first runs at once each start one; the first to
                     // register it is the default, the other's is ended.
                     let mut contexts = lock(daemon);

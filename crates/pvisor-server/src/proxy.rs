@@ -38,11 +38,11 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let vm_dir = {
+    let link = {
         let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
         tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
             crate::execd::check_token(&daemon.visible(&id)?, &headers)?;
-            Ok(daemon.live_vm_dir(&id)?.1)
+            Ok(daemon.live_link(&id)?.1)
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??
@@ -56,7 +56,7 @@ where
             format!("port {port} of sandbox {id}: {why}"),
         )
     };
-    let stream = tokio::task::spawn_blocking(move || guest_link::forward(&vm_dir, port))
+    let stream = tokio::task::spawn_blocking(move || guest_link::forward(&link, port))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| unreachable(e.0))?;

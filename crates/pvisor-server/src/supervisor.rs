@@ -10,15 +10,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pvisor::actions::{Resume, Run};
 use pvisor::runtime::job_service::views::{self, ViewError};
-use pvisor::runtime::suspension::{self, SuspensionError};
-use pvisor::{AdmissionError, JobService, ManagedJobRun, RunRequest};
+use pvisor::{ManagedJobRun, RunRequest, Runtime, RuntimeError};
 use pvisor_core::ids::JobId;
-use pvisor_core::records::JobRecord;
 use pvisor_core::store::{Store, StoreError};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
-use pvisor_sandbox::vm::VmExecutor;
-use pvisor_sandbox::SandboxError;
+use pvisor_sandbox::Executor;
 
 use crate::sandbox::{Binding, KEEPER};
 
@@ -43,26 +41,20 @@ pub enum SupervisorError {
     View(#[from] ViewError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error(transparent)]
-    Suspension(#[from] SuspensionError),
-    #[error("Job {0} is not suspended; nothing to resume")]
-    NotSuspended(JobId),
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
     #[error("--workspace or --resume is required")]
     NoWorkspace,
     #[error("--network-policy is not an ordered policy (JSON): {0}")]
     Policy(#[source] serde_json::Error),
     #[error("Cannot resume: {0}")]
-    Resume(#[source] AdmissionError),
+    Resume(#[source] RuntimeError),
     #[error(transparent)]
-    Admission(#[from] AdmissionError),
+    Runtime(#[from] RuntimeError),
 }
 
 /// A supervisor ready to start its Attempt.
 #[derive(Debug)]
 pub struct Supervisor {
-    service: JobService,
+    runtime: Runtime,
     bind: PathBuf,
     start: Start,
 }
@@ -70,21 +62,17 @@ pub struct Supervisor {
 #[derive(Debug)]
 enum Start {
     Resume(JobId),
-    New(Box<RunRequest>),
+    New(Box<RunRequest>, Arc<dyn Executor>),
 }
 
 impl Supervisor {
-    /// Checks the options and sets up the vm executor (for a resume, the
-    /// one the checkpoint was taken with).
+    /// Checks the options and sets up the vm executor (a resume restores
+    /// with the one its checkpoint was taken with; see [`Resume`]).
     pub fn prepare(store: Store, options: SupervisorOptions) -> Result<Self, SupervisorError> {
         if let Some(job) = &options.resume {
             let job = views::resolve_job(&store, Some(job))?;
-            let record: JobRecord = store.read(&store.job_file(&job))?;
-            let (_, _, manifest) = suspension::resumable(&store, &record)?
-                .ok_or_else(|| SupervisorError::NotSuspended(job.clone()))?;
-            let executor = Arc::new(VmExecutor::for_checkpoint(store.root(), &manifest)?);
-            let service = JobService::new(store, executor);
-            return Ok(Self { service, bind: options.bind, start: Start::Resume(job) });
+            let runtime = Runtime::on_host(store);
+            return Ok(Self { runtime, bind: options.bind, start: Start::Resume(job) });
         }
         let workspace = options.workspace.ok_or(SupervisorError::NoWorkspace)?;
         let ordered: Option<pvisor_net::OrderedPolicy> = options
@@ -93,7 +81,8 @@ impl Supervisor {
             .map(serde_json::from_str)
             .transpose()
             .map_err(SupervisorError::Policy)?;
-        let executor = Arc::new(VmExecutor::prepare(store.root())?);
+        let runtime = Runtime::on_host(store);
+        let executor = runtime.executor("vm")?;
         let request = RunRequest {
             caches: Vec::new(),
             workspace,
@@ -123,16 +112,15 @@ impl Supervisor {
                 ..Default::default()
             },
         };
-        let service = JobService::new(store, executor);
-        Ok(Self { service, bind: options.bind, start: Start::New(Box::new(request)) })
+        Ok(Self { runtime, bind: options.bind, start: Start::New(Box::new(request), executor) })
     }
 
     /// Submits (or resumes) the Job and writes the binding; the caller
     /// drives the returned run to its end. Runs inside the caller's runtime.
     pub fn start(self) -> Result<ManagedJobRun, SupervisorError> {
         let run = match self.start {
-            Start::Resume(job) => self.service.resume(&job).map_err(SupervisorError::Resume)?,
-            Start::New(request) => self.service.submit(*request)?,
+            Start::Resume(job) => self.runtime.execute(Resume { job }).map_err(SupervisorError::Resume)?,
+            Start::New(request, executor) => self.runtime.execute(Run { request: *request, executor })?,
         };
         let binding = Binding { job: run.job().clone(), attempt: run.attempt().number() };
         pvisor_core::store::write_atomic(&self.bind, &pvisor_core::store::to_json_bytes(&binding))?;

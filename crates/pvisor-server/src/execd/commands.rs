@@ -95,9 +95,9 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         root: Some(guest.record.rootfs.clone()),
         output: request.background.then(|| PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
     };
-    let vm_dir = guest.vm_dir.clone();
+    let link = guest.link.clone();
     let (mut channel, first) = blocking(move || {
-        let mut channel = guest_link::exec(&vm_dir, spec).map_err(|e| ApiError::internal(e.0))?;
+        let mut channel = guest_link::exec(&link, spec).map_err(|e| ApiError::internal(e.0))?;
         let first = channel.next_reply().map_err(|e| ApiError::internal(e.to_string()))?;
         Ok((channel, first))
     })
@@ -141,8 +141,8 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
             std::thread::spawn(move || {
                 std::thread::sleep(timeout);
                 for signal in [libc::SIGTERM, libc::SIGKILL] {
-                    if let Ok((_, vm_dir)) = daemon.live_vm_dir(&sandbox) {
-                        let _ = guest_link::signal(&vm_dir, exec_id, signal);
+                    if let Ok((_, link)) = daemon.live_link(&sandbox) {
+                        let _ = guest_link::signal(&link, exec_id, signal);
                     }
                     std::thread::sleep(Duration::from_secs(2));
                 }
@@ -175,7 +175,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
     };
     let started = Instant::now();
     let daemon2 = daemon.clone();
-    let kill_dir = guest.vm_dir.clone();
+    let kill_link = guest.link.clone();
     tokio::task::spawn_blocking(move || {
         let (mut out_lines, mut err_lines) = (Lines::default(), Lines::default());
         let send = |kind: &str, texts: Vec<Vec<u8>>| {
@@ -194,7 +194,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
                 Ok(None) | Err(_) => {
                     // Its output has no reader any more (the sandbox stopped,
                     // or this stream stalled and was cut off): end it.
-                    let _ = guest_link::signal(&kill_dir, exec_id, libc::SIGKILL);
+                    let _ = guest_link::signal(&kill_link, exec_id, libc::SIGKILL);
                     break Err("the command's stream ended early (the sandbox was paused or stopped, or the client stalled for 30 s)".to_string());
                 }
             }
@@ -268,7 +268,7 @@ pub(super) async fn interrupt(daemon: &Arc<Daemon>, guest: Guest, cmd: &str) -> 
     }
     blocking(move || {
         for signal in [libc::SIGTERM, libc::SIGKILL] {
-            guest_link::signal(&guest.vm_dir, record.exec_id, signal).map_err(guest_error)?;
+            guest_link::signal(&guest.link, record.exec_id, signal).map_err(guest_error)?;
             std::thread::sleep(Duration::from_millis(if signal == libc::SIGTERM { 500 } else { 0 }));
         }
         Ok(http::empty(StatusCode::OK))
@@ -283,7 +283,7 @@ pub(super) async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
         let (running, exit_code) = if record.finished_at.is_some() {
             (false, record.exit_code)
         } else {
-            match guest_link::status(&guest.vm_dir, record.exec_id) {
+            match guest_link::status(&guest.link, record.exec_id) {
                 Ok(Reply::Status { running, code, signal, .. }) => {
                     (running, code.or(signal.map(|s| 128 + s)))
                 }

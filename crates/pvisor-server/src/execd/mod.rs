@@ -82,7 +82,7 @@ fn guest_error(GuestError(message): GuestError) -> ApiError {
 
 struct Guest {
     record: SandboxRecord,
-    vm_dir: PathBuf,
+    link: crate::guest_link::Link,
     /// The image's user and group names, read only by the routes that show
     /// or set owners (not on every command).
     names: std::sync::OnceLock<Names>,
@@ -94,7 +94,7 @@ impl Guest {
     }
 
     fn op(&self, op: FileOp) -> Result<Reply, ApiError> {
-        guest_link::file_op(&self.vm_dir, &self.record.rootfs, op).map_err(guest_error)
+        guest_link::file_op(&self.link, &self.record.rootfs, op).map_err(guest_error)
     }
 
     fn resolved(&self, op: FileOp) -> Result<PathBuf, ApiError> {
@@ -112,7 +112,7 @@ impl Guest {
     }
 
     fn read(&self, guest_path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, ApiError> {
-        guest_link::read(&self.vm_dir, guest_path, offset, len).map_err(guest_error)
+        guest_link::read(&self.link, guest_path, offset, len).map_err(guest_error)
     }
 
     /// Writes `data` to `path` (creating parents), in pages; then its mode and owner.
@@ -139,7 +139,7 @@ impl Guest {
 
     /// Writes the next page (at most [`CHUNK`] bytes): the first truncates.
     fn write_page(&self, mut file: FileWrite, page: &[u8]) -> Result<FileWrite, ApiError> {
-        guest_link::write_chunk(&self.vm_dir, &file.target, file.mode, file.started, page)
+        guest_link::write_chunk(&self.link, &file.target, file.mode, file.started, page)
             .map_err(guest_error)?;
         file.started = true;
         Ok(file)
@@ -148,8 +148,7 @@ impl Guest {
     /// Ends the file (empty if no page was written), then sets its mode and owner.
     fn finish(&self, file: FileWrite, owner: Option<u32>, group: Option<u32>) -> Result<(), ApiError> {
         if !file.started {
-            guest_link::write_chunk(&self.vm_dir, &file.target, file.mode, false, &[])
-                .map_err(guest_error)?;
+            guest_link::write_chunk(&self.link, &file.target, file.mode, false, &[]).map_err(guest_error)?;
         }
         self.op(FileOp::Chmod { path: file.path.into(), mode: Some(file.mode), uid: owner, gid: group })?;
         Ok(())
@@ -183,8 +182,8 @@ pub(crate) fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result
 
 fn connect(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> Result<Guest, ApiError> {
     check_token(&daemon.visible(id)?, headers)?;
-    let (record, vm_dir) = daemon.live_vm_dir(id)?;
-    Ok(Guest { record, vm_dir, names: std::sync::OnceLock::new() })
+    let (record, link) = daemon.live_link(id)?;
+    Ok(Guest { record, link, names: std::sync::OnceLock::new() })
 }
 
 /// `755` (octal digits written in decimal, as the spec does) → 0o755.
@@ -373,7 +372,7 @@ where
                 let bytes = small(body).await?;
                 let request: crate::code_contexts::CreateContext =
                     if bytes.iter().all(u8::is_ascii_whitespace) { Default::default() } else { http::parse_json(&bytes, "CodeContextRequest")? };
-                crate::code_contexts::create(daemon, guest.vm_dir, guest.record, request).await
+                crate::code_contexts::create(daemon, guest.link, guest.record, request).await
             }
             (&Method::GET, ["code", "contexts"]) => {
                 crate::code_contexts::list(daemon, &guest.record.id, http::query_one(&q, "language"))
@@ -388,7 +387,7 @@ where
             }
             (&Method::POST, ["code"]) => {
                 let request: crate::code_contexts::RunCode = http::parse_json(&small(body).await?, "RunCodeRequest")?;
-                crate::code_contexts::run(daemon, guest.vm_dir, guest.record, request).await
+                crate::code_contexts::run(daemon, guest.link, guest.record, request).await
             }
             (&Method::DELETE, ["code"]) => {
                 let id = http::query_one(&q, "id").filter(|i| !i.is_empty()).ok_or_else(|| missing_query("id"))?;

@@ -47,7 +47,7 @@ pub(super) async fn create_session(daemon: &Arc<Daemon>, guest: Guest, request: 
     let session = blocking(move || {
         crate::repl::Repl::start(
             crate::repl::Dialect::Bash,
-            &guest.vm_dir,
+            &guest.link,
             &guest.record,
             exec_id,
             request.cwd.as_deref(),

@@ -185,7 +185,7 @@ impl Repl {
     /// none), or the image's python3 running [`PYTHON_DRIVER`].
     pub fn start(
         dialect: Dialect,
-        vm_dir: &std::path::Path,
+        link: &crate::guest_link::Link,
         record: &SandboxRecord,
         exec_id: u32,
         cwd: Option<&str>,
@@ -224,7 +224,7 @@ impl Repl {
             root: Some(record.rootfs.clone()),
             output: None,
         };
-        let mut channel = guest_link::exec(vm_dir, spec).map_err(|e| ApiError::internal(e.0))?;
+        let mut channel = guest_link::exec(link, spec).map_err(|e| ApiError::internal(e.0))?;
         match channel.next_reply() {
             Ok(Some((Reply::Started { .. }, _))) => {}
             Ok(Some((Reply::ExecFailed { message, .. }, _))) => {

@@ -269,9 +269,12 @@ impl Daemon {
             r.job = Some(binding.job.clone());
             Ok(())
         });
-        let vm_dir = self.vm_dir_of(&binding.job, binding.attempt);
         loop {
-            match guest_link::probe(&vm_dir, &record.rootfs) {
+            // Opened each time: until the Attempt runs there is no guest to open.
+            let probed = self
+                .link_of(&binding.job, binding.attempt)
+                .and_then(|l| guest_link::probe(&l, &record.rootfs));
+            match probed {
                 Ok(_) => return Ok(binding.attempt),
                 Err(source) => {
                     if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
@@ -285,7 +288,7 @@ impl Daemon {
     }
 
     pub(super) fn start_entrypoint(&self, id: &str) -> Result<(), EntrypointError> {
-        let (record, vm_dir) = self.live_vm_dir(id)?;
+        let (record, link) = self.live_link(id)?;
         if record.entrypoint.is_empty() {
             return Ok(());
         }
@@ -298,7 +301,7 @@ impl Daemon {
             root: Some(record.rootfs.clone()),
             output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
         };
-        let mut channel = guest_link::exec(&vm_dir, spec)?;
+        let mut channel = guest_link::exec(&link, spec)?;
         let started = match channel.next_reply() {
             Ok(Some((guest_link::Reply::Started { .. }, _))) => Ok(()),
             Ok(Some((guest_link::Reply::ExecFailed { message, .. }, _))) => {

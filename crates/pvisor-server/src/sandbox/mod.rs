@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_core::ids::JobId;
 use pvisor_core::store::Store;
 
 use crate::images::ImageStore;
@@ -250,17 +250,17 @@ impl Daemon {
         self.dir.join(format!("{id}.log"))
     }
 
-    fn vm_dir_of(&self, job: &JobId, attempt: u32) -> PathBuf {
-        let run =
-            self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)).map(|j| j.run);
-        match run {
-            Ok(run) => self.store.attempt_dir(&AttemptId::new(run, attempt)).join("vm"),
-            Err(_) => PathBuf::from("/nonexistent"),
-        }
+    /// The guest of generation `attempt` of `job`.
+    fn link_of(
+        &self,
+        job: &JobId,
+        attempt: u32,
+    ) -> Result<crate::guest_link::Link, crate::guest_link::GuestError> {
+        crate::guest_link::open(&self.store, job, attempt)
     }
 
-    /// The VM directory of a Running sandbox's current generation.
-    pub fn live_vm_dir(&self, id: &str) -> Result<(SandboxRecord, PathBuf), OpError> {
+    /// The guest of a Running sandbox's current generation.
+    pub fn live_link(&self, id: &str) -> Result<(SandboxRecord, crate::guest_link::Link), OpError> {
         let record = self.get(id)?;
         if record.state != SandboxState::Running {
             return Err(OpError::Conflict(format!(
@@ -271,8 +271,8 @@ impl Daemon {
         let (Some(job), Some(generation)) = (&record.job, record.generations.last()) else {
             return Err(OpError::Conflict(format!("sandbox {id} has no running VM")));
         };
-        let dir = self.vm_dir_of(job, generation.attempt);
-        Ok((record, dir))
+        let link = self.link_of(job, generation.attempt).map_err(|e| OpError::Conflict(e.to_string()))?;
+        Ok((record, link))
     }
 
     /// Takes one of the sandbox's [`MAX_STREAMS`] stream slots, or 429.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use pvisor::runtime::job_service::views;
 use pvisor_core::ids::JobId;
@@ -23,10 +23,6 @@ pub enum SuspendError {
     NoVm,
     #[error(transparent)]
     Guest(#[from] GuestError),
-    #[error("the Job ended {0} instead of suspended")]
-    Ended(JobState),
-    #[error(transparent)]
-    Status(views::ViewError),
 }
 
 /// How long a Terminated or Failed sandbox stays listed.
@@ -127,19 +123,11 @@ impl Daemon {
         let (Some(job), Some(generation)) = (&record.job, record.generations.last()) else {
             return Err(SuspendError::NoVm);
         };
-        let vm_dir = self.vm_dir_of(job, generation.attempt);
-        guest_link::suspend(&vm_dir)?;
-        // Paused only once the termination receipt makes the Job suspended.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            match views::status(&self.store, job).map(|s| s.state) {
-                Ok(JobState::Suspended) => return Ok(()),
-                Ok(JobState::Running | JobState::Pending) if Instant::now() < deadline => {}
-                Ok(other) => return Err(SuspendError::Ended(other)),
-                Err(e) => return Err(SuspendError::Status(e)),
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let _ = generation;
+        // Paused only once the termination receipt makes the Job suspended:
+        // the runtime's Suspend returns then, not when the VM is saved.
+        guest_link::suspend(&self.store, job)?;
+        Ok(())
     }
 
     /// `POST /resume`: Paused → Resuming, then Running in a new generation.

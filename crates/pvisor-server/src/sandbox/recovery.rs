@@ -110,13 +110,15 @@ impl Daemon {
                 (_, JobState::Running | JobState::Pending) => {
                     // Probed in the background, with patience: a busy or slow
                     // (TCG) guest is not a dead one.
-                    let vm_dir = self.vm_dir_of(&job, attempt);
                     let (daemon, record) = (self.clone(), record.clone());
                     std::thread::spawn(move || {
                         let deadline = Instant::now() + READY_TIMEOUT;
                         let mut last = String::new();
                         while Instant::now() < deadline {
-                            match guest_link::probe(&vm_dir, &record.rootfs) {
+                            let probed = daemon
+                                .link_of(&job, attempt)
+                                .and_then(|l| guest_link::probe(&l, &record.rootfs));
+                            match probed {
                                 Ok(_) => {
                                     // Only if nothing happened to it meanwhile (a pause, a delete).
                                     let _ = daemon.update(&id, |r| {

@@ -12,15 +12,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pvisor_core::ids::{AttemptId, JobId};
-use pvisor_sandbox::capabilities::{CapabilityError, GuestAccess, Reply, Request};
-use pvisor_sandbox::vm::guest::{ExecChannel, ExecSpec};
+use pvisor_sandbox::capabilities::GuestAccess;
+
+/// The vocabulary of guest access: commands (`ExecSpec`, relayed on an
+/// `ExecChannel`), agent requests and replies, file metadata, and the
+/// host-side lookup of a path beneath an image root, which resolves
+/// symlinks the way the guest will. One definition, shared with the agent.
+pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request};
+pub use pvisor_sandbox::capabilities::CapabilityError;
+pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
 use super::{Action, Runtime, RuntimeError};
 
-/// Opens the guest of `job`'s running Attempt.
+/// Opens the guest of `job`'s running Attempt: `attempt` (its number), or
+/// the one the Job targets.
 #[derive(Debug)]
 pub struct OpenGuest {
     pub job: JobId,
+    pub attempt: Option<u32>,
 }
 
 /// The guest of one running Attempt. Cheap to clone; a request after the
@@ -37,7 +46,11 @@ impl Action for OpenGuest {
     type Outcome = Guest;
 
     fn perform(self, runtime: &Runtime) -> Result<Guest, RuntimeError> {
-        let live = runtime.job(&self.job)?;
+        let mut live = runtime.job(&self.job)?;
+        if let Some(n) = self.attempt {
+            live.attempt = AttemptId::new(live.run.id.clone(), n);
+            live.attempt_dir = runtime.store.attempt_dir(&live.attempt);
+        }
         let access =
             runtime.backends.guest_access(live.executor()).ok_or_else(|| RuntimeError::Unsupported {
                 job: self.job.clone(),

@@ -28,7 +28,7 @@
 
 mod changes;
 mod execution;
-mod guest;
+pub mod guest;
 mod jobs;
 
 use std::path::PathBuf;

@@ -516,7 +516,7 @@ fn resume_of_a_job_without_checkpoints_is_refused_and_admits_nothing() {
 fn a_backend_without_a_guest_refuses_guest_access() {
     let f = fixture(vec![Script::exits(0, &[])]);
     let outcome = f.run();
-    let err = f.runtime.execute(OpenGuest { job: outcome.job }).unwrap_err();
+    let err = f.runtime.execute(OpenGuest { job: outcome.job, attempt: None }).unwrap_err();
     assert!(matches!(err, RuntimeError::Unsupported { what: "reach a guest", .. }), "{err:?}");
 }
 
@@ -530,7 +530,7 @@ fn execution_checkpoints_of_an_ended_job_are_refused_before_the_backend_is_asked
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("not running (state: completed)"), "{err}");
-    let err = f.runtime.execute(OpenGuest { job: outcome.job }).unwrap_err();
+    let err = f.runtime.execute(OpenGuest { job: outcome.job, attempt: None }).unwrap_err();
     assert!(matches!(err, RuntimeError::NotRunning { .. }), "{err:?}");
     assert!(f.capabilities.as_ref().unwrap().asked.lock().unwrap().is_empty(), "the backend was not asked");
 }
@@ -552,7 +552,7 @@ fn a_running_job_is_checkpointed_through_its_backend_and_its_refusal_is_reported
         let err = f.runtime.execute(CheckpointExecution { job: job.clone() }).unwrap_err();
         assert!(matches!(err, RuntimeError::Capability { .. }), "{err:?}");
         assert!(err.to_string().contains("the fake backend refuses"), "{err}");
-        let guest = f.runtime.execute(OpenGuest { job: job.clone() }).unwrap();
+        let guest = f.runtime.execute(OpenGuest { job: job.clone(), attempt: None }).unwrap();
         assert_eq!(guest.attempt(), run.attempt());
         assert!(guest.connect(8080).is_err());
         let asked = f.capabilities.as_ref().unwrap().asked.lock().unwrap().clone();
