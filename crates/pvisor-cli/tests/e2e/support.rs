@@ -91,9 +91,12 @@ pub fn bin() -> &'static str {
         let copy = dir.join("pvisor");
         if !copy.exists() {
             fs::create_dir_all(&dir).unwrap();
-            // Older copies belong to older builds; this one replaces them.
+            // Copies of other builds are removed once stale: a test run from
+            // another checkout may be using a fresh one right now.
+            let stale = std::time::Duration::from_secs(6 * 3600);
             for old in fs::read_dir(&shelf).unwrap().flatten() {
-                if old.file_name() != version.as_str() {
+                let age = old.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+                if old.file_name() != version.as_str() && age.is_some_and(|a| a > stale) {
                     let _ = fs::remove_dir_all(old.path());
                 }
             }
