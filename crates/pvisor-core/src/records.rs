@@ -64,8 +64,32 @@ record!(JobRecord, "job.json");
 pub struct Lineage {
     pub parent_job: JobId,
     pub checkpoint: crate::ids::CheckpointId,
-    /// `workspace` (files and conflict baselines) or `execution` (a VM's state).
-    pub kind: String,
+    pub kind: CheckpointKind,
+}
+
+/// What a checkpoint holds: `workspace` (a stage's files and conflict
+/// baselines) or `execution` (a VM's machine state and disks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    Workspace,
+    Execution,
+}
+
+impl CheckpointKind {
+    /// The kind's name as written in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Workspace => "workspace",
+            Self::Execution => "execution",
+        }
+    }
+}
+
+impl std::fmt::Display for CheckpointKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `checkpoints/<id>/manifest.json`: a sealed snapshot of a stage.
@@ -76,7 +100,8 @@ pub struct Lineage {
 pub struct CheckpointManifest {
     pub format: u32,
     pub id: crate::ids::CheckpointId,
-    pub kind: String,
+    /// Always `workspace` for a stage checkpoint.
+    pub kind: CheckpointKind,
     pub created_at: Timestamp,
     /// The Job and Attempt whose stage was snapshotted.
     pub job: JobId,
@@ -166,11 +191,18 @@ pub struct RunBinding {
     pub trace: Option<crate::journal::TracePrefix>,
 }
 
+/// What an Operation does. Today only `run.execute`: run a command in a
+/// sandbox over a workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperationKind {
+    #[serde(rename = "run.execute")]
+    RunExecute,
+}
+
 /// What pvisor processes: today only `run.execute`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
-    /// The operation kind, `run.execute`.
-    pub kind: String,
+    pub kind: OperationKind,
     pub program: String,
     pub args: Vec<String>,
     /// The working directory inside the sandbox.
@@ -235,15 +267,44 @@ impl ResourceLimits {
         self.memory_bytes.is_none() && self.pids.is_none() && self.cpus.is_none() && self.disk_bytes.is_none()
     }
 
-    /// Whether `limit` (`memory`, `pids`, `cpus`) is pvisor's default rather
-    /// than the user's request.
-    pub fn is_default(&self, limit: &str) -> bool {
+    /// Whether `limit` is pvisor's default rather than the user's request
+    /// (pvisor has no default CPU limit).
+    pub fn is_default(&self, limit: LimitKind) -> bool {
         match limit {
-            "memory" => self.memory_is_default,
-            "pids" => self.pids_is_default,
-            "disk" => self.disk_is_default,
-            _ => false,
+            LimitKind::Memory => self.memory_is_default,
+            LimitKind::Pids => self.pids_is_default,
+            LimitKind::Disk => self.disk_is_default,
+            LimitKind::Cpus => false,
         }
+    }
+}
+
+/// One kind of resource limit, named as `--memory`, `--pids`, `--cpus` and
+/// `--disk` name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitKind {
+    Memory,
+    Pids,
+    Cpus,
+    Disk,
+}
+
+impl LimitKind {
+    /// The limit's name as written in records and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+            Self::Cpus => "cpus",
+            Self::Disk => "disk",
+        }
+    }
+}
+
+impl std::fmt::Display for LimitKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -344,7 +344,7 @@ fn limits_check() -> Check {
     let report = applied.report.clone();
     applied.remove();
     let by: Vec<String> = report.iter().map(|e| format!("{}: {}", e.limit, e.by)).collect();
-    let all_cgroup = report.iter().all(|e| e.by.starts_with("cgroup"));
+    let all_cgroup = report.iter().all(|e| e.by.to_string().starts_with("cgroup"));
     if all_cgroup {
         check("resource limits", Status::Ok, by.join("; "), None, false)
     } else {

@@ -22,22 +22,57 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use pvisor_core::records::ResourceLimits as Limits;
+pub use pvisor_core::records::{LimitKind, ResourceLimits as Limits};
 
 /// How one limit is enforced.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Enforcement {
-    /// `memory`, `pids` or `cpus`.
-    pub limit: String,
+    pub limit: LimitKind,
     pub value: String,
-    /// e.g. `cgroup v1 memory.limit_in_bytes`, `rlimit RLIMIT_AS`, or
-    /// `not enforced: …`.
-    pub by: String,
+    pub by: Mechanism,
 }
 
 impl Enforcement {
     pub fn enforced(&self) -> bool {
-        !self.by.starts_with("not enforced")
+        matches!(self.by, Mechanism::Enforced(_))
+    }
+}
+
+/// What enforces a limit, or why nothing does. Recorded as one string
+/// (`cgroup v1 memory.limit_in_bytes`, `not enforced: <why>`), the format
+/// the Trace and Bundles have always had.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum Mechanism {
+    /// e.g. `cgroup v2 memory.max`, `rlimit RLIMIT_AS (...)`.
+    Enforced(String),
+    /// Why the limit is not enforced.
+    NotEnforced(String),
+}
+
+const NOT_ENFORCED: &str = "not enforced: ";
+
+impl From<String> for Mechanism {
+    fn from(s: String) -> Self {
+        match s.strip_prefix(NOT_ENFORCED) {
+            Some(why) => Self::NotEnforced(why.to_owned()),
+            None => Self::Enforced(s),
+        }
+    }
+}
+
+impl From<Mechanism> for String {
+    fn from(m: Mechanism) -> Self {
+        m.to_string()
+    }
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Enforced(by) => f.write_str(by),
+            Self::NotEnforced(why) => write!(f, "{NOT_ENFORCED}{why}"),
+        }
     }
 }
 
@@ -109,20 +144,22 @@ fn human_bytes(b: u64) -> String {
 /// gets a cgroup of the run's own.
 const SHARED_DEFAULT: &str = "pvisor-default";
 
-/// Joins the shared default cgroup of a v1 `controller`, setting `setting`.
+/// Joins the shared default cgroup of the v1 controller of `kind` (named
+/// as the limit is), setting `setting`.
 fn join_shared_v1(
     out: &mut Applied,
-    controller: &str,
+    kind: LimitKind,
     setting: (&str, String),
     value: String,
 ) -> Result<(), String> {
     let (file, limit) = setting;
+    let controller = kind.as_str();
     let dir = make(&Path::new(ROOT).join(controller), controller, SHARED_DEFAULT, &[(file, limit)])?;
     out.join.push(dir.join("cgroup.procs"));
     out.report.push(Enforcement {
-        limit: controller.into(),
+        limit: kind,
         value,
-        by: format!("cgroup v1 {file} (the default, shared by default-limited runs)"),
+        by: Mechanism::Enforced(format!("cgroup v1 {file} (the default, shared by default-limited runs)")),
     });
     Ok(())
 }
@@ -185,10 +222,10 @@ pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
 /// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
 pub(crate) fn disk(bytes: u64) -> Enforcement {
     Enforcement {
-        limit: "disk".into(),
+        limit: LimitKind::Disk,
         value: human_bytes(bytes),
-        by: "tmpfs size= (the stage is held in memory until the command ends; writes past it fail with ENOSPC)"
-            .into(),
+        by: Mechanism::Enforced("tmpfs size= (the stage is held in memory until the command ends; writes past it fail with ENOSPC)"
+            .into()),
     }
 }
 
@@ -203,7 +240,12 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
     // cgroup v1: one hierarchy per controller.
     let mut failures = Vec::new();
     if let Some(m) = limits.memory_bytes.filter(|_| limits.memory_is_default) {
-        match join_shared_v1(&mut out, "memory", ("memory.limit_in_bytes", m.to_string()), human_bytes(m)) {
+        match join_shared_v1(
+            &mut out,
+            LimitKind::Memory,
+            ("memory.limit_in_bytes", m.to_string()),
+            human_bytes(m),
+        ) {
             Ok(()) => {}
             Err(e) => failures.push(("memory", e)),
         }
@@ -218,16 +260,17 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
                 out.oom_file = Some(dir.join("memory.oom_control"));
                 out.dirs.push(dir);
                 out.report.push(Enforcement {
-                    limit: "memory".into(),
+                    limit: LimitKind::Memory,
                     value: human_bytes(m),
-                    by: "cgroup v1 memory.limit_in_bytes".into(),
+                    by: Mechanism::Enforced("cgroup v1 memory.limit_in_bytes".into()),
                 });
             }
             Err(e) => failures.push(("memory", e)),
         }
     }
     if let Some(p) = limits.pids.filter(|_| limits.pids_is_default) {
-        if let Err(e) = join_shared_v1(&mut out, "pids", ("pids.max", p.to_string()), p.to_string()) {
+        if let Err(e) = join_shared_v1(&mut out, LimitKind::Pids, ("pids.max", p.to_string()), p.to_string())
+        {
             failures.push(("pids", e));
         }
     } else if let Some(p) = limits.pids {
@@ -236,9 +279,9 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
                 out.join.push(dir.join("cgroup.procs"));
                 out.dirs.push(dir);
                 out.report.push(Enforcement {
-                    limit: "pids".into(),
+                    limit: LimitKind::Pids,
                     value: p.to_string(),
-                    by: "cgroup v1 pids.max".into(),
+                    by: Mechanism::Enforced("cgroup v1 pids.max".into()),
                 });
             }
             Err(e) => failures.push(("pids", e)),
@@ -254,9 +297,9 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
                 out.join.push(dir.join("cgroup.procs"));
                 out.dirs.push(dir);
                 out.report.push(Enforcement {
-                    limit: "cpus".into(),
+                    limit: LimitKind::Cpus,
                     value: format!("{c}"),
-                    by: "cgroup v1 cpu.cfs_quota_us".into(),
+                    by: Mechanism::Enforced("cgroup v1 cpu.cfs_quota_us".into()),
                 });
             }
             Err(e) => failures.push(("cpus", e)),
@@ -324,9 +367,9 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
             Ok(_) => {
                 let _ = set("memory.swap.max", "0".into());
                 out.report.push(Enforcement {
-                    limit: "memory".into(),
+                    limit: LimitKind::Memory,
                     value: human_bytes(m),
-                    by: "cgroup v2 memory.max".into(),
+                    by: Mechanism::Enforced("cgroup v2 memory.max".into()),
                 });
                 out.oom_file = Some(dir.join("memory.events"));
             }
@@ -339,9 +382,9 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
     if let Some(p) = limits.pids {
         match set("pids.max", p.to_string()) {
             Ok(_) => out.report.push(Enforcement {
-                limit: "pids".into(),
+                limit: LimitKind::Pids,
                 value: p.to_string(),
-                by: "cgroup v2 pids.max".into(),
+                by: Mechanism::Enforced("cgroup v2 pids.max".into()),
             }),
             Err(e) => {
                 rest.pids = Some(p);
@@ -352,9 +395,9 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
     if let Some(c) = limits.cpus {
         match set("cpu.max", format!("{} {period}", (c * period as f64).round() as u64)) {
             Ok(_) => out.report.push(Enforcement {
-                limit: "cpus".into(),
+                limit: LimitKind::Cpus,
                 value: format!("{c}"),
-                by: "cgroup v2 cpu.max".into(),
+                by: Mechanism::Enforced("cgroup v2 cpu.max".into()),
             }),
             Err(e) => {
                 rest.cpus = Some(c);
@@ -380,42 +423,46 @@ fn apply_v2(limits: &Limits, name: &str, period: u64, mut out: Applied) -> Appli
 fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
     if let Some(m) = limits.memory_bytes.filter(|_| limits.memory_is_default) {
         out.report.push(Enforcement {
-            limit: "memory".into(),
+            limit: LimitKind::Memory,
             value: human_bytes(m),
-            by: format!(
+            by: Mechanism::Enforced(format!(
                 "not enforced: the default needs a cgroup ({reason}); --memory SIZE enforces one with RLIMIT_AS"
-            ),
+            )),
         });
     } else if let Some(m) = limits.memory_bytes {
         out.rlimits.push((libc::RLIMIT_AS, m));
         out.report.push(Enforcement {
-            limit: "memory".into(),
+            limit: LimitKind::Memory,
             value: human_bytes(m),
-            by: format!("rlimit RLIMIT_AS (address space; no cgroup: {reason})"),
+            by: Mechanism::Enforced(format!("rlimit RLIMIT_AS (address space; no cgroup: {reason})")),
         });
     }
     if let Some(p) = limits.pids {
         if rustix::process::geteuid().is_root() {
             // The kernel exempts real uid 0 from RLIMIT_NPROC.
             out.report.push(Enforcement {
-                limit: "pids".into(),
+                limit: LimitKind::Pids,
                 value: p.to_string(),
-                by: format!("not enforced: no cgroup ({reason}), and uid 0 is exempt from RLIMIT_NPROC"),
+                by: Mechanism::NotEnforced(format!(
+                    "no cgroup ({reason}), and uid 0 is exempt from RLIMIT_NPROC"
+                )),
             });
         } else {
             out.rlimits.push((libc::RLIMIT_NPROC, p));
             out.report.push(Enforcement {
-                limit: "pids".into(),
+                limit: LimitKind::Pids,
                 value: p.to_string(),
-                by: format!("rlimit RLIMIT_NPROC in the sandbox's user namespace (no cgroup: {reason})"),
+                by: Mechanism::Enforced(format!(
+                    "rlimit RLIMIT_NPROC in the sandbox's user namespace (no cgroup: {reason})"
+                )),
             });
         }
     }
     if let Some(c) = limits.cpus {
         out.report.push(Enforcement {
-            limit: "cpus".into(),
+            limit: LimitKind::Cpus,
             value: format!("{c}"),
-            by: format!("not enforced: {reason}"),
+            by: Mechanism::NotEnforced(reason.to_string()),
         });
     }
     out
@@ -490,8 +537,32 @@ mod tests {
             Applied::default(),
             "rootless",
         );
-        assert!(out.report.iter().find(|e| e.limit == "cpus").is_some_and(|e| !e.enforced()));
+        assert!(out.report.iter().find(|e| e.limit == LimitKind::Cpus).is_some_and(|e| !e.enforced()));
         let root = rustix::process::geteuid().is_root();
         assert_eq!(out.rlimits.len(), if root { 1 } else { 2 }, "real root is exempt from RLIMIT_NPROC");
+    }
+
+    /// The typed enforcement is recorded exactly as the strings were, and
+    /// old records read back into the right variant.
+    #[test]
+    fn enforcement_records_keep_their_string_form() {
+        let not = Enforcement {
+            limit: LimitKind::Pids,
+            value: "64".into(),
+            by: Mechanism::NotEnforced("uid 0 is exempt".into()),
+        };
+        let json = serde_json::to_value(&not).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"limit": "pids", "value": "64", "by": "not enforced: uid 0 is exempt"})
+        );
+        assert_eq!(serde_json::from_value::<Enforcement>(json).unwrap(), not);
+        let old = serde_json::json!({"limit": "memory", "value": "1G", "by": "cgroup v2 memory.max"});
+        let read: Enforcement = serde_json::from_value(old).unwrap();
+        assert!(read.enforced() && read.limit == LimitKind::Memory);
+        assert!(serde_json::from_value::<Enforcement>(
+            serde_json::json!({"limit": "gpus", "value": "1", "by": "x"})
+        )
+        .is_err());
     }
 }

@@ -383,7 +383,7 @@ mod tests {
         let manifest = CheckpointManifest {
             format: 1,
             id: pvisor_core::ids::CheckpointId::generate(),
-            kind: "workspace".into(),
+            kind: pvisor_core::records::CheckpointKind::Workspace,
             created_at: pvisor_core::time::Timestamp::now(),
             job: pvisor_core::ids::JobId::generate(),
             attempt: pvisor_core::ids::AttemptId::new(pvisor_core::ids::RunId::generate(), 1),

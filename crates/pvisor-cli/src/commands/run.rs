@@ -373,14 +373,14 @@ fn cache_paths(requested: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>> 
 }
 
 /// The limits announced as not enforceable before the command started.
-static ANNOUNCED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+static ANNOUNCED: std::sync::OnceLock<Vec<pvisor_core::records::LimitKind>> = std::sync::OnceLock::new();
 
 /// Says, before the command starts, which limits this host cannot enforce:
 /// a limit the user asked for as a warning (even with `-q`), pvisor's own
 /// defaults as one note (not with `-q`). `pvisor doctor` says why in full.
 fn announce_unenforceable(limits: &pvisor_core::records::ResourceLimits, quiet: bool) {
     let missing = pvisor_sandbox::limits::unenforceable(limits);
-    let (defaults, asked): (Vec<_>, Vec<_>) = missing.iter().partition(|l| limits.is_default(&l.limit));
+    let (defaults, asked): (Vec<_>, Vec<_>) = missing.iter().partition(|l| limits.is_default(l.limit));
     for l in &asked {
         eprintln!("pvisor: warning: --{} {} is {}", l.limit, l.value, l.by);
     }
@@ -391,7 +391,7 @@ fn announce_unenforceable(limits: &pvisor_core::records::ResourceLimits, quiet: 
             names.join(", ")
         );
     }
-    let _ = ANNOUNCED.set(asked.iter().map(|l| l.limit.clone()).collect());
+    let _ = ANNOUNCED.set(asked.iter().map(|l| l.limit).collect());
 }
 
 /// Half of the host's physical memory.

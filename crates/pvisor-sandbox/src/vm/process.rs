@@ -414,26 +414,28 @@ impl SandboxProcess for VmProcess {
         let mut out = Vec::new();
         if let Some(bytes) = requested.memory_bytes {
             out.push(crate::limits::Enforcement {
-                limit: "memory".into(),
+                limit: crate::limits::LimitKind::Memory,
                 value: bytes.to_string(),
-                by: format!(
+                by: crate::limits::Mechanism::Enforced(format!(
                     "guest RAM of {} MiB (the guest kernel's OOM killer acts inside it)",
                     config.memory_mib
-                ),
+                )),
             });
         }
         if let Some(cpus) = requested.cpus {
             out.push(crate::limits::Enforcement {
-                limit: "cpus".into(),
+                limit: crate::limits::LimitKind::Cpus,
                 value: cpus.to_string(),
-                by: format!("{} vCPU(s)", config.cpus),
+                by: crate::limits::Mechanism::Enforced(format!("{} vCPU(s)", config.cpus)),
             });
         }
         if let Some(pids) = requested.pids {
             out.push(crate::limits::Enforcement {
-                limit: "pids".into(),
+                limit: crate::limits::LimitKind::Pids,
                 value: pids.to_string(),
-                by: "not enforced: the vm executor does not limit processes inside the guest".into(),
+                by: crate::limits::Mechanism::NotEnforced(
+                    "the vm executor does not limit processes inside the guest".into(),
+                ),
             });
         }
         out

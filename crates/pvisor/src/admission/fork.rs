@@ -64,12 +64,12 @@ pub(super) fn workspace(
 pub(super) fn lineage(fork: &Option<WorkspaceFork>, execution: Option<&ExecutionFork>) -> Option<Lineage> {
     match (fork, execution) {
         (Some((_, m)), _) => {
-            Some(Lineage { parent_job: m.job.clone(), checkpoint: m.id.clone(), kind: m.kind.clone() })
+            Some(Lineage { parent_job: m.job.clone(), checkpoint: m.id.clone(), kind: m.kind })
         }
         (None, Some(f)) => Some(Lineage {
             parent_job: f.parent.clone(),
             checkpoint: f.manifest.id.clone(),
-            kind: f.manifest.kind.clone(),
+            kind: pvisor_core::records::CheckpointKind::Execution,
         }),
         (None, None) => None,
     }

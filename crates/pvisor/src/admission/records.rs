@@ -27,7 +27,7 @@ pub(super) fn operation(
     placement: Placement,
 ) -> Operation {
     Operation {
-        kind: "run.execute".into(),
+        kind: pvisor_core::records::OperationKind::RunExecute,
         program: program.to_owned(),
         args: args.to_vec(),
         cwd,

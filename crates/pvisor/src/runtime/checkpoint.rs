@@ -113,7 +113,7 @@ pub fn checkpoint(
         let manifest = CheckpointManifest {
             format: pvisor_core::records::FORMAT,
             id: id.clone(),
-            kind: "workspace".into(),
+            kind: pvisor_core::records::CheckpointKind::Workspace,
             created_at: Timestamp::now(),
             job: job.clone(),
             attempt: stage.status.attempt.clone(),
@@ -148,7 +148,7 @@ pub fn checkpoint(
     let mut trace = Trace::open(store, &stage.status.run);
     let created = data::CheckpointCreated {
         checkpoint: &manifest.id,
-        kind: &manifest.kind,
+        kind: manifest.kind.as_str(),
         entries: manifest.entries.len(),
         copy_method: &manifest.copy_method,
         left_out: &manifest.left_out,

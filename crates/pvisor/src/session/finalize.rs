@@ -101,7 +101,7 @@ impl Session {
                     let limit = self
                         .limits
                         .iter()
-                        .find(|l| l.limit == "memory")
+                        .find(|l| l.limit == pvisor_core::records::LimitKind::Memory)
                         .map_or("?".into(), |l| l.value.clone());
                     let error =
                         format!("killed by the kernel's OOM killer: the {limit} memory limit was reached");

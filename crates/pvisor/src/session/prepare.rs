@@ -162,7 +162,7 @@ impl Session {
             // about; pvisor's own default is recorded (attempt.limits,
             // the Bundle) and shown by `pvisor doctor`, not on every run.
             for l in &limits {
-                if !l.enforced() && !self.spec.limits.is_default(&l.limit) {
+                if !l.enforced() && !self.spec.limits.is_default(l.limit) {
                     self.warnings.push(format!("--{} {} is {}", l.limit, l.value, l.by));
                 }
             }
