@@ -23,6 +23,7 @@ pub mod event;
 pub mod failpoint;
 pub mod ids;
 pub mod journal;
+pub mod limits;
 pub mod random;
 pub mod records;
 pub mod state;
