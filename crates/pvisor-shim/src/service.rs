@@ -1,0 +1,416 @@
+//! containerd's side: the shim's lifecycle (`start`, `delete`, serve) and
+//! the Task service, translating each ttrpc call into a [`Container`]
+//! operation and each lifecycle step into the task event containerd
+//! expects. What pvisor cannot do yet answers UNIMPLEMENTED with the reason.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+};
+use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
+use containerd_shim::protos::topics;
+use containerd_shim::protos::ttrpc::{self, Code};
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{api, Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, TtrpcResult};
+use pvisor::Runtime;
+use pvisor_core::store::Store;
+
+use crate::container::{self, Container, CreateRequest, Error};
+use crate::process::{Exit, Status, Stdio};
+use crate::rootfs::Mount;
+
+/// Where Jobs live when containerd's environment names no PVISOR_HOME.
+const DEFAULT_HOME: &str = "/var/lib/pvisor";
+
+/// The runtime and the Tokio runtime its Sessions run on, made at the
+/// first create (the serving shim; `start` and `delete` need neither).
+struct Engine {
+    runtime: Runtime,
+    tokio: tokio::runtime::Handle,
+}
+
+struct Shared {
+    namespace: String,
+    exit: ExitSignal,
+    engine: OnceLock<Result<Engine, String>>,
+    containers: Mutex<HashMap<String, Arc<Container>>>,
+    publisher: OnceLock<RemotePublisher>,
+}
+
+/// The shim: one per container (containerd groups nothing; each container
+/// is its own VM).
+#[derive(Clone)]
+pub struct Service {
+    shared: Arc<Shared>,
+}
+
+/// The state directory: `PVISOR_HOME` from containerd's environment.
+fn state_root() -> PathBuf {
+    std::env::var_os("PVISOR_HOME")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| DEFAULT_HOME.into(), PathBuf::from)
+}
+
+fn open_runtime() -> Result<Runtime, String> {
+    let root = state_root();
+    let store =
+        Store::open(&root).map_err(|e| format!("cannot use the state directory {}: {e}", root.display()))?;
+    Ok(Runtime::on_host(store))
+}
+
+fn start_engine() -> Result<Engine, String> {
+    let runtime = open_runtime()?;
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let handle = tokio.handle().clone();
+    std::thread::Builder::new()
+        .name("pvisor-sessions".into())
+        .spawn(move || tokio.block_on(std::future::pending::<()>()))
+        .map_err(|e| e.to_string())?;
+    Ok(Engine { runtime, tokio: handle })
+}
+
+impl Service {
+    fn engine(&self) -> Result<&Engine, Error> {
+        self.shared.engine.get_or_init(start_engine).as_ref().map_err(|e| Error::Internal(e.clone()))
+    }
+
+    fn container(&self, id: &str) -> Result<Arc<Container>, Error> {
+        let containers = self.shared.containers.lock().unwrap_or_else(|p| p.into_inner());
+        containers.get(id).cloned().ok_or_else(|| Error::NotFound(format!("container {id} not found")))
+    }
+
+    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        let Some(publisher) = self.shared.publisher.get() else { return };
+        let ctx = ttrpc::context::with_timeout(5_000_000_000);
+        if let Err(e) = publisher.publish(ctx, topic, &self.shared.namespace, event) {
+            log::warn!("cannot publish {topic}: {e}");
+        }
+    }
+
+    /// What runs when a process has ended: TaskExit, and for the init
+    /// process the end of the VM.
+    fn on_exit(&self, container: &Arc<Container>, exec_id: &str) -> impl FnOnce(u32, &Exit) + Send + 'static {
+        let (service, container, exec_id) = (self.clone(), Arc::downgrade(container), exec_id.to_owned());
+        move |pid, exit| {
+            let Some(container) = container.upgrade() else { return };
+            let id = if exec_id.is_empty() { container.id.clone() } else { exec_id.clone() };
+            service.publish(
+                topics::TASK_EXIT_EVENT_TOPIC,
+                Box::new(TaskExit {
+                    container_id: container.id.clone(),
+                    id,
+                    pid,
+                    exit_status: exit.status,
+                    exited_at: MessageField::some(exit.at.clone()),
+                    ..Default::default()
+                }),
+            );
+            if exec_id.is_empty() {
+                container.stop_vm();
+            }
+        }
+    }
+}
+
+fn rpc(e: Error) -> ttrpc::Error {
+    let (code, message) = match e {
+        Error::NotFound(m) => (Code::NOT_FOUND, m),
+        Error::Precondition(m) => (Code::FAILED_PRECONDITION, m),
+        Error::Unsupported(m) => (Code::UNIMPLEMENTED, m),
+        Error::Invalid(m) => (Code::INVALID_ARGUMENT, m),
+        Error::Internal(m) => (Code::INTERNAL, m),
+    };
+    log::warn!("{message}");
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, message))
+}
+
+fn unsupported<T>(what: &str, why: &str) -> TtrpcResult<T> {
+    Err(rpc(Error::Unsupported(format!("unsupported by containerd-shim-pvisor-v1: {what}: {why}"))))
+}
+
+fn status(s: Status) -> api::Status {
+    match s {
+        Status::Created => api::Status::CREATED,
+        Status::Running => api::Status::RUNNING,
+        Status::Stopped => api::Status::STOPPED,
+    }
+}
+
+impl containerd_shim::Shim for Service {
+    type T = Service;
+
+    fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        let shared = Shared {
+            namespace: args.namespace.clone(),
+            exit: ExitSignal::default(),
+            engine: OnceLock::new(),
+            containers: Mutex::new(HashMap::new()),
+            publisher: OnceLock::new(),
+        };
+        Service { shared: Arc::new(shared) }
+    }
+
+    fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
+        let grouping = opts.id.clone();
+        let (_, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
+        Ok(address)
+    }
+
+    /// containerd's cleanup after a shim died: the Job it left is ended.
+    fn delete_shim(&mut self) -> Result<DeleteResponse, containerd_shim::Error> {
+        let bundle = std::env::current_dir().map_err(|e| containerd_shim::Error::Other(e.to_string()))?;
+        match open_runtime() {
+            Ok(runtime) => container::cleanup_bundle(&runtime, &bundle),
+            Err(e) => log::warn!("{e}"),
+        }
+        Ok(DeleteResponse {
+            exit_status: 128 + 9,
+            exited_at: MessageField::some(
+                containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp::now(),
+            ),
+            ..Default::default()
+        })
+    }
+
+    fn wait(&mut self) {
+        self.shared.exit.wait();
+    }
+
+    fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
+        // The serving shim and its Task service share one state, so
+        // `wait` sees the exit `shutdown` signals.
+        let _ = self.shared.publisher.set(publisher);
+        self.clone()
+    }
+}
+
+impl containerd_shim::Task for Service {
+    fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateTaskRequest,
+    ) -> TtrpcResult<api::CreateTaskResponse> {
+        if !req.checkpoint.is_empty() {
+            return unsupported("create from a checkpoint", "restore with `pvisor fork --state execution`");
+        }
+        let engine = self.engine().map_err(rpc)?;
+        let stdio = Stdio {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let mounts = req
+            .rootfs
+            .iter()
+            .map(|m| Mount { kind: m.type_.clone(), source: m.source.clone(), options: m.options.clone() })
+            .collect();
+        let request =
+            CreateRequest { id: req.id.clone(), bundle: req.bundle.clone().into(), rootfs: mounts, stdio };
+        let container = Arc::new(Container::create(request, &engine.runtime, &engine.tokio).map_err(rpc)?);
+        let pid = std::process::id();
+        self.shared.containers.lock().unwrap_or_else(|p| p.into_inner()).insert(req.id.clone(), container);
+        self.publish(
+            topics::TASK_CREATE_EVENT_TOPIC,
+            Box::new(TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                pid,
+                ..Default::default()
+            }),
+        );
+        Ok(api::CreateTaskResponse { pid, ..Default::default() })
+    }
+
+    fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let pid = container.start(&req.exec_id, self.on_exit(&container, &req.exec_id)).map_err(rpc)?;
+        if req.exec_id.is_empty() {
+            self.publish(
+                topics::TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart { container_id: req.id.clone(), pid, ..Default::default() }),
+            );
+        } else {
+            self.publish(
+                topics::TASK_EXEC_STARTED_EVENT_TOPIC,
+                Box::new(TaskExecStarted {
+                    container_id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+        }
+        Ok(api::StartResponse { pid, ..Default::default() })
+    }
+
+    fn state(&self, _ctx: &TtrpcContext, req: api::StateRequest) -> TtrpcResult<api::StateResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let process = container.process(&req.exec_id).map_err(rpc)?;
+        let snapshot = process.snapshot();
+        let stdio = &process.stdio;
+        Ok(api::StateResponse {
+            id: req.id.clone(),
+            exec_id: req.exec_id.clone(),
+            bundle: container.bundle.display().to_string(),
+            pid: snapshot.pid,
+            status: status(snapshot.status).into(),
+            stdin: stdio.stdin.clone(),
+            stdout: stdio.stdout.clone(),
+            stderr: stdio.stderr.clone(),
+            terminal: stdio.terminal,
+            exit_status: snapshot.exit.as_ref().map_or(0, |e| e.status),
+            exited_at: snapshot.exit.map(|e| e.at).into(),
+            ..Default::default()
+        })
+    }
+
+    fn pids(&self, _ctx: &TtrpcContext, req: api::PidsRequest) -> TtrpcResult<api::PidsResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let processes = container
+            .pids()
+            .into_iter()
+            .map(|pid| containerd_shim::protos::api::ProcessInfo { pid, ..Default::default() })
+            .collect();
+        Ok(api::PidsResponse { processes, ..Default::default() })
+    }
+
+    fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let process = container.process(&req.exec_id).map_err(rpc)?;
+        // Every signal goes to the process's group in the guest, so `all`
+        // changes nothing: the init's group is the container.
+        process.kill(req.signal).map_err(|e| {
+            rpc(match e {
+                crate::process::KillError::Finished => Error::NotFound("process already finished".into()),
+                crate::process::KillError::Unreachable(m) => Error::Internal(m),
+            })
+        })?;
+        Ok(api::Empty::default())
+    }
+
+    fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let stdio = Stdio {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let process_json = req.spec.as_ref().map(|any| any.value.clone()).unwrap_or_default();
+        container.add_exec(&req.exec_id, &process_json, stdio).map_err(rpc)?;
+        self.publish(
+            topics::TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(api::Empty::default())
+    }
+
+    fn wait(&self, _ctx: &TtrpcContext, req: api::WaitRequest) -> TtrpcResult<api::WaitResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let exit = container.process(&req.exec_id).map_err(rpc)?.wait();
+        Ok(api::WaitResponse {
+            exit_status: exit.status,
+            exited_at: MessageField::some(exit.at),
+            ..Default::default()
+        })
+    }
+
+    fn delete(&self, _ctx: &TtrpcContext, req: api::DeleteRequest) -> TtrpcResult<api::DeleteResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let (snapshot, exit) = if req.exec_id.is_empty() {
+            let ended = container.delete().map_err(rpc)?;
+            self.shared.containers.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.id);
+            self.publish(
+                topics::TASK_DELETE_EVENT_TOPIC,
+                Box::new(TaskDelete {
+                    container_id: req.id.clone(),
+                    id: req.id.clone(),
+                    pid: ended.0.pid,
+                    exit_status: ended.1.status,
+                    exited_at: MessageField::some(ended.1.at.clone()),
+                    ..Default::default()
+                }),
+            );
+            ended
+        } else {
+            container.delete_exec(&req.exec_id).map_err(rpc)?
+        };
+        Ok(api::DeleteResponse {
+            pid: snapshot.pid,
+            exit_status: exit.status,
+            exited_at: MessageField::some(exit.at),
+            ..Default::default()
+        })
+    }
+
+    fn connect(&self, _ctx: &TtrpcContext, req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
+        let task_pid = self.container(&req.id).map(|c| c.init.snapshot().pid).unwrap_or_default();
+        Ok(api::ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: format!("containerd-shim-pvisor-v1 {}", env!("CARGO_PKG_VERSION")),
+            ..Default::default()
+        })
+    }
+
+    fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+        let empty = self.shared.containers.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        if empty || req.now {
+            self.shared.exit.signal();
+        }
+        Ok(api::Empty::default())
+    }
+
+    fn pause(&self, _ctx: &TtrpcContext, _req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        unsupported("pause", "not implemented yet (it will be an execution suspend of the container's Job)")
+    }
+
+    fn resume(&self, _ctx: &TtrpcContext, _req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        unsupported("resume", "not implemented yet (it will resume the suspended Job in a new Attempt)")
+    }
+
+    fn checkpoint(&self, _ctx: &TtrpcContext, _req: api::CheckpointTaskRequest) -> TtrpcResult<api::Empty> {
+        unsupported(
+            "checkpoint",
+            "not implemented yet; `pvisor checkpoint --state execution JOB` works on the container's Job",
+        )
+    }
+
+    fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
+        unsupported("update", "a VM's memory and CPUs are fixed when it boots")
+    }
+
+    fn resize_pty(&self, _ctx: &TtrpcContext, _req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
+        unsupported("resize-pty", "processes have pipes, not a terminal")
+    }
+
+    fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
+        unsupported(
+            "close-io",
+            "closing a process's stdin early is not relayed to the guest yet; close the stdin FIFO instead",
+        )
+    }
+
+    fn stats(&self, _ctx: &TtrpcContext, _req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
+        unsupported("stats", "guest statistics are not collected yet")
+    }
+}
