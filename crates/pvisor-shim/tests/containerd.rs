@@ -1,0 +1,176 @@
+//! The shim under a real containerd: Debian's containerd package, started
+//! by scripts/containerd-env.sh with its own root, state and socket
+//! directories, driven with `ctr`. Each container is a pvisor vm Job, so
+//! this needs target/vm-image (scripts/vm-image.sh) and takes a VM boot per
+//! container (seconds under TCG).
+//!
+//! Skips, saying why, when containerd cannot be installed, when not root
+//! (containerd mounts snapshots), or when the guest image is not built.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const IMAGE: &str = "docker.io/pvisor/busybox:latest";
+const RUNTIME: &str = "io.containerd.pvisor.v1";
+const NAMESPACE: &str = "pvisor-test";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A private containerd, stopped when dropped.
+struct Containerd {
+    dir: tempfile::TempDir,
+    sock: String,
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ =
+            Command::new(repo().join("scripts/containerd-env.sh")).arg("stop").arg(self.dir.path()).status();
+    }
+}
+
+impl Containerd {
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .args(["-a", &self.sock, "-n", NAMESPACE])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("ctr runs")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(out.status.success(), "ctr {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("pvisor-home")
+    }
+
+    /// The task's status column in `ctr task ls`.
+    fn task_status(&self, id: &str) -> Option<String> {
+        let list = self.ok(&["task", "ls"]);
+        list.lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn unable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("containerd needs root to mount snapshots".into());
+    }
+    if !repo().join("target/vm-image/manifest.json").exists() {
+        return Some("target/vm-image is not built (scripts/vm-image.sh)".into());
+    }
+    let installed = Command::new(repo().join("scripts/containerd-env.sh")).arg("install").status();
+    if !installed.is_ok_and(|s| s.success()) {
+        return Some("containerd cannot be installed (apt-get install containerd failed)".into());
+    }
+    None
+}
+
+fn start() -> Containerd {
+    let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
+    let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
+    let out = Command::new(repo().join("scripts/containerd-env.sh"))
+        .arg("start")
+        .arg(dir.path())
+        .arg(shim.parent().expect("the shim's directory"))
+        .output()
+        .expect("containerd-env.sh runs");
+    assert!(out.status.success(), "containerd did not start: {}", text(&out.stderr));
+    let sock = text(&out.stdout).trim().to_owned();
+    let containerd = Containerd { dir, sock };
+    let image = Command::new(repo().join("scripts/oci-image.sh")).output().expect("oci-image.sh runs");
+    assert!(image.status.success(), "the image did not build: {}", text(&image.stderr));
+    containerd.ok(&["images", "import", text(&image.stdout).trim()]);
+    containerd
+}
+
+/// Processes whose command line names `needle` (a VM of this test's Jobs).
+fn processes_naming(needle: &Path) -> Vec<String> {
+    let needle = needle.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = text(&cmdline).replace('\0', " ");
+        if cmdline.contains(&needle) && !cmdline.contains("containerd-shim-pvisor-v1") {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
+fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {} s", timeout.as_secs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn containerd_runs_containers_as_pvisor_vm_jobs() {
+    if let Some(why) = unable() {
+        eprintln!("SKIP containerd_runs_containers_as_pvisor_vm_jobs: {why}");
+        return;
+    }
+    let c = start();
+
+    // ctr run: stdout, stderr and the exit code, exactly.
+    let out = c.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "exit3",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(text(&out.stdout), "out\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "err\n");
+    assert_eq!(out.status.code(), Some(3));
+
+    // A running container: exec into it, then kill it with a signal.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", "while :; do sleep 1; done"]);
+    eventually("the task runs", Duration::from_secs(30), || {
+        c.task_status("long").as_deref() == Some("RUNNING")
+    });
+    let exec = c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "long",
+        "sh",
+        "-c",
+        "echo in; cat /etc/passwd | head -1; exit 5",
+    ]);
+    assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
+    assert_eq!(exec.status.code(), Some(5));
+    let missing = c.ctr(&["task", "exec", "--exec-id", "e2", "long", "/no/such/program"]);
+    assert!(!missing.status.success(), "a missing program fails to start");
+    c.ok(&["task", "kill", "-s", "SIGTERM", "long"]);
+    eventually("the task stops", Duration::from_secs(30), || {
+        c.task_status("long").as_deref() == Some("STOPPED")
+    });
+    c.ok(&["task", "delete", "long"]);
+    c.ok(&["container", "rm", "long"]);
+
+    // Nothing of the VMs is left running.
+    eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
+    assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
+}
