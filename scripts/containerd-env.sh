@@ -55,6 +55,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "docker.io/pvisor/busybox:latest"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "${SNAPSHOTTER:-overlayfs}"
+    default_runtime_name = "pvisor"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.pvisor]
       runtime_type = "io.containerd.pvisor.v1"
   [plugins."io.containerd.grpc.v1.cri".cni]

@@ -37,7 +37,7 @@ struct Shared {
     exit: ExitSignal,
     engine: OnceLock<Result<Engine, String>>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
-    publisher: OnceLock<RemotePublisher>,
+    publisher: Mutex<Option<RemotePublisher>>,
 }
 
 /// The shim: one per container (containerd groups nothing; each container
@@ -85,11 +85,25 @@ impl Service {
         containers.get(id).cloned().ok_or_else(|| Error::NotFound(format!("container {id} not found")))
     }
 
+    /// Publishes a task event. containerd may have restarted since the
+    /// last one (its socket is then new): the publisher reconnects once.
     fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        let Some(publisher) = self.shared.publisher.get() else { return };
-        let ctx = ttrpc::context::with_timeout(5_000_000_000);
-        if let Err(e) = publisher.publish(ctx, topic, &self.shared.namespace, event) {
-            log::warn!("cannot publish {topic}: {e}");
+        let mut publisher = self.shared.publisher.lock().unwrap_or_else(|p| p.into_inner());
+        for retry in [false, true] {
+            if retry || publisher.is_none() {
+                match std::env::var("TTRPC_ADDRESS").map(RemotePublisher::new) {
+                    Ok(Ok(fresh)) => *publisher = Some(fresh),
+                    Ok(Err(e)) => log::warn!("cannot reconnect to containerd to publish {topic}: {e}"),
+                    Err(_) => return,
+                }
+            }
+            let Some(client) = publisher.as_ref() else { return };
+            let ctx = ttrpc::context::with_timeout(5_000_000_000);
+            match client.publish(ctx, topic, &self.shared.namespace, event.clone_box()) {
+                Ok(()) => return,
+                Err(e) if retry => log::warn!("cannot publish {topic}: {e}"),
+                Err(_) => {}
+            }
         }
     }
 
@@ -99,6 +113,7 @@ impl Service {
         let (service, container, exec_id) = (self.clone(), Arc::downgrade(container), exec_id.to_owned());
         move |pid, exit| {
             let Some(container) = container.upgrade() else { return };
+            let pid = reported_pid(&exec_id, pid);
             let id = if exec_id.is_empty() { container.id.clone() } else { exec_id.clone() };
             service.publish(
                 topics::TASK_EXIT_EVENT_TOPIC,
@@ -115,6 +130,17 @@ impl Service {
                 container.stop_vm();
             }
         }
+    }
+}
+
+/// The pid containerd sees: the init process is the shim's own (the host
+/// process that holds the container's VM, as Kata reports its hypervisor);
+/// an exec's is its pid in the guest, where alone it exists.
+fn reported_pid(exec_id: &str, guest_pid: u32) -> u32 {
+    if exec_id.is_empty() {
+        std::process::id()
+    } else {
+        guest_pid
     }
 }
 
@@ -151,7 +177,7 @@ impl containerd_shim::Shim for Service {
             exit: ExitSignal::default(),
             engine: OnceLock::new(),
             containers: Mutex::new(HashMap::new()),
-            publisher: OnceLock::new(),
+            publisher: Mutex::new(None),
         };
         Service { shared: Arc::new(shared) }
     }
@@ -159,6 +185,9 @@ impl containerd_shim::Shim for Service {
     fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
         let grouping = opts.id.clone();
         let (_, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
+        // containerd reconnects to a running shim through this file after
+        // it restarts; without it the container would be cleaned up as dead.
+        containerd_shim::synchronous::util::write_address(&address)?;
         Ok(address)
     }
 
@@ -185,7 +214,7 @@ impl containerd_shim::Shim for Service {
     fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
         // The serving shim and its Task service share one state, so
         // `wait` sees the exit `shutdown` signals.
-        let _ = self.shared.publisher.set(publisher);
+        *self.shared.publisher.lock().unwrap_or_else(|p| p.into_inner()) = Some(publisher);
         self.clone()
     }
 }
@@ -238,7 +267,8 @@ impl containerd_shim::Task for Service {
 
     fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
         let container = self.container(&req.id).map_err(rpc)?;
-        let pid = container.start(&req.exec_id, self.on_exit(&container, &req.exec_id)).map_err(rpc)?;
+        let guest_pid = container.start(&req.exec_id, self.on_exit(&container, &req.exec_id)).map_err(rpc)?;
+        let pid = reported_pid(&req.exec_id, guest_pid);
         if req.exec_id.is_empty() {
             self.publish(
                 topics::TASK_START_EVENT_TOPIC,
@@ -267,7 +297,7 @@ impl containerd_shim::Task for Service {
             id: req.id.clone(),
             exec_id: req.exec_id.clone(),
             bundle: container.bundle.display().to_string(),
-            pid: snapshot.pid,
+            pid: reported_pid(&req.exec_id, snapshot.pid),
             status: status(snapshot.status).into(),
             stdin: stdio.stdin.clone(),
             stdout: stdio.stdout.clone(),
@@ -344,7 +374,7 @@ impl containerd_shim::Task for Service {
                 Box::new(TaskDelete {
                     container_id: req.id.clone(),
                     id: req.id.clone(),
-                    pid: ended.0.pid,
+                    pid: std::process::id(),
                     exit_status: ended.1.status,
                     exited_at: MessageField::some(ended.1.at.clone()),
                     ..Default::default()
@@ -355,15 +385,15 @@ impl containerd_shim::Task for Service {
             container.delete_exec(&req.exec_id).map_err(rpc)?
         };
         Ok(api::DeleteResponse {
-            pid: snapshot.pid,
+            pid: reported_pid(&req.exec_id, snapshot.pid),
             exit_status: exit.status,
             exited_at: MessageField::some(exit.at),
             ..Default::default()
         })
     }
 
-    fn connect(&self, _ctx: &TtrpcContext, req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
-        let task_pid = self.container(&req.id).map(|c| c.init.snapshot().pid).unwrap_or_default();
+    fn connect(&self, _ctx: &TtrpcContext, _req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
+        let task_pid = std::process::id();
         Ok(api::ConnectResponse {
             shim_pid: std::process::id(),
             task_pid,

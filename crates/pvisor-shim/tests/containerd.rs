@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 const IMAGE: &str = "docker.io/pvisor/busybox:latest";
 const RUNTIME: &str = "io.containerd.pvisor.v1";
 const NAMESPACE: &str = "pvisor-test";
+/// A process that counts in /tmp/count, once a second.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i >/tmp/count; sleep 1; done";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -46,6 +48,19 @@ impl Containerd {
         let out = self.ctr(args);
         assert!(out.status.success(), "ctr {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
         text(&out.stdout)
+    }
+
+    /// Stops containerd and starts it again over the same directories.
+    fn restart(&self) {
+        let script = repo().join("scripts/containerd-env.sh");
+        assert!(Command::new(&script).arg("stop").arg(self.dir.path()).status().is_ok_and(|s| s.success()));
+        let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(self.dir.path())
+            .arg(shim.parent().expect("a directory"))
+            .output();
+        assert!(out.is_ok_and(|o| o.status.success()), "containerd restarts");
     }
 
     fn home(&self) -> PathBuf {
@@ -112,6 +127,20 @@ fn processes_naming(needle: &Path) -> Vec<String> {
     found
 }
 
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
@@ -144,11 +173,14 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     assert_eq!(text(&out.stderr), "err\n");
     assert_eq!(out.status.code(), Some(3));
 
-    // A running container: exec into it, then kill it with a signal.
-    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", "while :; do sleep 1; done"]);
+    // A running container survives a containerd restart; exec into it,
+    // then kill it with a signal.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", COUNTER]);
     eventually("the task runs", Duration::from_secs(30), || {
         c.task_status("long").as_deref() == Some("RUNNING")
     });
+    c.restart();
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"), "the task outlives containerd's restart");
     let exec = c.ctr(&[
         "task",
         "exec",
@@ -157,20 +189,33 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         "long",
         "sh",
         "-c",
-        "echo in; cat /etc/passwd | head -1; exit 5",
+        "echo in; head -1 /etc/passwd; exit 5",
     ]);
     assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
     assert_eq!(exec.status.code(), Some(5));
-    let missing = c.ctr(&["task", "exec", "--exec-id", "e2", "long", "/no/such/program"]);
+    let count = c.ok(&["task", "exec", "--exec-id", "e2", "long", "cat", "/tmp/count"]);
+    assert!(count.trim().parse::<u32>().is_ok_and(|n| n >= 1), "the counter runs: {count:?}");
+    let missing = c.ctr(&["task", "exec", "--exec-id", "e3", "long", "/no/such/program"]);
     assert!(!missing.status.success(), "a missing program fails to start");
     c.ok(&["task", "kill", "-s", "SIGTERM", "long"]);
     eventually("the task stops", Duration::from_secs(30), || {
         c.task_status("long").as_deref() == Some("STOPPED")
     });
-    c.ok(&["task", "delete", "long"]);
+    let deleted = c.ctr(&["task", "delete", "long"]);
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    assert!(
+        text(&deleted.stderr).contains("exit code 143"),
+        "SIGTERM is 128 + 15: {}",
+        text(&deleted.stderr)
+    );
     c.ok(&["container", "rm", "long"]);
 
     // Nothing of the VMs is left running.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
+    let disks: Vec<_> = walk(&c.home().join("runs"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    assert!(disks.is_empty(), "the VMs' disks are removed: {disks:?}");
 }
