@@ -187,6 +187,26 @@ impl Container {
         Ok((snapshot, exit))
     }
 
+    /// Follows every running process after a resume (see
+    /// [`Process::follow_after_resume`]).
+    pub fn resumed(&self) {
+        self.init.follow_after_resume();
+        for process in self.lock_execs().values() {
+            process.follow_after_resume();
+        }
+    }
+
+    /// SIGKILL to a paused container: its Job is closed, and every process
+    /// ends as killed.
+    pub fn kill_paused(&self) {
+        // Recorded first: the processes' followers see the VM end next.
+        self.init.exit(128 + 9);
+        for process in self.lock_execs().values() {
+            process.exit(128 + 9);
+        }
+        self.stop_vm();
+    }
+
     /// Ends the Job; safe to call again once it has ended.
     pub fn stop_vm(&self) {
         match self.vm.stop() {

@@ -5,6 +5,12 @@
 //!
 //! Exit statuses are containerd's: the exit code, or 128 + the signal that
 //! ended the process; 255 when the VM went away without reporting an exit.
+//!
+//! A pause (an execution suspend) ends every exec channel; the processes
+//! live on in the saved guest. After the resume a process is followed by
+//! asking the guest for its status: its exit is exact, but output it writes
+//! after a pause is not relayed (the restored agent's streams have no host
+//! end), and neither is stdin.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -15,12 +21,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use pvisor_agent::Reply;
 use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller};
+use std::time::Duration;
 
 use crate::spec::ProcessSpec;
-use crate::vm::{ExecError, Vm};
+use crate::vm::{status_of, ExecError, Vm};
 
 /// The exit status of a process whose VM vanished without reporting one.
 pub const LOST: u32 = 255;
+/// How often a process followed across a pause is asked for its status.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
 /// The agent queues a few stdin chunks per exec; keep each one small.
 const STDIN_CHUNK: usize = 16 << 10;
 
@@ -74,7 +83,22 @@ struct Inner {
     status: Status,
     pid: u32,
     exit: Option<Exit>,
-    signaller: Option<ExecSignaller>,
+    /// The VM and guest exec id, once started.
+    started: Option<(Arc<Vm>, u32)>,
+    /// Runs once, when the process is first recorded as ended.
+    on_exit: Option<OnExit>,
+    /// A follower asks the guest for its status (after a resume).
+    followed: bool,
+}
+
+/// What runs when a started process has ended: its guest pid and exit.
+struct OnExit(Box<ExitFn>);
+type ExitFn = dyn FnOnce(u32, &Exit) + Send;
+
+impl std::fmt::Debug for OnExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnExit")
+    }
 }
 
 /// A container process.
@@ -88,7 +112,14 @@ pub struct Process {
 
 impl Process {
     pub fn new(spec: ProcessSpec, stdio: Stdio) -> Arc<Process> {
-        let inner = Inner { status: Status::Created, pid: 0, exit: None, signaller: None };
+        let inner = Inner {
+            status: Status::Created,
+            pid: 0,
+            exit: None,
+            started: None,
+            on_exit: None,
+            followed: false,
+        };
         Arc::new(Process { spec, stdio, inner: Mutex::new(inner), exited: Condvar::new() })
     }
 
@@ -105,13 +136,15 @@ impl Process {
     /// its output has been written. Returns the guest pid.
     pub fn start(
         self: &Arc<Self>,
-        vm: &Vm,
+        vm: &Arc<Vm>,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
     ) -> Result<u32, String> {
+        // `on_exit` runs only for a process that started: a failed start
+        // is the error containerd gets.
         if self.lock().status != Status::Created {
             return Err("the process was already started".into());
         }
-        let (channel, _, pid) = match vm.exec(&self.spec) {
+        let (channel, id, pid) = match vm.exec(&self.spec) {
             Ok(started) => started,
             Err(e) => {
                 // As runc: the start fails, and the process is stopped with
@@ -119,7 +152,7 @@ impl Process {
                 let status = match &e {
                     ExecError::Failed { errno, .. } if *errno == libc_enoent() => 127,
                     ExecError::Failed { .. } => 126,
-                    ExecError::Guest(_) => LOST,
+                    ExecError::Guest(_) | ExecError::Paused => LOST,
                 };
                 self.exit(status);
                 return Err(e.to_string());
@@ -129,43 +162,76 @@ impl Process {
             let mut inner = self.lock();
             inner.status = Status::Running;
             inner.pid = pid;
-            inner.signaller = channel.signaller().ok();
+            inner.started = Some((vm.clone(), id));
+            inner.on_exit = Some(OnExit(Box::new(on_exit)));
         }
         if !self.stdio.stdin.is_empty() {
             let stdin = channel.signaller().map_err(|e| e.to_string())?;
             let path = self.stdio.stdin.clone();
             std::thread::spawn(move || feed_stdin(&path, stdin));
         }
-        let process = self.clone();
-        std::thread::spawn(move || {
-            let status = relay(channel, &process.stdio);
-            let exit = process.exit(status);
-            on_exit(pid, &exit);
+        let (process, vm) = (self.clone(), vm.clone());
+        std::thread::spawn(move || match relay(channel, &process.stdio) {
+            Some(status) => {
+                process.exit(status);
+            }
+            None => {
+                process.exit(follow(&vm, id));
+            }
         });
         Ok(pid)
     }
 
-    /// Records the end (once) and wakes the waiters.
+    /// After a resume: follows the process by asking the guest, since the
+    /// channel its relay reads may stay open with no VM behind it.
+    pub fn follow_after_resume(self: &Arc<Self>) {
+        let (vm, id) = {
+            let mut inner = self.lock();
+            // A follower survives later pauses; one is enough.
+            let Some(started) =
+                inner.started.clone().filter(|_| inner.status == Status::Running && !inner.followed)
+            else {
+                return;
+            };
+            inner.followed = true;
+            started
+        };
+        let process = self.clone();
+        std::thread::spawn(move || {
+            process.exit(follow(&vm, id));
+        });
+    }
+
+    /// Records the end (once), wakes the waiters and runs `on_exit`.
     pub fn exit(&self, status: u32) -> Exit {
-        let mut inner = self.lock();
-        if let Some(exit) = &inner.exit {
-            return exit.clone();
+        let (exit, pid, on_exit) = {
+            let mut inner = self.lock();
+            if let Some(exit) = &inner.exit {
+                return exit.clone();
+            }
+            let exit = Exit { status, at: Timestamp::now() };
+            inner.status = Status::Stopped;
+            inner.exit = Some(exit.clone());
+            self.exited.notify_all();
+            (exit, inner.pid, inner.on_exit.take())
+        };
+        if let Some(on_exit) = on_exit {
+            (on_exit.0)(pid, &exit);
         }
-        let exit = Exit { status, at: Timestamp::now() };
-        inner.status = Status::Stopped;
-        inner.exit = Some(exit.clone());
-        inner.signaller = None;
-        self.exited.notify_all();
         exit
     }
 
     /// Sends `signal` to the process's group in the guest.
     pub fn kill(&self, signal: u32) -> Result<(), KillError> {
-        let mut inner = self.lock();
-        match (inner.status, inner.signaller.as_mut()) {
+        let inner = self.lock();
+        match (inner.status, inner.started.clone()) {
             (Status::Stopped, _) => Err(KillError::Finished),
-            (_, Some(signaller)) => {
-                signaller.signal(signal as i32).map_err(|e| KillError::Unreachable(e.to_string()))
+            (_, Some((vm, id))) => {
+                drop(inner);
+                vm.signal(id, signal as i32).map_err(|e| match e {
+                    ExecError::Paused => KillError::Paused,
+                    other => KillError::Unreachable(other.to_string()),
+                })
             }
             (_, None) => {
                 // Never started: it ends as if the signal had killed it.
@@ -192,6 +258,7 @@ impl Process {
 #[derive(Debug)]
 pub enum KillError {
     Finished,
+    Paused,
     Unreachable(String),
 }
 
@@ -217,9 +284,10 @@ fn open_output(path: &str) -> Option<File> {
 }
 
 /// Writes the exec's output to its FIFOs until it exits; returns the exit
-/// status. The FIFOs are closed after the last byte, before the exit is
-/// recorded, so a reader sees all output before `wait` returns.
-fn relay(mut channel: ExecChannel, stdio: &Stdio) -> u32 {
+/// status, or `None` if the channel ended first (a pause, or the VM's end).
+/// The FIFOs are closed after the last byte, before the exit is recorded,
+/// so a reader sees all output before `wait` returns.
+fn relay(mut channel: ExecChannel, stdio: &Stdio) -> Option<u32> {
     let mut stdout = open_output(&stdio.stdout);
     let mut stderr = if stdio.stderr == stdio.stdout { None } else { open_output(&stdio.stderr) };
     loop {
@@ -228,20 +296,24 @@ fn relay(mut channel: ExecChannel, stdio: &Stdio) -> u32 {
             Ok(Some((Reply::Stderr { .. }, bytes))) => {
                 write_all(if stderr.is_some() { stderr.as_mut() } else { stdout.as_mut() }, &bytes)
             }
-            Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
-                return match (code, signal) {
-                    (_, Some(signal)) => 128 + signal.max(0) as u32,
-                    (Some(code), None) => code.max(0) as u32,
-                    (None, None) => LOST,
-                };
-            }
+            Ok(Some((Reply::Exited { code, signal, .. }, _))) => return Some(status_of(code, signal)),
             Ok(Some(_)) => {}
-            Ok(None) | Err(_) => {
-                log::warn!("the VM went away before the process reported its exit");
-                return LOST;
-            }
+            Ok(None) | Err(_) => return None,
         }
     }
+}
+
+/// Follows exec `id` whose channel ended: through pauses, by asking the
+/// guest, until it exits or the VM ends.
+fn follow(vm: &Vm, id: u32) -> u32 {
+    while let Some(guest) = vm.live_guest() {
+        match vm.exit_status(&guest, id) {
+            Ok(Some(status)) => return status,
+            Ok(None) | Err(_) => std::thread::sleep(FOLLOW_POLL),
+        }
+    }
+    log::warn!("the VM ended before exec {id} reported its exit");
+    LOST
 }
 
 fn write_all(out: Option<&mut File>, bytes: &[u8]) {

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
 use containerd_shim::protos::topics;
@@ -19,9 +20,10 @@ use pvisor::Runtime;
 use pvisor_core::store::Store;
 
 use crate::container::{self, Container, CreateRequest, Error};
-use crate::process::{Exit, Status, Stdio};
+use crate::process::{Exit, KillError, Status, Stdio};
 use crate::rootfs::Mount;
 
+const SIGKILL: u32 = 9;
 /// Where Jobs live when containerd's environment names no PVISOR_HOME.
 const DEFAULT_HOME: &str = "/var/lib/pvisor";
 
@@ -298,7 +300,11 @@ impl containerd_shim::Task for Service {
             exec_id: req.exec_id.clone(),
             bundle: container.bundle.display().to_string(),
             pid: reported_pid(&req.exec_id, snapshot.pid),
-            status: status(snapshot.status).into(),
+            status: match (snapshot.status, container.vm.is_paused()) {
+                (Status::Running, true) => api::Status::PAUSED,
+                (s, _) => status(s),
+            }
+            .into(),
             stdin: stdio.stdin.clone(),
             stdout: stdio.stdout.clone(),
             stderr: stdio.stderr.clone(),
@@ -324,12 +330,20 @@ impl containerd_shim::Task for Service {
         let process = container.process(&req.exec_id).map_err(rpc)?;
         // Every signal goes to the process's group in the guest, so `all`
         // changes nothing: the init's group is the container.
-        process.kill(req.signal).map_err(|e| {
-            rpc(match e {
-                crate::process::KillError::Finished => Error::NotFound("process already finished".into()),
-                crate::process::KillError::Unreachable(m) => Error::Internal(m),
-            })
-        })?;
+        match process.kill(req.signal) {
+            Ok(()) => {}
+            // A paused container's VM is saved, not running: SIGKILL ends
+            // its Job (every process exits 137); other signals wait.
+            Err(KillError::Paused) if req.signal == SIGKILL => container.kill_paused(),
+            Err(KillError::Paused) => {
+                return Err(rpc(Error::Precondition(format!(
+                    "container {} is paused; resume it to deliver signal {} (SIGKILL ends it)",
+                    req.id, req.signal
+                ))))
+            }
+            Err(KillError::Finished) => return Err(rpc(Error::NotFound("process already finished".into()))),
+            Err(KillError::Unreachable(m)) => return Err(rpc(Error::Internal(m))),
+        }
         Ok(api::Empty::default())
     }
 
@@ -410,19 +424,70 @@ impl containerd_shim::Task for Service {
         Ok(api::Empty::default())
     }
 
-    fn pause(&self, _ctx: &TtrpcContext, _req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        unsupported("pause", "not implemented yet (it will be an execution suspend of the container's Job)")
+    /// An execution suspend of the container's Job: the VM is saved and
+    /// stopped, the Job `suspended`.
+    fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        if container.init.snapshot().status != Status::Running {
+            return Err(rpc(Error::Precondition(format!("container {} is not running", req.id))));
+        }
+        let checkpoint = container.vm.pause().map_err(|e| rpc(Error::Internal(e)))?;
+        log::info!("{}: paused: Job {} suspended to {checkpoint}", req.id, container.vm.job());
+        self.publish(
+            topics::TASK_PAUSED_EVENT_TOPIC,
+            Box::new(TaskPaused { container_id: req.id.clone(), ..Default::default() }),
+        );
+        Ok(api::Empty::default())
     }
 
-    fn resume(&self, _ctx: &TtrpcContext, _req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
-        unsupported("resume", "not implemented yet (it will resume the suspended Job in a new Attempt)")
+    /// Resumes the suspended Job in a new Attempt, from its checkpoint.
+    fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        container.vm.resume().map_err(|e| rpc(Error::Precondition(e)))?;
+        container.resumed();
+        log::info!("{}: resumed: Job {}", req.id, container.vm.job());
+        self.publish(
+            topics::TASK_RESUMED_EVENT_TOPIC,
+            Box::new(TaskResumed { container_id: req.id.clone(), ..Default::default() }),
+        );
+        Ok(api::Empty::default())
     }
 
-    fn checkpoint(&self, _ctx: &TtrpcContext, _req: api::CheckpointTaskRequest) -> TtrpcResult<api::Empty> {
-        unsupported(
-            "checkpoint",
-            "not implemented yet; `pvisor checkpoint --state execution JOB` works on the container's Job",
-        )
+    /// An execution checkpoint of the container's Job (the VM keeps
+    /// running). containerd's checkpoint directory gets a record naming it;
+    /// the machine state stays in pvisor's store, where `pvisor fork
+    /// --state execution` restores it.
+    fn checkpoint(&self, _ctx: &TtrpcContext, req: api::CheckpointTaskRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        if container.init.snapshot().status != Status::Running {
+            return Err(rpc(Error::Precondition(format!("container {} is not running", req.id))));
+        }
+        if req.options.is_some() {
+            log::info!("{}: checkpoint options are ignored (pvisor saves the whole VM)", req.id);
+        }
+        let saved = container.vm.checkpoint().map_err(|e| rpc(Error::Internal(e)))?;
+        if !req.path.is_empty() {
+            let record = serde_json::json!({
+                "runtime": "io.containerd.pvisor.v1",
+                "job": container.vm.job().as_str(),
+                "checkpoint": saved,
+                "state_dir": state_root(),
+            });
+            let file = std::path::Path::new(&req.path).join("pvisor-checkpoint.json");
+            std::fs::create_dir_all(&req.path)
+                .and_then(|()| std::fs::write(&file, record.to_string()))
+                .map_err(|e| rpc(Error::Internal(format!("cannot write {}: {e}", file.display()))))?;
+        }
+        log::info!("{}: execution checkpoint {saved} of Job {}", req.id, container.vm.job());
+        self.publish(
+            topics::TASK_CHECKPOINTED_EVENT_TOPIC,
+            Box::new(TaskCheckpointed {
+                container_id: req.id.clone(),
+                checkpoint: req.path.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(api::Empty::default())
     }
 
     fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {

@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::{Guest, OpenGuest, Run};
+use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, Resume, Run, Suspend};
 use pvisor::runtime::job_service::CancelHandle;
-use pvisor::{RunEnd, RunRequest, Runtime};
+use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
+use pvisor_agent::{Reply, Request};
 use pvisor_core::ids::JobId;
 use pvisor_core::records::ResourceLimits;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -34,23 +35,42 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long delete waits for the Job's supervisor task to finish it.
 const END_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one agent call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first exec id: the Attempt's own command is id 1.
 const FIRST_EXEC_ID: u32 = 2;
 
-/// How the Job ended, once it has.
-#[derive(Debug, Default)]
-struct Ended {
-    summary: Option<String>,
+/// Where the container's VM stands.
+#[derive(Debug)]
+enum Phase {
+    /// A generation (Attempt) is live: its run can be cancelled, its guest reached.
+    Live,
+    /// Being suspended or resumed: a guest channel that ends now is a pause.
+    Pausing,
+    /// Suspended to `checkpoint`; the Job continues with a resume.
+    Paused { checkpoint: String },
+    /// The Job has ended (`summary`), or is ending.
+    Ended { summary: Option<String> },
 }
 
-/// A running container VM.
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// The current generation's run and guest.
+    cancel: Option<CancelHandle>,
+    guest: Option<Guest>,
+    /// The live generation's end, once its Session has published it.
+    generation_end: Option<String>,
+}
+
+/// A container's VM: one Job, one generation (Attempt) per boot or resume.
 #[derive(Debug)]
 pub struct Vm {
+    runtime: Runtime,
+    tokio: tokio::runtime::Handle,
     job: JobId,
-    cancel: CancelHandle,
-    guest: Guest,
     rootfs: PathBuf,
-    ended: Arc<(Mutex<Ended>, Condvar)>,
+    state: Arc<(Mutex<State>, Condvar)>,
     next_exec: AtomicU32,
 }
 
@@ -66,18 +86,48 @@ impl Vm {
     ) -> Result<Vm, String> {
         let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
         let request = keeper_request(container, rootfs.clone(), limits);
-        let mut run = {
+        let run = {
             let _inside = tokio.enter();
             runtime
                 .execute(Run { request, executor })
                 .map_err(|e| format!("the Job was not admitted: {e}"))?
         };
         let job = run.job().clone();
-        let cancel = run.cancel_handle();
         log::info!("container {container} is Job {job} (workspace {})", rootfs.display());
-        let ended = Arc::new((Mutex::new(Ended::default()), Condvar::new()));
-        let publish = ended.clone();
-        tokio.spawn(async move {
+        let state = State { phase: Phase::Pausing, cancel: None, guest: None, generation_end: None };
+        let vm = Vm {
+            runtime: runtime.clone(),
+            tokio: tokio.clone(),
+            job,
+            rootfs,
+            state: Arc::new((Mutex::new(state), Condvar::new())),
+            next_exec: AtomicU32::new(FIRST_EXEC_ID),
+        };
+        vm.adopt(run)?;
+        Ok(vm)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, phase: Phase) {
+        self.lock().phase = phase;
+        self.state.1.notify_all();
+    }
+
+    /// Watches a new generation's run and waits for its guest; the VM is
+    /// then live.
+    fn adopt(&self, mut run: ManagedJobRun) -> Result<(), String> {
+        let cancel = run.cancel_handle();
+        {
+            let mut state = self.lock();
+            state.generation_end = None;
+            state.cancel = Some(cancel.clone());
+            state.guest = None;
+        }
+        let state = self.state.clone();
+        self.tokio.spawn(async move {
             let summary = match run.wait().await {
                 Ok(RunEnd::Finished(o)) => format!(
                     "ended {} (signal {:?}, exit {:?})",
@@ -86,22 +136,73 @@ impl Vm {
                 Ok(RunEnd::Suspended(s)) => format!("suspended to {}", s.checkpoint.id),
                 Err(e) => format!("failed: {e}"),
             };
-            let (lock, cvar) = &*publish;
-            lock.lock().unwrap_or_else(|p| p.into_inner()).summary = Some(summary);
-            cvar.notify_all();
+            let mut locked = state.0.lock().unwrap_or_else(|p| p.into_inner());
+            // A generation that ends while live (not paused) ends the VM.
+            if matches!(locked.phase, Phase::Live | Phase::Ended { summary: None }) {
+                locked.phase = Phase::Ended { summary: Some(summary.clone()) };
+            }
+            locked.generation_end = Some(summary);
+            state.1.notify_all();
         });
-        let guest = wait_ready(runtime, &job, &rootfs, &ended)
-            .inspect_err(|_| cancel.cancel(rustix::process::Signal::TERM.as_raw()))?;
-        Ok(Vm { job, cancel, guest, rootfs, ended, next_exec: AtomicU32::new(FIRST_EXEC_ID) })
+        match wait_ready(&self.runtime, &self.job, &self.rootfs, &self.state) {
+            Ok(guest) => {
+                self.lock().guest = Some(guest);
+                self.set(Phase::Live);
+                Ok(())
+            }
+            Err(e) => {
+                cancel.cancel(rustix::process::Signal::TERM.as_raw());
+                Err(e)
+            }
+        }
     }
 
     pub fn job(&self) -> &JobId {
         &self.job
     }
 
+    /// The live guest, waiting out a pause or resume in progress; `None`
+    /// once the VM has ended.
+    pub fn live_guest(&self) -> Option<Guest> {
+        let mut state = self.lock();
+        loop {
+            match &state.phase {
+                Phase::Live => return state.guest.clone(),
+                Phase::Ended { .. } => return None,
+                Phase::Pausing | Phase::Paused { .. } => {
+                    state = self.state.1.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// The live guest now, or why there is none.
+    fn guest_now(&self) -> Result<Guest, ExecError> {
+        let state = self.lock();
+        match (&state.phase, &state.guest) {
+            (Phase::Live, Some(guest)) => Ok(guest.clone()),
+            (Phase::Paused { .. } | Phase::Pausing, _) => Err(ExecError::Paused),
+            _ => Err(ExecError::Guest("the container's VM has ended".into())),
+        }
+    }
+
+    /// Paused, or being paused or resumed.
+    pub fn is_paused(&self) -> bool {
+        matches!(self.lock().phase, Phase::Paused { .. } | Phase::Pausing)
+    }
+
+    /// The checkpoint the VM is suspended to, while paused.
+    pub fn paused(&self) -> Option<String> {
+        match &self.lock().phase {
+            Phase::Paused { checkpoint } => Some(checkpoint.clone()),
+            _ => None,
+        }
+    }
+
     /// Starts `process` chrooted into the container's rootfs; returns the
-    /// channel (first reply already read) and the guest pid.
+    /// channel (first reply already read), the exec id and the guest pid.
     pub fn exec(&self, process: &ProcessSpec) -> Result<(ExecChannel, u32, u32), ExecError> {
+        let guest = self.guest_now()?;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let spec = ExecSpec {
             id,
@@ -111,10 +212,10 @@ impl Vm {
             root: Some(self.rootfs.clone()),
             output: None,
         };
-        let mut channel = self.guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
+        let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
         match channel.next_reply() {
-            Ok(Some((pvisor_agent::Reply::Started { pid, .. }, _))) => Ok((channel, id, pid.max(0) as u32)),
-            Ok(Some((pvisor_agent::Reply::ExecFailed { errno, message, .. }, _))) => {
+            Ok(Some((Reply::Started { pid, .. }, _))) => Ok((channel, id, pid.max(0) as u32)),
+            Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
                 Err(ExecError::Failed { errno, message })
             }
             Ok(other) => Err(ExecError::Guest(format!("the guest answered {other:?}"))),
@@ -122,23 +223,154 @@ impl Vm {
         }
     }
 
+    /// Signals exec `id`'s process group. Through an agent call, not the
+    /// exec's own channel, so it reaches a process across a pause.
+    pub fn signal(&self, id: u32, signal: i32) -> Result<(), ExecError> {
+        let request = Request::Signal { id, signal };
+        self.guest_now()?
+            .call(&request, &[], CALL_TIMEOUT)
+            .map(drop)
+            .map_err(|e| ExecError::Guest(e.to_string()))
+    }
+
+    /// Exec `id`'s exit status once it has exited (`None` while it runs),
+    /// asked of the guest: how a process is followed after a resume, when
+    /// its original channel is gone.
+    pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, String> {
+        match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT) {
+            Ok((Reply::Status { running: true, .. }, _)) => Ok(None),
+            Ok((Reply::Status { code, signal, .. }, _)) => Ok(Some(status_of(code, signal))),
+            Ok((other, _)) => Err(format!("the guest answered {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Saves the VM's execution state; it keeps running. While paused, the
+    /// suspension's checkpoint is the answer.
+    pub fn checkpoint(&self) -> Result<String, String> {
+        if let Some(checkpoint) = self.paused() {
+            return Ok(checkpoint);
+        }
+        let saved =
+            self.runtime.execute(CheckpointExecution { job: self.job.clone() }).map_err(|e| e.to_string())?;
+        Ok(saved.id.to_string())
+    }
+
+    /// Suspends the VM (execution suspend: saved, then stopped; the Job is
+    /// `suspended`). Its processes are kept in the saved state.
+    pub fn pause(&self) -> Result<String, String> {
+        {
+            let mut state = self.lock();
+            if !matches!(state.phase, Phase::Live) {
+                return Err("the container's VM is not running".into());
+            }
+            state.phase = Phase::Pausing;
+        }
+        match self.runtime.execute(Suspend { job: self.job.clone() }) {
+            Ok(saved) => {
+                self.set(Phase::Paused { checkpoint: saved.id.to_string() });
+                Ok(saved.id.to_string())
+            }
+            Err(e) => {
+                // Still running if the save failed before the stop.
+                let ended = self.lock().generation_end.clone();
+                // The save failed before the stop: still running.
+                self.set(match ended {
+                    Some(summary) => Phase::Ended { summary: Some(summary) },
+                    None => Phase::Live,
+                });
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Resumes the suspended VM: a new Attempt of the same Job, restored
+    /// from the suspension's checkpoint.
+    pub fn resume(&self) -> Result<(), String> {
+        {
+            let mut state = self.lock();
+            if !matches!(state.phase, Phase::Paused { .. }) {
+                return Err("the container is not paused".into());
+            }
+            state.phase = Phase::Pausing;
+        }
+        let run = {
+            let _inside = self.tokio.enter();
+            self.runtime.execute(Resume { job: self.job.clone() })
+        };
+        match run {
+            Ok(run) => self.adopt(run).inspect_err(|e| self.set(Phase::Ended { summary: Some(e.clone()) })),
+            Err(e) => {
+                let checkpoint = self.checkpoint_of_suspension();
+                self.set(Phase::Paused { checkpoint });
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn checkpoint_of_suspension(&self) -> String {
+        let end = self.lock().generation_end.clone().unwrap_or_default();
+        end.strip_prefix("suspended to ").unwrap_or(&end).to_owned()
+    }
+
     /// Ends the Job (SIGTERM to the keeper, SIGKILL after its grace) and
     /// waits until its Session has recorded the end. The shim is the Job's
-    /// supervisor, so it cancels its own run: the `Kill` action would
-    /// signal the supervisor, that is, the shim itself.
+    /// supervisor, so it cancels its own live run (the `Kill` action would
+    /// signal the supervisor, that is, the shim itself); a paused Job has no
+    /// supervisor, and `Kill` closes it.
     pub fn stop(&self) -> Result<String, String> {
-        self.cancel.cancel(rustix::process::Signal::TERM.as_raw());
-        let (lock, cvar) = &*self.ended;
+        let (previous, cancel) = {
+            let mut state = self.lock();
+            (std::mem::replace(&mut state.phase, Phase::Ended { summary: None }), state.cancel.clone())
+        };
+        match previous {
+            Phase::Live => {
+                if let Some(cancel) = cancel {
+                    cancel.cancel(rustix::process::Signal::TERM.as_raw());
+                }
+            }
+            Phase::Paused { .. } => {
+                let killed = self.runtime.execute(Kill { job: self.job.clone(), grace: KILL_GRACE });
+                let summary = match killed {
+                    Ok(k) => format!("closed while paused: {k:?}"),
+                    Err(e) => format!("could not be closed while paused: {e}"),
+                };
+                self.set(Phase::Ended { summary: Some(summary.clone()) });
+                return Ok(summary);
+            }
+            Phase::Ended { summary: Some(summary) } => {
+                self.set(Phase::Ended { summary: Some(summary.clone()) });
+                return Ok(summary);
+            }
+            Phase::Pausing | Phase::Ended { summary: None } => {}
+        }
+        self.state.1.notify_all();
         let deadline = Instant::now() + END_TIMEOUT;
-        let mut ended = lock.lock().unwrap_or_else(|p| p.into_inner());
-        while ended.summary.is_none() {
+        let mut state = self.lock();
+        loop {
+            if let Phase::Ended { summary: Some(summary) } = &state.phase {
+                return Ok(summary.clone());
+            }
+            if let Some(summary) = state.generation_end.clone() {
+                state.phase = Phase::Ended { summary: Some(summary.clone()) };
+                self.state.1.notify_all();
+                return Ok(summary);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(format!("Job {} did not end within {} s", self.job, END_TIMEOUT.as_secs()));
             }
-            ended = cvar.wait_timeout(ended, left).unwrap_or_else(|p| p.into_inner()).0;
+            state = self.state.1.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
         }
-        Ok(ended.summary.clone().unwrap_or_default())
+    }
+}
+
+/// containerd's exit status: the code, or 128 + the signal.
+pub fn status_of(code: Option<i32>, signal: Option<i32>) -> u32 {
+    match (code, signal) {
+        (_, Some(signal)) => 128 + signal.max(0) as u32,
+        (Some(code), None) => code.max(0) as u32,
+        (None, None) => crate::process::LOST,
     }
 }
 
@@ -149,6 +381,8 @@ pub enum ExecError {
     Guest(String),
     /// The guest could not start it (`errno`: ENOENT for a missing program).
     Failed { errno: i32, message: String },
+    /// The container is paused.
+    Paused,
 }
 
 impl std::fmt::Display for ExecError {
@@ -156,6 +390,7 @@ impl std::fmt::Display for ExecError {
         match self {
             Self::Guest(e) => write!(f, "the container's VM is unreachable: {e}"),
             Self::Failed { message, .. } => write!(f, "cannot start the process: {message}"),
+            Self::Paused => write!(f, "the container is paused; resume it first"),
         }
     }
 }
@@ -190,22 +425,20 @@ fn wait_ready(
     runtime: &Runtime,
     job: &JobId,
     rootfs: &std::path::Path,
-    ended: &(Mutex<Ended>, Condvar),
+    state: &(Mutex<State>, Condvar),
 ) -> Result<Guest, String> {
-    let probe = pvisor_agent::Request::FileOp {
-        root: rootfs.to_path_buf(),
-        op: pvisor_agent::FileOp::Stat { path: "/".into() },
-    };
+    let probe =
+        Request::FileOp { root: rootfs.to_path_buf(), op: pvisor_agent::FileOp::Stat { path: "/".into() } };
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut last;
     loop {
-        if let Some(summary) = &ended.0.lock().unwrap_or_else(|p| p.into_inner()).summary {
+        if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
             return Err(format!(
                 "Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`"
             ));
         }
         match runtime.execute(OpenGuest { job: job.clone() }) {
-            Ok(guest) => match guest.call(&probe, &[], Duration::from_secs(10)) {
+            Ok(guest) => match guest.call(&probe, &[], CALL_TIMEOUT) {
                 Ok(_) => return Ok(guest),
                 Err(e) => last = e.to_string(),
             },

@@ -15,7 +15,8 @@ const IMAGE: &str = "docker.io/pvisor/busybox:latest";
 const RUNTIME: &str = "io.containerd.pvisor.v1";
 const NAMESPACE: &str = "pvisor-test";
 /// A process that counts in /tmp/count, once a second.
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i >/tmp/count; sleep 1; done";
+const COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i >/tmp/next; mv /tmp/next /tmp/count; sleep 1; done";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -28,7 +29,14 @@ struct Containerd {
 }
 
 impl Drop for Containerd {
+    /// A failed test must not leave VMs behind: shims outlive containerd
+    /// by design, so every task is force-deleted before it stops.
     fn drop(&mut self) {
+        let tasks = self.ctr(&["task", "ls", "-q"]);
+        for id in text(&tasks.stdout).lines().filter(|l| !l.is_empty()) {
+            let _ = self.ctr(&["task", "delete", "-f", id]);
+            let _ = self.ctr(&["container", "rm", id]);
+        }
         let _ =
             Command::new(repo().join("scripts/containerd-env.sh")).arg("stop").arg(self.dir.path()).status();
     }
@@ -197,6 +205,28 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     assert!(count.trim().parse::<u32>().is_ok_and(|n| n >= 1), "the counter runs: {count:?}");
     let missing = c.ctr(&["task", "exec", "--exec-id", "e3", "long", "/no/such/program"]);
     assert!(!missing.status.success(), "a missing program fails to start");
+
+    // Pause and resume (an execution suspend and a new Attempt): the
+    // counter lives on. ctr's checkpoint pauses, checkpoints and resumes.
+    let counted = |exec: &str| -> u32 {
+        let n = c.ok(&["task", "exec", "--exec-id", exec, "long", "cat", "/tmp/count"]);
+        n.trim().parse().unwrap_or_else(|_| panic!("a count: {n:?}"))
+    };
+    let before = counted("e4");
+    c.ok(&["task", "pause", "long"]);
+    assert_eq!(c.task_status("long").as_deref(), Some("PAUSED"));
+    c.ok(&["task", "resume", "long"]);
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"));
+    let after = counted("e5");
+    assert!(after >= before, "the counter kept its count across the pause: {before} then {after}");
+    let mut n = 6;
+    eventually("the counter counts on", Duration::from_secs(30), || {
+        n += 1;
+        counted(&format!("e{n}")) > after
+    });
+    c.ok(&["task", "checkpoint", "long"]);
+    assert!(c.ok(&["images", "ls", "-q"]).contains("checkpoint/long"), "ctr recorded the checkpoint");
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"));
     c.ok(&["task", "kill", "-s", "SIGTERM", "long"]);
     eventually("the task stops", Duration::from_secs(30), || {
         c.task_status("long").as_deref() == Some("STOPPED")
@@ -210,12 +240,30 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     );
     c.ok(&["container", "rm", "long"]);
 
+    // SIGKILL reaches a paused container: its Job is closed.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "frozen", "sh", "-c", COUNTER]);
+    c.ok(&["task", "pause", "frozen"]);
+    assert!(
+        !c.ctr(&["task", "kill", "-s", "SIGTERM", "frozen"]).status.success(),
+        "only SIGKILL reaches a paused VM"
+    );
+    c.ok(&["task", "kill", "-s", "SIGKILL", "frozen"]);
+    eventually("the paused task stops", Duration::from_secs(30), || {
+        c.task_status("frozen").as_deref() == Some("STOPPED")
+    });
+    let deleted = c.ctr(&["task", "delete", "frozen"]);
+    assert!(text(&deleted.stderr).contains("exit code 137"), "{}", text(&deleted.stderr));
+    c.ok(&["container", "rm", "frozen"]);
+
     // Nothing of the VMs is left running.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
+    // The VMs' own disks are gone (execution checkpoints stay until `pvisor gc`).
     let disks: Vec<_> = walk(&c.home().join("runs"))
         .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "img") && p.parent().is_some_and(|d| d.ends_with("vm"))
+        })
         .collect();
     assert!(disks.is_empty(), "the VMs' disks are removed: {disks:?}");
 }
