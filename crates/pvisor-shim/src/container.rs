@@ -56,6 +56,8 @@ pub struct Container {
     pub init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pub vm: Arc<Vm>,
+    /// The pids limit the spec asked for (0: none).
+    pub pids_limit: u64,
 }
 
 impl Container {
@@ -76,6 +78,7 @@ impl Container {
         let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
         let rootfs = request.bundle.join(root);
         let limits = spec::limits(&oci);
+        let pids_limit = limits.pids.unwrap_or(0);
         if oci.mounts().iter().flatten().any(|m| !kernel_provided(m.destination())) {
             log::warn!("{}: bind mounts are not passed into the VM yet; only the rootfs is", request.id);
         }
@@ -101,6 +104,7 @@ impl Container {
             init: Process::new(init, request.stdio),
             execs: Mutex::new(HashMap::new()),
             vm: Arc::new(vm),
+            pids_limit,
         })
     }
 

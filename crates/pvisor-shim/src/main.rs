@@ -12,6 +12,7 @@ mod process;
 mod rootfs;
 mod service;
 mod spec;
+mod stats;
 mod vm;
 
 fn main() {

@@ -505,7 +505,15 @@ impl containerd_shim::Task for Service {
         )
     }
 
-    fn stats(&self, _ctx: &TtrpcContext, _req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
-        unsupported("stats", "guest statistics are not collected yet")
+    /// The guest kernel's CPU and memory figures, as cgroup v1 metrics.
+    fn stats(&self, _ctx: &TtrpcContext, req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let read = |path: &str| container.vm.read_guest_file(path).map_err(|e| rpc(Error::Precondition(e)));
+        let (stat, mem) = (read("/proc/stat")?, read("/proc/meminfo")?);
+        let processes = container.pids().len() as u64;
+        let metrics = crate::stats::metrics(&stat, &mem, processes, container.pids_limit);
+        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
+            .map_err(|e| rpc(Error::Internal(e.to_string())))?;
+        Ok(api::StatsResponse { stats: MessageField::some(any), ..Default::default() })
     }
 }

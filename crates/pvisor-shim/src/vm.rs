@@ -245,6 +245,15 @@ impl Vm {
         }
     }
 
+    /// A file of the guest itself (not the container's root), such as
+    /// `/proc/meminfo`.
+    pub fn read_guest_file(&self, path: &str) -> Result<String, String> {
+        let request = Request::ReadFile { path: path.into(), offset: 0, len: Some(1 << 20) };
+        let guest = self.guest_now().map_err(|e| e.to_string())?;
+        let (_, bytes) = guest.call(&request, &[], CALL_TIMEOUT).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// Saves the VM's execution state; it keeps running. While paused, the
     /// suspension's checkpoint is the answer.
     pub fn checkpoint(&self) -> Result<String, String> {

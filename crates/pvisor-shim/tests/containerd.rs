@@ -203,6 +203,13 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     assert_eq!(exec.status.code(), Some(5));
     let count = c.ok(&["task", "exec", "--exec-id", "e2", "long", "cat", "/tmp/count"]);
     assert!(count.trim().parse::<u32>().is_ok_and(|n| n >= 1), "the counter runs: {count:?}");
+    let metrics = c.ok(&["task", "metrics", "long"]);
+    assert!(
+        metrics.contains("memory.usage_in_bytes")
+            && metrics.contains("pids.current")
+            && metrics.contains("cpuacct.usage"),
+        "metrics from the guest: {metrics}"
+    );
     let missing = c.ctr(&["task", "exec", "--exec-id", "e3", "long", "/no/such/program"]);
     assert!(!missing.status.success(), "a missing program fails to start");
 
