@@ -184,6 +184,7 @@ impl Container {
         for process in self.lock_execs().values() {
             process.exit(crate::process::LOST);
         }
+        self.vm.release();
         if self.mounted {
             rootfs::unmount_all(&self.rootfs);
         }
@@ -234,8 +235,9 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
         match job.trim().parse::<pvisor_core::ids::JobId>() {
             Ok(job) => {
                 let grace = std::time::Duration::from_secs(2);
-                if let Err(e) = runtime.execute(pvisor::actions::Kill { job, grace }) {
-                    log::warn!("cannot end the Job of {}: {e}", bundle.display());
+                match runtime.execute(pvisor::actions::Kill { job: job.clone(), grace }) {
+                    Ok(_) => crate::vm::release(runtime, &job),
+                    Err(e) => log::warn!("cannot end the Job of {}: {e}", bundle.display()),
                 }
             }
             Err(e) => log::warn!("{}: {e}", bundle.join(JOB_FILE).display()),

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, Resume, Run, Suspend};
+use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
 use pvisor::runtime::job_service::CancelHandle;
 use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
 use pvisor_agent::{Reply, Request};
@@ -322,6 +322,12 @@ impl Vm {
         end.strip_prefix("suspended to ").unwrap_or(&end).to_owned()
     }
 
+    /// Removes what the ended Job keeps on disk (its stage, VM disks and
+    /// execution checkpoints): a deleted container is gone for good.
+    pub fn release(&self) {
+        release(&self.runtime, &self.job);
+    }
+
     /// Ends the Job (SIGTERM to the keeper, SIGKILL after its grace) and
     /// waits until its Session has recorded the end. The shim is the Job's
     /// supervisor, so it cancels its own live run (the `Kill` action would
@@ -371,6 +377,18 @@ impl Vm {
             }
             state = self.state.1.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+}
+
+/// Releases an ended Job's storage, saying what it could not remove.
+pub fn release(runtime: &Runtime, job: &JobId) {
+    match runtime.execute(ReleaseStorage { job: job.clone() }) {
+        Ok(released) => {
+            for warning in released.warnings {
+                log::warn!("Job {job}: {warning}");
+            }
+        }
+        Err(e) => log::warn!("cannot release the storage of Job {job}: {e}"),
     }
 }
 

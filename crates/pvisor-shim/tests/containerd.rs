@@ -262,15 +262,36 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     assert!(text(&deleted.stderr).contains("exit code 137"), "{}", text(&deleted.stderr));
     c.ok(&["container", "rm", "frozen"]);
 
+    // A shim that dies takes its VM with it; containerd's cleanup (the
+    // shim's `delete` action) records the Job honestly and frees its disks.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "orphan", "sh", "-c", COUNTER]);
+    let list = c.ok(&["task", "ls"]);
+    let shim: i32 = list
+        .lines()
+        .find(|l| l.starts_with("orphan "))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("the task's pid (the shim's)");
+    let pid = rustix::process::Pid::from_raw(shim).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL to the shim");
+    eventually("containerd cleans up the dead shim", Duration::from_secs(30), || {
+        c.task_status("orphan").is_none()
+    });
+    c.ok(&["container", "rm", "orphan"]);
+
     // Nothing of the VMs is left running.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
-    // The VMs' own disks are gone (execution checkpoints stay until `pvisor gc`).
+    // No disk is left: VM disks and checkpoints' images are released.
     let disks: Vec<_> = walk(&c.home().join("runs"))
         .into_iter()
-        .filter(|p| {
-            p.extension().is_some_and(|e| e == "img") && p.parent().is_some_and(|d| d.ends_with("vm"))
-        })
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
         .collect();
     assert!(disks.is_empty(), "the VMs' disks are removed: {disks:?}");
+    let jobs =
+        Command::new(repo().join("target/debug/pvisor")).arg("jobs").env("PVISOR_HOME", c.home()).output();
+    if let Some(jobs) = jobs.ok().filter(|j| j.status.success()) {
+        // Every container was a Job; the orphan's is recorded as lost.
+        let listing = text(&jobs.stdout);
+        assert!(listing.lines().count() >= 5 && listing.contains("lost"), "pvisor jobs: {listing}");
+    }
 }
