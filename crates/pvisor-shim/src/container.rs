@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use pvisor::Runtime;
 
+use crate::binds;
 use crate::process::{Exit, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
 use crate::spec::{self, ProcessSpec};
@@ -79,9 +80,6 @@ impl Container {
         let rootfs = request.bundle.join(root);
         let limits = spec::limits(&oci);
         let pids_limit = limits.pids.unwrap_or(0);
-        if oci.mounts().iter().flatten().any(|m| !kernel_provided(m.destination())) {
-            log::warn!("{}: bind mounts are not passed into the VM yet; only the rootfs is", request.id);
-        }
         std::fs::create_dir_all(&rootfs)
             .map_err(|e| Error::Internal(format!("cannot create {}: {e}", rootfs.display())))?;
         rootfs::mount_all(&request.rootfs, &rootfs).map_err(|e| Error::Internal(e.to_string()))?;
@@ -93,6 +91,14 @@ impl Container {
             e
         };
         let init = spec::init_process(&oci, &rootfs).map_err(|e| undo(e.into()))?;
+        // Into containerd's snapshot only: a rootfs the shim did not mount
+        // is someone's directory, not to be written.
+        let binds = binds::binds(&oci);
+        if mounted {
+            binds::copy_in(&binds, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
+        } else if !binds.is_empty() {
+            log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
+        }
         let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits)
             .map_err(|e| undo(Error::Internal(e)))?;
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
@@ -219,13 +225,6 @@ impl Container {
             Err(e) => log::warn!("{}: {e}", self.id),
         }
     }
-}
-
-/// Mount points the guest agent provides itself in the chroot.
-fn kernel_provided(destination: &Path) -> bool {
-    ["/proc", "/dev", "/sys", "/tmp", "/run", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys/fs/cgroup"]
-        .iter()
-        .any(|d| destination == Path::new(d))
 }
 
 /// Ends the Job a crashed shim left behind (containerd's `delete` action

@@ -7,6 +7,7 @@
 //! The `containerd-shim` crate provides all of that plumbing; this crate
 //! provides the Task service (service.rs) over pvisor's runtime.
 
+mod binds;
 mod container;
 mod process;
 mod rootfs;

@@ -165,19 +165,25 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     }
     let c = start();
 
-    // ctr run: stdout, stderr and the exit code, exactly.
+    // ctr run: stdout, stderr and the exit code, exactly; a read-only
+    // bind mount is copied into the VM.
+    let data = c.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(data.join("f"), "from the host\n").expect("write");
     let out = c.ctr(&[
         "run",
         "--rm",
         "--runtime",
         RUNTIME,
+        "--mount",
+        &format!("type=bind,src={},dst=/data,options=rbind:ro", data.display()),
         IMAGE,
         "exit3",
         "sh",
         "-c",
-        "echo out; echo err >&2; exit 3",
+        "echo out; cat /data/f; echo err >&2; exit 3",
     ]);
-    assert_eq!(text(&out.stdout), "out\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\nfrom the host\n", "stderr: {}", text(&out.stderr));
     assert_eq!(text(&out.stderr), "err\n");
     assert_eq!(out.status.code(), Some(3));
 
