@@ -62,3 +62,67 @@ impl Action for ReleaseStorage {
         Ok(released)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Arc;
+
+    use pvisor_core::store::Store;
+
+    use super::*;
+    use crate::actions::{Run, Status};
+    use crate::testing::{FakeBackends, FakeExecutor, Script};
+    use crate::{RunEnd, RunRequest};
+
+    #[test]
+    fn an_ended_jobs_stage_disks_and_checkpoints_are_released_and_its_records_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let store = Store::open(dir.path().join("state")).unwrap();
+        let fake = FakeExecutor::new(vec![Script::exits(0, &[("made.txt", "x")])]);
+        let backends = Arc::new(FakeBackends { executor: fake, capabilities: None });
+        let runtime = Runtime::new(store.clone(), backends);
+        let request = RunRequest {
+            caches: Vec::new(),
+            workspace: workspace.clone(),
+            cwd: None,
+            program: "fake-command".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            kill_grace: std::time::Duration::from_millis(300),
+            network: Vec::new(),
+            fork: None,
+            fork_execution: None,
+            secrets: Default::default(),
+            seccomp: true,
+            limits: Default::default(),
+        };
+        let executor = runtime.executor("fake").unwrap();
+        let outcome =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+                let mut run = runtime.execute(Run { request, executor }).unwrap();
+                match run.wait().await.unwrap() {
+                    RunEnd::Finished(outcome) => outcome,
+                    RunEnd::Suspended(s) => panic!("suspended: {s:?}"),
+                }
+            });
+        // What a killed vm supervisor would have left.
+        let vm_dir = store.attempt_dir(&outcome.attempt).join("vm");
+        std::fs::create_dir_all(&vm_dir).unwrap();
+        std::fs::write(vm_dir.join(pvisor_sandbox::vm::checkpoint::UPPER), b"disk").unwrap();
+        let checkpoints = store.exec_checkpoints_dir(&outcome.run);
+        std::fs::create_dir_all(checkpoints.join("ckpt")).unwrap();
+
+        let released = runtime.execute(ReleaseStorage { job: outcome.job.clone() }).unwrap();
+        assert!(released.warnings.is_empty(), "{:?}", released.warnings);
+        assert!(!vm_dir.join(pvisor_sandbox::vm::checkpoint::UPPER).exists());
+        assert!(!checkpoints.exists());
+        let status = runtime.execute(Status { job: outcome.job.clone() }).unwrap();
+        assert_eq!(status.state, JobState::Completed, "the records stay");
+        assert_eq!(status.stage_state, Some(crate::effects::StageState::Dropped), "the stage is dropped");
+        assert!(!workspace.join("made.txt").exists(), "nothing was applied");
+    }
+}
