@@ -8,6 +8,7 @@
 #   xfsprogs         the checkpoint benchmark's reflink figure (a loop-mounted XFS)
 #   bubblewrap       the run-overhead benchmark's comparison
 #   qemu-system-x86  the vm executor's hypervisor
+#   containerd       the containerd shim's tests (a private instance, scripts/containerd-env.sh)
 #   busybox-static, kmod, lz4, e2fsprogs
 #                    the vm guest image (scripts/vm-image.sh) and its workspace disks
 set -euo pipefail
@@ -26,6 +27,7 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 [ -x /sbin/depmod ] || need+=(kmod)
 [ -x /usr/bin/lz4 ] || need+=(lz4)
 [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -44,7 +44,7 @@ pub const EGRESS_PORT: u16 = 18080;
 /// Where background command logs live inside the guest (outside the rootfs).
 pub const GUEST_LOG_DIR: &str = "/run/pvisor/cmd";
 /// The Job's own command: idles in the guest's initramfs until killed.
-pub const KEEPER: &str = "while :; do sleep 3600; done";
+pub use pvisor::actions::guest::KEEPER;
 /// How long a VM may take to boot (TCG is slow) or restore.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 

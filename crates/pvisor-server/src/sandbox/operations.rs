@@ -221,35 +221,11 @@ impl Daemon {
     /// checkpoints are deleted (the killed Job can never continue from them).
     /// The records and receipts stay.
     pub(super) fn release_storage(&self, job: &JobId) {
-        // Only a confirmed result has a stage to drop (a suspended Job that
-        // was killed ends `lost`, its writes only in the checkpoint below).
-        let confirmed = views::status(&self.store, job)
-            .is_ok_and(|s| matches!(s.state, JobState::Completed | JobState::Failed | JobState::Cancelled));
-        if confirmed {
-            if let Err(e) = pvisor::effects::drop_changes(&self.store, job, &[]) {
-                tracing::warn!("cannot drop the stage of {job}: {e}");
-            }
-        }
-        if let Ok(record) = self.store.read::<pvisor_core::records::JobRecord>(&self.store.job_file(job)) {
-            let live = views::status(&self.store, job).map_or(true, |s| s.live);
-            for (what, path) in pvisor::runtime::gc::leftover_vm_disks(&self.store, &record) {
-                if live {
-                    break;
-                }
-                if let Err(e) = fs::remove_file(&path) {
-                    tracing::warn!("cannot remove {what} ({}): {e}", path.display());
-                }
-            }
-            let dir = self.store.exec_checkpoints_dir(&record.run);
-            // A Job still live (its kill did not finish) may yet need them.
-            if live {
-                return;
-            }
-            if let Err(e) = fs::remove_dir_all(&dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!("cannot remove {}: {e}", dir.display());
-                }
-            }
+        let released = pvisor::Runtime::on_host(self.store.clone())
+            .execute(pvisor::actions::ReleaseStorage { job: job.clone() });
+        match released {
+            Ok(released) => released.warnings.iter().for_each(|w| tracing::warn!("{w}")),
+            Err(e) => tracing::warn!("cannot release the storage of {job}: {e}"),
         }
     }
 

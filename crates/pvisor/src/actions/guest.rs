@@ -22,6 +22,11 @@ pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply
 pub use pvisor_sandbox::capabilities::CapabilityError;
 pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
+/// The Operation of a Job that exists to hold a guest open while its real
+/// work arrives as guest execs (`pvisor serve`'s sandboxes, the containerd
+/// shim's containers): it sleeps until the Job is ended.
+pub const KEEPER: &str = "while :; do sleep 3600; done";
+
 use super::{Action, Runtime, RuntimeError};
 
 /// Opens the guest of `job`'s running Attempt: `attempt` (its number), or

@@ -20,6 +20,7 @@
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
 //! | [`Gc`] | [`GcReport`](crate::runtime::gc::GcReport) |
+//! | [`ReleaseStorage`] | [`Released`]: one ended Job's stage, VM disks and execution checkpoints removed |
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
 //!
 //! What an action may do depends on the Job's backend, which the runtime
@@ -30,6 +31,7 @@ mod changes;
 mod execution;
 pub mod guest;
 mod jobs;
+mod storage;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,6 +51,7 @@ pub use execution::{
 };
 pub use guest::{Guest, OpenGuest};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
+pub use storage::{ReleaseStorage, Released};
 
 /// A request to the runtime with its typed outcome.
 pub trait Action: std::fmt::Debug {

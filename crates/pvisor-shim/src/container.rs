@@ -1,0 +1,247 @@
+//! One container: its bundle and mounted rootfs, its VM (a pvisor vm Job)
+//! and its processes (the init process and the execs), with the lifecycle
+//! containerd drives: create boots the VM, start runs the init process,
+//! the init's exit ends the VM, delete unmounts what create mounted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use pvisor::Runtime;
+
+use crate::binds;
+use crate::process::{Exit, Process, Snapshot, Status, Stdio};
+use crate::rootfs::{self, Mount};
+use crate::spec::{self, ProcessSpec};
+use crate::vm::Vm;
+
+/// The bundle file that names the container's Job, for `pvisor` and for
+/// the shim's `delete` action after a crash.
+pub const JOB_FILE: &str = "pvisor-job";
+
+/// What containerd asks for in `Create`.
+#[derive(Debug)]
+pub struct CreateRequest {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub rootfs: Vec<Mount>,
+    pub stdio: Stdio,
+}
+
+/// Why a container operation failed, in the terms containerd maps to its
+/// error kinds.
+#[derive(Debug)]
+pub enum Error {
+    NotFound(String),
+    Precondition(String),
+    Unsupported(String),
+    Invalid(String),
+    Internal(String),
+}
+
+impl From<spec::SpecError> for Error {
+    fn from(e: spec::SpecError) -> Self {
+        match e {
+            spec::SpecError::Unsupported(_) => Error::Unsupported(e.to_string()),
+            other => Error::Invalid(other.to_string()),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Container {
+    pub id: String,
+    pub bundle: PathBuf,
+    rootfs: PathBuf,
+    mounted: bool,
+    pub init: Arc<Process>,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+    pub vm: Arc<Vm>,
+    /// The pids limit the spec asked for (0: none).
+    pub pids_limit: u64,
+}
+
+impl Container {
+    /// Mounts the rootfs and boots the container's VM. Nothing is left
+    /// mounted or running if it fails.
+    pub fn create(
+        request: CreateRequest,
+        runtime: &Runtime,
+        tokio: &tokio::runtime::Handle,
+    ) -> Result<Container, Error> {
+        request.stdio.check().map_err(Error::Unsupported)?;
+        if request.stdio.terminal {
+            return Err(Error::Unsupported(
+                "unsupported: a terminal (ctr -t): pvisor's guest agent relays pipes, not a pty".into(),
+            ));
+        }
+        let oci = spec::load(&request.bundle)?;
+        let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
+        let rootfs = request.bundle.join(root);
+        let limits = spec::limits(&oci);
+        let pids_limit = limits.pids.unwrap_or(0);
+        std::fs::create_dir_all(&rootfs)
+            .map_err(|e| Error::Internal(format!("cannot create {}: {e}", rootfs.display())))?;
+        rootfs::mount_all(&request.rootfs, &rootfs).map_err(|e| Error::Internal(e.to_string()))?;
+        let mounted = !request.rootfs.is_empty();
+        let undo = |e: Error| {
+            if mounted {
+                rootfs::unmount_all(&rootfs);
+            }
+            e
+        };
+        let init = spec::init_process(&oci, &rootfs).map_err(|e| undo(e.into()))?;
+        // Into containerd's snapshot only: a rootfs the shim did not mount
+        // is someone's directory, not to be written.
+        let binds = binds::binds(&oci);
+        if mounted {
+            binds::copy_in(&binds, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
+        } else if !binds.is_empty() {
+            log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
+        }
+        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits)
+            .map_err(|e| undo(Error::Internal(e)))?;
+        let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
+        Ok(Container {
+            id: request.id,
+            bundle: request.bundle,
+            rootfs,
+            mounted,
+            init: Process::new(init, request.stdio),
+            execs: Mutex::new(HashMap::new()),
+            vm: Arc::new(vm),
+            pids_limit,
+        })
+    }
+
+    /// The process `exec_id` names (empty: the init process).
+    pub fn process(&self, exec_id: &str) -> Result<Arc<Process>, Error> {
+        if exec_id.is_empty() {
+            return Ok(self.init.clone());
+        }
+        self.lock_execs()
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("no exec {exec_id} in container {}", self.id)))
+    }
+
+    fn lock_execs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Process>>> {
+        self.execs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an exec (not started yet).
+    pub fn add_exec(&self, exec_id: &str, process_json: &[u8], stdio: Stdio) -> Result<(), Error> {
+        stdio.check().map_err(Error::Unsupported)?;
+        if self.init.snapshot().status != Status::Running {
+            return Err(Error::Precondition(format!("container {} is not running", self.id)));
+        }
+        let spec: ProcessSpec = spec::exec_process(process_json, &self.rootfs)?;
+        let mut execs = self.lock_execs();
+        if execs.contains_key(exec_id) {
+            return Err(Error::Precondition(format!("exec {exec_id} already exists")));
+        }
+        execs.insert(exec_id.to_owned(), Process::new(spec, stdio));
+        Ok(())
+    }
+
+    /// Starts a process; `on_exit` runs after it ended.
+    pub fn start(
+        &self,
+        exec_id: &str,
+        on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
+    ) -> Result<u32, Error> {
+        let process = self.process(exec_id)?;
+        if !exec_id.is_empty() && self.init.snapshot().status != Status::Running {
+            return Err(Error::Precondition(format!("container {} is not running", self.id)));
+        }
+        process.start(&self.vm, on_exit).map_err(Error::Internal)
+    }
+
+    /// Every live process's guest pid (the init process first).
+    pub fn pids(&self) -> Vec<u32> {
+        let mut all = vec![self.init.snapshot()];
+        all.extend(self.lock_execs().values().map(|p| p.snapshot()));
+        all.into_iter().filter(|s| s.status == Status::Running).map(|s| s.pid).collect()
+    }
+
+    /// Removes an exec that has ended; returns how it ended.
+    pub fn delete_exec(&self, exec_id: &str) -> Result<(Snapshot, Exit), Error> {
+        let process = self.process(exec_id)?;
+        let snapshot = process.snapshot();
+        let exit = match (&snapshot.exit, snapshot.status) {
+            (Some(exit), _) => exit.clone(),
+            (None, Status::Created) => process.exit(0),
+            (None, _) => return Err(Error::Precondition(format!("exec {exec_id} is still running"))),
+        };
+        self.lock_execs().remove(exec_id);
+        Ok((snapshot, exit))
+    }
+
+    /// Ends the VM (if the init process's exit has not already) and
+    /// unmounts the rootfs. The init process must have ended or never started.
+    pub fn delete(&self) -> Result<(Snapshot, Exit), Error> {
+        let snapshot = self.init.snapshot();
+        let exit = match (&snapshot.exit, snapshot.status) {
+            (Some(exit), _) => exit.clone(),
+            (None, Status::Created) => self.init.exit(0),
+            (None, _) => return Err(Error::Precondition(format!("container {} is still running", self.id))),
+        };
+        self.stop_vm();
+        for process in self.lock_execs().values() {
+            process.exit(crate::process::LOST);
+        }
+        self.vm.release();
+        if self.mounted {
+            rootfs::unmount_all(&self.rootfs);
+        }
+        let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
+        Ok((snapshot, exit))
+    }
+
+    /// Follows every running process after a resume (see
+    /// [`Process::follow_after_resume`]).
+    pub fn resumed(&self) {
+        self.init.follow_after_resume();
+        for process in self.lock_execs().values() {
+            process.follow_after_resume();
+        }
+    }
+
+    /// SIGKILL to a paused container: its Job is closed, and every process
+    /// ends as killed.
+    pub fn kill_paused(&self) {
+        // Recorded first: the processes' followers see the VM end next.
+        self.init.exit(128 + 9);
+        for process in self.lock_execs().values() {
+            process.exit(128 + 9);
+        }
+        self.stop_vm();
+    }
+
+    /// Ends the Job; safe to call again once it has ended.
+    pub fn stop_vm(&self) {
+        match self.vm.stop() {
+            Ok(summary) => log::info!("{}: Job {} {summary}", self.id, self.vm.job()),
+            Err(e) => log::warn!("{}: {e}", self.id),
+        }
+    }
+}
+
+/// Ends the Job a crashed shim left behind (containerd's `delete` action
+/// runs in the bundle directory) and unmounts the rootfs.
+pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
+    if let Ok(job) = std::fs::read_to_string(bundle.join(JOB_FILE)) {
+        match job.trim().parse::<pvisor_core::ids::JobId>() {
+            Ok(job) => {
+                let grace = std::time::Duration::from_secs(2);
+                match runtime.execute(pvisor::actions::Kill { job: job.clone(), grace }) {
+                    Ok(_) => crate::vm::release(runtime, &job),
+                    Err(e) => log::warn!("cannot end the Job of {}: {e}", bundle.display()),
+                }
+            }
+            Err(e) => log::warn!("{}: {e}", bundle.join(JOB_FILE).display()),
+        }
+        let _ = std::fs::remove_file(bundle.join(JOB_FILE));
+    }
+    rootfs::unmount_all(&bundle.join("rootfs"));
+}

@@ -1,0 +1,29 @@
+//! `containerd-shim-pvisor-v1`: the containerd runtime v2 shim that runs
+//! each container as a pvisor vm Job (runtime `io.containerd.pvisor.v1`).
+//!
+//! containerd starts the binary with `start` (it spawns the serving shim
+//! and prints its socket), then talks ttrpc to it, and runs it with
+//! `delete` in the bundle directory to clean up after a shim that died.
+//! The `containerd-shim` crate provides all of that plumbing; this crate
+//! provides the Task service (service.rs) over pvisor's runtime.
+
+mod binds;
+mod container;
+mod process;
+mod rootfs;
+mod service;
+mod spec;
+mod stats;
+mod vm;
+
+fn main() {
+    let config = containerd_shim::Config {
+        // pvisor's Sessions wait for their own QEMU processes; the crate's
+        // SIGCHLD reaper (waitpid(-1)) would take their exit statuses.
+        no_reaper: true,
+        // Without the reaper, adopted orphans would stay zombies here.
+        no_sub_reaper: true,
+        ..Default::default()
+    };
+    containerd_shim::run::<service::Service>("io.containerd.pvisor.v1", Some(config));
+}

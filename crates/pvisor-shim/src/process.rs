@@ -1,0 +1,343 @@
+//! One container process (the init process or an exec) and its stdio:
+//! the guest exec's output frames are written to containerd's FIFOs, the
+//! stdin FIFO is fed to the exec, and its exit status is kept for `wait`,
+//! `state` and `delete`.
+//!
+//! Exit statuses are containerd's: the exit code, or 128 + the signal that
+//! ended the process; 255 when the VM went away without reporting an exit.
+//!
+//! A pause (an execution suspend) ends every exec channel; the processes
+//! live on in the saved guest. After the resume a process is followed by
+//! asking the guest for its status: its exit is exact, but output it writes
+//! after a pause is not relayed (the restored agent's streams have no host
+//! end), and neither is stdin.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
+use pvisor::actions::guest::Reply;
+use pvisor::actions::guest::{ExecChannel, ExecSignaller};
+use std::time::Duration;
+
+use crate::spec::ProcessSpec;
+use crate::vm::{status_of, ExecError, Vm};
+
+/// The exit status of a process whose VM vanished without reporting one.
+pub const LOST: u32 = 255;
+/// How often a process followed across a pause is asked for its status.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// The agent queues a few stdin chunks per exec; keep each one small.
+const STDIN_CHUNK: usize = 16 << 10;
+
+/// Where containerd wants a process's stdio (FIFO or file paths; empty
+/// for none).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stdio {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+impl Stdio {
+    /// Refuses what the shim cannot connect: `binary://` and other URIs.
+    pub fn check(&self) -> Result<(), String> {
+        for path in [&self.stdin, &self.stdout, &self.stderr] {
+            if path.contains("://") && !path.starts_with("file://") {
+                return Err(format!("unsupported: stdio {path:?} (only FIFOs, files and file:// URIs)"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// containerd's process status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Stopped,
+}
+
+/// How a process ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Exit {
+    pub status: u32,
+    pub at: Timestamp,
+}
+
+/// What `state` reports of a process.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub status: Status,
+    pub pid: u32,
+    pub exit: Option<Exit>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    status: Status,
+    pid: u32,
+    exit: Option<Exit>,
+    /// The VM and guest exec id, once started.
+    started: Option<(Arc<Vm>, u32)>,
+    /// Runs once, when the process is first recorded as ended.
+    on_exit: Option<OnExit>,
+    /// A follower asks the guest for its status (after a resume).
+    followed: bool,
+}
+
+/// What runs when a started process has ended: its guest pid and exit.
+struct OnExit(Box<ExitFn>);
+type ExitFn = dyn FnOnce(u32, &Exit) + Send;
+
+impl std::fmt::Debug for OnExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnExit")
+    }
+}
+
+/// A container process.
+#[derive(Debug)]
+pub struct Process {
+    pub spec: ProcessSpec,
+    pub stdio: Stdio,
+    inner: Mutex<Inner>,
+    exited: Condvar,
+}
+
+impl Process {
+    pub fn new(spec: ProcessSpec, stdio: Stdio) -> Arc<Process> {
+        let inner = Inner {
+            status: Status::Created,
+            pid: 0,
+            exit: None,
+            started: None,
+            on_exit: None,
+            followed: false,
+        };
+        Arc::new(Process { spec, stdio, inner: Mutex::new(inner), exited: Condvar::new() })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let inner = self.lock();
+        Snapshot { status: inner.status, pid: inner.pid, exit: inner.exit.clone() }
+    }
+
+    /// Starts the process in `vm`; `on_exit` runs once it has ended and
+    /// its output has been written. Returns the guest pid.
+    pub fn start(
+        self: &Arc<Self>,
+        vm: &Arc<Vm>,
+        on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
+    ) -> Result<u32, String> {
+        // `on_exit` runs only for a process that started: a failed start
+        // is the error containerd gets.
+        if self.lock().status != Status::Created {
+            return Err("the process was already started".into());
+        }
+        let (channel, id, pid) = match vm.exec(&self.spec) {
+            Ok(started) => started,
+            Err(e) => {
+                // As runc: the start fails, and the process is stopped with
+                // the shell's status for a missing or unrunnable program.
+                let status = match &e {
+                    ExecError::Failed { errno, .. } if *errno == libc_enoent() => 127,
+                    ExecError::Failed { .. } => 126,
+                    ExecError::Guest(_) | ExecError::Paused => LOST,
+                };
+                self.exit(status);
+                return Err(e.to_string());
+            }
+        };
+        {
+            let mut inner = self.lock();
+            inner.status = Status::Running;
+            inner.pid = pid;
+            inner.started = Some((vm.clone(), id));
+            inner.on_exit = Some(OnExit(Box::new(on_exit)));
+        }
+        if !self.stdio.stdin.is_empty() {
+            let stdin = channel.signaller().map_err(|e| e.to_string())?;
+            let path = self.stdio.stdin.clone();
+            std::thread::spawn(move || feed_stdin(&path, stdin));
+        }
+        let (process, vm) = (self.clone(), vm.clone());
+        std::thread::spawn(move || match relay(channel, &process.stdio) {
+            Some(status) => {
+                process.exit(status);
+            }
+            None => {
+                process.exit(follow(&vm, id));
+            }
+        });
+        Ok(pid)
+    }
+
+    /// After a resume: follows the process by asking the guest, since the
+    /// channel its relay reads may stay open with no VM behind it.
+    pub fn follow_after_resume(self: &Arc<Self>) {
+        let (vm, id) = {
+            let mut inner = self.lock();
+            // A follower survives later pauses; one is enough.
+            let Some(started) =
+                inner.started.clone().filter(|_| inner.status == Status::Running && !inner.followed)
+            else {
+                return;
+            };
+            inner.followed = true;
+            started
+        };
+        let process = self.clone();
+        std::thread::spawn(move || {
+            process.exit(follow(&vm, id));
+        });
+    }
+
+    /// Records the end (once), wakes the waiters and runs `on_exit`.
+    pub fn exit(&self, status: u32) -> Exit {
+        let (exit, pid, on_exit) = {
+            let mut inner = self.lock();
+            if let Some(exit) = &inner.exit {
+                return exit.clone();
+            }
+            let exit = Exit { status, at: Timestamp::now() };
+            inner.status = Status::Stopped;
+            inner.exit = Some(exit.clone());
+            self.exited.notify_all();
+            (exit, inner.pid, inner.on_exit.take())
+        };
+        if let Some(on_exit) = on_exit {
+            (on_exit.0)(pid, &exit);
+        }
+        exit
+    }
+
+    /// Sends `signal` to the process's group in the guest.
+    pub fn kill(&self, signal: u32) -> Result<(), KillError> {
+        let inner = self.lock();
+        match (inner.status, inner.started.clone()) {
+            (Status::Stopped, _) => Err(KillError::Finished),
+            (_, Some((vm, id))) => {
+                drop(inner);
+                vm.signal(id, signal as i32).map_err(|e| match e {
+                    ExecError::Paused => KillError::Paused,
+                    other => KillError::Unreachable(other.to_string()),
+                })
+            }
+            (_, None) => {
+                // Never started: it ends as if the signal had killed it.
+                drop(inner);
+                self.exit(128 + signal);
+                Ok(())
+            }
+        }
+    }
+
+    /// Blocks until the process has ended.
+    pub fn wait(&self) -> Exit {
+        let mut inner = self.lock();
+        loop {
+            if let Some(exit) = &inner.exit {
+                return exit.clone();
+            }
+            inner = self.exited.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Why a signal was not delivered.
+#[derive(Debug)]
+pub enum KillError {
+    Finished,
+    Paused,
+    Unreachable(String),
+}
+
+fn libc_enoent() -> i32 {
+    rustix::io::Errno::NOENT.raw_os_error()
+}
+
+/// Opens a stdio path for writing. A FIFO is opened read-write, so the
+/// open never waits for containerd's reader and a reader that goes away
+/// does not end the relay with EPIPE (what the runc shim does too).
+fn open_output(path: &str) -> Option<File> {
+    if path.is_empty() {
+        return None;
+    }
+    let path = path.strip_prefix("file://").unwrap_or(path);
+    let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+    let opened = if fifo {
+        OpenOptions::new().read(true).write(true).open(path)
+    } else {
+        OpenOptions::new().create(true).append(true).open(path)
+    };
+    opened.map_err(|e| log::warn!("cannot open {path} for output: {e}")).ok()
+}
+
+/// Writes the exec's output to its FIFOs until it exits; returns the exit
+/// status, or `None` if the channel ended first (a pause, or the VM's end).
+/// The FIFOs are closed after the last byte, before the exit is recorded,
+/// so a reader sees all output before `wait` returns.
+fn relay(mut channel: ExecChannel, stdio: &Stdio) -> Option<u32> {
+    let mut stdout = open_output(&stdio.stdout);
+    let mut stderr = if stdio.stderr == stdio.stdout { None } else { open_output(&stdio.stderr) };
+    loop {
+        match channel.next_reply() {
+            Ok(Some((Reply::Stdout { .. }, bytes))) => write_all(stdout.as_mut(), &bytes),
+            Ok(Some((Reply::Stderr { .. }, bytes))) => {
+                write_all(if stderr.is_some() { stderr.as_mut() } else { stdout.as_mut() }, &bytes)
+            }
+            Ok(Some((Reply::Exited { code, signal, .. }, _))) => return Some(status_of(code, signal)),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return None,
+        }
+    }
+}
+
+/// Follows exec `id` whose channel ended: through pauses, by asking the
+/// guest, until it exits or the VM ends.
+fn follow(vm: &Vm, id: u32) -> u32 {
+    while let Some(guest) = vm.live_guest() {
+        match vm.exit_status(&guest, id) {
+            Ok(Some(status)) => return status,
+            Ok(None) | Err(_) => std::thread::sleep(FOLLOW_POLL),
+        }
+    }
+    log::warn!("the VM ended before exec {id} reported its exit");
+    LOST
+}
+
+fn write_all(out: Option<&mut File>, bytes: &[u8]) {
+    if let Some(out) = out {
+        // A reader that stopped reading must not stop the relay: the exit
+        // still has to be recorded.
+        let _ = out.write_all(bytes);
+    }
+}
+
+/// Feeds the stdin FIFO to the exec until EOF.
+fn feed_stdin(path: &str, mut to: ExecSignaller) {
+    let path = Path::new(path.strip_prefix("file://").unwrap_or(path));
+    // Blocks until containerd's writer opens the FIFO.
+    let Ok(mut from) = File::open(path) else { return };
+    let mut buf = vec![0u8; STDIN_CHUNK];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if to.stdin(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! What the OCI bundle asks for, in pvisor's terms: a container's `process`
+//! becomes a guest exec (argv, env, cwd, user) and its Linux resources
+//! become the VM's limits. Only this module reads `config.json`.
+//!
+//! What a VM cannot honour is refused here with a clear message (a
+//! terminal, a user without `setpriv` in the image), not ignored.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{Process, Spec};
+use pvisor_core::records::ResourceLimits;
+
+/// A process to start in the container's root, from a bundle's `process`
+/// or an exec's process spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+/// Why a spec cannot be run.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read the bundle's config.json: {0}")]
+    Load(String),
+    #[error("the OCI spec has no process to run")]
+    NoProcess,
+    #[error("the process has no args")]
+    NoArgs,
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// The bundle's spec.
+pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
+    Spec::load(bundle.join("config.json")).map_err(|e| SpecError::Load(e.to_string()))
+}
+
+/// The container's own process (the bundle's `process`).
+pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+    process(spec.process().as_ref().ok_or(SpecError::NoProcess)?, rootfs)
+}
+
+/// An exec's process, as containerd sends it (the OCI `Process` in JSON).
+pub fn exec_process(json: &[u8], rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+    let parsed: Process =
+        serde_json::from_slice(json).map_err(|e| SpecError::Load(format!("the exec's process spec: {e}")))?;
+    process(&parsed, rootfs)
+}
+
+fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+    if process.terminal().unwrap_or(false) {
+        return Err(SpecError::Unsupported(
+            "a terminal (ctr -t, kubectl exec -t): pvisor's guest agent relays pipes, not a pty".into(),
+        ));
+    }
+    let args = process.args().clone().unwrap_or_default();
+    if args.is_empty() {
+        return Err(SpecError::NoArgs);
+    }
+    let env = process
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None => (kv, String::new()),
+        })
+        .collect();
+    let user = process.user();
+    let argv = as_user(user.uid(), user.gid(), args, rootfs)?;
+    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone() })
+}
+
+/// The agent starts processes as root; another user is taken on through
+/// the image's `setpriv`, as `pvisor serve`'s execd does.
+fn as_user(uid: u32, gid: u32, args: Vec<String>, rootfs: &Path) -> Result<Vec<String>, SpecError> {
+    if uid == 0 && gid == 0 {
+        return Ok(args);
+    }
+    let Some(setpriv) = ["usr/bin/setpriv", "bin/setpriv"].into_iter().find(|p| rootfs.join(p).exists())
+    else {
+        return Err(SpecError::Unsupported(format!(
+            "running as uid {uid} gid {gid} needs setpriv (util-linux) in the image"
+        )));
+    };
+    let mut argv = vec![
+        format!("/{setpriv}"),
+        format!("--reuid={uid}"),
+        format!("--regid={gid}"),
+        "--clear-groups".into(),
+        "--".into(),
+    ];
+    argv.extend(args);
+    Ok(argv)
+}
+
+/// The VM's limits from `linux.resources`: memory, CPU quota, pids.
+pub fn limits(spec: &Spec) -> ResourceLimits {
+    let mut limits = ResourceLimits::default();
+    let Some(resources) = spec.linux().as_ref().and_then(|l| l.resources().as_ref()) else {
+        return limits;
+    };
+    if let Some(memory) = resources.memory().as_ref().and_then(|m| m.limit()).filter(|l| *l > 0) {
+        limits.memory_bytes = Some(memory as u64);
+    }
+    if let Some(cpu) = resources.cpu() {
+        if let (Some(quota), Some(period)) = (cpu.quota(), cpu.period()) {
+            if quota > 0 && period > 0 {
+                limits.cpus = Some(quota as f64 / period as f64);
+            }
+        }
+    }
+    if let Some(pids) = resources.pids().as_ref().map(|p| p.limit()).filter(|l| *l > 0) {
+        limits.pids = Some(pids as u64);
+    }
+    limits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> Spec {
+        serde_json::from_value(json).expect("a valid spec")
+    }
+
+    #[test]
+    fn the_process_becomes_argv_env_and_cwd() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh", "-c", "exit 3"], "env": ["PATH=/bin", "EMPTY"], "cwd": "/tmp",
+                        "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs"}
+        }));
+        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        assert_eq!(p.argv, ["sh", "-c", "exit 3"]);
+        assert_eq!(p.env, [("PATH".to_owned(), "/bin".to_owned()), ("EMPTY".to_owned(), String::new())]);
+        assert_eq!(p.cwd, Path::new("/tmp"));
+    }
+
+    #[test]
+    fn a_terminal_or_a_user_without_setpriv_is_refused_clearly() {
+        let tty =
+            serde_json::json!({"terminal": true, "args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
+        let err = exec_process(tty.to_string().as_bytes(), Path::new("/")).unwrap_err();
+        assert!(matches!(err, SpecError::Unsupported(m) if m.contains("pty")));
+        let user = serde_json::json!({"args": ["id"], "cwd": "/", "user": {"uid": 1000, "gid": 1000}});
+        let empty = tempfile::tempdir().expect("tempdir");
+        let err = exec_process(user.to_string().as_bytes(), empty.path()).unwrap_err();
+        assert!(matches!(err, SpecError::Unsupported(m) if m.contains("setpriv")));
+        std::fs::create_dir_all(empty.path().join("usr/bin")).expect("mkdir");
+        std::fs::write(empty.path().join("usr/bin/setpriv"), b"").expect("write");
+        let p = exec_process(user.to_string().as_bytes(), empty.path()).expect("runnable");
+        assert_eq!(p.argv[..2], ["/usr/bin/setpriv".to_owned(), "--reuid=1000".to_owned()]);
+        assert_eq!(p.argv.last().map(String::as_str), Some("id"));
+    }
+
+    #[test]
+    fn linux_resources_become_the_vms_limits() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "linux": {"resources": {"memory": {"limit": 268435456}, "cpu": {"quota": 150000, "period": 100000},
+                                    "pids": {"limit": 64}}}
+        }));
+        let l = limits(&s);
+        assert_eq!(l.memory_bytes, Some(256 << 20));
+        assert_eq!(l.cpus, Some(1.5));
+        assert_eq!(l.pids, Some(64));
+        assert_eq!(limits(&spec(serde_json::json!({"ociVersion": "1.0.2"}))), ResourceLimits::default());
+    }
+}

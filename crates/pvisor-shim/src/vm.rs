@@ -1,0 +1,482 @@
+//! A container's VM: one pvisor vm Job, started and ended through the
+//! runtime's action API ([`pvisor::Runtime::execute`]), exactly as `pvisor
+//! serve` runs a sandbox: the Job's Operation is a keeper that holds the VM
+//! up, and the container's processes are guest execs chrooted into the
+//! container's rootfs (the Job's workspace, seen at its host path).
+//!
+//! The shim process is the Job's supervisor: the Session runs as a task on
+//! the shim's Tokio runtime, so the VM lives exactly as long as the shim
+//! serves the container, and a shim that dies takes its VM with it (the
+//! Job's receipt then says so honestly, as for any crashed supervisor).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use pvisor::actions::guest::{ExecChannel, ExecSpec, KEEPER};
+use pvisor::actions::guest::{Reply, Request};
+use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
+use pvisor::runtime::job_service::CancelHandle;
+use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
+use pvisor_core::ids::JobId;
+use pvisor_core::records::ResourceLimits;
+use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
+
+use crate::spec::ProcessSpec;
+
+/// The Job's Operation: it only keeps the VM up (the container's own
+/// process is a guest exec, so its stdio and exit are relayed exactly).
+/// How long a VM may take to boot (TCG is slow) before create fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long the Job's keeper gets between SIGTERM and SIGKILL on delete.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long delete waits for the Job's supervisor task to finish it.
+const END_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one agent call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first exec id: the Attempt's own command is id 1.
+const FIRST_EXEC_ID: u32 = 2;
+
+/// Where the container's VM stands.
+#[derive(Debug)]
+enum Phase {
+    /// A generation (Attempt) is live: its run can be cancelled, its guest reached.
+    Live,
+    /// Being suspended or resumed: a guest channel that ends now is a pause.
+    Pausing,
+    /// Suspended to `checkpoint`; the Job continues with a resume.
+    Paused { checkpoint: String },
+    /// The Job has ended (`summary`), or is ending.
+    Ended { summary: Option<String> },
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// The current generation's run and guest.
+    cancel: Option<CancelHandle>,
+    guest: Option<Guest>,
+    /// The live generation's end, once its Session has published it.
+    generation_end: Option<String>,
+}
+
+/// A container's VM: one Job, one generation (Attempt) per boot or resume.
+#[derive(Debug)]
+pub struct Vm {
+    runtime: Runtime,
+    tokio: tokio::runtime::Handle,
+    job: JobId,
+    rootfs: PathBuf,
+    state: Arc<(Mutex<State>, Condvar)>,
+    next_exec: AtomicU32,
+}
+
+impl Vm {
+    /// Admits the container's Job over `rootfs` and waits until its guest
+    /// answers. `tokio` runs the Job's Session.
+    pub fn boot(
+        runtime: &Runtime,
+        tokio: &tokio::runtime::Handle,
+        container: &str,
+        rootfs: PathBuf,
+        limits: ResourceLimits,
+    ) -> Result<Vm, String> {
+        let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
+        let request = keeper_request(container, rootfs.clone(), limits);
+        let run = {
+            let _inside = tokio.enter();
+            runtime
+                .execute(Run { request, executor })
+                .map_err(|e| format!("the Job was not admitted: {e}"))?
+        };
+        let job = run.job().clone();
+        log::info!("container {container} is Job {job} (workspace {})", rootfs.display());
+        let state = State { phase: Phase::Pausing, cancel: None, guest: None, generation_end: None };
+        let vm = Vm {
+            runtime: runtime.clone(),
+            tokio: tokio.clone(),
+            job,
+            rootfs,
+            state: Arc::new((Mutex::new(state), Condvar::new())),
+            next_exec: AtomicU32::new(FIRST_EXEC_ID),
+        };
+        vm.adopt(run)?;
+        Ok(vm)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, phase: Phase) {
+        self.lock().phase = phase;
+        self.state.1.notify_all();
+    }
+
+    /// Watches a new generation's run and waits for its guest; the VM is
+    /// then live.
+    fn adopt(&self, mut run: ManagedJobRun) -> Result<(), String> {
+        let cancel = run.cancel_handle();
+        {
+            let mut state = self.lock();
+            state.generation_end = None;
+            state.cancel = Some(cancel.clone());
+            state.guest = None;
+        }
+        let state = self.state.clone();
+        self.tokio.spawn(async move {
+            let summary = match run.wait().await {
+                Ok(RunEnd::Finished(o)) => format!(
+                    "ended {} (signal {:?}, exit {:?})",
+                    o.result.state, o.result.signal, o.result.exit_code
+                ),
+                Ok(RunEnd::Suspended(s)) => format!("suspended to {}", s.checkpoint.id),
+                Err(e) => format!("failed: {e}"),
+            };
+            let mut locked = state.0.lock().unwrap_or_else(|p| p.into_inner());
+            // A generation that ends while live (not paused) ends the VM.
+            if matches!(locked.phase, Phase::Live | Phase::Ended { summary: None }) {
+                locked.phase = Phase::Ended { summary: Some(summary.clone()) };
+            }
+            locked.generation_end = Some(summary);
+            state.1.notify_all();
+        });
+        match wait_ready(&self.runtime, &self.job, &self.rootfs, &self.state) {
+            Ok(guest) => {
+                self.lock().guest = Some(guest);
+                self.set(Phase::Live);
+                Ok(())
+            }
+            Err(e) => {
+                cancel.cancel(rustix::process::Signal::TERM.as_raw());
+                Err(e)
+            }
+        }
+    }
+
+    pub fn job(&self) -> &JobId {
+        &self.job
+    }
+
+    /// The live guest, waiting out a pause or resume in progress; `None`
+    /// once the VM has ended.
+    pub fn live_guest(&self) -> Option<Guest> {
+        let mut state = self.lock();
+        loop {
+            match &state.phase {
+                Phase::Live => return state.guest.clone(),
+                Phase::Ended { .. } => return None,
+                Phase::Pausing | Phase::Paused { .. } => {
+                    state = self.state.1.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    /// The live guest now, or why there is none.
+    fn guest_now(&self) -> Result<Guest, ExecError> {
+        let state = self.lock();
+        match (&state.phase, &state.guest) {
+            (Phase::Live, Some(guest)) => Ok(guest.clone()),
+            (Phase::Paused { .. } | Phase::Pausing, _) => Err(ExecError::Paused),
+            _ => Err(ExecError::Guest("the container's VM has ended".into())),
+        }
+    }
+
+    /// Paused, or being paused or resumed.
+    pub fn is_paused(&self) -> bool {
+        matches!(self.lock().phase, Phase::Paused { .. } | Phase::Pausing)
+    }
+
+    /// The checkpoint the VM is suspended to, while paused.
+    pub fn paused(&self) -> Option<String> {
+        match &self.lock().phase {
+            Phase::Paused { checkpoint } => Some(checkpoint.clone()),
+            _ => None,
+        }
+    }
+
+    /// Starts `process` chrooted into the container's rootfs; returns the
+    /// channel (first reply already read), the exec id and the guest pid.
+    pub fn exec(&self, process: &ProcessSpec) -> Result<(ExecChannel, u32, u32), ExecError> {
+        let guest = self.guest_now()?;
+        let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
+        let spec = ExecSpec {
+            id,
+            argv: process.argv.clone(),
+            env: process.env.clone(),
+            cwd: process.cwd.clone(),
+            root: Some(self.rootfs.clone()),
+            output: None,
+        };
+        let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
+        match channel.next_reply() {
+            Ok(Some((Reply::Started { pid, .. }, _))) => Ok((channel, id, pid.max(0) as u32)),
+            Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
+                Err(ExecError::Failed { errno, message })
+            }
+            Ok(other) => Err(ExecError::Guest(format!("the guest answered {other:?}"))),
+            Err(e) => Err(ExecError::Guest(e.to_string())),
+        }
+    }
+
+    /// Signals exec `id`'s process group. Through an agent call, not the
+    /// exec's own channel, so it reaches a process across a pause.
+    pub fn signal(&self, id: u32, signal: i32) -> Result<(), ExecError> {
+        let request = Request::Signal { id, signal };
+        self.guest_now()?
+            .call(&request, &[], CALL_TIMEOUT)
+            .map(drop)
+            .map_err(|e| ExecError::Guest(e.to_string()))
+    }
+
+    /// Exec `id`'s exit status once it has exited (`None` while it runs),
+    /// asked of the guest: how a process is followed after a resume, when
+    /// its original channel is gone.
+    pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, String> {
+        match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT) {
+            Ok((Reply::Status { running: true, .. }, _)) => Ok(None),
+            Ok((Reply::Status { code, signal, .. }, _)) => Ok(Some(status_of(code, signal))),
+            Ok((other, _)) => Err(format!("the guest answered {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A file of the guest itself (not the container's root), such as
+    /// `/proc/meminfo`.
+    pub fn read_guest_file(&self, path: &str) -> Result<String, String> {
+        let request = Request::ReadFile { path: path.into(), offset: 0, len: Some(1 << 20) };
+        let guest = self.guest_now().map_err(|e| e.to_string())?;
+        let (_, bytes) = guest.call(&request, &[], CALL_TIMEOUT).map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Saves the VM's execution state; it keeps running. While paused, the
+    /// suspension's checkpoint is the answer.
+    pub fn checkpoint(&self) -> Result<String, String> {
+        if let Some(checkpoint) = self.paused() {
+            return Ok(checkpoint);
+        }
+        let saved =
+            self.runtime.execute(CheckpointExecution { job: self.job.clone() }).map_err(|e| e.to_string())?;
+        Ok(saved.id.to_string())
+    }
+
+    /// Suspends the VM (execution suspend: saved, then stopped; the Job is
+    /// `suspended`). Its processes are kept in the saved state.
+    pub fn pause(&self) -> Result<String, String> {
+        {
+            let mut state = self.lock();
+            if !matches!(state.phase, Phase::Live) {
+                return Err("the container's VM is not running".into());
+            }
+            state.phase = Phase::Pausing;
+        }
+        match self.runtime.execute(Suspend { job: self.job.clone() }) {
+            Ok(saved) => {
+                self.set(Phase::Paused { checkpoint: saved.id.to_string() });
+                Ok(saved.id.to_string())
+            }
+            Err(e) => {
+                // Still running if the save failed before the stop.
+                let ended = self.lock().generation_end.clone();
+                // The save failed before the stop: still running.
+                self.set(match ended {
+                    Some(summary) => Phase::Ended { summary: Some(summary) },
+                    None => Phase::Live,
+                });
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Resumes the suspended VM: a new Attempt of the same Job, restored
+    /// from the suspension's checkpoint.
+    pub fn resume(&self) -> Result<(), String> {
+        {
+            let mut state = self.lock();
+            if !matches!(state.phase, Phase::Paused { .. }) {
+                return Err("the container is not paused".into());
+            }
+            state.phase = Phase::Pausing;
+        }
+        let run = {
+            let _inside = self.tokio.enter();
+            self.runtime.execute(Resume { job: self.job.clone() })
+        };
+        match run {
+            Ok(run) => self.adopt(run).inspect_err(|e| self.set(Phase::Ended { summary: Some(e.clone()) })),
+            Err(e) => {
+                let checkpoint = self.checkpoint_of_suspension();
+                self.set(Phase::Paused { checkpoint });
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn checkpoint_of_suspension(&self) -> String {
+        let end = self.lock().generation_end.clone().unwrap_or_default();
+        end.strip_prefix("suspended to ").unwrap_or(&end).to_owned()
+    }
+
+    /// Removes what the ended Job keeps on disk (its stage, VM disks and
+    /// execution checkpoints): a deleted container is gone for good.
+    pub fn release(&self) {
+        release(&self.runtime, &self.job);
+    }
+
+    /// Ends the Job (SIGTERM to the keeper, SIGKILL after its grace) and
+    /// waits until its Session has recorded the end. The shim is the Job's
+    /// supervisor, so it cancels its own live run (the `Kill` action would
+    /// signal the supervisor, that is, the shim itself); a paused Job has no
+    /// supervisor, and `Kill` closes it.
+    pub fn stop(&self) -> Result<String, String> {
+        let (previous, cancel) = {
+            let mut state = self.lock();
+            (std::mem::replace(&mut state.phase, Phase::Ended { summary: None }), state.cancel.clone())
+        };
+        match previous {
+            Phase::Live => {
+                if let Some(cancel) = cancel {
+                    cancel.cancel(rustix::process::Signal::TERM.as_raw());
+                }
+            }
+            Phase::Paused { .. } => {
+                let killed = self.runtime.execute(Kill { job: self.job.clone(), grace: KILL_GRACE });
+                let summary = match killed {
+                    Ok(k) => format!("closed while paused: {k:?}"),
+                    Err(e) => format!("could not be closed while paused: {e}"),
+                };
+                self.set(Phase::Ended { summary: Some(summary.clone()) });
+                return Ok(summary);
+            }
+            Phase::Ended { summary: Some(summary) } => {
+                self.set(Phase::Ended { summary: Some(summary.clone()) });
+                return Ok(summary);
+            }
+            Phase::Pausing | Phase::Ended { summary: None } => {}
+        }
+        self.state.1.notify_all();
+        let deadline = Instant::now() + END_TIMEOUT;
+        let mut state = self.lock();
+        loop {
+            if let Phase::Ended { summary: Some(summary) } = &state.phase {
+                return Ok(summary.clone());
+            }
+            if let Some(summary) = state.generation_end.clone() {
+                state.phase = Phase::Ended { summary: Some(summary.clone()) };
+                self.state.1.notify_all();
+                return Ok(summary);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("Job {} did not end within {} s", self.job, END_TIMEOUT.as_secs()));
+            }
+            state = self.state.1.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// Releases an ended Job's storage, saying what it could not remove.
+pub fn release(runtime: &Runtime, job: &JobId) {
+    match runtime.execute(ReleaseStorage { job: job.clone() }) {
+        Ok(released) => {
+            for warning in released.warnings {
+                log::warn!("Job {job}: {warning}");
+            }
+        }
+        Err(e) => log::warn!("cannot release the storage of Job {job}: {e}"),
+    }
+}
+
+/// containerd's exit status: the code, or 128 + the signal.
+pub fn status_of(code: Option<i32>, signal: Option<i32>) -> u32 {
+    match (code, signal) {
+        (_, Some(signal)) => 128 + signal.max(0) as u32,
+        (Some(code), None) => code.max(0) as u32,
+        (None, None) => crate::process::LOST,
+    }
+}
+
+/// Why a process did not start.
+#[derive(Debug)]
+pub enum ExecError {
+    /// The guest could not be reached.
+    Guest(String),
+    /// The guest could not start it (`errno`: ENOENT for a missing program).
+    Failed { errno: i32, message: String },
+    /// The container is paused.
+    Paused,
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Guest(e) => write!(f, "the container's VM is unreachable: {e}"),
+            Self::Failed { message, .. } => write!(f, "cannot start the process: {message}"),
+            Self::Paused => write!(f, "the container is paused; resume it first"),
+        }
+    }
+}
+
+/// The Job that holds a container's VM up.
+fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits) -> RunRequest {
+    RunRequest {
+        caches: Vec::new(),
+        workspace,
+        cwd: None,
+        program: "/bin/sh".into(),
+        args: vec!["-c".into(), KEEPER.into()],
+        env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
+        kill_grace: KILL_GRACE,
+        // Containers get no network yet: the guest has no NIC, and proxy
+        // egress needs a policy (docs/kubernetes.md).
+        network: vec![ScopedPolicy {
+            scope: Scope::CommandLine,
+            source: format!("containerd-shim-pvisor-v1 (container {container})"),
+            spec: PolicySpec { mode: Some(Mode::None), allow: Vec::new(), deny: Vec::new(), ordered: None },
+        }],
+        fork: None,
+        fork_execution: None,
+        secrets: pvisor::admission::SecretPolicy::default(),
+        seccomp: true,
+        limits,
+    }
+}
+
+/// Waits until the Job's guest answers a file operation in the rootfs.
+fn wait_ready(
+    runtime: &Runtime,
+    job: &JobId,
+    rootfs: &std::path::Path,
+    state: &(Mutex<State>, Condvar),
+) -> Result<Guest, String> {
+    let probe = Request::FileOp {
+        root: rootfs.to_path_buf(),
+        op: pvisor::actions::guest::FileOp::Stat { path: "/".into() },
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut last;
+    loop {
+        if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
+            return Err(format!(
+                "Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`"
+            ));
+        }
+        match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
+            Ok(guest) => match guest.call(&probe, &[], CALL_TIMEOUT) {
+                Ok(_) => return Ok(guest),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the VM of Job {job} was not ready after {} s: {last}",
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

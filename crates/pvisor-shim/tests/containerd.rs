@@ -1,0 +1,306 @@
+//! The shim under a real containerd: Debian's containerd package, started
+//! by scripts/containerd-env.sh with its own root, state and socket
+//! directories, driven with `ctr`. Each container is a pvisor vm Job, so
+//! this needs target/vm-image (scripts/vm-image.sh) and takes a VM boot per
+//! container (seconds under TCG).
+//!
+//! Skips, saying why, when containerd cannot be installed, when not root
+//! (containerd mounts snapshots), or when the guest image is not built.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const IMAGE: &str = "docker.io/pvisor/busybox:latest";
+const RUNTIME: &str = "io.containerd.pvisor.v1";
+const NAMESPACE: &str = "pvisor-test";
+/// A process that counts in /tmp/count, once a second.
+const COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i >/tmp/next; mv /tmp/next /tmp/count; sleep 1; done";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A private containerd, stopped when dropped.
+struct Containerd {
+    dir: tempfile::TempDir,
+    sock: String,
+}
+
+impl Drop for Containerd {
+    /// A failed test must not leave VMs behind: shims outlive containerd
+    /// by design, so every task is force-deleted before it stops.
+    fn drop(&mut self) {
+        let tasks = self.ctr(&["task", "ls", "-q"]);
+        for id in text(&tasks.stdout).lines().filter(|l| !l.is_empty()) {
+            let _ = self.ctr(&["task", "delete", "-f", id]);
+            let _ = self.ctr(&["container", "rm", id]);
+        }
+        let _ =
+            Command::new(repo().join("scripts/containerd-env.sh")).arg("stop").arg(self.dir.path()).status();
+    }
+}
+
+impl Containerd {
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .args(["-a", &self.sock, "-n", NAMESPACE])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("ctr runs")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(out.status.success(), "ctr {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    /// Stops containerd and starts it again over the same directories.
+    fn restart(&self) {
+        let script = repo().join("scripts/containerd-env.sh");
+        assert!(Command::new(&script).arg("stop").arg(self.dir.path()).status().is_ok_and(|s| s.success()));
+        let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(self.dir.path())
+            .arg(shim.parent().expect("a directory"))
+            .output();
+        assert!(out.is_ok_and(|o| o.status.success()), "containerd restarts");
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("pvisor-home")
+    }
+
+    /// The task's status column in `ctr task ls`.
+    fn task_status(&self, id: &str) -> Option<String> {
+        let list = self.ok(&["task", "ls"]);
+        list.lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn unable() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("containerd needs root to mount snapshots".into());
+    }
+    if !repo().join("target/vm-image/manifest.json").exists() {
+        return Some("target/vm-image is not built (scripts/vm-image.sh)".into());
+    }
+    let installed = Command::new(repo().join("scripts/containerd-env.sh")).arg("install").status();
+    if !installed.is_ok_and(|s| s.success()) {
+        return Some("containerd cannot be installed (apt-get install containerd failed)".into());
+    }
+    None
+}
+
+fn start() -> Containerd {
+    let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
+    let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
+    let out = Command::new(repo().join("scripts/containerd-env.sh"))
+        .arg("start")
+        .arg(dir.path())
+        .arg(shim.parent().expect("the shim's directory"))
+        .output()
+        .expect("containerd-env.sh runs");
+    assert!(out.status.success(), "containerd did not start: {}", text(&out.stderr));
+    let sock = text(&out.stdout).trim().to_owned();
+    let containerd = Containerd { dir, sock };
+    let image = Command::new(repo().join("scripts/oci-image.sh")).output().expect("oci-image.sh runs");
+    assert!(image.status.success(), "the image did not build: {}", text(&image.stderr));
+    containerd.ok(&["images", "import", text(&image.stdout).trim()]);
+    containerd
+}
+
+/// Processes whose command line names `needle` (a VM of this test's Jobs).
+fn processes_naming(needle: &Path) -> Vec<String> {
+    let needle = needle.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = text(&cmdline).replace('\0', " ");
+        if cmdline.contains(&needle) && !cmdline.contains("containerd-shim-pvisor-v1") {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {} s", timeout.as_secs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn containerd_runs_containers_as_pvisor_vm_jobs() {
+    if let Some(why) = unable() {
+        // CI has root, the guest image and the Debian mirror: a skip there
+        // would be a test that cannot fail.
+        assert!(std::env::var_os("CI").is_none(), "CI cannot run the containerd test: {why}");
+        eprintln!("SKIP containerd_runs_containers_as_pvisor_vm_jobs: {why}");
+        return;
+    }
+    let c = start();
+
+    // ctr run: stdout, stderr and the exit code, exactly; a read-only
+    // bind mount is copied into the VM.
+    let data = c.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(data.join("f"), "from the host\n").expect("write");
+    let out = c.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        "--mount",
+        &format!("type=bind,src={},dst=/data,options=rbind:ro", data.display()),
+        IMAGE,
+        "exit3",
+        "sh",
+        "-c",
+        "echo out; cat /data/f; echo err >&2; exit 3",
+    ]);
+    assert_eq!(text(&out.stdout), "out\nfrom the host\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "err\n");
+    assert_eq!(out.status.code(), Some(3));
+
+    // A running container survives a containerd restart; exec into it,
+    // then kill it with a signal.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", COUNTER]);
+    eventually("the task runs", Duration::from_secs(30), || {
+        c.task_status("long").as_deref() == Some("RUNNING")
+    });
+    c.restart();
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"), "the task outlives containerd's restart");
+    let exec = c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "long",
+        "sh",
+        "-c",
+        "echo in; head -1 /etc/passwd; exit 5",
+    ]);
+    assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
+    assert_eq!(exec.status.code(), Some(5));
+    let count = c.ok(&["task", "exec", "--exec-id", "e2", "long", "cat", "/tmp/count"]);
+    assert!(count.trim().parse::<u32>().is_ok_and(|n| n >= 1), "the counter runs: {count:?}");
+    let metrics = c.ok(&["task", "metrics", "long"]);
+    assert!(
+        metrics.contains("memory.usage_in_bytes")
+            && metrics.contains("pids.current")
+            && metrics.contains("cpuacct.usage"),
+        "metrics from the guest: {metrics}"
+    );
+    let missing = c.ctr(&["task", "exec", "--exec-id", "e3", "long", "/no/such/program"]);
+    assert!(!missing.status.success(), "a missing program fails to start");
+
+    // Pause and resume (an execution suspend and a new Attempt): the
+    // counter lives on. ctr's checkpoint pauses, checkpoints and resumes.
+    let counted = |exec: &str| -> u32 {
+        let n = c.ok(&["task", "exec", "--exec-id", exec, "long", "cat", "/tmp/count"]);
+        n.trim().parse().unwrap_or_else(|_| panic!("a count: {n:?}"))
+    };
+    let before = counted("e4");
+    c.ok(&["task", "pause", "long"]);
+    assert_eq!(c.task_status("long").as_deref(), Some("PAUSED"));
+    c.ok(&["task", "resume", "long"]);
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"));
+    let after = counted("e5");
+    assert!(after >= before, "the counter kept its count across the pause: {before} then {after}");
+    let mut n = 6;
+    eventually("the counter counts on", Duration::from_secs(30), || {
+        n += 1;
+        counted(&format!("e{n}")) > after
+    });
+    c.ok(&["task", "checkpoint", "long"]);
+    assert!(c.ok(&["images", "ls", "-q"]).contains("checkpoint/long"), "ctr recorded the checkpoint");
+    assert_eq!(c.task_status("long").as_deref(), Some("RUNNING"));
+    c.ok(&["task", "kill", "-s", "SIGTERM", "long"]);
+    eventually("the task stops", Duration::from_secs(30), || {
+        c.task_status("long").as_deref() == Some("STOPPED")
+    });
+    let deleted = c.ctr(&["task", "delete", "long"]);
+    assert!(deleted.status.success(), "{}", text(&deleted.stderr));
+    assert!(
+        text(&deleted.stderr).contains("exit code 143"),
+        "SIGTERM is 128 + 15: {}",
+        text(&deleted.stderr)
+    );
+    c.ok(&["container", "rm", "long"]);
+
+    // SIGKILL reaches a paused container: its Job is closed.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "frozen", "sh", "-c", COUNTER]);
+    c.ok(&["task", "pause", "frozen"]);
+    assert!(
+        !c.ctr(&["task", "kill", "-s", "SIGTERM", "frozen"]).status.success(),
+        "only SIGKILL reaches a paused VM"
+    );
+    c.ok(&["task", "kill", "-s", "SIGKILL", "frozen"]);
+    eventually("the paused task stops", Duration::from_secs(30), || {
+        c.task_status("frozen").as_deref() == Some("STOPPED")
+    });
+    let deleted = c.ctr(&["task", "delete", "frozen"]);
+    assert!(text(&deleted.stderr).contains("exit code 137"), "{}", text(&deleted.stderr));
+    c.ok(&["container", "rm", "frozen"]);
+
+    // A shim that dies takes its VM with it; containerd's cleanup (the
+    // shim's `delete` action) records the Job honestly and frees its disks.
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "orphan", "sh", "-c", COUNTER]);
+    let list = c.ok(&["task", "ls"]);
+    let shim: i32 = list
+        .lines()
+        .find(|l| l.starts_with("orphan "))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("the task's pid (the shim's)");
+    let pid = rustix::process::Pid::from_raw(shim).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL to the shim");
+    eventually("containerd cleans up the dead shim", Duration::from_secs(30), || {
+        c.task_status("orphan").is_none()
+    });
+    c.ok(&["container", "rm", "orphan"]);
+
+    // Nothing of the VMs is left running.
+    eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
+    assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
+    // No disk is left: VM disks and checkpoints' images are released.
+    let disks: Vec<_> = walk(&c.home().join("runs"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    assert!(disks.is_empty(), "the VMs' disks are removed: {disks:?}");
+    let jobs =
+        Command::new(repo().join("target/debug/pvisor")).arg("jobs").env("PVISOR_HOME", c.home()).output();
+    if let Some(jobs) = jobs.ok().filter(|j| j.status.success()) {
+        // Every container was a Job; the orphan's is recorded as lost.
+        let listing = text(&jobs.stdout);
+        assert!(listing.lines().count() >= 5 && listing.contains("lost"), "pvisor jobs: {listing}");
+    }
+}

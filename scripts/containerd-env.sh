@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Starts a private containerd for the pvisor shim's tests: Debian's
+# containerd package (installed if missing), its own root, state and socket
+# directories under DIR, and a config that registers the runtime
+# io.containerd.pvisor.v1 for ctr and for the CRI plugin (handler "pvisor").
+# containerd finds containerd-shim-pvisor-v1 on its PATH: SHIM_DIR is put first.
+#
+# Usage: scripts/containerd-env.sh start DIR [SHIM_DIR]   prints the socket path
+#        scripts/containerd-env.sh stop DIR
+#        scripts/containerd-env.sh install                 only installs containerd
+# DIR/env then holds CONTAINERD_ADDRESS=... and PVISOR_HOME=... for the tests;
+# the shim's Jobs live in DIR/pvisor-home (PVISOR_HOME) unless it is set.
+# Needs root (containerd mounts snapshots). SNAPSHOTTER=native if this
+# machine's kernel cannot mount overlayfs where DIR lies.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+install() {
+  command -v containerd >/dev/null && command -v ctr >/dev/null && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q containerd >/dev/null 2>&1 || {
+    apt-get update -q >/dev/null && apt-get install -y -q containerd >/dev/null
+  }
+}
+
+start() {
+  local dir="$1" shim_dir="${2:-$root/target/debug}"
+  install
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  local sock="$dir/containerd.sock" home="${PVISOR_HOME:-$dir/pvisor-home}"
+  mkdir -p "$dir/root" "$dir/state" "$home"
+  if [ -f "$dir/containerd.pid" ] && kill -0 "$(cat "$dir/containerd.pid")" 2>/dev/null; then
+    echo "$sock"
+    return 0
+  fi
+  cat >"$dir/config.toml" <<TOML
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "$sock"
+
+[ttrpc]
+  address = "$sock.ttrpc"
+
+[debug]
+  address = "$dir/debug.sock"
+  level = "info"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/pvisor/busybox:latest"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "${SNAPSHOTTER:-overlayfs}"
+    default_runtime_name = "pvisor"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.pvisor]
+      runtime_type = "io.containerd.pvisor.v1"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$dir/cni/bin"
+    conf_dir = "$dir/cni/conf"
+TOML
+  {
+    echo "CONTAINERD_ADDRESS=$sock"
+    echo "PVISOR_HOME=$home"
+  } >"$dir/env"
+  # containerd passes its environment to each shim it starts.
+  PATH="$shim_dir:$PATH" PVISOR_HOME="$home" \
+    setsid containerd --config "$dir/config.toml" >>"$dir/containerd.log" 2>&1 </dev/null &
+  echo $! >"$dir/containerd.pid"
+  for _ in $(seq 1 100); do
+    if ctr -a "$sock" version >/dev/null 2>&1; then
+      echo "$sock"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "containerd did not answer on $sock; see $dir/containerd.log:" >&2
+  tail -5 "$dir/containerd.log" >&2
+  return 1
+}
+
+stop() {
+  local dir="$1"
+  [ -f "$dir/containerd.pid" ] || return 0
+  local pid; pid="$(cat "$dir/containerd.pid")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$dir/containerd.pid"
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start "${2:?DIR}" "${3:-}" ;;
+  stop) stop "${2:?DIR}" ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+esac
