@@ -92,6 +92,17 @@ impl Fixture {
         })
     }
 
+    /// Starts one Job on the fake; the caller awaits (or drops) the handle.
+    fn start(&self) -> crate::ManagedJobRun {
+        self.runtime.execute(Run { request: request(&self.workspace), executor: self.executor() }).unwrap()
+    }
+
+    /// Cancels a run started by [`Self::start`] and waits for its published end.
+    async fn cancel(&self, mut run: crate::ManagedJobRun) -> RunEnd {
+        run.cancel_handle().cancel(libc::SIGTERM);
+        run.wait().await.unwrap()
+    }
+
     fn status(&self, job: &JobId) -> crate::runtime::job_service::views::JobStatus {
         self.runtime.execute(Status { job: job.clone() }).unwrap()
     }
@@ -267,11 +278,9 @@ fn every_job_gets_its_own_records() {
 fn cancelling_forwards_the_signal_and_records_a_cancelled_run() {
     let f = fixture(vec![Script::runs_until(&[libc::SIGTERM])]);
     let outcome = block_on(async {
-        let mut run =
-            f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        run.cancel_handle().cancel(libc::SIGTERM);
-        run.wait().await.unwrap().finished().unwrap()
+        f.cancel(run).await.finished().unwrap()
     });
     assert_eq!(outcome.result.state, ResultState::Cancelled);
     assert_eq!(f.fake.journal().signals.first(), Some(&libc::SIGTERM));
@@ -284,11 +293,9 @@ fn a_command_that_ignores_the_signal_is_killed_after_the_grace_period() {
     let f = fixture(vec![Script::runs_until(&[])]);
     let started = std::time::Instant::now();
     let outcome = block_on(async {
-        let mut run =
-            f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        run.cancel_handle().cancel(libc::SIGTERM);
-        run.wait().await.unwrap().finished().unwrap()
+        f.cancel(run).await.finished().unwrap()
     });
     let signals = f.fake.journal().signals.clone();
     assert_eq!(signals.first(), Some(&libc::SIGTERM), "{signals:?}");
@@ -301,7 +308,7 @@ fn a_command_that_ignores_the_signal_is_killed_after_the_grace_period() {
 fn a_dropped_wait_still_finalizes_and_publishes() {
     let f = fixture(vec![Script::runs_until(&[libc::SIGTERM])]);
     let job = block_on(async {
-        let run = f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         let job = run.job().clone();
         drop(run);
         // The runtime task keeps going while this runtime lives.
@@ -459,13 +466,11 @@ fn a_workspace_checkpoint_forks_a_job_that_sees_the_parents_files() {
 fn a_running_job_cannot_be_checkpointed_as_a_workspace() {
     let f = fixture(vec![Script::runs_until(&[libc::SIGTERM])]);
     block_on(async {
-        let mut run =
-            f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let err = f.runtime.execute(CheckpointWorkspace { job: run.job().clone() }).unwrap_err();
         assert!(err.to_string().contains("running") || err.to_string().contains("confirmed"), "{err}");
-        run.cancel_handle().cancel(libc::SIGTERM);
-        run.wait().await.unwrap();
+        f.cancel(run).await;
     });
 }
 
@@ -539,8 +544,7 @@ fn execution_checkpoints_of_an_ended_job_are_refused_before_the_backend_is_asked
 fn a_running_job_is_checkpointed_through_its_backend_and_its_refusal_is_reported() {
     let f = fixture_with(vec![Script::runs_until(&[libc::SIGTERM])], true);
     block_on(async {
-        let mut run =
-            f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         let job = run.job().clone();
         let attempt_dir = f.store().attempt_dir(run.attempt());
         for _ in 0..100 {
@@ -557,8 +561,7 @@ fn a_running_job_is_checkpointed_through_its_backend_and_its_refusal_is_reported
         assert!(guest.connect(8080).is_err());
         let asked = f.capabilities.as_ref().unwrap().asked.lock().unwrap().clone();
         assert_eq!(asked, vec![attempt_dir.clone(), attempt_dir], "asked about the live Attempt's directory");
-        run.cancel_handle().cancel(libc::SIGTERM);
-        run.wait().await.unwrap();
+        f.cancel(run).await;
     });
 }
 
@@ -566,16 +569,14 @@ fn a_running_job_is_checkpointed_through_its_backend_and_its_refusal_is_reported
 fn a_killed_jobs_execution_can_no_longer_be_saved() {
     let f = fixture_with(vec![Script::runs_until(&[libc::SIGTERM])], true);
     block_on(async {
-        let mut run =
-            f.runtime.execute(Run { request: request(&f.workspace), executor: f.executor() }).unwrap();
+        let run = f.start();
         let job = run.job().clone();
         let mut record = f.job_record(&job);
         record.continuation = false;
         f.store().write(&f.store().job_file(&job), &record).unwrap();
         let err = f.runtime.execute(CheckpointExecution { job: job.clone() }).unwrap_err();
         assert!(matches!(err, RuntimeError::ContinuationWithdrawn { .. }), "{err:?}");
-        run.cancel_handle().cancel(libc::SIGTERM);
-        run.wait().await.unwrap();
+        f.cancel(run).await;
     });
 }
 
