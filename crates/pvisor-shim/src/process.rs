@@ -324,7 +324,8 @@ fn write_all(out: Option<&mut File>, bytes: &[u8]) {
     }
 }
 
-/// Feeds the stdin FIFO to the exec until EOF.
+/// Feeds the stdin FIFO to the exec until EOF, then ends the exec's stdin
+/// (so `echo hi | ctr run … cat` ends).
 fn feed_stdin(path: &str, mut to: ExecSignaller) {
     let path = Path::new(path.strip_prefix("file://").unwrap_or(path));
     // Blocks until containerd's writer opens the FIFO.
@@ -332,7 +333,10 @@ fn feed_stdin(path: &str, mut to: ExecSignaller) {
     let mut buf = vec![0u8; STDIN_CHUNK];
     loop {
         match from.read(&mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                let _ = to.close_stdin();
+                return;
+            }
             Ok(n) => {
                 if to.stdin(&buf[..n]).is_err() {
                     return;

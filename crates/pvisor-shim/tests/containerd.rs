@@ -7,6 +7,7 @@
 //! Skips, saying why, when containerd cannot be installed, when not root
 //! (containerd mounts snapshots), or when the guest image is not built.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -210,6 +211,17 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     ]);
     assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
     assert_eq!(exec.status.code(), Some(5));
+    // Stdin reaches the process, and so does its end: `cat` exits.
+    let mut cat = Command::new("ctr")
+        .args(["-a", &c.sock, "-n", NAMESPACE, "task", "exec", "--exec-id", "e0", "long", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ctr runs");
+    cat.stdin.take().expect("stdin").write_all(b"through stdin\n").expect("write");
+    let cat = cat.wait_with_output().expect("ctr ends");
+    assert_eq!(text(&cat.stdout), "through stdin\n");
+    assert_eq!(cat.status.code(), Some(0), "cat saw the end of its stdin");
     let count = c.ok(&["task", "exec", "--exec-id", "e2", "long", "cat", "/tmp/count"]);
     assert!(count.trim().parse::<u32>().is_ok_and(|n| n >= 1), "the counter runs: {count:?}");
     let metrics = c.ok(&["task", "metrics", "long"]);

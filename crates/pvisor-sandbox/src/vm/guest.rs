@@ -81,6 +81,11 @@ impl ExecSignaller {
     pub fn stdin(&mut self, bytes: &[u8]) -> io::Result<()> {
         write_frame(&mut self.writer, &Request::Stdin { id: self.id }, bytes)
     }
+
+    /// Ends the exec's stdin: the process reads EOF.
+    pub fn close_stdin(&mut self) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::CloseStdin { id: self.id }, &[])
+    }
 }
 
 /// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
