@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{Process, Spec};
+use pvisor::actions::guest::KEEPER;
 use pvisor_core::records::ResourceLimits;
 
 /// A process to start in the container's root, from a bundle's `process`
@@ -17,7 +18,14 @@ pub struct ProcessSpec {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// Run in the guest's own root rather than chrooted into the
+    /// container's rootfs (only a pod sandbox's stand-in process).
+    pub guest_root: bool,
 }
+
+/// The annotation containerd's CRI plugin puts on each container of a pod:
+/// `sandbox` on the pod's sandbox (pause) container, `container` on the rest.
+const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 
 /// Why a spec cannot be run.
 #[derive(Debug, PartialEq, thiserror::Error)]
@@ -37,8 +45,24 @@ pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
     Spec::load(bundle.join("config.json")).map_err(|e| SpecError::Load(e.to_string()))
 }
 
-/// The container's own process (the bundle's `process`).
+/// The container's own process (the bundle's `process`), or for a CRI pod
+/// sandbox pvisor's keeper in the guest's root. Each container of a pod is
+/// its own VM, so nothing joins the sandbox's namespaces: its process only
+/// has to live until the pod is stopped, and the image CRI runs it from
+/// (`sandbox_image`) need not hold a program that does (a pause image's
+/// `/pause` would; a busybox stand-in's `/bin/sh` ends at the end of its
+/// stdin, which CRI leaves empty: it lives on today only because the shim
+/// cannot yet close a guest exec's stdin).
 pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+    let kind = spec.annotations().as_ref().and_then(|a| a.get(CRI_CONTAINER_TYPE));
+    if kind.is_some_and(|k| k == "sandbox") {
+        return Ok(ProcessSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), KEEPER.into()],
+            env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
+            cwd: "/".into(),
+            guest_root: true,
+        });
+    }
     process(spec.process().as_ref().ok_or(SpecError::NoProcess)?, rootfs)
 }
 
@@ -71,7 +95,7 @@ fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
         .collect();
     let user = process.user();
     let argv = as_user(user.uid(), user.gid(), args, rootfs)?;
-    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone() })
+    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone(), guest_root: false })
 }
 
 /// The agent starts processes as root; another user is taken on through
@@ -139,6 +163,23 @@ mod tests {
         assert_eq!(p.argv, ["sh", "-c", "exit 3"]);
         assert_eq!(p.env, [("PATH".to_owned(), "/bin".to_owned()), ("EMPTY".to_owned(), String::new())]);
         assert_eq!(p.cwd, Path::new("/tmp"));
+    }
+
+    #[test]
+    fn a_cri_pod_sandbox_runs_the_keeper_in_the_guests_root() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["/bin/sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+            "root": {"path": "rootfs"}
+        }));
+        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        assert_eq!(p.argv, ["/bin/sh", "-c", KEEPER]);
+        assert!(p.guest_root);
+        let mut s = s;
+        s.set_annotations(Some([(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned())].into()));
+        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        assert_eq!((p.argv.as_slice(), p.guest_root), (["/bin/sh".to_owned()].as_slice(), false));
     }
 
     #[test]

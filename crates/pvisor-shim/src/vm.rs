@@ -197,7 +197,8 @@ impl Vm {
         }
     }
 
-    /// Starts `process` chrooted into the container's rootfs; returns the
+    /// Starts `process` chrooted into the container's rootfs (unless it
+    /// asks for the guest's root); returns the
     /// channel (first reply already read), the exec id and the guest pid.
     pub fn exec(&self, process: &ProcessSpec) -> Result<(ExecChannel, u32, u32), ExecError> {
         let guest = self.guest_now()?;
@@ -207,7 +208,7 @@ impl Vm {
             argv: process.argv.clone(),
             env: process.env.clone(),
             cwd: process.cwd.clone(),
-            root: Some(self.rootfs.clone()),
+            root: (!process.guest_root).then(|| self.rootfs.clone()),
             output: None,
         };
         let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;

@@ -4,6 +4,10 @@
 //! this needs target/vm-image (scripts/vm-image.sh) and takes a VM boot per
 //! container (seconds under TCG).
 //!
+//! The same through CRI: containerd's CRI plugin driven by a small CRI
+//! client in Python (tests/cri/cri_flow.py, grpcio from
+//! scripts/cri-env.sh), as the kubelet would drive it.
+//!
 //! Skips, saying why, when containerd cannot be installed, when not root
 //! (containerd mounts snapshots), or when the guest image is not built.
 
@@ -15,6 +19,8 @@ use std::time::{Duration, Instant};
 const IMAGE: &str = "docker.io/pvisor/busybox:latest";
 const RUNTIME: &str = "io.containerd.pvisor.v1";
 const NAMESPACE: &str = "pvisor-test";
+/// The containerd namespace the CRI plugin keeps its images and pods in.
+const CRI_NAMESPACE: &str = "k8s.io";
 /// A process that counts in /tmp/count, once a second.
 const COUNTER: &str =
     "i=0; while :; do i=$((i+1)); echo $i >/tmp/next; mv /tmp/next /tmp/count; sleep 1; done";
@@ -33,10 +39,12 @@ impl Drop for Containerd {
     /// A failed test must not leave VMs behind: shims outlive containerd
     /// by design, so every task is force-deleted before it stops.
     fn drop(&mut self) {
-        let tasks = self.ctr(&["task", "ls", "-q"]);
-        for id in text(&tasks.stdout).lines().filter(|l| !l.is_empty()) {
-            let _ = self.ctr(&["task", "delete", "-f", id]);
-            let _ = self.ctr(&["container", "rm", id]);
+        for namespace in [NAMESPACE, CRI_NAMESPACE] {
+            let tasks = self.ctr_in(namespace, &["task", "ls", "-q"]);
+            for id in text(&tasks.stdout).lines().filter(|l| !l.is_empty()) {
+                let _ = self.ctr_in(namespace, &["task", "delete", "-f", id]);
+                let _ = self.ctr_in(namespace, &["container", "rm", id]);
+            }
         }
         let _ =
             Command::new(repo().join("scripts/containerd-env.sh")).arg("stop").arg(self.dir.path()).status();
@@ -45,8 +53,12 @@ impl Drop for Containerd {
 
 impl Containerd {
     fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_in(NAMESPACE, args)
+    }
+
+    fn ctr_in(&self, namespace: &str, args: &[&str]) -> Output {
         Command::new("ctr")
-            .args(["-a", &self.sock, "-n", NAMESPACE])
+            .args(["-a", &self.sock, "-n", namespace])
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -104,7 +116,8 @@ fn unable() -> Option<String> {
     None
 }
 
-fn start() -> Containerd {
+/// A private containerd with the test image imported into `namespace`.
+fn start(namespace: &str) -> Containerd {
     let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
     let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
     let out = Command::new(repo().join("scripts/containerd-env.sh"))
@@ -118,7 +131,8 @@ fn start() -> Containerd {
     let containerd = Containerd { dir, sock };
     let image = Command::new(repo().join("scripts/oci-image.sh")).output().expect("oci-image.sh runs");
     assert!(image.status.success(), "the image did not build: {}", text(&image.stderr));
-    containerd.ok(&["images", "import", text(&image.stdout).trim()]);
+    let imported = containerd.ctr_in(namespace, &["images", "import", text(&image.stdout).trim()]);
+    assert!(imported.status.success(), "ctr images import: {}", text(&imported.stderr));
     containerd
 }
 
@@ -167,7 +181,7 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         eprintln!("SKIP containerd_runs_containers_as_pvisor_vm_jobs: {why}");
         return;
     }
-    let c = start();
+    let c = start(NAMESPACE);
 
     // ctr run: stdout, stderr and the exit code, exactly; a read-only
     // bind mount is copied into the VM.
@@ -315,4 +329,63 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         let listing = text(&jobs.stdout);
         assert!(listing.lines().count() >= 5 && listing.contains("lost"), "pvisor jobs: {listing}");
     }
+}
+
+#[test]
+fn cri_runs_a_pod_with_the_pvisor_handler() {
+    let python = unable().map_or_else(cri_python, Err);
+    let python = match python {
+        Ok(python) => python,
+        Err(why) => {
+            assert!(std::env::var_os("CI").is_none(), "CI cannot run the CRI test: {why}");
+            eprintln!("SKIP cri_runs_a_pod_with_the_pvisor_handler: {why}");
+            return;
+        }
+    };
+    // containerd-env.sh names this image as CRI's sandbox_image: no
+    // registry is reachable for a pause image, and the shim runs a pod
+    // sandbox's process as its keeper, whatever the image.
+    let c = start(CRI_NAMESPACE);
+    let logs = c.dir.path().join("pod-logs");
+    std::fs::create_dir_all(&logs).expect("mkdir");
+    let out = Command::new(python)
+        .arg(repo().join("tests/cri/cri_flow.py"))
+        .args([&c.sock, IMAGE])
+        .arg(&logs)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cri_flow.py runs");
+    assert!(out.status.success(), "cri_flow.py: {}", text(&out.stderr));
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("cri_flow.py's JSON ({e}): {}{}", text(&out.stdout), text(&out.stderr)));
+    let at = |key: &str| seen.get(key).cloned().unwrap_or(serde_json::Value::Null);
+    assert_eq!(at("error"), serde_json::Value::Null, "a CRI call failed: {seen}");
+    assert_eq!(at("cleanup_errors"), serde_json::Value::Null, "{seen}");
+    assert_eq!(at("pod_state"), "SANDBOX_READY", "{seen}");
+    assert_eq!(at("pod_handler"), "pvisor", "{seen}");
+    assert_eq!(at("pod_runtime_type"), RUNTIME, "{seen}");
+    assert_eq!(at("container_state"), "CONTAINER_RUNNING", "{seen}");
+    assert_eq!(at("echo"), serde_json::json!({"stdout": "hello from cri\n", "stderr": "", "code": 0}));
+    assert_eq!(at("fail"), serde_json::json!({"stdout": "", "stderr": "oops\n", "code": 7}));
+    assert_eq!(at("stopped_state"), "CONTAINER_EXITED", "{seen}");
+    assert_eq!(at("stopped_code"), 143, "StopContainer's SIGTERM is 128 + 15: {seen}");
+    // CRI's log format: TIMESTAMP STREAM TAG LINE.
+    assert!(at("log").as_str().is_some_and(|l| l.ends_with(" stdout F started\n")), "{seen}");
+    assert_eq!(at("containers_left"), 0, "{seen}");
+    assert_eq!(at("stopped_pod_state"), "SANDBOX_NOTREADY", "{seen}");
+    assert_eq!(at("pods_left"), 0, "{seen}");
+    // Both VMs (the pod sandbox's and the container's) are gone.
+    eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
+    assert!(c.ctr_in(CRI_NAMESPACE, &["task", "ls", "-q"]).stdout.is_empty(), "no task is left");
+}
+
+/// The CRI client's python (scripts/cri-env.sh), or why there is none.
+fn cri_python() -> Result<PathBuf, String> {
+    let out = Command::new(repo().join("scripts/cri-env.sh"))
+        .output()
+        .map_err(|e| format!("scripts/cri-env.sh does not run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("scripts/cri-env.sh failed (grpcio from PyPI): {}", text(&out.stderr)));
+    }
+    Ok(PathBuf::from(text(&out.stdout).trim()))
 }
