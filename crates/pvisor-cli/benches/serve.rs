@@ -347,7 +347,8 @@ fn main() {
     let _ = daemon.wait();
     let jobs = pvisor(&["jobs", "--json"]).output().unwrap();
     for line in String::from_utf8_lossy(&jobs.stdout).lines() {
-        let job: serde_json::Value = serde_json::from_str(line).unwrap();
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let job = &line["data"];
         if job["state"] == "running" || job["state"] == "suspended" {
             let _ = pvisor(&["kill", job["job"].as_str().unwrap(), "--grace", "2s"]).output();
         }

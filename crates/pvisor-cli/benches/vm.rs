@@ -129,7 +129,7 @@ fn main() {
         suspend.push(start.elapsed());
         assert!(out.status.success(), "suspend: {}", String::from_utf8_lossy(&out.stderr));
         let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        state_bytes = manifest["files"].as_array().unwrap()[0]["size"].as_u64().unwrap();
+        state_bytes = manifest["data"]["files"].as_array().unwrap()[0]["size"].as_u64().unwrap();
         let _ = run.wait();
 
         let start = Instant::now();
@@ -160,8 +160,8 @@ fn accelerator(home: &Path, ws: &Path) -> String {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|e| e["type"] == "attempt.vm")
-        .and_then(|e| e["data"]["accelerator"].as_str().map(str::to_owned))
+        .find(|e| e["data"]["type"] == "attempt.vm")
+        .and_then(|e| e["data"]["data"]["accelerator"].as_str().map(str::to_owned))
         .unwrap_or_else(|| "?".into())
 }
 
