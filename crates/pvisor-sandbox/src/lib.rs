@@ -212,8 +212,9 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         attachment.describe()
     }
 
-    /// Further facts for the Placement record (the vm backend's accelerator and why).
-    fn placement_details(&self) -> Vec<(String, String)> {
+    /// Further facts for the Placement record of a start with `limits` (the
+    /// vm backend's accelerator, and whether it restores a template or boots, and why).
+    fn placement_details(&self, _limits: &limits::Limits) -> Vec<(String, String)> {
         Vec::new()
     }
 

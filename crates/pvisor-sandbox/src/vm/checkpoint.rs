@@ -20,8 +20,6 @@ use pvisor_agent_proto::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
 
-use std::os::fd::AsFd;
-
 use super::link::Shared;
 use super::{disk, qmp, MachineConfig};
 
@@ -97,7 +95,7 @@ pub struct CheckpointFile {
     pub sparse: bool,
 }
 
-fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
+pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();
     let blake3 = if sparse { disk::sparse_digest(path)? } else { disk::file_digest(path)? };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -256,33 +254,19 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
     shared.qmp::<qmp::Empty>(&qmp::Command::Stop)?;
     tracing::debug!("guest stopped");
     // The default cap (32 MiB/s in QEMU 7.2) doubles the save time.
-    shared.qmp::<qmp::Empty>(&qmp::Command::MigrateSetParameters { max_bandwidth: 8 << 30 })?;
-    // QEMU writes into a file pvisor opened and passed it (no `exec:cat`,
-    // whose last writes could still be in flight when QEMU says "completed").
     let state = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(dir.join(STATE))
         .map_err(|e| format!("cannot create the state file: {e}"))?;
-    shared
-        .qmp_with_fd::<qmp::Empty>(&qmp::Command::GetFd { fdname: "pvisor-state".into() }, state.as_fd())?;
-    drop(state);
-    shared.qmp::<qmp::Empty>(&qmp::Command::Migrate { uri: "fd:pvisor-state".into() })?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let info: qmp::MigrationInfo = shared.qmp(&qmp::Command::QueryMigrate)?;
-        match info.status.as_deref() {
-            Some("completed") => break,
-            Some("failed") | Some("cancelled") => {
-                return Err(format!(
-                    "saving the machine state failed: {}",
-                    info.error_desc.unwrap_or_default()
-                ))
-            }
-            _ if Instant::now() > deadline => return Err("saving the machine state took over 300 s".into()),
-            _ => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
+    let mut qmp = shared.qmp.lock().unwrap_or_else(|p| p.into_inner());
+    qmp::migrate_to_file(
+        &mut qmp,
+        state,
+        shared.config.ram == super::RamFormat::Named,
+        Duration::from_secs(300),
+    )?;
+    drop(qmp);
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "machine state migrated");
     let copying = Instant::now();
     disk::sparse_copy(&shared.upper, &dir.join(UPPER))
@@ -296,8 +280,14 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
 }
 
 fn publish(partial: &Path, published: &Path, manifest: &ExecCheckpoint) -> io::Result<()> {
+    publish_dir(partial, published, &pvisor_core::store::to_json_bytes(manifest))
+}
+
+/// Writes `manifest` into `partial`, syncs it and the directory, and renames
+/// it to `published` (the publication: nothing trusts a `.partial-*`).
+pub(super) fn publish_dir(partial: &Path, published: &Path, manifest: &[u8]) -> io::Result<()> {
     let mut file = fs::File::create(partial.join(MANIFEST))?;
-    file.write_all(&pvisor_core::store::to_json_bytes(manifest))?;
+    file.write_all(manifest)?;
     file.sync_all()?;
     fs::File::open(partial)?.sync_all()?;
     fs::rename(partial, published)?;

@@ -9,11 +9,72 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use super::qemu::Disk;
 use std::process::Command;
 
 /// Size of the sparse upper disk; only written blocks use host space.
 pub(crate) const UPPER_DISK_BYTES: u64 = 8 << 30;
+/// The workspace image's virtual size. Constant, whatever the workspace:
+/// a template guest probed disks of these sizes at boot and its clones
+/// attach their own in their place (the ext4 inside may be smaller).
+pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;
+
+/// A VM's workspace disk files, in device order.
+#[derive(Clone, Debug)]
+pub(crate) struct WorkspaceFiles {
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+}
+
+impl WorkspaceFiles {
+    pub(crate) fn in_dir(dir: &Path) -> Self {
+        Self { lower: dir.join("lower.img"), upper: dir.join("upper.img") }
+    }
+
+    pub(crate) fn all(&self) -> [&Path; 2] {
+        [&self.lower, &self.upper]
+    }
+}
+
+/// The QEMU disks for `files`: the same ids, serials and order for boots,
+/// restores and templates (part of the migration contract).
+pub(crate) fn workspace_disks(files: &WorkspaceFiles) -> Vec<Disk<'_>> {
+    vec![
+        Disk { id: "lower", serial: pvisor_agent_proto::LOWER_SERIAL, path: &files.lower, readonly: true },
+        Disk { id: "upper", serial: pvisor_agent_proto::UPPER_SERIAL, path: &files.upper, readonly: false },
+    ]
+}
+
+/// The disk layout as a template key records it.
+pub(crate) fn layout_description() -> String {
+    let files = WorkspaceFiles::in_dir(Path::new("/"));
+    let sizes = [LOWER_DISK_BYTES, UPPER_DISK_BYTES];
+    workspace_disks(&files)
+        .iter()
+        .zip(sizes)
+        .map(|(d, size)| format!("{}:{}:{}:{size}", d.id, d.serial, if d.readonly { "ro" } else { "rw" }))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Blank sparse disks of the real virtual sizes, for a template's boot.
+pub(crate) fn placeholder_disks(dir: &Path) -> io::Result<WorkspaceFiles> {
+    let files = WorkspaceFiles::in_dir(dir);
+    File::create(&files.lower)?.set_len(LOWER_DISK_BYTES)?;
+    File::create(&files.upper)?.set_len(UPPER_DISK_BYTES)?;
+    Ok(files)
+}
+
+/// Host bytes allocated under `path` (sparse files count their data only).
+pub(crate) fn allocated_bytes(path: &Path) -> u64 {
+    let Ok(meta) = fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.blocks() * 512;
+    }
+    fs::read_dir(path).into_iter().flatten().flatten().map(|e| allocated_bytes(&e.path())).sum()
+}
 
 /// Builds `image` from the tree at `workspace` with `mkfs.ext4 -d`.
 pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
@@ -21,6 +82,13 @@ pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
     // Room for metadata and block rounding; ext4 needs at least a few MiB.
     let size = (bytes + bytes / 8 + inodes * 4096 + (16 << 20)).div_ceil(1 << 20) << 20;
     let meta = fs::metadata(workspace)?;
+    if size > LOWER_DISK_BYTES {
+        return Err(io::Error::other(format!(
+            "the workspace needs a {} MiB image, more than the vm executor's {} GiB workspace disk; use --executor ns or a smaller workspace",
+            size >> 20,
+            LOWER_DISK_BYTES >> 30
+        )));
+    }
     File::create(image)?.set_len(size)?;
     mkfs(
         image,
@@ -34,7 +102,9 @@ pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
             "-d",
             &workspace.to_string_lossy(),
         ],
-    )
+    )?;
+    // The device's size is constant; the filesystem keeps its own.
+    fs::OpenOptions::new().write(true).open(image)?.set_len(LOWER_DISK_BYTES)
 }
 
 /// Creates the sparse, empty upper disk.

@@ -279,9 +279,22 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let console = dir.join("console.log");
     super::qemu::capture_console(console_host, &console).map_err(|e| e.to_string())?;
-    let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
-    let mut command =
-        super::qemu::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
+    let config = super::MachineConfig {
+        memory_mib: 256,
+        cpus: 1,
+        accelerator: Accelerator::Kvm,
+        ram: super::RamFormat::Named,
+    };
+    let mut command = super::qemu::qemu_command(
+        image,
+        &config,
+        super::qemu::Ram::Private,
+        &[],
+        &agent_qemu,
+        &qmp_qemu,
+        &console_qemu,
+        false,
+    );
     let started = Instant::now();
     let mut child = super::qemu::spawn_qemu(
         &mut command,

@@ -112,18 +112,6 @@ impl Shared {
         self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command).map_err(|e| e.to_string())
     }
 
-    pub(super) fn qmp_with_fd<R: serde::de::DeserializeOwned>(
-        &self,
-        command: &qmp::Command,
-        fd: std::os::fd::BorrowedFd<'_>,
-    ) -> Result<R, String> {
-        self.qmp
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .execute_with(command, Some(fd))
-            .map_err(|e| e.to_string())
-    }
-
     pub(super) fn qemu_running(&self) -> bool {
         let mut qemu = self.qemu.lock().unwrap_or_else(|p| p.into_inner());
         qemu.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))

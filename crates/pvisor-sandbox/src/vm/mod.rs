@@ -32,6 +32,7 @@ mod net;
 mod process;
 mod qemu;
 mod qmp;
+pub mod template;
 
 use std::path::{Path, PathBuf};
 
@@ -68,13 +69,35 @@ pub struct MachineConfig {
     pub memory_mib: u64,
     pub cpus: u32,
     pub accelerator: Accelerator,
+    /// How RAM was provided (absent in checkpoints older than templates).
+    #[serde(default)]
+    pub ram: RamFormat,
 }
+
+/// The RAM layout a saved machine needs again on restore.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RamFormat {
+    /// `-m` alone, no `x-ignore-shared`: checkpoints from before templates.
+    #[default]
+    Legacy,
+    /// The `pvisor.ram` backend with `x-ignore-shared`: everything since.
+    Named,
+}
+
+/// Default guest RAM when no `--memory` limit is given.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+
+/// `PVISOR_VM_TEMPLATES=off` makes every vm Job boot (benchmarks compare the two).
+const TEMPLATES_ENV: &str = "PVISOR_VM_TEMPLATES";
 
 /// The microVM executor. Holds the verified image and the accelerator decision.
 #[derive(Clone, Debug)]
 pub struct VmExecutor {
     image: GuestImage,
     accel: AccelChoice,
+    /// Where templates are kept (`vm-templates/` under it).
+    state_root: PathBuf,
 }
 
 impl VmExecutor {
@@ -83,7 +106,7 @@ impl VmExecutor {
         let built = GuestImage::locate_built()?;
         let image = GuestImage::install(&built, state_root)?;
         let accel = image::choose_accelerator(&image);
-        Ok(Self { image, accel })
+        Ok(Self { image, accel, state_root: state_root.to_owned() })
     }
 
     /// The executor a checkpoint was taken with: its installed image (verified)
@@ -94,7 +117,7 @@ impl VmExecutor {
             accelerator: manifest.machine.accelerator,
             reason: format!("restoring a checkpoint taken under {}", manifest.machine.accelerator.as_str()),
         };
-        Ok(Self { image, accel })
+        Ok(Self { image, accel, state_root: state_root.to_owned() })
     }
 
     pub fn image(&self) -> &GuestImage {
@@ -103,6 +126,72 @@ impl VmExecutor {
 
     pub fn accelerator(&self) -> &AccelChoice {
         &self.accel
+    }
+
+    /// The machine a fresh start of `limits` gets.
+    pub fn machine_config(&self, limits: &crate::limits::Limits) -> MachineConfig {
+        MachineConfig {
+            memory_mib: limits.memory_bytes.map_or(DEFAULT_MEMORY_MIB, |b| (b >> 20).max(128)),
+            cpus: limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+            accelerator: self.accel.accelerator,
+            ram: RamFormat::Named,
+        }
+    }
+
+    pub fn templates_root(&self) -> PathBuf {
+        template::root(&self.state_root)
+    }
+
+    fn templates_disabled(&self) -> Option<String> {
+        (std::env::var(TEMPLATES_ENV).as_deref() == Ok("off")).then(|| format!("{TEMPLATES_ENV}=off"))
+    }
+
+    /// How a fresh start of `config` is planned, for the Placement: the
+    /// template it restores (possibly built first), or why it boots.
+    pub fn start_plan(&self, config: &MachineConfig) -> Result<String, String> {
+        if let Some(why) = self.templates_disabled() {
+            return Err(why);
+        }
+        let key = template::TemplateKey::new(&self.image, config);
+        let id = key.id();
+        let root = self.templates_root();
+        if root.join(&id).join(template::MANIFEST).is_file() {
+            Ok(id)
+        } else if pvisor_core::store::OwnerLock::acquire(&root.join(format!("{id}.lock"))).is_err()
+            && root.is_dir()
+        {
+            Err(template::TemplateError::Busy(id).to_string())
+        } else {
+            Ok(format!("{id} (built on this first use)"))
+        }
+    }
+
+    /// The verified template to start `config` from, built first if none
+    /// is published; `Err` is why this start boots instead.
+    pub(crate) fn template_for(
+        &self,
+        config: &MachineConfig,
+    ) -> Result<(template::Template, template::InUse), String> {
+        if let Some(why) = self.templates_disabled() {
+            return Err(why);
+        }
+        let key = template::TemplateKey::new(&self.image, config);
+        let root = self.templates_root();
+        match template::open(&root, &key) {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => {}
+            Err(why) => tracing::warn!(error = %why, "vm template refused"),
+        }
+        eprintln!(
+            "pvisor: building the vm template {} ({} MiB, {} vCPU, {}): a one-time boot; later vm starts restore it",
+            key.id(),
+            config.memory_mib,
+            config.cpus,
+            config.accelerator.as_str()
+        );
+        template::build(&root, &self.image, config).map_err(|e| e.to_string())?;
+        template::open(&root, &key)?
+            .ok_or_else(|| format!("the template {} vanished after its build", key.id()))
     }
 }
 
@@ -115,13 +204,24 @@ impl Executor for VmExecutor {
         describe_attachment(attachment)
     }
 
-    fn placement_details(&self) -> Vec<(String, String)> {
-        vec![
+    fn placement_details(&self, limits: &crate::limits::Limits) -> Vec<(String, String)> {
+        let mut details = vec![
             ("accelerator".into(), self.accel.accelerator.as_str().into()),
             ("accelerator_reason".into(), self.accel.reason.clone()),
             ("image".into(), self.image.digest.clone()),
             ("guest_kernel".into(), self.image.kernel_version.clone()),
-        ]
+        ];
+        match self.start_plan(&self.machine_config(limits)) {
+            Ok(template) => {
+                details.push(("start".into(), "template".into()));
+                details.push(("template".into(), template));
+            }
+            Err(why) => {
+                details.push(("start".into(), "boot".into()));
+                details.push(("boot_reason".into(), why));
+            }
+        }
+        details
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {

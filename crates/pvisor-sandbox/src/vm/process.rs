@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use pvisor_agent_proto::{Reply, Request};
 
 use super::control::serve_control;
+use super::disk::WorkspaceFiles;
 use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
-use super::qemu::{capture_console, qemu_command, spawn_qemu, tail};
+use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram};
 use super::{
-    checkpoint, disk, export, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, VmExecutor, EXEC_ID,
+    checkpoint, disk, export, qmp, setup, Accelerator, ExecCheckpoint, RamFormat, VmExecutor, EXEC_ID,
 };
 use crate::{
     sys, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
@@ -28,8 +29,6 @@ use crate::{
 const REPLY_BACKLOG: usize = 64;
 /// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
 const VM_KILL_GRACE: Duration = Duration::from_secs(5);
-/// Default guest RAM when no `--memory` limit is given.
-const DEFAULT_MEMORY_MIB: u64 = 512;
 
 /// The Attempt's disk images, removed unless the VM started (then `wait`
 /// owns them).
@@ -50,6 +49,8 @@ pub struct VmProcess {
     events: Receiver<AgentEvent>,
     boot_ms: u64,
     restored: Option<serde_json::Value>,
+    /// How this VM started (template restore, boot and why, checkpoint restore).
+    start: serde_json::Value,
     /// The command never started (the agent's exec failed).
     early: Option<Termination>,
     proxy_listener: Option<TcpListener>,
@@ -89,9 +90,9 @@ impl VmProcess {
         }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
-        let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
-        let mut scratch = Scratch(vec![lower.clone(), upper.clone()]);
-        let restore = match &vm.restore {
+        let files = WorkspaceFiles::in_dir(&vm.dir);
+        let mut scratch = Scratch(files.all().iter().map(|p| p.to_path_buf()).collect());
+        let start = match &vm.restore {
             Some(dir) => {
                 let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
                     step: "restore".into(),
@@ -100,30 +101,49 @@ impl VmProcess {
                         "the checkpoint cannot be resumed; fork an earlier one or drop the Job".into(),
                     ),
                 })?;
-                disk::link_or_copy(&dir.join(checkpoint::LOWER), &lower)
-                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &upper))
+                disk::link_or_copy(&dir.join(checkpoint::LOWER), &files.lower)
+                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &files.upper))
                     .map_err(|e| setup("restore", format!("cannot copy the checkpoint's disks: {e}")))?;
-                Some((dir.join(checkpoint::STATE), manifest))
+                Start::Restore { state: dir.join(checkpoint::STATE), manifest: Box::new(manifest) }
             }
             None => {
-                disk::build_lower(&spec.workspace, &lower).map_err(|e| SandboxError::Setup {
+                disk::build_lower(&spec.workspace, &files.lower).map_err(|e| SandboxError::Setup {
                     step: "workspace-image".into(),
                     message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
                     hint: Some(
                         "every file in the workspace must be readable by the user running pvisor".into(),
                     ),
                 })?;
-                disk::create_upper(&upper).map_err(|e| setup("upper-disk", e))?;
-                None
+                disk::create_upper(&files.upper).map_err(|e| setup("upper-disk", e))?;
+                match executor.template_for(&executor.machine_config(&spec.limits)) {
+                    Ok((template, in_use)) => {
+                        Start::Clone { template: Box::new(template), _in_use: Some(in_use) }
+                    }
+                    Err(reason) => Start::Boot { reason },
+                }
             }
         };
-        let config = match &restore {
-            Some((_, manifest)) => manifest.machine,
-            None => MachineConfig {
-                memory_mib: spec.limits.memory_bytes.map_or(DEFAULT_MEMORY_MIB, |b| (b >> 20).max(128)),
-                cpus: spec.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
-                accelerator: executor.accel.accelerator,
-            },
+        let config = match &start {
+            Start::Restore { manifest, .. } => manifest.machine,
+            _ => executor.machine_config(&spec.limits),
+        };
+        let ram = match &start {
+            Start::Restore { manifest, .. } if manifest.machine.ram == RamFormat::Legacy => Ram::Legacy,
+            Start::Clone { template, .. } => Ram::TemplateClone(&template.dir),
+            _ => Ram::Private,
+        };
+        let template_memory;
+        let ram = match ram {
+            Ram::TemplateClone(dir) => {
+                template_memory = dir.join(super::template::MEMORY);
+                Ram::TemplateClone(&template_memory)
+            }
+            other => other,
+        };
+        let incoming = match &start {
+            Start::Restore { state, .. } => Some(state.clone()),
+            Start::Clone { template, .. } => Some(template.state()),
+            Start::Boot { .. } => None,
         };
 
         let (agent, agent_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
@@ -134,11 +154,12 @@ impl VmProcess {
         let mut command = qemu_command(
             &executor.image,
             &config,
-            Some((&lower, &upper)),
+            ram,
+            &disk::workspace_disks(&files),
             &agent_qemu,
             &qmp_qemu,
             &console_qemu,
-            restore.as_ref().map(|(state, _)| state.as_path()),
+            incoming.is_some(),
         );
         let started = Instant::now();
         let child =
@@ -149,7 +170,7 @@ impl VmProcess {
             accelerator = config.accelerator.as_str(),
             memory_mib = config.memory_mib,
             cpus = config.cpus,
-            restore = restore.is_some(),
+            start = start.mode(),
             dir = %vm.dir.display(),
             "QEMU started"
         );
@@ -213,8 +234,8 @@ impl VmProcess {
             config,
             spec: spec.clone(),
             vm: vm.clone(),
-            lower,
-            upper,
+            lower: files.lower.clone(),
+            upper: files.upper.clone(),
         });
         let fail = |message: String| {
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
@@ -223,14 +244,29 @@ impl VmProcess {
         };
 
         let mut restored = None;
-        if restore.is_some() {
+        if let Some(state) = &incoming {
+            // The lock is released before `fail`, which quits QEMU over QMP.
+            let loading = {
+                let mut qmp = shared.qmp.lock().unwrap_or_else(|p| p.into_inner());
+                (if config.ram == RamFormat::Named { qmp::ignore_shared(&mut qmp) } else { Ok(()) }).and_then(
+                    |()| {
+                        qmp.execute::<qmp::Empty>(&qmp::Command::MigrateIncoming { uri: incoming_uri(state) })
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    },
+                )
+            };
+            loading.map_err(fail)?;
             wait_for_incoming(&shared, boot_timeout).map_err(fail)?;
             shared.qmp::<qmp::Empty>(&qmp::Command::Cont).map_err(fail)?;
             tracing::info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
+                start = start.mode(),
                 "restore: machine state loaded"
             );
         }
+        // QEMU holds the template's files now (mapped and read): gc may go.
+        let start = start.loaded();
         match shared
             .call(&Request::Hello { version: pvisor_agent_proto::VERSION }, &[], boot_timeout)
             .map_err(fail)?
@@ -245,9 +281,19 @@ impl VmProcess {
         }
         let boot_ms = started.elapsed().as_millis() as u64;
         tracing::info!(boot_ms, "agent link up");
-        if let Some((_, manifest)) = &restore {
+        if let Start::Restore { manifest, .. } = &start {
             restored = Some(reattach(&shared, manifest).map_err(fail)?);
         } else {
+            if let Start::Clone { template, .. } = &start {
+                // A clone must never keep the template's random state.
+                let (clock_step_ns, entropy_avail, reseeded) = reseed(&shared).map_err(fail)?;
+                restored = Some(serde_json::json!({
+                    "template": template.manifest.id,
+                    "clock_step_ms": clock_step_ns / 1_000_000,
+                    "entropy_reseeded_bytes": reseeded,
+                    "entropy_avail": entropy_avail,
+                }));
+            }
             let request = Request::Setup {
                 workspace: spec.workspace.clone(),
                 hostname: spec.hostname.clone(),
@@ -278,6 +324,7 @@ impl VmProcess {
                         events,
                         boot_ms,
                         restored,
+                        start: start.facts(),
                         early: Some(early),
                         proxy_listener,
                     });
@@ -288,7 +335,7 @@ impl VmProcess {
         forward_stdin(shared.clone());
         serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         scratch.0.clear();
-        Ok(Self { shared, events, boot_ms, restored, early: None, proxy_listener })
+        Ok(Self { shared, events, boot_ms, restored, start: start.facts(), early: None, proxy_listener })
     }
 }
 
@@ -317,14 +364,7 @@ fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
 fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, String> {
     let timeout = Duration::from_secs(30);
     shared.call(&Request::Thaw, &[], timeout)?;
-    // Never zeros: a guest reseeded with nothing would repeat its
-    // checkpoint's random state in every copy.
-    let entropy = pvisor_core::random::bytes::<64>().map_err(|e| format!("cannot reseed the guest: {e}"))?;
-    let (clock_step_ns, entropy_avail) =
-        match shared.call(&Request::Restored { clock_unix_ns: unix_now_ns() }, &entropy, timeout)? {
-            (Reply::Restored { clock_step_ns, entropy_avail }, _) => (clock_step_ns, entropy_avail),
-            (other, _) => return Err(format!("the agent answered Restored with {other:?}")),
-        };
+    let (clock_step_ns, entropy_avail, reseeded) = reseed(shared)?;
     shared.call(&Request::Poll { id: EXEC_ID }, &[], timeout)?;
     tracing::info!(
         checkpoint = %manifest.id,
@@ -335,10 +375,68 @@ fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Va
     Ok(serde_json::json!({
         "checkpoint": manifest.id,
         "clock_step_ms": clock_step_ns / 1_000_000,
-        "entropy_reseeded_bytes": entropy.len(),
+        "entropy_reseeded_bytes": reseeded,
         "entropy_avail": entropy_avail,
         "network": "no NIC; nothing to reset",
     }))
+}
+
+/// Steps the restored guest's clock and reseeds its CRNG with fresh host
+/// entropy: (clock step ns, the guest's entropy_avail, bytes sent).
+fn reseed(shared: &Shared) -> Result<(i64, u64, usize), String> {
+    // Never zeros: a guest reseeded with nothing would repeat its saved
+    // random state in every copy.
+    let entropy = pvisor_core::random::bytes::<64>().map_err(|e| format!("cannot reseed the guest: {e}"))?;
+    match shared.call(
+        &Request::Restored { clock_unix_ns: unix_now_ns() },
+        &entropy,
+        Duration::from_secs(30),
+    )? {
+        (Reply::Restored { clock_step_ns, entropy_avail }, _) => {
+            Ok((clock_step_ns, entropy_avail as u64, entropy.len()))
+        }
+        (other, _) => Err(format!("the agent answered Restored with {other:?}")),
+    }
+}
+
+/// How a VM starts.
+enum Start {
+    /// Restore an execution checkpoint (resume, fork).
+    Restore { state: PathBuf, manifest: Box<ExecCheckpoint> },
+    /// Restore a template; `in_use` keeps it from removal until QEMU loaded it.
+    Clone { template: Box<super::template::Template>, _in_use: Option<super::template::InUse> },
+    /// Boot the kernel, and why no template was used.
+    Boot { reason: String },
+}
+
+impl Start {
+    fn mode(&self) -> &'static str {
+        match self {
+            Self::Restore { .. } => "checkpoint-restore",
+            Self::Clone { .. } => "template-restore",
+            Self::Boot { .. } => "boot",
+        }
+    }
+
+    /// Releases the template once QEMU holds its files.
+    fn loaded(self) -> Self {
+        match self {
+            Self::Clone { template, .. } => Self::Clone { template, _in_use: None },
+            other => other,
+        }
+    }
+
+    fn facts(&self) -> serde_json::Value {
+        match self {
+            Self::Restore { manifest, .. } => {
+                serde_json::json!({"mode": self.mode(), "checkpoint": manifest.id})
+            }
+            Self::Clone { template, .. } => {
+                serde_json::json!({"mode": self.mode(), "template": template.manifest.id})
+            }
+            Self::Boot { reason } => serde_json::json!({"mode": self.mode(), "reason": reason}),
+        }
+    }
 }
 
 /// Copies our stdin to the command's stdin; EOF closes it.
@@ -449,6 +547,7 @@ impl SandboxProcess for VmProcess {
             "image": self.shared.image.digest,
             "ready_ms": self.boot_ms,
             "restored": self.restored,
+            "start": self.start,
         }))
     }
 

@@ -24,20 +24,67 @@ fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.to_string_lossy().replace('\'', r"'\''"))
 }
 
-/// The QEMU command line shared by boots, restores and the KVM probe. The
-/// device list and its order are part of the migration contract.
+/// How guest RAM is provided. Part of the migration contract: a restore
+/// must use a layout whose RAM block is named as the saved one's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ram<'a> {
+    /// `-m N` alone, without `x-ignore-shared`: restores of checkpoints taken
+    /// before templates existed (their streams lack that capability's fields).
+    Legacy,
+    /// Anonymous RAM in the `pvisor.ram` backend: boots and restores.
+    Private,
+    /// A template being built: RAM *is* the file, mapped shared, so the
+    /// migration skips it (`x-ignore-shared`) and the file holds the pages.
+    TemplateSource(&'a Path),
+    /// A clone of a template: its RAM file mapped privately, so the clone's
+    /// writes are copy-on-write and idle clones share the template's pages.
+    TemplateClone(&'a Path),
+}
+
+/// One virtio-blk disk; the order of a VM's disks is part of the migration contract.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Disk<'a> {
+    pub id: &'static str,
+    pub serial: &'static str,
+    pub path: &'a Path,
+    pub readonly: bool,
+}
+
+/// The RAM backend's id: the migration stream names RAM blocks by it.
+const RAM_ID: &str = "pvisor.ram";
+
+/// The QEMU command line shared by boots, restores, template builds and the
+/// KVM probe. The device list and its order are part of the migration contract.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn qemu_command(
     image: &GuestImage,
     config: &MachineConfig,
-    disks: Option<(&Path, &Path)>,
+    ram: Ram<'_>,
+    disks: &[Disk<'_>],
     agent: &UnixStream,
     qmp: &UnixStream,
     console: &UnixStream,
-    incoming: Option<&Path>,
+    incoming: bool,
 ) -> Command {
     let mut cmdline = image.cmdline.clone();
     let mut command = Command::new(qemu_binary());
-    command.args(["-machine", "microvm", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    let backend = match ram {
+        Ram::Legacy => None,
+        Ram::Private => Some(format!("memory-backend-ram,id={RAM_ID},size={}M", config.memory_mib)),
+        Ram::TemplateSource(file) | Ram::TemplateClone(file) => Some(format!(
+            "memory-backend-file,id={RAM_ID},size={}M,mem-path={},share={}",
+            config.memory_mib,
+            opt(file),
+            if matches!(ram, Ram::TemplateSource(_)) { "on" } else { "off" }
+        )),
+    };
+    match &backend {
+        None => command.args(["-machine", "microvm"]),
+        Some(backend) => {
+            command.args(["-machine", &format!("microvm,memory-backend={RAM_ID}"), "-object", backend])
+        }
+    };
+    command.args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     match config.accelerator {
         Accelerator::Kvm => {
             command.args(["-accel", "kvm", "-cpu", "host"]);
@@ -63,16 +110,13 @@ pub(crate) fn qemu_command(
             "-serial",
             "chardev:console",
         ]);
-    if let Some((lower, upper)) = disks {
+    for disk in disks {
+        let access = if disk.readonly { "readonly=on" } else { "cache=writeback" };
         command.args([
             "-drive",
-            &format!("file={},if=none,id=lower,format=raw,readonly=on", opt(lower)),
+            &format!("file={},if=none,id={},format=raw,{access}", opt(disk.path), disk.id),
             "-device",
-            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent_proto::LOWER_SERIAL),
-            "-drive",
-            &format!("file={},if=none,id=upper,format=raw,cache=writeback", opt(upper)),
-            "-device",
-            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent_proto::UPPER_SERIAL),
+            &format!("virtio-blk-device,drive={},serial={}", disk.id, disk.serial),
         ]);
     }
     command.args([
@@ -89,10 +133,37 @@ pub(crate) fn qemu_command(
         "-nic",
         "none",
     ]);
-    if let Some(state) = incoming {
-        command.args(["-S", "-incoming", &format!("exec:cat {}", shell_quote(state))]);
+    if incoming {
+        // The state is loaded over QMP ([`incoming_uri`]), after the
+        // migration capabilities are set.
+        command.args(["-S", "-incoming", "defer"]);
     }
     command
+}
+
+/// The `migrate-incoming` URI that loads the saved state in `state`.
+pub(crate) fn incoming_uri(state: &Path) -> String {
+    format!("exec:cat {}", shell_quote(state))
+}
+
+/// The QEMU binary's identity for template keys: its resolved path, size
+/// and modification time (an upgrade replaces the file).
+pub(crate) fn binary_identity() -> String {
+    let name = qemu_binary();
+    let path = if name.contains('/') {
+        Some(std::path::PathBuf::from(&name))
+    } else {
+        std::env::var_os("PATH")
+            .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(&name)).find(|p| p.is_file()))
+    };
+    let meta = path.as_ref().and_then(|p| fs::metadata(p).ok());
+    match (path, meta) {
+        (Some(path), Some(meta)) => {
+            use std::os::unix::fs::MetadataExt;
+            format!("{}:{}:{}.{}", path.display(), meta.len(), meta.mtime(), meta.mtime_nsec())
+        }
+        _ => name,
+    }
 }
 
 fn qemu_binary() -> String {

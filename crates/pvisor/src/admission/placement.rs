@@ -19,8 +19,21 @@ use super::ExecutionFork;
 
 /// Decides the Placement: the executor, the effective uid the sandbox maps
 /// to (rootless unless pvisor runs as root), this host's name and kernel,
-/// and whatever the executor adds.
-pub(super) fn decide(executor: &dyn pvisor_sandbox::Executor) -> Placement {
+/// and whatever the executor adds. An execution fork restores its parent's
+/// checkpoint, so whatever the executor would plan for a fresh start (a
+/// template) does not apply to it.
+pub(super) fn decide(
+    executor: &dyn pvisor_sandbox::Executor,
+    limits: &ResourceLimits,
+    execution_fork: bool,
+) -> Placement {
+    let mut details: std::collections::BTreeMap<String, String> =
+        executor.placement_details(limits).into_iter().collect();
+    if execution_fork {
+        details.remove("template");
+        details.remove("boot_reason");
+        details.insert("start".into(), "restore of the parent's execution checkpoint".into());
+    }
     let (host, kernel) = uname();
     let euid = rustix::process::geteuid().as_raw();
     Placement {
@@ -29,7 +42,7 @@ pub(super) fn decide(executor: &dyn pvisor_sandbox::Executor) -> Placement {
         sandbox_uid: euid,
         host,
         kernel,
-        details: executor.placement_details().into_iter().collect(),
+        details: details.into_iter().collect(),
     }
 }
 

@@ -91,17 +91,47 @@ pub(crate) fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// A fresh /etc/machine-id per sandbox: clones of one template must not
+/// share it. Drawn after the restore's reseed, so from this guest's own CRNG.
+fn write_machine_id() -> io::Result<()> {
+    let mut id = [0u8; 16];
+    let n = rustix::rand::getrandom(&mut id, rustix::rand::GetRandomFlags::empty())?;
+    if n != id.len() {
+        return Err(io::Error::other("getrandom returned too few bytes"));
+    }
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    fs::create_dir_all("/etc")?;
+    fs::write("/etc/machine-id", format!("{hex}\n"))
+}
+
+/// Drops the guest's cached blocks of `disk` (BLKFLSBUF). A guest restored
+/// from a template probed other disk files at boot (the partition scan read
+/// their first blocks): what it cached must not shadow this start's disks.
+fn flush_buffers(disk: &Path) -> io::Result<()> {
+    const BLKFLSBUF: libc::c_ulong = 0x1261;
+    let device = File::open(disk)?;
+    // SAFETY: BLKFLSBUF takes no argument; the descriptor is a block device we opened.
+    if unsafe { libc::ioctl(device.as_raw_fd(), BLKFLSBUF, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
     let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     if !hostname.is_empty() {
         let _ = rustix::system::sethostname(hostname.as_bytes());
     }
+    write_machine_id().map_err(ctx("writing /etc/machine-id".into()))?;
     fs::create_dir_all(LOWER_MNT)?;
     fs::create_dir_all(UPPER_MNT)?;
     let lower = disk_by_serial(LOWER_SERIAL)?;
     let upper = disk_by_serial(UPPER_SERIAL)?;
     let lower_s = lower.to_string_lossy().into_owned();
     let upper_s = upper.to_string_lossy().into_owned();
+    for disk in [&lower, &upper] {
+        flush_buffers(disk).map_err(ctx(format!("invalidating the cached blocks of {}", disk.display())))?;
+    }
     mount(&lower_s, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
         .map_err(ctx(format!("mounting the workspace image {lower_s}")))?;
     mount(&upper_s, UPPER_MNT, "ext4", MountFlags::NODEV, "")

@@ -108,7 +108,13 @@ fn reseed(entropy: &[u8]) -> io::Result<()> {
     if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG, 0) } != 0 {
         return Err(failed("RNDRESEEDCRNG", io::Error::last_os_error()));
     }
-    Ok(())
+    // The reseeded CRNG must answer getrandom(2) without blocking, in full.
+    let mut sample = [0u8; 32];
+    match rustix::rand::getrandom(&mut sample, rustix::rand::GetRandomFlags::NONBLOCK) {
+        Ok(n) if n == sample.len() => Ok(()),
+        Ok(n) => Err(io::Error::other(format!("getrandom after the reseed returned {n} of 32 bytes"))),
+        Err(e) => Err(io::Error::other(format!("getrandom after the reseed failed: {}", io::Error::from(e)))),
+    }
 }
 
 #[cfg(test)]

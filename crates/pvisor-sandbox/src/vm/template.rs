@@ -1,0 +1,506 @@
+//! VM templates: a saved guest that booted and ran no user code (agent up,
+//! no disk mounted, nothing secret in memory), from which a vm Job's first
+//! Attempt starts instead of booting a kernel.
+//!
+//! A template is keyed by everything its saved state depends on
+//! ([`TemplateKey`]): the guest image, the machine shape, the accelerator,
+//! the QEMU binary and the disk layout. Its RAM is a file the template VM
+//! mapped *shared*, so the migration stream skips it (`x-ignore-shared`)
+//! and the file holds the pages; each clone maps that file *privately*, so
+//! its writes are copy-on-write and idle clones share the template's pages
+//! in the host page cache. The workspace disks are not part of a template:
+//! a clone attaches its own (same ids, same virtual sizes) and the agent
+//! mounts them after the restore.
+//!
+//! Lifecycle, under `vm-templates/` in the state directory:
+//! 1. build under `<id>.lock` (exclusive, non-blocking: one builder per key;
+//!    the others boot meanwhile) into `.partial-<id>-<pid>/`;
+//! 2. boot, agent `Hello`, `stop`, migrate the device state, `quit`;
+//! 3. fsync, write `manifest.json` with BLAKE3 digests, rename into place;
+//! 4. a clone holds `<id>.lock` shared from verification until QEMU has
+//!    loaded the state, and verifies the manifest, its key and both digests
+//!    first; a template that fails is moved aside (`.bad-*`), never restored;
+//! 5. `remove`/`gc` take the lock exclusively, so never under a starting clone.
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_core::store::OwnerLock;
+use pvisor_core::time::Timestamp;
+
+use super::checkpoint::{digest, CheckpointFile};
+use super::qemu::{capture_console, qemu_command, spawn_qemu, tail, Ram};
+use super::{disk, qmp, Accelerator, GuestImage, MachineConfig};
+
+pub const DIR: &str = "vm-templates";
+pub const MEMORY: &str = "memory";
+pub const STATE: &str = "state";
+pub const MANIFEST: &str = "manifest.json";
+/// Bumped whenever what a template saves changes meaning.
+const FORMAT: u32 = 1;
+
+/// Everything a template's saved state depends on; any change is a new template.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateKey {
+    pub format: u32,
+    /// The guest image's digest (kernel, initramfs with the agent, cmdline).
+    pub image: String,
+    pub memory_mib: u64,
+    pub cpus: u32,
+    pub accelerator: Accelerator,
+    /// The QEMU binary (path, size, mtime): device state only loads into
+    /// the QEMU that saved it, and the microvm machine is not versioned.
+    pub qemu: String,
+    /// The disks' ids, serials and virtual sizes, in order.
+    pub disks: String,
+}
+
+impl TemplateKey {
+    pub fn new(image: &GuestImage, config: &MachineConfig) -> Self {
+        Self {
+            format: FORMAT,
+            image: image.digest.clone(),
+            memory_mib: config.memory_mib,
+            cpus: config.cpus,
+            accelerator: config.accelerator,
+            qemu: super::qemu::binary_identity(),
+            disks: disk::layout_description(),
+        }
+    }
+
+    /// The template's directory name: a digest of the key.
+    pub fn id(&self) -> String {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        format!("tpl-{}", &blake3::hash(&bytes).to_hex()[..20])
+    }
+}
+
+/// `vm-templates/<id>/manifest.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TemplateManifest {
+    pub id: String,
+    pub key: TemplateKey,
+    pub created_at: Timestamp,
+    pub files: Vec<CheckpointFile>,
+    /// Boot to agent, and the whole build.
+    pub boot_ms: u64,
+    pub build_ms: u64,
+}
+
+/// A published, verified template.
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub dir: PathBuf,
+    pub manifest: TemplateManifest,
+}
+
+impl Template {
+    pub fn memory(&self) -> PathBuf {
+        self.dir.join(MEMORY)
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.join(STATE)
+    }
+}
+
+/// Why no template could be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("the template {0} is being built by another pvisor process")]
+    Busy(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub fn root(state_root: &Path) -> PathBuf {
+    state_root.join(DIR)
+}
+
+fn lock_path(root: &Path, id: &str) -> PathBuf {
+    root.join(format!("{id}.lock"))
+}
+
+/// Holds a template against removal while a clone starts from it (the
+/// shared lock is released on drop).
+pub struct InUse {
+    _lock: OwnerLock,
+}
+
+impl std::fmt::Debug for InUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InUse")
+    }
+}
+
+/// Opens the published template for `key`, verified, with a shared lock
+/// that keeps `remove` away until the caller drops it. `Ok(None)`: none is
+/// published. A template that fails verification is moved aside and
+/// reported, so the next start rebuilds it.
+pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>, String> {
+    let id = key.id();
+    let dir = root.join(&id);
+    if !dir.join(MANIFEST).is_file() {
+        return Ok(None);
+    }
+    let lock = OwnerLock::acquire_shared_blocking(&lock_path(root, &id)).map_err(|e| e.to_string())?;
+    if !dir.join(MANIFEST).is_file() {
+        return Ok(None); // removed while we waited
+    }
+    match verify(&dir, key) {
+        Ok(manifest) => Ok(Some((Template { dir, manifest }, InUse { _lock: lock }))),
+        Err(why) => {
+            drop(lock);
+            let aside = quarantine(root, &id);
+            Err(format!("{why}; it was moved aside{aside} and will be rebuilt"))
+        }
+    }
+}
+
+/// Moves a template that failed verification out of the way (under the
+/// exclusive lock, so no clone is starting from it).
+fn quarantine(root: &Path, id: &str) -> String {
+    let Ok(_lock) = OwnerLock::acquire(&lock_path(root, id)) else {
+        return String::new();
+    };
+    let bad = root.join(format!(".bad-{id}-{}", Timestamp::now().unix_micros()));
+    match fs::rename(root.join(id), &bad) {
+        Ok(()) => format!(" to {}", bad.display()),
+        Err(_) => String::new(),
+    }
+}
+
+/// Checks the manifest, that it was built for `key`, and both files' digests.
+pub fn verify(dir: &Path, key: &TemplateKey) -> Result<TemplateManifest, String> {
+    let path = dir.join(MANIFEST);
+    let bytes = pvisor_core::store::read_capped(&path, 1 << 20)
+        .map_err(|e| format!("template {}: {e}", dir.display()))?;
+    let manifest: TemplateManifest = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("template manifest {} is corrupt: {e}", path.display()))?;
+    if &manifest.key != key {
+        return Err(format!("template {} was built for other inputs than this start", dir.display()));
+    }
+    for (name, sparse) in [(MEMORY, true), (STATE, false)] {
+        let listed = manifest
+            .files
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| format!("template {} does not list its {name}", manifest.id))?;
+        let file = dir.join(name);
+        let actual = digest(&file, sparse).map_err(|e| format!("template file {}: {e}", file.display()))?;
+        if actual.size != listed.size || actual.blake3 != listed.blake3 {
+            return Err(format!(
+                "template file {} is corrupt: {} bytes, BLAKE3 {}; the manifest says {} bytes, {}",
+                file.display(),
+                actual.size,
+                actual.blake3,
+                listed.size,
+                listed.blake3
+            ));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Builds and publishes the template for `key` (see the module doc). Fails
+/// with [`TemplateError::Busy`] at once if another process is building it.
+pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<Template, TemplateError> {
+    let key = TemplateKey::new(image, config);
+    let id = key.id();
+    let failed = |what: &str, e: &dyn std::fmt::Display| TemplateError::Failed(format!("{what}: {e}"));
+    pvisor_core::store::create_dir_all_private(root)
+        .map_err(|e| failed("cannot create the template store", &e))?;
+    let _lock = OwnerLock::acquire(&lock_path(root, &id)).map_err(|_| TemplateError::Busy(id.clone()))?;
+    let published = root.join(&id);
+    if published.join(MANIFEST).is_file() {
+        // Built by another process while we were deciding.
+        let manifest = verify(&published, &key).map_err(TemplateError::Failed)?;
+        return Ok(Template { dir: published, manifest });
+    }
+    // Builders killed mid-way left these; the lock says none is running.
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&format!(".partial-{id}-")) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    let partial = root.join(format!(".partial-{id}-{}", std::process::id()));
+    fs::create_dir_all(&partial).map_err(|e| failed("cannot create the template directory", &e))?;
+    let started = Instant::now();
+    tracing::info!(%id, memory_mib = config.memory_mib, cpus = config.cpus, "building a vm template");
+    let result = boot_and_save(&partial, image, config).and_then(|boot_ms| {
+        pvisor_core::failpoint::hit("template-after-save");
+        let manifest = TemplateManifest {
+            id: id.clone(),
+            key: key.clone(),
+            created_at: Timestamp::now(),
+            files: vec![
+                digest(&partial.join(MEMORY), true).map_err(|e| e.to_string())?,
+                digest(&partial.join(STATE), false).map_err(|e| e.to_string())?,
+            ],
+            boot_ms,
+            build_ms: started.elapsed().as_millis() as u64,
+        };
+        super::checkpoint::publish_dir(&partial, &published, &pvisor_core::store::to_json_bytes(&manifest))
+            .map_err(|e| format!("cannot publish the template: {e}"))?;
+        Ok(manifest)
+    });
+    match result {
+        Ok(manifest) => {
+            tracing::info!(%id, build_ms = manifest.build_ms, "vm template published");
+            Ok(Template { dir: published, manifest })
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&partial);
+            Err(TemplateError::Failed(format!("building the vm template {id} failed: {e}")))
+        }
+    }
+}
+
+/// How long a template boot may take to reach the agent.
+fn boot_timeout(accelerator: Accelerator) -> Duration {
+    match accelerator {
+        Accelerator::Kvm => Duration::from_secs(30),
+        Accelerator::Tcg => Duration::from_secs(120),
+    }
+}
+
+/// Boots a guest with its RAM in `dir/memory`, waits for the agent, stops
+/// it and saves its device state to `dir/state`. Returns the boot time.
+fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Result<u64, String> {
+    let memory = dir.join(MEMORY);
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&memory)
+        .map_err(|e| format!("cannot create {}: {e}", memory.display()))?;
+    file.set_len(config.memory_mib << 20).map_err(|e| format!("cannot size {}: {e}", memory.display()))?;
+    drop(file);
+    // Blank disks with the clones' ids and sizes: the guest probes them at
+    // boot, and a clone attaches its own in their place.
+    let placeholders =
+        disk::placeholder_disks(dir).map_err(|e| format!("cannot create placeholder disks: {e}"))?;
+    let disks = disk::workspace_disks(&placeholders);
+    let (mut agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let console = dir.join("console.log");
+    capture_console(console_host, &console).map_err(|e| e.to_string())?;
+    let mut command = qemu_command(
+        image,
+        config,
+        Ram::TemplateSource(&memory),
+        &disks,
+        &agent_qemu,
+        &qmp_qemu,
+        &console_qemu,
+        false,
+    );
+    let started = Instant::now();
+    let log = dir.join("qemu.log");
+    let mut child = spawn_qemu(&mut command, &log, &[&agent_qemu, &qmp_qemu, &console_qemu])
+        .map_err(|e| e.to_string())?;
+    drop((agent_qemu, qmp_qemu, console_qemu));
+    let timeout = boot_timeout(config.accelerator);
+    let saved = (|| -> Result<u64, String> {
+        let mut qmp = qmp::Qmp::connect(qmp_host, timeout).map_err(|e| e.to_string())?;
+        agent.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        let hello = pvisor_agent_proto::Request::Hello { version: pvisor_agent_proto::VERSION };
+        pvisor_agent_proto::write_frame(&mut agent, &hello, &[]).map_err(|e| e.to_string())?;
+        match pvisor_agent_proto::read_frame::<pvisor_agent_proto::Reply>(&mut agent) {
+            Ok(Some((pvisor_agent_proto::Reply::Hello { version, .. }, _)))
+                if version == pvisor_agent_proto::VERSION => {}
+            Ok(other) => return Err(format!("the agent answered Hello with {other:?}")),
+            Err(e) => return Err(format!("no agent within {} s: {e}", timeout.as_secs())),
+        }
+        let boot_ms = started.elapsed().as_millis() as u64;
+        qmp.execute::<qmp::Empty>(&qmp::Command::Stop).map_err(|e| e.to_string())?;
+        let state = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(STATE))
+            .map_err(|e| format!("cannot create the state file: {e}"))?;
+        qmp::migrate_to_file(&mut qmp, state, true, Duration::from_secs(120))?;
+        let _ = qmp.execute::<qmp::Empty>(&qmp::Command::Quit);
+        Ok(boot_ms)
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let boot_ms =
+        saved.map_err(|e| format!("{e}; qemu: {}; console: {}", tail(&log, 3), tail(&console, 3)))?;
+    for path in placeholders.all() {
+        let _ = fs::remove_file(path);
+    }
+    for name in [MEMORY, STATE] {
+        fs::File::open(dir.join(name))
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("cannot sync {name}: {e}"))?;
+    }
+    Ok(boot_ms)
+}
+
+/// A published template as `pvisor image templates` lists it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TemplateListing {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Host bytes used (sparse files count their data only).
+    pub bytes: u64,
+    pub manifest: Option<TemplateManifest>,
+    /// Built for another guest image or QEMU than the installed ones.
+    pub stale: bool,
+}
+
+/// Every published template under `root`, with `current` telling which keys are still current.
+pub fn list(root: &Path, current: &dyn Fn(&TemplateKey) -> bool) -> Vec<TemplateListing> {
+    let mut out: Vec<TemplateListing> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tpl-") && e.path().is_dir())
+        .map(|e| {
+            let dir = e.path();
+            let manifest = pvisor_core::store::read_capped(&dir.join(MANIFEST), 1 << 20)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<TemplateManifest>(&b).ok());
+            TemplateListing {
+                id: e.file_name().to_string_lossy().into_owned(),
+                bytes: disk::allocated_bytes(&dir),
+                stale: manifest.as_ref().is_none_or(|m| !current(&m.key)),
+                dir,
+                manifest,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
+}
+
+/// Removes template `id` unless a clone is starting from it; also what
+/// failed verification or a killed builder left behind.
+pub fn remove(root: &Path, id: &str) -> Result<u64, String> {
+    if !id.starts_with("tpl-") || id.contains('/') {
+        return Err(format!("{id:?} is not a template id (see `pvisor image templates`)"));
+    }
+    let dir = root.join(id);
+    if !dir.is_dir() {
+        return Err(format!("no template {id} (see `pvisor image templates`)"));
+    }
+    let _lock = OwnerLock::acquire(&lock_path(root, id))
+        .map_err(|_| format!("template {id} is in use by a starting clone or its builder; try again"))?;
+    let bytes = disk::allocated_bytes(&dir);
+    fs::remove_dir_all(&dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+    Ok(bytes)
+}
+
+/// Removes leftovers nothing can use: `.bad-*` (failed verification) and
+/// `.partial-*` whose builder is gone (its lock is free). Returns bytes freed.
+pub fn sweep(root: &Path) -> u64 {
+    let mut freed = 0;
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let removable = if name.starts_with(".bad-") {
+            true
+        } else if let Some(rest) = name.strip_prefix(".partial-") {
+            let id = rest.rsplit_once('-').map_or(rest, |(id, _)| id);
+            OwnerLock::acquire(&lock_path(root, id)).is_ok()
+        } else {
+            false
+        };
+        if removable {
+            freed += disk::allocated_bytes(&entry.path());
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    freed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> TemplateKey {
+        TemplateKey {
+            format: FORMAT,
+            image: "img".into(),
+            memory_mib: 512,
+            cpus: 1,
+            accelerator: Accelerator::Tcg,
+            qemu: "q".into(),
+            disks: "d".into(),
+        }
+    }
+
+    #[test]
+    fn every_input_changes_the_id() {
+        let base = key().id();
+        let mut k = key();
+        k.image = "other".into();
+        assert_ne!(k.id(), base);
+        let mut k = key();
+        k.memory_mib = 1024;
+        assert_ne!(k.id(), base);
+        let mut k = key();
+        k.qemu = "newer".into();
+        assert_ne!(k.id(), base);
+        assert_eq!(key().id(), base);
+    }
+
+    fn publish_fake(root: &Path, key: &TemplateKey) -> PathBuf {
+        let dir = root.join(key.id());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(MEMORY), vec![7u8; 8192]).unwrap();
+        fs::write(dir.join(STATE), b"device state").unwrap();
+        let manifest = TemplateManifest {
+            id: key.id(),
+            key: key.clone(),
+            created_at: Timestamp::now(),
+            files: vec![digest(&dir.join(MEMORY), true).unwrap(), digest(&dir.join(STATE), false).unwrap()],
+            boot_ms: 1,
+            build_ms: 1,
+        };
+        fs::write(dir.join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_corrupt_template_is_moved_aside_never_opened() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = publish_fake(root.path(), &key());
+        assert!(open(root.path(), &key()).unwrap().is_some());
+        // One flipped byte in the RAM file.
+        std::os::unix::fs::FileExt::write_at(
+            &fs::OpenOptions::new().write(true).open(dir.join(MEMORY)).unwrap(),
+            b"x",
+            100,
+        )
+        .unwrap();
+        let err = open(root.path(), &key()).expect_err("a corrupt template must not open");
+        assert!(err.contains("corrupt") && err.contains("rebuilt"), "{err}");
+        assert!(!dir.exists(), "the corrupt template must be moved aside");
+        assert!(open(root.path(), &key()).unwrap().is_none());
+        assert!(sweep(root.path()) > 0, "the moved-aside copy is swept");
+    }
+
+    #[test]
+    fn a_template_for_other_inputs_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = publish_fake(root.path(), &key());
+        let mut other = key();
+        other.image = "newer image".into();
+        assert!(verify(&dir, &other).unwrap_err().contains("other inputs"));
+    }
+
+    #[test]
+    fn remove_waits_for_no_clone_and_names_bad_ids() {
+        let root = tempfile::tempdir().unwrap();
+        publish_fake(root.path(), &key());
+        let (_template, in_use) = open(root.path(), &key()).unwrap().unwrap();
+        assert!(remove(root.path(), &key().id()).unwrap_err().contains("in use"));
+        drop(in_use);
+        assert!(remove(root.path(), &key().id()).unwrap() > 0);
+        assert!(remove(root.path(), "../etc").unwrap_err().contains("not a template id"));
+    }
+}
