@@ -15,7 +15,10 @@
 //! - [`GuestAccess`]: more commands, agent file operations and byte streams
 //!   into the running guest.
 //!
-//! The `ns` backend offers neither (a process tree has no portable machine
+//! - [`Templates`]: saved, freshly booted guests that new sandboxes start
+//!   from instead of booting (built ahead of time, listed, removed).
+//!
+//! The `ns` backend offers none (a process tree has no portable machine
 //! state and no agent); the `vm` backend offers both ([`crate::vm::VmControl`]).
 
 use std::os::unix::net::UnixStream;
@@ -78,4 +81,28 @@ pub trait GuestAccess: Send + Sync + std::fmt::Debug {
 
     /// A byte stream to `127.0.0.1:port` inside the guest.
     fn connect(&self, attempt_dir: &Path, port: u16) -> Result<UnixStream, CapabilityError>;
+}
+
+/// A backend's start templates (the `vm` backend's, [`crate::vm::template`]).
+pub trait Templates: Send + Sync {
+    /// Builds (or verifies) the template a start with `limits` restores;
+    /// `built` says whether this call built it.
+    fn warm(&self, limits: &crate::limits::Limits) -> Result<WarmedTemplate, String>;
+    /// Every template kept, current or stale.
+    fn list(&self) -> Vec<crate::vm::template::TemplateListing>;
+    /// Removes one template (not while a clone is starting from it); bytes freed.
+    fn remove(&self, id: &str) -> Result<u64, String>;
+    /// Removes stale templates (built for another image or QEMU), corrupt
+    /// ones moved aside and partial builds of killed builders: what went
+    /// (or, with `dry_run`, would go).
+    fn sweep(&self, dry_run: bool) -> Vec<crate::vm::template::Swept>;
+}
+
+/// What [`Templates::warm`] did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WarmedTemplate {
+    pub id: String,
+    pub built: bool,
+    pub build_ms: Option<u64>,
+    pub dir: std::path::PathBuf,
 }

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pvisor_sandbox::capabilities::{Checkpointable, GuestAccess};
+use pvisor_sandbox::capabilities::{Checkpointable, GuestAccess, Templates};
 use pvisor_sandbox::ns::NsExecutor;
 use pvisor_sandbox::vm::{VmControl, VmExecutor};
 use pvisor_sandbox::{Executor, Unavailable};
@@ -28,6 +28,11 @@ pub trait Backends: Send + Sync + std::fmt::Debug {
 
     /// How the guests of running sandboxes of backend `name` are reached.
     fn guest_access(&self, name: &str) -> Option<Arc<dyn GuestAccess>>;
+
+    /// The start templates of backend `name`, if it keeps any.
+    fn templates(&self, _name: &str) -> Option<Arc<dyn Templates>> {
+        None
+    }
 }
 
 /// The backends of this machine.
@@ -66,5 +71,12 @@ impl Backends for HostBackends {
 
     fn guest_access(&self, name: &str) -> Option<Arc<dyn GuestAccess>> {
         (name == "vm").then(|| Arc::new(VmControl) as Arc<dyn GuestAccess>)
+    }
+
+    fn templates(&self, name: &str) -> Option<Arc<dyn Templates>> {
+        match name {
+            "vm" => VmExecutor::prepare(&self.state_root).ok().map(|vm| Arc::new(vm) as Arc<dyn Templates>),
+            _ => None,
+        }
     }
 }

@@ -149,7 +149,7 @@ pub struct ServeArgs {
 /// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor image import python:3.11 ./rootfs-dir\n  pvisor image import alpine rootfs.tar.gz\n  pvisor image import myapp:1 ./oci-layout     (skopeo copy ... oci:DIR)\n  pvisor image ls --json\n\nThe image `default` (sh, bash, coreutils) is imported by `pvisor serve` from\nscripts/sandbox-image.sh's build."
+    after_help = "Examples:\n  pvisor image import python:3.11 ./rootfs-dir\n  pvisor image import alpine rootfs.tar.gz\n  pvisor image import myapp:1 ./oci-layout     (skopeo copy ... oci:DIR)\n  pvisor image ls --json\n  pvisor image warm                 build the vm template (once per machine shape)\n  pvisor image templates --json\n\nThe image `default` (sh, bash, coreutils) is imported by `pvisor serve` from\nscripts/sandbox-image.sh's build."
 )]
 pub struct ImageArgs {
     #[command(subcommand)]
@@ -172,6 +172,28 @@ pub enum ImageCommand {
         /// One JSON object per image.
         #[arg(long)]
         json: bool,
+    },
+    /// Build the vm template new sandboxes start from (a saved, freshly
+    /// booted guest), so the first start does not boot. One template serves
+    /// every image of one machine shape; NAME, if given, must be imported.
+    Warm {
+        /// An imported image whose sandboxes will use it (default: any).
+        name: Option<String>,
+        /// The guest RAM of the sandboxes to warm for.
+        #[arg(long, default_value = "512")]
+        memory_mib: u64,
+        #[arg(long, default_value = "1")]
+        cpus: u32,
+    },
+    /// List the vm templates kept: size, machine shape, and whether stale.
+    Templates {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a vm template (the next vm start rebuilds it).
+    RmTemplate {
+        /// A template id from `pvisor image templates`.
+        id: String,
     },
 }
 

@@ -31,6 +31,7 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("Cannot find the pvisor binary")?;
     // The vm image must be installed before the first sandbox (fails early if missing).
     VmExecutor::prepare(store.root())?;
+    warm_default_template(store.clone());
     let built_in_images = pvisor_server::images::built_in_found();
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,
@@ -44,6 +45,24 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
         built_in_images,
     })?;
     Ok(0)
+}
+
+/// Builds the template of the default sandbox shape (512 MiB, 1 vCPU, as
+/// the lifecycle API defaults) in the background, so the first create
+/// restores rather than boots. A sandbox created meanwhile boots, and its
+/// Placement says why.
+fn warm_default_template(store: pvisor_core::store::Store) {
+    let _ = std::thread::Builder::new().name("pvisor-warm-template".into()).spawn(move || {
+        let limits = pvisor_core::records::ResourceLimits {
+            memory_bytes: Some(512 << 20),
+            cpus: Some(1.0),
+            ..Default::default()
+        };
+        match pvisor::Runtime::on_host(store).execute(pvisor::actions::WarmTemplate { limits }) {
+            Ok(t) => tracing::info!(template = %t.id, built = t.built, build_ms = ?t.build_ms, "default vm template ready"),
+            Err(e) => tracing::warn!(error = %e, "cannot warm the default vm template; sandboxes boot instead"),
+        }
+    });
 }
 
 pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
@@ -84,6 +103,57 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
             if list.is_empty() && !json {
                 eprintln!("no images; `pvisor serve` imports `default`, or run `pvisor image import NAME DIR|TAR|OCI-LAYOUT`");
             }
+        }
+        ImageCommand::Warm { name, memory_mib, cpus } => {
+            if let Some(name) = &name {
+                if !images.list()?.iter().any(|r| &r.name == name) {
+                    bail!("no image {name:?} is imported; `pvisor image ls` lists them");
+                }
+            }
+            let limits = pvisor_core::records::ResourceLimits {
+                memory_bytes: Some(memory_mib << 20),
+                cpus: Some(cpus as f64),
+                ..Default::default()
+            };
+            eprintln!("pvisor: building the vm template for {memory_mib} MiB, {cpus} vCPU (one boot) ...");
+            let runtime = pvisor::Runtime::on_host(store);
+            let warmed = runtime.execute(pvisor::actions::WarmTemplate { limits })?;
+            match warmed.build_ms {
+                Some(ms) => {
+                    println!("{}: built in {:.1} s ({})", warmed.id, ms as f64 / 1000.0, warmed.dir.display())
+                }
+                None => println!("{}: already built and verified ({})", warmed.id, warmed.dir.display()),
+            }
+        }
+        ImageCommand::Templates { json } => {
+            let runtime = pvisor::Runtime::on_host(store);
+            let list = runtime.execute(pvisor::actions::ListTemplates)?;
+            let mut out = std::io::stdout().lock();
+            for t in &list {
+                if json {
+                    json_line(&mut out, "template", t)?;
+                } else {
+                    use std::io::Write;
+                    let shape = t.manifest.as_ref().map_or("(unreadable manifest)".to_owned(), |m| {
+                        format!(
+                            "{} MiB, {} vCPU, {}",
+                            m.key.memory_mib,
+                            m.key.cpus,
+                            m.key.accelerator.as_str()
+                        )
+                    });
+                    let stale = if t.stale { "  stale (removed by `pvisor gc`)" } else { "" };
+                    writeln!(out, "{}  {:>8.1} MB  {shape}{stale}", t.id, t.bytes as f64 / 1e6)?;
+                }
+            }
+            if list.is_empty() && !json {
+                eprintln!("no vm templates; the first vm start builds one, or run `pvisor image warm`");
+            }
+        }
+        ImageCommand::RmTemplate { id } => {
+            let runtime = pvisor::Runtime::on_host(store);
+            let bytes = runtime.execute(pvisor::actions::RemoveTemplate { id: id.clone() })?;
+            println!("removed {id} ({:.1} MB)", bytes as f64 / 1e6);
         }
     }
     Ok(0)

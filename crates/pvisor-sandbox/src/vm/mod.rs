@@ -195,6 +195,58 @@ impl VmExecutor {
     }
 }
 
+impl crate::capabilities::Templates for VmExecutor {
+    fn warm(&self, limits: &crate::limits::Limits) -> Result<crate::capabilities::WarmedTemplate, String> {
+        let config = self.machine_config(limits);
+        let key = template::TemplateKey::new(&self.image, &config);
+        let root = self.templates_root();
+        if let Ok(Some((found, _))) = template::open(&root, &key) {
+            return Ok(crate::capabilities::WarmedTemplate {
+                id: key.id(),
+                built: false,
+                build_ms: None,
+                dir: found.dir,
+            });
+        }
+        let built = template::build(&root, &self.image, &config).map_err(|e| e.to_string())?;
+        Ok(crate::capabilities::WarmedTemplate {
+            id: key.id(),
+            built: true,
+            build_ms: Some(built.manifest.build_ms),
+            dir: built.dir,
+        })
+    }
+
+    fn list(&self) -> Vec<template::TemplateListing> {
+        let (image, qemu, disks) =
+            (self.image.digest.clone(), qemu::binary_identity(), disk::layout_description());
+        template::list(&self.templates_root(), &|key| {
+            key.image == image && key.qemu == qemu && key.disks == disks
+        })
+    }
+
+    fn remove(&self, id: &str) -> Result<u64, String> {
+        template::remove(&self.templates_root(), id)
+    }
+
+    fn sweep(&self, dry_run: bool) -> Vec<template::Swept> {
+        let root = self.templates_root();
+        let mut swept: Vec<template::Swept> = self
+            .list()
+            .into_iter()
+            .filter(|t| t.stale)
+            .filter(|t| dry_run || template::remove(&root, &t.id).is_ok())
+            .map(|t| template::Swept {
+                what: format!("vm template {} (stale: built for another guest image or QEMU)", t.id),
+                path: t.dir,
+                bytes: t.bytes,
+            })
+            .collect();
+        swept.extend(template::sweep(&root, dry_run));
+        swept
+    }
+}
+
 impl Executor for VmExecutor {
     fn name(&self) -> &'static str {
         "vm"

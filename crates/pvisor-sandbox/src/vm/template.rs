@@ -395,26 +395,38 @@ pub fn remove(root: &Path, id: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// One template directory `sweep` removed (or would remove).
+#[derive(Clone, Debug, Serialize)]
+pub struct Swept {
+    pub what: String,
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
 /// Removes leftovers nothing can use: `.bad-*` (failed verification) and
-/// `.partial-*` whose builder is gone (its lock is free). Returns bytes freed.
-pub fn sweep(root: &Path) -> u64 {
-    let mut freed = 0;
+/// `.partial-*` whose builder is gone (its lock is free).
+pub fn sweep(root: &Path, dry_run: bool) -> Vec<Swept> {
+    let mut swept = Vec::new();
     for entry in fs::read_dir(root).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let removable = if name.starts_with(".bad-") {
-            true
+        let what = if name.starts_with(".bad-") {
+            "vm template that failed verification"
         } else if let Some(rest) = name.strip_prefix(".partial-") {
             let id = rest.rsplit_once('-').map_or(rest, |(id, _)| id);
-            OwnerLock::acquire(&lock_path(root, id)).is_ok()
+            if OwnerLock::acquire(&lock_path(root, id)).is_err() {
+                continue; // its builder is still at work
+            }
+            "partial vm template of a builder that did not finish"
         } else {
-            false
+            continue;
         };
-        if removable {
-            freed += disk::allocated_bytes(&entry.path());
-            let _ = fs::remove_dir_all(entry.path());
+        let path = entry.path();
+        let bytes = disk::allocated_bytes(&path);
+        if dry_run || fs::remove_dir_all(&path).is_ok() {
+            swept.push(Swept { what: what.into(), path, bytes });
         }
     }
-    freed
+    swept
 }
 
 #[cfg(test)]
@@ -481,7 +493,7 @@ mod tests {
         assert!(err.contains("corrupt") && err.contains("rebuilt"), "{err}");
         assert!(!dir.exists(), "the corrupt template must be moved aside");
         assert!(open(root.path(), &key()).unwrap().is_none());
-        assert!(sweep(root.path()) > 0, "the moved-aside copy is swept");
+        assert_eq!(sweep(root.path(), false).len(), 1, "the moved-aside copy is swept");
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! | [`Gc`] | [`GcReport`](crate::runtime::gc::GcReport) |
 //! | [`ReleaseStorage`] | [`Released`]: one ended Job's stage, VM disks and execution checkpoints removed |
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
+//! | [`WarmTemplate`], [`ListTemplates`], [`RemoveTemplate`] | the vm backend's start templates |
 //!
 //! What an action may do depends on the Job's backend, which the runtime
 //! learns from [`Backends`]: an execution checkpoint of an `ns` Job is a
@@ -32,6 +33,7 @@ mod execution;
 pub mod guest;
 mod jobs;
 mod storage;
+mod templates;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,6 +54,7 @@ pub use execution::{
 pub use guest::{Guest, OpenGuest};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
 pub use storage::{ReleaseStorage, Released};
+pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
 
 /// A request to the runtime with its typed outcome.
 pub trait Action: std::fmt::Debug {
@@ -152,6 +155,9 @@ pub enum RuntimeError {
     },
     #[error("no backend named {name:?}; the backends are {}", crate::backends::HOST_BACKENDS.join(", "))]
     UnknownBackend { name: String },
+    /// A start template could not be built, found or removed.
+    #[error("{0}")]
+    Template(String),
     #[error(transparent)]
     Admission(#[from] crate::AdmissionError),
     #[error(transparent)]
