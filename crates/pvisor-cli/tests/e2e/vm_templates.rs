@@ -110,7 +110,7 @@ fn a_corrupt_template_is_rebuilt_never_restored() {
     let template = templates(&env).pop().expect("a published template");
     // Flip a byte of the saved RAM where the guest wrote data.
     let memory = template.join("memory");
-    let data = rustix::fs::seek(&fs::File::open(&memory).unwrap(), rustix::fs::SeekFrom::Data(0)).unwrap();
+    let data = rustix::fs::seek(fs::File::open(&memory).unwrap(), rustix::fs::SeekFrom::Data(0)).unwrap();
     let file = fs::OpenOptions::new().read(true).write(true).open(&memory).unwrap();
     let mut byte = [0u8; 1];
     std::os::unix::fs::FileExt::read_at(&file, &mut byte, data).unwrap();
