@@ -2,13 +2,17 @@
 //!
 //! `cargo bench -p pvisor-cli --bench vm` (after `scripts/vm-image.sh`) prints
 //! medians (p10/p90) of:
-//! - `pvisor run -- true` on `ns` vs on `vm` (boot to agent, workspace image,
-//!   export, receipt), and the ratio;
+//! - `pvisor run -- true` on `ns`, on `vm` (a template restore: the normal
+//!   start) and on `vm` with `PVISOR_VM_TEMPLATES=off` (a full boot), and
+//!   the ratios;
 //! - the same `vm` run over a workspace of 10,000 small files, against `cp -a`
 //!   of that workspace (the price of imaging the workspace onto a block device);
 //! - `pvisor suspend` (quiesce, stop, save, publish, QEMU exit, receipt) and
 //!   `pvisor resume` until the command's next line, on a counter loop;
-//! - the machine-state size and the resident memory of an idle guest's QEMU.
+//! - `pvisor fork --state execution` of a running counter until the child's
+//!   first line;
+//! - the machine-state size, and the marginal memory (PSS of QEMU and its
+//!   `pvisor run`) of idle sandboxes started from one template.
 //!
 //! Each figure names the accelerator (KVM or TCG). `PVISOR_BENCH_ITERS` sets
 //! the sample count (default 10; 1 when run as a smoke test by `cargo test`).
@@ -81,9 +85,18 @@ fn main() {
     println!("vm executor benchmark (accelerator: {accel}, {iterations} samples each)");
 
     let (mut ns, mut vm, mut vm_big, mut cp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut booted = Vec::new();
     for i in 0..iterations {
         ns.push(time(pvisor(&home, &ws).args(["run", "-q", "--", "true"])));
         vm.push(time(pvisor(&home, &ws).args(["run", "-q", "--executor", "vm", "--", "true"])));
+        booted.push(time(pvisor(&home, &ws).env("PVISOR_VM_TEMPLATES", "off").args([
+            "run",
+            "-q",
+            "--executor",
+            "vm",
+            "--",
+            "true",
+        ])));
         vm_big.push(time(pvisor(&home, &big).args(["run", "-q", "--executor", "vm", "--", "true"])));
         let copy = dir.path().join(format!("copy{i}"));
         cp.push(time(Command::new("cp").arg("-a").arg(&big).arg(&copy)));
@@ -91,6 +104,8 @@ fn main() {
     }
     let ns_median = report("pvisor run -- true (ns)", &mut ns);
     let vm_median = report(&format!("pvisor run --executor vm -- true ({accel})"), &mut vm);
+    let boot_median = report(&format!("  same, forced full boot ({accel})"), &mut booted);
+    println!("ratio template start / full boot: {:.2}x", ms(vm_median) / ms(boot_median));
     let big_median = report(&format!("  same, workspace of 10k files ({accel})"), &mut vm_big);
     let cp_median = report("cp -a of that workspace", &mut cp);
     println!("ratio vm/ns: {:.1}x", ms(vm_median) / ms(ns_median));
@@ -145,14 +160,116 @@ fn main() {
         let _ = pvisor(&home, &ws).args(["kill", &job]).output();
         let _ = resumed.wait();
     }
+    let mut fork = Vec::new();
+    for _ in 0..iterations {
+        let mut run = counter(&home, &ws);
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        for _ in 0..3 {
+            lines.next();
+        }
+        let job = last_job(&home);
+        let start = Instant::now();
+        let mut child = pvisor(&home, &ws)
+            .args(["fork", &job, "--state", "execution", "-q"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child_lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        child_lines.next();
+        fork.push(start.elapsed());
+        let child_job = last_job(&home);
+        for job in [&job, &child_job] {
+            let _ = pvisor(&home, &ws).args(["kill", job]).output();
+        }
+        let _ = (run.wait(), child.wait());
+    }
     report(&format!("pvisor suspend ({accel})"), &mut suspend);
     report(&format!("pvisor resume to the next output line ({accel})"), &mut resume);
+    report(&format!("execution fork to the child's first line ({accel})"), &mut fork);
     println!("machine state per checkpoint: {:.1} MB (512 MiB guest)", state_bytes as f64 / 1e6);
+    println!("QEMU resident memory of a running guest: {:.0} MiB", rss as f64 / 1024.0);
+    idle_memory(&home, &ws, if measuring { 10 } else { 2 });
+}
+
+/// A `pvisor run` of a counter printing a line every 0.1 s.
+fn counter(home: &Path, ws: &Path) -> std::process::Child {
+    pvisor(home, ws)
+        .args([
+            "run",
+            "-q",
+            "--executor",
+            "vm",
+            "--",
+            "sh",
+            "-c",
+            "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts `n` idle sandboxes from the template and prints the marginal
+/// memory of one: the PSS of every QEMU and `pvisor run` they add, over `n`
+/// (PSS splits shared pages, such as the template's RAM in the page cache,
+/// between their users).
+fn idle_memory(home: &Path, ws: &Path, n: usize) {
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        let mut run = pvisor(home, ws)
+            .args(["run", "-q", "--executor", "vm", "--", "sh", "-c", "echo up; exec sleep 600"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+        lines.next();
+        runs.push(run);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let supervisors: u64 = runs.iter().map(|r| pss_kib(r.id())).sum();
+    let qemus: u64 = qemu_pids(home).into_iter().map(pss_kib).sum();
     println!(
-        "QEMU resident memory of a running guest: {:.0} MiB -> about {} such guests in 24 GiB",
-        rss as f64 / 1024.0,
-        (24u64 * 1024 * 1024).checked_div(rss).unwrap_or(0)
+        "idle sandboxes from one template: {n}; PSS QEMU {:.0} MiB + pvisor {:.0} MiB = {:.1} MiB per sandbox -> about {} in 24 GiB",
+        qemus as f64 / 1024.0,
+        supervisors as f64 / 1024.0,
+        (qemus + supervisors) as f64 / 1024.0 / n as f64,
+        (24u64 * 1024 * 1024 * n as u64).checked_div(qemus + supervisors).unwrap_or(0)
     );
+    for mut run in runs {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(run.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        );
+        let _ = run.wait();
+    }
+}
+
+fn pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The QEMUs whose command line mentions `home`.
+fn qemu_pids(home: &Path) -> Vec<u32> {
+    let needle = home.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("qemu-system") && c.contains(&needle)
+            })
+        })
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect()
 }
 
 fn accelerator(home: &Path, ws: &Path) -> String {
