@@ -1,8 +1,9 @@
-//! A small typed QMP client: the eight commands the vm executor issues.
+//! A small typed QMP client: the eleven commands the vm executor issues.
 //!
 //! The `qapi` crate generates the whole QAPI schema of one QEMU release and
 //! pulls in its own async runtime glue; pvisor needs `stop`, `cont`, `quit`,
-//! `query-status`, `migrate`, `query-migrate` and two migration settings, so
+//! `query-status`, `getfd`, `migrate`, `migrate-incoming`, `query-migrate`
+//! and two migration settings, so
 //! the commands are typed here (docs/vm-executor.md). Asynchronous events are
 //! skipped while waiting for a command's answer.
 
