@@ -19,7 +19,7 @@ idle = int(os.environ.get("IDLE", "3"))
 url = os.environ["PVISOR_URL"]
 cfg = ConnectionConfigSync(domain=url, protocol="http", api_key=os.environ.get("PVISOR_KEY"),
                            request_timeout=timedelta(seconds=120))
-out = {"create_ms": [], "run_true_ms": [], "health_ms": [], "pause_ms": [], "resume_ms": [], "idle": []}
+out = {"create_ms": [], "create_run_ms": [], "idle_ping_ms": [], "run_true_ms": [], "health_ms": [], "pause_ms": [], "resume_ms": [], "idle": []}
 
 
 def ms(start):
@@ -36,6 +36,8 @@ for _ in range(iters):
     start = time.monotonic()
     sb = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
     out["create_ms"].append(ms(start))
+    sb.commands.run("true")
+    out["create_run_ms"].append(ms(start))
     sb.kill()
     sb.close()
 
@@ -60,9 +62,16 @@ for _ in range(iters):
 sb.kill()
 sb.close()
 
+idlers = []
 for _ in range(idle):
     s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))
     out["idle"].append(s.id)
+    idlers.append(s)
+# Every idle sandbox still answers: a command round trip to each, all alive at once.
+for s in idlers:
+    start = time.monotonic()
+    s.commands.run("true")
+    out["idle_ping_ms"].append(ms(start))
     s.close()
 # Egress through networkPolicy: a download and small requests from a sandbox
 # through the policy path (the agent's relay, then the Job's proxy) to a

@@ -265,7 +265,7 @@ fn main() {
         .env("PVISOR_URL", format!("127.0.0.1:{port}"))
         .env("PVISOR_KEY", key)
         .env("ITERS", iterations.to_string())
-        .env("IDLE", if measuring { "3" } else { "1" });
+        .env("IDLE", if measuring { "20" } else { "1" });
     if egress {
         bench.env("EGRESS_PORT", web_port.to_string()).env("EGRESS_BYTES", big_bytes.to_string());
     }
@@ -279,6 +279,15 @@ fn main() {
     let vm = summary("baseline: pvisor run --executor vm -- true", &mut vm_run, None);
     summary("create to ready", &mut samples("create_ms"), Some(("the vm run", vm)));
     println!("{:<46} E2B publishes ~150 ms to start (KVM)", "");
+    summary(
+        "create until commands.run(\"true\") returned",
+        &mut samples("create_run_ms"),
+        Some(("the vm run", vm)),
+    );
+    let mut pings = samples("idle_ping_ms");
+    let slowest = pings.iter().copied().fold(0.0, f64::max);
+    summary(&format!("a command in each of {} idle sandboxes", pings.len()), &mut pings, None);
+    println!("{:<46} slowest {slowest:.0} ms (target: every one within 1000 ms)", "");
     let health = summary("baseline: HTTP GET /health", &mut samples("health_ms"), None);
     summary(
         "commands.run(\"true\") round trip",

@@ -205,3 +205,39 @@ fn a_builder_killed_mid_build_leaves_nothing_a_clone_would_restore() {
         .collect();
     assert!(!names.iter().any(|n| n.starts_with(".partial-")), "{names:?}");
 }
+
+#[test]
+fn a_full_disk_while_building_a_template_boots_and_says_so() {
+    require_image();
+    if !is_root() {
+        return; // mounting the small filesystem needs root
+    }
+    let env = Env::new(As::Root);
+    // A private mount namespace with a 90 MiB state directory: room for a
+    // booted Job, not for a 512 MiB guest's RAM file.
+    let script = format!(
+        "mount -t tmpfs -o size=90m tmpfs {home} && {bin} run -q --executor vm -- echo booted && {bin} events --json",
+        home = env.home.display(),
+        bin = bin()
+    );
+    fs::create_dir_all(&env.home).unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .current_dir(&env.ws)
+        .env("PVISOR_HOME", &env.home)
+        .env("PVISOR_VM_IMAGE", vm_image().unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().next(), Some("booted"), "{stdout}");
+    // The records live on the tmpfs, gone with the namespace: read them here.
+    let events: String = stdout.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    let vm = records_of(&events, "event")
+        .into_iter()
+        .find(|e| e["type"] == "attempt.vm")
+        .expect("an attempt.vm event");
+    assert_eq!(vm["data"]["start"]["mode"], "boot", "{vm}");
+    let reason = vm["data"]["start"]["reason"].as_str().unwrap();
+    assert!(reason.contains("SIGBUS") && reason.contains("MiB free"), "{reason}");
+}

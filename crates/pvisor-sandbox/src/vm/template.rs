@@ -327,9 +327,23 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
         Ok(boot_ms)
     })();
     let _ = child.kill();
-    let _ = child.wait();
-    let boot_ms =
-        saved.map_err(|e| format!("{e}; qemu: {}; console: {}", tail(&log, 3), tail(&console, 3)))?;
+    let status = child.wait().ok();
+    let boot_ms = saved.map_err(|e| {
+        use std::os::unix::process::ExitStatusExt;
+        // QEMU backs the guest's RAM with the file: a page the filesystem
+        // cannot allocate is a SIGBUS, not an error QEMU could report.
+        let why = if status.and_then(|s| s.signal()) == Some(libc::SIGBUS) {
+            format!(
+                "QEMU was killed by SIGBUS writing the template's RAM file: the filesystem of {} has {} MiB free for a {} MiB guest",
+                dir.display(),
+                free_mib(dir),
+                config.memory_mib
+            )
+        } else {
+            e
+        };
+        format!("{why}; qemu: {}; console: {}", tail(&log, 3), tail(&console, 3))
+    })?;
     for path in placeholders.all() {
         let _ = fs::remove_file(path);
     }
@@ -339,6 +353,10 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
             .map_err(|e| format!("cannot sync {name}: {e}"))?;
     }
     Ok(boot_ms)
+}
+
+fn free_mib(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir).map_or(0, |s| s.f_bavail * s.f_frsize >> 20)
 }
 
 /// A published template as `pvisor image templates` lists it.
