@@ -356,7 +356,7 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
 }
 
 fn free_mib(dir: &Path) -> u64 {
-    rustix::fs::statvfs(dir).map_or(0, |s| s.f_bavail * s.f_frsize >> 20)
+    rustix::fs::statvfs(dir).map_or(0, |s| (s.f_bavail * s.f_frsize) >> 20)
 }
 
 /// A published template as `pvisor image templates` lists it.
