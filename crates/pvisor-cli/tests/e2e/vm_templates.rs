@@ -241,3 +241,35 @@ fn a_full_disk_while_building_a_template_boots_and_says_so() {
     let reason = vm["data"]["start"]["reason"].as_str().unwrap();
     assert!(reason.contains("SIGBUS") && reason.contains("MiB free"), "{reason}");
 }
+
+#[test]
+fn a_template_that_verifies_but_will_not_restore_is_set_aside_and_the_job_boots() {
+    require_image();
+    let env = Env::new(As::Root);
+    run_vm(&env, "true");
+    let template = templates(&env).pop().unwrap();
+    // Device state QEMU cannot load (as from another QEMU build), with a
+    // manifest whose digests match it: verification passes, the restore fails.
+    let state = template.join("state");
+    fs::write(&state, b"QEVM\0\0\0\x03not a device state this QEMU can load").unwrap();
+    let manifest_path = template.join("manifest.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
+    let bytes = fs::read(&state).unwrap();
+    for file in manifest["files"].as_array_mut().unwrap() {
+        if file["name"] == "state" {
+            file["size"] = bytes.len().into();
+            file["blake3"] = blake3::hash(&bytes).to_hex().to_string().into();
+        }
+    }
+    fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+
+    let (out, _) = run_vm(&env, "echo booted");
+    assert_eq!(out.trim(), "booted");
+    let facts = start_facts(&env);
+    assert_eq!(facts["start"]["mode"], "boot", "{facts}");
+    let reason = facts["start"]["reason"].as_str().unwrap();
+    assert!(reason.contains("restoring the template") && reason.contains("moved aside"), "{reason}");
+    // The next start rebuilds it and restores again.
+    run_vm(&env, "true");
+    assert_eq!(start_facts(&env)["start"]["mode"], "template-restore");
+}

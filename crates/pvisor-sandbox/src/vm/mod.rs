@@ -277,7 +277,22 @@ impl Executor for VmExecutor {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
-        VmProcess::start(self, spec).map(|p| Box::new(p) as Box<dyn SandboxProcess>)
+        let mut restoring = None;
+        let started = match VmProcess::start(self, spec, None, &mut restoring) {
+            // A template that verified but would not restore (a QEMU or host
+            // CPU it was not built for): set it aside and boot; no user code ran.
+            Err(e) if restoring.is_some() => {
+                let id = restoring.take().unwrap_or_default();
+                let aside = template::discard(&self.templates_root(), &id);
+                tracing::warn!(template = %id, error = %e, "template restore failed; booting instead");
+                let reason = format!(
+                    "restoring the template {id} failed ({e}); it was moved aside{aside} and will be rebuilt"
+                );
+                VmProcess::start(self, spec, Some(reason), &mut restoring)
+            }
+            other => other,
+        };
+        started.map(|p| Box::new(p) as Box<dyn SandboxProcess>)
     }
 }
 

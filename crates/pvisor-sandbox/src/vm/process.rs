@@ -57,7 +57,16 @@ pub struct VmProcess {
 }
 
 impl VmProcess {
-    pub(super) fn start(executor: &VmExecutor, spec: &SandboxSpec) -> Result<Self, SandboxError> {
+    /// Starts the VM: restores `spec.vm.restore`, else a template, else boots
+    /// (always, with `boot_reason`). While a template restore has not yet
+    /// reached the command's exec, `restoring` names the template, so a
+    /// failure there can be retried as a boot (no user code ran).
+    pub(super) fn start(
+        executor: &VmExecutor,
+        spec: &SandboxSpec,
+        boot_reason: Option<String>,
+        restoring: &mut Option<String>,
+    ) -> Result<Self, SandboxError> {
         let vm = spec.vm.clone().ok_or_else(|| setup("vm", "the vm executor needs a VmSpec"))?;
         let proxy_port = match spec.network {
             NetworkAttachment::Isolated => None,
@@ -115,8 +124,13 @@ impl VmProcess {
                     ),
                 })?;
                 disk::create_upper(&files.upper).map_err(|e| setup("upper-disk", e))?;
-                match executor.template_for(&executor.machine_config(&spec.limits)) {
+                let plan = match boot_reason {
+                    Some(reason) => Err(reason),
+                    None => executor.template_for(&executor.machine_config(&spec.limits)),
+                };
+                match plan {
                     Ok((template, in_use)) => {
+                        *restoring = Some(template.manifest.id.clone());
                         Start::Clone { template: Box::new(template), _in_use: Some(in_use) }
                     }
                     Err(reason) => Start::Boot { reason },
@@ -304,6 +318,8 @@ impl VmProcess {
                 (Reply::Ready, _) => {}
                 (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
             }
+            // From here on the command may run: a failure is the Job's, not the template's.
+            *restoring = None;
             let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
             let exec = Request::Exec {
                 id: EXEC_ID,

@@ -154,15 +154,15 @@ pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>,
         Ok(manifest) => Ok(Some((Template { dir, manifest }, InUse { _lock: lock }))),
         Err(why) => {
             drop(lock);
-            let aside = quarantine(root, &id);
+            let aside = discard(root, &id);
             Err(format!("{why}; it was moved aside{aside} and will be rebuilt"))
         }
     }
 }
 
-/// Moves a template that failed verification out of the way (under the
-/// exclusive lock, so no clone is starting from it).
-fn quarantine(root: &Path, id: &str) -> String {
+/// Moves a template that failed verification or a restore out of the way
+/// (under the exclusive lock, so no clone is starting from it); says where.
+pub fn discard(root: &Path, id: &str) -> String {
     let Ok(_lock) = OwnerLock::acquire(&lock_path(root, id)) else {
         return String::new();
     };
