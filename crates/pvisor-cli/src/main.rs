@@ -25,6 +25,13 @@ fn main() {
             std::process::exit(code);
         }
     };
+    // Operator logs for any command when asked for (serve has --log-level too).
+    if std::env::var_os("PVISOR_LOG").is_some() {
+        if let Err(e) = pvisor_server::logging::init(None) {
+            eprintln!("pvisor: {e}");
+            std::process::exit(exit::USAGE);
+        }
+    }
     let code = match commands::dispatch(cli) {
         Ok(code) => code,
         Err(err) => exit::report(&err),

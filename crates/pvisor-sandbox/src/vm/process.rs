@@ -314,10 +314,12 @@ impl VmProcess {
                 clock_unix_ns: unix_now_ns(),
                 proxy_port,
             };
+            let setting_up = Instant::now();
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {
                 (Reply::Ready, _) => {}
                 (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
             }
+            tracing::info!(setup_ms = setting_up.elapsed().as_millis() as u64, "workspace mounted in the guest");
             // From here on the command may run: a failure is the Job's, not the template's.
             *restoring = None;
             let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
