@@ -155,11 +155,11 @@ impl VmExecutor {
         let key = template::TemplateKey::new(&self.image, config);
         let id = key.id();
         let root = self.templates_root();
+        // Read-only: the plan must not take the locks a build or a remove needs.
+        let building = fs_names(&root).any(|n| n.starts_with(&format!(".partial-{id}-")));
         if root.join(&id).join(template::MANIFEST).is_file() {
             Ok(id)
-        } else if pvisor_core::store::OwnerLock::acquire(&root.join(format!("{id}.lock"))).is_err()
-            && root.is_dir()
-        {
+        } else if building {
             Err(template::TemplateError::Busy(id).to_string())
         } else {
             Ok(format!("{id} (built on this first use)"))
@@ -283,17 +283,23 @@ impl Executor for VmExecutor {
             // CPU it was not built for): set it aside and boot; no user code ran.
             Err(e) if restoring.is_some() => {
                 let id = restoring.take().unwrap_or_default();
-                let aside = template::discard(&self.templates_root(), &id);
+                let aside = template::discarded(template::discard(&self.templates_root(), &id));
                 tracing::warn!(template = %id, error = %e, "template restore failed; booting instead");
-                let reason = format!(
-                    "restoring the template {id} failed ({e}); it was moved aside{aside} and will be rebuilt"
-                );
+                let reason = format!("restoring the template {id} failed ({e}); {aside}");
                 VmProcess::start(self, spec, Some(reason), &mut restoring)
             }
             other => other,
         };
         started.map(|p| Box::new(p) as Box<dyn SandboxProcess>)
     }
+}
+
+fn fs_names(dir: &Path) -> impl Iterator<Item = String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
 }
 
 /// How a VM is attached to the network, as recorded in the Bundle. Both

@@ -130,7 +130,6 @@ impl VmProcess {
                 };
                 match plan {
                     Ok((template, in_use)) => {
-                        *restoring = Some(template.manifest.id.clone());
                         Start::Clone { template: Box::new(template), _in_use: Some(in_use) }
                     }
                     Err(reason) => Start::Boot { reason },
@@ -259,6 +258,10 @@ impl VmProcess {
 
         let mut restored = None;
         if let Some(state) = &incoming {
+            if let Start::Clone { template, .. } = &start {
+                // From the load to the guest's repair, a failure is the template's.
+                *restoring = Some(template.manifest.id.clone());
+            }
             // The lock is released before `fail`, which quits QEMU over QMP.
             let loading = {
                 let mut qmp = shared.qmp.lock().unwrap_or_else(|p| p.into_inner());
@@ -308,6 +311,8 @@ impl VmProcess {
                     "entropy_avail": entropy_avail,
                 }));
             }
+            // From here on a failure is this Job's (its workspace, its command).
+            *restoring = None;
             let request = Request::Setup {
                 workspace: spec.workspace.clone(),
                 hostname: spec.hostname.clone(),
@@ -319,9 +324,10 @@ impl VmProcess {
                 (Reply::Ready, _) => {}
                 (other, _) => return Err(fail(format!("the agent answered Setup with {other:?}"))),
             }
-            tracing::info!(setup_ms = setting_up.elapsed().as_millis() as u64, "workspace mounted in the guest");
-            // From here on the command may run: a failure is the Job's, not the template's.
-            *restoring = None;
+            tracing::info!(
+                setup_ms = setting_up.elapsed().as_millis() as u64,
+                "workspace mounted in the guest"
+            );
             let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
             let exec = Request::Exec {
                 id: EXEC_ID,

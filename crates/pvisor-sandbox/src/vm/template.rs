@@ -57,6 +57,10 @@ pub struct TemplateKey {
     pub qemu: String,
     /// The disks' ids, serials and virtual sizes, in order.
     pub disks: String,
+    /// Under KVM (`-cpu host`) the saved CPU state is this host CPU's: its
+    /// model and flags and the host kernel. Under TCG the CPU is QEMU's own.
+    #[serde(default)]
+    pub host_cpu: String,
 }
 
 impl TemplateKey {
@@ -69,6 +73,10 @@ impl TemplateKey {
             accelerator: config.accelerator,
             qemu: super::qemu::binary_identity(),
             disks: disk::layout_description(),
+            host_cpu: match config.accelerator {
+                Accelerator::Kvm => host_cpu_fingerprint(),
+                Accelerator::Tcg => "tcg".into(),
+            },
         }
     }
 
@@ -77,6 +85,24 @@ impl TemplateKey {
         let bytes = serde_json::to_vec(self).unwrap_or_default();
         format!("tpl-{}", &blake3::hash(&bytes).to_hex()[..20])
     }
+}
+
+/// The first CPU's vendor, model and flags in /proc/cpuinfo and the kernel
+/// release, digested: what a KVM guest saved with `-cpu host` depends on.
+fn host_cpu_fingerprint() -> String {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let first = cpuinfo.split("\n\n").next().unwrap_or_default();
+    let wanted: Vec<&str> = first
+        .lines()
+        .filter(|l| {
+            ["vendor_id", "cpu family", "model", "model name", "stepping", "flags"]
+                .iter()
+                .any(|k| l.split(':').next().is_some_and(|name| name.trim() == *k))
+        })
+        .collect();
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let text = format!("{}|{}", wanted.join("\n"), release.trim());
+    blake3::hash(text.as_bytes()).to_hex()[..16].to_owned()
 }
 
 /// `vm-templates/<id>/manifest.json`.
@@ -154,22 +180,32 @@ pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>,
         Ok(manifest) => Ok(Some((Template { dir, manifest }, InUse { _lock: lock }))),
         Err(why) => {
             drop(lock);
-            let aside = discard(root, &id);
-            Err(format!("{why}; it was moved aside{aside} and will be rebuilt"))
+            Err(format!("{why}; {}", discarded(discard(root, &id))))
         }
     }
 }
 
 /// Moves a template that failed verification or a restore out of the way
-/// (under the exclusive lock, so no clone is starting from it); says where.
-pub fn discard(root: &Path, id: &str) -> String {
-    let Ok(_lock) = OwnerLock::acquire(&lock_path(root, id)) else {
-        return String::new();
-    };
+/// (under the exclusive lock, so no clone is starting from it); returns
+/// where it went.
+pub fn discard(root: &Path, id: &str) -> Result<PathBuf, String> {
+    let _lock = OwnerLock::acquire(&lock_path(root, id))
+        .map_err(|_| format!("template {id} is in use by another start, so it was left in place"))?;
+    move_aside(root, id)
+}
+
+/// Renames `root/id` to a `.bad-*` name that nothing restores and gc sweeps.
+fn move_aside(root: &Path, id: &str) -> Result<PathBuf, String> {
     let bad = root.join(format!(".bad-{id}-{}", Timestamp::now().unix_micros()));
-    match fs::rename(root.join(id), &bad) {
-        Ok(()) => format!(" to {}", bad.display()),
-        Err(_) => String::new(),
+    fs::rename(root.join(id), &bad).map_err(|e| format!("cannot move template {id} aside: {e}"))?;
+    Ok(bad)
+}
+
+/// Says where [`discard`] put a template, for an error message.
+pub fn discarded(result: Result<PathBuf, String>) -> String {
+    match result {
+        Ok(path) => format!("it was moved aside to {} and will be rebuilt", path.display()),
+        Err(why) => why,
     }
 }
 
@@ -213,8 +249,19 @@ pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<
     let failed = |what: &str, e: &dyn std::fmt::Display| TemplateError::Failed(format!("{what}: {e}"));
     pvisor_core::store::create_dir_all_private(root)
         .map_err(|e| failed("cannot create the template store", &e))?;
-    let _lock = OwnerLock::acquire(&lock_path(root, &id)).map_err(|_| TemplateError::Busy(id.clone()))?;
+    let _lock = OwnerLock::acquire(&lock_path(root, &id)).map_err(|e| match e {
+        pvisor_core::store::StoreError::Io { ref source, .. }
+            if source.raw_os_error() == Some(libc::EWOULDBLOCK) =>
+        {
+            TemplateError::Busy(id.clone())
+        }
+        other => failed("cannot lock the template", &other),
+    })?;
     let published = root.join(&id);
+    if published.exists() && !published.join(MANIFEST).is_file() {
+        // A removal killed half-way: not a template, and in the way of one.
+        move_aside(root, &id).map_err(TemplateError::Failed)?;
+    }
     if published.join(MANIFEST).is_file() {
         // Built by another process while we were deciding.
         let manifest = verify(&published, &key).map_err(TemplateError::Failed)?;
@@ -409,7 +456,10 @@ pub fn remove(root: &Path, id: &str) -> Result<u64, String> {
     let _lock = OwnerLock::acquire(&lock_path(root, id))
         .map_err(|_| format!("template {id} is in use by a starting clone or its builder; try again"))?;
     let bytes = disk::allocated_bytes(&dir);
-    fs::remove_dir_all(&dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+    // Out of the published name first: a removal killed half-way leaves a
+    // `.bad-*` for gc, never a half-deleted template under its id.
+    let aside = move_aside(root, id)?;
+    fs::remove_dir_all(&aside).map_err(|e| format!("cannot remove {}: {e}", aside.display()))?;
     Ok(bytes)
 }
 
@@ -427,14 +477,15 @@ pub fn sweep(root: &Path, dry_run: bool) -> Vec<Swept> {
     let mut swept = Vec::new();
     for entry in fs::read_dir(root).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let what = if name.starts_with(".bad-") {
-            "vm template that failed verification"
+        // Held across the removal, so no builder of that id starts meanwhile.
+        let (what, _lock) = if name.starts_with(".bad-") {
+            ("vm template that failed verification or was being removed", None)
         } else if let Some(rest) = name.strip_prefix(".partial-") {
             let id = rest.rsplit_once('-').map_or(rest, |(id, _)| id);
-            if OwnerLock::acquire(&lock_path(root, id)).is_err() {
+            let Ok(lock) = OwnerLock::acquire(&lock_path(root, id)) else {
                 continue; // its builder is still at work
-            }
-            "partial vm template of a builder that did not finish"
+            };
+            ("partial vm template of a builder that did not finish", Some(lock))
         } else {
             continue;
         };
@@ -460,6 +511,7 @@ mod tests {
             accelerator: Accelerator::Tcg,
             qemu: "q".into(),
             disks: "d".into(),
+            host_cpu: "tcg".into(),
         }
     }
 
@@ -474,6 +526,9 @@ mod tests {
         assert_ne!(k.id(), base);
         let mut k = key();
         k.qemu = "newer".into();
+        assert_ne!(k.id(), base);
+        let mut k = key();
+        k.host_cpu = "another host CPU".into();
         assert_ne!(k.id(), base);
         assert_eq!(key().id(), base);
     }
