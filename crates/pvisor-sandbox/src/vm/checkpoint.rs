@@ -4,7 +4,8 @@
 //!
 //! Order of a checkpoint (each step only after the previous succeeded):
 //! quiesce (sync + FIFREEZE through the agent) → QMP `stop` → migrate the
-//! machine state to `state` → copy the upper disk, link the lower image →
+//! machine state to `state` → copy the upper and delta disks, link the
+//! lower image →
 //! hash everything → write `manifest.json`, fsync, rename the directory into
 //! place (publication) → `cont` + thaw, or `quit` for a suspension. A crash
 //! before the rename leaves only a `.partial-*` directory that nothing trusts.
@@ -28,6 +29,8 @@ use super::{disk, qmp, MachineConfig};
 pub const STATE: &str = "state";
 pub const UPPER: &str = "upper.img";
 pub const LOWER: &str = "lower.img";
+/// The per-start delta disk (a guest-writable lower layer; see `vm::lower`).
+pub const DELTA: &str = "delta.img";
 pub const MANIFEST: &str = "manifest.json";
 pub const CONTROL_SOCKET: &str = "control.sock";
 pub const KIND: &str = "execution";
@@ -81,6 +84,10 @@ pub struct ExecCheckpoint {
     /// The runtime's facts (job, attempt, baseline).
     pub context: serde_json::Value,
     pub files: Vec<CheckpointFile>,
+    /// The disk files in device order; a restore attaches exactly these.
+    /// Checkpoints taken before the delta disk existed had two.
+    #[serde(default = "two_disks")]
+    pub disks: Vec<String>,
     /// Filesystems the agent froze; the restore thaws them.
     pub frozen: Vec<PathBuf>,
     /// How long the guest was stopped, and the whole save.
@@ -95,6 +102,10 @@ pub struct CheckpointFile {
     /// BLAKE3 of the bytes, or of the data extents for sparse disk images.
     pub blake3: String,
     pub sparse: bool,
+}
+
+fn two_disks() -> Vec<String> {
+    vec![LOWER.into(), UPPER.into()]
 }
 
 fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
@@ -119,7 +130,13 @@ pub fn verify(dir: &Path) -> Result<ExecCheckpoint, String> {
             manifest.kind
         ));
     }
-    for name in [STATE, UPPER, LOWER] {
+    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER].contains(&d.as_str())) {
+        return Err(format!(
+            "checkpoint {} lists disks pvisor does not know: {:?}",
+            manifest.id, manifest.disks
+        ));
+    }
+    for name in std::iter::once(STATE).chain(manifest.disks.iter().map(String::as_str)) {
         let listed = manifest
             .files
             .iter()
@@ -194,6 +211,11 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     pvisor_core::failpoint::hit("vm-after-quiesce");
     tracing::debug!(%id, ?frozen, elapsed_ms = started.elapsed().as_millis() as u64, "guest quiesced");
     let paused = Instant::now();
+    let disks: Vec<String> = shared
+        .disks
+        .iter()
+        .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+        .collect();
     let saved = save(shared, &partial).and_then(|()| {
         pvisor_core::failpoint::hit("vm-after-state");
         let manifest = ExecCheckpoint {
@@ -206,11 +228,11 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             workspace: shared.spec.workspace.clone(),
             exec_id: super::EXEC_ID,
             context: shared.vm.context.clone(),
-            files: vec![
-                digest(&partial.join(STATE), false).map_err(|e| e.to_string())?,
-                digest(&partial.join(UPPER), true).map_err(|e| e.to_string())?,
-                digest(&partial.join(LOWER), true).map_err(|e| e.to_string())?,
-            ],
+            files: std::iter::once(digest(&partial.join(STATE), false))
+                .chain(disks.iter().map(|name| digest(&partial.join(name), true)))
+                .collect::<io::Result<_>>()
+                .map_err(|e| e.to_string())?,
+            disks: disks.clone(),
             frozen: frozen.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
@@ -285,10 +307,11 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
     }
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "machine state migrated");
     let copying = Instant::now();
-    disk::sparse_copy(&shared.upper, &dir.join(UPPER))
-        .map_err(|e| format!("cannot copy the upper disk: {e}"))?;
-    disk::link_or_copy(&shared.lower, &dir.join(LOWER))
-        .map_err(|e| format!("cannot keep the workspace image: {e}"))?;
+    for path in &shared.disks {
+        let name = path.file_name().unwrap_or_default();
+        disk::keep_disk(path, &dir.join(name))
+            .map_err(|e| format!("cannot keep the disk {}: {e}", name.to_string_lossy()))?;
+    }
     tracing::debug!(elapsed_ms = copying.elapsed().as_millis() as u64, "disks copied");
     fs::File::open(dir.join(STATE))
         .and_then(|f| f.sync_all())

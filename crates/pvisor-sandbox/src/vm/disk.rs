@@ -1,26 +1,89 @@
-//! The VM's disks: a read-only ext4 image of the workspace (the overlay's
-//! lower layer) and a sparse ext4 disk for the upper layer, plus the sparse
-//! copy and digest that checkpoints use.
+//! The VM's disks: ext4 images of a tree (the workspace's base image and
+//! its per-start delta, both lower layers of the guest overlay), the sparse
+//! ext4 upper disk, the disk list QEMU attaches, plus the sparse copy and
+//! digest that checkpoints use.
 //!
 //! Block devices rather than a 9p share because QEMU cannot migrate a guest
 //! with a mounted 9p export, and virtiofs blocks migration always; the copy
 //! into the image is the price of execution checkpoints (docs/vm-executor.md).
+//!
+//! Every disk has a constant virtual size, whatever it holds: a guest
+//! restored from a template probed its disks at boot, so a new Attempt's
+//! disks must look the same size. The filesystem inside may be smaller.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 
+use super::checkpoint::{DELTA, LOWER, UPPER};
+
+/// Virtual size of the base image disk: the largest workspace a vm Job takes.
+pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;
+/// Virtual size of the delta disk.
+pub(crate) const DELTA_DISK_BYTES: u64 = 64 << 30;
 /// Size of the sparse upper disk; only written blocks use host space.
 pub(crate) const UPPER_DISK_BYTES: u64 = 8 << 30;
 
-/// Builds `image` from the tree at `workspace` with `mkfs.ext4 -d`.
-pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
-    let (bytes, inodes) = measure(workspace)?;
+/// One disk on the QEMU command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Disk<'a> {
+    /// The QEMU drive id.
+    pub id: &'static str,
+    /// The virtio serial the agent finds it by.
+    pub serial: &'static str,
+    pub path: &'a Path,
+    pub readonly: bool,
+}
+
+impl<'a> Disk<'a> {
+    /// The disk whose file is `path`, known by its name ([`LOWER`],
+    /// [`DELTA`] or [`UPPER`], as in a checkpoint). An Attempt's device list
+    /// is its disk files in order: lower, delta, upper for a boot; for a
+    /// restore exactly the checkpoint's list (one taken before the delta
+    /// existed has none).
+    pub(crate) fn of(path: &'a Path) -> Result<Self, String> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let (id, serial, readonly) = match name {
+            LOWER => ("lower", pvisor_agent_proto::LOWER_SERIAL, true),
+            DELTA => ("delta", pvisor_agent_proto::DELTA_SERIAL, false),
+            UPPER => ("upper", pvisor_agent_proto::UPPER_SERIAL, false),
+            _ => return Err(format!("{} is not a VM disk pvisor knows", path.display())),
+        };
+        Ok(Self { id, serial, path, readonly })
+    }
+}
+
+/// Room an image of a tree needs: file and directory bytes (rounded to
+/// blocks) and entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// Makes `image` an ext4 filesystem holding the tree at `source`
+/// (`mkfs.ext4 -d`, no journal) sized for `room`, its root owned by
+/// `root_owner`, then extends the file to `disk_bytes` (sparse). A tree that
+/// does not fit is an error naming the limit.
+pub(crate) fn image_tree(
+    source: &Path,
+    image: &Path,
+    room: Footprint,
+    root_owner: (u32, u32),
+    disk_bytes: u64,
+    what: &str,
+) -> io::Result<()> {
     // Room for metadata and block rounding; ext4 needs at least a few MiB.
-    let size = (bytes + bytes / 8 + inodes * 4096 + (16 << 20)).div_ceil(1 << 20) << 20;
-    let meta = fs::metadata(workspace)?;
+    let size = (room.bytes + room.bytes / 8 + room.inodes * 4096 + (16 << 20)).div_ceil(1 << 20) << 20;
+    if size > disk_bytes {
+        return Err(io::Error::other(format!(
+            "the {what} needs an ext4 filesystem of {:.1} GiB, over the {} GiB disk the vm executor gives it \
+             (use a smaller workspace, or --executor ns)",
+            size as f64 / (1u64 << 30) as f64,
+            disk_bytes >> 30
+        )));
+    }
     File::create(image)?.set_len(size)?;
     mkfs(
         image,
@@ -28,13 +91,14 @@ pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
             "-O",
             "^has_journal,^resize_inode",
             "-N",
-            &(inodes + 64).to_string(),
+            &(room.inodes + 64).to_string(),
             "-E",
-            &format!("root_owner={}:{}", meta.uid(), meta.gid()),
+            &format!("root_owner={}:{}", root_owner.0, root_owner.1),
             "-d",
-            &workspace.to_string_lossy(),
+            &source.to_string_lossy(),
         ],
-    )
+    )?;
+    File::options().write(true).open(image)?.set_len(disk_bytes)
 }
 
 /// Creates the sparse, empty upper disk.
@@ -65,25 +129,6 @@ fn mkfs_path() -> &'static str {
         .unwrap_or("mkfs.ext4")
 }
 
-/// Bytes (rounded to blocks) and entries under `dir`, not following symlinks.
-fn measure(dir: &Path) -> io::Result<(u64, u64)> {
-    let (mut bytes, mut inodes) = (0u64, 1u64);
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
-            inodes += 1;
-            bytes += meta.len().div_ceil(4096) * 4096;
-            if meta.is_dir() {
-                bytes += 4096;
-                stack.push(entry.path());
-            }
-        }
-    }
-    Ok((bytes, inodes))
-}
-
 /// Copies `src` to `dst` keeping holes (reflink first, where the filesystem can).
 pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
     let status =
@@ -92,6 +137,19 @@ pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
         return Err(io::Error::other(format!("cp {} {} failed ({status})", src.display(), dst.display())));
     }
     File::open(dst)?.sync_all()
+}
+
+/// Keeps the disk `src` at `dst` (a checkpoint's copy, or a restore's): the
+/// lower image is read-only to QEMU and never changes, so a link keeps it;
+/// the others are guest-writable (the delta too: the guest finished it at
+/// setup, and a command as guest root could still write it), so they are
+/// copied and never share blocks with a running VM.
+pub(crate) fn keep_disk(src: &Path, dst: &Path) -> io::Result<()> {
+    if src.file_name().is_some_and(|n| n == LOWER) {
+        link_or_copy(src, dst)
+    } else {
+        sparse_copy(src, dst)
+    }
 }
 
 /// Links `src` at `dst`, or copies it across filesystems. For immutable files only.

@@ -281,7 +281,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     super::qemu::capture_console(console_host, &console).map_err(|e| e.to_string())?;
     let config = super::MachineConfig { memory_mib: 256, cpus: 1, accelerator: Accelerator::Kvm };
     let mut command =
-        super::qemu::qemu_command(image, &config, None, &agent_qemu, &qmp_qemu, &console_qemu, None);
+        super::qemu::qemu_command(image, &config, &[], &agent_qemu, &qmp_qemu, &console_qemu, None);
     let started = Instant::now();
     let mut child = super::qemu::spawn_qemu(
         &mut command,

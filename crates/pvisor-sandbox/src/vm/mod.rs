@@ -1,9 +1,11 @@
 //! The `vm` executor: one QEMU microVM per Attempt, driven over QMP, with
 //! `pvisor-agent` as the guest's PID 1 (AgentCtl over virtio-serial).
 //!
-//! The workspace reaches the guest as two disks: a read-only ext4 image of
-//! the workspace (lower) and a sparse writable ext4 disk (upper), joined by an
-//! overlay the agent mounts at the workspace's own path. When the command
+//! The workspace reaches the guest as three disks: a read-only ext4 base
+//! image of the workspace cached across Jobs (lower), a small image of what
+//! changed since that base was built (delta, see [`lower`]), and a sparse
+//! writable ext4 disk (upper), joined by an overlay the agent mounts at the
+//! workspace's own path. When the command
 //! ends, the agent streams the upper layer out and [`export`] writes it into
 //! the Run's stage in the same format the `ns` backend leaves, so review,
 //! apply, preimages and receipts have no VM special case.
@@ -28,6 +30,7 @@ pub mod guest;
 pub mod image;
 mod link;
 mod live;
+pub mod lower;
 mod net;
 mod process;
 mod qemu;
@@ -75,6 +78,8 @@ pub struct MachineConfig {
 pub struct VmExecutor {
     image: GuestImage,
     accel: AccelChoice,
+    /// The state directory: where the per-workspace lower caches live.
+    state_root: PathBuf,
 }
 
 impl VmExecutor {
@@ -83,7 +88,7 @@ impl VmExecutor {
         let built = GuestImage::locate_built()?;
         let image = GuestImage::install(&built, state_root)?;
         let accel = image::choose_accelerator(&image);
-        Ok(Self { image, accel })
+        Ok(Self { image, accel, state_root: state_root.to_owned() })
     }
 
     /// The executor a checkpoint was taken with: its installed image (verified)
@@ -94,7 +99,7 @@ impl VmExecutor {
             accelerator: manifest.machine.accelerator,
             reason: format!("restoring a checkpoint taken under {}", manifest.machine.accelerator.as_str()),
         };
-        Ok(Self { image, accel })
+        Ok(Self { image, accel, state_root: state_root.to_owned() })
     }
 
     pub fn image(&self) -> &GuestImage {

@@ -17,7 +17,8 @@ use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
 use super::qemu::{capture_console, qemu_command, spawn_qemu, tail};
 use super::{
-    checkpoint, disk, export, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, VmExecutor, EXEC_ID,
+    checkpoint, disk, export, lower, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, VmExecutor,
+    EXEC_ID,
 };
 use crate::{
     sys, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
@@ -50,6 +51,8 @@ pub struct VmProcess {
     events: Receiver<AgentEvent>,
     boot_ms: u64,
     restored: Option<serde_json::Value>,
+    /// How the workspace disks were made (a boot; a restore reuses the checkpoint's).
+    workspace_disks: Option<lower::Prepared>,
     /// The command never started (the agent's exec failed).
     early: Option<Termination>,
     proxy_listener: Option<TcpListener>,
@@ -89,9 +92,8 @@ impl VmProcess {
         }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
-        let (lower, upper) = (vm.dir.join("lower.img"), vm.dir.join("upper.img"));
-        let mut scratch = Scratch(vec![lower.clone(), upper.clone()]);
-        let restore = match &vm.restore {
+        let mut scratch = Scratch(Vec::new());
+        let (restore, workspace_disks) = match &vm.restore {
             Some(dir) => {
                 let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
                     step: "restore".into(),
@@ -100,23 +102,41 @@ impl VmProcess {
                         "the checkpoint cannot be resumed; fork an earlier one or drop the Job".into(),
                     ),
                 })?;
-                disk::link_or_copy(&dir.join(checkpoint::LOWER), &lower)
-                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &upper))
-                    .map_err(|e| setup("restore", format!("cannot copy the checkpoint's disks: {e}")))?;
-                Some((dir.join(checkpoint::STATE), manifest))
+                // Exactly the device list the checkpoint was taken with.
+                scratch.0 = manifest.disks.iter().map(|name| vm.dir.join(name)).collect();
+                for (name, path) in manifest.disks.iter().zip(&scratch.0) {
+                    disk::keep_disk(&dir.join(name), path)
+                        .map_err(|e| setup("restore", format!("cannot copy the checkpoint's {name}: {e}")))?;
+                }
+                (Some((dir.join(checkpoint::STATE), manifest)), None)
             }
             None => {
-                disk::build_lower(&spec.workspace, &lower).map_err(|e| SandboxError::Setup {
+                scratch.0 = [checkpoint::LOWER, checkpoint::DELTA, checkpoint::UPPER]
+                    .iter()
+                    .map(|name| vm.dir.join(name))
+                    .collect();
+                let staging = vm.dir.join("delta-staging");
+                let prepared = lower::prepare(
+                    &executor.state_root,
+                    &spec.workspace,
+                    &scratch.0[0],
+                    &scratch.0[1],
+                    &staging,
+                )
+                .map_err(|e| SandboxError::Setup {
                     step: "workspace-image".into(),
                     message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
                     hint: Some(
                         "every file in the workspace must be readable by the user running pvisor".into(),
                     ),
                 })?;
-                disk::create_upper(&upper).map_err(|e| setup("upper-disk", e))?;
-                None
+                disk::create_upper(&scratch.0[2]).map_err(|e| setup("upper-disk", e))?;
+                (None, Some(prepared))
             }
         };
+        let disks = scratch.0.clone();
+        let devices: Vec<disk::Disk<'_>> =
+            disks.iter().map(|p| disk::Disk::of(p)).collect::<Result<_, _>>().map_err(|e| setup("vm", e))?;
         let config = match &restore {
             Some((_, manifest)) => manifest.machine,
             None => MachineConfig {
@@ -134,7 +154,7 @@ impl VmProcess {
         let mut command = qemu_command(
             &executor.image,
             &config,
-            Some((&lower, &upper)),
+            &devices,
             &agent_qemu,
             &qmp_qemu,
             &console_qemu,
@@ -213,8 +233,7 @@ impl VmProcess {
             config,
             spec: spec.clone(),
             vm: vm.clone(),
-            lower,
-            upper,
+            disks,
         });
         let fail = |message: String| {
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
@@ -253,6 +272,7 @@ impl VmProcess {
                 hostname: spec.hostname.clone(),
                 clock_unix_ns: unix_now_ns(),
                 proxy_port,
+                delta: true,
             };
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {
                 (Reply::Ready, _) => {}
@@ -278,6 +298,7 @@ impl VmProcess {
                         events,
                         boot_ms,
                         restored,
+                        workspace_disks,
                         early: Some(early),
                         proxy_listener,
                     });
@@ -288,7 +309,7 @@ impl VmProcess {
         forward_stdin(shared.clone());
         serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         scratch.0.clear();
-        Ok(Self { shared, events, boot_ms, restored, early: None, proxy_listener })
+        Ok(Self { shared, events, boot_ms, restored, workspace_disks, early: None, proxy_listener })
     }
 }
 
@@ -449,6 +470,7 @@ impl SandboxProcess for VmProcess {
             "image": self.shared.image.digest,
             "ready_ms": self.boot_ms,
             "restored": self.restored,
+            "workspace_disks": self.workspace_disks,
         }))
     }
 
@@ -456,8 +478,7 @@ impl SandboxProcess for VmProcess {
         let shared = self.shared;
         if let Some(termination) = self.early {
             let (_, usage) = shared.quit_and_reap();
-            let _ = fs::remove_file(&shared.lower);
-            let _ = fs::remove_file(&shared.upper);
+            shared.remove_disks();
             return Ok(ExitReport {
                 termination,
                 usage,
@@ -483,8 +504,7 @@ impl SandboxProcess for VmProcess {
             tracing::info!(checkpoint = %manifest.id, "suspend: waiting for QEMU to quit");
             let (qemu, usage) = shared.quit_and_reap();
             // The checkpoint holds its own copies; these were this Attempt's scratch.
-            let _ = fs::remove_file(&shared.lower);
-            let _ = fs::remove_file(&shared.upper);
+            shared.remove_disks();
             return Ok(ExitReport {
                 termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
                 usage,
@@ -502,7 +522,7 @@ impl SandboxProcess for VmProcess {
                     let (qemu, _) = shared.quit_and_reap();
                     return Err(SandboxError::Protocol(format!(
                         "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
-                        shared.upper.display()
+                        shared.vm.dir.join(checkpoint::UPPER).display()
                     )));
                 }
                 tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
@@ -525,8 +545,7 @@ impl SandboxProcess for VmProcess {
         };
         let (_, usage) = shared.quit_and_reap();
         // The disks are the Attempt's scratch; the stage now holds the result.
-        let _ = fs::remove_file(&shared.lower);
-        let _ = fs::remove_file(&shared.upper);
+        shared.remove_disks();
         Ok(ExitReport {
             termination,
             usage,

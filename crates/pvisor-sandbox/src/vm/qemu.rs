@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::disk::Disk;
 use super::{Accelerator, GuestImage, MachineConfig};
 use crate::Usage;
 
@@ -25,11 +26,13 @@ fn shell_quote(path: &Path) -> String {
 }
 
 /// The QEMU command line shared by boots, restores and the KVM probe. The
-/// device list and its order are part of the migration contract.
+/// device list and its order are part of the migration contract: `disks`
+/// come first, in order (lower, delta, upper for a boot; the checkpoint's
+/// own list for a restore; none for the probe).
 pub(crate) fn qemu_command(
     image: &GuestImage,
     config: &MachineConfig,
-    disks: Option<(&Path, &Path)>,
+    disks: &[Disk<'_>],
     agent: &UnixStream,
     qmp: &UnixStream,
     console: &UnixStream,
@@ -63,16 +66,13 @@ pub(crate) fn qemu_command(
             "-serial",
             "chardev:console",
         ]);
-    if let Some((lower, upper)) = disks {
+    for disk in disks {
+        let access = if disk.readonly { "readonly=on" } else { "cache=writeback" };
         command.args([
             "-drive",
-            &format!("file={},if=none,id=lower,format=raw,readonly=on", opt(lower)),
+            &format!("file={},if=none,id={},format=raw,{access}", opt(disk.path), disk.id),
             "-device",
-            &format!("virtio-blk-device,drive=lower,serial={}", pvisor_agent_proto::LOWER_SERIAL),
-            "-drive",
-            &format!("file={},if=none,id=upper,format=raw,cache=writeback", opt(upper)),
-            "-device",
-            &format!("virtio-blk-device,drive=upper,serial={}", pvisor_agent_proto::UPPER_SERIAL),
+            &format!("virtio-blk-device,drive={},serial={}", disk.id, disk.serial),
         ]);
     }
     command.args([
