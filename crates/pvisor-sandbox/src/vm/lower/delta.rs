@@ -83,8 +83,10 @@ pub(crate) fn stage(
             path = up;
         }
     }
+    // The root is always listed: mkfs put a `lost+found` in the base that
+    // the workspace does not have.
     let changed_dirs: HashSet<usize> =
-        diff.changed.iter().copied().filter(|&i| current[i].kind == Kind::Dir).collect();
+        diff.changed.iter().copied().filter(|&i| current[i].kind == Kind::Dir).chain([0]).collect();
     let mut listings: HashMap<usize, Vec<Vec<u8>>> = changed_dirs.iter().map(|&i| (i, Vec::new())).collect();
     for entry in &current[1..] {
         if let Some(list) = index::parent(&entry.path).and_then(|p| listings.get_mut(&at[p])) {

@@ -120,4 +120,6 @@ fn an_unchanged_workspace_still_gets_a_delta_of_the_right_size() {
     let manifest = DeltaManifest::parse(&cat.stdout).unwrap();
     assert_eq!(manifest.entries.len(), 1);
     assert_eq!(manifest.entries[0].mode, fs::metadata(ws.path()).unwrap().mode() & 0o7777);
+    // Even unchanged, the root is listed: the base has mkfs's lost+found.
+    assert_eq!(names(&manifest.entries[0].listing), ["a"]);
 }
