@@ -329,3 +329,52 @@ fn publish(partial: &Path, published: &Path, manifest: &ExecCheckpoint) -> io::R
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint directory as a pvisor without the delta disk wrote it.
+    fn two_disk_checkpoint(dir: &Path) -> serde_json::Value {
+        for (name, bytes) in [(STATE, &b"machine"[..]), (UPPER, b"upper"), (LOWER, b"lower")] {
+            fs::write(dir.join(name), bytes).unwrap();
+        }
+        let file =
+            |name: &str, sparse| serde_json::to_value(digest(&dir.join(name), sparse).unwrap()).unwrap();
+        serde_json::json!({
+            "format": 1, "id": CheckpointId::generate(), "kind": KIND, "created_at": Timestamp::now(),
+            "image": "digest", "machine": {"memory_mib": 512, "cpus": 1, "accelerator": "tcg"},
+            "workspace": "/w", "exec_id": 1, "context": {},
+            "files": [file(STATE, false), file(UPPER, true), file(LOWER, true)],
+            "frozen": [], "paused_ms": 1, "save_ms": 2,
+        })
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_the_delta_disk_restores_with_its_two_disks() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = two_disk_checkpoint(dir.path());
+        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let verified = verify(dir.path()).unwrap();
+        assert_eq!(verified.disks, [LOWER, UPPER], "the device list it was taken with");
+    }
+
+    #[test]
+    fn a_listed_disk_must_be_known_present_and_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = two_disk_checkpoint(dir.path());
+        let write = |m: &serde_json::Value| {
+            fs::write(dir.path().join(MANIFEST), serde_json::to_vec(m).unwrap()).unwrap()
+        };
+        manifest["disks"] = serde_json::json!([LOWER, "../../etc/passwd", UPPER]);
+        write(&manifest);
+        assert!(verify(dir.path()).unwrap_err().contains("does not know"));
+        manifest["disks"] = serde_json::json!([LOWER, DELTA, UPPER]);
+        write(&manifest);
+        assert!(verify(dir.path()).unwrap_err().contains("does not list its delta.img"));
+        manifest["disks"] = serde_json::json!([LOWER, UPPER]);
+        write(&manifest);
+        fs::write(dir.path().join(UPPER), b"UPPER").unwrap();
+        assert!(verify(dir.path()).unwrap_err().contains("is corrupt"));
+    }
+}
