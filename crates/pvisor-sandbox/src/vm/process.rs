@@ -115,7 +115,7 @@ impl VmProcess {
                     .iter()
                     .map(|name| vm.dir.join(name))
                     .collect();
-                let staging = vm.dir.join("delta-staging");
+                let staging = vm.dir.join(lower::DELTA_STAGING);
                 let prepared = lower::prepare(
                     &executor.state_root,
                     &spec.workspace,

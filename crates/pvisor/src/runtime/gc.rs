@@ -236,7 +236,9 @@ pub fn leftover_vm_disks(store: &Store, job: &JobRecord) -> Vec<(String, PathBuf
     for n in 1..=attempts {
         let vm_dir = store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
         use pvisor_sandbox::vm::checkpoint::{DELTA, LOWER, UPPER};
-        for image in [LOWER, DELTA, UPPER] {
+        // The staging tree of a delta is removed once imaged, unless the
+        // supervisor was killed in between.
+        for image in [LOWER, DELTA, UPPER, pvisor_sandbox::vm::lower::DELTA_STAGING] {
             let path = vm_dir.join(image);
             if path.exists() {
                 found.push((format!("leftover VM disk {image} of {} attempt {n}", job.id), path));

@@ -27,6 +27,9 @@ pub use base::{lower_caches, LowerCache, LOWERS_DIR};
 use base::{BaseManifest, CacheLock};
 use index::{Diff, Entry};
 
+/// The staging tree of the delta, in the Attempt's `vm/` directory.
+pub const DELTA_STAGING: &str = "delta-staging";
+
 /// A delta of more entries than this (changed plus deleted) rebuilds the base.
 pub(crate) const REBASE_ENTRIES: usize = 2000;
 /// A delta copying more than `1 / REBASE_FRACTION` of the base's file bytes rebuilds it.
