@@ -4,8 +4,9 @@
 //! medians (p10/p90) of:
 //! - `pvisor run -- true` on `ns` vs on `vm` (boot to agent, workspace image,
 //!   export, receipt), and the ratio;
-//! - the same `vm` run over a workspace of 10,000 small files, against `cp -a`
-//!   of that workspace (the price of imaging the workspace onto a block device);
+//! - the same `vm` run over a workspace of 10,000 small files (the first
+//!   sample builds its cached base image, the others start from it; the
+//!   `vm_workspace` bench measures those cases apart), against `cp -a` of it;
 //! - `pvisor suspend` (quiesce, stop, save, publish, QEMU exit, receipt) and
 //!   `pvisor resume` until the command's next line, on a counter loop;
 //! - the machine-state size and the resident memory of an idle guest's QEMU.

@@ -23,3 +23,4 @@ mod run;
 mod serve;
 mod signals;
 mod vm;
+mod vm_workspace;

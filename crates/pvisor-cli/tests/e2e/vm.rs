@@ -19,7 +19,7 @@ const COUNTER: &str =
     "i=0; while [ $i -lt 25 ]; do i=$((i+1)); echo \"c $i\"; echo $i > counter; sleep 0.2; done; \
      tag=$(head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n'); echo \"tag $tag\"; echo $tag > \"f-$tag\"";
 
-fn require_image() {
+pub(crate) fn require_image() {
     assert!(
         vm_image().is_some(),
         "no guest image beside {}: run scripts/vm-image.sh first",
