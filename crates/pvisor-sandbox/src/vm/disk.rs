@@ -85,13 +85,18 @@ pub(crate) fn image_tree(
         )));
     }
     File::create(image)?.set_len(size)?;
+    // 4 KiB blocks, as `room` assumes (mke2fs would pick 1 KiB for a small
+    // filesystem). It rounds the inodes per group, sometimes down, so `-N`
+    // asks for some more than the tree has.
     mkfs(
         image,
         &[
+            "-b",
+            "4096",
             "-O",
             "^has_journal,^resize_inode",
             "-N",
-            &(room.inodes + 64).to_string(),
+            &(room.inodes + room.inodes / 16 + 256).to_string(),
             "-E",
             &format!("root_owner={}:{}", root_owner.0, root_owner.1),
             "-d",
@@ -217,6 +222,26 @@ pub(crate) fn sparse_digest(path: &Path) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_always_fits_the_image_its_footprint_sizes() {
+        // mke2fs rounds the inodes per group, sometimes down: with many
+        // groups (much data) and few entries, an exact `-N` came out short
+        // ("Could not allocate inode"). A sparse file makes the data cheap.
+        let out = tempfile::tempdir().unwrap();
+        let tree = tempfile::tempdir().unwrap();
+        for i in 0..1000 {
+            fs::write(tree.path().join(i.to_string()), "").unwrap();
+        }
+        let big = 200u64 << 20;
+        File::create(tree.path().join("big")).unwrap().set_len(big).unwrap();
+        for extra in [0u64, 24 << 20, 48 << 20] {
+            let room = Footprint { bytes: big + extra, inodes: 1002 };
+            let image = out.path().join(format!("{extra}.img"));
+            image_tree(tree.path(), &image, room, (0, 0), 1 << 30, "tree").unwrap();
+            assert_eq!(fs::metadata(&image).unwrap().len(), 1 << 30);
+        }
+    }
 
     #[test]
     fn sparse_digest_sees_data_not_holes() {

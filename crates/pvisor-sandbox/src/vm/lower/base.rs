@@ -153,8 +153,20 @@ pub(crate) fn build(dir: &Path, workspace: &Path) -> io::Result<BaseManifest> {
     // The clock is read before the walk: anything that changes from here on
     // is stamped at or after it (less the coarse clock's lag, which the
     // margin covers), so it counts as changed against this base.
-    let build_start_ns = now_ns();
-    let entries = index::walk(workspace)?;
+    let mut build_start_ns = now_ns();
+    let mut entries = index::walk(workspace)?;
+    if let Some(wait) = racy_wait(&entries, build_start_ns) {
+        // Written in the last seconds (a fresh clone, an unpacked archive):
+        // a base built now would trust none of it, and every start would
+        // copy it all again into its delta. Waiting out the margin is cheaper.
+        tracing::info!(
+            wait_ms = wait.as_millis() as u64,
+            "the workspace was just written; waiting out the racy margin"
+        );
+        std::thread::sleep(wait);
+        build_start_ns = now_ns();
+        entries = index::walk(workspace)?;
+    }
     let id = format!("{:016x}", u64::from_le_bytes(pvisor_core::random::bytes::<8>()?));
     let tmp = dir.join(format!("tmp-{id}.img"));
     let root = (entries[0].uid, entries[0].gid);
@@ -189,6 +201,24 @@ pub(crate) fn build(dir: &Path, workspace: &Path) -> io::Result<BaseManifest> {
         let _ = fs::remove_file(index_path(dir, &old.id));
     }
     Ok(manifest)
+}
+
+/// Racy entries below this many bytes are cheaper to copy into a delta than
+/// to wait for (the rebase thresholds apply too: see [`super::rebase_reason`]).
+const RACY_WAIT_BYTES: u64 = 64 << 20;
+
+/// How long to wait before building, if so much of the workspace would be
+/// racy against a base built at `start_ns` that its delta would be over the
+/// rebase thresholds and large: until the newest stamp is past the margin.
+fn racy_wait(entries: &[Entry], start_ns: i64) -> Option<std::time::Duration> {
+    let racy: Vec<&Entry> = entries.iter().filter(|e| e.racy(start_ns - RACY_MARGIN_NS)).collect();
+    let bytes: u64 = racy.iter().filter(|e| e.kind == Kind::File).map(|e| e.size).sum();
+    let total: u64 = entries.iter().filter(|e| e.kind == Kind::File).map(|e| e.size).sum();
+    let large = bytes > RACY_WAIT_BYTES || racy.len() > super::REBASE_ENTRIES;
+    super::rebase_reason(racy.len(), bytes, total).filter(|_| large)?;
+    let newest = racy.iter().map(|e| e.mtime_ns.max(e.ctime_ns)).max()?;
+    let until = (newest + RACY_MARGIN_NS + 10_000_000 - start_ns).clamp(0, RACY_MARGIN_NS + 10_000_000);
+    Some(std::time::Duration::from_nanos(until as u64))
 }
 
 /// The cache's `flock`, shared or exclusive.

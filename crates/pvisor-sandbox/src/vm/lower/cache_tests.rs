@@ -175,3 +175,19 @@ fn gc_retires_a_cache_only_when_no_start_holds_it() {
     // The next start builds afresh.
     assert!(f.prepare().rebuilt.is_some());
 }
+
+#[test]
+fn a_large_workspace_written_just_now_is_waited_out_rather_than_copied_twice() {
+    let f = Fixture::new();
+    for i in 0..=REBASE_ENTRIES {
+        f.write(&format!("many/{i}"), "");
+    }
+    let started = std::time::Instant::now();
+    let first = f.prepare();
+    assert!(first.rebuilt.is_some());
+    // Built once the margin had passed, so nothing in it is racy: without
+    // the wait, all 2,000 entries would be in this delta and the next.
+    assert_eq!(first.delta_entries, 1, "{first:?}");
+    assert!(started.elapsed().as_nanos() as i64 >= base::RACY_MARGIN_NS / 2, "it waited");
+    assert_eq!((f.prepare().rebuilt, f.prepare().delta_entries), (None, 1));
+}

@@ -92,7 +92,7 @@ impl Entry {
 
     /// Whether the entry may have changed since a build that started at
     /// `clean_before_ns` (margin already taken off) without its stat showing it.
-    fn racy(&self, clean_before_ns: i64) -> bool {
+    pub fn racy(&self, clean_before_ns: i64) -> bool {
         self.mtime_ns >= clean_before_ns || self.ctime_ns >= clean_before_ns
     }
 

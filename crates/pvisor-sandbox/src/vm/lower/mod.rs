@@ -154,18 +154,20 @@ fn judge(
     };
     let diff = index::diff(&index, &current, base.clean_before_ns);
     let entries = diff.changed.len() + diff.deleted.len();
-    let bytes = delta::changed_bytes(&current, &diff);
-    let why = if entries > REBASE_ENTRIES {
+    let why = rebase_reason(entries, delta::changed_bytes(&current, &diff), base.file_bytes);
+    (Some(Ready { base, current, diff }), why)
+}
+
+/// Why a delta of `entries` entries and `bytes` file bytes over a base of
+/// `base_bytes` should be a new base instead, if it should.
+fn rebase_reason(entries: usize, bytes: u64, base_bytes: u64) -> Option<String> {
+    if entries > REBASE_ENTRIES {
         Some(format!("{entries} entries changed since the base was built (over {REBASE_ENTRIES})"))
-    } else if bytes > base.file_bytes / REBASE_FRACTION {
-        Some(format!(
-            "{bytes} bytes changed since the base was built (over a quarter of its {})",
-            base.file_bytes
-        ))
+    } else if bytes > base_bytes / REBASE_FRACTION {
+        Some(format!("{bytes} bytes changed since the base was built (over a quarter of its {base_bytes})"))
     } else {
         None
-    };
-    (Some(Ready { base, current, diff }), why)
+    }
 }
 
 #[cfg(test)]
