@@ -12,10 +12,12 @@
 //! checkpoint: QEMU migrates the virtqueues, and the host drains its socket
 //! after `stop` (see the vm executor).
 
+mod delta;
 mod framing;
 mod messages;
 mod paths;
 
+pub use delta::{DeltaEntry, DeltaManifest, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST};
 pub use framing::{read_frame, write_frame, MAX_HEADER, MAX_PAYLOAD};
 pub use messages::{EntryKind, FileOp, FileStat, Reply, Request, MAX_LISTING};
 pub use paths::resolve_in_root;
@@ -26,8 +28,11 @@ pub const VERSION: u32 = 1;
 /// The virtio-serial port name both sides agree on.
 pub const PORT_NAME: &str = "org.pvisor.agent.0";
 
-/// Guest disk serials: the read-only workspace image and the writable upper layer.
+/// Guest disk serials: the read-only base image of the workspace, the
+/// delta of what changed since it was built ([`DeltaManifest`]), and the
+/// writable upper layer. The host attaches them in this order.
 pub const LOWER_SERIAL: &str = "pvisor-lower";
+pub const DELTA_SERIAL: &str = "pvisor-delta";
 pub const UPPER_SERIAL: &str = "pvisor-upper";
 
 /// Host-initiated stream ids ([`Request::NetConnect`]) have this bit set;

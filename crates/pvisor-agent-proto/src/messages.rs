@@ -16,11 +16,17 @@ pub enum Request {
     /// Mounts the workspace overlay at `workspace` (the host path), sets the
     /// clock, and with `proxy_port` listens on guest `127.0.0.1:port`, each
     /// connection becoming a stream to pvisor's proxy (the guest has no NIC).
+    /// With `delta`, the disk [`DELTA_SERIAL`](crate::DELTA_SERIAL) is
+    /// finished from its manifest and layered above the base image; an agent
+    /// older than the field refuses it (unknown field), so a stale guest
+    /// image can never show the base alone.
     Setup {
         workspace: PathBuf,
         hostname: String,
         clock_unix_ns: i64,
         proxy_port: Option<u16>,
+        #[serde(default)]
+        delta: bool,
     },
     /// Payload: bytes from the proxy for guest connection `stream`.
     NetData {
@@ -298,4 +304,22 @@ pub enum Reply {
         op: String,
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setup_without_delta_means_none_and_an_unknown_field_is_refused() {
+        let old = r#"{"type":"setup","workspace":"/w","hostname":"h","clock_unix_ns":1,"proxy_port":null}"#;
+        match serde_json::from_str::<Request>(old).unwrap() {
+            Request::Setup { delta, .. } => assert!(!delta),
+            other => panic!("{other:?}"),
+        }
+        // What an agent that predates a field does with it: refuse, not ignore.
+        let newer = r#"{"type":"setup","workspace":"/w","hostname":"h","clock_unix_ns":1,"proxy_port":null,"delta":true,"layers":2}"#;
+        let e = serde_json::from_str::<Request>(newer).unwrap_err().to_string();
+        assert!(e.contains("unknown field `layers`"), "{e}");
+    }
 }

@@ -5,8 +5,9 @@
 //! - `pvisor run -- true` on `ns`, on `vm` (a template restore: the normal
 //!   start) and on `vm` with `PVISOR_VM_TEMPLATES=off` (a full boot), and
 //!   the ratios;
-//! - the same `vm` run over a workspace of 10,000 small files, against `cp -a`
-//!   of that workspace (the price of imaging the workspace onto a block device);
+//! - the same `vm` run over a workspace of 10,000 small files (the first
+//!   sample builds its cached base image, the others start from it; the
+//!   `vm_workspace` bench measures those cases apart), against `cp -a` of it;
 //! - `pvisor suspend` (quiesce, stop, save, publish, QEMU exit, receipt) and
 //!   `pvisor resume` until the command's next line, on a counter loop;
 //! - `pvisor fork --state execution` of a running counter until the child's

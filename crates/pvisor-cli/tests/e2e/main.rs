@@ -24,3 +24,4 @@ mod serve;
 mod signals;
 mod vm;
 mod vm_templates;
+mod vm_workspace;

@@ -4,7 +4,8 @@
 //!
 //! Order of a checkpoint (each step only after the previous succeeded):
 //! quiesce (sync + FIFREEZE through the agent) → QMP `stop` → migrate the
-//! machine state to `state` → copy the upper disk, link the lower image →
+//! machine state to `state` → copy the upper and delta disks, link the
+//! lower image →
 //! hash everything → write `manifest.json`, fsync, rename the directory into
 //! place (publication) → `cont` + thaw, or `quit` for a suspension. A crash
 //! before the rename leaves only a `.partial-*` directory that nothing trusts.
@@ -26,6 +27,8 @@ use super::{disk, qmp, MachineConfig};
 pub const STATE: &str = "state";
 pub const UPPER: &str = "upper.img";
 pub const LOWER: &str = "lower.img";
+/// The per-start delta disk (a guest-writable lower layer; see `vm::lower`).
+pub const DELTA: &str = "delta.img";
 pub const MANIFEST: &str = "manifest.json";
 pub const CONTROL_SOCKET: &str = "control.sock";
 pub const KIND: &str = "execution";
@@ -79,6 +82,10 @@ pub struct ExecCheckpoint {
     /// The runtime's facts (job, attempt, baseline).
     pub context: serde_json::Value,
     pub files: Vec<CheckpointFile>,
+    /// The disk files in device order; a restore attaches exactly these.
+    /// Checkpoints taken before the delta disk existed had two.
+    #[serde(default = "two_disks")]
+    pub disks: Vec<String>,
     /// Filesystems the agent froze; the restore thaws them.
     pub frozen: Vec<PathBuf>,
     /// How long the guest was stopped, and the whole save.
@@ -93,6 +100,10 @@ pub struct CheckpointFile {
     /// BLAKE3 of the bytes, or of the data extents for sparse disk images.
     pub blake3: String,
     pub sparse: bool,
+}
+
+fn two_disks() -> Vec<String> {
+    vec![LOWER.into(), UPPER.into()]
 }
 
 pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
@@ -117,7 +128,13 @@ pub fn verify(dir: &Path) -> Result<ExecCheckpoint, String> {
             manifest.kind
         ));
     }
-    for name in [STATE, UPPER, LOWER] {
+    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER].contains(&d.as_str())) {
+        return Err(format!(
+            "checkpoint {} lists disks pvisor does not know: {:?}",
+            manifest.id, manifest.disks
+        ));
+    }
+    for name in std::iter::once(STATE).chain(manifest.disks.iter().map(String::as_str)) {
         let listed = manifest
             .files
             .iter()
@@ -192,6 +209,11 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     pvisor_core::failpoint::hit("vm-after-quiesce");
     tracing::debug!(%id, ?frozen, elapsed_ms = started.elapsed().as_millis() as u64, "guest quiesced");
     let paused = Instant::now();
+    let disks: Vec<String> = shared
+        .disks
+        .iter()
+        .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+        .collect();
     let saved = save(shared, &partial).and_then(|()| {
         pvisor_core::failpoint::hit("vm-after-state");
         let manifest = ExecCheckpoint {
@@ -204,11 +226,11 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             workspace: shared.spec.workspace.clone(),
             exec_id: super::EXEC_ID,
             context: shared.vm.context.clone(),
-            files: vec![
-                digest(&partial.join(STATE), false).map_err(|e| e.to_string())?,
-                digest(&partial.join(UPPER), true).map_err(|e| e.to_string())?,
-                digest(&partial.join(LOWER), true).map_err(|e| e.to_string())?,
-            ],
+            files: std::iter::once(digest(&partial.join(STATE), false))
+                .chain(disks.iter().map(|name| digest(&partial.join(name), true)))
+                .collect::<io::Result<_>>()
+                .map_err(|e| e.to_string())?,
+            disks: disks.clone(),
             frozen: frozen.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
@@ -269,10 +291,11 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
     drop(qmp);
     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "machine state migrated");
     let copying = Instant::now();
-    disk::sparse_copy(&shared.upper, &dir.join(UPPER))
-        .map_err(|e| format!("cannot copy the upper disk: {e}"))?;
-    disk::link_or_copy(&shared.lower, &dir.join(LOWER))
-        .map_err(|e| format!("cannot keep the workspace image: {e}"))?;
+    for path in &shared.disks {
+        let name = path.file_name().unwrap_or_default();
+        disk::keep_disk(path, &dir.join(name))
+            .map_err(|e| format!("cannot keep the disk {}: {e}", name.to_string_lossy()))?;
+    }
     tracing::debug!(elapsed_ms = copying.elapsed().as_millis() as u64, "disks copied");
     fs::File::open(dir.join(STATE))
         .and_then(|f| f.sync_all())
@@ -295,4 +318,53 @@ pub(super) fn publish_dir(partial: &Path, published: &Path, manifest: &[u8]) -> 
         fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint directory as a pvisor without the delta disk wrote it.
+    fn two_disk_checkpoint(dir: &Path) -> serde_json::Value {
+        for (name, bytes) in [(STATE, &b"machine"[..]), (UPPER, b"upper"), (LOWER, b"lower")] {
+            fs::write(dir.join(name), bytes).unwrap();
+        }
+        let file =
+            |name: &str, sparse| serde_json::to_value(digest(&dir.join(name), sparse).unwrap()).unwrap();
+        serde_json::json!({
+            "format": 1, "id": CheckpointId::generate(), "kind": KIND, "created_at": Timestamp::now(),
+            "image": "digest", "machine": {"memory_mib": 512, "cpus": 1, "accelerator": "tcg"},
+            "workspace": "/w", "exec_id": 1, "context": {},
+            "files": [file(STATE, false), file(UPPER, true), file(LOWER, true)],
+            "frozen": [], "paused_ms": 1, "save_ms": 2,
+        })
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_the_delta_disk_restores_with_its_two_disks() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = two_disk_checkpoint(dir.path());
+        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let verified = verify(dir.path()).unwrap();
+        assert_eq!(verified.disks, [LOWER, UPPER], "the device list it was taken with");
+    }
+
+    #[test]
+    fn a_listed_disk_must_be_known_present_and_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = two_disk_checkpoint(dir.path());
+        let write = |m: &serde_json::Value| {
+            fs::write(dir.path().join(MANIFEST), serde_json::to_vec(m).unwrap()).unwrap()
+        };
+        manifest["disks"] = serde_json::json!([LOWER, "../../etc/passwd", UPPER]);
+        write(&manifest);
+        assert!(verify(dir.path()).unwrap_err().contains("does not know"));
+        manifest["disks"] = serde_json::json!([LOWER, DELTA, UPPER]);
+        write(&manifest);
+        assert!(verify(dir.path()).unwrap_err().contains("does not list its delta.img"));
+        manifest["disks"] = serde_json::json!([LOWER, UPPER]);
+        write(&manifest);
+        fs::write(dir.path().join(UPPER), b"UPPER").unwrap();
+        assert!(verify(dir.path()).unwrap_err().contains("is corrupt"));
+    }
 }

@@ -1,70 +1,95 @@
-//! The VM's disks: a read-only ext4 image of the workspace (the overlay's
-//! lower layer) and a sparse ext4 disk for the upper layer, plus the sparse
-//! copy and digest that checkpoints use.
+//! The VM's disks: ext4 images of a tree (the workspace's base image and
+//! its per-start delta, both lower layers of the guest overlay), the sparse
+//! ext4 upper disk, the disk list QEMU attaches, plus the sparse copy and
+//! digest that checkpoints use.
 //!
 //! Block devices rather than a 9p share because QEMU cannot migrate a guest
 //! with a mounted 9p export, and virtiofs blocks migration always; the copy
 //! into the image is the price of execution checkpoints (docs/vm-executor.md).
+//!
+//! Every disk has a constant virtual size, whatever it holds: a guest
+//! restored from a template probed its disks at boot, so a new Attempt's
+//! disks must look the same size. The filesystem inside may be smaller.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-use super::qemu::Disk;
 use std::process::Command;
 
+use super::checkpoint::{DELTA, LOWER, UPPER};
+
+/// Virtual size of the base image disk: the largest workspace a vm Job takes.
+pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;
+/// Virtual size of the delta disk.
+pub(crate) const DELTA_DISK_BYTES: u64 = 64 << 30;
 /// Size of the sparse upper disk; only written blocks use host space.
 pub(crate) const UPPER_DISK_BYTES: u64 = 8 << 30;
-/// The workspace image's virtual size. Constant, whatever the workspace:
-/// a template guest probed disks of these sizes at boot and its clones
-/// attach their own in their place (the ext4 inside may be smaller).
-pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;
 
-/// A VM's workspace disk files, in device order.
-#[derive(Clone, Debug)]
-pub(crate) struct WorkspaceFiles {
-    pub lower: PathBuf,
-    pub upper: PathBuf,
+/// One disk on the QEMU command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Disk<'a> {
+    /// The QEMU drive id.
+    pub id: &'static str,
+    /// The virtio serial the agent finds it by.
+    pub serial: &'static str,
+    pub path: &'a Path,
+    pub readonly: bool,
 }
 
-impl WorkspaceFiles {
-    pub(crate) fn in_dir(dir: &Path) -> Self {
-        Self { lower: dir.join("lower.img"), upper: dir.join("upper.img") }
+impl<'a> Disk<'a> {
+    /// The disk whose file is `path`, known by its name ([`LOWER`],
+    /// [`DELTA`] or [`UPPER`], as in a checkpoint). An Attempt's device list
+    /// is its disk files in order: lower, delta, upper for a boot; for a
+    /// restore exactly the checkpoint's list (one taken before the delta
+    /// existed has none).
+    pub(crate) fn of(path: &'a Path) -> Result<Self, String> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let (id, serial, readonly) = match name {
+            LOWER => ("lower", pvisor_agent_proto::LOWER_SERIAL, true),
+            DELTA => ("delta", pvisor_agent_proto::DELTA_SERIAL, false),
+            UPPER => ("upper", pvisor_agent_proto::UPPER_SERIAL, false),
+            _ => return Err(format!("{} is not a VM disk pvisor knows", path.display())),
+        };
+        Ok(Self { id, serial, path, readonly })
     }
-
-    pub(crate) fn all(&self) -> [&Path; 2] {
-        [&self.lower, &self.upper]
-    }
 }
 
-/// The QEMU disks for `files`: the same ids, serials and order for boots,
-/// restores and templates (part of the migration contract).
-pub(crate) fn workspace_disks(files: &WorkspaceFiles) -> Vec<Disk<'_>> {
-    vec![
-        Disk { id: "lower", serial: pvisor_agent_proto::LOWER_SERIAL, path: &files.lower, readonly: true },
-        Disk { id: "upper", serial: pvisor_agent_proto::UPPER_SERIAL, path: &files.upper, readonly: false },
-    ]
+/// A fresh start's disk files, in device order, with their constant
+/// virtual sizes (a template guest probed disks of these sizes at boot, and
+/// its clones attach their own in their place).
+const BOOT_DISKS: [(&str, u64); 3] =
+    [(LOWER, LOWER_DISK_BYTES), (DELTA, DELTA_DISK_BYTES), (UPPER, UPPER_DISK_BYTES)];
+
+/// The file names of a fresh start's disks, in device order.
+pub(crate) fn boot_disk_names() -> [&'static str; 3] {
+    BOOT_DISKS.map(|(name, _)| name)
 }
 
-/// The disk layout as a template key records it.
+/// The disk layout as a template key records it: ids, serials, access, sizes.
 pub(crate) fn layout_description() -> String {
-    let files = WorkspaceFiles::in_dir(Path::new("/"));
-    let sizes = [LOWER_DISK_BYTES, UPPER_DISK_BYTES];
-    workspace_disks(&files)
+    BOOT_DISKS
         .iter()
-        .zip(sizes)
-        .map(|(d, size)| format!("{}:{}:{}:{size}", d.id, d.serial, if d.readonly { "ro" } else { "rw" }))
+        .filter_map(|(name, size)| {
+            let path = Path::new(name);
+            let d = Disk::of(path).ok()?;
+            Some(format!("{}:{}:{}:{size}", d.id, d.serial, if d.readonly { "ro" } else { "rw" }))
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// Blank sparse disks of the real virtual sizes, for a template's boot.
-pub(crate) fn placeholder_disks(dir: &Path) -> io::Result<WorkspaceFiles> {
-    let files = WorkspaceFiles::in_dir(dir);
-    File::create(&files.lower)?.set_len(LOWER_DISK_BYTES)?;
-    File::create(&files.upper)?.set_len(UPPER_DISK_BYTES)?;
-    Ok(files)
+/// Blank sparse disks of the real names and virtual sizes in `dir`, for a
+/// template's boot; returned in device order.
+pub(crate) fn placeholder_disks(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    BOOT_DISKS
+        .iter()
+        .map(|(name, size)| {
+            let path = dir.join(name);
+            File::create(&path)?.set_len(*size)?;
+            Ok(path)
+        })
+        .collect()
 }
 
 /// Host bytes allocated under `path` (sparse files count their data only).
@@ -76,35 +101,56 @@ pub(crate) fn allocated_bytes(path: &Path) -> u64 {
     fs::read_dir(path).into_iter().flatten().flatten().map(|e| allocated_bytes(&e.path())).sum()
 }
 
-/// Builds `image` from the tree at `workspace` with `mkfs.ext4 -d`.
-pub(crate) fn build_lower(workspace: &Path, image: &Path) -> io::Result<()> {
-    let (bytes, inodes) = measure(workspace)?;
+/// Room an image of a tree needs: file and directory bytes (rounded to
+/// blocks) and entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// Makes `image` an ext4 filesystem holding the tree at `source`
+/// (`mkfs.ext4 -d`, no journal) sized for `room`, its root owned by
+/// `root_owner`, then extends the file to `disk_bytes` (sparse). A tree that
+/// does not fit is an error naming the limit.
+pub(crate) fn image_tree(
+    source: &Path,
+    image: &Path,
+    room: Footprint,
+    root_owner: (u32, u32),
+    disk_bytes: u64,
+    what: &str,
+) -> io::Result<()> {
     // Room for metadata and block rounding; ext4 needs at least a few MiB.
-    let size = (bytes + bytes / 8 + inodes * 4096 + (16 << 20)).div_ceil(1 << 20) << 20;
-    let meta = fs::metadata(workspace)?;
-    if size > LOWER_DISK_BYTES {
+    let size = (room.bytes + room.bytes / 8 + room.inodes * 4096 + (16 << 20)).div_ceil(1 << 20) << 20;
+    if size > disk_bytes {
         return Err(io::Error::other(format!(
-            "the workspace needs a {} MiB image, more than the vm executor's {} GiB workspace disk; use --executor ns or a smaller workspace",
-            size >> 20,
-            LOWER_DISK_BYTES >> 30
+            "the {what} needs an ext4 filesystem of {:.1} GiB, over the {} GiB disk the vm executor gives it \
+             (use a smaller workspace, or --executor ns)",
+            size as f64 / (1u64 << 30) as f64,
+            disk_bytes >> 30
         )));
     }
     File::create(image)?.set_len(size)?;
+    // 4 KiB blocks, as `room` assumes (mke2fs would pick 1 KiB for a small
+    // filesystem). It rounds the inodes per group, sometimes down, so `-N`
+    // asks for some more than the tree has.
     mkfs(
         image,
         &[
+            "-b",
+            "4096",
             "-O",
             "^has_journal,^resize_inode",
             "-N",
-            &(inodes + 64).to_string(),
+            &(room.inodes + room.inodes / 16 + 256).to_string(),
             "-E",
-            &format!("root_owner={}:{}", meta.uid(), meta.gid()),
+            &format!("root_owner={}:{}", root_owner.0, root_owner.1),
             "-d",
-            &workspace.to_string_lossy(),
+            &source.to_string_lossy(),
         ],
     )?;
-    // The device's size is constant; the filesystem keeps its own.
-    fs::OpenOptions::new().write(true).open(image)?.set_len(LOWER_DISK_BYTES)
+    File::options().write(true).open(image)?.set_len(disk_bytes)
 }
 
 /// Creates the sparse, empty upper disk.
@@ -137,25 +183,6 @@ fn mkfs_path() -> &'static str {
         .unwrap_or("mkfs.ext4")
 }
 
-/// Bytes (rounded to blocks) and entries under `dir`, not following symlinks.
-fn measure(dir: &Path) -> io::Result<(u64, u64)> {
-    let (mut bytes, mut inodes) = (0u64, 1u64);
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
-            inodes += 1;
-            bytes += meta.len().div_ceil(4096) * 4096;
-            if meta.is_dir() {
-                bytes += 4096;
-                stack.push(entry.path());
-            }
-        }
-    }
-    Ok((bytes, inodes))
-}
-
 /// Copies `src` to `dst` keeping holes (reflink first, where the filesystem can).
 pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
     let status =
@@ -164,6 +191,19 @@ pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
         return Err(io::Error::other(format!("cp {} {} failed ({status})", src.display(), dst.display())));
     }
     File::open(dst)?.sync_all()
+}
+
+/// Keeps the disk `src` at `dst` (a checkpoint's copy, or a restore's): the
+/// lower image is read-only to QEMU and never changes, so a link keeps it;
+/// the others are guest-writable (the delta too: the guest finished it at
+/// setup, and a command as guest root could still write it), so they are
+/// copied and never share blocks with a running VM.
+pub(crate) fn keep_disk(src: &Path, dst: &Path) -> io::Result<()> {
+    if src.file_name().is_some_and(|n| n == LOWER) {
+        link_or_copy(src, dst)
+    } else {
+        sparse_copy(src, dst)
+    }
 }
 
 /// Links `src` at `dst`, or copies it across filesystems. For immutable files only.
@@ -231,6 +271,26 @@ pub(crate) fn sparse_digest(path: &Path) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_always_fits_the_image_its_footprint_sizes() {
+        // mke2fs rounds the inodes per group, sometimes down: with many
+        // groups (much data) and few entries, an exact `-N` came out short
+        // ("Could not allocate inode"). A sparse file makes the data cheap.
+        let out = tempfile::tempdir().unwrap();
+        let tree = tempfile::tempdir().unwrap();
+        for i in 0..1000 {
+            fs::write(tree.path().join(i.to_string()), "").unwrap();
+        }
+        let big = 200u64 << 20;
+        File::create(tree.path().join("big")).unwrap().set_len(big).unwrap();
+        for extra in [0u64, 24 << 20, 48 << 20] {
+            let room = Footprint { bytes: big + extra, inodes: 1002 };
+            let image = out.path().join(format!("{extra}.img"));
+            image_tree(tree.path(), &image, room, (0, 0), 1 << 30, "tree").unwrap();
+            assert_eq!(fs::metadata(&image).unwrap().len(), 1 << 30);
+        }
+    }
 
     #[test]
     fn sparse_digest_sees_data_not_holes() {

@@ -58,11 +58,18 @@ pub(super) struct Shared {
     pub(super) config: MachineConfig,
     pub(super) spec: SandboxSpec,
     pub(super) vm: VmSpec,
-    pub(super) lower: PathBuf,
-    pub(super) upper: PathBuf,
+    /// The Attempt's disk files in device order (see [`super::disk::Disk::of`]).
+    pub(super) disks: Vec<PathBuf>,
 }
 
 impl Shared {
+    /// Removes the Attempt's disk files (its scratch; checkpoints hold their own).
+    pub(super) fn remove_disks(&self) {
+        for disk in &self.disks {
+            let _ = std::fs::remove_file(disk);
+        }
+    }
+
     pub(super) fn send(&self, request: &Request, payload: &[u8]) -> io::Result<()> {
         let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
         write_frame(&mut *agent, request, payload)

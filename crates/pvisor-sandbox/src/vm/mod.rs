@@ -1,9 +1,11 @@
 //! The `vm` executor: one QEMU microVM per Attempt, driven over QMP, with
 //! `pvisor-agent` as the guest's PID 1 (AgentCtl over virtio-serial).
 //!
-//! The workspace reaches the guest as two disks: a read-only ext4 image of
-//! the workspace (lower) and a sparse writable ext4 disk (upper), joined by an
-//! overlay the agent mounts at the workspace's own path. When the command
+//! The workspace reaches the guest as three disks: a read-only ext4 base
+//! image of the workspace cached across Jobs (lower), a small image of what
+//! changed since that base was built (delta, see [`lower`]), and a sparse
+//! writable ext4 disk (upper), joined by an overlay the agent mounts at the
+//! workspace's own path. When the command
 //! ends, the agent streams the upper layer out and [`export`] writes it into
 //! the Run's stage in the same format the `ns` backend leaves, so review,
 //! apply, preimages and receipts have no VM special case.
@@ -28,6 +30,7 @@ pub mod guest;
 pub mod image;
 mod link;
 mod live;
+pub mod lower;
 mod net;
 mod process;
 mod qemu;
@@ -96,7 +99,8 @@ const TEMPLATES_ENV: &str = "PVISOR_VM_TEMPLATES";
 pub struct VmExecutor {
     image: GuestImage,
     accel: AccelChoice,
-    /// Where templates are kept (`vm-templates/` under it).
+    /// The state directory: vm templates (`vm-templates/`) and the
+    /// per-workspace lower caches live under it.
     state_root: PathBuf,
 }
 

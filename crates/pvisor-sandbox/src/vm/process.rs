@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 use pvisor_agent_proto::{Reply, Request};
 
 use super::control::serve_control;
-use super::disk::WorkspaceFiles;
 use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram};
 use super::{
-    checkpoint, disk, export, qmp, setup, Accelerator, ExecCheckpoint, RamFormat, VmExecutor, EXEC_ID,
+    checkpoint, disk, export, lower, qmp, setup, Accelerator, ExecCheckpoint, RamFormat, VmExecutor, EXEC_ID,
 };
 use crate::{
     sys, ExitReport, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination,
@@ -49,6 +48,8 @@ pub struct VmProcess {
     events: Receiver<AgentEvent>,
     boot_ms: u64,
     restored: Option<serde_json::Value>,
+    /// How the workspace disks were made (a fresh start; a restore reuses the checkpoint's).
+    workspace_disks: Option<lower::Prepared>,
     /// How this VM started (template restore, boot and why, checkpoint restore).
     start: serde_json::Value,
     /// The command never started (the agent's exec failed).
@@ -99,8 +100,8 @@ impl VmProcess {
         }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
-        let files = WorkspaceFiles::in_dir(&vm.dir);
-        let mut scratch = Scratch(files.all().iter().map(|p| p.to_path_buf()).collect());
+        let mut scratch = Scratch(Vec::new());
+        let mut workspace_disks = None;
         let start = match &vm.restore {
             Some(dir) => {
                 let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
@@ -110,20 +111,33 @@ impl VmProcess {
                         "the checkpoint cannot be resumed; fork an earlier one or drop the Job".into(),
                     ),
                 })?;
-                disk::link_or_copy(&dir.join(checkpoint::LOWER), &files.lower)
-                    .and_then(|()| disk::sparse_copy(&dir.join(checkpoint::UPPER), &files.upper))
-                    .map_err(|e| setup("restore", format!("cannot copy the checkpoint's disks: {e}")))?;
+                // Exactly the device list the checkpoint was taken with.
+                scratch.0 = manifest.disks.iter().map(|name| vm.dir.join(name)).collect();
+                for (name, path) in manifest.disks.iter().zip(&scratch.0) {
+                    disk::keep_disk(&dir.join(name), path)
+                        .map_err(|e| setup("restore", format!("cannot copy the checkpoint's {name}: {e}")))?;
+                }
                 Start::Restore { state: dir.join(checkpoint::STATE), manifest: Box::new(manifest) }
             }
             None => {
-                disk::build_lower(&spec.workspace, &files.lower).map_err(|e| SandboxError::Setup {
+                scratch.0 = disk::boot_disk_names().iter().map(|name| vm.dir.join(name)).collect();
+                let staging = vm.dir.join(lower::DELTA_STAGING);
+                let prepared = lower::prepare(
+                    &executor.state_root,
+                    &spec.workspace,
+                    &scratch.0[0],
+                    &scratch.0[1],
+                    &staging,
+                )
+                .map_err(|e| SandboxError::Setup {
                     step: "workspace-image".into(),
                     message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
                     hint: Some(
                         "every file in the workspace must be readable by the user running pvisor".into(),
                     ),
                 })?;
-                disk::create_upper(&files.upper).map_err(|e| setup("upper-disk", e))?;
+                disk::create_upper(&scratch.0[2]).map_err(|e| setup("upper-disk", e))?;
+                workspace_disks = Some(prepared);
                 let plan = match boot_reason {
                     Some(reason) => Err(reason),
                     None => executor.template_for(&executor.machine_config(&spec.limits)),
@@ -153,6 +167,9 @@ impl VmProcess {
             }
             other => other,
         };
+        let disks = scratch.0.clone();
+        let devices: Vec<disk::Disk<'_>> =
+            disks.iter().map(|p| disk::Disk::of(p)).collect::<Result<_, _>>().map_err(|e| setup("vm", e))?;
         let incoming = match &start {
             Start::Restore { state, .. } => Some(state.clone()),
             Start::Clone { template, .. } => Some(template.state()),
@@ -168,7 +185,7 @@ impl VmProcess {
             &executor.image,
             &config,
             ram,
-            &disk::workspace_disks(&files),
+            &devices,
             &agent_qemu,
             &qmp_qemu,
             &console_qemu,
@@ -247,8 +264,7 @@ impl VmProcess {
             config,
             spec: spec.clone(),
             vm: vm.clone(),
-            lower: files.lower.clone(),
-            upper: files.upper.clone(),
+            disks,
         });
         let fail = |message: String| {
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
@@ -318,6 +334,7 @@ impl VmProcess {
                 hostname: spec.hostname.clone(),
                 clock_unix_ns: unix_now_ns(),
                 proxy_port,
+                delta: true,
             };
             let setting_up = Instant::now();
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {
@@ -348,6 +365,7 @@ impl VmProcess {
                         events,
                         boot_ms,
                         restored,
+                        workspace_disks,
                         start: start.facts(),
                         early: Some(early),
                         proxy_listener,
@@ -359,7 +377,16 @@ impl VmProcess {
         forward_stdin(shared.clone());
         serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         scratch.0.clear();
-        Ok(Self { shared, events, boot_ms, restored, start: start.facts(), early: None, proxy_listener })
+        Ok(Self {
+            shared,
+            events,
+            boot_ms,
+            restored,
+            workspace_disks,
+            start: start.facts(),
+            early: None,
+            proxy_listener,
+        })
     }
 }
 
@@ -572,6 +599,7 @@ impl SandboxProcess for VmProcess {
             "ready_ms": self.boot_ms,
             "restored": self.restored,
             "start": self.start,
+            "workspace_disks": self.workspace_disks,
         }))
     }
 
@@ -579,8 +607,7 @@ impl SandboxProcess for VmProcess {
         let shared = self.shared;
         if let Some(termination) = self.early {
             let (_, usage) = shared.quit_and_reap();
-            let _ = fs::remove_file(&shared.lower);
-            let _ = fs::remove_file(&shared.upper);
+            shared.remove_disks();
             return Ok(ExitReport {
                 termination,
                 usage,
@@ -606,8 +633,7 @@ impl SandboxProcess for VmProcess {
             tracing::info!(checkpoint = %manifest.id, "suspend: waiting for QEMU to quit");
             let (qemu, usage) = shared.quit_and_reap();
             // The checkpoint holds its own copies; these were this Attempt's scratch.
-            let _ = fs::remove_file(&shared.lower);
-            let _ = fs::remove_file(&shared.upper);
+            shared.remove_disks();
             return Ok(ExitReport {
                 termination: Termination::Suspended { checkpoint: Box::new(manifest), qemu },
                 usage,
@@ -625,7 +651,7 @@ impl SandboxProcess for VmProcess {
                     let (qemu, _) = shared.quit_and_reap();
                     return Err(SandboxError::Protocol(format!(
                         "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
-                        shared.upper.display()
+                        shared.vm.dir.join(checkpoint::UPPER).display()
                     )));
                 }
                 tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
@@ -648,8 +674,7 @@ impl SandboxProcess for VmProcess {
         };
         let (_, usage) = shared.quit_and_reap();
         // The disks are the Attempt's scratch; the stage now holds the result.
-        let _ = fs::remove_file(&shared.lower);
-        let _ = fs::remove_file(&shared.upper);
+        shared.remove_disks();
         Ok(ExitReport {
             termination,
             usage,

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::disk::Disk;
 use super::{Accelerator, GuestImage, MachineConfig};
 use crate::Usage;
 
@@ -41,20 +42,13 @@ pub(crate) enum Ram<'a> {
     TemplateClone(&'a Path),
 }
 
-/// One virtio-blk disk; the order of a VM's disks is part of the migration contract.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Disk<'a> {
-    pub id: &'static str,
-    pub serial: &'static str,
-    pub path: &'a Path,
-    pub readonly: bool,
-}
-
 /// The RAM backend's id: the migration stream names RAM blocks by it.
 const RAM_ID: &str = "pvisor.ram";
 
 /// The QEMU command line shared by boots, restores, template builds and the
-/// KVM probe. The device list and its order are part of the migration contract.
+/// KVM probe. The device list and its order are part of the migration
+/// contract: `disks` come first, in order (lower, delta, upper for a fresh
+/// start; the checkpoint's own list for a restore; none for the probe).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qemu_command(
     image: &GuestImage,

@@ -329,7 +329,8 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
     // boot, and a clone attaches its own in their place.
     let placeholders =
         disk::placeholder_disks(dir).map_err(|e| format!("cannot create placeholder disks: {e}"))?;
-    let disks = disk::workspace_disks(&placeholders);
+    let disks: Vec<disk::Disk<'_>> =
+        placeholders.iter().map(|p| disk::Disk::of(p)).collect::<Result<_, _>>()?;
     let (mut agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
     let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
@@ -391,7 +392,7 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
         };
         format!("{why}; qemu: {}; console: {}", tail(&log, 3), tail(&console, 3))
     })?;
-    for path in placeholders.all() {
+    for path in &placeholders {
         let _ = fs::remove_file(path);
     }
     for name in [MEMORY, STATE] {

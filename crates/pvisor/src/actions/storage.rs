@@ -48,9 +48,11 @@ impl Action for ReleaseStorage {
         }
         let record: JobRecord = store.read(&store.job_file(&self.job))?;
         for (what, path) in gc::leftover_vm_disks(store, &record) {
-            match std::fs::remove_file(&path) {
+            match gc::remove_tree(&path) {
                 Ok(()) => released.removed.push(path),
-                Err(e) => released.warnings.push(format!("cannot remove {what} ({}): {e}", path.display())),
+                Err((at, e)) => {
+                    released.warnings.push(format!("cannot remove {what} ({}): {e}", at.display()))
+                }
             }
         }
         let checkpoints = store.exec_checkpoints_dir(&record.run);

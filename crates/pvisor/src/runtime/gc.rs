@@ -1,8 +1,10 @@
 //! `gc`: free the space of stages nobody needs any more.
 //!
 //! Removed: the staged files of Jobs whose changes were all applied or dropped
-//! (or that staged nothing), checkpoints no Job's lineage refers to, and
-//! temporaries left by interrupted writes — all older than the threshold.
+//! (or that staged nothing), checkpoints no Job's lineage refers to,
+//! temporaries left by interrupted writes, and vm lower caches unused for as
+//! long — all older than the threshold — plus lower caches of workspaces
+//! that no longer exist.
 //! Kept unless forced: unreviewed stages (pending or partially applied),
 //! stages of Jobs without a confirmed result, and checkpoints a fork came
 //! from. Live Jobs are never touched. Records are always kept.
@@ -178,6 +180,44 @@ fn collect_half_admitted(
     }
 }
 
+/// The vm executor's per-workspace lower caches are a speed-up only: each
+/// running VM and checkpoint hard-linked the base image it uses, so
+/// removing a cache never touches them (their blocks are freed when the
+/// last link goes). A cache unused for `age`, or whose workspace is gone,
+/// is retired under its lock; one a start holds right now is kept.
+fn collect_lower_caches(
+    store: &Store,
+    age: Duration,
+    dry_run: bool,
+    report: &mut GcReport,
+    free: &impl Fn(&mut GcReport, String, PathBuf),
+) {
+    let (caches, retired) = pvisor_sandbox::vm::lower::lower_caches(store.root());
+    for path in retired {
+        free(report, "vm lower cache a gc was removing".into(), path);
+    }
+    for cache in caches {
+        let what = match &cache.workspace {
+            Some(ws) => format!("vm lower cache of {}", ws.display()),
+            None => format!("vm lower cache {} (never published)", cache.dir.display()),
+        };
+        let gone = cache.workspace.as_ref().is_none_or(|ws| !ws.exists());
+        let unused =
+            cache.last_used.is_none_or(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= age);
+        if !gone && !unused {
+            report.kept.push(Kept { what, reason: "a vm Job started from it within the threshold".into() });
+        } else if dry_run {
+            free(report, what, cache.dir);
+        } else {
+            match cache.retire() {
+                Ok(Some(aside)) => free(report, what, aside),
+                Ok(None) => report.kept.push(Kept { what, reason: "a vm Job is starting from it".into() }),
+                Err(e) => report.failed.push(Failed { what, path: cache.dir, error: e.to_string() }),
+            }
+        }
+    }
+}
+
 fn older_than(path: &Path, age: Duration) -> bool {
     std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())
@@ -195,7 +235,10 @@ pub fn leftover_vm_disks(store: &Store, job: &JobRecord) -> Vec<(String, PathBuf
     let mut found = Vec::new();
     for n in 1..=attempts {
         let vm_dir = store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
-        for image in [pvisor_sandbox::vm::checkpoint::LOWER, pvisor_sandbox::vm::checkpoint::UPPER] {
+        use pvisor_sandbox::vm::checkpoint::{DELTA, LOWER, UPPER};
+        // The staging tree of a delta is removed once imaged, unless the
+        // supervisor was killed in between.
+        for image in [LOWER, DELTA, UPPER, pvisor_sandbox::vm::lower::DELTA_STAGING] {
             let path = vm_dir.join(image);
             if path.exists() {
                 found.push((format!("leftover VM disk {image} of {} attempt {n}", job.id), path));
@@ -370,6 +413,7 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             }
         }
     }
+    collect_lower_caches(store, age, dry_run, &mut report, &free);
     collect_half_admitted(store, &mut report, &free);
     // Temporaries of interrupted writes: checkpoints in progress, records, restores.
     let mut temps = Vec::new();

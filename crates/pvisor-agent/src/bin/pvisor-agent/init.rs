@@ -1,6 +1,7 @@
 //! Bringing the guest up as PID 1: the pseudo-filesystems, the kernel
 //! modules the image lists, loopback networking, and (on `Setup`) the
-//! workspace overlay over the two virtio disks.
+//! workspace overlay over the virtio disks: the base image, the delta of
+//! what changed since it was built ([`crate::delta`]), and the upper disk.
 
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -9,11 +10,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use pvisor_agent_proto::{LOWER_SERIAL, UPPER_SERIAL};
+use pvisor_agent_proto::{DELTA_SERIAL, LOWER_SERIAL, UPPER_SERIAL};
 use rustix::mount::MountFlags;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 pub(crate) const LOWER_MNT: &str = "/mnt/pvisor/lower";
+pub(crate) const DELTA_MNT: &str = "/mnt/pvisor/delta";
 pub(crate) const UPPER_MNT: &str = "/mnt/pvisor/upper";
 
 /// Mounts the pseudo-filesystems and loads the modules listed in /etc/pvisor/modules.
@@ -104,20 +106,20 @@ fn write_machine_id() -> io::Result<()> {
     fs::write("/etc/machine-id", format!("{hex}\n"))
 }
 
-/// Drops the guest's cached blocks of `disk` (BLKFLSBUF). A guest restored
-/// from a template probed other disk files at boot (the partition scan read
-/// their first blocks): what it cached must not shadow this start's disks.
-fn flush_buffers(disk: &Path) -> io::Result<()> {
-    const BLKFLSBUF: libc::c_ulong = 0x1261;
-    let device = File::open(disk)?;
-    // SAFETY: BLKFLSBUF takes no argument; the descriptor is a block device we opened.
-    if unsafe { libc::ioctl(device.as_raw_fd(), BLKFLSBUF, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// The block device whose virtio serial is `serial`, its buffer cache
+/// dropped: a guest restored from a template probed other disks (of the
+/// same size) at boot, and what it read then must not be taken for this one's.
+fn fresh_disk(serial: &str) -> io::Result<String> {
+    let dev = disk_by_serial(serial)?.to_string_lossy().into_owned();
+    crate::restore::path_ioctl(&dev, crate::restore::BLKFLSBUF)
+        .map_err(|e| io::Error::new(e.kind(), format!("dropping the buffer cache of {dev}: {e}")))?;
+    Ok(dev)
 }
 
-pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()> {
+/// Mounts the workspace overlay at `workspace`: with `delta`, the delta
+/// disk (finished from its manifest, then remounted read-only) above the
+/// base image; without, the base alone (the host decides, see `Setup`).
+pub(crate) fn setup_workspace(workspace: &Path, hostname: &str, delta: bool) -> io::Result<()> {
     let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     if !hostname.is_empty() {
         let _ = rustix::system::sethostname(hostname.as_bytes());
@@ -125,27 +127,44 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str) -> io::Result<()
     write_machine_id().map_err(ctx("writing /etc/machine-id".into()))?;
     fs::create_dir_all(LOWER_MNT)?;
     fs::create_dir_all(UPPER_MNT)?;
-    let lower = disk_by_serial(LOWER_SERIAL)?;
-    let upper = disk_by_serial(UPPER_SERIAL)?;
-    let lower_s = lower.to_string_lossy().into_owned();
-    let upper_s = upper.to_string_lossy().into_owned();
-    for disk in [&lower, &upper] {
-        flush_buffers(disk).map_err(ctx(format!("invalidating the cached blocks of {}", disk.display())))?;
+    let lower = fresh_disk(LOWER_SERIAL)?;
+    mount(&lower, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
+        .map_err(ctx(format!("mounting the workspace image {lower}")))?;
+    // The lower layers, topmost first.
+    let mut layers = vec![PathBuf::from(LOWER_MNT)];
+    if delta {
+        fs::create_dir_all(DELTA_MNT)?;
+        let dev = fresh_disk(DELTA_SERIAL)?;
+        mount(&dev, DELTA_MNT, "ext4", MountFlags::NODEV, "")
+            .map_err(ctx(format!("mounting the workspace delta {dev}")))?;
+        let layer = crate::delta::finish(Path::new(DELTA_MNT), Path::new(LOWER_MNT))
+            .map_err(ctx("applying the workspace delta".into()))?;
+        // Finished: nothing in the guest writes it again.
+        rustix::mount::mount_remount(DELTA_MNT, MountFlags::RDONLY | MountFlags::NODEV, "").map_err(|e| {
+            io::Error::new(e.kind(), format!("remounting the workspace delta {dev} read-only: {e}"))
+        })?;
+        layers.insert(0, layer);
     }
-    mount(&lower_s, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
-        .map_err(ctx(format!("mounting the workspace image {lower_s}")))?;
-    mount(&upper_s, UPPER_MNT, "ext4", MountFlags::NODEV, "")
-        .map_err(ctx(format!("mounting the upper disk {upper_s}")))?;
+    let upper = fresh_disk(UPPER_SERIAL)?;
+    mount(&upper, UPPER_MNT, "ext4", MountFlags::NODEV, "")
+        .map_err(ctx(format!("mounting the upper disk {upper}")))?;
     let (up, work) = (Path::new(UPPER_MNT).join("upper"), Path::new(UPPER_MNT).join("work"));
     fs::create_dir_all(&up)?;
     fs::create_dir_all(&work)?;
-    // The upper root must look like the workspace root.
-    let root = fs::metadata(LOWER_MNT)?;
+    // The upper root must look like the workspace root: the topmost lower layer's.
+    let root = fs::metadata(&layers[0])?;
     fs::set_permissions(&up, fs::Permissions::from_mode(root.mode() & 0o7777))?;
     std::os::unix::fs::chown(&up, Some(root.uid()), Some(root.gid()))?;
+    // The overlay shows a directory's times from its upper copy, which the
+    // root always has.
+    let mtime = rustix::fs::Timespec { tv_sec: root.mtime(), tv_nsec: root.mtime_nsec() };
+    let times = rustix::fs::Timestamps { last_access: mtime, last_modification: mtime };
+    rustix::fs::utimensat(rustix::fs::CWD, &up, &times, rustix::fs::AtFlags::empty())?;
     fs::create_dir_all(workspace)?;
+    let lowerdir: Vec<String> = layers.iter().map(|l| l.to_string_lossy().into_owned()).collect();
     let options = format!(
-        "lowerdir={LOWER_MNT},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
+        lowerdir.join(":"),
         up.display(),
         work.display()
     );

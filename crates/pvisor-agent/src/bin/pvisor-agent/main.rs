@@ -14,11 +14,13 @@
 //! rather than being lost.
 //!
 //! This file is the request loop and its dispatch; each concern lives in its
-//! module: [`init`] (PID 1 setup and the workspace overlay), [`link`] (the
+//! module: [`init`] (PID 1 setup and the workspace overlay), [`delta`]
+//! (finishing the workspace delta disk), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
+mod delta;
 mod exec;
 mod export;
 mod init;
@@ -140,7 +142,7 @@ impl Agent {
                     Vec::new(),
                 );
             }
-            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port } => {
+            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta } => {
                 let _ = set_clock(clock_unix_ns);
                 // Loopback is the guest's own: services inside it need it,
                 // and it reaches nothing outside.
@@ -149,7 +151,7 @@ impl Agent {
                     Some(port) => self.listen_proxy(port),
                     None => Ok(()),
                 };
-                match network.and_then(|()| setup_workspace(&workspace, &hostname)) {
+                match network.and_then(|()| setup_workspace(&workspace, &hostname, delta)) {
                     Ok(()) => self.send(Reply::Ready, Vec::new()),
                     Err(e) => {
                         self.send(Reply::Error { op: "setup".into(), message: e.to_string() }, Vec::new())

@@ -42,14 +42,14 @@ pub(crate) fn quiesce() -> io::Result<Vec<PathBuf>> {
     rustix::fs::sync();
     let mut frozen = Vec::new();
     if Path::new(UPPER_MNT).join("upper").is_dir() {
-        freeze_ioctl(UPPER_MNT, FIFREEZE)?;
+        path_ioctl(UPPER_MNT, FIFREEZE)?;
         frozen.push(PathBuf::from(UPPER_MNT));
     }
     Ok(frozen)
 }
 
 pub(crate) fn thaw() -> io::Result<()> {
-    match freeze_ioctl(UPPER_MNT, FITHAW) {
+    match path_ioctl(UPPER_MNT, FITHAW) {
         // EINVAL: not frozen (thaw after a restore whose checkpoint froze is still fine).
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         other => other,
@@ -58,13 +58,17 @@ pub(crate) fn thaw() -> io::Result<()> {
 
 const FIFREEZE: libc::c_ulong = 0xC004_5877;
 const FITHAW: libc::c_ulong = 0xC004_5878;
+/// Write back and drop a block device's buffer cache (`_IO(0x12, 97)`).
+pub(crate) const BLKFLSBUF: libc::c_ulong = 0x1261;
 
-/// libc's ioctl: rustix has no FIFREEZE/FITHAW call, and its generic ioctl
-/// would be just as unsafe.
-fn freeze_ioctl(mountpoint: &str, request: libc::c_ulong) -> io::Result<()> {
-    let dir = File::open(mountpoint)?;
-    // SAFETY: FIFREEZE/FITHAW take an int argument that the kernel ignores.
-    let rc = unsafe { libc::ioctl(dir.as_raw_fd(), request, 0) };
+/// Opens `path` and issues `request`, one of the ioctls above, whose
+/// argument the kernel ignores. libc's ioctl: rustix has no call for any of
+/// them, and its generic ioctl would be just as unsafe.
+pub(crate) fn path_ioctl(path: &str, request: libc::c_ulong) -> io::Result<()> {
+    let file = File::open(path)?;
+    // SAFETY: FIFREEZE, FITHAW and BLKFLSBUF take an int argument that the
+    // kernel ignores; no memory is passed.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), request, 0) };
     if rc == 0 {
         Ok(())
     } else {

@@ -186,7 +186,7 @@ fn vm_disks(daemon: &Daemon) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for run in fs::read_dir(daemon.env.home.join("runs")).into_iter().flatten().flatten() {
         for attempt in fs::read_dir(run.path().join("attempts")).into_iter().flatten().flatten() {
-            for image in ["lower.img", "upper.img"] {
+            for image in ["lower.img", "delta.img", "upper.img"] {
                 let path = attempt.path().join("vm").join(image);
                 if path.exists() {
                     found.push(path);
