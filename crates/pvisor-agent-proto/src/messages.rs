@@ -47,7 +47,11 @@ pub enum Request {
     /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and
     /// `/tmp` inside it); `cwd` is then relative to `root`. With `output`,
     /// stdout and stderr are appended to that guest file instead of being
-    /// streamed (a background command whose log outlives its host).
+    /// streamed (a background command whose log outlives its host). With
+    /// `terminal`, the process gets a new pseudo-terminal of that size as
+    /// its controlling terminal and stdin, stdout and stderr (allocated in
+    /// the devpts it sees, so `tty` names it); everything it writes then
+    /// travels as `Stdout`.
     Exec {
         id: u32,
         argv: Vec<String>,
@@ -57,6 +61,15 @@ pub enum Request {
         root: Option<PathBuf>,
         #[serde(default)]
         output: Option<PathBuf>,
+        #[serde(default)]
+        terminal: Option<TerminalSize>,
+    },
+    /// Sets the window size of exec `id`'s terminal (its foreground process
+    /// group gets SIGWINCH). No reply, like `Signal`; an exec without a
+    /// terminal is left alone.
+    Resize {
+        id: u32,
+        size: TerminalSize,
     },
     /// Payload: bytes for the process's stdin.
     Stdin {
@@ -114,6 +127,14 @@ pub enum Request {
     },
     /// Streams the overlay's upper layer as `Entry`/`Data` frames, then `ExportDone`.
     Export,
+}
+
+/// A terminal's size in character cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// A file operation inside a sandbox root (see [`Request::FileOp`]).

@@ -70,11 +70,6 @@ impl Container {
         tokio: &tokio::runtime::Handle,
     ) -> Result<Container, Error> {
         request.stdio.check().map_err(Error::Unsupported)?;
-        if request.stdio.terminal {
-            return Err(Error::Unsupported(
-                "unsupported: a terminal (ctr -t): pvisor's guest agent relays pipes, not a pty".into(),
-            ));
-        }
         let oci = spec::load(&request.bundle)?;
         let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
         let rootfs = request.bundle.join(root);

@@ -19,8 +19,8 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
-use pvisor::actions::guest::Reply;
 use pvisor::actions::guest::{ExecChannel, ExecSignaller};
+use pvisor::actions::guest::{Reply, TerminalSize};
 use std::time::Duration;
 
 use crate::spec::ProcessSpec;
@@ -89,6 +89,9 @@ struct Inner {
     on_exit: Option<OnExit>,
     /// A follower asks the guest for its status (after a resume).
     followed: bool,
+    /// The terminal's size: the last `ResizePty`, applied at the start of
+    /// a process that was resized before it started.
+    size: TerminalSize,
 }
 
 /// What runs when a started process has ended: its guest pid and exit.
@@ -119,6 +122,8 @@ impl Process {
             started: None,
             on_exit: None,
             followed: false,
+            // As runc's console: no size until containerd sends one.
+            size: TerminalSize { rows: 0, cols: 0 },
         };
         Arc::new(Process { spec, stdio, inner: Mutex::new(inner), exited: Condvar::new() })
     }
@@ -144,7 +149,8 @@ impl Process {
         if self.lock().status != Status::Created {
             return Err("the process was already started".into());
         }
-        let (channel, id, pid) = match vm.exec(&self.spec) {
+        let terminal = self.has_terminal().then(|| self.lock().size);
+        let (channel, id, pid) = match vm.exec(&self.spec, terminal) {
             Ok(started) => started,
             Err(e) => {
                 // As runc: the start fails, and the process is stopped with
@@ -239,6 +245,28 @@ impl Process {
                 self.exit(128 + signal);
                 Ok(())
             }
+        }
+    }
+
+    /// On a terminal (containerd's `terminal`, or the spec's).
+    pub fn has_terminal(&self) -> bool {
+        self.stdio.terminal || self.spec.terminal
+    }
+
+    /// Sets the size of the process's terminal (`ResizePty`).
+    pub fn resize(&self, size: TerminalSize) -> Result<(), String> {
+        if !self.has_terminal() {
+            return Err("the process has no terminal (it was not started with one)".into());
+        }
+        let mut inner = self.lock();
+        inner.size = size;
+        match (inner.status, inner.started.clone()) {
+            (Status::Running, Some((vm, id))) => {
+                drop(inner);
+                vm.resize(id, size).map_err(|e| e.to_string())
+            }
+            // Not started: the size is its first; ended: nothing to size.
+            _ => Ok(()),
         }
     }
 

@@ -16,6 +16,7 @@ use containerd_shim::protos::topics;
 use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, TtrpcResult};
+use pvisor::actions::guest::TerminalSize;
 use pvisor::Runtime;
 use pvisor_core::store::Store;
 
@@ -494,8 +495,14 @@ impl containerd_shim::Task for Service {
         unsupported("update", "a VM's memory and CPUs are fixed when it boots")
     }
 
-    fn resize_pty(&self, _ctx: &TtrpcContext, _req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
-        unsupported("resize-pty", "processes have pipes, not a terminal")
+    /// The new size of a process's terminal, set in the guest.
+    fn resize_pty(&self, _ctx: &TtrpcContext, req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let process = container.process(&req.exec_id).map_err(rpc)?;
+        let clamp = |n: u32| n.min(u32::from(u16::MAX)) as u16;
+        let size = TerminalSize { rows: clamp(req.height), cols: clamp(req.width) };
+        process.resize(size).map_err(|e| rpc(Error::Precondition(format!("{}: {e}", req.id))))?;
+        Ok(api::Empty::default())
     }
 
     fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {

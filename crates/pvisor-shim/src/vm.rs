@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::guest::{ExecChannel, ExecSpec, KEEPER};
+use pvisor::actions::guest::{ExecChannel, ExecSpec, TerminalSize, KEEPER};
 use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
 use pvisor::runtime::job_service::CancelHandle;
@@ -200,7 +200,11 @@ impl Vm {
     /// Starts `process` chrooted into the container's rootfs (unless it
     /// asks for the guest's root); returns the
     /// channel (first reply already read), the exec id and the guest pid.
-    pub fn exec(&self, process: &ProcessSpec) -> Result<(ExecChannel, u32, u32), ExecError> {
+    pub fn exec(
+        &self,
+        process: &ProcessSpec,
+        terminal: Option<TerminalSize>,
+    ) -> Result<(ExecChannel, u32, u32), ExecError> {
         let guest = self.guest_now()?;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let spec = ExecSpec {
@@ -210,6 +214,7 @@ impl Vm {
             cwd: process.cwd.clone(),
             root: (!process.guest_root).then(|| self.rootfs.clone()),
             output: None,
+            terminal,
         };
         let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
         match channel.next_reply() {
@@ -226,6 +231,16 @@ impl Vm {
     /// exec's own channel, so it reaches a process across a pause.
     pub fn signal(&self, id: u32, signal: i32) -> Result<(), ExecError> {
         let request = Request::Signal { id, signal };
+        self.guest_now()?
+            .call(&request, &[], CALL_TIMEOUT)
+            .map(drop)
+            .map_err(|e| ExecError::Guest(e.to_string()))
+    }
+
+    /// Sets the window size of exec `id`'s terminal (an agent call, like
+    /// [`signal`](Self::signal)).
+    pub fn resize(&self, id: u32, size: TerminalSize) -> Result<(), ExecError> {
+        let request = Request::Resize { id, size };
         self.guest_now()?
             .call(&request, &[], CALL_TIMEOUT)
             .map(drop)

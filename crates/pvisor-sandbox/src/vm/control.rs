@@ -90,8 +90,8 @@ pub(super) fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (
         | Request::FileOp { .. }
         | Request::Status { .. }
         | Request::NetConnect { .. } => {}
-        // Signals have no reply; they need no op lock either.
-        Request::Signal { id, .. } if id != EXEC_ID => {
+        // Signals and resizes have no reply; they need no op lock either.
+        Request::Signal { id, .. } | Request::Resize { id, .. } if id != EXEC_ID => {
             return match shared.send(&request, &[]) {
                 Ok(()) => (Reply::Done { op: "signal".into() }, Vec::new()),
                 Err(e) => refuse(format!("cannot reach the agent: {e}")),
@@ -202,6 +202,7 @@ fn relay_exec(
         cwd: spec.cwd,
         root: spec.root,
         output: spec.output,
+        terminal: spec.terminal,
     };
     if let Err(e) = shared.send(&exec, &[]) {
         shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
@@ -216,6 +217,7 @@ fn relay_exec(
                 Request::Stdin { .. } => Request::Stdin { id },
                 Request::CloseStdin { .. } => Request::CloseStdin { id },
                 Request::Signal { signal, .. } => Request::Signal { id, signal },
+                Request::Resize { size, .. } => Request::Resize { id, size },
                 _ => continue,
             };
             let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());

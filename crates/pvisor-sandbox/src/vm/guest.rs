@@ -5,8 +5,8 @@
 //! Wire format on the socket: one JSON [`ControlRequest`] line, then
 //! - `exec`: AgentCtl frames both ways. The supervisor relays the exec's
 //!   [`Reply`]s (`Started`/`ExecFailed`, output, `Exited`) and accepts
-//!   `Stdin`/`CloseStdin`/`Signal` [`Request`]s, whose id it forces to the
-//!   exec's own. Closing the socket does not signal the process: the caller
+//!   `Stdin`/`CloseStdin`/`Signal`/`Resize` [`Request`]s, whose id it forces
+//!   to the exec's own. Closing the socket does not signal the process: the caller
 //!   decides (a background command must outlive its request).
 //! - `call`: `payload` raw bytes follow the line; the answer is one frame.
 //! - `forward`: one JSON [`ControlResponse`] line; after `forwarded`, the
@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use pvisor_agent_proto::{read_frame, write_frame, Reply, Request};
+use pvisor_agent_proto::{read_frame, write_frame, Reply, Request, TerminalSize};
 
 use super::checkpoint::{ControlRequest, ControlResponse};
 
@@ -34,6 +34,9 @@ pub struct ExecSpec {
     pub cwd: PathBuf,
     pub root: Option<PathBuf>,
     pub output: Option<PathBuf>,
+    /// A terminal of this size instead of pipes (its output is `Stdout`).
+    #[serde(default)]
+    pub terminal: Option<TerminalSize>,
 }
 
 /// The caller's end of a relayed exec.
@@ -85,6 +88,11 @@ impl ExecSignaller {
     /// Ends the exec's stdin: the process reads EOF.
     pub fn close_stdin(&mut self) -> io::Result<()> {
         write_frame(&mut self.writer, &Request::CloseStdin { id: self.id }, &[])
+    }
+
+    /// Sets the window size of the exec's terminal.
+    pub fn resize(&mut self, size: TerminalSize) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::Resize { id: self.id, size }, &[])
     }
 }
 

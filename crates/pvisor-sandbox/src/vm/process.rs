@@ -266,6 +266,7 @@ impl VmProcess {
                 cwd: spec.cwd.clone(),
                 root: None,
                 output: None,
+                terminal: None,
             };
             match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
                 (Reply::Started { .. }, _) => {}

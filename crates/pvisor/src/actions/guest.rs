@@ -14,11 +14,11 @@ use std::time::Duration;
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_sandbox::capabilities::GuestAccess;
 
-/// The vocabulary of guest access: commands (`ExecSpec`, relayed on an
-/// `ExecChannel`), agent requests and replies, file metadata, and the
+/// The vocabulary of guest access: commands (`ExecSpec`, on pipes or a
+/// terminal of a `TerminalSize`, relayed on an `ExecChannel`), agent requests and replies, file metadata, and the
 /// host-side lookup of a path beneath an image root, which resolves
 /// symlinks the way the guest will. One definition, shared with the agent.
-pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request};
+pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request, TerminalSize};
 pub use pvisor_sandbox::capabilities::CapabilityError;
 pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 

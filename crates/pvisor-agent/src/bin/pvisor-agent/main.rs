@@ -16,6 +16,7 @@
 //! This file is the request loop and its dispatch; each concern lives in its
 //! module: [`init`] (PID 1 setup and the workspace overlay), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
+//! [`pty`] (terminals for execs that ask for one),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
@@ -23,6 +24,7 @@ mod exec;
 mod export;
 mod init;
 mod link;
+mod pty;
 mod restore;
 
 use std::collections::HashMap;
@@ -37,7 +39,7 @@ use std::time::{Duration, Instant};
 use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_frame, Reply, Request};
 
-use exec::{reap, Execs};
+use exec::{reap, ExecRequest, Execs};
 use init::{init_guest, loopback_up, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
@@ -156,9 +158,10 @@ impl Agent {
                     }
                 }
             }
-            Request::Exec { id, argv, env, cwd, root, output } => {
-                self.exec(id, argv, env, cwd, root.as_deref(), output.as_deref())
+            Request::Exec { id, argv, env, cwd, root, output, terminal } => {
+                self.exec(ExecRequest { id, argv, env, cwd, root, output, terminal })
             }
+            Request::Resize { id, size } => self.resize(id, size),
             Request::Stdin { id } => self.stdin(id, payload),
             Request::CloseStdin { id } => self.close_stdin(id),
             Request::Signal { id, signal } => self.signal(id, signal),
