@@ -306,6 +306,13 @@ pub enum Reply {
     NetClose {
         stream: u32,
     },
+    /// The guest kernel's OOM killer killed process `pid` while exec `id`
+    /// ran. The guest is one memory domain, so every running exec is told
+    /// of every kill; the victim's own `Oom` precedes its `Exited`.
+    Oom {
+        id: u32,
+        pid: i32,
+    },
     /// One `Stdin` chunk of exec `id` was written to the process: the host
     /// may send another (flow control; the host keeps few chunks in flight).
     StdinAck {

@@ -467,8 +467,10 @@ impl SandboxProcess for VmProcess {
                 stage_error: None,
             });
         }
+        let mut oom_killed = false;
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
+                Ok(AgentEvent::OomKill) => oom_killed = true,
                 Ok(AgentEvent::Exited { code, signal }) => {
                     *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
                     break Ok((code, signal));
@@ -528,12 +530,6 @@ impl SandboxProcess for VmProcess {
         // The disks are the Attempt's scratch; the stage now holds the result.
         let _ = fs::remove_file(&shared.lower);
         let _ = fs::remove_file(&shared.upper);
-        Ok(ExitReport {
-            termination,
-            usage,
-            oom_killed: false,
-            interrupted_at_terminal: false,
-            stage_error: None,
-        })
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error: None })
     }
 }

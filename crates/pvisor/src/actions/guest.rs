@@ -79,6 +79,12 @@ impl Guest {
         self.access.exec(&self.attempt_dir, spec)
     }
 
+    /// Follows a command started in an earlier Attempt of this resumed
+    /// guest again (its channel ended with the suspension).
+    pub fn attach(&self, id: u32) -> Result<ExecChannel, CapabilityError> {
+        self.access.attach(&self.attempt_dir, id)
+    }
+
     /// One agent request with its payload, answered by one reply.
     pub fn call(
         &self,

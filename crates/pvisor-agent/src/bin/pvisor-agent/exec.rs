@@ -224,7 +224,6 @@ impl Agent {
                 table.by_pid.insert(pid, status_tx);
             }
         }
-        table.groups.insert(id, pid);
         let out = self.out.clone();
         let pumps = match stdio {
             Streams::Terminal(master) => {
@@ -250,7 +249,11 @@ impl Agent {
         };
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());
-        let execs = self.execs.clone();
+        // Running (signals, `Status`, OOM news) only once `Started` is queued:
+        // nothing of this exec may reach the host before it. The request
+        // loop is this thread, so no signal for it can come in between.
+        self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.insert(id, pid);
+        let (execs, oom) = (self.execs.clone(), self.oom.clone());
         std::thread::spawn(move || {
             let status = status_rx.recv().unwrap_or(0);
             let grace = Instant::now() + OUTPUT_GRACE;
@@ -262,6 +265,10 @@ impl Agent {
             } else {
                 (None, Some(libc::WTERMSIG(status)))
             };
+            if signal == Some(libc::SIGKILL) {
+                // Perhaps an OOM kill: its news goes out before the exit.
+                oom.scan();
+            }
             let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
             table.stdin.remove(&id);
             table.groups.remove(&id);
@@ -311,6 +318,11 @@ fn pipes(command: &mut Command, output: Option<&Path>) -> io::Result<Streams> {
         }
     }
     Ok(Streams::Pipes)
+}
+
+/// The execs whose process group leader still runs.
+pub(crate) fn running(execs: &Execs) -> Vec<u32> {
+    execs.lock().unwrap_or_else(|p| p.into_inner()).groups.keys().copied().collect()
 }
 
 /// Copies a pipe into output frames; the returned channel fires at EOF.

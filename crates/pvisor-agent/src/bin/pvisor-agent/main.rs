@@ -16,7 +16,8 @@
 //! This file is the request loop and its dispatch; each concern lives in its
 //! module: [`init`] (PID 1 setup and the workspace overlay), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
-//! [`pty`] (terminals for execs that ask for one),
+//! [`pty`] (terminals for execs that ask for one), [`oom`] (the kernel's
+//! OOM kills, told to the running execs),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
@@ -24,6 +25,7 @@ mod exec;
 mod export;
 mod init;
 mod link;
+mod oom;
 mod pty;
 mod restore;
 
@@ -75,7 +77,9 @@ fn main() {
         let execs = execs.clone();
         std::thread::spawn(move || reap(execs));
     }
-    let mut agent = Agent { out, execs, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
+    let oom = oom::OomWatch::start(out.clone(), execs.clone());
+    let mut agent =
+        Agent { out, execs, oom, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
     let mut reader = port_file;
     loop {
         match read_frame::<Request>(&mut reader) {
@@ -107,6 +111,7 @@ fn halt() -> ! {
 struct Agent {
     out: Out,
     execs: Execs,
+    oom: Arc<oom::OomWatch>,
     boot: Instant,
     /// Guest connections to the proxy port: a writer queue per stream id.
     streams: Arc<Mutex<HashMap<u32, Writer>>>,
