@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use pvisor::Runtime;
 
 use crate::binds;
-use crate::process::{Exit, Process, Snapshot, Status, Stdio};
+use crate::process::{Exit, OnOom, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
 use crate::spec::{self, ProcessSpec};
 use crate::vm::Vm;
@@ -139,17 +139,20 @@ impl Container {
         Ok(())
     }
 
-    /// Starts a process; `on_exit` runs after it ended.
+    /// Starts a process; `on_exit` runs after it ended, `on_oom` (for the
+    /// init process only: an OOM kill is the container's) at each OOM kill.
     pub fn start(
         &self,
         exec_id: &str,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
+        on_oom: OnOom,
     ) -> Result<u32, Error> {
         let process = self.process(exec_id)?;
         if !exec_id.is_empty() && self.init.snapshot().status != Status::Running {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
-        process.start(&self.vm, on_exit).map_err(Error::Internal)
+        let on_oom = exec_id.is_empty().then_some(on_oom);
+        process.start(&self.vm, on_exit, on_oom).map_err(Error::Internal)
     }
 
     /// Every live process's guest pid (the init process first).
@@ -193,19 +196,20 @@ impl Container {
         Ok((snapshot, exit))
     }
 
-    /// Follows every running process after a resume (see
-    /// [`Process::follow_after_resume`]).
+    /// After a resume: every process's relay attaches to it in the new
+    /// Attempt (see [`Process::resumed`]).
     pub fn resumed(&self) {
-        self.init.follow_after_resume();
+        let Some(guest) = self.vm.live_guest() else { return };
+        self.init.resumed(&guest);
         for process in self.lock_execs().values() {
-            process.follow_after_resume();
+            process.resumed(&guest);
         }
     }
 
     /// SIGKILL to a paused container: its Job is closed, and every process
     /// ends as killed.
     pub fn kill_paused(&self) {
-        // Recorded first: the processes' followers see the VM end next.
+        // Recorded first: the processes' relays see the VM end next.
         self.init.exit(128 + 9);
         for process in self.lock_execs().values() {
             process.exit(128 + 9);

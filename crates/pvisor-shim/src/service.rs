@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use containerd_shim::protos::events::task::{
-    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+    TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
 use containerd_shim::protos::topics;
@@ -21,7 +21,7 @@ use pvisor::Runtime;
 use pvisor_core::store::Store;
 
 use crate::container::{self, Container, CreateRequest, Error};
-use crate::process::{Exit, KillError, Status, Stdio};
+use crate::process::{Exit, KillError, OnOom, Status, Stdio};
 use crate::rootfs::Mount;
 
 const SIGKILL: u32 = 9;
@@ -133,6 +133,24 @@ impl Service {
                 container.stop_vm();
             }
         }
+    }
+
+    /// What runs at each OOM kill in the container's guest: TaskOOM (the
+    /// CRI plugin then reports the container `OOMKilled`).
+    fn on_oom(&self, container: &Arc<Container>) -> OnOom {
+        let (service, container) = (self.clone(), Arc::downgrade(container));
+        Box::new(move |pid| {
+            let Some(container) = container.upgrade() else { return };
+            log::warn!(
+                "{}: the guest's OOM killer killed process {pid} (Job {})",
+                container.id,
+                container.vm.job()
+            );
+            service.publish(
+                topics::TASK_OOM_EVENT_TOPIC,
+                Box::new(TaskOOM { container_id: container.id.clone(), ..Default::default() }),
+            );
+        })
     }
 }
 
@@ -270,7 +288,9 @@ impl containerd_shim::Task for Service {
 
     fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
         let container = self.container(&req.id).map_err(rpc)?;
-        let guest_pid = container.start(&req.exec_id, self.on_exit(&container, &req.exec_id)).map_err(rpc)?;
+        let guest_pid = container
+            .start(&req.exec_id, self.on_exit(&container, &req.exec_id), self.on_oom(&container))
+            .map_err(rpc)?;
         let pid = reported_pid(&req.exec_id, guest_pid);
         if req.exec_id.is_empty() {
             self.publish(

@@ -19,7 +19,7 @@ use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
 use pvisor::runtime::job_service::CancelHandle;
 use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
-use pvisor_core::ids::JobId;
+use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::ResourceLimits;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
@@ -198,13 +198,13 @@ impl Vm {
     }
 
     /// Starts `process` chrooted into the container's rootfs (unless it
-    /// asks for the guest's root); returns the
-    /// channel (first reply already read), the exec id and the guest pid.
+    /// asks for the guest's root); returns the channel (first reply
+    /// already read), the Attempt it reaches, the exec id and the guest pid.
     pub fn exec(
         &self,
         process: &ProcessSpec,
         terminal: Option<TerminalSize>,
-    ) -> Result<(ExecChannel, u32, u32), ExecError> {
+    ) -> Result<(ExecChannel, AttemptId, u32, u32), ExecError> {
         let guest = self.guest_now()?;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let spec = ExecSpec {
@@ -218,7 +218,9 @@ impl Vm {
         };
         let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
         match channel.next_reply() {
-            Ok(Some((Reply::Started { pid, .. }, _))) => Ok((channel, id, pid.max(0) as u32)),
+            Ok(Some((Reply::Started { pid, .. }, _))) => {
+                Ok((channel, guest.attempt().clone(), id, pid.max(0) as u32))
+            }
             Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
                 Err(ExecError::Failed { errno, message })
             }
@@ -248,8 +250,8 @@ impl Vm {
     }
 
     /// Exec `id`'s exit status once it has exited (`None` while it runs),
-    /// asked of the guest: how a process is followed after a resume, when
-    /// its original channel is gone.
+    /// asked of the guest: for a process whose channel is gone and cannot
+    /// be attached to again.
     pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, String> {
         match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT) {
             Ok((Reply::Status { running: true, .. }, _)) => Ok(None),

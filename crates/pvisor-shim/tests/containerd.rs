@@ -263,3 +263,123 @@ fn terminals_for_the_init_process_and_an_exec() {
     c.ok(&["task", "delete", "tty-exec"]);
     c.ok(&["container", "rm", "tty-exec"]);
 }
+
+#[test]
+fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
+    if !able("an_oom_kill_in_the_guest_is_task_oom_and_exit_137") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let mut events = Command::new("ctr")
+        .args(["-a", &c.sock, "-n", NAMESPACE, "events"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ctr events runs");
+    // The memory limit is the guest's RAM (the smallest a VM gets: 128
+    // MiB); the shell's command substitution grows without bound.
+    let limit = (128u64 << 20).to_string();
+    let script = "echo start; x=$(tr '\\0' a </dev/zero); echo survived";
+    let out = c.ctr(&[
+        "run",
+        "--rm",
+        "--memory-limit",
+        &limit,
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "hog",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(text(&out.stdout), "start\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(137), "killed by SIGKILL: 128 + 9");
+    // Published before the exit; give ctr events a moment to print it.
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = events.kill();
+    let seen = text(&events.wait_with_output().expect("ctr events ends").stdout);
+    let oom = seen.lines().position(|l| l.contains("/tasks/oom") && l.contains("\"container_id\":\"hog\""));
+    let exit = seen.lines().position(|l| l.contains("/tasks/exit") && l.contains("\"container_id\":\"hog\""));
+    assert!(oom.is_some() && oom < exit, "TaskOOM, then TaskExit: {seen}");
+    // The Job's records say why.
+    let jobs = pvisor(&c, &["jobs"]);
+    let job = jobs.lines().last().and_then(|l| l.split_whitespace().next()).expect("the container's Job");
+    let status = pvisor(&c, &["status", job]);
+    assert!(status.contains("killed by the kernel's OOM killer"), "pvisor status: {status}");
+}
+
+#[test]
+fn output_and_stdin_go_on_after_a_pause() {
+    if !able("output_and_stdin_go_on_after_a_pause") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let log = c.dir.path().join("ticks.log");
+    let ticks = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done";
+    let uri = format!("file://{}", log.display());
+    c.ok(&["run", "-d", "--log-uri", &uri, "--runtime", RUNTIME, IMAGE, "ticks", "sh", "-c", ticks]);
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+    eventually("the counter prints", Duration::from_secs(60), || lines() >= 5);
+    // An exec reading stdin, fed before and after the pause.
+    let mut cat = Command::new("ctr")
+        .args(["-a", &c.sock, "-n", NAMESPACE, "task", "exec", "--exec-id", "cat", "ticks", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ctr runs");
+    let mut stdin = cat.stdin.take().expect("stdin");
+    let echoed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut stdout, seen) = (cat.stdout.take().expect("stdout"), echoed.clone());
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.lock().expect("the echo lock").push_str(&text(&buf[..n]));
+        }
+    });
+    stdin.write_all(b"before\n").expect("write");
+    eventually("cat echoes its stdin", Duration::from_secs(60), || {
+        echoed.lock().expect("the echo lock").contains("before")
+    });
+    c.ok(&["task", "pause", "ticks"]);
+    let paused = lines();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(lines() <= paused + 1, "a paused VM prints nothing: {paused} then {}", lines());
+    c.ok(&["task", "resume", "ticks"]);
+    stdin.write_all(b"after\n").expect("write");
+    drop(stdin);
+    let code = cat.wait().expect("ctr ends").code();
+    reader.join().expect("the reader");
+    assert_eq!(
+        *echoed.lock().expect("the echo lock"),
+        "before\nafter\n",
+        "stdin reaches the process across the pause"
+    );
+    assert_eq!(code, Some(0), "and so does its end");
+    eventually("the counter prints on after the resume", Duration::from_secs(60), || lines() >= paused + 10);
+    // Every count once, in order: nothing lost or repeated across the pause.
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    let counts: Vec<u32> = printed.lines().map(|l| l.parse().unwrap_or(0)).collect();
+    let expected: Vec<u32> = (1..=counts.len() as u32).collect();
+    assert_eq!(counts, expected, "the counter's output across the pause");
+    c.ok(&["task", "kill", "-s", "SIGKILL", "ticks"]);
+    eventually("the task stops", Duration::from_secs(30), || {
+        c.task_status("ticks").as_deref() == Some("STOPPED")
+    });
+    c.ok(&["task", "delete", "ticks"]);
+    c.ok(&["container", "rm", "ticks"]);
+}
+
+/// `pvisor ARGS` over the shim's state directory.
+fn pvisor(c: &Containerd, args: &[&str]) -> String {
+    let out = Command::new(repo().join("target/debug/pvisor"))
+        .args(args)
+        .env("PVISOR_HOME", c.home())
+        .output()
+        .expect("target/debug/pvisor runs (cargo build -p pvisor-cli)");
+    assert!(out.status.success(), "pvisor {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}

@@ -37,8 +37,8 @@ impl Tty {
         rustix::pty::grantpt(&master).expect("grantpt");
         rustix::pty::unlockpt(&master).expect("unlockpt");
         let name = rustix::pty::ptsname(&master, Vec::new()).expect("ptsname");
-        let slave: OwnedFd =
-            rustix::fs::open(name.as_c_str(), OFlags::RDWR | OFlags::NOCTTY, Mode::empty()).expect("the slave");
+        let slave: OwnedFd = rustix::fs::open(name.as_c_str(), OFlags::RDWR | OFlags::NOCTTY, Mode::empty())
+            .expect("the slave");
         rustix::termios::tcsetwinsize(&master, winsize(rows, cols)).expect("TIOCSWINSZ");
         let slave = File::from(slave);
         let mut command = Command::new("ctr");
@@ -67,14 +67,14 @@ impl Tty {
                 if n == 0 {
                     break;
                 }
-                collected.lock().unwrap().extend_from_slice(&buf[..n]);
+                collected.lock().expect("the output lock").extend_from_slice(&buf[..n]);
             }
         });
         Tty { master, child, output }
     }
 
     pub fn output(&self) -> String {
-        text(&self.output.lock().unwrap())
+        text(&self.output.lock().expect("the output lock"))
     }
 
     /// Resizes the terminal, as a window manager does.
