@@ -35,6 +35,10 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 const END_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one agent call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a booting VM's guest is probed, and its Job's records read
+/// again to open it.
+const READY_POLL: Duration = Duration::from_millis(5);
+const REOPEN_POLL: Duration = Duration::from_millis(50);
 /// The first exec id: the Attempt's own command is id 1.
 const FIRST_EXEC_ID: u32 = 2;
 
@@ -475,19 +479,32 @@ fn wait_ready(
         op: pvisor::actions::guest::FileOp::Stat { path: "/".into() },
     };
     let deadline = Instant::now() + READY_TIMEOUT;
-    let mut last;
+    let mut last = String::new();
+    // Opening the guest reads the Job's records; probing it is a stat of
+    // the supervisor's socket until the VM is up. So the guest is opened
+    // again now and then (a resume may target a new Attempt), and probed
+    // often: every millisecond polled away is on containerd's create.
+    let mut opened: Option<(Guest, Instant)> = None;
     loop {
         if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
             return Err(format!(
                 "Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`"
             ));
         }
-        match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
-            Ok(guest) => match guest.call(&probe, &[], CALL_TIMEOUT) {
-                Ok(_) => return Ok(guest),
+        if opened.as_ref().is_none_or(|(_, at)| at.elapsed() > REOPEN_POLL) {
+            opened = match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
+                Ok(guest) => Some((guest, Instant::now())),
+                Err(e) => {
+                    last = e.to_string();
+                    None
+                }
+            };
+        }
+        if let Some((guest, _)) = &opened {
+            match guest.call(&probe, &[], CALL_TIMEOUT) {
+                Ok(_) => return Ok(guest.clone()),
                 Err(e) => last = e.to_string(),
-            },
-            Err(e) => last = e.to_string(),
+            }
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -495,6 +512,6 @@ fn wait_ready(
                 READY_TIMEOUT.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(if opened.is_some() { READY_POLL } else { REOPEN_POLL });
     }
 }
