@@ -53,7 +53,8 @@ pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
     rootfs: PathBuf,
-    mounted: bool,
+    /// What create mounted at `rootfs` (nothing: a rootfs already in place).
+    mounts: Vec<Mount>,
     pub init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pub vm: Arc<Vm>,
@@ -81,7 +82,7 @@ impl Container {
         let mounted = !request.rootfs.is_empty();
         let undo = |e: Error| {
             if mounted {
-                rootfs::unmount_all(&rootfs);
+                rootfs::unmount_all(&rootfs, &request.rootfs);
             }
             e
         };
@@ -101,7 +102,7 @@ impl Container {
             id: request.id,
             bundle: request.bundle,
             rootfs,
-            mounted,
+            mounts: request.rootfs,
             init: Process::new(init, request.stdio),
             execs: Mutex::new(HashMap::new()),
             vm: Arc::new(vm),
@@ -189,8 +190,8 @@ impl Container {
             process.exit(crate::process::LOST);
         }
         self.vm.release();
-        if self.mounted {
-            rootfs::unmount_all(&self.rootfs);
+        if !self.mounts.is_empty() {
+            rootfs::unmount_all(&self.rootfs, &self.mounts);
         }
         let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
         Ok((snapshot, exit))
@@ -242,5 +243,7 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
         }
         let _ = std::fs::remove_file(bundle.join(JOB_FILE));
     }
-    rootfs::unmount_all(&bundle.join("rootfs"));
+    // The mounts are not known here; a volatile overlay's marker is cleared
+    // when its snapshot is mounted again.
+    rootfs::unmount_all(&bundle.join("rootfs"), &[]);
 }
