@@ -61,7 +61,9 @@ pub enum Request {
         root: Option<PathBuf>,
         #[serde(default)]
         output: Option<PathBuf>,
-        #[serde(default)]
+        // Left out when absent: an agent of an older image (a resumed
+        // checkpoint's) refuses fields it does not know.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         terminal: Option<TerminalSize>,
     },
     /// Sets the window size of exec `id`'s terminal (its foreground process
@@ -326,4 +328,35 @@ pub enum Reply {
         op: String,
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(terminal: Option<TerminalSize>) -> Request {
+        Request::Exec {
+            id: 2,
+            argv: vec!["sh".into()],
+            env: Vec::new(),
+            cwd: "/".into(),
+            root: None,
+            output: None,
+            terminal,
+        }
+    }
+
+    #[test]
+    fn an_exec_without_a_terminal_is_what_an_older_agent_parses() {
+        let json = serde_json::to_value(exec(None)).expect("serializes");
+        assert!(json.get("terminal").is_none(), "no terminal key: {json}");
+        // The shape an agent without terminals accepted (deny_unknown_fields).
+        let old = serde_json::json!({"type": "exec", "id": 2, "argv": ["sh"], "env": [], "cwd": "/",
+                                     "root": null, "output": null});
+        assert_eq!(json, old);
+        let sized = exec(Some(TerminalSize { rows: 24, cols: 80 }));
+        let back: Request =
+            serde_json::from_value(serde_json::to_value(&sized).expect("serializes")).expect("parses");
+        assert_eq!(back, sized);
+    }
 }

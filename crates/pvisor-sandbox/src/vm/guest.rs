@@ -36,7 +36,7 @@ pub struct ExecSpec {
     pub root: Option<PathBuf>,
     pub output: Option<PathBuf>,
     /// A terminal of this size instead of pipes (its output is `Stdout`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<TerminalSize>,
 }
 
