@@ -53,7 +53,11 @@ pub enum Request {
     /// it runs chrooted there (the agent first mounts `/proc`, `/dev` and
     /// `/tmp` inside it); `cwd` is then relative to `root`. With `output`,
     /// stdout and stderr are appended to that guest file instead of being
-    /// streamed (a background command whose log outlives its host).
+    /// streamed (a background command whose log outlives its host). With
+    /// `terminal`, the process gets a new pseudo-terminal of that size as
+    /// its controlling terminal and stdin, stdout and stderr (allocated in
+    /// the devpts it sees, so `tty` names it); everything it writes then
+    /// travels as `Stdout`.
     Exec {
         id: u32,
         argv: Vec<String>,
@@ -63,6 +67,17 @@ pub enum Request {
         root: Option<PathBuf>,
         #[serde(default)]
         output: Option<PathBuf>,
+        // Left out when absent: an agent of an older image (a resumed
+        // checkpoint's) refuses fields it does not know.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminal: Option<TerminalSize>,
+    },
+    /// Sets the window size of exec `id`'s terminal (its foreground process
+    /// group gets SIGWINCH). No reply, like `Signal`; an exec without a
+    /// terminal is left alone.
+    Resize {
+        id: u32,
+        size: TerminalSize,
     },
     /// Payload: bytes for the process's stdin.
     Stdin {
@@ -120,6 +135,14 @@ pub enum Request {
     },
     /// Streams the overlay's upper layer as `Entry`/`Data` frames, then `ExportDone`.
     Export,
+}
+
+/// A terminal's size in character cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// A file operation inside a sandbox root (see [`Request::FileOp`]).
@@ -291,6 +314,13 @@ pub enum Reply {
     NetClose {
         stream: u32,
     },
+    /// The guest kernel's OOM killer killed process `pid` while exec `id`
+    /// ran. The guest is one memory domain, so every running exec is told
+    /// of every kill; the victim's own `Oom` precedes its `Exited`.
+    Oom {
+        id: u32,
+        pid: i32,
+    },
     /// One `Stdin` chunk of exec `id` was written to the process: the host
     /// may send another (flow control; the host keeps few chunks in flight).
     StdinAck {
@@ -321,5 +351,31 @@ mod tests {
         let newer = r#"{"type":"setup","workspace":"/w","hostname":"h","clock_unix_ns":1,"proxy_port":null,"delta":true,"layers":2}"#;
         let e = serde_json::from_str::<Request>(newer).unwrap_err().to_string();
         assert!(e.contains("unknown field `layers`"), "{e}");
+    }
+
+    fn exec(terminal: Option<TerminalSize>) -> Request {
+        Request::Exec {
+            id: 2,
+            argv: vec!["sh".into()],
+            env: Vec::new(),
+            cwd: "/".into(),
+            root: None,
+            output: None,
+            terminal,
+        }
+    }
+
+    #[test]
+    fn an_exec_without_a_terminal_is_what_an_older_agent_parses() {
+        let json = serde_json::to_value(exec(None)).expect("serializes");
+        assert!(json.get("terminal").is_none(), "no terminal key: {json}");
+        // The shape an agent without terminals accepted (deny_unknown_fields).
+        let old = serde_json::json!({"type": "exec", "id": 2, "argv": ["sh"], "env": [], "cwd": "/",
+                                     "root": null, "output": null});
+        assert_eq!(json, old);
+        let sized = exec(Some(TerminalSize { rows: 24, cols: 80 }));
+        let back: Request =
+            serde_json::from_value(serde_json::to_value(&sized).expect("serializes")).expect("parses");
+        assert_eq!(back, sized);
     }
 }

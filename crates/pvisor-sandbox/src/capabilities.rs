@@ -69,6 +69,10 @@ pub trait GuestAccess: Send + Sync + std::fmt::Debug {
     /// Starts another command in the guest and relays its stdio and exit.
     fn exec(&self, attempt_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, CapabilityError>;
 
+    /// Relays exec `id`, started in an earlier Attempt of this resumed
+    /// guest: its output since the restore, then as it comes, and its exit.
+    fn attach(&self, attempt_dir: &Path, id: u32) -> Result<ExecChannel, CapabilityError>;
+
     /// One agent request (a file operation, a write chunk, a poll) with its
     /// payload, answered by one reply. A guest-side failure is `Failed`.
     fn call(

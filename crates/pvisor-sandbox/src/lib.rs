@@ -162,7 +162,8 @@ pub struct Usage {
 pub struct ExitReport {
     pub termination: Termination,
     pub usage: Usage,
-    /// The kernel's OOM killer acted in the run's memory cgroup.
+    /// The kernel's OOM killer acted in the run's memory cgroup (`ns`), or
+    /// in the guest while the command ran (`vm`: the guest's RAM is the limit).
     pub oom_killed: bool,
     /// The user typed the interrupt character (Ctrl-C) on the terminal the
     /// command's own terminal is relayed to: a `SIGINT` death is theirs.

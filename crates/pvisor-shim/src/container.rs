@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use pvisor::Runtime;
 
 use crate::binds;
-use crate::process::{Exit, Process, Snapshot, Status, Stdio};
+use crate::process::{Exit, OnOom, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
 use crate::spec::{self, ProcessSpec};
 use crate::vm::Vm;
@@ -53,7 +53,8 @@ pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
     rootfs: PathBuf,
-    mounted: bool,
+    /// What create mounted at `rootfs` (nothing: a rootfs already in place).
+    mounts: Vec<Mount>,
     pub init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     pub vm: Arc<Vm>,
@@ -70,11 +71,6 @@ impl Container {
         tokio: &tokio::runtime::Handle,
     ) -> Result<Container, Error> {
         request.stdio.check().map_err(Error::Unsupported)?;
-        if request.stdio.terminal {
-            return Err(Error::Unsupported(
-                "unsupported: a terminal (ctr -t): pvisor's guest agent relays pipes, not a pty".into(),
-            ));
-        }
         let oci = spec::load(&request.bundle)?;
         let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
         let rootfs = request.bundle.join(root);
@@ -86,7 +82,7 @@ impl Container {
         let mounted = !request.rootfs.is_empty();
         let undo = |e: Error| {
             if mounted {
-                rootfs::unmount_all(&rootfs);
+                rootfs::unmount_all(&rootfs, &request.rootfs);
             }
             e
         };
@@ -106,7 +102,7 @@ impl Container {
             id: request.id,
             bundle: request.bundle,
             rootfs,
-            mounted,
+            mounts: request.rootfs,
             init: Process::new(init, request.stdio),
             execs: Mutex::new(HashMap::new()),
             vm: Arc::new(vm),
@@ -144,17 +140,20 @@ impl Container {
         Ok(())
     }
 
-    /// Starts a process; `on_exit` runs after it ended.
+    /// Starts a process; `on_exit` runs after it ended, `on_oom` (for the
+    /// init process only: an OOM kill is the container's) at each OOM kill.
     pub fn start(
         &self,
         exec_id: &str,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
+        on_oom: OnOom,
     ) -> Result<u32, Error> {
         let process = self.process(exec_id)?;
         if !exec_id.is_empty() && self.init.snapshot().status != Status::Running {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
-        process.start(&self.vm, on_exit).map_err(Error::Internal)
+        let on_oom = exec_id.is_empty().then_some(on_oom);
+        process.start(&self.vm, on_exit, on_oom).map_err(Error::Internal)
     }
 
     /// Every live process's guest pid (the init process first).
@@ -191,26 +190,27 @@ impl Container {
             process.exit(crate::process::LOST);
         }
         self.vm.release();
-        if self.mounted {
-            rootfs::unmount_all(&self.rootfs);
+        if !self.mounts.is_empty() {
+            rootfs::unmount_all(&self.rootfs, &self.mounts);
         }
         let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
         Ok((snapshot, exit))
     }
 
-    /// Follows every running process after a resume (see
-    /// [`Process::follow_after_resume`]).
+    /// After a resume: every process's relay attaches to it in the new
+    /// Attempt (see [`Process::resumed`]).
     pub fn resumed(&self) {
-        self.init.follow_after_resume();
+        let Some(guest) = self.vm.live_guest() else { return };
+        self.init.resumed(&guest);
         for process in self.lock_execs().values() {
-            process.follow_after_resume();
+            process.resumed(&guest);
         }
     }
 
     /// SIGKILL to a paused container: its Job is closed, and every process
     /// ends as killed.
     pub fn kill_paused(&self) {
-        // Recorded first: the processes' followers see the VM end next.
+        // Recorded first: the processes' relays see the VM end next.
         self.init.exit(128 + 9);
         for process in self.lock_execs().values() {
             process.exit(128 + 9);
@@ -243,5 +243,7 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
         }
         let _ = std::fs::remove_file(bundle.join(JOB_FILE));
     }
-    rootfs::unmount_all(&bundle.join("rootfs"));
+    // The mounts are not known here; a volatile overlay's marker is cleared
+    // when its snapshot is mounted again.
+    rootfs::unmount_all(&bundle.join("rootfs"), &[]);
 }

@@ -7,10 +7,10 @@
 //! ended the process; 255 when the VM went away without reporting an exit.
 //!
 //! A pause (an execution suspend) ends every exec channel; the processes
-//! live on in the saved guest. After the resume a process is followed by
-//! asking the guest for its status: its exit is exact, but output it writes
-//! after a pause is not relayed (the restored agent's streams have no host
-//! end), and neither is stdin.
+//! live on in the saved guest. After the resume each process's relay
+//! attaches to it again in the new Attempt ([`Guest::attach`]): the
+//! supervisor has held its output since the restore, so the FIFOs go on
+//! where they stopped, and stdin goes on to the same process.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -19,17 +19,20 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
-use pvisor::actions::guest::Reply;
 use pvisor::actions::guest::{ExecChannel, ExecSignaller};
-use std::time::Duration;
+use pvisor::actions::guest::{Reply, TerminalSize};
+use pvisor::actions::Guest;
+use pvisor_core::ids::AttemptId;
+use std::time::{Duration, Instant};
 
 use crate::spec::ProcessSpec;
 use crate::vm::{status_of, ExecError, Vm};
 
 /// The exit status of a process whose VM vanished without reporting one.
 pub const LOST: u32 = 255;
-/// How often a process followed across a pause is asked for its status.
-const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// How long a relay waits before it attaches again to a process whose
+/// channel ended without a pause (an attach that failed, a relay cut off).
+const REATTACH_PAUSE: Duration = Duration::from_millis(250);
 /// The agent queues a few stdin chunks per exec; keep each one small.
 const STDIN_CHUNK: usize = 16 << 10;
 
@@ -87,13 +90,29 @@ struct Inner {
     started: Option<(Arc<Vm>, u32)>,
     /// Runs once, when the process is first recorded as ended.
     on_exit: Option<OnExit>,
-    /// A follower asks the guest for its status (after a resume).
-    followed: bool,
+    /// The channel the relay reads now.
+    link: Option<Link>,
+    /// The terminal's size: the last `ResizePty`, applied at the start of
+    /// a process that was resized before it started.
+    size: TerminalSize,
+}
+
+/// The channel a process's relay reads now: the Attempt it reaches, and
+/// two handles on its writing end, one for stdin (taken while a write is
+/// under way) and one to hang it up with.
+#[derive(Debug)]
+struct Link {
+    attempt: AttemptId,
+    stdin: Option<ExecSignaller>,
+    hang_up: ExecSignaller,
 }
 
 /// What runs when a started process has ended: its guest pid and exit.
 struct OnExit(Box<ExitFn>);
 type ExitFn = dyn FnOnce(u32, &Exit) + Send;
+/// What runs when the guest's OOM killer has killed a process (its pid):
+/// the guest is the container's one memory domain.
+pub type OnOom = Box<dyn Fn(i32) + Send>;
 
 impl std::fmt::Debug for OnExit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,7 +126,8 @@ pub struct Process {
     pub spec: ProcessSpec,
     pub stdio: Stdio,
     inner: Mutex<Inner>,
-    exited: Condvar,
+    /// Signalled when the process ends and when its relay has a new link.
+    changed: Condvar,
 }
 
 impl Process {
@@ -118,9 +138,11 @@ impl Process {
             exit: None,
             started: None,
             on_exit: None,
-            followed: false,
+            link: None,
+            // As runc's console: no size until containerd sends one.
+            size: TerminalSize { rows: 0, cols: 0 },
         };
-        Arc::new(Process { spec, stdio, inner: Mutex::new(inner), exited: Condvar::new() })
+        Arc::new(Process { spec, stdio, inner: Mutex::new(inner), changed: Condvar::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -133,18 +155,21 @@ impl Process {
     }
 
     /// Starts the process in `vm`; `on_exit` runs once it has ended and
-    /// its output has been written. Returns the guest pid.
+    /// its output has been written, `on_oom` at each OOM kill in the guest
+    /// while it runs. Returns the guest pid.
     pub fn start(
         self: &Arc<Self>,
         vm: &Arc<Vm>,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
+        on_oom: Option<OnOom>,
     ) -> Result<u32, String> {
         // `on_exit` runs only for a process that started: a failed start
         // is the error containerd gets.
         if self.lock().status != Status::Created {
             return Err("the process was already started".into());
         }
-        let (channel, id, pid) = match vm.exec(&self.spec) {
+        let terminal = self.has_terminal().then(|| self.lock().size);
+        let (channel, attempt, id, pid) = match vm.exec(&self.spec, terminal) {
             Ok(started) => started,
             Err(e) => {
                 // As runc: the start fails, and the process is stopped with
@@ -165,41 +190,136 @@ impl Process {
             inner.started = Some((vm.clone(), id));
             inner.on_exit = Some(OnExit(Box::new(on_exit)));
         }
+        self.link(attempt, &channel);
         if !self.stdio.stdin.is_empty() {
-            let stdin = channel.signaller().map_err(|e| e.to_string())?;
-            let path = self.stdio.stdin.clone();
-            std::thread::spawn(move || feed_stdin(&path, stdin));
+            let (process, path) = (self.clone(), self.stdio.stdin.clone());
+            std::thread::spawn(move || feed_stdin(&path, &process));
         }
         let (process, vm) = (self.clone(), vm.clone());
-        std::thread::spawn(move || match relay(channel, &process.stdio) {
-            Some(status) => {
-                process.exit(status);
-            }
-            None => {
-                process.exit(follow(&vm, id));
-            }
+        std::thread::spawn(move || {
+            let status = process.relay(channel, &vm, id, on_oom);
+            process.exit(status);
         });
         Ok(pid)
     }
 
-    /// After a resume: follows the process by asking the guest, since the
-    /// channel its relay reads may stay open with no VM behind it.
-    pub fn follow_after_resume(self: &Arc<Self>) {
-        let (vm, id) = {
-            let mut inner = self.lock();
-            // A follower survives later pauses; one is enough.
-            let Some(started) =
-                inner.started.clone().filter(|_| inner.status == Status::Running && !inner.followed)
-            else {
-                return;
+    /// Writes the exec's output to its FIFOs until it exits; returns its
+    /// exit status. A channel that ends (a pause, or the VM's end) is
+    /// replaced by attaching to the process again once the VM runs. The
+    /// FIFOs are closed after the last byte, before the exit is recorded,
+    /// so a reader sees all output before `wait` returns.
+    fn relay(&self, mut channel: ExecChannel, vm: &Vm, id: u32, on_oom: Option<OnOom>) -> u32 {
+        let mut stdout = open_output(&self.stdio.stdout);
+        let mut stderr =
+            if self.stdio.stderr == self.stdio.stdout { None } else { open_output(&self.stdio.stderr) };
+        let mut attached = Instant::now();
+        loop {
+            match channel.next_reply() {
+                Ok(Some((Reply::Stdout { .. }, bytes))) => write_all(stdout.as_mut(), &bytes),
+                Ok(Some((Reply::Stderr { .. }, bytes))) => {
+                    write_all(if stderr.is_some() { stderr.as_mut() } else { stdout.as_mut() }, &bytes)
+                }
+                Ok(Some((Reply::Oom { pid, .. }, _))) => {
+                    if let Some(on_oom) = &on_oom {
+                        on_oom(pid);
+                    }
+                }
+                Ok(Some((Reply::Exited { code, signal, .. }, _))) => return status_of(code, signal),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    // A channel that ends right after an attach is not a
+                    // pause: do not spin on it.
+                    std::thread::sleep(REATTACH_PAUSE.saturating_sub(attached.elapsed()));
+                    match self.reattach(vm, id) {
+                        Ok(next) => channel = next,
+                        Err(status) => return status,
+                    }
+                    attached = Instant::now();
+                }
+            }
+        }
+    }
+
+    /// A new channel to exec `id` once the VM runs (waiting out a pause);
+    /// or, as `Err`, its exit status if the guest says it ended, and
+    /// [`LOST`] once the VM has ended.
+    fn reattach(&self, vm: &Vm, id: u32) -> Result<ExecChannel, u32> {
+        loop {
+            let Some(guest) = vm.live_guest() else {
+                log::warn!("the VM ended before exec {id} reported its exit");
+                return Err(LOST);
             };
-            inner.followed = true;
-            started
-        };
-        let process = self.clone();
-        std::thread::spawn(move || {
-            process.exit(follow(&vm, id));
-        });
+            match guest.attach(id) {
+                Ok(channel) => {
+                    self.link(guest.attempt().clone(), &channel);
+                    return Ok(channel);
+                }
+                Err(e) => {
+                    if let Ok(Some(status)) = vm.exit_status(&guest, id) {
+                        return Err(status);
+                    }
+                    log::debug!("exec {id}: cannot attach yet: {e}");
+                    std::thread::sleep(REATTACH_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// Makes `channel` (to `attempt`'s guest) the one stdin goes to.
+    fn link(&self, attempt: AttemptId, channel: &ExecChannel) {
+        match channel.signaller().and_then(|stdin| Ok((stdin, channel.signaller()?))) {
+            Ok((stdin, hang_up)) => {
+                self.lock().link = Some(Link { attempt, stdin: Some(stdin), hang_up });
+                self.changed.notify_all();
+            }
+            Err(e) => log::warn!("cannot write to the process's stdin: {e}"),
+        }
+    }
+
+    /// After a resume into `guest`: hangs up a channel to an earlier
+    /// Attempt, which may stay open with no VM behind it, so the relay
+    /// attaches to the process in the new one.
+    pub fn resumed(&self, guest: &Guest) {
+        let mut inner = self.lock();
+        if inner.link.as_ref().is_some_and(|link| &link.attempt != guest.attempt()) {
+            if let Some(link) = inner.link.take() {
+                link.hang_up.hang_up();
+            }
+        }
+    }
+
+    /// Writes `bytes` to the process's stdin (`None`: ends it), through
+    /// the current channel, waiting out a pause; false once it has ended.
+    fn write_stdin(&self, bytes: Option<&[u8]>) -> bool {
+        let mut inner = self.lock();
+        loop {
+            if inner.status == Status::Stopped {
+                return false;
+            }
+            // Written without the lock: a channel to a paused VM may block,
+            // and the resume must still be able to hang it up.
+            if let Some((attempt, mut stdin)) =
+                inner.link.as_mut().and_then(|link| Some((link.attempt.clone(), link.stdin.take()?)))
+            {
+                drop(inner);
+                let written = match bytes {
+                    Some(bytes) => stdin.stdin(bytes),
+                    None => stdin.close_stdin(),
+                };
+                inner = self.lock();
+                if let Some(link) = inner.link.as_mut().filter(|link| link.attempt == attempt) {
+                    if written.is_ok() {
+                        link.stdin = Some(stdin);
+                        return true;
+                    }
+                    // The channel ended (a pause): the relay links the next.
+                    inner.link = None;
+                } else if written.is_ok() {
+                    return true;
+                }
+            }
+            inner = self.changed.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Records the end (once), wakes the waiters and runs `on_exit`.
@@ -212,7 +332,8 @@ impl Process {
             let exit = Exit { status, at: Timestamp::now() };
             inner.status = Status::Stopped;
             inner.exit = Some(exit.clone());
-            self.exited.notify_all();
+            inner.link = None;
+            self.changed.notify_all();
             (exit, inner.pid, inner.on_exit.take())
         };
         if let Some(on_exit) = on_exit {
@@ -242,6 +363,28 @@ impl Process {
         }
     }
 
+    /// On a terminal (containerd's `terminal`, or the spec's).
+    pub fn has_terminal(&self) -> bool {
+        self.stdio.terminal || self.spec.terminal
+    }
+
+    /// Sets the size of the process's terminal (`ResizePty`).
+    pub fn resize(&self, size: TerminalSize) -> Result<(), String> {
+        if !self.has_terminal() {
+            return Err("the process has no terminal (it was not started with one)".into());
+        }
+        let mut inner = self.lock();
+        inner.size = size;
+        match (inner.status, inner.started.clone()) {
+            (Status::Running, Some((vm, id))) => {
+                drop(inner);
+                vm.resize(id, size).map_err(|e| e.to_string())
+            }
+            // Not started: the size is its first; ended: nothing to size.
+            _ => Ok(()),
+        }
+    }
+
     /// Blocks until the process has ended.
     pub fn wait(&self) -> Exit {
         let mut inner = self.lock();
@@ -249,7 +392,7 @@ impl Process {
             if let Some(exit) = &inner.exit {
                 return exit.clone();
             }
-            inner = self.exited.wait(inner).unwrap_or_else(|p| p.into_inner());
+            inner = self.changed.wait(inner).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -283,39 +426,6 @@ fn open_output(path: &str) -> Option<File> {
     opened.map_err(|e| log::warn!("cannot open {path} for output: {e}")).ok()
 }
 
-/// Writes the exec's output to its FIFOs until it exits; returns the exit
-/// status, or `None` if the channel ended first (a pause, or the VM's end).
-/// The FIFOs are closed after the last byte, before the exit is recorded,
-/// so a reader sees all output before `wait` returns.
-fn relay(mut channel: ExecChannel, stdio: &Stdio) -> Option<u32> {
-    let mut stdout = open_output(&stdio.stdout);
-    let mut stderr = if stdio.stderr == stdio.stdout { None } else { open_output(&stdio.stderr) };
-    loop {
-        match channel.next_reply() {
-            Ok(Some((Reply::Stdout { .. }, bytes))) => write_all(stdout.as_mut(), &bytes),
-            Ok(Some((Reply::Stderr { .. }, bytes))) => {
-                write_all(if stderr.is_some() { stderr.as_mut() } else { stdout.as_mut() }, &bytes)
-            }
-            Ok(Some((Reply::Exited { code, signal, .. }, _))) => return Some(status_of(code, signal)),
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => return None,
-        }
-    }
-}
-
-/// Follows exec `id` whose channel ended: through pauses, by asking the
-/// guest, until it exits or the VM ends.
-fn follow(vm: &Vm, id: u32) -> u32 {
-    while let Some(guest) = vm.live_guest() {
-        match vm.exit_status(&guest, id) {
-            Ok(Some(status)) => return status,
-            Ok(None) | Err(_) => std::thread::sleep(FOLLOW_POLL),
-        }
-    }
-    log::warn!("the VM ended before exec {id} reported its exit");
-    LOST
-}
-
 fn write_all(out: Option<&mut File>, bytes: &[u8]) {
     if let Some(out) = out {
         // A reader that stopped reading must not stop the relay: the exit
@@ -324,9 +434,9 @@ fn write_all(out: Option<&mut File>, bytes: &[u8]) {
     }
 }
 
-/// Feeds the stdin FIFO to the exec until EOF, then ends the exec's stdin
-/// (so `echo hi | ctr run … cat` ends).
-fn feed_stdin(path: &str, mut to: ExecSignaller) {
+/// Feeds the stdin FIFO to the process until EOF, then ends its stdin (so
+/// `echo hi | ctr run … cat` ends).
+fn feed_stdin(path: &str, to: &Process) {
     let path = Path::new(path.strip_prefix("file://").unwrap_or(path));
     // Blocks until containerd's writer opens the FIFO.
     let Ok(mut from) = File::open(path) else { return };
@@ -334,11 +444,11 @@ fn feed_stdin(path: &str, mut to: ExecSignaller) {
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => {
-                let _ = to.close_stdin();
+                to.write_stdin(None);
                 return;
             }
             Ok(n) => {
-                if to.stdin(&buf[..n]).is_err() {
+                if !to.write_stdin(Some(&buf[..n])) {
                     return;
                 }
             }

@@ -8,19 +8,20 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use containerd_shim::protos::events::task::{
-    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+    TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
 use containerd_shim::protos::topics;
 use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, TtrpcResult};
+use pvisor::actions::guest::TerminalSize;
 use pvisor::Runtime;
 use pvisor_core::store::Store;
 
 use crate::container::{self, Container, CreateRequest, Error};
-use crate::process::{Exit, KillError, Status, Stdio};
+use crate::process::{Exit, KillError, OnOom, Status, Stdio};
 use crate::rootfs::Mount;
 
 const SIGKILL: u32 = 9;
@@ -132,6 +133,24 @@ impl Service {
                 container.stop_vm();
             }
         }
+    }
+
+    /// What runs at each OOM kill in the container's guest: TaskOOM (the
+    /// CRI plugin then reports the container `OOMKilled`).
+    fn on_oom(&self, container: &Arc<Container>) -> OnOom {
+        let (service, container) = (self.clone(), Arc::downgrade(container));
+        Box::new(move |pid| {
+            let Some(container) = container.upgrade() else { return };
+            log::warn!(
+                "{}: the guest's OOM killer killed process {pid} (Job {})",
+                container.id,
+                container.vm.job()
+            );
+            service.publish(
+                topics::TASK_OOM_EVENT_TOPIC,
+                Box::new(TaskOOM { container_id: container.id.clone(), ..Default::default() }),
+            );
+        })
     }
 }
 
@@ -269,7 +288,9 @@ impl containerd_shim::Task for Service {
 
     fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
         let container = self.container(&req.id).map_err(rpc)?;
-        let guest_pid = container.start(&req.exec_id, self.on_exit(&container, &req.exec_id)).map_err(rpc)?;
+        let guest_pid = container
+            .start(&req.exec_id, self.on_exit(&container, &req.exec_id), self.on_oom(&container))
+            .map_err(rpc)?;
         let pid = reported_pid(&req.exec_id, guest_pid);
         if req.exec_id.is_empty() {
             self.publish(
@@ -494,8 +515,14 @@ impl containerd_shim::Task for Service {
         unsupported("update", "a VM's memory and CPUs are fixed when it boots")
     }
 
-    fn resize_pty(&self, _ctx: &TtrpcContext, _req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
-        unsupported("resize-pty", "processes have pipes, not a terminal")
+    /// The new size of a process's terminal, set in the guest.
+    fn resize_pty(&self, _ctx: &TtrpcContext, req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let process = container.process(&req.exec_id).map_err(rpc)?;
+        let clamp = |n: u32| n.min(u32::from(u16::MAX)) as u16;
+        let size = TerminalSize { rows: clamp(req.height), cols: clamp(req.width) };
+        process.resize(size).map_err(|e| rpc(Error::Precondition(format!("{}: {e}", req.id))))?;
+        Ok(api::Empty::default())
     }
 
     fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {

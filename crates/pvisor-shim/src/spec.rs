@@ -2,8 +2,8 @@
 //! becomes a guest exec (argv, env, cwd, user) and its Linux resources
 //! become the VM's limits. Only this module reads `config.json`.
 //!
-//! What a VM cannot honour is refused here with a clear message (a
-//! terminal, a user without `setpriv` in the image), not ignored.
+//! What a VM cannot honour is refused here with a clear message (a user
+//! without `setpriv` in the image), not ignored.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +18,9 @@ pub struct ProcessSpec {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// On a terminal of its own (`process.terminal`: `ctr -t`, `kubectl
+    /// exec -t`) rather than pipes.
+    pub terminal: bool,
     /// Run in the guest's own root rather than chrooted into the
     /// container's rootfs (only a pod sandbox's stand-in process).
     pub guest_root: bool,
@@ -60,6 +63,7 @@ pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError
             argv: vec!["/bin/sh".into(), "-c".into(), KEEPER.into()],
             env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
             cwd: "/".into(),
+            terminal: false,
             guest_root: true,
         });
     }
@@ -74,11 +78,6 @@ pub fn exec_process(json: &[u8], rootfs: &Path) -> Result<ProcessSpec, SpecError
 }
 
 fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
-    if process.terminal().unwrap_or(false) {
-        return Err(SpecError::Unsupported(
-            "a terminal (ctr -t, kubectl exec -t): pvisor's guest agent relays pipes, not a pty".into(),
-        ));
-    }
     let args = process.args().clone().unwrap_or_default();
     if args.is_empty() {
         return Err(SpecError::NoArgs);
@@ -95,7 +94,8 @@ fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
         .collect();
     let user = process.user();
     let argv = as_user(user.uid(), user.gid(), args, rootfs)?;
-    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone(), guest_root: false })
+    let terminal = process.terminal().unwrap_or(false);
+    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone(), terminal, guest_root: false })
 }
 
 /// The agent starts processes as root; another user is taken on through
@@ -183,11 +183,12 @@ mod tests {
     }
 
     #[test]
-    fn a_terminal_or_a_user_without_setpriv_is_refused_clearly() {
+    fn a_terminal_is_asked_for_and_a_user_without_setpriv_is_refused_clearly() {
         let tty =
             serde_json::json!({"terminal": true, "args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
-        let err = exec_process(tty.to_string().as_bytes(), Path::new("/")).unwrap_err();
-        assert!(matches!(err, SpecError::Unsupported(m) if m.contains("pty")));
+        assert!(exec_process(tty.to_string().as_bytes(), Path::new("/")).expect("runnable").terminal);
+        let pipes = serde_json::json!({"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
+        assert!(!exec_process(pipes.to_string().as_bytes(), Path::new("/")).expect("runnable").terminal);
         let user = serde_json::json!({"args": ["id"], "cwd": "/", "user": {"uid": 1000, "gid": 1000}});
         let empty = tempfile::tempdir().expect("tempdir");
         let err = exec_process(user.to_string().as_bytes(), empty.path()).unwrap_err();

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::guest::{ExecChannel, ExecSpec, KEEPER};
+use pvisor::actions::guest::{ExecChannel, ExecSpec, TerminalSize, KEEPER};
 use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
 use pvisor::runtime::job_service::CancelHandle;
 use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
-use pvisor_core::ids::JobId;
+use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::ResourceLimits;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
@@ -35,6 +35,10 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 const END_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one agent call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a booting VM's guest is probed, and its Job's records read
+/// again to open it.
+const READY_POLL: Duration = Duration::from_millis(5);
+const REOPEN_POLL: Duration = Duration::from_millis(50);
 /// The first exec id: the Attempt's own command is id 1.
 const FIRST_EXEC_ID: u32 = 2;
 
@@ -198,9 +202,13 @@ impl Vm {
     }
 
     /// Starts `process` chrooted into the container's rootfs (unless it
-    /// asks for the guest's root); returns the
-    /// channel (first reply already read), the exec id and the guest pid.
-    pub fn exec(&self, process: &ProcessSpec) -> Result<(ExecChannel, u32, u32), ExecError> {
+    /// asks for the guest's root); returns the channel (first reply
+    /// already read), the Attempt it reaches, the exec id and the guest pid.
+    pub fn exec(
+        &self,
+        process: &ProcessSpec,
+        terminal: Option<TerminalSize>,
+    ) -> Result<(ExecChannel, AttemptId, u32, u32), ExecError> {
         let guest = self.guest_now()?;
         let id = self.next_exec.fetch_add(1, Ordering::Relaxed);
         let spec = ExecSpec {
@@ -210,10 +218,13 @@ impl Vm {
             cwd: process.cwd.clone(),
             root: (!process.guest_root).then(|| self.rootfs.clone()),
             output: None,
+            terminal,
         };
         let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
         match channel.next_reply() {
-            Ok(Some((Reply::Started { pid, .. }, _))) => Ok((channel, id, pid.max(0) as u32)),
+            Ok(Some((Reply::Started { pid, .. }, _))) => {
+                Ok((channel, guest.attempt().clone(), id, pid.max(0) as u32))
+            }
             Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
                 Err(ExecError::Failed { errno, message })
             }
@@ -232,9 +243,19 @@ impl Vm {
             .map_err(|e| ExecError::Guest(e.to_string()))
     }
 
+    /// Sets the window size of exec `id`'s terminal (an agent call, like
+    /// [`signal`](Self::signal)).
+    pub fn resize(&self, id: u32, size: TerminalSize) -> Result<(), ExecError> {
+        let request = Request::Resize { id, size };
+        self.guest_now()?
+            .call(&request, &[], CALL_TIMEOUT)
+            .map(drop)
+            .map_err(|e| ExecError::Guest(e.to_string()))
+    }
+
     /// Exec `id`'s exit status once it has exited (`None` while it runs),
-    /// asked of the guest: how a process is followed after a resume, when
-    /// its original channel is gone.
+    /// asked of the guest: for a process whose channel is gone and cannot
+    /// be attached to again.
     pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, String> {
         match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT) {
             Ok((Reply::Status { running: true, .. }, _)) => Ok(None),
@@ -458,19 +479,32 @@ fn wait_ready(
         op: pvisor::actions::guest::FileOp::Stat { path: "/".into() },
     };
     let deadline = Instant::now() + READY_TIMEOUT;
-    let mut last;
+    let mut last = String::new();
+    // Opening the guest reads the Job's records; probing it is a stat of
+    // the supervisor's socket until the VM is up. So the guest is opened
+    // again now and then (a resume may target a new Attempt), and probed
+    // often: every millisecond polled away is on containerd's create.
+    let mut opened: Option<(Guest, Instant)> = None;
     loop {
         if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
             return Err(format!(
                 "Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`"
             ));
         }
-        match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
-            Ok(guest) => match guest.call(&probe, &[], CALL_TIMEOUT) {
-                Ok(_) => return Ok(guest),
+        if opened.as_ref().is_none_or(|(_, at)| at.elapsed() > REOPEN_POLL) {
+            opened = match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
+                Ok(guest) => Some((guest, Instant::now())),
+                Err(e) => {
+                    last = e.to_string();
+                    None
+                }
+            };
+        }
+        if let Some((guest, _)) = &opened {
+            match guest.call(&probe, &[], CALL_TIMEOUT) {
+                Ok(_) => return Ok(guest.clone()),
                 Err(e) => last = e.to_string(),
-            },
-            Err(e) => last = e.to_string(),
+            }
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -478,6 +512,6 @@ fn wait_ready(
                 READY_TIMEOUT.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(if opened.is_some() { READY_POLL } else { REOPEN_POLL });
     }
 }

@@ -11,166 +11,18 @@
 //! Skips, saying why, when containerd cannot be installed, when not root
 //! (containerd mounts snapshots), or when the guest image is not built.
 
+#[path = "containerd/harness.rs"]
+mod harness;
+#[path = "containerd/terminal.rs"]
+mod terminal;
+
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-const IMAGE: &str = "docker.io/pvisor/busybox:latest";
-const RUNTIME: &str = "io.containerd.pvisor.v1";
-const NAMESPACE: &str = "pvisor-test";
-/// The containerd namespace the CRI plugin keeps its images and pods in.
-const CRI_NAMESPACE: &str = "k8s.io";
-/// A process that counts in /tmp/count, once a second.
-const COUNTER: &str =
-    "i=0; while :; do i=$((i+1)); echo $i >/tmp/next; mv /tmp/next /tmp/count; sleep 1; done";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A private containerd, stopped when dropped.
-struct Containerd {
-    dir: tempfile::TempDir,
-    sock: String,
-}
-
-impl Drop for Containerd {
-    /// A failed test must not leave VMs behind: shims outlive containerd
-    /// by design, so every task is force-deleted before it stops.
-    fn drop(&mut self) {
-        for namespace in [NAMESPACE, CRI_NAMESPACE] {
-            let tasks = self.ctr_in(namespace, &["task", "ls", "-q"]);
-            for id in text(&tasks.stdout).lines().filter(|l| !l.is_empty()) {
-                let _ = self.ctr_in(namespace, &["task", "delete", "-f", id]);
-                let _ = self.ctr_in(namespace, &["container", "rm", id]);
-            }
-        }
-        let _ =
-            Command::new(repo().join("scripts/containerd-env.sh")).arg("stop").arg(self.dir.path()).status();
-    }
-}
-
-impl Containerd {
-    fn ctr(&self, args: &[&str]) -> Output {
-        self.ctr_in(NAMESPACE, args)
-    }
-
-    fn ctr_in(&self, namespace: &str, args: &[&str]) -> Output {
-        Command::new("ctr")
-            .args(["-a", &self.sock, "-n", namespace])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("ctr runs")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.ctr(args);
-        assert!(out.status.success(), "ctr {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
-        text(&out.stdout)
-    }
-
-    /// Stops containerd and starts it again over the same directories.
-    fn restart(&self) {
-        let script = repo().join("scripts/containerd-env.sh");
-        assert!(Command::new(&script).arg("stop").arg(self.dir.path()).status().is_ok_and(|s| s.success()));
-        let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
-        let out = Command::new(&script)
-            .arg("start")
-            .arg(self.dir.path())
-            .arg(shim.parent().expect("a directory"))
-            .output();
-        assert!(out.is_ok_and(|o| o.status.success()), "containerd restarts");
-    }
-
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("pvisor-home")
-    }
-
-    /// The task's status column in `ctr task ls`.
-    fn task_status(&self, id: &str) -> Option<String> {
-        let list = self.ok(&["task", "ls"]);
-        list.lines()
-            .find(|l| l.split_whitespace().next() == Some(id))
-            .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Why this machine cannot run the test, if it cannot.
-fn unable() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("containerd needs root to mount snapshots".into());
-    }
-    if !repo().join("target/vm-image/manifest.json").exists() {
-        return Some("target/vm-image is not built (scripts/vm-image.sh)".into());
-    }
-    let installed = Command::new(repo().join("scripts/containerd-env.sh")).arg("install").status();
-    if !installed.is_ok_and(|s| s.success()) {
-        return Some("containerd cannot be installed (apt-get install containerd failed)".into());
-    }
-    None
-}
-
-/// A private containerd with the test image imported into `namespace`.
-fn start(namespace: &str) -> Containerd {
-    let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
-    let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
-    let out = Command::new(repo().join("scripts/containerd-env.sh"))
-        .arg("start")
-        .arg(dir.path())
-        .arg(shim.parent().expect("the shim's directory"))
-        .output()
-        .expect("containerd-env.sh runs");
-    assert!(out.status.success(), "containerd did not start: {}", text(&out.stderr));
-    let sock = text(&out.stdout).trim().to_owned();
-    let containerd = Containerd { dir, sock };
-    let image = Command::new(repo().join("scripts/oci-image.sh")).output().expect("oci-image.sh runs");
-    assert!(image.status.success(), "the image did not build: {}", text(&image.stderr));
-    let imported = containerd.ctr_in(namespace, &["images", "import", text(&image.stdout).trim()]);
-    assert!(imported.status.success(), "ctr images import: {}", text(&imported.stderr));
-    containerd
-}
-
-/// Processes whose command line names `needle` (a VM of this test's Jobs).
-fn processes_naming(needle: &Path) -> Vec<String> {
-    let needle = needle.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let cmdline = text(&cmdline).replace('\0', " ");
-        if cmdline.contains(&needle) && !cmdline.contains("containerd-shim-pvisor-v1") {
-            found.push(cmdline);
-        }
-    }
-    found
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
-}
-
-fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} did not happen within {} s", timeout.as_secs());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use harness::*;
+use terminal::{check_sizes, Tty, SIZES};
 
 #[test]
 fn containerd_runs_containers_as_pvisor_vm_jobs() {
@@ -388,4 +240,146 @@ fn cri_python() -> Result<PathBuf, String> {
         return Err(format!("scripts/cri-env.sh failed (grpcio from PyPI): {}", text(&out.stderr)));
     }
     Ok(PathBuf::from(text(&out.stdout).trim()))
+}
+
+#[test]
+fn terminals_for_the_init_process_and_an_exec() {
+    if !able("terminals_for_the_init_process_and_an_exec") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let run = ["run", "-t", "--rm", "--runtime", RUNTIME, IMAGE, "tty-init", "sh", "-c", SIZES];
+    check_sizes(Tty::spawn(&c, &run, 30, 90));
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "tty-exec", "sh", "-c", COUNTER]);
+    eventually("the task runs", Duration::from_secs(30), || {
+        c.task_status("tty-exec").as_deref() == Some("RUNNING")
+    });
+    let exec = ["task", "exec", "-t", "--exec-id", "t1", "tty-exec", "sh", "-c", SIZES];
+    check_sizes(Tty::spawn(&c, &exec, 30, 90));
+    c.ok(&["task", "kill", "-s", "SIGKILL", "tty-exec"]);
+    eventually("the task stops", Duration::from_secs(30), || {
+        c.task_status("tty-exec").as_deref() == Some("STOPPED")
+    });
+    c.ok(&["task", "delete", "tty-exec"]);
+    c.ok(&["container", "rm", "tty-exec"]);
+}
+
+#[test]
+fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
+    if !able("an_oom_kill_in_the_guest_is_task_oom_and_exit_137") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let mut events = Command::new("ctr")
+        .args(["-a", &c.sock, "-n", NAMESPACE, "events"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ctr events runs");
+    // The memory limit is the guest's RAM (the smallest a VM gets: 128
+    // MiB); the shell's command substitution grows without bound.
+    let limit = (128u64 << 20).to_string();
+    let script = "echo start; x=$(tr '\\0' a </dev/zero); echo survived";
+    let out = c.ctr(&[
+        "run",
+        "--rm",
+        "--memory-limit",
+        &limit,
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "hog",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(text(&out.stdout), "start\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(137), "killed by SIGKILL: 128 + 9");
+    // Published before the exit; give ctr events a moment to print it.
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = events.kill();
+    let seen = text(&events.wait_with_output().expect("ctr events ends").stdout);
+    let oom = seen.lines().position(|l| l.contains("/tasks/oom") && l.contains("\"container_id\":\"hog\""));
+    let exit = seen.lines().position(|l| l.contains("/tasks/exit") && l.contains("\"container_id\":\"hog\""));
+    assert!(oom.is_some() && oom < exit, "TaskOOM, then TaskExit: {seen}");
+    // The Job's records say why.
+    let jobs = pvisor(&c, &["jobs"]);
+    let job = jobs.lines().last().and_then(|l| l.split_whitespace().next()).expect("the container's Job");
+    let status = pvisor(&c, &["status", job]);
+    assert!(status.contains("killed by the kernel's OOM killer"), "pvisor status: {status}");
+}
+
+#[test]
+fn output_and_stdin_go_on_after_a_pause() {
+    if !able("output_and_stdin_go_on_after_a_pause") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let log = c.dir.path().join("ticks.log");
+    let ticks = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done";
+    let uri = format!("file://{}", log.display());
+    c.ok(&["run", "-d", "--log-uri", &uri, "--runtime", RUNTIME, IMAGE, "ticks", "sh", "-c", ticks]);
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+    eventually("the counter prints", Duration::from_secs(60), || lines() >= 5);
+    // An exec reading stdin, fed before and after the pause.
+    let mut cat = Command::new("ctr")
+        .args(["-a", &c.sock, "-n", NAMESPACE, "task", "exec", "--exec-id", "cat", "ticks", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ctr runs");
+    let mut stdin = cat.stdin.take().expect("stdin");
+    let echoed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut stdout, seen) = (cat.stdout.take().expect("stdout"), echoed.clone());
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.lock().expect("the echo lock").push_str(&text(&buf[..n]));
+        }
+    });
+    stdin.write_all(b"before\n").expect("write");
+    eventually("cat echoes its stdin", Duration::from_secs(60), || {
+        echoed.lock().expect("the echo lock").contains("before")
+    });
+    c.ok(&["task", "pause", "ticks"]);
+    let paused = lines();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(lines() <= paused + 1, "a paused VM prints nothing: {paused} then {}", lines());
+    c.ok(&["task", "resume", "ticks"]);
+    stdin.write_all(b"after\n").expect("write");
+    drop(stdin);
+    let code = cat.wait().expect("ctr ends").code();
+    reader.join().expect("the reader");
+    assert_eq!(
+        *echoed.lock().expect("the echo lock"),
+        "before\nafter\n",
+        "stdin reaches the process across the pause"
+    );
+    assert_eq!(code, Some(0), "and so does its end");
+    eventually("the counter prints on after the resume", Duration::from_secs(60), || lines() >= paused + 10);
+    // Every count once, in order: nothing lost or repeated across the pause.
+    let printed = std::fs::read_to_string(&log).expect("the log");
+    let counts: Vec<u32> = printed.lines().map(|l| l.parse().unwrap_or(0)).collect();
+    let expected: Vec<u32> = (1..=counts.len() as u32).collect();
+    assert_eq!(counts, expected, "the counter's output across the pause");
+    c.ok(&["task", "kill", "-s", "SIGKILL", "ticks"]);
+    eventually("the task stops", Duration::from_secs(30), || {
+        c.task_status("ticks").as_deref() == Some("STOPPED")
+    });
+    c.ok(&["task", "delete", "ticks"]);
+    c.ok(&["container", "rm", "ticks"]);
+}
+
+/// `pvisor ARGS` over the shim's state directory.
+fn pvisor(c: &Containerd, args: &[&str]) -> String {
+    let out = Command::new(repo().join("target/debug/pvisor"))
+        .args(args)
+        .env("PVISOR_HOME", c.home())
+        .output()
+        .expect("target/debug/pvisor runs (cargo build -p pvisor-cli)");
+    assert!(out.status.success(), "pvisor {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
 }

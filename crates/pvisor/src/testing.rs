@@ -220,6 +220,14 @@ impl GuestAccess for FakeCheckpointer {
         Err(self.refuse(attempt_dir))
     }
 
+    fn attach(
+        &self,
+        attempt_dir: &Path,
+        _: u32,
+    ) -> Result<pvisor_sandbox::vm::guest::ExecChannel, CapabilityError> {
+        Err(self.refuse(attempt_dir))
+    }
+
     fn call(
         &self,
         attempt_dir: &Path,

@@ -48,6 +48,8 @@ pub enum ControlRequest {
     Suspend,
     /// Start another command in the guest and relay it ([`super::guest::exec`]).
     Exec(super::guest::ExecSpec),
+    /// Relay a command already running in a resumed guest ([`super::guest::attach`]).
+    Attach { id: u32 },
     /// One agent request; `payload` bytes follow the line ([`super::guest::call`]).
     Call { request: Box<Request>, payload: u32 },
     /// A stream to guest `127.0.0.1:port` ([`super::guest::forward`]).

@@ -63,6 +63,7 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
     let response = match serde_json::from_str::<ControlRequest>(&line) {
         Err(e) => ControlResponse::Error { message: format!("bad control request: {e}") },
         Ok(ControlRequest::Exec(spec)) => return relay_exec(shared, spec, reader, stream),
+        Ok(ControlRequest::Attach { id }) => return attach_exec(shared, id, reader, stream),
         Ok(ControlRequest::Forward { port }) => return forward(shared, port, stream),
         Ok(ControlRequest::Call { request, payload }) => {
             let payload = guest::read_payload(&mut reader, payload)?;
@@ -89,9 +90,10 @@ pub(super) fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (
         | Request::WriteFile { .. }
         | Request::FileOp { .. }
         | Request::Status { .. }
+        | Request::Poll { .. }
         | Request::NetConnect { .. } => {}
-        // Signals have no reply; they need no op lock either.
-        Request::Signal { id, .. } if id != EXEC_ID => {
+        // Signals and resizes have no reply; they need no op lock either.
+        Request::Signal { id, .. } | Request::Resize { id, .. } if id != EXEC_ID => {
             return match shared.send(&request, &[]) {
                 Ok(()) => (Reply::Done { op: "signal".into() }, Vec::new()),
                 Err(e) => refuse(format!("cannot reach the agent: {e}")),
@@ -127,6 +129,7 @@ fn answers(request: &Request, reply: &Reply) -> bool {
         (Request::ReadFile { path, .. }, Reply::File { path: p }) => p == path,
         (Request::WriteFile { .. }, Reply::Done { op }) => op == "write_file",
         (Request::Status { id }, Reply::Status { id: i, .. }) => i == id,
+        (Request::Poll { .. }, Reply::Done { op }) => op == "poll",
         (Request::NetConnect { .. }, Reply::Done { op }) => op == "net_connect",
         (Request::FileOp { op, .. }, reply) => match (op, reply) {
             (pvisor_agent_proto::FileOp::Stat { path }, Reply::Stat { stat }) => &stat.path == path,
@@ -182,18 +185,16 @@ fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
 fn relay_exec(
     shared: &Shared,
     spec: guest::ExecSpec,
-    mut from: BufReader<UnixStream>,
+    from: BufReader<UnixStream>,
     to: UnixStream,
 ) -> io::Result<()> {
     let id = spec.id;
     let (tx, rx) = mpsc::sync_channel(RELAY_BACKLOG);
-    {
-        let mut sinks = shared.sinks.lock().unwrap_or_else(|p| p.into_inner());
-        if id == EXEC_ID || sinks.contains_key(&id) {
-            let message = format!("exec id {id} is in use");
-            return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
-        }
-        sinks.insert(id, tx);
+    let attached =
+        (id != EXEC_ID).then(|| shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).attach(id, tx));
+    if !matches!(attached, Some(Some(_))) {
+        let message = format!("exec id {id} is in use");
+        return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
     }
     let exec = Request::Exec {
         id,
@@ -202,13 +203,57 @@ fn relay_exec(
         cwd: spec.cwd,
         root: spec.root,
         output: spec.output,
+        terminal: spec.terminal,
     };
     if let Err(e) = shared.send(&exec, &[]) {
-        shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);
         let message = format!("cannot reach the agent: {e}");
         return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EIO, message }, &[]);
     }
-    // The caller's signals and stdin, forced to this exec's id.
+    relay(shared, id, from, to, rx)
+}
+
+/// Relays exec `id`, which runs in the guest without a relay here (a
+/// resumed guest's command, started before this supervisor): first the
+/// output held for it since the restore, then its frames as they come. One
+/// that has already ended is sent its `Exited` again (an agent `Poll`).
+fn attach_exec(shared: &Shared, id: u32, from: BufReader<UnixStream>, to: UnixStream) -> io::Result<()> {
+    let (tx, rx) = mpsc::sync_channel(RELAY_BACKLOG);
+    let attached =
+        (id != EXEC_ID).then(|| shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).attach(id, tx));
+    let Some(Some(held)) = attached else {
+        let message = format!("exec {id} is relayed already (or is the Attempt's own command)");
+        return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
+    };
+    let ended = held.iter().any(|(reply, _)| matches!(reply, Reply::Exited { .. }));
+    if ended {
+        shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);
+    }
+    for (reply, bytes) in held {
+        write_frame(&mut &to, &reply, &bytes)?;
+    }
+    if ended {
+        let _ = to.shutdown(std::net::Shutdown::Both);
+        return Ok(());
+    }
+    if let (Reply::Error { message, .. }, _) = guest_call(shared, Request::Poll { id }, &[]) {
+        shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);
+        let message = format!("cannot ask the guest about exec {id}: {message}");
+        return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EIO, message }, &[]);
+    }
+    relay(shared, id, from, to, rx)
+}
+
+/// Carries exec `id`'s frames from `rx` to the caller, and the caller's
+/// signals, stdin and resizes (forced to this exec's id) to the agent,
+/// until it exits or the caller hangs up.
+fn relay(
+    shared: &Shared,
+    id: u32,
+    mut from: BufReader<UnixStream>,
+    to: UnixStream,
+    rx: mpsc::Receiver<(Reply, Vec<u8>)>,
+) -> io::Result<()> {
     let agent = shared.agent.clone();
     std::thread::Builder::new().name("pvisor-vm-relay-in".into()).spawn(move || {
         while let Ok(Some((request, payload))) = read_frame::<Request>(&mut from) {
@@ -216,6 +261,7 @@ fn relay_exec(
                 Request::Stdin { .. } => Request::Stdin { id },
                 Request::CloseStdin { .. } => Request::CloseStdin { id },
                 Request::Signal { signal, .. } => Request::Signal { id, signal },
+                Request::Resize { size, .. } => Request::Resize { id, size },
                 _ => continue,
             };
             let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
@@ -227,7 +273,7 @@ fn relay_exec(
     for (reply, bytes) in rx {
         if write_frame(&mut &to, &reply, &bytes).is_err() {
             // The caller hung up; the process keeps running (see `guest`).
-            shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);
             break;
         }
     }

@@ -3,10 +3,11 @@
 //! operations, over the Attempt's control socket.
 //!
 //! Wire format on the socket: one JSON [`ControlRequest`] line, then
-//! - `exec`: AgentCtl frames both ways. The supervisor relays the exec's
+//! - `exec` (and `attach`, to an exec a resumed guest runs): AgentCtl
+//!   frames both ways. The supervisor relays the exec's
 //!   [`Reply`]s (`Started`/`ExecFailed`, output, `Exited`) and accepts
-//!   `Stdin`/`CloseStdin`/`Signal` [`Request`]s, whose id it forces to the
-//!   exec's own. Closing the socket does not signal the process: the caller
+//!   `Stdin`/`CloseStdin`/`Signal`/`Resize` [`Request`]s, whose id it forces
+//!   to the exec's own. Closing the socket does not signal the process: the caller
 //!   decides (a background command must outlive its request).
 //! - `call`: `payload` raw bytes follow the line; the answer is one frame.
 //! - `forward`: one JSON [`ControlResponse`] line; after `forwarded`, the
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use pvisor_agent_proto::{read_frame, write_frame, Reply, Request};
+use pvisor_agent_proto::{read_frame, write_frame, Reply, Request, TerminalSize};
 
 use super::checkpoint::{ControlRequest, ControlResponse};
 
@@ -34,6 +35,9 @@ pub struct ExecSpec {
     pub cwd: PathBuf,
     pub root: Option<PathBuf>,
     pub output: Option<PathBuf>,
+    /// A terminal of this size instead of pipes (its output is `Stdout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalSize>,
 }
 
 /// The caller's end of a relayed exec.
@@ -86,6 +90,17 @@ impl ExecSignaller {
     pub fn close_stdin(&mut self) -> io::Result<()> {
         write_frame(&mut self.writer, &Request::CloseStdin { id: self.id }, &[])
     }
+
+    /// Sets the window size of the exec's terminal.
+    pub fn resize(&mut self, size: TerminalSize) -> io::Result<()> {
+        write_frame(&mut self.writer, &Request::Resize { id: self.id, size }, &[])
+    }
+
+    /// Ends the channel in both directions: its reader sees the end. The
+    /// exec runs on (a later [`attach`] follows it again).
+    pub fn hang_up(&self) {
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
@@ -93,6 +108,19 @@ pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, String> {
     let id = spec.id;
     let stream = super::control::connect_control(vm_dir)?;
     let mut line = serde_json::to_vec(&ControlRequest::Exec(spec)).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    let writer = stream.try_clone().map_err(|e| e.to_string())?;
+    Ok(ExecChannel { reader: BufReader::new(stream), writer, id })
+}
+
+/// Relays exec `id` of the VM whose Attempt directory holds `vm_dir`: a
+/// command started in an earlier Attempt of a resumed guest, whose output
+/// since the restore the supervisor has held. The channel then carries its
+/// output, its `Exited` (again, if it ended before), signals and stdin.
+pub fn attach(vm_dir: &Path, id: u32) -> Result<ExecChannel, String> {
+    let stream = super::control::connect_control(vm_dir)?;
+    let mut line = serde_json::to_vec(&ControlRequest::Attach { id }).map_err(|e| e.to_string())?;
     line.push(b'\n');
     (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
     let writer = stream.try_clone().map_err(|e| e.to_string())?;

@@ -3,7 +3,7 @@
 //! channel, the reader thread that routes every agent frame, and the
 //! per-exec and per-stream credits that bound host-to-guest data.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -23,16 +23,93 @@ use crate::{sys, SandboxSpec, Usage};
 /// What the agent reader thread tells the waiter.
 #[derive(Debug)]
 pub(super) enum AgentEvent {
-    Exited { code: Option<i32>, signal: Option<i32> },
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// The guest's OOM killer killed a process while the command ran.
+    OomKill,
     Gone(String),
 }
 
-/// Where the replies of execs started through [`guest::exec`] go, by exec id.
-/// Bounded: a relay whose caller reads slowly holds the guest back (as our
-/// own stdout does), for at most [`RELAY_STALL`].
-pub(super) type Sinks = Arc<Mutex<HashMap<u32, SyncSender<(Reply, Vec<u8>)>>>>;
+/// Where the replies of execs started through [`guest::exec`] (or attached
+/// to) go, by exec id.
+pub(super) type Sinks = Arc<Mutex<Relays>>;
 /// Frames (up to 64 KiB each) a relayed exec may have in flight to its caller.
 pub(super) const RELAY_BACKLOG: usize = 64;
+/// Bytes of output held for one exec of a restored guest until a caller
+/// attaches to it; beyond that the oldest frames are dropped.
+const HELD_BYTES: usize = 1 << 20;
+
+/// The relays of this supervisor's execs, and what is held for the execs
+/// of a restored guest, which started before this supervisor did.
+#[derive(Debug, Default)]
+pub(super) struct Relays {
+    /// Bounded: a relay whose caller reads slowly holds the guest back (as
+    /// our own stdout does), for at most [`RELAY_STALL`].
+    sinks: HashMap<u32, SyncSender<(Reply, Vec<u8>)>>,
+    /// Every exec this supervisor has relayed: their frames without a
+    /// relay are dropped (the caller left on purpose).
+    known: HashSet<u32>,
+    /// Frames of execs this supervisor never relayed (a resumed guest's
+    /// commands, running on across the pause), kept for an attach.
+    held: HashMap<u32, Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    frames: VecDeque<(Reply, Vec<u8>)>,
+    bytes: usize,
+    dropped: usize,
+}
+
+impl Relays {
+    /// Relays exec `id`'s frames to `sink` from now on; returns the frames
+    /// held for it until now, which go first. `None` if it has a relay.
+    pub(super) fn attach(
+        &mut self,
+        id: u32,
+        sink: SyncSender<(Reply, Vec<u8>)>,
+    ) -> Option<VecDeque<(Reply, Vec<u8>)>> {
+        if self.sinks.contains_key(&id) {
+            return None;
+        }
+        self.known.insert(id);
+        self.sinks.insert(id, sink);
+        let held = self.held.remove(&id).unwrap_or_default();
+        if held.dropped > 0 {
+            tracing::warn!(
+                exec = id,
+                bytes = held.dropped,
+                "output of a resumed exec was dropped before a caller attached to it"
+            );
+        }
+        Some(held.frames)
+    }
+
+    pub(super) fn detach(&mut self, id: u32) {
+        self.sinks.remove(&id);
+    }
+
+    fn sink(&self, id: u32) -> Option<SyncSender<(Reply, Vec<u8>)>> {
+        self.sinks.get(&id).cloned()
+    }
+
+    /// Keeps a frame of an exec this supervisor has never relayed.
+    fn hold(&mut self, id: u32, frame: (Reply, Vec<u8>)) {
+        if self.known.contains(&id) {
+            return;
+        }
+        let held = self.held.entry(id).or_default();
+        held.bytes += frame.1.len();
+        held.frames.push_back(frame);
+        while held.bytes > HELD_BYTES {
+            let Some((_, bytes)) = held.frames.pop_front() else { break };
+            held.bytes -= bytes.len();
+            held.dropped += bytes.len();
+        }
+    }
+}
 /// How long a relay's full queue may stall the guest before it is cut off.
 const RELAY_STALL: Duration = Duration::from_secs(30);
 
@@ -201,13 +278,21 @@ pub(super) fn read_agent(
         if let Ok(Some((reply, bytes))) = frame.as_ref() {
             if let Some(id) = relayed_exec(reply) {
                 // Never a `call`'s answer: a relayed exec's frames go to its
-                // relay, or nowhere (its caller left, or it predates this
-                // supervisor, as a resumed guest's commands do).
-                let sink = sinks.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+                // relay, or nowhere if its caller left; those of an exec that
+                // predates this supervisor (a resumed guest's) are held for
+                // a caller that attaches to it.
+                let sink = {
+                    let mut relays = sinks.lock().unwrap_or_else(|p| p.into_inner());
+                    let sink = relays.sink(id);
+                    if sink.is_none() {
+                        relays.hold(id, (reply.clone(), bytes.clone()));
+                    }
+                    sink
+                };
                 if let Some(sink) = sink {
                     let last = matches!(reply, Reply::Exited { .. } | Reply::ExecFailed { .. });
                     if !relay_frame(&sink, (reply.clone(), bytes.clone())) || last {
-                        sinks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                        sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);
                     }
                 }
                 continue;
@@ -225,6 +310,9 @@ pub(super) fn read_agent(
             Ok(Some((Reply::NetClose { stream }, _))) => net.close(stream),
             Ok(Some((Reply::Exited { id: EXEC_ID, code, signal }, _))) => {
                 let _ = events.send(AgentEvent::Exited { code, signal });
+            }
+            Ok(Some((Reply::Oom { .. }, _))) => {
+                let _ = events.send(AgentEvent::OomKill);
             }
             Ok(Some((Reply::StdinAck { id }, _))) if id == EXEC_ID => credits.release(Credit::Stdin),
             Ok(Some((Reply::StdinAck { .. }, _))) => {}
@@ -272,6 +360,7 @@ fn relayed_exec(reply: &Reply) -> Option<u32> {
         | Reply::ExecFailed { id, .. }
         | Reply::Stdout { id }
         | Reply::Stderr { id }
+        | Reply::Oom { id, .. }
         | Reply::Exited { id, .. } => Some(*id).filter(|id| *id != EXEC_ID),
         _ => None,
     }

@@ -72,6 +72,10 @@ impl GuestAccess for VmControl {
         guest::exec(&Self::vm_dir(attempt_dir)?, spec).map_err(CapabilityError::Failed)
     }
 
+    fn attach(&self, attempt_dir: &Path, id: u32) -> Result<ExecChannel, CapabilityError> {
+        guest::attach(&Self::vm_dir(attempt_dir)?, id).map_err(CapabilityError::Failed)
+    }
+
     fn call(
         &self,
         attempt_dir: &Path,

@@ -353,6 +353,7 @@ impl VmProcess {
                 cwd: spec.cwd.clone(),
                 root: None,
                 output: None,
+                terminal: None,
             };
             match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
                 (Reply::Started { .. }, _) => {}
@@ -616,8 +617,10 @@ impl SandboxProcess for VmProcess {
                 stage_error: None,
             });
         }
+        let mut oom_killed = false;
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
+                Ok(AgentEvent::OomKill) => oom_killed = true,
                 Ok(AgentEvent::Exited { code, signal }) => {
                     *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
                     break Ok((code, signal));
@@ -675,12 +678,6 @@ impl SandboxProcess for VmProcess {
         let (_, usage) = shared.quit_and_reap();
         // The disks are the Attempt's scratch; the stage now holds the result.
         shared.remove_disks();
-        Ok(ExitReport {
-            termination,
-            usage,
-            oom_killed: false,
-            interrupted_at_terminal: false,
-            stage_error: None,
-        })
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error: None })
     }
 }

@@ -94,6 +94,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         cwd: request.cwd.clone().unwrap_or_else(|| "/".into()).into(),
         root: Some(guest.record.rootfs.clone()),
         output: request.background.then(|| PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+        terminal: None,
     };
     let link = guest.link.clone();
     let (mut channel, first) = blocking(move || {

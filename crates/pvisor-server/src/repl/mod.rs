@@ -223,6 +223,7 @@ impl Repl {
             cwd: PathBuf::from(cwd.unwrap_or("/")),
             root: Some(record.rootfs.clone()),
             output: None,
+            terminal: None,
         };
         let mut channel = guest_link::exec(link, spec).map_err(|e| ApiError::internal(e.0))?;
         match channel.next_reply() {

@@ -300,6 +300,7 @@ impl Daemon {
             cwd: "/".into(),
             root: Some(record.rootfs.clone()),
             output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
+            terminal: None,
         };
         let mut channel = guest_link::exec(&link, spec)?;
         let started = match channel.next_reply() {

@@ -14,11 +14,11 @@ use std::time::Duration;
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_sandbox::capabilities::GuestAccess;
 
-/// The vocabulary of guest access: commands (`ExecSpec`, relayed on an
-/// `ExecChannel`), agent requests and replies, file metadata, and the
+/// The vocabulary of guest access: commands (`ExecSpec`, on pipes or a
+/// terminal of a `TerminalSize`, relayed on an `ExecChannel`), agent requests and replies, file metadata, and the
 /// host-side lookup of a path beneath an image root, which resolves
 /// symlinks the way the guest will. One definition, shared with the agent.
-pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request};
+pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request, TerminalSize};
 pub use pvisor_sandbox::capabilities::CapabilityError;
 pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
@@ -77,6 +77,12 @@ impl Guest {
     /// Starts another command in the guest; its stdio and exit are relayed.
     pub fn exec(&self, spec: ExecSpec) -> Result<ExecChannel, CapabilityError> {
         self.access.exec(&self.attempt_dir, spec)
+    }
+
+    /// Follows a command started in an earlier Attempt of this resumed
+    /// guest again (its channel ended with the suspension).
+    pub fn attach(&self, id: u32) -> Result<ExecChannel, CapabilityError> {
+        self.access.attach(&self.attempt_dir, id)
     }
 
     /// One agent request with its payload, answered by one reply.

@@ -1,11 +1,13 @@
 //! Running commands: spawning each in its own session (optionally chrooted
-//! into a prepared sandbox root), pumping its output into frames, signals,
-//! and the reaper that collects every child PID 1 inherits.
+//! into a prepared sandbox root, optionally on a terminal of its own),
+//! pumping its output into frames, signals and resizes, and the reaper that
+//! collects every child PID 1 inherits.
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -15,12 +17,13 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent_proto::Reply;
+use pvisor_agent_proto::{Reply, TerminalSize};
 use rustix::mount::MountFlags;
 use rustix::process::{Pid, WaitOptions};
 
 use crate::init::mount;
 use crate::link::Writer;
+use crate::pty;
 use crate::{Agent, Out};
 
 /// How long output pumps may run on after the process exits (a background
@@ -34,6 +37,8 @@ pub(crate) struct ExecTable {
     early: HashMap<i32, libc::c_int>,
     groups: HashMap<u32, i32>,
     stdin: HashMap<u32, Writer>,
+    /// The master of each running exec's terminal, for `Resize`.
+    terminals: HashMap<u32, OwnedFd>,
     /// Exit statuses already reported, for `Poll` after a restore.
     finished: HashMap<u32, (Option<i32>, Option<i32>)>,
 }
@@ -118,43 +123,30 @@ impl Agent {
         self.send(Reply::Done { op: "poll".into() }, Vec::new());
     }
 
-    pub(crate) fn exec(
-        &mut self,
-        id: u32,
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: PathBuf,
-        root: Option<&Path>,
-        output: Option<&Path>,
-    ) {
+    /// Sets exec `id`'s terminal size, if it has a terminal.
+    pub(crate) fn resize(&self, id: u32, size: TerminalSize) {
+        let table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(master) = table.terminals.get(&id) {
+            // Nothing to answer (as for a signal): a size the kernel
+            // refuses leaves the old one.
+            let _ = pty::resize(master, size);
+        }
+    }
+
+    pub(crate) fn exec(&mut self, request: ExecRequest) {
+        let ExecRequest { id, argv, env, cwd, root, output, terminal } = request;
         let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
             return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
         };
-        let mut command = Command::new(program);
-        command.args(args).env_clear().envs(env).stdin(Stdio::piped());
-        let open_log = |path: &Path| {
-            if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent)?;
-            }
-            OpenOptions::new().create(true).append(true).mode(0o600).open(path)
-        };
-        match output.map(open_log) {
-            None => {
-                command.stdout(Stdio::piped()).stderr(Stdio::piped());
-            }
-            Some(Ok(log)) => match log.try_clone() {
-                Ok(copy) => {
-                    command.stdout(copy).stderr(log);
-                }
-                Err(e) => return self.send(failed(libc::EIO, e.to_string()), Vec::new()),
-            },
-            Some(Err(e)) => {
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
-                return self.send(failed(errno, format!("cannot open the log: {e}")), Vec::new());
-            }
+        if terminal.is_some() && output.is_some() {
+            let message = "a terminal's output is streamed; it cannot also go to a log file".into();
+            return self.send(failed(libc::EINVAL, message), Vec::new());
         }
-        let confine = match root.map(|r| prepare_root(r).map(|()| r)) {
+        let mut command = Command::new(program);
+        command.args(args).env_clear().envs(env);
+        // Prepared first: a terminal comes from the root's own devpts.
+        let confine = match root.as_deref().map(|r| prepare_root(r).map(|()| r)) {
             Some(Err(e)) => {
                 return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new())
             }
@@ -164,6 +156,23 @@ impl Agent {
             ),
             None => None,
         };
+        let stdio = match terminal {
+            Some(size) => pty::open(root.as_deref(), size).and_then(|pair| {
+                command
+                    .stdin(pty::dup(&pair.slave)?)
+                    .stdout(pty::dup(&pair.slave)?)
+                    .stderr(File::from(pair.slave));
+                Ok(Streams::Terminal(pair.master))
+            }),
+            None => pipes(&mut command, output.as_deref()),
+        };
+        let stdio = match stdio {
+            Ok(stdio) => stdio,
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                return self.send(failed(errno, e.to_string()), Vec::new());
+            }
+        };
         let cwd = match CString::new(cwd.as_os_str().as_bytes()) {
             Ok(c) => c,
             Err(_) => return self.send(failed(libc::EINVAL, "cwd has a NUL byte".into()), Vec::new()),
@@ -172,13 +181,19 @@ impl Agent {
             Ok(c) => c,
             Err(e) => return self.send(failed(libc::EINVAL, e.to_string()), Vec::new()),
         };
+        let controlling = matches!(stdio, Streams::Terminal(_));
         // SAFETY: the closure runs between fork and exec, where only
-        // async-signal-safe work is allowed: rustix's setsid, chroot and
-        // chdir are bare syscalls, the CStrings were built before the fork,
-        // and an Errno becomes an io::Error without allocating.
+        // async-signal-safe work is allowed: rustix's setsid, ioctl, chroot
+        // and chdir are bare syscalls, the CStrings were built before the
+        // fork, and an Errno becomes an io::Error without allocating.
         unsafe {
             command.pre_exec(move || {
                 rustix::process::setsid()?;
+                if controlling {
+                    // std has made the slave fd 0 by now; the new session
+                    // takes it as its controlling terminal.
+                    rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+                }
                 if let Some(root) = &confine {
                     rustix::process::chroot(root.as_c_str())?;
                 }
@@ -196,6 +211,9 @@ impl Agent {
                 return self.send(Reply::ExecFailed { id, errno, message: e.to_string() }, Vec::new());
             }
         };
+        // The slave's copies in `command` close now: the master reads EIO
+        // once the process (and whatever inherited the slave) is gone.
+        drop(command);
         let pid = child.id() as i32;
         let (status_tx, status_rx) = mpsc::channel();
         match table.early.remove(&pid) {
@@ -206,17 +224,36 @@ impl Agent {
                 table.by_pid.insert(pid, status_tx);
             }
         }
-        table.groups.insert(id, pid);
-        if let Some(stdin) = child.stdin.take() {
-            table.stdin.insert(id, Writer::spawn(stdin, self.out.clone(), Reply::StdinAck { id }, || {}));
-        }
+        let out = self.out.clone();
+        let pumps = match stdio {
+            Streams::Terminal(master) => {
+                let (reader, writer) = match (pty::dup(&master), pty::dup(&master)) {
+                    (Ok(r), Ok(w)) => (Some(r), Some(w)),
+                    _ => (None, None),
+                };
+                if let Some(writer) = writer {
+                    table.stdin.insert(id, Writer::spawn(writer, out.clone(), Reply::StdinAck { id }, || {}));
+                }
+                table.terminals.insert(id, master);
+                [reader.map(|r| pump(r, out.clone(), move || Reply::Stdout { id })), None]
+            }
+            Streams::Pipes => {
+                if let Some(stdin) = child.stdin.take() {
+                    table.stdin.insert(id, Writer::spawn(stdin, out.clone(), Reply::StdinAck { id }, || {}));
+                }
+                [
+                    child.stdout.take().map(|r| pump(r, out.clone(), move || Reply::Stdout { id })),
+                    child.stderr.take().map(|r| pump(r, out.clone(), move || Reply::Stderr { id })),
+                ]
+            }
+        };
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());
-        let pumps = [
-            child.stdout.take().map(|r| pump(r, self.out.clone(), move || Reply::Stdout { id })),
-            child.stderr.take().map(|r| pump(r, self.out.clone(), move || Reply::Stderr { id })),
-        ];
-        let (out, execs) = (self.out.clone(), self.execs.clone());
+        // Running (signals, `Status`, OOM news) only once `Started` is queued:
+        // nothing of this exec may reach the host before it. The request
+        // loop is this thread, so no signal for it can come in between.
+        self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.insert(id, pid);
+        let (execs, oom) = (self.execs.clone(), self.oom.clone());
         std::thread::spawn(move || {
             let status = status_rx.recv().unwrap_or(0);
             let grace = Instant::now() + OUTPUT_GRACE;
@@ -228,14 +265,64 @@ impl Agent {
             } else {
                 (None, Some(libc::WTERMSIG(status)))
             };
+            if signal == Some(libc::SIGKILL) {
+                // Perhaps an OOM kill: its news goes out before the exit.
+                oom.scan();
+            }
             let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
             table.stdin.remove(&id);
             table.groups.remove(&id);
+            table.terminals.remove(&id);
             table.finished.insert(id, (code, signal));
             drop(table);
             let _ = out.send((Reply::Exited { id, code, signal }, Vec::new()));
         });
     }
+}
+
+/// What [`Request::Exec`](pvisor_agent_proto::Request::Exec) asks for.
+pub(crate) struct ExecRequest {
+    pub(crate) id: u32,
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) cwd: PathBuf,
+    pub(crate) root: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
+    pub(crate) terminal: Option<TerminalSize>,
+}
+
+/// Where a process's stdio goes: pipes (or a log file) set on the
+/// `Command`, or a terminal whose master the agent keeps.
+enum Streams {
+    Pipes,
+    Terminal(OwnedFd),
+}
+
+/// Stdin from a pipe; stdout and stderr to pipes, or appended to `output`.
+fn pipes(command: &mut Command, output: Option<&Path>) -> io::Result<Streams> {
+    command.stdin(Stdio::piped());
+    match output {
+        None => {
+            command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        Some(path) => {
+            let open_log = || {
+                if let Some(parent) = path.parent() {
+                    fs::create_dir_all(parent)?;
+                }
+                OpenOptions::new().create(true).append(true).mode(0o600).open(path)
+            };
+            let log =
+                open_log().map_err(|e| io::Error::new(e.kind(), format!("cannot open the log: {e}")))?;
+            command.stdout(log.try_clone()?).stderr(log);
+        }
+    }
+    Ok(Streams::Pipes)
+}
+
+/// The execs whose process group leader still runs.
+pub(crate) fn running(execs: &Execs) -> Vec<u32> {
+    execs.lock().unwrap_or_else(|p| p.into_inner()).groups.keys().copied().collect()
 }
 
 /// Copies a pipe into output frames; the returned channel fires at EOF.

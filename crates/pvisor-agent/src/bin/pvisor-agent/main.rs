@@ -17,6 +17,8 @@
 //! module: [`init`] (PID 1 setup and the workspace overlay), [`delta`]
 //! (finishing the workspace delta disk), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
+//! [`pty`] (terminals for execs that ask for one), [`oom`] (the kernel's
+//! OOM kills, told to the running execs),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
@@ -25,6 +27,8 @@ mod exec;
 mod export;
 mod init;
 mod link;
+mod oom;
+mod pty;
 mod restore;
 
 use std::collections::HashMap;
@@ -39,7 +43,7 @@ use std::time::{Duration, Instant};
 use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_frame, Reply, Request};
 
-use exec::{reap, Execs};
+use exec::{reap, ExecRequest, Execs};
 use init::{init_guest, loopback_up, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
@@ -75,7 +79,9 @@ fn main() {
         let execs = execs.clone();
         std::thread::spawn(move || reap(execs));
     }
-    let mut agent = Agent { out, execs, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
+    let oom = oom::OomWatch::start(out.clone(), execs.clone());
+    let mut agent =
+        Agent { out, execs, oom, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
     let mut reader = port_file;
     loop {
         match read_frame::<Request>(&mut reader) {
@@ -107,6 +113,7 @@ fn halt() -> ! {
 struct Agent {
     out: Out,
     execs: Execs,
+    oom: Arc<oom::OomWatch>,
     boot: Instant,
     /// Guest connections to the proxy port: a writer queue per stream id.
     streams: Arc<Mutex<HashMap<u32, Writer>>>,
@@ -158,9 +165,10 @@ impl Agent {
                     }
                 }
             }
-            Request::Exec { id, argv, env, cwd, root, output } => {
-                self.exec(id, argv, env, cwd, root.as_deref(), output.as_deref())
+            Request::Exec { id, argv, env, cwd, root, output, terminal } => {
+                self.exec(ExecRequest { id, argv, env, cwd, root, output, terminal })
             }
+            Request::Resize { id, size } => self.resize(id, size),
             Request::Stdin { id } => self.stdin(id, payload),
             Request::CloseStdin { id } => self.close_stdin(id),
             Request::Signal { id, signal } => self.signal(id, signal),
