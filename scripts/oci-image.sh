@@ -16,6 +16,11 @@ name="${2:-docker.io/pvisor/busybox:latest}"
 dir="$out/oci-image"
 archive="$dir/busybox.tar"
 stamp="$(sha256sum "$0" | cut -d' ' -f1) $name"
+# The containerd tests run in parallel and each asks for the image: one
+# builds, the others wait and then find it built.
+mkdir -p "$out"
+exec 9>"$out/.oci-image.lock"
+flock 9
 if [ -f "$archive" ] && [ "$(cat "$dir/stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "$archive"
   exit 0
