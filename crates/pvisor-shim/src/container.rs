@@ -234,10 +234,13 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
         match job.trim().parse::<pvisor_core::ids::JobId>() {
             Ok(job) => {
                 let grace = std::time::Duration::from_secs(2);
-                match runtime.execute(pvisor::actions::Kill { job: job.clone(), grace }) {
-                    Ok(_) => crate::vm::release(runtime, &job),
-                    Err(e) => log::warn!("cannot end the Job of {}: {e}", bundle.display()),
+                if let Err(e) = runtime.execute(pvisor::actions::Kill { job: job.clone(), grace }) {
+                    // Often only "already ended" (its supervisor died and
+                    // recovery recorded it): its disks must go all the same.
+                    log::warn!("cannot end the Job of {}: {e}", bundle.display());
                 }
+                // Refuses by itself while the Job is still live.
+                crate::vm::release(runtime, &job);
             }
             Err(e) => log::warn!("{}: {e}", bundle.join(JOB_FILE).display()),
         }

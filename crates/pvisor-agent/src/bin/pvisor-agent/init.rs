@@ -32,6 +32,7 @@ pub(crate) fn init_guest() -> io::Result<()> {
     }
     fs::create_dir_all("/dev/pts")?;
     let _ = mount("devpts", "/dev/pts", "devpts", MountFlags::empty(), "ptmxmode=0666");
+    protect_against_thrashing();
     let modules = fs::read_to_string("/etc/pvisor/modules").unwrap_or_default();
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
     for module in modules.lines().filter(|l| !l.trim().is_empty()) {
@@ -43,6 +44,18 @@ pub(crate) fn init_guest() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A guest out of memory must meet the OOM killer, not thrash: with no
+/// swap, reclaim evicts the text pages of running programs and reads them
+/// back from the workspace disk, which under TCG can spin for many minutes
+/// before the kernel declares OOM. The multi-gen LRU's `min_ttl_ms` makes
+/// the kernel kill rather than evict a working set younger than 1 s (a
+/// kernel without it keeps its default behaviour).
+fn protect_against_thrashing() {
+    if fs::write("/sys/kernel/mm/lru_gen/enabled", "y").is_ok() {
+        let _ = fs::write("/sys/kernel/mm/lru_gen/min_ttl_ms", "1000");
+    }
 }
 
 /// The `name.key=value` words of the kernel command line that belong to the
