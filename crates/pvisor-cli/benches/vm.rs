@@ -119,21 +119,7 @@ fn main() {
 
     let (mut suspend, mut resume, mut state_bytes, mut rss) = (Vec::new(), Vec::new(), 0u64, 0u64);
     for _ in 0..iterations {
-        let mut run = pvisor(&home, &ws)
-            .args([
-                "run",
-                "-q",
-                "--executor",
-                "vm",
-                "--",
-                "sh",
-                "-c",
-                "i=0; while true; do i=$((i+1)); echo $i; sleep 0.1; done",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut run = counter(&home, &ws);
         let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
         for _ in 0..5 {
             lines.next();
