@@ -280,17 +280,9 @@ fn last_job(home: &Path) -> String {
 
 /// The largest VmRSS of a QEMU whose command line mentions `home`.
 fn qemu_rss_kib(home: &Path) -> u64 {
-    let needle = home.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
-                let c = String::from_utf8_lossy(&c);
-                c.contains("qemu-system") && c.contains(&needle)
-            })
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+    qemu_pids(home)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
         .filter_map(|s| {
             s.lines()
                 .find(|l| l.starts_with("VmRSS:"))
