@@ -6,6 +6,12 @@
 //! Exit statuses are containerd's: the exit code, or 128 + the signal that
 //! ended the process; 255 when the VM went away without reporting an exit.
 //!
+//! Stdin is runc's: the shim holds a write end of the stdin FIFO of its
+//! own, so containerd closing and reopening its writer (a restart, a
+//! client detaching) does not end the process's stdin; `CloseIO` drops the
+//! shim's writer ([`Process::close_stdin`]) and the stdin ends once every
+//! other writer has closed too.
+//!
 //! A pause (an execution suspend) ends every exec channel; the processes
 //! live on in the saved guest. After the resume each process's relay
 //! attaches to it again in the new Attempt ([`Guest::attach`]): the
@@ -14,7 +20,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -95,6 +101,10 @@ struct Inner {
     /// The terminal's size: the last `ResizePty`, applied at the start of
     /// a process that was resized before it started.
     size: TerminalSize,
+    /// The shim's own writer on the stdin FIFO, until `CloseIO` or the end.
+    stdin_writer: Option<File>,
+    /// `CloseIO` came: no writer of the shim's is opened at the start.
+    stdin_closed: bool,
 }
 
 /// The channel a process's relay reads now: the Attempt it reaches, and
@@ -141,6 +151,8 @@ impl Process {
             link: None,
             // As runc's console: no size until containerd sends one.
             size: TerminalSize { rows: 0, cols: 0 },
+            stdin_writer: None,
+            stdin_closed: false,
         };
         Arc::new(Process { spec, stdio, inner: Mutex::new(inner), changed: Condvar::new() })
     }
@@ -192,8 +204,18 @@ impl Process {
         }
         self.link(attempt, &channel);
         if !self.stdio.stdin.is_empty() {
-            let (process, path) = (self.clone(), self.stdio.stdin.clone());
-            std::thread::spawn(move || feed_stdin(&path, &process));
+            let closed = self.lock().stdin_closed;
+            match open_stdin(&self.stdio.stdin, !closed) {
+                Ok((reader, writer)) => {
+                    self.lock().stdin_writer = writer;
+                    let process = self.clone();
+                    std::thread::spawn(move || feed_stdin(reader, &process));
+                }
+                Err(e) => {
+                    log::warn!("cannot open stdin {}: {e}", self.stdio.stdin);
+                    self.write_stdin(None);
+                }
+            }
         }
         let (process, vm) = (self.clone(), vm.clone());
         std::thread::spawn(move || {
@@ -322,6 +344,15 @@ impl Process {
         }
     }
 
+    /// `CloseIO` with `stdin`: the shim lets go of its writer on the stdin
+    /// FIFO, so the process reads EOF once containerd's writers have closed
+    /// (runc's shim closes its own `p.stdin` the same way).
+    pub fn close_stdin(&self) {
+        let mut inner = self.lock();
+        inner.stdin_closed = true;
+        inner.stdin_writer = None;
+    }
+
     /// Records the end (once), wakes the waiters and runs `on_exit`.
     pub fn exit(&self, status: u32) -> Exit {
         let (exit, pid, on_exit) = {
@@ -333,6 +364,7 @@ impl Process {
             inner.status = Status::Stopped;
             inner.exit = Some(exit.clone());
             inner.link = None;
+            inner.stdin_writer = None;
             self.changed.notify_all();
             (exit, inner.pid, inner.on_exit.take())
         };
@@ -434,12 +466,26 @@ fn write_all(out: Option<&mut File>, bytes: &[u8]) {
     }
 }
 
-/// Feeds the stdin FIFO to the process until EOF, then ends its stdin (so
-/// `echo hi | ctr run … cat` ends).
-fn feed_stdin(path: &str, to: &Process) {
+/// Opens the stdin path for reading and, for a FIFO when `hold` is set, a
+/// writer of the shim's own (see the module doc). The reader is opened
+/// without waiting for a writer, then reads block as usual.
+fn open_stdin(path: &str, hold: bool) -> std::io::Result<(File, Option<File>)> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
     let path = Path::new(path.strip_prefix("file://").unwrap_or(path));
-    // Blocks until containerd's writer opens the FIFO.
-    let Ok(mut from) = File::open(path) else { return };
+    if !std::fs::metadata(path)?.file_type().is_fifo() {
+        return Ok((File::open(path)?, None));
+    }
+    let nonblock = OFlags::NONBLOCK.bits() as i32;
+    let reader = OpenOptions::new().read(true).custom_flags(nonblock).open(path)?;
+    // With a reader open, a writer's open does not wait.
+    let writer = if hold { Some(OpenOptions::new().write(true).open(path)?) } else { None };
+    fcntl_setfl(&reader, fcntl_getfl(&reader)? - OFlags::NONBLOCK)?;
+    Ok((reader, writer))
+}
+
+/// Feeds stdin to the process until EOF, then ends its stdin (so `echo hi
+/// | ctr run … cat` ends).
+fn feed_stdin(mut from: File, to: &Process) {
     let mut buf = vec![0u8; STDIN_CHUNK];
     loop {
         match from.read(&mut buf) {
@@ -453,5 +499,49 @@ fn feed_stdin(path: &str, to: &Process) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_stdin;
+    use std::fs::OpenOptions;
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    /// runc's stdin: containerd's writer closing is not the end while the
+    /// shim holds its own (containerd's runc shim, `openStdin` in
+    /// cmd/containerd-shim-runc-v2/process/init.go); dropping it is.
+    #[test]
+    fn stdin_ends_only_once_the_shims_own_writer_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("stdin");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+        let (mut reader, writer) = open_stdin(fifo.to_str().unwrap(), true).unwrap();
+        let writer = writer.expect("a FIFO gets the shim's writer");
+        // containerd's writer: one line, then gone (a restart, a detach).
+        OpenOptions::new().write(true).open(&fifo).unwrap().write_all(b"line\n").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = reader.read_to_end(&mut all);
+            let _ = tx.send(all);
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "no EOF while the shim holds a writer");
+        drop(writer); // CloseIO
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), b"line\n");
+    }
+
+    #[test]
+    fn a_closed_stdin_or_a_plain_file_gets_no_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("stdin");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+        let (mut reader, writer) = open_stdin(fifo.to_str().unwrap(), false).unwrap();
+        assert!(writer.is_none());
+        assert_eq!(reader.read(&mut [0u8; 8]).unwrap(), 0, "no writer at all: EOF at once");
+        let file = dir.path().join("input");
+        std::fs::write(&file, "x").unwrap();
+        assert!(open_stdin(&format!("file://{}", file.display()), true).unwrap().1.is_none());
     }
 }

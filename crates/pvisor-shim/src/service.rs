@@ -525,11 +525,15 @@ impl containerd_shim::Task for Service {
         Ok(api::Empty::default())
     }
 
-    fn close_io(&self, _ctx: &TtrpcContext, _req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
-        unsupported(
-            "close-io",
-            "closing a process's stdin early is not relayed to the guest yet; close the stdin FIFO instead",
-        )
+    /// Ends a process's stdin: the shim's own writer on the FIFO closes,
+    /// and the process reads EOF once containerd's have (as runc's shim).
+    fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id).map_err(rpc)?;
+        let process = container.process(&req.exec_id).map_err(rpc)?;
+        if req.stdin {
+            process.close_stdin();
+        }
+        Ok(api::Empty::default())
     }
 
     /// The guest kernel's CPU and memory figures, as cgroup v1 metrics.
