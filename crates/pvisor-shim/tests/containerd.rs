@@ -19,7 +19,7 @@ mod terminal;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use harness::*;
 use terminal::{check_sizes, Tty, SIZES};
@@ -287,12 +287,12 @@ fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
         .spawn()
         .expect("ctr events runs");
     // The memory limit is the guest's RAM (the smallest a VM gets: 128
-    // MiB); the shell's command substitution grows without bound. The shell
-    // makes itself the OOM killer's first choice, so the kill under test is
-    // the container's, not one of the guest's other processes'.
+    // MiB); the shell's command substitution grows without bound. Nothing
+    // here steers the OOM killer: the Job's keeper makes itself the last
+    // choice (before it did, the kernel sometimes took the keeper and with
+    // it the VM), so the victim must be the container's shell.
     let limit = (128u64 << 20).to_string();
-    let script =
-        "echo 1000 > /proc/self/oom_score_adj; echo start; x=$(tr '\\0' a </dev/zero); echo survived";
+    let script = "echo start; x=$(tr '\\0' a </dev/zero); echo survived";
     let out = c.ctr(&[
         "run",
         "--rm",
@@ -320,6 +320,47 @@ fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
     let job = jobs.lines().last().and_then(|l| l.split_whitespace().next()).expect("the container's Job");
     let status = pvisor(&c, &["status", job]);
     assert!(status.contains("killed by the kernel's OOM killer"), "pvisor status: {status}");
+}
+
+#[test]
+fn a_vm_that_ends_under_its_container_ends_the_containers_processes() {
+    if !able("a_vm_that_ends_under_its_container_ends_the_containers_processes") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    // The container kills its Job's keeper (it may: the guest is its own),
+    // so the VM ends under a running init and a running exec. Before, the
+    // supervisor kept their relays open with no guest behind them and the
+    // shim waited for their exits forever (seen when the guest's OOM killer
+    // took the keeper). The pattern is split so the script does not match
+    // itself.
+    let kill_keeper = "k='do sleep 36'; for p in /proc/[0-9]*; do \
+                       grep -q \"${k}00\" $p/cmdline 2>/dev/null && kill -9 ${p#/proc/}; done; sleep 100";
+    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "doomed", "sh", "-c", "sleep 100"]);
+    let exec_in = |id: &str, argv: &[&str]| {
+        Command::new("ctr")
+            .args(["-a", &c.sock, "-n", NAMESPACE, "task", "exec", "--exec-id", id, "doomed"])
+            .args(argv)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("ctr task exec runs")
+    };
+    let exec = exec_in("waiting", &["sleep", "100"]);
+    std::thread::sleep(Duration::from_secs(1));
+    let killer = exec_in("killer", &["sh", "-c", kill_keeper]);
+    // Bounded waits: the failure this guards against is a hang.
+    let killer_exit = exits_within(killer, Duration::from_secs(60), "the killing exec");
+    assert_eq!(killer_exit.code(), Some(255), "the killing exec ended with its VM");
+    eventually("the init process is reported ended", Duration::from_secs(60), || {
+        c.task_status("doomed").as_deref() == Some("STOPPED")
+    });
+    let exec_exit = exits_within(exec, Duration::from_secs(60), "the waiting exec");
+    // 255: the VM went away without reporting their exits.
+    assert_eq!(exec_exit.code(), Some(255), "the exec's status");
+    let deleted = c.ctr(&["task", "delete", "doomed"]);
+    assert!(text(&deleted.stderr).contains("exit code 255"), "{}", text(&deleted.stderr));
+    c.ok(&["container", "rm", "doomed"]);
+    eventually("the VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
 }
 
 #[test]
@@ -387,6 +428,21 @@ fn output_and_stdin_go_on_after_a_pause() {
 }
 
 /// `pvisor ARGS` over the shim's state directory.
+/// The child's exit status; panics (killing it) if it runs past `timeout`.
+fn exits_within(mut child: std::process::Child, timeout: Duration, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().expect("wait for a child") {
+            Some(status) => return status,
+            None if start.elapsed() > timeout => {
+                let _ = child.kill();
+                panic!("{what} never ended after its VM did");
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 fn pvisor(c: &Containerd, args: &[&str]) -> String {
     let out = Command::new(repo().join("target/debug/pvisor"))
         .args(args)

@@ -193,7 +193,7 @@ fn relay_exec(
     let attached =
         (id != EXEC_ID).then(|| shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).attach(id, tx));
     if !matches!(attached, Some(Some(_))) {
-        let message = format!("exec id {id} is in use");
+        let message = format!("exec id {id} is in use, or the VM's agent is gone");
         return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
     }
     let exec = Request::Exec {
@@ -222,7 +222,9 @@ fn attach_exec(shared: &Shared, id: u32, from: BufReader<UnixStream>, to: UnixSt
     let attached =
         (id != EXEC_ID).then(|| shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).attach(id, tx));
     let Some(Some(held)) = attached else {
-        let message = format!("exec {id} is relayed already (or is the Attempt's own command)");
+        let message = format!(
+            "exec {id} is relayed already (or is the Attempt's own command, or the VM's agent is gone)"
+        );
         return write_frame(&mut &to, &Reply::ExecFailed { id, errno: libc::EEXIST, message }, &[]);
     };
     let ended = held.iter().any(|(reply, _)| matches!(reply, Reply::Exited { .. }));

@@ -54,6 +54,8 @@ pub(super) struct Relays {
     /// Frames of execs this supervisor never relayed (a resumed guest's
     /// commands, running on across the pause), kept for an attach.
     held: HashMap<u32, Held>,
+    /// The agent link is down: no relay can start any more.
+    ended: bool,
 }
 
 #[derive(Debug, Default)]
@@ -65,13 +67,14 @@ struct Held {
 
 impl Relays {
     /// Relays exec `id`'s frames to `sink` from now on; returns the frames
-    /// held for it until now, which go first. `None` if it has a relay.
+    /// held for it until now, which go first. `None` if it has a relay,
+    /// or the agent link is down.
     pub(super) fn attach(
         &mut self,
         id: u32,
         sink: SyncSender<(Reply, Vec<u8>)>,
     ) -> Option<VecDeque<(Reply, Vec<u8>)>> {
-        if self.sinks.contains_key(&id) {
+        if self.ended || self.sinks.contains_key(&id) {
             return None;
         }
         self.known.insert(id);
@@ -89,6 +92,15 @@ impl Relays {
 
     pub(super) fn detach(&mut self, id: u32) {
         self.sinks.remove(&id);
+    }
+
+    /// The agent link is down (the VM stopped, was suspended or died):
+    /// every relay ends, so each caller sees its channel end and asks the
+    /// Job what became of its exec, instead of waiting on a guest that is
+    /// gone.
+    fn end_all(&mut self) {
+        self.ended = true;
+        self.sinks.clear();
     }
 
     fn sink(&self, id: u32) -> Option<SyncSender<(Reply, Vec<u8>)>> {
@@ -319,21 +331,22 @@ pub(super) fn read_agent(
             Ok(Some((Reply::NetAck { stream }, _))) => credits.release(Credit::Stream(stream)),
             Ok(Some(reply)) => {
                 if replies.send(reply).is_err() {
-                    return;
+                    break;
                 }
             }
             Ok(None) => {
                 tracing::info!("agent link down: the agent connection closed");
                 let _ = events.send(AgentEvent::Gone("the agent connection closed".into()));
-                return;
+                break;
             }
             Err(e) => {
                 tracing::info!(error = %e, "agent link down: the agent stream broke");
                 let _ = events.send(AgentEvent::Gone(format!("the agent stream broke: {e}")));
-                return;
+                break;
             }
         }
     }
+    sinks.lock().unwrap_or_else(|p| p.into_inner()).end_all();
 }
 
 /// Queues a frame for a relay, waiting up to [`RELAY_STALL`] for room;

@@ -25,7 +25,14 @@ pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 /// The Operation of a Job that exists to hold a guest open while its real
 /// work arrives as guest execs (`pvisor serve`'s sandboxes, the containerd
 /// shim's containers): it sleeps until the Job is ended.
-pub const KEEPER: &str = "while :; do sleep 3600; done";
+///
+/// It first makes itself the OOM killer's last choice (where it may: root
+/// in a VM guest; elsewhere the write fails quietly). Its end is the Job's
+/// end, so a guest out of memory must kill the work that filled it, not
+/// the keeper: a keeper killed first took the whole VM down under the
+/// container whose process had used the memory.
+pub const KEEPER: &str =
+    "{ echo -1000 >/proc/self/oom_score_adj; } 2>/dev/null; while :; do sleep 3600; done";
 
 use super::{Action, Runtime, RuntimeError};
 
