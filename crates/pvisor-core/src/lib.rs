@@ -10,6 +10,7 @@
 //! - [`store`]: the on-disk layout and the only sanctioned way to write durable
 //!   state (atomic replace, no-clobber commit, size-capped reads, BLAKE3 digests).
 //!
+//! - [`labels`]: a Job's `key=value` labels and their checks;
 //! - [`text`]: untrusted names and contents made safe for a terminal;
 //! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies;
 //! - [`random`]: the one path to the kernel's random bytes;
@@ -23,6 +24,7 @@ pub mod event;
 pub mod failpoint;
 pub mod ids;
 pub mod journal;
+pub mod labels;
 pub mod limits;
 pub mod random;
 pub mod records;

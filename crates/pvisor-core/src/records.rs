@@ -58,6 +58,9 @@ pub struct JobRecord {
     /// The Bundle archive this Job was imported from: a read-only Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported_from: Option<String>,
+    /// `key=value` labels given at admission ([`crate::labels`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: crate::labels::Labels,
 }
 record!(JobRecord, "job.json");
 

@@ -85,6 +85,7 @@ impl Supervisor {
         let executor = runtime.executor("vm")?;
         let request = RunRequest {
             caches: Vec::new(),
+            labels: Default::default(),
             workspace,
             cwd: None,
             program: "/bin/sh".into(),

@@ -23,6 +23,8 @@ pub const JOB_FILE: &str = "pvisor-job";
 #[derive(Debug)]
 pub struct CreateRequest {
     pub id: String,
+    /// containerd's namespace (a label of the Job).
+    pub namespace: String,
     pub bundle: PathBuf,
     pub rootfs: Vec<Mount>,
     pub stdio: Stdio,
@@ -95,7 +97,8 @@ impl Container {
         } else if !binds.is_empty() {
             log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
         }
-        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits)
+        let labels = spec::labels(&oci, &request.namespace, &request.id);
+        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels)
             .map_err(|e| undo(Error::Internal(e)))?;
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
         Ok(Container {

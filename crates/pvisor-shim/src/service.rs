@@ -261,8 +261,13 @@ impl containerd_shim::Task for Service {
             .iter()
             .map(|m| Mount { kind: m.type_.clone(), source: m.source.clone(), options: m.options.clone() })
             .collect();
-        let request =
-            CreateRequest { id: req.id.clone(), bundle: req.bundle.clone().into(), rootfs: mounts, stdio };
+        let request = CreateRequest {
+            id: req.id.clone(),
+            namespace: self.shared.namespace.clone(),
+            bundle: req.bundle.clone().into(),
+            rootfs: mounts,
+            stdio,
+        };
         let container = Arc::new(Container::create(request, &engine.runtime, &engine.tokio).map_err(rpc)?);
         let pid = std::process::id();
         self.shared.containers.lock().unwrap_or_else(|p| p.into_inner()).insert(req.id.clone(), container);

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{Process, Spec};
 use pvisor::actions::guest::KEEPER;
+use pvisor_core::labels::Labels;
 use pvisor_core::records::ResourceLimits;
 
 /// A process to start in the container's root, from a bundle's `process`
@@ -43,6 +44,44 @@ pub enum SpecError {
     Unsupported(String),
 }
 
+/// The CRI annotations copied into the Job's labels, so `pvisor jobs
+/// --label io.kubernetes.cri.sandbox-name=web` finds a pod's VMs.
+const CRI_LABELS: [&str; 5] = [
+    "io.kubernetes.cri.sandbox-id",
+    "io.kubernetes.cri.sandbox-name",
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.cri.container-name",
+    CRI_CONTAINER_TYPE,
+];
+/// The Job labels naming the container.
+pub const NAMESPACE_LABEL: &str = "containerd.io/namespace";
+pub const CONTAINER_LABEL: &str = "containerd.io/container";
+
+/// The labels of the container's Job: its containerd namespace and id, and
+/// the CRI plugin's pod and container names where it set them. An
+/// annotation that is not a valid label value is left out (logged), not
+/// a failed create.
+pub fn labels(spec: &Spec, namespace: &str, id: &str) -> Labels {
+    let mut labels = Labels::from([
+        (NAMESPACE_LABEL.to_owned(), namespace.to_owned()),
+        (CONTAINER_LABEL.to_owned(), id.to_owned()),
+    ]);
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    for key in CRI_LABELS {
+        if let Some(value) = annotations.get(key) {
+            labels.insert(key.to_owned(), value.clone());
+        }
+    }
+    labels.retain(|k, v| {
+        let valid = pvisor_core::labels::check(k, v);
+        if let Err(e) = &valid {
+            log::warn!("{id}: not a Job label: {e}");
+        }
+        valid.is_ok()
+    });
+    labels
+}
+
 /// The bundle's spec.
 pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
     Spec::load(bundle.join("config.json")).map_err(|e| SpecError::Load(e.to_string()))
@@ -53,9 +92,8 @@ pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
 /// its own VM, so nothing joins the sandbox's namespaces: its process only
 /// has to live until the pod is stopped, and the image CRI runs it from
 /// (`sandbox_image`) need not hold a program that does (a pause image's
-/// `/pause` would; a busybox stand-in's `/bin/sh` ends at the end of its
-/// stdin, which CRI leaves empty: it lives on today only because the shim
-/// cannot yet close a guest exec's stdin).
+/// `/pause` would; a busybox stand-in's `/bin/sh` would end at the end of
+/// its stdin).
 pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
     let kind = spec.annotations().as_ref().and_then(|a| a.get(CRI_CONTAINER_TYPE));
     if kind.is_some_and(|k| k == "sandbox") {
@@ -180,6 +218,33 @@ mod tests {
         s.set_annotations(Some([(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned())].into()));
         let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
         assert_eq!((p.argv.as_slice(), p.guest_root), (["/bin/sh".to_owned()].as_slice(), false));
+    }
+
+    #[test]
+    fn the_jobs_labels_name_the_container_and_its_pod() {
+        let mut s = spec(
+            serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0}}}),
+        );
+        s.set_annotations(Some(
+            [
+                (CRI_CONTAINER_TYPE.to_owned(), "container".to_owned()),
+                ("io.kubernetes.cri.sandbox-name".to_owned(), "web".to_owned()),
+                ("io.kubernetes.cri.container-name".to_owned(), "bad\u{1b}[2J".to_owned()),
+                ("unrelated".to_owned(), "x".to_owned()),
+            ]
+            .into(),
+        ));
+        let labels = labels(&s, "k8s.io", "abc123");
+        let expected: Labels = [
+            (NAMESPACE_LABEL, "k8s.io"),
+            (CONTAINER_LABEL, "abc123"),
+            (CRI_CONTAINER_TYPE, "container"),
+            ("io.kubernetes.cri.sandbox-name", "web"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(labels, expected, "an unsafe value is left out, other annotations are not labels");
     }
 
     #[test]

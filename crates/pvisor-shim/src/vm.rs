@@ -20,6 +20,7 @@ use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorag
 use pvisor::runtime::job_service::CancelHandle;
 use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
 use pvisor_core::ids::{AttemptId, JobId};
+use pvisor_core::labels::Labels;
 use pvisor_core::records::ResourceLimits;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
@@ -85,9 +86,10 @@ impl Vm {
         container: &str,
         rootfs: PathBuf,
         limits: ResourceLimits,
+        labels: Labels,
     ) -> Result<Vm, String> {
         let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
-        let request = keeper_request(container, rootfs.clone(), limits);
+        let request = keeper_request(container, rootfs.clone(), limits, labels);
         let run = {
             let _inside = tokio.enter();
             runtime
@@ -443,9 +445,10 @@ impl std::fmt::Display for ExecError {
 }
 
 /// The Job that holds a container's VM up.
-fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits) -> RunRequest {
+fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits, labels: Labels) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
+        labels,
         workspace,
         cwd: None,
         program: "/bin/sh".into(),

@@ -191,6 +191,13 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         let listing = text(&jobs.stdout);
         assert!(listing.lines().count() >= 5 && listing.contains("lost"), "pvisor jobs: {listing}");
     }
+    // Each Job carries its container's id and namespace as labels.
+    let long = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=long"]);
+    let long: Vec<serde_json::Value> = long.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert_eq!(long.len(), 1, "one Job for container long: {long:?}");
+    assert_eq!(long[0]["data"]["labels"]["containerd.io/namespace"], NAMESPACE, "{long:?}");
+    let job = long[0]["data"]["job"].as_str().expect("a job id");
+    assert!(pvisor(&c, &["status", job]).contains("containerd.io/container=long"));
 }
 
 #[test]
@@ -239,6 +246,14 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     // Both VMs (the pod sandbox's and the container's) are gone.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ctr_in(CRI_NAMESPACE, &["task", "ls", "-q"]).stdout.is_empty(), "no task is left");
+    // The pod's Jobs are found by its name: the sandbox's and the container's.
+    let pod = pvisor(&c, &["jobs", "--json", "--label", "io.kubernetes.cri.sandbox-name=cri-pod"]);
+    let kinds: std::collections::BTreeSet<String> = pod
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| j["data"]["labels"]["io.kubernetes.cri.container-type"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(kinds, ["container".to_owned(), "sandbox".to_owned()].into(), "{pod}");
 }
 
 /// The CRI client's python (scripts/cri-env.sh), or why there is none.

@@ -18,6 +18,7 @@ use pvisor_sandbox::ns::NsExecutor;
 fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
+        labels: Default::default(),
         workspace: workspace.to_owned(),
         cwd: None,
         program: "sh".into(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::run::humantime_duration;
+use super::run::{humantime_duration, label};
 use super::RunOptions;
 
 /// Show what a Job did: state, exit status, receipt and staged changes.
@@ -320,11 +320,16 @@ pub struct TrustArgs {
 
 /// List Jobs, oldest first.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor jobs\n  pvisor jobs --tree\n  pvisor jobs --json")]
+#[command(
+    after_help = "Examples:\n  pvisor jobs\n  pvisor jobs --tree\n  pvisor jobs --json\n  pvisor jobs --label containerd.io/container=web-1"
+)]
 pub struct JobsArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only Jobs with this label (repeatable: every one must match).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = label)]
+    pub label: Vec<(String, String)>,
     /// Show forks under the Jobs they came from.
     #[arg(long)]
     pub tree: bool,

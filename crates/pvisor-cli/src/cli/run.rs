@@ -37,6 +37,10 @@ pub struct RunOptions {
     /// How long a cancelled command may take to exit before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime_duration)]
     pub kill_grace: std::time::Duration,
+    /// Record a label on the Job (`pvisor jobs --label KEY=VALUE` finds it).
+    /// Repeatable.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = label)]
+    pub label: Vec<(String, String)>,
     /// Print nothing but the command's own output.
     #[arg(short, long)]
     pub quiet: bool,
@@ -134,6 +138,11 @@ pub struct ResumeArgs {
 
 pub(super) fn size(s: &str) -> Result<u64, String> {
     pvisor_sandbox::limits::parse_size(s).ok_or_else(|| format!("{s:?} is not a size like 512M or 2G"))
+}
+
+/// `KEY=VALUE`, checked as admission will check it.
+pub(super) fn label(s: &str) -> Result<(String, String), String> {
+    pvisor_core::labels::parse(s).map_err(|e| e.to_string())
 }
 
 pub(super) fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -1,4 +1,4 @@
-//! `pvisor jobs [--json]`.
+//! `pvisor jobs [--json] [--tree] [--label KEY=VALUE]`.
 
 use std::io::Write;
 
@@ -23,8 +23,13 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
     if args.tree {
         listing = tree_order(listing);
     }
+    let filtered = !args.label.is_empty();
     for (id, status) in listing {
         match status {
+            // A damaged Job's labels are unknown: with a filter it is only
+            // counted in the warning below.
+            Ok(s) if !pvisor_core::labels::matches(&s.labels, &args.label) => continue,
+            Err(_) if filtered => broken += 1,
             Ok(s) if args.json => json_line(&mut out, "job", &s)?,
             Ok(s) => {
                 let changes = s.changes.map_or("-".to_owned(), |n| n.to_string());

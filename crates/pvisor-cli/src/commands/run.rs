@@ -87,6 +87,12 @@ pub fn execute(
         );
     }
     let caches = cache_paths(&options.cache)?;
+    let mut labels = pvisor_core::labels::Labels::new();
+    for (key, value) in &options.label {
+        if labels.insert(key.clone(), value.clone()).is_some() {
+            anyhow::bail!("label {key} is given twice; give each --label KEY once");
+        }
+    }
     let request = RunRequest {
         caches,
         secrets: pvisor::admission::SecretPolicy {
@@ -108,6 +114,7 @@ pub fn execute(
         args: rest.to_vec(),
         env,
         kill_grace: options.kill_grace,
+        labels,
     };
     let runtime = Runtime::on_host(store);
     drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))

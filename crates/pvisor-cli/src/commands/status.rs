@@ -65,6 +65,10 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
     if let Some(origin) = &s.imported_from {
         writeln!(out, "imported   from {origin} (read-only: review only)")?;
     }
+    if !s.labels.is_empty() {
+        let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(out, "labels     {}", crate::output::shown(&labels.join(" ")))?;
+    }
     writeln!(out, "command    {}", shell_words(&s.program, &s.args))?;
     writeln!(out, "workspace  {}", crate::output::shown_path(&s.workspace))?;
     writeln!(out, "run        {}  (attempt {})", s.run, s.attempt)?;

@@ -123,3 +123,53 @@ fn completions_and_man_pages_are_generated_from_the_binary() {
     let bad = env.pvisor(&["completions", "tcsh"]);
     assert_eq!(bad.status.code(), Some(125), "{}", text(&bad.stderr));
 }
+
+#[test]
+fn labels_are_recorded_shown_and_selected() {
+    let env = Env::new(As::Rootless);
+    let run = |labels: &[&str]| {
+        let mut args = vec!["run", "-q"];
+        for l in labels {
+            args.extend(["--label", l]);
+        }
+        args.extend(["--", "true"]);
+        assert_eq!(env.pvisor(&args).status.code(), Some(0));
+    };
+    run(&["team=infra", "containerd.io/container=web-1"]);
+    run(&["team=infra"]);
+    run(&[]);
+    let selected = |selector: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["jobs", "--json"];
+        for l in selector {
+            args.extend(["--label", l]);
+        }
+        let out = env.pvisor(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        records_of(&text(&out.stdout), "job")
+    };
+    assert_eq!(selected(&[]).len(), 3);
+    assert_eq!(selected(&["team=infra"]).len(), 2);
+    let web = selected(&["team=infra", "containerd.io/container=web-1"]);
+    assert_eq!(web.len(), 1);
+    assert_eq!(web[0]["labels"]["containerd.io/container"], "web-1");
+    assert!(selected(&["team=other"]).is_empty());
+    let job = web[0]["job"].as_str().unwrap();
+    let status = text(&env.pvisor(&["status", job]).stdout);
+    assert!(status.contains("labels     containerd.io/container=web-1 team=infra"), "{status}");
+    let created = env.events(job).into_iter().find(|e| e["type"] == "job.created").expect("job.created");
+    assert_eq!(created["data"]["labels"]["team"], "infra");
+}
+
+#[test]
+fn a_bad_label_is_refused_with_the_rule_and_nothing_is_recorded() {
+    let env = Env::new(As::Rootless);
+    for bad in ["no-equals", "bad key=x", "k=\u{1b}[2Jforged"] {
+        let out = env.pvisor(&["run", "--label", bad, "--", "true"]);
+        assert_eq!(out.status.code(), Some(125), "{bad:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("label"), "{}", text(&out.stderr));
+    }
+    let out = env.pvisor(&["run", "--label", "a=1", "--label", "a=2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "a key given twice: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("label a is given twice"), "{}", text(&out.stderr));
+    assert!(records_of(&text(&env.pvisor(&["jobs", "--json"]).stdout), "job").is_empty());
+}

@@ -89,6 +89,7 @@ mod tests {
         let runtime = Runtime::new(store.clone(), backends);
         let request = RunRequest {
             caches: Vec::new(),
+            labels: Default::default(),
             workspace: workspace.clone(),
             cwd: None,
             program: "fake-command".into(),

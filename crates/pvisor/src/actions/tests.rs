@@ -54,6 +54,7 @@ fn fixture(scripts: Vec<Script>) -> Fixture {
 fn request(workspace: &std::path::Path) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
+        labels: Default::default(),
         workspace: workspace.to_owned(),
         cwd: None,
         program: "fake-command".into(),
@@ -139,6 +140,32 @@ fn a_run_that_exits_zero_is_completed_and_confirmed_by_its_receipt() {
     assert_eq!(status.state, JobState::Completed);
     assert_eq!(status.receipt, ReceiptStatus::Valid);
     assert!(!status.live, "nothing owns a finished Attempt");
+}
+
+#[test]
+fn labels_are_recorded_on_the_job_and_in_job_created() {
+    let f = fixture(vec![Script::exits(0, &[])]);
+    let mut labeled = request(&f.workspace);
+    labeled.labels = [("containerd.io/container".into(), "web-1".into())].into();
+    let outcome = f.run_request(labeled);
+    assert_eq!(
+        f.job_record(&outcome.job).labels.get("containerd.io/container").map(String::as_str),
+        Some("web-1")
+    );
+    let events = f.runtime.execute(Events { job: outcome.job.clone() }).unwrap().events;
+    let created = events.iter().find(|e| e.kind.as_str() == "job.created").expect("job.created");
+    assert_eq!(created.data["labels"]["containerd.io/container"], "web-1");
+}
+
+#[test]
+fn a_bad_label_is_refused_before_any_record_is_written() {
+    let f = fixture(vec![Script::exits(0, &[])]);
+    let mut labeled = request(&f.workspace);
+    labeled.labels = [("team".into(), "\u{1b}[2Jfake".into())].into();
+    let refused =
+        f.runtime.execute(Run { request: labeled, executor: f.executor() }).map(|_| ()).unwrap_err();
+    assert!(refused.to_string().contains("label \"team\""), "{refused}");
+    assert!(f.runtime.execute(ListJobs).unwrap().is_empty(), "no Job was created");
 }
 
 #[test]

@@ -72,6 +72,9 @@ pub struct RunRequest {
     /// `--cache PATH`: host directories the command may write, persistently
     /// and unstaged, through pvisor's cache store.
     pub caches: Vec<PathBuf>,
+    /// `key=value` labels recorded on the Job (`--label`; the containerd
+    /// shim's container id). Checked at admission.
+    pub labels: pvisor_core::labels::Labels,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -122,6 +125,8 @@ pub enum AdmissionError {
     Cache { path: PathBuf, problem: &'static str },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
+    #[error(transparent)]
+    Label(#[from] pvisor_core::labels::LabelError),
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot fork from checkpoint {checkpoint}")]
@@ -183,6 +188,7 @@ pub fn admit(
     if request.program.is_empty() {
         return Err(AdmissionError::EmptyProgram);
     }
+    pvisor_core::labels::check_all(&request.labels)?;
     let fork = fork::verify(store, request.fork.as_ref())?;
     let requested_workspace = fork::workspace(&fork, request.fork_execution.as_ref(), &request.workspace);
     let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
@@ -222,6 +228,7 @@ pub fn admit(
         operation,
         lineage: fork::lineage(&fork, request.fork_execution.as_ref()),
         executor: executor.to_owned(),
+        labels: request.labels,
     };
     let records::Created { job, run, attempt, lock } =
         records::create(store, &job_id, &run_id, &attempt_id, new)?;
@@ -299,7 +306,7 @@ fn record_admission(
         EventKind::JobCreated,
         None,
         None,
-        &data::JobCreated { job: &job.id, workspace: &job.workspace, program, args },
+        &data::JobCreated { job: &job.id, workspace: &job.workspace, program, args, labels: &job.labels },
         false,
     )?;
     let policy_event = policy::record(trace, created, policy, executor, attachment, rewrites)?;

@@ -71,6 +71,7 @@ pub(super) struct NewJob {
     pub(super) operation: Operation,
     pub(super) lineage: Option<Lineage>,
     pub(super) executor: String,
+    pub(super) labels: pvisor_core::labels::Labels,
 }
 
 /// Takes Attempt 1's owner lock (under the shared admission lock), then
@@ -82,7 +83,7 @@ pub(super) fn create(
     attempt_id: &AttemptId,
     new: NewJob,
 ) -> Result<Created, StoreError> {
-    let NewJob { now, workspace, operation, lineage, executor } = new;
+    let NewJob { now, workspace, operation, lineage, executor, labels } = new;
     // The owner lock comes first: from the moment any record of this Job
     // exists, a reader sees a live owner and never "recovers" a starting run.
     let creating = OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
@@ -114,6 +115,7 @@ pub(super) fn create(
         continuation: true,
         lineage,
         imported_from: None,
+        labels,
     };
     let attempt = new_attempt(attempt_id, job_id, &executor, now);
     store.write(&store.attempt_file(attempt_id), &attempt)?;

@@ -25,6 +25,8 @@ pub(crate) struct JobCreated<'a> {
     pub workspace: &'a Path,
     pub program: &'a str,
     pub args: &'a [String],
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: &'a pvisor_core::labels::Labels,
 }
 
 /// `admission.network`: the network decision, made once.

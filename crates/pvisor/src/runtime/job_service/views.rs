@@ -176,6 +176,8 @@ pub struct JobStatus {
     pub executor: String,
     /// For a suspended vm Job: the execution checkpoint its termination receipt names.
     pub suspended_to: Option<pvisor_core::ids::CheckpointId>,
+    /// The labels given at admission (`--label`, the containerd shim's).
+    pub labels: pvisor_core::labels::Labels,
 }
 
 /// Builds the status of `job`.
@@ -210,6 +212,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         imported_from: job.imported_from.clone(),
         executor: run.operation.placement.executor.clone(),
         suspended_to: None,
+        labels: job.labels.clone(),
     };
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {

@@ -1,0 +1,118 @@
+//! Job labels: `key=value` pairs a frontend attaches to a Job at admission
+//! (the containerd shim's container id and namespace, `pvisor run --label`),
+//! kept in `job.json` and `job.created`, shown by `pvisor status` and
+//! `pvisor jobs`, and matched by `pvisor jobs --label`.
+//!
+//! Read commands print them, so both halves are checked at admission: a
+//! key is Kubernetes' shape (an optional DNS-style prefix and `/`, then a
+//! name of letters, digits, `-`, `_` and `.`, starting and ending with a
+//! letter or digit), a value has no control or text-reordering characters
+//! ([`crate::text::is_unsafe`]). A record changed behind pvisor's back is
+//! still printed through [`crate::text::escape`].
+
+use std::collections::BTreeMap;
+
+/// A Job's labels, ordered by key (one value per key).
+pub type Labels = BTreeMap<String, String>;
+
+/// At most this many labels per Job.
+pub const MAX_LABELS: usize = 64;
+const MAX_PREFIX: usize = 253;
+const MAX_NAME: usize = 63;
+const MAX_VALUE: usize = 1024;
+
+/// A label that cannot be recorded, with what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("label {0:?} is not KEY=VALUE (for example --label team=infra)")]
+    NotKeyValue(String),
+    #[error(
+        "label key {0:?} is invalid: use letters, digits, '-', '_' and '.', starting and ending with a letter \
+         or digit (at most {MAX_NAME}), optionally after a prefix and '/' (such as containerd.io/container)"
+    )]
+    Key(String),
+    #[error("the value of label {0:?} is invalid: at most {MAX_VALUE} bytes, without control characters")]
+    Value(String),
+    #[error("too many labels: at most {MAX_LABELS}")]
+    TooMany,
+}
+
+/// Parses `KEY=VALUE` (the value may be empty, and may contain `=`).
+pub fn parse(arg: &str) -> Result<(String, String), LabelError> {
+    let (key, value) = arg.split_once('=').ok_or_else(|| LabelError::NotKeyValue(arg.to_owned()))?;
+    check(key, value)?;
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// Checks one label.
+pub fn check(key: &str, value: &str) -> Result<(), LabelError> {
+    let (prefix, name) = key.rsplit_once('/').map_or((None, key), |(p, n)| (Some(p), n));
+    let edge_ok = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+    };
+    let name_ok = name.len() <= MAX_NAME
+        && edge_ok(name)
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        p.len() <= MAX_PREFIX
+            && p.split('.').all(|part| {
+                edge_ok(part)
+                    && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    if !(name_ok && prefix_ok) {
+        return Err(LabelError::Key(key.to_owned()));
+    }
+    if value.len() > MAX_VALUE || value.chars().any(crate::text::is_unsafe) {
+        return Err(LabelError::Value(key.to_owned()));
+    }
+    Ok(())
+}
+
+/// Checks a whole set.
+pub fn check_all(labels: &Labels) -> Result<(), LabelError> {
+    if labels.len() > MAX_LABELS {
+        return Err(LabelError::TooMany);
+    }
+    labels.iter().try_for_each(|(k, v)| check(k, v))
+}
+
+/// Whether `labels` has every `key=value` of `selector`.
+pub fn matches(labels: &Labels, selector: &[(String, String)]) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values_are_checked() {
+        assert_eq!(parse("team=infra"), Ok(("team".into(), "infra".into())));
+        assert_eq!(
+            parse("containerd.io/container=a=b"),
+            Ok(("containerd.io/container".into(), "a=b".into()))
+        );
+        assert_eq!(parse("empty="), Ok(("empty".into(), String::new())));
+        assert!(matches!(parse("novalue"), Err(LabelError::NotKeyValue(_))));
+        for bad in ["=x", "-a=x", "a-=x", "a b=x", "Big.Prefix/a=x", "/a=x", "a/=x", "x.y..z/a=x"] {
+            assert!(matches!(parse(bad), Err(LabelError::Key(_))), "{bad}");
+        }
+        assert!(matches!(parse(&format!("k={}", "v".repeat(1025))), Err(LabelError::Value(_))));
+        for bad in ["k=\u{1b}[2J", "k=a\nb", "k=\u{202e}txt"] {
+            assert!(matches!(parse(bad), Err(LabelError::Value(_))), "{bad:?}");
+        }
+        let many: Labels = (0..=MAX_LABELS).map(|i| (format!("k{i}"), String::new())).collect();
+        assert_eq!(check_all(&many), Err(LabelError::TooMany));
+    }
+
+    #[test]
+    fn a_selector_needs_every_pair() {
+        let labels: Labels = [("a".into(), "1".into()), ("b".into(), "2".into())].into();
+        assert!(matches(&labels, &[]));
+        assert!(matches(&labels, &[("a".into(), "1".into())]));
+        assert!(!matches(&labels, &[("a".into(), "1".into()), ("b".into(), "3".into())]));
+        assert!(!matches(&labels, &[("c".into(), String::new())]));
+    }
+}
