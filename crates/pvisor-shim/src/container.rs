@@ -53,6 +53,8 @@ impl From<spec::SpecError> for Error {
 #[derive(Debug)]
 pub struct Container {
     pub id: String,
+    /// containerd's namespace (a `binary://` logger is told it).
+    namespace: String,
     pub bundle: PathBuf,
     rootfs: PathBuf,
     /// What create mounted at `rootfs` (nothing: a rootfs already in place).
@@ -98,15 +100,18 @@ impl Container {
             log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
         }
         let labels = spec::labels(&oci, &request.namespace, &request.id);
+        let logger =
+            request.stdio.logger(&request.id, &request.namespace).map_err(|e| undo(Error::Invalid(e)))?;
         let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels)
             .map_err(|e| undo(Error::Internal(e)))?;
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
         Ok(Container {
             id: request.id,
+            namespace: request.namespace,
             bundle: request.bundle,
             rootfs,
             mounts: request.rootfs,
-            init: Process::new(init, request.stdio),
+            init: Process::new(init, request.stdio, logger),
             execs: Mutex::new(HashMap::new()),
             vm: Arc::new(vm),
             pids_limit,
@@ -135,11 +140,14 @@ impl Container {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
         let spec: ProcessSpec = spec::exec_process(process_json, &self.rootfs)?;
+        // Started before the lock (it may take seconds to get ready); a
+        // duplicate's logger is finished when it is dropped.
+        let logger = stdio.logger(&self.id, &self.namespace).map_err(Error::Invalid)?;
         let mut execs = self.lock_execs();
         if execs.contains_key(exec_id) {
             return Err(Error::Precondition(format!("exec {exec_id} already exists")));
         }
-        execs.insert(exec_id.to_owned(), Process::new(spec, stdio));
+        execs.insert(exec_id.to_owned(), Process::new(spec, stdio, logger));
         Ok(())
     }
 
@@ -176,6 +184,7 @@ impl Container {
             (None, _) => return Err(Error::Precondition(format!("exec {exec_id} is still running"))),
         };
         self.lock_execs().remove(exec_id);
+        process.release();
         Ok((snapshot, exit))
     }
 
@@ -191,7 +200,9 @@ impl Container {
         self.stop_vm();
         for process in self.lock_execs().values() {
             process.exit(crate::process::LOST);
+            process.release();
         }
+        self.init.release();
         self.vm.release();
         if !self.mounts.is_empty() {
             rootfs::unmount_all(&self.rootfs, &self.mounts);

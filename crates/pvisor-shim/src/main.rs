@@ -9,6 +9,7 @@
 
 mod binds;
 mod container;
+mod logger;
 mod process;
 mod rootfs;
 mod service;

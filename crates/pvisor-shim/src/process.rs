@@ -31,6 +31,7 @@ use pvisor::actions::Guest;
 use pvisor_core::ids::AttemptId;
 use std::time::{Duration, Instant};
 
+use crate::logger::Logger;
 use crate::spec::ProcessSpec;
 use crate::vm::{status_of, ExecError, Vm};
 
@@ -53,14 +54,26 @@ pub struct Stdio {
 }
 
 impl Stdio {
-    /// Refuses what the shim cannot connect: `binary://` and other URIs.
+    /// Refuses what the shim cannot connect: a `binary://` stdin, and URI
+    /// schemes other than `file://` and (for output) `binary://`.
     pub fn check(&self) -> Result<(), String> {
-        for path in [&self.stdin, &self.stdout, &self.stderr] {
-            if path.contains("://") && !path.starts_with("file://") {
-                return Err(format!("unsupported: stdio {path:?} (only FIFOs, files and file:// URIs)"));
+        for (path, output) in [(&self.stdin, false), (&self.stdout, true), (&self.stderr, true)] {
+            let binary = output && crate::logger::is_binary(path);
+            if path.contains("://") && !path.starts_with("file://") && !binary {
+                return Err(format!(
+                    "unsupported: stdio {path:?} (FIFOs, files, file:// URIs, and binary:// for output)"
+                ));
             }
         }
         Ok(())
+    }
+
+    /// The logger a `binary://` stdout names, started for container `id`.
+    pub fn logger(&self, id: &str, namespace: &str) -> Result<Option<Logger>, String> {
+        if !crate::logger::is_binary(&self.stdout) {
+            return Ok(None);
+        }
+        Logger::start(&self.stdout, id, namespace).map(Some)
     }
 }
 
@@ -135,13 +148,15 @@ impl std::fmt::Debug for OnExit {
 pub struct Process {
     pub spec: ProcessSpec,
     pub stdio: Stdio,
+    /// The `binary://` logger its output goes to, if any.
+    logger: Mutex<Option<Logger>>,
     inner: Mutex<Inner>,
     /// Signalled when the process ends and when its relay has a new link.
     changed: Condvar,
 }
 
 impl Process {
-    pub fn new(spec: ProcessSpec, stdio: Stdio) -> Arc<Process> {
+    pub fn new(spec: ProcessSpec, stdio: Stdio, logger: Option<Logger>) -> Arc<Process> {
         let inner = Inner {
             status: Status::Created,
             pid: 0,
@@ -154,7 +169,8 @@ impl Process {
             stdin_writer: None,
             stdin_closed: false,
         };
-        Arc::new(Process { spec, stdio, inner: Mutex::new(inner), changed: Condvar::new() })
+        let logger = Mutex::new(logger);
+        Arc::new(Process { spec, stdio, logger, inner: Mutex::new(inner), changed: Condvar::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -231,9 +247,12 @@ impl Process {
     /// FIFOs are closed after the last byte, before the exit is recorded,
     /// so a reader sees all output before `wait` returns.
     fn relay(&self, mut channel: ExecChannel, vm: &Vm, id: u32, on_oom: Option<OnOom>) -> u32 {
-        let mut stdout = open_output(&self.stdio.stdout);
-        let mut stderr =
-            if self.stdio.stderr == self.stdio.stdout { None } else { open_output(&self.stdio.stderr) };
+        let logged = self.logger.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(Logger::take_outputs);
+        let (mut stdout, mut stderr) = match logged {
+            Some(pipes) => pipes,
+            None if self.stdio.stderr == self.stdio.stdout => (open_output(&self.stdio.stdout), None),
+            None => (open_output(&self.stdio.stdout), open_output(&self.stdio.stderr)),
+        };
         let mut attached = Instant::now();
         loop {
             match channel.next_reply() {
@@ -392,6 +411,14 @@ impl Process {
                 self.exit(128 + signal);
                 Ok(())
             }
+        }
+    }
+
+    /// At delete: the process's logger is told to finish (containerd's
+    /// binaryIO `Close`), and waited for.
+    pub fn release(&self) {
+        if let Some(mut logger) = self.logger.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            logger.finish();
         }
     }
 

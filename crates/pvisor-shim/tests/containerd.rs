@@ -379,6 +379,55 @@ fn a_vm_that_ends_under_its_container_ends_the_containers_processes() {
 }
 
 #[test]
+fn a_binary_logger_gets_the_output_as_runcs_shim_hands_it_over() {
+    if !able("a_binary_logger_gets_the_output_as_runcs_shim_hands_it_over") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    // A shim logger as containerd's runc shim runs one (pkg/process/io.go,
+    // NewBinaryIO/NewBinaryCmd; nerdctl's logging driver is one): stdout
+    // on fd 3, stderr on fd 4, readiness on fd 5, the query as arguments,
+    // the container in the environment. It ignores the SIGTERM of delete,
+    // so its files are whole only if the pipes reached EOF.
+    let dir = c.dir.path().join("logger");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let logger = dir.join("logger.sh");
+    std::fs::write(
+        &logger,
+        "#!/bin/sh\ntrap '' TERM\nd=\"$2\"\ncat <&3 >\"$d/out\" &\ncat <&4 >\"$d/err\" &\n\
+         echo \"$CONTAINER_NAMESPACE/$CONTAINER_ID $*\" >\"$d/env\"\nprintf x >&5\nexec 5>&-\nwait\ntouch \"$d/done\"\n",
+    )
+    .expect("write the logger");
+    std::fs::set_permissions(&logger, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let uri = format!("binary://{}?dir={}", logger.display(), dir.display());
+    let script = "echo out; echo err >&2; exit 3";
+    let out =
+        c.ctr(&["run", "--rm", "--log-uri", &uri, "--runtime", RUNTIME, IMAGE, "logged", "sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    eventually("the logger has finished", Duration::from_secs(30), || dir.join("done").exists());
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    assert_eq!(read("out"), "out\n");
+    assert_eq!(read("err"), "err\n");
+    assert_eq!(read("env"), format!("{NAMESPACE}/logged dir {}\n", dir.display()));
+    // A logger the shim cannot run is the create's error, named.
+    let bad = c.ctr(&[
+        "run",
+        "--rm",
+        "--log-uri",
+        "binary://relative/logger",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "nolog",
+        "true",
+    ]);
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("must be an absolute path"), "{}", text(&bad.stderr));
+    let _ = c.ctr(&["container", "rm", "nolog"]);
+    eventually("no VM is left", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
+}
+
+#[test]
 fn output_and_stdin_go_on_after_a_pause() {
     if !able("output_and_stdin_go_on_after_a_pause") {
         return;
