@@ -141,8 +141,12 @@ impl Container {
         }
         let spec: ProcessSpec = spec::exec_process(process_json, &self.rootfs)?;
         // Started before the lock (it may take seconds to get ready); a
-        // duplicate's logger is finished when it is dropped.
-        let logger = stdio.logger(&self.id, &self.namespace).map_err(Error::Invalid)?;
+        // duplicate's logger is finished when it is dropped. Its
+        // CONTAINER_ID is the exec's id, as runc's shim gives it
+        // (`process/exec.go`, `createIO(ctx, e.id, ...)`); runc starts it at
+        // the exec's start, this shim at its create, so a broken logger
+        // fails `ctr task exec` either way.
+        let logger = stdio.logger(exec_id, &self.namespace).map_err(Error::Invalid)?;
         let mut execs = self.lock_execs();
         if execs.contains_key(exec_id) {
             return Err(Error::Precondition(format!("exec {exec_id} already exists")));
@@ -198,7 +202,9 @@ impl Container {
             (None, _) => return Err(Error::Precondition(format!("container {} is still running", self.id))),
         };
         self.stop_vm();
-        for process in self.lock_execs().values() {
+        // Released outside the lock: a logger may take seconds to exit.
+        let execs: Vec<Arc<Process>> = self.lock_execs().values().cloned().collect();
+        for process in execs {
             process.exit(crate::process::LOST);
             process.release();
         }

@@ -18,7 +18,7 @@
 //! forever): a logger that never gets ready fails the create, clearly.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -92,17 +92,16 @@ impl Logger {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: between fork and exec only dup2 runs, a bare syscall on
-        // descriptors that exist in the child (inherited, CLOEXEC until the
-        // dup2, which clears it on the copy).
+        // SAFETY: between fork and exec only dup2 runs, an async-signal-safe
+        // syscall. It is libc's: rustix's dup2 wants the target as an
+        // OwnedFd, and 3, 4 and 5 may not be open in the child. The sources
+        // are inherited (CLOEXEC until the dup2, which clears it on the copy).
         unsafe {
             command.pre_exec(move || {
                 for (target, source) in (3..).zip(&raw) {
-                    let source = std::os::fd::BorrowedFd::borrow_raw(*source);
-                    let mut target = OwnedFd::from_raw_fd(target);
-                    let done = rustix::io::dup2(source, &mut target);
-                    std::mem::forget(target);
-                    done?;
+                    if libc::dup2(*source, target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -158,8 +157,12 @@ impl Drop for Logger {
 /// Waits for a byte or EOF on the readiness pipe.
 fn wait_ready(ready: &OwnedFd) -> Result<(), String> {
     let mut fds = [PollFd::new(ready, PollFlags::IN)];
-    let timeout = rustix::time::Timespec { tv_sec: READY_TIMEOUT.as_secs() as i64, tv_nsec: 0 };
+    // One deadline for the whole wait: a signal does not restart it.
+    let deadline = Instant::now() + READY_TIMEOUT;
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout =
+            rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
         match rustix::event::poll(&mut fds, Some(&timeout)) {
             Ok(0) => {
                 return Err(format!(

@@ -65,6 +65,14 @@ impl Stdio {
                 ));
             }
         }
+        // One logger takes both streams (containerd's NewBinaryIO uses
+        // stdout's URI for both): a stderr elsewhere would be dropped.
+        if crate::logger::is_binary(&self.stderr) && self.stderr != self.stdout {
+            return Err(format!(
+                "unsupported: binary:// stderr {:?} without the same stdout (a logger takes both streams)",
+                self.stderr
+            ));
+        }
         Ok(())
     }
 
@@ -223,7 +231,13 @@ impl Process {
             let closed = self.lock().stdin_closed;
             match open_stdin(&self.stdio.stdin, !closed) {
                 Ok((reader, writer)) => {
-                    self.lock().stdin_writer = writer;
+                    // A CloseIO (or the exit) while the FIFO was opening
+                    // must not be undone by storing the writer after it.
+                    let mut inner = self.lock();
+                    if !inner.stdin_closed && inner.status != Status::Stopped {
+                        inner.stdin_writer = writer;
+                    }
+                    drop(inner);
                     let process = self.clone();
                     std::thread::spawn(move || feed_stdin(reader, &process));
                 }
@@ -531,7 +545,7 @@ fn feed_stdin(mut from: File, to: &Process) {
 
 #[cfg(test)]
 mod tests {
-    use super::open_stdin;
+    use super::{open_stdin, Stdio};
     use std::fs::OpenOptions;
     use std::io::{Read, Write};
     use std::time::Duration;
@@ -570,5 +584,25 @@ mod tests {
         let file = dir.path().join("input");
         std::fs::write(&file, "x").unwrap();
         assert!(open_stdin(&format!("file://{}", file.display()), true).unwrap().1.is_none());
+    }
+
+    /// One logger takes both streams (containerd's `NewBinaryIO` starts one
+    /// command from stdout's URI): stdin and a separate stderr are refused.
+    #[test]
+    fn a_binary_logger_takes_stdout_and_stderr_together() {
+        let stdio = |stdin: &str, stdout: &str, stderr: &str| Stdio {
+            stdin: stdin.into(),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            terminal: false,
+        };
+        let logger = "binary:///usr/bin/logger?x=1";
+        assert!(stdio("", logger, logger).check().is_ok());
+        assert!(stdio("", logger, "").check().is_ok());
+        assert!(stdio("/run/fifo/in", "/run/fifo/out", "/run/fifo/err").check().is_ok());
+        assert!(stdio(logger, "", "").check().unwrap_err().contains("unsupported"));
+        assert!(stdio("", "/run/fifo/out", logger).check().unwrap_err().contains("same stdout"));
+        assert!(stdio("", logger, "binary:///usr/bin/other").check().unwrap_err().contains("same stdout"));
+        assert!(stdio("", "tcp://x", "").check().is_err());
     }
 }

@@ -58,8 +58,9 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
     // The list itself succeeded: one damaged Job must not make every later
     // `pvisor jobs` fail. It is named on stderr as well as in the list.
     if broken > 0 {
+        let shown = if filtered { "not listed: their labels cannot be read" } else { "listed as `damaged`" };
         eprintln!(
-            "pvisor: warning: {broken} job(s) have damaged records (listed as `damaged`); \
+            "pvisor: warning: {broken} job(s) have damaged records ({shown}); \
              `pvisor status JOB` names the file, `pvisor gc` removes half-created ones"
         );
     }
