@@ -6,6 +6,18 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// The guest NIC's IPv4 configuration: the address of the interface it
+/// stands in for (a pod's `eth0`), whose MAC it already has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interface {
+    /// `ADDRESS/PREFIX`, e.g. `10.88.0.5/16`.
+    pub address: String,
+    /// The default route's gateway, if the namespace has one.
+    pub gateway: Option<String>,
+    pub mtu: u32,
+}
+
 /// Host → guest.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -27,6 +39,11 @@ pub enum Request {
         proxy_port: Option<u16>,
         #[serde(default)]
         delta: bool,
+        /// The address the guest's NIC takes (a VM joined to a pod's
+        /// network); absent for a VM without one, so older hosts' Setup
+        /// parses unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interface: Option<Interface>,
     },
     /// Payload: bytes from the proxy for guest connection `stream`.
     NetData {
@@ -351,6 +368,25 @@ mod tests {
         let newer = r#"{"type":"setup","workspace":"/w","hostname":"h","clock_unix_ns":1,"proxy_port":null,"delta":true,"layers":2}"#;
         let e = serde_json::from_str::<Request>(newer).unwrap_err().to_string();
         assert!(e.contains("unknown field `layers`"), "{e}");
+    }
+
+    /// A Setup without a NIC is the shape older agents parse; one with a
+    /// NIC carries its address.
+    #[test]
+    fn setup_names_an_interface_only_for_a_vm_with_a_nic() {
+        let setup = |interface| Request::Setup {
+            workspace: "/w".into(),
+            hostname: "h".into(),
+            clock_unix_ns: 1,
+            proxy_port: None,
+            delta: true,
+            interface,
+        };
+        let plain = serde_json::to_value(setup(None)).unwrap();
+        assert!(plain.get("interface").is_none(), "{plain}");
+        let nic = Interface { address: "10.88.0.7/16".into(), gateway: Some("10.88.0.1".into()), mtu: 1450 };
+        let json = serde_json::to_string(&setup(Some(nic.clone()))).unwrap();
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), setup(Some(nic)));
     }
 
     fn exec(terminal: Option<TerminalSize>) -> Request {

@@ -257,6 +257,10 @@ pub enum NetworkMode {
     Proxy,
     /// The host's network, shared (bypassable).
     Host,
+    /// A network namespace the caller made (a pod's, from the containerd
+    /// shim), joined through the VM's NIC: its own policy (CNI,
+    /// Kubernetes'), not pvisor's, decides. `EffectiveNetwork::namespace`.
+    Namespace,
 }
 
 impl NetworkMode {
@@ -265,6 +269,7 @@ impl NetworkMode {
             Self::None => "none",
             Self::Proxy => "proxy",
             Self::Host => "host",
+            Self::Namespace => "namespace",
         }
     }
 }
@@ -290,6 +295,9 @@ pub struct EffectiveNetwork {
     /// and `allow`/`deny` are empty. Absent in every record before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordered: Option<OrderedPolicy>,
+    /// With [`NetworkMode::Namespace`]: the namespace's path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<PathBuf>,
 }
 
 /// Allow or deny.

@@ -110,6 +110,10 @@ pub enum NetworkAttachment {
     ProxyListener { port: u16 },
     /// The host's network namespace, shared.
     Host,
+    /// A network namespace its caller made (a Kubernetes pod's, from the
+    /// containerd shim), whose interface the VM's NIC takes over (the path
+    /// is the VmSpec's `network_namespace`). The vm executor only.
+    Namespace,
 }
 
 impl NetworkAttachment {
@@ -121,6 +125,7 @@ impl NetworkAttachment {
                 format!("own network namespace, no route out; pvisor proxy listener on 127.0.0.1:{port}")
             }
             Self::Host => "host network namespace (shared)".into(),
+            Self::Namespace => "the caller's network namespace (a pod's), joined through the VM's NIC".into(),
         }
     }
 
@@ -128,7 +133,8 @@ impl NetworkAttachment {
     pub fn non_bypassable(self) -> bool {
         match self {
             Self::Isolated | Self::ProxyListener { .. } => true,
-            Self::Host => false,
+            // The namespace's own policy (CNI, Kubernetes') decides, not pvisor's.
+            Self::Host | Self::Namespace => false,
         }
     }
 }

@@ -86,6 +86,7 @@ impl Supervisor {
         let request = RunRequest {
             caches: Vec::new(),
             labels: Default::default(),
+            network_namespace: None,
             workspace,
             cwd: None,
             program: "/bin/sh".into(),

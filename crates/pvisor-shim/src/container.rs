@@ -102,7 +102,8 @@ impl Container {
         let labels = spec::labels(&oci, &request.namespace, &request.id);
         let logger =
             request.stdio.logger(&request.id, &request.namespace).map_err(|e| undo(Error::Invalid(e)))?;
-        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels)
+        let network = spec::network_namespace(&oci, &request.bundle).map_err(|e| undo(e.into()))?;
+        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels, network)
             .map_err(|e| undo(Error::Internal(e)))?;
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
         Ok(Container {

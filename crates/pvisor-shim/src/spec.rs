@@ -82,6 +82,44 @@ pub fn labels(spec: &Spec, namespace: &str, id: &str) -> Labels {
     labels
 }
 
+/// The network namespace the container's VM joins, if any: the OCI spec's
+/// `network` namespace path (`ctr run --with-ns network:PATH`, or the pod
+/// netns CNI set up, which CRI gives the pod's sandbox container). None for
+/// the host's network (no `network` entry: `hostNetwork: true`, `ctr run
+/// --net-host`) and for a new empty one (no path): the VM then has no NIC.
+///
+/// A pod's sandbox container holds the pod's network for the other
+/// containers and is given none itself. CRI gives those containers
+/// `/proc/PID/ns/net` of the sandbox's task pid (containerd's
+/// `pkg/cri/server/container_create_linux.go`, `WithPodNamespaces`),
+/// which here is a guest pid: the namespace is read instead from the
+/// sandbox's own spec, in its bundle beside this one (containerd's runtime
+/// v2 keeps `<state>/<namespace>/<id>` per container).
+pub fn network_namespace(spec: &Spec, bundle: &Path) -> Result<Option<PathBuf>, SpecError> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    if annotations.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "sandbox") {
+        return Ok(None);
+    }
+    let Some(path) = own_network_namespace(spec) else { return Ok(None) };
+    let sandbox = annotations.get("io.kubernetes.cri.sandbox-id");
+    match sandbox {
+        Some(id) if path.starts_with("/proc") => {
+            let dir = bundle.parent().map(|p| p.join(id)).unwrap_or_default();
+            let sandbox_spec = load(&dir).map_err(|e| {
+                SpecError::Unsupported(format!("the pod's network: cannot read sandbox {id}'s spec: {e}"))
+            })?;
+            Ok(own_network_namespace(&sandbox_spec))
+        }
+        _ => Ok(Some(path)),
+    }
+}
+
+fn own_network_namespace(spec: &Spec) -> Option<PathBuf> {
+    let namespaces = spec.linux().as_ref()?.namespaces().clone().unwrap_or_default();
+    let network = namespaces.iter().find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::Network)?;
+    network.path().clone().filter(|p| !p.as_os_str().is_empty())
+}
+
 /// The bundle's spec.
 pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
     Spec::load(bundle.join("config.json")).map_err(|e| SpecError::Load(e.to_string()))
@@ -201,6 +239,59 @@ mod tests {
         assert_eq!(p.argv, ["sh", "-c", "exit 3"]);
         assert_eq!(p.env, [("PATH".to_owned(), "/bin".to_owned()), ("EMPTY".to_owned(), String::new())]);
         assert_eq!(p.cwd, Path::new("/tmp"));
+    }
+
+    fn with_network(path: Option<&str>, annotations: serde_json::Value) -> serde_json::Value {
+        let mut namespace = serde_json::json!({"type": "network"});
+        if let Some(path) = path {
+            namespace["path"] = path.into();
+        }
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+            "linux": {"namespaces": [{"type": "pid"}, namespace]}
+        })
+    }
+
+    /// The namespace a container's VM joins: its own path (ctr's
+    /// `--with-ns`); none for a new empty one, the host's, or a pod's
+    /// sandbox; and for a CRI container, whose path is `/proc/PID/ns/net` of
+    /// the sandbox's (guest) pid, the sandbox's own path from its bundle.
+    #[test]
+    fn the_network_namespace_is_the_specs_or_the_pod_sandboxs() {
+        let none = serde_json::json!({});
+        let bundles = tempfile::tempdir().unwrap();
+        let bundle = bundles.path().join("app");
+        let given = spec(with_network(Some("/var/run/netns/x"), none.clone()));
+        assert_eq!(network_namespace(&given, &bundle).unwrap(), Some(PathBuf::from("/var/run/netns/x")));
+        assert_eq!(network_namespace(&spec(with_network(None, none.clone())), &bundle).unwrap(), None);
+        let mut host = with_network(None, none);
+        host["linux"]["namespaces"] = serde_json::json!([{"type": "pid"}]);
+        assert_eq!(network_namespace(&spec(host), &bundle).unwrap(), None);
+        let sandbox =
+            with_network(Some("/var/run/netns/cni-1"), serde_json::json!({CRI_CONTAINER_TYPE: "sandbox"}));
+        assert_eq!(
+            network_namespace(&spec(sandbox.clone()), &bundle).unwrap(),
+            None,
+            "the sandbox takes none"
+        );
+        std::fs::create_dir_all(bundles.path().join("sb1")).unwrap();
+        std::fs::write(bundles.path().join("sb1/config.json"), sandbox.to_string()).unwrap();
+        let app = with_network(
+            Some("/proc/42/ns/net"),
+            serde_json::json!({CRI_CONTAINER_TYPE: "container", "io.kubernetes.cri.sandbox-id": "sb1"}),
+        );
+        assert_eq!(
+            network_namespace(&spec(app), &bundle).unwrap(),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
+        let orphan = with_network(
+            Some("/proc/42/ns/net"),
+            serde_json::json!({CRI_CONTAINER_TYPE: "container", "io.kubernetes.cri.sandbox-id": "gone"}),
+        );
+        assert!(network_namespace(&spec(orphan), &bundle).unwrap_err().to_string().contains("sandbox gone"));
     }
 
     #[test]

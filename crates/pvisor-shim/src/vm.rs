@@ -87,9 +87,11 @@ impl Vm {
         rootfs: PathBuf,
         limits: ResourceLimits,
         labels: Labels,
+        network_namespace: Option<PathBuf>,
     ) -> Result<Vm, String> {
         let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
-        let request = keeper_request(container, rootfs.clone(), limits, labels);
+        let mut request = keeper_request(container, rootfs.clone(), limits, labels);
+        request.network_namespace = network_namespace;
         let run = {
             let _inside = tokio.enter();
             runtime
@@ -455,8 +457,9 @@ fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits, l
         args: vec!["-c".into(), KEEPER.into()],
         env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
         kill_grace: KILL_GRACE,
-        // Containers get no network yet: the guest has no NIC, and proxy
-        // egress needs a policy (docs/kubernetes.md).
+        // No pvisor policy: a container has its namespace's network (the
+        // pod's, through the VM's NIC), or none at all.
+        network_namespace: None,
         network: vec![ScopedPolicy {
             scope: Scope::CommandLine,
             source: format!("containerd-shim-pvisor-v1 (container {container})"),

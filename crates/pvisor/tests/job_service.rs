@@ -19,6 +19,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
         labels: Default::default(),
+        network_namespace: None,
         workspace: workspace.to_owned(),
         cwd: None,
         program: "sh".into(),

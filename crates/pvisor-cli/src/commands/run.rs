@@ -115,6 +115,7 @@ pub fn execute(
         env,
         kill_grace: options.kill_grace,
         labels,
+        network_namespace: None,
     };
     let runtime = Runtime::on_host(store);
     drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))

@@ -190,7 +190,7 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
         }
         None => None,
     };
-    Ok(EffectiveNetwork { mode, mode_source, allow, deny, ordered: rules })
+    Ok(EffectiveNetwork { mode, mode_source, allow, deny, ordered: rules, namespace: None })
 }
 
 /// The outcome of checking one destination.

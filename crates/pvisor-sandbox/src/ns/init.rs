@@ -194,6 +194,11 @@ fn open_pty() -> Result<CString, StepError> {
 fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
     match network {
         NetworkAttachment::Host => Ok(()),
+        // Admission gives it only to vm Jobs.
+        NetworkAttachment::Namespace => Err(StepError::new(
+            "network",
+            "the ns executor cannot join a network namespace; use --executor vm",
+        )),
         NetworkAttachment::Isolated => loopback_up(),
         NetworkAttachment::ProxyListener { port } => {
             loopback_up()?;

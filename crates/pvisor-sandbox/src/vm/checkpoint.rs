@@ -90,6 +90,10 @@ pub struct ExecCheckpoint {
     pub disks: Vec<String>,
     /// Filesystems the agent froze; the restore thaws them.
     pub frozen: Vec<PathBuf>,
+    /// The MAC of the guest's NIC, if it had one (a VM in a pod's network):
+    /// a restore attaches the same device, in a network namespace again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic: Option<String>,
     /// How long the guest was stopped, and the whole save.
     pub paused_ms: u64,
     pub save_ms: u64,
@@ -234,6 +238,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
                 .map_err(|e| e.to_string())?,
             disks: disks.clone(),
             frozen: frozen.clone(),
+            nic: shared.nic_mac.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
         };

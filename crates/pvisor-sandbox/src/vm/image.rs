@@ -8,6 +8,7 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -293,13 +294,14 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
         &agent_qemu,
         &qmp_qemu,
         &console_qemu,
+        None,
         false,
     );
     let started = Instant::now();
     let mut child = super::qemu::spawn_qemu(
         &mut command,
         &dir.join("qemu.log"),
-        &[&agent_qemu, &qmp_qemu, &console_qemu],
+        &[agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()],
     )
     .map_err(|e| e.to_string())?;
     drop((agent_qemu, qmp_qemu, console_qemu));

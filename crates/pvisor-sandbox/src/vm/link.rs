@@ -149,6 +149,8 @@ pub(super) struct Shared {
     pub(super) vm: VmSpec,
     /// The Attempt's disk files in device order (see [`super::disk::Disk::of`]).
     pub(super) disks: Vec<PathBuf>,
+    /// The MAC of the guest's NIC, when it joined a network namespace.
+    pub(super) nic_mac: Option<String>,
 }
 
 impl Shared {

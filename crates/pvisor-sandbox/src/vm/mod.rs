@@ -32,6 +32,7 @@ mod link;
 mod live;
 pub mod lower;
 mod net;
+mod nic;
 mod process;
 mod qemu;
 mod qmp;
@@ -64,6 +65,10 @@ pub struct VmSpec {
     /// Opaque facts of the runtime (job, attempt, baseline), copied into
     /// every checkpoint manifest.
     pub context: serde_json::Value,
+    /// The network namespace whose interface the guest's NIC takes over
+    /// ([`NetworkAttachment::Namespace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_namespace: Option<PathBuf>,
 }
 
 /// The machine shape; a restore must repeat it exactly.
@@ -306,8 +311,8 @@ fn fs_names(dir: &Path) -> impl Iterator<Item = String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
 }
 
-/// How a VM is attached to the network, as recorded in the Bundle. Both
-/// modes are non-bypassable: the guest has no network device at all.
+/// How a VM is attached to the network, as recorded in the Bundle. Without
+/// a namespace to join, the guest has no network device at all.
 fn describe_attachment(attachment: NetworkAttachment) -> String {
     match attachment {
         NetworkAttachment::Isolated => "microVM without a network device".into(),
@@ -315,6 +320,10 @@ fn describe_attachment(attachment: NetworkAttachment) -> String {
             "microVM without a network device; guest 127.0.0.1:{port} is relayed by the agent over virtio-serial to pvisor's proxy"
         ),
         NetworkAttachment::Host => "refused: a VM cannot share the host network".into(),
+        NetworkAttachment::Namespace => format!(
+            "microVM with a virtio-net NIC: a TAP ({}) in the caller's network namespace, to and from which tc redirects all of its interface's traffic",
+            nic::TAP
+        ),
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::net::TcpListener;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -15,7 +16,8 @@ use pvisor_agent_proto::{Reply, Request};
 use super::control::serve_control;
 use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
-use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram};
+use super::nic;
+use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
 use super::{
     checkpoint, disk, export, lower, qmp, setup, Accelerator, ExecCheckpoint, RamFormat, VmExecutor, EXEC_ID,
 };
@@ -70,7 +72,7 @@ impl VmProcess {
     ) -> Result<Self, SandboxError> {
         let vm = spec.vm.clone().ok_or_else(|| setup("vm", "the vm executor needs a VmSpec"))?;
         let proxy_port = match spec.network {
-            NetworkAttachment::Isolated => None,
+            NetworkAttachment::Isolated | NetworkAttachment::Namespace => None,
             NetworkAttachment::ProxyListener { port } => Some(port),
             NetworkAttachment::Host => {
                 return Err(SandboxError::Setup {
@@ -100,6 +102,23 @@ impl VmProcess {
         }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
+        // Joined before anything is imaged: a namespace another VM holds,
+        // or one CNI has not set up, fails the start at once.
+        let nic = match (spec.network, &vm.network_namespace) {
+            (NetworkAttachment::Namespace, Some(netns)) => {
+                Some(nic::join(netns).map_err(|e| SandboxError::Setup {
+                    step: "network".into(),
+                    message: e,
+                    hint: Some(
+                        "the VM's NIC takes over the namespace's one interface (docs/kubernetes.md)".into(),
+                    ),
+                })?)
+            }
+            (NetworkAttachment::Namespace, None) => {
+                return Err(setup("network", "the Job joins a network namespace, but its VmSpec names none"))
+            }
+            _ => None,
+        };
         let mut scratch = Scratch(Vec::new());
         let mut workspace_disks = None;
         let start = match &vm.restore {
@@ -116,6 +135,20 @@ impl VmProcess {
                 for (name, path) in manifest.disks.iter().zip(&scratch.0) {
                     disk::keep_disk(&dir.join(name), path)
                         .map_err(|e| setup("restore", format!("cannot copy the checkpoint's {name}: {e}")))?;
+                }
+                // The device list must be the saved one: a NIC exactly when it had one.
+                match (&manifest.nic, &nic) {
+                    (Some(_), None) => return Err(setup(
+                        "restore",
+                        "the checkpoint's VM had a NIC in a pod's network namespace; it resumes only in one",
+                    )),
+                    (None, Some(_)) => {
+                        return Err(setup(
+                            "restore",
+                            "the checkpoint's VM had no NIC; it cannot resume into a network namespace",
+                        ))
+                    }
+                    _ => {}
                 }
                 Start::Restore { state: dir.join(checkpoint::STATE), manifest: Box::new(manifest) }
             }
@@ -140,6 +173,10 @@ impl VmProcess {
                 workspace_disks = Some(prepared);
                 let plan = match boot_reason {
                     Some(reason) => Err(reason),
+                    // A template's device list has no NIC; it cannot gain one.
+                    None if nic.is_some() => {
+                        Err("a VM with a NIC boots: templates are built without one".into())
+                    }
                     None => executor.template_for(&executor.machine_config(&spec.limits)),
                 };
                 match plan {
@@ -181,6 +218,12 @@ impl VmProcess {
         let (console_host, console_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
         let console = vm.dir.join("console.log");
         capture_console(console_host, &console).map_err(|e| setup("vm", e))?;
+        // A restore keeps the saved MAC (the guest's driver has it).
+        let nic_mac = match &start {
+            Start::Restore { manifest, .. } => manifest.nic.clone(),
+            _ => nic.as_ref().map(|n| n.mac.clone()),
+        };
+        let tap_nic = nic.as_ref().zip(nic_mac.as_deref()).map(|(n, mac)| TapNic { tap: n.tap.as_fd(), mac });
         let mut command = qemu_command(
             &executor.image,
             &config,
@@ -189,12 +232,15 @@ impl VmProcess {
             &agent_qemu,
             &qmp_qemu,
             &console_qemu,
+            tap_nic,
             incoming.is_some(),
         );
         let started = Instant::now();
-        let child =
-            spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &[&agent_qemu, &qmp_qemu, &console_qemu])
-                .map_err(|e| setup("qemu", e))?;
+        let child = {
+            let mut keep = vec![agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()];
+            keep.extend(tap_nic.map(|n| n.tap));
+            spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &keep).map_err(|e| setup("qemu", e))?
+        };
         tracing::info!(
             pid = child.id(),
             accelerator = config.accelerator.as_str(),
@@ -205,6 +251,11 @@ impl VmProcess {
             "QEMU started"
         );
         drop((agent_qemu, qmp_qemu, console_qemu));
+        // QEMU holds the TAP now: it lasts exactly as long as QEMU.
+        let interface = nic.map(|n| {
+            tracing::info!(interface = %n.interface, mac = %n.mac, address = %n.config.address, "NIC joined the network namespace");
+            n.config
+        });
         let qemu_pidfd = Arc::new(sys::pidfd_open(child.id() as i32).map_err(SandboxError::Spawn)?);
         let qemu_failed = |what: String| {
             setup(
@@ -265,6 +316,7 @@ impl VmProcess {
             spec: spec.clone(),
             vm: vm.clone(),
             disks,
+            nic_mac,
         });
         let fail = |message: String| {
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
@@ -335,6 +387,7 @@ impl VmProcess {
                 clock_unix_ns: unix_now_ns(),
                 proxy_port,
                 delta: true,
+                interface,
             };
             let setting_up = Instant::now();
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {

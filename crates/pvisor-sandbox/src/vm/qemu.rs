@@ -45,10 +45,18 @@ pub(crate) enum Ram<'a> {
 /// The RAM backend's id: the migration stream names RAM blocks by it.
 const RAM_ID: &str = "pvisor.ram";
 
+/// The guest's NIC: the TAP's descriptor (inherited by QEMU) and the MAC.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TapNic<'a> {
+    pub(crate) tap: std::os::fd::BorrowedFd<'a>,
+    pub(crate) mac: &'a str,
+}
+
 /// The QEMU command line shared by boots, restores, template builds and the
 /// KVM probe. The device list and its order are part of the migration
 /// contract: `disks` come first, in order (lower, delta, upper for a fresh
-/// start; the checkpoint's own list for a restore; none for the probe).
+/// start; the checkpoint's own list for a restore; none for the probe), and
+/// a `nic` last (templates have none).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qemu_command(
     image: &GuestImage,
@@ -58,6 +66,7 @@ pub(crate) fn qemu_command(
     agent: &UnixStream,
     qmp: &UnixStream,
     console: &UnixStream,
+    nic: Option<TapNic<'_>>,
     incoming: bool,
 ) -> Command {
     let mut cmdline = image.cmdline.clone();
@@ -124,9 +133,16 @@ pub(crate) fn qemu_command(
         &format!("socket,id=qmp,fd={}", qmp.as_raw_fd()),
         "-mon",
         "chardev=qmp,mode=control",
-        "-nic",
-        "none",
     ]);
+    match nic {
+        Some(nic) => command.args([
+            "-netdev",
+            &format!("tap,id=net0,fd={}", nic.tap.as_raw_fd()),
+            "-device",
+            &format!("virtio-net-device,netdev=net0,mac={}", nic.mac),
+        ]),
+        None => command.args(["-nic", "none"]),
+    };
     if incoming {
         // The state is loaded over QMP ([`incoming_uri`]), after the
         // migration capabilities are set.
@@ -173,7 +189,11 @@ fn host_tsc_khz() -> Option<u64> {
 
 /// Starts QEMU in its own session (a terminal's ^C is the supervisor's to
 /// forward), dying with the supervisor thread, with `keep` inherited.
-pub(crate) fn spawn_qemu(command: &mut Command, log: &Path, keep: &[&UnixStream]) -> io::Result<Child> {
+pub(crate) fn spawn_qemu(
+    command: &mut Command,
+    log: &Path,
+    keep: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<Child> {
     let log = fs::File::create(log)?;
     let fds: Vec<i32> = keep.iter().map(|s| s.as_raw_fd()).collect();
     command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);

@@ -23,6 +23,7 @@
 //! 5. `remove`/`gc` take the lock exclusively, so never under a starting clone.
 
 use std::fs;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -344,12 +345,14 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
         &agent_qemu,
         &qmp_qemu,
         &console_qemu,
+        None,
         false,
     );
     let started = Instant::now();
     let log = dir.join("qemu.log");
-    let mut child = spawn_qemu(&mut command, &log, &[&agent_qemu, &qmp_qemu, &console_qemu])
-        .map_err(|e| e.to_string())?;
+    let mut child =
+        spawn_qemu(&mut command, &log, &[agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()])
+            .map_err(|e| e.to_string())?;
     drop((agent_qemu, qmp_qemu, console_qemu));
     let timeout = boot_timeout(config.accelerator);
     let saved = (|| -> Result<u64, String> {

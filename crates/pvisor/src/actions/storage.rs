@@ -90,6 +90,7 @@ mod tests {
         let request = RunRequest {
             caches: Vec::new(),
             labels: Default::default(),
+            network_namespace: None,
             workspace: workspace.clone(),
             cwd: None,
             program: "fake-command".into(),

@@ -55,6 +55,7 @@ fn request(workspace: &std::path::Path) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
         labels: Default::default(),
+        network_namespace: None,
         workspace: workspace.to_owned(),
         cwd: None,
         program: "fake-command".into(),

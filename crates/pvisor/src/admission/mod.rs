@@ -75,6 +75,10 @@ pub struct RunRequest {
     /// `key=value` labels recorded on the Job (`--label`; the containerd
     /// shim's container id). Checked at admission.
     pub labels: pvisor_core::labels::Labels,
+    /// A network namespace the VM's NIC joins (a pod's, from the containerd
+    /// shim), in place of pvisor's network policy: vm Jobs only, and the
+    /// `network` policies must leave the mode unset or `none`.
+    pub network_namespace: Option<PathBuf>,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -127,6 +131,8 @@ pub enum AdmissionError {
     EmptyProgram,
     #[error(transparent)]
     Label(#[from] pvisor_core::labels::LabelError),
+    #[error("Network namespace {}: {problem}", path.display())]
+    NetworkNamespace { path: PathBuf, problem: String },
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot fork from checkpoint {checkpoint}")]
@@ -202,8 +208,12 @@ pub fn admit(
     let job_id = JobId::generate();
     let run_id = RunId::generate();
     let attempt_id = AttemptId::new(run_id.clone(), 1);
+    if let Some(path) = &request.network_namespace {
+        policy::check_namespace(path, executor)?;
+    }
     let requested = policy::Requested {
         network: &request.network,
+        namespace: request.network_namespace.as_deref(),
         kill_grace: request.kill_grace,
         seccomp: request.seccomp,
         limits: &request.limits,

@@ -132,6 +132,7 @@ pub(super) fn spec(
             checkpoints: store.exec_checkpoints_dir(ids.run),
             restore: fork_execution.map(|f| f.dir.clone()),
             context: json!({"job": ids.job, "run": ids.run, "attempt": ids.attempt}),
+            network_namespace: policy.network.namespace.clone(),
         }),
     }
 }

@@ -49,6 +49,8 @@ pub(super) fn host_paths(
 /// What the request says about enforcement, besides paths and secrets.
 pub(super) struct Requested<'a> {
     pub(super) network: &'a [pvisor_net::ScopedPolicy],
+    /// A network namespace to join instead ([`NetworkMode::Namespace`]).
+    pub(super) namespace: Option<&'a Path>,
     pub(super) kill_grace: Duration,
     pub(super) seccomp: bool,
     pub(super) limits: &'a ResourceLimits,
@@ -65,7 +67,21 @@ pub(super) fn effective(
     exposed_sockets: &[PathBuf],
     cache_paths: &[PathBuf],
 ) -> Result<(EffectivePolicy, NetworkAttachment), AdmissionError> {
-    let network = pvisor_net::policy::resolve(requested.network)?;
+    let mut network = pvisor_net::policy::resolve(requested.network)?;
+    if let Some(path) = requested.namespace {
+        if network.mode != NetworkMode::None || !network.allow.is_empty() || network.ordered.is_some() {
+            return Err(AdmissionError::NetworkNamespace {
+                path: path.to_owned(),
+                problem: format!(
+                    "a Job that joins a network namespace has no pvisor network policy of its own, but {} sets mode {}",
+                    network.mode_source,
+                    network.mode.as_str()
+                ),
+            });
+        }
+        network.mode = NetworkMode::Namespace;
+        network.namespace = Some(path.to_owned());
+    }
     let attachment = attachment_for(network.mode);
     let policy = EffectivePolicy {
         network,
@@ -130,6 +146,7 @@ pub(super) fn record(
     let decision = data::AdmissionNetwork {
         mode: network.mode,
         mode_source: &network.mode_source,
+        namespace: network.namespace.as_deref(),
         allow: &network.allow,
         deny: &network.deny,
         attachment: executor.describe_attachment(attachment),
@@ -192,7 +209,26 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
         NetworkMode::None => NetworkAttachment::Isolated,
         NetworkMode::Proxy => NetworkAttachment::ProxyListener { port: PROXY_PORT },
         NetworkMode::Host => NetworkAttachment::Host,
+        NetworkMode::Namespace => NetworkAttachment::Namespace,
     }
+}
+
+/// A namespace to join must be a network namespace (an nsfs file, as
+/// `/var/run/netns/NAME` or `/proc/PID/ns/net`), and the executor vm.
+pub(super) fn check_namespace(path: &Path, executor: &str) -> Result<(), AdmissionError> {
+    let problem = |problem: String| AdmissionError::NetworkNamespace { path: path.to_owned(), problem };
+    if executor != "vm" {
+        return Err(problem(format!(
+            "only a vm Job joins one (this Job's executor is {executor}); use --executor vm"
+        )));
+    }
+    let file = std::fs::File::open(path).map_err(|e| problem(format!("cannot open it: {e}")))?;
+    // NSFS_MAGIC: what every namespace file's filesystem reports.
+    let fs = rustix::fs::fstatfs(&file).map_err(|e| problem(format!("cannot stat it: {e}")))?;
+    if fs.f_type as i64 != 0x6e73_6673 {
+        return Err(problem("is not a namespace file (a path like /var/run/netns/NAME)".into()));
+    }
+    Ok(())
 }
 
 /// Resolves and checks each `--cache` path: an existing host directory that
@@ -269,4 +305,21 @@ fn exposable_sockets(
         }
     }
     Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_namespace;
+    use std::path::Path;
+
+    #[test]
+    fn only_a_vm_job_joins_only_a_namespace_file() {
+        assert!(check_namespace(Path::new("/proc/self/ns/net"), "vm").is_ok());
+        let e = check_namespace(Path::new("/proc/self/ns/net"), "ns").unwrap_err().to_string();
+        assert!(e.contains("only a vm Job") && e.contains("/proc/self/ns/net"), "{e}");
+        let e = check_namespace(Path::new("/tmp"), "vm").unwrap_err().to_string();
+        assert!(e.contains("not a namespace file"), "{e}");
+        let e = check_namespace(Path::new("/nonexistent/netns"), "vm").unwrap_err().to_string();
+        assert!(e.contains("cannot open it"), "{e}");
+    }
 }

@@ -106,6 +106,7 @@ pub fn admit_resume(
             checkpoints: store.exec_checkpoints_dir(&run.id),
             restore: Some(dir),
             context,
+            network_namespace: operation.policy.network.namespace.clone(),
         }),
     };
     let baseline = fork::checkpoint_baseline(&manifest);

@@ -34,6 +34,9 @@ pub(crate) struct JobCreated<'a> {
 pub(crate) struct AdmissionNetwork<'a> {
     pub mode: NetworkMode,
     pub mode_source: &'a str,
+    /// With mode `namespace`: the network namespace the VM's NIC joined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<&'a Path>,
     pub allow: &'a [NetworkRule],
     pub deny: &'a [NetworkRule],
     /// How the executor attaches the sandbox, in words.

@@ -106,6 +106,38 @@ pub(crate) fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Gives the guest's NIC (its only interface besides `lo`) the address,
+/// MTU and default route of the interface it stands in for. The initramfs's
+/// busybox `ip` does it: address and route ioctls by hand would be the same
+/// calls with more to get wrong.
+pub(crate) fn configure_interface(interface: &pvisor_agent_proto::Interface) -> io::Result<()> {
+    let name = fs::read_dir("/sys/class/net")?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n != "lo")
+        .ok_or_else(|| io::Error::other("the guest has no network interface (is virtio_net loaded?)"))?;
+    let mtu = interface.mtu.to_string();
+    let mut steps: Vec<Vec<&str>> = vec![
+        vec!["link", "set", &name, "mtu", &mtu],
+        vec!["addr", "add", &interface.address, "dev", &name],
+        vec!["link", "set", &name, "up"],
+    ];
+    if let Some(gateway) = &interface.gateway {
+        steps.push(vec!["route", "add", "default", "via", gateway, "dev", &name]);
+    }
+    for args in steps {
+        let out = std::process::Command::new("/bin/busybox").arg("ip").args(&args).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A fresh /etc/machine-id per sandbox: clones of one template must not
 /// share it. Drawn after the restore's reseed, so from this guest's own CRNG.
 fn write_machine_id() -> io::Result<()> {

@@ -44,7 +44,7 @@ use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_frame, Reply, Request};
 
 use exec::{reap, ExecRequest, Execs};
-use init::{init_guest, loopback_up, setup_workspace};
+use init::{configure_interface, init_guest, loopback_up, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
 
@@ -149,14 +149,20 @@ impl Agent {
                     Vec::new(),
                 );
             }
-            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta } => {
+            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta, interface } => {
                 let _ = set_clock(clock_unix_ns);
                 // Loopback is the guest's own: services inside it need it,
                 // and it reaches nothing outside.
                 let _ = loopback_up();
-                let network = match proxy_port {
-                    Some(port) => self.listen_proxy(port),
-                    None => Ok(()),
+                let network = match (proxy_port, &interface) {
+                    (Some(port), _) => self.listen_proxy(port),
+                    (None, Some(interface)) => {
+                        // The reaper reaps every child, unless it waits for
+                        // this lock: `ip` is waited for by its own Command.
+                        let _table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+                        configure_interface(interface)
+                    }
+                    (None, None) => Ok(()),
                 };
                 match network.and_then(|()| setup_workspace(&workspace, &hostname, delta)) {
                     Ok(()) => self.send(Reply::Ready, Vec::new()),

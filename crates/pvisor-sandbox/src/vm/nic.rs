@@ -1,0 +1,248 @@
+//! A VM's NIC in a network namespace pvisor did not make (a Kubernetes
+//! pod's, set up by CNI): the namespace's one interface is handed to the
+//! guest, as Kata Containers' `tcfilter` model does. In the namespace a TAP
+//! is created, and tc redirects every frame arriving on the interface to the
+//! TAP and every frame from the TAP out of the interface; QEMU gets the TAP's
+//! descriptor, and the guest's NIC takes the interface's MAC, address, MTU
+//! and default route. So the pod's address is the VM's, the namespace's own
+//! stack sees none of its traffic, and what CNI and Kubernetes' network
+//! policy decide applies unchanged.
+//!
+//! The TAP is not persistent: it exists while QEMU holds its descriptor, so
+//! a VM that ends (or is suspended) leaves nothing in the namespace but two
+//! ingress filters, which a later VM replaces. The namespace's interface,
+//! addresses and routes are read with iproute2's `ip -j` and the filters set
+//! with `tc` (run inside the namespace): the node's own tools, whose netlink
+//! encoding of tc filters is not worth writing again. Nothing here runs in
+//! the guest.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use serde::Deserialize;
+
+/// The TAP's name in the namespace (at most 15 bytes).
+pub(crate) const TAP: &str = "pvisor-tap0";
+/// The ingress filters' preference, so a later VM replaces exactly them.
+const PREF: &str = "49152";
+
+/// The namespace's interface as the guest takes it over, and the TAP.
+#[derive(Debug)]
+pub(crate) struct Nic {
+    /// The interface the guest stands in for (`eth0`).
+    pub(crate) interface: String,
+    pub(crate) mac: String,
+    pub(crate) config: pvisor_agent_proto::Interface,
+    /// The TAP's descriptor, for QEMU's `-netdev tap,fd=`.
+    pub(crate) tap: OwnedFd,
+}
+
+#[derive(Debug, Deserialize)]
+struct Link {
+    ifname: String,
+    #[serde(default)]
+    address: String,
+    #[serde(default)]
+    mtu: u32,
+    #[serde(default)]
+    link_type: String,
+    #[serde(default)]
+    addr_info: Vec<Address>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Address {
+    family: String,
+    local: String,
+    prefixlen: u8,
+    #[serde(default)]
+    scope: String,
+}
+
+#[derive(Deserialize)]
+struct Route {
+    #[serde(default)]
+    gateway: Option<String>,
+    #[serde(default)]
+    dev: Option<String>,
+}
+
+/// Joins the network namespace at `netns`: finds its interface, creates the
+/// TAP and redirects the interface's traffic through it.
+pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
+    let ns = File::open(netns)
+        .map_err(|e| format!("cannot open the network namespace {}: {e}", netns.display()))?;
+    let links: Vec<Link> = serde_json::from_slice(&run_in(&ns, "ip", &["-j", "addr", "show"])?)
+        .map_err(|e| format!("cannot read `ip -j addr show` in {}: {e}", netns.display()))?;
+    let (link, address) = pick(&links, netns)?;
+    let routes: Vec<Route> =
+        serde_json::from_slice(&run_in(&ns, "ip", &["-j", "-4", "route", "show", "default"])?)
+            .map_err(|e| format!("cannot read `ip -j route show default` in {}: {e}", netns.display()))?;
+    let gateway = routes.into_iter().find(|r| r.dev.as_deref() == Some(&link.ifname)).and_then(|r| r.gateway);
+    let tap = create_tap(&ns).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => format!(
+            "the network namespace {} is already joined by another VM (one container's VM per pod takes the pod's network)",
+            netns.display()
+        ),
+        _ => format!("cannot create the TAP {TAP} in {}: {e}", netns.display()),
+    })?;
+    let mtu = if link.mtu == 0 { 1500 } else { link.mtu };
+    let mtu_arg = mtu.to_string();
+    run_in(&ns, "ip", &["link", "set", TAP, "mtu", &mtu_arg, "up"])?;
+    for (from, to) in [(link.ifname.as_str(), TAP), (TAP, link.ifname.as_str())] {
+        run_in(&ns, "tc", &["qdisc", "replace", "dev", from, "ingress"])?;
+        // A filter a previous VM left is replaced, not stacked. u32 with an
+        // empty match is every frame (Kata's filter; cls_matchall is not in
+        // every kernel).
+        let _ = run_in(&ns, "tc", &["filter", "del", "dev", from, "ingress", "pref", PREF]);
+        run_in(
+            &ns,
+            "tc",
+            &[
+                "filter", "add", "dev", from, "ingress", "pref", PREF, "protocol", "all", "u32", "match",
+                "u8", "0", "0", "action", "mirred", "egress", "redirect", "dev", to,
+            ],
+        )?;
+    }
+    Ok(Nic {
+        interface: link.ifname.clone(),
+        mac: link.address.clone(),
+        config: pvisor_agent_proto::Interface { address, gateway, mtu },
+        tap,
+    })
+}
+
+/// The namespace's one Ethernet interface with a global IPv4 address, and
+/// that address as `ADDRESS/PREFIX`.
+fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), String> {
+    let candidates: Vec<&Link> = links
+        .iter()
+        .filter(|l| l.ifname != TAP && l.link_type == "ether")
+        .filter(|l| l.addr_info.iter().any(|a| a.family == "inet" && a.scope == "global"))
+        .collect();
+    let link = match candidates.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(format!(
+                "the network namespace {} has no Ethernet interface with an IPv4 address (did CNI set it up?)",
+                netns.display()
+            ))
+        }
+        many => {
+            return Err(format!(
+                "the network namespace {} has {} interfaces with IPv4 addresses ({}); a VM takes over exactly one",
+                netns.display(),
+                many.len(),
+                many.iter().map(|l| l.ifname.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        }
+    };
+    let address = link
+        .addr_info
+        .iter()
+        .find(|a| a.family == "inet" && a.scope == "global")
+        .map(|a| format!("{}/{}", a.local, a.prefixlen))
+        .unwrap_or_default();
+    Ok((link, address))
+}
+
+/// Runs `program args` inside the namespace `ns`; its stdout, or an error
+/// with its stderr.
+fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
+    let raw = ns.as_raw_fd();
+    let mut command = Command::new(program);
+    command.args(args);
+    // SAFETY: only setns runs between fork and exec, a bare syscall on a
+    // descriptor the child inherited.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
+            rustix::thread::move_into_link_name_space(fd, Some(rustix::thread::LinkNameSpaceType::Network))
+                .map_err(io::Error::from)
+        });
+    }
+    let out = command.output().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => format!("{program} not found: the pod network needs iproute2 on the node"),
+        _ => format!("cannot run {program}: {e}"),
+    })?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {} failed in the pod's network namespace: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out.stdout)
+}
+
+/// Opens `/dev/net/tun` from a thread inside the namespace (a TAP lives in
+/// the namespace of the thread that opened the device) and makes it [`TAP`].
+fn create_tap(ns: &File) -> io::Result<OwnedFd> {
+    let ns = ns.try_clone()?;
+    std::thread::spawn(move || -> io::Result<OwnedFd> {
+        rustix::thread::move_into_link_name_space(
+            ns.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )?;
+        let tun = OwnedFd::from(std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun")?);
+        // SAFETY: ifreq is plain data; TUNSETIFF reads its name and flags.
+        // The ioctl is libc's: rustix has no TUN calls.
+        unsafe {
+            let mut req: libc::ifreq = std::mem::zeroed();
+            for (dst, src) in req.ifr_name.iter_mut().zip(TAP.bytes()) {
+                *dst = src as libc::c_char;
+            }
+            req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+            if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &req) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(tun)
+    })
+    .join()
+    .map_err(|_| io::Error::other("the TAP thread panicked"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pick, Link};
+    use std::path::Path;
+
+    /// `ip -j addr show` in a pod's namespace, as CNI's bridge plugin
+    /// leaves it (trimmed): loopback, and eth0 with one IPv4 address.
+    const POD: &str = r#"[
+      {"ifindex":1,"ifname":"lo","mtu":65536,"link_type":"loopback","address":"00:00:00:00:00:00",
+       "addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"host"}]},
+      {"ifindex":2,"link_index":5,"ifname":"eth0","mtu":1450,"link_type":"ether","address":"66:96:de:a5:1a:58",
+       "addr_info":[{"family":"inet","local":"10.88.0.7","prefixlen":16,"scope":"global"},
+                    {"family":"inet6","local":"fe80::6496:deff:fea5:1a58","prefixlen":64,"scope":"link"}]}
+    ]"#;
+
+    #[test]
+    fn the_pods_interface_is_the_one_ethernet_link_with_an_ipv4_address() {
+        let links: Vec<Link> = serde_json::from_str(POD).unwrap();
+        let (link, address) = pick(&links, Path::new("/run/netns/x")).unwrap();
+        assert_eq!(
+            (link.ifname.as_str(), link.address.as_str(), link.mtu),
+            ("eth0", "66:96:de:a5:1a:58", 1450)
+        );
+        assert_eq!(address, "10.88.0.7/16");
+    }
+
+    #[test]
+    fn none_or_two_candidates_are_refused_by_name() {
+        let links = || -> Vec<Link> { serde_json::from_str(POD).unwrap() };
+        let only_lo: Vec<Link> = links().into_iter().take(1).collect();
+        assert!(pick(&only_lo, Path::new("/run/netns/x")).unwrap_err().contains("did CNI set it up"));
+        let mut two = links();
+        let mut eth1 = links().remove(1);
+        eth1.ifname = "eth1".into();
+        two.push(eth1);
+        let e = pick(&two, Path::new("/run/netns/x")).unwrap_err();
+        assert!(e.contains("2 interfaces") && e.contains("eth0, eth1"), "{e}");
+    }
+}
