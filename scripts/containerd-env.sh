@@ -4,6 +4,9 @@
 # directories under DIR, and a config that registers the runtime
 # io.containerd.pvisor.v1 for ctr and for the CRI plugin (handler "pvisor").
 # containerd finds containerd-shim-pvisor-v1 on its PATH: SHIM_DIR is put first.
+# CRI pods get a CNI network: Debian's containernetworking-plugins (bridge,
+# host-local, loopback) on a bridge pvisor-cri0, 10.232.0.0/24, gateway .1,
+# with the IPAM state under DIR (tests/cri/cri_flow.py reaches the pod).
 #
 # Usage: scripts/containerd-env.sh start DIR [SHIM_DIR]   prints the socket path
 #        scripts/containerd-env.sh stop DIR
@@ -16,10 +19,13 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
 install() {
-  command -v containerd >/dev/null && command -v ctr >/dev/null && return 0
+  command -v containerd >/dev/null && command -v ctr >/dev/null && [ -x /usr/lib/cni/bridge ] &&
+    command -v tc >/dev/null && return 0
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q containerd >/dev/null 2>&1 || {
-    apt-get update -q >/dev/null && apt-get install -y -q containerd >/dev/null
+  local pkgs="containerd containernetworking-plugins iproute2"
+  # shellcheck disable=SC2086
+  apt-get install -y -q $pkgs >/dev/null 2>&1 || {
+    apt-get update -q >/dev/null && apt-get install -y -q $pkgs >/dev/null
   }
 }
 
@@ -59,9 +65,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.pvisor]
       runtime_type = "io.containerd.pvisor.v1"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$dir/cni/bin"
+    bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/cni/conf"
 TOML
+  mkdir -p "$dir/cni/conf" "$dir/cni/ipam"
+  cat >"$dir/cni/conf/10-pvisor.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "pvisor-test",
+  "plugins": [
+    {"type": "bridge", "bridge": "pvisor-cri0", "isGateway": true, "ipMasq": false,
+     "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam",
+              "ranges": [[{"subnet": "10.232.0.0/24", "gateway": "10.232.0.1"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+JSON
   {
     echo "CONTAINERD_ADDRESS=$sock"
     echo "PVISOR_HOME=$home"

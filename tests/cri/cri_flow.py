@@ -6,17 +6,21 @@ Usage: python cri_flow.py SOCKET IMAGE LOG_DIR
 
 Generates its stubs from tests/cri/api.proto (vendored from
 kubernetes/cri-api) with grpcio-tools' bundled protoc, then:
-RunPodSandbox with the runtime handler `pvisor` and the node's network (no
-CNI), CreateContainer and StartContainer from IMAGE, ExecSync of a command
-that succeeds and of one that fails, StopContainer, RemoveContainer,
-StopPodSandbox, RemovePodSandbox. It asserts nothing: it prints one JSON
-object of what it saw, which the Rust test asserts. The pod is stopped and
+RunPodSandbox with the runtime handler `pvisor` and the pod network (CNI's
+bridge, scripts/containerd-env.sh), CreateContainer and StartContainer from
+IMAGE (a server on the pod's port 8080), a connection to the pod's IP from
+here and one from the pod to a server here on the CNI gateway, ExecSync of
+a command that succeeds and of one that fails, StopContainer,
+RemoveContainer, StopPodSandbox, RemovePodSandbox. It asserts nothing: it
+prints one JSON object of what it saw, which the Rust test asserts. The pod is stopped and
 removed even when a step fails (the error is in the JSON's "error").
 """
 
 import json
 import os
+import socket
 import sys
+import threading
 import tempfile
 import time
 
@@ -41,19 +45,60 @@ def stubs():
     return api_pb2, api_pb2_grpc
 
 
+def read_from(host, port):
+    """What a connection to host:port reads until EOF (the server may take
+    a moment to listen: a VM under TCG)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=10) as conn:
+                data = b""
+                while chunk := conn.recv(4096):
+                    data += chunk
+                return data.decode()
+        except OSError as e:
+            if time.monotonic() > deadline:
+                return f"error: {e}"
+            time.sleep(0.5)
+
+
+class serve_once(threading.Thread):
+    """A server on host:0 that answers one connection with `reply` and
+    keeps what it read."""
+
+    def __init__(self, host, reply):
+        super().__init__(daemon=True)
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(60)
+        self.port = self.sock.getsockname()[1]
+        self.reply = reply
+        self.got = ""
+        self.start()
+
+    def run(self):
+        try:
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.settimeout(30)
+                self.got = conn.recv(4096).decode()
+                conn.sendall(self.reply)
+        except OSError as e:
+            self.got = f"error: {e}"
+
+
 def main():
     sock, image, log_dir = sys.argv[1:4]
     pb, rpc = stubs()
     channel = grpc.insecure_channel(f"unix://{sock}")
     cri = rpc.RuntimeServiceStub(channel)
     seen = {}
-    node_network = pb.NamespaceOption(network=pb.NODE)
+    pod_network = pb.NamespaceOption(network=pb.POD)
     pod_config = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name="cri-pod", uid="cri-pod-uid", namespace="pvisor-test", attempt=0),
         hostname="cri-pod",
         log_directory=log_dir,
         linux=pb.LinuxPodSandboxConfig(
-            security_context=pb.LinuxSandboxSecurityContext(namespace_options=node_network)
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=pod_network)
         ),
     )
     pod = None
@@ -74,10 +119,10 @@ def main():
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="c1", attempt=0),
             image=pb.ImageSpec(image=image),
-            command=["sh", "-c", "echo started; while :; do sleep 1; done"],
+            command=["sh", "-c", "echo started; while :; do echo served-by-pod | nc -l -p 8080; done"],
             log_path="c1.log",
             linux=pb.LinuxContainerConfig(
-                security_context=pb.LinuxContainerSecurityContext(namespace_options=node_network)
+                security_context=pb.LinuxContainerSecurityContext(namespace_options=pod_network)
             ),
         )
         container = cri.CreateContainer(
@@ -87,6 +132,23 @@ def main():
         cri.StartContainer(pb.StartContainerRequest(container_id=container), timeout=SLOW)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=30)
         seen["container_state"] = pb.ContainerState.Name(state.status.state)
+
+        # The pod's network: its IP is the VM's, both ways.
+        pod_ip = status.status.network.ip
+        seen["pod_ip"] = pod_ip
+        seen["inbound"] = read_from(pod_ip, 8080)
+        gateway = pod_ip.rsplit(".", 1)[0] + ".1"
+        server = serve_once(gateway, b"served-by-node\n")
+        outbound = cri.ExecSync(
+            pb.ExecSyncRequest(
+                container_id=container, cmd=["sh", "-c", f"echo hi | nc -w 10 {gateway} {server.port}"], timeout=60
+            ),
+            timeout=90,
+        )
+        server.join(30)
+        seen["outbound"] = {"stdout": outbound.stdout.decode(), "code": outbound.exit_code, "got": server.got}
+        addr = cri.ExecSync(pb.ExecSyncRequest(container_id=container, cmd=["ip", "-4", "addr"], timeout=60), timeout=90)
+        seen["guest_addresses"] = addr.stdout.decode()
 
         echo = cri.ExecSync(
             pb.ExecSyncRequest(container_id=container, cmd=["echo", "hello from cri"], timeout=60), timeout=90

@@ -175,3 +175,13 @@ pub fn eventually(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+pub fn pvisor(c: &Containerd, args: &[&str]) -> String {
+    let out = Command::new(repo().join("target/debug/pvisor"))
+        .args(args)
+        .env("PVISOR_HOME", c.home())
+        .output()
+        .expect("target/debug/pvisor runs (cargo build -p pvisor-cli)");
+    assert!(out.status.success(), "pvisor {args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
