@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Interface {
+    /// The NIC's MAC (QEMU gave it the interface's): which guest link it is.
+    pub mac: String,
     /// `ADDRESS/PREFIX`, e.g. `10.88.0.5/16`.
     pub address: String,
     /// The default route's gateway, if the namespace has one.
@@ -384,7 +386,12 @@ mod tests {
         };
         let plain = serde_json::to_value(setup(None)).unwrap();
         assert!(plain.get("interface").is_none(), "{plain}");
-        let nic = Interface { address: "10.88.0.7/16".into(), gateway: Some("10.88.0.1".into()), mtu: 1450 };
+        let nic = Interface {
+            mac: "66:96:de:a5:1a:58".into(),
+            address: "10.88.0.7/16".into(),
+            gateway: Some("10.88.0.1".into()),
+            mtu: 1450,
+        };
         let json = serde_json::to_string(&setup(Some(nic.clone()))).unwrap();
         assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), setup(Some(nic)));
     }

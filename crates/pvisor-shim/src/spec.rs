@@ -92,9 +92,12 @@ pub fn labels(spec: &Spec, namespace: &str, id: &str) -> Labels {
 /// containers and is given none itself. CRI gives those containers
 /// `/proc/PID/ns/net` of the sandbox's task pid (containerd's
 /// `pkg/cri/server/container_create_linux.go`, `WithPodNamespaces`),
-/// which here is a guest pid: the namespace is read instead from the
-/// sandbox's own spec, in its bundle beside this one (containerd's runtime
-/// v2 keeps `<state>/<namespace>/<id>` per container).
+/// which here is the sandbox's shim, a host process in the host's network
+/// namespace (admission refuses that one): the namespace is read instead
+/// from the sandbox's own spec, in its bundle beside this one (containerd's
+/// runtime v2 keeps `<state>/<namespace>/<id>` per container). The id is an
+/// annotation, so it must be one plain path component, and the spec found
+/// must be that sandbox's.
 pub fn network_namespace(spec: &Spec, bundle: &Path) -> Result<Option<PathBuf>, SpecError> {
     let annotations = spec.annotations().clone().unwrap_or_default();
     if annotations.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "sandbox") {
@@ -104,10 +107,23 @@ pub fn network_namespace(spec: &Spec, bundle: &Path) -> Result<Option<PathBuf>, 
     let sandbox = annotations.get("io.kubernetes.cri.sandbox-id");
     match sandbox {
         Some(id) if path.starts_with("/proc") => {
-            let dir = bundle.parent().map(|p| p.join(id)).unwrap_or_default();
-            let sandbox_spec = load(&dir).map_err(|e| {
+            let plain = !id.is_empty()
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+                && id != "."
+                && id != "..";
+            let parent = bundle.parent().filter(|p| p.is_absolute());
+            let (true, Some(parent)) = (plain, parent) else {
+                return Err(SpecError::Unsupported(format!("the pod's network: {id:?} is not a sandbox id")));
+            };
+            let sandbox_spec = load(&parent.join(id)).map_err(|e| {
                 SpecError::Unsupported(format!("the pod's network: cannot read sandbox {id}'s spec: {e}"))
             })?;
+            let found = sandbox_spec.annotations().clone().unwrap_or_default();
+            let is_it = found.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "sandbox")
+                && found.get("io.kubernetes.cri.sandbox-id").is_none_or(|s| s == id);
+            if !is_it {
+                return Err(SpecError::Unsupported(format!("the pod's network: {id} is not a pod sandbox")));
+            }
             Ok(own_network_namespace(&sandbox_spec))
         }
         _ => Ok(Some(path)),
@@ -292,6 +308,25 @@ mod tests {
             serde_json::json!({CRI_CONTAINER_TYPE: "container", "io.kubernetes.cri.sandbox-id": "gone"}),
         );
         assert!(network_namespace(&spec(orphan), &bundle).unwrap_err().to_string().contains("sandbox gone"));
+        for hostile in ["../other/sb1", "/etc", "..", ""] {
+            let app = with_network(
+                Some("/proc/42/ns/net"),
+                serde_json::json!({CRI_CONTAINER_TYPE: "container", "io.kubernetes.cri.sandbox-id": hostile}),
+            );
+            assert!(network_namespace(&spec(app), &bundle).is_err(), "{hostile:?}");
+        }
+        // A sibling that is not a pod sandbox is not taken for one.
+        std::fs::create_dir_all(bundles.path().join("plain")).unwrap();
+        let plain = with_network(Some("/var/run/netns/y"), serde_json::json!({}));
+        std::fs::write(bundles.path().join("plain/config.json"), plain.to_string()).unwrap();
+        let app = with_network(
+            Some("/proc/42/ns/net"),
+            serde_json::json!({CRI_CONTAINER_TYPE: "container", "io.kubernetes.cri.sandbox-id": "plain"}),
+        );
+        assert!(network_namespace(&spec(app), &bundle)
+            .unwrap_err()
+            .to_string()
+            .contains("not a pod sandbox"));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! A guest OOM kill under a real containerd, in a test binary of its own.
 //!
-//! Alone because it is timing-sensitive on TCG: in a 128 MiB guest, with
-//! other VMs starting beside it on a 2-core host, the guest kernel's reclaim
-//! falls behind the OOM killer, which then finds nothing left it may kill
-//! (the keeper is exempt) and panics ("System is deadlocked on memory"):
-//! the VM ends and the container with it (255), recorded as such. Cargo runs
-//! test binaries one after another, so here no sibling test's VM competes.
-//! (docs/kubernetes.md, "Limits".)
+//! Alone because it is timing-sensitive on TCG: in a 128 MiB guest on a
+//! loaded 2-core host, the guest kernel's reclaim can fall behind the OOM
+//! killer, which then finds nothing left it may kill (the keeper is exempt)
+//! and panics ("System is deadlocked on memory"): the VM ends and the
+//! container with it (255), recorded as such (docs/kubernetes.md, "Limits").
+//! Cargo runs test binaries one after another, so no sibling test's VM
+//! competes; where the panic still happens, the test checks that it is that
+//! panic and nothing else. (A memory cgroup in the guest around the execs
+//! was tried: under load its reclaim thrashes on the container's file pages
+//! and the hog runs for minutes instead.)
 
 // The harness is containerd.rs's; this test uses part of it.
 #[allow(dead_code)]
@@ -51,6 +54,27 @@ fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
         script,
     ]);
     assert_eq!(text(&out.stdout), "start\n", "stderr: {}", text(&out.stderr));
+    if out.status.code() == Some(255) {
+        // The one other honest outcome (module doc): the guest kernel
+        // panicked on memory, the VM ended, and the container with it. Only
+        // that panic excuses a 255: any other end of the VM fails here.
+        let consoles: Vec<String> = walk(&c.home())
+            .into_iter()
+            .filter(|p| p.file_name().is_some_and(|n| n == "console.log"))
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect();
+        assert!(
+            consoles
+                .iter()
+                .any(|log| log.contains("Out of memory: Killed process")
+                    && log.contains("deadlocked on memory")),
+            "exit 255 without the guest kernel's OOM panic: {consoles:?}"
+        );
+        let _ = events.kill();
+        let _ = events.wait();
+        eprintln!("NOTE: the 128 MiB guest's kernel panicked on memory (a loaded TCG host); its container ended 255");
+        return;
+    }
     assert_eq!(out.status.code(), Some(137), "killed by SIGKILL: 128 + 9");
     // Published before the exit; give ctr events a moment to print it.
     std::thread::sleep(Duration::from_secs(1));

@@ -32,7 +32,7 @@ mod link;
 mod live;
 pub mod lower;
 mod net;
-mod nic;
+pub mod nic;
 mod process;
 mod qemu;
 mod qmp;

@@ -74,11 +74,15 @@ struct Route {
 /// Joins the network namespace at `netns`: finds its interface, creates the
 /// TAP and redirects the interface's traffic through it.
 pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
-    let ns = File::open(netns)
-        .map_err(|e| format!("cannot open the network namespace {}: {e}", netns.display()))?;
+    // Checked again on the descriptor used: the path may have changed
+    // since admission, and a resume is not admitted anew.
+    let ns = open_network_namespace(netns)?;
     let links: Vec<Link> = serde_json::from_slice(&run_in(&ns, "ip", &["-j", "addr", "show"])?)
         .map_err(|e| format!("cannot read `ip -j addr show` in {}: {e}", netns.display()))?;
     let (link, address) = pick(&links, netns)?;
+    if !is_mac(&link.address) {
+        return Err(format!("{} in {} has no usable MAC ({:?})", link.ifname, netns.display(), link.address));
+    }
     let routes: Vec<Route> =
         serde_json::from_slice(&run_in(&ns, "ip", &["-j", "-4", "route", "show", "default"])?)
             .map_err(|e| format!("cannot read `ip -j route show default` in {}: {e}", netns.display()))?;
@@ -88,6 +92,9 @@ pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
             "the network namespace {} is already joined by another VM (one container's VM per pod takes the pod's network)",
             netns.display()
         ),
+        Some(libc::ENOENT) | Some(libc::ENODEV) => {
+            format!("cannot create the TAP {TAP} in {}: {e} (is the tun module loaded? modprobe tun)", netns.display())
+        }
         _ => format!("cannot create the TAP {TAP} in {}: {e}", netns.display()),
     })?;
     let mtu = if link.mtu == 0 { 1500 } else { link.mtu };
@@ -111,9 +118,52 @@ pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
     Ok(Nic {
         interface: link.ifname.clone(),
         mac: link.address.clone(),
-        config: pvisor_agent_proto::Interface { address, gateway, mtu },
+        config: pvisor_agent_proto::Interface { mac: link.address.clone(), address, gateway, mtu },
         tap,
     })
+}
+
+/// Opens `path` if it is a network namespace other than the host's (the
+/// one of pid 1 or of this process): a VM's NIC redirects all of the
+/// namespace's traffic, which on the host's own would take the node's
+/// network. The caller keeps the descriptor, so the check holds for it.
+pub fn open_network_namespace(path: &Path) -> Result<File, String> {
+    let ns =
+        File::open(path).map_err(|e| format!("cannot open the network namespace {}: {e}", path.display()))?;
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the namespace's
+    // CLONE_NEW* type, or fails with ENOTTY on a file that is not one. The
+    // ioctl is libc's: rustix has no namespace ioctls.
+    let kind = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_NSTYPE) };
+    if kind < 0 {
+        return Err(format!("{} is not a namespace file (a path like /var/run/netns/NAME)", path.display()));
+    }
+    if kind != libc::CLONE_NEWNET {
+        return Err(format!("{} is a namespace, but not a network namespace", path.display()));
+    }
+    let id = |f: &File| {
+        f.metadata()
+            .map(|m| (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)))
+    };
+    let this = id(&ns).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    for host in ["/proc/1/ns/net", "/proc/self/ns/net"] {
+        if File::open(host).and_then(|f| id(&f)).is_ok_and(|h| h == this) {
+            return Err(format!(
+                "{} is the host's network namespace: a VM cannot take over the host's network",
+                path.display()
+            ));
+        }
+    }
+    Ok(ns)
+}
+
+/// `NS_GET_NSTYPE`, `_IO(0xb7, 0x3)` (linux/nsfs.h).
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// `aa:bb:cc:dd:ee:ff`: what QEMU's `mac=` takes, and nothing else.
+fn is_mac(mac: &str) -> bool {
+    mac.len() == 17
+        && mac.split(':').count() == 6
+        && mac.split(':').all(|b| b.len() == 2 && b.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// The namespace's one Ethernet interface with a global IPv4 address, and
@@ -126,6 +176,12 @@ fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), Strin
         .collect();
     let link = match candidates.as_slice() {
         [one] => *one,
+        [] if links.iter().any(|l| l.link_type == "ether" && l.addr_info.iter().any(|a| a.family == "inet6" && a.scope == "global")) => {
+            return Err(format!(
+                "the network namespace {} has only IPv6 addresses; the VM's NIC is configured for IPv4 only",
+                netns.display()
+            ))
+        }
         [] => {
             return Err(format!(
                 "the network namespace {} has no Ethernet interface with an IPv4 address (did CNI set it up?)",
@@ -162,12 +218,17 @@ fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
         command.pre_exec(move || {
             let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
             rustix::thread::move_into_link_name_space(fd, Some(rustix::thread::LinkNameSpaceType::Network))
-                .map_err(io::Error::from)
+                .map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("cannot enter the namespace: {e}"),
+                    )
+                })
         });
     }
     let out = command.output().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => format!("{program} not found: the pod network needs iproute2 on the node"),
-        _ => format!("cannot run {program}: {e}"),
+        _ => format!("cannot run {program} in the network namespace: {e}"),
     })?;
     if !out.status.success() {
         return Err(format!(
@@ -183,28 +244,31 @@ fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
 /// the namespace of the thread that opened the device) and makes it [`TAP`].
 fn create_tap(ns: &File) -> io::Result<OwnedFd> {
     let ns = ns.try_clone()?;
-    std::thread::spawn(move || -> io::Result<OwnedFd> {
-        rustix::thread::move_into_link_name_space(
-            ns.as_fd(),
-            Some(rustix::thread::LinkNameSpaceType::Network),
-        )?;
-        let tun = OwnedFd::from(std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun")?);
-        // SAFETY: ifreq is plain data; TUNSETIFF reads its name and flags.
-        // The ioctl is libc's: rustix has no TUN calls.
-        unsafe {
-            let mut req: libc::ifreq = std::mem::zeroed();
-            for (dst, src) in req.ifr_name.iter_mut().zip(TAP.bytes()) {
-                *dst = src as libc::c_char;
+    // A thread of its own: it enters the namespace and ends.
+    std::thread::Builder::new()
+        .name("pvisor-vm-tap".into())
+        .spawn(move || -> io::Result<OwnedFd> {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            let tun = OwnedFd::from(std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun")?);
+            // SAFETY: ifreq is plain data; TUNSETIFF reads its name and flags.
+            // The ioctl is libc's: rustix has no TUN calls.
+            unsafe {
+                let mut req: libc::ifreq = std::mem::zeroed();
+                for (dst, src) in req.ifr_name.iter_mut().zip(TAP.bytes()) {
+                    *dst = src as libc::c_char;
+                }
+                req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+                if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &req) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
-            req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-            if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &req) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(tun)
-    })
-    .join()
-    .map_err(|_| io::Error::other("the TAP thread panicked"))?
+            Ok(tun)
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the TAP thread panicked"))?
 }
 
 #[cfg(test)]
@@ -226,11 +290,31 @@ mod tests {
     fn the_pods_interface_is_the_one_ethernet_link_with_an_ipv4_address() {
         let links: Vec<Link> = serde_json::from_str(POD).unwrap();
         let (link, address) = pick(&links, Path::new("/run/netns/x")).unwrap();
+        assert!(super::is_mac(&link.address));
         assert_eq!(
             (link.ifname.as_str(), link.address.as_str(), link.mtu),
             ("eth0", "66:96:de:a5:1a:58", 1450)
         );
         assert_eq!(address, "10.88.0.7/16");
+    }
+
+    #[test]
+    fn only_a_plain_mac_reaches_qemus_command_line() {
+        assert!(super::is_mac("66:96:de:a5:1a:58"));
+        for bad in ["", "66:96:de:a5:1a", "66:96:de:a5:1a:58,romfile=/x", "gg:96:de:a5:1a:58"] {
+            assert!(!super::is_mac(bad), "{bad}");
+        }
+    }
+
+    /// The host's own namespace, and a namespace of another kind, are refused.
+    #[test]
+    fn the_hosts_network_namespace_is_never_joined() {
+        let e = super::open_network_namespace(Path::new("/proc/self/ns/net")).unwrap_err();
+        assert!(e.contains("the host's network namespace"), "{e}");
+        let e = super::open_network_namespace(Path::new("/proc/self/ns/mnt")).unwrap_err();
+        assert!(e.contains("not a network namespace"), "{e}");
+        let e = super::open_network_namespace(Path::new("/etc/hostname")).unwrap_err();
+        assert!(e.contains("not a namespace file"), "{e}");
     }
 
     #[test]

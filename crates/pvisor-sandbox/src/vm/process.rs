@@ -102,18 +102,10 @@ impl VmProcess {
         }
         fs::create_dir_all(&vm.dir)
             .map_err(|e| setup("vm", format!("cannot create {}: {e}", vm.dir.display())))?;
-        // Joined before anything is imaged: a namespace another VM holds,
-        // or one CNI has not set up, fails the start at once.
-        let nic = match (spec.network, &vm.network_namespace) {
-            (NetworkAttachment::Namespace, Some(netns)) => {
-                Some(nic::join(netns).map_err(|e| SandboxError::Setup {
-                    step: "network".into(),
-                    message: e,
-                    hint: Some(
-                        "the VM's NIC takes over the namespace's one interface (docs/kubernetes.md)".into(),
-                    ),
-                })?)
-            }
+        // The namespace is joined last, just before QEMU starts: a start
+        // that fails earlier leaves no redirect behind.
+        let netns = match (spec.network, &vm.network_namespace) {
+            (NetworkAttachment::Namespace, Some(netns)) => Some(netns.clone()),
             (NetworkAttachment::Namespace, None) => {
                 return Err(setup("network", "the Job joins a network namespace, but its VmSpec names none"))
             }
@@ -137,7 +129,7 @@ impl VmProcess {
                         .map_err(|e| setup("restore", format!("cannot copy the checkpoint's {name}: {e}")))?;
                 }
                 // The device list must be the saved one: a NIC exactly when it had one.
-                match (&manifest.nic, &nic) {
+                match (&manifest.nic, &netns) {
                     (Some(_), None) => return Err(setup(
                         "restore",
                         "the checkpoint's VM had a NIC in a pod's network namespace; it resumes only in one",
@@ -174,7 +166,7 @@ impl VmProcess {
                 let plan = match boot_reason {
                     Some(reason) => Err(reason),
                     // A template's device list has no NIC; it cannot gain one.
-                    None if nic.is_some() => {
+                    None if netns.is_some() => {
                         Err("a VM with a NIC boots: templates are built without one".into())
                     }
                     None => executor.template_for(&executor.machine_config(&spec.limits)),
@@ -218,12 +210,33 @@ impl VmProcess {
         let (console_host, console_qemu) = UnixStream::pair().map_err(SandboxError::Spawn)?;
         let console = vm.dir.join("console.log");
         capture_console(console_host, &console).map_err(|e| setup("vm", e))?;
-        // A restore keeps the saved MAC (the guest's driver has it).
-        let nic_mac = match &start {
-            Start::Restore { manifest, .. } => manifest.nic.clone(),
-            _ => nic.as_ref().map(|n| n.mac.clone()),
+        let nic = match &netns {
+            Some(netns) => Some(nic::join(netns).map_err(|e| SandboxError::Setup {
+                step: "network".into(),
+                message: e,
+                hint: Some(
+                    "the VM's NIC takes over the namespace's one interface (docs/kubernetes.md)".into(),
+                ),
+            })?),
+            None => None,
         };
-        let tap_nic = nic.as_ref().zip(nic_mac.as_deref()).map(|(n, mac)| TapNic { tap: n.tap.as_fd(), mac });
+        // A restored guest keeps the address and MAC it was saved with: the
+        // namespace's interface must still be the one it took over.
+        if let (Start::Restore { manifest, .. }, Some(nic)) = (&start, &nic) {
+            if manifest.nic.as_deref() != Some(nic.mac.as_str()) {
+                return Err(setup(
+                    "restore",
+                    format!(
+                        "the checkpoint's VM had the NIC {}, but {} in the network namespace is now {}: resume it in the namespace it was suspended in",
+                        manifest.nic.as_deref().unwrap_or("-"),
+                        nic.interface,
+                        nic.mac
+                    ),
+                ));
+            }
+        }
+        let nic_mac = nic.as_ref().map(|n| n.mac.clone());
+        let tap_nic = nic.as_ref().map(|n| TapNic { tap: n.tap.as_fd(), mac: &n.mac });
         let mut command = qemu_command(
             &executor.image,
             &config,

@@ -69,13 +69,15 @@ pub(super) fn effective(
 ) -> Result<(EffectivePolicy, NetworkAttachment), AdmissionError> {
     let mut network = pvisor_net::policy::resolve(requested.network)?;
     if let Some(path) = requested.namespace {
-        if network.mode != NetworkMode::None || !network.allow.is_empty() || network.ordered.is_some() {
+        let rules = !network.allow.is_empty() || !network.deny.is_empty() || network.ordered.is_some();
+        if network.mode != NetworkMode::None || rules {
             return Err(AdmissionError::NetworkNamespace {
                 path: path.to_owned(),
                 problem: format!(
-                    "a Job that joins a network namespace has no pvisor network policy of its own, but {} sets mode {}",
+                    "a Job that joins a network namespace has no pvisor network policy of its own, but {} sets mode {}{}",
                     network.mode_source,
-                    network.mode.as_str()
+                    network.mode.as_str(),
+                    if rules { " and rules" } else { "" }
                 ),
             });
         }
@@ -213,8 +215,8 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
     }
 }
 
-/// A namespace to join must be a network namespace (an nsfs file, as
-/// `/var/run/netns/NAME` or `/proc/PID/ns/net`), and the executor vm.
+/// A namespace to join must be a network namespace other than the host's
+/// (`pvisor_sandbox::vm::nic::open_network_namespace`), and the executor vm.
 pub(super) fn check_namespace(path: &Path, executor: &str) -> Result<(), AdmissionError> {
     let problem = |problem: String| AdmissionError::NetworkNamespace { path: path.to_owned(), problem };
     if executor != "vm" {
@@ -222,13 +224,7 @@ pub(super) fn check_namespace(path: &Path, executor: &str) -> Result<(), Admissi
             "only a vm Job joins one (this Job's executor is {executor}); use --executor vm"
         )));
     }
-    let file = std::fs::File::open(path).map_err(|e| problem(format!("cannot open it: {e}")))?;
-    // NSFS_MAGIC: what every namespace file's filesystem reports.
-    let fs = rustix::fs::fstatfs(&file).map_err(|e| problem(format!("cannot stat it: {e}")))?;
-    if fs.f_type as i64 != 0x6e73_6673 {
-        return Err(problem("is not a namespace file (a path like /var/run/netns/NAME)".into()));
-    }
-    Ok(())
+    pvisor_sandbox::vm::nic::open_network_namespace(path).map(drop).map_err(problem)
 }
 
 /// Resolves and checks each `--cache` path: an existing host directory that
@@ -313,13 +309,14 @@ mod tests {
     use std::path::Path;
 
     #[test]
-    fn only_a_vm_job_joins_only_a_namespace_file() {
-        assert!(check_namespace(Path::new("/proc/self/ns/net"), "vm").is_ok());
+    fn only_a_vm_job_joins_only_a_namespace_file_not_the_hosts() {
+        let e = check_namespace(Path::new("/proc/self/ns/net"), "vm").unwrap_err().to_string();
+        assert!(e.contains("the host's network namespace"), "{e}");
         let e = check_namespace(Path::new("/proc/self/ns/net"), "ns").unwrap_err().to_string();
         assert!(e.contains("only a vm Job") && e.contains("/proc/self/ns/net"), "{e}");
         let e = check_namespace(Path::new("/tmp"), "vm").unwrap_err().to_string();
         assert!(e.contains("not a namespace file"), "{e}");
         let e = check_namespace(Path::new("/nonexistent/netns"), "vm").unwrap_err().to_string();
-        assert!(e.contains("cannot open it"), "{e}");
+        assert!(e.contains("cannot open the network namespace"), "{e}");
     }
 }

@@ -106,7 +106,7 @@ pub(crate) fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// Gives the guest's NIC (its only interface besides `lo`) the address,
+/// Gives the guest's NIC (the link with the interface's MAC) the address,
 /// MTU and default route of the interface it stands in for. The initramfs's
 /// busybox `ip` does it: address and route ioctls by hand would be the same
 /// calls with more to get wrong.
@@ -114,8 +114,16 @@ pub(crate) fn configure_interface(interface: &pvisor_agent_proto::Interface) -> 
     let name = fs::read_dir("/sys/class/net")?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|n| n != "lo")
-        .ok_or_else(|| io::Error::other("the guest has no network interface (is virtio_net loaded?)"))?;
+        .find(|n| {
+            fs::read_to_string(format!("/sys/class/net/{n}/address"))
+                .is_ok_and(|mac| mac.trim().eq_ignore_ascii_case(&interface.mac))
+        })
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "the guest has no link with MAC {} (is virtio_net loaded?)",
+                interface.mac
+            ))
+        })?;
     let mtu = interface.mtu.to_string();
     let mut steps: Vec<Vec<&str>> = vec![
         vec!["link", "set", &name, "mtu", &mtu],
@@ -123,6 +131,9 @@ pub(crate) fn configure_interface(interface: &pvisor_agent_proto::Interface) -> 
         vec!["link", "set", &name, "up"],
     ];
     if let Some(gateway) = &interface.gateway {
+        // The gateway on the link first: CNIs such as Calico give a /32
+        // address whose gateway (169.254.1.1) lies outside it.
+        steps.push(vec!["route", "replace", gateway, "dev", &name, "scope", "link"]);
         steps.push(vec!["route", "add", "default", "via", gateway, "dev", &name]);
     }
     for args in steps {
