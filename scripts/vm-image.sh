@@ -73,7 +73,7 @@ for d in sbin usr/bin usr/sbin; do
 done
 install -m 0755 "$agent" "$tree/init"
 : > "$tree/etc/pvisor/modules"
-for m in virtio_mmio virtio_pci virtio_blk virtio_console virtio_net virtio-rng overlay; do
+for m in virtio_mmio virtio_pci virtio_blk virtio_console virtio_net virtio-rng overlay virtiofs; do
   /sbin/modprobe -d "$work/deb" -S "$version" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
   rel="${ko#"$work/deb"}"

@@ -19,7 +19,9 @@ mod paths;
 
 pub use delta::{DeltaEntry, DeltaManifest, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST};
 pub use framing::{read_frame, write_frame, MAX_HEADER, MAX_PAYLOAD};
-pub use messages::{EntryKind, FileOp, FileStat, Interface, Reply, Request, TerminalSize, MAX_LISTING};
+pub use messages::{
+    EntryKind, FileOp, FileStat, Interface, Reply, Request, Share, TerminalSize, MAX_LISTING,
+};
 pub use paths::resolve_in_root;
 
 /// The protocol version. A host refuses an agent that answers `Hello` with another.

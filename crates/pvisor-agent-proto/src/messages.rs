@@ -6,6 +6,16 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// A host directory the guest mounts live, read-write: the virtiofs device
+/// tagged `tag` at `target`, a path inside the workspace (the container's
+/// root), resolved beneath it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    pub tag: String,
+    pub target: PathBuf,
+}
+
 /// The guest NIC's IPv4 configuration: the address of the interface it
 /// stands in for (a pod's `eth0`), whose MAC it already has.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +56,10 @@ pub enum Request {
         /// parses unchanged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         interface: Option<Interface>,
+        /// The host directories to mount after the workspace; absent when
+        /// none, so older hosts' Setup parses unchanged.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        shares: Vec<Share>,
     },
     /// Payload: bytes from the proxy for guest connection `stream`.
     NetData {
@@ -383,9 +397,10 @@ mod tests {
             proxy_port: None,
             delta: true,
             interface,
+            shares: Vec::new(),
         };
         let plain = serde_json::to_value(setup(None)).unwrap();
-        assert!(plain.get("interface").is_none(), "{plain}");
+        assert!(plain.get("interface").is_none() && plain.get("shares").is_none(), "{plain}");
         let nic = Interface {
             mac: "66:96:de:a5:1a:58".into(),
             address: "10.88.0.7/16".into(),

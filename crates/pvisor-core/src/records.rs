@@ -235,12 +235,30 @@ pub struct EffectivePolicy {
     /// Host directories mounted writable through pvisor's cache store (`--cache`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<PathBuf>,
+    /// Host directories the VM mounts live and unstaged (virtiofs): the
+    /// read-write volumes of a containerd pod. Writes to them are not
+    /// effects pvisor stages; they reach the host as they happen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_directories: Vec<SharedDirectory>,
     /// Whether the command runs under pvisor's seccomp deny-list.
     #[serde(default = "enabled")]
     pub seccomp: bool,
     /// Requested resource limits (how each was enforced is in the Bundle).
     #[serde(default)]
     pub limits: ResourceLimits,
+}
+
+/// A host directory shared with a VM, live: the guest sees and changes the
+/// host's files themselves (through `virtiofsd`), not a staged copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedDirectory {
+    /// The host directory (canonical).
+    pub source: PathBuf,
+    /// Where the guest mounts it, read-write, as an absolute path inside
+    /// the workspace (the container's root). A read-only volume is not
+    /// shared: the guest is root in its VM and could remount it, so it is
+    /// copied instead.
+    pub target: PathBuf,
 }
 
 fn enabled() -> bool {

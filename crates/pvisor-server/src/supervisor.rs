@@ -87,6 +87,7 @@ impl Supervisor {
             caches: Vec::new(),
             labels: Default::default(),
             network_namespace: None,
+            shared_directories: Vec::new(),
             workspace,
             cwd: None,
             program: "/bin/sh".into(),

@@ -1,9 +1,16 @@
-//! The OCI spec's host bind mounts, honoured the way a VM can: each is
-//! **copied** into the container's rootfs before the Job is admitted, so it
-//! reaches the guest inside the workspace image. A read-only bind is exact;
-//! a read-write bind is a copy whose writes stay in the VM (logged).
+//! The OCI spec's host bind mounts, honoured the way a VM can:
+//! - a read-write bind of a directory is **shared** live (virtiofs): the
+//!   guest reads and writes the host directory itself, so a pod's
+//!   `emptyDir` is one directory for its init containers, its containers
+//!   and the node (OpenSandbox's execd injection copies execd into one);
+//! - every other bind (read-only, or of a file such as CRI's `/etc/hosts`)
+//!   is **copied** into the container's rootfs before the Job is admitted,
+//!   so it reaches the guest inside the workspace image. A read-only bind is
+//!   exact (a guest is root in its VM and could remount a shared one
+//!   writable); a read-write file is a copy whose writes stay in the VM.
+//!
 //! Kernel filesystems (`/proc`, `/dev`, `/sys`, tmpfs) are the guest
-//! agent's own and are skipped.
+//! agent's own: a bind there (CRI's `/dev/shm`) is never shared.
 //!
 //! The rootfs is the image's, hence untrusted: no component of a
 //! destination may be a symlink, so a copy cannot be steered out of it.
@@ -12,6 +19,7 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use oci_spec::runtime::Spec;
+use pvisor_core::records::SharedDirectory;
 
 /// The most bytes all binds of one container may copy.
 const MAX_COPY: u64 = 256 << 20;
@@ -39,6 +47,54 @@ pub fn binds(spec: &Spec) -> Vec<Bind> {
         }
     }
     found
+}
+
+/// What becomes of the spec's binds.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Copied into the rootfs ([`copy_in`]).
+    pub copied: Vec<Bind>,
+    /// Shared with the VM live ([`make_mount_points`], then the Job's
+    /// shared directories).
+    pub shared: Vec<SharedDirectory>,
+}
+
+/// Sorts `binds` into shared (read-write directories outside the guest's
+/// own filesystems) and copied (the rest).
+pub fn plan(binds: Vec<Bind>) -> Plan {
+    let mut plan = Plan::default();
+    for bind in binds {
+        let guests_own = ["/proc", "/dev", "/sys"].iter().any(|p| bind.destination.starts_with(p));
+        if !bind.read_only && !guests_own && bind.source.is_dir() {
+            plan.shared.push(SharedDirectory { source: bind.source, target: bind.destination });
+        } else {
+            plan.copied.push(bind);
+        }
+    }
+    plan
+}
+
+/// Makes an empty directory in `rootfs` at each shared directory's target,
+/// through no symlink, for the guest to mount it on.
+pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<(), String> {
+    for share in shared {
+        let target = inside(rootfs, &share.target)?;
+        if fs::symlink_metadata(&target).is_ok_and(|m| !m.is_dir()) {
+            return Err(format!(
+                "the volume {} is a directory, but the image has a file at {}",
+                share.source.display(),
+                share.target.display()
+            ));
+        }
+        fs::create_dir_all(&target).map_err(|e| {
+            format!(
+                "cannot make the mount point {} for {}: {e}",
+                share.target.display(),
+                share.source.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Copies every bind into `rootfs`.
@@ -144,5 +200,43 @@ mod tests {
             Bind { source: host.path().join("hosts"), destination: "/escape/x".into(), read_only: true };
         assert!(copy_in(&[bad], rootfs.path()).unwrap_err().contains("symlink"));
         assert!(!host.path().join("x").exists(), "nothing was written outside the rootfs");
+    }
+
+    /// Read-write directories are shared; read-only binds, files and the
+    /// guest's own filesystems (CRI's `/dev/shm`) are copied.
+    #[test]
+    fn read_write_directories_are_shared_and_the_rest_copied() {
+        let host = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(host.path().join("vol")).expect("mkdir");
+        fs::write(host.path().join("hosts"), b"x").expect("write");
+        let bind = |source: &str, destination: &str, read_only| Bind {
+            source: host.path().join(source),
+            destination: destination.into(),
+            read_only,
+        };
+        let planned = plan(vec![
+            bind("vol", "/data", false),
+            bind("vol", "/ro", true),
+            bind("hosts", "/etc/hosts", false),
+            bind("vol", "/dev/shm", false),
+        ]);
+        assert_eq!(
+            planned.shared,
+            [SharedDirectory { source: host.path().join("vol"), target: "/data".into() }]
+        );
+        let copied: Vec<&str> = planned.copied.iter().map(|b| b.destination.to_str().unwrap()).collect();
+        assert_eq!(copied, ["/ro", "/etc/hosts", "/dev/shm"]);
+
+        let rootfs = tempfile::tempdir().expect("tempdir");
+        make_mount_points(&planned.shared, rootfs.path()).expect("made");
+        assert!(rootfs.path().join("data").is_dir());
+        // The image cannot steer the mount point out of the rootfs.
+        std::os::unix::fs::symlink(host.path(), rootfs.path().join("escape")).expect("symlink");
+        let hostile = [SharedDirectory { source: host.path().join("vol"), target: "/escape/made".into() }];
+        assert!(make_mount_points(&hostile, rootfs.path()).unwrap_err().contains("symlink"));
+        assert!(!host.path().join("made").exists(), "nothing was made outside the rootfs");
+        fs::write(rootfs.path().join("file"), b"").expect("write");
+        let onto_file = [SharedDirectory { source: host.path().join("vol"), target: "/file".into() }];
+        assert!(make_mount_points(&onto_file, rootfs.path()).unwrap_err().contains("a file at /file"));
     }
 }

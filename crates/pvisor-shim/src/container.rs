@@ -13,7 +13,7 @@ use crate::binds;
 use crate::process::{Exit, OnOom, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
 use crate::spec::{self, ProcessSpec};
-use crate::vm::Vm;
+use crate::vm::{HostAttachments, Vm};
 
 /// The bundle file that names the container's Job, for `pvisor` and for
 /// the shim's `delete` action after a crash.
@@ -93,17 +93,21 @@ impl Container {
         let init = spec::init_process(&oci, &rootfs).map_err(|e| undo(e.into()))?;
         // Into containerd's snapshot only: a rootfs the shim did not mount
         // is someone's directory, not to be written.
-        let binds = binds::binds(&oci);
+        let binds = binds::plan(binds::binds(&oci));
         if mounted {
-            binds::copy_in(&binds, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
-        } else if !binds.is_empty() {
+            binds::copy_in(&binds.copied, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
+            binds::make_mount_points(&binds.shared, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
+        } else if !binds.copied.is_empty() {
             log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
         }
         let labels = spec::labels(&oci, &request.namespace, &request.id);
         let logger =
             request.stdio.logger(&request.id, &request.namespace).map_err(|e| undo(Error::Invalid(e)))?;
-        let network = spec::network_namespace(&oci, &request.bundle).map_err(|e| undo(e.into()))?;
-        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels, network)
+        let host = HostAttachments {
+            network_namespace: spec::network_namespace(&oci, &request.bundle).map_err(|e| undo(e.into()))?,
+            shared_directories: binds.shared,
+        };
+        let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels, host)
             .map_err(|e| undo(Error::Internal(e)))?;
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
         Ok(Container {

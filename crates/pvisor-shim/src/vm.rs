@@ -21,7 +21,7 @@ use pvisor::runtime::job_service::CancelHandle;
 use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::labels::Labels;
-use pvisor_core::records::ResourceLimits;
+use pvisor_core::records::{ResourceLimits, SharedDirectory};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 use crate::spec::ProcessSpec;
@@ -66,6 +66,15 @@ struct State {
     generation_end: Option<String>,
 }
 
+/// What of the host a container's VM takes besides its rootfs.
+#[derive(Debug, Default)]
+pub struct HostAttachments {
+    /// The pod's network namespace, whose interface the VM's NIC takes over.
+    pub network_namespace: Option<PathBuf>,
+    /// Read-write volumes the guest mounts live (virtiofs).
+    pub shared_directories: Vec<SharedDirectory>,
+}
+
 /// A container's VM: one Job, one generation (Attempt) per boot or resume.
 #[derive(Debug)]
 pub struct Vm {
@@ -87,11 +96,12 @@ impl Vm {
         rootfs: PathBuf,
         limits: ResourceLimits,
         labels: Labels,
-        network_namespace: Option<PathBuf>,
+        host: HostAttachments,
     ) -> Result<Vm, String> {
         let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
         let mut request = keeper_request(container, rootfs.clone(), limits, labels);
-        request.network_namespace = network_namespace;
+        request.network_namespace = host.network_namespace;
+        request.shared_directories = host.shared_directories;
         let run = {
             let _inside = tokio.enter();
             runtime
@@ -460,6 +470,7 @@ fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits, l
         // No pvisor policy: a container has its namespace's network (the
         // pod's, through the VM's NIC), or none at all.
         network_namespace: None,
+        shared_directories: Vec::new(),
         network: vec![ScopedPolicy {
             scope: Scope::CommandLine,
             source: format!("containerd-shim-pvisor-v1 (container {container})"),

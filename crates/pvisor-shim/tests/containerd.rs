@@ -624,3 +624,82 @@ fn exits_within(mut child: std::process::Child, timeout: Duration, what: &str) -
         }
     }
 }
+
+/// A read-write directory bind is one directory for the host and every
+/// container that mounts it, live (virtiofs), as a pod's `emptyDir` is
+/// under runc: what OpenSandbox's execd injection needs (an init container
+/// copies a binary into the volume, the sandbox's container runs it).
+/// The guest reaches nothing of the host beyond the directory; a pause,
+/// which would have to save the share's state, is refused and the
+/// container runs on; nothing is left once the containers are deleted.
+#[test]
+fn a_read_write_volume_is_shared_live_between_the_host_and_two_containers() {
+    if !able("a_read_write_volume_is_shared_live_between_the_host_and_two_containers") {
+        return;
+    }
+    let c = start(NAMESPACE);
+    let volume = c.dir.path().join("volume");
+    std::fs::create_dir_all(&volume).expect("mkdir");
+    std::fs::write(volume.join("from-host"), "host\n").expect("write");
+    // A secret beside the volume, and a symlink in it that points there.
+    let secret = c.dir.path().join("secret");
+    std::fs::write(&secret, "the-host-secret\n").expect("write");
+    std::os::unix::fs::symlink(&secret, volume.join("to-secret")).expect("symlink");
+    let mount = format!("type=bind,src={},dst=/data,options=rbind:rw", volume.display());
+
+    // A fills the volume and waits for B; it copies a program in, as an
+    // init container copies execd.
+    let a = "cp /bin/busybox /data/echo && echo a > /data/from-a; \
+             while [ ! -e /data/from-b ]; do sleep 0.1; done; cat /data/from-b > /data/a-saw-b; \
+             while :; do sleep 1; done";
+    c.ok(&["run", "-d", "--runtime", RUNTIME, "--mount", &mount, IMAGE, "share-a", "sh", "-c", a]);
+    let holds =
+        |name: &str, content: &str| std::fs::read_to_string(volume.join(name)).is_ok_and(|t| t == content);
+    eventually("the host sees A's write", Duration::from_secs(120), || holds("from-a", "a\n"));
+
+    let b = "cat /data/from-host /data/from-a; /data/echo ran-from-the-volume; \
+             cat /data/to-secret 2>/dev/null || echo no-secret; cat /data/../secret 2>/dev/null || echo no-parent; \
+             echo b > /data/from-b";
+    let out =
+        c.ctr(&["run", "--rm", "--runtime", RUNTIME, "--mount", &mount, IMAGE, "share-b", "sh", "-c", b]);
+    assert!(out.status.success(), "B: {}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "host\na\nran-from-the-volume\nno-secret\nno-parent\n",
+        "B sees the host's and A's files, runs A's program, and reaches nothing beyond the volume"
+    );
+    eventually("A saw B's write", Duration::from_secs(60), || holds("a-saw-b", "b\n"));
+    assert_eq!(std::fs::read_to_string(&secret).expect("read"), "the-host-secret\n");
+
+    // The Trace says the volume was shared, unstaged.
+    let listed = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=share-a"]);
+    let job: serde_json::Value =
+        serde_json::from_str(listed.lines().next().unwrap_or_default()).expect("one Job");
+    let job = job["data"]["job"].as_str().expect("its id").to_owned();
+    let events = pvisor(&c, &["events", "--json", &job]);
+    assert!(
+        events.contains(r#""rewrite":"share""#) && events.contains(&volume.display().to_string()),
+        "{events}"
+    );
+
+    // QEMU cannot save a vhost-user-fs device: the pause is refused, clearly,
+    // and the container runs on.
+    let paused = c.ctr(&["task", "pause", "share-a"]);
+    assert!(!paused.status.success(), "a sharing container cannot be paused");
+    assert!(text(&paused.stderr).contains("shares host directories"), "{}", text(&paused.stderr));
+    assert_eq!(c.task_status("share-a").as_deref(), Some("RUNNING"));
+    let exec = c.ctr(&["task", "exec", "--exec-id", "after-pause", "share-a", "cat", "/data/from-b"]);
+    assert_eq!(text(&exec.stdout), "b\n", "the VM still serves after the refused pause");
+
+    c.ok(&["task", "kill", "-s", "KILL", "share-a"]);
+    eventually("the task stops", Duration::from_secs(60), || {
+        c.task_status("share-a").as_deref() == Some("STOPPED")
+    });
+    let _ = c.ctr(&["task", "delete", "share-a"]);
+    c.ok(&["container", "rm", "share-a"]);
+    eventually("every VM and file server is gone", Duration::from_secs(30), || {
+        processes_naming(&c.home()).is_empty() && processes_naming(&volume).is_empty()
+    });
+    // The volume outlives its containers, as a pod's does until the pod goes.
+    assert_eq!(std::fs::read_to_string(volume.join("from-b")).expect("read"), "b\n");
+}

@@ -20,6 +20,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         caches: Vec::new(),
         labels: Default::default(),
         network_namespace: None,
+        shared_directories: Vec::new(),
         workspace: workspace.to_owned(),
         cwd: None,
         program: "sh".into(),

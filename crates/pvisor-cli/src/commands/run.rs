@@ -116,6 +116,7 @@ pub fn execute(
         kill_grace: options.kill_grace,
         labels,
         network_namespace: None,
+        shared_directories: Vec::new(),
     };
     let runtime = Runtime::on_host(store);
     drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))

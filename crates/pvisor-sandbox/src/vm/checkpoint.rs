@@ -181,6 +181,12 @@ pub fn list(dir: &Path) -> Vec<PathBuf> {
 /// Takes a checkpoint; with `suspend` the VM is then stopped instead of continued.
 pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>, String> {
     let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
+    if !shared.vm.shared_directories.is_empty() {
+        return Err(
+            "the VM shares host directories live (virtiofs: a pod's read-write volumes), which QEMU cannot save: it cannot be checkpointed, suspended or forked"
+                .into(),
+        );
+    }
     if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
         return Err("the VM is already suspended".into());
     }

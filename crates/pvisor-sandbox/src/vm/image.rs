@@ -294,6 +294,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
         &agent_qemu,
         &qmp_qemu,
         &console_qemu,
+        &[],
         None,
         false,
     );

@@ -151,6 +151,8 @@ pub(super) struct Shared {
     pub(super) disks: Vec<PathBuf>,
     /// The MAC of the guest's NIC, when it joined a network namespace.
     pub(super) nic_mac: Option<String>,
+    /// The virtiofsd of each shared directory; they end with QEMU.
+    pub(super) file_servers: Mutex<super::virtiofs::FileServers>,
 }
 
 impl Shared {
@@ -221,7 +223,9 @@ impl Shared {
         let _ = self.qmp::<qmp::Empty>(&qmp::Command::Quit);
         let child = self.qemu.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(child) = child else { return ("already reaped".into(), Usage::default()) };
-        reap(child, Duration::from_secs(10))
+        let reaped = reap(child, Duration::from_secs(10));
+        self.file_servers.lock().unwrap_or_else(|p| p.into_inner()).stop();
+        reaped
     }
 }
 

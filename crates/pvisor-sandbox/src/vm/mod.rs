@@ -37,6 +37,7 @@ mod process;
 mod qemu;
 mod qmp;
 pub mod template;
+mod virtiofs;
 
 use std::path::{Path, PathBuf};
 
@@ -69,6 +70,11 @@ pub struct VmSpec {
     /// ([`NetworkAttachment::Namespace`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_namespace: Option<PathBuf>,
+    /// Host directories the guest mounts live through virtiofs
+    /// ([`virtiofs`]): such a VM boots (its RAM is shared with virtiofsd)
+    /// and cannot be checkpointed (vhost-user-fs is not migratable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
 }
 
 /// The machine shape; a restore must repeat it exactly.

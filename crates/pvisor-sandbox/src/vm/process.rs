@@ -18,6 +18,7 @@ use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
 use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
+use super::virtiofs::{self, FileServers};
 use super::{
     checkpoint, disk, export, lower, qmp, setup, Accelerator, ExecCheckpoint, RamFormat, VmExecutor, EXEC_ID,
 };
@@ -111,9 +112,16 @@ impl VmProcess {
             }
             _ => None,
         };
+        let shares = &vm.shared_directories;
         let mut scratch = Scratch(Vec::new());
         let mut workspace_disks = None;
         let start = match &vm.restore {
+            Some(_) if !shares.is_empty() => {
+                return Err(setup(
+                    "restore",
+                    "a VM that shares host directories has no execution checkpoints",
+                ))
+            }
             Some(dir) => {
                 let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
                     step: "restore".into(),
@@ -169,6 +177,9 @@ impl VmProcess {
                     None if netns.is_some() => {
                         Err("a VM with a NIC boots: templates are built without one".into())
                     }
+                    None if !shares.is_empty() => Err(
+                        "a VM that shares host directories boots: virtiofsd maps its RAM, which a template clone keeps private".into(),
+                    ),
                     None => executor.template_for(&executor.machine_config(&spec.limits)),
                 };
                 match plan {
@@ -186,6 +197,7 @@ impl VmProcess {
         let ram = match &start {
             Start::Restore { manifest, .. } if manifest.machine.ram == RamFormat::Legacy => Ram::Legacy,
             Start::Clone { template, .. } => Ram::TemplateClone(&template.dir),
+            _ if !shares.is_empty() => Ram::Shared,
             _ => Ram::Private,
         };
         let template_memory;
@@ -235,6 +247,7 @@ impl VmProcess {
                 ));
             }
         }
+        let mut file_servers = FileServers::start(shares, &vm.dir).map_err(|e| setup("share", e))?;
         let nic_mac = nic.as_ref().map(|n| n.mac.clone());
         let tap_nic = nic.as_ref().map(|n| TapNic { tap: n.tap.as_fd(), mac: &n.mac });
         let mut command = qemu_command(
@@ -245,6 +258,7 @@ impl VmProcess {
             &agent_qemu,
             &qmp_qemu,
             &console_qemu,
+            &file_servers.devices(),
             tap_nic,
             incoming.is_some(),
         );
@@ -252,8 +266,10 @@ impl VmProcess {
         let child = {
             let mut keep = vec![agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()];
             keep.extend(tap_nic.map(|n| n.tap));
+            keep.extend(file_servers.devices().iter().map(|d| d.socket));
             spawn_qemu(&mut command, &vm.dir.join("qemu.log"), &keep).map_err(|e| setup("qemu", e))?
         };
+        file_servers.handed_over();
         tracing::info!(
             pid = child.id(),
             accelerator = config.accelerator.as_str(),
@@ -330,6 +346,7 @@ impl VmProcess {
             vm: vm.clone(),
             disks,
             nic_mac,
+            file_servers: Mutex::new(file_servers),
         });
         let fail = |message: String| {
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
@@ -401,6 +418,7 @@ impl VmProcess {
                 proxy_port,
                 delta: true,
                 interface,
+                shares: virtiofs::guest_shares(shares),
             };
             let setting_up = Instant::now();
             match shared.call(&request, &[], boot_timeout).map_err(fail)? {

@@ -40,6 +40,9 @@ pub(crate) enum Ram<'a> {
     /// A clone of a template: its RAM file mapped privately, so the clone's
     /// writes are copy-on-write and idle clones share the template's pages.
     TemplateClone(&'a Path),
+    /// Anonymous shared memory (a memfd), which vhost-user back ends such as
+    /// virtiofsd map to reach the guest's buffers: boots with shares.
+    Shared,
 }
 
 /// The RAM backend's id: the migration stream names RAM blocks by it.
@@ -52,11 +55,20 @@ pub(crate) struct TapNic<'a> {
     pub(crate) mac: &'a str,
 }
 
+/// A shared directory's device: the vhost-user socket connected to its
+/// virtiofsd (inherited by QEMU) and the tag the guest mounts it by.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FsShare<'a> {
+    pub(crate) socket: std::os::fd::BorrowedFd<'a>,
+    pub(crate) tag: &'a str,
+}
+
 /// The QEMU command line shared by boots, restores, template builds and the
 /// KVM probe. The device list and its order are part of the migration
 /// contract: `disks` come first, in order (lower, delta, upper for a fresh
 /// start; the checkpoint's own list for a restore; none for the probe), and
-/// a `nic` last (templates have none).
+/// a `nic` last (templates have none). `shares` (never migrated) come
+/// between them and take [`Ram::Shared`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qemu_command(
     image: &GuestImage,
@@ -66,6 +78,7 @@ pub(crate) fn qemu_command(
     agent: &UnixStream,
     qmp: &UnixStream,
     console: &UnixStream,
+    shares: &[FsShare<'_>],
     nic: Option<TapNic<'_>>,
     incoming: bool,
 ) -> Command {
@@ -74,6 +87,7 @@ pub(crate) fn qemu_command(
     let backend = match ram {
         Ram::Legacy => None,
         Ram::Private => Some(format!("memory-backend-ram,id={RAM_ID},size={}M", config.memory_mib)),
+        Ram::Shared => Some(format!("memory-backend-memfd,id={RAM_ID},size={}M,share=on", config.memory_mib)),
         Ram::TemplateSource(file) | Ram::TemplateClone(file) => Some(format!(
             "memory-backend-file,id={RAM_ID},size={}M,mem-path={},share={}",
             config.memory_mib,
@@ -134,6 +148,21 @@ pub(crate) fn qemu_command(
         "-mon",
         "chardev=qmp,mode=control",
     ]);
+    if !shares.is_empty() {
+        // virtiofsd (libvhost-user) serves only virtio 1.0 devices, and
+        // microvm's virtio-mmio transports are legacy unless told otherwise.
+        // Only VMs with shares change: templates and checkpoints were saved
+        // with legacy transports, and such VMs never restore either.
+        command.args(["-global", "virtio-mmio.force-legacy=false"]);
+    }
+    for (index, share) in shares.iter().enumerate() {
+        command.args([
+            "-chardev",
+            &format!("socket,id=share{index},fd={}", share.socket.as_raw_fd()),
+            "-device",
+            &format!("vhost-user-fs-device,chardev=share{index},tag={}", share.tag),
+        ]);
+    }
     match nic {
         Some(nic) => command.args([
             "-netdev",
@@ -194,6 +223,26 @@ pub(crate) fn spawn_qemu(
     log: &Path,
     keep: &[std::os::fd::BorrowedFd<'_>],
 ) -> io::Result<Child> {
+    spawn_helper(command, log, keep).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                e.kind(),
+                format!("{} not found; install qemu-system-x86 (scripts/setup.sh)", qemu_binary()),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Starts a helper process of the VM (QEMU, virtiofsd) in its own session,
+/// killed when the supervisor thread that started it dies, with `keep`
+/// inherited and its output in `log`.
+pub(crate) fn spawn_helper(
+    command: &mut Command,
+    log: &Path,
+    keep: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<Child> {
     let log = fs::File::create(log)?;
     let fds: Vec<i32> = keep.iter().map(|s| s.as_raw_fd()).collect();
     command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
@@ -212,16 +261,7 @@ pub(crate) fn spawn_qemu(
             Ok(())
         });
     }
-    command.spawn().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            io::Error::new(
-                e.kind(),
-                format!("{} not found; install qemu-system-x86 (scripts/setup.sh)", qemu_binary()),
-            )
-        } else {
-            e
-        }
-    })
+    command.spawn()
 }
 
 /// The most of the guest console kept on disk: the guest writes it at will.

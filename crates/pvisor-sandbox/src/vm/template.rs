@@ -345,6 +345,7 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
         &agent_qemu,
         &qmp_qemu,
         &console_qemu,
+        &[],
         None,
         false,
     );

@@ -91,6 +91,7 @@ mod tests {
             caches: Vec::new(),
             labels: Default::default(),
             network_namespace: None,
+            shared_directories: Vec::new(),
             workspace: workspace.clone(),
             cwd: None,
             program: "fake-command".into(),

@@ -56,6 +56,7 @@ fn request(workspace: &std::path::Path) -> RunRequest {
         caches: Vec::new(),
         labels: Default::default(),
         network_namespace: None,
+        shared_directories: Vec::new(),
         workspace: workspace.to_owned(),
         cwd: None,
         program: "fake-command".into(),

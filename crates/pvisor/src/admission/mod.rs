@@ -79,6 +79,9 @@ pub struct RunRequest {
     /// shim), in place of pvisor's network policy: vm Jobs only, and the
     /// `network` policies must leave the mode unset or `none`.
     pub network_namespace: Option<PathBuf>,
+    /// Host directories the VM mounts live, unstaged (a containerd pod's
+    /// read-write volumes): vm Jobs only, as root (virtiofsd).
+    pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -133,6 +136,8 @@ pub enum AdmissionError {
     Label(#[from] pvisor_core::labels::LabelError),
     #[error("Network namespace {}: {problem}", path.display())]
     NetworkNamespace { path: PathBuf, problem: String },
+    #[error("Shared directory {}: {problem}", path.display())]
+    SharedDirectory { path: PathBuf, problem: String },
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot fork from checkpoint {checkpoint}")]
@@ -211,7 +216,14 @@ pub fn admit(
     if let Some(path) = &request.network_namespace {
         policy::check_namespace(path, executor)?;
     }
+    let shared_directories = policy::shared_directories(
+        &request.shared_directories,
+        executor,
+        &workspace,
+        &policy::hidden_now(&state, &secrets.hidden),
+    )?;
     let requested = policy::Requested {
+        shared_directories,
         network: &request.network,
         namespace: request.network_namespace.as_deref(),
         kill_grace: request.kill_grace,

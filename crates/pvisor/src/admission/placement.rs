@@ -133,6 +133,7 @@ pub(super) fn spec(
             restore: fork_execution.map(|f| f.dir.clone()),
             context: json!({"job": ids.job, "run": ids.run, "attempt": ids.attempt}),
             network_namespace: policy.network.namespace.clone(),
+            shared_directories: policy.shared_directories.clone(),
         }),
     }
 }

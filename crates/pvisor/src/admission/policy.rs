@@ -7,12 +7,12 @@
 //! `admission.network` and `admission.rewrite` events. Later stages consume
 //! the recorded [`EffectivePolicy`] and never re-read the request.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
-use pvisor_core::records::{EffectivePolicy, NetworkMode, ResourceLimits};
+use pvisor_core::records::{EffectivePolicy, NetworkMode, ResourceLimits, SharedDirectory};
 use pvisor_core::store::StoreError;
 use pvisor_sandbox::NetworkAttachment;
 
@@ -32,9 +32,7 @@ pub(super) fn host_paths(
     hidden: &[(PathBuf, &'static str)],
 ) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AdmissionError> {
     let exposed_sockets = exposable_sockets(secrets, state, workspace)?;
-    let hidden_now: Vec<PathBuf> =
-        std::iter::once(state.to_owned()).chain(hidden.iter().map(|(p, _)| p.clone())).collect();
-    let cache_paths = cache_paths(caches, workspace, &hidden_now)?;
+    let cache_paths = cache_paths(caches, workspace, &hidden_now(state, hidden))?;
     // A cache's upper is written by earlier runs: a place for the socket
     // would be made through whatever they left there.
     if let Some(path) = exposed_sockets.iter().find(|s| cache_paths.iter().any(|c| s.starts_with(c))) {
@@ -46,8 +44,85 @@ pub(super) fn host_paths(
     Ok((exposed_sockets, cache_paths))
 }
 
+/// The paths the sandbox must not reach: the state directory, then the
+/// hidden secret stores.
+pub(super) fn hidden_now(state: &Path, hidden: &[(PathBuf, &'static str)]) -> Vec<PathBuf> {
+    std::iter::once(state.to_owned()).chain(hidden.iter().map(|(p, _)| p.clone())).collect()
+}
+
+/// Checks each shared directory of a vm Job: its source an existing host
+/// directory (canonicalized, as virtiofsd is given it) that neither overlaps
+/// the workspace nor a hidden path, and is no kernel filesystem; its target a
+/// plain absolute path in the guest's root that is not one of the guest's
+/// own filesystems (`/proc`, `/dev`, `/sys`). virtiofsd (QEMU's) sandboxes
+/// itself with mount namespaces and `pivot_root`, which takes root.
+pub(super) fn shared_directories(
+    requested: &[SharedDirectory],
+    executor: &str,
+    workspace: &Path,
+    hidden: &[PathBuf],
+) -> Result<Vec<SharedDirectory>, AdmissionError> {
+    let mut out: Vec<SharedDirectory> = Vec::new();
+    for share in requested {
+        let problem =
+            |problem: String| AdmissionError::SharedDirectory { path: share.source.clone(), problem };
+        if executor != "vm" {
+            return Err(problem(format!(
+                "only a vm Job shares host directories (this Job's executor is {executor})"
+            )));
+        }
+        if !rustix::process::geteuid().is_root() {
+            return Err(problem("sharing a directory with a VM takes root (virtiofsd); run as root".into()));
+        }
+        let real = std::fs::canonicalize(&share.source)
+            .map_err(|_| problem("no such directory; create it first (mkdir -p)".into()))?;
+        if !real.is_dir() {
+            return Err(problem("is not a directory".into()));
+        }
+        if real.starts_with(workspace) || workspace.starts_with(&real) {
+            return Err(problem(format!(
+                "overlaps the workspace {}, whose changes are staged, not shared",
+                workspace.display()
+            )));
+        }
+        if hidden.iter().any(|h| real.starts_with(h) || h.starts_with(&real)) {
+            return Err(problem(
+                "overlaps a hidden path (a secret store or a pvisor state directory)".into(),
+            ));
+        }
+        if ["/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p)) || real == Path::new("/") {
+            return Err(problem("is / or a kernel filesystem (/proc, /dev, /sys)".into()));
+        }
+        let plain = share.target.is_absolute()
+            && share.target.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+            && share.target.components().count() > 1;
+        if !plain {
+            return Err(problem(format!(
+                "its target {} must be a plain absolute path below / (no `.` or `..`)",
+                share.target.display()
+            )));
+        }
+        if ["/proc", "/dev", "/sys"].iter().any(|p| share.target.starts_with(p)) {
+            return Err(problem(format!(
+                "its target {} is in the guest's own /proc, /dev or /sys",
+                share.target.display()
+            )));
+        }
+        if out.iter().any(|o| o.target == share.target) {
+            return Err(problem(format!("its target {} is shared twice", share.target.display())));
+        }
+        if real.to_str().is_none() || share.target.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        out.push(SharedDirectory { source: real, target: share.target.clone() });
+    }
+    Ok(out)
+}
+
 /// What the request says about enforcement, besides paths and secrets.
 pub(super) struct Requested<'a> {
+    /// Checked by [`shared_directories`].
+    pub(super) shared_directories: Vec<SharedDirectory>,
     pub(super) network: &'a [pvisor_net::ScopedPolicy],
     /// A network namespace to join instead ([`NetworkMode::Namespace`]).
     pub(super) namespace: Option<&'a Path>,
@@ -95,6 +170,7 @@ pub(super) fn effective(
             .collect(),
         exposed_sockets: exposed_sockets.to_vec(),
         caches: cache_paths.to_vec(),
+        shared_directories: requested.shared_directories,
     };
     Ok((policy, attachment))
 }
@@ -132,7 +208,7 @@ pub(super) struct Rewrites<'a> {
 
 /// Records `admission.policy` (caused by `job.created`), then the network
 /// decision and each rewrite, all caused by it, in a fixed order: the state
-/// directory, hidden secrets, skipped hides, caches, sockets, scrubbed and
+/// directory, hidden secrets, skipped hides, caches, sockets, shared directories, scrubbed and
 /// set variables. Returns the seq of `admission.policy`.
 pub(super) fn record(
     trace: &mut Trace,
@@ -171,6 +247,11 @@ pub(super) fn record(
     let sockets = exposed_sockets
         .iter()
         .map(|path| data::AdmissionRewrite::ExposeSocket { path, reason: "--expose-socket" });
+    let shares = policy.shared_directories.iter().map(|share| data::AdmissionRewrite::Share {
+        path: &share.source,
+        target: &share.target,
+        reason: "a shared volume: the VM reads and writes the host directory itself, live and not staged",
+    });
     let removed = secrets.scrubbed.iter().map(|name| data::AdmissionRewrite::EnvRemove {
         name,
         reason: "named like a secret; pass it with --env",
@@ -181,6 +262,7 @@ pub(super) fn record(
         .chain(skipped)
         .chain(caches)
         .chain(sockets)
+        .chain(shares)
         .chain(removed)
         .chain(set);
     for rewrite in all {

@@ -107,6 +107,7 @@ pub fn admit_resume(
             restore: Some(dir),
             context,
             network_namespace: operation.policy.network.namespace.clone(),
+            shared_directories: operation.policy.shared_directories.clone(),
         }),
     };
     let baseline = fork::checkpoint_baseline(&manifest);

@@ -228,6 +228,28 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str, delta: bool) -> 
         .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
 }
 
+/// Mounts each shared host directory (virtiofs, the host's `virtiofsd`) at
+/// its target in the workspace. The target is resolved beneath the
+/// workspace, as the image's symlinks lead (no user code has run yet, so
+/// nothing can swap one after the check), and made if missing.
+pub(crate) fn mount_shares(workspace: &Path, shares: &[pvisor_agent_proto::Share]) -> io::Result<()> {
+    for share in shares {
+        let ctx = |what: &str| {
+            let (tag, target) = (share.tag.clone(), share.target.display().to_string());
+            let what = what.to_owned();
+            move |e: io::Error| {
+                io::Error::new(e.kind(), format!("{what} the shared directory {tag} at {target}: {e}"))
+            }
+        };
+        let at =
+            pvisor_agent_proto::resolve_in_root(workspace, &share.target, true).map_err(ctx("resolving"))?;
+        fs::create_dir_all(&at).map_err(ctx("making a place for"))?;
+        mount(&share.tag, &at.to_string_lossy(), "virtiofs", MountFlags::empty(), "")
+            .map_err(ctx("mounting"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_frame, Reply, Request};
 
 use exec::{reap, ExecRequest, Execs};
-use init::{configure_interface, init_guest, loopback_up, setup_workspace};
+use init::{configure_interface, init_guest, loopback_up, mount_shares, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
 
@@ -149,7 +149,7 @@ impl Agent {
                     Vec::new(),
                 );
             }
-            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta, interface } => {
+            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta, interface, shares } => {
                 let _ = set_clock(clock_unix_ns);
                 // Loopback is the guest's own: services inside it need it,
                 // and it reaches nothing outside.
@@ -164,7 +164,10 @@ impl Agent {
                     }
                     (None, None) => Ok(()),
                 };
-                match network.and_then(|()| setup_workspace(&workspace, &hostname, delta)) {
+                let ready = network
+                    .and_then(|()| setup_workspace(&workspace, &hostname, delta))
+                    .and_then(|()| mount_shares(&workspace, &shares));
+                match ready {
                     Ok(()) => self.send(Reply::Ready, Vec::new()),
                     Err(e) => {
                         self.send(Reply::Error { op: "setup".into(), message: e.to_string() }, Vec::new())
