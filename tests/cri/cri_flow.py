@@ -7,8 +7,11 @@ Usage: python cri_flow.py SOCKET IMAGE LOG_DIR
 Generates its stubs from tests/cri/api.proto (vendored from
 kubernetes/cri-api) with grpcio-tools' bundled protoc, then:
 RunPodSandbox with the runtime handler `pvisor` and the pod network (CNI's
-bridge, scripts/containerd-env.sh), CreateContainer and StartContainer from
-IMAGE (a server on the pod's port 8080), a connection to the pod's IP from
+bridge, scripts/containerd-env.sh); an init container that copies a program
+and a bootstrap script into an emptyDir-like volume (LOG_DIR/../empty-dir),
+as OpenSandbox's execd injection does, run to its end; CreateContainer and
+StartContainer from IMAGE through that bootstrap (a server on the pod's port
+8080), with the same volume; a connection to the pod's IP from
 here and one from the pod to a server here on the CNI gateway, ExecSync of
 a command that succeeds and of one that fails, StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox. It asserts nothing: it
@@ -116,10 +119,56 @@ def main():
         seen["pod_handler"] = info.get("runtimeHandler", "")
         seen["pod_runtime_type"] = info.get("runtimeType", "")
 
+        # The execd injection of OpenSandbox's Kubernetes deployment: an
+        # init container copies a program into an emptyDir, and the
+        # sandbox's container starts through it. The kubelet makes the
+        # emptyDir on the node and hands CRI its path.
+        empty_dir = os.path.join(os.path.dirname(os.path.abspath(log_dir)), "empty-dir")
+        os.makedirs(empty_dir, exist_ok=True)
+        volume = [pb.Mount(container_path="/opt/opensandbox/bin", host_path=empty_dir)]
+        inject = (
+            "cp /bin/busybox /opt/opensandbox/bin/echo && "
+            "printf '#!/bin/sh\\n/opt/opensandbox/bin/echo injected-started\\nexec \"$@\"\\n' "
+            "> /opt/opensandbox/bin/bootstrap.sh && chmod +x /opt/opensandbox/bin/bootstrap.sh"
+        )
+        init = cri.CreateContainer(
+            pb.CreateContainerRequest(
+                pod_sandbox_id=pod,
+                config=pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name="inject", attempt=0),
+                    image=pb.ImageSpec(image=image),
+                    command=["sh", "-c", inject],
+                    mounts=volume,
+                    log_path="inject.log",
+                    linux=pb.LinuxContainerConfig(
+                        security_context=pb.LinuxContainerSecurityContext(namespace_options=pod_network)
+                    ),
+                ),
+                sandbox_config=pod_config,
+            ),
+            timeout=SLOW,
+        ).container_id
+        cri.StartContainer(pb.StartContainerRequest(container_id=init), timeout=SLOW)
+        deadline = time.monotonic() + SLOW
+        while True:
+            state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=init), timeout=30).status
+            if state.state == pb.CONTAINER_EXITED or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        seen["init"] = {"state": pb.ContainerState.Name(state.state), "code": state.exit_code}
+        cri.RemoveContainer(pb.RemoveContainerRequest(container_id=init), timeout=SLOW)
+        seen["volume_after_init"] = sorted(os.listdir(empty_dir))
+
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="c1", attempt=0),
             image=pb.ImageSpec(image=image),
-            command=["sh", "-c", "echo started; while :; do echo served-by-pod | nc -l -p 8080; done"],
+            command=[
+                "/opt/opensandbox/bin/bootstrap.sh",
+                "sh",
+                "-c",
+                "echo started; while :; do echo served-by-pod | nc -l -p 8080; done",
+            ],
+            mounts=volume,
             log_path="c1.log",
             linux=pb.LinuxContainerConfig(
                 security_context=pb.LinuxContainerSecurityContext(namespace_options=pod_network)
@@ -159,6 +208,17 @@ def main():
             timeout=90,
         )
         seen["fail"] = {"stdout": fail.stdout.decode(), "stderr": fail.stderr.decode(), "code": fail.exit_code}
+        wrote = cri.ExecSync(
+            pb.ExecSyncRequest(
+                container_id=container, cmd=["sh", "-c", "echo from-c1 > /opt/opensandbox/bin/from-c1"], timeout=60
+            ),
+            timeout=90,
+        )
+        host_copy = os.path.join(empty_dir, "from-c1")
+        seen["volume_from_c1"] = {
+            "code": wrote.exit_code,
+            "host": open(host_copy).read() if os.path.exists(host_copy) else None,
+        }
 
         cri.StopContainer(pb.StopContainerRequest(container_id=container, timeout=10), timeout=SLOW)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=30)

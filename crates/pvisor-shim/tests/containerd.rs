@@ -252,8 +252,16 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert_eq!(at("fail"), serde_json::json!({"stdout": "", "stderr": "oops\n", "code": 7}));
     assert_eq!(at("stopped_state"), "CONTAINER_EXITED", "{seen}");
     assert_eq!(at("stopped_code"), 143, "StopContainer's SIGTERM is 128 + 15: {seen}");
+    // The execd injection: the init container's files reached the node's
+    // volume, the container started through them, and its own write to the
+    // volume is on the node at once.
+    assert_eq!(at("init"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 0}), "{seen}");
+    assert_eq!(at("volume_after_init"), serde_json::json!(["bootstrap.sh", "echo"]), "{seen}");
+    assert_eq!(at("volume_from_c1"), serde_json::json!({"code": 0, "host": "from-c1\n"}), "{seen}");
     // CRI's log format: TIMESTAMP STREAM TAG LINE.
-    assert!(at("log").as_str().is_some_and(|l| l.ends_with(" stdout F started\n")), "{seen}");
+    let log = at("log").as_str().unwrap_or_default().to_owned();
+    assert!(log.contains(" stdout F injected-started\n"), "the injected program ran first: {seen}");
+    assert!(log.ends_with(" stdout F started\n"), "{seen}");
     assert_eq!(at("containers_left"), 0, "{seen}");
     assert_eq!(at("stopped_pod_state"), "SANDBOX_NOTREADY", "{seen}");
     assert_eq!(at("pods_left"), 0, "{seen}");
