@@ -333,3 +333,62 @@ pub(super) fn reap(child: Child, grace: Duration) -> (String, Usage) {
     );
     (described, usage)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn args(command: &Command) -> Vec<String> {
+        command.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    /// A VM with shares gets shared RAM, modern virtio-mmio transports and
+    /// one vhost-user-fs device per share; one without keeps the layout
+    /// templates and checkpoints were saved with.
+    #[test]
+    fn shares_take_shared_ram_and_modern_transports_and_nothing_else_changes() {
+        let image = GuestImage {
+            dir: "/img".into(),
+            digest: "d".into(),
+            kernel_version: "k".into(),
+            cmdline: "console=ttyS0".into(),
+        };
+        let config = MachineConfig {
+            memory_mib: 256,
+            cpus: 1,
+            accelerator: Accelerator::Kvm,
+            ram: super::super::RamFormat::Named,
+        };
+        let (agent, _a) = UnixStream::pair().unwrap();
+        let (qmp, _q) = UnixStream::pair().unwrap();
+        let (console, _c) = UnixStream::pair().unwrap();
+        let (socket, _s) = UnixStream::pair().unwrap();
+        let share = FsShare { socket: socket.as_fd(), tag: "pvisor-share0" };
+        let with = args(&qemu_command(
+            &image,
+            &config,
+            Ram::Shared,
+            &[],
+            &agent,
+            &qmp,
+            &console,
+            &[share],
+            None,
+            false,
+        ));
+        let joined = with.join(" ");
+        assert!(joined.contains("memory-backend-memfd,id=pvisor.ram,size=256M,share=on"), "{joined}");
+        assert!(joined.contains("-global virtio-mmio.force-legacy=false"), "{joined}");
+        assert!(
+            joined.contains(&format!("socket,id=share0,fd={}", socket.as_raw_fd()))
+                && joined.contains("vhost-user-fs-device,chardev=share0,tag=pvisor-share0"),
+            "{joined}"
+        );
+        let without =
+            args(&qemu_command(&image, &config, Ram::Private, &[], &agent, &qmp, &console, &[], None, false))
+                .join(" ");
+        assert!(!without.contains("force-legacy") && !without.contains("vhost-user"), "{without}");
+        assert!(without.contains("memory-backend-ram,id=pvisor.ram,size=256M"), "{without}");
+    }
+}

@@ -387,8 +387,57 @@ fn exposable_sockets(
 
 #[cfg(test)]
 mod tests {
-    use super::check_namespace;
+    use super::{check_namespace, shared_directories};
+    use pvisor_core::records::SharedDirectory;
     use std::path::Path;
+
+    /// A shared directory is a host directory outside the workspace, the
+    /// state directory and the secrets, shared by a vm Job run as root, at a
+    /// plain target outside the guest's own filesystems.
+    #[test]
+    fn a_shared_directory_is_checked_before_anything_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (workspace, state, volume) =
+            (dir.path().join("ws"), dir.path().join("state"), dir.path().join("vol"));
+        for d in [&workspace, &state, &volume, &workspace.join("inner")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let hidden = [state.clone()];
+        let share = |source: &Path, target: &str| SharedDirectory {
+            source: source.to_owned(),
+            target: target.into(),
+        };
+        let check = |shares: &[SharedDirectory], executor| {
+            shared_directories(shares, executor, &workspace, &hidden).map_err(|e| e.to_string())
+        };
+        let e = check(&[share(&volume, "/data")], "ns").unwrap_err();
+        assert!(e.contains("only a vm Job"), "{e}");
+        if !rustix::process::geteuid().is_root() {
+            let e = check(&[share(&volume, "/data")], "vm").unwrap_err();
+            assert!(e.contains("takes root"), "{e}");
+            return;
+        }
+        let ok = check(&[share(&volume.join("."), "/data")], "vm").expect("admitted");
+        assert_eq!(ok, [share(&std::fs::canonicalize(&volume).unwrap(), "/data")], "canonical");
+        for (shares, expected) in [
+            (vec![share(&dir.path().join("missing"), "/data")], "no such directory"),
+            (vec![share(&dir.path().join("file"), "/data")], "not a directory"),
+            (vec![share(&workspace.join("inner"), "/data")], "overlaps the workspace"),
+            (vec![share(dir.path(), "/data")], "overlaps the workspace"),
+            (vec![share(&state, "/data")], "hidden path"),
+            (vec![share(Path::new("/proc"), "/data")], "kernel filesystem"),
+            (vec![share(Path::new("/"), "/data")], "overlaps the workspace"),
+            (vec![share(&volume, "/data/../etc")], "plain absolute path"),
+            (vec![share(&volume, "data")], "plain absolute path"),
+            (vec![share(&volume, "/")], "plain absolute path"),
+            (vec![share(&volume, "/dev/shm")], "guest's own"),
+            (vec![share(&volume, "/a"), share(&volume, "/a")], "shared twice"),
+        ] {
+            let e = check(&shares, "vm").unwrap_err();
+            assert!(e.contains(expected) && e.starts_with("Shared directory "), "{shares:?}: {e}");
+        }
+    }
 
     #[test]
     fn only_a_vm_job_joins_only_a_namespace_file_not_the_hosts() {
