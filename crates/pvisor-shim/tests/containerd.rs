@@ -410,6 +410,19 @@ impl Drop for Netns {
     }
 }
 
+/// The peer address of a connection `listener` accepts within `timeout`.
+fn accepted_within(listener: &std::net::TcpListener, timeout: Duration) -> Option<String> {
+    listener.set_nonblocking(true).expect("nonblocking");
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok((_, peer)) = listener.accept() {
+            return Some(peer.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
 /// What a connection to `addr` reads until EOF, retried while refused (a
 /// server in the guest may not listen yet).
 fn read_from(addr: &str, timeout: Duration) -> std::io::Result<String> {
@@ -476,6 +489,54 @@ fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
     assert!(refused.is_err(), "the connection went to the namespace's stack, not the VM");
     let _ = inside.kill();
     assert!(inside.wait_with_output().expect("reaped").stdout.is_empty());
+
+    // The guest is root in its VM and may take any address or MAC, but its
+    // frames leave only as the pod's: a connection from another address, or
+    // from its own address under another MAC (the node's neighbour cache
+    // flushed, so it must ARP anew), never reaches the node. Back as itself,
+    // it does again.
+    let node2 = std::net::TcpListener::bind((ns.ip(1), 0)).expect("a second listener");
+    let port2 = node2.local_addr().expect("its port").port();
+    let (gw, real, spoofed) = (ns.ip(1), ns.ip(2), ns.ip(50));
+    // Runs `script` in the guest while the node accepts on `node2`; what
+    // the node accepted within `timeout` (busybox nc waits for the node to
+    // close, so the accept runs beside the exec), and what the exec printed.
+    let guest = |id: &str, script: String, timeout: Duration| {
+        let _ = Command::new("ip").args(["neigh", "flush", "dev", &ns.host_link]).output();
+        let listener = node2.try_clone().expect("clone");
+        let accepting = std::thread::spawn(move || accepted_within(&listener, timeout));
+        let out = c.ctr(&["task", "exec", "--exec-id", id, "netted", "sh", "-c", &script]);
+        (accepting.join().expect("the accept thread"), text(&out.stdout) + &text(&out.stderr))
+    };
+    let send = format!("echo $0 | nc -w 3 {gw} {port2}");
+    let (accepted, ran) = guest(
+        "spoof-ip",
+        format!(
+            "ip addr flush dev eth0 && ip addr add {spoofed}/24 dev eth0 && ip route add default via {gw} && {send}"
+        ),
+        Duration::from_secs(6),
+    );
+    assert_eq!(accepted, None, "a spoofed address got out: {ran}");
+    let mac = text(
+        &Command::new("ip").args(["-n", &ns.name, "-j", "link", "show", "eth0"]).output().expect("ip").stdout,
+    );
+    let mac: serde_json::Value = serde_json::from_str(&mac).expect("ip -j");
+    let mac = mac[0]["address"].as_str().expect("the pod's MAC").to_owned();
+    let relink = |address: &str| {
+        format!(
+            "ip addr flush dev eth0 && ip link set eth0 down && ip link set eth0 address {address} && \
+             ip link set eth0 up && ip addr add {real}/24 dev eth0 && ip route add default via {gw}"
+        )
+    };
+    let (accepted, ran) =
+        guest("spoof-mac", format!("{} && {send}", relink("02:00:00:00:00:99")), Duration::from_secs(6));
+    assert_eq!(accepted, None, "a spoofed MAC got out: {ran}");
+    let (accepted, ran) = guest("as-itself", format!("{} && {send}", relink(&mac)), Duration::from_secs(20));
+    assert_eq!(
+        accepted.as_deref().and_then(|a| a.split(':').next()),
+        Some(real.as_str()),
+        "the pod's own frames go out: {ran}"
+    );
     // The Trace records the decision.
     let listed = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=netted"]);
     let job: serde_json::Value =

@@ -9,8 +9,11 @@
 //! policy decide applies unchanged.
 //!
 //! The TAP is not persistent: it exists while QEMU holds its descriptor, so
-//! a VM that ends (or is suspended) leaves nothing in the namespace but two
-//! ingress filters, which a later VM replaces. The namespace's interface,
+//! a VM that ends (or is suspended) leaves nothing in the namespace but the
+//! interface's ingress filter (the TAP's go with it), which a later VM
+//! replaces. Frames from the guest go out
+//! only with the pod's MAC and address ([`outbound_filters`]), so a guest
+//! cannot pass for another pod. The namespace's interface,
 //! addresses and routes are read with iproute2's `ip -j` and the filters set
 //! with `tc` (run inside the namespace): the node's own tools, whose netlink
 //! encoding of tc filters is not worth writing again. Nothing here runs in
@@ -29,6 +32,8 @@ use serde::Deserialize;
 pub(crate) const TAP: &str = "pvisor-tap0";
 /// The ingress filters' preference, so a later VM replaces exactly them.
 const PREF: &str = "49152";
+/// How long one `ip` or `tc` call may take.
+const TOOL_TIMEOUT: &str = "10s";
 
 /// The namespace's interface as the guest takes it over, and the TAP.
 #[derive(Debug)]
@@ -100,20 +105,26 @@ pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
     let mtu = if link.mtu == 0 { 1500 } else { link.mtu };
     let mtu_arg = mtu.to_string();
     run_in(&ns, "ip", &["link", "set", TAP, "mtu", &mtu_arg, "up"])?;
-    for (from, to) in [(link.ifname.as_str(), TAP), (TAP, link.ifname.as_str())] {
+    let ip = address.split('/').next().unwrap_or_default();
+    for (from, filters) in [
+        (link.ifname.as_str(), inbound_filters(TAP)),
+        (TAP, outbound_filters(&link.address, ip, &link.ifname)?),
+    ] {
         run_in(&ns, "tc", &["qdisc", "replace", "dev", from, "ingress"])?;
-        // A filter a previous VM left is replaced, not stacked. u32 with an
-        // empty match is every frame (Kata's filter; cls_matchall is not in
-        // every kernel).
-        let _ = run_in(&ns, "tc", &["filter", "del", "dev", from, "ingress", "pref", PREF]);
-        run_in(
-            &ns,
-            "tc",
-            &[
-                "filter", "add", "dev", from, "ingress", "pref", PREF, "protocol", "all", "u32", "match",
-                "u8", "0", "0", "action", "mirred", "egress", "redirect", "dev", to,
-            ],
-        )?;
+        for (pref, rule) in filters {
+            // A filter a previous VM left is replaced, not stacked.
+            delete_filter(&ns, from, pref)?;
+            let mut args = vec!["filter", "add", "dev", from, "ingress", "pref", pref];
+            args.extend(rule.iter().map(String::as_str));
+            match run_in(&ns, "tc", &args) {
+                // A kernel without act_gact cannot drop in tc; the TAP's
+                // sysctls ([`contain_tap`]) already discard what is left.
+                Err(e) if pref == PREF && from == TAP && e.contains("Failed to load TC action module") => {
+                    tracing::debug!("no tc drop action (act_gact) in this kernel; the TAP's sysctls discard the guest's other frames")
+                }
+                other => drop(other?),
+            }
+        }
     }
     Ok(Nic {
         interface: link.ifname.clone(),
@@ -121,6 +132,97 @@ pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
         config: pvisor_agent_proto::Interface { mac: link.address.clone(), address, gateway, mtu },
         tap,
     })
+}
+
+/// The preferences of the guest's outbound filters: its IPv4 packets and
+/// its ARP, each only from its own MAC and address, go out; the rest of
+/// what it sends is dropped by the last one, [`PREF`].
+const PREF_IPV4: &str = "49150";
+const PREF_ARP: &str = "49151";
+
+/// A tc rule: what follows `tc filter add dev DEV ingress pref PREF`.
+type Rule = Vec<String>;
+
+fn rule(words: &[&str]) -> Rule {
+    words.iter().map(|w| (*w).to_owned()).collect()
+}
+
+/// Frames arriving on the namespace's interface all go to the guest. u32
+/// with an empty match is every frame (Kata's filter; cls_matchall is not
+/// in every kernel).
+fn inbound_filters(tap: &str) -> Vec<(&'static str, Rule)> {
+    let every = ["protocol", "all", "u32", "match", "u8", "0", "0"];
+    let redirect = ["action", "mirred", "egress", "redirect", "dev", tap];
+    vec![(PREF, rule(&[&every[..], &redirect[..]].concat()))]
+}
+
+/// Frames from the guest go out only if they are the pod's: IPv4 from the
+/// pod's MAC and address, ARP whose Ethernet source and sender are the
+/// pod's MAC and address; everything else the guest sends (root in its VM,
+/// it can set any address) is dropped, so it cannot pass for another pod.
+/// The drop is the last filter's where the kernel has act_gact; either way
+/// a frame no filter redirects meets the namespace's own stack through the
+/// TAP, which [`contain_tap`] makes discard it.
+/// u32 offsets are from the network header: the Ethernet source is at -8
+/// (4 bytes) and -4 (2), ARP's sender MAC at 8 and 12, its sender address
+/// at 14 (two 16-bit halves: u32 keys must be aligned).
+fn outbound_filters(mac: &str, ip: &str, interface: &str) -> Result<Vec<(&'static str, Rule)>, String> {
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{mac} is not a MAC"))?;
+    let address: std::net::Ipv4Addr = ip.parse().map_err(|_| format!("{ip} is not an IPv4 address"))?;
+    let [a, b, c, d] = address.octets();
+    let mac_hi = format!("0x{:02x}{:02x}{:02x}{:02x}", bytes[0], bytes[1], bytes[2], bytes[3]);
+    let mac_lo = format!("0x{:02x}{:02x}", bytes[4], bytes[5]);
+    let (ip_hi, ip_lo) = (format!("0x{a:02x}{b:02x}"), format!("0x{c:02x}{d:02x}"));
+    let from_mac = |at_hi: &str, at_lo: &str| -> Vec<String> {
+        rule(&[
+            "match",
+            "u32",
+            &mac_hi,
+            "0xffffffff",
+            "at",
+            at_hi,
+            "match",
+            "u16",
+            &mac_lo,
+            "0xffff",
+            "at",
+            at_lo,
+        ])
+    };
+    let redirect = rule(&["action", "mirred", "egress", "redirect", "dev", interface]);
+    let source = format!("{address}/32");
+    let ipv4 = [
+        rule(&["protocol", "ip", "u32", "match", "ip", "src", &source]),
+        from_mac("-8", "-4"),
+        redirect.clone(),
+    ]
+    .concat();
+    let arp = [
+        rule(&["protocol", "arp", "u32"]),
+        from_mac("-8", "-4"),
+        from_mac("8", "12"),
+        rule(&["match", "u16", &ip_hi, "0xffff", "at", "14", "match", "u16", &ip_lo, "0xffff", "at", "16"]),
+        redirect,
+    ]
+    .concat();
+    let rest = rule(&["protocol", "all", "u32", "match", "u8", "0", "0", "action", "drop"]);
+    Ok(vec![(PREF_IPV4, ipv4), (PREF_ARP, arp), (PREF, rest)])
+}
+
+/// Deletes the ingress filter `pref` of `dev`; one that is not there is
+/// no error, anything else is.
+fn delete_filter(ns: &File, dev: &str, pref: &str) -> Result<(), String> {
+    match run_in(ns, "tc", &["filter", "del", "dev", dev, "ingress", "pref", pref]) {
+        Ok(_) => Ok(()),
+        Err(e) if e.contains("No such file") || e.contains("not found") || e.contains("Cannot find") => {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens `path` if it is a network namespace other than the host's (the
@@ -210,8 +312,10 @@ fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), Strin
 /// with its stderr.
 fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
     let raw = ns.as_raw_fd();
-    let mut command = Command::new(program);
-    command.args(args);
+    // Under coreutils' `timeout`: a wedged `ip` or `tc` (a netlink socket
+    // that never answers) must fail the VM's start, not hang it.
+    let mut command = Command::new("timeout");
+    command.args(["--kill-after=2", TOOL_TIMEOUT, program]).args(args);
     // SAFETY: only setns runs between fork and exec, a bare syscall on a
     // descriptor the child inherited.
     unsafe {
@@ -227,9 +331,21 @@ fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
         });
     }
     let out = command.output().map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => format!("{program} not found: the pod network needs iproute2 on the node"),
+        io::ErrorKind::NotFound => {
+            "timeout not found: the pod network needs coreutils on the node".to_owned()
+        }
         _ => format!("cannot run {program} in the network namespace: {e}"),
     })?;
+    match out.status.code() {
+        Some(124) | Some(137) => {
+            return Err(format!(
+                "{program} {} did not finish within {TOOL_TIMEOUT} in the pod's network namespace",
+                args.join(" ")
+            ))
+        }
+        Some(127) => return Err(format!("{program} not found: the pod network needs iproute2 on the node")),
+        _ => {}
+    }
     if !out.status.success() {
         return Err(format!(
             "{program} {} failed in the pod's network namespace: {}",
@@ -265,10 +381,33 @@ fn create_tap(ns: &File) -> io::Result<OwnedFd> {
                     return Err(io::Error::last_os_error());
                 }
             }
+            contain_tap()?;
             Ok(tun)
         })?
         .join()
         .map_err(|_| io::Error::other("the TAP thread panicked"))?
+}
+
+/// Makes the namespace's own stack discard whatever the guest sends that
+/// no filter redirected out (a spoofed address or MAC, IPv6, other
+/// protocols), from a thread inside the namespace (`/proc/sys/net` is the
+/// calling thread's namespace's): IPv4 from any source not routed through
+/// the TAP fails the strict reverse-path check, none is forwarded, no ARP
+/// is answered on it, and IPv6 is off on it.
+fn contain_tap() -> io::Result<()> {
+    let conf = |family: &str, key: &str| format!("/proc/sys/net/{family}/conf/{TAP}/{key}");
+    for (path, value) in [
+        (conf("ipv4", "rp_filter"), "1"),
+        (conf("ipv4", "forwarding"), "0"),
+        (conf("ipv4", "arp_ignore"), "8"),
+    ] {
+        std::fs::write(&path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))?;
+    }
+    // A namespace without IPv6 has no such file, and nothing to turn off.
+    match std::fs::write(conf("ipv6", "disable_ipv6"), "1") {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +435,31 @@ mod tests {
             ("eth0", "66:96:de:a5:1a:58", 1450)
         );
         assert_eq!(address, "10.88.0.7/16");
+    }
+
+    /// The guest's frames go out only as the pod's: IPv4 from its address
+    /// and MAC, ARP from its MAC naming it as sender, and the rest dropped
+    /// last.
+    #[test]
+    fn the_guests_frames_leave_only_with_the_pods_mac_and_address() {
+        let filters = super::outbound_filters("66:96:de:a5:1a:58", "10.88.0.7", "eth0").unwrap();
+        let words: Vec<(&str, String)> = filters.iter().map(|(p, r)| (*p, r.join(" "))).collect();
+        let mac = "match u32 0x6696dea5 0xffffffff at -8 match u16 0x1a58 0xffff at -4";
+        assert_eq!(words[0].0, "49150");
+        assert_eq!(
+            words[0].1,
+            format!("protocol ip u32 match ip src 10.88.0.7/32 {mac} action mirred egress redirect dev eth0")
+        );
+        assert_eq!(words[1].0, "49151");
+        assert_eq!(
+            words[1].1,
+            format!(
+                "protocol arp u32 {mac} match u32 0x6696dea5 0xffffffff at 8 match u16 0x1a58 0xffff at 12 \
+                 match u16 0x0a58 0xffff at 14 match u16 0x0007 0xffff at 16 action mirred egress redirect dev eth0"
+            )
+        );
+        assert_eq!(words[2], (super::PREF, "protocol all u32 match u8 0 0 action drop".to_owned()));
+        assert!(super::outbound_filters("66:96:de:a5:1a:58", "fe80::1", "eth0").is_err());
     }
 
     #[test]
