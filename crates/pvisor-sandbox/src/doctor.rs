@@ -283,6 +283,7 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
     checks.push(seccomp());
     checks.push(kvm());
     checks.push(qemu());
+    checks.push(virtiofsd());
     checks.push(vm_image());
     checks
 }
@@ -427,6 +428,34 @@ fn vm_image() -> Check {
             Some("scripts/vm-image.sh builds it from Debian packages (needed only for --executor vm)".into()),
             false,
         ),
+    }
+}
+
+/// The file server a containerd pod's read-write volumes need (found by
+/// path: QEMU's C virtiofsd has no `--version` to run).
+fn virtiofsd() -> Check {
+    let found = crate::vm::virtiofs::virtiofsd();
+    let present = found.is_file()
+        || std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(&found).is_file()));
+    if present {
+        check(
+            "virtiofsd",
+            Status::Info,
+            format!("{} (shares a containerd pod's volumes)", found.display()),
+            None,
+            false,
+        )
+    } else {
+        check(
+            "virtiofsd",
+            Status::Info,
+            "not found: the containerd shim cannot share a pod's read-write volumes",
+            Some(
+                "apt-get install qemu-system-common (Debian 12) or virtiofsd; or set PVISOR_VIRTIOFSD".into(),
+            ),
+            false,
+        )
     }
 }
 

@@ -37,7 +37,7 @@ mod process;
 mod qemu;
 mod qmp;
 pub mod template;
-mod virtiofs;
+pub mod virtiofs;
 
 use std::path::{Path, PathBuf};
 

@@ -48,7 +48,8 @@ pub(super) fn guest_shares(shares: &[SharedDirectory]) -> Vec<Share> {
     shares.iter().enumerate().map(|(index, s)| Share { tag: tag(index), target: s.target.clone() }).collect()
 }
 
-fn virtiofsd() -> PathBuf {
+/// The file server this host would use.
+pub fn virtiofsd() -> PathBuf {
     if let Some(path) = std::env::var_os(VIRTIOFSD_ENV) {
         return path.into();
     }
