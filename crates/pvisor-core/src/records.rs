@@ -261,6 +261,17 @@ pub struct SharedDirectory {
     pub target: PathBuf,
 }
 
+impl SharedDirectory {
+    /// The kernel filesystems a guest has of its own: never a share's
+    /// target, and never shared from the host.
+    pub const KERNEL_FILESYSTEMS: [&'static str; 3] = ["/proc", "/dev", "/sys"];
+
+    /// Whether `path` lies in one of [`Self::KERNEL_FILESYSTEMS`].
+    pub fn in_kernel_filesystem(path: &std::path::Path) -> bool {
+        Self::KERNEL_FILESYSTEMS.iter().any(|p| path.starts_with(p))
+    }
+}
+
 fn enabled() -> bool {
     true
 }

@@ -64,7 +64,7 @@ pub struct Plan {
 pub fn plan(binds: Vec<Bind>) -> Plan {
     let mut plan = Plan::default();
     for bind in binds {
-        let guests_own = ["/proc", "/dev", "/sys"].iter().any(|p| bind.destination.starts_with(p));
+        let guests_own = SharedDirectory::in_kernel_filesystem(&bind.destination);
         if !bind.read_only && !guests_own && bind.source.is_dir() {
             plan.shared.push(SharedDirectory { source: bind.source, target: bind.destination });
         } else {

@@ -90,8 +90,15 @@ pub(super) fn shared_directories(
                 "overlaps a hidden path (a secret store or a pvisor state directory)".into(),
             ));
         }
-        if ["/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p)) || real == Path::new("/") {
+        if SharedDirectory::in_kernel_filesystem(&real) || real == Path::new("/") {
             return Err(problem("is / or a kernel filesystem (/proc, /dev, /sys)".into()));
+        }
+        // virtiofsd takes the path in its `-o` list, where a comma would
+        // start another option.
+        if real.to_string_lossy().contains(',') {
+            return Err(problem(
+                "contains a comma, which virtiofsd's options cannot carry; share a path without one".into(),
+            ));
         }
         let plain = share.target.is_absolute()
             && share.target.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
@@ -102,7 +109,7 @@ pub(super) fn shared_directories(
                 share.target.display()
             )));
         }
-        if ["/proc", "/dev", "/sys"].iter().any(|p| share.target.starts_with(p)) {
+        if SharedDirectory::in_kernel_filesystem(&share.target) {
             return Err(problem(format!(
                 "its target {} is in the guest's own /proc, /dev or /sys",
                 share.target.display()
@@ -403,6 +410,7 @@ mod tests {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(dir.path().join("file"), b"").unwrap();
+        std::fs::create_dir(dir.path().join("a,sandbox=none")).unwrap();
         let hidden = [state.clone()];
         let share = |source: &Path, target: &str| SharedDirectory {
             source: source.to_owned(),
@@ -427,6 +435,7 @@ mod tests {
             (vec![share(dir.path(), "/data")], "overlaps the workspace"),
             (vec![share(&state, "/data")], "hidden path"),
             (vec![share(Path::new("/proc"), "/data")], "kernel filesystem"),
+            (vec![share(&dir.path().join("a,sandbox=none"), "/data")], "comma"),
             (vec![share(Path::new("/"), "/data")], "overlaps the workspace"),
             (vec![share(&volume, "/data/../etc")], "plain absolute path"),
             (vec![share(&volume, "data")], "plain absolute path"),
