@@ -41,11 +41,17 @@ pub(crate) struct Relay {
 }
 
 fn poll_readable(fd: BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    poll(fd, rustix::event::PollFlags::IN, timeout_ms)
+}
+
+/// Waits up to `timeout_ms` for `events` on `fd`; true if they (or a hang-up
+/// or error, which the next read or write reports) happened.
+pub(super) fn poll(fd: BorrowedFd<'_>, events: rustix::event::PollFlags, timeout_ms: i32) -> bool {
     use rustix::event::{PollFd, PollFlags};
-    let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+    let mut pfd = [PollFd::new(&fd, events)];
     let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: i64::from(timeout_ms) * 1_000_000 };
     let n = rustix::event::poll(&mut pfd, Some(&timeout)).unwrap_or(0);
-    n > 0 && pfd[0].revents().intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
+    n > 0 && pfd[0].revents().intersects(events | PollFlags::HUP | PollFlags::ERR)
 }
 
 fn write_all(fd: BorrowedFd<'_>, buf: &[u8]) -> bool {
@@ -67,7 +73,7 @@ fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
 }
 
 /// Reads into `buf`, retrying on EINTR; 0 at end of file or on an error.
-fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
+pub(super) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
     loop {
         match rustix::io::read(fd, &mut *buf) {
             Err(rustix::io::Errno::INTR) => continue,
@@ -175,23 +181,35 @@ impl Drop for Relay {
 }
 
 /// Copies what the command writes into a pipe to one of pvisor's own
-/// descriptors (the user's terminal), until the pipe's last writer closes it.
+/// descriptors (the user's terminal, or a file: see `stdio.rs`), until the
+/// pipe's last writer closes it.
 #[derive(Debug)]
 pub(crate) struct PipeRelay {
     copier: Option<JoinHandle<()>>,
 }
 
 impl PipeRelay {
-    /// Starts copying `from` (a pipe's read end) to `to`.
-    pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>) -> PipeRelay {
+    /// Starts copying `from` (a pipe's read end) to `to`; `sanitise` when
+    /// `to` is a terminal the command does not own (see `sanitise.rs`).
+    pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>, sanitise: bool) -> PipeRelay {
         let copier = std::thread::Builder::new()
             .name("pvisor-out".into())
             .spawn(move || {
                 let mut buf = [0u8; 16384];
+                let mut filter = sanitise.then(super::sanitise::Sanitiser::default);
+                let mut clean = Vec::new();
                 loop {
                     let n = read(from.as_fd(), &mut buf);
-                    // End of file (every writer is gone) or an unwritable terminal.
-                    if n == 0 || !write_all(to, &buf[..n]) {
+                    let out = match filter.as_mut() {
+                        Some(filter) => {
+                            clean.clear();
+                            filter.feed(&buf[..n], &mut clean);
+                            &clean[..]
+                        }
+                        None => &buf[..n],
+                    };
+                    // End of file (every writer is gone) or an unwritable descriptor.
+                    if n == 0 || !write_all(to, out) {
                         break;
                     }
                 }
