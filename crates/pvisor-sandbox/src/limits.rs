@@ -263,7 +263,7 @@ const MIN_TMPFS: u64 = 64 << 10;
 /// The host's RAM in bytes.
 fn host_ram() -> u64 {
     let info = rustix::system::sysinfo();
-    u64::from(info.totalram).saturating_mul(u64::from(info.mem_unit))
+    (info.totalram as u64).saturating_mul(u64::from(info.mem_unit))
 }
 
 /// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.

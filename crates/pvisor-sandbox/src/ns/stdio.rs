@@ -57,6 +57,8 @@ pub(crate) enum Kind {
 }
 
 /// Classifies `fd`. A descriptor fstat cannot read is refused.
+// `f_type`'s width differs between architectures.
+#[allow(clippy::unnecessary_cast)]
 pub(crate) fn classify(fd: BorrowedFd<'_>) -> Kind {
     let Ok(stat) = rustix::fs::fstat(fd) else { return Kind::Refused("unreadable by fstat") };
     match FileType::from_raw_mode(stat.st_mode) {

@@ -13,7 +13,8 @@
 //! is the user's terminal reaches the command as a pipe, copied to the
 //! terminal by a [`PipeRelay`]: the terminal descriptors are opened read-write,
 //! so passing one would let the command read keystrokes typed at the shell
-//! and change the terminal's modes.
+//! and change the terminal's modes. That copy is sanitised (`sanitise.rs`):
+//! the terminal is not the command's to drive.
 //!
 //! The user's terminal is raw, so Ctrl-C reaches pvisor as a byte, not a
 //! signal: it is passed on (the sandbox's terminal turns it into `SIGINT`
