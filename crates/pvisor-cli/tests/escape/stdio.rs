@@ -228,3 +228,30 @@ fn a_background_runs_terminal_output_is_sanitised() {
     }
     assert!(shown.contains("\x1b[0mpvisor: job-"), "the summary starts with a reset: {shown:?}");
 }
+
+/// The stdin relay reads ahead, but a regular file's offset (shared with
+/// the caller, as in `while read f; do pvisor run …; done < list`) is put
+/// back where the command stopped reading.
+#[test]
+fn a_relayed_stdin_file_is_left_where_the_command_stopped_reading() {
+    let env = Env::new(As::Root);
+    let list = env.dir.path().join("list");
+    fs::write(&list, "line1\nline2\nline3\n").unwrap();
+    let pvisor = format!("PVISOR_HOME={} {} run -q --", env.home.display(), bin());
+    let script = format!(
+        "while read f; do echo \"got $f\"; {pvisor} true; done; \
+         exec < \"$0\"; {pvisor} dd bs=1 count=3 2>/dev/null; echo; cat"
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script, &list.to_string_lossy()])
+        .current_dir(&env.ws)
+        .stdin(fs::File::open(&list).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        "got line1\ngot line2\ngot line3\nlin\ne1\nline2\nline3\n",
+        "{}",
+        text(&out.stderr)
+    );
+}

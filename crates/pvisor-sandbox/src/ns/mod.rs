@@ -278,7 +278,7 @@ impl NsProcess {
     /// until the command's relayed output has been copied. The stdin relay
     /// is stopped, never waited for.
     fn restore_terminal(&mut self) {
-        if let Some(input) = self.input_relay.take() {
+        if let Some(mut input) = self.input_relay.take() {
             input.stop();
         }
         if let Some(mut relay) = self.relay.take() {

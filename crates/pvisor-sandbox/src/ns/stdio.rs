@@ -22,14 +22,16 @@
 //!   anonymous inode): the sandbox's `/dev/null`, with one `pvisor:` warning
 //!   line naming the descriptor.
 //!
-//! The stdin relay is never waited for: a FIFO whose writer keeps it open
-//! must not hold the run open. The output relays are drained before the run
-//! ends, so pvisor's summary follows everything the command printed.
+//! The stdin relay is stopped, never waited for, when the run ends: a FIFO
+//! whose writer keeps it open must not hold the run open (a regular file's
+//! offset is put back where the command stopped reading). The output relays
+//! are drained before the run ends, so pvisor's summary follows everything
+//! the command printed.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rustix::fs::FileType;
@@ -115,7 +117,7 @@ pub(crate) fn plan(terminal: bool) -> io::Result<Plan> {
             Kind::Null => plan.null(fd),
             Kind::Relayed if fd == 0 => {
                 let (read, write) = sys::pipe()?;
-                plan.input = Some(InputRelay::start(own, write));
+                plan.input = Some(InputRelay::start(own, write, &read)?);
                 Stdio::from(read)
             }
             Kind::Relayed => match (&stdout_relay, identity(own)) {
@@ -178,38 +180,67 @@ fn warn_refused(fd: i32, what: &str) {
 /// Copies pvisor's stdin into the command's stdin pipe. It is stopped, not
 /// waited for, when the run ends: a read that blocks (a FIFO nobody writes)
 /// or a command that stopped reading must not hold the run open.
+///
+/// The copy reads ahead of the command. For a regular file, whose offset
+/// the caller shares (`while read f; do pvisor run …; done < list`), the
+/// offset is put back where the command stopped reading when the run ends:
+/// what was copied less what is still unread in the pipe.
 #[derive(Debug)]
 pub(crate) struct InputRelay {
-    stop: Arc<AtomicBool>,
+    /// Written to stop the copy at once, wherever it waits.
+    wake: Option<OwnedFd>,
+    copier: Option<std::thread::JoinHandle<()>>,
+    rewind: Option<Rewind>,
+}
+
+/// What is needed to put a regular file's offset back.
+#[derive(Debug)]
+struct Rewind {
+    from: BorrowedFd<'static>,
+    start: u64,
+    copied: Arc<AtomicU64>,
+    /// A read end of the command's pipe, kept to count what is unread
+    /// (`FIONREAD`); holding it does not delay the command's end of file.
+    pipe: OwnedFd,
 }
 
 impl InputRelay {
-    /// Starts copying `from` to `to` (the pipe's write end) until `from`
-    /// ends, the command's end is closed, or [`stop`](Self::stop).
-    pub(crate) fn start(from: BorrowedFd<'static>, to: OwnedFd) -> InputRelay {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+    /// Starts copying `from` to `to`, the write end of the pipe whose read
+    /// end is `pipe`, until `from` ends, the command's end is closed, or
+    /// [`stop`](Self::stop).
+    pub(crate) fn start(from: BorrowedFd<'static>, to: OwnedFd, pipe: &OwnedFd) -> io::Result<InputRelay> {
+        let (wake_read, wake) = sys::pipe()?;
         // Non-blocking, so a full pipe (a command that does not read) is
-        // waited on in `poll`, which notices `stop`.
-        let _ = rustix::fs::fcntl_setfl(&to, rustix::fs::OFlags::NONBLOCK);
-        let _ = std::thread::Builder::new().name("pvisor-in".into()).spawn(move || {
-            let mut buf = [0u8; 16384];
-            while !flag.load(Ordering::Relaxed) {
-                if !super::terminal::poll(from, rustix::event::PollFlags::IN, 100) {
-                    continue;
-                }
-                let n = super::terminal::read(from, &mut buf);
-                // End of file, or pvisor's stdin cannot be read: the command sees end of file.
-                if n == 0 || !write_all_until(to.as_fd(), &buf[..n], &flag) {
-                    break;
-                }
+        // waited on in `poll`, beside the wake pipe.
+        rustix::fs::fcntl_setfl(&to, rustix::fs::OFlags::NONBLOCK)?;
+        let copied = Arc::new(AtomicU64::new(0));
+        let regular = rustix::fs::fstat(from).is_ok_and(|s| FileType::from_raw_mode(s.st_mode).is_file());
+        let rewind = match rustix::fs::seek(from, rustix::fs::SeekFrom::Current(0)) {
+            Ok(start) if regular => {
+                Some(Rewind { from, start, copied: copied.clone(), pipe: pipe.try_clone()? })
             }
-        });
-        InputRelay { stop }
+            _ => None,
+        };
+        let copier = std::thread::Builder::new()
+            .name("pvisor-in".into())
+            .spawn(move || copy_in(from, &to, &wake_read, &copied))?;
+        Ok(InputRelay { wake: Some(wake), copier: Some(copier), rewind })
     }
 
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
+    /// Stops the copy; for a regular file, waits for it (it never blocks
+    /// long) and puts the file's offset back where the command stopped.
+    pub(crate) fn stop(&mut self) {
+        if let Some(wake) = self.wake.take() {
+            let _ = rustix::io::write(&wake, b"x");
+        }
+        let copier = self.copier.take();
+        let Some(rewind) = self.rewind.take() else { return };
+        if let Some(copier) = copier {
+            let _ = copier.join();
+        }
+        let unread = rustix::io::ioctl_fionread(&rewind.pipe).unwrap_or(0);
+        let consumed = rewind.copied.load(Ordering::Relaxed).saturating_sub(unread);
+        let _ = rustix::fs::seek(rewind.from, rustix::fs::SeekFrom::Start(rewind.start + consumed));
     }
 }
 
@@ -219,23 +250,74 @@ impl Drop for InputRelay {
     }
 }
 
-/// Writes all of `buf` to the non-blocking `to`, waiting while it is full;
-/// false once it is closed (the command's end is gone) or `stop` is set.
-fn write_all_until(to: BorrowedFd<'_>, mut buf: &[u8], stop: &AtomicBool) -> bool {
-    while !buf.is_empty() {
-        if stop.load(Ordering::Relaxed) {
-            return false;
+/// The copy: until `from` ends or fails, `to` is closed, or `wake` is written.
+fn copy_in(from: BorrowedFd<'_>, to: &OwnedFd, wake: &OwnedFd, copied: &AtomicU64) {
+    use rustix::event::PollFlags;
+    let mut buf = [0u8; 65536];
+    // In the kernel while `from` takes a splice (a file, a pipe, TCP).
+    let mut splice = true;
+    loop {
+        if !ready(from, PollFlags::IN, wake.as_fd()) {
+            return;
         }
-        match rustix::io::write(to, buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(rustix::io::Errno::AGAIN) => {
-                super::terminal::poll(to, rustix::event::PollFlags::OUT, 100);
+        if splice {
+            let flags = rustix::pipe::SpliceFlags::NONBLOCK;
+            match rustix::pipe::splice(from, None, to, None, 1 << 20, flags) {
+                Ok(0) => return,
+                Ok(n) => {
+                    copied.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                // The pipe is full, or a FIFO `from` is empty: wait for room,
+                // then (above) for input.
+                Err(rustix::io::Errno::AGAIN) => {
+                    if !ready(to.as_fd(), PollFlags::OUT, wake.as_fd()) {
+                        return;
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => splice = false,
+                Err(_) => return,
             }
-            Err(rustix::io::Errno::INTR) => {}
+            continue;
+        }
+        let n = match rustix::io::read(from, &mut buf) {
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+            // End of file, or pvisor's stdin cannot be read: the command sees end of file.
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut rest = &buf[..n];
+        while !rest.is_empty() {
+            match rustix::io::write(to, rest) {
+                Ok(n) => {
+                    rest = &rest[n..];
+                    copied.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {
+                    if !ready(to.as_fd(), PollFlags::OUT, wake.as_fd()) {
+                        return;
+                    }
+                }
+                // The command's end is closed.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Waits until `fd` has `events` (or a hang-up or error, which the next
+/// read or write reports); false once `wake` is readable instead.
+fn ready(fd: BorrowedFd<'_>, events: rustix::event::PollFlags, wake: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    loop {
+        let mut fds = [PollFd::new(&fd, events), PollFd::new(&wake, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) if !fds[1].revents().is_empty() => return false,
+            Ok(_) if !fds[0].revents().is_empty() => return true,
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return false,
         }
     }
-    true
 }
 
 #[cfg(test)]

@@ -28,8 +28,6 @@ use std::thread::JoinHandle;
 
 use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios, Winsize};
 
-use crate::sys;
-
 /// A running relay between the user's terminal and the sandbox's.
 #[derive(Debug)]
 pub(crate) struct Relay {
@@ -55,8 +53,21 @@ pub(super) fn poll(fd: BorrowedFd<'_>, events: rustix::event::PollFlags, timeout
     n > 0 && pfd[0].revents().intersects(events | PollFlags::HUP | PollFlags::ERR)
 }
 
-fn write_all(fd: BorrowedFd<'_>, buf: &[u8]) -> bool {
-    sys::write_all(fd, buf).is_ok()
+/// Writes all of `buf`; false once `fd` cannot be written. A non-blocking
+/// `fd` (pvisor's own descriptor, shared with a program that set
+/// `O_NONBLOCK`) is waited on rather than given up.
+fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> bool {
+    while !buf.is_empty() {
+        match rustix::io::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                poll(fd, rustix::event::PollFlags::OUT, 100);
+            }
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// The sandbox terminal's interrupt character, if it generates signals
@@ -189,6 +200,50 @@ pub(crate) struct PipeRelay {
     copier: Option<JoinHandle<()>>,
 }
 
+/// Copies `from` to `to` until end of file or an unwritable `to`.
+fn copy(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = read(from, &mut buf);
+        // End of file (every writer is gone) or an unwritable descriptor.
+        if n == 0 || !write_all(to, &buf[..n]) {
+            return;
+        }
+    }
+}
+
+fn copy_sanitised(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+    let mut buf = [0u8; 16384];
+    let mut filter = super::sanitise::Sanitiser::default();
+    let mut clean = Vec::new();
+    loop {
+        let n = read(from, &mut buf);
+        clean.clear();
+        filter.feed(&buf[..n], &mut clean);
+        if n == 0 || !write_all(to, &clean) {
+            return;
+        }
+    }
+}
+
+/// Moves `from` (a pipe) to `to` inside the kernel with `splice`, until end
+/// of file or an unwritable `to`; true if `to` cannot take a splice (an
+/// `O_APPEND` file, say) and the rest is left for [`copy`].
+pub(super) fn spliced(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> bool {
+    use rustix::io::Errno;
+    loop {
+        match rustix::pipe::splice(from, None, to, None, 1 << 20, rustix::pipe::SpliceFlags::MOVE) {
+            Ok(0) => return false,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                poll(to, rustix::event::PollFlags::OUT, 100);
+            }
+            Err(Errno::INVAL | Errno::NOSYS) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
 impl PipeRelay {
     /// Starts copying `from` (a pipe's read end) to `to`; `sanitise` when
     /// `to` is a terminal the command does not own (see `sanitise.rs`).
@@ -196,23 +251,10 @@ impl PipeRelay {
         let copier = std::thread::Builder::new()
             .name("pvisor-out".into())
             .spawn(move || {
-                let mut buf = [0u8; 16384];
-                let mut filter = sanitise.then(super::sanitise::Sanitiser::default);
-                let mut clean = Vec::new();
-                loop {
-                    let n = read(from.as_fd(), &mut buf);
-                    let out = match filter.as_mut() {
-                        Some(filter) => {
-                            clean.clear();
-                            filter.feed(&buf[..n], &mut clean);
-                            &clean[..]
-                        }
-                        None => &buf[..n],
-                    };
-                    // End of file (every writer is gone) or an unwritable descriptor.
-                    if n == 0 || !write_all(to, out) {
-                        break;
-                    }
+                if sanitise {
+                    copy_sanitised(from.as_fd(), to);
+                } else if spliced(from.as_fd(), to) {
+                    copy(from.as_fd(), to);
                 }
             })
             .ok();
