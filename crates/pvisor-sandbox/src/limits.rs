@@ -229,6 +229,43 @@ pub(crate) fn disk(bytes: u64) -> Enforcement {
     }
 }
 
+/// The `size=` of each private tmpfs the `ns` sandbox mounts. tmpfs pages
+/// are memory, but an address-space rlimit (the rootless fallback) does not
+/// count them, and the kernel's default size is half the host's RAM *per
+/// mount*. So the run's memory limit (else half the host's RAM, as the
+/// default limit) is split among them and their sum stays within it:
+/// `/tmp` a half, `/dev/shm` a quarter, `/run` an eighth, `/dev` (device
+/// nodes and links only) at most 1 MiB. A write past a size fails with `ENOSPC`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TmpfsSizes {
+    pub tmp: u64,
+    pub shm: u64,
+    pub run: u64,
+    pub dev: u64,
+}
+
+impl TmpfsSizes {
+    pub(crate) fn for_limits(limits: &Limits) -> Self {
+        let budget = limits.memory_bytes.unwrap_or_else(|| host_ram() / 2);
+        // Never 0, which the kernel reads as "unlimited".
+        let size = |bytes: u64| bytes.max(MIN_TMPFS);
+        Self {
+            tmp: size(budget / 2),
+            shm: size(budget / 4),
+            run: size(budget / 8),
+            dev: size((budget / 16).min(1 << 20)),
+        }
+    }
+}
+
+const MIN_TMPFS: u64 = 64 << 10;
+
+/// The host's RAM in bytes.
+fn host_ram() -> u64 {
+    let info = rustix::system::sysinfo();
+    (info.totalram as u64).saturating_mul(u64::from(info.mem_unit))
+}
+
 /// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.
 pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
     let mut out = Applied::default();
@@ -518,6 +555,18 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tmpfs_sizes_sum_within_the_memory_limit() {
+        let limits = super::Limits { memory_bytes: Some(64 << 20), ..Default::default() };
+        let sizes = super::TmpfsSizes::for_limits(&limits);
+        assert_eq!((sizes.tmp, sizes.shm, sizes.run, sizes.dev), (32 << 20, 16 << 20, 8 << 20, 1 << 20));
+        assert!(sizes.tmp + sizes.shm + sizes.run + sizes.dev <= 64 << 20);
+        let unlimited = super::TmpfsSizes::for_limits(&super::Limits::default());
+        assert!(unlimited.tmp > 0 && unlimited.tmp <= super::host_ram() / 4);
+        let tiny = super::Limits { memory_bytes: Some(1), ..Default::default() };
+        assert_eq!(super::TmpfsSizes::for_limits(&tiny).dev, super::MIN_TMPFS);
+    }
+
     use super::*;
 
     #[test]

@@ -443,6 +443,11 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     };
     let failed_to_start =
         matches!(code, exit::CANNOT_EXECUTE | exit::NOT_FOUND | exit::PVISOR_ERROR) && result.error.is_some();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        // An SGR reset first: the command's last colours or attributes
+        // (conceal, say) must not dress or hide what pvisor says.
+        eprint!("\x1b[0m");
+    }
     if let Some(error) = &result.error {
         eprintln!(
             "pvisor: {}: {}",

@@ -307,3 +307,48 @@ fn hard_links_cannot_multiply_the_disk_quota() {
         .sum();
     assert!(staged <= 8 << 20, "{staged} bytes reached the host's disk for an 8 MiB quota");
 }
+
+/// `--memory SIZE` covers the sandbox's tmpfs: `/tmp`, `/dev/shm`, `/run`
+/// and `/dev` together stay within it (the rootless address-space rlimit
+/// does not count tmpfs pages, and the kernel's default is half the host's
+/// RAM per mount), so filling them fails with ENOSPC.
+fn tmpfs_stays_within_the_memory_limit(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let out = env.pvisor(&[
+        "run",
+        "-q",
+        "--memory",
+        "64M",
+        "--",
+        "sh",
+        "-c",
+        "head -c 4M /dev/zero > /tmp/small && echo SMALL-OK; \
+         for d in /tmp /dev/shm /run /dev; do err=$(head -c 65M /dev/zero 2>&1 > $d/fill); echo \"$d=$?\"; \
+           case $err in *'No space left'*) echo ENOSPC;; esac; rm -f $d/fill; done; \
+         df -k /tmp /dev/shm /run /dev | awk 'NR > 1 { sum += $2 } END { print \"total=\" sum }'",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("SMALL-OK"), "{stdout} {}", text(&out.stderr));
+    for dir in ["/tmp", "/dev/shm", "/run", "/dev"] {
+        assert!(stdout.contains(&format!("{dir}=1\nENOSPC\n")), "{dir} took more than the limit: {stdout}");
+    }
+    let total: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("total="))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(total <= 64 << 10, "the tmpfs sizes add up to {total} KiB: {stdout}");
+}
+
+#[test]
+fn tmpfs_stays_within_the_memory_limit_as_root() {
+    tmpfs_stays_within_the_memory_limit(As::Root);
+}
+
+#[test]
+fn tmpfs_stays_within_the_memory_limit_rootless() {
+    tmpfs_stays_within_the_memory_limit(As::Rootless);
+}

@@ -8,7 +8,8 @@
 //! Here: escapes through /proc, the supervisor, capabilities and an apply
 //! race; resource limits are in `limits`, the kernel's surface (root,
 //! seccomp, descriptors, the terminal) in `kernel`, the host's sockets,
-//! fifos and state directories in `host`.
+//! fifos and state directories in `host`, what pvisor's own fds 0–2 are
+//! and what a background run prints on the terminal in `stdio`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
@@ -25,6 +26,7 @@ use support::*;
 mod host;
 mod kernel;
 mod limits;
+mod stdio;
 
 fn escaped(out: &std::process::Output) -> bool {
     text(&out.stdout).contains("ESCAPED")

@@ -20,7 +20,8 @@ pub(super) struct Command {
     cwd: PathBuf,
     /// The sandbox's own terminal, when the user's stdin and stdout are one.
     pub(super) pty_slave: Option<CString>,
-    detach_stdin: bool,
+    /// Standard descriptors to replace with the sandbox's `/dev/null`.
+    null_fds: Vec<i32>,
     pub(super) seccomp: Option<super::seccomp::Filters>,
     program_name: String,
     last_cap: u32,
@@ -38,7 +39,7 @@ impl Command {
             env: sandbox.env.clone(),
             cwd: sandbox.cwd.clone(),
             pty_slave: None,
-            detach_stdin: spec.detach_stdin,
+            null_fds: spec.null_fds.clone(),
             seccomp: None,
             program_name: sandbox.program.clone(),
             last_cap: std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
@@ -53,9 +54,15 @@ impl Command {
         // A new session: the user's terminal is never the command's
         // controlling terminal, so TIOCSTI cannot type into the user's shell.
         let _ = rustix::process::setsid();
-        if self.detach_stdin {
-            if let Ok(null) = rustix::fs::open(c"/dev/null", OFlags::RDONLY, Mode::empty()) {
-                let _ = rustix::stdio::dup2_stdin(&null);
+        if !self.null_fds.is_empty() {
+            if let Ok(null) = rustix::fs::open(c"/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+                for &fd in &self.null_fds {
+                    let _ = match fd {
+                        0 => rustix::stdio::dup2_stdin(&null),
+                        1 => rustix::stdio::dup2_stdout(&null),
+                        _ => rustix::stdio::dup2_stderr(&null),
+                    };
+                }
             }
         }
         if let Some(slave) = &self.pty_slave {

@@ -44,10 +44,10 @@ pub(crate) struct HelperSpec {
     /// then the command gets a pseudo-terminal of its own, relayed by the
     /// supervisor, instead of the user's terminal.
     pub terminal: bool,
-    /// stdin is the user's terminal but pvisor is a background job: the
-    /// command must not read keystrokes meant for the foreground; it gets
-    /// /dev/null instead.
-    pub detach_stdin: bool,
+    /// Which of fds 0–2 the command reopens as the sandbox's `/dev/null`
+    /// (see `stdio.rs`): a background job's terminal stdin (keystrokes meant
+    /// for the foreground), pvisor's own `/dev/null`, a directory.
+    pub null_fds: Vec<i32>,
     /// `cgroup.procs` files to join before the namespaces are made.
     pub cgroup_join: Vec<PathBuf>,
     /// `(resource, value)` rlimits, where no cgroup could enforce a limit.

@@ -13,7 +13,9 @@ mod init;
 mod memory_stage;
 mod mounts;
 mod protocol;
+mod sanitise;
 mod seccomp;
+mod stdio;
 mod terminal;
 
 use std::fs::File;
@@ -67,26 +69,15 @@ impl Executor for NsExecutor {
         // Where the user's terminal is on fd 0–2, the command gets the
         // sandbox's own terminal (foreground, stdin a terminal), /dev/null
         // (stdin of a background run) or a pipe relayed to it (stdout,
-        // stderr): never the terminal itself (see terminal.rs).
+        // stderr): never the terminal itself (see terminal.rs). Nor does it
+        // get a host file there: see stdio.rs.
         let terminal = stdin_is_foreground_tty();
-        let mut output_relays = Vec::new();
-        let mut relayed = |fd: i32| -> Result<Stdio, SandboxError> {
-            if terminal || !is_tty(fd) {
-                return Ok(Stdio::inherit());
-            }
-            let (read, write) = sys::pipe().map_err(SandboxError::Spawn)?;
-            output_relays.push(terminal::PipeRelay::start(read, sys::stdio(fd)));
-            Ok(Stdio::from(write))
-        };
-        let (stdout, stderr) = (relayed(1)?, relayed(2)?);
+        let stdio::Plan { stdio, null_fds, outputs: output_relays, input: input_relay } =
+            stdio::plan(terminal).map_err(SandboxError::Spawn)?;
+        let [stdin, stdout, stderr]: [Stdio; 3] =
+            stdio.try_into().map_err(|_| SandboxError::Protocol("fds 0–2 were not all planned".into()))?;
         let mut command = Command::new("/proc/self/exe");
-        command
-            .arg0("pvisor-sandbox")
-            .arg(HELPER_ARG)
-            .env_clear()
-            .stdin(Stdio::inherit())
-            .stdout(stdout)
-            .stderr(stderr);
+        command.arg0("pvisor-sandbox").arg(HELPER_ARG).env_clear().stdin(stdin).stdout(stdout).stderr(stderr);
         // SAFETY: dup2 is async-signal-safe; both descriptors are open in the child.
         unsafe {
             command.pre_exec(move || {
@@ -119,7 +110,7 @@ impl Executor for NsExecutor {
             sandbox,
             supervisor_pid: std::process::id() as i32,
             terminal,
-            detach_stdin: is_tty(0) && !terminal,
+            null_fds,
         };
         let bytes = serde_json::to_vec(&helper_spec)
             .map_err(|e| SandboxError::Protocol(format!("cannot encode the sandbox spec: {e}")))?;
@@ -135,6 +126,7 @@ impl Executor for NsExecutor {
             signaller: Signaller::pidfd(Arc::new(pidfd)),
             relay: None,
             output_relays,
+            input_relay,
             sockets_reachable: Vec::new(),
             exposed_sockets: spec.exposed_sockets.clone(),
             cache_locks,
@@ -249,8 +241,10 @@ struct NsProcess {
     signaller: Signaller,
     /// The relay to the sandbox's own terminal, when stdin is the user's.
     relay: Option<terminal::Relay>,
-    /// Copies of the command's stdout/stderr to the user's terminal.
+    /// Copies of the command's stdout/stderr to pvisor's (see stdio.rs).
     output_relays: Vec<terminal::PipeRelay>,
+    /// The copy of pvisor's stdin to the command's, if it is relayed.
+    input_relay: Option<stdio::InputRelay>,
     /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
     sockets_reachable: Vec<std::path::PathBuf>,
     exposed_sockets: Vec<std::path::PathBuf>,
@@ -281,8 +275,12 @@ impl NsProcess {
     }
 
     /// Stops relaying the sandbox's terminal and restores the user's; waits
-    /// until the command's relayed output has been copied.
+    /// until the command's relayed output has been copied. The stdin relay
+    /// is stopped, never waited for.
     fn restore_terminal(&mut self) {
+        if let Some(mut input) = self.input_relay.take() {
+            input.stop();
+        }
         if let Some(mut relay) = self.relay.take() {
             relay.finish();
         }

@@ -6,9 +6,11 @@
 //!   (`host_view.rs`);
 //! - the workspace path is an overlayfs (lower = the live workspace,
 //!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
-//! - `/tmp`, `/run` and `/dev/shm` are private tmpfs; `/proc` is a fresh procfs for the
-//!   new pid namespace; `/dev` is a tmpfs with only null, zero, full, random,
-//!   urandom, tty and a private devpts instance;
+//! - `/tmp`, `/run` and `/dev/shm` are private tmpfs, sized so that together
+//!   they stay within the run's memory limit (`limits::TmpfsSizes`); `/proc`
+//!   is a fresh procfs for the new pid namespace; `/dev` is a small tmpfs
+//!   with only null, zero, full, random, urandom, tty (each bound read-only,
+//!   so the host's device node cannot be `chmod`ed) and a private devpts instance;
 //! - every hidden path (the state directory, the user's secret stores) is an
 //!   empty read-only tmpfs (directories) or a read-only `/dev/null` (files).
 //!
@@ -39,9 +41,10 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
         .map_err(|e| mount_err("mount-namespace", "make / private", e))?;
     let view = host_view::assemble(root)?;
 
-    tmpfs(&under(root, Path::new("/tmp")), "mode=1777", 0)?;
-    private_run(root)?;
-    minimal_dev(root)?;
+    let sizes = crate::limits::TmpfsSizes::for_limits(&spec.limits);
+    tmpfs(&under(root, Path::new("/tmp")), &format!("mode=1777,size={}", sizes.tmp), 0)?;
+    private_run(root, sizes.run)?;
+    minimal_dev(root, &sizes)?;
     sys::mount(
         Some("proc"),
         &under(root, Path::new("/proc")),
@@ -146,12 +149,12 @@ pub(crate) fn tmpfs(target: &Path, options: &str, flags: libc::c_ulong) -> Resul
 /// `/run` holds host services' sockets (docker, dbus, the session bus under
 /// `/run/user`); a read-only mount does not stop `connect(2)`, so the sandbox
 /// gets an empty `/run` with only `lock/` and the `shm` link.
-fn private_run(root: &Path) -> Result<(), StepError> {
+fn private_run(root: &Path, size: u64) -> Result<(), StepError> {
     let run = under(root, Path::new("/run"));
     if !run.is_dir() {
         return Ok(());
     }
-    tmpfs(&run, "mode=0755", 0)?;
+    tmpfs(&run, &format!("mode=0755,size={size}"), 0)?;
     let io_err = |what: &str, e: io::Error| StepError::new("run", format!("cannot {what}: {e}"));
     fs::create_dir(run.join("lock")).map_err(|e| io_err("create /run/lock", e))?;
     fs::set_permissions(run.join("lock"), std::os::unix::fs::PermissionsExt::from_mode(0o1777))
@@ -159,9 +162,10 @@ fn private_run(root: &Path) -> Result<(), StepError> {
     std::os::unix::fs::symlink("/dev/shm", run.join("shm")).map_err(|e| io_err("link /run/shm", e))
 }
 
-fn minimal_dev(root: &Path) -> Result<(), StepError> {
+fn minimal_dev(root: &Path, sizes: &crate::limits::TmpfsSizes) -> Result<(), StepError> {
     let dev = under(root, Path::new("/dev"));
-    sys::mount(Some("tmpfs"), &dev, Some("tmpfs"), libc::MS_NOSUID, Some("mode=0755"))
+    let options = format!("mode=0755,size={}", sizes.dev);
+    sys::mount(Some("tmpfs"), &dev, Some("tmpfs"), libc::MS_NOSUID, Some(&options))
         .map_err(|e| mount_err("dev", "mount a tmpfs on /dev", e))?;
     let io_err = |what: String, e: io::Error| StepError::new("dev", format!("cannot {what}: {e}"));
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
@@ -173,6 +177,7 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
         fs::File::create(&target).map_err(|e| io_err(format!("create /dev/{node}"), e))?;
         sys::mount(Some(&host.to_string_lossy()), &target, None, libc::MS_BIND, None)
             .map_err(|e| mount_err("dev", &format!("bind /dev/{node}"), e))?;
+        read_only_bind(&target).map_err(|e| mount_err("dev", &format!("make /dev/{node} read-only"), e))?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -185,7 +190,7 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
     }
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(|e| io_err("create /dev/shm".into(), e))?;
-    tmpfs(&shm, "mode=1777", 0)?;
+    tmpfs(&shm, &format!("mode=1777,size={}", sizes.shm), 0)?;
     // A private devpts instance: the sandbox's own pseudo-terminal lives here,
     // and none of the host's terminals is reachable.
     let pts = dev.join("pts");
@@ -199,6 +204,24 @@ fn minimal_dev(root: &Path) -> Result<(), StepError> {
     )
     .map_err(|e| mount_err("dev", "mount a private /dev/pts", e))?;
     Ok(())
+}
+
+/// Remounts the bind mount at `target` read-only, keeping the flags it has
+/// (in a user namespace the kernel refuses to drop those it inherited).
+///
+/// A device node is the host's inode: on a read-write mount, uid 0 in the
+/// sandbox (real root's identity map) could `chmod` the host's `/dev/null`.
+/// A read-only mount refuses that (`EROFS`), while reads and writes of the
+/// device itself still work.
+fn read_only_bind(target: &Path) -> io::Result<()> {
+    let kept = rustix::fs::statvfs(target)?.f_flag.bits()
+        & (libc::MS_NOSUID
+            | libc::MS_NODEV
+            | libc::MS_NOEXEC
+            | libc::MS_NOATIME
+            | libc::MS_NODIRATIME
+            | libc::MS_RELATIME);
+    sys::mount(None, target, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | kept, None)
 }
 
 /// Escapes a path for overlayfs's option string, where `,` separates options,

@@ -4,8 +4,13 @@
 //!
 //! Refused with `EPERM`, and why:
 //! - `mount`, `umount2`, `pivot_root` and the new mount API (`open_tree`,
-//!   `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`,
-//!   `mount_setattr`): reshaping the filesystem view is how sandboxes are escaped;
+//!   `open_tree_attr`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`,
+//!   `fspick`, `mount_setattr`): reshaping the filesystem view is how
+//!   sandboxes are escaped; `listmount` and `statmount`, which enumerate
+//!   mounts by id, beyond what the sandbox's `/proc` shows;
+//! - `file_setattr`: file attributes (immutable, append-only, project id)
+//!   that no workload sets through a new interface; its reading half,
+//!   `file_getattr`, stays allowed;
 //! - `unshare`/`clone` with `CLONE_NEWUSER`, and `setns`: a new user namespace
 //!   hands out fresh capabilities and a large kernel attack surface;
 //! - `kexec_load`, `kexec_file_load`, `init_module`, `finit_module`,
@@ -44,7 +49,19 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
 
+/// Numbers newer than the `libc` crate knows. Since Linux 5.1 every
+/// architecture but alpha, mips and ia64 numbers new calls alike, so these
+/// hold on x86_64 and aarch64 (include/uapi/asm-generic/unistd.h).
+const SYS_STATMOUNT: i64 = 457;
+const SYS_LISTMOUNT: i64 = 458;
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+const SYS_FILE_SETATTR: i64 = 469;
+
 const DENIED: &[i64] = &[
+    SYS_STATMOUNT,
+    SYS_LISTMOUNT,
+    SYS_OPEN_TREE_ATTR,
+    SYS_FILE_SETATTR,
     libc::SYS_mount,
     libc::SYS_umount2,
     libc::SYS_pivot_root,

@@ -13,7 +13,8 @@
 //! is the user's terminal reaches the command as a pipe, copied to the
 //! terminal by a [`PipeRelay`]: the terminal descriptors are opened read-write,
 //! so passing one would let the command read keystrokes typed at the shell
-//! and change the terminal's modes.
+//! and change the terminal's modes. That copy is sanitised (`sanitise.rs`):
+//! the terminal is not the command's to drive.
 //!
 //! The user's terminal is raw, so Ctrl-C reaches pvisor as a byte, not a
 //! signal: it is passed on (the sandbox's terminal turns it into `SIGINT`
@@ -27,8 +28,6 @@ use std::thread::JoinHandle;
 
 use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios, Winsize};
 
-use crate::sys;
-
 /// A running relay between the user's terminal and the sandbox's.
 #[derive(Debug)]
 pub(crate) struct Relay {
@@ -41,15 +40,34 @@ pub(crate) struct Relay {
 }
 
 fn poll_readable(fd: BorrowedFd<'_>, timeout_ms: i32) -> bool {
-    use rustix::event::{PollFd, PollFlags};
-    let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: i64::from(timeout_ms) * 1_000_000 };
-    let n = rustix::event::poll(&mut pfd, Some(&timeout)).unwrap_or(0);
-    n > 0 && pfd[0].revents().intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR)
+    poll(fd, rustix::event::PollFlags::IN, timeout_ms)
 }
 
-fn write_all(fd: BorrowedFd<'_>, buf: &[u8]) -> bool {
-    sys::write_all(fd, buf).is_ok()
+/// Waits up to `timeout_ms` for `events` on `fd`; true if they (or a hang-up
+/// or error, which the next read or write reports) happened.
+pub(super) fn poll(fd: BorrowedFd<'_>, events: rustix::event::PollFlags, timeout_ms: i32) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    let mut pfd = [PollFd::new(&fd, events)];
+    let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: i64::from(timeout_ms) * 1_000_000 };
+    let n = rustix::event::poll(&mut pfd, Some(&timeout)).unwrap_or(0);
+    n > 0 && pfd[0].revents().intersects(events | PollFlags::HUP | PollFlags::ERR)
+}
+
+/// Writes all of `buf`; false once `fd` cannot be written. A non-blocking
+/// `fd` (pvisor's own descriptor, shared with a program that set
+/// `O_NONBLOCK`) is waited on rather than given up.
+fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> bool {
+    while !buf.is_empty() {
+        match rustix::io::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                poll(fd, rustix::event::PollFlags::OUT, 100);
+            }
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// The sandbox terminal's interrupt character, if it generates signals
@@ -67,7 +85,7 @@ fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
 }
 
 /// Reads into `buf`, retrying on EINTR; 0 at end of file or on an error.
-fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
+pub(super) fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
     loop {
         match rustix::io::read(fd, &mut *buf) {
             Err(rustix::io::Errno::INTR) => continue,
@@ -175,25 +193,68 @@ impl Drop for Relay {
 }
 
 /// Copies what the command writes into a pipe to one of pvisor's own
-/// descriptors (the user's terminal), until the pipe's last writer closes it.
+/// descriptors (the user's terminal, or a file: see `stdio.rs`), until the
+/// pipe's last writer closes it.
 #[derive(Debug)]
 pub(crate) struct PipeRelay {
     copier: Option<JoinHandle<()>>,
 }
 
+/// Copies `from` to `to` until end of file or an unwritable `to`.
+fn copy(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = read(from, &mut buf);
+        // End of file (every writer is gone) or an unwritable descriptor.
+        if n == 0 || !write_all(to, &buf[..n]) {
+            return;
+        }
+    }
+}
+
+fn copy_sanitised(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+    let mut buf = [0u8; 16384];
+    let mut filter = super::sanitise::Sanitiser::default();
+    let mut clean = Vec::new();
+    loop {
+        let n = read(from, &mut buf);
+        clean.clear();
+        filter.feed(&buf[..n], &mut clean);
+        if n == 0 || !write_all(to, &clean) {
+            return;
+        }
+    }
+}
+
+/// Moves `from` (a pipe) to `to` inside the kernel with `splice`, until end
+/// of file or an unwritable `to`; true if `to` cannot take a splice (an
+/// `O_APPEND` file, say) and the rest is left for [`copy`].
+pub(super) fn spliced(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> bool {
+    use rustix::io::Errno;
+    loop {
+        match rustix::pipe::splice(from, None, to, None, 1 << 20, rustix::pipe::SpliceFlags::MOVE) {
+            Ok(0) => return false,
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => {
+                poll(to, rustix::event::PollFlags::OUT, 100);
+            }
+            Err(Errno::INVAL | Errno::NOSYS) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
 impl PipeRelay {
-    /// Starts copying `from` (a pipe's read end) to `to`.
-    pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>) -> PipeRelay {
+    /// Starts copying `from` (a pipe's read end) to `to`; `sanitise` when
+    /// `to` is a terminal the command does not own (see `sanitise.rs`).
+    pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>, sanitise: bool) -> PipeRelay {
         let copier = std::thread::Builder::new()
             .name("pvisor-out".into())
             .spawn(move || {
-                let mut buf = [0u8; 16384];
-                loop {
-                    let n = read(from.as_fd(), &mut buf);
-                    // End of file (every writer is gone) or an unwritable terminal.
-                    if n == 0 || !write_all(to, &buf[..n]) {
-                        break;
-                    }
+                if sanitise {
+                    copy_sanitised(from.as_fd(), to);
+                } else if spliced(from.as_fd(), to) {
+                    copy(from.as_fd(), to);
                 }
             })
             .ok();
