@@ -12,7 +12,8 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     let stage = Stage::open(&store, &job)?;
-    let items = stage.review(&paths, &crate::config::sensitive()?)?;
+    crate::config::warn_if_home(&stage.status.workspace);
+    let items = stage.review(&paths, &crate::config::sensitive(&store)?)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         for item in &items {
