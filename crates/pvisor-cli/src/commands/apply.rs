@@ -249,6 +249,10 @@ fn choose_interactively(
     let mut out = std::io::stdout().lock();
     for (n, item) in items.iter().enumerate() {
         let path = item.change.path.display_escaped();
+        if let Some(reason) = &item.forbidden {
+            writeln!(out, "REFUSED {path}: {}; never applied", shown(reason))?;
+            continue;
+        }
         let plain = item.conflict.is_none() && item.sensitive.is_none();
         if all_rest && plain {
             choices.apply.push(item.change.path.clone());

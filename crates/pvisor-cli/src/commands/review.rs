@@ -51,6 +51,7 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "partly_applied": item.partly_applied,
         "sensitive": item.sensitive.is_some(),
         "sensitive_reason": item.sensitive,
+        "never_applied": item.forbidden.is_some(),
     })
 }
 
@@ -130,7 +131,11 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
         {
             writeln!(out, "            {}", crate::output::shown(reason))?;
         }
-        if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
+        if let Some(reason) = item.forbidden.as_ref().filter(|_| item.remaining()) {
+            let reason = crate::output::shown(reason);
+            writeln!(out, "            REFUSED: {reason}; never applied, whatever the flags (drop it)")?;
+        } else if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
+            let reason = crate::output::shown(reason);
             writeln!(out, "            SENSITIVE: {reason}; applied only when named exactly")?;
         }
     }

@@ -13,6 +13,7 @@ mod support;
 mod bad_input;
 mod checkpoints;
 mod effects;
+mod hostile_apply;
 mod hostile_repo;
 mod limits;
 mod network;
