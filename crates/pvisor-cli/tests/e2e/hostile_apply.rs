@@ -29,14 +29,18 @@ fn host_commit(ws: &Path) {
 }
 
 fn git(ws: &Path, args: &[&str]) {
-    let out = Command::new("git").args(["-c", "safe.directory=*"]).args(args).current_dir(ws).output().unwrap();
+    let out =
+        Command::new("git").args(["-c", "safe.directory=*"]).args(args).current_dir(ws).output().unwrap();
     assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
 }
 
 /// The host's Python site-packages directory of a virtualenv, relative to it.
 fn site_packages() -> String {
     let out = Command::new("/usr/bin/python3")
-        .args(["-c", "import sys; print(f'lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages')"])
+        .args([
+            "-c",
+            "import sys; print(f'lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages')",
+        ])
         .output()
         .unwrap();
     text(&out.stdout).trim().to_owned()
@@ -74,7 +78,8 @@ fn what_the_host_runs_is_not_applied_by_all(who: As) {
     let site = site_packages();
     fs::create_dir_all(env.ws.join("venv/bin")).unwrap();
     fs::create_dir_all(env.ws.join("venv").join(&site)).unwrap();
-    fs::write(env.ws.join("venv/pyvenv.cfg"), "home = /usr/bin\ninclude-system-site-packages = false\n").unwrap();
+    fs::write(env.ws.join("venv/pyvenv.cfg"), "home = /usr/bin\ninclude-system-site-packages = false\n")
+        .unwrap();
     symlink("/usr/bin/python3", env.ws.join("venv/bin/python3")).unwrap();
     env.give_away(&env.ws);
     let bare_config = fs::read(env.ws.join("vendor/lib.git/config")).unwrap();
@@ -98,22 +103,28 @@ fn what_the_host_runs_is_not_applied_by_all(who: As) {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("probe-ran"));
     let pth = format!("venv/{site}/evil.pth");
-    let vectors: Vec<&str> = ["tools/hooks/pre-commit", "vendor/lib.git/config", "vendor/lib.git/hooks/post-update", &pth]
-        .into_iter()
-        .chain(AGENT_AND_TOOL_CONFIG)
-        .collect();
+    let vectors: Vec<&str> =
+        ["tools/hooks/pre-commit", "vendor/lib.git/config", "vendor/lib.git/hooks/post-update", &pth]
+            .into_iter()
+            .chain(AGENT_AND_TOOL_CONFIG)
+            .collect();
 
     // Review marks each, with its reason.
     let review = env.review();
     for path in &vectors {
-        let item = review.iter().find(|c| c["path"] == *path).unwrap_or_else(|| panic!("{path} staged: {review:?}"));
+        let item =
+            review.iter().find(|c| c["path"] == *path).unwrap_or_else(|| panic!("{path} staged: {review:?}"));
         assert_eq!(item["sensitive"], true, "{path} not marked: {item}");
         assert!(item["sensitive_reason"].as_str().is_some_and(|r| !r.is_empty()), "{item}");
     }
     let reason = |path: &str| {
         review.iter().find(|c| c["path"] == path).unwrap()["sensitive_reason"].as_str().unwrap().to_owned()
     };
-    assert!(reason("tools/hooks/pre-commit").contains("core.hooksPath"), "{}", reason("tools/hooks/pre-commit"));
+    assert!(
+        reason("tools/hooks/pre-commit").contains("core.hooksPath"),
+        "{}",
+        reason("tools/hooks/pre-commit")
+    );
     assert!(reason("vendor/lib.git/config").contains("git directory"), "{}", reason("vendor/lib.git/config"));
 
     // --all applies the rest and none of them.
@@ -125,7 +136,11 @@ fn what_the_host_runs_is_not_applied_by_all(who: As) {
             assert!(!env.ws.join(path).exists(), "{path} was applied by --all");
         }
     }
-    assert_eq!(fs::read(env.ws.join("vendor/lib.git/config")).unwrap(), bare_config, "the bare repository's config");
+    assert_eq!(
+        fs::read(env.ws.join("vendor/lib.git/config")).unwrap(),
+        bare_config,
+        "the bare repository's config"
+    );
 
     // What the user does next runs nothing of the command's.
     host_commit(&env.ws);
@@ -180,7 +195,9 @@ fn a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config(who: As) {
     let out = in_home(&["review", "--json"]);
     let review = records_of(&text(&out.stdout), "change");
     assert!(text(&out.stderr).contains("is your home directory"), "review warns: {}", text(&out.stderr));
-    for path in [".bashrc", ".config/systemd/user/evil.service", ".ssh/authorized_keys", ".config/pvisor/config.toml"] {
+    for path in
+        [".bashrc", ".config/systemd/user/evil.service", ".ssh/authorized_keys", ".config/pvisor/config.toml"]
+    {
         let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
         assert_eq!(item["sensitive"], true, "{item}");
     }
@@ -209,7 +226,10 @@ fn a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config(who: As) {
     assert!(!registry.contains("/evil"), "the registry was applied: {registry}");
     let out = in_home(&["apply", "--all", "--include-sensitive"]);
     assert_eq!(out.status.code(), Some(1), "the refusal stays: {}", text(&out.stdout));
-    assert!(fs::read_to_string(home.join(".bashrc")).unwrap().contains("evil"), "a dotfile applies with consent");
+    assert!(
+        fs::read_to_string(home.join(".bashrc")).unwrap().contains("evil"),
+        "a dotfile applies with consent"
+    );
     assert!(!home.join(".config/pvisor").exists(), "pvisor's config was applied");
 }
 

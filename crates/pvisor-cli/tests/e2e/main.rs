@@ -17,6 +17,7 @@ mod hostile_apply;
 mod hostile_repo;
 mod limits;
 mod network;
+mod pasted_hints;
 mod read_commands;
 mod records;
 mod recovery;
