@@ -21,7 +21,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         return super::apply_hunks::cmd_apply_hunks(args);
     }
     let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }

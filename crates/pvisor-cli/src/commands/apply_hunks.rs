@@ -82,7 +82,7 @@ fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<
 
 pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
     let sensitive = crate::config::sensitive(&store)?;
     let stage = Stage::open(&store, &job)?;
     effects::require_confirmed(&stage)?;

@@ -242,3 +242,31 @@ fn a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config_as_root() {
 fn a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config_rootless() {
     a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config(As::Rootless);
 }
+
+/// A Job that arrives after the review is not what a plain `apply --all`
+/// (or `drop`) acts on: it refuses, names both Jobs, and applies nothing;
+/// naming the reviewed Job applies it.
+#[test]
+fn a_plain_apply_refuses_a_job_newer_than_the_one_reviewed() {
+    let env = Env::new(As::Rootless);
+    assert_eq!(env.run_sh("echo reviewed > seen.txt").status.code(), Some(0));
+    let reviewed = only_job(&env);
+    env.expect(&["review"], 0);
+    assert_eq!(env.run_sh("echo sneaky > unseen.txt").status.code(), Some(0));
+    let newer = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    assert_ne!(newer, reviewed);
+    for verb in [&["apply", "--all"][..], &["drop"][..]] {
+        let out = env.pvisor(verb);
+        assert_ne!(out.status.code(), Some(0), "{verb:?}: {}", text(&out.stdout));
+        let said = text(&out.stderr);
+        assert!(said.contains(&reviewed) && said.contains(&newer) && said.contains("newer"), "{said}");
+    }
+    assert!(!env.ws.join("unseen.txt").exists() && !env.ws.join("seen.txt").exists());
+    env.expect(&["apply", &reviewed, "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("seen.txt")).unwrap(), "reviewed\n");
+    assert!(!env.ws.join("unseen.txt").exists(), "the unreviewed Job was not applied");
+    // Reviewed in turn, the newer Job is the default again.
+    env.expect(&["review", &newer], 0);
+    env.expect(&["apply", "--all"], 0);
+    assert!(env.ws.join("unseen.txt").exists());
+}
