@@ -9,6 +9,14 @@
 //! `--include-sensitive` is given, and naming the exact path applies it.
 //! The built-in list is below (and in docs/review-and-apply.md); users add
 //! globs with `[apply] sensitive = [...]` in their own config.
+//!
+//! Names alone miss what a particular workspace makes the host run, so
+//! [`Sensitive::bind`] derives the rest from the workspace and the stage:
+//! the hook directory a repository's `core.hooksPath` names, git
+//! directories and virtualenvs found by their structure, files a git config
+//! includes, and, when the workspace holds the user's home, its dotfiles.
+//! pvisor's own config and state ([`Host::protected`]) are not sensitive
+//! but forbidden: [`Bound::forbidden`] refuses them whatever the selection.
 
 use std::collections::BTreeSet;
 use std::io::Read;
