@@ -119,9 +119,8 @@ mod tests {
         let named = named(text);
         assert_eq!(named.hooks_paths, ["tools/hooks", "with space\"q", "one-line", "old-style", "continued"]);
         assert_eq!(named.includes, ["../shared.cfg", "more.cfg"]);
-        assert_eq!(
-            super::named(b"\xff\xfe[core\nhooksPath\n"),
-            Named { hooks_paths: vec![String::new()], includes: vec![] }
-        );
+        let bad_utf8 = super::named(b"[core]\n# \xff\xfe\nhooksPath = h\n");
+        assert_eq!(bad_utf8.hooks_paths, ["h"], "bad UTF-8 is skipped, not fatal");
+        assert_eq!(super::named(b"[core\n\"\\\n=\n[]]]"), Named::default());
     }
 }
