@@ -172,7 +172,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     let mut out = std::io::stdout().lock();
     let mut incomplete = false;
-    let report = effects::apply_hunks(&store, &job, &partial)?;
+    let report = effects::apply_hunks(&store, &job, &partial, &sensitive)?;
     for (change, _) in &report.written {
         let Some(file) = offered.iter().position(|o| o.change.path == change.path) else { continue };
         let picks = &chosen[file];

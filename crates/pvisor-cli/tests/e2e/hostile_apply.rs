@@ -215,13 +215,17 @@ fn a_home_workspace_keeps_dotfiles_and_never_takes_pvisor_config(who: As) {
     // pvisor's own config and registry: refused even named, even with --include-sensitive.
     for named in [".config/pvisor/config.toml", ".local/state/pvisor-state-dirs"] {
         let out = in_home(&["apply", named, "--include-sensitive"]);
-        let staged = review.iter().any(|c| c["path"] == named);
-        if staged {
-            assert_eq!(out.status.code(), Some(1), "{named}: {}", text(&out.stdout));
-            assert!(text(&out.stdout).contains("never applies"), "{}", text(&out.stdout));
-        }
+        assert!(
+            review.iter().any(|c| c["path"] == named && c["never_applied"] == true),
+            "{named}: {review:?}"
+        );
+        assert_eq!(out.status.code(), Some(1), "{named}: {}", text(&out.stdout));
+        assert!(text(&out.stdout).contains("never applies"), "{}", text(&out.stdout));
     }
     assert!(!home.join(".config/pvisor").exists(), "pvisor's config was applied");
+    // Nor hunk by hunk.
+    let out = in_home(&["apply", "-p", ".local/state/pvisor-state-dirs"]);
+    assert!(text(&out.stdout).contains("never applied"), "{}", text(&out.stdout));
     let registry = fs::read_to_string(home.join(".local/state/pvisor-state-dirs")).unwrap_or_default();
     assert!(!registry.contains("/evil"), "the registry was applied: {registry}");
     let out = in_home(&["apply", "--all", "--include-sensitive"]);
