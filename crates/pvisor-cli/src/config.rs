@@ -155,14 +155,64 @@ pub fn user_config() -> anyhow::Result<(Option<PathBuf>, ConfigFile)> {
     }
 }
 
-/// The sensitive paths: the built-in list and the user's own globs. A
-/// workspace cannot shorten this list.
-pub fn sensitive() -> anyhow::Result<pvisor::effects::Sensitive> {
+/// The sensitive paths: the built-in list, the user's own globs, and what
+/// this host runs from a workspace (the home directory, the user's git
+/// configs) or must never take from one (pvisor's own config and state,
+/// `store`'s and every registered one). A workspace cannot shorten this list.
+pub fn sensitive(store: &pvisor_core::store::Store) -> anyhow::Result<pvisor::effects::Sensitive> {
     let (path, user) = user_config()?;
-    pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default()).map_err(|e| {
-        let file = path.map(|p| p.display().to_string()).unwrap_or_else(|| "the user config".into());
-        anyhow::anyhow!("{file}: [apply] sensitive: {e}")
-    })
+    let sensitive = pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default())
+        .map_err(|e| {
+            let file = path.map(|p| p.display().to_string()).unwrap_or_else(|| "the user config".into());
+            anyhow::anyhow!("{file}: [apply] sensitive: {e}")
+        })?;
+    Ok(sensitive.with_host(host(store)))
+}
+
+/// What this user's environment says about the host: see [`sensitive`].
+fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+    let config_home = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| home.as_ref().map(|h| h.join(".config")));
+    let mut git_configs: Vec<PathBuf> = home.iter().map(|h| h.join(".gitconfig")).collect();
+    git_configs.extend(config_home.iter().map(|c| c.join("git/config")));
+    git_configs.push(PathBuf::from("/etc/gitconfig"));
+    let why_config = "pvisor's own configuration, which sets every later run's policy; edit it yourself, outside a sandbox";
+    let why_state = "a pvisor state directory (Jobs, trust, evidence); pvisor writes it itself";
+    let mut protected = Vec::new();
+    if let Some(config) = user_config_path() {
+        protected.extend(config.parent().map(|dir| (dir.to_path_buf(), why_config.to_owned())));
+    }
+    protected.push((store.root().to_path_buf(), why_state.to_owned()));
+    protected.extend(crate::commands::other_state_dirs(store).into_iter().map(|d| (d, why_state.to_owned())));
+    let registry = pvisor_core::store::state_dirs_registry(
+        std::env::var_os("XDG_STATE_HOME"),
+        home.clone().map(Into::into),
+    );
+    if let Some(registry) = registry {
+        let why = "pvisor's list of state directories, which every sandbox hides; pvisor writes it itself";
+        let mut lock = registry.clone().into_os_string();
+        lock.push(".lock");
+        protected.push((PathBuf::from(lock), why.to_owned()));
+        protected.push((registry, why.to_owned()));
+    }
+    pvisor_stage::sensitive::Host { home, git_configs, protected }
+}
+
+/// Says so when `workspace` is the user's home directory or holds it:
+/// staging there makes every dotfile a path the host runs.
+pub fn warn_if_home(workspace: &Path) {
+    let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else { return };
+    let home = std::fs::canonicalize(&home).unwrap_or_else(|_| PathBuf::from(home));
+    let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    if home.starts_with(&workspace) {
+        eprintln!(
+            "pvisor: warning: the workspace {} is your home directory or holds it: shell start-up files, ssh, git and systemd user units are all inside it (they are marked sensitive, and pvisor's own config and state are never applied)",
+            crate::output::shown_path(&workspace)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -30,17 +30,28 @@ pub fn json_line<T: Serialize>(out: &mut impl Write, kind: &str, value: &T) -> a
 pub fn shell_words(program: &str, args: &[String]) -> String {
     let quoted = std::iter::once(program)
         .chain(args.iter().map(String::as_str))
-        .map(|w| {
-            if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
-                w.to_owned()
-            } else {
-                format!("'{}'", w.replace('\'', "'\\''"))
-            }
-        })
+        .map(quote_word)
         .collect::<Vec<_>>()
         .join(" ");
     // Quoting keeps the words apart; escaping keeps the terminal safe.
     pvisor_core::text::escape(&quoted, pvisor_core::text::Tabs::Escape).into_owned()
+}
+
+/// `word` as one POSIX shell word: bare when every byte is plainly safe,
+/// else single-quoted (inside which a shell expands nothing).
+pub fn quote_word(word: &str) -> String {
+    if !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// `word` quoted for pasting into a shell, or `None` when the terminal
+/// would not show it as it is (a control or invisible character): what is
+/// printed for pasting must be exactly what runs.
+pub fn pasteable(word: &str) -> Option<String> {
+    (pvisor_core::text::count_unsafe(word) == 0 && !word.contains(['\t', '\n'])).then(|| quote_word(word))
 }
 
 /// Untrusted text (a reason quoting host names, an error, a path) made safe

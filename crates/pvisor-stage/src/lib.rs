@@ -21,6 +21,7 @@ pub mod apply;
 pub mod beneath;
 mod changes;
 pub mod checkpoint;
+mod gitconfig;
 pub mod glob;
 pub mod hunks;
 pub mod ledger;

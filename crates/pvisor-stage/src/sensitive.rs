@@ -9,17 +9,30 @@
 //! `--include-sensitive` is given, and naming the exact path applies it.
 //! The built-in list is below (and in docs/review-and-apply.md); users add
 //! globs with `[apply] sensitive = [...]` in their own config.
+//!
+//! Names alone miss what a particular workspace makes the host run, so
+//! [`Sensitive::bind`] derives the rest from the workspace and the stage:
+//! the hook directory a repository's `core.hooksPath` names, git
+//! directories and virtualenvs found by their structure, files a git config
+//! includes, and, when the workspace holds the user's home, its dotfiles.
+//! pvisor's own config and state ([`Host::protected`]) are not sensitive
+//! but forbidden: [`Bound::forbidden`] refuses them whatever the selection.
 
+use std::collections::BTreeSet;
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
 
-use pvisor_core::records::{ChangeEntry, EntryType};
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_core::store::RelPath;
 
-use crate::glob;
+use crate::beneath::{Kind, Root};
+use crate::{gitconfig, glob};
 
 /// Any path with one of these components (compared ignoring ASCII case: on
 /// a case-insensitive workspace `.GIT` is `.git`).
-const DIRECTORIES: [(&str, &str); 11] = [
+const DIRECTORIES: &[(&str, &str)] = &[
     (".git", "git runs hooks and reads config from .git/"),
     (".hg", "Mercurial runs hooks and reads config from .hg/"),
     (".jj", "jj reads its repository config from .jj/"),
@@ -31,10 +44,22 @@ const DIRECTORIES: [(&str, &str); 11] = [
     (".circleci", "a CI pipeline definition"),
     (".githooks", "git hooks"),
     (".lfsconfig", "git-lfs reads its transfer configuration from it"),
+    // Coding agents read their settings, hooks, commands and MCP servers
+    // from these when they next start here, and act on them.
+    (".claude", "a coding agent's settings, hooks and commands: the next agent run here obeys them"),
+    (".cursor", "a coding agent's rules and MCP servers: the next agent run here obeys them"),
+    (".gemini", "a coding agent's settings and MCP servers: the next agent run here obeys them"),
+    (".codex", "a coding agent's config: the next agent run here obeys it"),
+    (".windsurf", "a coding agent's rules: the next agent run here obeys them"),
+    (".continue", "a coding agent's config and MCP servers: the next agent run here obeys them"),
+    (".cargo", "cargo obeys its config (build.rustc-wrapper, runners, aliases) on the next build"),
+    (".direnv", "direnv's layouts (virtualenvs, PATH entries) run when you enter the directory"),
+    ("site-packages", "Python runs .pth files and imports modules from site-packages"),
+    ("dist-packages", "Python runs .pth files and imports modules from dist-packages"),
 ];
 
 /// Any path whose last component is one of these.
-const FILE_NAMES: [(&str, &str); 12] = [
+const FILE_NAMES: &[(&str, &str)] = &[
     (".envrc", "direnv runs it when you enter the directory"),
     (".pvisor.toml", "it sets pvisor's policy for the next run here"),
     (".tool-versions", "asdf/mise install and run the tools it names"),
@@ -49,6 +74,31 @@ const FILE_NAMES: [(&str, &str); 12] = [
     // repository (with a config that runs commands) needs one.
     ("HEAD", "it makes its directory a git repository, whose config git obeys"),
     ("packed-refs", "part of a git repository's metadata"),
+    // Instructions a coding agent reads at start and acts on with the
+    // user's permissions: a staged one is a prompt injection that outlives
+    // the sandbox, so it is shown for consent like a hook.
+    (".mcp.json", "it names MCP servers a coding agent starts (commands run on the host)"),
+    ("CLAUDE.md", "a coding agent reads it as instructions and acts on them"),
+    ("CLAUDE.local.md", "a coding agent reads it as instructions and acts on them"),
+    ("AGENTS.md", "a coding agent reads it as instructions and acts on them"),
+    ("GEMINI.md", "a coding agent reads it as instructions and acts on them"),
+    (".cursorrules", "a coding agent reads it as instructions and acts on them"),
+    (".windsurfrules", "a coding agent reads it as instructions and acts on them"),
+    (".yarnrc.yml", "yarn runs the program its yarnPath names, and its plugins"),
+    (".yarnrc", "yarn runs the program its yarn-path names"),
+    (".npmrc", "npm runs scripts with its script-shell and obeys its settings"),
+    (".pnpmfile.cjs", "pnpm runs it on every install"),
+    (".pnp.cjs", "yarn and node load it as code"),
+    (".pnp.loader.mjs", "yarn and node load it as code"),
+    ("bunfig.toml", "bun obeys its preload scripts and settings"),
+    (".bunfig.toml", "bun obeys its preload scripts and settings"),
+    ("pip.conf", "pip obeys its index and install settings"),
+    ("pip.ini", "pip obeys its index and install settings"),
+    ("rust-toolchain", "rustup installs and runs the toolchain it names"),
+    ("rust-toolchain.toml", "rustup installs and runs the toolchain it names"),
+    ("pyvenv.cfg", "it makes its directory a Python virtualenv, whose interpreter it names"),
+    ("sitecustomize.py", "Python runs it at every start where it is on the path"),
+    ("usercustomize.py", "Python runs it at every start where it is on the path"),
 ];
 
 /// Exactly these workspace-relative paths, or anything beneath them.
@@ -64,42 +114,67 @@ fn same_name(a: &[u8], b: &str) -> bool {
     a.eq_ignore_ascii_case(b.as_bytes())
 }
 
-/// The built-in list plus the user's own globs.
+/// The built-in list plus the user's own globs, and what is known of the
+/// host (see [`Host`]); [`Sensitive::bind`] adds what the workspace and the
+/// stage themselves say.
 #[derive(Clone, Debug, Default)]
 pub struct Sensitive {
     user: Vec<glob::Pattern>,
+    host: Host,
+}
+
+/// Facts about the host that decide what it runs: given by the caller, who
+/// knows the user's environment.
+#[derive(Clone, Debug, Default)]
+pub struct Host {
+    /// The user's home directory: when the workspace is or holds it, every
+    /// dotfile at its top is sensitive.
+    pub home: Option<PathBuf>,
+    /// The user's own git config files (`~/.gitconfig`, ...): a
+    /// `core.hooksPath` there applies to every repository.
+    pub git_configs: Vec<PathBuf>,
+    /// pvisor's own configuration and state (absolute paths, each with the
+    /// reason): never applied, whatever the selection or flags.
+    pub protected: Vec<(PathBuf, String)>,
 }
 
 impl Sensitive {
     /// The built-in list and `user` globs (from the user's config).
     pub fn new(user: Vec<String>) -> Result<Self, glob::BadPattern> {
-        Ok(Self { user: user.iter().map(|p| glob::Pattern::new(p)).collect::<Result<_, _>>()? })
+        let user = user.iter().map(|p| glob::Pattern::new(p)).collect::<Result<_, _>>()?;
+        Ok(Self { user, host: Host::default() })
+    }
+
+    /// The same list, knowing `host`.
+    pub fn with_host(mut self, host: Host) -> Self {
+        self.host = host;
+        self
     }
 
     /// Why applying `path` needs consent, or `None` if it does not.
     pub fn reason(&self, path: &RelPath) -> Option<String> {
         let bytes = path.as_path().as_os_str().as_bytes();
         let components: Vec<&[u8]> = bytes.split(|&b| b == b'/').collect();
-        for (name, why) in DIRECTORIES {
+        for &(name, why) in DIRECTORIES {
             if components.iter().any(|c| same_name(c, name)) {
                 return Some(why.to_owned());
             }
         }
         let last = components.last().copied().unwrap_or_default();
-        for (name, why) in FILE_NAMES {
+        for &(name, why) in FILE_NAMES {
             if same_name(last, name) {
                 return Some(why.to_owned());
             }
         }
-        // `.vscode/launch.json` and friends anywhere, not only at the root.
-        if components.len() >= 2 && same_name(components[components.len() - 2], ".vscode") {
-            let editor = ["settings.json", "tasks.json", "launch.json"];
-            if editor.iter().any(|e| same_name(last, e)) {
-                return Some("editor settings and tasks can run tools when the folder opens".into());
-            }
+        if let Some(why) = Self::by_parent(&components) {
+            return Some(why.to_owned());
         }
-        if last.len() > ".code-workspace".len() && last.to_ascii_lowercase().ends_with(b".code-workspace") {
+        let lower_last = last.to_ascii_lowercase();
+        if last.len() > ".code-workspace".len() && lower_last.ends_with(b".code-workspace") {
             return Some("an editor workspace file can run tasks when opened".into());
+        }
+        if last.len() > ".pth".len() && lower_last.ends_with(b".pth") {
+            return Some("Python runs the import lines of a .pth file at every start".into());
         }
         let lower = bytes.to_ascii_lowercase();
         for (root, why) in ROOT_PATHS {
@@ -112,6 +187,26 @@ impl Sensitive {
             .iter()
             .find(|pattern| pattern.matches(bytes))
             .map(|pattern| format!("your config marks {:?} as sensitive", pattern.as_str()))
+    }
+
+    /// A file that matters by the directory it is in: `.vscode/tasks.json`
+    /// and friends, a virtualenv's `bin/activate*`, yarn's releases and
+    /// plugins (anywhere, not only at the root).
+    fn by_parent(components: &[&[u8]]) -> Option<&'static str> {
+        let [.., parent, last] = components else { return None };
+        let lower = last.to_ascii_lowercase();
+        if same_name(parent, ".vscode")
+            && ["settings.json", "tasks.json", "launch.json", "mcp.json"].iter().any(|e| same_name(last, e))
+        {
+            return Some("editor settings, tasks and MCP servers run tools when the folder opens");
+        }
+        if (same_name(parent, "bin") || same_name(parent, "Scripts")) && lower.starts_with(b"activate") {
+            return Some("a virtualenv's activate script runs in your shell");
+        }
+        let yarn = |w: &[&[u8]]| {
+            same_name(w[0], ".yarn") && (same_name(w[1], "releases") || same_name(w[1], "plugins"))
+        };
+        components.windows(2).any(yarn).then_some("yarn runs its release and plugins from .yarn/")
     }
 
     /// [`Self::reason`] for a staged change, and also: a symlink or file put
@@ -138,6 +233,338 @@ impl Sensitive {
                 .to_owned()
         })
     }
+}
+
+/// The largest config file read to find hook directories and includes.
+const READ_CAP: u64 = 64 * 1024;
+
+/// How deep `include.path` is followed (git's own limit is 10).
+const INCLUDE_DEPTH: usize = 4;
+
+/// [`Sensitive`] for one stage: also what the workspace and the stage say
+/// the host will run (hook directories that a repository's `core.hooksPath`
+/// names, git directories and virtualenvs found by their structure, files a
+/// git config includes), where the user's home is, and pvisor's own files,
+/// which are never applied.
+#[derive(Debug)]
+pub struct Bound<'a> {
+    base: &'a Sensitive,
+    /// Workspace-relative directories everything beneath which is sensitive.
+    dirs: Vec<(PathBuf, String)>,
+    /// Workspace-relative files that are sensitive.
+    files: Vec<(PathBuf, String)>,
+    /// The user's home, relative to the workspace, when the workspace holds it.
+    home: Option<PathBuf>,
+    /// pvisor's own files, relative to the workspace.
+    protected: Vec<(PathBuf, String)>,
+}
+
+impl Sensitive {
+    /// What the host will run from `workspace` (an absolute, canonical
+    /// path) once `changes` are applied, read from the workspace's tree
+    /// (`ws`, absent for an imported Job) and the stage's (`upper`): both,
+    /// since either may hold the config that names a hook directory.
+    pub fn bind(
+        &self,
+        workspace: &Path,
+        ws: Option<&Root>,
+        upper: Option<&Root>,
+        changes: &[ChangeEntry],
+    ) -> Bound<'_> {
+        let trees = Trees { workspace, ws, upper };
+        let mut bound = Bound {
+            base: self,
+            dirs: Vec::new(),
+            files: Vec::new(),
+            home: self.host.home.as_deref().and_then(|home| inside(workspace, &canonical(home))),
+            protected: self
+                .host
+                .protected
+                .iter()
+                .filter_map(|(path, why)| Some((inside(workspace, &canonical(path))?, why.clone())))
+                .collect(),
+        };
+        let mut seen = BTreeSet::new();
+        for change in changes {
+            let path = change.path.as_path();
+            seen.extend(path.ancestors().skip(1).map(Path::to_path_buf));
+            if change.entry == EntryType::Dir {
+                seen.insert(path.to_path_buf());
+            }
+        }
+        // Repository top levels: each directory with a `.git` that holds a
+        // change or is at the workspace's top (a repository's hooksPath may
+        // lead out of it), and the repository the workspace itself is in,
+        // found as git finds it.
+        let mut tops: Vec<PathBuf> = Vec::new();
+        for name in
+            [ws, upper].into_iter().flatten().flat_map(|root| root.list(Path::new("")).unwrap_or_default())
+        {
+            let dir = PathBuf::from(name);
+            if !seen.contains(&dir) && trees.exists(&dir.join(".git")) {
+                tops.push(workspace.join(dir));
+            }
+        }
+        for dir in &seen {
+            if let Some(why) = trees.structure(dir) {
+                bound.dirs.push((dir.clone(), why.to_owned()));
+            }
+            if trees.exists(&dir.join(".git")) {
+                tops.push(workspace.join(dir));
+            }
+        }
+        if !tops.iter().any(|t| t == workspace) {
+            if let Some(top) = workspace.ancestors().find(|a| a.join(".git").symlink_metadata().is_ok()) {
+                tops.push(top.to_path_buf());
+            }
+        }
+        for top in &tops {
+            for config in trees.git_configs_of(top) {
+                bound.read_git_config(&trees, &config, top, 0);
+            }
+            for config in &self.host.git_configs {
+                bound.read_git_config(&trees, config, top, 0);
+            }
+        }
+        bound
+    }
+}
+
+impl Bound<'_> {
+    /// Records what the git config at `config` (absolute) names for the
+    /// repository whose work tree is `top`: its hook directories and the
+    /// files it includes, followed to [`INCLUDE_DEPTH`].
+    fn read_git_config(&mut self, trees: &Trees, config: &Path, top: &Path, depth: usize) {
+        let shown = trees.shown(config);
+        for text in trees.read(config) {
+            let named = gitconfig::named(&text);
+            for hooks in named.hooks_paths.iter().filter(|h| !h.is_empty()) {
+                let dir = expand(hooks, top, self.base.host.home.as_deref());
+                if let Some(rel) = inside(trees.workspace, &dir) {
+                    let why = format!("git runs hooks from this directory (core.hooksPath in {shown})");
+                    self.dirs.push((rel, why));
+                }
+            }
+            for include in named.includes.iter().filter(|i| !i.is_empty()) {
+                let base = config.parent().unwrap_or(Path::new("/"));
+                let file = expand(include, base, self.base.host.home.as_deref());
+                if let Some(rel) = inside(trees.workspace, &file) {
+                    let why = format!("git reads it as config (include.path in {shown})");
+                    self.files.push((rel, why));
+                }
+                if depth < INCLUDE_DEPTH {
+                    self.read_git_config(trees, &file, top, depth + 1);
+                }
+            }
+        }
+    }
+
+    /// Why `change` is never applied: it is pvisor's own configuration or
+    /// state (or replaces a directory holding it). A sandboxed command that
+    /// could write these would widen its own next run's policy.
+    pub fn forbidden(&self, change: &ChangeEntry) -> Option<String> {
+        let path = change.path.as_path();
+        let plain_dir = change.entry == EntryType::Dir
+            && !matches!(change.kind, ChangeKind::OpaqueDir | ChangeKind::TypeChanged | ChangeKind::Deleted);
+        self.protected.iter().find_map(|(protected, why)| {
+            if path.starts_with(protected) {
+                Some(why.clone())
+            } else if protected.starts_with(path) && !plain_dir {
+                Some(format!("it replaces a directory that holds {why}"))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Whether the workspace is the user's home directory or holds it.
+    pub fn holds_home(&self) -> bool {
+        self.home.is_some()
+    }
+
+    /// Why applying `change` needs consent (or is never done: see
+    /// [`Self::forbidden`]), or `None` if it does not.
+    pub fn reason_for(&self, change: &ChangeEntry) -> Option<String> {
+        if let Some(why) = self.forbidden(change) {
+            return Some(format!("never applied: {why}"));
+        }
+        if let Some(why) = self.base.reason_for(change) {
+            return Some(why);
+        }
+        let path = change.path.as_path();
+        if let Some(why) = self.in_home(path) {
+            return Some(why);
+        }
+        if let Some((_, why)) = self.files.iter().find(|(file, _)| path == file) {
+            return Some(why.clone());
+        }
+        if let Some((_, why)) = self.dirs.iter().find(|(dir, _)| path.starts_with(dir)) {
+            return Some(why.clone());
+        }
+        // A symlink or file put where such a directory is read from.
+        let above = |dir: &PathBuf| dir.starts_with(path) && dir.as_path() != path;
+        (change.entry != EntryType::Dir && self.dirs.iter().any(|(dir, _)| above(dir))).then(|| {
+            "a symlink or file in place of a directory whose files the host runs: what it leads to would not be flagged"
+                .to_owned()
+        })
+    }
+
+    /// A dotfile or `bin/` at the top of the user's home, when the
+    /// workspace holds it: shells, ssh, git, systemd and the desktop read
+    /// or run them at login.
+    fn in_home(&self, path: &Path) -> Option<String> {
+        let rest = path.strip_prefix(self.home.as_ref()?).ok()?;
+        let first = rest.components().next()?.as_os_str().as_bytes();
+        (first.starts_with(b".") || first == b"bin").then(|| {
+            "the workspace holds your home directory: your shell, ssh, git, systemd and the desktop read or run its dotfiles".to_owned()
+        })
+    }
+}
+
+/// The workspace's tree and the stage's, read together.
+struct Trees<'a> {
+    workspace: &'a Path,
+    ws: Option<&'a Root>,
+    upper: Option<&'a Root>,
+}
+
+impl Trees<'_> {
+    fn kinds(&self, rel: &Path) -> impl Iterator<Item = Kind> + '_ {
+        let rel = rel.to_path_buf();
+        [self.ws, self.upper]
+            .into_iter()
+            .flatten()
+            .filter_map(move |root| root.stat(&rel).ok().flatten().map(|s| s.kind))
+    }
+
+    fn exists(&self, rel: &Path) -> bool {
+        self.kinds(rel).any(|k| k != Kind::Special)
+    }
+
+    fn is(&self, rel: &Path, kind: Kind) -> bool {
+        self.kinds(rel).any(|k| k == kind)
+    }
+
+    /// Why the directory `dir` makes the host run its contents: a git
+    /// directory (git's own test: HEAD, objects/ and refs/; or a `config`
+    /// with a `[core]` section), or a virtualenv (`pyvenv.cfg`).
+    fn structure(&self, dir: &Path) -> Option<&'static str> {
+        let git = self.is(&dir.join("HEAD"), Kind::File)
+            && self.is(&dir.join("objects"), Kind::Dir)
+            && self.is(&dir.join("refs"), Kind::Dir);
+        let core = || {
+            self.read(&self.workspace.join(dir).join("config")).iter().any(|text| {
+                String::from_utf8_lossy(text)
+                    .lines()
+                    .any(|l| l.trim_start().to_ascii_lowercase().starts_with("[core"))
+            })
+        };
+        if git || core() {
+            return Some("a git directory (found by its structure): git obeys its config and runs its hooks");
+        }
+        self.is(&dir.join("pyvenv.cfg"), Kind::File).then_some(
+            "a Python virtualenv: its interpreter, scripts and site-packages run whenever it is used",
+        )
+    }
+
+    /// The config files of the repository whose work tree is `top`: its
+    /// `.git/config`, or, when `.git` is a file (a worktree or submodule),
+    /// the config of the git directory it points to and of that one's
+    /// common directory.
+    fn git_configs_of(&self, top: &Path) -> Vec<PathBuf> {
+        let dot_git = top.join(".git");
+        let mut configs = vec![dot_git.join("config")];
+        for text in self.read(&dot_git) {
+            let text = String::from_utf8_lossy(&text);
+            let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")) else { continue };
+            let gitdir = normal(&top.join(target.trim()));
+            configs.push(gitdir.join("config"));
+            for common in self.read(&gitdir.join("commondir")) {
+                let common = String::from_utf8_lossy(&common);
+                configs.push(normal(&gitdir.join(common.trim())).join("config"));
+            }
+        }
+        configs
+    }
+
+    /// The file at `path` (absolute): inside the workspace, both the
+    /// staged and the host's version (each may be obeyed); elsewhere, the
+    /// host's. Each at most [`READ_CAP`] bytes; what cannot be read is skipped.
+    fn read(&self, path: &Path) -> Vec<Vec<u8>> {
+        let capped = |file: std::fs::File| {
+            let mut bytes = Vec::new();
+            file.take(READ_CAP).read_to_end(&mut bytes).ok().map(|_| bytes)
+        };
+        match inside(self.workspace, path) {
+            Some(rel) if rel.as_os_str().is_empty() => Vec::new(),
+            Some(rel) => [self.upper, self.ws]
+                .into_iter()
+                .flatten()
+                .filter_map(|root| root.open_file(&rel).ok().and_then(capped))
+                .collect(),
+            None => {
+                let opened = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+                    .open(path);
+                opened
+                    .ok()
+                    .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+                    .and_then(capped)
+                    .into_iter()
+                    .collect()
+            }
+        }
+    }
+
+    /// `path` as a person knows it: workspace-relative when inside.
+    fn shown(&self, path: &Path) -> String {
+        let path = inside(self.workspace, path).unwrap_or_else(|| path.to_path_buf());
+        pvisor_core::text::escape_bytes(path.as_os_str().as_bytes(), pvisor_core::text::Tabs::Escape)
+    }
+}
+
+/// `value` (a path from a git config) made absolute: `~/` is the home,
+/// a relative path is relative to `base`.
+fn expand(value: &str, base: &Path, home: Option<&Path>) -> PathBuf {
+    let path = match (value.strip_prefix("~/"), home) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => base.join(value),
+    };
+    normal(&path)
+}
+
+/// `path` with `.` and `..` resolved by name (the files may not exist).
+fn normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// `path` relative to `workspace`, when it is inside it ("" for the workspace itself).
+fn inside(workspace: &Path, path: &Path) -> Option<PathBuf> {
+    normal(path).strip_prefix(workspace).ok().map(Path::to_path_buf)
+}
+
+/// `path` with the symlinks of its longest existing ancestor resolved (the
+/// rest may not exist yet: the config file of a user who has none).
+fn canonical(path: &Path) -> PathBuf {
+    let path = normal(path);
+    for ancestor in path.ancestors() {
+        if let Ok(real) = std::fs::canonicalize(ancestor) {
+            let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return if rest.as_os_str().is_empty() { real } else { real.join(rest) };
+        }
+    }
+    path
 }
 
 #[cfg(test)]
@@ -183,5 +610,101 @@ mod tests {
         {
             assert!(s.reason(&rel(path)).is_none(), "{path} should not be sensitive");
         }
+    }
+
+    fn file(path: &str, entry: EntryType) -> ChangeEntry {
+        ChangeEntry { path: rel(path), kind: ChangeKind::Added, entry, size: 0, mode: 0o644, blake3: None }
+    }
+
+    #[test]
+    fn what_the_workspace_says_the_host_runs_is_sensitive() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        let mk = |p: &str, text: &str| {
+            std::fs::create_dir_all(ws.join(p).parent().unwrap()).unwrap();
+            std::fs::write(ws.join(p), text).unwrap();
+        };
+        mk(".git/config", "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../cfg/extra\n");
+        mk("cfg/extra", "[core]\nhooksPath = \"more hooks\"\n");
+        mk("sub/.git", "gitdir: ../modules/sub\n");
+        mk("modules/sub/config", "[core]\nhooksPath = ../sub-hooks\n");
+        for d in ["vendor/bare.git/objects", "vendor/bare.git/refs"] {
+            std::fs::create_dir_all(ws.join(d)).unwrap();
+        }
+        mk("vendor/bare.git/HEAD", "ref: refs/heads/main\n");
+        mk("odd/config", "[Core]\npager = x\n");
+        mk("env/pyvenv.cfg", "home = /usr/bin\n");
+        let root = Root::open(&ws).unwrap();
+        let host = Host {
+            home: Some(ws.clone()),
+            git_configs: Vec::new(),
+            protected: vec![(ws.join(".config/pvisor"), "pvisor's own configuration".into())],
+        };
+        let s = Sensitive::new(Vec::new()).unwrap().with_host(host);
+        let changes: Vec<ChangeEntry> = [
+            "tools/hooks/pre-commit",
+            "more hooks/post-commit",
+            "cfg/extra",
+            "sub-hooks/pre-push",
+            "vendor/bare.git/config",
+            "vendor/bare.git/hooks/post-checkout",
+            "odd/config",
+            "env/bin/python3",
+            ".bashrc",
+            ".config/systemd/user/x.service",
+            "bin/tool",
+            ".config/pvisor/config.toml",
+            "src/main.rs",
+            "tools/build.sh",
+        ]
+        .iter()
+        .map(|p| file(p, EntryType::File))
+        .collect();
+        let bound = s.bind(&ws, Some(&root), None, &changes);
+        for change in &changes[..12] {
+            assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
+        }
+        for change in &changes[12..] {
+            assert!(bound.reason_for(change).is_none(), "{:?} should not be sensitive", change.path);
+        }
+        assert!(bound.holds_home());
+        assert!(bound.forbidden(&changes[11]).is_some(), "pvisor's config is never applied");
+        assert!(bound.forbidden(&changes[8]).is_none(), ".bashrc is sensitive, not forbidden");
+        let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
+        assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");
+        assert!(bound.forbidden(&file(".config", EntryType::Dir)).is_none());
+    }
+
+    #[test]
+    fn agent_and_package_manager_config_is_sensitive() {
+        let s = Sensitive::new(Vec::new()).unwrap();
+        for path in [
+            ".claude/settings.json",
+            ".claude/commands/x.md",
+            "CLAUDE.md",
+            "AGENTS.md",
+            ".mcp.json",
+            ".vscode/mcp.json",
+            ".cursor/mcp.json",
+            ".gemini/settings.json",
+            ".codex/config.toml",
+            ".yarnrc.yml",
+            ".yarn/releases/yarn-4.cjs",
+            ".yarn/plugins/@yarnpkg/p.cjs",
+            ".npmrc",
+            ".pnpmfile.cjs",
+            "bunfig.toml",
+            ".cargo/config.toml",
+            "rust-toolchain.toml",
+            "venv/lib/python3.12/site-packages/evil.pth",
+            "x/evil.pth",
+            "venv/bin/activate",
+            "venv/bin/activate.fish",
+            "pyvenv.cfg",
+        ] {
+            assert!(s.reason(&rel(path)).is_some(), "{path} should be sensitive");
+        }
+        assert!(s.reason(&rel(".yarn/cache/x.zip")).is_none());
+        assert!(s.reason(&rel("docs/depth.md")).is_none());
     }
 }

@@ -75,14 +75,14 @@ pub struct ReviewArgs {
 /// Sensitive paths (`.git/`, `.envrc`, `.pvisor.toml`, editor and CI task
 /// files, …: they make the host run code) are applied only when named
 /// exactly, chosen with -i, or with --include-sensitive; --all, globs and
-/// directories skip them and say so (exit 1). A path that cannot be written
-/// does not stop the others.
+/// directories skip them and say so (exit 1). pvisor's own config and state
+/// are never applied. A path that cannot be written does not stop the others.
 #[derive(Debug, Args)]
 #[command(
     after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
 )]
 pub struct ApplyArgs {
-    /// The Job (id or unique prefix) [default: the most recent]. A first argument that is not a job is taken as a path.
+    /// The Job (id or unique prefix) [default: the most recent, refused if newer than the one last reviewed]. A first argument that is not a job is taken as a path.
     pub job: Option<String>,
     /// Paths (a directory selects everything under it) or globs to apply.
     pub paths: Vec<String>,

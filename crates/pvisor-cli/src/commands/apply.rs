@@ -21,14 +21,14 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         return super::apply_hunks::cmd_apply_hunks(args);
     }
     let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }
     if args.all && !paths.is_empty() {
         bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
     }
-    let sensitive = crate::config::sensitive()?;
+    let sensitive = crate::config::sensitive(&store)?;
     let options = ApplyOptions {
         force: args.force,
         force_paths: Vec::new(),
@@ -68,6 +68,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     if stderr_tty && written >= 500 {
         eprintln!();
     }
+    crate::config::warn_if_home(&report.workspace);
     let mut out = std::io::stdout().lock();
     for warning in &report.warnings {
         eprintln!("pvisor: warning: {warning}");
@@ -82,6 +83,19 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     // Not applied, but the rest was: each is said, and the exit status is 1.
     let mut incomplete = false;
+    if !report.refused.is_empty() {
+        incomplete = true;
+        writeln!(
+            out,
+            "refused {} path(s) that pvisor never applies, whatever the flags:",
+            report.refused.len()
+        )?;
+        for (change, reason) in &report.refused {
+            writeln!(out, "  REFUSED   {}: {}", change.path.display_escaped(), shown(reason))?;
+        }
+        let me = crate::output::me();
+        writeln!(out, "a sandboxed command may not change pvisor's own config or state; drop them with `{me} drop {job} PATH`, and make any change you want yourself, outside a sandbox")?;
+    }
     if !report.skipped_sensitive.is_empty() {
         incomplete = true;
         writeln!(
@@ -90,9 +104,9 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
             report.skipped_sensitive.len()
         )?;
         for (change, reason) in &report.skipped_sensitive {
-            writeln!(out, "  SENSITIVE {}: {reason}", change.path.display_escaped())?;
+            writeln!(out, "  SENSITIVE {}: {}", change.path.display_escaped(), shown(reason))?;
         }
-        writeln!(out, "review them with `pvisor review {job} --diff`; apply one by naming it exactly, or pass --include-sensitive")?;
+        write_sensitive_hint(&mut out, &job, &report.skipped_sensitive)?;
     }
     for (change, error) in &report.failed {
         incomplete = true;
@@ -145,6 +159,38 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
     }
     Ok(if incomplete { REFUSED } else { 0 })
+}
+
+/// How many apply commands the sensitive-path hint lists.
+const HINTS: usize = 5;
+
+/// How to apply a skipped sensitive path: a command per path, quoted so
+/// that pasting it runs exactly that (a name the terminal cannot show as
+/// it is gets no command: `apply -i` offers it), at most [`HINTS`].
+fn write_sensitive_hint(
+    out: &mut impl Write,
+    job: &pvisor_core::ids::JobId,
+    skipped: &[(pvisor_core::records::ChangeEntry, String)],
+) -> std::io::Result<()> {
+    let me = crate::output::me();
+    writeln!(out, "review them with `{me} review {job} --diff`; apply one by naming it exactly (paths are from the workspace's top; the names came from the sandbox), or pass --include-sensitive:")?;
+    let mut unshown = 0;
+    for (change, _) in skipped.iter().take(HINTS) {
+        match change.path.as_path().to_str().and_then(crate::output::pasteable) {
+            Some(quoted) => writeln!(out, "  {me} apply {job} -- {quoted}")?,
+            None => unshown += 1,
+        }
+    }
+    if unshown > 0 {
+        writeln!(
+            out,
+            "  ({unshown} with a name a terminal cannot show as it is: `{me} apply -i {job}` offers each)"
+        )?;
+    }
+    if skipped.len() > HINTS {
+        writeln!(out, "  (and {} more: `{me} review {job}` lists them)", skipped.len() - HINTS)?;
+    }
+    Ok(())
 }
 
 /// Drops the changes `apply -i` was told to drop (`d`).
@@ -203,6 +249,10 @@ fn choose_interactively(
     let mut out = std::io::stdout().lock();
     for (n, item) in items.iter().enumerate() {
         let path = item.change.path.display_escaped();
+        if let Some(reason) = &item.forbidden {
+            writeln!(out, "REFUSED {path}: {}; never applied", shown(reason))?;
+            continue;
+        }
         let plain = item.conflict.is_none() && item.sensitive.is_none();
         if all_rest && plain {
             choices.apply.push(item.change.path.clone());

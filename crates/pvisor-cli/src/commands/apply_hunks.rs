@@ -48,6 +48,9 @@ fn read_capped(root: &Root, change: &ChangeEntry) -> std::io::Result<Vec<u8>> {
 /// Why `change` offers no hunks, or its hunks.
 fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<Result<Offered, String>> {
     let change = &item.change;
+    if let Some(reason) = &item.forbidden {
+        return Ok(Err(format!("never applied: {reason}")));
+    }
     if let Some(reason) = &item.conflict {
         return Ok(Err(format!(
             "in conflict ({}); `pvisor review --diff` shows it, `apply --force PATH` overwrites",
@@ -79,8 +82,8 @@ fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<
 
 pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
-    let sensitive = crate::config::sensitive()?;
+    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
+    let sensitive = crate::config::sensitive(&store)?;
     let stage = Stage::open(&store, &job)?;
     effects::require_confirmed(&stage)?;
     let items: Vec<_> = stage.review(&paths, &sensitive)?.into_iter().filter(|i| i.remaining()).collect();
@@ -169,7 +172,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
     }
     let mut out = std::io::stdout().lock();
     let mut incomplete = false;
-    let report = effects::apply_hunks(&store, &job, &partial)?;
+    let report = effects::apply_hunks(&store, &job, &partial, &sensitive)?;
     for (change, _) in &report.written {
         let Some(file) = offered.iter().position(|o| o.change.path == change.path) else { continue };
         let picks = &chosen[file];
@@ -189,7 +192,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             progress: Box::new(|_| {}),
         };
         let applied = Runtime::on_host(store.clone()).execute(apply)?;
-        for (change, reason) in applied.conflicts.iter().chain(&applied.failed) {
+        for (change, reason) in applied.conflicts.iter().chain(&applied.failed).chain(&applied.refused) {
             incomplete = true;
             writeln!(out, "  REFUSED    {}: {}", change.path.display_escaped(), shown(reason))?;
         }

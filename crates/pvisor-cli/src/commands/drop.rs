@@ -10,7 +10,7 @@ use crate::output::{path_lines, Detail, PathLine};
 
 pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
+    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "drop")?;
     let report = super::freeing_space(&store, || {
         Ok(Runtime::on_host(store.clone())
             .execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)

@@ -122,8 +122,71 @@ pub fn freeing_space<T>(store: &Store, mut command: impl FnMut() -> anyhow::Resu
 pub fn job_and_paths(
     store: &Store,
     first: Option<String>,
-    mut rest: Vec<String>,
+    rest: Vec<String>,
 ) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
+    job_and_paths_named(store, first, rest).map(|(job, paths, _)| (job, paths))
+}
+
+/// [`job_and_paths`] for `apply` and `drop`, which change the workspace or
+/// discard work: without a JOB they take the newest Job of the workspace
+/// only if it is the one last reviewed there (or none was), and refuse when
+/// a newer Job has arrived since the review (the user would act on a Job
+/// they never saw).
+pub fn job_and_paths_reviewed(
+    store: &Store,
+    first: Option<String>,
+    rest: Vec<String>,
+    verb: &str,
+) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
+    let (job, paths, named) = job_and_paths_named(store, first, rest)?;
+    if named {
+        return Ok((job, paths));
+    }
+    let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job))?.workspace;
+    match last_reviewed(store, &workspace) {
+        Some(reviewed) if reviewed != job => {
+            let me = crate::output::me();
+            anyhow::bail!(
+                "you last reviewed {reviewed} in {}, but {job} is newer and unreviewed; name the Job: `{me} {verb} {reviewed} ...` for the one you reviewed, or `{me} review {job}` first",
+                crate::output::shown_path(&workspace)
+            )
+        }
+        _ => Ok((job, paths)),
+    }
+}
+
+/// Where the Job last reviewed over `workspace` is recorded: one file per
+/// workspace, named by the digest of its path.
+fn reviewed_file(store: &Store, workspace: &std::path::Path) -> std::path::PathBuf {
+    let key = pvisor_core::digest::digest_bytes(workspace.as_os_str().as_encoded_bytes());
+    store.root().join("reviewed").join(key)
+}
+
+/// Records that `job` (over `workspace`) was just reviewed. Best effort: a
+/// state directory we may not write (someone else's) only loses the guard.
+pub fn record_reviewed(store: &Store, job: &pvisor_core::ids::JobId, workspace: &std::path::Path) {
+    let file = reviewed_file(store, workspace);
+    let written = file
+        .parent()
+        .map_or(Ok(()), pvisor_core::store::create_dir_all_private)
+        .and_then(|()| pvisor_core::store::write_atomic(&file, job.as_str().as_bytes()));
+    if let Err(e) = written {
+        eprintln!("pvisor: warning: could not record that {job} was reviewed: {e}");
+    }
+}
+
+/// The Job last reviewed over `workspace`, if one was and it still exists.
+fn last_reviewed(store: &Store, workspace: &std::path::Path) -> Option<pvisor_core::ids::JobId> {
+    let text = std::fs::read_to_string(reviewed_file(store, workspace)).ok()?;
+    let job = pvisor::runtime::job_service::views::resolve_job(store, Some(text.trim())).ok()?;
+    store.job_file(&job).exists().then_some(job)
+}
+
+fn job_and_paths_named(
+    store: &Store,
+    first: Option<String>,
+    mut rest: Vec<String>,
+) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>, bool)> {
     use pvisor::runtime::job_service::views;
     let mut named = None;
     if let Some(word) = first {
@@ -140,6 +203,7 @@ pub fn job_and_paths(
             rest.insert(0, word);
         }
     }
+    let was_named = named.is_some();
     let job = match named {
         Some(job) => job,
         None => resolve_job(store, None)?,
@@ -149,7 +213,7 @@ pub fn job_and_paths(
         Some(cwd) => workspace_relative(rest, &cwd, &workspace)?,
         None => rest,
     };
-    Ok((job, paths))
+    Ok((job, paths, was_named))
 }
 
 fn current_dir() -> Option<std::path::PathBuf> {

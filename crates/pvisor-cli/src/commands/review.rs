@@ -12,7 +12,9 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
     let store = super::open_store()?;
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     let stage = Stage::open(&store, &job)?;
-    let items = stage.review(&paths, &crate::config::sensitive()?)?;
+    crate::config::warn_if_home(&stage.status.workspace);
+    super::record_reviewed(&store, &job, &stage.status.workspace);
+    let items = stage.review(&paths, &crate::config::sensitive(&store)?)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         for item in &items {
@@ -50,6 +52,7 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "partly_applied": item.partly_applied,
         "sensitive": item.sensitive.is_some(),
         "sensitive_reason": item.sensitive,
+        "never_applied": item.forbidden.is_some(),
     })
 }
 
@@ -129,7 +132,11 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
         {
             writeln!(out, "            {}", crate::output::shown(reason))?;
         }
-        if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
+        if let Some(reason) = item.forbidden.as_ref().filter(|_| item.remaining()) {
+            let reason = crate::output::shown(reason);
+            writeln!(out, "            REFUSED: {reason}; never applied, whatever the flags (drop it)")?;
+        } else if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
+            let reason = crate::output::shown(reason);
             writeln!(out, "            SENSITIVE: {reason}; applied only when named exactly")?;
         }
     }

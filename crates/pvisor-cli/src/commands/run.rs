@@ -71,6 +71,7 @@ pub fn execute(
             (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
         }
     }
+    config::warn_if_home(&workspace);
     let ws_config = workspace_config(&workspace)?;
     let network = network_scopes(&store, options, ws_config.as_ref())?;
     announce_policy(&network)?;
@@ -513,9 +514,12 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
                     net.allowed, net.denied
                 );
                 if !net.top_denied.is_empty() {
-                    let hosts: Vec<String> = net.top_denied.iter().map(|(h, n)| format!("{h} ×{n}")).collect();
-                    let flags: Vec<String> = net.top_denied.iter().map(|(h, _)| format!("--allow {h}")).collect();
-                    eprintln!("pvisor: denied: {}; to allow: {}", hosts.join(", "), flags.join(" "));
+                    let hosts: Vec<String> =
+                        net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
+                    eprintln!("pvisor: denied: {}", hosts.join(", "));
+                    if let Some(flags) = allow_hint(&net.top_denied) {
+                        eprintln!("pvisor: to allow (these names came from the sandbox; check each first): {flags}");
+                    }
                 }
             }
             _ => eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
@@ -524,10 +528,87 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     code
 }
 
+/// How many names the `--allow` hint suggests.
+const ALLOW_HINTS: usize = 5;
+
+/// `--allow NAME` for each denied name worth suggesting, quoted for
+/// pasting, at most [`ALLOW_HINTS`]; `None` when there is none. The names
+/// are the sandbox's choice, so only a plain public DNS name is suggested:
+/// never a wildcard, an IP literal, a loopback or internal name, or
+/// anything a shell or terminal would read as more than a name.
+fn allow_hint(denied: &[(String, u64)]) -> Option<String> {
+    let flags: Vec<String> = denied
+        .iter()
+        .map(|(host, _)| host.as_str())
+        .filter(|host| suggestable(host))
+        .take(ALLOW_HINTS)
+        .map(|host| format!("--allow {}", crate::output::quote_word(host)))
+        .collect();
+    (!flags.is_empty()).then(|| flags.join(" "))
+}
+
+/// Whether `host` is a plain public DNS name: labels of letters, digits
+/// and inner hyphens, at least two, the last not numeric (so no IP
+/// literal), and not a name for this machine or a private network.
+fn suggestable(host: &str) -> bool {
+    let lower = host.to_ascii_lowercase();
+    let labels: Vec<&str> = lower.split('.').collect();
+    let label_ok = |l: &&str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let internal = ["localhost", "local", "internal", "intranet", "lan", "home", "corp", "arpa", "invalid"];
+    lower.len() <= 253
+        && labels.len() >= 2
+        && labels.iter().all(label_ok)
+        && labels
+            .last()
+            .is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()) && !internal.contains(tld))
+        && lower.parse::<std::net::IpAddr>().is_err()
+}
+
 fn plural(n: usize, word: &str) -> String {
     if n == 1 {
         format!("1 {word}")
     } else {
         format!("{n} {word}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_public_names_are_suggested_to_allow() {
+        let denied = |names: &[&str]| names.iter().map(|n| ((*n).to_owned(), 1)).collect::<Vec<_>>();
+        let hostile = denied(&[
+            "*",
+            "*.example.com",
+            "127.0.0.1",
+            "::1",
+            "[::1]",
+            "localhost",
+            "db.localhost",
+            "printer.local",
+            "x$(id)",
+            "x$(touch /tmp/pwned).example.com",
+            "a b.com",
+            "-rf.com",
+            "10.0.0.1.",
+            "169.254.169.254",
+            "metadata.google.internal",
+            "a;b.com",
+            "x\u{1b}[2J.com",
+        ]);
+        assert_eq!(allow_hint(&hostile), None);
+        let mixed = denied(&["pypi.org", "x$(id)", "files.pythonhosted.org"]);
+        assert_eq!(allow_hint(&mixed).unwrap(), "--allow pypi.org --allow files.pythonhosted.org");
+        let many: Vec<String> = (0..9).map(|i| format!("h{i}.example.com")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(allow_hint(&denied(&many)).unwrap().matches("--allow").count(), ALLOW_HINTS);
     }
 }

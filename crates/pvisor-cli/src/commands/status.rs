@@ -22,7 +22,7 @@ pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
     }
     if args.review {
         let stage = pvisor::effects::Stage::open(&store, &job)?;
-        let items = stage.review(&[], &crate::config::sensitive()?)?;
+        let items = stage.review(&[], &crate::config::sensitive(&store)?)?;
         if args.json {
             for item in &items {
                 json_line(&mut out, "change", &super::review::change_json(item))?;

@@ -39,6 +39,9 @@ pub struct ApplyReport {
     /// Sensitive paths the selection named only by `--all`, a glob or a
     /// directory: not applied, with the reason.
     pub skipped_sensitive: Vec<(ChangeEntry, String)>,
+    /// pvisor's own configuration or state: never applied, whatever the
+    /// selection or flags, with the reason.
+    pub refused: Vec<(ChangeEntry, String)>,
     /// Paths that could not be written (the rest were applied).
     pub failed: Vec<(ChangeEntry, String)>,
     pub warnings: Vec<String>,
@@ -92,14 +95,21 @@ pub fn apply(
             (0..remaining.len()).filter(|&i| paths.contains(&remaining[i].path)).collect()
         }
     };
-    // A sensitive path is applied only when named exactly (or chosen one by
-    // one, or with --include-sensitive): never swept in by --all or a glob.
+    // pvisor's own configuration and state are never applied; a sensitive
+    // path is applied only when named exactly (or chosen one by one, or
+    // with --include-sensitive): never swept in by --all or a glob.
+    let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
+    let mut refused = Vec::new();
     let mut skipped_sensitive = Vec::new();
     let selected: Vec<usize> = selected
         .into_iter()
         .filter(|&i| {
             let change = &remaining[i];
-            let Some(reason) = options.sensitive.reason_for(change) else { return true };
+            if let Some(why) = sensitive.forbidden(change) {
+                refused.push((change.clone(), why));
+                return false;
+            }
+            let Some(reason) = sensitive.reason_for(change) else { return true };
             let consented = options.include_sensitive
                 || match selection {
                     Selection::Paths(_) => true,
@@ -133,6 +143,7 @@ pub fn apply(
         plan,
         conflicts,
         skipped_sensitive,
+        refused,
         workspace: stage.workspace.clone(),
         ..Default::default()
     };

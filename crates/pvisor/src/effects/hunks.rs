@@ -10,7 +10,7 @@ use pvisor_stage::ledger::{Ledger, Outcome, PartialState};
 use pvisor_stage::preimage::Preimages;
 
 use super::writers::{open_for_apply, open_trace};
-use super::{EffectsError, StageState};
+use super::{EffectsError, Sensitive, StageState};
 use crate::trace::data;
 
 /// The hunks chosen of one modified text file (`apply -p`): the file to
@@ -40,9 +40,17 @@ pub struct HunksReport {
 /// refused and nothing is written to it. The path stays a remaining change
 /// whose baseline is now what was written, so its other hunks can be applied
 /// or dropped later, and a host edit after this is still a conflict.
-pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result<HunksReport, EffectsError> {
+/// pvisor's own config and state (see [`Sensitive`]) are refused here too,
+/// whatever the caller chose.
+pub fn apply_hunks(
+    store: &Store,
+    job: &JobId,
+    choices: &[HunkChoice],
+    sensitive: &Sensitive,
+) -> Result<HunksReport, EffectsError> {
     let (mut stage, _locks) = open_for_apply(store, job)?;
-    let (ws, _) = stage.roots()?;
+    let (ws, upper) = stage.roots()?;
+    let bound = sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
     let empty = Preimages::none();
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
@@ -57,7 +65,9 @@ pub fn apply_hunks(store: &Store, job: &JobId, choices: &[HunkChoice]) -> Result
             );
         };
         let outcome = stage.outcomes.get(&change.path);
-        let refusal = if outcome.is_some_and(Outcome::is_settled) {
+        let refusal = if let Some(why) = bound.forbidden(change) {
+            Some(format!("never applied: {why}"))
+        } else if outcome.is_some_and(Outcome::is_settled) {
             Some("it was applied or dropped meanwhile".to_owned())
         } else {
             match apply::verdict(&ws, change, preimages.get(&change.path), outcome, false)? {

@@ -129,6 +129,8 @@ impl Stage {
     ) -> Result<Vec<ReviewItem>, EffectsError> {
         let selected = apply::select(&self.changes, patterns)?;
         let ws = Root::open(&self.workspace).ok();
+        let upper = Root::open(&self.stage_dir.join("upper")).ok();
+        let sensitive = sensitive.bind(&self.workspace, ws.as_ref(), upper.as_ref(), &self.changes);
         let empty = Preimages::none();
         let preimages = self.preimages.as_ref().unwrap_or(&empty);
         let mut items = Vec::with_capacity(selected.len());
@@ -148,8 +150,10 @@ impl Stage {
                     }
                 }
             };
+            let forbidden = sensitive.forbidden(change);
             let sensitive = sensitive.reason_for(change);
             items.push(ReviewItem {
+                forbidden,
                 change: change.clone(),
                 applied,
                 dropped,
@@ -191,6 +195,8 @@ pub struct ReviewItem {
     pub unsupported: Option<String>,
     /// Why applying this change needs explicit consent (it makes the host run code).
     pub sensitive: Option<String>,
+    /// Why this change is never applied (it is pvisor's own configuration or state).
+    pub forbidden: Option<String>,
 }
 
 impl ReviewItem {
