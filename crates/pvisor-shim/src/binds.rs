@@ -412,7 +412,7 @@ mod tests {
         fs::set_permissions(source.join("suid"), fs::Permissions::from_mode(0o6755)).expect("chmod");
         let fifo = rustix::fs::mknodat(
             rustix::fs::CWD,
-            &source.join("fifo"),
+            source.join("fifo"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o644),
             0,
@@ -423,7 +423,7 @@ mod tests {
             let null = rustix::fs::makedev(1, 3);
             let made = rustix::fs::mknodat(
                 rustix::fs::CWD,
-                &source.join("null"),
+                source.join("null"),
                 rustix::fs::FileType::CharacterDevice,
                 rustix::fs::Mode::from_raw_mode(0o666),
                 null,
