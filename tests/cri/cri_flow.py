@@ -95,7 +95,9 @@ def main():
     channel = grpc.insecure_channel(f"unix://{sock}")
     cri = rpc.RuntimeServiceStub(channel)
     seen = {}
-    pod_network = pb.NamespaceOption(network=pb.POD)
+    # The kubelet's default: the pod's network, each container its own pids
+    # (shareProcessNamespace would be pid=POD, which the shim refuses).
+    pod_network = pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
     pod_config = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name="cri-pod", uid="cri-pod-uid", namespace="pvisor-test", attempt=0),
         hostname="cri-pod",

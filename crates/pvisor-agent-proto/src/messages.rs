@@ -104,6 +104,11 @@ pub enum Request {
         // checkpoint's) refuses fields it does not know.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         terminal: Option<TerminalSize>,
+        /// What the process is confined to (a container's OCI `process`);
+        /// left out when absent, so an older agent refuses an exec it
+        /// could not confine rather than run it unconfined.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confinement: Option<Box<Confinement>>,
     },
     /// Sets the window size of exec `id`'s terminal (its foreground process
     /// group gets SIGWINCH). No reply, like `Signal`; an exec without a
@@ -169,6 +174,67 @@ pub enum Request {
     /// Streams the overlay's upper layer as `Entry`/`Data` frames, then `ExportDone`.
     Export,
 }
+
+/// What an OCI runtime spec restricts a container's process to, applied by
+/// the agent between fork and exec, in runc's order: rlimits, the bounding
+/// set, the user (capabilities kept across it), the other capability sets,
+/// the ambient set, `no_new_privs`. Sysctls are written before the fork.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Confinement {
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+    /// `None`: the spec names no capabilities, and the sets are left as
+    /// they are (runc's reading).
+    pub capabilities: Option<Capabilities>,
+    pub no_new_privileges: bool,
+    pub rlimits: Vec<Rlimit>,
+    /// `(key, value)`, the key in dotted form (`net.ipv4.ip_forward`):
+    /// written to the guest's `/proc/sys`, never the host's.
+    pub sysctl: Vec<(String, String)>,
+}
+
+/// Capability sets as masks: bit `n` is capability `n` (`CAP_CHOWN` is 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capabilities {
+    pub bounding: u64,
+    pub effective: u64,
+    pub permitted: u64,
+    pub inheritable: u64,
+    pub ambient: u64,
+}
+
+/// One resource limit: `resource` is Linux's number (`RLIMIT_NOFILE` is 7,
+/// see [`RLIMITS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// The OCI names of Linux's resource limits, indexed by their number.
+pub const RLIMITS: [&str; 16] = [
+    "RLIMIT_CPU",
+    "RLIMIT_FSIZE",
+    "RLIMIT_DATA",
+    "RLIMIT_STACK",
+    "RLIMIT_CORE",
+    "RLIMIT_RSS",
+    "RLIMIT_NPROC",
+    "RLIMIT_NOFILE",
+    "RLIMIT_MEMLOCK",
+    "RLIMIT_AS",
+    "RLIMIT_LOCKS",
+    "RLIMIT_SIGPENDING",
+    "RLIMIT_MSGQUEUE",
+    "RLIMIT_NICE",
+    "RLIMIT_RTPRIO",
+    "RLIMIT_RTTIME",
+];
 
 /// A terminal's size in character cells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,6 +486,7 @@ mod tests {
             root: None,
             output: None,
             terminal,
+            confinement: None,
         }
     }
 

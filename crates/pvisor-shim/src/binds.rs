@@ -12,17 +12,36 @@
 //! Kernel filesystems (`/proc`, `/dev`, `/sys`, tmpfs) are the guest
 //! agent's own: a bind there (CRI's `/dev/shm`) is never shared.
 //!
-//! The rootfs is the image's, hence untrusted: no component of a
-//! destination may be a symlink, so a copy cannot be steered out of it.
+//! The copy runs on the host, as root, between two untrusted trees: the
+//! rootfs is the image's, and a bind's source may be a directory a guest
+//! writes through a shared volume. So no symlink on either side is ever
+//! followed: every file operation is relative to a directory descriptor,
+//! resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`
+//! ([`pvisor_stage::beneath`]); a symlink is copied as a symlink, for the
+//! guest to resolve in its own VM. Devices, FIFOs and sockets are skipped
+//! (logged), never opened; a file is opened `O_NOFOLLOW | O_NONBLOCK` and
+//! checked to be regular before a byte is read. Copies keep their source's
+//! owner and permission bits but never setuid or setgid, and no extended
+//! attribute (file capabilities), so no copy grants a privilege in the
+//! guest that the bind's files did not already give their owner.
+//!
+//! A bind shadows what the image has at its destination, as a mount would:
+//! that is removed first, so nothing the image planted below it (a
+//! symlink out of the rootfs) is merged into.
 
-use std::fs;
+use std::ffi::OsStr;
+use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 
 use oci_spec::runtime::Spec;
+use pvisor_core::digest::Contents;
 use pvisor_core::records::SharedDirectory;
+use pvisor_stage::beneath::{Kind, Root, Stat};
 
 /// The most bytes all binds of one container may copy.
 const MAX_COPY: u64 = 256 << 20;
+/// The most entries (files, directories, links) they may hold.
+const MAX_ENTRIES: u64 = 100_000;
 
 /// A host path to copy to `destination` in the container.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,38 +96,48 @@ pub fn plan(binds: Vec<Bind>) -> Plan {
 /// Makes an empty directory in `rootfs` at each shared directory's target,
 /// through no symlink, for the guest to mount it on.
 pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<(), String> {
+    let into = open_rootfs(rootfs)?;
     for share in shared {
-        let target = inside(rootfs, &share.target)?;
-        if fs::symlink_metadata(&target).is_ok_and(|m| !m.is_dir()) {
-            return Err(format!(
-                "the volume {} is a directory, but the image has a file at {}",
-                share.source.display(),
-                share.target.display()
-            ));
-        }
-        fs::create_dir_all(&target).map_err(|e| {
+        let target = inside(&share.target)?;
+        make_parents(&into, &target, &share.target)?;
+        let made = |e: std::io::Error| {
             format!(
                 "cannot make the mount point {} for {}: {e}",
                 share.target.display(),
                 share.source.display()
             )
-        })?;
+        };
+        match into.stat(&target).map_err(made)?.map(|s| s.kind) {
+            None => into.mkdir(&target, 0o755).map_err(made)?,
+            Some(Kind::Dir) => {}
+            Some(_) => {
+                return Err(format!(
+                    "the volume {} is a directory, but the image has a file at {}",
+                    share.source.display(),
+                    share.target.display()
+                ))
+            }
+        }
     }
     Ok(())
 }
 
 /// Copies every bind into `rootfs`.
 pub fn copy_in(binds: &[Bind], rootfs: &Path) -> Result<(), String> {
-    let mut budget = MAX_COPY;
+    let into = open_rootfs(rootfs)?;
+    let mut budget = Budget { bytes: MAX_COPY, entries: MAX_ENTRIES };
     for bind in binds {
-        let target = inside(rootfs, &bind.destination)?;
-        copy(&bind.source, &target, &mut budget).map_err(|e| {
+        let target = inside(&bind.destination)?;
+        make_parents(&into, &target, &bind.destination)?;
+        let failed = |e: std::io::Error| {
             format!(
                 "cannot copy the bind mount {} to {}: {e}",
                 bind.source.display(),
                 bind.destination.display()
             )
-        })?;
+        };
+        into.remove_all(&target).map_err(failed)?;
+        copy_bind(&bind.source, &into, &target, &mut budget).map_err(failed)?;
         if !bind.read_only {
             log::warn!(
                 "{} is a copy in the VM: writes to it do not reach the host",
@@ -119,59 +148,185 @@ pub fn copy_in(binds: &[Bind], rootfs: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `destination` under `rootfs`, refusing `..` and symlinked components.
-fn inside(rootfs: &Path, destination: &Path) -> Result<PathBuf, String> {
-    let mut path = rootfs.to_path_buf();
+fn open_rootfs(rootfs: &Path) -> Result<Root, String> {
+    Root::open(rootfs).map_err(|e| format!("cannot open the rootfs {}: {e}", rootfs.display()))
+}
+
+/// `destination` relative to the rootfs, refusing `..` and the root itself.
+fn inside(destination: &Path) -> Result<PathBuf, String> {
+    let mut path = PathBuf::new();
     for component in destination.components() {
         match component {
             Component::RootDir | Component::CurDir => {}
-            Component::Normal(name) => {
-                path.push(name);
-                if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-                    return Err(format!(
-                        "{} is a symlink in the image; a bind mount cannot go there",
-                        destination.display()
-                    ));
-                }
-            }
+            Component::Normal(name) => path.push(name),
             _ => return Err(format!("{} is not a plain absolute path", destination.display())),
         }
+    }
+    if path.as_os_str().is_empty() {
+        return Err("a bind mount cannot replace the container's root".to_owned());
     }
     Ok(path)
 }
 
-fn copy(source: &Path, target: &Path, budget: &mut u64) -> std::io::Result<()> {
-    let meta = fs::metadata(source)?;
-    if meta.is_dir() {
-        fs::create_dir_all(target)?;
-        for entry in fs::read_dir(source)? {
-            let entry = entry?;
-            let (from, to) = (entry.path(), target.join(entry.file_name()));
-            if entry.file_type()?.is_symlink() {
-                let _ = fs::remove_file(&to);
-                std::os::unix::fs::symlink(fs::read_link(&from)?, &to)?;
+/// Makes the directories above `target` that the image lacks (0755, the
+/// shim's), refusing any that is a symlink or not a directory.
+fn make_parents(into: &Root, target: &Path, destination: &Path) -> Result<(), String> {
+    let mut parent = PathBuf::new();
+    let mut names: Vec<&OsStr> = target.iter().collect();
+    names.pop();
+    for name in names {
+        parent.push(name);
+        let failed = |e: std::io::Error| format!("cannot make {} for a bind mount: {e}", parent.display());
+        match into.stat(&parent).map_err(failed)?.map(|s| s.kind) {
+            None => into.mkdir(&parent, 0o755).map_err(failed)?,
+            Some(Kind::Dir) => {}
+            Some(Kind::Symlink) => {
+                return Err(format!(
+                    "{} is a symlink in the image; a bind mount cannot go there",
+                    destination.display()
+                ))
+            }
+            Some(_) => return Err(format!("{} is not a directory in the image", parent.display())),
+        }
+    }
+    Ok(())
+}
+
+/// What the binds of one container may still copy.
+struct Budget {
+    bytes: u64,
+    entries: u64,
+}
+
+impl Budget {
+    fn take(&mut self, bytes: u64) -> std::io::Result<()> {
+        self.entries = self.entries.checked_sub(1).ok_or_else(|| {
+            std::io::Error::other(format!("the bind mounts hold more than {MAX_ENTRIES} entries"))
+        })?;
+        self.bytes = self
+            .bytes
+            .checked_sub(bytes)
+            .ok_or_else(|| std::io::Error::other(format!("the bind mounts exceed {} MiB", MAX_COPY >> 20)))?;
+        Ok(())
+    }
+}
+
+/// Copies the bind `source` (a path the spec names, followed as given:
+/// containerd and the kubelet chose it) to `target` in `into`. Below it,
+/// nothing is followed.
+fn copy_bind(source: &Path, into: &Root, target: &Path, budget: &mut Budget) -> std::io::Result<()> {
+    let source = source.canonicalize()?;
+    if source.is_dir() {
+        let from = Root::open(&source)?;
+        return copy_tree(&from, into, target, budget);
+    }
+    let (Some(parent), Some(name)) = (source.parent(), source.file_name()) else {
+        return Err(std::io::Error::other("not a file or a directory"));
+    };
+    let from = Root::open(parent)?;
+    let name = Path::new(name);
+    let stat = from.stat(name)?.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))?;
+    copy_entry(&from, name, stat, into, target, budget)
+}
+
+/// Copies the directory `from` (its root) to `target`, one entry at a
+/// time (a deep tree cannot overflow the stack).
+fn copy_tree(from: &Root, into: &Root, target: &Path, budget: &mut Budget) -> std::io::Result<()> {
+    let root = from.stat_root()?;
+    budget.take(0)?;
+    make_dir(into, target, &root)?;
+    let mut pending = vec![(PathBuf::new(), target.to_path_buf())];
+    while let Some((source_dir, target_dir)) = pending.pop() {
+        for name in from.list(&source_dir)? {
+            let (source, target) = (source_dir.join(&name), target_dir.join(&name));
+            // Gone since the listing: a guest is writing the share.
+            let Some(stat) = from.stat(&source)? else { continue };
+            if stat.kind == Kind::Dir {
+                budget.take(0)?;
+                make_dir(into, &target, &stat)?;
+                pending.push((source, target));
             } else {
-                copy(&from, &to, budget)?;
+                copy_entry(from, &source, stat, into, &target, budget)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Copies one file, symlink or (empty) directory; skips anything else.
+fn copy_entry(
+    from: &Root,
+    source: &Path,
+    stat: Stat,
+    into: &Root,
+    target: &Path,
+    budget: &mut Budget,
+) -> std::io::Result<()> {
+    match stat.kind {
+        Kind::Dir => {
+            budget.take(0)?;
+            make_dir(into, target, &stat)
+        }
+        Kind::Symlink => {
+            budget.take(0)?;
+            into.write_symlink(target, &from.read_link(source)?)
+        }
+        Kind::File => {
+            let file = from.open_file(source)?;
+            let size = file.metadata()?.len();
+            budget.take(size)?;
+            into.write_file(target, &Prefix { file, size }, unprivileged(stat.mode), None)?;
+            own(into, target, &stat)
+        }
+        Kind::Special => {
+            log::warn!("{}: not copied, a device, FIFO or socket is never opened", source.display());
+            Ok(())
+        }
+    }
+}
+
+fn make_dir(into: &Root, target: &Path, stat: &Stat) -> std::io::Result<()> {
+    into.mkdir(target, unprivileged(stat.mode))?;
+    own(into, target, stat)
+}
+
+/// The source's owner, which grants nothing once setuid/setgid are gone
+/// (the owner could already write the source). `-1` is no owner to give.
+fn own(into: &Root, target: &Path, stat: &Stat) -> std::io::Result<()> {
+    if stat.uid == u32::MAX || stat.gid == u32::MAX {
         return Ok(());
     }
-    *budget = budget
-        .checked_sub(meta.len())
-        .ok_or_else(|| std::io::Error::other(format!("the bind mounts exceed {} MiB", MAX_COPY >> 20)))?;
-    if let Some(parent) = target.parent() {
-        fs::create_dir_all(parent)?;
+    into.chown(target, stat.uid, stat.gid)
+}
+
+/// Permission bits without setuid and setgid (the sticky bit stays).
+fn unprivileged(mode: u32) -> u32 {
+    mode & 0o1777
+}
+
+/// The first `size` bytes of `file`: what the budget counted, however much
+/// a guest appends while it is copied.
+struct Prefix {
+    file: File,
+    size: u64,
+}
+
+impl Contents for Prefix {
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.size.min(self.file.size()?))
     }
-    // Not through an image symlink at the leaf either.
-    if fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
-        fs::remove_file(target)?;
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let room = usize::try_from(self.size.saturating_sub(offset)).unwrap_or(usize::MAX);
+        let len = buf.len().min(room);
+        Contents::read_at(&self.file, &mut buf[..len], offset)
     }
-    fs::copy(source, target).map(drop)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn binds_are_copied_in_and_symlinks_refused() {
@@ -238,5 +393,76 @@ mod tests {
         fs::write(rootfs.path().join("file"), b"").expect("write");
         let onto_file = [SharedDirectory { source: host.path().join("vol"), target: "/file".into() }];
         assert!(make_mount_points(&onto_file, rootfs.path()).unwrap_err().contains("a file at /file"));
+    }
+
+    /// The image plants `/data/sub -> OUTSIDE` and the source holds
+    /// `sub/authorized_keys`, a symlink to a host secret, a FIFO, a device
+    /// node and a setuid-root file: nothing is written outside the rootfs,
+    /// nothing special is opened (a FIFO would block), no setuid survives.
+    #[test]
+    fn a_copy_follows_no_symlink_opens_no_special_file_and_drops_setuid() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let (outside, host, rootfs) = (tempdir(), tempdir(), tempdir());
+        fs::write(outside.path().join("secret"), b"host secret").expect("write");
+        let source = host.path().join("vol");
+        fs::create_dir_all(source.join("sub")).expect("mkdir");
+        fs::write(source.join("sub/authorized_keys"), b"ssh-ed25519 attacker").expect("write");
+        symlink(outside.path().join("secret"), source.join("leak")).expect("symlink");
+        fs::write(source.join("suid"), b"#!/bin/sh\n").expect("write");
+        fs::set_permissions(source.join("suid"), fs::Permissions::from_mode(0o6755)).expect("chmod");
+        let fifo = rustix::fs::mknodat(
+            rustix::fs::CWD,
+            source.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        );
+        fifo.expect("mkfifo");
+        let root = rustix::process::geteuid().is_root();
+        if root {
+            let null = rustix::fs::makedev(1, 3);
+            let made = rustix::fs::mknodat(
+                rustix::fs::CWD,
+                source.join("null"),
+                rustix::fs::FileType::CharacterDevice,
+                rustix::fs::Mode::from_raw_mode(0o666),
+                null,
+            );
+            made.expect("mknod");
+        }
+        fs::create_dir_all(rootfs.path().join("data")).expect("mkdir");
+        symlink(outside.path(), rootfs.path().join("data/sub")).expect("symlink");
+
+        let bind = Bind { source, destination: "/data".into(), read_only: true };
+        copy_in(&[bind], rootfs.path()).expect("copied");
+
+        let names: Vec<_> =
+            fs::read_dir(outside.path()).expect("list").map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["secret"], "nothing was created outside the rootfs");
+        assert_eq!(fs::read(outside.path().join("secret")).expect("read"), b"host secret");
+        let data = rootfs.path().join("data");
+        assert!(fs::symlink_metadata(data.join("sub")).expect("sub").is_dir(), "the image's link is gone");
+        assert_eq!(fs::read(data.join("sub/authorized_keys")).expect("read"), b"ssh-ed25519 attacker");
+        assert!(fs::symlink_metadata(data.join("leak")).expect("leak").file_type().is_symlink());
+        assert_eq!(fs::read_link(data.join("leak")).expect("link"), outside.path().join("secret"));
+        let mode = fs::metadata(data.join("suid")).expect("suid").permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755, "setuid and setgid are dropped");
+        assert!(!data.join("fifo").exists() && !data.join("null").exists(), "special files are skipped");
+    }
+
+    /// A bind cannot replace the rootfs itself or climb out of it.
+    #[test]
+    fn destinations_must_be_plain_paths_below_the_root() {
+        let (host, rootfs) = (tempdir(), tempdir());
+        fs::write(host.path().join("f"), b"x").expect("write");
+        for bad in ["/", "/a/../../x"] {
+            let bind = Bind { source: host.path().join("f"), destination: bad.into(), read_only: true };
+            assert!(copy_in(&[bind], rootfs.path()).is_err(), "{bad}");
+        }
+        assert_eq!(fs::read_dir(rootfs.path()).expect("list").count(), 0);
+    }
+
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("tempdir")
     }
 }

@@ -90,7 +90,7 @@ impl Container {
             }
             e
         };
-        let init = spec::init_process(&oci, &rootfs).map_err(|e| undo(e.into()))?;
+        let init = spec::init_process(&oci).map_err(|e| undo(e.into()))?;
         // Into containerd's snapshot only: a rootfs the shim did not mount
         // is someone's directory, not to be written.
         let binds = binds::plan(binds::binds(&oci));
@@ -144,7 +144,7 @@ impl Container {
         if self.init.snapshot().status != Status::Running {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
-        let spec: ProcessSpec = spec::exec_process(process_json, &self.rootfs)?;
+        let spec: ProcessSpec = spec::exec_process(process_json)?;
         // Started before the lock (it may take seconds to get ready); a
         // duplicate's logger is finished when it is dropped. Its
         // CONTAINER_ID is the exec's id, as runc's shim gives it

@@ -2,13 +2,25 @@
 //! becomes a guest exec (argv, env, cwd, user) and its Linux resources
 //! become the VM's limits. Only this module reads `config.json`.
 //!
-//! What a VM cannot honour is refused here with a clear message (a user
-//! without `setpriv` in the image), not ignored.
+//! What restricts the process (capabilities, `noNewPrivileges`, rlimits,
+//! the user, sysctls) becomes a [`Confinement`] the guest agent applies
+//! inside the VM, as runc would on a host. What a VM cannot honour is
+//! refused here with a clear message, never dropped: hooks (they would run
+//! on the host, as root), host devices, a host pid namespace to join, and
+//! seccomp profiles (the agent has no seccomp compiler; a profile is a
+//! restriction asked for, so the container is refused rather than run
+//! without it). AppArmor and SELinux labels name host policies the guest
+//! kernel does not load: they are logged as not applied, which is what
+//! Kata Containers does (its runtime drops the guest's SELinux label with
+//! a log line when guest SELinux is off, and its agent ignores
+//! `apparmorProfile`: kata-containers/kata-containers,
+//! `src/runtime/virtcontainers/kata_agent.go`, `constrainGRPCSpec`).
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{Process, Spec};
+use oci_spec::runtime::{LinuxDeviceType, LinuxNamespaceType, Process, Spec};
 use pvisor::actions::guest::KEEPER;
+use pvisor_agent_proto::{Capabilities, Confinement, Rlimit, RLIMITS};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::ResourceLimits;
 
@@ -25,6 +37,9 @@ pub struct ProcessSpec {
     /// Run in the guest's own root rather than chrooted into the
     /// container's rootfs (only a pod sandbox's stand-in process).
     pub guest_root: bool,
+    /// The user, capabilities and limits the agent confines it to (none
+    /// for pvisor's own stand-in).
+    pub confinement: Option<Box<Confinement>>,
 }
 
 /// The annotation containerd's CRI plugin puts on each container of a pod:
@@ -147,8 +162,10 @@ pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
 /// has to live until the pod is stopped, and the image CRI runs it from
 /// (`sandbox_image`) need not hold a program that does (a pause image's
 /// `/pause` would; a busybox stand-in's `/bin/sh` would end at the end of
-/// its stdin).
-pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+/// its stdin). Either way, what the spec asks that no VM can honour is
+/// refused first ([`refuse_unhonourable`]).
+pub fn init_process(spec: &Spec) -> Result<ProcessSpec, SpecError> {
+    refuse_unhonourable(spec)?;
     let kind = spec.annotations().as_ref().and_then(|a| a.get(CRI_CONTAINER_TYPE));
     if kind.is_some_and(|k| k == "sandbox") {
         return Ok(ProcessSpec {
@@ -157,19 +174,25 @@ pub fn init_process(spec: &Spec, rootfs: &Path) -> Result<ProcessSpec, SpecError
             cwd: "/".into(),
             terminal: false,
             guest_root: true,
+            confinement: None,
         });
     }
-    process(spec.process().as_ref().ok_or(SpecError::NoProcess)?, rootfs)
+    let mut process = process(spec.process().as_ref().ok_or(SpecError::NoProcess)?)?;
+    let sysctl = spec.linux().as_ref().and_then(|l| l.sysctl().clone()).unwrap_or_default();
+    if let Some(confinement) = process.confinement.as_mut() {
+        confinement.sysctl = sysctl.into_iter().collect();
+    }
+    Ok(process)
 }
 
 /// An exec's process, as containerd sends it (the OCI `Process` in JSON).
-pub fn exec_process(json: &[u8], rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+pub fn exec_process(json: &[u8]) -> Result<ProcessSpec, SpecError> {
     let parsed: Process =
         serde_json::from_slice(json).map_err(|e| SpecError::Load(format!("the exec's process spec: {e}")))?;
-    process(&parsed, rootfs)
+    process(&parsed)
 }
 
-fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
+fn process(process: &Process) -> Result<ProcessSpec, SpecError> {
     let args = process.args().clone().unwrap_or_default();
     if args.is_empty() {
         return Err(SpecError::NoArgs);
@@ -184,33 +207,127 @@ fn process(process: &Process, rootfs: &Path) -> Result<ProcessSpec, SpecError> {
             None => (kv, String::new()),
         })
         .collect();
-    let user = process.user();
-    let argv = as_user(user.uid(), user.gid(), args, rootfs)?;
     let terminal = process.terminal().unwrap_or(false);
-    Ok(ProcessSpec { argv, env, cwd: process.cwd().clone(), terminal, guest_root: false })
+    let confinement = Some(Box::new(confinement(process)?));
+    Ok(ProcessSpec { argv: args, env, cwd: process.cwd().clone(), terminal, guest_root: false, confinement })
 }
 
-/// The agent starts processes as root; another user is taken on through
-/// the image's `setpriv`, as `pvisor serve`'s execd does.
-fn as_user(uid: u32, gid: u32, args: Vec<String>, rootfs: &Path) -> Result<Vec<String>, SpecError> {
-    if uid == 0 && gid == 0 {
-        return Ok(args);
+/// The process's user, capabilities, `noNewPrivileges` and rlimits (its
+/// sysctls are the spec's `linux` section's).
+fn confinement(process: &Process) -> Result<Confinement, SpecError> {
+    let user = process.user();
+    if user.username().as_ref().is_some_and(|u| !u.is_empty()) {
+        return Err(SpecError::Unsupported("a user by name (only uid and gid are Linux's)".into()));
     }
-    let Some(setpriv) = ["usr/bin/setpriv", "bin/setpriv"].into_iter().find(|p| rootfs.join(p).exists())
-    else {
-        return Err(SpecError::Unsupported(format!(
-            "running as uid {uid} gid {gid} needs setpriv (util-linux) in the image"
-        )));
-    };
-    let mut argv = vec![
-        format!("/{setpriv}"),
-        format!("--reuid={uid}"),
-        format!("--regid={gid}"),
-        "--clear-groups".into(),
-        "--".into(),
-    ];
-    argv.extend(args);
-    Ok(argv)
+    let capabilities = process.capabilities().as_ref().map(|caps| -> Result<Capabilities, SpecError> {
+        Ok(Capabilities {
+            bounding: mask(caps.bounding())?,
+            effective: mask(caps.effective())?,
+            permitted: mask(caps.permitted())?,
+            inheritable: mask(caps.inheritable())?,
+            ambient: mask(caps.ambient())?,
+        })
+    });
+    let rlimits = process.rlimits().clone().unwrap_or_default();
+    let rlimits = rlimits
+        .iter()
+        .map(|r| {
+            let name = serde_json::to_value(r.typ()).ok().and_then(|v| v.as_str().map(str::to_owned));
+            let resource = name.as_deref().and_then(|n| RLIMITS.iter().position(|known| *known == n));
+            let resource = resource.ok_or_else(|| {
+                SpecError::Unsupported(format!("the rlimit {:?}, which Linux does not have", r.typ()))
+            })?;
+            Ok(Rlimit { resource: resource as u32, soft: r.soft(), hard: r.hard() })
+        })
+        .collect::<Result<_, SpecError>>()?;
+    Ok(Confinement {
+        uid: user.uid(),
+        gid: user.gid(),
+        additional_gids: user.additional_gids().clone().unwrap_or_default(),
+        capabilities: capabilities.transpose()?,
+        no_new_privileges: process.no_new_privileges().unwrap_or(false),
+        rlimits,
+        sysctl: Vec::new(),
+    })
+}
+
+/// A capability set as a mask (bit `n` for capability `n`); an absent set
+/// is empty, as runc reads it.
+fn mask(set: &Option<oci_spec::runtime::Capabilities>) -> Result<u64, SpecError> {
+    let mut mask = 0;
+    for cap in set.iter().flatten() {
+        let name = cap.to_string();
+        let bare = name.strip_prefix("CAP_").unwrap_or(&name);
+        let bit = rustix::thread::CapabilitySet::from_name(bare).ok_or_else(|| {
+            SpecError::Unsupported(format!("the capability {name}, which the guest has not"))
+        })?;
+        mask |= bit.bits();
+    }
+    Ok(mask)
+}
+
+/// The devices every guest has (its own devtmpfs): a spec may list these
+/// (containerd's defaults); any other would be a host device.
+const GUEST_DEVICES: [(&str, i64, i64); 8] = [
+    ("/dev/null", 1, 3),
+    ("/dev/zero", 1, 5),
+    ("/dev/full", 1, 7),
+    ("/dev/random", 1, 8),
+    ("/dev/urandom", 1, 9),
+    ("/dev/tty", 5, 0),
+    ("/dev/console", 5, 1),
+    ("/dev/ptmx", 5, 2),
+];
+
+/// Refuses what a VM cannot honour (see the module's documentation); logs
+/// the labels it does not apply.
+pub fn refuse_unhonourable(spec: &Spec) -> Result<(), SpecError> {
+    let unsupported = |what: &str| Err(SpecError::Unsupported(what.to_owned()));
+    if let Some(hooks) = spec.hooks() {
+        let any = [
+            hooks.prestart(),
+            hooks.create_runtime(),
+            hooks.create_container(),
+            hooks.start_container(),
+            hooks.poststart(),
+            hooks.poststop(),
+        ]
+        .iter()
+        .any(|h| h.as_ref().is_some_and(|h| !h.is_empty()));
+        if any {
+            return unsupported("OCI hooks (they would run on the host, as root; the shim runs none)");
+        }
+    }
+    let Some(linux) = spec.linux() else { return Ok(()) };
+    for device in linux.devices().iter().flatten() {
+        let path = device.path().display().to_string();
+        let known = device.typ() == LinuxDeviceType::C
+            && GUEST_DEVICES.contains(&(path.as_str(), device.major(), device.minor()));
+        if !known {
+            return Err(SpecError::Unsupported(format!(
+                "the host device {path} (a VM has only its own devices)"
+            )));
+        }
+    }
+    let pid_path = linux.namespaces().iter().flatten().any(|n| {
+        n.typ() == LinuxNamespaceType::Pid && n.path().as_ref().is_some_and(|p| !p.as_os_str().is_empty())
+    });
+    if pid_path {
+        return unsupported("joining a pid namespace (shareProcessNamespace: each container is its own VM)");
+    }
+    if linux.seccomp().is_some() {
+        return unsupported(
+            "a seccomp profile (the guest agent cannot apply one; the container is refused rather than run without it)",
+        );
+    }
+    let apparmor = spec.process().as_ref().and_then(|p| p.apparmor_profile().clone());
+    let selinux = spec.process().as_ref().and_then(|p| p.selinux_label().clone());
+    for (what, label) in [("AppArmor profile", apparmor), ("SELinux label", selinux)] {
+        if let Some(label) = label.filter(|l| !l.is_empty()) {
+            log::warn!("the {what} {label:?} is not applied: it names host policy the guest kernel has not");
+        }
+    }
+    Ok(())
 }
 
 /// The VM's limits from `linux.resources`: memory, CPU quota, pids.
@@ -251,7 +368,7 @@ mod tests {
                         "user": {"uid": 0, "gid": 0}},
             "root": {"path": "rootfs"}
         }));
-        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        let p = init_process(&s).expect("runnable");
         assert_eq!(p.argv, ["sh", "-c", "exit 3"]);
         assert_eq!(p.env, [("PATH".to_owned(), "/bin".to_owned()), ("EMPTY".to_owned(), String::new())]);
         assert_eq!(p.cwd, Path::new("/tmp"));
@@ -337,12 +454,12 @@ mod tests {
             "annotations": {"io.kubernetes.cri.container-type": "sandbox"},
             "root": {"path": "rootfs"}
         }));
-        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        let p = init_process(&s).expect("runnable");
         assert_eq!(p.argv, ["/bin/sh", "-c", KEEPER]);
         assert!(p.guest_root);
         let mut s = s;
         s.set_annotations(Some([(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned())].into()));
-        let p = init_process(&s, Path::new("/nonexistent")).expect("runnable");
+        let p = init_process(&s).expect("runnable");
         assert_eq!((p.argv.as_slice(), p.guest_root), (["/bin/sh".to_owned()].as_slice(), false));
     }
 
@@ -374,21 +491,125 @@ mod tests {
     }
 
     #[test]
-    fn a_terminal_is_asked_for_and_a_user_without_setpriv_is_refused_clearly() {
+    fn a_terminal_is_asked_for_and_the_user_is_the_agents_to_take_on() {
         let tty =
             serde_json::json!({"terminal": true, "args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
-        assert!(exec_process(tty.to_string().as_bytes(), Path::new("/")).expect("runnable").terminal);
+        assert!(exec_process(tty.to_string().as_bytes()).expect("runnable").terminal);
         let pipes = serde_json::json!({"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
-        assert!(!exec_process(pipes.to_string().as_bytes(), Path::new("/")).expect("runnable").terminal);
-        let user = serde_json::json!({"args": ["id"], "cwd": "/", "user": {"uid": 1000, "gid": 1000}});
-        let empty = tempfile::tempdir().expect("tempdir");
-        let err = exec_process(user.to_string().as_bytes(), empty.path()).unwrap_err();
-        assert!(matches!(err, SpecError::Unsupported(m) if m.contains("setpriv")));
-        std::fs::create_dir_all(empty.path().join("usr/bin")).expect("mkdir");
-        std::fs::write(empty.path().join("usr/bin/setpriv"), b"").expect("write");
-        let p = exec_process(user.to_string().as_bytes(), empty.path()).expect("runnable");
-        assert_eq!(p.argv[..2], ["/usr/bin/setpriv".to_owned(), "--reuid=1000".to_owned()]);
-        assert_eq!(p.argv.last().map(String::as_str), Some("id"));
+        assert!(!exec_process(pipes.to_string().as_bytes()).expect("runnable").terminal);
+        let user = serde_json::json!({"args": ["id"], "cwd": "/",
+                                      "user": {"uid": 1000, "gid": 1001, "additionalGids": [5]}});
+        let p = exec_process(user.to_string().as_bytes()).expect("runnable");
+        assert_eq!(p.argv, ["id"], "no setpriv: the agent switches the user");
+        let c = p.confinement.expect("confined");
+        assert_eq!((c.uid, c.gid, c.additional_gids.as_slice()), (1000, 1001, [5].as_slice()));
+    }
+
+    /// Empty capability sets, `noNewPrivileges`, rlimits and sysctls reach
+    /// the agent as asked; no capabilities object leaves the sets alone.
+    #[test]
+    fn capabilities_rlimits_and_sysctls_become_the_confinement() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}, "noNewPrivileges": true,
+                        "capabilities": {"bounding": [], "effective": [], "permitted": [], "inheritable": [],
+                                         "ambient": []},
+                        "rlimits": [{"type": "RLIMIT_NOFILE", "soft": 64, "hard": 128}]},
+            "linux": {"sysctl": {"net.ipv4.ip_forward": "1"}}
+        }));
+        let c = init_process(&s).expect("runnable").confinement.expect("confined");
+        assert_eq!(c.capabilities, Some(Capabilities::default()), "every set empty");
+        assert!(c.no_new_privileges);
+        assert_eq!(c.rlimits, [Rlimit { resource: 7, soft: 64, hard: 128 }]);
+        assert_eq!(c.sysctl, [("net.ipv4.ip_forward".to_owned(), "1".to_owned())]);
+
+        let mut s = s;
+        let mut process = s.process().clone().expect("a process");
+        let every: oci_spec::runtime::Capabilities = serde_json::from_value(serde_json::json!([
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_DAC_READ_SEARCH",
+            "CAP_FOWNER",
+            "CAP_FSETID",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETPCAP",
+            "CAP_LINUX_IMMUTABLE",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_NET_BROADCAST",
+            "CAP_NET_ADMIN",
+            "CAP_NET_RAW",
+            "CAP_IPC_LOCK",
+            "CAP_IPC_OWNER",
+            "CAP_SYS_MODULE",
+            "CAP_SYS_RAWIO",
+            "CAP_SYS_CHROOT",
+            "CAP_SYS_PTRACE",
+            "CAP_SYS_PACCT",
+            "CAP_SYS_ADMIN",
+            "CAP_SYS_BOOT",
+            "CAP_SYS_NICE",
+            "CAP_SYS_RESOURCE",
+            "CAP_SYS_TIME",
+            "CAP_SYS_TTY_CONFIG",
+            "CAP_MKNOD",
+            "CAP_LEASE",
+            "CAP_AUDIT_WRITE",
+            "CAP_AUDIT_CONTROL",
+            "CAP_SETFCAP",
+            "CAP_MAC_OVERRIDE",
+            "CAP_MAC_ADMIN",
+            "CAP_SYSLOG",
+            "CAP_WAKE_ALARM",
+            "CAP_BLOCK_SUSPEND",
+            "CAP_AUDIT_READ",
+            "CAP_PERFMON",
+            "CAP_BPF",
+            "CAP_CHECKPOINT_RESTORE"
+        ]))
+        .expect("capabilities");
+        assert_eq!(mask(&Some(every)).expect("all known"), (1 << 41) - 1, "each name is its own bit");
+        process.set_capabilities(None);
+        s.set_process(Some(process));
+        assert_eq!(init_process(&s).expect("runnable").confinement.expect("confined").capabilities, None);
+    }
+
+    /// Each thing a VM cannot honour is refused with its own reason;
+    /// containerd's default devices and a label are not.
+    #[test]
+    fn what_a_vm_cannot_honour_is_refused_with_its_reason() {
+        let base = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                        "apparmorProfile": "cri-containerd.apparmor.d"},
+            "linux": {"devices": [{"path": "/dev/null", "type": "c", "major": 1, "minor": 3}],
+                      "namespaces": [{"type": "pid"}]}
+        });
+        assert!(init_process(&spec(base.clone())).is_ok(), "default devices, a label, a new pid namespace");
+        let refused = |change: &dyn Fn(&mut serde_json::Value), reason: &str| {
+            let mut json = base.clone();
+            change(&mut json);
+            let err = init_process(&spec(json)).expect_err(reason).to_string();
+            assert!(err.contains(reason), "{err}");
+        };
+        refused(&|j| j["hooks"] = serde_json::json!({"prestart": [{"path": "/bin/true"}]}), "hooks");
+        refused(
+            &|j| {
+                j["linux"]["devices"][0] =
+                    serde_json::json!({"path": "/dev/sda", "type": "b", "major": 8, "minor": 0})
+            },
+            "host device /dev/sda",
+        );
+        refused(
+            &|j| j["linux"]["namespaces"][0]["path"] = "/proc/1/ns/pid".into(),
+            "joining a pid namespace",
+        );
+        refused(
+            &|j| j["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW"}),
+            "seccomp",
+        );
+        refused(&|j| j["process"]["user"]["username"] = "nobody".into(), "a user by name");
     }
 
     #[test]

@@ -233,6 +233,7 @@ impl Vm {
             root: (!process.guest_root).then(|| self.rootfs.clone()),
             output: None,
             terminal,
+            confinement: process.confinement.clone(),
         };
         let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
         match channel.next_reply() {

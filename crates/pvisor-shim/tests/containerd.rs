@@ -17,7 +17,7 @@ mod harness;
 mod terminal;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -51,9 +51,16 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         "exit3",
         "sh",
         "-c",
-        "echo out; cat /data/f; echo err >&2; exit 3",
+        "echo out; cat /data/f; grep CapEff /proc/self/status; echo err >&2; exit 3",
     ]);
-    assert_eq!(text(&out.stdout), "out\nfrom the host\n", "stderr: {}", text(&out.stderr));
+    // Exactly the capabilities of ctr's default spec (containerd's default
+    // set), not every one the guest's root has.
+    assert_eq!(
+        text(&out.stdout),
+        "out\nfrom the host\nCapEff:\t00000000a80425fb\n",
+        "stderr: {}",
+        text(&out.stderr)
+    );
     assert_eq!(text(&out.stderr), "err\n");
     assert_eq!(out.status.code(), Some(3));
 
@@ -454,7 +461,23 @@ fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
     let script =
         format!("echo from-vm | nc -w 10 {} {port}; while :; do echo served | nc -l -p 8080; done", ns.ip(1));
     let with_ns = format!("network:{}", ns.path());
-    c.ok(&["run", "-d", "--runtime", RUNTIME, "--with-ns", &with_ns, IMAGE, "netted", "sh", "-c", &script]);
+    // CAP_NET_ADMIN (not in ctr's default set): the guest may then re-address
+    // its NIC, which is what the anti-spoofing below is tested against.
+    c.ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--cap-add",
+        "CAP_NET_ADMIN",
+        "--with-ns",
+        &with_ns,
+        IMAGE,
+        "netted",
+        "sh",
+        "-c",
+        &script,
+    ]);
 
     // Out: the guest's connection arrives from the namespace's address.
     node.set_nonblocking(false).expect("blocking");
@@ -718,13 +741,18 @@ fn a_read_write_volume_is_shared_live_between_the_host_and_two_containers() {
 
     // A fills the volume and waits for B; it copies a program in, as an
     // init container copies execd.
-    let a = "cp /bin/busybox /data/echo && echo a > /data/from-a; \
+    // It also tries to make a block device in the volume (the host's loop
+    // device, were it made on the host) and says how that went.
+    let a = "mknod /data/blk b 7 0 2>/dev/null; [ -b /data/blk ] && echo made > /data/mknod || echo refused > /data/mknod; \
+             cp /bin/busybox /data/echo && echo a > /data/from-a; \
              while [ ! -e /data/from-b ]; do sleep 0.1; done; cat /data/from-b > /data/a-saw-b; \
              while :; do sleep 1; done";
     c.ok(&["run", "-d", "--runtime", RUNTIME, "--mount", &mount, IMAGE, "share-a", "sh", "-c", a]);
     let holds =
         |name: &str, content: &str| std::fs::read_to_string(volume.join(name)).is_ok_and(|t| t == content);
     eventually("the host sees A's write", Duration::from_secs(120), || holds("from-a", "a\n"));
+    assert!(holds("mknod", "refused\n"), "the guest could not make a device node in the share");
+    assert!(std::fs::symlink_metadata(volume.join("blk")).is_err(), "no device node appeared on the host");
 
     let b = "cat /data/from-host /data/from-a; /data/echo ran-from-the-volume; \
              cat /data/to-secret 2>/dev/null || echo no-secret; cat /data/../secret 2>/dev/null || echo no-parent; \
@@ -771,4 +799,93 @@ fn a_read_write_volume_is_shared_live_between_the_host_and_two_containers() {
     });
     // The volume outlives its containers, as a pod's does until the pod goes.
     assert_eq!(std::fs::read_to_string(volume.join("from-b")).expect("read"), "b\n");
+}
+
+/// The capabilities of ctr's default spec, each dropped with `--cap-drop`.
+const DEFAULT_CAPABILITIES: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// A hostile image and a hostile volume against the shim's copy, and a
+/// bundle whose capability sets are empty, in one container: the image's
+/// snapshot holds `/data/sub -> VICTIM` (a host directory), and a read-only
+/// bind at `/data` holds `sub/authorized_keys`, `sub/keep`, a FIFO, a
+/// setuid-root file and a symlink to the victim (what a guest plants
+/// through a read-write share of the same directory). The create neither
+/// blocks on the FIFO nor writes through either symlink; the container has
+/// no capability, so `mount` and `mknod` fail in it.
+#[test]
+fn a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept() {
+    if !able("a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept") {
+        return;
+    }
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let c = start(NAMESPACE);
+    let victim = c.dir.path().join("victim");
+    std::fs::create_dir_all(&victim).expect("mkdir");
+    std::fs::write(victim.join("keep"), "host\n").expect("write");
+    let volume = c.dir.path().join("ro-volume");
+    std::fs::create_dir_all(volume.join("sub")).expect("mkdir");
+    std::fs::write(volume.join("sub/authorized_keys"), "ssh-ed25519 attacker\n").expect("write");
+    std::fs::write(volume.join("sub/keep"), "overwritten\n").expect("write");
+    std::fs::write(volume.join("suid"), "#!/bin/sh\n").expect("write");
+    std::fs::set_permissions(volume.join("suid"), std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    symlink(&victim, volume.join("link")).expect("symlink");
+    let fifo = Command::new("mkfifo").arg(volume.join("fifo")).status().expect("mkfifo runs");
+    assert!(fifo.success());
+
+    let mount = format!("type=bind,src={},dst=/data,options=rbind:ro", volume.display());
+    let probe = "cat /data/sub/authorized_keys; ls -l /data/suid | cut -c1-10; readlink /data/link; \
+                 [ -e /data/fifo ] || echo no-fifo; grep CapEff /proc/self/status; \
+                 mount -t tmpfs t /tmp 2>/dev/null && echo mounted || echo mount-refused; \
+                 mknod /tmp/n c 1 3 2>/dev/null && echo mknod-made || echo mknod-refused";
+    let mut create = vec!["container", "create", "--runtime", RUNTIME, "--mount", &mount];
+    for cap in DEFAULT_CAPABILITIES {
+        create.extend(["--cap-drop", cap]);
+    }
+    // `container create` reorders flags (`run` does not): `--` keeps
+    // `sh -c` the container's.
+    create.extend(["--", IMAGE, "hostile", "sh", "-c", probe]);
+    c.ok(&create);
+    // The image's symlink, planted in the container's snapshot.
+    let mounts = c.ok(&["snapshots", "mounts", "/unused", "hostile"]);
+    let layer = match mounts.split("upperdir=").nth(1) {
+        Some(rest) => rest.split([',', ' ']).next().unwrap_or_default().to_owned(),
+        None => mounts.split_whitespace().nth(3).unwrap_or_default().to_owned(),
+    };
+    assert!(Path::new(&layer).is_dir(), "the snapshot's writable layer: {mounts}");
+    std::fs::create_dir_all(Path::new(&layer).join("data")).expect("mkdir");
+    symlink(&victim, Path::new(&layer).join("data/sub")).expect("symlink");
+
+    let started = Instant::now();
+    let out = c.ctr(&["task", "start", "hostile"]);
+    assert!(started.elapsed() < Duration::from_secs(120), "the create did not block on the FIFO");
+    let _ = c.ctr(&["task", "delete", "hostile"]);
+    let _ = c.ctr(&["container", "rm", "hostile"]);
+    assert_eq!(
+        text(&out.stdout).replace('\r', ""),
+        format!(
+            "ssh-ed25519 attacker\n-rwxr-xr-x\n{}\nno-fifo\nCapEff:\t0000000000000000\nmount-refused\nmknod-refused\n",
+            victim.display()
+        ),
+        "the copy is in the VM, without setuid, the link a link, the FIFO skipped, no capability: {}",
+        text(&out.stderr)
+    );
+    let left: Vec<_> =
+        std::fs::read_dir(&victim).expect("list").map(|e| e.expect("entry").file_name()).collect();
+    assert_eq!(left, ["keep"], "nothing was created in the host directory");
+    assert_eq!(std::fs::read_to_string(victim.join("keep")).expect("read"), "host\n", "nor overwritten");
 }

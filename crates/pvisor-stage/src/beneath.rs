@@ -230,6 +230,14 @@ impl Root {
         Ok(())
     }
 
+    /// Gives `rel` (never followed, even as the final name) the owner
+    /// `uid` and group `gid`.
+    pub fn chown(&self, rel: &Path, uid: u32, gid: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let (uid, gid) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
+        Ok(rustix::fs::chownat(&*dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?)
+    }
+
     /// Sets the permission bits of the existing directory `rel`.
     pub fn set_dir_mode(&self, rel: &Path, mode: u32) -> io::Result<()> {
         self.chmod_dir(rel, mode)

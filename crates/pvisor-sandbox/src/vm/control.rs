@@ -204,6 +204,7 @@ fn relay_exec(
         root: spec.root,
         output: spec.output,
         terminal: spec.terminal,
+        confinement: spec.confinement,
     };
     if let Err(e) = shared.send(&exec, &[]) {
         shared.sinks.lock().unwrap_or_else(|p| p.into_inner()).detach(id);

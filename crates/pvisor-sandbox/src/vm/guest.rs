@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use pvisor_agent_proto::{read_frame, write_frame, Reply, Request, TerminalSize};
+use pvisor_agent_proto::{read_frame, write_frame, Confinement, Reply, Request, TerminalSize};
 
 use super::checkpoint::{ControlRequest, ControlResponse};
 
@@ -38,6 +38,10 @@ pub struct ExecSpec {
     /// A terminal of this size instead of pipes (its output is `Stdout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<TerminalSize>,
+    /// What the process is confined to (see [`Confinement`]); `None`
+    /// runs it as the agent's own root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<Box<Confinement>>,
 }
 
 /// The caller's end of a relayed exec.

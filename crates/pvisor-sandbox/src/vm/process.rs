@@ -438,6 +438,7 @@ impl VmProcess {
                 root: None,
                 output: None,
                 terminal: None,
+                confinement: None,
             };
             match shared.call(&exec, &[], boot_timeout).map_err(fail)? {
                 (Reply::Started { .. }, _) => {}

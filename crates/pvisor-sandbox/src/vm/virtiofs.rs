@@ -9,7 +9,13 @@
 //! What the guest can do there is what virtiofsd allows: it sandboxes
 //! itself (`sandbox=namespace`: new mount, pid and network namespaces,
 //! `pivot_root` into the directory, a seccomp filter), so the guest's paths
-//! and symlinks resolve inside the directory and never beyond it. Writes are
+//! and symlinks resolve inside the directory and never beyond it. It runs as
+//! root and would honour the guest's `mknod`: it is started without
+//! `CAP_MKNOD` (so a guest cannot make a host device node in the share and
+//! read the host's disk through it; FIFOs and sockets need no capability
+//! and stay possible, which is why nothing on the host opens one) nor
+//! `CAP_SETFCAP`, and with extended attributes off (no `security.*` file
+//! capabilities). Writes are
 //! not staged: they are the point of a shared volume, and admission records
 //! each share as such.
 //!
@@ -54,6 +60,36 @@ pub fn virtiofsd() -> PathBuf {
         return path.into();
     }
     VIRTIOFSD_PATHS.iter().map(PathBuf::from).find(|p| p.is_file()).unwrap_or_else(|| "virtiofsd".into())
+}
+
+/// What narrows virtiofsd beyond its defaults: the capabilities it drops,
+/// `mknod` (a guest's device node in the share would be a host device
+/// node) and `setfcap`, and extended attributes off (`security.*` file
+/// capabilities; the default of both servers, said explicitly to the C one,
+/// the Rust one has no such option). QEMU's C server takes `-o modcaps=`,
+/// the Rust one `--modcaps=`; which one `binary` is, its `--help` says
+/// (asked once per binary).
+fn narrowed(binary: &Path) -> Vec<String> {
+    const DROPPED: &str = "-mknod:-setfcap";
+    static RUST: std::sync::Mutex<Vec<(PathBuf, bool)>> = std::sync::Mutex::new(Vec::new());
+    let mut known = RUST.lock().unwrap_or_else(|p| p.into_inner());
+    let rust = match known.iter().find(|(b, _)| b == binary) {
+        Some((_, rust)) => *rust,
+        None => {
+            let help = Command::new(binary).arg("--help").output();
+            let rust = help.is_ok_and(|h| {
+                String::from_utf8_lossy(&h.stdout).contains("--modcaps")
+                    || String::from_utf8_lossy(&h.stderr).contains("--modcaps")
+            });
+            known.push((binary.to_path_buf(), rust));
+            rust
+        }
+    };
+    if rust {
+        vec![format!("--modcaps={DROPPED}")]
+    } else {
+        ["-o", &format!("modcaps={DROPPED}"), "-o", "no_xattr"].map(String::from).into()
+    }
 }
 
 /// One file server and QEMU's end of its socket.
@@ -158,7 +194,8 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         // Attributes cached briefly, data revalidated on open: what Kata
         // uses, and executables in the share can be mapped.
         .args(["-o", "cache=auto"])
-        .args(["-o", "log_level=warn"]);
+        .args(["-o", "log_level=warn"])
+        .args(narrowed(&binary));
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {

@@ -95,6 +95,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         root: Some(guest.record.rootfs.clone()),
         output: request.background.then(|| PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
         terminal: None,
+        confinement: None,
     };
     let link = guest.link.clone();
     let (mut channel, first) = blocking(move || {

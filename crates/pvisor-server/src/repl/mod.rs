@@ -224,6 +224,7 @@ impl Repl {
             root: Some(record.rootfs.clone()),
             output: None,
             terminal: None,
+            confinement: None,
         };
         let mut channel = guest_link::exec(link, spec).map_err(|e| ApiError::internal(e.0))?;
         match channel.next_reply() {

@@ -301,6 +301,7 @@ impl Daemon {
             root: Some(record.rootfs.clone()),
             output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
             terminal: None,
+            confinement: None,
         };
         let mut channel = guest_link::exec(&link, spec)?;
         let started = match channel.next_reply() {

@@ -17,10 +17,11 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent_proto::{Reply, TerminalSize};
+use pvisor_agent_proto::{Confinement, Reply, TerminalSize};
 use rustix::mount::MountFlags;
 use rustix::process::{Pid, WaitOptions};
 
+use crate::confine;
 use crate::init::mount;
 use crate::link::Writer;
 use crate::pty;
@@ -134,7 +135,7 @@ impl Agent {
     }
 
     pub(crate) fn exec(&mut self, request: ExecRequest) {
-        let ExecRequest { id, argv, env, cwd, root, output, terminal } = request;
+        let ExecRequest { id, argv, env, cwd, root, output, terminal, confinement } = request;
         let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
             return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
@@ -181,11 +182,19 @@ impl Agent {
             Ok(c) => c,
             Err(e) => return self.send(failed(libc::EINVAL, e.to_string()), Vec::new()),
         };
+        let confined = match confinement.as_deref().map(confine::prepare).transpose() {
+            Ok(ready) => ready,
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
+                return self.send(failed(errno, format!("cannot confine the process: {e}")), Vec::new());
+            }
+        };
         let controlling = matches!(stdio, Streams::Terminal(_));
         // SAFETY: the closure runs between fork and exec, where only
         // async-signal-safe work is allowed: rustix's setsid, ioctl, chroot
-        // and chdir are bare syscalls, the CStrings were built before the
-        // fork, and an Errno becomes an io::Error without allocating.
+        // and chdir are bare syscalls, the CStrings and the confinement were
+        // built before the fork, and an Errno becomes an io::Error without
+        // allocating.
         unsafe {
             command.pre_exec(move || {
                 rustix::process::setsid()?;
@@ -198,6 +207,11 @@ impl Agent {
                     rustix::process::chroot(root.as_c_str())?;
                 }
                 rustix::process::chdir(cwd.as_c_str())?;
+                // Last: the user and capabilities it takes away are what
+                // the steps above needed.
+                if let Some(confined) = &confined {
+                    confined.apply()?;
+                }
                 Ok(())
             });
         }
@@ -289,6 +303,7 @@ pub(crate) struct ExecRequest {
     pub(crate) root: Option<PathBuf>,
     pub(crate) output: Option<PathBuf>,
     pub(crate) terminal: Option<TerminalSize>,
+    pub(crate) confinement: Option<Box<Confinement>>,
 }
 
 /// Where a process's stdio goes: pipes (or a log file) set on the

@@ -22,6 +22,7 @@
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
+mod confine;
 mod delta;
 mod exec;
 mod export;
@@ -174,8 +175,8 @@ impl Agent {
                     }
                 }
             }
-            Request::Exec { id, argv, env, cwd, root, output, terminal } => {
-                self.exec(ExecRequest { id, argv, env, cwd, root, output, terminal })
+            Request::Exec { id, argv, env, cwd, root, output, terminal, confinement } => {
+                self.exec(ExecRequest { id, argv, env, cwd, root, output, terminal, confinement })
             }
             Request::Resize { id, size } => self.resize(id, size),
             Request::Stdin { id } => self.stdin(id, payload),
