@@ -73,8 +73,12 @@ pub struct RunOptions {
     /// the Trace. Repeatable.
     #[arg(long, value_name = "PATH")]
     pub expose_socket: Vec<PathBuf>,
-    /// Pass a variable whose name looks secret (*_TOKEN, *_SECRET, *_PASSWORD,
-    /// *_API_KEY, AWS_*, SSH_AUTH_SOCK are removed otherwise). Repeatable.
+    /// Pass a variable that looks secret by name (*TOKEN*, *SECRET*,
+    /// *PASSWORD*, *_PASS, *_PWD, *AUTH*, *CREDENTIALS*, *_KEY,
+    /// *_CONNECTION_STRING, AWS_*, SSH_AUTH_SOCK) or by value (a URL with
+    /// user:password@, a connection string's AccountKey=/Password=, a PEM
+    /// private key, a ghp_/glpat-/xoxb-/sk-/AKIA/AIza token, a JWT): these
+    /// are removed otherwise. Repeatable.
     #[arg(long = "env", value_name = "NAME")]
     pub env: Vec<String>,
     /// Run without pvisor's seccomp filter (for tools that need user
