@@ -24,6 +24,7 @@ use support::*;
 
 mod host;
 mod kernel;
+mod leaks;
 mod limits;
 
 fn escaped(out: &std::process::Output) -> bool {

@@ -113,10 +113,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the state directory at `root`.
+    /// Opens (creating if needed) the state directory at `root`. Opened by
+    /// root, the directory is first closed to every sandbox (see
+    /// [`close_to_sandboxes`]), before anything is made inside it.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = root.into();
-        for dir in [root.clone(), root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
+        create_dir_all_private(&root)?;
+        close_to_sandboxes(&root)?;
+        for dir in [root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
             create_dir_all_private(&dir)?;
         }
         let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
@@ -291,6 +295,54 @@ impl Store {
     pub fn write<T: Record>(&self, path: &Path, record: &T) -> Result<(), StoreError> {
         write_atomic(path, &to_json_bytes(record))
     }
+}
+
+/// The containerd shim's state directory when containerd names no `PVISOR_HOME`.
+pub const SHIM_STATE_ROOT: &str = "/var/lib/pvisor";
+
+/// The group a root-owned state directory is given: one no namespace a
+/// sandbox can make maps (see [`close_to_sandboxes`]).
+pub const CLOSED_STATE_GID: u32 = 65534;
+
+/// Makes a state directory opened by root unreadable to every sandbox,
+/// including ones that started before it existed: mode 0000, owner root,
+/// group [`CLOSED_STATE_GID`].
+///
+/// A sandbox's mount namespace is fixed when it starts, so no mount can hide
+/// a state directory made later (`PVISOR_HOME=elsewhere`, the containerd
+/// shim's `/var/lib/pvisor` first used after the sandbox started). What a
+/// root sandbox lacks instead is capabilities: its command is uid 0 with
+/// every capability dropped, so for it a 0000 directory is closed even
+/// though it is the owner, and its read-only view refuses the `chmod` that
+/// would reopen it. pvisor, with `CAP_DAC_OVERRIDE`, goes in regardless.
+/// The group matters under `--no-seccomp`: a command may then make a user
+/// namespace of its own and hold capabilities there, but those apply only
+/// to inodes whose owner and group it can map, and it can map only uid 0
+/// and gid 0. A root without `CAP_DAC_OVERRIDE` (or one whose namespace
+/// does not have that group) would lock itself out, so it is left as it is.
+/// A rootless sandbox is its user's own uid: docs/threat-model.md says what
+/// covers that user's state directories.
+pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
+    use rustix::fs::{Gid, Mode, Uid};
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let caps = rustix::thread::capabilities(None).map_err(|e| StoreError::io("inspect", root, e.into()))?;
+    if !caps.effective.contains(rustix::thread::CapabilitySet::DAC_OVERRIDE) {
+        return Ok(());
+    }
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(root).map_err(|e| StoreError::io("inspect", root, e))?;
+    if meta.mode() & 0o7777 != 0 {
+        rustix::fs::chmod(root, Mode::empty()).map_err(|e| StoreError::io("close", root, e.into()))?;
+    }
+    if meta.uid() != 0 || meta.gid() != CLOSED_STATE_GID {
+        let (uid, gid) = (Uid::from_raw(0), Gid::from_raw(CLOSED_STATE_GID));
+        // A namespace without that group keeps the directory's own: only a
+        // `--no-seccomp` command could use that.
+        let _ = rustix::fs::chown(root, Some(uid), Some(gid));
+    }
+    Ok(())
 }
 
 /// The name prefix of a Job directory still being admitted (see [`Store::publish_job`]).

@@ -204,7 +204,8 @@ pub fn is_secret_name(name: &str) -> bool {
     if harmless {
         return false;
     }
-    let words: Vec<&str> = upper.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let words: Vec<&str> =
+        upper.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
     let last = words.last().copied().unwrap_or("");
     ["SSH_AUTH_SOCK", "DATABASE_URL", "BW_SESSION", "GOOGLE_CREDENTIALS"].contains(&upper.as_str())
         || upper.starts_with("AWS_")
