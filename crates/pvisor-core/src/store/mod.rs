@@ -318,13 +318,14 @@ pub const CLOSED_STATE_GID: u32 = 65534;
 /// The group matters under `--no-seccomp`: a command may then make a user
 /// namespace of its own and hold capabilities there, but those apply only
 /// to inodes whose owner and group it can map, and it can map only uid 0
-/// and gid 0. A root without `CAP_DAC_OVERRIDE` (or one whose namespace
-/// does not have that group) would lock itself out, so it is left as it is.
+/// and gid 0. A root without `CAP_DAC_OVERRIDE` would lock itself out, and
+/// the root of a user namespace (`unshare -r`, a rootless container) would
+/// lock out its own user outside it: both leave the directory as it is.
 /// A rootless sandbox is its user's own uid: docs/threat-model.md says what
 /// covers that user's state directories.
 pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
     use rustix::fs::{Gid, Mode, Uid};
-    if !rustix::process::geteuid().is_root() {
+    if !rustix::process::geteuid().is_root() || !in_initial_user_namespace() {
         return Ok(());
     }
     let caps = rustix::thread::capabilities(None).map_err(|e| StoreError::io("inspect", root, e.into()))?;
@@ -343,6 +344,13 @@ pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
         let _ = rustix::fs::chown(root, Some(uid), Some(gid));
     }
     Ok(())
+}
+
+/// Whether this process's user namespace is the host's: its uid map is
+/// the whole identity range.
+fn in_initial_user_namespace() -> bool {
+    fs::read_to_string("/proc/self/uid_map")
+        .is_ok_and(|map| map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
 }
 
 /// The name prefix of a Job directory still being admitted (see [`Store::publish_job`]).
