@@ -21,10 +21,11 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
     let base = tempfile::Builder::new().prefix("pvisor-e2e-later-").tempdir_in("/var/tmp").unwrap();
     let mut later = vec![base.path().join("state")];
     let shim_root = Path::new(pvisor_core::store::SHIM_STATE_ROOT);
-    let made_shim_root = !shim_root.exists();
-    if made_shim_root {
+    // Removed however the test ends, if this test made it.
+    let _made_shim_root = (!shim_root.exists()).then(|| {
         later.push(shim_root.to_owned());
-    }
+        RemoveOnDrop(shim_root)
+    });
     // The probe reads the paths to try from stdin, once they exist.
     let probe = r#"echo READY
         read control
@@ -66,9 +67,6 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
         let run = fs::read_dir(root.join("runs")).unwrap().flatten().next().unwrap().path();
         let stage = run.join("stage/upper/secret.txt");
         assert_eq!(fs::read_to_string(&stage).unwrap(), "STAGED-SECRET\n", "the Job staged it");
-        let meta = fs::metadata(root).unwrap();
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0, 0, 65534), "{}", root.display());
         paths.push_str(&format!("{} {}\n", root.display(), stage.display()));
     }
     let mut stdin = sandbox.stdin.take().unwrap();
@@ -77,9 +75,6 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
     let mut seen = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut seen).unwrap();
     let status = sandbox.wait().unwrap();
-    if made_shim_root {
-        let _ = fs::remove_dir_all(shim_root);
-    }
     assert!(status.success(), "{seen}");
     assert!(seen.contains("PROBED") && seen.contains("CONTROL-SECRET"), "the probe ran: {seen}");
     for root in &later {
@@ -87,4 +82,17 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
         assert!(!seen.contains(&format!("LISTED {}", root.display())), "{seen}");
     }
     assert!(!seen.contains("STAGED-SECRET"), "a later Job's staged file was read: {seen}");
+    for root in &later {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(root).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0, 0, 65534), "{}", root.display());
+    }
+}
+
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(self.0);
+    }
 }
