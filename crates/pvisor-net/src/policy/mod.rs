@@ -141,14 +141,22 @@ fn names_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.to_canonical().is_loopback())
 }
 
+/// Which list a rule is for: an allow rule on loopback must name a port, a
+/// deny rule (which only narrows) need not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Allow,
+    Deny,
+}
+
 /// Checks one rule and returns it normalized (`host` or `host:port`, an
 /// IPv6 address with a port in brackets).
-fn validate(pattern: &str, source: &str) -> Result<String, PolicyError> {
+fn validate(pattern: &str, source: &str, side: Side) -> Result<String, PolicyError> {
     let bad = |message: String| PolicyError::Invalid { source_name: source.to_owned(), message };
     let (host, port) = split_port(pattern.trim());
     let Some(port) = port else {
         let p = validate_host(pattern, source)?;
-        if names_loopback(&p) {
+        if side == Side::Allow && names_loopback(&p) {
             return Err(bad(format!(
                 "{pattern:?} would open every service on the host's loopback; name a port: \"{}:PORT\"",
                 if p.contains(':') { format!("[{p}]") } else { p.clone() }
@@ -225,10 +233,12 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
     let mut deny = Vec::new();
     for scope in &ordered {
         for pattern in &scope.spec.allow {
-            allow.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+            let pattern = validate(pattern, &scope.source, Side::Allow)?;
+            allow.push(Rule { pattern, source: scope.source.clone() });
         }
         for pattern in &scope.spec.deny {
-            deny.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+            let pattern = validate(pattern, &scope.source, Side::Deny)?;
+            deny.push(Rule { pattern, source: scope.source.clone() });
         }
     }
     let (mode, mode_source) = match ordered.iter().find_map(|s| s.spec.mode.map(|m| (m, s.source.clone()))) {
@@ -513,6 +523,8 @@ mod tests {
             let err = resolve(&[scoped(Scope::CommandLine, Some(Mode::Proxy), &[bare], &[])]).unwrap_err();
             assert!(err.to_string().contains("name a port"), "{bare}: {err}");
         }
+        let narrowed = resolve(&[scoped(Scope::CommandLine, None, &["example.com"], &["localhost", "::1"])]);
+        assert!(narrowed.is_ok(), "a deny rule needs no port: {narrowed:?}");
         for bad in ["example.com:0", "example.com:70000", "example.com:http", "*:443"] {
             assert!(resolve(&[scoped(Scope::CommandLine, None, &[bad], &[])]).is_err(), "{bad}");
         }
