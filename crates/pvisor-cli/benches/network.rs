@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p pvisor-cli --bench network` runs, inside pvisor sandboxes,
 //! a download of 1 GiB and 1,000 small sequential requests from a loopback
-//! HTTP server, once through the allowlist proxy (`--allow 127.0.0.1`) and
+//! HTTP server, once through the allowlist proxy (`--allow 127.0.0.1:PORT`) and
 //! once direct (`--net host`), and prints throughput (target: proxy ≥ 70% of
 //! direct) and the median added latency per request.
 //!
