@@ -11,6 +11,8 @@ use super::*;
 /// by `PVISOR_HOME=elsewhere`, and the containerd shim's `/var/lib/pvisor`
 /// when this host has none) cannot list it or read a Job's staged file in
 /// it, though it does see a 0700 root directory made at the same moment.
+/// It runs without seccomp, so it may also try from a user namespace of its
+/// own. A sandbox started once the shim's directory exists has it hidden.
 #[test]
 fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
     if !As::Root.available() {
@@ -34,10 +36,12 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
             [ -e "$root" ] && echo "SEES $root"
             ls "$root" 2>/dev/null | grep -q runs && echo "LISTED $root"
             cat "$stage" 2>/dev/null
+            unshare -r cat "$stage" 2>/dev/null
+            unshare -r ls "$root" 2>/dev/null | grep -q runs && echo "LISTED $root"
         done
         echo PROBED"#;
     let mut sandbox = env
-        .command(&["run", "-q", "--", "sh", "-c", probe])
+        .command(&["run", "-q", "--no-seccomp", "--", "sh", "-c", probe])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -82,6 +86,17 @@ fn a_state_directory_made_after_a_root_sandbox_started_is_closed_to_it() {
         assert!(!seen.contains(&format!("LISTED {}", root.display())), "{seen}");
     }
     assert!(!seen.contains("STAGED-SECRET"), "a later Job's staged file was read: {seen}");
+    if let Some(made) = &_made_shim_root {
+        let out = env.pvisor(&["run", "-q", "--", "ls", "-A", made.0.to_str().unwrap()]);
+        assert!(out.status.success() && text(&out.stdout).is_empty(), "{}", text(&out.stdout));
+        let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+        let hidden = env.events(&job).into_iter().any(|e| {
+            e["type"] == "admission.rewrite"
+                && e["data"]["reason"] == "another pvisor state directory"
+                && e["data"]["path"] == made.0.to_str().unwrap()
+        });
+        assert!(hidden, "the shim's state directory is hidden and recorded");
+    }
     for root in &later {
         use std::os::unix::fs::MetadataExt;
         let meta = fs::metadata(root).unwrap();
