@@ -319,8 +319,9 @@ fn counting_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 /// `--allow 127.0.0.1:A` opens the host's loopback on port A alone: a server
 /// there is reached through the proxy (curl, which honours the proxy
 /// variables: NO_PROXY no longer lists 127.0.0.1), one on port B is not,
-/// plain or tunnelled; a bare loopback rule, which opened every port, is
-/// refused with a message asking for one.
+/// plain or tunnelled; `--allow localhost:A` reaches it by that name; a bare
+/// loopback rule, which opened every port, is refused with a message asking
+/// for one.
 fn a_loopback_rule_opens_its_port_alone(who: As) {
     if !who.available() {
         return;
@@ -347,6 +348,13 @@ fn a_loopback_rule_opens_its_port_alone(who: As) {
     let denied: Vec<serde_json::Value> =
         network_events(&env).into_iter().filter(|e| e["type"] == "network.denied").collect();
     assert!(denied.iter().any(|e| e["data"]["port"] == b), "{denied:?}");
+    // The name localhost, with its port: reached through the proxy too.
+    let allow = format!("localhost:{a}");
+    let script = format!("echo \"no_proxy=[$no_proxy]\"; curl -s -m 5 http://localhost:{a}/; echo");
+    let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("no_proxy=[127.0.0.1,::1]"), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(&format!("hello from {a}\n")), "{stdout}{}", text(&out.stderr));
     for bare in ["localhost", "127.0.0.1", "[::1]"] {
         let out = env.pvisor(&["run", "-q", "--allow", bare, "--", "echo", "RAN"]);
         assert!(!out.status.success() && !text(&out.stdout).contains("RAN"), "{bare} was accepted");
