@@ -320,7 +320,8 @@ pub const CLOSED_STATE_GID: u32 = 65534;
 /// to inodes whose owner and group it can map, and it can map only uid 0
 /// and gid 0. A root without `CAP_DAC_OVERRIDE` would lock itself out, and
 /// the root of a user namespace (`unshare -r`, a rootless container) would
-/// lock out its own user outside it: both leave the directory as it is.
+/// lock out its own user outside it, and another user's directory opened by
+/// root would be taken from them: all three leave the directory as it is.
 /// A rootless sandbox is its user's own uid: docs/threat-model.md says what
 /// covers that user's state directories.
 pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
@@ -334,13 +335,19 @@ pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
     }
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(root).map_err(|e| StoreError::io("inspect", root, e))?;
+    // Another user's state directory opened by root (`sudo pvisor jobs`
+    // with that user's HOME) stays theirs: closed, it would lock them out.
+    if meta.uid() != 0 {
+        return Ok(());
+    }
     if meta.mode() & 0o7777 != 0 {
         rustix::fs::chmod(root, Mode::empty()).map_err(|e| StoreError::io("close", root, e.into()))?;
     }
-    if meta.uid() != 0 || meta.gid() != CLOSED_STATE_GID {
+    if meta.gid() != CLOSED_STATE_GID {
         let (uid, gid) = (Uid::from_raw(0), Gid::from_raw(CLOSED_STATE_GID));
-        // A namespace without that group keeps the directory's own: only a
-        // `--no-seccomp` command could use that.
+        // A filesystem that refuses the group keeps the directory's own: only
+        // a `--no-seccomp` command could try to use that, and the kernel
+        // refuses it a map of uid 0 anyway.
         let _ = rustix::fs::chown(root, Some(uid), Some(gid));
     }
     Ok(())
@@ -359,6 +366,27 @@ pub const ADMITTING_PREFIX: &str = ".admitting-";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roots_own_state_directory_is_closed_and_another_users_is_left_alone() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() || !in_initial_user_namespace() {
+            eprintln!("skipped: needs root in the host's user namespace");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("state")).unwrap();
+        let meta = fs::metadata(store.root()).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0, 0, CLOSED_STATE_GID));
+        assert!(store.jobs_dir().is_dir(), "root still goes in");
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        fs::set_permissions(&theirs, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
+        Store::open(&theirs).unwrap();
+        let meta = fs::metadata(&theirs).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o755, 4242, 4242));
+    }
 
     #[test]
     fn state_root_precedence() {
