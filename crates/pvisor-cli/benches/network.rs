@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p pvisor-cli --bench network` runs, inside pvisor sandboxes,
 //! a download of 1 GiB and 1,000 small sequential requests from a loopback
-//! HTTP server, once through the allowlist proxy (`--allow 127.0.0.1`) and
+//! HTTP server, once through the allowlist proxy (`--allow 127.0.0.1:PORT`) and
 //! once direct (`--net host`), and prints throughput (target: proxy ≥ 70% of
 //! direct) and the median added latency per request.
 //!
@@ -98,7 +98,8 @@ fn main() {
     let script = |mode: &str, path: &str, n: usize| {
         format!("import sys; sys.argv = ['c', '{mode}', 'http://127.0.0.1:{port}/{path}', '{n}']\n{CLIENT}")
     };
-    let proxy = ["--allow", "127.0.0.1"];
+    let allow = format!("127.0.0.1:{port}");
+    let proxy = ["--allow", allow.as_str()];
     let direct = ["--net", "host"];
     let rate =
         |net: &[&str]| in_sandbox(&home, &ws, net, &script("big", "big", 0)).parse::<f64>().unwrap_or(0.0);

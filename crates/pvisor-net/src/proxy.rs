@@ -8,8 +8,10 @@
 //!
 //! - `CONNECT host:port` (HTTPS and any TLS): checked, resolved, connected,
 //!   then tunnelled byte for byte.
-//! - Absolute-form `GET http://host/...`: the `Host` header must name the same
-//!   host as the request line; the request is forwarded in origin form on a
+//! - Absolute-form `GET http://host/...`: exactly one `Host` header, naming
+//!   the same host and port as the request line (else 400: a second or
+//!   different one would carry another destination past the check, to an
+//!   upstream that reads that one); the request is forwarded in origin form on a
 //!   fresh upstream connection and the response streamed back. The client's
 //!   connection stays keep-alive (hyper also handles pipelining).
 //!
@@ -90,7 +92,7 @@ impl Ctx {
         port: u16,
         method: &str,
     ) -> Result<(TcpStream, String), Response<ProxyBody>> {
-        let rule = match self.policy.decide(host) {
+        let rule = match self.policy.decide(host, port) {
             Decision::Allow { rule } => rule,
             Decision::Deny { rule, reason } => {
                 self.report(false, host, port, method, &rule, Some(reason.clone()));
@@ -113,7 +115,7 @@ impl Ctx {
         let mut refused = None;
         let permitted: Vec<SocketAddr> = addrs
             .into_iter()
-            .filter(|a| match self.policy.check_address(host, a.ip()) {
+            .filter(|a| match self.policy.check_address(host, port, a.ip()) {
                 Ok(()) => true,
                 Err(why) => {
                     refused = Some(why);
@@ -189,18 +191,9 @@ impl Ctx {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 80)) else {
             return text(StatusCode::BAD_REQUEST, "pvisor: the request line has no host".into());
         };
-        // The Host header must not smuggle a different destination past the check.
-        if let Some(header) = req.headers().get(hyper::header::HOST) {
-            let named = header
-                .to_str()
-                .ok()
-                .and_then(|h| split_authority(h, 80))
-                .map(|(h, _)| h.to_ascii_lowercase());
-            if named.as_deref() != Some(host.to_ascii_lowercase().as_str()) {
-                let reason = format!("Host header {:?} differs from the request line's host", header);
-                self.report(false, &host, port, &method, "host-mismatch", Some(reason.clone()));
-                return text(StatusCode::FORBIDDEN, format!("pvisor: request denied: {reason}"));
-            }
+        if let Err(reason) = one_host_header(req.headers(), &host, port) {
+            self.report(false, &host, port, &method, "host-mismatch", Some(reason.clone()));
+            return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
         }
         let (upstream, _) = match self.connect(&host, port, &method).await {
             Ok(c) => c,
@@ -235,6 +228,23 @@ impl Ctx {
             Ok(resp) => resp.map(|body| body.boxed()),
             Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
         }
+    }
+}
+
+/// The `Host` headers must not smuggle a different destination past the
+/// check: at most one, naming the request line's host and port.
+fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<(), String> {
+    let all: Vec<&hyper::header::HeaderValue> = headers.get_all(hyper::header::HOST).iter().collect();
+    match all.as_slice() {
+        [] => Ok(()),
+        [header] => {
+            let named = header.to_str().ok().and_then(|h| split_authority(h, 80));
+            match named {
+                Some((h, p)) if h.eq_ignore_ascii_case(host) && p == port => Ok(()),
+                _ => Err(format!("Host header {header:?} differs from the request line's {host}:{port}")),
+            }
+        }
+        _ => Err(format!("{} Host headers; a request has one", all.len())),
     }
 }
 

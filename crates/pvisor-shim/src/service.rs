@@ -26,7 +26,7 @@ use crate::rootfs::Mount;
 
 const SIGKILL: u32 = 9;
 /// Where Jobs live when containerd's environment names no PVISOR_HOME.
-const DEFAULT_HOME: &str = "/var/lib/pvisor";
+const DEFAULT_HOME: &str = pvisor_core::store::SHIM_STATE_ROOT;
 
 /// The runtime and the Tokio runtime its Sessions run on, made at the
 /// first create (the serving shim; `start` and `delete` need neither).

@@ -48,12 +48,15 @@ pub struct RunOptions {
     /// domains, through pvisor's proxy), host (shared, bypassable).
     #[arg(long = "net", value_enum, value_name = "MODE")]
     pub net: Option<NetArg>,
-    /// Allow a domain through the proxy: exact name, `*.example.com`, or an IP
-    /// address. Repeatable; implies --net proxy.
-    #[arg(long, value_name = "DOMAIN")]
+    /// Allow a destination through the proxy: exact name, `*.example.com`, or
+    /// an IP address, optionally with a port (`example.com:443`,
+    /// `127.0.0.1:8000`, `[::1]:8000`); a loopback rule must name a port.
+    /// Repeatable; implies --net proxy.
+    #[arg(long, value_name = "RULE")]
     pub allow: Vec<String>,
-    /// Deny a domain even if allowed (deny beats allow). Repeatable.
-    #[arg(long, value_name = "DOMAIN")]
+    /// Deny a destination even if allowed (deny beats allow), in the same
+    /// form as --allow. Repeatable.
+    #[arg(long, value_name = "RULE")]
     pub deny: Vec<String>,
     /// Hide a file or directory from the command (in addition to the secret
     /// stores hidden by default: ~/.ssh, ~/.aws, ~/.gnupg, ~/.netrc, …). Repeatable.
@@ -73,8 +76,12 @@ pub struct RunOptions {
     /// the Trace. Repeatable.
     #[arg(long, value_name = "PATH")]
     pub expose_socket: Vec<PathBuf>,
-    /// Pass a variable whose name looks secret (*_TOKEN, *_SECRET, *_PASSWORD,
-    /// *_API_KEY, AWS_*, SSH_AUTH_SOCK are removed otherwise). Repeatable.
+    /// Pass a variable that looks secret by name (*TOKEN*, *SECRET*,
+    /// *PASSWORD*, *_PASS, *_PWD, *AUTH*, *CREDENTIALS*, *_KEY,
+    /// *_CONNECTION_STRING, AWS_*, SSH_AUTH_SOCK) or by value (a URL with
+    /// user:password@, a connection string's AccountKey=/Password=, a PEM
+    /// private key, a ghp_/glpat-/xoxb-/sk-/AKIA/AIza token, a JWT): these
+    /// are removed otherwise. Repeatable.
     #[arg(long = "env", value_name = "NAME")]
     pub env: Vec<String>,
     /// Run without pvisor's seccomp filter (for tools that need user

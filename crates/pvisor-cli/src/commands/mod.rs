@@ -79,12 +79,16 @@ fn state_dirs_registry() -> Option<std::path::PathBuf> {
 }
 
 /// Every pvisor state directory a sandbox must not see besides `store`'s
-/// own (which admission always hides): the ones this user registered, and
-/// every user's default one under `/home` and `/root` (visible to a
-/// sandbox run as root).
+/// own (which admission always hides): the ones this user registered, the
+/// containerd shim's, and every user's default one under `/home` and
+/// `/root`. Those made after the sandbox starts are closed to it by their
+/// mode instead (`pvisor_core::store::close_to_sandboxes`).
 pub fn other_state_dirs(store: &Store) -> Vec<std::path::PathBuf> {
     let mut dirs =
         state_dirs_registry().map(|r| pvisor_core::store::known_state_dirs(&r)).unwrap_or_default();
+    if let Ok(real) = std::fs::canonicalize(pvisor_core::store::SHIM_STATE_ROOT) {
+        dirs.push(real);
+    }
     let homes = std::fs::read_dir("/home").into_iter().flatten().flatten().map(|e| e.path());
     for home in homes.chain(std::iter::once(std::path::PathBuf::from("/root"))) {
         let default = home.join(".local/state/pvisor");

@@ -135,7 +135,7 @@ fn proxy_mode_allows_only_the_policy_and_records_every_request() {
             "--allow",
             "allowed.test",
             "--allow",
-            "127.0.0.1",
+            &format!("127.0.0.1:{port}"),
             "--allow",
             "*.test",
             "--deny",
@@ -201,7 +201,7 @@ fn a_name_that_resolves_to_an_internal_address_is_refused_unless_that_address_is
             "--allow",
             "evil.test",
             "--allow",
-            "127.0.0.1",
+            &format!("127.0.0.1:{port}"),
             "--",
             "curl",
             "-s",
@@ -284,4 +284,129 @@ fn host_mode_is_recorded_as_bypassable() {
             .unwrap();
     assert_eq!(bundle["observations"]["network"]["non_bypassable"], false);
     assert!(bundle["observations"]["network"]["attachment"].as_str().unwrap().contains("host"));
+}
+
+/// A server on 127.0.0.1 that answers like [`http_server`] and counts the
+/// requests it receives.
+fn counting_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+            let body = format!("hello from {port}");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes());
+        }
+    });
+    (port, seen)
+}
+
+/// `--allow 127.0.0.1:A` opens the host's loopback on port A alone: a server
+/// there is reached through the proxy (curl, which honours the proxy
+/// variables: NO_PROXY no longer lists 127.0.0.1), one on port B is not,
+/// plain or tunnelled; `--allow localhost:A` reaches it by that name; a bare
+/// loopback rule, which opened every port, is refused with a message asking
+/// for one.
+fn a_loopback_rule_opens_its_port_alone(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let (a, b) = (http_server(), http_server());
+    let script = format!(
+        r#"echo "no_proxy=[$no_proxy]"
+        curl -s -m 5 http://127.0.0.1:{a}/; echo
+        curl -s -m 5 -f http://127.0.0.1:{b}/ || echo REFUSED-B
+        curl -s -m 5 -f -p http://127.0.0.1:{b}/ || echo REFUSED-B-CONNECT
+        curl -s -m 5 -f http://localhost:{a}/ || echo REFUSED-LOCALHOST-NAME"#
+    );
+    let allow = format!("127.0.0.1:{a}");
+    let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("no_proxy=[localhost,::1]"), "{stdout}");
+    assert!(stdout.contains(&format!("hello from {a}\n")), "the allowed port was not reached: {stdout}");
+    assert!(!stdout.contains(&format!("hello from {b}")), "another loopback port was reached: {stdout}");
+    for refused in ["REFUSED-B\n", "REFUSED-B-CONNECT", "REFUSED-LOCALHOST-NAME"] {
+        assert!(stdout.contains(refused), "{refused}: {stdout}");
+    }
+    let denied: Vec<serde_json::Value> =
+        network_events(&env).into_iter().filter(|e| e["type"] == "network.denied").collect();
+    assert!(denied.iter().any(|e| e["data"]["port"] == b), "{denied:?}");
+    // The name localhost, with its port: reached through the proxy too.
+    let allow = format!("localhost:{a}");
+    let script = format!("echo \"no_proxy=[$no_proxy]\"; curl -s -m 5 http://localhost:{a}/; echo");
+    let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("no_proxy=[127.0.0.1,::1]"), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(&format!("hello from {a}\n")), "{stdout}{}", text(&out.stderr));
+    for bare in ["localhost", "127.0.0.1", "[::1]"] {
+        let out = env.pvisor(&["run", "-q", "--allow", bare, "--", "echo", "RAN"]);
+        assert!(!out.status.success() && !text(&out.stdout).contains("RAN"), "{bare} was accepted");
+        assert!(text(&out.stderr).contains("name a port"), "{bare}: {}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_loopback_rule_opens_its_port_alone_root() {
+    a_loopback_rule_opens_its_port_alone(As::Root);
+}
+
+#[test]
+fn a_loopback_rule_opens_its_port_alone_rootless() {
+    a_loopback_rule_opens_its_port_alone(As::Rootless);
+}
+
+/// Two `Host` headers, or one that differs from the absolute URI, are
+/// refused with 400 before any connection: the allowed server never sees
+/// those requests, only the well-formed control request.
+#[test]
+fn a_duplicated_or_different_host_header_is_refused_before_the_server_sees_it() {
+    let env = Env::new(As::Rootless);
+    let (port, seen) = counting_server();
+    let other = http_server();
+    let script = format!(
+        r#"
+import socket
+def send(request):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(request)
+    print(s.recv(200).split(b"\r\n")[0].decode())
+    s.close()
+send(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: 127.0.0.1:{other}\r\n\r\n")
+send(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{other}\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+send(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: elsewhere.test\r\n\r\n")
+send(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+"#
+    );
+    let allow = format!("127.0.0.1:{port}");
+    let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "python3", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "every request was answered: {stdout}");
+    for refused in &lines[..3] {
+        assert!(refused.starts_with("HTTP/1.1 400"), "{stdout}");
+    }
+    assert!(lines[3].starts_with("HTTP/1.1 200"), "the control request went through: {stdout}");
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the control request reached the server"
+    );
 }

@@ -448,6 +448,90 @@ fn agent_credentials_and_more_secrets_stay_out_unless_exposed() {
     assert_eq!(text(&out.stdout), "SECRET-IN-.claude/.credentials.json");
 }
 
+/// Every default secret store (browser cookie and login stores, cloud and
+/// registry credentials, agent keys, shell and REPL histories, ...) planted
+/// in a fake home is unreadable inside; every variable that is secret by
+/// name or by the shape of its value is absent while ordinary ones pass, and
+/// `--env NAME` still passes one on purpose. Root and rootless.
+fn every_default_secret_store_and_secret_variable_stays_out(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let home_dir = tempfile::Builder::new().prefix("pvisor-e2e-home-").tempdir_in("/var/tmp").unwrap();
+    let home = home_dir.path();
+    let stores = pvisor::admission::DEFAULT_HIDDEN;
+    let mut probe = String::new();
+    for (i, rel) in stores.iter().enumerate() {
+        let path = home.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, format!("SECRET-STORE-{i}\n")).unwrap();
+        // The marker says the probe looked at the path; the content must not follow.
+        probe.push_str(&format!("[ -e ~/'{rel}' ] && echo PROBED-{i}; cat ~/'{rel}' 2>/dev/null;\n"));
+    }
+    env.give_away(home);
+    probe.push_str("env\n");
+    let secrets_by_name = [
+        ("PASSWORD", "name-1"),
+        ("TOKEN", "name-2"),
+        ("SECRET", "name-3"),
+        ("SMTP_PASS", "name-4"),
+        ("FTP_PWD", "name-5"),
+        ("BW_SESSION", "name-6"),
+        ("GOOGLE_CREDENTIALS", "name-7"),
+        ("AZURE_STORAGE_CONNECTION_STRING", "name-8"),
+        ("REGISTRY_AUTH", "name-9"),
+        ("DEPLOY_CREDENTIALS", "name-10"),
+    ];
+    let secrets_by_value = [
+        ("MIRROR", "https://bob:value-1@mirror.example.com/simple"),
+        ("BACKUP_TARGET", "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=value-2=="),
+        ("DB", "Server=db;User Id=sa;Password=value-3;"),
+        ("DEPLOY", "-----BEGIN OPENSSH PRIVATE KEY-----\nvalue-4\n-----END OPENSSH PRIVATE KEY-----"),
+        ("GHA", "ghp_value5value5value5value5value5value5"),
+        ("GLA", "glpat-value6value6value6"),
+        ("SLACK", "xoxb-0000000000-value7value7"),
+        ("OPENAI", "sk-value8value8value8value8value8"),
+        ("CLAUDE", "sk-ant-api03-value9value9value9value9"),
+        ("AWSID", "AKIAVALUE10VALUE10XX"),
+        ("GAPI", "AIzaValue11Value11Value11Value11Value11"),
+        ("SESSION_JWT", "eyJhbGciOiJIUzI1NiJ9.eyJ2YWx1ZTEyIjoidmFsdWUxMiJ9.value12"),
+    ];
+    let mut cmd = env.command(&["run", "-q", "--env", "MIRROR", "--", "sh", "-c", &probe]);
+    cmd.env("HOME", home).env("PLAIN", "ordinary-visible").env("SITE", "https://example.com/ordinary-url");
+    for (name, value) in secrets_by_name.iter().chain(secrets_by_value.iter()) {
+        cmd.env(name, value);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    for (i, rel) in stores.iter().enumerate() {
+        assert!(stdout.contains(&format!("PROBED-{i}\n")), "{rel} was not probed: {stdout}");
+        assert!(!stdout.contains(&format!("SECRET-STORE-{i}\n")), "{rel} was readable: {stdout}");
+    }
+    for (name, value) in secrets_by_name.iter().chain(secrets_by_value.iter().skip(1)) {
+        assert!(!stdout.contains(&format!("{name}=")), "{name} reached the command: {stdout}");
+        assert!(!stdout.contains(value.lines().next().unwrap()), "{name}'s value reached it: {stdout}");
+    }
+    for passed in [
+        "PLAIN=ordinary-visible",
+        "SITE=https://example.com/ordinary-url",
+        "MIRROR=https://bob:value-1@mirror.example.com/simple",
+    ] {
+        assert!(stdout.contains(passed), "{passed} should pass: {stdout}");
+    }
+}
+
+#[test]
+fn every_default_secret_store_and_secret_variable_stays_out_root() {
+    every_default_secret_store_and_secret_variable_stays_out(As::Root);
+}
+
+#[test]
+fn every_default_secret_store_and_secret_variable_stays_out_rootless() {
+    every_default_secret_store_and_secret_variable_stays_out(As::Rootless);
+}
+
 /// `--cache PATH`: writable in the sandbox, kept for the next run, never
 /// staged, and the host's directory never written; a run that finds the
 /// cache in use gets a private copy, said; the workspace cannot be a cache

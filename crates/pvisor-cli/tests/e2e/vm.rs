@@ -433,7 +433,7 @@ fn a_vm_reaches_only_what_the_proxy_allows() {
             "--allow",
             "allowed.test",
             "--allow",
-            "127.0.0.1",
+            &format!("127.0.0.1:{port}"),
             "--",
             "sh",
             "-c",

@@ -25,6 +25,7 @@ use support::*;
 
 mod host;
 mod kernel;
+mod leaks;
 mod limits;
 mod stdio;
 

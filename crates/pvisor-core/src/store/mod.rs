@@ -113,10 +113,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the state directory at `root`.
+    /// Opens (creating if needed) the state directory at `root`. Opened by
+    /// root, the directory is first closed to every sandbox (see
+    /// [`close_to_sandboxes`]), before anything is made inside it.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = root.into();
-        for dir in [root.clone(), root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
+        create_dir_all_private(&root)?;
+        close_to_sandboxes(&root)?;
+        for dir in [root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
             create_dir_all_private(&dir)?;
         }
         let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
@@ -293,12 +297,96 @@ impl Store {
     }
 }
 
+/// The containerd shim's state directory when containerd names no `PVISOR_HOME`.
+pub const SHIM_STATE_ROOT: &str = "/var/lib/pvisor";
+
+/// The group a root-owned state directory is given: one no namespace a
+/// sandbox can make maps (see [`close_to_sandboxes`]).
+pub const CLOSED_STATE_GID: u32 = 65534;
+
+/// Makes a state directory opened by root unreadable to every sandbox,
+/// including ones that started before it existed: mode 0000, owner root,
+/// group [`CLOSED_STATE_GID`].
+///
+/// A sandbox's mount namespace is fixed when it starts, so no mount can hide
+/// a state directory made later (`PVISOR_HOME=elsewhere`, the containerd
+/// shim's `/var/lib/pvisor` first used after the sandbox started). What a
+/// root sandbox lacks instead is capabilities: its command is uid 0 with
+/// every capability dropped, so for it a 0000 directory is closed even
+/// though it is the owner, and its read-only view refuses the `chmod` that
+/// would reopen it. pvisor, with `CAP_DAC_OVERRIDE`, goes in regardless.
+/// The group matters under `--no-seccomp`: a command may then make a user
+/// namespace of its own and hold capabilities there, but those apply only
+/// to inodes whose owner and group it can map, and it can map only uid 0
+/// and gid 0. A root without `CAP_DAC_OVERRIDE` would lock itself out, and
+/// the root of a user namespace (`unshare -r`, a rootless container) would
+/// lock out its own user outside it, and another user's directory opened by
+/// root would be taken from them: all three leave the directory as it is.
+/// A rootless sandbox is its user's own uid: docs/threat-model.md says what
+/// covers that user's state directories.
+pub fn close_to_sandboxes(root: &Path) -> Result<(), StoreError> {
+    use rustix::fs::{Gid, Mode, Uid};
+    if !rustix::process::geteuid().is_root() || !in_initial_user_namespace() {
+        return Ok(());
+    }
+    let caps = rustix::thread::capabilities(None).map_err(|e| StoreError::io("inspect", root, e.into()))?;
+    if !caps.effective.contains(rustix::thread::CapabilitySet::DAC_OVERRIDE) {
+        return Ok(());
+    }
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(root).map_err(|e| StoreError::io("inspect", root, e))?;
+    // Another user's state directory opened by root (`sudo pvisor jobs`
+    // with that user's HOME) stays theirs: closed, it would lock them out.
+    if meta.uid() != 0 {
+        return Ok(());
+    }
+    if meta.mode() & 0o7777 != 0 {
+        rustix::fs::chmod(root, Mode::empty()).map_err(|e| StoreError::io("close", root, e.into()))?;
+    }
+    if meta.gid() != CLOSED_STATE_GID {
+        let (uid, gid) = (Uid::from_raw(0), Gid::from_raw(CLOSED_STATE_GID));
+        // A filesystem that refuses the group keeps the directory's own: only
+        // a `--no-seccomp` command could try to use that, and the kernel
+        // refuses it a map of uid 0 anyway.
+        let _ = rustix::fs::chown(root, Some(uid), Some(gid));
+    }
+    Ok(())
+}
+
+/// Whether this process's user namespace is the host's: its uid map is
+/// the whole identity range.
+fn in_initial_user_namespace() -> bool {
+    fs::read_to_string("/proc/self/uid_map")
+        .is_ok_and(|map| map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
+}
+
 /// The name prefix of a Job directory still being admitted (see [`Store::publish_job`]).
 pub const ADMITTING_PREFIX: &str = ".admitting-";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roots_own_state_directory_is_closed_and_another_users_is_left_alone() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() || !in_initial_user_namespace() {
+            eprintln!("skipped: needs root in the host's user namespace");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("state")).unwrap();
+        let meta = fs::metadata(store.root()).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0, 0, CLOSED_STATE_GID));
+        assert!(store.jobs_dir().is_dir(), "root still goes in");
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        fs::set_permissions(&theirs, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
+        Store::open(&theirs).unwrap();
+        let meta = fs::metadata(&theirs).unwrap();
+        assert_eq!((meta.mode() & 0o7777, meta.uid(), meta.gid()), (0o755, 4242, 4242));
+    }
 
     #[test]
     fn state_root_precedence() {

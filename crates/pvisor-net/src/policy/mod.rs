@@ -1,11 +1,15 @@
 //! Network policy: modes, rules, the scoped merge, and per-request decisions.
 //!
 //! Matching: `example.com` matches exactly that name; `*.example.com` matches
-//! every name below it (not the apex); `*` matches every *name*. Deny beats
-//! allow. An IP literal is allowed only by an allow rule naming that literal.
+//! every name below it (not the apex); `*` matches every *name*. A rule may
+//! name a port (`example.com:443`, `127.0.0.1:8000`, `[::1]:8000`,
+//! `localhost:8000`): it then matches that port alone. Deny beats allow. An
+//! IP literal is allowed only by an allow rule naming that literal.
 //! A name that resolves to a loopback, private, link-local or otherwise
 //! internal address is refused (DNS rebinding) unless that address — or
-//! `localhost`, for loopback — is allowed explicitly.
+//! `localhost`, for loopback — is allowed explicitly, on the port asked for
+//! if the rule names one. A loopback rule must name a port: without one it
+//! opened every service listening on the host's loopback.
 //!
 //! An ordered policy (OpenSandbox's `networkPolicy`, [`OrderedPolicy`])
 //! decides differently, as the reference egress sidecar does
@@ -112,7 +116,68 @@ fn parse_inet_aton(s: &str) -> Option<std::net::Ipv4Addr> {
     Some(std::net::Ipv4Addr::from((addr | last) as u32))
 }
 
-fn validate(pattern: &str, source: &str) -> Result<String, PolicyError> {
+/// Splits a rule into its host part and its port, if it names one:
+/// `host:port`, `[v6]:port`; a bare IPv6 address (several colons) has none.
+fn split_port(pattern: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = pattern.strip_prefix('[') {
+        if let Some((host, tail)) = rest.split_once(']') {
+            return (host, tail.strip_prefix(':'));
+        }
+    }
+    match pattern.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host, Some(port)),
+        _ => (pattern, None),
+    }
+}
+
+/// A rule as matched: its normalized host part and the port it names, if any.
+fn rule_parts(pattern: &str) -> (String, Option<u16>) {
+    let (host, port) = split_port(pattern);
+    (normalize(host), port.and_then(|p| p.parse().ok()))
+}
+
+/// Whether an address (or the name `localhost`) is the host's loopback.
+fn names_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|a| a.to_canonical().is_loopback())
+}
+
+/// Which list a rule is for: an allow rule on loopback must name a port, a
+/// deny rule (which only narrows) need not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Allow,
+    Deny,
+}
+
+/// Checks one rule and returns it normalized (`host` or `host:port`, an
+/// IPv6 address with a port in brackets).
+fn validate(pattern: &str, source: &str, side: Side) -> Result<String, PolicyError> {
+    let bad = |message: String| PolicyError::Invalid { source_name: source.to_owned(), message };
+    let (host, port) = split_port(pattern.trim());
+    let Some(port) = port else {
+        let p = validate_host(pattern, source)?;
+        if side == Side::Allow && names_loopback(&p) {
+            return Err(bad(format!(
+                "{pattern:?} would open every service on the host's loopback; name a port: \"{}:PORT\"",
+                if p.contains(':') { format!("[{p}]") } else { p.clone() }
+            )));
+        }
+        return Ok(p);
+    };
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| bad(format!("{pattern:?}: the port must be a number from 1 to 65535")))?;
+    let host = validate_host(host, source)?;
+    if host == "*" {
+        return Err(bad(format!("{pattern:?}: a port rule names a host, \"*.domain\" or an IP address")));
+    }
+    Ok(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+}
+
+/// Checks a rule's host part: a name, `*.domain`, `*` or an IP address.
+fn validate_host(pattern: &str, source: &str) -> Result<String, PolicyError> {
     let p = normalize(pattern);
     let bad = |message: String| PolicyError::Invalid { source_name: source.to_owned(), message };
     if p.is_empty() {
@@ -168,10 +233,12 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
     let mut deny = Vec::new();
     for scope in &ordered {
         for pattern in &scope.spec.allow {
-            allow.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+            let pattern = validate(pattern, &scope.source, Side::Allow)?;
+            allow.push(Rule { pattern, source: scope.source.clone() });
         }
         for pattern in &scope.spec.deny {
-            deny.push(Rule { pattern: validate(pattern, &scope.source)?, source: scope.source.clone() });
+            let pattern = validate(pattern, &scope.source, Side::Deny)?;
+            deny.push(Rule { pattern, source: scope.source.clone() });
         }
     }
     let (mode, mode_source) = match ordered.iter().find_map(|s| s.spec.mode.map(|m| (m, s.source.clone()))) {
@@ -193,6 +260,20 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
     Ok(EffectiveNetwork { mode, mode_source, allow, deny, ordered: rules, namespace: None })
 }
 
+/// The loopback names a sandbox's programs normally reach directly (the
+/// `NO_PROXY` list): `localhost`, `127.0.0.1` and `::1`.
+pub const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Which of [`LOOPBACK_NAMES`] an allow rule opens on the host (they need a
+/// port): the sandbox's own loopback is another, so requests for them must
+/// go through the proxy, and `NO_PROXY` must not list them.
+pub fn proxied_loopback_names(net: &EffectiveNetwork) -> Vec<&'static str> {
+    LOOPBACK_NAMES
+        .into_iter()
+        .filter(|name| net.allow.iter().any(|r| rule_parts(&r.pattern).0 == *name))
+        .collect()
+}
+
 /// The outcome of checking one destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -200,7 +281,14 @@ pub enum Decision {
     Deny { rule: String, reason: String },
 }
 
-fn matches(pattern: &str, host: &str, host_is_ip: bool) -> bool {
+/// Whether a rule covers `host` on `port`: its host part matches, and its
+/// port, if it names one, is `port`.
+fn matches(rule: &str, host: &str, port: u16, host_is_ip: bool) -> bool {
+    let (pattern, rule_port) = rule_parts(rule);
+    rule_port.is_none_or(|p| p == port) && host_matches(&pattern, host, host_is_ip)
+}
+
+fn host_matches(pattern: &str, host: &str, host_is_ip: bool) -> bool {
     if pattern == host {
         return true;
     }
@@ -243,26 +331,27 @@ pub fn is_internal(addr: IpAddr) -> bool {
 
 /// Per-request decisions over the recorded [`EffectiveNetwork`].
 pub trait Decide {
-    /// Decides on a destination name (or IP literal) before it is resolved.
-    fn decide(&self, host: &str) -> Decision;
+    /// Decides on a destination name (or IP literal) and port before the
+    /// name is resolved.
+    fn decide(&self, host: &str, port: u16) -> Decision;
     /// Checks a resolved address of an allowed `host` against DNS rebinding.
-    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String>;
+    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), String>;
 }
 
 impl Decide for EffectiveNetwork {
-    fn decide(&self, host: &str) -> Decision {
+    fn decide(&self, host: &str, port: u16) -> Decision {
         let host = normalize(host);
         if let Some(ordered) = &self.ordered {
-            return ordered.decide(&host);
+            return ordered.decide(&host, port);
         }
         let is_ip = host.parse::<IpAddr>().is_ok();
-        if let Some(rule) = self.deny.iter().find(|r| matches(&r.pattern, &host, is_ip)) {
+        if let Some(rule) = self.deny.iter().find(|r| matches(&r.pattern, &host, port, is_ip)) {
             return Decision::Deny {
                 rule: format!("deny {} ({})", rule.pattern, rule.source),
                 reason: "denied by rule".into(),
             };
         }
-        match self.allow.iter().find(|r| matches(&r.pattern, &host, is_ip)) {
+        match self.allow.iter().find(|r| matches(&r.pattern, &host, port, is_ip)) {
             Some(rule) => Decision::Allow { rule: format!("allow {} ({})", rule.pattern, rule.source) },
             None if is_ip => Decision::Deny {
                 rule: "ip-literal".into(),
@@ -272,11 +361,17 @@ impl Decide for EffectiveNetwork {
         }
     }
 
-    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), String> {
         if let Some(ordered) = &self.ordered {
-            return ordered.check_address(host, addr);
+            return ordered.check_address(host, port, addr);
         }
-        if let Some(rule) = self.deny.iter().find(|r| r.pattern.parse::<IpAddr>().ok() == Some(addr)) {
+        // An address rule covers `addr` on `port`: it names the address
+        // (and the port, if any).
+        let names_addr = |r: &Rule| {
+            let (pattern, rule_port) = rule_parts(&r.pattern);
+            pattern.parse::<IpAddr>().ok() == Some(addr) && rule_port.is_none_or(|p| p == port)
+        };
+        if let Some(rule) = self.deny.iter().find(|r| names_addr(r)) {
             return Err(format!(
                 "{host} resolves to {addr}, denied by deny {} ({})",
                 rule.pattern, rule.source
@@ -287,14 +382,19 @@ impl Decide for EffectiveNetwork {
         }
         let host = normalize(host);
         let explicit = self.allow.iter().any(|r| {
-            r.pattern.parse::<IpAddr>().ok() == Some(addr)
-                || (r.pattern == "localhost" && host == "localhost" && addr.is_loopback())
+            let (pattern, rule_port) = rule_parts(&r.pattern);
+            names_addr(r)
+                || (pattern == "localhost"
+                    && host == "localhost"
+                    && addr.is_loopback()
+                    && rule_port.is_none_or(|p| p == port))
         });
         if explicit {
             Ok(())
         } else {
+            let shown = if addr.is_ipv6() { format!("[{addr}]") } else { addr.to_string() };
             Err(format!(
-                "{host} resolves to the internal address {addr}; allow it explicitly (--allow {addr}) to reach it"
+                "{host} resolves to the internal address {addr}; allow it explicitly (--allow {shown}:{port}) to reach it"
             ))
         }
     }
@@ -341,14 +441,19 @@ mod tests {
             &["evil.example.com"],
         )])
         .unwrap();
-        assert!(matches!(net.decide("api.example.com"), Decision::Allow { .. }));
-        assert!(matches!(net.decide("A.B.Example.COM."), Decision::Allow { .. }));
-        assert!(matches!(net.decide("example.com"), Decision::Deny { .. }), "the apex is not a subdomain");
-        assert!(matches!(net.decide("evil.example.com"), Decision::Deny { .. }));
-        assert!(matches!(net.decide("notexample.com"), Decision::Deny { .. }));
-        assert!(matches!(net.decide("10.1.2.3"), Decision::Allow { .. }));
-        assert!(matches!(net.decide("93.184.216.34"), Decision::Deny { rule, .. } if rule == "ip-literal"));
-        assert!(matches!(net.decide("[::1]"), Decision::Deny { .. }));
+        assert!(matches!(net.decide("api.example.com", 443), Decision::Allow { .. }));
+        assert!(matches!(net.decide("A.B.Example.COM.", 443), Decision::Allow { .. }));
+        assert!(
+            matches!(net.decide("example.com", 443), Decision::Deny { .. }),
+            "the apex is not a subdomain"
+        );
+        assert!(matches!(net.decide("evil.example.com", 443), Decision::Deny { .. }));
+        assert!(matches!(net.decide("notexample.com", 443), Decision::Deny { .. }));
+        assert!(matches!(net.decide("10.1.2.3", 443), Decision::Allow { .. }));
+        assert!(
+            matches!(net.decide("93.184.216.34", 443), Decision::Deny { rule, .. } if rule == "ip-literal")
+        );
+        assert!(matches!(net.decide("[::1]", 443), Decision::Deny { .. }));
     }
 
     #[test]
@@ -357,14 +462,14 @@ mod tests {
             resolve(&[scoped(Scope::CommandLine, Some(Mode::Proxy), &["*"], &["203.0.113.5"])]).unwrap();
         for spelled in ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "0x7F000001"] {
             assert!(
-                matches!(net.decide(spelled), Decision::Deny { rule, .. } if rule == "ip-literal"),
+                matches!(net.decide(spelled, 443), Decision::Deny { rule, .. } if rule == "ip-literal"),
                 "{spelled}"
             );
         }
-        assert!(matches!(net.decide("3405803781"), Decision::Deny { .. }), "203.0.113.5 as a number");
-        assert!(matches!(net.decide("example.com"), Decision::Allow { .. }));
+        assert!(matches!(net.decide("3405803781", 443), Decision::Deny { .. }), "203.0.113.5 as a number");
+        assert!(matches!(net.decide("example.com", 443), Decision::Allow { .. }));
         assert!(
-            net.check_address("evil.example", "203.0.113.5".parse().unwrap()).is_err(),
+            net.check_address("evil.example", 443, "203.0.113.5".parse().unwrap()).is_err(),
             "deny applies after resolving"
         );
         assert!(
@@ -380,20 +485,53 @@ mod tests {
         let net = resolve(&[scoped(
             Scope::CommandLine,
             Some(Mode::Proxy),
-            &["pypi.org", "localhost", "10.1.2.3"],
+            &["pypi.org", "localhost:8000", "10.1.2.3"],
             &[],
         )])
         .unwrap();
-        assert!(net.check_address("pypi.org", "151.101.0.223".parse().unwrap()).is_ok());
-        assert!(net.check_address("pypi.org", "127.0.0.1".parse().unwrap()).is_err(), "rebinding");
-        assert!(net.check_address("pypi.org", "192.168.1.1".parse().unwrap()).is_err());
-        assert!(net.check_address("pypi.org", "::ffff:127.0.0.1".parse().unwrap()).is_err());
-        assert!(net.check_address("pypi.org", "fe80::1".parse().unwrap()).is_err());
-        assert!(net.check_address("localhost", "127.0.0.1".parse().unwrap()).is_ok());
+        assert!(net.check_address("pypi.org", 443, "151.101.0.223".parse().unwrap()).is_ok());
+        assert!(net.check_address("pypi.org", 443, "127.0.0.1".parse().unwrap()).is_err(), "rebinding");
+        assert!(net.check_address("pypi.org", 443, "192.168.1.1".parse().unwrap()).is_err());
+        assert!(net.check_address("pypi.org", 443, "::ffff:127.0.0.1".parse().unwrap()).is_err());
+        assert!(net.check_address("pypi.org", 443, "fe80::1".parse().unwrap()).is_err());
+        assert!(net.check_address("localhost", 8000, "127.0.0.1".parse().unwrap()).is_ok());
+        assert!(net.check_address("localhost", 8001, "127.0.0.1".parse().unwrap()).is_err(), "another port");
         assert!(
-            net.check_address("pypi.org", "10.1.2.3".parse().unwrap()).is_ok(),
+            net.check_address("pypi.org", 443, "10.1.2.3".parse().unwrap()).is_ok(),
             "explicitly allowed address"
         );
+    }
+
+    #[test]
+    fn port_rules_match_their_port_alone_and_loopback_needs_one() {
+        let net = resolve(&[scoped(
+            Scope::CommandLine,
+            Some(Mode::Proxy),
+            &["127.0.0.1:8000", "[::1]:9000", "example.com:443", "api.example.org"],
+            &["api.example.org:25"],
+        )])
+        .unwrap();
+        let allowed = |host: &str, port: u16| matches!(net.decide(host, port), Decision::Allow { .. });
+        assert!(allowed("127.0.0.1", 8000) && !allowed("127.0.0.1", 8001));
+        assert!(allowed("[::1]", 9000) && !allowed("::1", 9001));
+        assert!(allowed("example.com", 443) && !allowed("example.com", 80));
+        assert!(allowed("api.example.org", 443) && !allowed("api.example.org", 25), "a port deny rule");
+        let lo = "127.0.0.1".parse().unwrap();
+        assert!(net.check_address("127.0.0.1", 8000, lo).is_ok());
+        assert!(net.check_address("127.0.0.1", 8001, lo).is_err());
+        for bare in ["localhost", "127.0.0.1", "::1", "[::1]", "127.0.0.2", "0x7f.1"] {
+            let err = resolve(&[scoped(Scope::CommandLine, Some(Mode::Proxy), &[bare], &[])]).unwrap_err();
+            assert!(err.to_string().contains("name a port"), "{bare}: {err}");
+        }
+        let narrowed = resolve(&[scoped(Scope::CommandLine, None, &["example.com"], &["localhost", "::1"])]);
+        assert!(narrowed.is_ok(), "a deny rule needs no port: {narrowed:?}");
+        for bad in ["example.com:0", "example.com:70000", "example.com:http", "*:443"] {
+            assert!(resolve(&[scoped(Scope::CommandLine, None, &[bad], &[])]).is_err(), "{bad}");
+        }
+        let spelled =
+            resolve(&[scoped(Scope::CommandLine, None, &["LocalHost:8000", "[::1]:80"], &[])]).unwrap();
+        let patterns: Vec<&str> = spelled.allow.iter().map(|r| r.pattern.as_str()).collect();
+        assert_eq!(patterns, ["localhost:8000", "[::1]:80"]);
     }
 
     #[test]

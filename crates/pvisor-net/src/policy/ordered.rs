@@ -5,7 +5,8 @@
 use std::net::IpAddr;
 
 use super::{
-    is_internal, normalize, validate, Decide, Decision, OrderedPolicy, OrderedRule, PolicyError, RuleAction,
+    is_internal, normalize, validate_host, Decide, Decision, OrderedPolicy, OrderedRule, PolicyError,
+    RuleAction,
 };
 
 /// What an ordered rule's target is.
@@ -57,7 +58,7 @@ pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
                 .map_err(|_| format!("{at}: not a CIDR block (e.g. 10.0.0.0/8 or fd00::/8)"))?;
             continue;
         }
-        validate(target, "").map_err(|e| match e {
+        validate_host(target, "").map_err(|e| match e {
             PolicyError::Invalid { message, .. } => format!("{at}: {message}"),
         })?;
     }
@@ -131,7 +132,7 @@ impl Decide for OrderedPolicy {
     /// `domain_index.go`). Addresses: a covering deny rule, then a covering
     /// allow rule, whatever their order (its nftables deny sets come before
     /// the allow sets). Else `defaultAction`.
-    fn decide(&self, host: &str) -> Decision {
+    fn decide(&self, host: &str, _port: u16) -> Decision {
         let host = &normalize(host);
         let found = match host.parse::<IpAddr>() {
             Ok(addr) => address_rule(self, addr, RuleAction::Deny)
@@ -159,7 +160,7 @@ impl Decide for OrderedPolicy {
     /// an allowed literal): a covering deny rule refuses it; an internal one
     /// needs an allow rule whose whole block is internal (or the rule
     /// `localhost`, for the name localhost), whatever the default.
-    fn check_address(&self, host: &str, addr: IpAddr) -> Result<(), String> {
+    fn check_address(&self, host: &str, _port: u16, addr: IpAddr) -> Result<(), String> {
         let host = &normalize(host);
         if let Some((i, rule)) = address_rule(self, addr, RuleAction::Deny) {
             return Err(format!("{host} resolves to {addr}, denied by {}", describe(rule, i, &self.source)));
@@ -202,7 +203,7 @@ mod tests {
     }
 
     fn allowed(net: &EffectiveNetwork, host: &str) -> bool {
-        matches!(net.decide(host), Decision::Allow { .. })
+        matches!(net.decide(host, 443), Decision::Allow { .. })
     }
 
     /// The reference egress sidecar's order: the first matching rule wins
@@ -232,14 +233,14 @@ mod tests {
         use RuleAction::{Allow, Deny};
         let open = ordered(Allow, &[]);
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        assert!(open.check_address("example.com", lo).is_err(), "rebinding to loopback");
-        assert!(open.check_address("127.0.0.1", lo).is_err(), "an IP literal of the host");
-        assert!(open.check_address("example.com", "93.184.216.34".parse().unwrap()).is_ok());
+        assert!(open.check_address("example.com", 443, lo).is_err(), "rebinding to loopback");
+        assert!(open.check_address("127.0.0.1", 443, lo).is_err(), "an IP literal of the host");
+        assert!(open.check_address("example.com", 443, "93.184.216.34".parse().unwrap()).is_ok());
         let lan = ordered(Deny, &[(Allow, "127.0.0.0/8"), (Allow, "localhost")]);
-        assert!(lan.check_address("127.0.0.1", lo).is_ok());
-        assert!(ordered(Deny, &[(Allow, "localhost")]).check_address("localhost", lo).is_ok());
+        assert!(lan.check_address("127.0.0.1", 443, lo).is_ok());
+        assert!(ordered(Deny, &[(Allow, "localhost")]).check_address("localhost", 443, lo).is_ok());
         let blocked = ordered(Allow, &[(Deny, "93.184.216.0/24")]);
-        assert!(blocked.check_address("example.com", "93.184.216.34".parse().unwrap()).is_err());
+        assert!(blocked.check_address("example.com", 443, "93.184.216.34".parse().unwrap()).is_err());
     }
 
     /// Address rules as the reference's nftables sets: deny before allow,
@@ -253,18 +254,18 @@ mod tests {
         assert!(!allowed(&open, "[::ffff:203.0.113.5]"), "IPv4-mapped IPv6 is the IPv4 address");
         assert!(!allowed(&open, "::ffff:cb00:7105"));
         let mapped: IpAddr = "::ffff:203.0.113.5".parse().unwrap();
-        assert!(open.check_address("example.com", mapped).is_err(), "a mapped AAAA answer");
+        assert!(open.check_address("example.com", 443, mapped).is_err(), "a mapped AAAA answer");
         // An allow-everything block does not open the host's own addresses.
         let everything = ordered(Deny, &[(Allow, "0.0.0.0/0"), (Allow, "::/0")]);
         for internal in ["127.0.0.1", "::1", "10.1.2.3", "169.254.169.254", "::ffff:127.0.0.1"] {
             let addr: IpAddr = internal.parse().unwrap();
-            assert!(everything.check_address(internal, addr).is_err(), "{internal} opened by a /0");
+            assert!(everything.check_address(internal, 443, addr).is_err(), "{internal} opened by a /0");
         }
-        assert!(everything.check_address("x", "93.184.216.34".parse().unwrap()).is_ok());
+        assert!(everything.check_address("x", 443, "93.184.216.34".parse().unwrap()).is_ok());
         // Host bits are accepted, as the reference's ParsePrefix does.
         let loose = ordered(Deny, &[(Allow, "10.0.0.1/8")]);
         assert!(allowed(&loose, "10.9.9.9"));
-        assert!(loose.check_address("10.9.9.9", "10.9.9.9".parse().unwrap()).is_ok());
+        assert!(loose.check_address("10.9.9.9", 443, "10.9.9.9".parse().unwrap()).is_ok());
         assert!(validate_ordered(&OrderedPolicy {
             default_action: Allow,
             rules: vec![OrderedRule { action: Allow, target: "[*]".into() }],

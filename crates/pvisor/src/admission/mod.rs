@@ -233,7 +233,7 @@ pub fn admit(
     let (policy, attachment) =
         policy::effective(requested, &state, &secrets, &exposed_sockets, &cache_paths)?;
     let placement = placement::decide(executor_impl, &request.limits, request.fork_execution.is_some());
-    let env_rewrites = policy::env_rewrites(&job_id, policy.network.mode);
+    let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
     let operation = records::operation(
         &request.program,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
-use pvisor_core::records::{EffectivePolicy, NetworkMode, ResourceLimits, SharedDirectory};
+use pvisor_core::records::{EffectiveNetwork, EffectivePolicy, NetworkMode, ResourceLimits, SharedDirectory};
 use pvisor_core::store::StoreError;
 use pvisor_sandbox::NetworkAttachment;
 
@@ -184,10 +184,10 @@ pub(super) fn effective(
 
 /// The variables pvisor sets in every sandbox (and, with the proxy, the
 /// ones that point programs at it), replacing any the request passed.
-pub(super) fn env_rewrites(job: &JobId, mode: NetworkMode) -> Vec<(&'static str, String)> {
+pub(super) fn env_rewrites(job: &JobId, network: &EffectiveNetwork) -> Vec<(&'static str, String)> {
     let mut env_rewrites = vec![("PVISOR_SANDBOX", "1".to_owned()), ("PVISOR_JOB", job.to_string())];
-    if mode == NetworkMode::Proxy {
-        env_rewrites.extend(proxy_env());
+    if network.mode == NetworkMode::Proxy {
+        env_rewrites.extend(proxy_env(&pvisor_net::policy::proxied_loopback_names(network)));
     }
     env_rewrites
 }
@@ -282,15 +282,20 @@ pub(super) fn record(
 pub const PROXY_PORT: u16 = 3128;
 
 /// The variables that point a sandbox's programs at the proxy listener
-/// (ordinary tools — curl, pip, npm, cargo, git — honour them).
-pub fn proxy_env() -> Vec<(&'static str, String)> {
+/// (ordinary tools — curl, pip, npm, cargo, git — honour them). `NO_PROXY`
+/// lists the loopback names, the sandbox's own, except those `proxied`
+/// names (a `HOST:PORT` rule opened them on the host, which only the proxy
+/// reaches).
+pub fn proxy_env(proxied: &[&str]) -> Vec<(&'static str, String)> {
     let url = format!("http://127.0.0.1:{PROXY_PORT}");
     let mut env: Vec<(&'static str, String)> =
         ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
             .into_iter()
             .map(|name| (name, url.clone()))
             .collect();
-    env.extend(["NO_PROXY", "no_proxy"].map(|name| (name, "localhost,127.0.0.1,::1".to_owned())));
+    let direct: Vec<&str> =
+        pvisor_net::policy::LOOPBACK_NAMES.into_iter().filter(|n| !proxied.contains(n)).collect();
+    env.extend(["NO_PROXY", "no_proxy"].map(|name| (name, direct.join(","))));
     env
 }
 

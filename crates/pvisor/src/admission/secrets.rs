@@ -20,7 +20,8 @@ pub(super) struct Secrets {
     pub(super) skipped: Vec<PathBuf>,
 }
 
-/// Decides which variables are scrubbed by name and which secret stores
+/// Decides which variables are scrubbed (by name or by the shape of their
+/// value) and which secret stores
 /// (the defaults under the home, `--hide` paths, other pvisor state
 /// directories) are hidden, honouring `--env` and `--expose`. A path that
 /// holds the workspace is never hidden; a non-UTF-8 one refuses the request.
@@ -31,12 +32,13 @@ pub(super) fn resolve(
     workspace: &Path,
 ) -> Result<(Vec<(String, String)>, Secrets), AdmissionError> {
     type Vars = Vec<(String, String)>;
-    let (env, scrubbed): (Vars, Vars) =
-        env.into_iter().partition(|(k, _)| !is_secret_name(k) || secrets.pass_env.iter().any(|p| p == k));
+    let (env, scrubbed): (Vars, Vars) = env.into_iter().partition(|(k, v)| {
+        !(is_secret_name(k) || is_secret_value(v)) || secrets.pass_env.iter().any(|p| p == k)
+    });
     let scrubbed: Vec<String> = scrubbed.into_iter().map(|(k, _)| k).collect();
     let mut hidden_secrets: Vec<(PathBuf, &'static str)> = Vec::new();
     let mut skipped_hides: Vec<PathBuf> = Vec::new();
-    // Most candidates (47 default secret stores, other state directories)
+    // Most candidates (the default secret stores, other state directories)
     // do not exist: one lstat says so, where realpath would walk each
     // component first.
     let canonical = |p: &Path| std::fs::symlink_metadata(p).ok().and_then(|_| std::fs::canonicalize(p).ok());
@@ -73,9 +75,10 @@ pub(super) fn resolve(
 
 /// Secret stores hidden by default, relative to the home directory: cloud,
 /// package-registry and database credentials, the credentials of the AI
-/// agents people run under pvisor, and shell histories (they hold pasted
-/// tokens). `--expose PATH` shows one (or everything beneath PATH) anyway.
-pub const DEFAULT_HIDDEN: [&str; 47] = [
+/// agents people run under pvisor, browser cookie and login stores, and
+/// shell and REPL histories (they hold pasted tokens). `--expose PATH` shows
+/// one (or everything beneath PATH) anyway. docs/threat-model.md lists them.
+pub const DEFAULT_HIDDEN: &[&str] = &[
     ".ssh",
     ".gnupg",
     ".aws",
@@ -83,30 +86,63 @@ pub const DEFAULT_HIDDEN: [&str; 47] = [
     ".config/gcloud",
     ".config/gh",
     ".config/hub",
+    ".config/glab-cli",
     ".netrc",
     ".git-credentials",
+    ".config/git/credentials",
+    // Git's configuration can carry credentials in remote URLs
+    // (`url.https://user:token@host/.insteadOf`) and credential helpers.
+    ".gitconfig",
+    ".config/git/config",
     ".docker",
+    ".config/containers/auth.json",
     ".kube",
     ".npmrc",
     ".pypirc",
     ".cargo/credentials",
     ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".gradle/gradle.properties",
+    ".ivy2/.credentials",
+    ".sbt/credentials",
+    ".sbt/.credentials",
+    ".nuget/NuGet/NuGet.Config",
+    ".composer/auth.json",
+    ".config/composer/auth.json",
+    ".yarnrc.yml",
     ".password-store",
     ".local/share/keyrings",
+    ".pki/nssdb",
     ".vault-token",
     ".terraform.d/credentials.tfrc.json",
-    ".config/git/credentials",
+    ".terraformrc",
+    ".pulumi/credentials.json",
+    ".config/sops/age/keys.txt",
+    ".config/age",
+    ".s3cfg",
+    ".boto",
+    ".databrickscfg",
+    ".oci",
+    ".config/doctl",
+    ".config/hcloud",
+    ".fly",
+    ".config/netlify",
+    ".netlify",
+    ".local/share/com.vercel.cli",
+    ".config/stripe",
+    ".config/ngrok",
+    ".ngrok2",
+    ".kaggle/kaggle.json",
     ".pgpass",
     ".my.cnf",
-    ".m2/settings.xml",
-    ".yarnrc.yml",
-    ".gem/credentials",
     ".cache/huggingface/token",
     ".huggingface/token",
     ".config/rclone",
     ".config/op",
     ".env",
-    // AI agents: Claude Code, Codex, Gemini CLI, Copilot, Cursor, Aider, goose.
+    // AI agents: Claude Code, Codex, Gemini CLI, Copilot, Cursor, Aider,
+    // goose, opencode, llm, Continue, Codeium/Windsurf.
     ".claude/.credentials.json",
     ".claude.json",
     ".codex/auth.json",
@@ -117,39 +153,133 @@ pub const DEFAULT_HIDDEN: [&str; 47] = [
     ".config/Cursor/User/globalStorage",
     ".aider.conf.yml",
     ".config/goose",
+    ".local/share/opencode/auth.json",
+    ".config/io.datasette.llm/keys.json",
+    ".continue/config.json",
+    ".continue/config.yaml",
+    ".codeium",
+    // Browsers and mail: cookies, saved logins and their key databases.
+    ".mozilla",
+    "snap/firefox/common/.mozilla",
+    ".thunderbird",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".config/microsoft-edge",
+    ".config/vivaldi",
+    ".config/opera",
+    "snap/chromium/common/chromium",
+    ".var/app/org.mozilla.firefox",
+    ".var/app/com.google.Chrome",
+    ".var/app/org.chromium.Chromium",
+    ".var/app/com.brave.Browser",
     // Shell and REPL histories.
     ".bash_history",
     ".zsh_history",
+    ".zhistory",
+    ".histfile",
+    ".sh_history",
+    ".local/share/fish/fish_history",
+    ".config/fish/fish_history",
+    ".local/share/atuin",
     ".python_history",
+    ".ipython/profile_default/history.sqlite",
+    ".node_repl_history",
     ".psql_history",
     ".mysql_history",
-    ".node_repl_history",
-    ".local/share/fish/fish_history",
+    ".sqlite_history",
+    ".rediscli_history",
+    ".dbshell",
+    ".irb_history",
+    ".Rhistory",
+    ".julia/logs/repl_history.jl",
+    ".lesshst",
+    ".viminfo",
 ];
 
 /// Whether a variable's name marks it as a secret (scrubbed unless passed).
-/// Settings that only look like secrets (`AWS_REGION`, `*_CA_BUNDLE`,
-/// `*_CERT_FILE`) pass: scrubbing them breaks tools and protects nothing.
+///
+/// The name is read as `_`-separated words: a word such as `TOKEN`,
+/// `SECRET`, `PASSWORD`, `PASS`, `AUTH` or `CREDENTIALS` anywhere marks it
+/// (`TOKEN` alone, `GITHUB_TOKEN_RW`), as does a last word `KEY`/`PWD` or a
+/// `*_CONNECTION_STRING` ending. Settings that only look like secrets
+/// (`AWS_REGION`, `*_CA_BUNDLE`, `*_CERT_FILE`, `PWD`, `GIT_AUTHOR_NAME`)
+/// pass: scrubbing them breaks tools and protects nothing.
 pub fn is_secret_name(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    let harmless = ["AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE"]
+    let harmless = ["AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_CONFIG_FILE", "PWD", "OLDPWD"]
         .contains(&upper.as_str())
         || ["_CA_BUNDLE", "_CERT_FILE", "_CERT_DIR"].iter().any(|s| upper.ends_with(s));
     if harmless {
         return false;
     }
-    ["SSH_AUTH_SOCK", "PGPASSWORD", "MYSQL_PWD", "DATABASE_URL", "API_KEY"].contains(&upper.as_str())
+    let words: Vec<&str> =
+        upper.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
+    let last = words.last().copied().unwrap_or("");
+    ["SSH_AUTH_SOCK", "DATABASE_URL", "BW_SESSION", "GOOGLE_CREDENTIALS"].contains(&upper.as_str())
         || upper.starts_with("AWS_")
         || upper.starts_with("OP_SESSION_")
-        || upper.contains("_AUTHTOKEN")
-        || ["_TOKEN", "_SECRET", "_PASSWORD", "_PASSWD", "_KEY", "_DATABASE_URL"]
-            .iter()
-            .any(|s| upper.ends_with(s))
+        || upper.contains("AUTHTOKEN")
+        || upper.ends_with("_DATABASE_URL")
+        || upper.ends_with("CONNECTION_STRING")
+        || ["KEY", "PWD", "APIKEY"].contains(&last)
+        || words.iter().any(|w| SECRET_WORDS.contains(w))
+        || ["PGPASSWORD", "MYSQL_PWD"].contains(&upper.as_str())
+}
+
+/// Words that mark a variable's name as a secret wherever they stand.
+const SECRET_WORDS: [&str; 14] = [
+    "TOKEN",
+    "TOKENS",
+    "SECRET",
+    "SECRETS",
+    "PASSWORD",
+    "PASSWD",
+    "PASS",
+    "PASSPHRASE",
+    "AUTH",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "CREDS",
+    "APIKEY",
+    "PRIVATEKEY",
+];
+
+/// Whether a variable's value has the shape of a credential, whatever the
+/// variable is called (`MY_SETTINGS=https://u:p@host`): a URL with a
+/// password in it, a connection string's key or password field, a PEM
+/// private key, or a token with a well-known issuer prefix (GitHub, GitLab,
+/// Slack, OpenAI, Anthropic, AWS access key ids, Google API keys, JWTs).
+pub fn is_secret_value(value: &str) -> bool {
+    secret_value_patterns().is_match(value)
+}
+
+fn secret_value_patterns() -> &'static regex::RegexSet {
+    static PATTERNS: std::sync::OnceLock<regex::RegexSet> = std::sync::OnceLock::new();
+    PATTERNS.get_or_init(|| {
+        regex::RegexSet::new([
+            // scheme://user:password@host (userinfo with a password).
+            r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@",
+            // Azure/ADO.NET-style connection strings.
+            r"(?i)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
+            r"-----BEGIN[A-Z ]*PRIVATE KEY-----",
+            r"(^|[^A-Za-z0-9_])(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",
+            r"(^|[^A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}",
+            r"(^|[^A-Za-z0-9_])(glpat|glrt|gldt)-[A-Za-z0-9_-]{16,}",
+            r"(^|[^A-Za-z0-9_])xox[abposer]-[A-Za-z0-9-]{10,}",
+            r"(^|[^A-Za-z0-9_])sk-(ant-|proj-)?[A-Za-z0-9_-]{20,}",
+            r"(^|[^A-Za-z0-9])(AKIA|ASIA)[A-Z0-9]{16}([^A-Za-z0-9]|$)",
+            r"(^|[^A-Za-z0-9_])AIza[A-Za-z0-9_-]{35}",
+            r"(^|[^A-Za-z0-9_])(npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})",
+            r"(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.",
+        ])
+        .expect("the secret value patterns compile")
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_secret_name;
+    use super::{is_secret_name, is_secret_value};
 
     #[test]
     fn secret_names_are_scrubbed_and_lookalike_settings_pass() {
@@ -170,6 +300,18 @@ mod tests {
             "OP_SESSION_my",
             "npm_config__authToken",
             "NPM_CONFIG_//registry.npmjs.org/:_authToken",
+            "PASSWORD",
+            "TOKEN",
+            "SECRET",
+            "SMTP_PASS",
+            "FTP_PWD",
+            "BW_SESSION",
+            "GOOGLE_CREDENTIALS",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "AZURE_STORAGE_CONNECTION_STRING",
+            "REGISTRY_AUTH",
+            "GITHUB_TOKEN_RW",
+            "SIGNING_PASSPHRASE",
         ] {
             assert!(is_secret_name(secret), "{secret} should be scrubbed");
         }
@@ -183,8 +325,59 @@ mod tests {
             "PATH",
             "HOME",
             "KEYMAP",
+            "PWD",
+            "OLDPWD",
+            "GIT_AUTHOR_NAME",
+            "XAUTHORITY",
+            "PASSTHROUGH_MODE",
+            "LANG",
         ] {
             assert!(!is_secret_name(harmless), "{harmless} should pass");
+        }
+    }
+
+    #[test]
+    fn secret_values_are_recognised_by_shape_and_ordinary_values_pass() {
+        for secret in [
+            "https://alice:s3cret@git.example.com/repo.git",
+            "postgres://u:v3@h/db",
+            "a https_proxy of http://:pw@proxy:3128 inside",
+            "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=abc==;EndpointSuffix=core.windows.net",
+            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=abc=",
+            "Server=db;Database=app;User Id=sa;Password=hunter2;",
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----",
+            "-----BEGIN RSA PRIVATE KEY-----",
+            "ghp_0123456789abcdefghijABCDEFGHIJ012345",
+            "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+            "gho_0123456789abcdefghijABCDEFGHIJ012345",
+            "glpat-0123456789abcdefghij",
+            "xoxb-123456789012-1234567890123-abcdefghijklmnop",
+            "xoxp-123456789012-abcdef",
+            "sk-0123456789abcdefghijklmnopqrstuv",
+            "sk-ant-api03-0123456789abcdefghijklmnop",
+            "AKIAIOSFODNN7EXAMPLE",
+            "ASIAIOSFODNN7EXAMPLE",
+            "AIzaSyA-0123456789abcdefghijklmnopqrstu",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
+            "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
+        ] {
+            assert!(is_secret_value(secret), "{secret} should be scrubbed");
+        }
+        for ordinary in [
+            "/usr/local/bin:/usr/bin:/bin",
+            "https://git.example.com/repo.git",
+            "https://alice@git.example.com/repo.git",
+            "http://127.0.0.1:8080/path@tag",
+            "en_US.UTF-8",
+            "sk_SK.UTF-8",
+            "sk-short",
+            "rs=0:di=01;34:ln=01;36:pi=40;33",
+            "ghp_short",
+            "AKIA",
+            "xterm-256color",
+            "eyJ",
+        ] {
+            assert!(!is_secret_value(ordinary), "{ordinary} should pass");
         }
     }
 }
