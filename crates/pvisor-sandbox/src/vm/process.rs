@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use pvisor_agent_proto::{Reply, Request};
 
 use super::control::serve_control;
-use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
+use super::link::{read_agent, AgentEvent, Calls, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
 use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
@@ -309,22 +309,27 @@ impl VmProcess {
             None => None,
         };
         let credits = Arc::new(Credits::default());
-        let net = NetBridge {
-            proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
-            streams: Arc::default(),
-            credits: credits.clone(),
-        };
         let (replies_tx, replies_rx) = mpsc::sync_channel(REPLY_BACKLOG);
         let (events_tx, events) = mpsc::channel();
         let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
         let agent = Arc::new(Mutex::new(agent));
+        let net = NetBridge::new(
+            proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            credits.clone(),
+            &agent,
+        )
+        .map_err(SandboxError::Spawn)?;
         let writer = agent.clone();
         let sinks = Sinks::default();
+        // Only a restored guest runs execs this supervisor did not start.
+        sinks.lock().unwrap_or_else(|p| p.into_inner()).holding = matches!(start, Start::Restore { .. });
+        let calls = Arc::new(Calls::default());
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
             .spawn({
-                let (credits, sinks, net) = (credits.clone(), sinks.clone(), net.clone());
-                move || read_agent(reader, replies_tx, events_tx, net, writer, credits, sinks)
+                let (credits, sinks, net, calls) =
+                    (credits.clone(), sinks.clone(), net.clone(), calls.clone());
+                move || read_agent(reader, replies_tx, calls, events_tx, net, writer, credits, sinks)
             })
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
@@ -333,6 +338,7 @@ impl VmProcess {
             net,
             next_stream: std::sync::atomic::AtomicU32::new(1),
             credits,
+            calls,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
             qmp: Mutex::new(qmp),
@@ -382,10 +388,7 @@ impl VmProcess {
         }
         // QEMU holds the template's files now (mapped and read): gc may go.
         let start = start.loaded();
-        match shared
-            .call(&Request::Hello { version: pvisor_agent_proto::VERSION }, &[], boot_timeout)
-            .map_err(fail)?
-        {
+        match shared.hello(boot_timeout).map_err(fail)? {
             (Reply::Hello { version, .. }, _) if version == pvisor_agent_proto::VERSION => {}
             (other, _) => {
                 return Err(fail(format!(
