@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(plain, (Request::Thaw, None, Vec::new()));
         // The message itself still refuses fields it does not know.
         let mut buf = Vec::new();
-        write_tagged(&mut buf, "other", Some(1), &Request::Thaw, b"").unwrap();
+        write_tagged(&mut buf, "other", Some(1), &Request::Status { id: 1 }, b"").unwrap();
         assert!(read_tagged::<Request>(&mut &buf[..], REQUEST_ID).is_err());
         let mut buf = Vec::new();
         write_frame(&mut buf, &serde_json::json!({"type": "ready", "re": "x"}), b"").unwrap();

@@ -137,3 +137,44 @@ fn xattr_is(path: &Path, name: &str, want: &[u8]) -> bool {
         Err(_) => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+
+    /// A sparse file travels as its one written block and holes, and the
+    /// frames add up to its size.
+    #[test]
+    fn a_sparse_file_is_sent_as_data_and_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let size = 64u64 << 20;
+        let mut file = File::create(&path).unwrap();
+        file.set_len(size).unwrap();
+        file.write_all_at(&[7u8; 4096], size / 2).unwrap();
+        file.flush().unwrap();
+        let sparse = fs::metadata(&path).unwrap().blocks() * 512 < 1 << 20;
+        let (out, frames) = std::sync::mpsc::sync_channel(64);
+        let reader = std::thread::spawn(move || frames.into_iter().collect::<Vec<crate::Frame>>());
+        let sent =
+            export_file(&mut File::open(&path).unwrap(), size, &Tagged { out: &out, answers: Some(9) });
+        drop(out);
+        let frames = reader.join().unwrap();
+        let (mut data, mut holes) = (0u64, 0u64);
+        for (reply, payload, answers) in &frames {
+            assert_eq!(*answers, Some(9));
+            match reply {
+                Reply::Data => data += payload.len() as u64,
+                Reply::Hole { len } => holes += len,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(data + holes, size);
+        assert_eq!(sent.unwrap(), data);
+        if sparse {
+            assert!(data <= 1 << 20, "{data} data bytes sent for one block");
+        }
+    }
+}
