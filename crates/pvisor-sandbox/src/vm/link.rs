@@ -324,6 +324,30 @@ impl Shared {
         self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command).map_err(|e| e.to_string())
     }
 
+    /// Why QEMU stopped the guest on a disk error, if it did: QEMU pauses a
+    /// VM whose disk write hit ENOSPC (its default `werror=enospc`), which
+    /// from here looks like a guest that never answers. Names the disk file
+    /// and the filesystem that is full.
+    pub(super) fn disk_error(&self) -> Option<String> {
+        let status: qmp::Status = self.qmp(&qmp::Command::QueryStatus).ok()?;
+        if status.status != "io-error" {
+            return None;
+        }
+        let drives: Vec<qmp::BlockInfo> = self.qmp(&qmp::Command::QueryBlock).unwrap_or_default();
+        let failed = drives.iter().find(|d| d.io_status.as_deref().is_some_and(|s| s != "ok"));
+        Some(match failed {
+            Some(drive) if drive.io_status.as_deref() == Some("nospace") => format!(
+                "no space left on device (ENOSPC): QEMU could not write the guest disk {}; its filesystem (the state directory's) is full, and the VM stopped",
+                drive.inserted.as_ref().map_or("?", |i| i.file.as_str())
+            ),
+            Some(drive) => format!(
+                "an I/O error on the guest disk {} stopped the VM",
+                drive.inserted.as_ref().map_or("?", |i| i.file.as_str())
+            ),
+            None => "a disk I/O error stopped the VM".into(),
+        })
+    }
+
     pub(super) fn qemu_running(&self) -> bool {
         let mut qemu = self.qemu.lock().unwrap_or_else(|p| p.into_inner());
         qemu.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))

@@ -355,6 +355,11 @@ impl VmProcess {
             file_servers: Mutex::new(file_servers),
         });
         let fail = |message: String| {
+            // A full disk stops the VM mid-boot: name it, not the silence it causes.
+            let message = match shared.disk_error() {
+                Some(why) => format!("{why} ({message})"),
+                None => message,
+            };
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
             let (status, _) = shared.quit_and_reap();
             qemu_failed(format!("{message} (qemu {status})"))
@@ -705,6 +710,7 @@ impl SandboxProcess for VmProcess {
             });
         }
         let mut oom_killed = false;
+        let mut ticks = 0u32;
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
                 Ok(AgentEvent::OomKill) => oom_killed = true,
@@ -713,7 +719,16 @@ impl SandboxProcess for VmProcess {
                     break Ok((code, signal));
                 }
                 Ok(AgentEvent::Gone(why)) => break Err(why),
-                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {}
+                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {
+                    // Once a second: a VM QEMU stopped on a full disk would
+                    // otherwise be waited for for ever.
+                    ticks += 1;
+                    if ticks % 10 == 0 {
+                        if let Some(why) = shared.disk_error() {
+                            break Err(why);
+                        }
+                    }
+                }
                 Err(_) => break Err("the VM stopped".into()),
             }
         };
@@ -737,6 +752,10 @@ impl SandboxProcess for VmProcess {
                 tracing::info!(?code, ?signal, "the command exited in the guest; exporting its staged files");
                 let exporting = Instant::now();
                 if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
+                    let e = match shared.disk_error() {
+                        Some(why) => format!("{why} ({e})"),
+                        None => e,
+                    };
                     tracing::info!(error = %e, "export of the staged files failed");
                     let (qemu, _) = shared.quit_and_reap();
                     return Err(SandboxError::Protocol(format!(
