@@ -747,6 +747,9 @@ impl SandboxProcess for VmProcess {
                 stage_error: None,
             });
         }
+        // An export that fails leaves a partial stage: the result says so
+        // (the Bundle marks it incomplete), and the guest disk is kept.
+        let mut stage_error = None;
         let termination = match ending {
             Ok((code, signal)) => {
                 tracing::info!(?code, ?signal, "the command exited in the guest; exporting its staged files");
@@ -757,11 +760,10 @@ impl SandboxProcess for VmProcess {
                         None => e,
                     };
                     tracing::info!(error = %e, "export of the staged files failed");
-                    let (qemu, _) = shared.quit_and_reap();
-                    return Err(SandboxError::Protocol(format!(
-                        "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
+                    stage_error = Some(format!(
+                        "cannot take the staged files out of the VM: {e}; the guest disk is kept at {}",
                         shared.vm.dir.join(checkpoint::UPPER).display()
-                    )));
+                    ));
                 }
                 tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
                 match (code, signal) {
@@ -782,8 +784,10 @@ impl SandboxProcess for VmProcess {
             }
         };
         let (_, usage) = shared.quit_and_reap();
-        // The disks are the Attempt's scratch; the stage now holds the result.
-        shared.remove_disks();
-        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error: None })
+        if stage_error.is_none() {
+            // The disks are the Attempt's scratch; the stage now holds the result.
+            shared.remove_disks();
+        }
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error })
     }
 }
