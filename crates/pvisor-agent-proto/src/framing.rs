@@ -57,12 +57,15 @@ pub fn write_tagged<T: Serialize>(
     write_frame(w, &value, payload)
 }
 
+/// A frame read by [`read_tagged`]: the message, its id, the payload.
+pub type Tagged<T> = (T, Option<u64>, Vec<u8>);
+
 /// Reads one frame written by [`write_tagged`]: the message, its `key` id
 /// if it has one (which must be an unsigned integer), and the payload.
 pub fn read_tagged<T: for<'de> Deserialize<'de>>(
     r: &mut impl Read,
     key: &str,
-) -> io::Result<Option<(T, Option<u64>, Vec<u8>)>> {
+) -> io::Result<Option<Tagged<T>>> {
     let Some((mut value, payload)) = read_frame::<serde_json::Value>(r)? else { return Ok(None) };
     let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame header: {what}"));
     let id = match value.as_object_mut().and_then(|fields| fields.remove(key)) {

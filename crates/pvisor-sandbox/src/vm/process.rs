@@ -723,7 +723,7 @@ impl SandboxProcess for VmProcess {
                     // Once a second: a VM QEMU stopped on a full disk would
                     // otherwise be waited for for ever.
                     ticks += 1;
-                    if ticks % 10 == 0 {
+                    if ticks.is_multiple_of(10) {
                         if let Some(why) = shared.disk_error() {
                             break Err(why);
                         }
