@@ -188,7 +188,14 @@ impl Calls {
         id
     }
 
-    /// Counts a reply nobody waited for; true once the agent is past the limit.
+    /// Whether `id` names a request this host sent: a reply naming one
+    /// that is no longer awaited is a late answer (its call timed out), not
+    /// an unrequested reply.
+    fn issued(&self, id: u64) -> bool {
+        id != 0 && id <= self.next.load(Ordering::SeqCst)
+    }
+
+    /// Counts a reply nobody asked for; true once the agent is past the limit.
     pub(super) fn unrequested(&self) -> bool {
         self.unrequested.fetch_add(1, Ordering::SeqCst) + 1 > MAX_UNREQUESTED
     }
@@ -295,18 +302,14 @@ impl Shared {
     }
 
     /// The next reply to the call now awaited; one naming another request
-    /// (queued before that call began) is dropped and counted.
+    /// (a late answer queued before this call began) is dropped.
     pub(super) fn next_reply(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
         let deadline = Instant::now() + timeout;
         let replies = self.replies.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match replies.recv_timeout(left) {
-                Ok((id, _, _)) if id != self.calls.awaited.load(Ordering::SeqCst) => {
-                    if self.calls.unrequested() {
-                        return Err(CUT_OFF.into());
-                    }
-                }
+                Ok((id, _, _)) if id != self.calls.awaited.load(Ordering::SeqCst) => {}
                 Ok((_, Reply::Error { op, message }, _)) => {
                     return Err(format!("the agent failed {op}: {message}"))
                 }
@@ -419,9 +422,10 @@ impl Credits {
 /// execs' replies to their relays, proxy streams to the proxy, the exit to
 /// the waiter, everything else to whoever holds the op lock.
 ///
-/// It never waits on anything the guest can fill: a call's answer that
-/// finds the queue full, or that names no call now waiting, is dropped and
-/// counted, and an agent past [`MAX_UNREQUESTED`] of them is cut off.
+/// It never waits on anything the guest can fill: a reply that names no
+/// call now waiting is dropped (a late answer to a call that timed out) and
+/// counted when it names no request ever sent, as is an answer that finds
+/// the queue full; an agent past [`MAX_UNREQUESTED`] of those is cut off.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn read_agent(
     mut stream: UnixStream,
@@ -483,6 +487,8 @@ pub(super) fn read_agent(
                 match awaited.then(|| replies.try_send((id, reply, bytes))) {
                     Some(Ok(())) => {}
                     Some(Err(TrySendError::Disconnected(_))) => break,
+                    // A late answer to a call that timed out: dropped, not held against the agent.
+                    None if calls.issued(id) => {}
                     None | Some(Err(TrySendError::Full(_))) => {
                         if calls.unrequested() {
                             tracing::warn!("agent link cut off: {CUT_OFF}");
@@ -637,11 +643,17 @@ mod tests {
         let mut rig = rig(false);
         let first = rig.calls.start();
         let second = rig.calls.start();
-        send(&mut rig, Some(first), &Reply::Ready, b"");
+        // Late answers to a call that timed out are dropped but not held
+        // against the agent, however many.
+        for _ in 0..2 * MAX_UNREQUESTED {
+            send(&mut rig, Some(first), &Reply::Ready, b"");
+        }
         send(&mut rig, None, &Reply::Ready, b"");
+        send(&mut rig, Some(second + 5), &Reply::Ready, b"");
         send(&mut rig, Some(second), &Reply::Done { op: "poll".into() }, b"");
         let (id, reply, _) = rig.replies.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!((id, reply), (second, Reply::Done { op: "poll".into() }));
+        assert_eq!(rig.calls.unrequested.load(Ordering::SeqCst), 2, "only replies naming no request count");
         for _ in 0..MAX_UNREQUESTED {
             send(&mut rig, None, &Reply::Ready, b"");
         }
