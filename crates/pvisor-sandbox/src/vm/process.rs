@@ -112,6 +112,7 @@ impl VmProcess {
             }
             _ => None,
         };
+        check_room(&vm.dir)?;
         let shares = &vm.shared_directories;
         let mut scratch = Scratch(Vec::new());
         let mut workspace_disks = None;
@@ -500,6 +501,29 @@ fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
             other => return Err(format!("restoring the machine state ended in state {other}")),
         }
     }
+}
+
+/// Free space below which a VM is not started: its disks are sparse files
+/// in the state directory, and QEMU stops a guest whose write finds the
+/// filesystem full, so a start there would only wait.
+const MIN_FREE_BYTES: u64 = 16 << 20;
+
+/// Refuses to start a VM on a full state filesystem, naming it (ENOSPC).
+fn check_room(dir: &std::path::Path) -> Result<(), SandboxError> {
+    let Ok(fs) = rustix::fs::statvfs(dir) else { return Ok(()) };
+    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+    if free >= MIN_FREE_BYTES {
+        return Ok(());
+    }
+    Err(SandboxError::Setup {
+        step: "state-directory-space".into(),
+        message: format!(
+            "no space left on device (ENOSPC): the filesystem of {} has {} KiB free, and the VM's disks are written there",
+            dir.display(),
+            free >> 10
+        ),
+        hint: Some("free space in the state directory (`pvisor gc`, `pvisor drop`), then run again".into()),
+    })
 }
 
 /// After a restore: thaw the filesystems the checkpoint froze, step the
