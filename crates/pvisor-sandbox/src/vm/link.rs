@@ -262,8 +262,8 @@ impl Shared {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<(Reply, Vec<u8>), String> {
-        let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
-        self.call_held(&mut agent, request, payload, timeout)
+        self.send_call(request, payload)?;
+        self.next_reply(timeout)
     }
 
     /// Sends `request` with a fresh request id, without waiting: its
