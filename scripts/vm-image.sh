@@ -15,7 +15,9 @@ out="${1:-$root/target/vm-image}"
 "$root/scripts/setup.sh"
 
 # The agent: static glibc, so the initramfs needs no loader or libraries. Its
-# own target dir keeps these RUSTFLAGS from invalidating the main build.
+# own target dir keeps these RUSTFLAGS from invalidating the main build. The
+# same build leaves pvisor-guest-probe beside it: the hostile guest the vm
+# tests copy into a workspace (never into the image).
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --quiet \
   --manifest-path "$root/Cargo.toml" -p pvisor-agent \
   --target x86_64-unknown-linux-gnu --target-dir "$root/target/agent"

@@ -33,6 +33,49 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, header: &T, payload: &[u8])
     w.flush()
 }
 
+/// The header key of a request's id (host → guest).
+pub const REQUEST_ID: &str = "seq";
+/// The header key naming the request a reply answers (guest → host).
+pub const ANSWERS: &str = "re";
+
+/// Writes one frame whose header also carries `key: id` (a request's id, or
+/// the id of the request a reply answers), beside the message's own fields.
+/// Without `id` it is exactly [`write_frame`].
+pub fn write_tagged<T: Serialize>(
+    w: &mut impl Write,
+    key: &str,
+    id: Option<u64>,
+    header: &T,
+    payload: &[u8],
+) -> io::Result<()> {
+    let Some(id) = id else { return write_frame(w, header, payload) };
+    let mut value = serde_json::to_value(header).map_err(io::Error::other)?;
+    let serde_json::Value::Object(fields) = &mut value else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a tagged header must be an object"));
+    };
+    fields.insert(key.to_owned(), id.into());
+    write_frame(w, &value, payload)
+}
+
+/// A frame read by [`read_tagged`]: the message, its id, the payload.
+pub type Tagged<T> = (T, Option<u64>, Vec<u8>);
+
+/// Reads one frame written by [`write_tagged`]: the message, its `key` id
+/// if it has one (which must be an unsigned integer), and the payload.
+pub fn read_tagged<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    key: &str,
+) -> io::Result<Option<Tagged<T>>> {
+    let Some((mut value, payload)) = read_frame::<serde_json::Value>(r)? else { return Ok(None) };
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame header: {what}"));
+    let id = match value.as_object_mut().and_then(|fields| fields.remove(key)) {
+        None => None,
+        Some(id) => Some(id.as_u64().ok_or_else(|| bad(format!("{key} is {id}, not an id")))?),
+    };
+    let message = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+    Ok(Some((message, id, payload)))
+}
+
 /// Reads one frame. `Ok(None)` is a clean end of stream before a frame began.
 pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<Option<(T, Vec<u8>)>> {
     let mut lens = [0u8; 8];
@@ -88,6 +131,25 @@ mod tests {
         let (h, _): (Reply, _) = read_frame(&mut r).unwrap().unwrap();
         assert_eq!(h, Reply::Data);
         assert!(read_frame::<Reply>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_tag_travels_beside_the_message_and_an_untagged_frame_has_none() {
+        let mut buf = Vec::new();
+        write_tagged(&mut buf, REQUEST_ID, Some(7), &Request::Export, b"p").unwrap();
+        write_tagged(&mut buf, REQUEST_ID, None, &Request::Thaw, b"").unwrap();
+        let mut r = &buf[..];
+        let tagged = read_tagged::<Request>(&mut r, REQUEST_ID).unwrap().unwrap();
+        assert_eq!(tagged, (Request::Export, Some(7), b"p".to_vec()));
+        let plain = read_tagged::<Request>(&mut r, REQUEST_ID).unwrap().unwrap();
+        assert_eq!(plain, (Request::Thaw, None, Vec::new()));
+        // The message itself still refuses fields it does not know.
+        let mut buf = Vec::new();
+        write_tagged(&mut buf, "other", Some(1), &Request::Status { id: 1 }, b"").unwrap();
+        assert!(read_tagged::<Request>(&mut &buf[..], REQUEST_ID).is_err());
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &serde_json::json!({"type": "ready", "re": "x"}), b"").unwrap();
+        assert!(read_tagged::<Reply>(&mut &buf[..], ANSWERS).is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! The transport is one virtio-serial port named [`PORT_NAME`]. Each frame is
 //! `u32 header length | u32 payload length | JSON header | raw payload`, both
-//! lengths big-endian. Headers are [`Request`]s (host → guest) or [`Reply`]s
+//! lengths big-endian. A header may also carry a request id beside the
+//! message's fields ([`write_tagged`]). Headers are [`Request`]s (host → guest) or [`Reply`]s
 //! (guest → host); bytes (stdin, output, file contents) travel as payload, so
 //! nothing is base64-encoded and paths that are not UTF-8 survive.
 //!
@@ -18,7 +19,9 @@ mod messages;
 mod paths;
 
 pub use delta::{DeltaEntry, DeltaManifest, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST};
-pub use framing::{read_frame, write_frame, MAX_HEADER, MAX_PAYLOAD};
+pub use framing::{
+    read_frame, read_tagged, write_frame, write_tagged, ANSWERS, MAX_HEADER, MAX_PAYLOAD, REQUEST_ID,
+};
 pub use messages::{
     Capabilities, Confinement, EntryKind, FileOp, FileStat, Interface, Reply, Request, Rlimit, Share,
     TerminalSize, MAX_LISTING, RLIMITS,
@@ -26,7 +29,14 @@ pub use messages::{
 pub use paths::resolve_in_root;
 
 /// The protocol version. A host refuses an agent that answers `Hello` with another.
-pub const VERSION: u32 = 1;
+///
+/// Version 2: every request the host waits on carries an id
+/// ([`REQUEST_ID`]) and each reply to it names that id ([`ANSWERS`]), so
+/// a reply left over from an earlier call, or one the guest sent unasked,
+/// is never taken for a later call's answer; `Hello` stays untagged, so an
+/// agent of another version can still say which it speaks. A file's holes
+/// travel as [`Reply::Hole`] instead of zeros.
+pub const VERSION: u32 = 2;
 
 /// The virtio-serial port name both sides agree on.
 pub const PORT_NAME: &str = "org.pvisor.agent.0";

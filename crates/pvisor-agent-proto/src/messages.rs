@@ -367,7 +367,8 @@ pub enum Reply {
         clock_step_ns: i64,
         entropy_avail: u32,
     },
-    /// One upper-layer entry; a file's bytes follow as `Data` frames totalling `size`.
+    /// One upper-layer entry; a file's bytes follow as `Data` and `Hole`
+    /// frames totalling `size`.
     Entry {
         path: Vec<u8>,
         kind: EntryKind,
@@ -378,6 +379,12 @@ pub enum Reply {
         opaque: bool,
     },
     Data,
+    /// The next `len` bytes of the file being exported are a hole: they
+    /// read as zeros and were never written, so they are not sent, and the
+    /// host leaves the same hole in the staged copy.
+    Hole {
+        len: u64,
+    },
     Stat {
         stat: FileStat,
     },

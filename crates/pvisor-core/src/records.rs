@@ -417,6 +417,11 @@ pub struct Bundle {
     /// The staged-change manifest, sorted by path.
     pub changes: Vec<ChangeEntry>,
     pub warnings: Vec<String>,
+    /// Why the stage is not whole, when it is not (the executor could not
+    /// take all of it out of the sandbox): `changes` lists only what
+    /// arrived, and apply refuses it unless told otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     /// The Run and conflict baselines this result belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<RunBinding>,

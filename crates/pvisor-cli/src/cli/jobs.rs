@@ -107,6 +107,10 @@ pub struct ApplyArgs {
     /// Also apply sensitive paths that --all, a glob or a directory selects.
     #[arg(long)]
     pub include_sensitive: bool,
+    /// Apply from a stage marked incomplete (the executor could not take
+    /// all of it out of the sandbox): what arrived, knowing the rest is missing.
+    #[arg(long)]
+    pub allow_incomplete: bool,
     /// Colour diffs: auto (on a terminal), always, never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,

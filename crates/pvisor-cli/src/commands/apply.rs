@@ -35,6 +35,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         dry_run: args.dry_run,
         include_sensitive: args.include_sensitive,
         sensitive: sensitive.clone(),
+        allow_incomplete: args.allow_incomplete,
     };
     let mut options = options;
     let mut to_drop = Vec::new();

@@ -6,6 +6,7 @@ use pvisor::actions::Gc;
 use pvisor::runtime::archive::{self, ArchiveError};
 use pvisor::runtime::job_service::views;
 use pvisor::Runtime;
+use pvisor_core::records::AttemptRecord;
 
 use crate::cli::{ExportArgs, GcArgs, ImportArgs, VerifyArgs};
 use crate::output::json_line;
@@ -44,27 +45,46 @@ pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// What a valid receipt of a `vm` run does not prove: the exit status and
+/// the staged files came from the guest, which the command controls.
+const GUEST_ASSERTED: &str = "  note: a vm run's exit status and staged files are what the guest reported: the receipt proves \
+     pvisor recorded them, not that the command produced them (root in the guest can forge its agent's replies)";
+
 pub fn cmd_verify(args: VerifyArgs) -> anyhow::Result<i32> {
     let path = std::path::Path::new(&args.target);
     let result = if path.is_file() {
         archive::verify_archive(path).map(|v| {
-            format!(
+            let executor = v
+                .entries
+                .get(b"pvisor-bundle/attempt.json".as_slice())
+                .and_then(|bytes| serde_json::from_slice::<AttemptRecord>(bytes).ok())
+                .map(|attempt| attempt.executor);
+            let line = format!(
                 "{}: ok — {} entries match MANIFEST.json; the receipt binds bundle.json (blake3 {}); {} staged change(s) match the Bundle",
                 path.display(),
                 v.manifest.files.len(),
                 v.receipt.bundle.blake3,
                 v.bundle.changes.len()
-            )
+            );
+            (line, executor)
         })
     } else {
         let store = super::open_store()?;
         let job = views::resolve_job(&store, Some(&args.target))?;
-        archive::verify_job(&store, &job)
-            .map(|n| format!("{job}: ok — valid receipt and Bundle; {n} remaining staged file(s) match it"))
+        let executor = views::status(&store, &job)
+            .ok()
+            .and_then(|status| store.read::<AttemptRecord>(&store.attempt_file(&status.attempt)).ok())
+            .map(|attempt| attempt.executor);
+        archive::verify_job(&store, &job).map(|n| {
+            (format!("{job}: ok — valid receipt and Bundle; {n} remaining staged file(s) match it"), executor)
+        })
     };
     match result {
-        Ok(line) => {
+        Ok((line, executor)) => {
             println!("{line}");
+            if executor.as_deref() == Some("vm") {
+                println!("{GUEST_ASSERTED}");
+            }
             Ok(0)
         }
         Err(ArchiveError::Failed { archive, failures }) => {

@@ -78,6 +78,12 @@ pub fn print_header(out: &mut impl Write, stage: &Stage, items: &[ReviewItem]) -
             s.job, s.state
         )?;
     }
+    if let Some(why) = &stage.incomplete {
+        writeln!(
+            out,
+            "INCOMPLETE stage: {why}; only what arrived is listed, and apply refuses it without --allow-incomplete"
+        )?;
+    }
     writeln!(out, "workspace {}", crate::output::shown_path(&s.workspace))
 }
 

@@ -25,5 +25,6 @@ mod run;
 mod serve;
 mod signals;
 mod vm;
+mod vm_hostile;
 mod vm_templates;
 mod vm_workspace;

@@ -165,6 +165,30 @@ fn crash_before_the_terminal_event() {
     confirmed_after("before-terminal-event");
 }
 
+/// A power cut before the stage directory existed (a `vm` run makes it at
+/// its export): the Job closes as lost, and `drop` and `gc` still free it,
+/// as root and rootless.
+#[test]
+fn drop_and_gc_free_a_job_whose_stage_directory_never_existed() {
+    for who in [As::Rootless, As::Root] {
+        let env = Env::new(who);
+        let out = env
+            .command(&["run", "--", "sh", "-c", "echo new > n"])
+            .env("PVISOR_FAILPOINT", "after-seal")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{who:?}: pvisor was not killed: {out:?}");
+        let stage = attempt_dir(&env).parent().unwrap().parent().unwrap().join("stage");
+        fs::remove_dir_all(&stage).unwrap();
+        let killed = env.expect(&["kill"], 0);
+        assert!(killed.contains("closed as lost"), "{who:?}: {killed}");
+        let dropped = env.expect(&["drop"], 0);
+        assert!(dropped.contains("0 change(s) dropped"), "{who:?}: {dropped}");
+        env.expect(&["gc", "--older-than", "0s"], 0);
+        assert!(!stage.join("upper").exists() && !env.ws.join("n").exists(), "{who:?}");
+    }
+}
+
 // ---- the corruption corpus: each is an error naming the file, and nothing is rewritten ----
 
 fn finished_run(env: &Env, script: &str) -> PathBuf {

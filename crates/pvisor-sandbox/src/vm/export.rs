@@ -8,10 +8,15 @@
 //! path may repeat, and a file gets exactly the bytes its entry announced.
 //! Nothing is ever resolved through a symlink, so a hostile guest can write
 //! only inside the stage.
+//!
+//! A file's holes arrive as `Hole` frames and stay holes in the stage (the
+//! writer seeks over them and sets the length at the end), so the cap — the
+//! upper disk's size — counts the bytes the guest actually stored, not a
+//! sparse file's apparent size.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -28,7 +33,7 @@ const MAX_ENTRIES: u64 = 4 << 20;
 /// Streams the upper layer into `stage` (which exists and is empty).
 pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
     let timeout = Duration::from_secs(120);
-    shared.send(&Request::Export, &[]).map_err(|e| format!("cannot reach the agent: {e}"))?;
+    shared.send_call(&Request::Export, &[])?;
     fs::create_dir_all(stage).map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
     let mut import = Import::new(stage);
     loop {
@@ -37,6 +42,7 @@ pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), 
                 import.entry(path, kind, mode, mtime_ns, size, target, opaque)?
             }
             (Reply::Data, bytes) => import.data(&bytes)?,
+            (Reply::Hole { len }, _) => import.hole(len)?,
             (Reply::ExportDone { entries, bytes }, _) => {
                 import.finish()?;
                 if entries != import.entries {
@@ -52,6 +58,7 @@ pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), 
 struct OpenFile {
     file: File,
     path: PathBuf,
+    size: u64,
     left: u64,
     mtime_ns: i64,
 }
@@ -64,8 +71,8 @@ struct Import {
     /// Directory modes are set last: a 0555 directory would refuse its children.
     dir_modes: Vec<(PathBuf, u32, i64)>,
     entries: u64,
-    /// File bytes announced so far; a guest cannot announce more than its disk holds.
-    announced: u64,
+    /// File data bytes received so far; a guest cannot send more than its disk holds.
+    data: u64,
 }
 
 impl Import {
@@ -77,7 +84,7 @@ impl Import {
             current: None,
             dir_modes: Vec::new(),
             entries: 0,
-            announced: 0,
+            data: 0,
         }
     }
 
@@ -113,12 +120,10 @@ impl Import {
     ) -> Result<(), String> {
         self.close_file()?;
         self.check_path(&path)?;
-        self.announced = self.announced.saturating_add(size);
-        if self.announced > UPPER_DISK_BYTES || self.entries >= MAX_ENTRIES {
+        if self.entries >= MAX_ENTRIES {
             return Err(format!(
-                "the guest announced more than its upper disk can hold ({} entries, {} bytes)",
-                self.entries + 1,
-                self.announced
+                "the guest announced more than its upper disk can hold ({} entries)",
+                self.entries + 1
             ));
         }
         let full = self.stage.join(std::ffi::OsStr::from_bytes(&path));
@@ -142,7 +147,7 @@ impl Import {
                     .open(&full)
                     .map_err(fail)?;
                 file.set_permissions(fs::Permissions::from_mode(mode)).map_err(fail)?;
-                self.current = Some(OpenFile { file, path: full.clone(), left: size, mtime_ns });
+                self.current = Some(OpenFile { file, path: full.clone(), size, left: size, mtime_ns });
             }
             EntryKind::Symlink => {
                 let target = target.ok_or_else(|| format!("symlink {} has no target", full.display()))?;
@@ -166,8 +171,31 @@ impl Import {
         if bytes.len() as u64 > open.left {
             return Err(format!("the guest sent more bytes for {} than announced", open.path.display()));
         }
+        self.data += bytes.len() as u64;
+        if self.data > UPPER_DISK_BYTES {
+            return Err(format!(
+                "the guest sent more file data than its upper disk can hold ({} bytes)",
+                self.data
+            ));
+        }
         open.file.write_all(bytes).map_err(|e| format!("cannot write {}: {e}", open.path.display()))?;
         open.left -= bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The next `len` bytes of the current file are a hole: skipped, so the
+    /// staged file has the same hole (its length is set when it closes).
+    fn hole(&mut self, len: u64) -> Result<(), String> {
+        let Some(open) = self.current.as_mut() else {
+            return Err("the guest sent a hole outside a file".into());
+        };
+        if len > open.left {
+            return Err(format!("the guest sent a hole past the end of {}", open.path.display()));
+        }
+        open.file
+            .seek(SeekFrom::Current(len as i64))
+            .map_err(|e| format!("cannot seek in {}: {e}", open.path.display()))?;
+        open.left -= len;
         Ok(())
     }
 
@@ -176,6 +204,8 @@ impl Import {
             if open.left != 0 {
                 return Err(format!("{} is {} bytes short", open.path.display(), open.left));
             }
+            // A trailing hole was seeked over, never written.
+            open.file.set_len(open.size).map_err(|e| format!("cannot size {}: {e}", open.path.display()))?;
             drop(open.file);
             set_mtime(&open.path, open.mtime_ns);
         }
@@ -246,12 +276,41 @@ mod tests {
         assert!(fs::symlink_metadata(dir.path().join("link")).unwrap().file_type().is_symlink());
     }
 
+    /// The cap counts data: a file that claims to be huge must still send
+    /// its bytes, and its data past the disk's size is refused.
     #[test]
-    fn a_guest_cannot_announce_more_than_its_disk() {
+    fn a_guest_cannot_send_more_data_than_its_disk() {
         let dir = tempfile::tempdir().unwrap();
         let mut import = Import::new(dir.path());
-        let huge = import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, u64::MAX, None, false);
-        assert!(huge.unwrap_err().contains("more than its upper disk"));
+        import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, u64::MAX, None, false).unwrap();
+        import.data = UPPER_DISK_BYTES;
+        assert!(import.data(b"x").unwrap_err().contains("more file data than its upper disk"));
+        assert!(import.finish().unwrap_err().contains("bytes short"));
+    }
+
+    /// A 1 GiB file with one written block is staged with the same hole:
+    /// its length is whole, its blocks are few, and the block reads back.
+    #[test]
+    fn a_sparse_file_is_staged_with_its_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut import = Import::new(dir.path());
+        let size = 1u64 << 30;
+        import.entry(b"sparse".to_vec(), EntryKind::File, 0o644, 0, size, None, false).unwrap();
+        import.hole(size / 2).unwrap();
+        import.data(&[7u8; 4096]).unwrap();
+        assert!(import.hole(size).unwrap_err().contains("past the end"));
+        import.hole(size / 2 - 4096).unwrap();
+        import.finish().unwrap();
+        let meta = fs::metadata(dir.path().join("sparse")).unwrap();
+        assert_eq!(meta.len(), size);
+        assert!(meta.blocks() * 512 < 1 << 20, "{} blocks: the holes were filled", meta.blocks());
+        let mut file = File::open(dir.path().join("sparse")).unwrap();
+        let mut block = vec![0u8; 4096];
+        file.seek(SeekFrom::Start(size / 2)).unwrap();
+        std::io::Read::read_exact(&mut file, &mut block).unwrap();
+        assert_eq!(block, vec![7u8; 4096]);
+        assert_eq!(import.data, 4096, "only data counts against the cap");
     }
 
     #[test]

@@ -1,11 +1,18 @@
 //! The guest's network streams on the host side: each agent stream is a TCP
 //! connection to pvisor's policy proxy on host loopback, or the control
 //! connection of a port forward, pumped both ways within the stream's credits.
+//!
+//! The guest opens streams at will, so what it costs the host is fixed: at
+//! most [`MAX_STREAMS`] live streams (two threads each), and every stream
+//! the host cannot take is refused by one refusal thread through a bounded
+//! queue; a refusal that finds the queue full is dropped (the guest's own
+//! connection then waits on a stream nobody answers), never a thread more.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +22,8 @@ use super::link::{Credit, Credits};
 
 /// Concurrent proxy connections one guest may hold open.
 pub(super) const MAX_STREAMS: usize = 256;
+/// Refusals waiting for the agent channel; past this the guest's stream is left unanswered.
+const REFUSALS: usize = 256;
 
 /// The host ends of the guest's streams: each agent stream is a TCP
 /// connection to pvisor's proxy on host loopback, or a port forward.
@@ -23,6 +32,13 @@ pub(super) struct NetBridge {
     pub(super) proxy: Option<SocketAddr>,
     pub(super) streams: Arc<Mutex<HashMap<u32, HostEnd>>>,
     pub(super) credits: Arc<Credits>,
+    /// Proxy streams whose host-to-guest pump still runs (a closed stream's
+    /// pump ends when its proxy connection does): what bounds their threads.
+    live: Arc<AtomicUsize>,
+    /// The refusal thread's queue.
+    refusals: SyncSender<u32>,
+    /// Refusals dropped because the queue was full.
+    pub(super) unrefused: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for NetBridge {
@@ -80,16 +96,42 @@ pub(super) struct HostEnd {
 }
 
 impl NetBridge {
-    pub(super) fn open(&self, stream: u32, agent: &Arc<Mutex<UnixStream>>) {
-        let full = self.streams.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_STREAMS;
-        let Some(conn) = self.proxy.filter(|_| !full).and_then(|addr| TcpStream::connect(addr).ok()) else {
-            // Off the reader thread: a checkpoint may hold the channel, and
-            // it waits for this thread to deliver its `Quiesced`.
-            let agent = agent.clone();
-            let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
+    /// The bridge to `proxy` (if the guest may reach one), with its refusal thread.
+    pub(super) fn new(
+        proxy: Option<SocketAddr>,
+        credits: Arc<Credits>,
+        agent: &Arc<Mutex<UnixStream>>,
+    ) -> io::Result<Self> {
+        let (refusals, refused) = mpsc::sync_channel::<u32>(REFUSALS);
+        let agent = agent.clone();
+        // Off the reader thread: a checkpoint may hold the channel, and it
+        // waits for the reader to deliver its `Quiesced`.
+        std::thread::Builder::new().name("pvisor-vm-net-refuse".into()).spawn(move || {
+            for stream in refused {
                 let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
                 let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
-            });
+            }
+        })?;
+        Ok(Self {
+            proxy,
+            streams: Arc::default(),
+            credits,
+            live: Arc::default(),
+            refusals,
+            unrefused: Arc::default(),
+        })
+    }
+
+    /// The guest connected to its proxy port: a connection to the proxy,
+    /// or a refusal when there is no proxy or the guest holds too many.
+    pub(super) fn open(&self, stream: u32, agent: &Arc<Mutex<UnixStream>>) {
+        let known = self.streams.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream);
+        let full = self.live.load(Ordering::SeqCst) >= MAX_STREAMS;
+        let conn = self.proxy.filter(|_| !full && !known).and_then(|addr| TcpStream::connect(addr).ok());
+        let Some(conn) = conn else {
+            if self.refusals.try_send(stream).is_err() {
+                self.unrefused.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         };
         let conn = Conn::Tcp(conn);
@@ -144,7 +186,9 @@ impl NetBridge {
         agent: &Arc<Mutex<UnixStream>>,
     ) {
         let (agent, streams, credits) = (agent.clone(), self.streams.clone(), self.credits.clone());
-        let _ = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
+        let live = self.live.clone();
+        live.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new().name("pvisor-vm-net".into()).spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             let closed = |s: &Arc<Mutex<HashMap<u32, HostEnd>>>| {
                 !s.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&stream)
@@ -162,9 +206,16 @@ impl NetBridge {
                 }
             }
             credits.forget(Credit::Stream(stream));
-            let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
+            {
+                let mut agent = agent.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = write_frame(&mut *agent, &Request::NetClose { stream }, &[]);
+            }
+            live.fetch_sub(1, Ordering::SeqCst);
         });
+        if spawned.is_err() {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+            self.close(stream);
+        }
     }
 
     /// Guest bytes for `stream`: queued, never waited on (the guest keeps

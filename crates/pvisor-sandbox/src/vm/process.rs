@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use pvisor_agent_proto::{Reply, Request};
 
 use super::control::serve_control;
-use super::link::{read_agent, AgentEvent, Credit, Credits, Shared, Sinks};
+use super::link::{read_agent, AgentEvent, Calls, Credit, Credits, Shared, Sinks};
 use super::net::NetBridge;
 use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
@@ -112,6 +112,7 @@ impl VmProcess {
             }
             _ => None,
         };
+        check_room(&vm.dir)?;
         let shares = &vm.shared_directories;
         let mut scratch = Scratch(Vec::new());
         let mut workspace_disks = None;
@@ -309,22 +310,27 @@ impl VmProcess {
             None => None,
         };
         let credits = Arc::new(Credits::default());
-        let net = NetBridge {
-            proxy: proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
-            streams: Arc::default(),
-            credits: credits.clone(),
-        };
         let (replies_tx, replies_rx) = mpsc::sync_channel(REPLY_BACKLOG);
         let (events_tx, events) = mpsc::channel();
         let reader = agent.try_clone().map_err(SandboxError::Spawn)?;
         let agent = Arc::new(Mutex::new(agent));
+        let net = NetBridge::new(
+            proxy_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            credits.clone(),
+            &agent,
+        )
+        .map_err(SandboxError::Spawn)?;
         let writer = agent.clone();
         let sinks = Sinks::default();
+        // Only a restored guest runs execs this supervisor did not start.
+        sinks.lock().unwrap_or_else(|p| p.into_inner()).holding = matches!(start, Start::Restore { .. });
+        let calls = Arc::new(Calls::default());
         std::thread::Builder::new()
             .name("pvisor-vm-agent".into())
             .spawn({
-                let (credits, sinks, net) = (credits.clone(), sinks.clone(), net.clone());
-                move || read_agent(reader, replies_tx, events_tx, net, writer, credits, sinks)
+                let (credits, sinks, net, calls) =
+                    (credits.clone(), sinks.clone(), net.clone(), calls.clone());
+                move || read_agent(reader, replies_tx, calls, events_tx, net, writer, credits, sinks)
             })
             .map_err(SandboxError::Spawn)?;
         let shared = Arc::new(Shared {
@@ -333,6 +339,7 @@ impl VmProcess {
             net,
             next_stream: std::sync::atomic::AtomicU32::new(1),
             credits,
+            calls,
             replies: Mutex::new(replies_rx),
             op: Mutex::new(()),
             qmp: Mutex::new(qmp),
@@ -349,6 +356,11 @@ impl VmProcess {
             file_servers: Mutex::new(file_servers),
         });
         let fail = |message: String| {
+            // A full disk stops the VM mid-boot: name it, not the silence it causes.
+            let message = match shared.disk_error() {
+                Some(why) => format!("{why} ({message})"),
+                None => message,
+            };
             tracing::info!(error = %message, "VM start failed; stopping QEMU");
             let (status, _) = shared.quit_and_reap();
             qemu_failed(format!("{message} (qemu {status})"))
@@ -382,10 +394,7 @@ impl VmProcess {
         }
         // QEMU holds the template's files now (mapped and read): gc may go.
         let start = start.loaded();
-        match shared
-            .call(&Request::Hello { version: pvisor_agent_proto::VERSION }, &[], boot_timeout)
-            .map_err(fail)?
-        {
+        match shared.hello(boot_timeout).map_err(fail)? {
             (Reply::Hello { version, .. }, _) if version == pvisor_agent_proto::VERSION => {}
             (other, _) => {
                 return Err(fail(format!(
@@ -493,6 +502,29 @@ fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
             other => return Err(format!("restoring the machine state ended in state {other}")),
         }
     }
+}
+
+/// Free space below which a VM is not started: its disks are sparse files
+/// in the state directory, and QEMU stops a guest whose write finds the
+/// filesystem full, so a start there would only wait.
+const MIN_FREE_BYTES: u64 = 16 << 20;
+
+/// Refuses to start a VM on a full state filesystem, naming it (ENOSPC).
+fn check_room(dir: &std::path::Path) -> Result<(), SandboxError> {
+    let Ok(fs) = rustix::fs::statvfs(dir) else { return Ok(()) };
+    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+    if free >= MIN_FREE_BYTES {
+        return Ok(());
+    }
+    Err(SandboxError::Setup {
+        step: "state-directory-space".into(),
+        message: format!(
+            "no space left on device (ENOSPC): the filesystem of {} has {} KiB free, and the VM's disks are written there",
+            dir.display(),
+            free >> 10
+        ),
+        hint: Some("free space in the state directory (`pvisor gc`, `pvisor drop`), then run again".into()),
+    })
 }
 
 /// After a restore: thaw the filesystems the checkpoint froze, step the
@@ -703,6 +735,7 @@ impl SandboxProcess for VmProcess {
             });
         }
         let mut oom_killed = false;
+        let mut ticks = 0u32;
         let ending = loop {
             match self.events.recv_timeout(Duration::from_millis(100)) {
                 Ok(AgentEvent::OomKill) => oom_killed = true,
@@ -711,7 +744,16 @@ impl SandboxProcess for VmProcess {
                     break Ok((code, signal));
                 }
                 Ok(AgentEvent::Gone(why)) => break Err(why),
-                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {}
+                Err(RecvTimeoutError::Timeout) if shared.qemu_running() => {
+                    // Once a second: a VM QEMU stopped on a full disk would
+                    // otherwise be waited for for ever.
+                    ticks += 1;
+                    if ticks.is_multiple_of(10) {
+                        if let Some(why) = shared.disk_error() {
+                            break Err(why);
+                        }
+                    }
+                }
                 Err(_) => break Err("the VM stopped".into()),
             }
         };
@@ -730,17 +772,23 @@ impl SandboxProcess for VmProcess {
                 stage_error: None,
             });
         }
+        // An export that fails leaves a partial stage: the result says so
+        // (the Bundle marks it incomplete), and the guest disk is kept.
+        let mut stage_error = None;
         let termination = match ending {
             Ok((code, signal)) => {
                 tracing::info!(?code, ?signal, "the command exited in the guest; exporting its staged files");
                 let exporting = Instant::now();
                 if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
+                    let e = match shared.disk_error() {
+                        Some(why) => format!("{why} ({e})"),
+                        None => e,
+                    };
                     tracing::info!(error = %e, "export of the staged files failed");
-                    let (qemu, _) = shared.quit_and_reap();
-                    return Err(SandboxError::Protocol(format!(
-                        "cannot take the staged files out of the VM: {e} (qemu {qemu}); the guest disk is kept at {}",
+                    stage_error = Some(format!(
+                        "cannot take the staged files out of the VM: {e}; the guest disk is kept at {}",
                         shared.vm.dir.join(checkpoint::UPPER).display()
-                    )));
+                    ));
                 }
                 tracing::debug!(elapsed_ms = exporting.elapsed().as_millis() as u64, "staged files exported");
                 match (code, signal) {
@@ -761,8 +809,10 @@ impl SandboxProcess for VmProcess {
             }
         };
         let (_, usage) = shared.quit_and_reap();
-        // The disks are the Attempt's scratch; the stage now holds the result.
-        shared.remove_disks();
-        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error: None })
+        if stage_error.is_none() {
+            // The disks are the Attempt's scratch; the stage now holds the result.
+            shared.remove_disks();
+        }
+        Ok(ExitReport { termination, usage, oom_killed, interrupted_at_terminal: false, stage_error })
     }
 }

@@ -27,6 +27,9 @@ pub(crate) enum Command {
     Quit,
     #[serde(rename = "query-status")]
     QueryStatus,
+    /// Each drive and its I/O status (`nospace` once a write hit ENOSPC).
+    #[serde(rename = "query-block")]
+    QueryBlock,
     #[serde(rename = "migrate")]
     Migrate { uri: String },
     #[serde(rename = "query-migrate")]
@@ -65,6 +68,20 @@ pub(crate) fn ignore_shared(qmp: &mut Qmp) -> Result<(), String> {
 #[derive(Debug, Deserialize)]
 pub(crate) struct Status {
     pub status: String,
+}
+
+/// One drive of `query-block`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct BlockInfo {
+    #[serde(rename = "io-status", default)]
+    pub io_status: Option<String>,
+    #[serde(default)]
+    pub inserted: Option<BlockImage>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct BlockImage {
+    pub file: String,
 }
 
 #[derive(Debug, Deserialize)]

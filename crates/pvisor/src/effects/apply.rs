@@ -27,6 +27,8 @@ pub struct ApplyOptions {
     pub include_sensitive: bool,
     /// Which paths are sensitive.
     pub sensitive: Sensitive,
+    /// Apply from a stage its Bundle marks incomplete (`--allow-incomplete`).
+    pub allow_incomplete: bool,
 }
 
 /// What an apply did (or, with `dry_run`, would do).
@@ -79,6 +81,9 @@ pub fn apply(
     progress: impl FnMut(&ChangeEntry),
 ) -> Result<ApplyReport, EffectsError> {
     let (mut stage, _locks) = open_for_apply(store, job)?;
+    if let (Some(why), false) = (&stage.incomplete, options.allow_incomplete) {
+        return Err(EffectsError::Incomplete { job: job.clone(), why: why.clone() });
+    }
     let (ws, upper) = stage.roots()?;
     let remaining: Vec<ChangeEntry> = stage
         .changes

@@ -25,6 +25,13 @@ pub struct DropReport {
 pub fn drop_changes(store: &Store, job: &JobId, patterns: &[String]) -> Result<DropReport, EffectsError> {
     let stage = Stage::open(store, job)?;
     require_closed(&stage)?;
+    // A Job cut off before its stage existed (a `vm` run stopped before its
+    // export, or a power cut) has nothing staged: its stage directory is
+    // made empty, so the lock and the ledger have a home and gc frees it.
+    if !stage.stage_dir.is_dir() {
+        std::fs::create_dir_all(&stage.stage_dir)
+            .map_err(|e| pvisor_stage::StageError::io("create", &stage.stage_dir, e))?;
+    }
     let _lock = lock_stage(&stage.stage_dir)?;
     // A workspace that is gone can be written by nobody: nothing to lock or
     // reconcile, and its stage can still be dropped.

@@ -61,6 +61,12 @@ pub enum EffectsError {
     #[error("Job {job} is still running; wait for it to finish (or cancel it) before applying or dropping")]
     Live { job: JobId },
     #[error(
+        "Job {job}'s stage is incomplete ({why}): it holds only part of what the command wrote. \
+         `pvisor review {job}` lists what arrived; `pvisor apply {job} --allow-incomplete` applies from it anyway, \
+         `pvisor drop {job}` discards it"
+    )]
+    Incomplete { job: JobId, why: String },
+    #[error(
         "Job {job} is suspended: its staged files are inside the saved VM. `pvisor resume {job}` continues it \
          (apply after it finishes); `pvisor kill {job}` gives it up"
     )]

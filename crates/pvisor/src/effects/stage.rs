@@ -28,6 +28,8 @@ pub struct Stage {
     pub changes: Vec<ChangeEntry>,
     /// Whether `changes` comes from a Bundle bound by a valid receipt.
     pub confirmed: bool,
+    /// Why the stage is not whole, as its Bundle records (see [`pvisor_core::records::Bundle::incomplete`]).
+    pub incomplete: Option<String>,
     pub preimages: Option<Preimages>,
     pub outcomes: BTreeMap<RelPath, Outcome>,
     pub stage_dir: PathBuf,
@@ -43,10 +45,12 @@ impl Stage {
         let stage_dir = store.stage_dir(&status.run);
         let upper = stage_dir.join("upper");
         let mut binding = None;
+        let mut incomplete = None;
         let (changes, confirmed) =
             match completion::load(store, job, &status.attempt).map_err(ViewError::from)? {
                 Some((_, bundle)) => {
                     binding = bundle.binding;
+                    incomplete = bundle.incomplete;
                     (bundle.changes, true)
                 }
                 None if upper.is_dir() && status.workspace.is_dir() => {
@@ -86,7 +90,17 @@ impl Stage {
         if let (true, Ok(ws)) = (confirmed, Root::open(&workspace)) {
             outcomes = apply::settle_interrupted(&ws, &changes, outcomes)?.0;
         }
-        Ok(Self { status, job: job_record, changes, confirmed, preimages, outcomes, stage_dir, workspace })
+        Ok(Self {
+            status,
+            job: job_record,
+            changes,
+            confirmed,
+            incomplete,
+            preimages,
+            outcomes,
+            stage_dir,
+            workspace,
+        })
     }
 
     /// How many changes are neither applied nor dropped.

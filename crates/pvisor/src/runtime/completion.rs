@@ -197,6 +197,7 @@ mod tests {
             observations: Observations::default(),
             changes: vec![],
             warnings: vec![],
+            incomplete: None,
             binding: None,
         };
         let bytes = store::to_json_bytes(&bundle);

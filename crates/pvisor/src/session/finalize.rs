@@ -222,6 +222,7 @@ impl Session {
             },
             changes: changes.clone(),
             warnings: self.warnings.clone(),
+            incomplete: self.stage_incomplete.clone(),
             binding: Some(RunBinding {
                 run_blake3: self.run.fixed_digest(),
                 preimages_blake3: Some(store::blake3_hex(&preimages_bytes)),

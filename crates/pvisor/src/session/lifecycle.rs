@@ -136,6 +136,7 @@ impl Session {
                         &data::AttemptStageIncomplete { error },
                     );
                     self.warnings.push(format!("the stage is incomplete: {error}"));
+                    self.stage_incomplete = Some(error.clone());
                 }
                 Ending::Finished(report)
             }

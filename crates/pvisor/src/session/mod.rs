@@ -58,6 +58,8 @@ pub(crate) struct Session {
     kill_grace: Duration,
     cancel_requested: Option<i32>,
     warnings: Vec<String>,
+    /// Why the stage could not be saved whole, if it could not.
+    stage_incomplete: Option<String>,
     network: NetworkTally,
     restore_from: Option<PathBuf>,
     limits: Vec<pvisor_sandbox::limits::Enforcement>,
@@ -89,6 +91,7 @@ impl Session {
             kill_grace,
             cancel_requested: None,
             warnings: Vec::new(),
+            stage_incomplete: None,
             network: NetworkTally::default(),
             restore_from: admitted.restore_from,
             limits: Vec::new(),

@@ -289,7 +289,7 @@ impl Agent {
             table.terminals.remove(&id);
             table.finished.insert(id, (code, signal));
             drop(table);
-            let _ = out.send((Reply::Exited { id, code, signal }, Vec::new()));
+            let _ = out.send((Reply::Exited { id, code, signal }, Vec::new(), None));
         });
     }
 }
@@ -353,7 +353,7 @@ fn pump(
             match r.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    let _ = out.send((frame(), buf[..n].to_vec()));
+                    let _ = out.send((frame(), buf[..n].to_vec(), None));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,

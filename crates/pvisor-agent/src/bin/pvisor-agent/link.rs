@@ -12,7 +12,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent_proto::{write_frame, Reply, PORT_NAME};
+use pvisor_agent_proto::{write_tagged, Reply, ANSWERS, PORT_NAME};
 
 use crate::init::loopback_up;
 use crate::{Agent, Out};
@@ -65,8 +65,8 @@ impl Gate {
     }
 }
 
-pub(crate) fn write_replies(mut port: File, rx: Receiver<(Reply, Vec<u8>)>, gate: Arc<Gate>) {
-    for (reply, payload) in rx {
+pub(crate) fn write_replies(mut port: File, rx: Receiver<crate::Frame>, gate: Arc<Gate>) {
+    for (reply, payload, answers) in rx {
         gate.wait_open();
         // Close the gate *before* `Quiesced` leaves: once the host has read
         // it the guest may be stopped at any instruction, and a close still
@@ -75,7 +75,7 @@ pub(crate) fn write_replies(mut port: File, rx: Receiver<(Reply, Vec<u8>)>, gate
             gate.writing_quiesced();
         }
         // A write error means the host side is gone for good; nothing to tell.
-        let _ = write_frame(&mut port, &reply, &payload);
+        let _ = write_tagged(&mut port, ANSWERS, answers, &reply, &payload);
     }
 }
 
@@ -168,7 +168,7 @@ impl Writer {
                 if target.write_all(&bytes).is_err() {
                     break;
                 }
-                let _ = out.send((ack.clone(), Vec::new()));
+                let _ = out.send((ack.clone(), Vec::new(), None));
             }
             drop(target);
             on_close();
@@ -229,7 +229,7 @@ impl Agent {
                 let stream = next.max(1);
                 if let Ok(start) = attach_stream(stream, conn, &out, &streams, &credits) {
                     // Announced before any of its bytes can be sent.
-                    let _ = out.send((Reply::NetOpen { stream }, Vec::new()));
+                    let _ = out.send((Reply::NetOpen { stream }, Vec::new(), None));
                     start();
                 }
             }
@@ -270,7 +270,7 @@ pub(crate) fn attach_stream(
                         if !credits.take(stream, open) {
                             break;
                         }
-                        let _ = out.send((Reply::NetData { stream }, buf[..n].to_vec()));
+                        let _ = out.send((Reply::NetData { stream }, buf[..n].to_vec(), None));
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => break,
@@ -278,7 +278,7 @@ pub(crate) fn attach_stream(
             }
             streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream);
             credits.forget(stream);
-            let _ = out.send((Reply::NetClose { stream }, Vec::new()));
+            let _ = out.send((Reply::NetClose { stream }, Vec::new(), None));
         });
     })
 }

@@ -42,15 +42,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pvisor_agent::files::{self, open_regular, read_range};
-use pvisor_agent_proto::{read_frame, Reply, Request};
+use pvisor_agent_proto::{read_tagged, Reply, Request, REQUEST_ID};
 
 use exec::{reap, ExecRequest, Execs};
 use init::{configure_interface, init_guest, loopback_up, mount_shares, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
 
+/// A reply, its payload, and the id of the request it answers (none for
+/// output, stream data and exits, which answer no request).
+type Frame = (Reply, Vec<u8>, Option<u64>);
 /// Bounded, so a large export or a chatty process waits for the port instead of filling guest RAM.
-type Out = SyncSender<(Reply, Vec<u8>)>;
+type Out = SyncSender<Frame>;
 
 fn main() {
     let boot = Instant::now();
@@ -69,7 +72,7 @@ fn main() {
     // The kernel lets one opener hold a port; reads and writes share it.
     let port_file = OpenOptions::new().read(true).write(true).open(&port).unwrap_or_else(|e| fatal(&port, e));
     let writer = port_file.try_clone().unwrap_or_else(|e| fatal(&port, e));
-    let (out, out_rx) = mpsc::sync_channel::<(Reply, Vec<u8>)>(64);
+    let (out, out_rx) = mpsc::sync_channel::<Frame>(64);
     let gate = Arc::new(Gate::default());
     {
         let gate = gate.clone();
@@ -81,12 +84,24 @@ fn main() {
         std::thread::spawn(move || reap(execs));
     }
     let oom = oom::OomWatch::start(out.clone(), execs.clone());
-    let mut agent =
-        Agent { out, execs, oom, boot, streams: Arc::default(), stream_credits: Arc::default(), gate };
+    let mut agent = Agent {
+        out,
+        execs,
+        oom,
+        boot,
+        streams: Arc::default(),
+        stream_credits: Arc::default(),
+        gate,
+        answering: None,
+    };
     let mut reader = port_file;
     loop {
-        match read_frame::<Request>(&mut reader) {
-            Ok(Some((request, payload))) => agent.handle(request, payload),
+        match read_tagged::<Request>(&mut reader, REQUEST_ID) {
+            Ok(Some((request, id, payload))) => {
+                agent.answering = id;
+                agent.handle(request, payload);
+                agent.answering = None;
+            }
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 agent.send(Reply::Error { op: "frame".into(), message: e.to_string() }, Vec::new());
             }
@@ -121,11 +136,14 @@ struct Agent {
     /// Guest-to-host chunks in flight per stream (the host acks each).
     stream_credits: Arc<StreamCredits>,
     gate: Arc<Gate>,
+    /// The id of the request being handled: every reply the request loop
+    /// sends for it names it, so the host never takes it for another's.
+    answering: Option<u64>,
 }
 
 impl Agent {
     fn send(&self, reply: Reply, payload: Vec<u8>) {
-        let _ = self.out.send((reply, payload));
+        let _ = self.out.send((reply, payload, self.answering));
     }
 
     fn done(&self, op: &str, result: io::Result<()>) {

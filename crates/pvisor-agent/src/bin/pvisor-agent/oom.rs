@@ -86,7 +86,7 @@ impl OomWatch {
             seen.push_back(pid);
             drop(seen);
             for id in running(&self.execs) {
-                let _ = self.out.send((Reply::Oom { id, pid }, Vec::new()));
+                let _ = self.out.send((Reply::Oom { id, pid }, Vec::new(), None));
             }
         }
     }

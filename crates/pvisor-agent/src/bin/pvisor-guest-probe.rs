@@ -1,0 +1,87 @@
+//! The hostile guest of the `vm` executor's tests; never part of the guest
+//! image. Run as the command (root in the guest), it does what a command
+//! that owns the guest can: takes the agent's virtio-serial descriptor
+//! from PID 1 with `pidfd_getfd` and writes frames the host never asked
+//! for, then exits 7 so the host's record of the real exit can be checked.
+//!
+//! `pvisor-guest-probe flood`: 16,000 `NetOpen`s, 64 MiB of `Stdout` for 64
+//! execs never started, 60 unrequested `Ready`s.
+//! `pvisor-guest-probe sparse FILE`: a 1 GiB file with one written 4 KiB
+//! block at 512 MiB, then exit 0 (the export must keep its holes).
+
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+use pvisor_agent_proto::{write_frame, Reply};
+
+const NETOPENS: u32 = 16_000;
+const EXECS: u32 = 64;
+const REPLIES: u32 = 60;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let result = match args.get(1).map(String::as_str) {
+        Some("flood") => flood(),
+        Some("sparse") if args.len() == 3 => sparse(&args[2]),
+        _ => Err(io::Error::other("usage: pvisor-guest-probe flood | sparse FILE")),
+    };
+    if let Err(e) = result {
+        eprintln!("probe: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn flood() -> io::Result<()> {
+    let mut port = agent_port()?;
+    for stream in 0..NETOPENS {
+        write_frame(&mut port, &Reply::NetOpen { stream }, &[])?;
+    }
+    let chunk = vec![b'x'; 1 << 20];
+    for id in 1_000..1_000 + EXECS {
+        write_frame(&mut port, &Reply::Stdout { id }, &chunk)?;
+    }
+    for _ in 0..REPLIES {
+        write_frame(&mut port, &Reply::Ready, &[])?;
+    }
+    println!("probe: sent {NETOPENS} NetOpen, {EXECS} MiB of Stdout for execs never started, {REPLIES} unrequested Ready");
+    std::process::exit(7);
+}
+
+fn sparse(path: &str) -> io::Result<()> {
+    let file = File::create(path)?;
+    file.set_len(1 << 30)?;
+    file.write_all_at(&[0x5a; 4096], 512 << 20)?;
+    file.sync_all()?;
+    println!("probe: wrote a 1 GiB sparse file with one block");
+    Ok(())
+}
+
+/// A duplicate of PID 1's descriptor for the agent port (`/dev/vportNpM`).
+fn agent_port() -> io::Result<File> {
+    // SAFETY: plain syscalls with integer arguments; each result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, 1, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_open returned a new descriptor we own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    for entry in fs::read_dir("/proc/1/fd")? {
+        let entry = entry?;
+        let target = fs::read_link(entry.path()).unwrap_or_default();
+        if !target.to_string_lossy().contains("vport") {
+            continue;
+        }
+        let fd: i32 = entry.file_name().to_string_lossy().parse().map_err(io::Error::other)?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pidfd_getfd returned a new descriptor we own.
+        return Ok(unsafe { File::from_raw_fd(got as i32) });
+    }
+    Err(io::Error::other("PID 1 holds no /dev/vport* descriptor"))
+}
