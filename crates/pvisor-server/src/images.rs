@@ -209,6 +209,51 @@ impl ImageStore {
     }
 }
 
+/// Why the daemon would not read a file of an image on the host.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFileError {
+    #[error("the image's /{} is not a regular file (a FIFO, device, socket, directory or symlink); the daemon reads only regular files from an image", rel.display())]
+    NotRegular { rel: PathBuf },
+    #[error("the image's /{} is over {limit} bytes; the daemon reads at most that", rel.display())]
+    TooLarge { rel: PathBuf, limit: u64 },
+    #[error("cannot read the image's /{}: {source}", rel.display())]
+    Io {
+        rel: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Reads the file `rel` of the image at `rootfs` on the host: opened beneath
+/// the rootfs (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, the
+/// last name with `O_NOFOLLOW | O_NONBLOCK`), checked to be a regular file
+/// before and after it is opened, and read only up to `limit` bytes. So a
+/// FIFO never blocks a worker, a device never streams, and a symlink never
+/// reaches a host file. `None` when the image has no such file.
+pub fn read_image_file(rootfs: &Path, rel: &Path, limit: u64) -> Result<Option<Vec<u8>>, ImageFileError> {
+    use io::Read;
+    let io_err = |source: io::Error| ImageFileError::Io { rel: rel.to_owned(), source };
+    let root = pvisor_stage::beneath::Root::open(rootfs).map_err(io_err)?;
+    match root.stat(rel).map_err(io_err)? {
+        None => return Ok(None),
+        Some(st) if st.kind != pvisor_stage::beneath::Kind::File => {
+            return Err(ImageFileError::NotRegular { rel: rel.to_owned() })
+        }
+        Some(_) => {}
+    }
+    let file = root.open_file(rel).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidInput => ImageFileError::NotRegular { rel: rel.to_owned() },
+        _ if e.raw_os_error() == Some(libc::ELOOP) => ImageFileError::NotRegular { rel: rel.to_owned() },
+        _ => io_err(e),
+    })?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io_err)?;
+    if bytes.len() as u64 > limit {
+        return Err(ImageFileError::TooLarge { rel: rel.to_owned(), limit });
+    }
+    Ok(Some(bytes))
+}
+
 /// Image names as the OpenSandbox `image.uri` spells them: `name[:tag]`,
 /// with registry-style slashes. No whitespace or control characters.
 pub fn validate_name(name: &str) -> Result<(), ImageError> {
@@ -430,5 +475,35 @@ mod tests {
         assert_eq!(names, ["app:1", "app:2"]);
         assert!(validate_name("a b").is_err());
         assert!(validate_name("../x").is_err());
+    }
+
+    #[test]
+    fn image_files_are_read_only_when_regular_beneath_the_root_and_bounded() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc");
+        fs::create_dir_all(&etc).unwrap();
+        fs::write(etc.join("passwd"), b"root:x:0:0::/root:/bin/sh\n").unwrap();
+        let read = |rel: &str| read_image_file(root.path(), Path::new(rel), 64);
+        assert_eq!(read("etc/passwd").unwrap().unwrap(), b"root:x:0:0::/root:/bin/sh\n");
+        assert!(read("etc/missing").unwrap().is_none());
+        // A FIFO would block the reading thread forever: refused at once.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &etc.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        assert!(matches!(read("etc/fifo"), Err(ImageFileError::NotRegular { .. })));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // A link to a device (or any host file) is never followed.
+        std::os::unix::fs::symlink("/dev/zero", etc.join("zero")).unwrap();
+        assert!(matches!(read("etc/zero"), Err(ImageFileError::NotRegular { .. })));
+        std::os::unix::fs::symlink("/etc", root.path().join("host-etc")).unwrap();
+        assert!(read("host-etc/passwd").unwrap().is_none(), "a symlinked directory is not walked");
+        fs::write(etc.join("big"), vec![b'x'; 65]).unwrap();
+        assert!(matches!(read("etc/big"), Err(ImageFileError::TooLarge { limit: 64, .. })));
     }
 }

@@ -15,6 +15,7 @@
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
 mod code_contexts;
+pub mod conns;
 mod egress_policy;
 pub mod execd;
 pub mod guest_link;
@@ -257,6 +258,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     daemon.recover();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
+    let admission = conns::Admission::new(conns::Limits::for_descriptors(conns::raise_nofile()));
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         tracing::info!(
@@ -265,6 +267,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
             daemon.list().len(),
             if api_key.is_some() { "; OPEN-SANDBOX-API-KEY required" } else { "; no API key (loopback only)" }
         );
+        tracing::info!(limits = ?admission.limits(), "connection limits");
         // Its own thread: expiry must go on however busy the request workers are.
         let stop_expiry = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
@@ -280,18 +283,21 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
-                    let (daemon, api_key) = (daemon.clone(), api_key.clone());
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req| {
-                            let (daemon, api_key) = (daemon.clone(), api_key.clone());
-                            async move { Ok::<_, std::convert::Infallible>(handle(daemon, api_key, req).await) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                            .await;
-                    });
+                () = admission.room() => {
+                    match listener.accept().await {
+                        Ok((stream, peer)) => match admission.admit(peer.ip()) {
+                            Some(ticket) => {
+                                tokio::spawn(serve_connection(stream, ticket, daemon.clone(), api_key.clone()));
+                            }
+                            // Every connection in the way is busy: this one is closed.
+                            None => drop(stream),
+                        },
+                        Err(e) if conns::accept_starved(&e) => {
+                            tracing::warn!("cannot accept a connection ({e}); backing off");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(_) => {}
+                    }
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
@@ -307,6 +313,36 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     // the daemon from exiting.
     runtime.shutdown_timeout(Duration::from_secs(5));
     result
+}
+
+/// Serves one admitted connection until it closes, times out, or a newer
+/// connection takes its place (see [`conns`]).
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    ticket: conns::Ticket,
+    daemon: Arc<Daemon>,
+    api_key: Option<Arc<String>>,
+) {
+    let limits = ticket.admission_limits();
+    let evicted = ticket.evicted.clone();
+    let ticket = Arc::new(ticket);
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let (daemon, api_key) = (daemon.clone(), api_key.clone());
+        let busy = conns::Busy::new(&ticket);
+        let req = req.map(|b| conns::IdleBody::new(b, limits.body_idle_timeout));
+        async move {
+            let response = handle(daemon, api_key, req).await;
+            Ok::<_, std::convert::Infallible>(response.map(|b| conns::hold_busy(b, busy)))
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::select! {
+        _ = connection => {}
+        () = evicted.notified() => {}
+    }
 }
 
 #[cfg(test)]

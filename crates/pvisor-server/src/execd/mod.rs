@@ -237,7 +237,7 @@ where
                 interrupt(daemon, guest, &cmd).await
             }
             (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
-            (&Method::GET, ["command", cmd, "logs"]) => command_logs(guest, cmd, http::query_one(&q, "cursor")).await,
+            (&Method::GET, ["command", cmd, "logs"]) => command_logs(daemon, guest, cmd, http::query_one(&q, "cursor")).await,
             (&Method::GET, ["files", "info"]) => {
                 let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
                 if paths.is_empty() {
