@@ -50,13 +50,21 @@ impl Limits {
     /// `RLIMIT_NOFILE`): connections and what their requests open stay below it.
     pub fn for_descriptors(nofile: u64) -> Self {
         let budget = nofile.saturating_sub(FD_RESERVE) / FDS_PER_CONNECTION;
-        let max_connections = budget.clamp(16, 1024) as usize;
         Self {
-            max_connections,
-            max_per_client: (max_connections / 2).clamp(8, 256),
+            max_connections: 0,
+            max_per_client: 0,
             header_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
         }
+        .with_max_connections(budget.clamp(16, 1024) as usize)
+    }
+
+    /// These limits with `max` connections in all, a quarter of them (at
+    /// least one) from one address.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self.max_per_client = (max / 4).max(1);
+        self
     }
 }
 

@@ -21,6 +21,7 @@ pub mod execd;
 pub mod guest_link;
 pub mod http;
 pub mod images;
+pub mod layers;
 pub mod lifecycle;
 mod lines;
 pub mod logging;
@@ -205,6 +206,8 @@ pub struct ServeOptions {
     /// The built-in images found built (name → rootfs): `default` is
     /// imported at start when newer, the others when first asked for.
     pub built_in_images: Vec<(String, PathBuf)>,
+    /// Overrides the connection limit the descriptor limit allows.
+    pub max_connections: Option<usize>,
 }
 
 /// Why `pvisor serve` could not start, or stopped with an error.
@@ -258,7 +261,11 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     daemon.recover();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
-    let admission = conns::Admission::new(conns::Limits::for_descriptors(conns::raise_nofile()));
+    let mut limits = conns::Limits::for_descriptors(conns::raise_nofile());
+    if let Some(max) = options.max_connections {
+        limits = limits.with_max_connections(max);
+    }
+    let admission = conns::Admission::new(limits);
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         tracing::info!(

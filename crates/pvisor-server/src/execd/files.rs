@@ -48,63 +48,64 @@ pub(super) fn file_info(display: &str, stat: &FileStat, names: &Names) -> Value 
 /// A table the host could not read safely (a FIFO, a device, a symlink,
 /// too large) is empty, and looking a name up in it is an error naming why.
 pub(super) struct Names {
-    users: BTreeMap<u32, String>,
-    groups: BTreeMap<u32, String>,
+    users: Table,
+    groups: Table,
+}
+
+/// One name table; `unreadable` says why it could not be read.
+struct Table {
+    names: BTreeMap<u32, String>,
     unreadable: Option<String>,
 }
 
 /// The most of an image's /etc/passwd or /etc/group the daemon reads.
 const MAX_NAME_TABLE: u64 = 4 << 20;
 
-impl Names {
-    pub(super) fn load(rootfs: &Path) -> Self {
-        let mut unreadable = None;
-        let mut table = |file: &str| -> BTreeMap<u32, String> {
-            let text = match crate::images::read_image_file(rootfs, Path::new(file), MAX_NAME_TABLE) {
-                Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-                Ok(None) => String::new(),
-                Err(e) => {
-                    unreadable.get_or_insert_with(|| e.to_string());
-                    String::new()
-                }
-            };
-            text.lines()
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split(':').collect();
-                    Some((f.get(2)?.parse().ok()?, (*f.first()?).to_owned()))
-                })
-                .collect()
+impl Table {
+    fn load(rootfs: &Path, file: &str) -> Self {
+        let (text, unreadable) = match crate::images::read_image_file(rootfs, Path::new(file), MAX_NAME_TABLE) {
+            Ok(Some(bytes)) => (String::from_utf8_lossy(&bytes).into_owned(), None),
+            Ok(None) => (String::new(), None),
+            Err(e) => (String::new(), Some(e.to_string())),
         };
-        let (users, groups) = (table("etc/passwd"), table("etc/group"));
-        Self { users, groups, unreadable }
+        let names = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                Some((f.get(2)?.parse().ok()?, (*f.first()?).to_owned()))
+            })
+            .collect();
+        Self { names, unreadable }
     }
-    pub(super) fn user(&self, uid: u32) -> String {
-        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
-    }
-    pub(super) fn group(&self, gid: u32) -> String {
-        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
-    }
-    pub(super) fn uid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse()
-            .ok()
-            .or_else(|| self.users.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
-            .ok_or_else(|| self.missing("user", name))
-    }
-    pub(super) fn gid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse()
-            .ok()
-            .or_else(|| self.groups.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
-            .ok_or_else(|| self.missing("group", name))
-    }
-    fn missing(&self, what: &str, name: &str) -> ApiError {
-        match &self.unreadable {
+
+    fn id(&self, what: &str, name: &str) -> Result<u32, ApiError> {
+        let found = name.parse().ok().or_else(|| self.names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id));
+        found.ok_or_else(|| match &self.unreadable {
             Some(why) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "IMAGE_UNREADABLE",
                 format!("cannot look up the {what} {name:?}: {why}"),
             ),
             None => ApiError::bad_request(format!("no {what} {name:?} in the image")),
-        }
+        })
+    }
+}
+
+impl Names {
+    pub(super) fn load(rootfs: &Path) -> Self {
+        Self { users: Table::load(rootfs, "etc/passwd"), groups: Table::load(rootfs, "etc/group") }
+    }
+    pub(super) fn user(&self, uid: u32) -> String {
+        self.users.names.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+    pub(super) fn group(&self, gid: u32) -> String {
+        self.groups.names.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+    pub(super) fn uid(&self, name: &str) -> Result<u32, ApiError> {
+        self.users.id("user", name)
+    }
+    pub(super) fn gid(&self, name: &str) -> Result<u32, ApiError> {
+        self.groups.id("group", name)
     }
 }
 
