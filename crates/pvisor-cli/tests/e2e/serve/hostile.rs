@@ -180,3 +180,56 @@ fn a_hostile_image_and_a_huge_log_neither_stall_nor_bloat_the_daemon() {
     assert!(hwm < 150 << 10, "four reads of a {log_bytes}-byte log took the daemon to {hwm} kB");
     health_within_a_second(&daemon);
 }
+
+/// Unmounts the state directory's own disk after the daemon is gone.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// The state directory's disk fills up while a sandbox runs: a command is
+/// answered 507 naming that disk, and DELETE still ends the sandbox (its
+/// records and the Job's receipt are written into the space the daemon held
+/// back), where before it answered 500 and the sandbox stayed Running.
+#[test]
+fn a_full_state_disk_still_lets_a_sandbox_be_deleted() {
+    if !is_root() {
+        eprintln!("skipped: mounting the state directory's own disk needs root");
+        return;
+    }
+    let env = Env::new(As::Root);
+    fs::create_dir_all(&env.home).unwrap();
+    rustix::mount::mount("pvisor-e2e", &env.home, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=1500m"))
+        .unwrap();
+    let _mounted = Mounted(env.home.clone());
+    let daemon = Daemon::on_env(env, &[]);
+    let id = daemon.create(json!({}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    let mut filler = fs::File::create(daemon.env.home.join("filler")).unwrap();
+    for chunk in [1 << 20, 4096] {
+        while std::io::Write::write_all(&mut filler, &vec![1u8; chunk]).is_ok() {}
+    }
+    let (base, token) = daemon.execd(&id);
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "20", "-w", "\n%{http_code}", "-H", &token])
+        .args(["-H", "content-type: application/json", "--data-binary"])
+        .arg(json!({ "command": "echo hi" }).to_string())
+        .arg(format!("{base}/command"))
+        .output()
+        .unwrap();
+    let body = text(&out.stdout);
+    let (body, code) = body.rsplit_once('\n').unwrap_or(("", "0"));
+    assert_eq!(code, "507", "{body}");
+    let home = daemon.env.home.display().to_string();
+    assert!(body.contains("is full") && body.contains(&home), "the error names the disk: {body}");
+    let (code, body) = daemon.curl("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    daemon.wait_record(&id, "Terminated");
+    assert!(daemon.log().contains("released the"), "the reserve was used: {}", daemon.log());
+    drop(filler);
+    fs::remove_file(daemon.env.home.join("filler")).unwrap();
+    health_within_a_second(&daemon);
+}

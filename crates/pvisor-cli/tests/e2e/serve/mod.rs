@@ -66,8 +66,13 @@ impl Daemon {
     }
 
     fn with_args(who: As, args: &[&str]) -> Self {
+        Self::on_env(Env::new(who), args)
+    }
+
+    /// A daemon over `env`, prepared by the caller (its state directory on
+    /// a disk of its own, say).
+    fn on_env(env: Env, args: &[&str]) -> Self {
         assert!(vm_image().is_some(), "no guest image: run scripts/vm-image.sh");
-        let env = Env::new(who);
         let key = format!("test-key-{:016}-{}", std::process::id(), port_seed());
         fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
