@@ -323,7 +323,9 @@ fn unpack(source: &Path, dest: &Root, report: &mut Unpacked) -> Result<(), Image
     let n = open()?.read(&mut magic).unwrap_or(0);
     let compression = if n >= 2 && magic.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
-    } else if magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z']) || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+    } else if magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z'])
+        || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+    {
         return Err(err(format!(
             "{} is xz or zstd compressed; decompress it (or gzip it) and import the result",
             source.display()
@@ -435,7 +437,10 @@ impl Blob<'_> {
         let (file, hasher) = self.open()?;
         let mut hashing = Hashing { inner: file, hasher, read: 0 };
         let mut bytes = Vec::new();
-        (&mut hashing).take(limit).read_to_end(&mut bytes).map_err(|e| err(format!("blob {}: {e}", self.name())))?;
+        (&mut hashing)
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(|e| err(format!("blob {}: {e}", self.name())))?;
         self.verify(hashing)?;
         Ok(bytes)
     }
@@ -625,7 +630,8 @@ mod tests {
             "config": config,
             "layers": descriptors,
         });
-        let manifest = blob(dir, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
+        let manifest =
+            blob(dir, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
         let index = serde_json::json!({ "schemaVersion": 2, "manifests": [manifest] });
         fs::write(dir.join("index.json"), index.to_string()).unwrap();
         descriptors
@@ -666,7 +672,8 @@ mod tests {
         // A manifest whose bytes changed after its digest was taken.
         let index: serde_json::Value =
             serde_json::from_slice(&fs::read(good.join("index.json")).unwrap()).unwrap();
-        let manifest = index["manifests"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_owned();
+        let manifest =
+            index["manifests"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_owned();
         let path = good.join("blobs/sha256").join(&manifest);
         let text = fs::read_to_string(&path).unwrap().replace("schemaVersion\":2", "schemaVersion\": 2");
         let truncated = &text[..text.len() - 1];

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use pvisor_core::time::Timestamp;
 
 use super::{blocking, octal_mode, EntryKind, FileOp, FileStat, Guest, CHUNK};
-use crate::http::{self, ApiError, ApiResult};
 use crate::http::Body;
+use crate::http::{self, ApiError, ApiResult};
 use crate::sandbox::{Daemon, StreamSlot};
 
 /// The most a line-based download (`offset`/`limit`) holds in memory.
@@ -63,7 +63,8 @@ const MAX_NAME_TABLE: u64 = 4 << 20;
 
 impl Table {
     fn load(rootfs: &Path, file: &str) -> Self {
-        let (text, unreadable) = match crate::images::read_image_file(rootfs, Path::new(file), MAX_NAME_TABLE) {
+        let (text, unreadable) = match crate::images::read_image_file(rootfs, Path::new(file), MAX_NAME_TABLE)
+        {
             Ok(Some(bytes)) => (String::from_utf8_lossy(&bytes).into_owned(), None),
             Ok(None) => (String::new(), None),
             Err(e) => (String::new(), Some(e.to_string())),
@@ -79,7 +80,8 @@ impl Table {
     }
 
     fn id(&self, what: &str, name: &str) -> Result<u32, ApiError> {
-        let found = name.parse().ok().or_else(|| self.names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id));
+        let found =
+            name.parse().ok().or_else(|| self.names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id));
         found.ok_or_else(|| match &self.unreadable {
             Some(why) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

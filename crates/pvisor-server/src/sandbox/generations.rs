@@ -343,7 +343,9 @@ pub(super) enum Liveness {
 /// a missing process is dead: a read that fails otherwise (EMFILE while
 /// clients hold every descriptor) is [`Liveness::Unknown`].
 pub(super) fn liveness(pid: u32, bind: &Path) -> Liveness {
-    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    let gone = |e: &std::io::Error| {
+        e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    };
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,
         Err(e) if gone(&e) => return Liveness::Dead,
@@ -362,7 +364,9 @@ pub(super) fn liveness(pid: u32, bind: &Path) -> Liveness {
         return Liveness::Alive;
     }
     match fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(c) if c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()) => Liveness::Alive,
+        Ok(c) if c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()) => {
+            Liveness::Alive
+        }
         Ok(_) => Liveness::Dead,
         Err(e) if gone(&e) => Liveness::Dead,
         Err(_) => Liveness::Unknown,

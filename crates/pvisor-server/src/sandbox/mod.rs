@@ -159,10 +159,8 @@ impl Daemon {
             }
         }
         let images = ImageStore::new(&store).with_built_in(built_in_images);
-        let reserve = reserve::Reserve::new(
-            config.state_root.join("server").join("reserve"),
-            reserve::RESERVE_BYTES,
-        );
+        let reserve =
+            reserve::Reserve::new(config.state_root.join("server").join("reserve"), reserve::RESERVE_BYTES);
         reserve.ensure();
         Ok(Arc::new(Self {
             config,
@@ -193,7 +191,10 @@ impl Daemon {
             return Err(OpError::Internal(format!("cannot write {}: {e}", path.display())));
         }
         let ending = record.deleted
-            || matches!(record.state, SandboxState::Stopping | SandboxState::Terminated | SandboxState::Failed);
+            || matches!(
+                record.state,
+                SandboxState::Stopping | SandboxState::Terminated | SandboxState::Failed
+            );
         if ending && self.reserve.release() && write().is_ok() {
             return Ok(());
         }

@@ -47,7 +47,10 @@ impl Reserve {
     pub fn release(&self) -> bool {
         let released = fs::remove_file(&self.path).is_ok();
         if released {
-            tracing::warn!("the state disk is full: released the {}-byte reserve to end a sandbox", self.bytes);
+            tracing::warn!(
+                "the state disk is full: released the {}-byte reserve to end a sandbox",
+                self.bytes
+            );
         }
         released
     }
@@ -137,7 +140,10 @@ mod tests {
         assert!(disk_full(&e), "{e}");
         assert!(reserve.disk_low());
         let message = describe_disk(disk.path());
-        assert!(message.contains(&disk.path().display().to_string()) && message.contains("is full"), "{message}");
+        assert!(
+            message.contains(&disk.path().display().to_string()) && message.contains("is full"),
+            "{message}"
+        );
         assert!(reserve.release());
         write().expect("the reserve makes room for the record that ends a sandbox");
         drop(filler);

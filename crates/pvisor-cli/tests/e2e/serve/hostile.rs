@@ -202,8 +202,14 @@ fn a_full_state_disk_still_lets_a_sandbox_be_deleted() {
     }
     let env = Env::new(As::Root);
     fs::create_dir_all(&env.home).unwrap();
-    rustix::mount::mount("pvisor-e2e", &env.home, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=1500m"))
-        .unwrap();
+    rustix::mount::mount(
+        "pvisor-e2e",
+        &env.home,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        Some(c"size=1500m"),
+    )
+    .unwrap();
     let _mounted = Mounted(env.home.clone());
     let daemon = Daemon::on_env(env, &[]);
     let id = daemon.create(json!({}));

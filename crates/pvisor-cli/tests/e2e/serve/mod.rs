@@ -104,7 +104,11 @@ impl Daemon {
         };
         let mut cmd =
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
-        cmd.arg(&key_file).args(&self.args).env("PVISOR_SANDBOX_IMAGE", image).stdout(log.try_clone().unwrap()).stderr(log);
+        cmd.arg(&key_file)
+            .args(&self.args)
+            .env("PVISOR_SANDBOX_IMAGE", image)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
         // As root the binary runs from a copy (support::bin), away from the
         // build tree where it would find the `python` image.
         let python = target_dir().join("sandbox-image-python/rootfs");
