@@ -579,7 +579,7 @@ mod tests {
         // A FIFO would block the reading thread forever: refused at once.
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &etc.join("fifo"),
+            etc.join("fifo"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o644),
             0,

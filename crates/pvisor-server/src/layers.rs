@@ -119,14 +119,16 @@ pub fn apply_whiteouts(root: &Root, archive: impl Read) -> Result<(), LayerError
         match whiteout(&path)? {
             None => {}
             Some(Whiteout::Remove(target)) => remove(root, &target).map_err(write_err(&target))?,
-            Some(Whiteout::Opaque(dir)) => {
-                if dir.as_os_str().is_empty() || is_dir(root, &dir).map_err(write_err(&dir))? {
-                    for child in root.list(&dir).map_err(write_err(&dir))? {
-                        let child = dir.join(child);
-                        remove(root, &child).map_err(write_err(&child))?;
-                    }
+            Some(Whiteout::Opaque(dir))
+                if dir.as_os_str().is_empty() || is_dir(root, &dir).map_err(write_err(&dir))? =>
+            {
+                for child in root.list(&dir).map_err(write_err(&dir))? {
+                    let child = dir.join(child);
+                    remove(root, &child).map_err(write_err(&child))?;
                 }
             }
+            // An opaque directory the lower layers do not have: nothing to hide.
+            Some(Whiteout::Opaque(_)) => {}
         }
     }
     Ok(())
@@ -165,7 +167,7 @@ pub fn extract(root: &Root, archive: impl Read, report: &mut Unpacked) -> Result
             report.setid_bits_dropped.push(shown());
         }
         // No setuid/setgid on the host; the sticky bit (/tmp) is harmless.
-        let mode = (mode & 0o1777) as u32;
+        let mode = mode & 0o1777;
         parents(root, &path)?;
         let w = write_err(&path);
         match kind {

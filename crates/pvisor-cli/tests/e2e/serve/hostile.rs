@@ -107,7 +107,7 @@ fn a_hostile_image_and_a_huge_log_neither_stall_nor_bloat_the_daemon() {
     fs::remove_file(rootfs.join("etc/passwd")).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &rootfs.join("etc/passwd"),
+        rootfs.join("etc/passwd"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
