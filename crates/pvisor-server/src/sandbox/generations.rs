@@ -442,3 +442,25 @@ pub(super) fn tail(path: &Path) -> String {
     let lines: Vec<&str> = text.lines().rev().take(3).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_supervisor_is_seen_alive_until_it_exits_and_its_exit_is_noticed_at_once() {
+        let bind = Path::new("/nonexistent/sb-test.bind");
+        let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+        let pid = child.id();
+        assert_eq!(liveness(pid, bind), Liveness::Alive, "a child of the daemon is ours");
+        // Another process is never taken for a supervisor.
+        assert_eq!(liveness(1, bind), Liveness::Dead);
+        let started = Instant::now();
+        wait_for_exit(pid, bind);
+        // The pidfd turns readable at the exit (a zombie until reaped).
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        assert_eq!(liveness(pid, bind), Liveness::Dead);
+        child.wait().unwrap();
+        assert_eq!(liveness(pid, bind), Liveness::Dead);
+    }
+}
