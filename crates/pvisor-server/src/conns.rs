@@ -253,7 +253,7 @@ impl hyper::body::Body for Holding {
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {
     #[error(transparent)]
-    Read(#[from] hyper::Error),
+    Read(Box<dyn std::error::Error + Send + Sync>),
     #[error("the client sent nothing of the request body for {0:?}")]
     Stalled(Duration),
 }
@@ -263,7 +263,9 @@ pub enum BodyError {
 pub struct IdleBody<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Armed when the body is first read: a handler may read it late (and
+    /// a client sending `Expect: 100-continue` waits for that first read).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> std::fmt::Debug for IdleBody<B> {
@@ -274,13 +276,14 @@ impl<B> std::fmt::Debug for IdleBody<B> {
 
 impl<B> IdleBody<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: Box::pin(tokio::time::sleep(idle)) }
+        Self { inner, idle, timer: None }
     }
 }
 
 impl<B> hyper::body::Body for IdleBody<B>
 where
-    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Data = Bytes;
     type Error = BodyError;
@@ -289,14 +292,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
+        let idle = this.idle;
+        let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + this.idle;
-                this.timer.as_mut().reset(deadline);
-                Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
+                timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                Poll::Ready(frame.map(|f| f.map_err(|e| BodyError::Read(e.into()))))
             }
-            Poll::Pending => match std::future::Future::poll(this.timer.as_mut(), cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Stalled(this.idle)))),
+            Poll::Pending => match std::future::Future::poll(timer.as_mut(), cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::Stalled(idle)))),
                 Poll::Pending => Poll::Pending,
             },
         }
@@ -357,6 +361,30 @@ mod tests {
         let _a3 = admission.admit(a).unwrap();
         assert!(admission.lock().open.contains_key(&other.id), "b's idle connection stays");
         assert_eq!(admission.open(), 3);
+    }
+
+    /// A body whose client never sends another byte.
+    struct Silent;
+
+    impl hyper::body::Body for Silent {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    #[test]
+    fn a_stalled_request_body_fails_instead_of_holding_its_worker() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let idle = Duration::from_millis(50);
+        let started = std::time::Instant::now();
+        let read = runtime.block_on(http_body_util::BodyExt::collect(IdleBody::new(Silent, idle)));
+        assert!(matches!(read, Err(BodyError::Stalled(d)) if d == idle));
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]

@@ -272,7 +272,11 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
             "listening on http://{} ({} sandboxes on record{})",
             listener.local_addr()?,
             daemon.list().len(),
-            if api_key.is_some() { "; OPEN-SANDBOX-API-KEY required" } else { "; no API key (loopback only)" }
+            if api_key.is_some() {
+                "; OPEN-SANDBOX-API-KEY required"
+            } else {
+                "; no API key (loopback only)"
+            }
         );
         tracing::info!(limits = ?admission.limits(), "connection limits");
         // Its own thread: expiry must go on however busy the request workers are.
@@ -290,22 +294,22 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         loop {
             tokio::select! {
-                () = admission.room() => {
-                    match listener.accept().await {
-                        Ok((stream, peer)) => match admission.admit(peer.ip()) {
-                            Some(ticket) => {
-                                tokio::spawn(serve_connection(stream, ticket, daemon.clone(), api_key.clone()));
-                            }
-                            // Every connection in the way is busy: this one is closed.
-                            None => drop(stream),
-                        },
-                        Err(e) if conns::accept_starved(&e) => {
-                            tracing::warn!("cannot accept a connection ({e}); backing off");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                // Room first, then accept: at the limit, connections wait in
+                // the listen backlog rather than being accepted and dropped.
+                accepted = async { admission.room().await; listener.accept().await } => match accepted {
+                    Ok((stream, peer)) => match admission.admit(peer.ip()) {
+                        Some(ticket) => {
+                            tokio::spawn(serve_connection(stream, ticket, daemon.clone(), api_key.clone()));
                         }
-                        Err(_) => {}
+                        // Every connection in the way is busy: this one is closed.
+                        None => drop(stream),
+                    },
+                    Err(e) if conns::accept_starved(&e) => {
+                        tracing::warn!("cannot accept a connection ({e}); backing off");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                }
+                    Err(_) => {}
+                },
                 _ = term.recv() => break,
                 _ = int.recv() => break,
             }
