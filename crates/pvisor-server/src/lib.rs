@@ -5,7 +5,9 @@
 //!   sandbox is a vm Job with its own supervisor process).
 //! - [`lifecycle`] and [`execd`]: the two APIs; [`handle`] is the one router,
 //!   so tests drive it without a socket.
-//! - [`images`]: the named root filesystems sandboxes boot.
+//! - [`images`]: the named root filesystems sandboxes boot; [`layers`]
+//!   unpacks their archives on the host.
+//! - [`conns`]: which client connections are held, and for how long.
 //! - [`guest_link`]: the one place the daemon calls into a live VM.
 //! - [`supervisor`]: the per-sandbox supervisor process (`pvisor
 //!   sandbox-supervisor`); [`logging`]: stderr diagnostics of both.
