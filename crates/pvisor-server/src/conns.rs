@@ -68,18 +68,11 @@ impl Limits {
     }
 }
 
-/// Raises the soft descriptor limit to the hard one (a daemon serving many
-/// clients needs more than the 1024 a login shell starts with) and returns it.
-pub fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current != limit.maximum {
-        limit.current = limit.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, limit) {
-            tracing::debug!("cannot raise the descriptor limit: {e}");
-        }
-    }
-    getrlimit(Resource::Nofile).current.unwrap_or(1 << 20)
+/// The soft descriptor limit the daemon runs under. It is not raised: the
+/// supervisors and VMs the daemon starts inherit it, and some programs
+/// close every descriptor up to it.
+pub fn nofile() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20)
 }
 
 /// The open connections, oldest first.

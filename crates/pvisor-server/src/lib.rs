@@ -263,7 +263,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     daemon.recover();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
-    let mut limits = conns::Limits::for_descriptors(conns::raise_nofile());
+    let mut limits = conns::Limits::for_descriptors(conns::nofile());
     if let Some(max) = options.max_connections {
         limits = limits.with_max_connections(max);
     }
