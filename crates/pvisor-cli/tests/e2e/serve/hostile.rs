@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::net::TcpStream;
+use std::os::unix::fs::MetadataExt;
 
 use super::*;
 
@@ -243,4 +244,117 @@ fn a_full_disk_still_lets_the_sandbox_be_deleted(daemon: &Daemon, id: &str) {
     drop(filler);
     fs::remove_file(daemon.env.home.join("filler")).unwrap();
     health_within_a_second(daemon);
+}
+
+/// Writes `bytes` as a blob of the OCI layout `dir`; returns its descriptor.
+fn oci_blob(dir: &Path, media: &str, bytes: &[u8]) -> Value {
+    let blobs = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs).unwrap();
+    let tmp = blobs.join("tmp");
+    fs::write(&tmp, bytes).unwrap();
+    let out = Command::new("sha256sum").arg(&tmp).output().unwrap();
+    let hex = text(&out.stdout).split_whitespace().next().unwrap().to_owned();
+    fs::rename(&tmp, blobs.join(&hex)).unwrap();
+    json!({ "mediaType": media, "digest": format!("sha256:{hex}"), "size": bytes.len() })
+}
+
+/// An OCI image layout at `dir` of plain tar `layers`; their descriptors.
+fn oci_layout(dir: &Path, layers: &[Vec<u8>]) -> Vec<Value> {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let config = oci_blob(dir, "application/vnd.oci.image.config.v1+json", config);
+    let layers: Vec<Value> =
+        layers.iter().map(|l| oci_blob(dir, "application/vnd.oci.image.layer.v1.tar", l)).collect();
+    let manifest = json!({ "schemaVersion": 2, "config": config, "layers": layers,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json" });
+    let manifest =
+        oci_blob(dir, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
+    fs::write(dir.join("index.json"), json!({ "schemaVersion": 2, "manifests": [manifest] }).to_string())
+        .unwrap();
+    layers
+}
+
+/// A tar layer of `(name, kind, mode, contents)` entries.
+fn layer(entries: &[(&str, tar::EntryType, u32, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, mode, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_path(name).unwrap();
+        h.set_entry_type(*kind);
+        h.set_mode(*mode);
+        h.set_size(data.len() as u64);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// `pvisor image import` of hostile OCI layouts, as root and rootless: a
+/// setuid-root file, a device node and a FIFO in a layer are not created in
+/// the store (the import succeeds and lists them); a whiteout `bin/.wh...`
+/// (the parent of its directory) and a layer stored under the digest of
+/// other bytes are refused, naming the entry or the blob, and publish nothing.
+#[test]
+fn image_import_defuses_or_refuses_a_hostile_oci_layout() {
+    use tar::EntryType::{Char, Directory, Fifo, Regular};
+    for who in [As::Root, As::Rootless] {
+        if !who.available() {
+            continue;
+        }
+        let env = Env::new(who);
+        let base = layer(&[
+            ("bin", Directory, 0o755, b""),
+            ("bin/sh", Regular, 0o755, b"#!fake"),
+            ("bin/su", Regular, 0o4755, b"#!setuid"),
+            ("dev", Directory, 0o755, b""),
+            ("dev/sda", Char, 0o666, b""),
+            ("fifo", Fifo, 0o644, b""),
+        ]);
+        let good = env.dir.path().join("good");
+        oci_layout(&good, std::slice::from_ref(&base));
+        let wipe = env.dir.path().join("wipe");
+        oci_layout(&wipe, &[base.clone(), layer(&[("bin/.wh...", Regular, 0o644, b"")])]);
+        let forged = env.dir.path().join("forged");
+        let layers = oci_layout(&forged, std::slice::from_ref(&base));
+        let digest = layers[0]["digest"].as_str().unwrap().to_owned();
+        // Other bytes of the same size (a tar ends in zeros) under the digest.
+        let mut other = layer(&[("bin", Directory, 0o755, b""), ("bin/sh", Regular, 0o755, b"#!other")]);
+        other.resize(base.len(), 0);
+        let forged_blob = forged.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+        fs::write(&forged_blob, &other).unwrap();
+        env.give_away(env.dir.path());
+
+        let out = env.pvisor(&["image", "import", "good", good.to_str().unwrap()]);
+        assert!(out.status.success(), "{who:?}: {}", text(&out.stderr));
+        let slot = fs::read_dir(env.home.join("sandbox-images"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| fs::read_to_string(p.join("image.json")).is_ok_and(|j| j.contains("\"good\"")))
+            .unwrap();
+        let mode = fs::metadata(slot.join("rootfs/bin/su")).unwrap().mode();
+        assert_eq!(mode & 0o7777, 0o755, "{who:?}: setuid bits on the host: {mode:o}");
+        for special in ["rootfs/dev/sda", "rootfs/fifo"] {
+            assert!(fs::symlink_metadata(slot.join(special)).is_err(), "{who:?}: {special} was created");
+        }
+        let record = fs::read_to_string(slot.join("image.json")).unwrap();
+        assert!(record.contains("bin/su") && record.contains("dev/sda"), "{who:?}: {record}");
+
+        let out = env.pvisor(&["image", "import", "wipe", wipe.to_str().unwrap()]);
+        assert!(!out.status.success(), "{who:?}: a whiteout of the parent directory was accepted");
+        assert!(text(&out.stderr).contains("bin/.wh..."), "{who:?}: {}", text(&out.stderr));
+        let out = env.pvisor(&["image", "import", "forged", forged.to_str().unwrap()]);
+        assert!(!out.status.success(), "{who:?}: a forged layer was accepted");
+        let err = text(&out.stderr);
+        assert!(err.contains(&digest) && err.contains("does not match its digest"), "{who:?}: {err}");
+        let listed = text(&env.pvisor(&["image", "ls"]).stdout);
+        assert!(
+            listed.contains("good") && !listed.contains("wipe") && !listed.contains("forged"),
+            "{listed}"
+        );
+    }
 }
