@@ -11,11 +11,15 @@
 //! A sandbox boots its image's rootfs as the read-only lower layer of its VM.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use oci_spec::image::{Arch, Descriptor, DigestAlgorithm, ImageIndex, ImageManifest, MediaType, Os};
+use pvisor_stage::beneath::Root;
 use serde::{Deserialize, Serialize};
+
+use crate::layers::{self, Unpacked};
 
 use pvisor_core::time::Timestamp;
 
@@ -57,6 +61,10 @@ pub struct ImageRecord {
     pub imported_at: Timestamp,
     pub files: u64,
     pub bytes: u64,
+    /// What the import did not create on the host (device nodes, FIFOs,
+    /// setuid/setgid bits).
+    #[serde(default)]
+    pub left_out: Unpacked,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,14 +148,15 @@ impl ImageStore {
         let rootfs = partial.join("rootfs");
         fs::create_dir_all(&rootfs).map_err(|e| err(format!("cannot create {}: {e}", rootfs.display())))?;
         let result = (|| {
+            let mut left_out = Unpacked::default();
             let kind = if meta.is_dir() && source.join("oci-layout").is_file() {
-                import_oci(source, &rootfs)?;
+                import_oci(source, &open_root(&rootfs)?, &mut left_out)?;
                 "oci-layout"
             } else if meta.is_dir() {
                 copy_tree(source, &rootfs)?;
                 "dir"
             } else {
-                unpack(source, &rootfs)?;
+                unpack(source, &open_root(&rootfs)?, &mut left_out)?;
                 "tar"
             };
             if !rootfs.join("bin/sh").exists() && !rootfs.join("usr/bin/sh").exists() {
@@ -164,6 +173,7 @@ impl ImageStore {
                 imported_at: Timestamp::now(),
                 files,
                 bytes,
+                left_out,
             };
             pvisor_core::store::write_atomic(
                 &partial.join("image.json"),
@@ -209,6 +219,51 @@ impl ImageStore {
     }
 }
 
+/// Why the daemon would not read a file of an image on the host.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFileError {
+    #[error("the image's /{} is not a regular file (a FIFO, device, socket, directory or symlink); the daemon reads only regular files from an image", rel.display())]
+    NotRegular { rel: PathBuf },
+    #[error("the image's /{} is over {limit} bytes; the daemon reads at most that", rel.display())]
+    TooLarge { rel: PathBuf, limit: u64 },
+    #[error("cannot read the image's /{}: {source}", rel.display())]
+    Io {
+        rel: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Reads the file `rel` of the image at `rootfs` on the host: opened beneath
+/// the rootfs (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, the
+/// last name with `O_NOFOLLOW | O_NONBLOCK`), checked to be a regular file
+/// before and after it is opened, and read only up to `limit` bytes. So a
+/// FIFO never blocks a worker, a device never streams, and a symlink never
+/// reaches a host file. `None` when the image has no such file.
+pub fn read_image_file(rootfs: &Path, rel: &Path, limit: u64) -> Result<Option<Vec<u8>>, ImageFileError> {
+    use io::Read;
+    let io_err = |source: io::Error| ImageFileError::Io { rel: rel.to_owned(), source };
+    let root = pvisor_stage::beneath::Root::open(rootfs).map_err(io_err)?;
+    match root.stat(rel).map_err(io_err)? {
+        None => return Ok(None),
+        Some(st) if st.kind != pvisor_stage::beneath::Kind::File => {
+            return Err(ImageFileError::NotRegular { rel: rel.to_owned() })
+        }
+        Some(_) => {}
+    }
+    let file = root.open_file(rel).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidInput => ImageFileError::NotRegular { rel: rel.to_owned() },
+        _ if e.raw_os_error() == Some(libc::ELOOP) => ImageFileError::NotRegular { rel: rel.to_owned() },
+        _ => io_err(e),
+    })?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io_err)?;
+    if bytes.len() as u64 > limit {
+        return Err(ImageFileError::TooLarge { rel: rel.to_owned(), limit });
+    }
+    Ok(Some(bytes))
+}
+
 /// Image names as the OpenSandbox `image.uri` spells them: `name[:tag]`,
 /// with registry-style slashes. No whitespace or control characters.
 pub fn validate_name(name: &str) -> Result<(), ImageError> {
@@ -223,6 +278,10 @@ pub fn validate_name(name: &str) -> Result<(), ImageError> {
             "{name:?} is not a valid image name (use letters, digits and . _ - / : @, like python:3.11)"
         )))
     }
+}
+
+fn open_root(dir: &Path) -> Result<Root, ImageError> {
+    Root::open(dir).map_err(|e| err(format!("cannot open {}: {e}", dir.display())))
 }
 
 fn copy_tree(source: &Path, dest: &Path) -> Result<(), ImageError> {
@@ -241,144 +300,220 @@ fn copy_tree(source: &Path, dest: &Path) -> Result<(), ImageError> {
     }
 }
 
-/// Unpacks a tar archive (plain, or compressed as `tar` recognises); the tar
-/// crate refuses entries that would land outside `dest`.
-fn unpack(source: &Path, dest: &Path) -> Result<(), ImageError> {
-    let file = fs::File::open(source).map_err(|e| err(format!("cannot open {}: {e}", source.display())))?;
+/// How a tar archive is compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compression {
+    None,
+    Gzip,
+}
+
+/// Reads `file` as a tar archive in `compression`.
+fn decompressed<'a>(file: impl Read + 'a, compression: Compression) -> Box<dyn Read + 'a> {
+    match compression {
+        Compression::None => Box::new(file),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
+    }
+}
+
+/// A tar archive given whole (plain or gzip): unpacked by [`crate::layers`],
+/// the same code as every OCI layer.
+fn unpack(source: &Path, dest: &Root, report: &mut Unpacked) -> Result<(), ImageError> {
+    let open = || fs::File::open(source).map_err(|e| err(format!("cannot open {}: {e}", source.display())));
     let mut magic = [0u8; 6];
-    let compressed = {
-        use std::io::Read;
-        let n = (&file).read(&mut magic).unwrap_or(0);
-        n >= 2
-            && (magic.starts_with(&[0x1f, 0x8b])
-                || magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z'])
-                || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]))
-    };
-    if compressed {
-        return untar_with_tool(source, dest);
-    }
-    let file = fs::File::open(source).map_err(|e| err(format!("cannot open {}: {e}", source.display())))?;
-    let mut archive = tar::Archive::new(file);
-    archive.set_preserve_permissions(true);
-    archive.set_overwrite(true);
-    archive.unpack(dest).map_err(|e| err(format!("{} is not a usable tar archive: {e}", source.display())))
-}
-
-fn untar_with_tool(source: &Path, dest: &Path) -> Result<(), ImageError> {
-    let status = Command::new("tar")
-        .args(["--no-same-owner", "--delay-directory-restore", "-xf"])
-        .arg(source)
-        .arg("-C")
-        .arg(dest)
-        .status()
-        .map_err(|e| err(format!("cannot run tar: {e}")))?;
-    if status.success() {
-        Ok(())
+    let n = open()?.read(&mut magic).unwrap_or(0);
+    let compression = if n >= 2 && magic.starts_with(&[0x1f, 0x8b]) {
+        Compression::Gzip
+    } else if magic.starts_with(&[0xfd, b'7', b'z', b'X', b'Z'])
+        || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+    {
+        return Err(err(format!(
+            "{} is xz or zstd compressed; decompress it (or gzip it) and import the result",
+            source.display()
+        )));
     } else {
-        Err(err(format!("unpacking {} failed ({status})", source.display())))
+        Compression::None
+    };
+    layers::extract(dest, decompressed(open()?, compression), report)
+        .map_err(|e| err(format!("{} cannot be imported: {e}", source.display())))
+}
+
+/// The largest index, manifest or config JSON an import reads.
+const MAX_JSON_BLOB: u64 = 4 << 20;
+
+/// A digest being computed over a blob's bytes as they are read.
+enum Hasher {
+    Sha256(sha2::Sha256),
+    Sha512(sha2::Sha512),
+}
+
+impl Hasher {
+    fn update(&mut self, bytes: &[u8]) {
+        use sha2::Digest;
+        match self {
+            Self::Sha256(h) => h.update(bytes),
+            Self::Sha512(h) => h.update(bytes),
+        }
+    }
+    fn hex(self) -> String {
+        use sha2::Digest;
+        let bytes = match self {
+            Self::Sha256(h) => h.finalize().to_vec(),
+            Self::Sha512(h) => h.finalize().to_vec(),
+        };
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 
-/// An OCI image layout: `index.json` → the (first linux/amd64 or only)
-/// manifest → its layers in order, applying `.wh.` whiteouts.
-fn import_oci(layout: &Path, dest: &Path) -> Result<(), ImageError> {
-    let read_json = |path: PathBuf| -> Result<serde_json::Value, ImageError> {
-        let bytes = fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
-        serde_json::from_slice(&bytes).map_err(|e| err(format!("{} is not JSON: {e}", path.display())))
-    };
-    let blob = |digest: &str| -> Result<PathBuf, ImageError> {
-        let (algo, hex) = digest.split_once(':').ok_or_else(|| err(format!("bad digest {digest:?}")))?;
-        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) || algo.contains('/') {
-            return Err(err(format!("bad digest {digest:?}")));
+/// Reads through to `inner`, hashing and counting every byte.
+struct Hashing<R> {
+    inner: R,
+    hasher: Hasher,
+    read: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// One blob of an OCI layout, checked against its descriptor.
+struct Blob<'a> {
+    layout: &'a Root,
+    descriptor: &'a Descriptor,
+}
+
+impl Blob<'_> {
+    fn name(&self) -> String {
+        self.descriptor.digest().to_string()
+    }
+
+    /// `blobs/<algorithm>/<hex>`, for an algorithm the import can verify.
+    fn open(&self) -> Result<(fs::File, Hasher), ImageError> {
+        let digest = self.descriptor.digest();
+        let hasher = match digest.algorithm() {
+            DigestAlgorithm::Sha256 => Hasher::Sha256(Default::default()),
+            DigestAlgorithm::Sha512 => Hasher::Sha512(Default::default()),
+            other => return Err(err(format!("blob {digest}: digest algorithm {other} cannot be verified"))),
+        };
+        let hex = digest.digest();
+        let rel = PathBuf::from("blobs").join(digest.algorithm().as_ref()).join(hex);
+        let file = self
+            .layout
+            .open_file(&rel)
+            .map_err(|e| err(format!("blob {digest}: cannot open {} ({e})", rel.display())))?;
+        let len = file.metadata().map_err(|e| err(format!("blob {digest}: {e}")))?.len();
+        if len != self.descriptor.size() {
+            return Err(err(format!(
+                "blob {digest} holds {len} bytes, not the {} its descriptor says; refusing the image",
+                self.descriptor.size()
+            )));
         }
-        Ok(layout.join("blobs").join(algo).join(hex))
-    };
-    let index = read_json(layout.join("index.json"))?;
-    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
-    let mut chosen = manifests
-        .iter()
-        .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
-        .or_else(|| manifests.first())
-        .cloned()
-        .ok_or_else(|| err(format!("{} lists no manifest", layout.join("index.json").display())))?;
+        Ok((file, hasher))
+    }
+
+    /// Fails unless what was read is the blob its descriptor names.
+    fn verify<R: Read>(&self, mut hashing: Hashing<R>) -> Result<(), ImageError> {
+        io::copy(&mut hashing, &mut io::sink()).map_err(|e| err(format!("blob {}: {e}", self.name())))?;
+        let (read, hex) = (hashing.read, hashing.hasher.hex());
+        if read != self.descriptor.size() || hex != self.descriptor.digest().digest() {
+            return Err(err(format!(
+                "blob {} does not match its digest (its {read} bytes hash to {}:{hex}); refusing the image",
+                self.name(),
+                self.descriptor.digest().algorithm()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The whole (small) blob, verified.
+    fn bytes(&self, limit: u64) -> Result<Vec<u8>, ImageError> {
+        if self.descriptor.size() > limit {
+            return Err(err(format!("blob {} is over {limit} bytes; refusing the image", self.name())));
+        }
+        let (file, hasher) = self.open()?;
+        let mut hashing = Hashing { inner: file, hasher, read: 0 };
+        let mut bytes = Vec::new();
+        (&mut hashing)
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(|e| err(format!("blob {}: {e}", self.name())))?;
+        self.verify(hashing)?;
+        Ok(bytes)
+    }
+
+    /// Reads the whole blob through `use_it` (as a layer, decompressed),
+    /// then checks every byte of it against the digest.
+    fn read_through(
+        &self,
+        compression: Compression,
+        use_it: impl FnOnce(&mut dyn Read) -> Result<(), layers::LayerError>,
+    ) -> Result<(), ImageError> {
+        let (file, hasher) = self.open()?;
+        let mut hashing = Hashing { inner: file, hasher, read: 0 };
+        let used = use_it(&mut decompressed(&mut hashing, compression));
+        // A mismatch says more than what it made the unpacking do.
+        self.verify(hashing)?;
+        used.map_err(|e| err(format!("layer {}: {e}", self.name())))
+    }
+}
+
+/// The descriptor of the linux/amd64 image in `manifests`, or the only one.
+fn choose(manifests: &[Descriptor], what: &str) -> Result<Descriptor, ImageError> {
+    let amd64 = manifests.iter().find(|m| {
+        m.platform().as_ref().is_some_and(|p| *p.architecture() == Arch::Amd64 && *p.os() == Os::Linux)
+    });
+    amd64.or(manifests.first()).cloned().ok_or_else(|| err(format!("{what} lists no manifest")))
+}
+
+/// An OCI image layout: `index.json` → the (linux/amd64 or only) manifest →
+/// its config and layers, every blob checked against its descriptor's size
+/// and digest; each layer's whiteouts, then its entries, unpacked by
+/// [`crate::layers`]. Gzip and plain tar layers; zstd is refused.
+fn import_oci(layout: &Path, dest: &Root, report: &mut Unpacked) -> Result<(), ImageError> {
+    let root = Root::open(layout).map_err(|e| err(format!("cannot open {}: {e}", layout.display())))?;
+    let index_json = read_image_file(layout, Path::new("index.json"), MAX_JSON_BLOB)
+        .map_err(|e| err(e.to_string()))?
+        .ok_or_else(|| err(format!("{} has no index.json", layout.display())))?;
+    let index = ImageIndex::from_reader(&index_json[..])
+        .map_err(|e| err(format!("{}/index.json is not an OCI image index: {e}", layout.display())))?;
+    let mut chosen = choose(index.manifests(), "index.json")?;
     // An index may point at a nested index (multi-platform images).
     for _ in 0..2 {
-        let media = chosen["mediaType"].as_str().unwrap_or("");
-        if !media.contains("index") {
+        if *chosen.media_type() != MediaType::ImageIndex {
             break;
         }
-        let nested = read_json(blob(chosen["digest"].as_str().unwrap_or(""))?)?;
-        let list = nested["manifests"].as_array().cloned().unwrap_or_default();
-        chosen = list
-            .iter()
-            .find(|m| m["platform"]["architecture"] == "amd64" && m["platform"]["os"] == "linux")
-            .or_else(|| list.first())
-            .cloned()
-            .ok_or_else(|| err("a nested image index lists no manifest"))?;
+        let nested = Blob { layout: &root, descriptor: &chosen }.bytes(MAX_JSON_BLOB)?;
+        let nested = ImageIndex::from_reader(&nested[..])
+            .map_err(|e| err(format!("blob {} is not an image index: {e}", chosen.digest())))?;
+        chosen = choose(nested.manifests(), "a nested image index")?;
     }
-    let manifest = read_json(blob(chosen["digest"].as_str().unwrap_or(""))?)?;
-    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
-    if layers.is_empty() {
+    let manifest = Blob { layout: &root, descriptor: &chosen }.bytes(MAX_JSON_BLOB)?;
+    let manifest = ImageManifest::from_reader(&manifest[..])
+        .map_err(|e| err(format!("blob {} is not an image manifest: {e}", chosen.digest())))?;
+    Blob { layout: &root, descriptor: manifest.config() }.bytes(MAX_JSON_BLOB)?;
+    if manifest.layers().is_empty() {
         return Err(err("the image manifest has no layers"));
     }
-    for layer in layers {
-        let path = blob(layer["digest"].as_str().unwrap_or(""))?;
-        let scratch = dest.with_extension("layer");
-        let _ = fs::remove_dir_all(&scratch);
-        fs::create_dir_all(&scratch).map_err(|e| err(e.to_string()))?;
-        untar_with_tool(&path, &scratch)?;
-        apply_layer(&scratch, dest).map_err(|e| err(format!("applying layer {}: {e}", path.display())))?;
-        let _ = fs::remove_dir_all(&scratch);
+    for layer in manifest.layers() {
+        let blob = Blob { layout: &root, descriptor: layer };
+        let media = layer.media_type().to_string();
+        let compression = if media.ends_with("tar+gzip") || media.ends_with("tar.gzip") {
+            Compression::Gzip
+        } else if media.ends_with("tar") {
+            Compression::None
+        } else {
+            return Err(err(format!("layer {}: media type {media} is not a tar or gzip layer", blob.name())));
+        };
+        // Two verified passes: the whiteouts against the lower layers, then
+        // the entries.
+        blob.read_through(compression, |r| layers::apply_whiteouts(dest, r))?;
+        blob.read_through(compression, |r| layers::extract(dest, r, report))?;
     }
     Ok(())
-}
-
-/// Moves one unpacked layer onto `dest`: `.wh.NAME` deletes NAME,
-/// `.wh..wh..opq` empties the directory first.
-fn apply_layer(layer: &Path, dest: &Path) -> io::Result<()> {
-    fn walk(layer: &Path, dest: &Path) -> io::Result<()> {
-        if layer.join(".wh..wh..opq").exists() {
-            if let Ok(entries) = fs::read_dir(dest) {
-                for e in entries.flatten() {
-                    remove(&e.path())?;
-                }
-            }
-        }
-        for entry in fs::read_dir(layer)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let name_s = name.to_string_lossy();
-            if name_s == ".wh..wh..opq" {
-                continue;
-            }
-            if let Some(deleted) = name_s.strip_prefix(".wh.") {
-                let _ = remove(&dest.join(deleted));
-                continue;
-            }
-            let (from, to) = (entry.path(), dest.join(&name));
-            let meta = fs::symlink_metadata(&from)?;
-            let existing = fs::symlink_metadata(&to).ok();
-            if meta.is_dir() && existing.as_ref().is_some_and(|m| m.is_dir()) {
-                walk(&from, &to)?;
-                fs::set_permissions(&to, meta.permissions())?;
-            } else {
-                if existing.is_some() {
-                    remove(&to)?;
-                }
-                fs::rename(&from, &to)?;
-            }
-        }
-        Ok(())
-    }
-    fn remove(path: &Path) -> io::Result<()> {
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-            Ok(_) => fs::remove_file(path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-    walk(layer, dest)
 }
 
 fn tree_size(root: &Path) -> (u64, u64) {
@@ -430,5 +565,120 @@ mod tests {
         assert_eq!(names, ["app:1", "app:2"]);
         assert!(validate_name("a b").is_err());
         assert!(validate_name("../x").is_err());
+    }
+
+    #[test]
+    fn image_files_are_read_only_when_regular_beneath_the_root_and_bounded() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc");
+        fs::create_dir_all(&etc).unwrap();
+        fs::write(etc.join("passwd"), b"root:x:0:0::/root:/bin/sh\n").unwrap();
+        let read = |rel: &str| read_image_file(root.path(), Path::new(rel), 64);
+        assert_eq!(read("etc/passwd").unwrap().unwrap(), b"root:x:0:0::/root:/bin/sh\n");
+        assert!(read("etc/missing").unwrap().is_none());
+        // A FIFO would block the reading thread forever: refused at once.
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            etc.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        assert!(matches!(read("etc/fifo"), Err(ImageFileError::NotRegular { .. })));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // A link to a device (or any host file) is never followed.
+        std::os::unix::fs::symlink("/dev/zero", etc.join("zero")).unwrap();
+        assert!(matches!(read("etc/zero"), Err(ImageFileError::NotRegular { .. })));
+        std::os::unix::fs::symlink("/etc", root.path().join("host-etc")).unwrap();
+        assert!(read("host-etc/passwd").unwrap().is_none(), "a symlinked directory is not walked");
+        fs::write(etc.join("big"), vec![b'x'; 65]).unwrap();
+        assert!(matches!(read("etc/big"), Err(ImageFileError::TooLarge { limit: 64, .. })));
+    }
+
+    /// Writes `bytes` as a blob of `layout`; returns its descriptor.
+    fn blob(layout: &Path, media: &str, bytes: &[u8]) -> serde_json::Value {
+        use sha2::Digest;
+        let hex: String = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+        fs::write(layout.join("blobs/sha256").join(&hex), bytes).unwrap();
+        serde_json::json!({ "mediaType": media, "digest": format!("sha256:{hex}"), "size": bytes.len() })
+    }
+
+    /// An OCI layout of `layers` (gzip), its index naming the manifest.
+    fn layout(dir: &Path, layers: &[Vec<u8>]) -> Vec<serde_json::Value> {
+        use std::io::Write;
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        let config = blob(
+            dir,
+            "application/vnd.oci.image.config.v1+json",
+            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#,
+        );
+        let descriptors: Vec<_> = layers
+            .iter()
+            .map(|tar| {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                gz.write_all(tar).unwrap();
+                blob(dir, "application/vnd.oci.image.layer.v1.tar+gzip", &gz.finish().unwrap())
+            })
+            .collect();
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": config,
+            "layers": descriptors,
+        });
+        let manifest =
+            blob(dir, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
+        let index = serde_json::json!({ "schemaVersion": 2, "manifests": [manifest] });
+        fs::write(dir.join("index.json"), index.to_string()).unwrap();
+        descriptors
+    }
+
+    #[test]
+    fn an_oci_import_verifies_every_blob_and_applies_whiteouts() {
+        use crate::layers::tests::{archive, E};
+        let home = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(&pvisor_core::store::Store::open(home.path().join("state")).unwrap());
+        let base = archive(&[E::Dir("bin"), E::File("bin/sh", b"sh", 0o755), E::File("gone", b"x", 0o644)]);
+        let top = archive(&[E::File(".wh.gone", b"", 0o644), E::File("bin/su", b"su", 0o4755)]);
+        let good = home.path().join("good");
+        layout(&good, &[base.clone(), top.clone()]);
+        let record = store.import("ok", &good).unwrap();
+        assert_eq!(record.kind, "oci-layout");
+        let rootfs = store.rootfs("ok").unwrap();
+        assert!(rootfs.join("bin/sh").is_file() && !rootfs.join("gone").exists());
+        assert_eq!(record.left_out.setid_bits_dropped, ["bin/su"]);
+
+        // A layer stored under the digest of other bytes: refused, naming the blob.
+        let bad = home.path().join("bad");
+        let layers = layout(&bad, &[base.clone(), top]);
+        let digest = layers[1]["digest"].as_str().unwrap().to_owned();
+        let path = bad.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+        let mut other = fs::read(&path).unwrap();
+        let last = other.len() - 1;
+        other[last] ^= 0xff;
+        fs::write(&path, &other).unwrap();
+        let e = store.import("bad", &bad).unwrap_err();
+        assert!(e.0.contains(&digest) && e.0.contains("does not match its digest"), "{e}");
+        assert!(store.rootfs("bad").is_none(), "nothing of it was published");
+        // A size that disagrees with the descriptor.
+        fs::write(&path, b"short").unwrap();
+        let e = store.import("bad", &bad).unwrap_err();
+        assert!(e.0.contains(&digest) && e.0.contains("5 bytes"), "{e}");
+
+        // A manifest whose bytes changed after its digest was taken.
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(good.join("index.json")).unwrap()).unwrap();
+        let manifest =
+            index["manifests"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_owned();
+        let path = good.join("blobs/sha256").join(&manifest);
+        let text = fs::read_to_string(&path).unwrap().replace("schemaVersion\":2", "schemaVersion\": 2");
+        let truncated = &text[..text.len() - 1];
+        fs::write(&path, format!("{truncated} ")).unwrap();
+        let e = store.import("bad", &good).unwrap_err();
+        assert!(e.0.contains(&manifest), "{e}");
     }
 }

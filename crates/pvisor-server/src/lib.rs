@@ -5,7 +5,9 @@
 //!   sandbox is a vm Job with its own supervisor process).
 //! - [`lifecycle`] and [`execd`]: the two APIs; [`handle`] is the one router,
 //!   so tests drive it without a socket.
-//! - [`images`]: the named root filesystems sandboxes boot.
+//! - [`images`]: the named root filesystems sandboxes boot; [`layers`]
+//!   unpacks their archives on the host.
+//! - [`conns`]: which client connections are held, and for how long.
 //! - [`guest_link`]: the one place the daemon calls into a live VM.
 //! - [`supervisor`]: the per-sandbox supervisor process (`pvisor
 //!   sandbox-supervisor`); [`logging`]: stderr diagnostics of both.
@@ -15,11 +17,13 @@
 //! `X-EXECD-ACCESS-TOKEN` header); `GET /health` without auth.
 
 mod code_contexts;
+pub mod conns;
 mod egress_policy;
 pub mod execd;
 pub mod guest_link;
 pub mod http;
 pub mod images;
+pub mod layers;
 pub mod lifecycle;
 mod lines;
 pub mod logging;
@@ -204,6 +208,8 @@ pub struct ServeOptions {
     /// The built-in images found built (name → rootfs): `default` is
     /// imported at start when newer, the others when first asked for.
     pub built_in_images: Vec<(String, PathBuf)>,
+    /// Overrides the connection limit the descriptor limit allows.
+    pub max_connections: Option<usize>,
 }
 
 /// Why `pvisor serve` could not start, or stopped with an error.
@@ -257,14 +263,24 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     daemon.recover();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api_key = options.api_key.map(Arc::new);
+    let mut limits = conns::Limits::for_descriptors(conns::nofile());
+    if let Some(max) = options.max_connections {
+        limits = limits.with_max_connections(max);
+    }
+    let admission = conns::Admission::new(limits);
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         tracing::info!(
             "listening on http://{} ({} sandboxes on record{})",
             listener.local_addr()?,
             daemon.list().len(),
-            if api_key.is_some() { "; OPEN-SANDBOX-API-KEY required" } else { "; no API key (loopback only)" }
+            if api_key.is_some() {
+                "; OPEN-SANDBOX-API-KEY required"
+            } else {
+                "; no API key (loopback only)"
+            }
         );
+        tracing::info!(limits = ?admission.limits(), "connection limits");
         // Its own thread: expiry must go on however busy the request workers are.
         let stop_expiry = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
@@ -280,19 +296,22 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         loop {
             tokio::select! {
-                accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
-                    let (daemon, api_key) = (daemon.clone(), api_key.clone());
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req| {
-                            let (daemon, api_key) = (daemon.clone(), api_key.clone());
-                            async move { Ok::<_, std::convert::Infallible>(handle(daemon, api_key, req).await) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
+                // Room first, then accept: at the limit, connections wait in
+                // the listen backlog rather than being accepted and dropped.
+                accepted = async { admission.room().await; listener.accept().await } => match accepted {
+                    Ok((stream, peer)) => match admission.admit(peer.ip()) {
+                        Some(ticket) => {
+                            tokio::spawn(serve_connection(stream, ticket, daemon.clone(), api_key.clone()));
+                        }
+                        // Every connection in the way is busy: this one is closed.
+                        None => drop(stream),
+                    },
+                    Err(e) if conns::accept_starved(&e) => {
+                        tracing::warn!("cannot accept a connection ({e}); backing off");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(_) => {}
+                },
                 _ = term.recv() => break,
                 _ = int.recv() => break,
             }
@@ -307,6 +326,36 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     // the daemon from exiting.
     runtime.shutdown_timeout(Duration::from_secs(5));
     result
+}
+
+/// Serves one admitted connection until it closes, times out, or a newer
+/// connection takes its place (see [`conns`]).
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    ticket: conns::Ticket,
+    daemon: Arc<Daemon>,
+    api_key: Option<Arc<String>>,
+) {
+    let limits = ticket.admission_limits();
+    let evicted = ticket.evicted.clone();
+    let ticket = Arc::new(ticket);
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let (daemon, api_key) = (daemon.clone(), api_key.clone());
+        let busy = conns::Busy::new(&ticket);
+        let req = req.map(|b| conns::IdleBody::new(b, limits.body_idle_timeout));
+        async move {
+            let response = handle(daemon, api_key, req).await;
+            Ok::<_, std::convert::Infallible>(response.map(|b| conns::hold_busy(b, busy)))
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::select! {
+        _ = connection => {}
+        () = evicted.notified() => {}
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,9 @@ impl From<OpError> for ApiError {
             OpError::Conflict(m) => ApiError::conflict(m),
             OpError::Invalid(m) => ApiError::bad_request(m),
             OpError::Internal(m) => ApiError::internal(m),
+            OpError::DiskFull(m) => {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "INSUFFICIENT_STORAGE", m)
+            }
         }
     }
 }

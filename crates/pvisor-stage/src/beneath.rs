@@ -406,6 +406,45 @@ impl Root {
         renamed
     }
 
+    /// Creates the regular file `rel` anew for writing, with `bits` (less
+    /// the umask): whatever was there (a file, a symlink, a tree) is removed
+    /// first, and the new file is created with `O_EXCL | O_NOFOLLOW`, so
+    /// nothing that was at the name is written through.
+    pub fn create_file(&self, rel: &Path, bits: u32) -> io::Result<File> {
+        let (dir, name) = self.parent(rel)?;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(&*dir, name, flags, mode(bits)) {
+            Err(Errno::EXIST) => {
+                self.forget_parent();
+                remove_at(&*dir, name)?;
+                Ok(File::from(rustix::fs::openat(&*dir, name, flags, mode(bits))?))
+            }
+            other => Ok(File::from(other?)),
+        }
+    }
+
+    /// Makes `rel` a hard link to `target` (both beneath the root; neither
+    /// followed if a symlink), replacing what was at `rel`.
+    pub fn hard_link(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let (from_dir, from_name) = self.parent(target)?;
+        let (dir, name) = self.parent(rel)?;
+        match rustix::fs::linkat(&*from_dir, from_name, &*dir, name, AtFlags::empty()) {
+            Err(Errno::EXIST) => {
+                self.forget_parent();
+                remove_at(&*dir, name)?;
+                Ok(rustix::fs::linkat(&*from_dir, from_name, &*dir, name, AtFlags::empty())?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Sets the owner of `rel`, never following it if it is a symlink.
+    pub fn chown(&self, rel: &Path, uid: u32, gid: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let (uid, gid) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
+        Ok(rustix::fs::chownat(&*dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?)
+    }
+
     /// Lists the names in directory `rel` ("" for the root).
     pub fn list(&self, rel: &Path) -> io::Result<Vec<OsString>> {
         let parts = if rel.as_os_str().is_empty() { Vec::new() } else { components(rel)? };

@@ -144,6 +144,11 @@ pub struct ServeArgs {
     /// PVISOR_LOG; the default is `info` (one access line per request).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// The most client connections held open at once (at most a quarter of
+    /// one from a single address). Over it, a new connection takes the place
+    /// of the oldest idle one. Default: what the descriptor limit allows, up to 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(4..=65536))]
+    pub max_connections: Option<u32>,
 }
 
 /// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).

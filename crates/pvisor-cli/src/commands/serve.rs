@@ -43,6 +43,7 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
             log_level: args.log_level,
         },
         built_in_images,
+        max_connections: args.max_connections.map(|n| n as usize),
     })?;
     Ok(0)
 }

@@ -14,7 +14,8 @@ use serde_json::json;
 use pvisor_core::time::Timestamp;
 
 use super::events::{error_event, event, output_events, sse};
-use super::{blocking, guest_error, guest_link, in_image, Guest, Reply, CHUNK};
+use super::files::stream_range;
+use super::{blocking, guest_error, guest_link, in_image, FileOp, Guest, Reply};
 use crate::http::{self, json, ApiError, ApiResult};
 use crate::lines::Lines;
 use crate::sandbox::{command_env, CommandRecord, Daemon, SharedSignaller, GUEST_LOG_DIR};
@@ -309,7 +310,12 @@ pub(super) async fn command_status(guest: Guest, cmd: &str) -> ApiResult {
     .await
 }
 
-pub(super) async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) -> ApiResult {
+pub(super) async fn command_logs(
+    daemon: &Arc<Daemon>,
+    guest: Guest,
+    cmd: &str,
+    cursor: Option<&str>,
+) -> ApiResult {
     let record = command_of(&guest, cmd)?;
     if !record.background {
         return Err(ApiError::bad_request(format!(
@@ -325,24 +331,33 @@ pub(super) async fn command_logs(guest: Guest, cmd: &str, cursor: Option<&str>) 
         return Err(ApiError::bad_request(format!("error seek file: cursor {cursor} is negative")));
     }
     let cursor = cursor as u64;
-    blocking(move || {
-        let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
-        let mut bytes = Vec::new();
-        while (bytes.len() as u64) < MAX_LOG_BYTES {
-            match guest.read(&path, cursor + bytes.len() as u64, CHUNK) {
-                Ok(page) if page.is_empty() => break,
-                Ok(page) => bytes.extend_from_slice(&page),
-                Err(e) if e.status == StatusCode::NOT_FOUND => break,
-                Err(e) => return Err(e),
-            }
-        }
-        // The next cursor: where this read stopped (the end of the log, or
-        // the cursor itself when it is past the end).
-        let next = cursor + bytes.len() as u64;
-        let mut resp = Response::new(http::full(bytes));
-        resp.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
-        resp.headers_mut().insert("EXECD-COMMANDS-TAIL-CURSOR", next.to_string().parse().expect("ascii"));
-        Ok(resp)
+    let slot = daemon.stream_slot(&guest.record.id)?;
+    let name = format!("{}.log", record.exec_id);
+    // The log's length now fixes the response (and the next cursor); the
+    // bytes then stream a page at a time, so a guest that wrote a huge log
+    // costs the daemon one page per reader, not the log.
+    let (guest, size) = blocking(move || {
+        let op = FileOp::Stat { path: format!("/{name}").into() };
+        let size = match guest_link::file_op(&guest.link, std::path::Path::new(GUEST_LOG_DIR), op) {
+            Ok(Reply::Stat { stat }) => stat.size,
+            Ok(other) => return Err(ApiError::internal(format!("unexpected agent answer {other:?}"))),
+            Err(e) => match guest_error(e) {
+                e if e.status == StatusCode::NOT_FOUND => 0,
+                e => return Err(e),
+            },
+        };
+        Ok((guest, size))
     })
-    .await
+    .await?;
+    // The next cursor: where this read stops (the end of the log, or the
+    // cursor itself when it is past the end).
+    let end = size.min(cursor.saturating_add(MAX_LOG_BYTES)).max(cursor);
+    let path = PathBuf::from(format!("{GUEST_LOG_DIR}/{}.log", record.exec_id));
+    let body = stream_range(guest, path, cursor, end, slot);
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert("content-type", "text/plain; charset=utf-8".parse().expect("static"));
+    h.insert("content-length", (end - cursor).to_string().parse().expect("ascii"));
+    h.insert("EXECD-COMMANDS-TAIL-CURSOR", end.to_string().parse().expect("ascii"));
+    Ok(resp)
 }

@@ -3,7 +3,7 @@
 //! (bytes with a Range, or lines).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +13,10 @@ use serde_json::{json, Value};
 
 use pvisor_core::time::Timestamp;
 
-use super::{blocking, guest_link, octal_mode, EntryKind, FileOp, FileStat, Guest, CHUNK};
+use super::{blocking, octal_mode, EntryKind, FileOp, FileStat, Guest, CHUNK};
+use crate::http::Body;
 use crate::http::{self, ApiError, ApiResult};
-use crate::sandbox::Daemon;
+use crate::sandbox::{Daemon, StreamSlot};
 
 /// The most a line-based download (`offset`/`limit`) holds in memory.
 const MAX_LINE_READ: u64 = 16 << 20;
@@ -44,45 +45,69 @@ pub(super) fn file_info(display: &str, stat: &FileStat, names: &Names) -> Value 
 }
 
 /// User and group names of the image (its /etc/passwd and /etc/group).
+/// A table the host could not read safely (a FIFO, a device, a symlink,
+/// too large) is empty, and looking a name up in it is an error naming why.
 pub(super) struct Names {
-    users: BTreeMap<u32, String>,
-    groups: BTreeMap<u32, String>,
+    users: Table,
+    groups: Table,
+}
+
+/// One name table; `unreadable` says why it could not be read.
+struct Table {
+    names: BTreeMap<u32, String>,
+    unreadable: Option<String>,
+}
+
+/// The most of an image's /etc/passwd or /etc/group the daemon reads.
+const MAX_NAME_TABLE: u64 = 4 << 20;
+
+impl Table {
+    fn load(rootfs: &Path, file: &str) -> Self {
+        let (text, unreadable) = match crate::images::read_image_file(rootfs, Path::new(file), MAX_NAME_TABLE)
+        {
+            Ok(Some(bytes)) => (String::from_utf8_lossy(&bytes).into_owned(), None),
+            Ok(None) => (String::new(), None),
+            Err(e) => (String::new(), Some(e.to_string())),
+        };
+        let names = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                Some((f.get(2)?.parse().ok()?, (*f.first()?).to_owned()))
+            })
+            .collect();
+        Self { names, unreadable }
+    }
+
+    fn id(&self, what: &str, name: &str) -> Result<u32, ApiError> {
+        let found =
+            name.parse().ok().or_else(|| self.names.iter().find(|(_, n)| *n == name).map(|(id, _)| *id));
+        found.ok_or_else(|| match &self.unreadable {
+            Some(why) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "IMAGE_UNREADABLE",
+                format!("cannot look up the {what} {name:?}: {why}"),
+            ),
+            None => ApiError::bad_request(format!("no {what} {name:?} in the image")),
+        })
+    }
 }
 
 impl Names {
     pub(super) fn load(rootfs: &Path) -> Self {
-        let table = |file: &str| -> BTreeMap<u32, String> {
-            // Beneath the rootfs: an image's absolute symlink must not make
-            // the daemon read the host's own files.
-            guest_link::resolve_in_root(rootfs, Path::new(file), true)
-                .and_then(std::fs::read_to_string)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split(':').collect();
-                    Some((f.get(2)?.parse().ok()?, (*f.first()?).to_owned()))
-                })
-                .collect()
-        };
-        Self { users: table("etc/passwd"), groups: table("etc/group") }
+        Self { users: Table::load(rootfs, "etc/passwd"), groups: Table::load(rootfs, "etc/group") }
     }
     pub(super) fn user(&self, uid: u32) -> String {
-        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+        self.users.names.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
     }
     pub(super) fn group(&self, gid: u32) -> String {
-        self.groups.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+        self.groups.names.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
     }
     pub(super) fn uid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse()
-            .ok()
-            .or_else(|| self.users.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
-            .ok_or_else(|| ApiError::bad_request(format!("no user {name:?} in the image")))
+        self.users.id("user", name)
     }
     pub(super) fn gid(&self, name: &str) -> Result<u32, ApiError> {
-        name.parse()
-            .ok()
-            .or_else(|| self.groups.iter().find(|(_, n)| *n == name).map(|(id, _)| *id))
-            .ok_or_else(|| ApiError::bad_request(format!("no group {name:?} in the image")))
+        self.groups.id("group", name)
     }
 }
 
@@ -336,24 +361,7 @@ pub(super) async fn download(
             }
         },
     };
-    let (tx, body) = http::channel_body(4);
-    tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        let mut offset = start;
-        while offset < end {
-            let len = (end - offset).min(CHUNK);
-            match guest.read(&target, offset, len) {
-                Ok(bytes) if !bytes.is_empty() => {
-                    offset += bytes.len() as u64;
-                    if tx.blocking_send(Bytes::from(bytes)).is_err() {
-                        return;
-                    }
-                }
-                // Shrunk or unreadable mid-transfer: end the body short.
-                _ => return,
-            }
-        }
-    });
+    let body = stream_range(guest, target, start, end, slot);
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     let h = resp.headers_mut();
@@ -364,6 +372,36 @@ pub(super) async fn download(
         h.insert("content-range", format!("bytes {start}-{}/{size}", end - 1).parse().expect("ascii"));
     }
     Ok(resp)
+}
+
+/// Bytes a streamed read asks the guest for at once.
+const STREAM_PAGE: u64 = 1 << 20;
+/// Pages a streamed read holds ahead of a slow client.
+const STREAM_AHEAD: usize = 2;
+
+/// A body of the guest file `target` from `start` to `end`, read a page at
+/// a time as the client takes it: the daemon holds at most
+/// [`STREAM_AHEAD`] + 1 pages per body, however large the file and however
+/// slow the client. A file that shrinks or fails mid-way ends the body short.
+pub(super) fn stream_range(guest: Guest, target: PathBuf, start: u64, end: u64, slot: StreamSlot) -> Body {
+    let (tx, body) = http::channel_body(STREAM_AHEAD);
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        let mut offset = start;
+        while offset < end {
+            let len = (end - offset).min(STREAM_PAGE);
+            match guest.read(&target, offset, len) {
+                Ok(bytes) if !bytes.is_empty() => {
+                    offset += bytes.len() as u64;
+                    if tx.blocking_send(Bytes::from(bytes)).is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    });
+    body
 }
 
 #[cfg(test)]

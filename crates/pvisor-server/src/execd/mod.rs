@@ -237,7 +237,7 @@ where
                 interrupt(daemon, guest, &cmd).await
             }
             (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
-            (&Method::GET, ["command", cmd, "logs"]) => command_logs(guest, cmd, http::query_one(&q, "cursor")).await,
+            (&Method::GET, ["command", cmd, "logs"]) => command_logs(daemon, guest, cmd, http::query_one(&q, "cursor")).await,
             (&Method::GET, ["files", "info"]) => {
                 let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
                 if paths.is_empty() {
@@ -343,7 +343,15 @@ where
                     (Some(_), Some(_)) => Err(ApiError::bad_request(
                         "offset/limit (lines) and a Range header (bytes) are mutually exclusive; send one",
                     )),
-                    (Some(window), None) => blocking(move || read_lines(&guest, &path, window)).await,
+                    (Some(window), None) => {
+                        // Held whole (up to 16 MiB): one of the sandbox's streams.
+                        let slot = daemon.stream_slot(&guest.record.id)?;
+                        blocking(move || {
+                            let _slot = slot;
+                            read_lines(&guest, &path, window)
+                        })
+                        .await
+                    }
                     (None, range) => download(daemon, guest, path, range).await,
                 }
             }

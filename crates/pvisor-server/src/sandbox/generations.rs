@@ -121,7 +121,7 @@ impl Daemon {
                 // A supervisor that is still starting the VM must not finish
                 // the job for a sandbox recorded as failed.
                 let bind = self.bind_file(id);
-                if let Some(pid) = record.supervisor.filter(|pid| supervisor_alive(*pid, &bind)) {
+                if let Some(pid) = record.supervisor.filter(|pid| liveness(*pid, &bind) == Liveness::Alive) {
                     stop_supervisor(pid, &bind);
                 }
                 let record = self.get(id).unwrap_or(record);
@@ -208,9 +208,7 @@ impl Daemon {
     pub(super) fn watch(self: &Arc<Self>, id: &str, pid: u32) {
         let (daemon, id, bind) = (self.clone(), id.to_owned(), self.bind_file(id));
         std::thread::spawn(move || {
-            while supervisor_alive(pid, &bind) {
-                std::thread::sleep(Duration::from_millis(250));
-            }
+            wait_for_exit(pid, &bind);
             let Ok(record) = daemon.get(&id) else { return };
             // A pause, a delete or a later generation accounts for this exit.
             if record.supervisor != Some(pid) || record.state != SandboxState::Running {
@@ -330,23 +328,89 @@ impl Daemon {
     }
 }
 
+/// What the host can tell about a supervisor process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Liveness {
+    /// Running, and ours.
+    Alive,
+    /// Gone, a zombie, or some other process now holds the pid.
+    Dead,
+    /// `/proc` could not be read (out of descriptors or memory): no verdict.
+    Unknown,
+}
+
 /// Whether `pid` is still this sandbox's supervisor: alive (a zombie is
-/// not), and its command line names our bind file (pids are reused).
-pub(super) fn supervisor_alive(pid: u32, bind: &Path) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+/// not), and its command line names our bind file (pids are reused). Only
+/// a missing process is dead: a read that fails otherwise (EMFILE while
+/// clients hold every descriptor) is [`Liveness::Unknown`].
+pub(super) fn liveness(pid: u32, bind: &Path) -> Liveness {
+    let gone = |e: &std::io::Error| {
+        e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    };
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(e) if gone(&e) => return Liveness::Dead,
+        Err(_) => return Liveness::Unknown,
+    };
     // After the command name: "<state> <ppid> ...".
     let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
     let (state, ppid) = (fields.next().unwrap_or("Z"), fields.next().and_then(|p| p.parse::<u32>().ok()));
-    let alive = !stat.is_empty() && !state.starts_with('Z');
+    if stat.is_empty() || state.starts_with('Z') {
+        return Liveness::Dead;
+    }
     // A child of this daemon is ours even before it has exec'd (its cmdline
     // is still the daemon's then); after a daemon restart the supervisor is
     // recognised by the bind file on its command line.
-    let child = ppid == Some(std::process::id());
-    let ours = child
-        || fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|c| c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()))
-            .unwrap_or(false);
-    alive && ours
+    if ppid == Some(std::process::id()) {
+        return Liveness::Alive;
+    }
+    match fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(c) if c.split(|b| *b == 0).any(|arg| arg == bind.as_os_str().as_encoded_bytes()) => {
+            Liveness::Alive
+        }
+        Ok(_) => Liveness::Dead,
+        Err(e) if gone(&e) => Liveness::Dead,
+        Err(_) => Liveness::Unknown,
+    }
+}
+
+/// Whether `pid` may still be this sandbox's supervisor: only a definite
+/// "dead" is false, so a full descriptor table never ends a wait early.
+pub(super) fn supervisor_alive(pid: u32, bind: &Path) -> bool {
+    liveness(pid, bind) != Liveness::Dead
+}
+
+/// Blocks until the supervisor `pid` has exited. A pidfd (opened once,
+/// after the pid was seen to be ours, so it names that very process) turns
+/// readable at its exit: no descriptor is needed per check, and a reused pid
+/// cannot stand in for it. Without one (an old kernel, or no descriptor to
+/// spare yet) `/proc` is polled, and only a definite "dead" counts.
+fn wait_for_exit(pid: u32, bind: &Path) {
+    let mut pidfd = None;
+    loop {
+        if pidfd.is_none() {
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                pidfd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok();
+            }
+        }
+        // Checked after the pidfd is open: if the pid is ours now, the pidfd is ours.
+        match liveness(pid, bind) {
+            Liveness::Dead => return,
+            Liveness::Alive | Liveness::Unknown => {}
+        }
+        match &pidfd {
+            Some(fd) => {
+                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                let timeout = rustix::event::Timespec { tv_sec: 5, tv_nsec: 0 };
+                if let Ok(n) = rustix::event::poll(&mut fds, Some(&timeout)) {
+                    if n > 0 {
+                        return;
+                    }
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
 }
 
 /// Asks a supervisor to cancel its Job (SIGTERM: it still publishes a
@@ -370,7 +434,7 @@ pub(super) fn stop_supervisor(pid: u32, bind: &Path) {
 pub(super) fn find_supervisor(bind: &Path) -> Option<u32> {
     fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        supervisor_alive(pid, bind).then_some(pid)
+        (liveness(pid, bind) == Liveness::Alive).then_some(pid)
     })
 }
 
@@ -378,4 +442,26 @@ pub(super) fn tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(3).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_supervisor_is_seen_alive_until_it_exits_and_its_exit_is_noticed_at_once() {
+        let bind = Path::new("/nonexistent/sb-test.bind");
+        let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+        let pid = child.id();
+        assert_eq!(liveness(pid, bind), Liveness::Alive, "a child of the daemon is ours");
+        // Another process is never taken for a supervisor.
+        assert_eq!(liveness(1, bind), Liveness::Dead);
+        let started = Instant::now();
+        wait_for_exit(pid, bind);
+        // The pidfd turns readable at the exit (a zombie until reaped).
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        assert_eq!(liveness(pid, bind), Liveness::Dead);
+        child.wait().unwrap();
+        assert_eq!(liveness(pid, bind), Liveness::Dead);
+    }
 }

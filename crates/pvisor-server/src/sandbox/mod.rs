@@ -20,6 +20,7 @@ mod generations;
 mod operations;
 mod records;
 mod recovery;
+mod reserve;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -59,6 +60,9 @@ pub enum OpError {
     Invalid(String),
     #[error("{0}")]
     Internal(String),
+    /// The state directory's disk is full (answered 507).
+    #[error("{0}")]
+    DiskFull(String),
 }
 
 /// Why the daemon could not load its records.
@@ -105,6 +109,8 @@ pub struct Daemon {
     pub contexts: crate::code_contexts::Contexts,
     /// Open streams (foreground commands, downloads) per sandbox.
     streams: Mutex<HashMap<String, usize>>,
+    /// Space held back so that a sandbox can be ended on a full disk.
+    reserve: reserve::Reserve,
 }
 
 /// Streams one sandbox may hold open at once; each holds a worker thread.
@@ -153,6 +159,9 @@ impl Daemon {
             }
         }
         let images = ImageStore::new(&store).with_built_in(built_in_images);
+        let reserve =
+            reserve::Reserve::new(config.state_root.join("server").join("reserve"), reserve::RESERVE_BYTES);
+        reserve.ensure();
         Ok(Arc::new(Self {
             config,
             store,
@@ -163,6 +172,7 @@ impl Daemon {
             sessions: Mutex::default(),
             contexts: Mutex::default(),
             streams: Mutex::default(),
+            reserve,
         }))
     }
 
@@ -170,10 +180,29 @@ impl Daemon {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes the record. On a full disk, a record that ends the sandbox
+    /// (a delete, Stopping, Terminated, Failed) is written into the space the
+    /// reserve held back; anything else fails naming the disk.
     fn persist(&self, record: &SandboxRecord) -> Result<(), OpError> {
         let path = self.dir.join(format!("{}.json", record.id));
-        pvisor_core::store::write_atomic(&path, &pvisor_core::store::to_json_bytes(record))
-            .map_err(|e| OpError::Internal(format!("cannot write {}: {e}", path.display())))
+        let write = || pvisor_core::store::write_atomic(&path, &pvisor_core::store::to_json_bytes(record));
+        let Err(e) = write() else { return Ok(()) };
+        if !reserve::disk_full(&e) {
+            return Err(OpError::Internal(format!("cannot write {}: {e}", path.display())));
+        }
+        let ending = record.deleted
+            || matches!(
+                record.state,
+                SandboxState::Stopping | SandboxState::Terminated | SandboxState::Failed
+            );
+        if ending && self.reserve.release() && write().is_ok() {
+            return Ok(());
+        }
+        Err(OpError::DiskFull(format!(
+            "cannot write {}: {}; delete sandboxes (DELETE always works) or free space",
+            path.display(),
+            reserve::describe_disk(&self.config.state_root)
+        )))
     }
 
     pub fn get(&self, id: &str) -> Result<SandboxRecord, OpError> {

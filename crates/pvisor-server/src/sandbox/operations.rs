@@ -199,6 +199,11 @@ impl Daemon {
 
     pub(super) fn stop(&self, id: &str, reason: &str) {
         let Ok(record) = self.get(id) else { return };
+        // Killing the Job writes its receipt: on a (nearly) full disk, into
+        // the space held back for it.
+        if self.reserve.disk_low() {
+            self.reserve.release();
+        }
         let result = match &record.job {
             Some(job) => pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(15))
                 .map(|_| ())
@@ -214,6 +219,8 @@ impl Daemon {
             }
             Err(e) => self.finish(id, SandboxState::Failed, "stop_failed", &e),
         }
+        // Held back again for the next delete, if the room is there now.
+        self.reserve.ensure();
     }
 
     /// A terminated sandbox's disk: its staged writes are dropped (there is

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use crate::support::*;
 
 mod crash;
+mod hostile;
 mod sandboxes;
 mod sdk;
 
@@ -51,6 +52,8 @@ struct Daemon {
     port: u16,
     key: String,
     child: Option<Child>,
+    /// More `pvisor serve` arguments.
+    args: Vec<String>,
 }
 
 impl Daemon {
@@ -59,12 +62,22 @@ impl Daemon {
     }
 
     fn new_as(who: As) -> Self {
+        Self::with_args(who, &[])
+    }
+
+    fn with_args(who: As, args: &[&str]) -> Self {
+        Self::on_env(Env::new(who), args)
+    }
+
+    /// A daemon over `env`, prepared by the caller (its state directory on
+    /// a disk of its own, say).
+    fn on_env(env: Env, args: &[&str]) -> Self {
         assert!(vm_image().is_some(), "no guest image: run scripts/vm-image.sh");
-        let env = Env::new(who);
         let key = format!("test-key-{:016}-{}", std::process::id(), port_seed());
         fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut daemon = Self { env, port, key, child: None };
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut daemon = Self { env, port, key, child: None, args };
         daemon.start();
         daemon
     }
@@ -91,7 +104,11 @@ impl Daemon {
         };
         let mut cmd =
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
-        cmd.arg(&key_file).env("PVISOR_SANDBOX_IMAGE", image).stdout(log.try_clone().unwrap()).stderr(log);
+        cmd.arg(&key_file)
+            .args(&self.args)
+            .env("PVISOR_SANDBOX_IMAGE", image)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
         // As root the binary runs from a copy (support::bin), away from the
         // build tree where it would find the `python` image.
         let python = target_dir().join("sandbox-image-python/rootfs");

@@ -1,0 +1,409 @@
+//! Unpacking a tar archive (an OCI layer, or a rootfs tarball) into an
+//! image's rootfs on the host: the boundary between a hostile archive and
+//! the host's filesystem, with the one tar implementation the daemon uses
+//! (the `tar` crate).
+//!
+//! Every write is made through [`pvisor_stage::beneath::Root`]: beneath the
+//! rootfs, never following or writing through a symlink. An entry whose
+//! path is absolute, holds `..`, or passes through a symlink or a file is
+//! refused (the whole import fails). Device nodes, FIFOs and sockets are
+//! never created, and setuid/setgid bits are never set on the host: both
+//! are listed in the [`Unpacked`] report instead. Owners are kept when the
+//! importer is root (the guest's disk is built from these files with their
+//! owners, `mkfs.ext4 -d`); directories stay owner-writable so later layers
+//! can be applied.
+//!
+//! Whiteouts follow the OCI image spec: a layer's whiteouts are applied
+//! first, to what the lower layers left ([`apply_whiteouts`]), then its
+//! entries ([`extract`]), so a whiteout never removes a file of its own
+//! layer. `.wh..wh..opq` empties its directory, `.wh.NAME` removes NAME in
+//! the same directory, any other name starting `.wh.` (`.wh...`,
+//! `.wh..wh.x`) is refused, and whiteouts are never written as files.
+
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use pvisor_stage::beneath::{Kind, Root};
+use serde::{Deserialize, Serialize};
+
+/// What an import left out of the host's copy, for the record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unpacked {
+    /// Device nodes, FIFOs and sockets the archives held (not created).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub special_files_skipped: Vec<String>,
+    /// Files and directories whose setuid/setgid bits were dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setid_bits_dropped: Vec<String>,
+}
+
+/// Why an archive was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("the archive entry {path:?} would land outside the image root ({why})")]
+    Escapes { path: String, why: &'static str },
+    #[error("the archive entry {path:?} is a whiteout that names no entry of its directory; refused")]
+    BadWhiteout { path: String },
+    #[error("the archive entry {path:?} goes through {through:?}, which is not a directory (a symlink is never followed)")]
+    Through { path: String, through: String },
+    #[error("the archive is unreadable: {0}")]
+    Read(#[source] io::Error),
+    #[error("cannot unpack {path:?}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The entry's path relative to the root: `.` components dropped, `None`
+/// for the root itself; absolute paths and `..` refused.
+pub fn entry_path(raw: &Path) -> Result<Option<PathBuf>, LayerError> {
+    let escapes = |why| LayerError::Escapes { path: raw.display().to_string(), why };
+    let mut out = PathBuf::new();
+    for c in raw.components() {
+        match c {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(escapes("it holds `..`")),
+            Component::RootDir | Component::Prefix(_) => return Err(escapes("it is absolute")),
+        }
+    }
+    Ok((!out.as_os_str().is_empty()).then_some(out))
+}
+
+/// What a whiteout entry removes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Whiteout {
+    /// Everything the lower layers hold in this directory.
+    Opaque(PathBuf),
+    /// This one entry of the lower layers.
+    Remove(PathBuf),
+}
+
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
+const OPAQUE: &[u8] = b".wh..wh..opq";
+
+/// The whiteout `path` (already normalised) stands for, if it is one.
+pub fn whiteout(path: &Path) -> Result<Option<Whiteout>, LayerError> {
+    let Some(name) = path.file_name().map(OsStr::as_bytes) else { return Ok(None) };
+    if !name.starts_with(WHITEOUT_PREFIX) {
+        return Ok(None);
+    }
+    let dir = path.parent().unwrap_or(Path::new("")).to_owned();
+    if name == OPAQUE {
+        return Ok(Some(Whiteout::Opaque(dir)));
+    }
+    let target = &name[WHITEOUT_PREFIX.len()..];
+    // `.wh...` would name the parent, `.wh..` the directory itself; the
+    // `.wh.` prefix is reserved, so `.wh..wh.x` names nothing either.
+    if target.is_empty() || target == b"." || target == b".." || target.starts_with(WHITEOUT_PREFIX) {
+        return Err(LayerError::BadWhiteout { path: path.display().to_string() });
+    }
+    Ok(Some(Whiteout::Remove(dir.join(OsStr::from_bytes(target)))))
+}
+
+fn write_err(path: &Path) -> impl FnOnce(io::Error) -> LayerError + '_ {
+    move |source| LayerError::Write { path: path.display().to_string(), source }
+}
+
+/// Applies the whiteouts of one layer to what the lower layers left under
+/// `root`; the layer's other entries are read past.
+pub fn apply_whiteouts(root: &Root, archive: impl Read) -> Result<(), LayerError> {
+    let mut archive = tar::Archive::new(archive);
+    for entry in archive.entries().map_err(LayerError::Read)? {
+        let entry = entry.map_err(LayerError::Read)?;
+        let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { continue };
+        match whiteout(&path)? {
+            None => {}
+            Some(Whiteout::Remove(target)) => remove(root, &target).map_err(write_err(&target))?,
+            Some(Whiteout::Opaque(dir))
+                if dir.as_os_str().is_empty() || is_dir(root, &dir).map_err(write_err(&dir))? =>
+            {
+                for child in root.list(&dir).map_err(write_err(&dir))? {
+                    let child = dir.join(child);
+                    remove(root, &child).map_err(write_err(&child))?;
+                }
+            }
+            // An opaque directory the lower layers do not have: nothing to hide.
+            Some(Whiteout::Opaque(_)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Removes `rel` and what it holds; nothing there (or a symlink on the way,
+/// which a whiteout never reaches through) is nothing to do.
+fn remove(root: &Root, rel: &Path) -> io::Result<()> {
+    match root.remove_all(rel) {
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_dir(root: &Root, rel: &Path) -> io::Result<bool> {
+    Ok(root.stat(rel)?.is_some_and(|s| s.kind == Kind::Dir))
+}
+
+/// Unpacks one layer's entries (not its whiteouts) under `root`.
+pub fn extract(root: &Root, archive: impl Read, report: &mut Unpacked) -> Result<(), LayerError> {
+    // Owners are the image's own only when the importer may give them away.
+    let keep_owners = rustix::process::geteuid().is_root();
+    let mut archive = tar::Archive::new(archive);
+    for entry in archive.entries().map_err(LayerError::Read)? {
+        let mut entry = entry.map_err(LayerError::Read)?;
+        let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { continue };
+        if whiteout(&path)?.is_some() {
+            continue;
+        }
+        let header = entry.header();
+        let mode = header.mode().map_err(LayerError::Read)?;
+        let owner = (header.uid().map_err(LayerError::Read)?, header.gid().map_err(LayerError::Read)?);
+        let kind = header.entry_type();
+        let shown = || path.display().to_string();
+        if mode & 0o6000 != 0 && (kind.is_file() || kind.is_dir()) {
+            report.setid_bits_dropped.push(shown());
+        }
+        // No setuid/setgid on the host; the sticky bit (/tmp) is harmless.
+        let mode = mode & 0o1777;
+        parents(root, &path)?;
+        let w = write_err(&path);
+        match kind {
+            tar::EntryType::Directory => {
+                if !is_dir(root, &path).map_err(write_err(&path))? {
+                    root.remove_all(&path).map_err(write_err(&path))?;
+                }
+                root.mkdir(&path, mode | 0o700).map_err(w)?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                let mut file = root.create_file(&path, 0o600).map_err(write_err(&path))?;
+                io::copy(&mut entry, &mut file).map_err(write_err(&path))?;
+                if keep_owners {
+                    rustix::fs::fchown(
+                        &file,
+                        Some(rustix::fs::Uid::from_raw(owner.0 as u32)),
+                        Some(rustix::fs::Gid::from_raw(owner.1 as u32)),
+                    )
+                    .map_err(|e| write_err(&path)(e.into()))?;
+                }
+                rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| w(e.into()))?;
+                continue;
+            }
+            tar::EntryType::Symlink => {
+                let target = entry.link_name_bytes().ok_or_else(|| {
+                    LayerError::Read(io::Error::other(format!("the symlink {} has no target", shown())))
+                })?;
+                // Stored as written; the host never follows it.
+                root.write_symlink(&path, &target).map_err(w)?;
+            }
+            tar::EntryType::Link => {
+                let raw = entry.link_name().map_err(LayerError::Read)?.unwrap_or_default();
+                let target = entry_path(&raw)?.ok_or_else(|| LayerError::Escapes {
+                    path: shown(),
+                    why: "it is a hard link to the root",
+                })?;
+                root.hard_link(&target, &path).map_err(w)?;
+                continue;
+            }
+            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+                report.special_files_skipped.push(shown());
+                continue;
+            }
+            // Pax and GNU extension headers are read by the tar crate itself;
+            // anything else holds no file.
+            _ => continue,
+        }
+        if keep_owners {
+            root.chown(&path, owner.0 as u32, owner.1 as u32).map_err(write_err(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the missing directories above `path`; refuses a symlink or a
+/// file on the way (an entry is never written through one).
+fn parents(root: &Root, path: &Path) -> Result<(), LayerError> {
+    let mut dir = PathBuf::new();
+    let Some(parent) = path.parent() else { return Ok(()) };
+    for c in parent.components() {
+        dir.push(c);
+        match root.stat(&dir).map_err(write_err(&dir))? {
+            Some(s) if s.kind == Kind::Dir => {}
+            None => root.mkdir(&dir, 0o755).map_err(write_err(&dir))?,
+            Some(_) => {
+                return Err(LayerError::Through {
+                    path: path.display().to_string(),
+                    through: dir.display().to_string(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// One archive entry, its name written raw (the tar crate's own
+    /// builder refuses the hostile names these tests need).
+    pub(crate) enum E<'a> {
+        Dir(&'a str),
+        File(&'a str, &'a [u8], u32),
+        Symlink(&'a str, &'a str),
+        Link(&'a str, &'a str),
+        Special(&'a str, tar::EntryType),
+    }
+
+    pub(crate) fn archive(entries: &[E]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for e in entries {
+            let mut h = tar::Header::new_gnu();
+            let (name, kind, mode, data, link): (&str, _, u32, &[u8], Option<&str>) = match e {
+                E::Dir(n) => (n, tar::EntryType::Directory, 0o755, b"", None),
+                E::File(n, d, m) => (n, tar::EntryType::Regular, *m, d, None),
+                E::Symlink(n, t) => (n, tar::EntryType::Symlink, 0o777, b"", Some(t)),
+                E::Link(n, t) => (n, tar::EntryType::Link, 0o644, b"", Some(t)),
+                E::Special(n, k) => (n, *k, 0o644, b"", None),
+            };
+            let gnu = h.as_gnu_mut().unwrap();
+            gnu.name[..name.len()].copy_from_slice(name.as_bytes());
+            if let Some(t) = link {
+                gnu.linkname[..t.len()].copy_from_slice(t.as_bytes());
+            }
+            h.set_entry_type(kind);
+            h.set_mode(mode);
+            h.set_size(data.len() as u64);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// Applies one layer as an import does: its whiteouts, then its entries.
+    fn apply(root: &Path, entries: &[E]) -> Result<Unpacked, LayerError> {
+        let tar = archive(entries);
+        let r = Root::open(root).unwrap();
+        apply_whiteouts(&r, &tar[..])?;
+        let mut report = Unpacked::default();
+        extract(&r, &tar[..], &mut report)?;
+        Ok(report)
+    }
+
+    fn lower() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        apply(
+            dir.path(),
+            &[E::Dir("bin"), E::File("bin/sh", b"sh", 0o755), E::Dir("d"), E::File("d/a", b"a", 0o644)],
+        )
+        .unwrap();
+        fs::write(dir.path().join("d/b"), b"b").unwrap();
+        dir
+    }
+
+    #[test]
+    fn whiteouts_never_reach_outside_their_directory() {
+        let root = lower();
+        for bad in ["bin/.wh...", "bin/.wh..", "bin/.wh..wh.x", ".wh..."] {
+            let e = apply(root.path(), &[E::File(bad, b"", 0o644)]).unwrap_err();
+            assert!(matches!(e, LayerError::BadWhiteout { .. }), "{bad}: {e}");
+        }
+        assert!(root.path().join("bin/sh").is_file(), "the rootfs is intact");
+        assert!(root.path().join("d/a").is_file());
+    }
+
+    #[test]
+    fn opaque_and_plain_whiteouts_remove_only_lower_entries() {
+        let root = lower();
+        apply(
+            root.path(),
+            &[
+                E::File("d/c", b"c", 0o644),
+                E::File("d/.wh..wh..opq", b"", 0o644),
+                // Whited out, but brought back by this same layer.
+                E::File("bin/sh", b"new sh", 0o755),
+                E::File("bin/.wh.sh", b"", 0o644),
+            ],
+        )
+        .unwrap();
+        let names = |d: &str| {
+            let mut n: Vec<_> = fs::read_dir(root.path().join(d))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names("d"), ["c"], "the opaque directory keeps only this layer's entries");
+        assert_eq!(fs::read(root.path().join("bin/sh")).unwrap(), b"new sh");
+        apply(root.path(), &[E::File(".wh.bin", b"", 0o644)]).unwrap();
+        assert!(!root.path().join("bin").exists(), "a later layer's whiteout removes it");
+    }
+
+    #[test]
+    fn whiteouts_in_a_new_directory_are_never_literal_files() {
+        let root = lower();
+        apply(root.path(), &[E::Dir("new"), E::File("new/.wh.x", b"", 0o644), E::File("new/y", b"y", 0o644)])
+            .unwrap();
+        assert_eq!(fs::read_dir(root.path().join("new")).unwrap().count(), 1);
+        assert!(root.path().join("new/y").is_file());
+    }
+
+    #[test]
+    fn entries_that_escape_the_root_are_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let inner = root.path().join("r");
+        fs::create_dir(&inner).unwrap();
+        for bad in ["../escaped", "a/../../escaped", "/escaped"] {
+            let e = apply(&inner, &[E::File(bad, b"x", 0o644)]).unwrap_err();
+            assert!(matches!(e, LayerError::Escapes { .. }), "{bad}: {e}");
+        }
+        assert!(!root.path().join("escaped").exists());
+        // A symlink, then an entry written through it.
+        let target = outside.path().to_str().unwrap();
+        let e = apply(&inner, &[E::Symlink("evil", target), E::File("evil/pwned", b"x", 0o644)]).unwrap_err();
+        assert!(matches!(e, LayerError::Through { .. }), "{e}");
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0, "nothing was written outside");
+        // A symlink over an existing file is replaced, never written through.
+        fs::write(outside.path().join("host"), b"host").unwrap();
+        let host = outside.path().join("host");
+        apply(&inner, &[E::Symlink("f", host.to_str().unwrap()), E::File("f", b"mine", 0o644)]).unwrap();
+        assert_eq!(fs::read(&host).unwrap(), b"host");
+        assert_eq!(fs::read(inner.join("f")).unwrap(), b"mine");
+        let e = apply(&inner, &[E::Link("l", "../x")]).unwrap_err();
+        assert!(matches!(e, LayerError::Escapes { .. }), "{e}");
+    }
+
+    #[test]
+    fn setuid_bits_and_device_nodes_are_never_created_on_the_host() {
+        let root = tempfile::tempdir().unwrap();
+        let report = apply(
+            root.path(),
+            &[
+                E::File("su", b"#!", 0o4755),
+                E::File("wall", b"#!", 0o2755),
+                E::Special("dev-sda", tar::EntryType::Block),
+                E::Special("null", tar::EntryType::Char),
+                E::Special("fifo", tar::EntryType::Fifo),
+                E::Link("su-again", "su"),
+            ],
+        )
+        .unwrap();
+        for f in ["su", "wall", "su-again"] {
+            let mode = fs::metadata(root.path().join(f)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o7777, 0o755, "{f}: {mode:o}");
+        }
+        for f in ["dev-sda", "null", "fifo"] {
+            assert!(fs::symlink_metadata(root.path().join(f)).is_err(), "{f} was created");
+        }
+        assert_eq!(report.setid_bits_dropped, ["su", "wall"]);
+        assert_eq!(report.special_files_skipped, ["dev-sda", "null", "fifo"]);
+    }
+}
