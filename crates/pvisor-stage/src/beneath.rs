@@ -438,13 +438,6 @@ impl Root {
         }
     }
 
-    /// Sets the owner of `rel`, never following it if it is a symlink.
-    pub fn chown(&self, rel: &Path, uid: u32, gid: u32) -> io::Result<()> {
-        let (dir, name) = self.parent(rel)?;
-        let (uid, gid) = (rustix::fs::Uid::from_raw(uid), rustix::fs::Gid::from_raw(gid));
-        Ok(rustix::fs::chownat(&*dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?)
-    }
-
     /// Lists the names in directory `rel` ("" for the root).
     pub fn list(&self, rel: &Path) -> io::Result<Vec<OsString>> {
         let parts = if rel.as_os_str().is_empty() { Vec::new() } else { components(rel)? };
