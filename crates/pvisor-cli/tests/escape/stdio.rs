@@ -255,3 +255,46 @@ fn a_relayed_stdin_file_is_left_where_the_command_stopped_reading() {
         text(&out.stderr)
     );
 }
+
+/// pvisor's peak RSS (KiB) over a run whose stdout is a terminal it does
+/// not own (stdin is /dev/null), the command printing `script`.
+fn peak_rss_of_a_sanitised_run(env: &Env, script: &str) -> (u64, String) {
+    std::fs::write(env.ws.join("probe.sh"), script).unwrap();
+    let measure = format!(
+        "import resource, subprocess\n\
+         subprocess.run(['{}', 'run', '-q', '--', 'sh', 'probe.sh'], stdin=subprocess.DEVNULL)\n\
+         print('PEAK-RSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+        bin()
+    );
+    let as_user =
+        if env.who == As::Rootless { "setpriv --reuid 4242 --regid 4242 --clear-groups" } else { "" };
+    let home = env.home.display();
+    let out = env.under_terminal(&format!("{as_user} env PVISOR_HOME={home} python3 -c \"{measure}\""));
+    let shown = text(&out.stdout);
+    let peak = shown.split("PEAK-RSS ").nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok());
+    (peak.unwrap_or_else(|| panic!("no measurement: {shown:?}")), shown)
+}
+
+/// An OSC string that never ends (`ESC ]` then megabytes) on a terminal the
+/// command does not own: the sanitiser drops it without holding it, so
+/// pvisor's memory does not grow with what the command prints.
+fn an_endless_terminal_string_does_not_grow_pvisors_memory(who: As) {
+    let env = Env::new(who);
+    let (small, _) = peak_rss_of_a_sanitised_run(&env, "printf '\\033]0;x\\007SMALL-DONE\\n'");
+    let (endless, shown) = peak_rss_of_a_sanitised_run(
+        &env,
+        "printf '\\033]0;'; head -c 8000000 /dev/zero | tr '\\0' a; printf '\\007PROBE-RAN\\n'",
+    );
+    assert!(shown.contains("PROBE-RAN") && !shown.contains("aaaa"), "{shown:?}");
+    assert!(endless < small + 4096, "pvisor held the string: {small} KiB, then {endless} KiB");
+}
+
+#[test]
+fn an_endless_terminal_string_does_not_grow_pvisors_memory_as_root() {
+    an_endless_terminal_string_does_not_grow_pvisors_memory(As::Root);
+}
+
+#[test]
+fn an_endless_terminal_string_does_not_grow_pvisors_memory_rootless() {
+    an_endless_terminal_string_does_not_grow_pvisors_memory(As::Rootless);
+}
