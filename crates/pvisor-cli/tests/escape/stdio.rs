@@ -298,3 +298,58 @@ fn an_endless_terminal_string_does_not_grow_pvisors_memory_as_root() {
 fn an_endless_terminal_string_does_not_grow_pvisors_memory_rootless() {
     an_endless_terminal_string_does_not_grow_pvisors_memory(As::Rootless);
 }
+
+/// stdout on a FIFO nobody reads (held open, so writes block rather than
+/// fail): its relay must not hold a cancelled run open. pvisor forwards
+/// SIGTERM, the command dies of it, and pvisor ends within its kill grace,
+/// with the signal as its exit status, as when the command held the FIFO.
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(who: As) {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let env = Env::new(who);
+    let fifo = env.dir.path().join("fifo");
+    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+        .unwrap();
+    // Read-write: it opens without a reader, and the test never reads it.
+    let stuck = rustix::fs::open(&fifo, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    let mut child = env
+        .command(&["run", "--kill-grace", "1s", "--", "sh", "-c", "echo PROBE-RAN >&2; exec yes"])
+        .stdout(stuck)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !text(&seen).contains("PROBE-RAN") && stderr.read(&mut byte).unwrap() == 1 {
+        seen.push(byte[0]);
+    }
+    assert!(text(&seen).contains("PROBE-RAN"), "{}", text(&seen));
+    // Let the FIFO and the relay's pipe fill up.
+    std::thread::sleep(Duration::from_millis(500));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM)
+        .unwrap();
+    let cancelled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if cancelled.elapsed() > Duration::from_secs(8) {
+            child.kill().unwrap();
+            panic!("pvisor still runs {:?} after SIGTERM", cancelled.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = stderr.read_to_end(&mut seen);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", text(&seen));
+}
+
+#[test]
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_as_root() {
+    a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(As::Root);
+}
+
+#[test]
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_rootless() {
+    a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(As::Rootless);
+}

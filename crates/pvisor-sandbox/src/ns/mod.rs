@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,13 +118,15 @@ impl Executor for NsExecutor {
         // A helper that died early closes its end; its report says why.
         let _ = File::from(spec_write).write_all(&bytes);
 
+        let cancelled = Arc::new(AtomicBool::new(false));
         let mut process = NsProcess {
             limits,
             fd_pass,
             proxy_listener: None,
             child,
             reports: BufReader::new(File::from(report_read)),
-            signaller: Signaller::pidfd(Arc::new(pidfd)),
+            signaller: Signaller::pidfd(Arc::new(pidfd), cancelled.clone()),
+            cancelled,
             relay: None,
             output_relays,
             input_relay,
@@ -245,6 +248,10 @@ struct NsProcess {
     output_relays: Vec<terminal::PipeRelay>,
     /// The copy of pvisor's stdin to the command's, if it is relayed.
     input_relay: Option<stdio::InputRelay>,
+    /// Set once the run is being cancelled (the runtime signals the
+    /// sandbox only then): the output relays stop waiting on a destination
+    /// that takes nothing more.
+    cancelled: Arc<AtomicBool>,
     /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
     sockets_reachable: Vec<std::path::PathBuf>,
     exposed_sockets: Vec<std::path::PathBuf>,
@@ -285,7 +292,7 @@ impl NsProcess {
             relay.finish();
         }
         for relay in &mut self.output_relays {
-            relay.finish();
+            relay.finish(&self.cancelled);
         }
     }
 }

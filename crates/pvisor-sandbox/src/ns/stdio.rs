@@ -26,7 +26,9 @@
 //! whose writer keeps it open must not hold the run open (a regular file's
 //! offset is put back where the command stopped reading). The output relays
 //! are drained before the run ends, so pvisor's summary follows everything
-//! the command printed.
+//! the command printed; once the run is cancelled, only while their
+//! destination still takes it (a FIFO nobody reads must not turn a
+//! cancellation into a hang).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
