@@ -353,3 +353,50 @@ fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_as_root() {
 fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_rootless() {
     a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(As::Rootless);
 }
+
+/// A foreground run (stdin the terminal pvisor is the foreground job of)
+/// whose stdout is another terminal: that one is not the command's to
+/// drive, so what reaches it is sanitised like a background run's (no
+/// clipboard write, no query whose answer it would type into its shell).
+fn another_terminal_on_stdout_gets_sanitised_output(who: As) {
+    let env = Env::new(who);
+    let probe =
+        r"printf 'VISIBLE-OUT \033]52;c;ZWNobyBwd25lZA==\007\033[6n\033[31mRED\033[0m\n'; echo PROBE-RAN";
+    std::fs::write(env.ws.join("probe.sh"), probe).unwrap();
+    let driver = format!(
+        "import os, select, subprocess\n\
+         master, slave = os.openpty()\n\
+         status = subprocess.run(['{}', 'run', '-q', '--', 'sh', 'probe.sh'], stdout=slave).returncode\n\
+         os.close(slave)\n\
+         shown = b''\n\
+         while select.select([master], [], [], 0.5)[0]:\n    \
+             try:\n        chunk = os.read(master, 4096)\n    \
+             except OSError:\n        break\n    \
+             if not chunk:\n        break\n    \
+             shown += chunk\n\
+         print('STATUS', status, 'OTHER-TERMINAL', repr(shown))",
+        bin()
+    );
+    std::fs::write(env.ws.join("driver.py"), driver).unwrap();
+    let as_user = if who == As::Rootless { "setpriv --reuid 4242 --regid 4242 --clear-groups" } else { "" };
+    let home = env.home.display();
+    let out = env.under_terminal(&format!("{as_user} env PVISOR_HOME={home} python3 driver.py"));
+    let report = text(&out.stdout);
+    let shown = report.split("OTHER-TERMINAL").nth(1).unwrap_or_else(|| panic!("no report: {report:?}"));
+    assert!(report.contains("STATUS 0 "), "{report:?}");
+    assert!(shown.contains("VISIBLE-OUT") && shown.contains("PROBE-RAN"), "{shown}");
+    assert!(shown.contains(r"\x1b[31mRED\x1b[0m"), "colours pass: {shown}");
+    for attack in [r"\x1b]", r"\x1b[6n"] {
+        assert!(!shown.contains(attack), "{attack} reached the other terminal: {shown}");
+    }
+}
+
+#[test]
+fn another_terminal_on_stdout_gets_sanitised_output_as_root() {
+    another_terminal_on_stdout_gets_sanitised_output(As::Root);
+}
+
+#[test]
+fn another_terminal_on_stdout_gets_sanitised_output_rootless() {
+    another_terminal_on_stdout_gets_sanitised_output(As::Rootless);
+}

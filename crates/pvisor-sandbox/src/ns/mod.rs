@@ -156,8 +156,9 @@ impl Executor for NsExecutor {
                             SandboxError::Protocol("the sandbox did not hand over its terminal".into())
                         })?;
                     // What the sandbox's terminal prints goes to the user's
-                    // terminal: stdout if it is one, else stderr, else stdin's.
-                    let output = [1, 2, 0].into_iter().find(|&fd| is_tty(fd)).unwrap_or(1);
+                    // terminal: stdout if it is that one, else stderr, else stdin.
+                    let output =
+                        [1, 2].into_iter().find(|&fd| stdio::is_stdins_terminal(sys::stdio(fd))).unwrap_or(0);
                     process.relay = Some(terminal::Relay::start(master, sys::stdio(output)));
                 }
                 Ok(Box::new(process))
@@ -197,10 +198,6 @@ fn cgroup_name(spec: &SandboxSpec) -> String {
 
 fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
     rustix::io::fcntl_dupfd_cloexec(fd, min).map_err(|e| SandboxError::Spawn(e.into()))
-}
-
-fn is_tty(fd: i32) -> bool {
-    rustix::termios::isatty(sys::stdio(fd))
 }
 
 /// Whether stdin is a terminal whose foreground process group is ours; only
