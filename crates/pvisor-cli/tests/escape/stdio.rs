@@ -400,3 +400,39 @@ fn another_terminal_on_stdout_gets_sanitised_output_as_root() {
 fn another_terminal_on_stdout_gets_sanitised_output_rootless() {
     another_terminal_on_stdout_gets_sanitised_output(As::Rootless);
 }
+
+/// pvisor started with stdin closed and an eventfd (an anonymous inode:
+/// nothing to copy) on stdout: neither slot is filled by one of pvisor's own
+/// descriptors (its spec pipe, a state file); the command sees `/dev/null`
+/// in both, and pvisor names the eventfd it refused.
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null(who: As) {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new(who);
+    let eventfd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let probe = "for fd in 0 1; do echo \"fd$fd=$(readlink /proc/$$/fd/$fd)\" >&2; done; echo PROBE-RAN >&2";
+    let mut command = env.command(&["run", "-q", "--", "sh", "-c", probe]);
+    command.stdout(eventfd).stderr(Stdio::piped());
+    // SAFETY: close is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::close(0);
+            Ok(())
+        });
+    }
+    let out = command.output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("PROBE-RAN"), "{stderr}");
+    assert!(stderr.contains("fd0=/dev/null\nfd1=/dev/null\n"), "{stderr}");
+    assert!(stderr.contains("pvisor: warning: stdout (fd 1) is neither a file"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_as_root() {
+    a_closed_stdin_and_an_eventfd_stdout_are_dev_null(As::Root);
+}
+
+#[test]
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_rootless() {
+    a_closed_stdin_and_an_eventfd_stdout_are_dev_null(As::Rootless);
+}
