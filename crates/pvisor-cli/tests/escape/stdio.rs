@@ -436,3 +436,47 @@ fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_as_root() {
 fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_rootless() {
     a_closed_stdin_and_an_eventfd_stdout_are_dev_null(As::Rootless);
 }
+
+const SCM_RIGHTS_PROBE: &str = r#"import array, os, socket, sys
+try:
+    s = socket.socket(fileno=os.dup(1))
+    root = os.open("/", os.O_RDONLY)
+    s.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [root]))])
+    print("ESCAPED-sent-a-descriptor", file=sys.stderr)
+except OSError as e:
+    print("sendmsg refused", e.errno, file=sys.stderr)
+os.write(1, b"BYTES-ARRIVE\n")
+print("PROBE-RAN", file=sys.stderr)
+"#;
+
+/// A socket on stdout (a `socketpair` caller): the command gets a pipe
+/// relayed to it, so it cannot `sendmsg` a descriptor (`SCM_RIGHTS`) to
+/// the caller; its bytes still arrive.
+fn a_socket_on_stdout_takes_bytes_not_descriptors(who: As) {
+    use std::io::Read;
+    let env = Env::new(who);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let out = env
+        .command(&["run", "-q", "--", "python3", "-c", SCM_RIGHTS_PROBE])
+        .stdout(OwnedFd::from(theirs))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("PROBE-RAN") && stderr.contains("sendmsg refused"), "{stderr}");
+    assert!(!stderr.contains("ESCAPED"), "{stderr}");
+    let mut got = String::new();
+    (&ours).read_to_string(&mut got).unwrap();
+    assert_eq!(got, "BYTES-ARRIVE\n");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn a_socket_on_stdout_takes_bytes_not_descriptors_as_root() {
+    a_socket_on_stdout_takes_bytes_not_descriptors(As::Root);
+}
+
+#[test]
+fn a_socket_on_stdout_takes_bytes_not_descriptors_rootless() {
+    a_socket_on_stdout_takes_bytes_not_descriptors(As::Rootless);
+}
