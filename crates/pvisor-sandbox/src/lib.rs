@@ -266,22 +266,27 @@ type SignalFn = dyn Fn(i32) -> io::Result<()> + Send + Sync;
 
 #[derive(Clone)]
 enum SignalTarget {
-    Pidfd(std::sync::Arc<std::os::fd::OwnedFd>),
+    /// The helper's pidfd, and a flag set before each signal (the runtime
+    /// signals only to cancel the run).
+    Pidfd(std::sync::Arc<std::os::fd::OwnedFd>, std::sync::Arc<std::sync::atomic::AtomicBool>),
     Custom(std::sync::Arc<SignalFn>),
 }
 
 impl std::fmt::Debug for Signaller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.target {
-            SignalTarget::Pidfd(fd) => f.debug_struct("Signaller").field("pidfd", fd).finish(),
+            SignalTarget::Pidfd(fd, _) => f.debug_struct("Signaller").field("pidfd", fd).finish(),
             SignalTarget::Custom(_) => f.debug_struct("Signaller").field("custom", &true).finish(),
         }
     }
 }
 
 impl Signaller {
-    pub(crate) fn pidfd(pidfd: std::sync::Arc<std::os::fd::OwnedFd>) -> Self {
-        Self { target: SignalTarget::Pidfd(pidfd) }
+    pub(crate) fn pidfd(
+        pidfd: std::sync::Arc<std::os::fd::OwnedFd>,
+        signalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        Self { target: SignalTarget::Pidfd(pidfd, signalled) }
     }
 
     /// A signaller whose `SIGKILL` must end the whole sandbox at once.
@@ -293,7 +298,10 @@ impl Signaller {
     /// Forwards `signal` to the sandboxed command.
     pub fn signal(&self, signal: i32) -> io::Result<()> {
         match &self.target {
-            SignalTarget::Pidfd(fd) => sys::pidfd_send_signal(fd, signal),
+            SignalTarget::Pidfd(fd, signalled) => {
+                signalled.store(true, std::sync::atomic::Ordering::Relaxed);
+                sys::pidfd_send_signal(fd, signal)
+            }
             SignalTarget::Custom(f) => f(signal),
         }
     }

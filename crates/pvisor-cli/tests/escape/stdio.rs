@@ -255,3 +255,228 @@ fn a_relayed_stdin_file_is_left_where_the_command_stopped_reading() {
         text(&out.stderr)
     );
 }
+
+/// pvisor's peak RSS (KiB) over a run whose stdout is a terminal it does
+/// not own (stdin is /dev/null), the command printing `script`.
+fn peak_rss_of_a_sanitised_run(env: &Env, script: &str) -> (u64, String) {
+    std::fs::write(env.ws.join("probe.sh"), script).unwrap();
+    let measure = format!(
+        "import resource, subprocess\n\
+         subprocess.run(['{}', 'run', '-q', '--', 'sh', 'probe.sh'], stdin=subprocess.DEVNULL)\n\
+         print('PEAK-RSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+        bin()
+    );
+    let as_user =
+        if env.who == As::Rootless { "setpriv --reuid 4242 --regid 4242 --clear-groups" } else { "" };
+    let home = env.home.display();
+    let out = env.under_terminal(&format!("{as_user} env PVISOR_HOME={home} python3 -c \"{measure}\""));
+    let shown = text(&out.stdout);
+    let peak = shown.split("PEAK-RSS ").nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok());
+    (peak.unwrap_or_else(|| panic!("no measurement: {shown:?}")), shown)
+}
+
+/// An OSC string that never ends (`ESC ]` then megabytes) on a terminal the
+/// command does not own: the sanitiser drops it without holding it, so
+/// pvisor's memory does not grow with what the command prints.
+fn an_endless_terminal_string_does_not_grow_pvisors_memory(who: As) {
+    let env = Env::new(who);
+    let (small, _) = peak_rss_of_a_sanitised_run(&env, "printf '\\033]0;x\\007SMALL-DONE\\n'");
+    let (endless, shown) = peak_rss_of_a_sanitised_run(
+        &env,
+        "printf '\\033]0;'; head -c 8000000 /dev/zero | tr '\\0' a; printf '\\007PROBE-RAN\\n'",
+    );
+    assert!(shown.contains("PROBE-RAN") && !shown.contains("aaaa"), "{shown:?}");
+    assert!(endless < small + 4096, "pvisor held the string: {small} KiB, then {endless} KiB");
+}
+
+#[test]
+fn an_endless_terminal_string_does_not_grow_pvisors_memory_as_root() {
+    an_endless_terminal_string_does_not_grow_pvisors_memory(As::Root);
+}
+
+#[test]
+fn an_endless_terminal_string_does_not_grow_pvisors_memory_rootless() {
+    an_endless_terminal_string_does_not_grow_pvisors_memory(As::Rootless);
+}
+
+/// stdout on a FIFO nobody reads (held open, so writes block rather than
+/// fail): its relay must not hold a cancelled run open. pvisor forwards
+/// SIGTERM, the command dies of it, and pvisor ends within its kill grace,
+/// with the signal as its exit status, as when the command held the FIFO.
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(who: As) {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let env = Env::new(who);
+    let fifo = env.dir.path().join("fifo");
+    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o600), 0)
+        .unwrap();
+    // Read-write: it opens without a reader, and the test never reads it.
+    let stuck = rustix::fs::open(&fifo, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    let mut child = env
+        .command(&["run", "--kill-grace", "1s", "--", "sh", "-c", "echo PROBE-RAN >&2; exec yes"])
+        .stdout(stuck)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !text(&seen).contains("PROBE-RAN") && stderr.read(&mut byte).unwrap() == 1 {
+        seen.push(byte[0]);
+    }
+    assert!(text(&seen).contains("PROBE-RAN"), "{}", text(&seen));
+    // Let the FIFO and the relay's pipe fill up.
+    std::thread::sleep(Duration::from_millis(500));
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::TERM)
+        .unwrap();
+    let cancelled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if cancelled.elapsed() > Duration::from_secs(8) {
+            child.kill().unwrap();
+            panic!("pvisor still runs {:?} after SIGTERM", cancelled.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = stderr.read_to_end(&mut seen);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", text(&seen));
+}
+
+#[test]
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_as_root() {
+    a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(As::Root);
+}
+
+#[test]
+fn a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open_rootless() {
+    a_stdout_fifo_nobody_reads_does_not_hold_a_cancelled_run_open(As::Rootless);
+}
+
+/// A foreground run (stdin the terminal pvisor is the foreground job of)
+/// whose stdout is another terminal: that one is not the command's to
+/// drive, so what reaches it is sanitised like a background run's (no
+/// clipboard write, no query whose answer it would type into its shell).
+fn another_terminal_on_stdout_gets_sanitised_output(who: As) {
+    let env = Env::new(who);
+    let probe =
+        r"printf 'VISIBLE-OUT \033]52;c;ZWNobyBwd25lZA==\007\033[6n\033[31mRED\033[0m\n'; echo PROBE-RAN";
+    std::fs::write(env.ws.join("probe.sh"), probe).unwrap();
+    let driver = format!(
+        "import os, select, subprocess\n\
+         master, slave = os.openpty()\n\
+         status = subprocess.run(['{}', 'run', '-q', '--', 'sh', 'probe.sh'], stdout=slave).returncode\n\
+         os.close(slave)\n\
+         shown = b''\n\
+         while select.select([master], [], [], 0.5)[0]:\n    \
+             try:\n        chunk = os.read(master, 4096)\n    \
+             except OSError:\n        break\n    \
+             if not chunk:\n        break\n    \
+             shown += chunk\n\
+         print('STATUS', status, 'OTHER-TERMINAL', repr(shown))",
+        bin()
+    );
+    std::fs::write(env.ws.join("driver.py"), driver).unwrap();
+    let as_user = if who == As::Rootless { "setpriv --reuid 4242 --regid 4242 --clear-groups" } else { "" };
+    let home = env.home.display();
+    let out = env.under_terminal(&format!("{as_user} env PVISOR_HOME={home} python3 driver.py"));
+    let report = text(&out.stdout);
+    let shown = report.split("OTHER-TERMINAL").nth(1).unwrap_or_else(|| panic!("no report: {report:?}"));
+    assert!(report.contains("STATUS 0 "), "{report:?}");
+    assert!(shown.contains("VISIBLE-OUT") && shown.contains("PROBE-RAN"), "{shown}");
+    assert!(shown.contains(r"\x1b[31mRED\x1b[0m"), "colours pass: {shown}");
+    for attack in [r"\x1b]", r"\x1b[6n"] {
+        assert!(!shown.contains(attack), "{attack} reached the other terminal: {shown}");
+    }
+}
+
+#[test]
+fn another_terminal_on_stdout_gets_sanitised_output_as_root() {
+    another_terminal_on_stdout_gets_sanitised_output(As::Root);
+}
+
+#[test]
+fn another_terminal_on_stdout_gets_sanitised_output_rootless() {
+    another_terminal_on_stdout_gets_sanitised_output(As::Rootless);
+}
+
+/// pvisor started with stdin closed and an eventfd (an anonymous inode:
+/// nothing to copy) on stdout: neither slot is filled by one of pvisor's own
+/// descriptors (its spec pipe, a state file); the command sees `/dev/null`
+/// in both, and pvisor names the eventfd it refused.
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null(who: As) {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new(who);
+    let eventfd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let probe = "for fd in 0 1; do echo \"fd$fd=$(readlink /proc/$$/fd/$fd)\" >&2; done; echo PROBE-RAN >&2";
+    let mut command = env.command(&["run", "-q", "--", "sh", "-c", probe]);
+    command.stdout(eventfd).stderr(Stdio::piped());
+    // SAFETY: close is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::close(0);
+            Ok(())
+        });
+    }
+    let out = command.output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("PROBE-RAN"), "{stderr}");
+    assert!(stderr.contains("fd0=/dev/null\nfd1=/dev/null\n"), "{stderr}");
+    assert!(stderr.contains("pvisor: warning: stdout (fd 1) is neither a file"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_as_root() {
+    a_closed_stdin_and_an_eventfd_stdout_are_dev_null(As::Root);
+}
+
+#[test]
+fn a_closed_stdin_and_an_eventfd_stdout_are_dev_null_rootless() {
+    a_closed_stdin_and_an_eventfd_stdout_are_dev_null(As::Rootless);
+}
+
+const SCM_RIGHTS_PROBE: &str = r#"import array, os, socket, sys
+try:
+    s = socket.socket(fileno=os.dup(1))
+    root = os.open("/", os.O_RDONLY)
+    s.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [root]))])
+    print("ESCAPED-sent-a-descriptor", file=sys.stderr)
+except OSError as e:
+    print("sendmsg refused", e.errno, file=sys.stderr)
+os.write(1, b"BYTES-ARRIVE\n")
+print("PROBE-RAN", file=sys.stderr)
+"#;
+
+/// A socket on stdout (a `socketpair` caller): the command gets a pipe
+/// relayed to it, so it cannot `sendmsg` a descriptor (`SCM_RIGHTS`) to
+/// the caller; its bytes still arrive.
+fn a_socket_on_stdout_takes_bytes_not_descriptors(who: As) {
+    use std::io::Read;
+    let env = Env::new(who);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let out = env
+        .command(&["run", "-q", "--", "python3", "-c", SCM_RIGHTS_PROBE])
+        .stdout(OwnedFd::from(theirs))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("PROBE-RAN") && stderr.contains("sendmsg refused"), "{stderr}");
+    assert!(!stderr.contains("ESCAPED"), "{stderr}");
+    let mut got = String::new();
+    (&ours).read_to_string(&mut got).unwrap();
+    assert_eq!(got, "BYTES-ARRIVE\n");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn a_socket_on_stdout_takes_bytes_not_descriptors_as_root() {
+    a_socket_on_stdout_takes_bytes_not_descriptors(As::Root);
+}
+
+#[test]
+fn a_socket_on_stdout_takes_bytes_not_descriptors_rootless() {
+    a_socket_on_stdout_takes_bytes_not_descriptors(As::Rootless);
+}

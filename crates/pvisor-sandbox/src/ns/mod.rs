@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,13 +118,15 @@ impl Executor for NsExecutor {
         // A helper that died early closes its end; its report says why.
         let _ = File::from(spec_write).write_all(&bytes);
 
+        let cancelled = Arc::new(AtomicBool::new(false));
         let mut process = NsProcess {
             limits,
             fd_pass,
             proxy_listener: None,
             child,
             reports: BufReader::new(File::from(report_read)),
-            signaller: Signaller::pidfd(Arc::new(pidfd)),
+            signaller: Signaller::pidfd(Arc::new(pidfd), cancelled.clone()),
+            cancelled,
             relay: None,
             output_relays,
             input_relay,
@@ -153,8 +156,9 @@ impl Executor for NsExecutor {
                             SandboxError::Protocol("the sandbox did not hand over its terminal".into())
                         })?;
                     // What the sandbox's terminal prints goes to the user's
-                    // terminal: stdout if it is one, else stderr, else stdin's.
-                    let output = [1, 2, 0].into_iter().find(|&fd| is_tty(fd)).unwrap_or(1);
+                    // terminal: stdout if it is that one, else stderr, else stdin.
+                    let output =
+                        [1, 2].into_iter().find(|&fd| stdio::is_stdins_terminal(sys::stdio(fd))).unwrap_or(0);
                     process.relay = Some(terminal::Relay::start(master, sys::stdio(output)));
                 }
                 Ok(Box::new(process))
@@ -194,10 +198,6 @@ fn cgroup_name(spec: &SandboxSpec) -> String {
 
 fn dup_above(fd: &OwnedFd, min: i32) -> Result<OwnedFd, SandboxError> {
     rustix::io::fcntl_dupfd_cloexec(fd, min).map_err(|e| SandboxError::Spawn(e.into()))
-}
-
-fn is_tty(fd: i32) -> bool {
-    rustix::termios::isatty(sys::stdio(fd))
 }
 
 /// Whether stdin is a terminal whose foreground process group is ours; only
@@ -245,6 +245,10 @@ struct NsProcess {
     output_relays: Vec<terminal::PipeRelay>,
     /// The copy of pvisor's stdin to the command's, if it is relayed.
     input_relay: Option<stdio::InputRelay>,
+    /// Set once the run is being cancelled (the runtime signals the
+    /// sandbox only then): the output relays stop waiting on a destination
+    /// that takes nothing more.
+    cancelled: Arc<AtomicBool>,
     /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
     sockets_reachable: Vec<std::path::PathBuf>,
     exposed_sockets: Vec<std::path::PathBuf>,
@@ -285,7 +289,7 @@ impl NsProcess {
             relay.finish();
         }
         for relay in &mut self.output_relays {
-            relay.finish();
+            relay.finish(&self.cancelled);
         }
     }
 }

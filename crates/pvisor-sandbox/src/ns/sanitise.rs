@@ -13,6 +13,10 @@
 //! SOS), every query and mode change, character-set switches and C1
 //! controls (raw or UTF-8-encoded) are dropped.
 //!
+//! The parser holds no more of a string than a fixed 1 KiB (its `core`
+//! feature): an OSC that never ends must not grow the supervisor's memory
+//! with what the command prints.
+//!
 //! [`PipeRelay`]: super::terminal::PipeRelay
 
 use anstyle_parse::{DefaultCharAccumulator, Params, Parser, Perform};

@@ -10,8 +10,8 @@
 //! is classified (fstat, fstatfs) and given to the command as:
 //! - an anonymous pipe: passed through (it names no file and has no mode
 //!   anyone else relies on);
-//! - a terminal: the sandbox's own terminal (see `terminal.rs`) when pvisor
-//!   is the terminal's foreground job; otherwise stdin gets `/dev/null` and
+//! - a terminal: the sandbox's own terminal (see `terminal.rs`) when it is
+//!   stdin's and pvisor is its foreground job; otherwise stdin gets `/dev/null` and
 //!   stdout/stderr a pipe whose bytes a [`PipeRelay`] copies, sanitised, to
 //!   the terminal;
 //! - `/dev/null`: the sandbox's `/dev/null`, opened inside;
@@ -26,7 +26,9 @@
 //! whose writer keeps it open must not hold the run open (a regular file's
 //! offset is put back where the command stopped reading). The output relays
 //! are drained before the run ends, so pvisor's summary follows everything
-//! the command printed.
+//! the command printed; once the run is cancelled, only while their
+//! destination still takes it (a FIFO nobody reads must not turn a
+//! cancellation into a hang).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -111,7 +113,11 @@ pub(crate) fn plan(terminal: bool) -> io::Result<Plan> {
         let own = sys::stdio(fd);
         let stdio = match classify(own) {
             Kind::Pipe => Stdio::inherit(),
-            Kind::Terminal if terminal => Stdio::inherit(),
+            // Only the terminal pvisor is the foreground job of becomes the
+            // sandbox's own; another one on stdout or stderr is not the
+            // command's to drive (its answers to queries would be typed into
+            // whatever runs there).
+            Kind::Terminal if terminal && is_stdins_terminal(own) => Stdio::inherit(),
             Kind::Terminal if fd == 0 => plan.null(fd),
             Kind::Terminal => plan.output(fd, true)?.0,
             Kind::Null => plan.null(fd),
@@ -156,6 +162,12 @@ impl Plan {
         let copy = write.try_clone()?;
         Ok((Stdio::from(write), copy))
     }
+}
+
+/// Whether `fd` is a terminal, the same one as pvisor's stdin.
+pub(crate) fn is_stdins_terminal(fd: BorrowedFd<'_>) -> bool {
+    let device = |fd| Some(rustix::fs::fstat(fd).ok()?.st_rdev).filter(|_| rustix::termios::isatty(fd));
+    device(fd).is_some() && device(fd) == device(sys::stdio(0))
 }
 
 /// The file `fd` is open on, as (device, inode).

@@ -22,9 +22,10 @@
 //! that then dies of `SIGINT` is recorded as cancelled by the user.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use rustix::termios::{LocalModes, OptionalActions, SpecialCodeIndex, Termios, Winsize};
 
@@ -198,10 +199,17 @@ impl Drop for Relay {
 #[derive(Debug)]
 pub(crate) struct PipeRelay {
     copier: Option<JoinHandle<()>>,
+    /// Disconnected when the copy ends.
+    done: std::sync::mpsc::Receiver<()>,
+    /// Bytes taken from the pipe so far: whether the copy still progresses.
+    copied: Arc<AtomicU64>,
 }
 
+/// How long a cancelled run waits for a destination that takes nothing more.
+const STALLED: Duration = Duration::from_secs(1);
+
 /// Copies `from` to `to` until end of file or an unwritable `to`.
-fn copy(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+fn copy(from: BorrowedFd<'_>, to: BorrowedFd<'_>, copied: &AtomicU64) {
     let mut buf = [0u8; 65536];
     loop {
         let n = read(from, &mut buf);
@@ -209,10 +217,11 @@ fn copy(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
         if n == 0 || !write_all(to, &buf[..n]) {
             return;
         }
+        copied.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
-fn copy_sanitised(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
+fn copy_sanitised(from: BorrowedFd<'_>, to: BorrowedFd<'_>, copied: &AtomicU64) {
     let mut buf = [0u8; 16384];
     let mut filter = super::sanitise::Sanitiser::default();
     let mut clean = Vec::new();
@@ -223,18 +232,22 @@ fn copy_sanitised(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
         if n == 0 || !write_all(to, &clean) {
             return;
         }
+        copied.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
 /// Moves `from` (a pipe) to `to` inside the kernel with `splice`, until end
 /// of file or an unwritable `to`; true if `to` cannot take a splice (an
 /// `O_APPEND` file, say) and the rest is left for [`copy`].
-pub(super) fn spliced(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> bool {
+pub(super) fn spliced(from: BorrowedFd<'_>, to: BorrowedFd<'_>, copied: &AtomicU64) -> bool {
     use rustix::io::Errno;
     loop {
         match rustix::pipe::splice(from, None, to, None, 1 << 20, rustix::pipe::SpliceFlags::MOVE) {
             Ok(0) => return false,
-            Ok(_) | Err(Errno::INTR) => {}
+            Ok(n) => {
+                copied.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(Errno::INTR) => {}
             Err(Errno::AGAIN) => {
                 poll(to, rustix::event::PollFlags::OUT, 100);
             }
@@ -248,23 +261,40 @@ impl PipeRelay {
     /// Starts copying `from` (a pipe's read end) to `to`; `sanitise` when
     /// `to` is a terminal the command does not own (see `sanitise.rs`).
     pub(crate) fn start(from: OwnedFd, to: BorrowedFd<'static>, sanitise: bool) -> PipeRelay {
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        let copied = Arc::new(AtomicU64::new(0));
+        let count = copied.clone();
         let copier = std::thread::Builder::new()
             .name("pvisor-out".into())
             .spawn(move || {
+                let _done = done_tx;
                 if sanitise {
-                    copy_sanitised(from.as_fd(), to);
-                } else if spliced(from.as_fd(), to) {
-                    copy(from.as_fd(), to);
+                    copy_sanitised(from.as_fd(), to, &count);
+                } else if spliced(from.as_fd(), to, &count) {
+                    copy(from.as_fd(), to, &count);
                 }
             })
             .ok();
-        PipeRelay { copier }
+        PipeRelay { copier, done, copied }
     }
 
-    /// Waits until everything the command wrote has been copied.
-    pub(crate) fn finish(&mut self) {
-        if let Some(handle) = self.copier.take() {
-            let _ = handle.join();
+    /// Waits until everything the command wrote has been copied. Once the
+    /// run is `cancelled`, only while the destination still takes it: a
+    /// FIFO or socket nobody reads must not hold a cancelled run open (the
+    /// command writing there itself would have died with its output
+    /// unwritten). An abandoned copy ends with pvisor.
+    pub(crate) fn finish(&mut self, cancelled: &AtomicBool) {
+        let Some(handle) = self.copier.take() else { return };
+        let mut progress = (self.copied.load(Ordering::Relaxed), Instant::now());
+        let waiting = std::sync::mpsc::RecvTimeoutError::Timeout;
+        while self.done.recv_timeout(Duration::from_millis(100)) == Err(waiting) {
+            let now = self.copied.load(Ordering::Relaxed);
+            if now != progress.0 {
+                progress = (now, Instant::now());
+            } else if cancelled.load(Ordering::Relaxed) && progress.1.elapsed() >= STALLED {
+                return;
+            }
         }
+        let _ = handle.join();
     }
 }
