@@ -10,7 +10,16 @@
 //! 3. the user: supplementary groups, gid, uid, with `PR_SET_KEEPCAPS` so
 //!    the permitted set survives the switch;
 //! 4. effective, permitted and inheritable sets (`capset`), then the ambient set;
-//! 5. `no_new_privs`.
+//! 5. `no_new_privs`;
+//! 6. the seccomp filter, compiled by the host (its programs installed in
+//!    order), as close to the exec as can be, so the profile need not allow
+//!    the calls of the steps above. Without `no_new_privs` installing a
+//!    filter needs `CAP_SYS_ADMIN`, so it goes in first instead, after the
+//!    rlimits, while the process still has every capability, and the
+//!    steps above must then pass it. This is runc's order
+//!    (`libcontainer/standard_init_linux.go`, `linuxStandardInit.Init`:
+//!    `InitSeccomp` before `finalizeNamespace` when `NoNewPrivileges` is
+//!    off, last otherwise).
 //!
 //! A process of uid 0 regains its bounding set at exec (the kernel's rule
 //! for root), so the bounding set is what bounds a root container: an
@@ -18,12 +27,14 @@
 
 use std::io;
 
-use pvisor_agent_proto::{Capabilities, Confinement};
+use pvisor_agent_proto::{Capabilities, Confinement, Seccomp};
 use rustix::process::{Gid, Uid};
 use rustix::thread::{CapabilitySet, CapabilitySets};
 
 /// The highest capability number a bounding set can hold.
 const LAST_CAP: u32 = 63;
+/// The most instructions one BPF program may have (`BPF_MAXINSNS`).
+const BPF_MAXINSNS: usize = 4096;
 
 /// A confinement made ready before the fork: nothing after it allocates.
 pub(crate) struct Ready {
@@ -33,6 +44,8 @@ pub(crate) struct Ready {
     capabilities: Option<Capabilities>,
     no_new_privileges: bool,
     rlimits: Vec<(u32, libc::rlimit)>,
+    /// The seccomp programs and the flags to install each with.
+    seccomp: Option<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)>,
 }
 
 /// Writes the sysctls and readies the rest; a key that does not name a
@@ -55,7 +68,30 @@ pub(crate) fn prepare(confinement: &Confinement) -> io::Result<Ready> {
         capabilities: confinement.capabilities,
         no_new_privileges: confinement.no_new_privileges,
         rlimits,
+        seccomp: confinement.seccomp.as_ref().map(programs).transpose()?,
     })
+}
+
+/// The filter's programs as the kernel takes them; an empty program or
+/// one longer than the kernel's limit is refused (its length travels in
+/// 16 bits, so a longer one would be cut, not refused, by the kernel).
+fn programs(seccomp: &Seccomp) -> io::Result<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)> {
+    let programs = seccomp
+        .programs
+        .iter()
+        .map(|program| {
+            if program.is_empty() || program.len() > BPF_MAXINSNS {
+                let why = format!("a seccomp program of {} instructions", program.len());
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+            }
+            let insns = program.iter().map(|insn| {
+                let (code, jt, jf, k) = Seccomp::unpack(*insn);
+                libc::sock_filter { code, jt, jf, k }
+            });
+            Ok(insns.collect())
+        })
+        .collect::<io::Result<_>>()?;
+    Ok((programs, libc::c_ulong::from(seccomp.flags)))
 }
 
 /// `/proc/sys/` and the dotted key as a path; only letters, digits, `_`
@@ -80,6 +116,9 @@ impl Ready {
                 return Err(io::Error::last_os_error());
             }
         }
+        if !self.no_new_privileges {
+            self.install_seccomp()?;
+        }
         if let Some(caps) = &self.capabilities {
             drop_bounding(caps.bounding)?;
             rustix::thread::set_keep_capabilities(true)?;
@@ -102,6 +141,23 @@ impl Ready {
         }
         if self.no_new_privileges {
             rustix::thread::set_no_new_privs(true)?;
+            self.install_seccomp()?;
+        }
+        Ok(())
+    }
+
+    /// Installs the seccomp programs, if any, in order.
+    fn install_seccomp(&self) -> io::Result<()> {
+        let Some((programs, flags)) = &self.seccomp else { return Ok(()) };
+        for program in programs {
+            let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr().cast_mut() };
+            // SAFETY: the kernel copies the program, which outlives the call.
+            let rc = unsafe {
+                libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, *flags, &fprog as *const _)
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         Ok(())
     }
