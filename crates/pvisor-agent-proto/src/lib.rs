@@ -20,8 +20,8 @@ mod paths;
 pub use delta::{DeltaEntry, DeltaManifest, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST};
 pub use framing::{read_frame, write_frame, MAX_HEADER, MAX_PAYLOAD};
 pub use messages::{
-    Capabilities, Confinement, EntryKind, FileOp, FileStat, Interface, Reply, Request, Rlimit, Seccomp, Share,
-    TerminalSize, MAX_LISTING, RLIMITS,
+    Capabilities, Confinement, EntryKind, FileOp, FileStat, Interface, Reply, Request, Rlimit, Seccomp,
+    Share, TerminalSize, MAX_LISTING, RLIMITS,
 };
 pub use paths::resolve_in_root;
 

@@ -197,8 +197,10 @@ fn program(
     arch: seccompiler::TargetArch,
 ) -> Result<Vec<u64>, SpecError> {
     let rules = matches.into_iter().map(|(nr, rules)| (nr, rules.unwrap_or_default())).collect();
-    let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| unsupported(e.to_string()))?;
-    let bpf: BpfProgram = filter.try_into().map_err(|e: seccompiler::BackendError| unsupported(e.to_string()))?;
+    let filter =
+        SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| unsupported(e.to_string()))?;
+    let bpf: BpfProgram =
+        filter.try_into().map_err(|e: seccompiler::BackendError| unsupported(e.to_string()))?;
     Ok(bpf.iter().map(|i| Seccomp::pack(i.code, i.jt, i.jf, i.k)).collect())
 }
 
@@ -378,7 +380,9 @@ mod tests {
             let path = c"/tmp/pvisor-seccomp-probe-dir";
             // SAFETY: bare syscalls with valid arguments.
             unsafe {
-                if errno_of(libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, path.as_ptr(), 0o700)) != libc::ENOSPC {
+                if errno_of(libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, path.as_ptr(), 0o700))
+                    != libc::ENOSPC
+                {
                     return 1;
                 }
                 if errno_of(libc::syscall(libc::SYS_getpriority, 42, 0)) != libc::EACCES {

@@ -614,6 +614,24 @@ mod tests {
         refused(&|j| j["process"]["user"]["username"] = "nobody".into(), "a user by name");
     }
 
+    /// A seccomp profile becomes the init process's filter, and an exec
+    /// into the container runs under the same one.
+    #[test]
+    fn the_seccomp_profile_confines_the_init_process_and_its_execs() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW",
+                                  "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO"}]}}
+        }));
+        let init = init_process(&s).expect("runnable").confinement.expect("confined");
+        let seccomp = init.seccomp.expect("a filter");
+        assert!(!seccomp.programs.is_empty());
+        let exec = serde_json::json!({"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
+        let exec = exec_process(exec.to_string().as_bytes(), Some(&seccomp)).expect("runnable");
+        assert_eq!(exec.confinement.expect("confined").seccomp, Some(seccomp));
+    }
+
     #[test]
     fn linux_resources_become_the_vms_limits() {
         let s = spec(serde_json::json!({

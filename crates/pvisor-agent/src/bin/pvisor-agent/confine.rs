@@ -211,27 +211,84 @@ mod tests {
         }
     }
 
+    /// `script` run by `/bin/sh` under `confinement`: its output.
+    fn run_confined(confinement: Confinement, script: &str) -> String {
+        use std::os::unix::process::CommandExt;
+        let ready = prepare(&confinement).expect("ready");
+        let mut command = std::process::Command::new("/bin/sh");
+        command.args(["-c", script]);
+        // SAFETY: apply makes bare syscalls only (see its documentation).
+        unsafe { command.pre_exec(move || ready.apply()) };
+        let out = command.output().expect("runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("text")
+    }
+
+    /// A filter denying `mkdir` and `mkdirat` with `EPERM` (what the shim
+    /// compiles from such a profile).
+    fn deny_mkdir() -> Seccomp {
+        use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+        let arch = std::env::consts::ARCH.try_into().expect("a seccomp architecture");
+        #[cfg(target_arch = "x86_64")]
+        let denied = [libc::SYS_mkdirat, libc::SYS_mkdir];
+        #[cfg(not(target_arch = "x86_64"))]
+        let denied = [libc::SYS_mkdirat];
+        let rules = denied.into_iter().map(|nr| (nr, Vec::new())).collect();
+        let filter =
+            SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
+                .expect("a filter");
+        let bpf: BpfProgram = filter.try_into().expect("compiles");
+        let program = bpf.iter().map(|i| Seccomp::pack(i.code, i.jt, i.jf, i.k)).collect();
+        Seccomp { programs: vec![program], flags: 0 }
+    }
+
+    /// A confined process under a filter denying `mkdir` gets `EPERM` from
+    /// it, though root, and its other calls work; with `no_new_privs` (the
+    /// filter installed last) and without it (installed first, while the
+    /// process may, then passed by the switch to another user).
+    #[test]
+    fn a_seccomp_filter_denies_what_it_names_and_nothing_else() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIP: installing a filter without no_new_privs needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+        let target = dir.path().join("made");
+        let script = format!(
+            "mkdir {0} 2>&1 || echo refused; echo > {0}.file && echo wrote; grep '^Seccomp:' /proc/self/status; id -u",
+            target.display()
+        );
+        for (no_new_privileges, uid) in [(true, 0), (false, 4242)] {
+            let confinement = Confinement {
+                uid,
+                gid: uid,
+                no_new_privileges,
+                seccomp: Some(deny_mkdir()),
+                ..Confinement::default()
+            };
+            let seen = run_confined(confinement, &script);
+            assert!(seen.contains("Operation not permitted\nrefused\n"), "{seen}");
+            assert!(seen.contains("wrote\nSeccomp:\t2\n") && seen.ends_with(&format!("{uid}\n")), "{seen}");
+            assert!(!target.exists(), "mkdir made nothing");
+            std::fs::remove_file(dir.path().join("made.file")).expect("the write happened");
+        }
+    }
+
     /// A process confined to empty sets, `no_new_privs`, a user and an
     /// rlimit shows exactly that in its own `/proc/self/status`.
     #[test]
     fn a_confined_process_has_what_it_was_given_and_nothing_more() {
-        use std::os::unix::process::CommandExt;
         if !rustix::process::geteuid().is_root() {
             eprintln!("SKIP: confining a process to another user needs root");
             return;
         }
         let status = |confinement: Confinement| -> String {
-            let ready = prepare(&confinement).expect("ready");
-            let mut command = std::process::Command::new("/bin/sh");
-            command.args([
-                "-c",
+            run_confined(
+                confinement,
                 "grep -E '^(Uid|CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; ulimit -n",
-            ]);
-            // SAFETY: apply makes bare syscalls only (see its documentation).
-            unsafe { command.pre_exec(move || ready.apply()) };
-            let out = command.output().expect("runs");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8(out.stdout).expect("text")
+            )
         };
         let none = Capabilities::default();
         let empty = Confinement {
