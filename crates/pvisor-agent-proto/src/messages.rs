@@ -521,6 +521,23 @@ mod tests {
         }
     }
 
+    /// An instruction survives its trip; a confinement without a filter
+    /// has no `seccomp` key, so an agent before filters still parses it.
+    #[test]
+    fn seccomp_programs_travel_intact_and_only_when_asked_for() {
+        let insn = (0x15, 3, 250, 0xc000_003e);
+        assert_eq!(Seccomp::unpack(Seccomp::pack(insn.0, insn.1, insn.2, insn.3)), insn);
+        let json = serde_json::to_value(Confinement::default()).expect("serializes");
+        assert!(json.get("seccomp").is_none(), "{json}");
+        let filtered = Confinement {
+            seccomp: Some(Seccomp { programs: vec![vec![Seccomp::pack(6, 0, 0, 0x7fff_0000)]], flags: 1 }),
+            ..Confinement::default()
+        };
+        let back: Confinement =
+            serde_json::from_value(serde_json::to_value(&filtered).expect("serializes")).expect("parses");
+        assert_eq!(back, filtered);
+    }
+
     #[test]
     fn an_exec_without_a_terminal_is_what_an_older_agent_parses() {
         let json = serde_json::to_value(exec(None)).expect("serializes");

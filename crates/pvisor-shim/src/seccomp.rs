@@ -351,8 +351,8 @@ mod tests {
 
     /// The errno a bare syscall failed with, or 0 if it did not.
     fn errno_of(rc: libc::c_long) -> i32 {
-        // SAFETY: reads the calling thread's errno.
         if rc < 0 {
+            // SAFETY: reads the calling thread's errno.
             unsafe { *libc::__errno_location() }
         } else {
             0
