@@ -1,40 +1,39 @@
 //! The spec's seccomp profile (`linux.seccomp`) compiled, on the host, into
-//! the BPF programs the guest agent installs before the container's process
-//! execs: the static agent carries no compiler, only the programs.
+//! the BPF program the guest agent installs before the container's process
+//! execs: the static agent carries no compiler, only the program.
 //!
 //! A profile is libseccomp's model: a default action, and entries giving
 //! syscalls (by name, with optional argument comparisons) an action each.
-//! seccompiler builds one program per action, so the profile becomes
-//! several programs, which the kernel runs together, answering each call
-//! with the most restrictive of their results (seccomp(2), "multiple
-//! filters"):
-//! - the default program answers every call some entry matches `ALLOW`,
-//!   every other the default action (left out when that is `ALLOW`);
-//! - one program per other action answers what its entries match with that
-//!   action and everything else `ALLOW`.
+//! seccompiler builds a segment per action (what its entries match gets the
+//! action, the rest `ALLOW`), and the segments are chained into one
+//! program, most restrictive action first, each segment's `ALLOW` a jump to
+//! the next; the last segment answers what any entry matches `ALLOW` and
+//! everything else the default action. So a call no entry matches gets the
+//! default action, and one that entries match gets the most restrictive of
+//! their actions (of two `ERRNO`s, the earlier entry's). One program, not
+//! one filter per action: the first filter installed would judge the
+//! `seccomp` calls installing the others, and a profile need not allow
+//! them.
 //!
-//! A call no entry matches gets the default action; one that entries match
-//! gets the most restrictive of their actions (of two `ERRNO`s, the later
-//! entry's). As in runc (`libcontainer/seccomp/seccomp_linux.go`): an entry
-//! whose action is the default is redundant and skipped; a name this
-//! architecture does not have is skipped (profiles list every
-//! architecture's names); `SCMP_ACT_KILL` is `KILL_THREAD`; `errnoRet`
-//! defaults to `EPERM` for `ERRNO` and for `TRACE` (an untraced process
-//! gets `ENOSYS` from `TRACE`, the kernel's rule); comparisons on distinct
-//! arguments are ANDed, and several on one argument each make a rule of
-//! their own (ORed). Comparisons are on the whole 64-bit argument, as
-//! libseccomp's are.
+//! As in runc (`libcontainer/seccomp/seccomp_linux.go`): an entry whose
+//! action is the default is redundant and skipped; a name this architecture
+//! does not have is skipped (profiles list every architecture's names);
+//! `SCMP_ACT_KILL` is `KILL_THREAD`; `errnoRet` defaults to `EPERM` for
+//! `ERRNO` and for `TRACE` (an untraced process gets `ENOSYS` from
+//! `TRACE`, the kernel's rule); comparisons on distinct arguments are
+//! ANDed, and several on one argument each make a rule of their own (ORed).
+//! Comparisons are on the whole 64-bit argument, as libseccomp's are.
 //!
 //! The programs are for the host's architecture, which is the guest's (KVM
 //! runs the host's). A call through another ABI (i386's `int 0x80`) is
-//! killed by each program's architecture check; on x86_64 an x32 call,
-//! which carries x86_64's architecture, gets `ENOSYS` from a guard program,
-//! since no rule by number would match it.
+//! killed by the architecture check; on x86_64 an x32 call, which carries
+//! x86_64's architecture, gets `ENOSYS` from a first guard segment, since
+//! no rule by number would match it.
 //!
 //! Refused: `SCMP_ACT_NOTIFY` (its listener is a process on the host,
 //! which a call inside a VM cannot reach), an `errnoRet` beyond Linux's
 //! largest errno (the kernel would not return it as given), an argument
-//! index beyond the sixth, and a profile larger than the kernel installs.
+//! index beyond the sixth, and a program longer than the kernel installs.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -49,9 +48,14 @@ use crate::spec::SpecError;
 
 /// The largest errno Linux returns (`MAX_ERRNO`).
 const MAX_ERRNO: u32 = 4095;
-/// The kernel's limit on the instructions of all programs a call runs
-/// through, each counting 4 more (`MAX_INSNS_PER_PATH`, kernel/seccomp.c).
-const MAX_INSNS_PER_PATH: usize = 32768;
+/// The most instructions one BPF program may have (`BPF_MAXINSNS`).
+const BPF_MAXINSNS: usize = 4096;
+/// `BPF_RET | BPF_K` and `BPF_JMP | BPF_JA`.
+const BPF_RET: u16 = 0x06;
+const BPF_JA: u16 = 0x05;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// The action part of a filter's answer.
+const SECCOMP_RET_ACTION_FULL: u32 = 0xffff_0000;
 
 /// Per syscall number, its rules; `None`: matched whatever the arguments.
 type Matches = BTreeMap<i64, Option<Vec<SeccompRule>>>;
@@ -81,18 +85,47 @@ pub fn compile(profile: &LinuxSeccomp) -> Result<Seccomp, SpecError> {
         }
     }
     let arch = arch()?;
-    let mut programs = guard();
-    if default != SeccompAction::Allow {
-        programs.push(program(listed, default, SeccompAction::Allow, arch)?);
+    by_action.retain(|(a, m)| *a != SeccompAction::Allow && !m.is_empty());
+    // Most restrictive first (the kernel's order of actions, as signed
+    // numbers); a stable sort keeps entries' order among equals.
+    by_action.sort_by_key(|(a, _)| (u32::from(a.clone()) & SECCOMP_RET_ACTION_FULL) as i32);
+    let mut segments = guard();
+    for (act, matches) in by_action {
+        segments.push(program(matches, SeccompAction::Allow, act, arch)?);
     }
-    for (act, matches) in by_action.into_iter().filter(|(a, m)| *a != SeccompAction::Allow && !m.is_empty()) {
-        programs.push(program(matches, SeccompAction::Allow, act, arch)?);
+    segments.push(match default {
+        SeccompAction::Allow => vec![Seccomp::pack(BPF_RET, 0, 0, SECCOMP_RET_ALLOW)],
+        _ => program(listed, default, SeccompAction::Allow, arch)?,
+    });
+    let program = chain(segments);
+    if program.len() > BPF_MAXINSNS {
+        return Err(unsupported(format!("{} BPF instructions, more than a filter may have", program.len())));
     }
-    let total: usize = programs.iter().map(|p| p.len() + 4).sum();
-    if total > MAX_INSNS_PER_PATH {
-        return Err(unsupported(format!("{total} BPF instructions, more than the kernel installs")));
+    Ok(Seccomp { programs: vec![program], flags: flags(profile) })
+}
+
+/// One program of segments: each segment's `ALLOW` (all but the last
+/// segment's, its "no match") becomes a jump to the next segment, so a call
+/// gets the first segment's answer that is not `ALLOW`. One program rather
+/// than one filter each: a filter installed first would judge the
+/// `seccomp` calls installing the rest, and a profile need not allow them.
+fn chain(segments: Vec<Vec<u64>>) -> Vec<u64> {
+    let mut program = Vec::new();
+    let count = segments.len();
+    for (n, segment) in segments.into_iter().enumerate() {
+        let end = program.len() + segment.len();
+        let last = n + 1 == count;
+        for insn in segment {
+            let next = program.len() + 1;
+            program.push(match Seccomp::unpack(insn) {
+                (BPF_RET, _, _, SECCOMP_RET_ALLOW) if !last => {
+                    Seccomp::pack(BPF_JA, 0, 0, (end - next) as u32)
+                }
+                _ => insn,
+            });
+        }
     }
-    Ok(Seccomp { programs, flags: flags(profile) })
+    program
 }
 
 fn unsupported(what: String) -> SpecError {
@@ -210,7 +243,6 @@ fn program(
 #[cfg(target_arch = "x86_64")]
 fn guard() -> Vec<Vec<u64>> {
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
     const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
     vec![vec![
         Seccomp::pack(0x20, 0, 0, 0),                                       // ld [nr]
@@ -276,9 +308,9 @@ mod tests {
             ]
         }));
         let compiled = compile(&p).expect("compiles");
-        let expected = if cfg!(target_arch = "x86_64") { 3 } else { 2 };
-        assert_eq!(compiled.programs.len(), expected, "the x32 guard, the default's, clone3's ENOSYS");
-        assert!(compiled.programs.iter().all(|p| !p.is_empty() && p.len() <= 4096));
+        assert_eq!(compiled.programs.len(), 1, "one program");
+        let length = compiled.programs[0].len();
+        assert!(length <= 4096, "{length} instructions, more than the kernel takes");
         assert_eq!(compiled.flags, 0);
     }
 
@@ -403,5 +435,50 @@ mod tests {
         // The same probe unconfined fails its first check: the profile did it.
         assert_eq!(run_under(&Seccomp::default(), probe), 1);
         let _ = std::fs::remove_dir("/tmp/pvisor-seccomp-probe-dir");
+    }
+
+    /// An allow-list profile (containerd's kind): what no entry names, and
+    /// a named call whose argument conditions do not hold, gets the default
+    /// errno; what entries allow works; of two matching entries the more
+    /// restrictive action wins.
+    #[test]
+    fn an_allow_list_profile_answers_the_rest_with_its_default() {
+        let p = profile(serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "defaultErrnoRet": 28,
+            "syscalls": [
+                {"names": ["exit", "exit_group", "getppid", "getpid"], "action": "SCMP_ACT_ALLOW"},
+                {"names": ["getpriority"], "action": "SCMP_ACT_ALLOW",
+                 "args": [{"index": 0, "value": 0, "op": "SCMP_CMP_EQ"}]},
+                {"names": ["getpid"], "action": "SCMP_ACT_ERRNO", "errnoRet": 13}
+            ]
+        }));
+        let compiled = compile(&p).expect("compiles");
+        fn probe() -> i32 {
+            let path = c"/tmp/pvisor-seccomp-allow-list-dir";
+            // SAFETY: bare syscalls with valid arguments.
+            unsafe {
+                if errno_of(libc::syscall(libc::SYS_mkdirat, libc::AT_FDCWD, path.as_ptr(), 0o700))
+                    != libc::ENOSPC
+                {
+                    return 1;
+                }
+                if errno_of(libc::syscall(libc::SYS_getpriority, libc::PRIO_PGRP, 0)) != libc::ENOSPC {
+                    return 2;
+                }
+                if errno_of(libc::syscall(libc::SYS_getpriority, libc::PRIO_PROCESS, 0)) != 0 {
+                    return 3;
+                }
+                if errno_of(libc::syscall(libc::SYS_getppid)) != 0 {
+                    return 4;
+                }
+                if errno_of(libc::syscall(libc::SYS_getpid)) != libc::EACCES {
+                    return 5;
+                }
+            }
+            0
+        }
+        assert_eq!(run_under(&compiled, probe), 0, "the probe's failed check");
+        assert!(!Path::new("/tmp/pvisor-seccomp-allow-list-dir").exists(), "mkdir made nothing");
     }
 }
