@@ -178,7 +178,9 @@ pub enum Request {
 /// What an OCI runtime spec restricts a container's process to, applied by
 /// the agent between fork and exec, in runc's order: rlimits, the bounding
 /// set, the user (capabilities kept across it), the other capability sets,
-/// the ambient set, `no_new_privs`. Sysctls are written before the fork.
+/// the ambient set, `no_new_privs`, then the seccomp filter (installed
+/// before the bounding set instead when `no_new_privs` is off, while the
+/// process still holds `CAP_SYS_ADMIN`). Sysctls are written before the fork.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Confinement {
@@ -193,6 +195,35 @@ pub struct Confinement {
     /// `(key, value)`, the key in dotted form (`net.ipv4.ip_forward`):
     /// written to the guest's `/proc/sys`, never the host's.
     pub sysctl: Vec<(String, String)>,
+    /// The spec's seccomp profile, compiled by the host (left out when
+    /// absent, so an agent that cannot install one refuses the exec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<Seccomp>,
+}
+
+/// A seccomp filter as classic BPF programs, installed in order with
+/// `seccomp(SECCOMP_SET_MODE_FILTER, flags)`. The kernel runs every
+/// installed program on each call and takes the most restrictive answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seccomp {
+    /// Each program's instructions, one `struct sock_filter` per number:
+    /// `code << 48 | jt << 40 | jf << 32 | k` ([`Seccomp::pack`]).
+    pub programs: Vec<Vec<u64>>,
+    /// `SECCOMP_FILTER_FLAG_*` bits passed with each program.
+    pub flags: u32,
+}
+
+impl Seccomp {
+    /// One instruction as it travels.
+    pub fn pack(code: u16, jt: u8, jf: u8, k: u32) -> u64 {
+        (u64::from(code) << 48) | (u64::from(jt) << 40) | (u64::from(jf) << 32) | u64::from(k)
+    }
+
+    /// `(code, jt, jf, k)` of a packed instruction.
+    pub fn unpack(insn: u64) -> (u16, u8, u8, u32) {
+        ((insn >> 48) as u16, (insn >> 40) as u8, (insn >> 32) as u8, insn as u32)
+    }
 }
 
 /// Capability sets as masks: bit `n` is capability `n` (`CAP_CHOWN` is 0).
@@ -495,6 +526,23 @@ mod tests {
             terminal,
             confinement: None,
         }
+    }
+
+    /// An instruction survives its trip; a confinement without a filter
+    /// has no `seccomp` key, so an agent before filters still parses it.
+    #[test]
+    fn seccomp_programs_travel_intact_and_only_when_asked_for() {
+        let insn = (0x15, 3, 250, 0xc000_003e);
+        assert_eq!(Seccomp::unpack(Seccomp::pack(insn.0, insn.1, insn.2, insn.3)), insn);
+        let json = serde_json::to_value(Confinement::default()).expect("serializes");
+        assert!(json.get("seccomp").is_none(), "{json}");
+        let filtered = Confinement {
+            seccomp: Some(Seccomp { programs: vec![vec![Seccomp::pack(6, 0, 0, 0x7fff_0000)]], flags: 1 }),
+            ..Confinement::default()
+        };
+        let back: Confinement =
+            serde_json::from_value(serde_json::to_value(&filtered).expect("serializes")).expect("parses");
+        assert_eq!(back, filtered);
     }
 
     #[test]

@@ -144,7 +144,8 @@ impl Container {
         if self.init.snapshot().status != Status::Running {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
-        let spec: ProcessSpec = spec::exec_process(process_json)?;
+        let seccomp = self.init.spec.confinement.as_ref().and_then(|c| c.seccomp.as_ref());
+        let spec: ProcessSpec = spec::exec_process(process_json, seccomp)?;
         // Started before the lock (it may take seconds to get ready); a
         // duplicate's logger is finished when it is dropped. Its
         // CONTAINER_ID is the exec's id, as runc's shim gives it

@@ -12,6 +12,7 @@ mod container;
 mod logger;
 mod process;
 mod rootfs;
+mod seccomp;
 mod service;
 mod spec;
 mod stats;

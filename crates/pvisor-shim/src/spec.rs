@@ -3,13 +3,14 @@
 //! become the VM's limits. Only this module reads `config.json`.
 //!
 //! What restricts the process (capabilities, `noNewPrivileges`, rlimits,
-//! the user, sysctls) becomes a [`Confinement`] the guest agent applies
-//! inside the VM, as runc would on a host. What a VM cannot honour is
+//! the user, sysctls, the seccomp profile, compiled here by
+//! [`crate::seccomp`]) becomes a [`Confinement`] the guest agent applies
+//! inside the VM, as runc would on a host; the container's execs get the
+//! same seccomp profile, as runc gives them. What a VM cannot honour is
 //! refused here with a clear message, never dropped: hooks (they would run
 //! on the host, as root), host devices, a host pid namespace to join, and
-//! seccomp profiles (the agent has no seccomp compiler; a profile is a
-//! restriction asked for, so the container is refused rather than run
-//! without it). AppArmor and SELinux labels name host policies the guest
+//! what of a seccomp profile the guest cannot apply (a listener on the
+//! host). AppArmor and SELinux labels name host policies the guest
 //! kernel does not load: they are logged as not applied, which is what
 //! Kata Containers does (its runtime drops the guest's SELinux label with
 //! a log line when guest SELinux is off, and its agent ignores
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxDeviceType, LinuxNamespaceType, Process, Spec};
 use pvisor::actions::guest::KEEPER;
-use pvisor_agent_proto::{Capabilities, Confinement, Rlimit, RLIMITS};
+use pvisor_agent_proto::{Capabilities, Confinement, Rlimit, Seccomp, RLIMITS};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::ResourceLimits;
 
@@ -177,7 +178,8 @@ pub fn init_process(spec: &Spec) -> Result<ProcessSpec, SpecError> {
             confinement: None,
         });
     }
-    let mut process = process(spec.process().as_ref().ok_or(SpecError::NoProcess)?)?;
+    let seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()).map(crate::seccomp::compile);
+    let mut process = process(spec.process().as_ref().ok_or(SpecError::NoProcess)?, seccomp.transpose()?)?;
     let sysctl = spec.linux().as_ref().and_then(|l| l.sysctl().clone()).unwrap_or_default();
     if let Some(confinement) = process.confinement.as_mut() {
         confinement.sysctl = sysctl.into_iter().collect();
@@ -185,14 +187,15 @@ pub fn init_process(spec: &Spec) -> Result<ProcessSpec, SpecError> {
     Ok(process)
 }
 
-/// An exec's process, as containerd sends it (the OCI `Process` in JSON).
-pub fn exec_process(json: &[u8]) -> Result<ProcessSpec, SpecError> {
+/// An exec's process, as containerd sends it (the OCI `Process` in JSON),
+/// under the container's seccomp filter (`seccomp`, its init process's).
+pub fn exec_process(json: &[u8], seccomp: Option<&Seccomp>) -> Result<ProcessSpec, SpecError> {
     let parsed: Process =
         serde_json::from_slice(json).map_err(|e| SpecError::Load(format!("the exec's process spec: {e}")))?;
-    process(&parsed)
+    process(&parsed, seccomp.cloned())
 }
 
-fn process(process: &Process) -> Result<ProcessSpec, SpecError> {
+fn process(process: &Process, seccomp: Option<Seccomp>) -> Result<ProcessSpec, SpecError> {
     let args = process.args().clone().unwrap_or_default();
     if args.is_empty() {
         return Err(SpecError::NoArgs);
@@ -208,7 +211,7 @@ fn process(process: &Process) -> Result<ProcessSpec, SpecError> {
         })
         .collect();
     let terminal = process.terminal().unwrap_or(false);
-    let confinement = Some(Box::new(confinement(process)?));
+    let confinement = Some(Box::new(Confinement { seccomp, ..confinement(process)? }));
     Ok(ProcessSpec { argv: args, env, cwd: process.cwd().clone(), terminal, guest_root: false, confinement })
 }
 
@@ -248,6 +251,7 @@ fn confinement(process: &Process) -> Result<Confinement, SpecError> {
         no_new_privileges: process.no_new_privileges().unwrap_or(false),
         rlimits,
         sysctl: Vec::new(),
+        seccomp: None,
     })
 }
 
@@ -314,11 +318,6 @@ pub fn refuse_unhonourable(spec: &Spec) -> Result<(), SpecError> {
     });
     if pid_path {
         return unsupported("joining a pid namespace (shareProcessNamespace: each container is its own VM)");
-    }
-    if linux.seccomp().is_some() {
-        return unsupported(
-            "a seccomp profile (the guest agent cannot apply one; the container is refused rather than run without it)",
-        );
     }
     let apparmor = spec.process().as_ref().and_then(|p| p.apparmor_profile().clone());
     let selinux = spec.process().as_ref().and_then(|p| p.selinux_label().clone());
@@ -494,12 +493,12 @@ mod tests {
     fn a_terminal_is_asked_for_and_the_user_is_the_agents_to_take_on() {
         let tty =
             serde_json::json!({"terminal": true, "args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
-        assert!(exec_process(tty.to_string().as_bytes()).expect("runnable").terminal);
+        assert!(exec_process(tty.to_string().as_bytes(), None).expect("runnable").terminal);
         let pipes = serde_json::json!({"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
-        assert!(!exec_process(pipes.to_string().as_bytes()).expect("runnable").terminal);
+        assert!(!exec_process(pipes.to_string().as_bytes(), None).expect("runnable").terminal);
         let user = serde_json::json!({"args": ["id"], "cwd": "/",
                                       "user": {"uid": 1000, "gid": 1001, "additionalGids": [5]}});
-        let p = exec_process(user.to_string().as_bytes()).expect("runnable");
+        let p = exec_process(user.to_string().as_bytes(), None).expect("runnable");
         assert_eq!(p.argv, ["id"], "no setpriv: the agent switches the user");
         let c = p.confinement.expect("confined");
         assert_eq!((c.uid, c.gid, c.additional_gids.as_slice()), (1000, 1001, [5].as_slice()));
@@ -606,10 +605,31 @@ mod tests {
             "joining a pid namespace",
         );
         refused(
-            &|j| j["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW"}),
-            "seccomp",
+            &|j| {
+                j["linux"]["seccomp"] = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW",
+                    "syscalls": [{"names": ["ioctl"], "action": "SCMP_ACT_NOTIFY"}]})
+            },
+            "SCMP_ACT_NOTIFY",
         );
         refused(&|j| j["process"]["user"]["username"] = "nobody".into(), "a user by name");
+    }
+
+    /// A seccomp profile becomes the init process's filter, and an exec
+    /// into the container runs under the same one.
+    #[test]
+    fn the_seccomp_profile_confines_the_init_process_and_its_execs() {
+        let s = spec(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "linux": {"seccomp": {"defaultAction": "SCMP_ACT_ALLOW",
+                                  "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO"}]}}
+        }));
+        let init = init_process(&s).expect("runnable").confinement.expect("confined");
+        let seccomp = init.seccomp.expect("a filter");
+        assert!(!seccomp.programs.is_empty());
+        let exec = serde_json::json!({"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
+        let exec = exec_process(exec.to_string().as_bytes(), Some(&seccomp)).expect("runnable");
+        assert_eq!(exec.confinement.expect("confined").seccomp, Some(seccomp));
     }
 
     #[test]

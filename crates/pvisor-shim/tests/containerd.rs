@@ -65,8 +65,9 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     assert_eq!(out.status.code(), Some(3));
 
     // A running container survives a containerd restart; exec into it,
-    // then kill it with a signal.
-    c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", COUNTER]);
+    // then kill it with a signal. It runs under containerd's default
+    // seccomp profile (what CRI gives `RuntimeDefault`), and so do its execs.
+    c.ok(&["run", "-d", "--seccomp", "--runtime", RUNTIME, IMAGE, "long", "sh", "-c", COUNTER]);
     eventually("the task runs", Duration::from_secs(30), || {
         c.task_status("long").as_deref() == Some("RUNNING")
     });
@@ -84,6 +85,9 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     ]);
     assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
     assert_eq!(exec.status.code(), Some(5));
+    let filtered =
+        c.ok(&["task", "exec", "--exec-id", "sc", "long", "grep", "^Seccomp:", "/proc/self/status"]);
+    assert_eq!(filtered, "Seccomp:\t2\n", "the exec runs under the container's filter");
     // Stdin reaches the process, and so does its end: `cat` exits.
     let mut cat = Command::new("ctr")
         .args(["-a", &c.sock, "-n", NAMESPACE, "task", "exec", "--exec-id", "e0", "long", "cat"])
@@ -826,7 +830,9 @@ const DEFAULT_CAPABILITIES: [&str; 14] = [
 /// setuid-root file and a symlink to the victim (what a guest plants
 /// through a read-write share of the same directory). The create neither
 /// blocks on the FIFO nor writes through either symlink; the container has
-/// no capability, so `mount` and `mknod` fail in it.
+/// no capability, so `mount` and `mknod` fail in it; and its seccomp
+/// profile, which denies `mkdir` with `ENOSPC`, is in force: `mkdir` fails
+/// with that errno.
 #[test]
 fn a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept() {
     if !able("a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept") {
@@ -851,8 +857,15 @@ fn a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_k
     let probe = "cat /data/sub/authorized_keys; ls -l /data/suid | cut -c1-10; readlink /data/link; \
                  [ -e /data/fifo ] || echo no-fifo; grep CapEff /proc/self/status; \
                  mount -t tmpfs t /tmp 2>/dev/null && echo mounted || echo mount-refused; \
-                 mknod /tmp/n c 1 3 2>/dev/null && echo mknod-made || echo mknod-refused";
+                 mknod /tmp/n c 1 3 2>/dev/null && echo mknod-made || echo mknod-refused; \
+                 mkdir /tmp/denied 2>&1; [ -d /tmp/denied ] && echo made; grep '^Seccomp:' /proc/self/status";
+    let profile = c.dir.path().join("seccomp.json");
+    let denied = serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+        {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": libc::ENOSPC}]});
+    std::fs::write(&profile, denied.to_string()).expect("write");
+    let profile = profile.display().to_string();
     let mut create = vec!["container", "create", "--runtime", RUNTIME, "--mount", &mount];
+    create.extend(["--seccomp", "--seccomp-profile", &profile]);
     for cap in DEFAULT_CAPABILITIES {
         create.extend(["--cap-drop", cap]);
     }
@@ -878,10 +891,11 @@ fn a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_k
     assert_eq!(
         text(&out.stdout).replace('\r', ""),
         format!(
-            "ssh-ed25519 attacker\n-rwxr-xr-x\n{}\nno-fifo\nCapEff:\t0000000000000000\nmount-refused\nmknod-refused\n",
+            "ssh-ed25519 attacker\n-rwxr-xr-x\n{}\nno-fifo\nCapEff:\t0000000000000000\nmount-refused\nmknod-refused\n\
+             mkdir: can't create directory '/tmp/denied': No space left on device\nSeccomp:\t2\n",
             victim.display()
         ),
-        "the copy is in the VM, without setuid, the link a link, the FIFO skipped, no capability: {}",
+        "the copy is in the VM, without setuid, the link a link, the FIFO skipped, no capability, the filter on: {}",
         text(&out.stderr)
     );
     let left: Vec<_> =

@@ -10,7 +10,16 @@
 //! 3. the user: supplementary groups, gid, uid, with `PR_SET_KEEPCAPS` so
 //!    the permitted set survives the switch;
 //! 4. effective, permitted and inheritable sets (`capset`), then the ambient set;
-//! 5. `no_new_privs`.
+//! 5. `no_new_privs`;
+//! 6. the seccomp filter, compiled by the host (its programs installed in
+//!    order), as close to the exec as can be, so the profile need not allow
+//!    the calls of the steps above. Without `no_new_privs` installing a
+//!    filter needs `CAP_SYS_ADMIN`, so it goes in first instead, after the
+//!    rlimits, while the process still has every capability, and the
+//!    steps above must then pass it. This is runc's order
+//!    (`libcontainer/standard_init_linux.go`, `linuxStandardInit.Init`:
+//!    `InitSeccomp` before `finalizeNamespace` when `NoNewPrivileges` is
+//!    off, last otherwise).
 //!
 //! A process of uid 0 regains its bounding set at exec (the kernel's rule
 //! for root), so the bounding set is what bounds a root container: an
@@ -18,12 +27,14 @@
 
 use std::io;
 
-use pvisor_agent_proto::{Capabilities, Confinement};
+use pvisor_agent_proto::{Capabilities, Confinement, Seccomp};
 use rustix::process::{Gid, Uid};
 use rustix::thread::{CapabilitySet, CapabilitySets};
 
 /// The highest capability number a bounding set can hold.
 const LAST_CAP: u32 = 63;
+/// The most instructions one BPF program may have (`BPF_MAXINSNS`).
+const BPF_MAXINSNS: usize = 4096;
 
 /// A confinement made ready before the fork: nothing after it allocates.
 pub(crate) struct Ready {
@@ -33,6 +44,8 @@ pub(crate) struct Ready {
     capabilities: Option<Capabilities>,
     no_new_privileges: bool,
     rlimits: Vec<(u32, libc::rlimit)>,
+    /// The seccomp programs and the flags to install each with.
+    seccomp: Option<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)>,
 }
 
 /// Writes the sysctls and readies the rest; a key that does not name a
@@ -55,7 +68,30 @@ pub(crate) fn prepare(confinement: &Confinement) -> io::Result<Ready> {
         capabilities: confinement.capabilities,
         no_new_privileges: confinement.no_new_privileges,
         rlimits,
+        seccomp: confinement.seccomp.as_ref().map(programs).transpose()?,
     })
+}
+
+/// The filter's programs as the kernel takes them; an empty program or
+/// one longer than the kernel's limit is refused (its length travels in
+/// 16 bits, so a longer one would be cut, not refused, by the kernel).
+fn programs(seccomp: &Seccomp) -> io::Result<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)> {
+    let programs = seccomp
+        .programs
+        .iter()
+        .map(|program| {
+            if program.is_empty() || program.len() > BPF_MAXINSNS {
+                let why = format!("a seccomp program of {} instructions", program.len());
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+            }
+            let insns = program.iter().map(|insn| {
+                let (code, jt, jf, k) = Seccomp::unpack(*insn);
+                libc::sock_filter { code, jt, jf, k }
+            });
+            Ok(insns.collect())
+        })
+        .collect::<io::Result<_>>()?;
+    Ok((programs, libc::c_ulong::from(seccomp.flags)))
 }
 
 /// `/proc/sys/` and the dotted key as a path; only letters, digits, `_`
@@ -80,6 +116,9 @@ impl Ready {
                 return Err(io::Error::last_os_error());
             }
         }
+        if !self.no_new_privileges {
+            self.install_seccomp()?;
+        }
         if let Some(caps) = &self.capabilities {
             drop_bounding(caps.bounding)?;
             rustix::thread::set_keep_capabilities(true)?;
@@ -102,6 +141,23 @@ impl Ready {
         }
         if self.no_new_privileges {
             rustix::thread::set_no_new_privs(true)?;
+            self.install_seccomp()?;
+        }
+        Ok(())
+    }
+
+    /// Installs the seccomp programs, if any, in order.
+    fn install_seccomp(&self) -> io::Result<()> {
+        let Some((programs, flags)) = &self.seccomp else { return Ok(()) };
+        for program in programs {
+            let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr().cast_mut() };
+            // SAFETY: the kernel copies the program, which outlives the call.
+            let rc = unsafe {
+                libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, *flags, &fprog as *const _)
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         Ok(())
     }
@@ -155,27 +211,84 @@ mod tests {
         }
     }
 
+    /// `script` run by `/bin/sh` under `confinement`: its output.
+    fn run_confined(confinement: Confinement, script: &str) -> String {
+        use std::os::unix::process::CommandExt;
+        let ready = prepare(&confinement).expect("ready");
+        let mut command = std::process::Command::new("/bin/sh");
+        command.args(["-c", script]);
+        // SAFETY: apply makes bare syscalls only (see its documentation).
+        unsafe { command.pre_exec(move || ready.apply()) };
+        let out = command.output().expect("runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("text")
+    }
+
+    /// A filter denying `mkdir` and `mkdirat` with `EPERM` (what the shim
+    /// compiles from such a profile).
+    fn deny_mkdir() -> Seccomp {
+        use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+        let arch = std::env::consts::ARCH.try_into().expect("a seccomp architecture");
+        #[cfg(target_arch = "x86_64")]
+        let denied = [libc::SYS_mkdirat, libc::SYS_mkdir];
+        #[cfg(not(target_arch = "x86_64"))]
+        let denied = [libc::SYS_mkdirat];
+        let rules = denied.into_iter().map(|nr| (nr, Vec::new())).collect();
+        let filter =
+            SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
+                .expect("a filter");
+        let bpf: BpfProgram = filter.try_into().expect("compiles");
+        let program = bpf.iter().map(|i| Seccomp::pack(i.code, i.jt, i.jf, i.k)).collect();
+        Seccomp { programs: vec![program], flags: 0 }
+    }
+
+    /// A confined process under a filter denying `mkdir` gets `EPERM` from
+    /// it, though root, and its other calls work; with `no_new_privs` (the
+    /// filter installed last) and without it (installed first, while the
+    /// process may, then passed by the switch to another user).
+    #[test]
+    fn a_seccomp_filter_denies_what_it_names_and_nothing_else() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIP: installing a filter without no_new_privs needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+        let target = dir.path().join("made");
+        let script = format!(
+            "mkdir {0} 2>&1 || echo refused; echo > {0}.file && echo wrote; grep '^Seccomp:' /proc/self/status; id -u",
+            target.display()
+        );
+        for (no_new_privileges, uid) in [(true, 0), (false, 4242)] {
+            let confinement = Confinement {
+                uid,
+                gid: uid,
+                no_new_privileges,
+                seccomp: Some(deny_mkdir()),
+                ..Confinement::default()
+            };
+            let seen = run_confined(confinement, &script);
+            assert!(seen.contains("Operation not permitted\nrefused\n"), "{seen}");
+            assert!(seen.contains("wrote\nSeccomp:\t2\n") && seen.ends_with(&format!("{uid}\n")), "{seen}");
+            assert!(!target.exists(), "mkdir made nothing");
+            std::fs::remove_file(dir.path().join("made.file")).expect("the write happened");
+        }
+    }
+
     /// A process confined to empty sets, `no_new_privs`, a user and an
     /// rlimit shows exactly that in its own `/proc/self/status`.
     #[test]
     fn a_confined_process_has_what_it_was_given_and_nothing_more() {
-        use std::os::unix::process::CommandExt;
         if !rustix::process::geteuid().is_root() {
             eprintln!("SKIP: confining a process to another user needs root");
             return;
         }
         let status = |confinement: Confinement| -> String {
-            let ready = prepare(&confinement).expect("ready");
-            let mut command = std::process::Command::new("/bin/sh");
-            command.args([
-                "-c",
+            run_confined(
+                confinement,
                 "grep -E '^(Uid|CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; ulimit -n",
-            ]);
-            // SAFETY: apply makes bare syscalls only (see its documentation).
-            unsafe { command.pre_exec(move || ready.apply()) };
-            let out = command.output().expect("runs");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8(out.stdout).expect("text")
+            )
         };
         let none = Capabilities::default();
         let empty = Confinement {
