@@ -11,6 +11,7 @@
 //! - [`ledger`]: what has been applied or dropped, crash-safe;
 //! - [`apply`]: selection, conflict verdicts and confined writes;
 //! - [`review`]: unified diffs for people;
+//! - [`linediff`]: the bounded line diff they and `apply -p` share;
 //! - [`hunks`]: a modified text file's hunks, and the file with only some of them (`apply -p`);
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
@@ -24,8 +25,10 @@ pub mod checkpoint;
 pub mod glob;
 pub mod hunks;
 pub mod ledger;
+pub mod linediff;
 mod overlay;
 pub mod preimage;
+mod region;
 pub mod review;
 pub mod sensitive;
 
