@@ -502,16 +502,34 @@ fn apply_one(
             // written; `execute` gives it its staged mode once they are.
             ws.mkdir(rel, (change.mode | 0o700) & 0o1777).map_err(io("create directory"))?;
             if change.kind == ChangeKind::OpaqueDir {
-                let keep: std::collections::BTreeSet<_> =
-                    upper.list(rel).map_err(io("list the staged"))?.into_iter().collect();
-                for name in ws.list(rel).map_err(io("list"))? {
-                    if !keep.contains(&name) {
-                        ws.remove_all(&rel.join(&name)).map_err(io("remove replaced content"))?;
-                    }
-                }
+                remove_hidden(ws, upper, rel).map_err(io("remove replaced content"))?;
             }
             Ok(())
         }
         EntryType::Special => Ok(()),
     }
+}
+
+/// Removes what the opaque directory `rel` hides: every host entry beneath
+/// it that the stage does not re-create, at any depth where both hold a
+/// directory. These are exactly the paths the scan names `deleted` beneath
+/// it, so applying the directory removes what review showed and nothing
+/// else. Iterative: a re-created tree may be deeper than the stack allows.
+fn remove_hidden(ws: &Root, upper: &Root, rel: &Path) -> std::io::Result<()> {
+    let is_dir = |root: &Root, path: &Path| -> std::io::Result<bool> {
+        Ok(root.stat(path)?.is_some_and(|s| s.kind == Kind::Dir))
+    };
+    let mut dirs = vec![rel.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let keep: std::collections::BTreeSet<_> = upper.list(&dir)?.into_iter().collect();
+        for name in ws.list(&dir)? {
+            let path = dir.join(&name);
+            if !keep.contains(&name) {
+                ws.remove_all(&path)?;
+            } else if is_dir(ws, &path)? && is_dir(upper, &path)? {
+                dirs.push(path);
+            }
+        }
+    }
+    Ok(())
 }

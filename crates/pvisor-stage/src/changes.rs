@@ -149,31 +149,58 @@ fn link_digest(path: &Path) -> io::Result<(PathBuf, String)> {
     Ok((target, digest))
 }
 
-/// `under_opaque`: an ancestor directory is opaque, so the lower side is hidden.
+/// The sorted names of the directory open as `dir`.
+fn list(dir: &fs::File, rel: &Path) -> Result<Vec<std::ffi::OsString>, StageError> {
+    use std::os::unix::ffi::OsStrExt;
+    let list_err = |e| StageError::io("list", rel, e);
+    let mut names: Vec<_> = fs::read_dir(at(dir, std::ffi::OsStr::new(".")))
+        .map_err(list_err)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(list_err)?;
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names)
+}
+
+/// `hides_lower`: this directory, or an ancestor, is opaque (overlay shows
+/// none of the lower directory's entries here), so every lower entry the
+/// upper does not re-create is a deletion, named as one: review must show
+/// each path that applying the directory removes. Entries the upper does
+/// hold are compared with the lower as anywhere else, so a file copied back
+/// unchanged is no change and an edited one is `modified`.
 /// `upper_dir` and `lower_dir` are open handles on `rel` in each layer.
 fn walk(
     upper_dir: &fs::File,
     lower_dir: Option<&fs::File>,
     rel: &Path,
-    under_opaque: bool,
+    hides_lower: bool,
     out: &mut Vec<ChangeEntry>,
 ) -> Result<(), StageError> {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
-    let here = at(upper_dir, std::ffi::OsStr::new("."));
-    let list_err = |e| StageError::io("list", rel, e);
-    let mut names: Vec<_> = fs::read_dir(&here)
-        .map_err(list_err)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(list_err)?;
-    names.sort_by(|a, b| {
-        use std::os::unix::ffi::OsStrExt;
-        a.as_bytes().cmp(b.as_bytes())
-    });
-    for name in names {
+    let upper_names = list(upper_dir, rel)?;
+    let mut names: Vec<(std::ffi::OsString, bool)> = upper_names.iter().map(|n| (n.clone(), false)).collect();
+    if let (true, Some(lower_dir)) = (hides_lower, lower_dir) {
+        let upper_set: std::collections::HashSet<_> = upper_names.iter().collect();
+        names.extend(list(lower_dir, rel)?.into_iter().filter(|n| !upper_set.contains(n)).map(|n| (n, true)));
+        names.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    }
+    for (name, hidden) in names {
         let rel = rel.join(&name);
+        if hidden {
+            let path = RelPath::new(&rel);
+            out.push(ChangeEntry {
+                path,
+                kind: ChangeKind::Deleted,
+                entry: EntryType::None,
+                size: 0,
+                mode: 0,
+                blake3: None,
+            });
+            continue;
+        }
         let upper = at(upper_dir, &name);
-        let lower_path = lower_dir.filter(|_| !under_opaque).map(|d| at(d, &name));
+        let lower_path = lower_dir.map(|d| at(d, &name));
         let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, &rel))? else { continue };
         let lower = match &lower_path {
             Some(p) => lstat(p).map_err(|e| rename_path(e, &rel))?,
@@ -205,7 +232,7 @@ fn walk(
                     Some(EntryType::Dir) => {}
                     Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
                 }
-                let hides_lower = under_opaque || opaque || lower_type != Some(EntryType::Dir);
+                let child_hides = hides_lower || opaque;
                 // A directory the command made unsearchable to its owner is
                 // opened back up (the manifest keeps the mode it set).
                 if mode & 0o700 != 0o700 {
@@ -213,11 +240,13 @@ fn walk(
                         .map_err(|e| StageError::io("unlock", &rel, e))?;
                 }
                 let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
-                let lower_child = match (&lower_path, hides_lower) {
-                    (Some(p), false) => Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?),
+                let lower_child = match (&lower_path, lower_type) {
+                    (Some(p), Some(EntryType::Dir)) => {
+                        Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?)
+                    }
                     _ => None,
                 };
-                walk(&child, lower_child.as_ref(), &rel, hides_lower, out)?;
+                walk(&child, lower_child.as_ref(), &rel, child_hides, out)?;
             }
             EntryType::File => {
                 let digest = with_access(&upper, mode, 0o400, || file_digest(&upper))
@@ -330,6 +359,35 @@ mod tests {
         }
         assert!(mknod_whiteout(&upper.path().join("never-existed")));
         assert_eq!(kinds(&scan(upper.path(), lower.path()).unwrap()), vec![("gone".into(), "deleted")]);
+    }
+
+    #[test]
+    fn an_opaque_directory_names_every_host_entry_it_hides() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let (l, u) = (lower.path(), upper.path());
+        fs::create_dir_all(l.join("src/sub")).unwrap();
+        fs::write(l.join("src/guard.rs"), "check()\n").unwrap();
+        fs::write(l.join("src/main.rs"), "main\n").unwrap();
+        fs::write(l.join("src/sub/deep.rs"), "deep\n").unwrap();
+        fs::write(l.join("src/sub/kept.rs"), "kept\n").unwrap();
+        // `rm -rf src && mkdir src` and most files copied back.
+        fs::create_dir_all(u.join("src/sub")).unwrap();
+        if crate::overlay::mark_opaque(&u.join("src")).is_err() {
+            eprintln!("skipped: no user xattrs here");
+            return;
+        }
+        fs::write(u.join("src/main.rs"), "main\n").unwrap();
+        fs::write(u.join("src/sub/kept.rs"), "kept, edited\n").unwrap();
+        assert_eq!(
+            kinds(&scan(u, l).unwrap()),
+            vec![
+                ("src".into(), "opaque-dir"),
+                ("src/guard.rs".into(), "deleted"),
+                ("src/sub/deep.rs".into(), "deleted"),
+                ("src/sub/kept.rs".into(), "modified"),
+            ]
+        );
     }
 
     #[test]
