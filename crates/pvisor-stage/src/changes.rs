@@ -6,6 +6,7 @@
 //! (a directory traversed into, a file whose metadata only was touched with
 //! identical contents and mode) are not changes and are left out.
 
+use std::collections::HashMap;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -82,7 +83,7 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> 
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(StageError::io("list", lower, e)),
     };
-    walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out)?;
+    walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out, &mut HashMap::new())?;
     Ok(out)
 }
 
@@ -162,6 +163,17 @@ fn list(dir: &fs::File, rel: &Path) -> Result<Vec<std::ffi::OsString>, StageErro
     Ok(names)
 }
 
+/// Staged files with more than one name, by (device, inode).
+type Links = HashMap<(u64, u64), Linked>;
+
+/// The first name met of a staged inode with several.
+#[derive(Clone)]
+struct Linked {
+    /// Its path, if it is a change (a name the manifest holds).
+    path: Option<RelPath>,
+    digest: String,
+}
+
 /// `hides_lower`: this directory, or an ancestor, is opaque (overlay shows
 /// none of the lower directory's entries here), so every lower entry the
 /// upper does not re-create is a deletion, named as one: review must show
@@ -175,6 +187,7 @@ fn walk(
     rel: &Path,
     hides_lower: bool,
     out: &mut Vec<ChangeEntry>,
+    links: &mut Links,
 ) -> Result<(), StageError> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
@@ -196,6 +209,7 @@ fn walk(
                 size: 0,
                 mode: 0,
                 blake3: None,
+                hardlink_of: None,
             });
             continue;
         }
@@ -208,8 +222,17 @@ fn walk(
         };
         let lower_type = lower.as_ref().map(entry_type);
         let mode = meta.mode() & 0o7777;
+        let before = out.len();
         let mut push = |kind, entry, size, digest| {
-            out.push(ChangeEntry { path: RelPath::new(&rel), kind, entry, size, mode, blake3: digest })
+            out.push(ChangeEntry {
+                path: RelPath::new(&rel),
+                kind,
+                entry,
+                size,
+                mode,
+                blake3: digest,
+                hardlink_of: None,
+            })
         };
 
         if overlay::is_whiteout(&upper, &meta) {
@@ -246,11 +269,19 @@ fn walk(
                     }
                     _ => None,
                 };
-                walk(&child, lower_child.as_ref(), &rel, child_hides, out)?;
+                walk(&child, lower_child.as_ref(), &rel, child_hides, out, links)?;
             }
             EntryType::File => {
-                let digest = with_access(&upper, mode, 0o400, || file_digest(&upper))
-                    .map_err(|e| StageError::io("read", &rel, e))?;
+                // A file with several names is hashed once: 200 links of a
+                // 50 MiB file are 50 MiB to read, not 10 GB.
+                let inode = (meta.nlink() > 1).then(|| (meta.dev(), meta.ino()));
+                let known = inode.and_then(|i| links.get(&i)).cloned();
+                let digest = match &known {
+                    Some(first) => first.digest.clone(),
+                    None => with_access(&upper, mode, 0o400, || file_digest(&upper))
+                        .map_err(|e| StageError::io("read", &rel, e))?,
+                };
+                let kept = digest.clone();
                 let size = meta.len();
                 match (lower_type, &lower, &lower_path) {
                     (None, _, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
@@ -264,6 +295,19 @@ fn walk(
                         }
                     }
                     (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
+                }
+                let pushed = out.len() > before;
+                match (known, inode) {
+                    (Some(Linked { path: Some(first), .. }), _) if pushed => {
+                        if let Some(last) = out.last_mut() {
+                            last.hardlink_of = Some(first);
+                        }
+                    }
+                    (None, Some(inode)) => {
+                        let path = pushed.then(|| RelPath::new(&rel));
+                        links.insert(inode, Linked { path, digest: kept });
+                    }
+                    _ => {}
                 }
             }
             EntryType::Symlink => {
