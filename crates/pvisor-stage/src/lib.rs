@@ -15,6 +15,7 @@
 //! - [`hunks`]: a modified text file's hunks, and the file with only some of them (`apply -p`);
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
+//! - [`names`]: names a person could mistake for others (marked in review);
 //! - [`sensitive`]: paths that make the host run code when applied (need consent);
 //! - [`glob`]: path patterns (`*`, `**`, `?`, classes), shared with `pvisor serve`'s file search.
 
@@ -26,6 +27,7 @@ pub mod glob;
 pub mod hunks;
 pub mod ledger;
 pub mod linediff;
+pub mod names;
 mod overlay;
 pub mod preimage;
 mod region;

@@ -80,18 +80,24 @@ fn summarise(out: &mut dyn Write, what: &str, old: &[u8], new: &[u8]) -> io::Res
     )
 }
 
-/// Writes the diff of `change`: the workspace (`ws`) now versus the stage (`upper`).
+/// Writes the diff of `change`: the workspace (`ws`) now versus the stage
+/// (`upper`). `confusable`: why its name could be mistaken for another
+/// (see [`crate::names`]), said under the header.
 pub fn write_diff(
     out: &mut dyn Write,
     ws: &Root,
     upper: &Root,
     change: &ChangeEntry,
+    confusable: Option<&str>,
     color: bool,
 ) -> io::Result<()> {
     let name = change.path.display_escaped();
     let paint = |code: &'static str| if color { code } else { "" };
     let reset = paint(RESET);
     writeln!(out, "{}diff {} ({}){reset}", paint(BOLD), name, change.kind.as_str())?;
+    if let Some(reason) = confusable {
+        writeln!(out, "  CONFUSABLE NAME: {reason}")?;
+    }
     let host_stat = ws.stat(change.path.as_path())?;
     match change.entry {
         EntryType::Symlink => {

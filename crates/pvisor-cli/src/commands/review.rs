@@ -27,7 +27,14 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
         let (ws, upper) = stage.diff_roots()?;
         for item in items.iter().filter(|i| i.remaining()) {
             writeln!(out)?;
-            pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
+            pvisor_stage::review::write_diff(
+            &mut out,
+            &ws,
+            &upper,
+            &item.change,
+            item.confusable.as_deref(),
+            color,
+        )?;
         }
     }
     Ok(0)
@@ -50,6 +57,9 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "partly_applied": item.partly_applied,
         "sensitive": item.sensitive.is_some(),
         "sensitive_reason": item.sensitive,
+        "confusable": item.confusable.is_some(),
+        "confusable_reason": item.confusable,
+        "hardlink_of": c.hardlink_of,
     })
 }
 
@@ -128,6 +138,9 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
             item.conflict.as_ref().or(item.unsupported.as_ref()).filter(|_| item.remaining())
         {
             writeln!(out, "            {}", crate::output::shown(reason))?;
+        }
+        if let Some(reason) = item.confusable.as_ref().filter(|_| item.remaining()) {
+            writeln!(out, "            CONFUSABLE NAME: {reason}")?;
         }
         if let Some(reason) = item.sensitive.as_ref().filter(|_| item.remaining()) {
             writeln!(out, "            SENSITIVE: {reason}; applied only when named exactly")?;
