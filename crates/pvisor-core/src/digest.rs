@@ -396,7 +396,8 @@ mod tests {
     #[test]
     fn a_sparse_copy_writes_only_the_filesystem_blocks_that_hold_data() {
         let dir = tempfile::tempdir().unwrap();
-        let from = File::options().create_new(true).write(true).read(true).open(dir.path().join("f")).unwrap();
+        let from =
+            File::options().create_new(true).write(true).read(true).open(dir.path().join("f")).unwrap();
         // One 4 KiB block of data at the start of each of 64 [`BLOCK`]s.
         for i in 0..64u64 {
             from.write_all_at(&[1u8; 4096], i * BLOCK as u64).unwrap();

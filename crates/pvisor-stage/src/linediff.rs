@@ -135,8 +135,10 @@ mod tests {
         let start = Instant::now();
         let d = LineDiff::new(&old, &new);
         assert!(start.elapsed() < DEADLINE * 6, "took {:?}", start.elapsed());
-        let removed = (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '-').count();
-        let added = (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '+').count();
+        let removed =
+            (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '-').count();
+        let added =
+            (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '+').count();
         assert_eq!((removed, added), (150_000, 150_000));
     }
 }

@@ -55,11 +55,11 @@ impl Siblings {
         if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
             return Some("begins or ends with a space".into());
         }
-        if let Some(c) = name.chars().find(|&c| is_other_space(c)) {
-            return Some(format!("holds {}, a space that is not U+0020", codepoint(c)));
-        }
         if let Some(c) = name.chars().find(|&c| text::is_unsafe(c)) {
             return Some(format!("holds {}, an invisible, control or bidi character", codepoint(c)));
+        }
+        if let Some(c) = name.chars().find(|&c| is_other_space(c)) {
+            return Some(format!("holds {}, a space that is not U+0020", codepoint(c)));
         }
         let alike = self.by_look.get(&skeleton(&name))?;
         alike.iter().find(|other| **other != *name).map(|other| {

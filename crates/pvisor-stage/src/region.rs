@@ -130,11 +130,7 @@ pub fn changed(old: &(impl Contents + ?Sized), new: &(impl Contents + ?Sized)) -
     let (prefix, lines, recent) = common_prefix(old, new, old_len.min(new_len))?;
     // Start at the beginning of the line `CONTEXT` lines above the first
     // difference (or at the top).
-    let (start, line) = if recent.len() > CONTEXT {
-        (recent[0] + 1, lines - CONTEXT)
-    } else {
-        (0, 0)
-    };
+    let (start, line) = if recent.len() > CONTEXT { (recent[0] + 1, lines - CONTEXT) } else { (0, 0) };
     let suffix = common_suffix(old, new, (old_len, new_len), prefix)?;
     let (old_end, new_end) = (old_len - suffix, new_len - suffix);
     let aligned = (old_end == start || byte_at(old, old_end - 1)? == b'\n')
@@ -170,7 +166,10 @@ mod tests {
     #[test]
     fn edges_and_insertions() {
         let r = changed(b"a\nb\n".as_slice(), b"a\nb\nc\n".as_slice()).unwrap();
-        assert_eq!((r.old.as_slice(), r.new.as_slice(), r.line), (b"a\nb\n".as_slice(), b"a\nb\nc\n".as_slice(), 0));
+        assert_eq!(
+            (r.old.as_slice(), r.new.as_slice(), r.line),
+            (b"a\nb\n".as_slice(), b"a\nb\nc\n".as_slice(), 0)
+        );
         let r = changed(b"".as_slice(), b"x".as_slice()).unwrap();
         assert_eq!(r.new, b"x");
         let r = changed(b"same\n".as_slice(), b"same\n".as_slice()).unwrap();

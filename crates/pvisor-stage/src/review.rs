@@ -34,12 +34,7 @@ const RESET: &str = "\x1b[0m";
 
 /// The changed region of the host file against the staged one; a side that
 /// is absent or not a regular file counts as empty.
-fn changed_region(
-    ws: &Root,
-    upper: &Root,
-    change: &ChangeEntry,
-    host: Option<Stat>,
-) -> io::Result<Region> {
+fn changed_region(ws: &Root, upper: &Root, change: &ChangeEntry, host: Option<Stat>) -> io::Result<Region> {
     let rel = change.path.as_path();
     let old = host.filter(|s| s.kind == Kind::File).map(|_| ws.open_file(rel)).transpose()?;
     let new = (change.entry == EntryType::File).then(|| upper.open_file(rel)).transpose()?;
@@ -114,7 +109,9 @@ pub fn write_diff(
         }
         EntryType::Dir => {
             let what = match change.kind {
-                ChangeKind::OpaqueDir => "directory replaced wholesale: entries not in the stage are removed",
+                ChangeKind::OpaqueDir => {
+                    "directory replaced wholesale: each host entry it does not re-create is removed, and listed as deleted"
+                }
                 ChangeKind::ModeChanged => "directory permissions changed",
                 ChangeKind::TypeChanged => "becomes a directory",
                 ChangeKind::Added | ChangeKind::Modified | ChangeKind::Deleted | ChangeKind::Symlink => {
@@ -129,6 +126,13 @@ pub fn write_diff(
             return Ok(());
         }
         EntryType::None | EntryType::File => {}
+    }
+    if let Some(first) = &change.hardlink_of {
+        writeln!(
+            out,
+            "  hard link of {}: applied as another name of the same file",
+            first.display_escaped()
+        )?;
     }
     if let Some(st) = host_stat {
         if change.kind == ChangeKind::ModeChanged

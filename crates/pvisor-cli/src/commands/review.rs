@@ -28,13 +28,13 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
         for item in items.iter().filter(|i| i.remaining()) {
             writeln!(out)?;
             pvisor_stage::review::write_diff(
-            &mut out,
-            &ws,
-            &upper,
-            &item.change,
-            item.confusable.as_deref(),
-            color,
-        )?;
+                &mut out,
+                &ws,
+                &upper,
+                &item.change,
+                item.confusable.as_deref(),
+                color,
+            )?;
         }
     }
     Ok(0)

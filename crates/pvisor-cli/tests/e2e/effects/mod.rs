@@ -10,6 +10,7 @@ use std::process::Stdio;
 
 use crate::support::*;
 
+mod deception;
 mod interactive;
 
 fn change<'a>(review: &'a [serde_json::Value], path: &str) -> &'a serde_json::Value {
