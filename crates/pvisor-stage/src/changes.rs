@@ -84,7 +84,30 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> 
         Err(e) => return Err(StageError::io("list", lower, e)),
     };
     walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out, &mut HashMap::new())?;
+    first_links_by_path(&mut out);
     Ok(out)
+}
+
+/// Makes each link group name its least path (by bytes, the order apply
+/// writes in) as the first, so the file exists before its links are made.
+/// The walk meets names depth first, which is not that order (`a/x` comes
+/// before `a-c` there).
+fn first_links_by_path(out: &mut [ChangeEntry]) {
+    let mut least: HashMap<RelPath, RelPath> = HashMap::new();
+    for c in out.iter() {
+        if let Some(first) = &c.hardlink_of {
+            let slot = least.entry(first.clone()).or_insert_with(|| first.clone());
+            if c.path < *slot {
+                *slot = c.path.clone();
+            }
+        }
+    }
+    for c in out.iter_mut() {
+        let group = c.hardlink_of.clone().unwrap_or_else(|| c.path.clone());
+        if let Some(first) = least.get(&group) {
+            c.hardlink_of = (c.path != *first).then(|| first.clone());
+        }
+    }
 }
 
 fn open_dir(path: &Path) -> io::Result<fs::File> {
@@ -432,6 +455,25 @@ mod tests {
                 ("src/sub/kept.rs".into(), "modified"),
             ]
         );
+    }
+
+    #[test]
+    fn a_file_with_several_names_is_hashed_once_and_its_least_path_is_the_first() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        fs::create_dir(u.join("a")).unwrap();
+        fs::write(u.join("a/x"), "data").unwrap();
+        fs::hard_link(u.join("a/x"), u.join("a-c")).unwrap();
+        fs::hard_link(u.join("a/x"), u.join("b")).unwrap();
+        let changes = scan(u, lower.path()).unwrap();
+        let first = |p: &str| {
+            let c = changes.iter().find(|c| c.path.as_path() == Path::new(p)).unwrap();
+            c.hardlink_of.as_ref().map(|f| f.display_escaped())
+        };
+        assert_eq!(first("a-c"), None);
+        assert_eq!(first("a/x"), Some("a-c".into()));
+        assert_eq!(first("b"), Some("a-c".into()));
     }
 
     #[test]

@@ -51,7 +51,19 @@ impl<'a> LineDiff<'a> {
         };
         let (a, b) = (intern(&old), intern(&new));
         let deadline = Instant::now() + DEADLINE;
-        let ops = similar::capture_diff_slices_deadline(Algorithm::Myers, &a, &b, Some(deadline));
+        // No line in common (a file rewritten end to end): the diff is known
+        // without a search, which could only time out.
+        let on_old: std::collections::HashSet<u32> = a.iter().copied().collect();
+        let ops = if b.iter().any(|id| on_old.contains(id)) {
+            similar::capture_diff_slices_deadline(Algorithm::Myers, &a, &b, Some(deadline))
+        } else {
+            match (a.len(), b.len()) {
+                (0, 0) => Vec::new(),
+                (0, new_len) => vec![DiffOp::Insert { old_index: 0, new_index: 0, new_len }],
+                (old_len, 0) => vec![DiffOp::Delete { old_index: 0, old_len, new_index: 0 }],
+                (old_len, new_len) => vec![DiffOp::Replace { old_index: 0, old_len, new_index: 0, new_len }],
+            }
+        };
         let coarse = Instant::now() >= deadline;
         let hunks = similar::group_diff_ops(ops, CONTEXT);
         Self { old, new, hunks, coarse }
@@ -140,5 +152,15 @@ mod tests {
         let added =
             (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '+').count();
         assert_eq!((removed, added), (150_000, 150_000));
+        // Half the lines kept: a search that must give up, still a whole diff.
+        let half: String = (0..150_000)
+            .map(|i| if i % 2 == 0 { format!("old line {i}\n") } else { format!("new line {i}\n") })
+            .collect();
+        let start = Instant::now();
+        let d = LineDiff::new(&old, &half);
+        assert!(start.elapsed() < DEADLINE * 6, "took {:?}", start.elapsed());
+        let added =
+            (0..d.hunks.len()).flat_map(|h| d.changes(h).into_iter()).filter(|(s, _)| *s == '+').count();
+        assert!(added >= 75_000, "{added}");
     }
 }
