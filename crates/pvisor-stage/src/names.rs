@@ -24,7 +24,7 @@ fn is_other_space(c: char) -> bool {
 pub fn skeleton(name: &str) -> String {
     let mapped: String = name
         .chars()
-        .filter(|&c| !(text::is_unsafe(c) && !c.is_whitespace()))
+        .filter(|&c| !text::is_unsafe(c) || c.is_whitespace())
         .map(|c| if is_other_space(c) { ' ' } else { c })
         .collect();
     mapped.trim().to_lowercase()
