@@ -28,6 +28,8 @@ pub struct Region {
     pub line: usize,
     /// Bytes of each side's changed region beyond what was read.
     pub cut: (u64, u64),
+    /// Both files were read whole (no region was cut out of them).
+    pub whole: bool,
 }
 
 fn read_exact_at(c: &(impl Contents + ?Sized), buf: &mut [u8], at: u64) -> io::Result<()> {
@@ -138,7 +140,7 @@ pub fn changed(old: &(impl Contents + ?Sized), new: &(impl Contents + ?Sized)) -
     let extend = if suffix == 0 { 0 } else { suffix_extension(old, old_end, suffix, aligned)? };
     let (old_bytes, old_cut) = read_side(old, start, old_end + extend)?;
     let (new_bytes, new_cut) = read_side(new, start, new_end + extend)?;
-    Ok(Region { old: old_bytes, new: new_bytes, line, cut: (old_cut, new_cut) })
+    Ok(Region { old: old_bytes, new: new_bytes, line, cut: (old_cut, new_cut), whole: false })
 }
 
 #[cfg(test)]

@@ -42,12 +42,13 @@ fn changed_region(ws: &Root, upper: &Root, change: &ChangeEntry, host: Option<St
     if size(&old)? <= DIFF_LIMIT && size(&new)? <= DIFF_LIMIT {
         let read = |f: Option<std::fs::File>| -> io::Result<Vec<u8>> {
             let mut buf = Vec::new();
-            if let Some(mut f) = f {
-                f.read_to_end(&mut buf)?;
+            if let Some(f) = f {
+                // Bounded even if the file grew since it was measured.
+                f.take(DIFF_LIMIT).read_to_end(&mut buf)?;
             }
             Ok(buf)
         };
-        return Ok(Region { old: read(old)?, new: read(new)?, line: 0, cut: (0, 0) });
+        return Ok(Region { old: read(old)?, new: read(new)?, line: 0, cut: (0, 0), whole: true });
     }
     let empty: &[u8] = &[];
     match (&old, &new) {
@@ -146,7 +147,17 @@ pub fn write_diff(
     }
     let region = changed_region(ws, upper, change, host_stat)?;
     if is_binary(&region.old) || is_binary(&region.new) {
-        return summarise(out, "binary", &region.old, &region.new);
+        if region.whole {
+            return summarise(out, "binary", &region.old, &region.new);
+        }
+        let host_size = host_stat.filter(|s| s.kind == Kind::File).map_or(0, |s| s.size);
+        let staged_size = if change.entry == EntryType::File { change.size } else { 0 };
+        return writeln!(
+            out,
+            "  binary, over {} MiB: {host_size} bytes => {staged_size} bytes (blake3 {})",
+            DIFF_LIMIT >> 20,
+            change.blake3.as_deref().unwrap_or("-")
+        );
     }
     let (old, new) = (String::from_utf8_lossy(&region.old), String::from_utf8_lossy(&region.new));
     let a = if host_stat.is_some() { format!("a/{name}") } else { "/dev/null".into() };
