@@ -5,7 +5,8 @@
 //! but a space is shown as a space. A name is marked confusable when it
 //! begins or ends with whitespace, holds a space other than U+0020, holds an
 //! invisible or bidi character, or equals a sibling's name once those are
-//! removed and case is folded. Siblings are the host directory's entries
+//! removed, case is folded and common Cyrillic and Greek look-alikes are
+//! read as Latin. Siblings are the host directory's entries
 //! and the other staged names in the same directory.
 
 use std::collections::{BTreeSet, HashMap};
@@ -19,15 +20,39 @@ fn is_other_space(c: char) -> bool {
     c != ' ' && (c.is_whitespace() || matches!(c, '\u{2800}' | '\u{3164}' | '\u{ffa0}' | '\u{115f}'))
 }
 
+/// The Latin letter a Cyrillic or Greek lower-case letter is drawn like, if
+/// one is (the common look-alikes, not Unicode's whole confusables table).
+fn latin_look_alike(c: char) -> char {
+    match c {
+        'а' | 'α' => 'a',
+        'с' | 'ϲ' => 'c',
+        'ԁ' => 'd',
+        'е' | 'ε' => 'e',
+        'һ' => 'h',
+        'і' | 'ι' => 'i',
+        'ј' => 'j',
+        'κ' => 'k',
+        'ӏ' => 'l',
+        'о' | 'ο' => 'o',
+        'р' | 'ρ' => 'p',
+        'ѕ' => 's',
+        'ν' => 'v',
+        'х' | 'χ' => 'x',
+        'у' | 'γ' => 'y',
+        other => other,
+    }
+}
+
 /// What a name looks like: invisible characters dropped, every space a
-/// plain one, trimmed, case folded.
+/// plain one, trimmed, case folded, common Cyrillic and Greek look-alikes
+/// read as the Latin letters they resemble.
 pub fn skeleton(name: &str) -> String {
     let mapped: String = name
         .chars()
         .filter(|&c| !text::is_unsafe(c) || c.is_whitespace())
         .map(|c| if is_other_space(c) { ' ' } else { c })
         .collect();
-    mapped.trim().to_lowercase()
+    mapped.trim().to_lowercase().chars().map(latin_look_alike).collect()
 }
 
 /// The names in one directory (the host's and the staged ones), by what
@@ -64,7 +89,7 @@ impl Siblings {
         let alike = self.by_look.get(&skeleton(&name))?;
         alike.iter().find(|other| **other != *name).map(|other| {
             format!(
-                "looks like {} beside it (differs only in case, spaces or invisible characters)",
+                "looks like {} beside it (differs only in case, spaces, invisible characters or look-alike letters)",
                 text::escape(other, text::Tabs::Escape)
             )
         })
@@ -85,6 +110,8 @@ mod tests {
         assert!(check("setup\u{a0}py", &[]).unwrap().contains("U+00A0"));
         assert!(check("guard\u{200b}.rs", &[]).unwrap().contains("U+200B"));
         assert!(check("Makefile", &["makefile"]).unwrap().contains("makefile"));
+        // Cyrillic а and о beside the Latin name.
+        assert!(check("p\u{430}yr\u{43e}ll.py", &["payroll.py"]).unwrap().contains("payroll.py"));
         assert_eq!(check("main.rs", &["lib.rs", "main.rs"]), None);
         assert_eq!(check("notes.txt", &[]), None);
     }
