@@ -96,6 +96,7 @@ fn apply_writes_no_more_than_was_staged(who: As) {
     env.write("rewritten.txt", &lines);
     // 200 hard links of one 16 MiB file; a 1 GiB file with three 4 KiB data
     // blocks; a 150,000-line file rewritten end to end.
+    let start = Instant::now();
     let out = env.run_sh(
         "head -c 16777216 /dev/urandom > big && for i in $(seq 200); do ln big link$i; done
          truncate -s 1G sparse && for at in 0 1000 200000; do
@@ -104,6 +105,8 @@ fn apply_writes_no_more_than_was_staged(who: As) {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("probe-ran"));
+    // Hashing every name (3.2 GB) took tens of seconds; one inode is 16 MiB.
+    assert!(start.elapsed() < Duration::from_secs(20), "run and seal took {:?}", start.elapsed());
     let review = env.review();
     let linked = review.iter().filter(|c| c["hardlink_of"] == "big").count();
     assert_eq!(linked, 200, "every later name records its first");
