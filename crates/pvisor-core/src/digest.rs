@@ -205,10 +205,16 @@ pub fn copy_sparse(from: &(impl Contents + ?Sized), to: &File) -> io::Result<Str
     let len = from.size()?;
     let mut hasher = Digester::new(len);
     let mut written_to = 0;
+    let unit = fs_block(to);
     blocks_of(from, len, |offset, block| {
         if let Block::Data(data) = &block {
-            to.write_all_at(data, offset)?;
-            written_to = offset + data.len() as u64;
+            // Only the filesystem blocks that hold data are written: a
+            // [`BLOCK`] with one 4 KiB block of data in it costs 4 KiB on
+            // disk, not 64.
+            for (start, end) in data_runs(data, unit) {
+                to.write_all_at(&data[start..end], offset + start as u64)?;
+                written_to = offset + end as u64;
+            }
         }
         hasher.block(from, offset, block)
     })?;
@@ -217,6 +223,34 @@ pub fn copy_sparse(from: &(impl Contents + ?Sized), to: &File) -> io::Result<Str
         to.set_len(len)?;
     }
     Ok(hasher.finish())
+}
+
+/// The filesystem block size of `to` (a power of two dividing [`BLOCK`]).
+fn fs_block(to: &File) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let size = to.metadata().map_or(4096, |m| m.blksize() as usize);
+    if size.is_power_of_two() && (512..=BLOCK).contains(&size) {
+        size
+    } else {
+        4096
+    }
+}
+
+/// The byte ranges of `data` made of `unit`-sized pieces that are not all
+/// zero, adjacent pieces joined.
+fn data_runs(data: &[u8], unit: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, piece) in data.chunks(unit).enumerate() {
+        if is_zero(piece) {
+            continue;
+        }
+        let (start, end) = (i * unit, i * unit + piece.len());
+        match runs.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
 }
 
 /// Makes the empty file `to` share `from`'s extents (`FICLONE`): a copy
@@ -357,5 +391,22 @@ mod tests {
         let meta = to.metadata().unwrap();
         assert_eq!(meta.len(), 1 << 30);
         assert!(meta.blocks() * 512 < 1 << 20, "the copy is not sparse: {} blocks", meta.blocks());
+    }
+
+    #[test]
+    fn a_sparse_copy_writes_only_the_filesystem_blocks_that_hold_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let from =
+            File::options().create_new(true).write(true).read(true).open(dir.path().join("f")).unwrap();
+        // One 4 KiB block of data at the start of each of 64 [`BLOCK`]s.
+        for i in 0..64u64 {
+            from.write_all_at(&[1u8; 4096], i * BLOCK as u64).unwrap();
+        }
+        from.set_len(64 * BLOCK as u64).unwrap();
+        let to = File::options().create_new(true).write(true).read(true).open(dir.path().join("t")).unwrap();
+        assert_eq!(copy_sparse(&from, &to).unwrap(), digest(&from).unwrap());
+        use std::os::unix::fs::MetadataExt;
+        let used = to.metadata().unwrap().blocks() * 512;
+        assert!(used <= 2 * 64 * 4096, "{used} bytes on disk for 256 KiB of data");
     }
 }

@@ -518,6 +518,12 @@ pub struct ChangeEntry {
     pub mode: u32,
     /// Hex BLAKE3 of a staged regular file's contents or a symlink's target.
     pub blake3: Option<String>,
+    /// A staged file that is a hard link of another staged file: the first
+    /// path (in manifest order) of the same inode. Apply links it to that
+    /// path's applied file instead of writing the contents again. Absent in
+    /// manifests written before links were kept, which apply copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardlink_of: Option<crate::store::RelPath>,
 }
 
 /// `runs/<run>/attempts/<n>/completion.json`: the only proof that an Attempt completed.

@@ -298,6 +298,22 @@ impl Root {
         }
     }
 
+    /// Makes `rel` another name of `file` (a regular file opened beneath
+    /// this root), replacing what is there: linked under the temporary name,
+    /// then renamed over `rel`, as [`Root::write_file`] does.
+    pub fn link_file(&self, rel: &Path, file: &File) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let tmp = temp_name(name);
+        // A temporary a killed apply left.
+        rustix::fs::unlinkat(&*dir, &tmp, AtFlags::empty()).ok();
+        link_anonymous(file, &dir, &tmp)?;
+        if let Err(e) = self.rename_over(&dir, &tmp, name) {
+            rustix::fs::unlinkat(&*dir, &tmp, AtFlags::empty()).ok();
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Creates a temporary beside `rel`, lets `fill` write it, gives it
     /// `mode` and renames it over `rel`; on any error the temporary is gone.
     fn replace_file<T>(

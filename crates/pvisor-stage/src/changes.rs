@@ -6,6 +6,7 @@
 //! (a directory traversed into, a file whose metadata only was touched with
 //! identical contents and mode) are not changes and are left out.
 
+use std::collections::HashMap;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -82,8 +83,31 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> 
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(StageError::io("list", lower, e)),
     };
-    walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out)?;
+    walk(upper_dir, lower_dir, &mut out, &mut HashMap::new())?;
+    first_links_by_path(&mut out);
     Ok(out)
+}
+
+/// Makes each link group name its least path (by bytes, the order apply
+/// writes in) as the first, so the file exists before its links are made.
+/// The walk meets names depth first, which is not that order (`a/x` comes
+/// before `a-c` there).
+fn first_links_by_path(out: &mut [ChangeEntry]) {
+    let mut least: HashMap<RelPath, RelPath> = HashMap::new();
+    for c in out.iter() {
+        if let Some(first) = &c.hardlink_of {
+            let slot = least.entry(first.clone()).or_insert_with(|| first.clone());
+            if c.path < *slot {
+                *slot = c.path.clone();
+            }
+        }
+    }
+    for c in out.iter_mut() {
+        let group = c.hardlink_of.clone().unwrap_or_else(|| c.path.clone());
+        if let Some(first) = least.get(&group) {
+            c.hardlink_of = (c.path != *first).then(|| first.clone());
+        }
+    }
 }
 
 fn open_dir(path: &Path) -> io::Result<fs::File> {
@@ -149,115 +173,288 @@ fn link_digest(path: &Path) -> io::Result<(PathBuf, String)> {
     Ok((target, digest))
 }
 
-/// `under_opaque`: an ancestor directory is opaque, so the lower side is hidden.
-/// `upper_dir` and `lower_dir` are open handles on `rel` in each layer.
-fn walk(
-    upper_dir: &fs::File,
-    lower_dir: Option<&fs::File>,
-    rel: &Path,
-    under_opaque: bool,
-    out: &mut Vec<ChangeEntry>,
-) -> Result<(), StageError> {
-    use std::os::unix::fs::PermissionsExt;
-    let here = at(upper_dir, std::ffi::OsStr::new("."));
+/// The sorted names of the directory open as `dir`.
+fn list(dir: &fs::File, rel: &Path) -> Result<Vec<std::ffi::OsString>, StageError> {
+    use std::os::unix::ffi::OsStrExt;
     let list_err = |e| StageError::io("list", rel, e);
-    let mut names: Vec<_> = fs::read_dir(&here)
+    let mut names: Vec<_> = fs::read_dir(at(dir, std::ffi::OsStr::new(".")))
         .map_err(list_err)?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<Result<_, _>>()
         .map_err(list_err)?;
-    names.sort_by(|a, b| {
-        use std::os::unix::ffi::OsStrExt;
-        a.as_bytes().cmp(b.as_bytes())
-    });
-    for name in names {
-        let rel = rel.join(&name);
-        let upper = at(upper_dir, &name);
-        let lower_path = lower_dir.filter(|_| !under_opaque).map(|d| at(d, &name));
-        let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, &rel))? else { continue };
-        let lower = match &lower_path {
-            Some(p) => lstat(p).map_err(|e| rename_path(e, &rel))?,
-            None => None,
-        };
-        let lower_type = lower.as_ref().map(entry_type);
-        let mode = meta.mode() & 0o7777;
-        let mut push = |kind, entry, size, digest| {
-            out.push(ChangeEntry { path: RelPath::new(&rel), kind, entry, size, mode, blake3: digest })
-        };
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names)
+}
 
-        if overlay::is_whiteout(&upper, &meta) {
-            if lower.is_some() {
-                push(ChangeKind::Deleted, EntryType::None, 0, None);
-            }
-            continue;
+/// Staged files with more than one name, by (device, inode).
+type Links = HashMap<(u64, u64), Linked>;
+
+/// The first name met of a staged inode with several.
+#[derive(Clone)]
+struct Linked {
+    /// Its path, if it is a change (a name the manifest holds).
+    path: Option<RelPath>,
+    digest: String,
+}
+
+/// A directory being walked: where it is, and the names left to visit.
+///
+/// `hides_lower`: this directory, or an ancestor, is opaque (overlay shows
+/// none of the lower directory's entries here), so every lower entry the
+/// upper does not re-create is a deletion, named as one: review must show
+/// each path that applying the directory removes. Entries the upper does
+/// hold are compared with the lower as anywhere else, so a file copied back
+/// unchanged is no change and an edited one is `modified`.
+struct Dir {
+    rel: PathBuf,
+    hides_lower: bool,
+    /// Names left, each with whether it is a lower entry the upper hides.
+    names: std::vec::IntoIter<(std::ffi::OsString, bool)>,
+    /// (device, inode) of this directory in each layer: the way back up
+    /// (`..`) is checked against them.
+    upper_id: (u64, u64),
+    lower_id: Option<(u64, u64)>,
+    /// This directory's lower handle, kept while a child that has no lower
+    /// side is walked (there is no `..` to climb back to it from there).
+    parked_lower: Option<fs::File>,
+}
+
+/// A subdirectory to walk next.
+struct Descend {
+    upper: fs::File,
+    lower: Option<fs::File>,
+    rel: PathBuf,
+    hides_lower: bool,
+}
+
+fn id_of(dir: &fs::File, rel: &Path) -> Result<(u64, u64), StageError> {
+    let meta = dir.metadata().map_err(|e| StageError::io("inspect", rel, e))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+impl Dir {
+    fn open(
+        upper: &fs::File,
+        lower: Option<&fs::File>,
+        rel: PathBuf,
+        hides_lower: bool,
+    ) -> Result<Self, StageError> {
+        use std::os::unix::ffi::OsStrExt;
+        let upper_names = list(upper, &rel)?;
+        let mut names: Vec<_> = upper_names.iter().map(|n| (n.clone(), false)).collect();
+        if let (true, Some(lower)) = (hides_lower, lower) {
+            let upper_set: std::collections::HashSet<_> = upper_names.iter().collect();
+            let hidden = list(lower, &rel)?.into_iter().filter(|n| !upper_set.contains(n));
+            names.extend(hidden.map(|n| (n, true)));
+            names.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         }
-        let this = entry_type(&meta);
-        let mode_differs = lower.as_ref().is_some_and(|l| l.mode() & 0o7777 != mode);
-        match this {
-            EntryType::Dir => {
-                let opaque = overlay::is_opaque(&upper);
-                match lower_type {
-                    None => push(ChangeKind::Added, EntryType::Dir, 0, None),
-                    Some(EntryType::Dir) if opaque => push(ChangeKind::OpaqueDir, EntryType::Dir, 0, None),
-                    Some(EntryType::Dir) if mode_differs => {
-                        push(ChangeKind::ModeChanged, EntryType::Dir, 0, None)
-                    }
-                    Some(EntryType::Dir) => {}
-                    Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
-                }
-                let hides_lower = under_opaque || opaque || lower_type != Some(EntryType::Dir);
-                // A directory the command made unsearchable to its owner is
-                // opened back up (the manifest keeps the mode it set).
-                if mode & 0o700 != 0o700 {
-                    fs::set_permissions(&upper, fs::Permissions::from_mode(mode | 0o700))
-                        .map_err(|e| StageError::io("unlock", &rel, e))?;
-                }
-                let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
-                let lower_child = match (&lower_path, hides_lower) {
-                    (Some(p), false) => Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?),
-                    _ => None,
+        Ok(Self {
+            upper_id: id_of(upper, &rel)?,
+            lower_id: lower.map(|l| id_of(l, &rel)).transpose()?,
+            rel,
+            hides_lower,
+            names: names.into_iter(),
+            parked_lower: None,
+        })
+    }
+}
+
+/// Opens the parent of the directory open as `child` and checks it is the
+/// directory `id` the walk came down from: a directory moved meanwhile is
+/// an error, never a walk of somewhere else.
+fn climb(child: &fs::File, id: (u64, u64), rel: &Path) -> Result<fs::File, StageError> {
+    let parent =
+        open_dir(&at(child, std::ffi::OsStr::new(".."))).map_err(|e| StageError::io("list", rel, e))?;
+    if id_of(&parent, rel)? != id {
+        let moved = io::Error::other("the directory moved while it was being scanned");
+        return Err(StageError::io("list", rel, moved));
+    }
+    Ok(parent)
+}
+
+/// Walks both layers depth first in byte order without recursion: a tree
+/// 10,000 directories deep takes no stack and, climbing back through `..`
+/// (checked), two descriptors at a time, not two per level.
+fn walk(
+    upper_root: fs::File,
+    lower_root: Option<fs::File>,
+    out: &mut Vec<ChangeEntry>,
+    links: &mut Links,
+) -> Result<(), StageError> {
+    let (mut upper, mut lower) = (upper_root, lower_root);
+    let mut stack = vec![Dir::open(&upper, lower.as_ref(), PathBuf::new(), false)?];
+    while let Some(dir) = stack.last_mut() {
+        match dir.names.next() {
+            Some((name, hidden)) => {
+                let Some(next) = visit(&upper, lower.as_ref(), dir, &name, hidden, out, links)? else {
+                    continue;
                 };
-                walk(&child, lower_child.as_ref(), &rel, hides_lower, out)?;
-            }
-            EntryType::File => {
-                let digest = with_access(&upper, mode, 0o400, || file_digest(&upper))
-                    .map_err(|e| StageError::io("read", &rel, e))?;
-                let size = meta.len();
-                match (lower_type, &lower, &lower_path) {
-                    (None, _, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
-                    (Some(EntryType::File), Some(l), Some(lp)) => {
-                        let same = l.len() == size
-                            && file_digest(lp).map_err(|e| StageError::io("read", &rel, e))? == digest;
-                        if !same {
-                            push(ChangeKind::Modified, EntryType::File, size, Some(digest));
-                        } else if mode_differs {
-                            push(ChangeKind::ModeChanged, EntryType::File, size, Some(digest));
-                        }
-                    }
-                    (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
+                let child = Dir::open(&next.upper, next.lower.as_ref(), next.rel, next.hides_lower)?;
+                if next.lower.is_none() {
+                    dir.parked_lower = lower.take();
                 }
+                (upper, lower) = (next.upper, next.lower);
+                stack.push(child);
             }
-            EntryType::Symlink => {
-                let (target, digest) =
-                    link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;
-                let size = target.as_os_str().len() as u64;
-                match (lower_type, &lower_path) {
-                    (None, _) => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
-                    (Some(EntryType::Symlink), Some(lp)) => {
-                        if fs::read_link(lp).ok().as_deref() != Some(target.as_path()) {
-                            push(ChangeKind::Symlink, EntryType::Symlink, size, Some(digest));
-                        }
-                    }
-                    (Some(_), _) => push(ChangeKind::TypeChanged, EntryType::Symlink, size, Some(digest)),
-                }
+            None => {
+                let done = stack.pop().expect("the loop holds a directory");
+                let Some(parent) = stack.last_mut() else { break };
+                let up = climb(&upper, parent.upper_id, &parent.rel)?;
+                lower = match (&lower, parent.lower_id, done.lower_id) {
+                    (Some(l), Some(id), Some(_)) => Some(climb(l, id, &parent.rel)?),
+                    _ => parent.parked_lower.take(),
+                };
+                upper = up;
             }
-            EntryType::Special | EntryType::None => match lower_type {
-                None => push(ChangeKind::Added, EntryType::Special, 0, None),
-                Some(_) => push(ChangeKind::TypeChanged, EntryType::Special, 0, None),
-            },
         }
     }
     Ok(())
+}
+
+/// Classifies the entry `name` of `dir` (open as `upper_dir` and
+/// `lower_dir`); returns the subdirectory to walk, if it is one.
+#[allow(clippy::too_many_arguments)]
+fn visit(
+    upper_dir: &fs::File,
+    lower_dir: Option<&fs::File>,
+    dir: &Dir,
+    name: &std::ffi::OsStr,
+    hidden: bool,
+    out: &mut Vec<ChangeEntry>,
+    links: &mut Links,
+) -> Result<Option<Descend>, StageError> {
+    use std::os::unix::fs::PermissionsExt;
+    let rel = dir.rel.join(name);
+    if hidden {
+        let path = RelPath::new(&rel);
+        out.push(ChangeEntry {
+            path,
+            kind: ChangeKind::Deleted,
+            entry: EntryType::None,
+            size: 0,
+            mode: 0,
+            blake3: None,
+            hardlink_of: None,
+        });
+        return Ok(None);
+    }
+    let upper = at(upper_dir, name);
+    let lower_path = lower_dir.map(|d| at(d, name));
+    let hides_lower = dir.hides_lower;
+    let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, &rel))? else { return Ok(None) };
+    let lower = match &lower_path {
+        Some(p) => lstat(p).map_err(|e| rename_path(e, &rel))?,
+        None => None,
+    };
+    let lower_type = lower.as_ref().map(entry_type);
+    let mode = meta.mode() & 0o7777;
+    let before = out.len();
+    let mut push = |kind, entry, size, digest| {
+        out.push(ChangeEntry {
+            path: RelPath::new(&rel),
+            kind,
+            entry,
+            size,
+            mode,
+            blake3: digest,
+            hardlink_of: None,
+        })
+    };
+
+    if overlay::is_whiteout(&upper, &meta) {
+        if lower.is_some() {
+            push(ChangeKind::Deleted, EntryType::None, 0, None);
+        }
+        return Ok(None);
+    }
+    let this = entry_type(&meta);
+    let mode_differs = lower.as_ref().is_some_and(|l| l.mode() & 0o7777 != mode);
+    match this {
+        EntryType::Dir => {
+            let opaque = overlay::is_opaque(&upper);
+            match lower_type {
+                None => push(ChangeKind::Added, EntryType::Dir, 0, None),
+                Some(EntryType::Dir) if opaque => push(ChangeKind::OpaqueDir, EntryType::Dir, 0, None),
+                Some(EntryType::Dir) if mode_differs => {
+                    push(ChangeKind::ModeChanged, EntryType::Dir, 0, None)
+                }
+                Some(EntryType::Dir) => {}
+                Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
+            }
+            let child_hides = hides_lower || opaque;
+            // A directory the command made unsearchable to its owner is
+            // opened back up (the manifest keeps the mode it set).
+            if mode & 0o700 != 0o700 {
+                fs::set_permissions(&upper, fs::Permissions::from_mode(mode | 0o700))
+                    .map_err(|e| StageError::io("unlock", &rel, e))?;
+            }
+            let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
+            let lower_child = match (&lower_path, lower_type) {
+                (Some(p), Some(EntryType::Dir)) => {
+                    Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?)
+                }
+                _ => None,
+            };
+            return Ok(Some(Descend { upper: child, lower: lower_child, rel, hides_lower: child_hides }));
+        }
+        EntryType::File => {
+            // A file with several names is hashed once: 200 links of a
+            // 50 MiB file are 50 MiB to read, not 10 GB.
+            let inode = (meta.nlink() > 1).then(|| (meta.dev(), meta.ino()));
+            let known = inode.and_then(|i| links.get(&i)).cloned();
+            let digest = match &known {
+                Some(first) => first.digest.clone(),
+                None => with_access(&upper, mode, 0o400, || file_digest(&upper))
+                    .map_err(|e| StageError::io("read", &rel, e))?,
+            };
+            let kept = digest.clone();
+            let size = meta.len();
+            match (lower_type, &lower, &lower_path) {
+                (None, _, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
+                (Some(EntryType::File), Some(l), Some(lp)) => {
+                    let same = l.len() == size
+                        && file_digest(lp).map_err(|e| StageError::io("read", &rel, e))? == digest;
+                    if !same {
+                        push(ChangeKind::Modified, EntryType::File, size, Some(digest));
+                    } else if mode_differs {
+                        push(ChangeKind::ModeChanged, EntryType::File, size, Some(digest));
+                    }
+                }
+                (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
+            }
+            let pushed = out.len() > before;
+            match (known, inode) {
+                (Some(Linked { path: Some(first), .. }), _) if pushed => {
+                    if let Some(last) = out.last_mut() {
+                        last.hardlink_of = Some(first);
+                    }
+                }
+                (None, Some(inode)) => {
+                    let path = pushed.then(|| RelPath::new(&rel));
+                    links.insert(inode, Linked { path, digest: kept });
+                }
+                _ => {}
+            }
+        }
+        EntryType::Symlink => {
+            let (target, digest) = link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;
+            let size = target.as_os_str().len() as u64;
+            match (lower_type, &lower_path) {
+                (None, _) => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
+                (Some(EntryType::Symlink), Some(lp)) => {
+                    if fs::read_link(lp).ok().as_deref() != Some(target.as_path()) {
+                        push(ChangeKind::Symlink, EntryType::Symlink, size, Some(digest));
+                    }
+                }
+                (Some(_), _) => push(ChangeKind::TypeChanged, EntryType::Symlink, size, Some(digest)),
+            }
+        }
+        EntryType::Special | EntryType::None => match lower_type {
+            None => push(ChangeKind::Added, EntryType::Special, 0, None),
+            Some(_) => push(ChangeKind::TypeChanged, EntryType::Special, 0, None),
+        },
+    }
+    Ok(None)
 }
 
 /// Names the workspace-relative path in an error about a `/proc/self/fd` path.
@@ -330,6 +527,83 @@ mod tests {
         }
         assert!(mknod_whiteout(&upper.path().join("never-existed")));
         assert_eq!(kinds(&scan(upper.path(), lower.path()).unwrap()), vec![("gone".into(), "deleted")]);
+    }
+
+    #[test]
+    fn an_opaque_directory_names_every_host_entry_it_hides() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let (l, u) = (lower.path(), upper.path());
+        fs::create_dir_all(l.join("src/sub")).unwrap();
+        fs::write(l.join("src/guard.rs"), "check()\n").unwrap();
+        fs::write(l.join("src/main.rs"), "main\n").unwrap();
+        fs::write(l.join("src/sub/deep.rs"), "deep\n").unwrap();
+        fs::write(l.join("src/sub/kept.rs"), "kept\n").unwrap();
+        // `rm -rf src && mkdir src` and most files copied back.
+        fs::create_dir_all(u.join("src/sub")).unwrap();
+        if crate::overlay::mark_opaque(&u.join("src")).is_err() {
+            eprintln!("skipped: no user xattrs here");
+            return;
+        }
+        fs::write(u.join("src/main.rs"), "main\n").unwrap();
+        fs::write(u.join("src/sub/kept.rs"), "kept, edited\n").unwrap();
+        assert_eq!(
+            kinds(&scan(u, l).unwrap()),
+            vec![
+                ("src".into(), "opaque-dir"),
+                ("src/guard.rs".into(), "deleted"),
+                ("src/sub/deep.rs".into(), "deleted"),
+                ("src/sub/kept.rs".into(), "modified"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_file_with_several_names_is_hashed_once_and_its_least_path_is_the_first() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        fs::create_dir(u.join("a")).unwrap();
+        fs::write(u.join("a/x"), "data").unwrap();
+        fs::hard_link(u.join("a/x"), u.join("a-c")).unwrap();
+        fs::hard_link(u.join("a/x"), u.join("b")).unwrap();
+        let changes = scan(u, lower.path()).unwrap();
+        let first = |p: &str| {
+            let c = changes.iter().find(|c| c.path.as_path() == Path::new(p)).unwrap();
+            c.hardlink_of.as_ref().map(|f| f.display_escaped())
+        };
+        assert_eq!(first("a-c"), None);
+        assert_eq!(first("a/x"), Some("a-c".into()));
+        assert_eq!(first("b"), Some("a-c".into()));
+    }
+
+    #[test]
+    fn a_tree_10000_directories_deep_under_an_opaque_directory_is_scanned_without_recursion() {
+        use rustix::fs::{mkdirat, openat, Mode, OFlags};
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let (l, u) = (lower.path(), upper.path());
+        fs::create_dir_all(l.join("keep/a")).unwrap();
+        fs::write(l.join("keep/a/gone"), "x").unwrap();
+        fs::create_dir(u.join("keep")).unwrap();
+        if crate::overlay::mark_opaque(&u.join("keep")).is_err() {
+            eprintln!("skipped: no user xattrs here");
+            return;
+        }
+        // Deeper than PATH_MAX, so made one directory at a time.
+        let mut dir =
+            openat(rustix::fs::CWD, u.join("keep"), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
+                .unwrap();
+        for _ in 0..10_000 {
+            mkdirat(&dir, "a", Mode::from_raw_mode(0o755)).unwrap();
+            dir = openat(&dir, "a", OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+        }
+        // The test thread's 2 MiB stack: a recursive walk overflows it here.
+        let changes = scan(u, l).unwrap();
+        assert_eq!(changes.len(), 1 + 1 + 9_999, "the opaque dir, the deletion, the new directories");
+        assert_eq!(changes.iter().filter(|c| c.kind == ChangeKind::Deleted).count(), 1);
+        let gone = RelPath::new(Path::new("keep/a/gone"));
+        assert!(changes.iter().any(|c| c.path == gone));
     }
 
     #[test]

@@ -10,8 +10,9 @@
 
 use std::io::{self, Write};
 
-use similar::{DiffTag, TextDiff};
+use similar::{DiffOp, DiffTag};
 
+use crate::linediff::{lines, LineDiff};
 use crate::review::{self, DIFF_LIMIT};
 
 /// Why a file cannot be split into hunks.
@@ -23,14 +24,13 @@ pub enum NotText {
     TooLarge,
 }
 
-/// Lines of context around each hunk, as `git add -p` and `diff -u` show.
-const CONTEXT: usize = 3;
-
-/// A host file and its staged version, ready to split into hunks.
+/// A host file and its staged version, split into hunks once: the hunks
+/// shown are the hunks merged, even where the bounded diff is coarse.
 #[derive(Debug, Clone)]
 pub struct Hunks {
     old: String,
     new: String,
+    hunks: Vec<Vec<DiffOp>>,
 }
 
 impl Hunks {
@@ -45,29 +45,28 @@ impl Hunks {
             }
             String::from_utf8(b.to_vec()).map_err(|_| NotText::Binary)
         };
-        Ok(Self { old: text(old)?, new: text(new)? })
+        let (old, new) = (text(old)?, text(new)?);
+        let hunks = LineDiff::new(&old, &new).hunks;
+        Ok(Self { old, new, hunks })
     }
 
-    fn diff(&self) -> TextDiff<'_, '_, '_, str> {
-        TextDiff::from_lines(self.old.as_str(), self.new.as_str())
+    fn diff(&self) -> LineDiff<'_> {
+        LineDiff { old: lines(&self.old), new: lines(&self.new), hunks: self.hunks.clone(), coarse: false }
     }
 
     /// How many hunks there are.
     pub fn len(&self) -> usize {
-        self.diff().unified_diff().context_radius(CONTEXT).iter_hunks().count()
+        self.hunks.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.hunks.is_empty()
     }
 
     /// Writes hunk `index` as `review --diff` shows it (escaped, coloured).
     pub fn write_hunk(&self, out: &mut dyn Write, index: usize, color: bool) -> io::Result<()> {
-        let diff = self.diff();
-        let mut unified = diff.unified_diff();
-        unified.context_radius(CONTEXT);
-        if let Some(hunk) = unified.iter_hunks().nth(index) {
-            review::write_hunk(out, &hunk, color)?;
+        if index < self.hunks.len() {
+            review::write_hunk(out, &self.diff(), index, 0, color)?;
         }
         Ok(())
     }
@@ -75,15 +74,12 @@ impl Hunks {
     /// The host's file with the hunks whose `chosen` flag is set replaced by
     /// the stage's version of them. Every hunk chosen gives the staged file.
     pub fn merge(&self, chosen: &[bool]) -> Vec<u8> {
-        let diff = self.diff();
-        let (old, new) = (diff.old_slices(), diff.new_slices());
+        let (old, new) = (lines(&self.old), lines(&self.new));
         let mut out = String::with_capacity(self.old.len().max(self.new.len()));
         let mut pos = 0;
-        let mut unified = diff.unified_diff();
-        unified.context_radius(CONTEXT);
-        for (i, hunk) in unified.iter_hunks().enumerate() {
+        for (i, hunk) in self.hunks.iter().enumerate() {
             let take = chosen.get(i).copied().unwrap_or(false);
-            for op in hunk.ops().iter().filter(|op| op.tag() != DiffTag::Equal) {
+            for op in hunk.iter().filter(|op| op.tag() != DiffTag::Equal) {
                 let (from, to) = (op.old_range(), op.new_range());
                 out.extend(old[pos..from.start].iter().copied());
                 let lines = if take { &new[to] } else { &old[from.clone()] };

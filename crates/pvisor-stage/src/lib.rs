@@ -11,9 +11,11 @@
 //! - [`ledger`]: what has been applied or dropped, crash-safe;
 //! - [`apply`]: selection, conflict verdicts and confined writes;
 //! - [`review`]: unified diffs for people;
+//! - [`linediff`]: the bounded line diff they and `apply -p` share;
 //! - [`hunks`]: a modified text file's hunks, and the file with only some of them (`apply -p`);
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
+//! - [`names`]: names a person could mistake for others (marked in review);
 //! - [`sensitive`]: paths that make the host run code when applied (need consent);
 //! - [`glob`]: path patterns (`*`, `**`, `?`, classes), shared with `pvisor serve`'s file search.
 
@@ -25,8 +27,11 @@ mod gitconfig;
 pub mod glob;
 pub mod hunks;
 pub mod ledger;
+pub mod linediff;
+pub mod names;
 mod overlay;
 pub mod preimage;
+mod region;
 pub mod review;
 pub mod sensitive;
 

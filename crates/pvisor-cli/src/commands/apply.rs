@@ -260,7 +260,14 @@ fn choose_interactively(
             continue;
         }
         writeln!(out)?;
-        pvisor_stage::review::write_diff(&mut out, &ws, &upper, &item.change, color)?;
+        pvisor_stage::review::write_diff(
+            &mut out,
+            &ws,
+            &upper,
+            &item.change,
+            item.confusable.as_deref(),
+            color,
+        )?;
         if let Some(reason) = &item.conflict {
             writeln!(out, "CONFLICT: {}", shown(reason))?;
         }

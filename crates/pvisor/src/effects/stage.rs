@@ -3,15 +3,16 @@
 //! and ledger, and the review of each change. Opening and reviewing write
 //! nothing.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 
 use pvisor_core::ids::JobId;
-use pvisor_core::records::{ChangeEntry, JobRecord};
+use pvisor_core::records::{ChangeEntry, EntryType, JobRecord};
 use pvisor_core::store::{self, RelPath, Store};
 use pvisor_stage::apply::{self, Verdict};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::ledger::{Ledger, Outcome};
+use pvisor_stage::names::Siblings;
 use pvisor_stage::preimage::Preimages;
 use pvisor_stage::StageError;
 
@@ -148,6 +149,7 @@ impl Stage {
         let empty = Preimages::none();
         let preimages = self.preimages.as_ref().unwrap_or(&empty);
         let mut items = Vec::with_capacity(selected.len());
+        let mut host_names = NamesByDir::default();
         for i in selected {
             let change = &self.changes[i];
             let outcome = self.outcomes.get(&change.path);
@@ -166,6 +168,7 @@ impl Stage {
             };
             let forbidden = sensitive.forbidden(change);
             let sensitive = sensitive.reason_for(change);
+            let confusable = self.confusable(ws.as_ref(), change, &mut host_names);
             items.push(ReviewItem {
                 forbidden,
                 change: change.clone(),
@@ -175,9 +178,39 @@ impl Stage {
                 conflict,
                 unsupported,
                 sensitive,
+                confusable,
             });
         }
         Ok(items)
+    }
+
+    /// Why `change`'s name could be mistaken for another (see
+    /// `pvisor_stage::names`): compared with the host directory's entries
+    /// and the staged names beside it, gathered once per directory in
+    /// `seen`. A deletion names a host entry as it is and is not marked.
+    fn confusable(&self, ws: Option<&Root>, change: &ChangeEntry, seen: &mut NamesByDir) -> Option<String> {
+        let path = change.path.as_path();
+        let name = path.file_name()?;
+        if change.entry == EntryType::None {
+            return None;
+        }
+        let parent = path.parent().unwrap_or(Path::new(""));
+        if seen.staged.is_empty() {
+            for c in &self.changes {
+                let p = c.path.as_path();
+                if let Some(n) = p.file_name() {
+                    let dir = p.parent().unwrap_or(Path::new("")).to_path_buf();
+                    seen.staged.entry(dir).or_default().push(n.to_os_string());
+                }
+            }
+        }
+        let staged = &seen.staged;
+        let siblings = seen.dirs.entry(parent.to_path_buf()).or_insert_with(|| {
+            let host = ws.and_then(|ws| ws.list(parent).ok()).unwrap_or_default();
+            let here = staged.get(parent).map(Vec::as_slice).unwrap_or_default();
+            Siblings::new(host.iter().chain(here).map(|n| n.as_os_str()))
+        });
+        siblings.confusable(name)
     }
 
     /// Opens the workspace and stage roots for rendering diffs. A workspace
@@ -211,6 +244,16 @@ pub struct ReviewItem {
     pub sensitive: Option<String>,
     /// Why this change is never applied (it is pvisor's own configuration or state).
     pub forbidden: Option<String>,
+    /// Why its name could be mistaken for another (a trailing or no-break
+    /// space, an invisible character, a sibling that differs only so).
+    pub confusable: Option<String>,
+}
+
+/// The names beside each reviewed path, for [`ReviewItem::confusable`].
+#[derive(Default)]
+struct NamesByDir {
+    staged: HashMap<PathBuf, Vec<std::ffi::OsString>>,
+    dirs: HashMap<PathBuf, Siblings>,
 }
 
 impl ReviewItem {

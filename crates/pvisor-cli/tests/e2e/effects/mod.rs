@@ -10,6 +10,7 @@ use std::process::Stdio;
 
 use crate::support::*;
 
+mod deception;
 mod incomplete;
 mod interactive;
 
