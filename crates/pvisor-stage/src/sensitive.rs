@@ -14,13 +14,14 @@
 //! [`Sensitive::bind`] derives the rest from the workspace and the stage:
 //! the hook directory a repository's `core.hooksPath` names, git
 //! directories and virtualenvs found by their structure, files a git config
-//! includes, and, when the workspace holds the user's home, its dotfiles.
+//! includes, workspace files a hook is a symlink to, and, when the
+//! workspace holds the user's home, its dotfiles.
 //! pvisor's own config and state ([`Host::protected`]) are not sensitive
 //! but forbidden: [`Bound::forbidden`] refuses them whatever the selection.
 
 use std::collections::BTreeSet;
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -56,6 +57,10 @@ const DIRECTORIES: &[(&str, &str)] = &[
     (".direnv", "direnv's layouts (virtualenvs, PATH entries) run when you enter the directory"),
     ("site-packages", "Python runs .pth files and imports modules from site-packages"),
     ("dist-packages", "Python runs .pth files and imports modules from dist-packages"),
+    // A cached module runs in place of its source when its header matches
+    // the source's size and time (or asks not to be checked): the reviewed
+    // .py is unchanged while what runs is not.
+    ("__pycache__", "Python runs the compiled modules in it in place of their source, which looks unchanged"),
 ];
 
 /// Any path whose last component is one of these.
@@ -175,6 +180,12 @@ impl Sensitive {
         }
         if last.len() > ".pth".len() && lower_last.ends_with(b".pth") {
             return Some("Python runs the import lines of a .pth file at every start".into());
+        }
+        if [&b".pyc"[..], b".pyo"].iter().any(|ext| last.len() > ext.len() && lower_last.ends_with(ext)) {
+            return Some(
+                "Python imports a compiled module where no source is beside it; its code is not reviewable"
+                    .into(),
+            );
         }
         let lower = bytes.to_ascii_lowercase();
         for (root, why) in ROOT_PATHS {
@@ -318,24 +329,41 @@ impl Sensitive {
                 tops.push(top.to_path_buf());
             }
         }
+        // Hook directories: each git directory's own `hooks/` and every
+        // `core.hooksPath` (recorded by `read_git_config`).
+        let mut hook_dirs: Vec<PathBuf> = Vec::new();
+        for (dir, why) in &bound.dirs {
+            if why.starts_with("a git directory") {
+                hook_dirs.push(workspace.join(dir).join("hooks"));
+            }
+        }
         for top in &tops {
             for config in trees.git_configs_of(top) {
-                bound.read_git_config(&trees, &config, top, 0);
+                hook_dirs.extend(config.parent().map(|gitdir| gitdir.join("hooks")));
+                hook_dirs.extend(bound.read_git_config(&trees, &config, top, 0));
             }
             for config in &self.host.git_configs {
-                bound.read_git_config(&trees, config, top, 0);
+                hook_dirs.extend(bound.read_git_config(&trees, config, top, 0));
             }
+        }
+        for dir in &hook_dirs {
+            bound.hook_link_targets(&trees, dir);
         }
         bound
     }
 }
 
+/// How many symlinks in a row are followed from a hook to the file it runs.
+const LINK_DEPTH: usize = 8;
+
 impl Bound<'_> {
     /// Records what the git config at `config` (absolute) names for the
     /// repository whose work tree is `top`: its hook directories and the
     /// files it includes, followed to [`INCLUDE_DEPTH`].
-    fn read_git_config(&mut self, trees: &Trees, config: &Path, top: &Path, depth: usize) {
+    /// Returns the hook directories found (absolute), wherever they are.
+    fn read_git_config(&mut self, trees: &Trees, config: &Path, top: &Path, depth: usize) -> Vec<PathBuf> {
         let shown = trees.shown(config);
+        let mut hook_dirs = Vec::new();
         for text in trees.read(config) {
             let named = gitconfig::named(&text);
             for hooks in named.hooks_paths.iter().filter(|h| !h.is_empty()) {
@@ -344,6 +372,7 @@ impl Bound<'_> {
                     let why = format!("git runs hooks from this directory (core.hooksPath in {shown})");
                     self.dirs.push((rel, why));
                 }
+                hook_dirs.push(dir);
             }
             for include in named.includes.iter().filter(|i| !i.is_empty()) {
                 let base = config.parent().unwrap_or(Path::new("/"));
@@ -353,7 +382,27 @@ impl Bound<'_> {
                     self.files.push((rel, why));
                 }
                 if depth < INCLUDE_DEPTH {
-                    self.read_git_config(trees, &file, top, depth + 1);
+                    hook_dirs.extend(self.read_git_config(trees, &file, top, depth + 1));
+                }
+            }
+        }
+        hook_dirs
+    }
+
+    /// Records the workspace files that the hooks in `dir` (absolute) are
+    /// symlinks to: git runs a hook through its link, so changing the file
+    /// it leads to changes the hook as surely as writing the hook itself.
+    fn hook_link_targets(&mut self, trees: &Trees, dir: &Path) {
+        for name in trees.names(dir) {
+            let hook = dir.join(name);
+            let mut link = hook.clone();
+            for _ in 0..LINK_DEPTH {
+                let Some(target) = trees.read_link(&link) else { break };
+                let parent = link.parent().unwrap_or(Path::new("/"));
+                link = normal(&parent.join(std::ffi::OsStr::from_bytes(&target)));
+                if let Some(rel) = inside(trees.workspace, &link).filter(|r| !r.as_os_str().is_empty()) {
+                    let why = format!("a git hook ({}) is a symlink to it", trees.shown(&hook));
+                    self.files.push((rel, why));
                 }
             }
         }
@@ -403,7 +452,7 @@ impl Bound<'_> {
         }
         // A symlink or file put where such a directory is read from.
         let above = |dir: &PathBuf| dir.starts_with(path) && dir.as_path() != path;
-        (change.entry != EntryType::Dir && self.dirs.iter().any(|(dir, _)| above(dir))).then(|| {
+        (change.entry != EntryType::Dir && self.dirs.iter().chain(&self.files).any(|(dir, _)| above(dir))).then(|| {
             "a symlink or file in place of a directory whose files the host runs: what it leads to would not be flagged"
                 .to_owned()
         })
@@ -473,12 +522,15 @@ impl Trees<'_> {
     /// common directory.
     fn git_configs_of(&self, top: &Path) -> Vec<PathBuf> {
         let dot_git = top.join(".git");
-        let mut configs = vec![dot_git.join("config")];
+        // `config.worktree` holds a worktree's own settings
+        // (extensions.worktreeConfig), hooksPath among them.
+        let mut configs = vec![dot_git.join("config"), dot_git.join("config.worktree")];
         for text in self.read(&dot_git) {
             let text = String::from_utf8_lossy(&text);
             let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")) else { continue };
             let gitdir = normal(&top.join(target.trim()));
             configs.push(gitdir.join("config"));
+            configs.push(gitdir.join("config.worktree"));
             for common in self.read(&gitdir.join("commondir")) {
                 let common = String::from_utf8_lossy(&common);
                 configs.push(normal(&gitdir.join(common.trim())).join("config"));
@@ -514,6 +566,31 @@ impl Trees<'_> {
                     .into_iter()
                     .collect()
             }
+        }
+    }
+
+    /// The names in the directory `dir` (absolute): inside the
+    /// workspace, in either tree; elsewhere, the host's.
+    fn names(&self, dir: &Path) -> BTreeSet<std::ffi::OsString> {
+        match inside(self.workspace, dir) {
+            Some(rel) => [self.ws, self.upper]
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r.list(&rel).unwrap_or_default())
+                .collect(),
+            None => std::fs::read_dir(dir)
+                .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.file_name())).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The target of the symlink at `path` (absolute): inside the
+    /// workspace, the staged one if staged, else the host's.
+    fn read_link(&self, path: &Path) -> Option<Vec<u8>> {
+        match inside(self.workspace, path) {
+            Some(rel) if rel.as_os_str().is_empty() => None,
+            Some(rel) => [self.upper, self.ws].into_iter().flatten().find_map(|r| r.read_link(&rel).ok()),
+            None => std::fs::read_link(path).ok().map(|t| t.into_os_string().into_vec()),
         }
     }
 
@@ -602,6 +679,8 @@ mod tests {
             "sub/.gitattributes",
             "evil/HEAD",
             "proj.code-workspace",
+            "pkg/__pycache__/mod.cpython-312.pyc",
+            "pkg/legacy.pyc",
         ] {
             assert!(s.reason(&rel(path)).is_some(), "{path} should be sensitive");
         }
@@ -634,6 +713,10 @@ mod tests {
         mk("vendor/bare.git/HEAD", "ref: refs/heads/main\n");
         mk("odd/config", "[Core]\npager = x\n");
         mk("env/pyvenv.cfg", "home = /usr/bin\n");
+        mk(".git/config.worktree", "[core]\nhooksPath = wt-hooks\n");
+        mk("scripts/lint.sh", "true\n");
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/lint.sh", ws.join(".git/hooks/pre-commit")).unwrap();
         let root = Root::open(&ws).unwrap();
         let host = Host {
             home: Some(ws.clone()),
@@ -653,6 +736,8 @@ mod tests {
             ".bashrc",
             ".config/systemd/user/x.service",
             "bin/tool",
+            "wt-hooks/pre-push",
+            "scripts/lint.sh",
             ".config/pvisor/config.toml",
             "src/main.rs",
             "tools/build.sh",
@@ -661,14 +746,14 @@ mod tests {
         .map(|p| file(p, EntryType::File))
         .collect();
         let bound = s.bind(&ws, Some(&root), None, &changes);
-        for change in &changes[..12] {
+        for change in &changes[..14] {
             assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
         }
-        for change in &changes[12..] {
+        for change in &changes[14..] {
             assert!(bound.reason_for(change).is_none(), "{:?} should not be sensitive", change.path);
         }
         assert!(bound.holds_home());
-        assert!(bound.forbidden(&changes[11]).is_some(), "pvisor's config is never applied");
+        assert!(bound.forbidden(&changes[13]).is_some(), "pvisor's config is never applied");
         assert!(bound.forbidden(&changes[8]).is_none(), ".bashrc is sensitive, not forbidden");
         let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
         assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");

@@ -1,0 +1,133 @@
+//! What the host runs in place of a file that looks harmless is sensitive
+//! too: the workspace file a git hook is a symlink to, the hook directory a
+//! linked worktree's own `config.worktree` names, and a compiled Python
+//! module in `__pycache__` that runs instead of its unchanged source.
+//!
+//! The command stages each payload; `apply --all` skips them, the user's
+//! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
+//! exactly, each applies and the same action runs it (the probes work).
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::support::*;
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new("git")
+        .args(["-c", "safe.directory=*", "-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+    out
+}
+
+fn commit(dir: &Path) {
+    git(dir, &["commit", "-q", "--allow-empty", "-m", "after apply"]);
+}
+
+/// `import pkg.mod` on the host, writing no cache of its own.
+fn import(ws: &Path) -> String {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", "import pkg.mod"])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(ws)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "python: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Where the host's Python caches `pkg/mod.py`, relative to the workspace.
+fn cached() -> String {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", "import importlib.util as u; print(u.cache_from_source('pkg/mod.py'))"])
+        .output()
+        .unwrap();
+    text(&out.stdout).trim().to_owned()
+}
+
+fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let mark = env.dir.path().join("marks");
+    fs::create_dir(&mark).unwrap();
+    fs::set_permissions(&mark, fs::Permissions::from_mode(0o777)).unwrap();
+    // The host: a pre-commit hook that is a symlink to a script in the work
+    // tree, a linked worktree with its own hooksPath, a Python package.
+    git(&env.ws, &["init", "-q"]);
+    commit(&env.ws);
+    git(&env.ws, &["worktree", "add", "-q", "w2"]);
+    git(&env.ws, &["config", "extensions.worktreeConfig", "true"]);
+    git(&env.ws.join("w2"), &["config", "--worktree", "core.hooksPath", "wthooks"]);
+    env.write("scripts/lint.sh", "#!/bin/sh\ntrue\n");
+    fs::set_permissions(env.ws.join("scripts/lint.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    symlink("../../scripts/lint.sh", env.ws.join(".git/hooks/pre-commit")).unwrap();
+    env.write("pkg/__init__.py", "");
+    env.write("pkg/mod.py", "print('source')\n");
+    env.give_away(&env.ws);
+    let pyc = cached();
+    let m = mark.display();
+    let script = format!(
+        "set -e
+        echo 'touch {m}/linked-hook-ran' >> scripts/lint.sh
+        mkdir -p w2/wthooks
+        printf '#!/bin/sh\\ntouch {m}/worktree-hook-ran\\n' > w2/wthooks/pre-commit; chmod +x w2/wthooks/pre-commit
+        mkdir -p /tmp/evil
+        echo \"open('{m}/pyc-ran', 'w'); print('compiled')\" > /tmp/evil/mod.py
+        python3 -c \"import py_compile as p; p.compile('/tmp/evil/mod.py', cfile='{pyc}', doraise=True, invalidation_mode=p.PycInvalidationMode.UNCHECKED_HASH)\"
+        echo fine > notes.txt
+        echo probe-ran"
+    );
+    let out = env.run_sh(&script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("probe-ran"));
+
+    let review = env.review();
+    for (path, why) in [
+        ("scripts/lint.sh", "symlink"),
+        ("w2/wthooks/pre-commit", "config.worktree"),
+        (pyc.as_str(), "compiled"),
+    ] {
+        let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
+        assert_eq!(item["sensitive"], true, "{item}");
+        assert!(item["sensitive_reason"].as_str().unwrap().contains(why), "{item}");
+    }
+
+    let out = env.pvisor(&["apply", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), "fine\n");
+    assert_eq!(fs::read_to_string(env.ws.join("scripts/lint.sh")).unwrap(), "#!/bin/sh\ntrue\n");
+    assert!(!env.ws.join("w2/wthooks").exists() && !env.ws.join(&pyc).exists());
+    commit(&env.ws);
+    commit(&env.ws.join("w2"));
+    assert_eq!(import(&env.ws), "source\n");
+    let ran: Vec<_> = fs::read_dir(&mark).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(ran.is_empty(), "the host ran the command's payload: {ran:?}");
+
+    // Named exactly, each is the user's choice, and each probe then runs.
+    for path in ["scripts/lint.sh", "w2/wthooks/pre-commit", &pyc] {
+        env.expect(&["apply", "--", path], 0);
+    }
+    commit(&env.ws);
+    commit(&env.ws.join("w2"));
+    assert_eq!(import(&env.ws), "compiled\n", "the cached module runs in place of the source");
+    for probe in ["linked-hook-ran", "worktree-hook-ran", "pyc-ran"] {
+        assert!(mark.join(probe).exists(), "{probe}: the probe works once applied by name");
+    }
+}
+
+#[test]
+fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all_as_root() {
+    what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(As::Root);
+}
+
+#[test]
+fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all_rootless() {
+    what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(As::Rootless);
+}
