@@ -198,7 +198,38 @@ fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
         protected.push((PathBuf::from(lock), why.to_owned()));
         protected.push((registry, why.to_owned()));
     }
-    pvisor_stage::sensitive::Host { home, git_configs, protected }
+    pvisor_stage::sensitive::Host { home, git_configs, protected, homes: account_homes() }
+}
+
+/// How many passwd entries are read for home directories (a directory
+/// service that enumerates could list very many).
+const ACCOUNTS: usize = 10_000;
+
+/// Every account's home directory, from the passwd database (NSS, so
+/// directory-service accounts that enumerate are included).
+fn account_homes() -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut homes = Vec::new();
+    // SAFETY: getpwent's entry is copied out before the next call; this
+    // process enumerates passwd nowhere else at the same time.
+    unsafe {
+        libc::setpwent();
+        while homes.len() < ACCOUNTS {
+            let entry = libc::getpwent();
+            if entry.is_null() {
+                break;
+            }
+            let dir = (*entry).pw_dir;
+            if !dir.is_null() {
+                let dir = std::ffi::CStr::from_ptr(dir).to_bytes();
+                if dir.starts_with(b"/") {
+                    homes.push(PathBuf::from(std::ffi::OsStr::from_bytes(dir)));
+                }
+            }
+        }
+        libc::endpwent();
+    }
+    homes
 }
 
 /// Says so when `workspace` is the user's home directory or holds it:

@@ -133,8 +133,12 @@ pub struct Sensitive {
 #[derive(Clone, Debug, Default)]
 pub struct Host {
     /// The user's home directory: when the workspace is or holds it, every
-    /// dotfile at its top is sensitive.
+    /// dotfile at its top is sensitive. Also where a git config's `~/` leads.
     pub home: Option<PathBuf>,
+    /// Every other account's home directory (the passwd database): the
+    /// shell and ssh of whoever owns one read its dotfiles, whatever `$HOME`
+    /// says of the user running pvisor (root, or `sudo`, in another's home).
+    pub homes: Vec<PathBuf>,
     /// The user's own git config files (`~/.gitconfig`, ...): a
     /// `core.hooksPath` there applies to every repository.
     pub git_configs: Vec<PathBuf>,
@@ -264,8 +268,8 @@ pub struct Bound<'a> {
     dirs: Vec<(PathBuf, String)>,
     /// Workspace-relative files that are sensitive.
     files: Vec<(PathBuf, String)>,
-    /// The user's home, relative to the workspace, when the workspace holds it.
-    home: Option<PathBuf>,
+    /// The homes the workspace holds, relative to it.
+    homes: Vec<PathBuf>,
     /// pvisor's own files, relative to the workspace.
     protected: Vec<(PathBuf, String)>,
 }
@@ -287,7 +291,13 @@ impl Sensitive {
             base: self,
             dirs: Vec::new(),
             files: Vec::new(),
-            home: self.host.home.as_deref().and_then(|home| inside(workspace, &canonical(home))),
+            homes: self
+                .host
+                .home
+                .iter()
+                .chain(&self.host.homes)
+                .filter_map(|home| inside(workspace, &canonical(home)))
+                .collect(),
             protected: self
                 .host
                 .protected
@@ -426,9 +436,9 @@ impl Bound<'_> {
         })
     }
 
-    /// Whether the workspace is the user's home directory or holds it.
+    /// Whether the workspace is a home directory or holds one.
     pub fn holds_home(&self) -> bool {
-        self.home.is_some()
+        !self.homes.is_empty()
     }
 
     /// Why applying `change` needs consent (or is never done: see
@@ -458,14 +468,16 @@ impl Bound<'_> {
         })
     }
 
-    /// A dotfile or `bin/` at the top of the user's home, when the
-    /// workspace holds it: shells, ssh, git, systemd and the desktop read
-    /// or run them at login.
+    /// A dotfile or `bin/` at the top of a home the workspace holds:
+    /// shells, ssh, git, systemd and the desktop read or run them at login.
     fn in_home(&self, path: &Path) -> Option<String> {
-        let rest = path.strip_prefix(self.home.as_ref()?).ok()?;
-        let first = rest.components().next()?.as_os_str().as_bytes();
-        (first.starts_with(b".") || first == b"bin").then(|| {
-            "the workspace holds your home directory: your shell, ssh, git, systemd and the desktop read or run its dotfiles".to_owned()
+        let first = |home: &PathBuf| {
+            let rest = path.strip_prefix(home).ok()?;
+            Some(rest.components().next()?.as_os_str().as_bytes().to_vec())
+        };
+        let dotted = self.homes.iter().filter_map(first).any(|f| f.starts_with(b".") || f == b"bin");
+        dotted.then(|| {
+            "the workspace holds a home directory: its owner's shell, ssh, git, systemd and desktop read or run its dotfiles".to_owned()
         })
     }
 }
@@ -720,6 +732,7 @@ mod tests {
         let root = Root::open(&ws).unwrap();
         let host = Host {
             home: Some(ws.clone()),
+            homes: vec![ws.join("users/alice")],
             git_configs: Vec::new(),
             protected: vec![(ws.join(".config/pvisor"), "pvisor's own configuration".into())],
         };
@@ -736,24 +749,26 @@ mod tests {
             ".bashrc",
             ".config/systemd/user/x.service",
             "bin/tool",
+            "users/alice/.profile",
             "wt-hooks/pre-push",
             "scripts/lint.sh",
             ".config/pvisor/config.toml",
             "src/main.rs",
             "tools/build.sh",
+            "users/alice/notes.txt",
         ]
         .iter()
         .map(|p| file(p, EntryType::File))
         .collect();
         let bound = s.bind(&ws, Some(&root), None, &changes);
-        for change in &changes[..14] {
+        for change in &changes[..15] {
             assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
         }
-        for change in &changes[14..] {
+        for change in &changes[15..] {
             assert!(bound.reason_for(change).is_none(), "{:?} should not be sensitive", change.path);
         }
         assert!(bound.holds_home());
-        assert!(bound.forbidden(&changes[13]).is_some(), "pvisor's config is never applied");
+        assert!(bound.forbidden(&changes[14]).is_some(), "pvisor's config is never applied");
         assert!(bound.forbidden(&changes[8]).is_none(), ".bashrc is sensitive, not forbidden");
         let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
         assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");

@@ -1,7 +1,8 @@
 //! What the host runs in place of a file that looks harmless is sensitive
 //! too: the workspace file a git hook is a symlink to, the hook directory a
 //! linked worktree's own `config.worktree` names, and a compiled Python
-//! module in `__pycache__` that runs instead of its unchanged source.
+//! module in `__pycache__` that runs instead of its unchanged source; and
+//! the dotfiles of any account's home the workspace is, not only `$HOME`'s.
 //!
 //! The command stages each payload; `apply --all` skips them, the user's
 //! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
@@ -10,7 +11,7 @@
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use crate::support::*;
 
@@ -130,4 +131,82 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all_as_root() {
 #[test]
 fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all_rootless() {
     what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(As::Rootless);
+}
+
+/// `pvisor ARGS` on a host whose passwd database is `passwd` (bound over
+/// /etc/passwd in a private mount namespace: the test adds an account
+/// without touching the machine's).
+fn with_passwd(env: &Env, passwd: &Path, args: &[&str]) -> Output {
+    let inner = env.command(args);
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-m",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/passwd && exec \"$@\"",
+    ])
+    .arg(passwd)
+    .arg(inner.get_program())
+    .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    cmd.current_dir(&env.ws).stdin(Stdio::null()).output().unwrap()
+}
+
+fn another_accounts_home_keeps_its_dotfiles(who: As) {
+    if !who.available() || !is_root() {
+        eprintln!("skipped: binding a passwd database needs root");
+        return;
+    }
+    let env = Env::new(who);
+    let mark = env.dir.path().join("marks");
+    fs::create_dir(&mark).unwrap();
+    fs::set_permissions(&mark, fs::Permissions::from_mode(0o777)).unwrap();
+    // The workspace is alice's home; pvisor runs with another $HOME (root's
+    // `sudo`, an admin's shell).
+    env.write(".bashrc", "# alice's\n");
+    let passwd = env.dir.path().join("passwd");
+    let mut accounts = fs::read_to_string("/etc/passwd").unwrap();
+    accounts.push_str(&format!("alice:x:4243:4243::{}:/bin/sh\n", env.ws.display()));
+    fs::write(&passwd, accounts).unwrap();
+    let m = mark.display();
+    let out = env.run_sh(&format!(
+        "echo 'touch {m}/bashrc-ran' >> .bashrc; mkdir .ssh; echo 'ssh-ed25519 AAAA evil' > .ssh/authorized_keys
+        echo fine > notes.txt; echo probe-ran"
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("probe-ran"));
+
+    let out = with_passwd(&env, &passwd, &["apply", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("SENSITIVE .bashrc"), "{}", text(&out.stdout));
+    assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), "fine\n");
+    assert!(!env.ws.join(".ssh").exists(), "authorized_keys was applied by --all");
+    // alice logs in: her shell reads .bashrc.
+    let login = || Command::new("sh").args(["-c", ". ./.bashrc"]).current_dir(&env.ws).status().unwrap();
+    assert!(login().success());
+    assert!(!mark.join("bashrc-ran").exists(), "the host ran the command's .bashrc");
+
+    // Named exactly, it applies, and the probe runs.
+    let out = with_passwd(&env, &passwd, &["apply", "--", ".bashrc"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(login().success());
+    assert!(mark.join("bashrc-ran").exists(), "the probe works once applied by name");
+}
+
+#[test]
+fn another_accounts_home_keeps_its_dotfiles_as_root() {
+    another_accounts_home_keeps_its_dotfiles(As::Root);
+}
+
+#[test]
+fn another_accounts_home_keeps_its_dotfiles_rootless() {
+    another_accounts_home_keeps_its_dotfiles(As::Rootless);
 }
