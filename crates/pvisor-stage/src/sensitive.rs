@@ -314,15 +314,13 @@ impl Sensitive {
             }
         }
         // Repository top levels: each directory with a `.git` that holds a
-        // change or is at the workspace's top (a repository's hooksPath may
-        // lead out of it), and the repository the workspace itself is in,
-        // found as git finds it.
+        // change or is anywhere in the workspace within [`REPO_SEARCH`]
+        // directories of its top (a nested repository's hooksPath may lead
+        // out of it), and the repository the workspace itself is in, found
+        // as git finds it.
         let mut tops: Vec<PathBuf> = Vec::new();
-        for name in
-            [ws, upper].into_iter().flatten().flat_map(|root| root.list(Path::new("")).unwrap_or_default())
-        {
-            let dir = PathBuf::from(name);
-            if !seen.contains(&dir) && trees.exists(&dir.join(".git")) {
+        for dir in trees.repositories() {
+            if !seen.contains(&dir) {
                 tops.push(workspace.join(dir));
             }
         }
@@ -362,6 +360,11 @@ impl Sensitive {
         bound
     }
 }
+
+/// How many directories of the workspace are searched for nested
+/// repositories, nearest the top first: a bound on the time a review or
+/// apply takes in a huge tree, past which deeper repositories are missed.
+const REPO_SEARCH: usize = 10_000;
 
 /// How many symlinks in a row are followed from a hook to the file it runs.
 const LINK_DEPTH: usize = 8;
@@ -579,6 +582,39 @@ impl Trees<'_> {
                     .collect()
             }
         }
+    }
+
+    /// The workspace-relative directories of the host's tree that hold a
+    /// `.git` (the stage's are each a change's ancestor): searched breadth
+    /// first, never into a `.git` nor through a symlink, over at most
+    /// [`REPO_SEARCH`] directories. Read by path with each entry's type from
+    /// the directory itself, which keeps a large tree cheap: the host's tree
+    /// is the user's, not the command's.
+    fn repositories(&self) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        if self.ws.is_none() {
+            return found;
+        }
+        let mut queue = std::collections::VecDeque::from([PathBuf::new()]);
+        let mut visited = 0;
+        while let Some(dir) = queue.pop_front() {
+            visited += 1;
+            if visited > REPO_SEARCH {
+                break;
+            }
+            let Ok(entries) = std::fs::read_dir(self.workspace.join(&dir)) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if same_name(name.as_bytes(), ".git") {
+                    if name == ".git" && !dir.as_os_str().is_empty() {
+                        found.push(dir.clone());
+                    }
+                } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    queue.push_back(dir.join(name));
+                }
+            }
+        }
+        found
     }
 
     /// The names in the directory `dir` (absolute): inside the

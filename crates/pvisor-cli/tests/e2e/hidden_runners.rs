@@ -1,6 +1,8 @@
 //! What the host runs in place of a file that looks harmless is sensitive
 //! too: the workspace file a git hook is a symlink to, the hook directory a
-//! linked worktree's own `config.worktree` names, and a compiled Python
+//! linked worktree's own `config.worktree` names, the hook directory a
+//! repository nested deep in the workspace names outside its own tree
+//! (where no change is), and a compiled Python
 //! module in `__pycache__` that runs instead of its unchanged source; and
 //! the dotfiles of any account's home the workspace is, not only `$HOME`'s.
 //!
@@ -66,6 +68,12 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     git(&env.ws, &["worktree", "add", "-q", "w2"]);
     git(&env.ws, &["config", "extensions.worktreeConfig", "true"]);
     git(&env.ws.join("w2"), &["config", "--worktree", "core.hooksPath", "wthooks"]);
+    let nested = env.ws.join("vendor/lib");
+    fs::create_dir_all(&nested).unwrap();
+    git(&nested, &["init", "-q"]);
+    git(&nested, &["config", "core.hooksPath", "../../shared-hooks"]);
+    env.write("shared-hooks/pre-commit", "#!/bin/sh\ntrue\n");
+    fs::set_permissions(env.ws.join("shared-hooks/pre-commit"), fs::Permissions::from_mode(0o755)).unwrap();
     env.write("scripts/lint.sh", "#!/bin/sh\ntrue\n");
     fs::set_permissions(env.ws.join("scripts/lint.sh"), fs::Permissions::from_mode(0o755)).unwrap();
     symlink("../../scripts/lint.sh", env.ws.join(".git/hooks/pre-commit")).unwrap();
@@ -77,6 +85,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     let script = format!(
         "set -e
         echo 'touch {m}/linked-hook-ran' >> scripts/lint.sh
+        echo 'touch {m}/nested-hook-ran' >> shared-hooks/pre-commit
         mkdir -p w2/wthooks
         printf '#!/bin/sh\\ntouch {m}/worktree-hook-ran\\n' > w2/wthooks/pre-commit; chmod +x w2/wthooks/pre-commit
         mkdir -p /tmp/evil
@@ -93,6 +102,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     for (path, why) in [
         ("scripts/lint.sh", "symlink"),
         ("w2/wthooks/pre-commit", "config.worktree"),
+        ("shared-hooks/pre-commit", "vendor/lib/.git/config"),
         (pyc.as_str(), "compiled"),
     ] {
         let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
@@ -105,20 +115,23 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), "fine\n");
     assert_eq!(fs::read_to_string(env.ws.join("scripts/lint.sh")).unwrap(), "#!/bin/sh\ntrue\n");
     assert!(!env.ws.join("w2/wthooks").exists() && !env.ws.join(&pyc).exists());
+    assert_eq!(fs::read_to_string(env.ws.join("shared-hooks/pre-commit")).unwrap(), "#!/bin/sh\ntrue\n");
     commit(&env.ws);
     commit(&env.ws.join("w2"));
+    commit(&nested);
     assert_eq!(import(&env.ws), "source\n");
     let ran: Vec<_> = fs::read_dir(&mark).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(ran.is_empty(), "the host ran the command's payload: {ran:?}");
 
     // Named exactly, each is the user's choice, and each probe then runs.
-    for path in ["scripts/lint.sh", "w2/wthooks/pre-commit", &pyc] {
+    for path in ["scripts/lint.sh", "w2/wthooks/pre-commit", "shared-hooks/pre-commit", &pyc] {
         env.expect(&["apply", "--", path], 0);
     }
     commit(&env.ws);
     commit(&env.ws.join("w2"));
+    commit(&nested);
     assert_eq!(import(&env.ws), "compiled\n", "the cached module runs in place of the source");
-    for probe in ["linked-hook-ran", "worktree-hook-ran", "pyc-ran"] {
+    for probe in ["linked-hook-ran", "worktree-hook-ran", "nested-hook-ran", "pyc-ran"] {
         assert!(mark.join(probe).exists(), "{probe}: the probe works once applied by name");
     }
 }
