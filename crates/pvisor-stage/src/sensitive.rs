@@ -355,6 +355,17 @@ impl Sensitive {
             }
         }
         for dir in &hook_dirs {
+            // `.git/hooks -> ../scripts/hooks` is a common set-up: git runs
+            // what the host's symlinks lead to.
+            let real = canonical(dir);
+            if &real != dir {
+                if let Some(rel) = inside(workspace, &real) {
+                    let why =
+                        format!("git runs hooks from this directory ({} leads to it)", trees.shown(dir));
+                    bound.dirs.push((rel, why));
+                }
+                bound.hook_link_targets(&trees, &real);
+            }
             bound.hook_link_targets(&trees, dir);
         }
         bound

@@ -1,5 +1,6 @@
 //! What the host runs in place of a file that looks harmless is sensitive
-//! too: the workspace file a git hook is a symlink to, the hook directory a
+//! too: the workspace file a git hook is a symlink to, the directory
+//! `.git/hooks` is a symlink to, the hook directory a
 //! linked worktree's own `config.worktree` names, the hook directory a
 //! repository nested deep in the workspace names outside its own tree
 //! (where no change is), and a compiled Python
@@ -68,6 +69,12 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     git(&env.ws, &["worktree", "add", "-q", "w2"]);
     git(&env.ws, &["config", "extensions.worktreeConfig", "true"]);
     git(&env.ws.join("w2"), &["config", "--worktree", "core.hooksPath", "wthooks"]);
+    // `.git/hooks -> ../hooks`, the hooks kept in the work tree.
+    let other = env.ws.join("other");
+    fs::create_dir_all(other.join("hooks")).unwrap();
+    git(&other, &["init", "-q"]);
+    fs::remove_dir_all(other.join(".git/hooks")).unwrap();
+    symlink("../hooks", other.join(".git/hooks")).unwrap();
     let nested = env.ws.join("vendor/lib");
     fs::create_dir_all(&nested).unwrap();
     git(&nested, &["init", "-q"]);
@@ -86,6 +93,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
         "set -e
         echo 'touch {m}/linked-hook-ran' >> scripts/lint.sh
         echo 'touch {m}/nested-hook-ran' >> shared-hooks/pre-commit
+        printf '#!/bin/sh\\ntouch {m}/hooks-link-ran\\n' > other/hooks/pre-commit; chmod +x other/hooks/pre-commit
         mkdir -p w2/wthooks
         printf '#!/bin/sh\\ntouch {m}/worktree-hook-ran\\n' > w2/wthooks/pre-commit; chmod +x w2/wthooks/pre-commit
         mkdir -p /tmp/evil
@@ -103,6 +111,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
         ("scripts/lint.sh", "symlink"),
         ("w2/wthooks/pre-commit", "config.worktree"),
         ("shared-hooks/pre-commit", "vendor/lib/.git/config"),
+        ("other/hooks/pre-commit", "other/.git/hooks leads to it"),
         (pyc.as_str(), "compiled"),
     ] {
         let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
@@ -119,19 +128,28 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     commit(&env.ws);
     commit(&env.ws.join("w2"));
     commit(&nested);
+    commit(&other);
+    assert!(!other.join("hooks/pre-commit").exists());
     assert_eq!(import(&env.ws), "source\n");
     let ran: Vec<_> = fs::read_dir(&mark).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(ran.is_empty(), "the host ran the command's payload: {ran:?}");
 
     // Named exactly, each is the user's choice, and each probe then runs.
-    for path in ["scripts/lint.sh", "w2/wthooks/pre-commit", "shared-hooks/pre-commit", &pyc] {
+    for path in [
+        "scripts/lint.sh",
+        "w2/wthooks/pre-commit",
+        "shared-hooks/pre-commit",
+        "other/hooks/pre-commit",
+        &pyc,
+    ] {
         env.expect(&["apply", "--", path], 0);
     }
     commit(&env.ws);
     commit(&env.ws.join("w2"));
     commit(&nested);
+    commit(&other);
     assert_eq!(import(&env.ws), "compiled\n", "the cached module runs in place of the source");
-    for probe in ["linked-hook-ran", "worktree-hook-ran", "nested-hook-ran", "pyc-ran"] {
+    for probe in ["linked-hook-ran", "worktree-hook-ran", "nested-hook-ran", "hooks-link-ran", "pyc-ran"] {
         assert!(mark.join(probe).exists(), "{probe}: the probe works once applied by name");
     }
 }
