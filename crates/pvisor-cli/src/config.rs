@@ -179,6 +179,10 @@ fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
     let mut git_configs: Vec<PathBuf> = home.iter().map(|h| h.join(".gitconfig")).collect();
     git_configs.extend(config_home.iter().map(|c| c.join("git/config")));
     git_configs.push(PathBuf::from("/etc/gitconfig"));
+    // git reads these instead of the two above when they are set.
+    for var in ["GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM"] {
+        git_configs.extend(std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from));
+    }
     let why_config = "pvisor's own configuration, which sets every later run's policy; edit it yourself, outside a sandbox";
     let why_state = "a pvisor state directory (Jobs, trust, evidence); pvisor writes it itself";
     let mut protected = Vec::new();

@@ -5,7 +5,8 @@
 //! repository nested deep in the workspace names outside its own tree
 //! (where no change is), and a compiled Python
 //! module in `__pycache__` that runs instead of its unchanged source; and
-//! the dotfiles of any account's home the workspace is, not only `$HOME`'s.
+//! the dotfiles of any account's home the workspace is, not only `$HOME`'s;
+//! and a `core.hooksPath` in the config `GIT_CONFIG_GLOBAL` names.
 //!
 //! The command stages each payload; `apply --all` skips them, the user's
 //! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
@@ -240,4 +241,54 @@ fn another_accounts_home_keeps_its_dotfiles_as_root() {
 #[test]
 fn another_accounts_home_keeps_its_dotfiles_rootless() {
     another_accounts_home_keeps_its_dotfiles(As::Rootless);
+}
+
+fn a_hooks_path_from_git_config_global_is_sensitive(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    let mark = env.dir.path().join("marks");
+    fs::create_dir(&mark).unwrap();
+    fs::set_permissions(&mark, fs::Permissions::from_mode(0o777)).unwrap();
+    let global = env.dir.path().join("global.gitconfig");
+    fs::write(&global, format!("[core]\n\thooksPath = {}/hk\n", env.ws.display())).unwrap();
+    git(&env.ws, &["init", "-q"]);
+    env.give_away(&env.ws);
+    let m = mark.display();
+    let out = env.run_sh(&format!(
+        "mkdir hk; printf '#!/bin/sh\\ntouch {m}/global-hook-ran\\n' > hk/pre-commit; chmod +x hk/pre-commit; echo probe-ran"
+    ));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("probe-ran"));
+    let apply = |args: &[&str]| env.command(args).env("GIT_CONFIG_GLOBAL", &global).output().unwrap();
+    let out = apply(&["apply", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("global.gitconfig"), "{}", text(&out.stdout));
+    let commit = || {
+        let out = Command::new("git")
+            .args(["-c", "safe.directory=*", "-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(["commit", "-q", "--allow-empty", "-m", "x"])
+            .env("GIT_CONFIG_GLOBAL", &global)
+            .current_dir(&env.ws)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    commit();
+    assert!(!mark.join("global-hook-ran").exists(), "the host ran the command's hook");
+    let out = apply(&["apply", "--", "hk/pre-commit"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    commit();
+    assert!(mark.join("global-hook-ran").exists(), "the probe works once applied by name");
+}
+
+#[test]
+fn a_hooks_path_from_git_config_global_is_sensitive_as_root() {
+    a_hooks_path_from_git_config_global_is_sensitive(As::Root);
+}
+
+#[test]
+fn a_hooks_path_from_git_config_global_is_sensitive_rootless() {
+    a_hooks_path_from_git_config_global_is_sensitive(As::Rootless);
 }
