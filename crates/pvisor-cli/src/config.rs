@@ -202,7 +202,12 @@ fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
         protected.push((PathBuf::from(lock), why.to_owned()));
         protected.push((registry, why.to_owned()));
     }
-    pvisor_stage::sensitive::Host { home, git_configs, protected, homes: account_homes() }
+    // Relative entries (`.`, an empty one) name wherever the user stands:
+    // no directory of the workspace in particular.
+    let path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).filter(|d| d.is_absolute()).collect())
+        .unwrap_or_default();
+    pvisor_stage::sensitive::Host { home, git_configs, protected, homes: account_homes(), path }
 }
 
 /// How many passwd entries are read for home directories (a directory

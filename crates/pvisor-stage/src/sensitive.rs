@@ -139,6 +139,10 @@ pub struct Host {
     /// shell and ssh of whoever owns one read its dotfiles, whatever `$HOME`
     /// says of the user running pvisor (root, or `sudo`, in another's home).
     pub homes: Vec<PathBuf>,
+    /// The directories of the user's `PATH`: a program staged in one runs
+    /// when the user types its name (`~/go/bin`, `/usr/local/bin` when the
+    /// workspace is `/usr/local`, a project's `bin/` put on `PATH`).
+    pub path: Vec<PathBuf>,
     /// The user's own git config files (`~/.gitconfig`, ...): a
     /// `core.hooksPath` there applies to every repository.
     pub git_configs: Vec<PathBuf>,
@@ -305,6 +309,15 @@ impl Sensitive {
                 .filter_map(|(path, why)| Some((inside(workspace, &canonical(path))?, why.clone())))
                 .collect(),
         };
+        for dir in &self.host.path {
+            if let Some(rel) = inside(workspace, &canonical(dir)).filter(|r| !r.as_os_str().is_empty()) {
+                let why = format!(
+                    "a directory on your PATH ({}): a program in it runs when you type its name",
+                    trees.shown(dir)
+                );
+                bound.dirs.push((rel, why));
+            }
+        }
         let mut seen = BTreeSet::new();
         for change in changes {
             let path = change.path.as_path();
@@ -780,6 +793,7 @@ mod tests {
         let host = Host {
             home: Some(ws.clone()),
             homes: vec![ws.join("users/alice")],
+            path: vec![ws.join("go/bin"), PathBuf::from("/usr/bin")],
             git_configs: Vec::new(),
             protected: vec![(ws.join(".config/pvisor"), "pvisor's own configuration".into())],
         };
@@ -797,6 +811,7 @@ mod tests {
             ".config/systemd/user/x.service",
             "bin/tool",
             "users/alice/.profile",
+            "go/bin/ls",
             "wt-hooks/pre-push",
             "scripts/lint.sh",
             ".config/pvisor/config.toml",
@@ -808,14 +823,14 @@ mod tests {
         .map(|p| file(p, EntryType::File))
         .collect();
         let bound = s.bind(&ws, Some(&root), None, &changes);
-        for change in &changes[..15] {
+        for change in &changes[..16] {
             assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
         }
-        for change in &changes[15..] {
+        for change in &changes[16..] {
             assert!(bound.reason_for(change).is_none(), "{:?} should not be sensitive", change.path);
         }
         assert!(bound.holds_home());
-        assert!(bound.forbidden(&changes[14]).is_some(), "pvisor's config is never applied");
+        assert!(bound.forbidden(&changes[15]).is_some(), "pvisor's config is never applied");
         assert!(bound.forbidden(&changes[8]).is_none(), ".bashrc is sensitive, not forbidden");
         let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
         assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");

@@ -6,7 +6,8 @@
 //! (where no change is), and a compiled Python
 //! module in `__pycache__` that runs instead of its unchanged source; and
 //! the dotfiles of any account's home the workspace is, not only `$HOME`'s;
-//! and a `core.hooksPath` in the config `GIT_CONFIG_GLOBAL` names.
+//! and what the user's environment names: a `core.hooksPath` in the config
+//! `GIT_CONFIG_GLOBAL` names, a directory on `PATH`.
 //!
 //! The command stages each payload; `apply --all` skips them, the user's
 //! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
@@ -243,7 +244,7 @@ fn another_accounts_home_keeps_its_dotfiles_rootless() {
     another_accounts_home_keeps_its_dotfiles(As::Rootless);
 }
 
-fn a_hooks_path_from_git_config_global_is_sensitive(who: As) {
+fn what_the_users_environment_names_is_sensitive(who: As) {
     if !who.available() {
         return;
     }
@@ -257,14 +258,27 @@ fn a_hooks_path_from_git_config_global_is_sensitive(who: As) {
     env.give_away(&env.ws);
     let m = mark.display();
     let out = env.run_sh(&format!(
-        "mkdir hk; printf '#!/bin/sh\\ntouch {m}/global-hook-ran\\n' > hk/pre-commit; chmod +x hk/pre-commit; echo probe-ran"
+        "mkdir hk; printf '#!/bin/sh\\ntouch {m}/global-hook-ran\\n' > hk/pre-commit; chmod +x hk/pre-commit
+        mkdir -p tools/bin; printf '#!/bin/sh\\ntouch {m}/path-ran\\n' > tools/bin/ls; chmod +x tools/bin/ls
+        echo probe-ran"
     ));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("probe-ran"));
-    let apply = |args: &[&str]| env.command(args).env("GIT_CONFIG_GLOBAL", &global).output().unwrap();
+    let path = format!("{}/tools/bin:{}", env.ws.display(), std::env::var("PATH").unwrap());
+    let apply = |args: &[&str]| {
+        env.command(args).env("GIT_CONFIG_GLOBAL", &global).env("PATH", &path).output().unwrap()
+    };
     let out = apply(&["apply", "--all"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("global.gitconfig"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("SENSITIVE tools/bin/ls: a directory on your PATH"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The user types `ls`.
+    let ls = || Command::new("sh").args(["-c", "ls >/dev/null"]).env("PATH", &path).status().unwrap();
+    assert!(ls().success());
     let commit = || {
         let out = Command::new("git")
             .args(["-c", "safe.directory=*", "-c", "user.name=t", "-c", "user.email=t@t"])
@@ -277,18 +291,23 @@ fn a_hooks_path_from_git_config_global_is_sensitive(who: As) {
     };
     commit();
     assert!(!mark.join("global-hook-ran").exists(), "the host ran the command's hook");
-    let out = apply(&["apply", "--", "hk/pre-commit"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(!mark.join("path-ran").exists(), "the host ran the command's ls");
+    for named in ["hk/pre-commit", "tools/bin/ls"] {
+        let out = apply(&["apply", "--", named]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    }
     commit();
-    assert!(mark.join("global-hook-ran").exists(), "the probe works once applied by name");
+    assert!(ls().success());
+    assert!(mark.join("global-hook-ran").exists(), "the hook probe works once applied by name");
+    assert!(mark.join("path-ran").exists(), "the PATH probe works once applied by name");
 }
 
 #[test]
-fn a_hooks_path_from_git_config_global_is_sensitive_as_root() {
-    a_hooks_path_from_git_config_global_is_sensitive(As::Root);
+fn what_the_users_environment_names_is_sensitive_as_root() {
+    what_the_users_environment_names_is_sensitive(As::Root);
 }
 
 #[test]
-fn a_hooks_path_from_git_config_global_is_sensitive_rootless() {
-    a_hooks_path_from_git_config_global_is_sensitive(As::Rootless);
+fn what_the_users_environment_names_is_sensitive_rootless() {
+    what_the_users_environment_names_is_sensitive(As::Rootless);
 }
