@@ -311,3 +311,34 @@ fn what_the_users_environment_names_is_sensitive_as_root() {
 fn what_the_users_environment_names_is_sensitive_rootless() {
     what_the_users_environment_names_is_sensitive(As::Rootless);
 }
+
+/// A review made while the Job still ran saw only part of what it stages:
+/// a plain `apply --all` afterwards refuses (what came later is unseen)
+/// until the ended Job is reviewed again.
+#[test]
+fn a_plain_apply_refuses_a_job_reviewed_before_it_ended() {
+    let env = Env::new(As::Rootless);
+    let mut run = env
+        .command(&["run", "--", "sh", "-c", "echo shown > seen.txt; sleep 3; echo hidden > unseen.txt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let review = text(&env.pvisor(&["review"]).stdout);
+        if review.contains("no confirmed result") && review.contains("seen.txt") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run never staged seen.txt: {review}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(run.wait().unwrap().success());
+    let out = env.pvisor(&["apply", "--all"]);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("while it was still running"), "{}", text(&out.stderr));
+    assert!(!env.ws.join("unseen.txt").exists() && !env.ws.join("seen.txt").exists());
+    env.expect(&["review"], 0);
+    env.expect(&["apply", "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("unseen.txt")).unwrap(), "hidden\n");
+}
