@@ -12,6 +12,8 @@
 //! The command stages each payload; `apply --all` skips them, the user's
 //! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
 //! exactly, each applies and the same action runs it (the probes work).
+//! Last, a review of a Job that still runs is no review of what it stages
+//! afterwards.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
