@@ -673,11 +673,12 @@ impl Trees<'_> {
     }
 }
 
-/// `value` (a path from a git config) made absolute: `~/` is the home,
-/// a relative path is relative to `base`.
+/// `value` (a path from a git config) made absolute: `~` and `~/` are the
+/// home, a relative path is relative to `base`.
 fn expand(value: &str, base: &Path, home: Option<&Path>) -> PathBuf {
-    let path = match (value.strip_prefix("~/"), home) {
-        (Some(rest), Some(home)) => home.join(rest),
+    let in_home = value.strip_prefix('~').filter(|rest| rest.is_empty() || rest.starts_with('/'));
+    let path = match (in_home, home) {
+        (Some(rest), Some(home)) => home.join(rest.trim_start_matches('/')),
         _ => base.join(value),
     };
     normal(&path)
@@ -835,6 +836,15 @@ mod tests {
         let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
         assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");
         assert!(bound.forbidden(&file(".config", EntryType::Dir)).is_none());
+    }
+
+    #[test]
+    fn a_tilde_is_the_home_as_git_expands_it() {
+        let (base, home) = (Path::new("/w"), Some(Path::new("/h")));
+        assert_eq!(expand("~", base, home), Path::new("/h"));
+        assert_eq!(expand("~/hooks", base, home), Path::new("/h/hooks"));
+        assert_eq!(expand("~x/hooks", base, home), Path::new("/w/~x/hooks"));
+        assert_eq!(expand("hooks/../h2", base, home), Path::new("/w/h2"));
     }
 
     #[test]
