@@ -53,6 +53,8 @@ const DIRECTORIES: &[(&str, &str)] = &[
     (".codex", "a coding agent's config: the next agent run here obeys it"),
     (".windsurf", "a coding agent's rules: the next agent run here obeys them"),
     (".continue", "a coding agent's config and MCP servers: the next agent run here obeys them"),
+    (".opencode", "a coding agent's config and MCP servers: the next agent run here obeys them"),
+    (".helix", "the editor starts the language servers its languages.toml names"),
     (".cargo", "cargo obeys its config (build.rustc-wrapper, runners, aliases) on the next build"),
     (".direnv", "direnv's layouts (virtualenvs, PATH entries) run when you enter the directory"),
     ("site-packages", "Python runs .pth files and imports modules from site-packages"),
@@ -104,6 +106,20 @@ const FILE_NAMES: &[(&str, &str)] = &[
     ("pyvenv.cfg", "it makes its directory a Python virtualenv, whose interpreter it names"),
     ("sitecustomize.py", "Python runs it at every start where it is on the path"),
     ("usercustomize.py", "Python runs it at every start where it is on the path"),
+    // Editors that read a project's own start-up file from the directory
+    // they are opened in (vim's and neovim's 'exrc', emacs's dir-locals
+    // with `eval`).
+    (".vimrc", "vim with 'exrc' runs it when started here"),
+    (".gvimrc", "vim with 'exrc' runs it when started here"),
+    (".exrc", "vim with 'exrc' runs it when started here"),
+    ("_vimrc", "vim with 'exrc' runs it when started here"),
+    ("_exrc", "vim with 'exrc' runs it when started here"),
+    (".nvimrc", "neovim with 'exrc' runs it when started here"),
+    (".nvim.lua", "neovim with 'exrc' runs it when started here"),
+    (".dir-locals.el", "emacs evaluates its settings for files here"),
+    (".dir-locals-2.el", "emacs evaluates its settings for files here"),
+    (".aider.conf.yml", "a coding agent runs the lint and test commands it names"),
+    ("opencode.json", "a coding agent's config and MCP servers: the next agent run here obeys them"),
 ];
 
 /// Exactly these workspace-relative paths, or anything beneath them.

@@ -1,19 +1,19 @@
 //! What the host runs in place of a file that looks harmless is sensitive
 //! too: the workspace file a git hook is a symlink to, the directory
-//! `.git/hooks` is a symlink to, the hook directory a
-//! linked worktree's own `config.worktree` names, the hook directory a
-//! repository nested deep in the workspace names outside its own tree
-//! (where no change is), and a compiled Python
-//! module in `__pycache__` that runs instead of its unchanged source; and
-//! the dotfiles of any account's home the workspace is, not only `$HOME`'s;
-//! and what the user's environment names: a `core.hooksPath` in the config
-//! `GIT_CONFIG_GLOBAL` names, a directory on `PATH`.
+//! `.git/hooks` is a symlink to, the hook directory a linked worktree's own
+//! `config.worktree` names, the hook directory a repository nested deep in
+//! the workspace names outside its own tree (where no change is), and a
+//! compiled Python module in `__pycache__` that runs instead of its
+//! unchanged source. So are the dotfiles of any account's home the
+//! workspace is (not only `$HOME`'s), what the user's environment names (a
+//! `core.hooksPath` in the config `GIT_CONFIG_GLOBAL` names, a directory on
+//! `PATH`), and editors' and agents' project start-up files.
 //!
-//! The command stages each payload; `apply --all` skips them, the user's
-//! next `git commit` and `python3 -c 'import pkg.mod'` run none of it; named
-//! exactly, each applies and the same action runs it (the probes work).
-//! Last, a review of a Job that still runs is no review of what it stages
-//! afterwards.
+//! The command stages each payload; `apply --all` skips them, and what the
+//! user does next (`git commit`, `import pkg.mod`, log in, type `ls`, start
+//! vim) runs none of it; named exactly, each applies and the same action
+//! runs it (the probes work). Last, a review of a Job that still runs is no
+//! review of what it stages afterwards.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -312,6 +312,92 @@ fn what_the_users_environment_names_is_sensitive_as_root() {
 #[test]
 fn what_the_users_environment_names_is_sensitive_rootless() {
     what_the_users_environment_names_is_sensitive(As::Rootless);
+}
+
+/// Editor and agent start-up files read from the directory they open in.
+const EDITOR_CONFIG: [&str; 8] = [
+    ".vimrc",
+    "sub/.exrc",
+    ".nvim.lua",
+    ".dir-locals.el",
+    ".helix/languages.toml",
+    ".aider.conf.yml",
+    "opencode.json",
+    ".opencode/agent.md",
+];
+
+/// `vim` started in the workspace by a user whose own vimrc sets 'exrc',
+/// as the owner of the workspace (vim's 'secure' would stop another's).
+fn vim_here(env: &Env, vim_home: &Path) {
+    let mut vim = if env.who == As::Rootless && is_root() {
+        let mut c = Command::new("setpriv");
+        let id = UNPRIVILEGED.to_string();
+        c.args(["--reuid", &id, "--regid", &id, "--clear-groups", "vim"]);
+        c
+    } else {
+        Command::new("vim")
+    };
+    let status = vim
+        .args(["-N", "-X", "-c", "qa!"])
+        .env("HOME", vim_home)
+        .env("TERM", "dumb")
+        .current_dir(&env.ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "vim: {status}");
+}
+
+fn editor_start_up_files_are_not_applied_by_all(who: As) {
+    if !who.available() || Command::new("vim").arg("--version").output().is_err() {
+        eprintln!("skipped: needs vim");
+        return;
+    }
+    let env = Env::new(who);
+    let mark = env.dir.path().join("marks");
+    fs::create_dir(&mark).unwrap();
+    fs::set_permissions(&mark, fs::Permissions::from_mode(0o777)).unwrap();
+    let vim_home = env.dir.path().join("vim-home");
+    fs::create_dir(&vim_home).unwrap();
+    fs::write(vim_home.join(".vimrc"), "set exrc\n").unwrap();
+    env.give_away(&vim_home);
+    let m = mark.display();
+    let mut script = format!("echo 'call writefile([], \"{m}/exrc-ran\")' > .vimrc\n");
+    for path in &EDITOR_CONFIG[1..] {
+        script.push_str(&format!("mkdir -p \"$(dirname {path})\"; echo 'touch {m}/editor' > {path}\n"));
+    }
+    script.push_str("echo fine > notes.txt; echo probe-ran");
+    let out = env.run_sh(&script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("probe-ran"));
+    let review = env.review();
+    for path in EDITOR_CONFIG {
+        let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
+        assert_eq!(item["sensitive"], true, "{item}");
+    }
+    let out = env.pvisor(&["apply", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert_eq!(fs::read_to_string(env.ws.join("notes.txt")).unwrap(), "fine\n");
+    for path in EDITOR_CONFIG {
+        assert!(!env.ws.join(path).exists(), "{path} was applied by --all");
+    }
+    vim_here(&env, &vim_home);
+    assert!(!mark.join("exrc-ran").exists(), "vim ran the command's .vimrc");
+    env.expect(&["apply", "--", ".vimrc"], 0);
+    vim_here(&env, &vim_home);
+    assert!(mark.join("exrc-ran").exists(), "the probe works once applied by name");
+}
+
+#[test]
+fn editor_start_up_files_are_not_applied_by_all_as_root() {
+    editor_start_up_files_are_not_applied_by_all(As::Root);
+}
+
+#[test]
+fn editor_start_up_files_are_not_applied_by_all_rootless() {
+    editor_start_up_files_are_not_applied_by_all(As::Rootless);
 }
 
 /// A review made while the Job still ran saw only part of what it stages:
