@@ -348,7 +348,8 @@ impl Sensitive {
         // out of it), and the repository the workspace itself is in, found
         // as git finds it.
         let mut tops: Vec<PathBuf> = Vec::new();
-        for dir in trees.repositories() {
+        let (work_trees, bares) = trees.repositories();
+        for dir in work_trees {
             if !seen.contains(&dir) {
                 tops.push(workspace.join(dir));
             }
@@ -382,6 +383,13 @@ impl Sensitive {
             for config in &self.host.git_configs {
                 hook_dirs.extend(bound.read_git_config(&trees, config, top, 0));
             }
+        }
+        // A bare repository runs its hooks when pushed to (a local remote);
+        // a relative hooksPath there is taken from the repository itself.
+        for bare in bares {
+            let bare = workspace.join(bare);
+            hook_dirs.push(bare.join("hooks"));
+            hook_dirs.extend(bound.read_git_config(&trees, &bare.join("config"), &bare, 0));
         }
         for dir in &hook_dirs {
             // `.git/hooks -> ../scripts/hooks` is a common set-up: git runs
@@ -625,15 +633,16 @@ impl Trees<'_> {
     }
 
     /// The workspace-relative directories of the host's tree that hold a
-    /// `.git` (the stage's are each a change's ancestor): searched breadth
-    /// first, never into a `.git` nor through a symlink, over at most
+    /// `.git`, and the bare repositories (`HEAD`, `objects/`, `refs/`; the
+    /// stage's are each a change's ancestor): searched breadth first, never
+    /// into a git directory nor through a symlink, over at most
     /// [`REPO_SEARCH`] directories. Read by path with each entry's type from
     /// the directory itself, which keeps a large tree cheap: the host's tree
     /// is the user's, not the command's.
-    fn repositories(&self) -> Vec<PathBuf> {
-        let mut found = Vec::new();
+    fn repositories(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let (mut found, mut bares) = (Vec::new(), Vec::new());
         if self.ws.is_none() {
-            return found;
+            return (found, bares);
         }
         let mut queue = std::collections::VecDeque::from([PathBuf::new()]);
         let mut visited = 0;
@@ -643,18 +652,27 @@ impl Trees<'_> {
                 break;
             }
             let Ok(entries) = std::fs::read_dir(self.workspace.join(&dir)) else { continue };
+            let mut subdirs = Vec::new();
+            let mut head = false;
             for entry in entries.flatten() {
                 let name = entry.file_name();
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                head |= name == "HEAD" && !is_dir;
                 if same_name(name.as_bytes(), ".git") {
                     if name == ".git" && !dir.as_os_str().is_empty() {
                         found.push(dir.clone());
                     }
-                } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    queue.push_back(dir.join(name));
+                } else if is_dir {
+                    subdirs.push(name);
                 }
             }
+            if head && ["objects", "refs"].iter().all(|d| subdirs.iter().any(|s| s == d)) {
+                bares.push(dir);
+                continue;
+            }
+            queue.extend(subdirs.into_iter().map(|name| dir.join(name)));
         }
-        found
+        (found, bares)
     }
 
     /// The names in the directory `dir` (absolute): inside the

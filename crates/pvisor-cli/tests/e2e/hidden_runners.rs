@@ -2,7 +2,8 @@
 //! too: the workspace file a git hook is a symlink to, the directory
 //! `.git/hooks` is a symlink to, the hook directory a linked worktree's own
 //! `config.worktree` names, the hook directory a repository nested deep in
-//! the workspace names outside its own tree (where no change is), and a
+//! the workspace names outside its own tree (where no change is), the one
+//! a bare repository used as a local remote names, and a
 //! compiled Python module in `__pycache__` that runs instead of its
 //! unchanged source. So are the dotfiles of any account's home the
 //! workspace is (not only `$HOME`'s), what the user's environment names (a
@@ -32,6 +33,9 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
     out
 }
+
+/// A push to a repository the test's user does not own (rootless).
+const RECEIVE: &str = "--receive-pack=git -c safe.directory=* receive-pack";
 
 fn commit(dir: &Path) {
     git(dir, &["commit", "-q", "--allow-empty", "-m", "after apply"]);
@@ -79,6 +83,9 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     git(&other, &["init", "-q"]);
     fs::remove_dir_all(other.join(".git/hooks")).unwrap();
     symlink("../hooks", other.join(".git/hooks")).unwrap();
+    // A bare repository used as a local remote, its hooks kept elsewhere.
+    git(&env.ws, &["init", "-q", "--bare", "remotes/r.git"]);
+    git(&env.ws.join("remotes/r.git"), &["config", "core.hooksPath", "../../remote-hooks"]);
     let nested = env.ws.join("vendor/lib");
     fs::create_dir_all(&nested).unwrap();
     git(&nested, &["init", "-q"]);
@@ -97,6 +104,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
         "set -e
         echo 'touch {m}/linked-hook-ran' >> scripts/lint.sh
         echo 'touch {m}/nested-hook-ran' >> shared-hooks/pre-commit
+        mkdir remote-hooks; printf '#!/bin/sh\\ntouch {m}/bare-hook-ran\\n' > remote-hooks/post-receive; chmod +x remote-hooks/post-receive
         printf '#!/bin/sh\\ntouch {m}/hooks-link-ran\\n' > other/hooks/pre-commit; chmod +x other/hooks/pre-commit
         mkdir -p w2/wthooks
         printf '#!/bin/sh\\ntouch {m}/worktree-hook-ran\\n' > w2/wthooks/pre-commit; chmod +x w2/wthooks/pre-commit
@@ -116,6 +124,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
         ("w2/wthooks/pre-commit", "config.worktree"),
         ("shared-hooks/pre-commit", "vendor/lib/.git/config"),
         ("other/hooks/pre-commit", "other/.git/hooks leads to it"),
+        ("remote-hooks/post-receive", "remotes/r.git/config"),
         (pyc.as_str(), "compiled"),
     ] {
         let item = review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("{path}: {review:?}"));
@@ -133,6 +142,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     commit(&env.ws.join("w2"));
     commit(&nested);
     commit(&other);
+    git(&env.ws, &["push", "-q", RECEIVE, "remotes/r.git", "HEAD:refs/heads/a"]);
     assert!(!other.join("hooks/pre-commit").exists());
     assert_eq!(import(&env.ws), "source\n");
     let ran: Vec<_> = fs::read_dir(&mark).unwrap().flatten().map(|e| e.file_name()).collect();
@@ -144,6 +154,7 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
         "w2/wthooks/pre-commit",
         "shared-hooks/pre-commit",
         "other/hooks/pre-commit",
+        "remote-hooks/post-receive",
         &pyc,
     ] {
         env.expect(&["apply", "--", path], 0);
@@ -152,8 +163,16 @@ fn what_runs_in_place_of_a_harmless_file_is_not_applied_by_all(who: As) {
     commit(&env.ws.join("w2"));
     commit(&nested);
     commit(&other);
+    git(&env.ws, &["push", "-q", RECEIVE, "remotes/r.git", "HEAD:refs/heads/b"]);
     assert_eq!(import(&env.ws), "compiled\n", "the cached module runs in place of the source");
-    for probe in ["linked-hook-ran", "worktree-hook-ran", "nested-hook-ran", "hooks-link-ran", "pyc-ran"] {
+    for probe in [
+        "linked-hook-ran",
+        "worktree-hook-ran",
+        "nested-hook-ran",
+        "hooks-link-ran",
+        "bare-hook-ran",
+        "pyc-ran",
+    ] {
         assert!(mark.join(probe).exists(), "{probe}: the probe works once applied by name");
     }
 }
