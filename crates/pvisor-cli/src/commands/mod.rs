@@ -151,7 +151,8 @@ pub fn job_and_paths_reviewed(
                 crate::output::shown_path(&workspace)
             )
         }
-        Some((_, false)) => anyhow::bail!(
+        // Still without a result, apply itself refuses and says why.
+        Some((_, false)) if pvisor::effects::Stage::open(store, &job).is_ok_and(|s| s.confirmed) => anyhow::bail!(
             "you reviewed {job} while it was still running: what it staged afterwards is unseen; `{me} review {job}` again, or name the Job: `{me} {verb} {job} ...`"
         ),
         _ => Ok((job, paths)),
