@@ -292,6 +292,8 @@ pub struct Bound<'a> {
     homes: Vec<PathBuf>,
     /// pvisor's own files, relative to the workspace.
     protected: Vec<(PathBuf, String)>,
+    /// Why the files at the workspace's top are commands: it is on `PATH`.
+    top_on_path: Option<String>,
 }
 
 impl Sensitive {
@@ -324,13 +326,18 @@ impl Sensitive {
                 .iter()
                 .filter_map(|(path, why)| Some((inside(workspace, &canonical(path))?, why.clone())))
                 .collect(),
+            top_on_path: None,
         };
         for dir in &self.host.path {
-            if let Some(rel) = inside(workspace, &canonical(dir)).filter(|r| !r.as_os_str().is_empty()) {
-                let why = format!(
-                    "a directory on your PATH ({}): a program in it runs when you type its name",
-                    trees.shown(dir)
-                );
+            let Some(rel) = inside(workspace, &canonical(dir)) else { continue };
+            let why = format!(
+                "a directory on your PATH ({}): a program in it runs when you type its name",
+                trees.shown(dir)
+            );
+            // The workspace itself: its top's files, not everything beneath.
+            if rel.as_os_str().is_empty() {
+                bound.top_on_path = Some(why);
+            } else {
                 bound.dirs.push((rel, why));
             }
         }
@@ -506,6 +513,9 @@ impl Bound<'_> {
             return Some(why);
         }
         if let Some((_, why)) = self.files.iter().find(|(file, _)| path == file) {
+            return Some(why.clone());
+        }
+        if let Some(why) = self.top_on_path.as_ref().filter(|_| path.components().count() == 1) {
             return Some(why.clone());
         }
         if let Some((_, why)) = self.dirs.iter().find(|(dir, _)| path.starts_with(dir)) {
@@ -858,6 +868,11 @@ mod tests {
         .map(|p| file(p, EntryType::File))
         .collect();
         let bound = s.bind(&ws, Some(&root), None, &changes);
+        let on_path =
+            Sensitive::new(Vec::new()).unwrap().with_host(Host { path: vec![ws.clone()], ..Host::default() });
+        let on_path = on_path.bind(&ws, Some(&root), None, &changes);
+        assert!(on_path.reason_for(&file("tool", EntryType::File)).is_some(), "the workspace is on PATH");
+        assert!(on_path.reason_for(&changes[16]).is_none(), "src/main.rs is no command");
         for change in &changes[..16] {
             assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
         }
