@@ -179,6 +179,10 @@ fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
     let mut git_configs: Vec<PathBuf> = home.iter().map(|h| h.join(".gitconfig")).collect();
     git_configs.extend(config_home.iter().map(|c| c.join("git/config")));
     git_configs.push(PathBuf::from("/etc/gitconfig"));
+    // git reads these instead of the two above when they are set.
+    for var in ["GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM"] {
+        git_configs.extend(std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from));
+    }
     let why_config = "pvisor's own configuration, which sets every later run's policy; edit it yourself, outside a sandbox";
     let why_state = "a pvisor state directory (Jobs, trust, evidence); pvisor writes it itself";
     let mut protected = Vec::new();
@@ -198,7 +202,43 @@ fn host(store: &pvisor_core::store::Store) -> pvisor_stage::sensitive::Host {
         protected.push((PathBuf::from(lock), why.to_owned()));
         protected.push((registry, why.to_owned()));
     }
-    pvisor_stage::sensitive::Host { home, git_configs, protected }
+    // Relative entries (`.`, an empty one) name wherever the user stands:
+    // no directory of the workspace in particular.
+    let path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).filter(|d| d.is_absolute()).collect())
+        .unwrap_or_default();
+    pvisor_stage::sensitive::Host { home, git_configs, protected, homes: account_homes(), path }
+}
+
+/// How many passwd entries are read for home directories (a directory
+/// service that enumerates could list very many).
+const ACCOUNTS: usize = 10_000;
+
+/// Every account's home directory, from the passwd database (NSS, so
+/// directory-service accounts that enumerate are included).
+fn account_homes() -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut homes = Vec::new();
+    // SAFETY: getpwent's entry is copied out before the next call; this
+    // process enumerates passwd nowhere else at the same time.
+    unsafe {
+        libc::setpwent();
+        while homes.len() < ACCOUNTS {
+            let entry = libc::getpwent();
+            if entry.is_null() {
+                break;
+            }
+            let dir = (*entry).pw_dir;
+            if !dir.is_null() {
+                let dir = std::ffi::CStr::from_ptr(dir).to_bytes();
+                if dir.starts_with(b"/") {
+                    homes.push(PathBuf::from(std::ffi::OsStr::from_bytes(dir)));
+                }
+            }
+        }
+        libc::endpwent();
+    }
+    homes
 }
 
 /// Says so when `workspace` is the user's home directory or holds it:

@@ -14,13 +14,14 @@
 //! [`Sensitive::bind`] derives the rest from the workspace and the stage:
 //! the hook directory a repository's `core.hooksPath` names, git
 //! directories and virtualenvs found by their structure, files a git config
-//! includes, and, when the workspace holds the user's home, its dotfiles.
+//! includes, workspace files a hook is a symlink to, and, when the
+//! workspace holds the user's home, its dotfiles.
 //! pvisor's own config and state ([`Host::protected`]) are not sensitive
 //! but forbidden: [`Bound::forbidden`] refuses them whatever the selection.
 
 use std::collections::BTreeSet;
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -52,10 +53,16 @@ const DIRECTORIES: &[(&str, &str)] = &[
     (".codex", "a coding agent's config: the next agent run here obeys it"),
     (".windsurf", "a coding agent's rules: the next agent run here obeys them"),
     (".continue", "a coding agent's config and MCP servers: the next agent run here obeys them"),
+    (".opencode", "a coding agent's config and MCP servers: the next agent run here obeys them"),
+    (".helix", "the editor starts the language servers its languages.toml names"),
     (".cargo", "cargo obeys its config (build.rustc-wrapper, runners, aliases) on the next build"),
     (".direnv", "direnv's layouts (virtualenvs, PATH entries) run when you enter the directory"),
     ("site-packages", "Python runs .pth files and imports modules from site-packages"),
     ("dist-packages", "Python runs .pth files and imports modules from dist-packages"),
+    // A cached module runs in place of its source when its header matches
+    // the source's size and time (or asks not to be checked): the reviewed
+    // .py is unchanged while what runs is not.
+    ("__pycache__", "Python runs the compiled modules in it in place of their source, which looks unchanged"),
 ];
 
 /// Any path whose last component is one of these.
@@ -99,6 +106,20 @@ const FILE_NAMES: &[(&str, &str)] = &[
     ("pyvenv.cfg", "it makes its directory a Python virtualenv, whose interpreter it names"),
     ("sitecustomize.py", "Python runs it at every start where it is on the path"),
     ("usercustomize.py", "Python runs it at every start where it is on the path"),
+    // Editors that read a project's own start-up file from the directory
+    // they are opened in (vim's and neovim's 'exrc', emacs's dir-locals
+    // with `eval`).
+    (".vimrc", "vim with 'exrc' runs it when started here"),
+    (".gvimrc", "vim with 'exrc' runs it when started here"),
+    (".exrc", "vim with 'exrc' runs it when started here"),
+    ("_vimrc", "vim with 'exrc' runs it when started here"),
+    ("_exrc", "vim with 'exrc' runs it when started here"),
+    (".nvimrc", "neovim with 'exrc' runs it when started here"),
+    (".nvim.lua", "neovim with 'exrc' runs it when started here"),
+    (".dir-locals.el", "emacs evaluates its settings for files here"),
+    (".dir-locals-2.el", "emacs evaluates its settings for files here"),
+    (".aider.conf.yml", "a coding agent runs the lint and test commands it names"),
+    ("opencode.json", "a coding agent's config and MCP servers: the next agent run here obeys them"),
 ];
 
 /// Exactly these workspace-relative paths, or anything beneath them.
@@ -128,8 +149,16 @@ pub struct Sensitive {
 #[derive(Clone, Debug, Default)]
 pub struct Host {
     /// The user's home directory: when the workspace is or holds it, every
-    /// dotfile at its top is sensitive.
+    /// dotfile at its top is sensitive. Also where a git config's `~/` leads.
     pub home: Option<PathBuf>,
+    /// Every other account's home directory (the passwd database): the
+    /// shell and ssh of whoever owns one read its dotfiles, whatever `$HOME`
+    /// says of the user running pvisor (root, or `sudo`, in another's home).
+    pub homes: Vec<PathBuf>,
+    /// The directories of the user's `PATH`: a program staged in one runs
+    /// when the user types its name (`~/go/bin`, `/usr/local/bin` when the
+    /// workspace is `/usr/local`, a project's `bin/` put on `PATH`).
+    pub path: Vec<PathBuf>,
     /// The user's own git config files (`~/.gitconfig`, ...): a
     /// `core.hooksPath` there applies to every repository.
     pub git_configs: Vec<PathBuf>,
@@ -175,6 +204,12 @@ impl Sensitive {
         }
         if last.len() > ".pth".len() && lower_last.ends_with(b".pth") {
             return Some("Python runs the import lines of a .pth file at every start".into());
+        }
+        if [&b".pyc"[..], b".pyo"].iter().any(|ext| last.len() > ext.len() && lower_last.ends_with(ext)) {
+            return Some(
+                "Python imports a compiled module where no source is beside it; its code is not reviewable"
+                    .into(),
+            );
         }
         let lower = bytes.to_ascii_lowercase();
         for (root, why) in ROOT_PATHS {
@@ -253,10 +288,12 @@ pub struct Bound<'a> {
     dirs: Vec<(PathBuf, String)>,
     /// Workspace-relative files that are sensitive.
     files: Vec<(PathBuf, String)>,
-    /// The user's home, relative to the workspace, when the workspace holds it.
-    home: Option<PathBuf>,
+    /// The homes the workspace holds, relative to it.
+    homes: Vec<PathBuf>,
     /// pvisor's own files, relative to the workspace.
     protected: Vec<(PathBuf, String)>,
+    /// Why the files at the workspace's top are commands: it is on `PATH`.
+    top_on_path: Option<String>,
 }
 
 impl Sensitive {
@@ -276,14 +313,34 @@ impl Sensitive {
             base: self,
             dirs: Vec::new(),
             files: Vec::new(),
-            home: self.host.home.as_deref().and_then(|home| inside(workspace, &canonical(home))),
+            homes: self
+                .host
+                .home
+                .iter()
+                .chain(&self.host.homes)
+                .filter_map(|home| inside(workspace, &canonical(home)))
+                .collect(),
             protected: self
                 .host
                 .protected
                 .iter()
                 .filter_map(|(path, why)| Some((inside(workspace, &canonical(path))?, why.clone())))
                 .collect(),
+            top_on_path: None,
         };
+        for dir in &self.host.path {
+            let Some(rel) = inside(workspace, &canonical(dir)) else { continue };
+            let why = format!(
+                "a directory on your PATH ({}): a program in it runs when you type its name",
+                trees.shown(dir)
+            );
+            // The workspace itself: its top's files, not everything beneath.
+            if rel.as_os_str().is_empty() {
+                bound.top_on_path = Some(why);
+            } else {
+                bound.dirs.push((rel, why));
+            }
+        }
         let mut seen = BTreeSet::new();
         for change in changes {
             let path = change.path.as_path();
@@ -293,15 +350,14 @@ impl Sensitive {
             }
         }
         // Repository top levels: each directory with a `.git` that holds a
-        // change or is at the workspace's top (a repository's hooksPath may
-        // lead out of it), and the repository the workspace itself is in,
-        // found as git finds it.
+        // change or is anywhere in the workspace within [`REPO_SEARCH`]
+        // directories of its top (a nested repository's hooksPath may lead
+        // out of it), and the repository the workspace itself is in, found
+        // as git finds it.
         let mut tops: Vec<PathBuf> = Vec::new();
-        for name in
-            [ws, upper].into_iter().flatten().flat_map(|root| root.list(Path::new("")).unwrap_or_default())
-        {
-            let dir = PathBuf::from(name);
-            if !seen.contains(&dir) && trees.exists(&dir.join(".git")) {
+        let (work_trees, bares) = trees.repositories();
+        for dir in work_trees {
+            if !seen.contains(&dir) {
                 tops.push(workspace.join(dir));
             }
         }
@@ -318,24 +374,64 @@ impl Sensitive {
                 tops.push(top.to_path_buf());
             }
         }
+        // Hook directories: each git directory's own `hooks/` and every
+        // `core.hooksPath` (recorded by `read_git_config`).
+        let mut hook_dirs: Vec<PathBuf> = Vec::new();
+        for (dir, why) in &bound.dirs {
+            if why.starts_with("a git directory") {
+                hook_dirs.push(workspace.join(dir).join("hooks"));
+            }
+        }
         for top in &tops {
             for config in trees.git_configs_of(top) {
-                bound.read_git_config(&trees, &config, top, 0);
+                hook_dirs.extend(config.parent().map(|gitdir| gitdir.join("hooks")));
+                hook_dirs.extend(bound.read_git_config(&trees, &config, top, 0));
             }
             for config in &self.host.git_configs {
-                bound.read_git_config(&trees, config, top, 0);
+                hook_dirs.extend(bound.read_git_config(&trees, config, top, 0));
             }
+        }
+        // A bare repository runs its hooks when pushed to (a local remote);
+        // a relative hooksPath there is taken from the repository itself.
+        for bare in bares {
+            let bare = workspace.join(bare);
+            hook_dirs.push(bare.join("hooks"));
+            hook_dirs.extend(bound.read_git_config(&trees, &bare.join("config"), &bare, 0));
+        }
+        for dir in &hook_dirs {
+            // `.git/hooks -> ../scripts/hooks` is a common set-up: git runs
+            // what the host's symlinks lead to.
+            let real = canonical(dir);
+            if &real != dir {
+                if let Some(rel) = inside(workspace, &real) {
+                    let why =
+                        format!("git runs hooks from this directory ({} leads to it)", trees.shown(dir));
+                    bound.dirs.push((rel, why));
+                }
+                bound.hook_link_targets(&trees, &real);
+            }
+            bound.hook_link_targets(&trees, dir);
         }
         bound
     }
 }
 
+/// How many directories of the workspace are searched for nested
+/// repositories, nearest the top first: a bound on the time a review or
+/// apply takes in a huge tree, past which deeper repositories are missed.
+const REPO_SEARCH: usize = 10_000;
+
+/// How many symlinks in a row are followed from a hook to the file it runs.
+const LINK_DEPTH: usize = 8;
+
 impl Bound<'_> {
     /// Records what the git config at `config` (absolute) names for the
     /// repository whose work tree is `top`: its hook directories and the
     /// files it includes, followed to [`INCLUDE_DEPTH`].
-    fn read_git_config(&mut self, trees: &Trees, config: &Path, top: &Path, depth: usize) {
+    /// Returns the hook directories found (absolute), wherever they are.
+    fn read_git_config(&mut self, trees: &Trees, config: &Path, top: &Path, depth: usize) -> Vec<PathBuf> {
         let shown = trees.shown(config);
+        let mut hook_dirs = Vec::new();
         for text in trees.read(config) {
             let named = gitconfig::named(&text);
             for hooks in named.hooks_paths.iter().filter(|h| !h.is_empty()) {
@@ -344,6 +440,7 @@ impl Bound<'_> {
                     let why = format!("git runs hooks from this directory (core.hooksPath in {shown})");
                     self.dirs.push((rel, why));
                 }
+                hook_dirs.push(dir);
             }
             for include in named.includes.iter().filter(|i| !i.is_empty()) {
                 let base = config.parent().unwrap_or(Path::new("/"));
@@ -353,7 +450,27 @@ impl Bound<'_> {
                     self.files.push((rel, why));
                 }
                 if depth < INCLUDE_DEPTH {
-                    self.read_git_config(trees, &file, top, depth + 1);
+                    hook_dirs.extend(self.read_git_config(trees, &file, top, depth + 1));
+                }
+            }
+        }
+        hook_dirs
+    }
+
+    /// Records the workspace files that the hooks in `dir` (absolute) are
+    /// symlinks to: git runs a hook through its link, so changing the file
+    /// it leads to changes the hook as surely as writing the hook itself.
+    fn hook_link_targets(&mut self, trees: &Trees, dir: &Path) {
+        for name in trees.names(dir) {
+            let hook = dir.join(name);
+            let mut link = hook.clone();
+            for _ in 0..LINK_DEPTH {
+                let Some(target) = trees.read_link(&link) else { break };
+                let parent = link.parent().unwrap_or(Path::new("/"));
+                link = normal(&parent.join(std::ffi::OsStr::from_bytes(&target)));
+                if let Some(rel) = inside(trees.workspace, &link).filter(|r| !r.as_os_str().is_empty()) {
+                    let why = format!("a git hook ({}) is a symlink to it", trees.shown(&hook));
+                    self.files.push((rel, why));
                 }
             }
         }
@@ -377,9 +494,9 @@ impl Bound<'_> {
         })
     }
 
-    /// Whether the workspace is the user's home directory or holds it.
+    /// Whether the workspace is a home directory or holds one.
     pub fn holds_home(&self) -> bool {
-        self.home.is_some()
+        !self.homes.is_empty()
     }
 
     /// Why applying `change` needs consent (or is never done: see
@@ -398,25 +515,30 @@ impl Bound<'_> {
         if let Some((_, why)) = self.files.iter().find(|(file, _)| path == file) {
             return Some(why.clone());
         }
+        if let Some(why) = self.top_on_path.as_ref().filter(|_| path.components().count() == 1) {
+            return Some(why.clone());
+        }
         if let Some((_, why)) = self.dirs.iter().find(|(dir, _)| path.starts_with(dir)) {
             return Some(why.clone());
         }
         // A symlink or file put where such a directory is read from.
         let above = |dir: &PathBuf| dir.starts_with(path) && dir.as_path() != path;
-        (change.entry != EntryType::Dir && self.dirs.iter().any(|(dir, _)| above(dir))).then(|| {
+        (change.entry != EntryType::Dir && self.dirs.iter().chain(&self.files).any(|(dir, _)| above(dir))).then(|| {
             "a symlink or file in place of a directory whose files the host runs: what it leads to would not be flagged"
                 .to_owned()
         })
     }
 
-    /// A dotfile or `bin/` at the top of the user's home, when the
-    /// workspace holds it: shells, ssh, git, systemd and the desktop read
-    /// or run them at login.
+    /// A dotfile or `bin/` at the top of a home the workspace holds:
+    /// shells, ssh, git, systemd and the desktop read or run them at login.
     fn in_home(&self, path: &Path) -> Option<String> {
-        let rest = path.strip_prefix(self.home.as_ref()?).ok()?;
-        let first = rest.components().next()?.as_os_str().as_bytes();
-        (first.starts_with(b".") || first == b"bin").then(|| {
-            "the workspace holds your home directory: your shell, ssh, git, systemd and the desktop read or run its dotfiles".to_owned()
+        let first = |home: &PathBuf| {
+            let rest = path.strip_prefix(home).ok()?;
+            Some(rest.components().next()?.as_os_str().as_bytes().to_vec())
+        };
+        let dotted = self.homes.iter().filter_map(first).any(|f| f.starts_with(b".") || f == b"bin");
+        dotted.then(|| {
+            "the workspace holds a home directory: its owner's shell, ssh, git, systemd and desktop read or run its dotfiles".to_owned()
         })
     }
 }
@@ -473,12 +595,15 @@ impl Trees<'_> {
     /// common directory.
     fn git_configs_of(&self, top: &Path) -> Vec<PathBuf> {
         let dot_git = top.join(".git");
-        let mut configs = vec![dot_git.join("config")];
+        // `config.worktree` holds a worktree's own settings
+        // (extensions.worktreeConfig), hooksPath among them.
+        let mut configs = vec![dot_git.join("config"), dot_git.join("config.worktree")];
         for text in self.read(&dot_git) {
             let text = String::from_utf8_lossy(&text);
             let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")) else { continue };
             let gitdir = normal(&top.join(target.trim()));
             configs.push(gitdir.join("config"));
+            configs.push(gitdir.join("config.worktree"));
             for common in self.read(&gitdir.join("commondir")) {
                 let common = String::from_utf8_lossy(&common);
                 configs.push(normal(&gitdir.join(common.trim())).join("config"));
@@ -517,6 +642,74 @@ impl Trees<'_> {
         }
     }
 
+    /// The workspace-relative directories of the host's tree that hold a
+    /// `.git`, and the bare repositories (`HEAD`, `objects/`, `refs/`; the
+    /// stage's are each a change's ancestor): searched breadth first, never
+    /// into a git directory nor through a symlink, over at most
+    /// [`REPO_SEARCH`] directories. Read by path with each entry's type from
+    /// the directory itself, which keeps a large tree cheap: the host's tree
+    /// is the user's, not the command's.
+    fn repositories(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let (mut found, mut bares) = (Vec::new(), Vec::new());
+        if self.ws.is_none() {
+            return (found, bares);
+        }
+        let mut queue = std::collections::VecDeque::from([PathBuf::new()]);
+        let mut visited = 0;
+        while let Some(dir) = queue.pop_front() {
+            visited += 1;
+            if visited > REPO_SEARCH {
+                break;
+            }
+            let Ok(entries) = std::fs::read_dir(self.workspace.join(&dir)) else { continue };
+            let mut subdirs = Vec::new();
+            let mut head = false;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                head |= name == "HEAD" && !is_dir;
+                if same_name(name.as_bytes(), ".git") {
+                    if name == ".git" && !dir.as_os_str().is_empty() {
+                        found.push(dir.clone());
+                    }
+                } else if is_dir {
+                    subdirs.push(name);
+                }
+            }
+            if head && ["objects", "refs"].iter().all(|d| subdirs.iter().any(|s| s == d)) {
+                bares.push(dir);
+                continue;
+            }
+            queue.extend(subdirs.into_iter().map(|name| dir.join(name)));
+        }
+        (found, bares)
+    }
+
+    /// The names in the directory `dir` (absolute): inside the
+    /// workspace, in either tree; elsewhere, the host's.
+    fn names(&self, dir: &Path) -> BTreeSet<std::ffi::OsString> {
+        match inside(self.workspace, dir) {
+            Some(rel) => [self.ws, self.upper]
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r.list(&rel).unwrap_or_default())
+                .collect(),
+            None => std::fs::read_dir(dir)
+                .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.file_name())).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The target of the symlink at `path` (absolute): inside the
+    /// workspace, the staged one if staged, else the host's.
+    fn read_link(&self, path: &Path) -> Option<Vec<u8>> {
+        match inside(self.workspace, path) {
+            Some(rel) if rel.as_os_str().is_empty() => None,
+            Some(rel) => [self.upper, self.ws].into_iter().flatten().find_map(|r| r.read_link(&rel).ok()),
+            None => std::fs::read_link(path).ok().map(|t| t.into_os_string().into_vec()),
+        }
+    }
+
     /// `path` as a person knows it: workspace-relative when inside.
     fn shown(&self, path: &Path) -> String {
         let path = inside(self.workspace, path).unwrap_or_else(|| path.to_path_buf());
@@ -524,11 +717,12 @@ impl Trees<'_> {
     }
 }
 
-/// `value` (a path from a git config) made absolute: `~/` is the home,
-/// a relative path is relative to `base`.
+/// `value` (a path from a git config) made absolute: `~` and `~/` are the
+/// home, a relative path is relative to `base`.
 fn expand(value: &str, base: &Path, home: Option<&Path>) -> PathBuf {
-    let path = match (value.strip_prefix("~/"), home) {
-        (Some(rest), Some(home)) => home.join(rest),
+    let in_home = value.strip_prefix('~').filter(|rest| rest.is_empty() || rest.starts_with('/'));
+    let path = match (in_home, home) {
+        (Some(rest), Some(home)) => home.join(rest.trim_start_matches('/')),
         _ => base.join(value),
     };
     normal(&path)
@@ -602,6 +796,8 @@ mod tests {
             "sub/.gitattributes",
             "evil/HEAD",
             "proj.code-workspace",
+            "pkg/__pycache__/mod.cpython-312.pyc",
+            "pkg/legacy.pyc",
         ] {
             assert!(s.reason(&rel(path)).is_some(), "{path} should be sensitive");
         }
@@ -634,9 +830,15 @@ mod tests {
         mk("vendor/bare.git/HEAD", "ref: refs/heads/main\n");
         mk("odd/config", "[Core]\npager = x\n");
         mk("env/pyvenv.cfg", "home = /usr/bin\n");
+        mk(".git/config.worktree", "[core]\nhooksPath = wt-hooks\n");
+        mk("scripts/lint.sh", "true\n");
+        std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+        std::os::unix::fs::symlink("../../scripts/lint.sh", ws.join(".git/hooks/pre-commit")).unwrap();
         let root = Root::open(&ws).unwrap();
         let host = Host {
             home: Some(ws.clone()),
+            homes: vec![ws.join("users/alice")],
+            path: vec![ws.join("go/bin"), PathBuf::from("/usr/bin")],
             git_configs: Vec::new(),
             protected: vec![(ws.join(".config/pvisor"), "pvisor's own configuration".into())],
         };
@@ -653,26 +855,45 @@ mod tests {
             ".bashrc",
             ".config/systemd/user/x.service",
             "bin/tool",
+            "users/alice/.profile",
+            "go/bin/ls",
+            "wt-hooks/pre-push",
+            "scripts/lint.sh",
             ".config/pvisor/config.toml",
             "src/main.rs",
             "tools/build.sh",
+            "users/alice/notes.txt",
         ]
         .iter()
         .map(|p| file(p, EntryType::File))
         .collect();
         let bound = s.bind(&ws, Some(&root), None, &changes);
-        for change in &changes[..12] {
+        let on_path =
+            Sensitive::new(Vec::new()).unwrap().with_host(Host { path: vec![ws.clone()], ..Host::default() });
+        let on_path = on_path.bind(&ws, Some(&root), None, &changes);
+        assert!(on_path.reason_for(&file("tool", EntryType::File)).is_some(), "the workspace is on PATH");
+        assert!(on_path.reason_for(&changes[16]).is_none(), "src/main.rs is no command");
+        for change in &changes[..16] {
             assert!(bound.reason_for(change).is_some(), "{:?} should be sensitive", change.path);
         }
-        for change in &changes[12..] {
+        for change in &changes[16..] {
             assert!(bound.reason_for(change).is_none(), "{:?} should not be sensitive", change.path);
         }
         assert!(bound.holds_home());
-        assert!(bound.forbidden(&changes[11]).is_some(), "pvisor's config is never applied");
+        assert!(bound.forbidden(&changes[15]).is_some(), "pvisor's config is never applied");
         assert!(bound.forbidden(&changes[8]).is_none(), ".bashrc is sensitive, not forbidden");
         let link = ChangeEntry { kind: ChangeKind::Symlink, ..file(".config", EntryType::Symlink) };
         assert!(bound.forbidden(&link).is_some(), "a symlink in place of the config's directory");
         assert!(bound.forbidden(&file(".config", EntryType::Dir)).is_none());
+    }
+
+    #[test]
+    fn a_tilde_is_the_home_as_git_expands_it() {
+        let (base, home) = (Path::new("/w"), Some(Path::new("/h")));
+        assert_eq!(expand("~", base, home), Path::new("/h"));
+        assert_eq!(expand("~/hooks", base, home), Path::new("/h/hooks"));
+        assert_eq!(expand("~x/hooks", base, home), Path::new("/w/~x/hooks"));
+        assert_eq!(expand("hooks/../h2", base, home), Path::new("/w/h2"));
     }
 
     #[test]

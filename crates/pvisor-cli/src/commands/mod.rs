@@ -147,14 +147,18 @@ pub fn job_and_paths_reviewed(
         return Ok((job, paths));
     }
     let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job))?.workspace;
+    let me = crate::output::me();
     match last_reviewed(store, &workspace) {
-        Some(reviewed) if reviewed != job => {
-            let me = crate::output::me();
+        Some((reviewed, _)) if reviewed != job => {
             anyhow::bail!(
                 "you last reviewed {reviewed} in {}, but {job} is newer and unreviewed; name the Job: `{me} {verb} {reviewed} ...` for the one you reviewed, or `{me} review {job}` first",
                 crate::output::shown_path(&workspace)
             )
         }
+        // Still without a result, apply itself refuses and says why.
+        Some((_, false)) if pvisor::effects::Stage::open(store, &job).is_ok_and(|s| s.confirmed) => anyhow::bail!(
+            "you reviewed {job} while it was still running: what it staged afterwards is unseen; `{me} review {job}` again, or name the Job: `{me} {verb} {job} ...`"
+        ),
         _ => Ok((job, paths)),
     }
 }
@@ -166,24 +170,40 @@ fn reviewed_file(store: &Store, workspace: &std::path::Path) -> std::path::PathB
     store.root().join("reviewed").join(key)
 }
 
-/// Records that `job` (over `workspace`) was just reviewed. Best effort: a
-/// state directory we may not write (someone else's) only loses the guard.
-pub fn record_reviewed(store: &Store, job: &pvisor_core::ids::JobId, workspace: &std::path::Path) {
+/// What follows the Job in the record of a review made before the Job
+/// ended: the command may have staged more since.
+const UNFINISHED: &str = " unfinished";
+
+/// Records that `job` (over `workspace`) was just reviewed, and whether its
+/// result was `confirmed` (the Job had ended). Best effort: a state
+/// directory we may not write (someone else's) only loses the guard.
+pub fn record_reviewed(
+    store: &Store,
+    job: &pvisor_core::ids::JobId,
+    workspace: &std::path::Path,
+    confirmed: bool,
+) {
     let file = reviewed_file(store, workspace);
+    let record = format!("{job}{}", if confirmed { "" } else { UNFINISHED });
     let written = file
         .parent()
         .map_or(Ok(()), pvisor_core::store::create_dir_all_private)
-        .and_then(|()| pvisor_core::store::write_atomic(&file, job.as_str().as_bytes()));
+        .and_then(|()| pvisor_core::store::write_atomic(&file, record.as_bytes()));
     if let Err(e) = written {
         eprintln!("pvisor: warning: could not record that {job} was reviewed: {e}");
     }
 }
 
-/// The Job last reviewed over `workspace`, if one was and it still exists.
-fn last_reviewed(store: &Store, workspace: &std::path::Path) -> Option<pvisor_core::ids::JobId> {
+/// The Job last reviewed over `workspace`, if one was and it still exists,
+/// and whether it had ended when reviewed.
+fn last_reviewed(store: &Store, workspace: &std::path::Path) -> Option<(pvisor_core::ids::JobId, bool)> {
     let text = std::fs::read_to_string(reviewed_file(store, workspace)).ok()?;
-    let job = pvisor::runtime::job_service::views::resolve_job(store, Some(text.trim())).ok()?;
-    store.job_file(&job).exists().then_some(job)
+    let (id, finished) = match text.trim().strip_suffix(UNFINISHED) {
+        Some(id) => (id, false),
+        None => (text.trim(), true),
+    };
+    let job = pvisor::runtime::job_service::views::resolve_job(store, Some(id)).ok()?;
+    store.job_file(&job).exists().then_some((job, finished))
 }
 
 fn job_and_paths_named(

@@ -13,7 +13,7 @@ pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
     let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
     let stage = Stage::open(&store, &job)?;
     crate::config::warn_if_home(&stage.status.workspace);
-    super::record_reviewed(&store, &job, &stage.status.workspace);
+    super::record_reviewed(&store, &job, &stage.status.workspace, stage.confirmed);
     let items = stage.review(&paths, &crate::config::sensitive(&store)?)?;
     // Buffered: a diff of 300,000 lines is 300,000 writes through a line buffer.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

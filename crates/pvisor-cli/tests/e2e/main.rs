@@ -13,6 +13,7 @@ mod support;
 mod bad_input;
 mod checkpoints;
 mod effects;
+mod hidden_runners;
 mod hostile_apply;
 mod hostile_repo;
 mod limits;
