@@ -13,6 +13,10 @@
 //! - Request headers must arrive within [`Limits::header_timeout`] and a
 //!   request body may not stall longer than [`Limits::body_idle_timeout`]
 //!   between frames.
+//! - A response may not stall longer than [`Limits::write_stall_timeout`]:
+//!   a client that stops reading (a streamed log it never takes) would
+//!   otherwise keep its connection busy, unevictable, and its stream slot
+//!   held, for ever ([`StallingIo`]).
 //! - An `accept` that fails for want of descriptors or memory backs off
 //!   instead of retrying at once.
 
@@ -36,6 +40,7 @@ pub struct Limits {
     pub max_per_client: usize,
     pub header_timeout: Duration,
     pub body_idle_timeout: Duration,
+    pub write_stall_timeout: Duration,
 }
 
 /// Descriptors kept free of connections: each busy request may open a few of
@@ -55,6 +60,7 @@ impl Limits {
             max_per_client: 0,
             header_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
+            write_stall_timeout: Duration::from_secs(30),
         }
         .with_max_connections(budget.clamp(16, 1024) as usize)
     }
@@ -306,6 +312,97 @@ where
     }
 }
 
+/// A connection's socket whose writes fail with `TimedOut` once the client
+/// has taken none of the response for `stall`: hyper then closes the
+/// connection and drops the response body, which gives back its busy mark
+/// and its stream slot. The response itself may take any time while the
+/// client keeps reading.
+pub struct StallingIo<T> {
+    inner: T,
+    stall: Duration,
+    /// Armed while a write waits for the client; cleared by any progress.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> std::fmt::Debug for StallingIo<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StallingIo").field("stall", &self.stall).finish_non_exhaustive()
+    }
+}
+
+impl<T> StallingIo<T> {
+    pub fn new(inner: T, stall: Duration) -> Self {
+        Self { inner, stall, timer: None }
+    }
+
+    /// `Pending` from a write: arms the timer, or fails once it has run out.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let stall = self.stall;
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match std::future::Future::poll(timer.as_mut(), cx) {
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client took none of the response for {stall:?}"),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<R>(
+        &mut self,
+        done: Poll<std::io::Result<R>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<R>> {
+        match done {
+            Poll::Ready(r) => {
+                self.timer = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.waiting(cx).map(Err),
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StallingIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for StallingIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let done = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progressed(done, cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let done = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progressed(done, cx)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let done = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progressed(done, cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let done = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.progressed(done, cx)
+    }
+}
+
 /// Whether an `accept` error means the daemon is out of descriptors or
 /// memory: retrying at once would only spin.
 pub fn accept_starved(e: &std::io::Error) -> bool {
@@ -322,6 +419,7 @@ mod tests {
             max_per_client: per_client,
             header_timeout: Duration::from_secs(1),
             body_idle_timeout: Duration::from_secs(1),
+            write_stall_timeout: Duration::from_secs(1),
         }
     }
 
@@ -378,6 +476,59 @@ mod tests {
         let read = runtime.block_on(http_body_util::BodyExt::collect(IdleBody::new(Silent, idle)));
         assert!(matches!(read, Err(BodyError::Stalled(d)) if d == idle));
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A response body that never ends.
+    struct Endless;
+
+    impl hyper::body::Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 1 << 16])))))
+        }
+    }
+
+    /// A client that sends a request and never reads the (endless)
+    /// response: the connection ends within the stall timeout and its busy
+    /// mark (what holds a stream slot) is given back.
+    #[test]
+    fn a_client_that_stops_reading_a_response_loses_its_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let admission = Admission::new(limits(4, 4));
+        let ticket = Arc::new(admission.admit("127.0.0.1".parse().unwrap()).unwrap());
+        let stall = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let (mut client, server) = tokio::io::duplex(4096);
+        let served = runtime.block_on(async {
+            client.write_all(b"GET /logs HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+            let t = ticket.clone();
+            let service = hyper::service::service_fn(move |_req| {
+                let busy = Busy::new(&t);
+                // A log that never ends: what a running command's stream is.
+                let body = hold_busy(http_body_util::BodyExt::boxed(Endless), busy);
+                async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(StallingIo::new(server, stall)), service);
+            // Proof the response started: the client reads its first bytes, then stops.
+            let mut first = [0u8; 12];
+            let (served, _) = tokio::join!(
+                tokio::time::timeout(Duration::from_secs(10), connection),
+                client.read_exact(&mut first)
+            );
+            assert_eq!(&first, b"HTTP/1.1 200");
+            served
+        });
+        assert!(served.is_ok(), "the connection was still open after 10 s");
+        assert!(served.unwrap().is_err(), "it ended with the stall error");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert_eq!(ticket.busy.load(Ordering::SeqCst), 0, "the busy mark was given back");
     }
 
     #[test]
