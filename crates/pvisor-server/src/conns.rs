@@ -9,7 +9,9 @@
 //!   response streaming: it costs its owner a reconnect), the client's own
 //!   first; when none is idle the new connection is closed at once, and while
 //!   the daemon is full of busy connections the accept loop waits for room
-//!   instead of accepting and spinning.
+//!   instead of accepting and spinning. One client is one address as
+//!   [`client_of`] counts them: every loopback address is the same host,
+//!   and an IPv6 client owns its whole /64.
 //! - Request headers must arrive within [`Limits::header_timeout`] and a
 //!   request body may not stall longer than [`Limits::body_idle_timeout`]
 //!   between frames.
@@ -156,10 +158,11 @@ impl Admission {
         }
     }
 
-    /// Admits a connection from `peer`, evicting the oldest idle connection
+    /// Admits a connection from `peer` (counted as [`client_of`] it), evicting the oldest idle connection
     /// (of `peer` itself when it is at its own limit) to make room; `None`
     /// when every connection in the way is busy.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Ticket> {
+        let peer = client_of(peer);
         let mut table = self.lock();
         let from_peer = table.open.values().filter(|c| c.peer == peer).count();
         if from_peer >= self.limits.max_per_client {
@@ -177,6 +180,22 @@ impl Admission {
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.lock().open.len()
+    }
+}
+
+/// The client an address belongs to, for the per-client limit: a client
+/// with many addresses would otherwise have a quarter of the daemon per
+/// address. Every loopback address (`127.0.0.0/8`, `::1`) is this host; an
+/// IPv4-mapped IPv6 address is its IPv4 address; any other IPv6 address
+/// counts as its /64, the prefix one site is given.
+pub fn client_of(peer: IpAddr) -> IpAddr {
+    let peer = peer.to_canonical();
+    if peer.is_loopback() {
+        return IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    }
+    match peer {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
     }
 }
 
@@ -452,6 +471,34 @@ mod tests {
         let _a3 = admission.admit(a).unwrap();
         assert!(admission.lock().open.contains_key(&other.id), "b's idle connection stays");
         assert_eq!(admission.open(), 3);
+    }
+
+    /// One client's busy connections from ever new addresses (127.0.0.2,
+    /// 127.0.0.3, ..., or one IPv6 /64) still count against one quarter.
+    #[test]
+    fn a_client_with_many_addresses_is_still_one_client() {
+        for addresses in
+            [["127.0.0.2", "127.0.0.3", "::1"], ["2001:db8::1", "2001:db8::2", "2001:db8::ffff:3"]]
+        {
+            let admission = Admission::new(limits(8, 2));
+            let (mut held, mut tickets) = (Vec::new(), Vec::new());
+            for a in &addresses[..2] {
+                let ticket = admission.admit(a.parse().unwrap()).unwrap();
+                held.push(Busy::new(&ticket));
+                held.push(Busy::new(&ticket));
+                tickets.push(ticket);
+            }
+            assert!(
+                admission.admit(addresses[2].parse().unwrap()).is_none(),
+                "{addresses:?}: a third address was admitted"
+            );
+            assert!(admission.admit("10.0.0.9".parse().unwrap()).is_some(), "another client still gets in");
+        }
+        assert_eq!(client_of("::ffff:10.0.0.1".parse().unwrap()), client_of("10.0.0.1".parse().unwrap()));
+        assert_ne!(
+            client_of("2001:db8:0:1::1".parse().unwrap()),
+            client_of("2001:db8:0:2::1".parse().unwrap())
+        );
     }
 
     /// A body whose client never sends another byte.
