@@ -13,8 +13,9 @@
 //!   [`client_of`] counts them: every loopback address is the same host,
 //!   and an IPv6 client owns its whole /64.
 //! - Request headers must arrive within [`Limits::header_timeout`] and a
-//!   request body may not stall longer than [`Limits::body_idle_timeout`]
-//!   between frames.
+//!   request body must bring at least [`MIN_BODY_PROGRESS`] bytes (or its
+//!   end) in every [`Limits::body_idle_timeout`]: a byte every 29 s is a
+//!   stall, not progress.
 //! - A response may not stall longer than [`Limits::write_stall_timeout`]:
 //!   a client that stops reading (a streamed log it never takes) would
 //!   otherwise keep its connection busy, unevictable, and its stream slot
@@ -276,11 +277,18 @@ pub enum BodyError {
     Stalled(Duration),
 }
 
-/// A request body that fails when no frame arrives for `idle`: a client
-/// cannot hold a worker by starting a body and never finishing it.
+/// What a request body must bring in every `idle` period to count as
+/// moving: 1 KiB per 30 s is 34 bytes a second, slower than any real link.
+pub const MIN_BODY_PROGRESS: usize = 1024;
+
+/// A request body that fails when less than [`MIN_BODY_PROGRESS`] bytes
+/// arrive in `idle`: a client cannot hold a worker by starting a body and
+/// never finishing it, nor by trickling it a byte at a time.
 pub struct IdleBody<B> {
     inner: B,
     idle: Duration,
+    /// Bytes since the timer was last reset.
+    progress: usize,
     /// Armed when the body is first read: a handler may read it late (and
     /// a client sending `Expect: 100-continue` waits for that first read).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -294,7 +302,7 @@ impl<B> std::fmt::Debug for IdleBody<B> {
 
 impl<B> IdleBody<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: None }
+        Self { inner, idle, progress: 0, timer: None }
     }
 }
 
@@ -314,7 +322,12 @@ where
         let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                this.progress +=
+                    frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()).map_or(0, Bytes::len);
+                if this.progress >= MIN_BODY_PROGRESS {
+                    this.progress = 0;
+                    timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                }
                 Poll::Ready(frame.map(|f| f.map_err(|e| BodyError::Read(e.into()))))
             }
             Poll::Pending => match std::future::Future::poll(timer.as_mut(), cx) {
@@ -513,6 +526,46 @@ mod tests {
         ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
             Poll::Pending
         }
+    }
+
+    /// A body whose client sends one byte at a time, each well within the
+    /// idle timeout: slowloris on the body.
+    struct Trickle(Pin<Box<tokio::time::Sleep>>, Duration);
+
+    impl hyper::body::Body for Trickle {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let every = self.1;
+            match std::future::Future::poll(self.0.as_mut(), cx) {
+                Poll::Ready(()) => {
+                    self.0.as_mut().reset(tokio::time::Instant::now() + every);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_body_trickled_a_byte_at_a_time_fails_as_stalled() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (idle, every) = (Duration::from_millis(200), Duration::from_millis(20));
+        let started = std::time::Instant::now();
+        let read = runtime.block_on(async {
+            let trickle = Trickle(Box::pin(tokio::time::sleep(every)), every);
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                http_body_util::BodyExt::collect(IdleBody::new(trickle, idle)),
+            )
+            .await
+        });
+        let read = read.expect("the trickled body was still being read after 5 s");
+        assert!(matches!(read, Err(BodyError::Stalled(d)) if d == idle));
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]
