@@ -502,6 +502,34 @@ pub(crate) mod tests {
         assert_eq!(g.metadata().unwrap().len(), 1, "the probe file was unpacked");
     }
 
+    /// A lower layer's symlink to a host directory, then whiteouts and
+    /// hard links through it: nothing outside the root is removed, and a
+    /// hard link to a symlink is that symlink, never its target.
+    #[test]
+    fn whiteouts_and_hard_links_never_act_through_a_symlink() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("passwd"), b"host").unwrap();
+        fs::create_dir(outside.path().join("sub")).unwrap();
+        let root = lower();
+        let host = outside.path().to_str().unwrap();
+        let host_passwd = format!("{host}/passwd");
+        apply(root.path(), &[E::Symlink("a", host), E::Symlink("s", &host_passwd), E::Link("h", "s")])
+            .unwrap();
+        // A whiteout never reaches through a symlink: there is nothing to remove.
+        apply(root.path(), &[E::File("a/.wh.passwd", b"", 0o644), E::File("a/.wh..wh..opq", b"", 0o644)])
+            .unwrap();
+        assert_eq!(fs::read(outside.path().join("passwd")).unwrap(), b"host", "the host file is still there");
+        assert!(outside.path().join("sub").is_dir(), "the opaque whiteout emptied nothing outside");
+        let h = fs::symlink_metadata(root.path().join("h")).unwrap();
+        assert!(h.file_type().is_symlink(), "the hard link is to the symlink itself");
+        apply(root.path(), &[E::File("h", b"mine", 0o644)]).unwrap();
+        assert_eq!(
+            fs::read(outside.path().join("passwd")).unwrap(),
+            b"host",
+            "writing the link wrote no host file"
+        );
+    }
+
     #[test]
     fn setuid_bits_and_device_nodes_are_never_created_on_the_host() {
         let root = tempfile::tempdir().unwrap();
