@@ -54,6 +54,8 @@ pub enum LayerError {
     BadWhiteout { path: String },
     #[error("the archive entry {path:?} goes through {through:?}, which is not a directory (a symlink is never followed)")]
     Through { path: String, through: String },
+    #[error("an archive entry's path is {len} bytes long; a path is under PATH_MAX (4096 bytes)")]
+    TooLong { len: usize },
     #[error("the archive holds more than {MAX_HEADER_BYTES} bytes of headers (long names, pax extensions) for one entry; refused")]
     HugeHeader,
     #[error("the archive is unreadable: {0}")]
@@ -122,8 +124,13 @@ fn entries<R: Read>(
 }
 
 /// The entry's path relative to the root: `.` components dropped, `None`
-/// for the root itself; absolute paths and `..` refused.
+/// for the root itself; absolute paths, `..` and paths longer than
+/// `PATH_MAX` refused (no program opens such a path, and a tree that deep
+/// is one the host's own tools cannot remove).
 pub fn entry_path(raw: &Path) -> Result<Option<PathBuf>, LayerError> {
+    if raw.as_os_str().len() >= libc::PATH_MAX as usize {
+        return Err(LayerError::TooLong { len: raw.as_os_str().len() });
+    }
     let escapes = |why| LayerError::Escapes { path: raw.display().to_string(), why };
     let mut out = PathBuf::new();
     for c in raw.components() {
@@ -476,12 +483,12 @@ pub(crate) mod tests {
         assert_eq!(fs::metadata(root.path().join(&long)).unwrap().len(), 2 << 20);
     }
 
-    /// Entries 2,500 directories deep (a 5 KB name, past PATH_MAX): their
+    /// Entries 2,000 directories deep (a 4,000-byte name): their
     /// parents are made one name at a time, not by resolving every prefix
     /// from the root again (quadratic: a layer of such entries never ended).
     #[test]
     fn deep_entries_unpack_in_time_linear_in_their_depth() {
-        let deep = "d/".repeat(2500);
+        let deep = "d/".repeat(2000);
         let mut b = tar::Builder::new(Vec::new());
         for name in ["f", "g"] {
             let mut h = tar::Header::new_gnu();
@@ -502,6 +509,17 @@ pub(crate) mod tests {
         assert_eq!(g.metadata().unwrap().len(), 1, "the probe file was unpacked");
         // Removed fd-relative: a path-based removal of the tree is slow.
         r.remove_all(Path::new("d")).unwrap();
+        // Deeper than PATH_MAX: refused, nothing created.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        b.append_data(&mut h, format!("{}f", "d/".repeat(2048)), &b"x"[..]).unwrap();
+        let e = extract(&r, &b.into_inner().unwrap()[..], &mut Unpacked::default()).unwrap_err();
+        assert!(matches!(e, LayerError::TooLong { len: 4097 }), "{e}");
+        assert!(r.stat(Path::new("d")).unwrap().is_none(), "no directory was made for it");
     }
 
     /// A lower layer's symlink to a host directory, then whiteouts and
