@@ -9,10 +9,17 @@
 //!   response streaming: it costs its owner a reconnect), the client's own
 //!   first; when none is idle the new connection is closed at once, and while
 //!   the daemon is full of busy connections the accept loop waits for room
-//!   instead of accepting and spinning.
+//!   instead of accepting and spinning. One client is one address as
+//!   [`client_of`] counts them: every loopback address is the same host,
+//!   and an IPv6 client owns its whole /64.
 //! - Request headers must arrive within [`Limits::header_timeout`] and a
-//!   request body may not stall longer than [`Limits::body_idle_timeout`]
-//!   between frames.
+//!   request body must bring at least [`MIN_BODY_PROGRESS`] bytes (or its
+//!   end) in every [`Limits::body_idle_timeout`]: a byte every 29 s is a
+//!   stall, not progress.
+//! - A response may not stall longer than [`Limits::write_stall_timeout`]:
+//!   a client that stops reading (a streamed log it never takes) would
+//!   otherwise keep its connection busy, unevictable, and its stream slot
+//!   held, for ever ([`StallingIo`]).
 //! - An `accept` that fails for want of descriptors or memory backs off
 //!   instead of retrying at once.
 
@@ -36,6 +43,7 @@ pub struct Limits {
     pub max_per_client: usize,
     pub header_timeout: Duration,
     pub body_idle_timeout: Duration,
+    pub write_stall_timeout: Duration,
 }
 
 /// Descriptors kept free of connections: each busy request may open a few of
@@ -55,6 +63,7 @@ impl Limits {
             max_per_client: 0,
             header_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
+            write_stall_timeout: Duration::from_secs(30),
         }
         .with_max_connections(budget.clamp(16, 1024) as usize)
     }
@@ -150,10 +159,11 @@ impl Admission {
         }
     }
 
-    /// Admits a connection from `peer`, evicting the oldest idle connection
+    /// Admits a connection from `peer` (counted as [`client_of`] it), evicting the oldest idle connection
     /// (of `peer` itself when it is at its own limit) to make room; `None`
     /// when every connection in the way is busy.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Ticket> {
+        let peer = client_of(peer);
         let mut table = self.lock();
         let from_peer = table.open.values().filter(|c| c.peer == peer).count();
         if from_peer >= self.limits.max_per_client {
@@ -171,6 +181,22 @@ impl Admission {
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.lock().open.len()
+    }
+}
+
+/// The client an address belongs to, for the per-client limit: a client
+/// with many addresses would otherwise have a quarter of the daemon per
+/// address. Every loopback address (`127.0.0.0/8`, `::1`) is this host; an
+/// IPv4-mapped IPv6 address is its IPv4 address; any other IPv6 address
+/// counts as its /64, the prefix one site is given.
+pub fn client_of(peer: IpAddr) -> IpAddr {
+    let peer = peer.to_canonical();
+    if peer.is_loopback() {
+        return IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    }
+    match peer {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
     }
 }
 
@@ -251,11 +277,18 @@ pub enum BodyError {
     Stalled(Duration),
 }
 
-/// A request body that fails when no frame arrives for `idle`: a client
-/// cannot hold a worker by starting a body and never finishing it.
+/// What a request body must bring in every `idle` period to count as
+/// moving: 1 KiB per 30 s is 34 bytes a second, slower than any real link.
+pub const MIN_BODY_PROGRESS: usize = 1024;
+
+/// A request body that fails when less than [`MIN_BODY_PROGRESS`] bytes
+/// arrive in `idle`: a client cannot hold a worker by starting a body and
+/// never finishing it, nor by trickling it a byte at a time.
 pub struct IdleBody<B> {
     inner: B,
     idle: Duration,
+    /// Bytes since the timer was last reset.
+    progress: usize,
     /// Armed when the body is first read: a handler may read it late (and
     /// a client sending `Expect: 100-continue` waits for that first read).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -269,7 +302,7 @@ impl<B> std::fmt::Debug for IdleBody<B> {
 
 impl<B> IdleBody<B> {
     pub fn new(inner: B, idle: Duration) -> Self {
-        Self { inner, idle, timer: None }
+        Self { inner, idle, progress: 0, timer: None }
     }
 }
 
@@ -289,7 +322,12 @@ where
         let timer = this.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                this.progress +=
+                    frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()).map_or(0, Bytes::len);
+                if this.progress >= MIN_BODY_PROGRESS {
+                    this.progress = 0;
+                    timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                }
                 Poll::Ready(frame.map(|f| f.map_err(|e| BodyError::Read(e.into()))))
             }
             Poll::Pending => match std::future::Future::poll(timer.as_mut(), cx) {
@@ -303,6 +341,97 @@ where
     }
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// A connection's socket whose writes fail with `TimedOut` once the client
+/// has taken none of the response for `stall`: hyper then closes the
+/// connection and drops the response body, which gives back its busy mark
+/// and its stream slot. The response itself may take any time while the
+/// client keeps reading.
+pub struct StallingIo<T> {
+    inner: T,
+    stall: Duration,
+    /// Armed while a write waits for the client; cleared by any progress.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> std::fmt::Debug for StallingIo<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StallingIo").field("stall", &self.stall).finish_non_exhaustive()
+    }
+}
+
+impl<T> StallingIo<T> {
+    pub fn new(inner: T, stall: Duration) -> Self {
+        Self { inner, stall, timer: None }
+    }
+
+    /// `Pending` from a write: arms the timer, or fails once it has run out.
+    fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let stall = self.stall;
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match std::future::Future::poll(timer.as_mut(), cx) {
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client took none of the response for {stall:?}"),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn progressed<R>(
+        &mut self,
+        done: Poll<std::io::Result<R>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<R>> {
+        match done {
+            Poll::Ready(r) => {
+                self.timer = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.waiting(cx).map(Err),
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StallingIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for StallingIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let done = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progressed(done, cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let done = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progressed(done, cx)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let done = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progressed(done, cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let done = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.progressed(done, cx)
     }
 }
 
@@ -322,6 +451,7 @@ mod tests {
             max_per_client: per_client,
             header_timeout: Duration::from_secs(1),
             body_idle_timeout: Duration::from_secs(1),
+            write_stall_timeout: Duration::from_secs(1),
         }
     }
 
@@ -356,6 +486,34 @@ mod tests {
         assert_eq!(admission.open(), 3);
     }
 
+    /// One client's busy connections from ever new addresses (127.0.0.2,
+    /// 127.0.0.3, ..., or one IPv6 /64) still count against one quarter.
+    #[test]
+    fn a_client_with_many_addresses_is_still_one_client() {
+        for addresses in
+            [["127.0.0.2", "127.0.0.3", "::1"], ["2001:db8::1", "2001:db8::2", "2001:db8::ffff:3"]]
+        {
+            let admission = Admission::new(limits(8, 2));
+            let (mut held, mut tickets) = (Vec::new(), Vec::new());
+            for a in &addresses[..2] {
+                let ticket = admission.admit(a.parse().unwrap()).unwrap();
+                held.push(Busy::new(&ticket));
+                held.push(Busy::new(&ticket));
+                tickets.push(ticket);
+            }
+            assert!(
+                admission.admit(addresses[2].parse().unwrap()).is_none(),
+                "{addresses:?}: a third address was admitted"
+            );
+            assert!(admission.admit("10.0.0.9".parse().unwrap()).is_some(), "another client still gets in");
+        }
+        assert_eq!(client_of("::ffff:10.0.0.1".parse().unwrap()), client_of("10.0.0.1".parse().unwrap()));
+        assert_ne!(
+            client_of("2001:db8:0:1::1".parse().unwrap()),
+            client_of("2001:db8:0:2::1".parse().unwrap())
+        );
+    }
+
     /// A body whose client never sends another byte.
     struct Silent;
 
@@ -370,6 +528,46 @@ mod tests {
         }
     }
 
+    /// A body whose client sends one byte at a time, each well within the
+    /// idle timeout: slowloris on the body.
+    struct Trickle(Pin<Box<tokio::time::Sleep>>, Duration);
+
+    impl hyper::body::Body for Trickle {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let every = self.1;
+            match std::future::Future::poll(self.0.as_mut(), cx) {
+                Poll::Ready(()) => {
+                    self.0.as_mut().reset(tokio::time::Instant::now() + every);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x")))))
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_body_trickled_a_byte_at_a_time_fails_as_stalled() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (idle, every) = (Duration::from_millis(200), Duration::from_millis(20));
+        let started = std::time::Instant::now();
+        let read = runtime.block_on(async {
+            let trickle = Trickle(Box::pin(tokio::time::sleep(every)), every);
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                http_body_util::BodyExt::collect(IdleBody::new(trickle, idle)),
+            )
+            .await
+        });
+        let read = read.expect("the trickled body was still being read after 5 s");
+        assert!(matches!(read, Err(BodyError::Stalled(d)) if d == idle));
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
     #[test]
     fn a_stalled_request_body_fails_instead_of_holding_its_worker() {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
@@ -378,6 +576,59 @@ mod tests {
         let read = runtime.block_on(http_body_util::BodyExt::collect(IdleBody::new(Silent, idle)));
         assert!(matches!(read, Err(BodyError::Stalled(d)) if d == idle));
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// A response body that never ends.
+    struct Endless;
+
+    impl hyper::body::Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 1 << 16])))))
+        }
+    }
+
+    /// A client that sends a request and never reads the (endless)
+    /// response: the connection ends within the stall timeout and its busy
+    /// mark (what holds a stream slot) is given back.
+    #[test]
+    fn a_client_that_stops_reading_a_response_loses_its_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let admission = Admission::new(limits(4, 4));
+        let ticket = Arc::new(admission.admit("127.0.0.1".parse().unwrap()).unwrap());
+        let stall = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let (mut client, server) = tokio::io::duplex(4096);
+        let served = runtime.block_on(async {
+            client.write_all(b"GET /logs HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+            let t = ticket.clone();
+            let service = hyper::service::service_fn(move |_req| {
+                let busy = Busy::new(&t);
+                // A log that never ends: what a running command's stream is.
+                let body = hold_busy(http_body_util::BodyExt::boxed(Endless), busy);
+                async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(StallingIo::new(server, stall)), service);
+            // Proof the response started: the client reads its first bytes, then stops.
+            let mut first = [0u8; 12];
+            let (served, _) = tokio::join!(
+                tokio::time::timeout(Duration::from_secs(10), connection),
+                client.read_exact(&mut first)
+            );
+            assert_eq!(&first, b"HTTP/1.1 200");
+            served
+        });
+        assert!(served.is_ok(), "the connection was still open after 10 s");
+        assert!(served.unwrap().is_err(), "it ended with the stall error");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert_eq!(ticket.busy.load(Ordering::SeqCst), 0, "the busy mark was given back");
     }
 
     #[test]

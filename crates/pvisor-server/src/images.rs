@@ -637,6 +637,39 @@ mod tests {
         descriptors
     }
 
+    /// Descriptors whose digest names a path (`sha256:../../x`), and an
+    /// oversized config: refused before any host file outside the layout
+    /// (or more than the JSON limit) is read.
+    #[test]
+    fn an_oci_layout_cannot_name_a_blob_outside_itself_or_an_enormous_config() {
+        let home = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(&pvisor_core::store::Store::open(home.path().join("state")).unwrap());
+        let secret = home.path().join("x");
+        fs::write(&secret, br#"{"schemaVersion":2,"manifests":[]}"#).unwrap();
+        let dir = home.path().join("lay/out");
+        layout(&dir, &[crate::layers::tests::archive(&[])]);
+        for digest in ["sha256:../../x", "sha256:../../../x", "sha256:/etc/passwd"] {
+            let index = serde_json::json!({ "schemaVersion": 2, "manifests": [{
+                "mediaType": "application/vnd.oci.image.index.v1+json", "digest": digest, "size": 34 }] });
+            fs::write(dir.join("index.json"), index.to_string()).unwrap();
+            let e = store.import("evil", &dir).unwrap_err();
+            assert!(!e.0.contains("schemaVersion"), "{digest}: {e}");
+            assert!(store.rootfs("evil").is_none(), "{digest}");
+        }
+        let hex = "0".repeat(64);
+        let manifest = serde_json::json!({ "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": format!("sha256:{hex}"), "size": 1u64 << 40 },
+            "layers": [] });
+        let m = blob(&dir, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
+        fs::write(
+            dir.join("index.json"),
+            serde_json::json!({ "schemaVersion": 2, "manifests": [m] }).to_string(),
+        )
+        .unwrap();
+        let e = store.import("evil", &dir).unwrap_err();
+        assert!(e.0.contains("is over"), "{e}");
+    }
+
     #[test]
     fn an_oci_import_verifies_every_blob_and_applies_whiteouts() {
         use crate::layers::tests::{archive, E};

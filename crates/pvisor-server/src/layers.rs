@@ -19,7 +19,13 @@
 //! layer. `.wh..wh..opq` empties its directory, `.wh.NAME` removes NAME in
 //! the same directory, any other name starting `.wh.` (`.wh...`,
 //! `.wh..wh.x`) is refused, and whiteouts are never written as files.
+//!
+//! The tar crate reads an entry's long name and pax extensions whole into
+//! memory; [`Entries`] lets it read at most [`MAX_HEADER_BYTES`] between
+//! two entries' data, so a hostile layer (a gzip bomb of one pax header)
+//! cannot exhaust the importer's memory.
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
@@ -48,6 +54,10 @@ pub enum LayerError {
     BadWhiteout { path: String },
     #[error("the archive entry {path:?} goes through {through:?}, which is not a directory (a symlink is never followed)")]
     Through { path: String, through: String },
+    #[error("an archive entry's path is {len} bytes long; a path is under PATH_MAX (4096 bytes)")]
+    TooLong { len: usize },
+    #[error("the archive holds more than {MAX_HEADER_BYTES} bytes of headers (long names, pax extensions) for one entry; refused")]
+    HugeHeader,
     #[error("the archive is unreadable: {0}")]
     Read(#[source] io::Error),
     #[error("cannot unpack {path:?}: {source}")]
@@ -58,9 +68,69 @@ pub enum LayerError {
     },
 }
 
+/// The most header bytes (the entry's header, its long name and link
+/// name, pax extensions, sparse maps) the tar crate may read, into memory,
+/// for one entry: far more than any path (PATH_MAX is 4096) or xattr needs.
+pub const MAX_HEADER_BYTES: u64 = 1 << 20;
+
+/// A reader that fails once more than its budget is read: the budget is
+/// [`MAX_HEADER_BYTES`] while the tar crate looks for the next entry, and
+/// unbounded while an entry's data is read.
+struct Budgeted<R> {
+    inner: R,
+    left: std::rc::Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left.get();
+        if left == 0 {
+            return Err(io::Error::other(HUGE_HEADER));
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left.set(left - n as u64);
+        Ok(n)
+    }
+}
+
+const HUGE_HEADER: &str = "an entry's headers are over the limit";
+
+/// Calls `each` with every entry of `archive`, reading each entry's
+/// headers within [`MAX_HEADER_BYTES`]; what `each` leaves of an entry's
+/// data is read past (unbounded) before the next headers.
+fn entries<R: Read>(
+    archive: R,
+    mut each: impl FnMut(&mut tar::Entry<'_, Budgeted<R>>) -> Result<(), LayerError>,
+) -> Result<(), LayerError> {
+    let left = std::rc::Rc::new(Cell::new(MAX_HEADER_BYTES));
+    let mut archive = tar::Archive::new(Budgeted { inner: archive, left: left.clone() });
+    let huge = |e: io::Error| {
+        if e.get_ref().is_some_and(|inner| inner.to_string() == HUGE_HEADER) {
+            LayerError::HugeHeader
+        } else {
+            LayerError::Read(e)
+        }
+    };
+    let mut all = archive.entries().map_err(huge)?;
+    loop {
+        left.set(MAX_HEADER_BYTES);
+        let Some(entry) = all.next() else { return Ok(()) };
+        let mut entry = entry.map_err(huge)?;
+        left.set(u64::MAX);
+        each(&mut entry)?;
+        io::copy(&mut entry, &mut io::sink()).map_err(LayerError::Read)?;
+    }
+}
+
 /// The entry's path relative to the root: `.` components dropped, `None`
-/// for the root itself; absolute paths and `..` refused.
+/// for the root itself; absolute paths, `..` and paths longer than
+/// `PATH_MAX` refused (no program opens such a path, and a tree that deep
+/// is one the host's own tools cannot remove).
 pub fn entry_path(raw: &Path) -> Result<Option<PathBuf>, LayerError> {
+    if raw.as_os_str().len() >= libc::PATH_MAX as usize {
+        return Err(LayerError::TooLong { len: raw.as_os_str().len() });
+    }
     let escapes = |why| LayerError::Escapes { path: raw.display().to_string(), why };
     let mut out = PathBuf::new();
     for c in raw.components() {
@@ -112,10 +182,8 @@ fn write_err(path: &Path) -> impl FnOnce(io::Error) -> LayerError + '_ {
 /// Applies the whiteouts of one layer to what the lower layers left under
 /// `root`; the layer's other entries are read past.
 pub fn apply_whiteouts(root: &Root, archive: impl Read) -> Result<(), LayerError> {
-    let mut archive = tar::Archive::new(archive);
-    for entry in archive.entries().map_err(LayerError::Read)? {
-        let entry = entry.map_err(LayerError::Read)?;
-        let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { continue };
+    entries(archive, |entry| {
+        let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { return Ok(()) };
         match whiteout(&path)? {
             None => {}
             Some(Whiteout::Remove(target)) => remove(root, &target).map_err(write_err(&target))?,
@@ -130,8 +198,8 @@ pub fn apply_whiteouts(root: &Root, archive: impl Read) -> Result<(), LayerError
             // An opaque directory the lower layers do not have: nothing to hide.
             Some(Whiteout::Opaque(_)) => {}
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Removes `rel` and what it holds; nothing there (or a symlink on the way,
@@ -151,73 +219,77 @@ fn is_dir(root: &Root, rel: &Path) -> io::Result<bool> {
 pub fn extract(root: &Root, archive: impl Read, report: &mut Unpacked) -> Result<(), LayerError> {
     // Owners are the image's own only when the importer may give them away.
     let keep_owners = rustix::process::geteuid().is_root();
-    let mut archive = tar::Archive::new(archive);
-    for entry in archive.entries().map_err(LayerError::Read)? {
-        let mut entry = entry.map_err(LayerError::Read)?;
-        let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { continue };
-        if whiteout(&path)?.is_some() {
-            continue;
+    entries(archive, |entry| one(root, entry, keep_owners, report))
+}
+
+/// Unpacks one entry (not a whiteout) under `root`.
+fn one<R: Read>(
+    root: &Root,
+    entry: &mut tar::Entry<'_, R>,
+    keep_owners: bool,
+    report: &mut Unpacked,
+) -> Result<(), LayerError> {
+    let Some(path) = entry_path(&entry.path().map_err(LayerError::Read)?)? else { return Ok(()) };
+    if whiteout(&path)?.is_some() {
+        return Ok(());
+    }
+    let header = entry.header();
+    let mode = header.mode().map_err(LayerError::Read)?;
+    let owner = (header.uid().map_err(LayerError::Read)?, header.gid().map_err(LayerError::Read)?);
+    let kind = header.entry_type();
+    let shown = || path.display().to_string();
+    if mode & 0o6000 != 0 && (kind.is_file() || kind.is_dir()) {
+        report.setid_bits_dropped.push(shown());
+    }
+    // No setuid/setgid on the host; the sticky bit (/tmp) is harmless.
+    let mode = mode & 0o1777;
+    parents(root, &path)?;
+    let w = write_err(&path);
+    match kind {
+        tar::EntryType::Directory => {
+            if !is_dir(root, &path).map_err(write_err(&path))? {
+                root.remove_all(&path).map_err(write_err(&path))?;
+            }
+            root.mkdir(&path, mode | 0o700).map_err(w)?;
         }
-        let header = entry.header();
-        let mode = header.mode().map_err(LayerError::Read)?;
-        let owner = (header.uid().map_err(LayerError::Read)?, header.gid().map_err(LayerError::Read)?);
-        let kind = header.entry_type();
-        let shown = || path.display().to_string();
-        if mode & 0o6000 != 0 && (kind.is_file() || kind.is_dir()) {
-            report.setid_bits_dropped.push(shown());
+        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+            let mut file = root.create_file(&path, 0o600).map_err(write_err(&path))?;
+            io::copy(entry, &mut file).map_err(write_err(&path))?;
+            if keep_owners {
+                rustix::fs::fchown(
+                    &file,
+                    Some(rustix::fs::Uid::from_raw(owner.0 as u32)),
+                    Some(rustix::fs::Gid::from_raw(owner.1 as u32)),
+                )
+                .map_err(|e| write_err(&path)(e.into()))?;
+            }
+            rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| w(e.into()))?;
+            return Ok(());
         }
-        // No setuid/setgid on the host; the sticky bit (/tmp) is harmless.
-        let mode = mode & 0o1777;
-        parents(root, &path)?;
-        let w = write_err(&path);
-        match kind {
-            tar::EntryType::Directory => {
-                if !is_dir(root, &path).map_err(write_err(&path))? {
-                    root.remove_all(&path).map_err(write_err(&path))?;
-                }
-                root.mkdir(&path, mode | 0o700).map_err(w)?;
-            }
-            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                let mut file = root.create_file(&path, 0o600).map_err(write_err(&path))?;
-                io::copy(&mut entry, &mut file).map_err(write_err(&path))?;
-                if keep_owners {
-                    rustix::fs::fchown(
-                        &file,
-                        Some(rustix::fs::Uid::from_raw(owner.0 as u32)),
-                        Some(rustix::fs::Gid::from_raw(owner.1 as u32)),
-                    )
-                    .map_err(|e| write_err(&path)(e.into()))?;
-                }
-                rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| w(e.into()))?;
-                continue;
-            }
-            tar::EntryType::Symlink => {
-                let target = entry.link_name_bytes().ok_or_else(|| {
-                    LayerError::Read(io::Error::other(format!("the symlink {} has no target", shown())))
-                })?;
-                // Stored as written; the host never follows it.
-                root.write_symlink(&path, &target).map_err(w)?;
-            }
-            tar::EntryType::Link => {
-                let raw = entry.link_name().map_err(LayerError::Read)?.unwrap_or_default();
-                let target = entry_path(&raw)?.ok_or_else(|| LayerError::Escapes {
-                    path: shown(),
-                    why: "it is a hard link to the root",
-                })?;
-                root.hard_link(&target, &path).map_err(w)?;
-                continue;
-            }
-            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                report.special_files_skipped.push(shown());
-                continue;
-            }
-            // Pax and GNU extension headers are read by the tar crate itself;
-            // anything else holds no file.
-            _ => continue,
+        tar::EntryType::Symlink => {
+            let target = entry.link_name_bytes().ok_or_else(|| {
+                LayerError::Read(io::Error::other(format!("the symlink {} has no target", shown())))
+            })?;
+            // Stored as written; the host never follows it.
+            root.write_symlink(&path, &target).map_err(w)?;
         }
-        if keep_owners {
-            root.chown(&path, owner.0 as u32, owner.1 as u32).map_err(write_err(&path))?;
+        tar::EntryType::Link => {
+            let raw = entry.link_name().map_err(LayerError::Read)?.unwrap_or_default();
+            let target = entry_path(&raw)?
+                .ok_or_else(|| LayerError::Escapes { path: shown(), why: "it is a hard link to the root" })?;
+            root.hard_link(&target, &path).map_err(w)?;
+            return Ok(());
         }
+        tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+            report.special_files_skipped.push(shown());
+            return Ok(());
+        }
+        // Pax and GNU extension headers are read by the tar crate itself;
+        // anything else holds no file.
+        _ => return Ok(()),
+    }
+    if keep_owners {
+        root.chown(&path, owner.0 as u32, owner.1 as u32).map_err(write_err(&path))?;
     }
     Ok(())
 }
@@ -225,22 +297,14 @@ pub fn extract(root: &Root, archive: impl Read, report: &mut Unpacked) -> Result
 /// Creates the missing directories above `path`; refuses a symlink or a
 /// file on the way (an entry is never written through one).
 fn parents(root: &Root, path: &Path) -> Result<(), LayerError> {
-    let mut dir = PathBuf::new();
-    let Some(parent) = path.parent() else { return Ok(()) };
-    for c in parent.components() {
-        dir.push(c);
-        match root.stat(&dir).map_err(write_err(&dir))? {
-            Some(s) if s.kind == Kind::Dir => {}
-            None => root.mkdir(&dir, 0o755).map_err(write_err(&dir))?,
-            Some(_) => {
-                return Err(LayerError::Through {
-                    path: path.display().to_string(),
-                    through: dir.display().to_string(),
-                })
-            }
-        }
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else { return Ok(()) };
+    match root.mkdir_all(parent, 0o755) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => Err(LayerError::Through {
+            path: path.display().to_string(),
+            through: parent.display().to_string(),
+        }),
+        other => other.map_err(write_err(parent)),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -379,6 +443,111 @@ pub(crate) mod tests {
         assert_eq!(fs::read(inner.join("f")).unwrap(), b"mine");
         let e = apply(&inner, &[E::Link("l", "../x")]).unwrap_err();
         assert!(matches!(e, LayerError::Escapes { .. }), "{e}");
+    }
+
+    /// A pax header (or GNU long name) claiming 8 GiB, its bytes endless:
+    /// what a gzip bomb of a few MiB decompresses to. The tar crate would
+    /// read it whole into memory.
+    #[test]
+    fn a_huge_pax_header_or_long_name_is_refused_without_reading_it_into_memory() {
+        for kind in [tar::EntryType::XHeader, tar::EntryType::GNULongName] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_size(8 << 30);
+            h.set_cksum();
+            let hostile = || h.as_bytes().chain(io::repeat(b'a'));
+            let root = tempfile::tempdir().unwrap();
+            let r = Root::open(root.path()).unwrap();
+            let started = std::time::Instant::now();
+            let e = extract(&r, hostile(), &mut Unpacked::default()).unwrap_err();
+            assert!(matches!(e, LayerError::HugeHeader), "{kind:?}: {e}");
+            let e = apply_whiteouts(&r, hostile()).unwrap_err();
+            assert!(matches!(e, LayerError::HugeHeader), "{kind:?}: {e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+        }
+        // A long name under the limit still works, and big file data is not
+        // counted as headers.
+        let mut b = tar::Builder::new(Vec::new());
+        let long = format!("{}/f", "d".repeat(200));
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2 << 20);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        b.append_data(&mut h, &long, &vec![b'x'; 2 << 20][..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let r = Root::open(root.path()).unwrap();
+        apply_whiteouts(&r, &tar[..]).unwrap();
+        extract(&r, &tar[..], &mut Unpacked::default()).unwrap();
+        assert_eq!(fs::metadata(root.path().join(&long)).unwrap().len(), 2 << 20);
+    }
+
+    /// Entries 2,000 directories deep (a 4,000-byte name): their
+    /// parents are made one name at a time, not by resolving every prefix
+    /// from the root again (quadratic: a layer of such entries never ended).
+    #[test]
+    fn deep_entries_unpack_in_time_linear_in_their_depth() {
+        let deep = "d/".repeat(2000);
+        let mut b = tar::Builder::new(Vec::new());
+        for name in ["f", "g"] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(1);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            b.append_data(&mut h, format!("{deep}{name}"), &b"x"[..]).unwrap();
+        }
+        let root = tempfile::tempdir().unwrap();
+        let started = std::time::Instant::now();
+        apply(root.path(), &[]).unwrap();
+        let r = Root::open(root.path()).unwrap();
+        extract(&r, &b.into_inner().unwrap()[..], &mut Unpacked::default()).unwrap();
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+        let g = r.open_file(&Path::new(&deep).join("g")).unwrap();
+        assert_eq!(g.metadata().unwrap().len(), 1, "the probe file was unpacked");
+        // Removed fd-relative: a path-based removal of the tree is slow.
+        r.remove_all(Path::new("d")).unwrap();
+        // Deeper than PATH_MAX: refused, nothing created.
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        b.append_data(&mut h, format!("{}f", "d/".repeat(2048)), &b"x"[..]).unwrap();
+        let e = extract(&r, &b.into_inner().unwrap()[..], &mut Unpacked::default()).unwrap_err();
+        assert!(matches!(e, LayerError::TooLong { len: 4097 }), "{e}");
+        assert!(r.stat(Path::new("d")).unwrap().is_none(), "no directory was made for it");
+    }
+
+    /// A lower layer's symlink to a host directory, then whiteouts and
+    /// hard links through it: nothing outside the root is removed, and a
+    /// hard link to a symlink is that symlink, never its target.
+    #[test]
+    fn whiteouts_and_hard_links_never_act_through_a_symlink() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("passwd"), b"host").unwrap();
+        fs::create_dir(outside.path().join("sub")).unwrap();
+        let root = lower();
+        let host = outside.path().to_str().unwrap();
+        let host_passwd = format!("{host}/passwd");
+        apply(root.path(), &[E::Symlink("a", host), E::Symlink("s", &host_passwd), E::Link("h", "s")])
+            .unwrap();
+        // A whiteout never reaches through a symlink: there is nothing to remove.
+        apply(root.path(), &[E::File("a/.wh.passwd", b"", 0o644), E::File("a/.wh..wh..opq", b"", 0o644)])
+            .unwrap();
+        assert_eq!(fs::read(outside.path().join("passwd")).unwrap(), b"host", "the host file is still there");
+        assert!(outside.path().join("sub").is_dir(), "the opaque whiteout emptied nothing outside");
+        let h = fs::symlink_metadata(root.path().join("h")).unwrap();
+        assert!(h.file_type().is_symlink(), "the hard link is to the symlink itself");
+        apply(root.path(), &[E::File("h", b"mine", 0o644)]).unwrap();
+        assert_eq!(
+            fs::read(outside.path().join("passwd")).unwrap(),
+            b"host",
+            "writing the link wrote no host file"
+        );
     }
 
     #[test]

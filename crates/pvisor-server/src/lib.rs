@@ -351,7 +351,10 @@ async fn serve_connection(
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(conns::StallingIo::new(stream, limits.write_stall_timeout)),
+            service,
+        );
     tokio::select! {
         _ = connection => {}
         () = evicted.notified() => {}

@@ -223,6 +223,24 @@ impl Root {
         self.chmod_dir(rel, bits)
     }
 
+    /// Creates the directory `rel` and those missing above it, new ones
+    /// with `bits`: one name at a time, each opened from the last (so the
+    /// cost is linear in the depth, however deep), never through a symlink
+    /// or a file (`ENOTDIR`).
+    pub fn mkdir_all(&self, rel: &Path, bits: u32) -> io::Result<()> {
+        let mut dir = self.fd.try_clone()?;
+        for part in components(rel)? {
+            match rustix::fs::mkdirat(&dir, part, mode(bits)) {
+                // Exactly `bits`, whatever the umask, as `mkdir` does.
+                Ok(()) => rustix::fs::chmodat(&dir, part, mode(bits), AtFlags::empty())?,
+                Err(Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            dir = openat(&dir, part, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
+        }
+        Ok(())
+    }
+
     fn chmod_dir(&self, rel: &Path, bits: u32) -> io::Result<()> {
         let (dir, name) = self.parent(rel)?;
         let fd = openat(&*dir, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
