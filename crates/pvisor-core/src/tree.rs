@@ -39,7 +39,12 @@ fn identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 impl DirCursor {
     /// Opens the directory at `path` (never through a final symlink).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let dir = open_dir(CWD, path.as_os_str())?;
+        Self::open_at(CWD, path.as_os_str())
+    }
+
+    /// Opens the directory `name` of `at` (never through a symlink).
+    pub fn open_at(at: BorrowedFd<'_>, name: &OsStr) -> io::Result<Self> {
+        let dir = open_dir(at, name)?;
         let trail = vec![identity(dir.as_fd())?];
         Ok(Self { dir, trail })
     }
@@ -150,28 +155,52 @@ pub fn allocated_bytes(path: &Path) -> u64 {
 /// work directories are 000, and a command can `chmod 000` what it staged).
 /// An error names the entry: `path` and the names below it.
 pub fn remove_tree(path: &Path) -> Result<(), (PathBuf, io::Error)> {
-    let st = match rustix::fs::lstat(path) {
+    remove_tree_at(CWD, path.as_os_str(), Unlock::Yes)
+}
+
+/// Whether [`remove_tree_at`] gives the owner back access to directories it
+/// must empty (in pvisor's own state), or leaves modes alone (in a user's
+/// workspace, where a directory its owner locked stays an error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unlock {
+    Yes,
+    No,
+}
+
+/// Removes the entry `name` of `at`, a whole tree if it is a directory,
+/// never following a symlink. Nothing there is fine. An error names the
+/// entry as `name` and the names below it.
+pub fn remove_tree_at(at: BorrowedFd<'_>, name: &OsStr, unlock_dirs: Unlock) -> Result<(), (PathBuf, io::Error)> {
+    let top = Path::new(name);
+    let root_err = |e: io::Error| (top.to_owned(), e);
+    let st = match rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err((path.to_owned(), e.into())),
+        Err(e) => return Err(root_err(e.into())),
     };
     if !is_dir(&st) {
-        return std::fs::remove_file(path).map_err(|e| (path.to_owned(), e));
+        return match rustix::fs::unlinkat(at, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(root_err(e.into())),
+        };
     }
-    let root_err = |e: io::Error| (path.to_owned(), e);
-    unlock(CWD, path.as_os_str(), &st).map_err(root_err)?;
-    let mut cursor = DirCursor::open(path).map_err(root_err)?;
+    let unlock = |at: BorrowedFd<'_>, name: &OsStr, st: &rustix::fs::Stat| match unlock_dirs {
+        Unlock::Yes => unlock(at, name, st),
+        Unlock::No => Ok(()),
+    };
+    unlock(at, name, &st).map_err(root_err)?;
+    let mut cursor = DirCursor::open_at(at, name).map_err(root_err)?;
     // The names of the directories entered, to name an error and to remove
     // each directory from its parent once it is empty.
     let mut trail: Vec<OsString> = Vec::new();
     let mut pending = vec![cursor.names().map_err(root_err)?];
     let named = |trail: &[OsString], name: Option<&OsStr>| {
-        let mut p = path.to_owned();
+        let mut p = top.to_owned();
         p.extend(trail.iter().map(OsString::as_os_str).chain(name));
         p
     };
     while let Some(level) = pending.last_mut() {
-        let Some(name) = level.pop() else {
+        let Some(entry) = level.pop() else {
             pending.pop();
             let Some(done) = trail.pop() else { break };
             cursor.ascend().map_err(|e| (named(&trail, Some(&done)), e))?;
@@ -179,25 +208,25 @@ pub fn remove_tree(path: &Path) -> Result<(), (PathBuf, io::Error)> {
                 .map_err(|e| (named(&trail, Some(&done)), e.into()))?;
             continue;
         };
-        let err = |e: io::Error| (named(&trail, Some(&name)), e);
-        let st = match cursor.stat(&name) {
+        let err = |e: io::Error| (named(&trail, Some(&entry)), e);
+        let st = match cursor.stat(&entry) {
             Ok(st) => st,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(e) => return Err(err(e)),
         };
         if !is_dir(&st) {
-            match rustix::fs::unlinkat(cursor.fd(), &name, AtFlags::empty()) {
+            match rustix::fs::unlinkat(cursor.fd(), &entry, AtFlags::empty()) {
                 Ok(()) | Err(Errno::NOENT) => continue,
                 Err(e) => return Err(err(e.into())),
             }
         }
-        unlock(cursor.fd(), &name, &st).map_err(err)?;
-        cursor.descend(&name).map_err(err)?;
+        unlock(cursor.fd(), &entry, &st).map_err(err)?;
+        cursor.descend(&entry).map_err(err)?;
         pending.push(cursor.names().map_err(err)?);
-        trail.push(name);
+        trail.push(entry);
     }
     drop(cursor);
-    std::fs::remove_dir(path).map_err(root_err)
+    rustix::fs::unlinkat(at, name, AtFlags::REMOVEDIR).map_err(|e| root_err(e.into()))
 }
 
 /// Gives the owner of the directory `name` in `at` read, write and search

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_core::store::RelPath;
+use pvisor_core::tree::DirCursor;
 
 use crate::overlay;
 use crate::StageError;
@@ -66,37 +67,113 @@ pub fn seal(upper: &Path) -> Result<(), StageError> {
     Ok(())
 }
 
+/// The longest workspace-relative path the change manifest records, in
+/// bytes: PATH_MAX. A command can build a tree as deep as it likes; the
+/// records of a chain of directories grow with the square of its depth, so
+/// what lies deeper is left out of the manifest (counted, and said in a
+/// warning): it is never reviewed or applied, and goes with the stage.
+pub const RECORDED_PATH_MAX: usize = libc::PATH_MAX as usize;
+
+/// What [`scan_counted`] found.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// The changes, sorted by path.
+    pub changes: Vec<ChangeEntry>,
+    /// Staged entries whose path is longer than [`RECORDED_PATH_MAX`] (not
+    /// in `changes`).
+    pub beyond_limit: u64,
+}
+
 /// Returns the changes in `upper` relative to `lower`, sorted by path.
+pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
+    scan_counted(upper, lower).map(|s| s.changes)
+}
+
+/// One directory of the walk: its names still to visit (reversed, so the
+/// next is last) and whether the lower layer has the same directory open
+/// beside it (not hidden by an opaque or type-changed ancestor).
+struct Level {
+    rel: PathBuf,
+    names: Vec<std::ffi::OsString>,
+    has_lower: bool,
+    /// Below [`RECORDED_PATH_MAX`]: entries are counted, not classified.
+    beyond: bool,
+}
+
+/// [`scan`], with the count of entries too deep to record.
 ///
-/// The walk holds a descriptor for each directory and reaches entries as
-/// `/proc/self/fd/<dir>/<name>`, so no path it uses is longer than a name:
-/// a tree deeper than PATH_MAX is scanned whole. A staged directory or file
+/// The walk keeps its own stack (a command chose the tree's depth, which
+/// must not become the supervisor's stack depth) and holds one directory of
+/// each layer open, climbing back with a checked `..` (see
+/// `pvisor_core::tree`); entries are reached as `/proc/self/fd/<dir>/<name>`,
+/// so no path it uses is longer than a name. A staged directory or file
 /// the command made unreadable to its owner (`chmod 000`) is given the
 /// owner's access back (pvisor must read it to seal, review and apply it);
 /// the manifest records the mode the command left, which apply writes.
-pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
-    let mut out = Vec::new();
-    let upper_dir = open_dir(upper).map_err(|e| StageError::io("list", upper, e))?;
-    let lower_dir = match open_dir(lower) {
+pub fn scan_counted(upper: &Path, lower: &Path) -> Result<Scanned, StageError> {
+    let mut out = Scanned::default();
+    let mut upper_dir = DirCursor::open(upper).map_err(|e| StageError::io("list", upper, e))?;
+    let mut lower_dir = match DirCursor::open(lower) {
         Ok(dir) => Some(dir),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
         Err(e) => return Err(StageError::io("list", lower, e)),
     };
-    walk(&upper_dir, lower_dir.as_ref(), Path::new(""), false, &mut out)?;
+    let list = |dir: &DirCursor, rel: &Path| {
+        let mut names = dir.names().map_err(|e| StageError::io("list", rel, e))?;
+        names.reverse();
+        Ok::<_, StageError>(names)
+    };
+    let names = list(&upper_dir, upper)?;
+    let mut stack = vec![Level { rel: PathBuf::new(), names, has_lower: lower_dir.is_some(), beyond: false }];
+    while let Some(level) = stack.last_mut() {
+        let Some(name) = level.names.pop() else {
+            let done = stack.pop().expect("the stack is not empty");
+            if stack.is_empty() {
+                break;
+            }
+            upper_dir.ascend().map_err(|e| StageError::io("list", &done.rel, e))?;
+            if let (true, Some(lower)) = (done.has_lower, lower_dir.as_mut()) {
+                lower.ascend().map_err(|e| StageError::io("list", &done.rel, e))?;
+            }
+            continue;
+        };
+        if level.beyond || level.rel.as_os_str().len() + 1 + name.len() > RECORDED_PATH_MAX {
+            out.beyond_limit += 1;
+            let here = upper_dir.entry_path(&name);
+            if let Some(true) = lstat(&here)?.map(|m| m.is_dir()) {
+                unlock_dir(&here, &level.rel)?;
+                upper_dir.descend(&name).map_err(|e| StageError::io("list", &level.rel, e))?;
+                let (rel, names) = (level.rel.clone(), list(&upper_dir, &level.rel)?);
+                stack.push(Level { rel, names, has_lower: false, beyond: true });
+            }
+            continue;
+        }
+        let rel = level.rel.join(&name);
+        let lower_here = lower_dir.as_ref().filter(|_| level.has_lower);
+        let Some(has_lower) = classify(&upper_dir, lower_here, &name, &rel, &mut out.changes)? else {
+            continue;
+        };
+        upper_dir.descend(&name).map_err(|e| StageError::io("list", &rel, e))?;
+        if let (true, Some(lower)) = (has_lower, lower_dir.as_mut()) {
+            lower.descend(&name).map_err(|e| StageError::io("list", &rel, e))?;
+        }
+        let names = list(&upper_dir, &rel)?;
+        stack.push(Level { rel, names, has_lower, beyond: false });
+    }
     Ok(out)
 }
 
-fn open_dir(path: &Path) -> io::Result<fs::File> {
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-}
-
-/// `/proc/self/fd/<dir>/<name>`: a short path to an entry of an open directory.
-fn at(dir: &fs::File, name: &std::ffi::OsStr) -> PathBuf {
-    use std::os::fd::AsRawFd;
-    Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string()).join(name)
+/// Gives the owner search and read on a staged directory the command locked
+/// (the manifest keeps the mode it set).
+fn unlock_dir(path: &Path, rel: &Path) -> Result<(), StageError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(meta) = lstat(path)? else { return Ok(()) };
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o700 != 0o700 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o700))
+            .map_err(|e| StageError::io("unlock", rel, e))?;
+    }
+    Ok(())
 }
 
 /// Runs `f` on an entry the owner may have made unreadable: on `EACCES`,
@@ -149,47 +226,36 @@ fn link_digest(path: &Path) -> io::Result<(PathBuf, String)> {
     Ok((target, digest))
 }
 
-/// `under_opaque`: an ancestor directory is opaque, so the lower side is hidden.
-/// `upper_dir` and `lower_dir` are open handles on `rel` in each layer.
-fn walk(
-    upper_dir: &fs::File,
-    lower_dir: Option<&fs::File>,
+/// Classifies the entry `name` of the open directories `upper_dir` and (if
+/// not hidden) `lower_dir`, both at `rel`'s parent, pushing its change if it
+/// is one. For a directory to walk into, returns whether the lower layer
+/// has it too (`Some(has_lower)`), having given its owner access back.
+fn classify(
+    upper_dir: &DirCursor,
+    lower_dir: Option<&DirCursor>,
+    name: &std::ffi::OsStr,
     rel: &Path,
-    under_opaque: bool,
     out: &mut Vec<ChangeEntry>,
-) -> Result<(), StageError> {
-    use std::os::unix::fs::PermissionsExt;
-    let here = at(upper_dir, std::ffi::OsStr::new("."));
-    let list_err = |e| StageError::io("list", rel, e);
-    let mut names: Vec<_> = fs::read_dir(&here)
-        .map_err(list_err)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(list_err)?;
-    names.sort_by(|a, b| {
-        use std::os::unix::ffi::OsStrExt;
-        a.as_bytes().cmp(b.as_bytes())
-    });
-    for name in names {
-        let rel = rel.join(&name);
-        let upper = at(upper_dir, &name);
-        let lower_path = lower_dir.filter(|_| !under_opaque).map(|d| at(d, &name));
-        let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, &rel))? else { continue };
+) -> Result<Option<bool>, StageError> {
+    {
+        let upper = upper_dir.entry_path(name);
+        let lower_path = lower_dir.map(|d| d.entry_path(name));
+        let Some(meta) = lstat(&upper).map_err(|e| rename_path(e, rel))? else { return Ok(None) };
         let lower = match &lower_path {
-            Some(p) => lstat(p).map_err(|e| rename_path(e, &rel))?,
+            Some(p) => lstat(p).map_err(|e| rename_path(e, rel))?,
             None => None,
         };
         let lower_type = lower.as_ref().map(entry_type);
         let mode = meta.mode() & 0o7777;
         let mut push = |kind, entry, size, digest| {
-            out.push(ChangeEntry { path: RelPath::new(&rel), kind, entry, size, mode, blake3: digest })
+            out.push(ChangeEntry { path: RelPath::new(rel), kind, entry, size, mode, blake3: digest })
         };
 
         if overlay::is_whiteout(&upper, &meta) {
             if lower.is_some() {
                 push(ChangeKind::Deleted, EntryType::None, 0, None);
             }
-            continue;
+            return Ok(None);
         }
         let this = entry_type(&meta);
         let mode_differs = lower.as_ref().is_some_and(|l| l.mode() & 0o7777 != mode);
@@ -205,29 +271,20 @@ fn walk(
                     Some(EntryType::Dir) => {}
                     Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
                 }
-                let hides_lower = under_opaque || opaque || lower_type != Some(EntryType::Dir);
                 // A directory the command made unsearchable to its owner is
                 // opened back up (the manifest keeps the mode it set).
-                if mode & 0o700 != 0o700 {
-                    fs::set_permissions(&upper, fs::Permissions::from_mode(mode | 0o700))
-                        .map_err(|e| StageError::io("unlock", &rel, e))?;
-                }
-                let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
-                let lower_child = match (&lower_path, hides_lower) {
-                    (Some(p), false) => Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?),
-                    _ => None,
-                };
-                walk(&child, lower_child.as_ref(), &rel, hides_lower, out)?;
+                unlock_dir(&upper, rel)?;
+                return Ok(Some(!opaque && lower_type == Some(EntryType::Dir)));
             }
             EntryType::File => {
                 let digest = with_access(&upper, mode, 0o400, || file_digest(&upper))
-                    .map_err(|e| StageError::io("read", &rel, e))?;
+                    .map_err(|e| StageError::io("read", rel, e))?;
                 let size = meta.len();
                 match (lower_type, &lower, &lower_path) {
                     (None, _, _) => push(ChangeKind::Added, EntryType::File, size, Some(digest)),
                     (Some(EntryType::File), Some(l), Some(lp)) => {
                         let same = l.len() == size
-                            && file_digest(lp).map_err(|e| StageError::io("read", &rel, e))? == digest;
+                            && file_digest(lp).map_err(|e| StageError::io("read", rel, e))? == digest;
                         if !same {
                             push(ChangeKind::Modified, EntryType::File, size, Some(digest));
                         } else if mode_differs {
@@ -239,7 +296,7 @@ fn walk(
             }
             EntryType::Symlink => {
                 let (target, digest) =
-                    link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;
+                    link_digest(&upper).map_err(|e| StageError::io("read link", rel, e))?;
                 let size = target.as_os_str().len() as u64;
                 match (lower_type, &lower_path) {
                     (None, _) => push(ChangeKind::Added, EntryType::Symlink, size, Some(digest)),
@@ -257,7 +314,7 @@ fn walk(
             },
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Names the workspace-relative path in an error about a `/proc/self/fd` path.
@@ -330,6 +387,26 @@ mod tests {
         }
         assert!(mknod_whiteout(&upper.path().join("never-existed")));
         assert_eq!(kinds(&scan(upper.path(), lower.path()).unwrap()), vec![("gone".into(), "deleted")]);
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_stack_and_path_max_is_scanned_and_what_is_too_deep_counted() {
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let mut cursor = DirCursor::open(upper.path()).unwrap();
+        let depth = 3_000;
+        for _ in 0..depth {
+            let dir = std::fs::File::open(cursor.entry_path(std::ffi::OsStr::new("."))).unwrap();
+            rustix::fs::mkdirat(&dir, "d", rustix::fs::Mode::from_raw_mode(0o700)).unwrap();
+            fs::write(cursor.entry_path(std::ffi::OsStr::new("f")), "x").unwrap();
+            cursor.descend(std::ffi::OsStr::new("d")).unwrap();
+        }
+        let scanned = scan_counted(upper.path(), lower.path()).unwrap();
+        // "d/" per level: every path up to PATH_MAX is recorded, the rest counted.
+        let recorded = scanned.changes.len() as u64;
+        assert_eq!(recorded + scanned.beyond_limit, 2 * depth as u64);
+        assert!(scanned.beyond_limit > 0 && recorded > 2_000, "{recorded} {}", scanned.beyond_limit);
+        assert!(scanned.changes.iter().all(|c| c.path.as_path().as_os_str().len() <= RECORDED_PATH_MAX));
     }
 
     #[test]

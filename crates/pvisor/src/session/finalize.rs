@@ -309,7 +309,16 @@ impl Session {
             return Ok(Vec::new());
         }
         pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
-        pvisor_stage::scan(&upper, &self.spec.workspace)
-            .map_err(|e| self.finalize_error("reading the stage", e.into()))
+        let scanned = pvisor_stage::scan_counted(&upper, &self.spec.workspace)
+            .map_err(|e| self.finalize_error("reading the stage", e.into()))?;
+        if scanned.beyond_limit > 0 {
+            self.warnings.push(format!(
+                "{} staged entries lie at paths longer than {} bytes: they are not in the manifest, \
+                 cannot be reviewed or applied, and are removed with the stage",
+                scanned.beyond_limit,
+                pvisor_stage::RECORDED_PATH_MAX
+            ));
+        }
+        Ok(scanned.changes)
     }
 }
