@@ -243,12 +243,27 @@ pub fn same_state(a: &HostState, b: &HostState) -> bool {
 pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Result<Preimages, StageError> {
     let root = Root::open(workspace).map_err(|e| StageError::io("open", workspace, e))?;
     let mut entries = Vec::with_capacity(changes.len());
+    // The baselines of paths found absent, by path: a path whose parent is
+    // still absent has its parent's (the nearest existing directory is the
+    // same), so a deep chain of added directories costs one climb, not one
+    // per level (which grows with the cube of the depth).
+    let mut absent: std::collections::HashMap<&Path, Preimage> = std::collections::HashMap::new();
     for change in changes {
         let rel = change.path.as_path();
         let first = observe(&root, rel, removes_tree(change), Some(baseline))?;
         let preimage = match first {
             Err(reason) => Preimage::Unknown { reason },
-            Ok(HostState::Absent) => absent_preimage(&root, rel, baseline)?,
+            Ok(HostState::Absent) => {
+                let parent = rel.parent().and_then(|p| absent.get(p).map(|known| (p, known)));
+                let preimage = match parent {
+                    Some((p, known)) if root.stat(p).map_err(|e| StageError::io("inspect", p, e))?.is_none() => {
+                        known.clone()
+                    }
+                    _ => absent_preimage(&root, rel, baseline)?,
+                };
+                absent.insert(rel, preimage.clone());
+                preimage
+            }
             Ok(state) => {
                 // Re-check after hashing: an edit during the hash makes it untrustworthy.
                 match root.stat(rel).map_err(|e| StageError::io("inspect", rel, e))? {

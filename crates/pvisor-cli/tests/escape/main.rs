@@ -25,6 +25,7 @@ use support::*;
 mod host;
 mod kernel;
 mod limits;
+mod records;
 
 fn escaped(out: &std::process::Output) -> bool {
     text(&out.stdout).contains("ESCAPED")
