@@ -170,7 +170,11 @@ pub enum Unlock {
 /// Removes the entry `name` of `at`, a whole tree if it is a directory,
 /// never following a symlink. Nothing there is fine. An error names the
 /// entry as `name` and the names below it.
-pub fn remove_tree_at(at: BorrowedFd<'_>, name: &OsStr, unlock_dirs: Unlock) -> Result<(), (PathBuf, io::Error)> {
+pub fn remove_tree_at(
+    at: BorrowedFd<'_>,
+    name: &OsStr,
+    unlock_dirs: Unlock,
+) -> Result<(), (PathBuf, io::Error)> {
     let top = Path::new(name);
     let root_err = |e: io::Error| (top.to_owned(), e);
     let st = match rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -256,8 +260,13 @@ mod tests {
         let mut cursor = DirCursor::open(root).unwrap();
         for _ in 0..depth {
             rustix::fs::mkdirat(cursor.fd(), "d", Mode::from_raw_mode(0o755)).unwrap();
-            let f = rustix::fs::openat(cursor.fd(), "f", OFlags::CREATE | OFlags::WRONLY, Mode::from_raw_mode(0o644))
-                .unwrap();
+            let f = rustix::fs::openat(
+                cursor.fd(),
+                "f",
+                OFlags::CREATE | OFlags::WRONLY,
+                Mode::from_raw_mode(0o644),
+            )
+            .unwrap();
             rustix::io::write(&f, b"x").unwrap();
             cursor.descend(OsStr::new("d")).unwrap();
         }

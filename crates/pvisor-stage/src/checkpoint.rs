@@ -230,7 +230,8 @@ fn finish_dir(dst: &Path, dir: DirLeft, entries: &mut Vec<CheckpointEntry>) -> R
     if dir.leave_out && entries.len() == dir.entries_before {
         return fs::remove_dir(dst).map_err(io_err("remove", dst));
     }
-    fs::set_permissions(dst, fs::Permissions::from_mode(dir.entry.mode)).map_err(io_err("set the mode of", dst))?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(dir.entry.mode))
+        .map_err(io_err("set the mode of", dst))?;
     sync_dir(dst)?;
     let mut entry = dir.entry;
     entry.entry = "dir".into();

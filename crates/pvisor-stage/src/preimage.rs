@@ -256,7 +256,9 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Res
             Ok(HostState::Absent) => {
                 let parent = rel.parent().and_then(|p| absent.get(p).map(|known| (p, known)));
                 let preimage = match parent {
-                    Some((p, known)) if root.stat(p).map_err(|e| StageError::io("inspect", p, e))?.is_none() => {
+                    Some((p, known))
+                        if root.stat(p).map_err(|e| StageError::io("inspect", p, e))?.is_none() =>
+                    {
                         known.clone()
                     }
                     _ => absent_preimage(&root, rel, baseline)?,

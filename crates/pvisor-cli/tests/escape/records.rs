@@ -35,7 +35,12 @@ fn a_deep_tree_keeps_the_exit_code_and_the_stage_stays_removable(who: As, depth:
     assert!(review.status.success(), "{}", text(&review.stderr));
     assert!(text(&review.stdout).contains(" dir  d/d/d/d/d"), "review lists the stage");
     env.expect(&["drop", &job], 0);
-    assert_eq!(env.status_json(Some(&job))["stage_state"].as_str(), Some("dropped"), "{}", env.status_json(Some(&job)));
+    assert_eq!(
+        env.status_json(Some(&job))["stage_state"].as_str(),
+        Some("dropped"),
+        "{}",
+        env.status_json(Some(&job))
+    );
     env.expect(&["gc", "--older-than", "0s"], 0);
     let stage = env.home.join("runs").join(status["run"].as_str().unwrap()).join("stage/upper");
     assert!(!stage.exists(), "gc removed the whole stage, however deep");

@@ -24,7 +24,7 @@ use pvisor_sandbox::{Termination, Usage};
 use crate::failpoint;
 use crate::runtime::attempt;
 use crate::runtime::completion;
-use crate::runtime::job_service::{RunEnd, RunError, RunOutcome, SuspendedOutcome};
+use crate::runtime::job_service::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
 use crate::runtime::suspension;
 
 use super::{Ending, Session};
@@ -80,6 +80,7 @@ impl Session {
             vm_exit,
             audit_gaps,
             job_record: self.job,
+            owner: OwnerHold::new(self._lock),
         }))
     }
 
@@ -300,6 +301,7 @@ impl Session {
             audit_gaps,
             restore_failed_from,
             job_record: self.job,
+            owner: OwnerHold::new(self._lock),
         })
     }
 
