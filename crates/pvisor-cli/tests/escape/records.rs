@@ -65,3 +65,76 @@ fn a_12000_level_tree_keeps_the_exit_code_as_root() {
 fn a_12000_level_tree_keeps_the_exit_code_rootless() {
     a_deep_tree_keeps_the_exit_code_and_the_stage_stays_removable(As::Rootless, 12_000);
 }
+
+/// Sends `n` CONNECT requests for hosts off the allowlist through the run's
+/// proxy, alternating between two, and prints how many were refused.
+const DENIED_FLOOD: &str = r#"
+import os, socket, sys
+from urllib.parse import urlparse
+proxy = urlparse(os.environ['http_proxy'])
+refused = 0
+for i in range(int(sys.argv[1])):
+    host = 'flood%d.invalid' % (i % 2)
+    s = socket.create_connection((proxy.hostname, proxy.port))
+    s.sendall(b'CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n' % (host.encode(), host.encode()))
+    if s.recv(64).split(b' ')[1:2] == [b'403']:
+        refused += 1
+    s.close()
+print('REFUSED', refused)
+"#;
+
+fn a_flood_of_denied_requests_is_coalesced(who: As) {
+    if !who.available() {
+        return;
+    }
+    let env = Env::new(who);
+    env.write("flood.py", DENIED_FLOOD);
+    let n = 3_000;
+    let out = env.pvisor(&[
+        "run",
+        "--allow",
+        "allowed.invalid",
+        "--",
+        "/usr/bin/python3",
+        "flood.py",
+        &n.to_string(),
+    ]);
+    assert!(
+        text(&out.stdout).contains(&format!("REFUSED {n}")),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let status = env.status_json(None);
+    assert_eq!(
+        (status["state"].as_str(), status["receipt"].as_str()),
+        (Some("completed"), Some("valid")),
+        "{status}"
+    );
+    let job = status["job"].as_str().unwrap().to_owned();
+    env.expect(&["verify", &job], 0);
+    let events = env.events(&job);
+    let denied = events.iter().filter(|e| e["type"] == "network.denied").count();
+    assert_eq!(denied, 2 * 16, "the first 16 per host are written in full");
+    let coalesced: Vec<_> = events.iter().filter(|e| e["type"] == "trace.coalesced").collect();
+    assert_eq!(coalesced.len(), 1, "one summary");
+    let counted: u64 = coalesced[0]["data"]["coalesced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted + denied as u64, n, "{}", coalesced[0]);
+    let trace = env.home.join("runs").join(status["run"].as_str().unwrap()).join("events.jsonl");
+    assert!(fs::metadata(trace).unwrap().len() < 64 * 1024, "the Trace stays small");
+}
+
+#[test]
+fn a_flood_of_denied_requests_is_coalesced_as_root() {
+    a_flood_of_denied_requests_is_coalesced(As::Root);
+}
+
+#[test]
+fn a_flood_of_denied_requests_is_coalesced_rootless() {
+    a_flood_of_denied_requests_is_coalesced(As::Rootless);
+}
