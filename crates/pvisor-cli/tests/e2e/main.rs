@@ -12,6 +12,7 @@ mod support;
 
 mod bad_input;
 mod checkpoints;
+mod collected;
 mod effects;
 mod hostile_repo;
 mod limits;
