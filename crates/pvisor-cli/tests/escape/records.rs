@@ -138,3 +138,42 @@ fn a_flood_of_denied_requests_is_coalesced_as_root() {
 fn a_flood_of_denied_requests_is_coalesced_rootless() {
     a_flood_of_denied_requests_is_coalesced(As::Rootless);
 }
+
+/// A command that uses up the state directory's inodes (its files land in
+/// the stage there) gets ENOSPC inside; its Job still records exit 7 with a
+/// valid receipt, the reserve's inodes having made room for the records.
+#[test]
+fn running_the_state_directory_out_of_inodes_keeps_the_exit_code() {
+    let env = Env::new(As::Rootless);
+    fs::create_dir(&env.home).unwrap();
+    env.give_away(&env.home);
+    env.write(
+        "inodes.py",
+        "import os, sys\nn = 0\ntry:\n    while True:\n        open('f%d' % n, 'w').close(); n += 1\nexcept OSError as e:\n    print('FULL', e.errno, n)\nsys.stdout.flush()\nos._exit(7)\n",
+    );
+    let inner = format!(
+        "mount -t tmpfs -o size=64m,nr_inodes=600 tmpfs {home} && cd {ws} && {bin} run -- /usr/bin/python3 inodes.py; echo RUN=$?; {bin} status --json",
+        home = env.home.display(),
+        ws = env.ws.display(),
+        bin = bin()
+    );
+    let out = unshare_as_test_user()
+        .args(["-Urm", "sh", "-c", &inner])
+        .env("PVISOR_HOME", &env.home)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!("FULL {}", libc::ENOSPC)),
+        "the probe filled the inodes: {stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("RUN=7"), "{stdout}\n{}", text(&out.stderr));
+    let json: String = stdout.lines().filter(|l| l.starts_with('{')).collect::<Vec<_>>().join("\n");
+    let status = records_of(&json, "status").remove(0);
+    assert_eq!(
+        (status["state"].as_str(), status["exit_code"].as_i64(), status["receipt"].as_str()),
+        (Some("failed"), Some(7), Some("valid")),
+        "{status}"
+    );
+}

@@ -116,7 +116,11 @@ impl StageState {
 
     /// Derives the state from the change list, the ledger and whether gc
     /// removed the staged files (`stage_dir/collected`).
-    pub fn of_stage(changes: &[ChangeEntry], outcomes: &BTreeMap<RelPath, Outcome>, stage_dir: &std::path::Path) -> Self {
+    pub fn of_stage(
+        changes: &[ChangeEntry],
+        outcomes: &BTreeMap<RelPath, Outcome>,
+        stage_dir: &std::path::Path,
+    ) -> Self {
         match Self::of(changes, outcomes) {
             Self::Pending | Self::PartiallyApplied if stage_dir.join("collected").exists() => Self::Collected,
             other => other,

@@ -156,6 +156,15 @@ impl Session {
             Ending::SetupFailed(_) => Usage::default(),
         };
 
+        // A command that filled the state directory's filesystem (bytes or
+        // inodes) must not cost the run its records: the reserve is for them.
+        if self.store.is_short_of_space() && self.store.release_reserve() {
+            self.warnings.push(
+                "the state directory's filesystem is full: its reserve was released to record this run"
+                    .into(),
+            );
+        }
+
         // Step 1: the sandbox is gone; seal the stage and take its manifest.
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
             .map_err(|e| self.finalize_error("marking the attempt finalizing", e.into()))?;
