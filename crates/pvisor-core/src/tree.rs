@@ -293,7 +293,7 @@ mod tests {
         let root = dir.path().join("tree");
         std::fs::create_dir_all(root.join("a/b")).unwrap();
         std::fs::write(root.join("a/b/f"), "x").unwrap();
-        std::fs::set_permissions(root.join("a"), std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(root.join("a"), std::fs::Permissions::from_mode(0o0)).unwrap();
         remove_tree(&root).unwrap();
         assert!(!root.exists());
     }
