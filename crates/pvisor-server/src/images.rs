@@ -177,14 +177,14 @@ impl ImageStore {
                 let old = self.dir.join(format!(".old-{}", pvisor_core::ids::new_ulid()));
                 fs::rename(&slot, &old)
                     .map_err(|e| err(format!("cannot replace {}: {e}", slot.display())))?;
-                let _ = fs::remove_dir_all(&old);
+                let _ = pvisor_core::tree::remove_tree(&old);
             }
             fs::rename(&partial, &slot)
                 .map_err(|e| err(format!("cannot publish {}: {e}", slot.display())))?;
             Ok(record)
         })();
         if result.is_err() {
-            let _ = fs::remove_dir_all(&partial);
+            let _ = pvisor_core::tree::remove_tree(&partial);
         }
         result
     }
@@ -324,19 +324,28 @@ fn import_oci(layout: &Path, dest: &Path) -> Result<(), ImageError> {
     for layer in layers {
         let path = blob(layer["digest"].as_str().unwrap_or(""))?;
         let scratch = dest.with_extension("layer");
-        let _ = fs::remove_dir_all(&scratch);
+        let _ = pvisor_core::tree::remove_tree(&scratch);
         fs::create_dir_all(&scratch).map_err(|e| err(e.to_string()))?;
         untar_with_tool(&path, &scratch)?;
         apply_layer(&scratch, dest).map_err(|e| err(format!("applying layer {}: {e}", path.display())))?;
-        let _ = fs::remove_dir_all(&scratch);
+        let _ = pvisor_core::tree::remove_tree(&scratch);
     }
     Ok(())
 }
 
 /// Moves one unpacked layer onto `dest`: `.wh.NAME` deletes NAME,
-/// `.wh..wh..opq` empties the directory first.
+/// `.wh..wh..opq` empties the directory first. A layer is untrusted input
+/// that chooses its own depth, so the walk keeps an explicit stack (no
+/// recursion) and removes trees with `pvisor_core::tree::remove_tree`.
 fn apply_layer(layer: &Path, dest: &Path) -> io::Result<()> {
-    fn walk(layer: &Path, dest: &Path) -> io::Result<()> {
+    /// A directory being merged: its entries left, and the mode its
+    /// destination gets once they are all in.
+    struct Level {
+        dest: std::path::PathBuf,
+        entries: Vec<fs::DirEntry>,
+        mode: Option<fs::Permissions>,
+    }
+    fn enter(layer: &Path, dest: &Path, mode: Option<fs::Permissions>) -> io::Result<Level> {
         if layer.join(".wh..wh..opq").exists() {
             if let Ok(entries) = fs::read_dir(dest) {
                 for e in entries.flatten() {
@@ -344,41 +353,44 @@ fn apply_layer(layer: &Path, dest: &Path) -> io::Result<()> {
                 }
             }
         }
-        for entry in fs::read_dir(layer)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let name_s = name.to_string_lossy();
-            if name_s == ".wh..wh..opq" {
-                continue;
-            }
-            if let Some(deleted) = name_s.strip_prefix(".wh.") {
-                let _ = remove(&dest.join(deleted));
-                continue;
-            }
-            let (from, to) = (entry.path(), dest.join(&name));
-            let meta = fs::symlink_metadata(&from)?;
-            let existing = fs::symlink_metadata(&to).ok();
-            if meta.is_dir() && existing.as_ref().is_some_and(|m| m.is_dir()) {
-                walk(&from, &to)?;
-                fs::set_permissions(&to, meta.permissions())?;
-            } else {
-                if existing.is_some() {
-                    remove(&to)?;
-                }
-                fs::rename(&from, &to)?;
-            }
-        }
-        Ok(())
+        let entries = fs::read_dir(layer)?.collect::<Result<Vec<_>, _>>()?;
+        Ok(Level { dest: dest.to_owned(), entries, mode })
     }
     fn remove(path: &Path) -> io::Result<()> {
-        match fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-            Ok(_) => fs::remove_file(path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
+        pvisor_core::tree::remove_tree(path).map_err(|(_, e)| e)
+    }
+    let mut stack = vec![enter(layer, dest, None)?];
+    while let Some(level) = stack.last_mut() {
+        let Some(entry) = level.entries.pop() else {
+            let done = stack.pop().expect("the stack is not empty");
+            if let Some(mode) = done.mode {
+                fs::set_permissions(&done.dest, mode)?;
+            }
+            continue;
+        };
+        let name = entry.file_name();
+        let name_s = name.to_string_lossy();
+        if name_s == ".wh..wh..opq" {
+            continue;
+        }
+        if let Some(deleted) = name_s.strip_prefix(".wh.") {
+            let _ = remove(&level.dest.join(deleted));
+            continue;
+        }
+        let (from, to) = (entry.path(), level.dest.join(&name));
+        let meta = fs::symlink_metadata(&from)?;
+        let existing = fs::symlink_metadata(&to).ok();
+        if meta.is_dir() && existing.as_ref().is_some_and(|m| m.is_dir()) {
+            let next = enter(&from, &to, Some(meta.permissions()))?;
+            stack.push(next);
+        } else {
+            if existing.is_some() {
+                remove(&to)?;
+            }
+            fs::rename(&from, &to)?;
         }
     }
-    walk(layer, dest)
+    Ok(())
 }
 
 fn tree_size(root: &Path) -> (u64, u64) {
@@ -402,6 +414,33 @@ fn tree_size(root: &Path) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layer_merges_whiteouts_and_any_depth_without_recursion() {
+        let dir = tempfile::tempdir().unwrap();
+        let (layer, dest) = (dir.path().join("layer"), dir.path().join("dest"));
+        fs::create_dir_all(dest.join("keep/gone")).unwrap();
+        fs::create_dir_all(dest.join("opaque/old")).unwrap();
+        fs::write(dest.join("keep/file"), "old").unwrap();
+        fs::create_dir_all(layer.join("keep")).unwrap();
+        fs::write(layer.join("keep/.wh.gone"), "").unwrap();
+        fs::write(layer.join("keep/file"), "new").unwrap();
+        fs::create_dir_all(layer.join("opaque")).unwrap();
+        fs::write(layer.join("opaque/.wh..wh..opq"), "").unwrap();
+        // 1,500 levels merged into 1,500 existing ones: one stack frame per
+        // level would overflow the small stack below.
+        let chain = "d/".repeat(1500);
+        fs::create_dir_all(layer.join(&chain)).unwrap();
+        fs::create_dir_all(dest.join(&chain)).unwrap();
+        fs::write(layer.join(&chain).join("bottom"), "b").unwrap();
+        let (l, d) = (layer.clone(), dest.clone());
+        let merged =
+            std::thread::Builder::new().stack_size(128 * 1024).spawn(move || apply_layer(&l, &d)).unwrap();
+        merged.join().unwrap().unwrap();
+        assert_eq!(fs::read_to_string(dest.join("keep/file")).unwrap(), "new");
+        assert!(!dest.join("keep/gone").exists() && !dest.join("opaque/old").exists());
+        assert_eq!(fs::read_to_string(dest.join(&chain).join("bottom")).unwrap(), "b");
+    }
 
     #[test]
     fn imports_a_directory_and_a_tar_and_refuses_one_without_a_shell() {
