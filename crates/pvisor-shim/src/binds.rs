@@ -140,24 +140,35 @@ fn inside(rootfs: &Path, destination: &Path) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// Copies `source` (a file or a tree) to `target`. The walk keeps its own
+/// stack of directories to copy: a volume's tree may have been built by a
+/// container and chooses its depth, which must not become the shim's stack.
 fn copy(source: &Path, target: &Path, budget: &mut u64) -> std::io::Result<()> {
-    let meta = fs::metadata(source)?;
-    if meta.is_dir() {
-        fs::create_dir_all(target)?;
-        for entry in fs::read_dir(source)? {
+    let mut pending = vec![(source.to_owned(), target.to_owned())];
+    while let Some((source, target)) = pending.pop() {
+        let meta = fs::metadata(&source)?;
+        if !meta.is_dir() {
+            copy_file(&source, &target, meta.len(), budget)?;
+            continue;
+        }
+        fs::create_dir_all(&target)?;
+        for entry in fs::read_dir(&source)? {
             let entry = entry?;
             let (from, to) = (entry.path(), target.join(entry.file_name()));
             if entry.file_type()?.is_symlink() {
                 let _ = fs::remove_file(&to);
                 std::os::unix::fs::symlink(fs::read_link(&from)?, &to)?;
             } else {
-                copy(&from, &to, budget)?;
+                pending.push((from, to));
             }
         }
-        return Ok(());
     }
+    Ok(())
+}
+
+fn copy_file(source: &Path, target: &Path, len: u64, budget: &mut u64) -> std::io::Result<()> {
     *budget = budget
-        .checked_sub(meta.len())
+        .checked_sub(len)
         .ok_or_else(|| std::io::Error::other(format!("the bind mounts exceed {} MiB", MAX_COPY >> 20)))?;
     if let Some(parent) = target.parent() {
         fs::create_dir_all(parent)?;
