@@ -51,7 +51,7 @@ pub fn run(root: &Path, op: FileOp) -> io::Result<Reply> {
             }
             let meta = fs::symlink_metadata(&target)?;
             match (meta.is_dir(), recursive) {
-                (true, true) => fs::remove_dir_all(&target)?,
+                (true, true) => remove_tree(&target)?,
                 (true, false) => fs::remove_dir(&target)?,
                 (false, _) => fs::remove_file(&target)?,
             }
@@ -115,6 +115,67 @@ fn list(dir: &Path, prefix: &Path, depth: u32, out: &mut Listing) -> io::Result<
     Ok(false)
 }
 
+/// Removes the directory tree at `path` without recursion and without
+/// following symlinks: the sandbox's command chose its depth, and std's
+/// `remove_dir_all` recurses once per level (on PID 1's stack, here).
+fn remove_tree(path: &Path) -> io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let open = |at: &rustix::fd::OwnedFd, name: &std::ffi::OsStr| {
+        rustix::fs::openat(
+            at,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let names = |dir: &rustix::fd::OwnedFd| -> io::Result<Vec<std::ffi::OsString>> {
+        let mut out = Vec::new();
+        for entry in rustix::fs::Dir::read_from(dir)? {
+            let bytes = entry?.file_name().to_bytes().to_vec();
+            if bytes != b"." && bytes != b".." {
+                out.push(std::os::unix::ffi::OsStringExt::from_vec(bytes));
+            }
+        }
+        Ok(out)
+    };
+    let mut dir = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    // Per level entered: its name and its (device, inode), to climb back by
+    // `..` and check that it is the directory the walk came down from.
+    let id = |fd: &rustix::fd::OwnedFd| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino));
+    let mut trail: Vec<(std::ffi::OsString, (u64, u64))> = Vec::new();
+    let mut pending = vec![names(&dir)?];
+    let mut here = id(&dir)?;
+    while let Some(level) = pending.last_mut() {
+        let Some(name) = level.pop() else {
+            pending.pop();
+            let Some((done, parent)) = trail.pop() else { break };
+            let up = open(&dir, std::ffi::OsStr::new(".."))?;
+            if id(&up)? != parent {
+                return Err(io::Error::other("the tree was moved while it was removed"));
+            }
+            (dir, here) = (up, parent);
+            rustix::fs::unlinkat(&dir, &done, AtFlags::REMOVEDIR)?;
+            continue;
+        };
+        match rustix::fs::unlinkat(&dir, &name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => continue,
+            Err(rustix::io::Errno::ISDIR | rustix::io::Errno::PERM) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let child = open(&dir, &name)?;
+        pending.push(names(&child)?);
+        trail.push((name, here));
+        here = id(&child)?;
+        dir = child;
+    }
+    drop(dir);
+    fs::remove_dir(path)
+}
+
 fn stat_of(path: PathBuf, meta: &fs::Metadata) -> FileStat {
     let kind = if meta.is_dir() {
         EntryKind::Dir
@@ -172,6 +233,29 @@ pub fn open_regular(options: &OpenOptions, path: &Path) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_deeper_than_the_stack_and_path_max_is_removed() {
+        use rustix::fs::{Mode, OFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("deep");
+        fs::create_dir(&root).unwrap();
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        let mut at = rustix::fs::open(&root, flags, Mode::empty()).unwrap();
+        for _ in 0..3000 {
+            rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
+            rustix::fs::openat(&at, "f", OFlags::CREATE | OFlags::WRONLY, Mode::from_raw_mode(0o644))
+                .unwrap();
+            at = rustix::fs::openat(&at, "d", flags, Mode::empty()).unwrap();
+        }
+        drop(at);
+        // On a thread with a small stack: one frame per level would overflow it.
+        let target = root.clone();
+        let removed =
+            std::thread::Builder::new().stack_size(64 * 1024).spawn(move || remove_tree(&target)).unwrap();
+        removed.join().unwrap().unwrap();
+        assert!(!root.exists());
+    }
 
     #[test]
     fn file_ops_work_beneath_the_root() {

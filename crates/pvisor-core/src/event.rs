@@ -118,6 +118,8 @@ event_kinds! {
     NetworkAllowed => "network.allowed",
     /// One request through the proxy was denied.
     NetworkDenied => "network.denied",
+    /// Events the command caused past the Trace's bound, counted instead of written.
+    TraceCoalesced => "trace.coalesced",
     /// The executor was chosen.
     PlacementDecided => "placement.decided",
     /// An Attempt exists.

@@ -130,26 +130,31 @@ impl Journal {
         if len == 0 {
             return Ok(0);
         }
-        // Read backwards from the final newline until the line before it starts.
+        // Read backwards from the final newline until the line before it
+        // starts. Each chunk is searched once and kept apart (a line of
+        // megabytes — a drop of thousands of deep paths — costs its length,
+        // not its length squared).
         let end = len - 1;
-        let mut tail: Vec<u8> = Vec::new();
-        let mut start = end;
+        let mut chunks: Vec<Vec<u8>> = Vec::new();
+        let (mut start, mut read) = (end, 0u64);
         loop {
-            let step = start.min(4096);
+            let step = start.min(64 * 1024);
             let from = start - step;
             let mut chunk = vec![0u8; step as usize];
             file.read_exact_at(&mut chunk, from).map_err(io)?;
-            chunk.extend_from_slice(&tail);
-            tail = chunk;
             start = from;
-            if let Some(pos) = tail.iter().rposition(|&b| b == b'\n') {
-                tail.drain(..=pos);
+            read += step;
+            if let Some(pos) = chunk.iter().rposition(|&b| b == b'\n') {
+                chunk.drain(..=pos);
+                chunks.push(chunk);
                 break;
             }
-            if start == 0 || tail.len() as u64 > store::RECORD_READ_CAP {
+            chunks.push(chunk);
+            if start == 0 || read > store::RECORD_READ_CAP {
                 break;
             }
         }
+        let tail: Vec<u8> = chunks.into_iter().rev().flatten().collect();
         serde_json::from_slice::<Seq>(&tail).map(|s| s.seq).map_err(|source| StoreError::Corrupt {
             path: self.path.clone(),
             what: "events.jsonl (its last line has no seq)",

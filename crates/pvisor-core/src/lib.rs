@@ -14,6 +14,7 @@
 //! - [`text`]: untrusted names and contents made safe for a terminal;
 //! - [`digest`]: content digests of files (BLAKE3, holes skipped) and sparse copies;
 //! - [`random`]: the one path to the kernel's random bytes;
+//! - [`tree`]: walks over untrusted directory trees, iterative and by descriptor;
 //! - [`assets`]: where the images pvisor ships with are found (build tree, install prefix, XDG).
 //!
 //! It never prints, exits, or reads user configuration.
@@ -32,5 +33,6 @@ pub mod state;
 pub mod store;
 pub mod text;
 pub mod time;
+pub mod tree;
 
 pub use ids::{AttemptId, JobId, RunId};

@@ -187,14 +187,14 @@ impl ImageStore {
                 let old = self.dir.join(format!(".old-{}", pvisor_core::ids::new_ulid()));
                 fs::rename(&slot, &old)
                     .map_err(|e| err(format!("cannot replace {}: {e}", slot.display())))?;
-                let _ = fs::remove_dir_all(&old);
+                let _ = pvisor_core::tree::remove_tree(&old);
             }
             fs::rename(&partial, &slot)
                 .map_err(|e| err(format!("cannot publish {}: {e}", slot.display())))?;
             Ok(record)
         })();
         if result.is_err() {
-            let _ = fs::remove_dir_all(&partial);
+            let _ = pvisor_core::tree::remove_tree(&partial);
         }
         result
     }
@@ -537,6 +537,32 @@ fn tree_size(root: &Path) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layer_whites_out_trees_of_any_depth_without_recursion() {
+        use crate::layers::tests::{archive, E};
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("dest");
+        // 1,500 levels: one stack frame per level would overflow the small
+        // stack below.
+        let chain = "d/".repeat(1500);
+        fs::create_dir_all(dest.join("gone").join(&chain)).unwrap();
+        fs::create_dir_all(dest.join("opaque/old").join(&chain)).unwrap();
+        fs::write(dest.join("keep"), "k").unwrap();
+        let layer = archive(&[
+            E::File(".wh.gone", b"", 0o644),
+            E::Dir("opaque"),
+            E::File("opaque/.wh..wh..opq", b"", 0o644),
+        ]);
+        let d = dest.clone();
+        let applied = std::thread::Builder::new()
+            .stack_size(128 * 1024)
+            .spawn(move || layers::apply_whiteouts(&Root::open(&d).unwrap(), &layer[..]))
+            .unwrap();
+        applied.join().unwrap().unwrap();
+        assert!(!dest.join("gone").exists() && !dest.join("opaque/old").exists());
+        assert!(dest.join("opaque").is_dir() && dest.join("keep").is_file());
+    }
 
     #[test]
     fn imports_a_directory_and_a_tar_and_refuses_one_without_a_shell() {

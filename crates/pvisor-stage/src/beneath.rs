@@ -534,20 +534,11 @@ fn list_fd(dir: impl AsFd) -> io::Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// Removes `name` in `dir`, recursing into directories without following links.
+/// Removes `name` in `dir`, a whole tree if it is a directory, without
+/// following links and without recursion (the tree's depth is not ours to
+/// choose; see `pvisor_core::tree`).
 fn remove_at(dir: impl AsFd, name: &OsStr) -> io::Result<()> {
-    let dir = dir.as_fd();
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) | Err(Errno::NOENT) => return Ok(()),
-        Err(Errno::ISDIR | Errno::PERM) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let sub = openat(dir, name, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW)?;
-    for child in list_fd(&sub)? {
-        remove_at(&sub, &child)?;
-    }
-    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
-    Ok(())
+    pvisor_core::tree::remove_tree_at(dir.as_fd(), name, pvisor_core::tree::Unlock::No).map_err(|(_, e)| e)
 }
 
 #[cfg(test)]

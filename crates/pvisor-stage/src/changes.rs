@@ -67,16 +67,40 @@ pub fn seal(upper: &Path) -> Result<(), StageError> {
     Ok(())
 }
 
+/// The longest workspace-relative path the change manifest records, in
+/// bytes: PATH_MAX. A command can build a tree as deep as it likes; the
+/// records of a chain of directories grow with the square of its depth, so
+/// what lies deeper is left out of the manifest (counted, and said in a
+/// warning): it is never reviewed or applied, and goes with the stage.
+pub const RECORDED_PATH_MAX: usize = libc::PATH_MAX as usize;
+
+/// What [`scan_counted`] found.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// The changes, sorted by path.
+    pub changes: Vec<ChangeEntry>,
+    /// Staged entries (and host entries an opaque directory hides) whose
+    /// path is longer than [`RECORDED_PATH_MAX`] (not in `changes`).
+    pub beyond_limit: u64,
+}
+
 /// Returns the changes in `upper` relative to `lower`, sorted by path.
+pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
+    scan_counted(upper, lower).map(|s| s.changes)
+}
+
+/// [`scan`], with the count of entries too deep to record.
 ///
-/// The walk holds a descriptor for each directory and reaches entries as
-/// `/proc/self/fd/<dir>/<name>`, so no path it uses is longer than a name:
-/// a tree deeper than PATH_MAX is scanned whole. A staged directory or file
-/// the command made unreadable to its owner (`chmod 000`) is given the
+/// The walk keeps its own stack (a command chose the tree's depth, which
+/// must not become the supervisor's stack depth), holds one directory of
+/// each layer open, climbing back with a checked `..`, and reaches entries
+/// as `/proc/self/fd/<dir>/<name>`, so no path it uses is longer than a
+/// name: a tree deeper than PATH_MAX is walked whole. A staged directory or
+/// file the command made unreadable to its owner (`chmod 000`) is given the
 /// owner's access back (pvisor must read it to seal, review and apply it);
 /// the manifest records the mode the command left, which apply writes.
-pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> {
-    let mut out = Vec::new();
+pub fn scan_counted(upper: &Path, lower: &Path) -> Result<Scanned, StageError> {
+    let mut out = Scanned::default();
     let upper_dir = open_dir(upper).map_err(|e| StageError::io("list", upper, e))?;
     let lower_dir = match open_dir(lower) {
         Ok(dir) => Some(dir),
@@ -84,8 +108,19 @@ pub fn scan(upper: &Path, lower: &Path) -> Result<Vec<ChangeEntry>, StageError> 
         Err(e) => return Err(StageError::io("list", lower, e)),
     };
     walk(upper_dir, lower_dir, &mut out, &mut HashMap::new())?;
-    first_links_by_path(&mut out);
+    first_links_by_path(&mut out.changes);
     Ok(out)
+}
+
+/// Gives the owner search and read on a staged directory the command locked
+/// (the manifest keeps the mode it set).
+fn unlock_dir(path: &Path, mode: u32, rel: &Path) -> Result<(), StageError> {
+    use std::os::unix::fs::PermissionsExt;
+    if mode & 0o700 != 0o700 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o700))
+            .map_err(|e| StageError::io("unlock", rel, e))?;
+    }
+    Ok(())
 }
 
 /// Makes each link group name its least path (by bytes, the order apply
@@ -208,6 +243,10 @@ struct Linked {
 struct Dir {
     rel: PathBuf,
     hides_lower: bool,
+    /// Below [`RECORDED_PATH_MAX`]: entries are counted, not classified
+    /// (and `rel` stays the last recorded directory's, so the walk holds no
+    /// path longer than the limit).
+    beyond: bool,
     /// Names left, each with whether it is a lower entry the upper hides.
     names: std::vec::IntoIter<(std::ffi::OsString, bool)>,
     /// (device, inode) of this directory in each layer: the way back up
@@ -225,6 +264,8 @@ struct Descend {
     lower: Option<fs::File>,
     rel: PathBuf,
     hides_lower: bool,
+    /// Past [`RECORDED_PATH_MAX`]: only counted.
+    beyond: bool,
 }
 
 fn id_of(dir: &fs::File, rel: &Path) -> Result<(u64, u64), StageError> {
@@ -253,6 +294,7 @@ impl Dir {
             lower_id: lower.map(|l| id_of(l, &rel)).transpose()?,
             rel,
             hides_lower,
+            beyond: false,
             names: names.into_iter(),
             parked_lower: None,
         })
@@ -278,7 +320,7 @@ fn climb(child: &fs::File, id: (u64, u64), rel: &Path) -> Result<fs::File, Stage
 fn walk(
     upper_root: fs::File,
     lower_root: Option<fs::File>,
-    out: &mut Vec<ChangeEntry>,
+    out: &mut Scanned,
     links: &mut Links,
 ) -> Result<(), StageError> {
     let (mut upper, mut lower) = (upper_root, lower_root);
@@ -286,10 +328,16 @@ fn walk(
     while let Some(dir) = stack.last_mut() {
         match dir.names.next() {
             Some((name, hidden)) => {
-                let Some(next) = visit(&upper, lower.as_ref(), dir, &name, hidden, out, links)? else {
-                    continue;
+                let next = if dir.beyond || dir.rel.as_os_str().len() + 1 + name.len() > RECORDED_PATH_MAX {
+                    out.beyond_limit += 1;
+                    count_only(&upper, dir, &name, hidden)?
+                } else {
+                    visit(&upper, lower.as_ref(), dir, &name, hidden, &mut out.changes, links)?
                 };
-                let child = Dir::open(&next.upper, next.lower.as_ref(), next.rel, next.hides_lower)?;
+                let Some(next) = next else { continue };
+                let beyond = next.beyond;
+                let mut child = Dir::open(&next.upper, next.lower.as_ref(), next.rel, next.hides_lower)?;
+                child.beyond = beyond;
                 if next.lower.is_none() {
                     dir.parked_lower = lower.take();
                 }
@@ -311,6 +359,26 @@ fn walk(
     Ok(())
 }
 
+/// Past [`RECORDED_PATH_MAX`]: returns the staged subdirectory `name` of
+/// `dir` to count the entries of (upper side only, its owner given access
+/// back), if it is one.
+fn count_only(
+    upper_dir: &fs::File,
+    dir: &Dir,
+    name: &std::ffi::OsStr,
+    hidden: bool,
+) -> Result<Option<Descend>, StageError> {
+    let here = at(upper_dir, name);
+    let Some(meta) = lstat(&here).map_err(|e| rename_path(e, &dir.rel))? else { return Ok(None) };
+    if hidden || !meta.is_dir() {
+        return Ok(None);
+    }
+    unlock_dir(&here, meta.mode() & 0o7777, &dir.rel)?;
+    let upper = open_dir(&here).map_err(|e| StageError::io("list", &dir.rel, e))?;
+    let rel = dir.rel.clone();
+    Ok(Some(Descend { upper, lower: None, rel, hides_lower: false, beyond: true }))
+}
+
 /// Classifies the entry `name` of `dir` (open as `upper_dir` and
 /// `lower_dir`); returns the subdirectory to walk, if it is one.
 #[allow(clippy::too_many_arguments)]
@@ -323,7 +391,6 @@ fn visit(
     out: &mut Vec<ChangeEntry>,
     links: &mut Links,
 ) -> Result<Option<Descend>, StageError> {
-    use std::os::unix::fs::PermissionsExt;
     let rel = dir.rel.join(name);
     if hidden {
         let path = RelPath::new(&rel);
@@ -384,10 +451,7 @@ fn visit(
             let child_hides = hides_lower || opaque;
             // A directory the command made unsearchable to its owner is
             // opened back up (the manifest keeps the mode it set).
-            if mode & 0o700 != 0o700 {
-                fs::set_permissions(&upper, fs::Permissions::from_mode(mode | 0o700))
-                    .map_err(|e| StageError::io("unlock", &rel, e))?;
-            }
+            unlock_dir(&upper, mode, &rel)?;
             let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
             let lower_child = match (&lower_path, lower_type) {
                 (Some(p), Some(EntryType::Dir)) => {
@@ -395,7 +459,9 @@ fn visit(
                 }
                 _ => None,
             };
-            return Ok(Some(Descend { upper: child, lower: lower_child, rel, hides_lower: child_hides }));
+            let next =
+                Descend { upper: child, lower: lower_child, rel, hides_lower: child_hides, beyond: false };
+            return Ok(Some(next));
         }
         EntryType::File => {
             // A file with several names is hashed once: 200 links of a
@@ -599,11 +665,37 @@ mod tests {
             dir = openat(&dir, "a", OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
         }
         // The test thread's 2 MiB stack: a recursive walk overflows it here.
-        let changes = scan(u, l).unwrap();
-        assert_eq!(changes.len(), 1 + 1 + 9_999, "the opaque dir, the deletion, the new directories");
+        let scanned = scan_counted(u, l).unwrap();
+        let changes = &scanned.changes;
+        // "keep" then "/a" per level (the first `a` is the host's, unchanged):
+        // the directories past PATH_MAX are counted, not recorded.
+        let recorded_dirs = (RECORDED_PATH_MAX - "keep".len()) / 2 - 1;
+        assert_eq!(changes.len(), 1 + 1 + recorded_dirs, "the opaque dir, the deletion, the new directories");
+        assert_eq!(changes.len() as u64 + scanned.beyond_limit, 1 + 1 + 9_999);
         assert_eq!(changes.iter().filter(|c| c.kind == ChangeKind::Deleted).count(), 1);
         let gone = RelPath::new(Path::new("keep/a/gone"));
         assert!(changes.iter().any(|c| c.path == gone));
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_stack_and_path_max_is_scanned_and_what_is_too_deep_counted() {
+        use pvisor_core::tree::DirCursor;
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let mut cursor = DirCursor::open(upper.path()).unwrap();
+        let depth = 3_000;
+        for _ in 0..depth {
+            let dir = std::fs::File::open(cursor.entry_path(std::ffi::OsStr::new("."))).unwrap();
+            rustix::fs::mkdirat(&dir, "d", rustix::fs::Mode::from_raw_mode(0o700)).unwrap();
+            fs::write(cursor.entry_path(std::ffi::OsStr::new("f")), "x").unwrap();
+            cursor.descend(std::ffi::OsStr::new("d")).unwrap();
+        }
+        let scanned = scan_counted(upper.path(), lower.path()).unwrap();
+        // "d/" per level: every path up to PATH_MAX is recorded, the rest counted.
+        let recorded = scanned.changes.len() as u64;
+        assert_eq!(recorded + scanned.beyond_limit, 2 * depth as u64);
+        assert!(scanned.beyond_limit > 0 && recorded > 2_000, "{recorded} {}", scanned.beyond_limit);
+        assert!(scanned.changes.iter().all(|c| c.path.as_path().as_os_str().len() <= RECORDED_PATH_MAX));
     }
 
     #[test]

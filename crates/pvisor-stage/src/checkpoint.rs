@@ -114,30 +114,60 @@ pub fn copy_upper_except(
     fs::DirBuilder::new().mode(0o700).create(dst).map_err(io_err("create", dst))?;
     let mut entries = Vec::new();
     let mut method = CopyMethod::default();
-    copy_dir(src, dst, Path::new(""), left_out, &mut entries, &mut method)?;
+    copy_dir(src, dst, left_out, &mut entries, &mut method)?;
     fs::set_permissions(dst, fs::Permissions::from_mode(mode)).map_err(io_err("set the mode of", dst))?;
     syncfs(dst)?;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok((entries, method))
 }
 
-fn copy_dir(
-    src_root: &Path,
-    dst_root: &Path,
-    rel: &Path,
-    left_out: &BTreeSet<RelPath>,
-    entries: &mut Vec<CheckpointEntry>,
-    method: &mut CopyMethod,
-) -> Result<(), StageError> {
+/// A directory of the copy still being filled: its names left to copy
+/// (reversed, so the next is last) and, below the root, its own entry, which
+/// is finished once everything beneath it is copied.
+struct Pending {
+    rel: PathBuf,
+    names: Vec<std::ffi::OsString>,
+    dir: Option<DirLeft>,
+}
+
+struct DirLeft {
+    entry: CheckpointEntry,
+    leave_out: bool,
+    entries_before: usize,
+}
+
+fn sorted_names(src_root: &Path, rel: &Path) -> Result<Vec<std::ffi::OsString>, StageError> {
     let dir = src_root.join(rel);
     let mut names: Vec<_> = fs::read_dir(&dir)
         .map_err(io_err("list", &dir))?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<Result<_, _>>()
         .map_err(io_err("list", &dir))?;
-    names.sort();
-    for name in names {
-        let rel = rel.join(&name);
+    names.sort_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
+/// Copies the tree with an explicit stack, never recursion: the command
+/// chose its depth. (A tree deeper than PATH_MAX is refused with an error
+/// naming the path, never a crash.)
+fn copy_dir(
+    src_root: &Path,
+    dst_root: &Path,
+    left_out: &BTreeSet<RelPath>,
+    entries: &mut Vec<CheckpointEntry>,
+    method: &mut CopyMethod,
+) -> Result<(), StageError> {
+    let mut stack =
+        vec![Pending { rel: PathBuf::new(), names: sorted_names(src_root, Path::new(""))?, dir: None }];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.names.pop() else {
+            let done = stack.pop().expect("the stack is not empty");
+            if let Some(dir) = done.dir {
+                finish_dir(&dst_root.join(&done.rel), dir, entries)?;
+            }
+            continue;
+        };
+        let rel = top.rel.join(&name);
         let (src, dst) = (src_root.join(&rel), dst_root.join(&rel));
         let meta = fs::symlink_metadata(&src).map_err(io_err("inspect", &src))?;
         let mode = meta.mode() & 0o7777;
@@ -164,16 +194,10 @@ fn copy_dir(
             if entry.opaque {
                 mark_opaque(&dst)?;
             }
-            let before = entries.len();
-            copy_dir(src_root, dst_root, &rel, left_out, entries, method)?;
-            if leave_out && entries.len() == before {
-                fs::remove_dir(&dst).map_err(io_err("remove", &dst))?;
-                continue;
-            }
-            fs::set_permissions(&dst, fs::Permissions::from_mode(mode))
-                .map_err(io_err("set the mode of", &dst))?;
-            sync_dir(&dst)?;
-            entry.entry = "dir".into();
+            let names = sorted_names(src_root, &rel)?;
+            let dir = DirLeft { entry, leave_out, entries_before: entries.len() };
+            stack.push(Pending { rel, names, dir: Some(dir) });
+            continue;
         } else if ft.is_file() {
             let (digest, reflinked) = copy_file(&src, &dst, mode)?;
             if reflinked {
@@ -196,6 +220,22 @@ fn copy_dir(
         }
         entries.push(entry);
     }
+    Ok(())
+}
+
+/// Ends a copied directory once everything beneath it is copied: one left
+/// out with nothing carried beneath it goes; the rest get their mode, last
+/// (a mode without write permission would have stopped the copy into it).
+fn finish_dir(dst: &Path, dir: DirLeft, entries: &mut Vec<CheckpointEntry>) -> Result<(), StageError> {
+    if dir.leave_out && entries.len() == dir.entries_before {
+        return fs::remove_dir(dst).map_err(io_err("remove", dst));
+    }
+    fs::set_permissions(dst, fs::Permissions::from_mode(dir.entry.mode))
+        .map_err(io_err("set the mode of", dst))?;
+    sync_dir(dst)?;
+    let mut entry = dir.entry;
+    entry.entry = "dir".into();
+    entries.push(entry);
     Ok(())
 }
 
@@ -326,7 +366,7 @@ pub fn restore_logical_checkpoint(
     }
     let name = destination_upper.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let staging = destination_upper.with_file_name(format!(".restore-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&staging);
+    let _ = pvisor_core::tree::remove_tree(&staging);
     // Copy, hashing as we go, then hold the copy against the manifest: one read
     // of the checkpoint verifies and restores it.
     let copied = copy_upper(&checkpoint.join("upper"), &staging).and_then(|(entries, method)| {
@@ -335,7 +375,7 @@ pub fn restore_logical_checkpoint(
     let method = match copied {
         Ok(m) => m,
         Err(e) => {
-            let _ = fs::remove_dir_all(&staging);
+            let _ = pvisor_core::tree::remove_tree(&staging);
             return Err(e);
         }
     };
@@ -343,7 +383,7 @@ pub fn restore_logical_checkpoint(
         fs::rename(&staging, destination_upper).map_err(io_err("restore", destination_upper))?;
         if let Err(e) = store::write_atomic(destination_preimages, &preimages) {
             // Not at all: take the files back out.
-            let _ = fs::remove_dir_all(destination_upper);
+            let _ = pvisor_core::tree::remove_tree(destination_upper);
             return Err(StageError::Record(e));
         }
         if let Some(parent) = destination_upper.parent() {
@@ -352,7 +392,7 @@ pub fn restore_logical_checkpoint(
         Ok(())
     })();
     if publish.is_err() {
-        let _ = fs::remove_dir_all(&staging);
+        let _ = pvisor_core::tree::remove_tree(&staging);
     }
     publish.map(|()| (manifest, method))
 }

@@ -35,7 +35,7 @@ mod region;
 pub mod review;
 pub mod sensitive;
 
-pub use changes::{scan, seal};
+pub use changes::{scan, scan_counted, seal, Scanned, RECORDED_PATH_MAX};
 pub use checkpoint::restore_logical_checkpoint;
 
 use std::io;

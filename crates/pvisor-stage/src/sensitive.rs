@@ -809,7 +809,15 @@ mod tests {
     }
 
     fn file(path: &str, entry: EntryType) -> ChangeEntry {
-        ChangeEntry { path: rel(path), kind: ChangeKind::Added, entry, size: 0, mode: 0o644, blake3: None, hardlink_of: None }
+        ChangeEntry {
+            path: rel(path),
+            kind: ChangeKind::Added,
+            entry,
+            size: 0,
+            mode: 0o644,
+            blake3: None,
+            hardlink_of: None,
+        }
     }
 
     #[test]

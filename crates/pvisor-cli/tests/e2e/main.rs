@@ -12,6 +12,7 @@ mod support;
 
 mod bad_input;
 mod checkpoints;
+mod collected;
 mod effects;
 mod hidden_runners;
 mod hostile_apply;

@@ -367,3 +367,41 @@ fn kill_of_an_ended_job_changes_nothing() {
     assert!(out.contains("already ended"), "{out}");
     assert_eq!(env.status_json(None)["state"], "completed");
 }
+
+/// Readers racing the end of many runs never recover a Job that finished
+/// normally: the owner keeps its lock until `job.json` is published, so no
+/// reader finds the lock free while the Job still looks unfinished.
+#[test]
+fn readers_racing_finishing_runs_never_reconcile_them() {
+    let env = Env::new(As::Rootless);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = [&["status"][..], &["jobs"][..], &["review"][..]]
+        .into_iter()
+        .map(|args| {
+            let (stop, mut cmd) = (stop.clone(), env.command(args));
+            cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+            std::thread::spawn(move || {
+                let mut reads = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = cmd.status();
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let runs = 40;
+    for i in 0..runs {
+        env.expect(&["run", "-q", "--", "sh", "-c", &format!("echo {i} > f{i}")], 0);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads: u32 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(reads > runs, "the readers raced the runs ({reads} reads)");
+    let traces: Vec<_> = fs::read_dir(env.home.join("runs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(traces.len(), runs as usize);
+    let reconciled: Vec<_> = traces
+        .iter()
+        .filter(|run| fs::read_to_string(run.join("events.jsonl")).unwrap().contains("recovery.reconciled"))
+        .collect();
+    assert!(reconciled.is_empty(), "{} of {runs} Traces: {reconciled:?}", reconciled.len());
+}

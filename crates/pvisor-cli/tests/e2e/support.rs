@@ -159,7 +159,13 @@ pub struct Env {
 
 impl Env {
     pub fn new(who: As) -> Self {
-        let dir = tempfile::Builder::new().prefix("pvisor-e2e-").tempdir().unwrap();
+        Self::new_in(who, &std::env::temp_dir())
+    }
+
+    /// [`Env::new`] under `base` (e.g. a tmpfs, for a test whose cost is
+    /// the disk's metadata writes rather than what it tests).
+    pub fn new_in(who: As, base: &Path) -> Self {
+        let dir = tempfile::Builder::new().prefix("pvisor-e2e-").tempdir_in(base).unwrap();
         let ws = dir.path().join("ws");
         let home = dir.path().join("state");
         fs::create_dir(&ws).unwrap();

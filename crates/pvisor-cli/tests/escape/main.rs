@@ -27,6 +27,7 @@ mod host;
 mod kernel;
 mod leaks;
 mod limits;
+mod records;
 mod stdio;
 
 fn escaped(out: &std::process::Output) -> bool {

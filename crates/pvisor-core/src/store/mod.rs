@@ -39,6 +39,11 @@ pub use relpath::RelPath;
 /// The size of the state directory's `reserve` file (see [`Store::reserve_file`]).
 pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
 
+/// How many empty files `reserve.inodes/` holds: the inodes the records of
+/// a run need (new records and their temporaries) on a filesystem a command
+/// filled with files rather than bytes.
+pub const RESERVE_INODES: usize = 64;
+
 /// Whether `err` or any error beneath it is "no space left on device" (or
 /// a disk quota exceeded).
 pub fn is_out_of_space(err: &(dyn std::error::Error + 'static)) -> bool {
@@ -143,9 +148,15 @@ impl Store {
         self.root.join("reserve")
     }
 
+    /// `reserve.inodes`: [`RESERVE_INODES`] empty files, the reserve's inodes.
+    pub fn reserve_inodes_dir(&self) -> PathBuf {
+        self.root.join("reserve.inodes")
+    }
+
     /// Allocates the reserve if it is missing (best effort: on a full
     /// filesystem there is nothing to set aside, and nothing fails).
     fn ensure_reserve(&self) {
+        self.ensure_reserve_inodes();
         let path = self.reserve_file();
         if path.exists() {
             return;
@@ -163,9 +174,43 @@ impl Store {
         let _ = fs::remove_file(&tmp);
     }
 
-    /// Gives the reserve back to the filesystem. Returns whether there was one.
+    /// Sets the reserve's inodes aside: empty files made in a temporary
+    /// directory, published whole by a rename.
+    fn ensure_reserve_inodes(&self) {
+        let dir = self.reserve_inodes_dir();
+        if dir.exists() {
+            return;
+        }
+        let tmp = temp_path(&dir);
+        let made = create_dir_all_private(&tmp).is_ok()
+            && (0..RESERVE_INODES).all(|i| {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(tmp.join(i.to_string()))
+                    .is_ok()
+            });
+        if !(made && fs::rename(&tmp, &dir).is_ok()) {
+            let _ = crate::tree::remove_tree(&tmp);
+        }
+    }
+
+    /// Gives the reserve (its bytes and its inodes) back to the filesystem.
+    /// Returns whether there was one.
     pub fn release_reserve(&self) -> bool {
-        fs::remove_file(self.reserve_file()).is_ok()
+        let inodes = crate::tree::remove_tree(&self.reserve_inodes_dir()).is_ok();
+        fs::remove_file(self.reserve_file()).is_ok() || inodes
+    }
+
+    /// Whether the state directory's filesystem has less room left, in
+    /// bytes or in inodes, than the reserve holds: then the next records may
+    /// not fit unless the reserve is released. (A filesystem that reports
+    /// no inode count has no inode limit.)
+    pub fn is_short_of_space(&self) -> bool {
+        let Ok(st) = rustix::fs::statvfs(&self.root) else { return false };
+        let bytes = st.f_bavail.saturating_mul(st.f_frsize);
+        bytes < RESERVE_BYTES || (st.f_files > 0 && st.f_favail < RESERVE_INODES as u64)
     }
 
     /// Returns the canonical state root.

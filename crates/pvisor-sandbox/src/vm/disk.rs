@@ -13,7 +13,6 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -93,12 +92,9 @@ pub(crate) fn placeholder_disks(dir: &Path) -> io::Result<Vec<PathBuf>> {
 }
 
 /// Host bytes allocated under `path` (sparse files count their data only).
+/// Walked without recursion (see `pvisor_core::tree`).
 pub(crate) fn allocated_bytes(path: &Path) -> u64 {
-    let Ok(meta) = fs::symlink_metadata(path) else { return 0 };
-    if !meta.is_dir() {
-        return meta.blocks() * 512;
-    }
-    fs::read_dir(path).into_iter().flatten().flatten().map(|e| allocated_bytes(&e.path())).sum()
+    pvisor_core::tree::allocated_bytes(path)
 }
 
 /// Room an image of a tree needs: file and directory bytes (rounded to

@@ -103,6 +103,9 @@ pub enum StageState {
     Applied,
     /// Nothing remains, and nothing was applied.
     Dropped,
+    /// `gc --force` removed the staged files before every change was
+    /// applied or dropped: what remained can no longer be applied.
+    Collected,
 }
 
 impl StageState {
@@ -113,6 +116,20 @@ impl StageState {
             Self::PartiallyApplied => "partially-applied",
             Self::Applied => "applied",
             Self::Dropped => "dropped",
+            Self::Collected => "collected",
+        }
+    }
+
+    /// Derives the state from the change list, the ledger and whether gc
+    /// removed the staged files (`stage_dir/collected`).
+    pub fn of_stage(
+        changes: &[ChangeEntry],
+        outcomes: &BTreeMap<RelPath, Outcome>,
+        stage_dir: &std::path::Path,
+    ) -> Self {
+        match Self::of(changes, outcomes) {
+            Self::Pending | Self::PartiallyApplied if stage_dir.join("collected").exists() => Self::Collected,
+            other => other,
         }
     }
 

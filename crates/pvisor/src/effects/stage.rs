@@ -106,11 +106,14 @@ impl Stage {
 
     /// How many changes are neither applied nor dropped.
     pub fn remaining(&self) -> usize {
+        if self.state() == StageState::Collected {
+            return 0;
+        }
         self.changes.iter().filter(|c| !self.outcomes.get(&c.path).is_some_and(Outcome::is_settled)).count()
     }
 
     pub fn state(&self) -> StageState {
-        StageState::of(&self.changes, &self.outcomes)
+        StageState::of_stage(&self.changes, &self.outcomes, &self.stage_dir)
     }
 
     /// The stage as it is once `outcomes` (just appended to the ledger by

@@ -141,7 +141,7 @@ pub fn checkpoint(
     let manifest = match result {
         Ok(m) => m,
         Err(e) => {
-            let _ = fs::remove_dir_all(&tmp);
+            let _ = pvisor_core::tree::remove_tree(&tmp);
             return Err(e);
         }
     };

@@ -54,54 +54,16 @@ pub struct GcReport {
     pub failed: Vec<Failed>,
 }
 
+/// The space the tree at `path` frees when removed (sparse VM disks count
+/// their blocks); walked without recursion, as a command shaped it.
 pub fn size_of(path: &Path) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
-    if !meta.is_dir() {
-        // Space actually freed: sparse VM disks are mostly holes.
-        use std::os::unix::fs::MetadataExt;
-        return meta.len().min(meta.blocks() * 512);
-    }
-    std::fs::read_dir(path).map(|entries| entries.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
+    pvisor_core::tree::allocated_bytes(path)
 }
 
-/// Removes a tree, making directories writable first (overlay work dirs
-/// are 000, and a command can `chmod 000` what it staged). Each directory is
-/// held open and its entries reached as `/proc/self/fd/<dir>/<name>`, so a
-/// tree deeper than PATH_MAX goes too. An error names the entry.
+/// Removes a tree of any depth (see [`pvisor_core::tree::remove_tree`]). An
+/// error names the entry.
 pub fn remove_tree(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
-    if !meta.is_dir() {
-        return std::fs::remove_file(path).map_err(|e| (path.to_owned(), e));
-    }
-    remove_dir_tree(path, path)?;
-    Ok(())
-}
-
-/// Empties and removes the directory at `path` (a short path), naming
-/// errors by `label` (its real path).
-fn remove_dir_tree(path: &Path, label: &Path) -> Result<(), (PathBuf, std::io::Error)> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let err = |e| (label.to_owned(), e);
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(err)?;
-    let here = Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string());
-    for entry in std::fs::read_dir(&here).map_err(err)? {
-        let name = entry.map_err(err)?.file_name();
-        let child = here.join(&name);
-        let is_dir = std::fs::symlink_metadata(&child).map_err(err)?.is_dir();
-        if is_dir {
-            remove_dir_tree(&child, &label.join(&name))?;
-        } else {
-            std::fs::remove_file(&child).map_err(|e| (label.join(&name), e))?;
-        }
-    }
-    drop(dir);
-    std::fs::remove_dir(path).map_err(err)
+    pvisor_core::tree::remove_tree(path)
 }
 
 /// How long a Job directory of an older pvisor (which wrote `job.json` in

@@ -24,7 +24,7 @@ use pvisor_sandbox::{Termination, Usage};
 use crate::failpoint;
 use crate::runtime::attempt;
 use crate::runtime::completion;
-use crate::runtime::job_service::{RunEnd, RunError, RunOutcome, SuspendedOutcome};
+use crate::runtime::job_service::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
 use crate::runtime::suspension;
 
 use super::{Ending, Session};
@@ -80,6 +80,7 @@ impl Session {
             vm_exit,
             audit_gaps,
             job_record: self.job,
+            owner: OwnerHold::new(self._lock),
         }))
     }
 
@@ -154,6 +155,15 @@ impl Session {
             Ending::Finished(report) => report.usage.clone(),
             Ending::SetupFailed(_) => Usage::default(),
         };
+
+        // A command that filled the state directory's filesystem (bytes or
+        // inodes) must not cost the run its records: the reserve is for them.
+        if self.store.is_short_of_space() && self.store.release_reserve() {
+            self.warnings.push(
+                "the state directory's filesystem is full: its reserve was released to record this run"
+                    .into(),
+            );
+        }
 
         // Step 1: the sandbox is gone; seal the stage and take its manifest.
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
@@ -301,6 +311,7 @@ impl Session {
             audit_gaps,
             restore_failed_from,
             job_record: self.job,
+            owner: OwnerHold::new(self._lock),
         })
     }
 
@@ -310,7 +321,16 @@ impl Session {
             return Ok(Vec::new());
         }
         pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
-        pvisor_stage::scan(&upper, &self.spec.workspace)
-            .map_err(|e| self.finalize_error("reading the stage", e.into()))
+        let scanned = pvisor_stage::scan_counted(&upper, &self.spec.workspace)
+            .map_err(|e| self.finalize_error("reading the stage", e.into()))?;
+        if scanned.beyond_limit > 0 {
+            self.warnings.push(format!(
+                "{} staged entries lie at paths longer than {} bytes: they are not in the manifest, \
+                 cannot be reviewed or applied, and are removed with the stage",
+                scanned.beyond_limit,
+                pvisor_stage::RECORDED_PATH_MAX
+            ));
+        }
+        Ok(scanned.changes)
     }
 }

@@ -126,6 +126,7 @@ impl Session {
         while let Ok(event) = proxy_rx.try_recv() {
             self.record_network(event);
         }
+        self.record_coalesced();
         match report {
             Ok(report) => {
                 if let Some(error) = &report.stage_error {
@@ -153,7 +154,18 @@ impl Session {
             self.network.denied += 1;
             *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
         }
-        self.record_best_effort(kind, &event);
+        let events = self.store.events_file(&self.run.id);
+        let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
+        if self.budget.admit(&kind, &event.host, size) {
+            self.record_best_effort(kind, &event);
+        }
+    }
+
+    /// Says what the Trace's bound held back, once the proxy is drained.
+    fn record_coalesced(&mut self) {
+        let Some(summary) = self.budget.summary() else { return };
+        let data = serde_json::to_value(&summary).unwrap_or_default();
+        self.record_best_effort(EventKind::TraceCoalesced, &data);
     }
 
     pub(super) fn network_observation(&self) -> NetworkObservation {

@@ -23,6 +23,7 @@ use crate::admission::Admitted;
 use crate::runtime::job_service::RunError;
 use crate::trace::Trace;
 
+mod budget;
 mod finalize;
 mod lifecycle;
 mod prepare;
@@ -61,6 +62,7 @@ pub(crate) struct Session {
     /// Why the stage could not be saved whole, if it could not.
     stage_incomplete: Option<String>,
     network: NetworkTally,
+    budget: budget::TraceBudget,
     restore_from: Option<PathBuf>,
     limits: Vec<pvisor_sandbox::limits::Enforcement>,
     baseline: Option<i128>,
@@ -78,9 +80,11 @@ struct NetworkTally {
 impl Session {
     pub(crate) fn new(store: Store, executor: Arc<dyn Executor>, admitted: Admitted) -> Self {
         let kill_grace = Duration::from_millis(admitted.run.operation.policy.kill_grace_ms);
+        let budget = budget::TraceBudget::new(admitted.spec.limits.disk_bytes);
         Self {
             store,
             executor,
+            budget,
             job: admitted.job,
             run: admitted.run,
             attempt: admitted.attempt,

@@ -320,3 +320,22 @@ mod tests {
         }
     }
 }
+
+/// `trace.coalesced`: events the command caused that were counted rather
+/// than written (see `session::budget`).
+#[derive(Debug, Serialize)]
+pub(crate) struct TraceCoalesced<'a> {
+    /// Per kind and host, the events past the first `written_per_host`.
+    pub coalesced: Vec<CoalescedEvents<'a>>,
+    pub written_per_host: u64,
+    /// Events not written because the Trace had reached `cap_bytes`.
+    pub dropped: u64,
+    pub cap_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CoalescedEvents<'a> {
+    pub kind: &'a str,
+    pub host: &'a str,
+    pub count: u64,
+}

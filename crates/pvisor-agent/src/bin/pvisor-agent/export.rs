@@ -42,10 +42,23 @@ impl Tagged<'_> {
     }
 }
 
-fn export_dir(root: &Path, dir: &Path, out: &Tagged, stats: &mut (u64, u64)) -> io::Result<()> {
+/// The entries of `dir`, sorted, reversed (the next one is last).
+fn listed(dir: &Path) -> io::Result<Vec<fs::DirEntry>> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
+    entries.sort_by_key(|e| std::cmp::Reverse(e.file_name()));
+    Ok(entries)
+}
+
+/// Streams the tree under `dir` depth-first in name order. The command
+/// chose the tree's depth: the walk keeps its own stack rather than recurse
+/// (on PID 1's stack), and a path past PATH_MAX is an export error.
+fn export_dir(root: &Path, dir: &Path, out: &Tagged, stats: &mut (u64, u64)) -> io::Result<()> {
+    let mut stack = vec![listed(dir)?];
+    while let Some(level) = stack.last_mut() {
+        let Some(entry) = level.pop() else {
+            stack.pop();
+            continue;
+        };
         let path = entry.path();
         let meta = fs::symlink_metadata(&path)?;
         let rel = path.strip_prefix(root).map_err(io::Error::other)?.as_os_str().as_bytes().to_vec();
@@ -75,7 +88,7 @@ fn export_dir(root: &Path, dir: &Path, out: &Tagged, stats: &mut (u64, u64)) -> 
                 stats.1 += export_file(&mut file, size, out)
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             }
-            EntryKind::Dir => export_dir(root, &path, out, stats)?,
+            EntryKind::Dir => stack.push(listed(&path)?),
             _ => {}
         }
     }

@@ -54,7 +54,7 @@ pub(crate) fn build(
         disk::DELTA_DISK_BYTES,
         "workspace delta",
     );
-    let _ = fs::remove_dir_all(staging);
+    let _ = pvisor_core::tree::remove_tree(staging);
     built.map(|()| size)
 }
 
@@ -65,7 +65,7 @@ pub(crate) fn stage(
     diff: &Diff,
     staging: &Path,
 ) -> io::Result<DeltaSize> {
-    let _ = fs::remove_dir_all(staging);
+    let _ = pvisor_core::tree::remove_tree(staging);
     let layer = staging.join(DELTA_LAYER);
     fs::create_dir_all(&layer)?;
     let at: HashMap<&[u8], usize> = current.iter().enumerate().map(|(i, e)| (e.path.as_slice(), i)).collect();

@@ -45,6 +45,7 @@ pub struct RunOutcome {
     /// A resume whose restore failed: the suspended Attempt the Job still targets.
     pub restore_failed_from: Option<u32>,
     pub(crate) job_record: JobRecord,
+    pub(crate) owner: OwnerHold,
 }
 
 /// A vm Attempt that was suspended: saved to `checkpoint`, its VM stopped
@@ -59,6 +60,25 @@ pub struct SuspendedOutcome {
     pub vm_exit: String,
     pub audit_gaps: Vec<String>,
     pub(crate) job_record: JobRecord,
+    pub(crate) owner: OwnerHold,
+}
+
+/// The Attempt's owner lock, carried from finalization until the Job state
+/// is published: while it is held no reader may recover the Job, and a
+/// reader that finds it free finds `job.json` already terminal (a reader
+/// that saw it free before would append a false `recovery.reconciled`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OwnerHold(Option<std::sync::Arc<pvisor_core::store::OwnerLock>>);
+
+impl OwnerHold {
+    pub(crate) fn new(lock: pvisor_core::store::OwnerLock) -> Self {
+        Self(Some(std::sync::Arc::new(lock)))
+    }
+
+    /// Gives the lock up (when the last copy is released).
+    fn release(&mut self) {
+        self.0.take();
+    }
 }
 
 /// How an Attempt ended: finished with a completion receipt, or suspended.
@@ -266,15 +286,18 @@ impl JobService {
             gaps.push(format!("job.json not updated: {e}"));
             record.clone()
         });
+        // Only now, with job.json published, may readers recover the Job.
         match end {
             RunEnd::Finished(mut o) => {
                 o.audit_gaps.extend(gaps);
                 o.job_record = job;
+                o.owner.release();
                 RunEnd::Finished(o)
             }
             RunEnd::Suspended(mut s) => {
                 s.audit_gaps.extend(gaps);
                 s.job_record = job;
+                s.owner.release();
                 RunEnd::Suspended(s)
             }
         }

@@ -232,7 +232,8 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
                     other => ViewError::Stage(other),
                 },
             )?;
-            status.stage_state = Some(crate::effects::StageState::of(&bundle.changes, &outcomes));
+            status.stage_state =
+                Some(crate::effects::StageState::of_stage(&bundle.changes, &outcomes, &status.stage));
             let terminal = result.state.terminal_event();
             let (events, _) = events(store, &run.id)?;
             if !events.iter().any(|e| e.kind == terminal) {
