@@ -30,14 +30,21 @@ cfg = ConnectionConfigSync(
 )
 
 def interrupt_later(codes, context, times=1):
-    """Interrupts `context` `times` times, 3 s from now (while a run is under way)."""
+    """Interrupts `context` `times` times, 3 s from now (while a run is under way).
+
+    Returns the thread: join it before the next run, or an interrupt still on
+    its way (the second of two, on a loaded machine) lands on that run, as it
+    would in Jupyter.
+    """
 
     def later():
         time.sleep(3)
         for _ in range(times):
             codes.interrupt(context.id)
 
-    threading.Thread(target=later, daemon=True).start()
+    thread = threading.Thread(target=later, daemon=True)
+    thread.start()
+    return thread
 
 
 sb = SandboxSync.create("python", connection_config=cfg, timeout=timedelta(minutes=10), ready_timeout=timedelta(seconds=180))
@@ -93,9 +100,10 @@ try:
     assert codes.run("x * 2", context=ctx).result[0].text == "84"
 
     # Two interrupts in quick succession end the cell, never the driver.
-    interrupt_later(codes, ctx, times=2)
+    interrupts = interrupt_later(codes, ctx, times=2)
     r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
     assert r.error is not None and r.error.name == "KeyboardInterrupt", r
+    interrupts.join()
     assert codes.run("x + 2", context=ctx).result[0].text == "44"
 
     # Output without newlines streams through whole; a cell that sends its
