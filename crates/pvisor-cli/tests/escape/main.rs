@@ -9,7 +9,10 @@
 //! race; resource limits are in `limits`, the kernel's surface (root,
 //! seccomp, descriptors, the terminal) in `kernel`, the host's sockets,
 //! fifos and state directories in `host`, what pvisor's own fds 0–2 are
-//! and what a background run prints on the terminal in `stdio`.
+//! and what a background run prints on the terminal in `stdio`, state
+//! directories made after a sandbox started in `leaks`, and records a
+//! command tries to break (trees deeper than the stack and PATH_MAX, the
+//! state filesystem out of inodes, a flood of Trace events) in `records`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
