@@ -32,8 +32,15 @@ const MAX_ENTRIES: u64 = 4 << 20;
 
 /// Streams the upper layer into `stage` (which exists and is empty).
 pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
+    let call = shared.send_call(&Request::Export, &[])?;
+    let exported = import_all(shared, stage);
+    shared.end_call(call);
+    exported
+}
+
+/// Takes the export's frames (each an answer to its one call) into `stage`.
+fn import_all(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
     let timeout = Duration::from_secs(120);
-    shared.send_call(&Request::Export, &[])?;
     fs::create_dir_all(stage).map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
     let mut import = Import::new(stage);
     loop {

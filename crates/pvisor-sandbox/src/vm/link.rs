@@ -188,6 +188,16 @@ impl Calls {
         id
     }
 
+    /// The call `id` has its answer (or gave up waiting): frames naming it
+    /// from now on are late answers, dropped by the reader.
+    fn end(&self, id: u64) {
+        let _ = self.awaited.compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn is_awaited(&self, id: u64) -> bool {
+        id != 0 && id == self.awaited.load(Ordering::SeqCst)
+    }
+
     /// Whether `id` names a request this host sent: a reply naming one
     /// that is no longer awaited is a late answer (its call timed out), not
     /// an unrequested reply.
@@ -262,17 +272,27 @@ impl Shared {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<(Reply, Vec<u8>), String> {
-        self.send_call(request, payload)?;
-        self.next_reply(timeout)
+        let id = self.send_call(request, payload)?;
+        let answer = self.next_reply(timeout);
+        self.end_call(id);
+        answer
     }
 
     /// Sends `request` with a fresh request id, without waiting: its
-    /// answers are [`next_reply`](Self::next_reply)'s.
-    pub(super) fn send_call(&self, request: &Request, payload: &[u8]) -> Result<(), String> {
+    /// answers are [`next_reply`](Self::next_reply)'s until
+    /// [`end_call`](Self::end_call) with the id returned.
+    pub(super) fn send_call(&self, request: &Request, payload: &[u8]) -> Result<u64, String> {
         let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
         let id = self.calls.start();
         write_tagged(&mut *agent, REQUEST_ID, Some(id), request, payload)
-            .map_err(|e| format!("cannot reach the agent: {e}"))
+            .map_err(|e| format!("cannot reach the agent: {e}"))?;
+        Ok(id)
+    }
+
+    /// Call `id` is over: the reader stops queueing (and waiting to queue)
+    /// frames that name it.
+    pub(super) fn end_call(&self, id: u64) {
+        self.calls.end(id);
     }
 
     /// `Hello`, untagged: an agent of another protocol version must still
@@ -298,7 +318,9 @@ impl Shared {
         let id = self.calls.start();
         write_tagged(agent, REQUEST_ID, Some(id), request, payload)
             .map_err(|e| format!("cannot reach the agent: {e}"))?;
-        self.next_reply(timeout)
+        let answer = self.next_reply(timeout);
+        self.end_call(id);
+        answer
     }
 
     /// The next reply to the call now awaited; one naming another request
@@ -483,8 +505,8 @@ pub(super) fn read_agent(
             Ok(Some((Reply::StdinAck { .. }, _, _))) => {}
             Ok(Some((Reply::NetAck { stream }, _, _))) => credits.release(Credit::Stream(stream)),
             Ok(Some((reply, bytes, id))) => {
-                let awaited = id == calls.awaited.load(Ordering::SeqCst);
-                match awaited.then(|| replies.try_send((id, reply, bytes))) {
+                let awaited = calls.is_awaited(id);
+                match awaited.then(|| queue_answer(&replies, &calls, (id, reply, bytes))) {
                     Some(Ok(())) => {}
                     Some(Err(TrySendError::Disconnected(_))) => break,
                     // A late answer to a call that timed out: dropped, not held against the agent.
@@ -511,6 +533,33 @@ pub(super) fn read_agent(
         }
     }
     sinks.lock().unwrap_or_else(|p| p.into_inner()).end_all();
+}
+
+/// How long the reader waits for room in the reply queue for the call being
+/// awaited. An answer may be many frames (an export streams every staged
+/// byte as replies to one call): a caller busy writing them is backpressure,
+/// not a flood, so the reader waits for it. A caller that takes no frame in
+/// this long, or a call that ends meanwhile, gets the frame dropped instead,
+/// so the reader never blocks for ever on the guest's say-so.
+const REPLY_STALL: Duration = Duration::from_secs(30);
+
+/// Queues an answer to the awaited call, waiting while the caller drains the
+/// queue (see [`REPLY_STALL`]).
+fn queue_answer(
+    replies: &SyncSender<(u64, Reply, Vec<u8>)>,
+    calls: &Calls,
+    mut frame: (u64, Reply, Vec<u8>),
+) -> Result<(), TrySendError<(u64, Reply, Vec<u8>)>> {
+    let deadline = Instant::now() + REPLY_STALL;
+    loop {
+        match replies.try_send(frame) {
+            Err(TrySendError::Full(back)) if Instant::now() < deadline && calls.is_awaited(back.0) => {
+                frame = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Queues a frame for a relay, waiting up to [`RELAY_STALL`] for room;
@@ -638,6 +687,50 @@ mod tests {
     /// Replies nobody asked for never reach a call, never block the reader,
     /// and past the limit cut the agent off; a stale reply naming an
     /// earlier request is not the answer to a later one.
+    #[test]
+    fn an_answer_longer_than_the_queue_arrives_whole_while_its_caller_drains_it() {
+        // An export answers one call with a frame per 64 KiB staged: a
+        // caller slower than the guest (a loaded host writing the stage)
+        // is backpressure, and no frame may be dropped for it.
+        let mut rig = rig(false);
+        let call = rig.calls.start();
+        let frames = 1000u32;
+        let guest = std::thread::spawn({
+            let mut guest = rig.guest.try_clone().unwrap();
+            move || {
+                for n in 0..frames {
+                    write_tagged(&mut guest, ANSWERS, Some(call), &Reply::Data, &n.to_le_bytes()).unwrap();
+                }
+            }
+        });
+        for n in 0..frames {
+            if n % 100 == 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let (id, reply, bytes) = rig.replies.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!((id, reply, bytes), (call, Reply::Data, n.to_le_bytes().to_vec()), "frame {n}");
+        }
+        guest.join().unwrap();
+        assert_eq!(rig.calls.unrequested.load(Ordering::SeqCst), 0);
+        // Once the call is over, more frames naming it are late answers: the
+        // reader drops them at once instead of waiting for room, so the
+        // command's exit still gets through.
+        rig.calls.end(call);
+        for _ in 0..200 {
+            send(&mut rig, Some(call), &Reply::Data, b"x");
+        }
+        send(&mut rig, None, &Reply::Exited { id: EXEC_ID, code: Some(3), signal: None }, b"");
+        match rig.events.recv_timeout(Duration::from_secs(5)).unwrap() {
+            AgentEvent::Exited { code, .. } => assert_eq!(code, Some(3)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            rig.calls.unrequested.load(Ordering::SeqCst),
+            0,
+            "late answers are not held against the agent"
+        );
+    }
+
     #[test]
     fn unrequested_and_stale_replies_are_dropped_then_cut_off() {
         let mut rig = rig(false);
