@@ -191,11 +191,13 @@ impl Calls {
     /// The call `id` has its answer (or gave up waiting): frames naming it
     /// from now on are late answers, dropped by the reader.
     fn end(&self, id: u64) {
-        let _ = self.awaited.compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.awaited.compare_exchange(id, NO_CALL, Ordering::SeqCst, Ordering::SeqCst);
     }
 
+    /// Whether a frame naming `id` answers the call now awaited (id 0, an
+    /// untagged frame, answers `Hello`).
     fn is_awaited(&self, id: u64) -> bool {
-        id != 0 && id == self.awaited.load(Ordering::SeqCst)
+        id == self.awaited.load(Ordering::SeqCst)
     }
 
     /// Whether `id` names a request this host sent: a reply naming one
@@ -214,6 +216,10 @@ impl Calls {
         self.unrequested.load(Ordering::SeqCst) > MAX_UNREQUESTED
     }
 }
+
+/// What [`Calls::awaited`] holds between calls: no frame names it (ids
+/// count up from 1, and 0 is `Hello`'s).
+const NO_CALL: u64 = u64::MAX;
 
 /// Why the reader stopped listening to an agent that sent too much unasked.
 const CUT_OFF: &str =
@@ -301,7 +307,9 @@ impl Shared {
         self.calls.awaited.store(0, Ordering::SeqCst);
         let request = Request::Hello { version: pvisor_agent_proto::VERSION };
         self.send(&request, &[]).map_err(|e| format!("cannot reach the agent: {e}"))?;
-        self.next_reply(timeout)
+        let answer = self.next_reply(timeout);
+        self.calls.end(0);
+        answer
     }
 
     /// [`call`](Self::call) on a channel the caller holds: a checkpoint holds
