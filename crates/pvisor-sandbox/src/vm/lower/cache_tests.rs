@@ -26,6 +26,23 @@ impl Fixture {
         fs::write(path, text).unwrap();
     }
 
+    /// Stamps `rels` with one "now", so all of them are just written
+    /// however long writing them took on a loaded host: a pass is repeated
+    /// until it takes less than a quarter of the racy margin.
+    fn restamp(&self, rels: &[String]) {
+        for _ in 0..10 {
+            let pass = std::time::Instant::now();
+            for rel in rels {
+                let file = fs::File::options().write(true).open(self.ws.join(rel)).unwrap();
+                file.set_modified(std::time::SystemTime::now()).unwrap();
+            }
+            if (pass.elapsed().as_nanos() as i64) < base::RACY_MARGIN_NS / 4 {
+                return;
+            }
+        }
+        panic!("the host is too loaded to stamp {} files within a quarter of the racy margin", rels.len());
+    }
+
     fn prepare(&self) -> Prepared {
         self.prepare_into(&self.vm)
     }
@@ -179,9 +196,13 @@ fn gc_retires_a_cache_only_when_no_start_holds_it() {
 #[test]
 fn a_large_workspace_written_just_now_is_waited_out_rather_than_copied_twice() {
     let f = Fixture::new();
-    for i in 0..=REBASE_ENTRIES {
-        f.write(&format!("many/{i}"), "");
+    let many: Vec<String> = (0..=REBASE_ENTRIES).map(|i| format!("many/{i}")).collect();
+    for rel in &many {
+        f.write(rel, "");
     }
+    // All of them within the margin, or fewer than REBASE_ENTRIES would be
+    // racy and there would be nothing to wait out.
+    f.restamp(&many);
     let started = std::time::Instant::now();
     let first = f.prepare();
     assert!(first.rebuilt.is_some());
