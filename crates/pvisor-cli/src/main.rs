@@ -32,7 +32,8 @@ fn main() {
             std::process::exit(exit::USAGE);
         }
     }
-    let code = match commands::dispatch(cli) {
+    // The one runtime of this process, built once (see `commands::dispatch`).
+    let code = match commands::dispatch(cli, commands::host_runtime) {
         Ok(code) => code,
         Err(err) => exit::report(&err),
     };

@@ -33,6 +33,54 @@ pub trait Backends: Send + Sync + std::fmt::Debug {
     fn templates(&self, _name: &str) -> Option<Arc<dyn Templates>> {
         None
     }
+
+    /// What sandboxes of backend `name` are like; an unknown name has none
+    /// of the traits.
+    fn traits(&self, name: &str) -> BackendTraits {
+        host_traits(name)
+    }
+}
+
+/// What a backend's sandboxes are like: what admission, the actions and a
+/// frontend ask instead of comparing the backend's name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendTraits {
+    /// The sandbox is a guest machine: its Attempts get a VM spec (disks,
+    /// control socket, execution checkpoints) and may share host
+    /// directories or join a network namespace.
+    pub guest_machine: bool,
+    /// A workspace under the state directory's sandbox images may be run
+    /// (the guest sees a copy of it as its root filesystem).
+    pub image_rootfs: bool,
+    /// The sandbox shares the host's kernel: it gets pvisor's default
+    /// limits, a disk quota on its stage, `--cache` mounts and exposed
+    /// host sockets.
+    pub shares_host_kernel: bool,
+    /// The exit status and staged files are what a guest the command
+    /// controls reported.
+    pub guest_reported: bool,
+    /// The backend keeps start templates.
+    pub keeps_templates: bool,
+}
+
+/// The traits of the backends [`HostBackends`] knows, by name.
+pub fn host_traits(name: &str) -> BackendTraits {
+    match name {
+        "ns" => BackendTraits { shares_host_kernel: true, ..BackendTraits::default() },
+        "vm" => BackendTraits {
+            guest_machine: true,
+            image_rootfs: true,
+            guest_reported: true,
+            keeps_templates: true,
+            ..BackendTraits::default()
+        },
+        _ => BackendTraits::default(),
+    }
+}
+
+/// The backend that keeps start templates, if any.
+pub(crate) fn template_backend(backends: &dyn Backends) -> Option<&'static str> {
+    HOST_BACKENDS.iter().copied().find(|name| backends.traits(name).keeps_templates)
 }
 
 /// The backends of this machine.

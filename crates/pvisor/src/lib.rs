@@ -37,5 +37,23 @@ mod trace;
 pub mod trust;
 
 pub use actions::{Action, Runtime, RuntimeError};
-pub use admission::{AdmissionError, RunRequest};
-pub use runtime::job_service::{JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome};
+pub use admission::{
+    proxy_env, AdmissionError, ExecutionFork, RunRequest, SecretPolicy, DEFAULT_HIDDEN, PROXY_PORT,
+};
+pub use backends::BackendTraits;
+pub use effects::{
+    ApplyOptions, ApplyReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
+    Sensitive, Stage, StageState,
+};
+pub use runtime::archive::{ArchiveError, ArchiveManifest, Exported, Verified};
+pub use runtime::checkpoint::{
+    CheckpointError, CheckpointHold, CheckpointListing, LIMITS as CHECKPOINT_LIMITS,
+};
+pub use runtime::gc::{Failed, Freed, GcReport, Kept};
+pub use runtime::job_service::views::{JobListing, JobStatus, ReceiptStatus, ViewError};
+pub use runtime::job_service::{
+    CancelHandle, JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome,
+};
+pub use runtime::kill::Killed;
+pub use runtime::recovery::Recovered;
+pub use runtime::suspension::{Listing as ExecutionCheckpointListing, SuspensionError};

@@ -4,9 +4,8 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::bail;
 
-use pvisor::actions::{Apply, DropChanges};
-use pvisor::effects::{ApplyOptions, Selection, Stage};
-use pvisor::Runtime;
+use pvisor::actions::{Apply, DropChanges, Review};
+use pvisor::{ApplyOptions, Runtime, Selection, Sensitive};
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
@@ -16,19 +15,19 @@ use crate::prompt::{confirm, Answers};
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
 
-pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
+pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.patch {
-        return super::apply_hunks::cmd_apply_hunks(args);
+        return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
+    let store = runtime.store();
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "apply")?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }
     if args.all && !paths.is_empty() {
         bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
     }
-    let sensitive = crate::config::sensitive(&store)?;
+    let sensitive = crate::config::sensitive(store)?;
     let options = ApplyOptions {
         force: args.force,
         force_paths: Vec::new(),
@@ -40,7 +39,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     let mut options = options;
     let mut to_drop = Vec::new();
     let selection = if args.interactive {
-        let choices = choose_interactively(&store, &job, &paths, &sensitive, args.color)?;
+        let choices = choose_interactively(runtime, &job, &paths, &sensitive, args.color)?;
         if choices.quit {
             eprintln!("pvisor: quit; nothing applied or dropped");
             return Ok(0);
@@ -48,7 +47,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         to_drop = choices.drop;
         options.force_paths = choices.force;
         if choices.apply.is_empty() {
-            drop_chosen(&store, &job, &to_drop)?;
+            drop_chosen(runtime, &job, &to_drop)?;
             eprintln!("pvisor: nothing chosen to apply");
             return Ok(0);
         }
@@ -64,13 +63,12 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
             eprint!("\rpvisor: applied {written} files…");
         }
     });
-    let report =
-        Runtime::on_host(store.clone()).execute(Apply { job: job.clone(), selection, options, progress })?;
+    let report = runtime.execute(Apply { job: job.clone(), selection, options, progress })?;
     if stderr_tty && written >= 500 {
         eprintln!();
     }
     crate::config::warn_if_home(&report.workspace);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     for warning in &report.warnings {
         eprintln!("pvisor: warning: {warning}");
     }
@@ -144,11 +142,11 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     let (remaining, state) = if to_drop.is_empty() {
         (report.remaining, report.state)
     } else {
-        drop_chosen(&store, &job, &to_drop)?;
-        let stage = Stage::open(&store, &job)?;
+        drop_chosen(runtime, &job, &to_drop)?;
+        let stage = runtime.execute(Review { job: job.clone() })?;
         (stage.remaining(), Some(stage.state()))
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     writeln!(
         out,
         "{count} change(s) applied to {}; {remaining} remaining; stage {}",
@@ -196,7 +194,7 @@ fn write_sensitive_hint(
 
 /// Drops the changes `apply -i` was told to drop (`d`).
 fn drop_chosen(
-    store: &pvisor_core::store::Store,
+    runtime: &Runtime,
     job: &pvisor_core::ids::JobId,
     paths: &[pvisor_core::store::RelPath],
 ) -> anyhow::Result<()> {
@@ -204,7 +202,7 @@ fn drop_chosen(
         return Ok(());
     }
     let patterns: Vec<String> = paths.iter().map(|p| p.as_path().to_string_lossy().into_owned()).collect();
-    let report = Runtime::on_host(store.clone()).execute(DropChanges { job: job.clone(), patterns })?;
+    let report = runtime.execute(DropChanges { job: job.clone(), patterns })?;
     for change in &report.dropped {
         println!("  dropped     {:<12} {}", change.kind.as_str(), change.path.display_escaped());
     }
@@ -234,20 +232,20 @@ q - quit: apply and drop nothing
 /// applied only if its overwrite is confirmed on its own, so a conflict
 /// never refuses the other answers.
 fn choose_interactively(
-    store: &pvisor_core::store::Store,
+    runtime: &Runtime,
     job: &pvisor_core::ids::JobId,
     paths: &[String],
-    sensitive: &pvisor::effects::Sensitive,
+    sensitive: &Sensitive,
     color: crate::cli::ColorChoice,
 ) -> anyhow::Result<Choices> {
-    let stage = Stage::open(store, job)?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
     let items: Vec<_> = stage.review(paths, sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(color);
     let mut choices = Choices::default();
     let mut answers = Answers::open();
     let mut all_rest = false;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     for (n, item) in items.iter().enumerate() {
         let path = item.change.path.display_escaped();
         if let Some(reason) = &item.forbidden {

@@ -3,14 +3,13 @@
 //! Only modified text files whose host file still equals its conflict
 //! baseline offer hunks; every other selected change is named with the reason
 //! and left alone. A file with every hunk taken is applied whole (mode
-//! included); a file with some is written through `effects::apply_hunks`,
+//! included); a file with some is written by the `ApplyHunks` action,
 //! which keeps the rest staged against the new baseline.
 
 use std::io::{Read, Write};
 
-use pvisor::actions::Apply;
-use pvisor::effects::{self, ApplyOptions, HunkChoice, Selection, Stage};
-use pvisor::Runtime;
+use pvisor::actions::{Apply, ApplyHunks, Review};
+use pvisor::{ApplyOptions, HunkChoice, ReviewItem, Runtime, Selection};
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::hunks::Hunks;
@@ -46,7 +45,7 @@ fn read_capped(root: &Root, change: &ChangeEntry) -> std::io::Result<Vec<u8>> {
 }
 
 /// Why `change` offers no hunks, or its hunks.
-fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<Result<Offered, String>> {
+fn offer(ws: &Root, upper: &Root, item: &ReviewItem) -> anyhow::Result<Result<Offered, String>> {
     let change = &item.change;
     if let Some(reason) = &item.forbidden {
         return Ok(Err(format!("never applied: {reason}")));
@@ -80,12 +79,11 @@ fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<
     }))
 }
 
-pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
-    let sensitive = crate::config::sensitive(&store)?;
-    let stage = Stage::open(&store, &job)?;
-    effects::require_confirmed(&stage)?;
+pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "apply")?;
+    let sensitive = crate::config::sensitive(runtime.store())?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
+    stage.require_confirmed()?;
     let items: Vec<_> = stage.review(&paths, &sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(args.color);
@@ -98,7 +96,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
         }
     }
     let total: usize = offered.iter().map(|o| o.hunks.len()).sum();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let mut answers = Answers::open();
     let mut chosen: Vec<Vec<bool>> = offered.iter().map(|o| vec![false; o.hunks.len()]).collect();
     let mut asked = 0;
@@ -170,9 +168,10 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
         eprintln!("pvisor: no hunk chosen; nothing applied");
         return Ok(0);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let mut incomplete = false;
-    let report = effects::apply_hunks(&store, &job, &partial, &sensitive)?;
+    let report =
+        runtime.execute(ApplyHunks { job: job.clone(), choices: partial, sensitive: sensitive.clone() })?;
     for (change, _) in &report.written {
         let Some(file) = offered.iter().position(|o| o.change.path == change.path) else { continue };
         let picks = &chosen[file];
@@ -191,7 +190,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             options,
             progress: Box::new(|_| {}),
         };
-        let applied = Runtime::on_host(store.clone()).execute(apply)?;
+        let applied = runtime.execute(apply)?;
         for (change, reason) in applied.conflicts.iter().chain(&applied.failed).chain(&applied.refused) {
             incomplete = true;
             writeln!(out, "  REFUSED    {}: {}", change.path.display_escaped(), shown(reason))?;
@@ -204,7 +203,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let stage = Stage::open(&store, &job)?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
     writeln!(
         out,
         "hunks applied to {}; {} change(s) remaining; stage {}",

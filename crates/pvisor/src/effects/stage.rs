@@ -105,6 +105,12 @@ impl Stage {
     }
 
     /// How many changes are neither applied nor dropped.
+    /// Refuses a stage that may not be applied: imported, live, suspended,
+    /// lost or otherwise unconfirmed, each with what to do instead.
+    pub fn require_confirmed(&self) -> Result<(), EffectsError> {
+        super::require_confirmed(self)
+    }
+
     pub fn remaining(&self) -> usize {
         if self.state() == StageState::Collected {
             return 0;
