@@ -16,10 +16,10 @@
 //! | [`CheckpointWorkspace`] | the checkpoint manifest and its hold |
 //! | [`CheckpointExecution`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint) |
 //! | [`Suspend`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint), once the Job is `suspended` |
-//! | [`Kill`] | [`Killed`](crate::runtime::kill::Killed) |
+//! | [`Kill`] | [`Killed`](crate::Killed) |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
-//! | [`Gc`] | [`GcReport`](crate::runtime::gc::GcReport) |
+//! | [`Gc`] | [`GcReport`](crate::GcReport) |
 //! | [`Review`] | the [`Stage`](crate::Stage) view; [`ApplyHunks`] applies chosen hunks |
 //! | [`ResolveJob`], [`LatestJobIn`], [`Recover`] | finding a Job, reconciling it before it is read |
 //! | [`Export`], [`Import`], [`VerifyArchive`], [`VerifyJob`] | Run Bundle archives |

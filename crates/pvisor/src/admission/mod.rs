@@ -40,7 +40,7 @@ mod workspace;
 pub use fork::ExecutionFork;
 pub use policy::{proxy_env, PROXY_PORT};
 pub use resume::admit_resume;
-pub use secrets::{is_secret_name, DEFAULT_HIDDEN};
+pub use secrets::DEFAULT_HIDDEN;
 
 /// What a frontend asks pvisor to run.
 #[derive(Clone, Debug)]
