@@ -71,18 +71,19 @@ pub fn cmd_verify(runtime: &Runtime, args: VerifyArgs) -> anyhow::Result<i32> {
             )
         })
     };
+    let mut out = crate::output::stdout();
     match result {
         Ok((line, guest_reported)) => {
-            println!("{line}");
+            writeln!(out, "{line}")?;
             if guest_reported {
-                println!("{GUEST_ASSERTED}");
+                writeln!(out, "{GUEST_ASSERTED}")?;
             }
             Ok(0)
         }
         Err(RuntimeError::Archive(ArchiveError::Failed { archive, failures })) => {
-            println!("{archive}: FAILED");
+            writeln!(out, "{archive}: FAILED")?;
             for f in failures {
-                println!("  {f}");
+                writeln!(out, "  {f}")?;
             }
             Ok(1)
         }

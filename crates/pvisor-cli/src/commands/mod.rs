@@ -18,6 +18,9 @@ mod serve;
 mod status;
 mod trust;
 
+#[cfg(test)]
+mod tests;
+
 use anyhow::Context;
 use pvisor::actions::{LatestJobIn, Recover, ResolveJob, Review};
 use pvisor::{Runtime, RuntimeError, ViewError};
