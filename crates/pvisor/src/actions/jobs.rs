@@ -30,7 +30,8 @@ impl Action for Run {
     type Outcome = ManagedJobRun;
 
     fn perform(self, runtime: &Runtime) -> Result<ManagedJobRun, RuntimeError> {
-        Ok(JobService::new(runtime.store.clone(), self.executor).submit(self.request)?)
+        let traits = runtime.backends.traits(self.executor.name());
+        Ok(JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?)
     }
 }
 

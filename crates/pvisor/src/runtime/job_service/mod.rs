@@ -194,12 +194,21 @@ impl Drop for ManagedJobRun {
 pub struct JobService {
     store: Store,
     executor: Arc<dyn Executor>,
+    traits: crate::backends::BackendTraits,
     registry: Registry,
 }
 
 impl JobService {
+    /// A service starting Jobs on `executor`, whose backend is one of the
+    /// host's (see [`JobService::with_traits`] for another).
     pub fn new(store: Store, executor: Arc<dyn Executor>) -> Self {
-        Self { store, executor, registry: Registry::default() }
+        let traits = crate::backends::host_traits(executor.name());
+        Self { store, executor, traits, registry: Registry::default() }
+    }
+
+    /// Says what sandboxes of the executor's backend are like.
+    pub fn with_traits(self, traits: crate::backends::BackendTraits) -> Self {
+        Self { traits, ..self }
     }
 
     pub fn store(&self) -> &Store {
@@ -213,7 +222,7 @@ impl JobService {
 
     /// Admits `request` and starts it on the current Tokio runtime.
     pub fn submit(&self, request: RunRequest) -> Result<ManagedJobRun, AdmissionError> {
-        let admitted = admission::admit(&self.store, self.executor.as_ref(), request)?;
+        let admitted = admission::admit(&self.store, self.executor.as_ref(), self.traits, request)?;
         Ok(self.start(admitted))
     }
 
