@@ -5,7 +5,8 @@ use std::io::{IsTerminal, Write};
 use anyhow::bail;
 
 use pvisor::actions::{Apply, DropChanges, Review};
-use pvisor::{ApplyOptions, Runtime, Selection, Sensitive};
+use pvisor::{ApplyOptions, ApplyReport, Runtime, Selection, Sensitive};
+use pvisor_core::ids::JobId;
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
@@ -19,16 +20,15 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.patch {
         return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
-    let store = runtime.store();
-    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "apply")?;
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job.clone(), args.paths.clone(), "apply")?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }
     if args.all && !paths.is_empty() {
         bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
     }
-    let sensitive = crate::config::sensitive(store)?;
-    let options = ApplyOptions {
+    let sensitive = crate::config::sensitive(runtime.store())?;
+    let mut options = ApplyOptions {
         force: args.force,
         force_paths: Vec::new(),
         dry_run: args.dry_run,
@@ -36,7 +36,6 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
         sensitive: sensitive.clone(),
         allow_incomplete: args.allow_incomplete,
     };
-    let mut options = options;
     let mut to_drop = Vec::new();
     let selection = if args.interactive {
         let choices = choose_interactively(runtime, &job, &paths, &sensitive, args.color)?;
@@ -55,6 +54,18 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     } else {
         Selection::Patterns(paths)
     };
+    let report = apply_showing_progress(runtime, &job, selection, options)?;
+    crate::config::warn_if_home(&report.workspace);
+    report_apply(runtime, &job, &args, &report, &to_drop)
+}
+
+/// Applies `selection`, counting the files written on a terminal.
+fn apply_showing_progress(
+    runtime: &Runtime,
+    job: &JobId,
+    selection: Selection,
+    options: ApplyOptions,
+) -> anyhow::Result<ApplyReport> {
     let stderr_tty = std::io::stderr().is_terminal();
     let mut written = 0usize;
     let progress = Box::new(|_: &pvisor_core::records::ChangeEntry| {
@@ -67,7 +78,18 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if stderr_tty && written >= 500 {
         eprintln!();
     }
-    crate::config::warn_if_home(&report.workspace);
+    Ok(report)
+}
+
+/// Says what the apply did (or, for a dry run, would do), drops what
+/// `apply -i` was told to drop, and returns the exit status.
+fn report_apply(
+    runtime: &Runtime,
+    job: &JobId,
+    args: &ApplyArgs,
+    report: &ApplyReport,
+    to_drop: &[pvisor_core::store::RelPath],
+) -> anyhow::Result<i32> {
     let mut out = crate::output::stdout();
     for warning in &report.warnings {
         eprintln!("pvisor: warning: {warning}");
@@ -81,6 +103,37 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
         return Ok(REFUSED);
     }
     // Not applied, but the rest was: each is said, and the exit status is 1.
+    let incomplete = write_not_applied(&mut out, job, report)?;
+    let count = write_applied(&mut out, report, args)?;
+    if args.dry_run {
+        writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
+        return Ok(if incomplete { REFUSED } else { 0 });
+    }
+    drop(out);
+    let (remaining, state) = if to_drop.is_empty() {
+        (report.remaining, report.state)
+    } else {
+        drop_chosen(runtime, job, to_drop)?;
+        let stage = runtime.execute(Review { job: job.clone() })?;
+        (stage.remaining(), Some(stage.state()))
+    };
+    let mut out = crate::output::stdout();
+    writeln!(
+        out,
+        "{count} change(s) applied to {}; {remaining} remaining; stage {}",
+        shown_path(&report.workspace),
+        state.map_or("?", |s| s.as_str())
+    )?;
+    if remaining > 0 {
+        let me = crate::output::me();
+        writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
+    }
+    Ok(if incomplete { REFUSED } else { 0 })
+}
+
+/// Names what was selected but not applied (refused, sensitive, failed);
+/// whether there was any.
+fn write_not_applied(out: &mut impl Write, job: &JobId, report: &ApplyReport) -> anyhow::Result<bool> {
     let mut incomplete = false;
     if !report.refused.is_empty() {
         incomplete = true;
@@ -105,12 +158,17 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
         for (change, reason) in &report.skipped_sensitive {
             writeln!(out, "  SENSITIVE {}: {}", change.path.display_escaped(), shown(reason))?;
         }
-        write_sensitive_hint(&mut out, &job, &report.skipped_sensitive)?;
+        write_sensitive_hint(out, job, &report.skipped_sensitive)?;
     }
     for (change, error) in &report.failed {
         incomplete = true;
         writeln!(out, "  FAILED    {}: {}", change.path.display_escaped(), shown(error))?;
     }
+    Ok(incomplete)
+}
+
+/// Lists what was applied (or would be); returns how many.
+fn write_applied(out: &mut impl Write, report: &ApplyReport, args: &ApplyArgs) -> anyhow::Result<usize> {
     let verb = if args.dry_run { "would apply" } else { "applied" };
     let mut count = 0;
     let mut lines = Vec::new();
@@ -133,31 +191,8 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
             note: format!("{note}{implied}"),
         });
     }
-    path_lines(&mut out, &lines, Detail::of(args.quiet, args.verbose))?;
-    if args.dry_run {
-        writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
-        return Ok(if incomplete { REFUSED } else { 0 });
-    }
-    drop(out);
-    let (remaining, state) = if to_drop.is_empty() {
-        (report.remaining, report.state)
-    } else {
-        drop_chosen(runtime, &job, &to_drop)?;
-        let stage = runtime.execute(Review { job: job.clone() })?;
-        (stage.remaining(), Some(stage.state()))
-    };
-    let mut out = crate::output::stdout();
-    writeln!(
-        out,
-        "{count} change(s) applied to {}; {remaining} remaining; stage {}",
-        shown_path(&report.workspace),
-        state.map_or("?", |s| s.as_str())
-    )?;
-    if remaining > 0 {
-        let me = crate::output::me();
-        writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
-    }
-    Ok(if incomplete { REFUSED } else { 0 })
+    path_lines(out, &lines, Detail::of(args.quiet, args.verbose))?;
+    Ok(count)
 }
 
 /// How many apply commands the sensitive-path hint lists.

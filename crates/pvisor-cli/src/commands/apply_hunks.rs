@@ -9,8 +9,10 @@
 use std::io::{Read, Write};
 
 use pvisor::actions::{Apply, ApplyHunks, Review};
-use pvisor::{ApplyOptions, HunkChoice, ReviewItem, Runtime, Selection};
+use pvisor::{ApplyOptions, HunkChoice, ReviewItem, Runtime, Selection, Sensitive};
+use pvisor_core::ids::JobId;
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
 use pvisor_stage::beneath::Root;
 use pvisor_stage::hunks::Hunks;
 use pvisor_stage::review::DIFF_LIMIT;
@@ -95,8 +97,25 @@ pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32
             Err(reason) => not_offered.push((item.change.path.display_escaped(), reason)),
         }
     }
-    let total: usize = offered.iter().map(|o| o.hunks.len()).sum();
     let mut out = crate::output::stdout();
+    let chosen = ask(&mut out, &offered, color)?;
+    writeln!(out)?;
+    for (path, reason) in &not_offered {
+        writeln!(out, "  not offered  {path}: {reason}")?;
+    }
+    drop(out);
+    let (whole, partial) = split_chosen(&offered, &chosen);
+    if whole.is_empty() && partial.is_empty() {
+        eprintln!("pvisor: no hunk chosen; nothing applied");
+        return Ok(0);
+    }
+    apply_chosen(runtime, &job, &sensitive, &offered, &chosen, whole, partial)
+}
+
+/// Shows each hunk of each offered file and asks about it, one key each
+/// (see [`HELP`]); which hunks were taken, per file.
+fn ask(out: &mut impl Write, offered: &[Offered], color: bool) -> anyhow::Result<Vec<Vec<bool>>> {
+    let total: usize = offered.iter().map(|o| o.hunks.len()).sum();
     let mut answers = Answers::open();
     let mut chosen: Vec<Vec<bool>> = offered.iter().map(|o| vec![false; o.hunks.len()]).collect();
     let mut asked = 0;
@@ -117,7 +136,7 @@ pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32
                     writeln!(out, "SENSITIVE: {reason}")?;
                 }
             }
-            file.hunks.write_hunk(&mut out, h, color)?;
+            file.hunks.write_hunk(out, h, color)?;
             loop {
                 write!(
                     out,
@@ -145,14 +164,15 @@ pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32
             }
         }
     }
-    writeln!(out)?;
-    for (path, reason) in &not_offered {
-        writeln!(out, "  not offered  {path}: {reason}")?;
-    }
-    // Every hunk of a file taken: the staged file itself, applied whole.
+    Ok(chosen)
+}
+
+/// The files with every hunk taken (the staged file itself, applied
+/// whole), and those with some (their merged contents).
+fn split_chosen(offered: &[Offered], chosen: &[Vec<bool>]) -> (Vec<RelPath>, Vec<HunkChoice>) {
     let mut whole = Vec::new();
     let mut partial = Vec::new();
-    for (file, picks) in offered.iter().zip(&chosen) {
+    for (file, picks) in offered.iter().zip(chosen) {
         match picks.iter().filter(|&&p| p).count() {
             0 => {}
             n if n == picks.len() => whole.push(file.change.path.clone()),
@@ -163,11 +183,19 @@ pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32
             }),
         }
     }
-    drop(out);
-    if whole.is_empty() && partial.is_empty() {
-        eprintln!("pvisor: no hunk chosen; nothing applied");
-        return Ok(0);
-    }
+    (whole, partial)
+}
+
+/// Applies the chosen hunks and whole files, and says what landed.
+fn apply_chosen(
+    runtime: &Runtime,
+    job: &JobId,
+    sensitive: &Sensitive,
+    offered: &[Offered],
+    chosen: &[Vec<bool>],
+    whole: Vec<RelPath>,
+    partial: Vec<HunkChoice>,
+) -> anyhow::Result<i32> {
     let mut out = crate::output::stdout();
     let mut incomplete = false;
     let report =
