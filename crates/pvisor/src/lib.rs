@@ -11,11 +11,15 @@
 //! 3. `runtime::job_service`: the durable Job service runs each Session as a
 //!    Tokio task ([`ManagedJobRun`]) and publishes the Job state after joining
 //!    the Attempt. Frontends hold only a wait adapter.
-//! 4. `runtime::completion`: building, validating and committing receipts.
+//! 4. `records::completion`: building, validating and committing receipts.
 //! 5. `effects`: review, apply and drop of staged changes.
-//! 6. `runtime::job_service::views`: read projections for status, lists and
-//!    the Trace, trusting only valid receipts.
+//! 6. `records::views`: read projections for status, lists and the Trace,
+//!    trusting only valid receipts.
 //! 7. [`trust`]: which workspace configuration files the user trusts.
+//!
+//! The layers depend one way, each only on those below it:
+//! `trace` ← `records` ← `admission`, `effects` ← `session` ← `runtime`
+//! (the Job service, checkpoints, kill, gc, archives) ← [`actions`].
 //!
 //! These layers are private to the crate. Frontends reach all of it through
 //! one entry point, [`Runtime::execute`] with an [`Action`] (see
@@ -32,6 +36,7 @@ pub(crate) mod admission;
 pub mod backends;
 pub(crate) mod effects;
 use pvisor_core::failpoint;
+pub(crate) mod records;
 pub(crate) mod runtime;
 pub(crate) mod session;
 #[cfg(any(test, feature = "testing"))]
@@ -48,18 +53,18 @@ pub use effects::{
     ApplyOptions, ApplyReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
     Sensitive, Stage, StageState,
 };
+/// Whether a completion receipt binds the Bundle bytes given (for fuzzing
+/// and for tools that audit exported records).
+pub use records::completion::validate as validate_receipt;
+pub use records::recovery::Recovered;
+pub use records::suspension::{Listing as ExecutionCheckpointListing, SuspensionError};
+pub use records::views::{JobListing, JobStatus, ReceiptStatus, ViewError};
 pub use runtime::archive::{ArchiveError, ArchiveManifest, Exported, Verified};
 pub use runtime::checkpoint::{
     CheckpointError, CheckpointHold, CheckpointListing, LIMITS as CHECKPOINT_LIMITS,
 };
-/// Whether a completion receipt binds the Bundle bytes given (for fuzzing
-/// and for tools that audit exported records).
-pub use runtime::completion::validate as validate_receipt;
 pub use runtime::gc::{Failed, Freed, GcReport, Kept};
-pub use runtime::job_service::views::{JobListing, JobStatus, ReceiptStatus, ViewError};
 pub use runtime::job_service::{
     CancelHandle, JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome,
 };
 pub use runtime::kill::Killed;
-pub use runtime::recovery::Recovered;
-pub use runtime::suspension::{Listing as ExecutionCheckpointListing, SuspensionError};

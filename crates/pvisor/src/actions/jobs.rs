@@ -10,10 +10,10 @@ use pvisor_core::records::JobRecord;
 use pvisor_sandbox::Executor;
 
 use super::{Action, Runtime, RuntimeError};
+use crate::records::suspension;
+use crate::records::views::{self, JobListing, JobStatus};
 use crate::runtime::gc::{self, GcReport};
-use crate::runtime::job_service::views::{self, JobListing, JobStatus};
 use crate::runtime::kill::{self, Killed};
-use crate::runtime::suspension;
 use crate::{JobService, ManagedJobRun, RunRequest};
 
 /// Admits `request` and starts it on `executor` (from [`Runtime::executor`],

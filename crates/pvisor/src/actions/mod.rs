@@ -51,7 +51,7 @@ use pvisor_core::store::{OwnerLock, Store, StoreError};
 use pvisor_sandbox::Executor;
 
 use crate::backends::{BackendTraits, Backends, HostBackends};
-use crate::runtime::job_service::views::{self, ViewError};
+use crate::records::views::{self, ViewError};
 
 pub use changes::{Apply, ApplyHunks, DropChanges, Review};
 pub use execution::{
@@ -188,7 +188,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Checkpoint(#[from] crate::runtime::checkpoint::CheckpointError),
     #[error(transparent)]
-    Suspension(#[from] crate::runtime::suspension::SuspensionError),
+    Suspension(#[from] crate::records::suspension::SuspensionError),
     #[error(transparent)]
     Sandbox(#[from] pvisor_sandbox::SandboxError),
     #[error(transparent)]

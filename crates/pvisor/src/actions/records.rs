@@ -9,12 +9,12 @@ use pvisor_core::records::{AttemptRecord, CheckpointManifest};
 use pvisor_core::store::Store;
 
 use super::{Action, Runtime, RuntimeError};
+use crate::records::recovery::{self, Recovered};
+use crate::records::suspension;
+use crate::records::views;
 use crate::runtime::archive::{self, Exported, Verified};
 use crate::runtime::checkpoint::{self, CheckpointHold, CheckpointListing};
 use crate::runtime::gc;
-use crate::runtime::job_service::views;
-use crate::runtime::recovery::{self, Recovered};
-use crate::runtime::suspension;
 
 /// Resolves a Job's id or unique prefix; without one, the most recent Job.
 #[derive(Debug)]

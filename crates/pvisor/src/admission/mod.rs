@@ -154,7 +154,7 @@ pub enum AdmissionError {
     Suspension {
         job: JobId,
         #[source]
-        source: crate::runtime::suspension::SuspensionError,
+        source: crate::records::suspension::SuspensionError,
     },
 }
 

@@ -17,8 +17,8 @@ use pvisor_stage::preimage::Preimages;
 use pvisor_stage::StageError;
 
 use super::{EffectsError, Sensitive, StageState};
-use crate::runtime::completion;
-use crate::runtime::job_service::views::{self, JobStatus, ViewError};
+use crate::records::completion;
+use crate::records::views::{self, JobStatus, ViewError};
 
 /// A Job's stage, ready to review or apply.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub struct Stage {
 impl Stage {
     /// Opens the stage of `job`.
     pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
-        crate::runtime::recovery::recover(store, job)?;
+        crate::records::recovery::recover(store, job)?;
         let status = views::status(store, job)?;
         let job_record: JobRecord = store.read(&store.job_file(job))?;
         let stage_dir = store.stage_dir(&status.run);

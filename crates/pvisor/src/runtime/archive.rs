@@ -29,8 +29,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
 
-use super::completion;
-use super::job_service::views::{self, ViewError};
+use crate::records::completion;
+use crate::records::views::{self, ViewError};
 
 const ROOT: &str = "pvisor-bundle";
 

@@ -20,8 +20,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
 
 use super::checkpoint;
-use super::job_service::views::{self, ViewError};
 use crate::effects::StageState;
+use crate::records::views::{self, ViewError};
 use crate::trace::{data, Trace};
 
 /// One thing gc removed (or would remove).
@@ -263,7 +263,7 @@ impl Collector<'_> {
     fn stages(&mut self) -> Result<(), ViewError> {
         let store = self.store;
         for id in store.list_jobs()? {
-            let _ = super::recovery::recover(store, &id);
+            let _ = crate::records::recovery::recover(store, &id);
             let job: JobRecord = match store.read(&store.job_file(&id)) {
                 Ok(j) => j,
                 Err(e) => {

@@ -23,11 +23,11 @@ use pvisor_core::store;
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{Termination, Usage};
 
+use super::outcome::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
 use crate::failpoint;
-use crate::runtime::attempt;
-use crate::runtime::completion;
-use crate::runtime::job_service::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
-use crate::runtime::suspension;
+use crate::records::attempt;
+use crate::records::completion;
+use crate::records::suspension;
 
 use super::{Ending, Session};
 use crate::trace::data;
@@ -342,7 +342,7 @@ impl Session {
             // Before the receipt: from this point readers must see the Job
             // suspended on its previous Attempt, never this failed restore.
             let this = self.attempt.id.number();
-            crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+            crate::records::recovery::update_job(&self.store, &self.job.id, |job| {
                 let retarget = job.target_attempt == this;
                 if retarget {
                     job.target_attempt = previous;
