@@ -32,8 +32,10 @@ fn main() {
             std::process::exit(exit::USAGE);
         }
     }
-    // The one runtime of this process, built once (see `commands::dispatch`).
-    let code = match commands::dispatch(cli, commands::host_runtime) {
+    // The one runtime of this process: this machine's backends over the
+    // state directory, built once, by `dispatch`, for the commands that use it.
+    let host = || Ok(pvisor::Runtime::on_host(commands::open_store()?));
+    let code = match commands::dispatch(cli, host) {
         Ok(code) => code,
         Err(err) => exit::report(&err),
     };

@@ -30,7 +30,8 @@ use pvisor_core::store::{resolve_state_root, Store};
 use crate::cli::{Cli, Command};
 
 /// Runs the command `cli` names on the runtime `runtime` builds (the
-/// machine's, from `main`; a fake one in tests). The runtime is built once,
+/// machine's backends over the state directory, from `main`; a fake one in
+/// tests). The runtime is built once,
 /// here, and only for the commands that use the state directory.
 pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> anyhow::Result<i32> {
     let command = match cli.command {
@@ -77,14 +78,8 @@ pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> 
     }
 }
 
-/// The runtime of this machine's backends over the state directory the
-/// environment names: what `main` hands [`dispatch`].
-pub fn host_runtime() -> anyhow::Result<Runtime> {
-    Ok(Runtime::on_host(open_store()?))
-}
-
 /// Opens the state directory named by the environment.
-fn open_store() -> anyhow::Result<Store> {
+pub fn open_store() -> anyhow::Result<Store> {
     let root = resolve_state_root(
         std::env::var_os("PVISOR_HOME"),
         std::env::var_os("XDG_STATE_HOME"),
