@@ -1,17 +1,10 @@
 //! The `pvisor` binary: parses flags, builds the runtime, prints results.
 //!
-//! All behaviour lives in the library crates; each subcommand is one file in
-//! `commands/`. Exit codes are documented in `docs/exit-codes.md` and defined
-//! in `exit.rs`.
-
-mod cli;
-mod commands;
-mod config;
-mod exit;
-mod output;
-mod prompt;
+//! The commands live in this package's library (`lib.rs`); this file only
+//! starts the helpers, parses, builds the host runtime and exits.
 
 use clap::Parser;
+use pvisor_cli::{cli, commands, exit};
 
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
