@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = serde_json::from_slice::<LedgerRecord>(line);
     }
     if let Ok(receipt) = parse_record::<CompletionReceipt>(p, data) {
-        let verdict = pvisor::runtime::completion::validate(&receipt, &receipt.job, &receipt.attempt, "r", "b", data);
+        let verdict = pvisor::validate_receipt(&receipt, &receipt.job, &receipt.attempt, "r", "b", data);
         if verdict.is_ok() {
             assert_eq!(receipt.bundle.blake3, blake3_hex(data), "accepted a Bundle whose digest differs");
         }

@@ -159,10 +159,10 @@ pub fn user_config() -> anyhow::Result<(Option<PathBuf>, ConfigFile)> {
 /// this host runs from a workspace (the home directory, the user's git
 /// configs) or must never take from one (pvisor's own config and state,
 /// `store`'s and every registered one). A workspace cannot shorten this list.
-pub fn sensitive(store: &pvisor_core::store::Store) -> anyhow::Result<pvisor::effects::Sensitive> {
+pub fn sensitive(store: &pvisor_core::store::Store) -> anyhow::Result<pvisor::Sensitive> {
     let (path, user) = user_config()?;
-    let sensitive = pvisor::effects::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default())
-        .map_err(|e| {
+    let sensitive =
+        pvisor::Sensitive::new(user.apply.map(|a| a.sensitive).unwrap_or_default()).map_err(|e| {
             let file = path.map(|p| p.display().to_string()).unwrap_or_else(|| "the user config".into());
             anyhow::anyhow!("{file}: [apply] sensitive: {e}")
         })?;

@@ -1,17 +1,10 @@
 //! The `pvisor` binary: parses flags, builds the runtime, prints results.
 //!
-//! All behaviour lives in the library crates; each subcommand is one file in
-//! `commands/`. Exit codes are documented in `docs/exit-codes.md` and defined
-//! in `exit.rs`.
-
-mod cli;
-mod commands;
-mod config;
-mod exit;
-mod output;
-mod prompt;
+//! The commands live in this package's library (`lib.rs`); this file only
+//! starts the helpers, parses, builds the host runtime and exits.
 
 use clap::Parser;
+use pvisor_cli::{cli, commands, exit};
 
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
@@ -32,7 +25,10 @@ fn main() {
             std::process::exit(exit::USAGE);
         }
     }
-    let code = match commands::dispatch(cli) {
+    // The one runtime of this process: this machine's backends over the
+    // state directory, built once, by `dispatch`, for the commands that use it.
+    let host = || Ok(pvisor::Runtime::on_host(commands::open_store()?));
+    let code = match commands::dispatch(cli, host) {
         Ok(code) => code,
         Err(err) => exit::report(&err),
     };

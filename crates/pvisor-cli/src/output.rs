@@ -9,6 +9,60 @@ use std::io::Write;
 use anyhow::Context;
 use serde::Serialize;
 
+/// Where a command writes what it prints on stdout: the process's stdout,
+/// or, in this crate's tests, the calling thread's capture (see
+/// [`capture`]), so a test reads a command's output as a user would.
+pub fn stdout() -> Stdout {
+    #[cfg(test)]
+    if CAPTURE.with(|c| c.borrow().is_some()) {
+        return Stdout::Captured;
+    }
+    Stdout::Real(std::io::stdout().lock())
+}
+
+/// See [`stdout`].
+pub enum Stdout {
+    Real(std::io::StdoutLock<'static>),
+    #[cfg(test)]
+    Captured,
+}
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Real(out) => out.write(buf),
+            #[cfg(test)]
+            Self::Captured => {
+                CAPTURE.with(|c| c.borrow_mut().get_or_insert_with(Vec::new).extend_from_slice(buf));
+                Ok(buf.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Real(out) => out.flush(),
+            #[cfg(test)]
+            Self::Captured => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's [`stdout`] captured; returns its result and
+/// what it wrote there.
+#[cfg(test)]
+pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let result = f();
+    let bytes = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (result, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// One `--json` line: what kind of record it is, and the record untouched
 /// (ripgrep's envelope), so a record's own `type` field survives.
 #[derive(Serialize)]
@@ -109,6 +163,12 @@ mod tests {
         assert_eq!(line, serde_json::json!({"type": "event", "data": {"type": "run.started", "seq": 1}}));
         assert!(out.ends_with(b"}\n"));
         assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
+    }
+
+    #[test]
+    fn a_test_reads_what_a_command_wrote_to_stdout() {
+        let ((), text) = capture(|| json_line(&mut stdout(), "job", &serde_json::json!({"n": 1})).unwrap());
+        assert_eq!(text, "{\"type\":\"job\",\"data\":{\"n\":1}}\n");
     }
 }
 

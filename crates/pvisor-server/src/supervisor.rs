@@ -10,8 +10,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::door as views;
 use pvisor::actions::{Resume, Run};
-use pvisor::runtime::job_service::views::{self, ViewError};
+use pvisor::ViewError;
 use pvisor::{ManagedJobRun, RunRequest, Runtime, RuntimeError};
 use pvisor_core::ids::JobId;
 use pvisor_core::store::{Store, StoreError};
@@ -106,7 +107,7 @@ impl Supervisor {
             }],
             fork: None,
             fork_execution: None,
-            secrets: pvisor::admission::SecretPolicy::default(),
+            secrets: pvisor::SecretPolicy::default(),
             seccomp: true,
             limits: pvisor_core::records::ResourceLimits {
                 memory_bytes: Some(options.memory_mib << 20),

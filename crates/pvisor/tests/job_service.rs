@@ -9,11 +9,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::runtime::job_service::views::{self, ReceiptStatus};
-use pvisor::{JobService, RunRequest};
+use pvisor::actions::Status;
+use pvisor::{JobService, JobStatus, ReceiptStatus, RunRequest, Runtime, RuntimeError};
 use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
 use pvisor_sandbox::ns::NsExecutor;
+
+/// A Job's status, read through the runtime's door.
+fn status(store: &Store, job: &pvisor_core::ids::JobId) -> Result<JobStatus, RuntimeError> {
+    Runtime::on_host(store.clone()).execute(Status { job: job.clone() })
+}
 
 fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
     RunRequest {
@@ -66,16 +71,16 @@ async fn a_dropped_wait_cancels_and_completion_is_still_published() {
     let job = run.job().clone();
     let store = f.service.store().clone();
     wait_for("the run to start", || {
-        views::status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
+        status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
     })
     .await;
     assert_eq!(f.service.registry().list().len(), 1);
     drop(run);
     wait_for("the receipt", || {
-        views::status(&store, &job).map(|s| s.receipt == ReceiptStatus::Valid).unwrap_or(false)
+        status(&store, &job).map(|s| s.receipt == ReceiptStatus::Valid).unwrap_or(false)
     })
     .await;
-    let status = views::status(&store, &job).unwrap();
+    let status = status(&store, &job).unwrap();
     assert_eq!(status.state, JobState::Cancelled);
     assert_eq!(status.signal, Some(libc::SIGTERM));
     assert_eq!(status.changes, Some(1));
@@ -90,7 +95,7 @@ async fn waiting_returns_the_receipted_result() {
     assert_eq!(outcome.result.exit_code, Some(9));
     assert_eq!(outcome.changes.len(), 1);
     assert!(outcome.audit_gaps.is_empty(), "{:?}", outcome.audit_gaps);
-    let status = views::status(f.service.store(), &outcome.job).unwrap();
+    let status = status(f.service.store(), &outcome.job).unwrap();
     assert_eq!(status.state, JobState::Failed);
     assert_eq!(status.receipt, ReceiptStatus::Valid);
 }
@@ -103,7 +108,7 @@ async fn a_cancel_handle_forwards_the_signal() {
     let job = run.job().clone();
     let store = f.service.store().clone();
     wait_for("the run to start", || {
-        views::status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
+        status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;

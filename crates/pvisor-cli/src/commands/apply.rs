@@ -4,9 +4,9 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::bail;
 
-use pvisor::actions::{Apply, DropChanges};
-use pvisor::effects::{ApplyOptions, Selection, Stage};
-use pvisor::Runtime;
+use pvisor::actions::{Apply, DropChanges, Review};
+use pvisor::{ApplyOptions, ApplyReport, Runtime, Selection, Sensitive};
+use pvisor_core::ids::JobId;
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
@@ -16,20 +16,19 @@ use crate::prompt::{confirm, Answers};
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
 
-pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
+pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.patch {
-        return super::apply_hunks::cmd_apply_hunks(args);
+        return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job.clone(), args.paths.clone(), "apply")?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }
     if args.all && !paths.is_empty() {
         bail!("--all applies everything; drop it to apply only {}", paths.join(" "));
     }
-    let sensitive = crate::config::sensitive(&store)?;
-    let options = ApplyOptions {
+    let sensitive = crate::config::sensitive(runtime.store())?;
+    let mut options = ApplyOptions {
         force: args.force,
         force_paths: Vec::new(),
         dry_run: args.dry_run,
@@ -37,10 +36,9 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         sensitive: sensitive.clone(),
         allow_incomplete: args.allow_incomplete,
     };
-    let mut options = options;
     let mut to_drop = Vec::new();
     let selection = if args.interactive {
-        let choices = choose_interactively(&store, &job, &paths, &sensitive, args.color)?;
+        let choices = choose_interactively(runtime, &job, &paths, &sensitive, args.color)?;
         if choices.quit {
             eprintln!("pvisor: quit; nothing applied or dropped");
             return Ok(0);
@@ -48,7 +46,7 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         to_drop = choices.drop;
         options.force_paths = choices.force;
         if choices.apply.is_empty() {
-            drop_chosen(&store, &job, &to_drop)?;
+            drop_chosen(runtime, &job, &to_drop)?;
             eprintln!("pvisor: nothing chosen to apply");
             return Ok(0);
         }
@@ -56,6 +54,18 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
     } else {
         Selection::Patterns(paths)
     };
+    let report = apply_showing_progress(runtime, &job, selection, options)?;
+    crate::config::warn_if_home(&report.workspace);
+    report_apply(runtime, &job, &args, &report, &to_drop)
+}
+
+/// Applies `selection`, counting the files written on a terminal.
+fn apply_showing_progress(
+    runtime: &Runtime,
+    job: &JobId,
+    selection: Selection,
+    options: ApplyOptions,
+) -> anyhow::Result<ApplyReport> {
     let stderr_tty = std::io::stderr().is_terminal();
     let mut written = 0usize;
     let progress = Box::new(|_: &pvisor_core::records::ChangeEntry| {
@@ -64,13 +74,23 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
             eprint!("\rpvisor: applied {written} files…");
         }
     });
-    let report =
-        Runtime::on_host(store.clone()).execute(Apply { job: job.clone(), selection, options, progress })?;
+    let report = runtime.execute(Apply { job: job.clone(), selection, options, progress })?;
     if stderr_tty && written >= 500 {
         eprintln!();
     }
-    crate::config::warn_if_home(&report.workspace);
-    let mut out = std::io::stdout().lock();
+    Ok(report)
+}
+
+/// Says what the apply did (or, for a dry run, would do), drops what
+/// `apply -i` was told to drop, and returns the exit status.
+fn report_apply(
+    runtime: &Runtime,
+    job: &JobId,
+    args: &ApplyArgs,
+    report: &ApplyReport,
+    to_drop: &[pvisor_core::store::RelPath],
+) -> anyhow::Result<i32> {
+    let mut out = crate::output::stdout();
     for warning in &report.warnings {
         eprintln!("pvisor: warning: {warning}");
     }
@@ -83,6 +103,37 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         return Ok(REFUSED);
     }
     // Not applied, but the rest was: each is said, and the exit status is 1.
+    let incomplete = write_not_applied(&mut out, job, report)?;
+    let count = write_applied(&mut out, report, args)?;
+    if args.dry_run {
+        writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
+        return Ok(if incomplete { REFUSED } else { 0 });
+    }
+    drop(out);
+    let (remaining, state) = if to_drop.is_empty() {
+        (report.remaining, report.state)
+    } else {
+        drop_chosen(runtime, job, to_drop)?;
+        let stage = runtime.execute(Review { job: job.clone() })?;
+        (stage.remaining(), Some(stage.state()))
+    };
+    let mut out = crate::output::stdout();
+    writeln!(
+        out,
+        "{count} change(s) applied to {}; {remaining} remaining; stage {}",
+        shown_path(&report.workspace),
+        state.map_or("?", |s| s.as_str())
+    )?;
+    if remaining > 0 {
+        let me = crate::output::me();
+        writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
+    }
+    Ok(if incomplete { REFUSED } else { 0 })
+}
+
+/// Names what was selected but not applied (refused, sensitive, failed);
+/// whether there was any.
+fn write_not_applied(out: &mut impl Write, job: &JobId, report: &ApplyReport) -> anyhow::Result<bool> {
     let mut incomplete = false;
     if !report.refused.is_empty() {
         incomplete = true;
@@ -107,12 +158,17 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
         for (change, reason) in &report.skipped_sensitive {
             writeln!(out, "  SENSITIVE {}: {}", change.path.display_escaped(), shown(reason))?;
         }
-        write_sensitive_hint(&mut out, &job, &report.skipped_sensitive)?;
+        write_sensitive_hint(out, job, &report.skipped_sensitive)?;
     }
     for (change, error) in &report.failed {
         incomplete = true;
         writeln!(out, "  FAILED    {}: {}", change.path.display_escaped(), shown(error))?;
     }
+    Ok(incomplete)
+}
+
+/// Lists what was applied (or would be); returns how many.
+fn write_applied(out: &mut impl Write, report: &ApplyReport, args: &ApplyArgs) -> anyhow::Result<usize> {
     let verb = if args.dry_run { "would apply" } else { "applied" };
     let mut count = 0;
     let mut lines = Vec::new();
@@ -135,31 +191,8 @@ pub fn cmd_apply(args: ApplyArgs) -> anyhow::Result<i32> {
             note: format!("{note}{implied}"),
         });
     }
-    path_lines(&mut out, &lines, Detail::of(args.quiet, args.verbose))?;
-    if args.dry_run {
-        writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
-        return Ok(if incomplete { REFUSED } else { 0 });
-    }
-    drop(out);
-    let (remaining, state) = if to_drop.is_empty() {
-        (report.remaining, report.state)
-    } else {
-        drop_chosen(&store, &job, &to_drop)?;
-        let stage = Stage::open(&store, &job)?;
-        (stage.remaining(), Some(stage.state()))
-    };
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{count} change(s) applied to {}; {remaining} remaining; stage {}",
-        shown_path(&report.workspace),
-        state.map_or("?", |s| s.as_str())
-    )?;
-    if remaining > 0 {
-        let me = crate::output::me();
-        writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
-    }
-    Ok(if incomplete { REFUSED } else { 0 })
+    path_lines(out, &lines, Detail::of(args.quiet, args.verbose))?;
+    Ok(count)
 }
 
 /// How many apply commands the sensitive-path hint lists.
@@ -196,7 +229,7 @@ fn write_sensitive_hint(
 
 /// Drops the changes `apply -i` was told to drop (`d`).
 fn drop_chosen(
-    store: &pvisor_core::store::Store,
+    runtime: &Runtime,
     job: &pvisor_core::ids::JobId,
     paths: &[pvisor_core::store::RelPath],
 ) -> anyhow::Result<()> {
@@ -204,7 +237,7 @@ fn drop_chosen(
         return Ok(());
     }
     let patterns: Vec<String> = paths.iter().map(|p| p.as_path().to_string_lossy().into_owned()).collect();
-    let report = Runtime::on_host(store.clone()).execute(DropChanges { job: job.clone(), patterns })?;
+    let report = runtime.execute(DropChanges { job: job.clone(), patterns })?;
     for change in &report.dropped {
         println!("  dropped     {:<12} {}", change.kind.as_str(), change.path.display_escaped());
     }
@@ -234,20 +267,20 @@ q - quit: apply and drop nothing
 /// applied only if its overwrite is confirmed on its own, so a conflict
 /// never refuses the other answers.
 fn choose_interactively(
-    store: &pvisor_core::store::Store,
+    runtime: &Runtime,
     job: &pvisor_core::ids::JobId,
     paths: &[String],
-    sensitive: &pvisor::effects::Sensitive,
+    sensitive: &Sensitive,
     color: crate::cli::ColorChoice,
 ) -> anyhow::Result<Choices> {
-    let stage = Stage::open(store, job)?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
     let items: Vec<_> = stage.review(paths, sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(color);
     let mut choices = Choices::default();
     let mut answers = Answers::open();
     let mut all_rest = false;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     for (n, item) in items.iter().enumerate() {
         let path = item.change.path.display_escaped();
         if let Some(reason) = &item.forbidden {

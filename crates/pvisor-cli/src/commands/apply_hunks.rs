@@ -3,15 +3,16 @@
 //! Only modified text files whose host file still equals its conflict
 //! baseline offer hunks; every other selected change is named with the reason
 //! and left alone. A file with every hunk taken is applied whole (mode
-//! included); a file with some is written through `effects::apply_hunks`,
+//! included); a file with some is written by the `ApplyHunks` action,
 //! which keeps the rest staged against the new baseline.
 
 use std::io::{Read, Write};
 
-use pvisor::actions::Apply;
-use pvisor::effects::{self, ApplyOptions, HunkChoice, Selection, Stage};
-use pvisor::Runtime;
+use pvisor::actions::{Apply, ApplyHunks, Review};
+use pvisor::{ApplyOptions, HunkChoice, ReviewItem, Runtime, Selection, Sensitive};
+use pvisor_core::ids::JobId;
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
 use pvisor_stage::beneath::Root;
 use pvisor_stage::hunks::Hunks;
 use pvisor_stage::review::DIFF_LIMIT;
@@ -46,7 +47,7 @@ fn read_capped(root: &Root, change: &ChangeEntry) -> std::io::Result<Vec<u8>> {
 }
 
 /// Why `change` offers no hunks, or its hunks.
-fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<Result<Offered, String>> {
+fn offer(ws: &Root, upper: &Root, item: &ReviewItem) -> anyhow::Result<Result<Offered, String>> {
     let change = &item.change;
     if let Some(reason) = &item.forbidden {
         return Ok(Err(format!("never applied: {reason}")));
@@ -80,12 +81,11 @@ fn offer(ws: &Root, upper: &Root, item: &effects::ReviewItem) -> anyhow::Result<
     }))
 }
 
-pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "apply")?;
-    let sensitive = crate::config::sensitive(&store)?;
-    let stage = Stage::open(&store, &job)?;
-    effects::require_confirmed(&stage)?;
+pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "apply")?;
+    let sensitive = crate::config::sensitive(runtime.store())?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
+    stage.require_confirmed()?;
     let items: Vec<_> = stage.review(&paths, &sensitive)?.into_iter().filter(|i| i.remaining()).collect();
     let (ws, upper) = stage.diff_roots()?;
     let color = super::use_color(args.color);
@@ -97,8 +97,25 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             Err(reason) => not_offered.push((item.change.path.display_escaped(), reason)),
         }
     }
+    let mut out = crate::output::stdout();
+    let chosen = ask(&mut out, &offered, color)?;
+    writeln!(out)?;
+    for (path, reason) in &not_offered {
+        writeln!(out, "  not offered  {path}: {reason}")?;
+    }
+    drop(out);
+    let (whole, partial) = split_chosen(&offered, &chosen);
+    if whole.is_empty() && partial.is_empty() {
+        eprintln!("pvisor: no hunk chosen; nothing applied");
+        return Ok(0);
+    }
+    apply_chosen(runtime, &job, &sensitive, &offered, &chosen, whole, partial)
+}
+
+/// Shows each hunk of each offered file and asks about it, one key each
+/// (see [`HELP`]); which hunks were taken, per file.
+fn ask(out: &mut impl Write, offered: &[Offered], color: bool) -> anyhow::Result<Vec<Vec<bool>>> {
     let total: usize = offered.iter().map(|o| o.hunks.len()).sum();
-    let mut out = std::io::stdout().lock();
     let mut answers = Answers::open();
     let mut chosen: Vec<Vec<bool>> = offered.iter().map(|o| vec![false; o.hunks.len()]).collect();
     let mut asked = 0;
@@ -119,7 +136,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
                     writeln!(out, "SENSITIVE: {reason}")?;
                 }
             }
-            file.hunks.write_hunk(&mut out, h, color)?;
+            file.hunks.write_hunk(out, h, color)?;
             loop {
                 write!(
                     out,
@@ -147,14 +164,15 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    writeln!(out)?;
-    for (path, reason) in &not_offered {
-        writeln!(out, "  not offered  {path}: {reason}")?;
-    }
-    // Every hunk of a file taken: the staged file itself, applied whole.
+    Ok(chosen)
+}
+
+/// The files with every hunk taken (the staged file itself, applied
+/// whole), and those with some (their merged contents).
+fn split_chosen(offered: &[Offered], chosen: &[Vec<bool>]) -> (Vec<RelPath>, Vec<HunkChoice>) {
     let mut whole = Vec::new();
     let mut partial = Vec::new();
-    for (file, picks) in offered.iter().zip(&chosen) {
+    for (file, picks) in offered.iter().zip(chosen) {
         match picks.iter().filter(|&&p| p).count() {
             0 => {}
             n if n == picks.len() => whole.push(file.change.path.clone()),
@@ -165,14 +183,23 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             }),
         }
     }
-    drop(out);
-    if whole.is_empty() && partial.is_empty() {
-        eprintln!("pvisor: no hunk chosen; nothing applied");
-        return Ok(0);
-    }
-    let mut out = std::io::stdout().lock();
+    (whole, partial)
+}
+
+/// Applies the chosen hunks and whole files, and says what landed.
+fn apply_chosen(
+    runtime: &Runtime,
+    job: &JobId,
+    sensitive: &Sensitive,
+    offered: &[Offered],
+    chosen: &[Vec<bool>],
+    whole: Vec<RelPath>,
+    partial: Vec<HunkChoice>,
+) -> anyhow::Result<i32> {
+    let mut out = crate::output::stdout();
     let mut incomplete = false;
-    let report = effects::apply_hunks(&store, &job, &partial, &sensitive)?;
+    let report =
+        runtime.execute(ApplyHunks { job: job.clone(), choices: partial, sensitive: sensitive.clone() })?;
     for (change, _) in &report.written {
         let Some(file) = offered.iter().position(|o| o.change.path == change.path) else { continue };
         let picks = &chosen[file];
@@ -191,7 +218,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             options,
             progress: Box::new(|_| {}),
         };
-        let applied = Runtime::on_host(store.clone()).execute(apply)?;
+        let applied = runtime.execute(apply)?;
         for (change, reason) in applied.conflicts.iter().chain(&applied.failed).chain(&applied.refused) {
             incomplete = true;
             writeln!(out, "  REFUSED    {}: {}", change.path.display_escaped(), shown(reason))?;
@@ -204,7 +231,7 @@ pub fn cmd_apply_hunks(args: ApplyArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let stage = Stage::open(&store, &job)?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
     writeln!(
         out,
         "hunks applied to {}; {} change(s) remaining; stage {}",

@@ -2,19 +2,16 @@
 
 use std::io::Write;
 
-use pvisor::actions::Gc;
-use pvisor::runtime::archive::{self, ArchiveError};
-use pvisor::runtime::job_service::views;
-use pvisor::Runtime;
-use pvisor_core::records::AttemptRecord;
+use pvisor::actions::{Export, Gc, Import, ResolveJob, VerifyArchive, VerifyJob};
+use pvisor::{ArchiveError, Runtime, RuntimeError};
 
 use crate::cli::{ExportArgs, GcArgs, ImportArgs, VerifyArgs};
 use crate::output::json_line;
 
-pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    super::recover(&store, &job)?;
+pub fn cmd_export(runtime: &Runtime, args: ExportArgs) -> anyhow::Result<i32> {
+    let store = runtime.store();
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    super::recover(runtime, &job)?;
     // Not the current directory: that is usually the workspace, and an
     // archive there would be the next run's input (and a staged file).
     let out = match args.output {
@@ -25,7 +22,7 @@ pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
             dir.join(format!("{job}.pvisor.tar"))
         }
     };
-    let exported = archive::export(&store, &job, &out)?;
+    let exported = runtime.execute(Export { job: job.clone(), out: out.clone() })?;
     if exported.confirmed {
         println!(
             "{}: {} entries of {job}; check it with `pvisor verify {}`",
@@ -50,15 +47,11 @@ pub fn cmd_export(args: ExportArgs) -> anyhow::Result<i32> {
 const GUEST_ASSERTED: &str = "  note: a vm run's exit status and staged files are what the guest reported: the receipt proves \
      pvisor recorded them, not that the command produced them (root in the guest can forge its agent's replies)";
 
-pub fn cmd_verify(args: VerifyArgs) -> anyhow::Result<i32> {
+pub fn cmd_verify(runtime: &Runtime, args: VerifyArgs) -> anyhow::Result<i32> {
     let path = std::path::Path::new(&args.target);
     let result = if path.is_file() {
-        archive::verify_archive(path).map(|v| {
-            let executor = v
-                .entries
-                .get(b"pvisor-bundle/attempt.json".as_slice())
-                .and_then(|bytes| serde_json::from_slice::<AttemptRecord>(bytes).ok())
-                .map(|attempt| attempt.executor);
+        runtime.execute(VerifyArchive { path: path.to_owned() }).map(|checked| {
+            let v = &checked.verified;
             let line = format!(
                 "{}: ok — {} entries match MANIFEST.json; the receipt binds bundle.json (blake3 {}); {} staged change(s) match the Bundle",
                 path.display(),
@@ -66,31 +59,31 @@ pub fn cmd_verify(args: VerifyArgs) -> anyhow::Result<i32> {
                 v.receipt.bundle.blake3,
                 v.bundle.changes.len()
             );
-            (line, executor)
+            (line, checked.guest_reported)
         })
     } else {
-        let store = super::open_store()?;
-        let job = views::resolve_job(&store, Some(&args.target))?;
-        let executor = views::status(&store, &job)
-            .ok()
-            .and_then(|status| store.read::<AttemptRecord>(&store.attempt_file(&status.attempt)).ok())
-            .map(|attempt| attempt.executor);
-        archive::verify_job(&store, &job).map(|n| {
-            (format!("{job}: ok — valid receipt and Bundle; {n} remaining staged file(s) match it"), executor)
+        let job = runtime.execute(ResolveJob { query: Some(args.target.clone()) })?;
+        runtime.execute(VerifyJob { job: job.clone() }).map(|checked| {
+            let n = checked.remaining;
+            (
+                format!("{job}: ok — valid receipt and Bundle; {n} remaining staged file(s) match it"),
+                checked.guest_reported,
+            )
         })
     };
+    let mut out = crate::output::stdout();
     match result {
-        Ok((line, executor)) => {
-            println!("{line}");
-            if executor.as_deref() == Some("vm") {
-                println!("{GUEST_ASSERTED}");
+        Ok((line, guest_reported)) => {
+            writeln!(out, "{line}")?;
+            if guest_reported {
+                writeln!(out, "{GUEST_ASSERTED}")?;
             }
             Ok(0)
         }
-        Err(ArchiveError::Failed { archive, failures }) => {
-            println!("{archive}: FAILED");
+        Err(RuntimeError::Archive(ArchiveError::Failed { archive, failures })) => {
+            writeln!(out, "{archive}: FAILED")?;
             for f in failures {
-                println!("  {f}");
+                writeln!(out, "  {f}")?;
             }
             Ok(1)
         }
@@ -98,20 +91,18 @@ pub fn cmd_verify(args: VerifyArgs) -> anyhow::Result<i32> {
     }
 }
 
-pub fn cmd_import(args: ImportArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = archive::import(&store, &args.file)?;
+pub fn cmd_import(runtime: &Runtime, args: ImportArgs) -> anyhow::Result<i32> {
+    let job = runtime.execute(Import { file: args.file })?;
     println!("imported {job} (read-only); review it with `pvisor review {job} --diff`");
     Ok(0)
 }
 
-pub fn cmd_gc(args: GcArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let report = super::freeing_space(&store, || {
+pub fn cmd_gc(runtime: &Runtime, args: GcArgs) -> anyhow::Result<i32> {
+    let report = super::freeing_space(runtime.store(), || {
         let gc = Gc { age: args.older_than, dry_run: args.dry_run, force: args.force };
-        Ok(Runtime::on_host(store.clone()).execute(gc)?)
+        Ok(runtime.execute(gc)?)
     })?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         for f in &report.freed {
             json_line(&mut out, "freed", f)?;

@@ -2,21 +2,22 @@
 
 use std::io::Write;
 
-use pvisor::runtime::checkpoint::{self, LIMITS};
-use pvisor::runtime::job_service::views;
+use pvisor::actions::{
+    CheckpointWorkspace, HoldCheckpoint, ListCheckpoints, ListExecutionCheckpoints, ReadCheckpoint,
+    ResolveJob,
+};
+use pvisor::{Runtime, CHECKPOINT_LIMITS as LIMITS};
 use pvisor_core::ids::CheckpointId;
 
 use crate::cli::{CheckpointArgs, CheckpointsArgs, ForkArgs};
 use crate::output::json_line;
 
-pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
+pub fn cmd_checkpoint(runtime: &Runtime, args: CheckpointArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
     if args.kind == "execution" {
-        return super::execution::cmd_checkpoint_execution(&store, &job, args.json);
+        return super::execution::cmd_checkpoint_execution(runtime, &job, args.json);
     }
-    let (manifest, _hold) = pvisor::Runtime::on_host(store.clone())
-        .execute(pvisor::actions::CheckpointWorkspace { job: job.clone() })?;
+    let (manifest, _hold) = runtime.execute(CheckpointWorkspace { job: job.clone() })?;
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
     let me = crate::output::me();
@@ -24,11 +25,10 @@ pub fn cmd_checkpoint(args: CheckpointArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let mut out = std::io::stdout().lock();
+pub fn cmd_checkpoints(runtime: &Runtime, args: CheckpointsArgs) -> anyhow::Result<i32> {
+    let mut out = crate::output::stdout();
     let mut broken = 0;
-    for (id, manifest) in checkpoint::list(&store)? {
+    for (id, manifest) in runtime.execute(ListCheckpoints)? {
         match manifest {
             Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
             Ok(m) => writeln!(
@@ -47,7 +47,7 @@ pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    for (job, dir, manifest) in pvisor::runtime::suspension::list_all(&store)? {
+    for (job, dir, manifest) in runtime.execute(ListExecutionCheckpoints)? {
         match manifest {
             Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
             Ok(m) => writeln!(
@@ -70,34 +70,30 @@ pub fn cmd_checkpoints(args: CheckpointsArgs) -> anyhow::Result<i32> {
     Ok(if broken > 0 { crate::exit::PVISOR_ERROR } else { 0 })
 }
 
-pub fn cmd_fork(args: ForkArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
+pub fn cmd_fork(runtime: &Runtime, args: ForkArgs) -> anyhow::Result<i32> {
     if args.state == "execution" {
-        return super::execution::cmd_fork_execution(store, &args);
+        return super::execution::cmd_fork_execution(runtime, &args);
     }
     anyhow::ensure!(!args.command.is_empty(), "No program given: pvisor fork FROM -- PROGRAM [ARGS...]");
     // The hold lasts until the fork is done: gc leaves its checkpoint alone.
     let (checkpoint, _hold): (CheckpointId, _) = if args.from.starts_with(CheckpointId::PREFIX) {
-        let id = checkpoint::resolve(&store, &args.from)?;
-        let hold = checkpoint::hold(&store, &id)?;
-        (id, hold)
+        runtime.execute(HoldCheckpoint { query: args.from.clone() })?
     } else {
-        let job = views::resolve_job(&store, Some(&args.from))?;
-        let (manifest, hold) = pvisor::Runtime::on_host(store.clone())
-            .execute(pvisor::actions::CheckpointWorkspace { job: job.clone() })?;
+        let job = runtime.execute(ResolveJob { query: Some(args.from.clone()) })?;
+        let (manifest, hold) = runtime.execute(CheckpointWorkspace { job: job.clone() })?;
         if !args.run.quiet {
             eprintln!("pvisor: checkpointed {job} as {} ({})", manifest.id, manifest.copy_method);
         }
         (manifest.id, hold)
     };
     // Admission verifies every file before the new Job exists.
-    let manifest = checkpoint::manifest(&store, &checkpoint)?;
+    let manifest = runtime.execute(ReadCheckpoint { id: checkpoint.clone() })?;
     if !args.run.quiet {
         eprintln!("pvisor: forking {} from {} ({LIMITS})", manifest.job, manifest.id);
     }
-    let executor = super::run::executor_for(&store, args.run.executor)?;
+    let executor = super::run::executor_for(runtime, args.run.executor)?;
     super::run::execute(
-        store,
+        runtime,
         executor,
         manifest.workspace.clone(),
         Some(checkpoint),

@@ -7,10 +7,9 @@ use pvisor_sandbox::doctor::{self, Status};
 use crate::cli::DoctorArgs;
 use crate::output::json_line;
 
-pub fn cmd_doctor(args: DoctorArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let checks = doctor::run_checks(store.root());
-    let mut out = std::io::stdout().lock();
+pub fn cmd_doctor(runtime: &pvisor::Runtime, args: DoctorArgs) -> anyhow::Result<i32> {
+    let checks = doctor::run_checks(runtime.store().root());
+    let mut out = crate::output::stdout();
     for c in &checks {
         if args.json {
             json_line(&mut out, "check", c)?;

@@ -8,14 +8,12 @@ use pvisor::Runtime;
 use crate::cli::DropArgs;
 use crate::output::{path_lines, Detail, PathLine};
 
-pub fn cmd_drop(args: DropArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths_reviewed(&store, args.job, args.paths, "drop")?;
-    let report = super::freeing_space(&store, || {
-        Ok(Runtime::on_host(store.clone())
-            .execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
+pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
+    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "drop")?;
+    let report = super::freeing_space(runtime.store(), || {
+        Ok(runtime.execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
     })?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let lines: Vec<PathLine> = report
         .dropped
         .iter()

@@ -9,12 +9,11 @@ use pvisor::Runtime;
 use crate::cli::EventsArgs;
 use crate::output::json_line;
 
-pub fn cmd_events(args: EventsArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    super::recover(&store, &job)?;
-    let Trace { events, warnings } = Runtime::on_host(store).execute(Events { job })?;
-    let mut out = std::io::stdout().lock();
+pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    super::recover(runtime, &job)?;
+    let Trace { events, warnings } = runtime.execute(Events { job })?;
+    let mut out = crate::output::stdout();
     for event in &events {
         if args.json {
             json_line(&mut out, "event", event)?;

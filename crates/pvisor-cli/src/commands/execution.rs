@@ -5,10 +5,9 @@
 
 use anyhow::{bail, Context};
 
-use pvisor::actions::{CheckpointExecution, PrepareExecutionFork, Resume, Suspend};
+use pvisor::actions::{CheckpointExecution, PrepareExecutionFork, ResolveJob, Resume, Suspend};
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
-use pvisor_core::store::Store;
 use pvisor_sandbox::vm::{self, ExecCheckpoint};
 
 use crate::cli::{ForkArgs, ResumeArgs, SuspendArgs};
@@ -16,7 +15,7 @@ use crate::output::json_line;
 
 fn print_manifest(manifest: &ExecCheckpoint, json: bool, verb: &str) -> anyhow::Result<()> {
     if json {
-        json_line(&mut std::io::stdout().lock(), "checkpoint", manifest)?;
+        json_line(&mut crate::output::stdout(), "checkpoint", manifest)?;
     } else {
         let state = manifest.files.iter().find(|f| f.name == vm::checkpoint::STATE).map_or(0, |f| f.size);
         println!(
@@ -32,8 +31,8 @@ fn print_manifest(manifest: &ExecCheckpoint, json: bool, verb: &str) -> anyhow::
     Ok(())
 }
 
-pub fn cmd_checkpoint_execution(store: &Store, job: &JobId, json: bool) -> anyhow::Result<i32> {
-    let manifest = Runtime::on_host(store.clone()).execute(CheckpointExecution { job: job.clone() })?;
+pub fn cmd_checkpoint_execution(runtime: &Runtime, job: &JobId, json: bool) -> anyhow::Result<i32> {
+    let manifest = runtime.execute(CheckpointExecution { job: job.clone() })?;
     print_manifest(&manifest, json, &format!("execution checkpoint of {job}, which keeps running"))?;
     if !json {
         let me = crate::output::me();
@@ -42,10 +41,9 @@ pub fn cmd_checkpoint_execution(store: &Store, job: &JobId, json: bool) -> anyho
     Ok(0)
 }
 
-pub fn cmd_suspend(args: SuspendArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    let manifest = Runtime::on_host(store).execute(Suspend { job: job.clone() })?;
+pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    let manifest = runtime.execute(Suspend { job: job.clone() })?;
     print_manifest(&manifest, args.json, &format!("{job} suspended; its VM has exited"))?;
     if !args.json {
         let me = crate::output::me();
@@ -54,14 +52,12 @@ pub fn cmd_suspend(args: SuspendArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn cmd_resume(args: ResumeArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    let runtime = Runtime::on_host(store);
+pub fn cmd_resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
     super::run::drive(args.quiet, move || runtime.execute(Resume { job }).context("Cannot resume"))
 }
 
-pub fn cmd_fork_execution(store: Store, args: &ForkArgs) -> anyhow::Result<i32> {
+pub fn cmd_fork_execution(runtime: &Runtime, args: &ForkArgs) -> anyhow::Result<i32> {
     if !args.command.is_empty() {
         bail!(
             "an execution fork continues the parent's command from its checkpoint and takes no COMMAND; \
@@ -69,8 +65,7 @@ pub fn cmd_fork_execution(store: Store, args: &ForkArgs) -> anyhow::Result<i32> 
             args.command.join(" ")
         );
     }
-    let parent = pvisor::runtime::job_service::views::resolve_job(&store, Some(&args.from))?;
-    let runtime = Runtime::on_host(store.clone());
+    let parent = runtime.execute(ResolveJob { query: Some(args.from.clone()) })?;
     let source = runtime
         .execute(PrepareExecutionFork { parent: parent.clone(), checkpoint: args.checkpoint.clone() })?;
     if let (Some(taken), false) = (&source.taken, args.run.quiet) {
@@ -85,7 +80,7 @@ pub fn cmd_fork_execution(store: Store, args: &ForkArgs) -> anyhow::Result<i32> 
     // The hold lives until this function returns: past admission.
     let _hold = source.hold;
     super::run::execute(
-        store,
+        runtime,
         source.executor,
         source.workspace,
         None,

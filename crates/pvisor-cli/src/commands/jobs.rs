@@ -2,24 +2,24 @@
 
 use std::io::Write;
 
-use pvisor::runtime::job_service::views;
+use pvisor::{JobListing, JobStatus, Runtime};
 
 use crate::cli::JobsArgs;
 use crate::output::{ending, json_line, shell_words};
 
-pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let mut out = std::io::stdout().lock();
+pub fn cmd_jobs(runtime: &Runtime, args: JobsArgs) -> anyhow::Result<i32> {
+    let store = runtime.store();
+    let mut out = crate::output::stdout();
     let mut broken = 0;
     if !args.json {
         writeln!(out, "{:<30}  {:<20}  {:>7}  {:<27}  COMMAND", "JOB", "STATE", "CHANGES", "CREATED")?;
     }
     for id in store.list_jobs()? {
-        if let Err(e) = super::recover(&store, &id) {
+        if let Err(e) = super::recover(runtime, &id) {
             eprintln!("pvisor: warning: {id}: {e}");
         }
     }
-    let mut listing = pvisor::Runtime::on_host(store.clone()).execute(pvisor::actions::ListJobs)?;
+    let mut listing = runtime.execute(pvisor::actions::ListJobs)?;
     if args.tree {
         listing = tree_order(listing);
     }
@@ -33,7 +33,7 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
             Ok(s) if args.json => json_line(&mut out, "job", &s)?,
             Ok(s) => {
                 let changes = s.changes.map_or("-".to_owned(), |n| n.to_string());
-                let depth = if args.tree { depth_of(&store, &s) } else { 0 };
+                let depth = if args.tree { depth_of(store, &s) } else { 0 };
                 let name = format!("{}{}", "  ".repeat(depth), s.job);
                 writeln!(
                     out,
@@ -68,13 +68,12 @@ pub fn cmd_jobs(args: JobsArgs) -> anyhow::Result<i32> {
 }
 
 /// Orders Jobs so each fork follows its parent (depth-first, oldest first).
-fn tree_order(listing: Vec<views::JobListing>) -> Vec<views::JobListing> {
+fn tree_order(listing: Vec<JobListing>) -> Vec<JobListing> {
     use std::collections::BTreeMap;
-    let parent_of = |l: &views::JobListing| {
-        l.1.as_ref().ok().and_then(|s| s.lineage.as_ref()).map(|l| l.parent_job.clone())
-    };
+    let parent_of =
+        |l: &JobListing| l.1.as_ref().ok().and_then(|s| s.lineage.as_ref()).map(|l| l.parent_job.clone());
     let ids: std::collections::BTreeSet<_> = listing.iter().map(|l| l.0.clone()).collect();
-    let mut children: BTreeMap<pvisor_core::ids::JobId, Vec<views::JobListing>> = BTreeMap::new();
+    let mut children: BTreeMap<pvisor_core::ids::JobId, Vec<JobListing>> = BTreeMap::new();
     let mut roots = Vec::new();
     for l in listing {
         match parent_of(&l) {
@@ -83,9 +82,9 @@ fn tree_order(listing: Vec<views::JobListing>) -> Vec<views::JobListing> {
         }
     }
     fn walk(
-        node: views::JobListing,
-        children: &mut BTreeMap<pvisor_core::ids::JobId, Vec<views::JobListing>>,
-        out: &mut Vec<views::JobListing>,
+        node: JobListing,
+        children: &mut BTreeMap<pvisor_core::ids::JobId, Vec<JobListing>>,
+        out: &mut Vec<JobListing>,
     ) {
         let id = node.0.clone();
         out.push(node);
@@ -101,7 +100,7 @@ fn tree_order(listing: Vec<views::JobListing>) -> Vec<views::JobListing> {
 }
 
 /// How many forks deep `status` is.
-fn depth_of(store: &pvisor_core::store::Store, status: &views::JobStatus) -> usize {
+fn depth_of(store: &pvisor_core::store::Store, status: &JobStatus) -> usize {
     let mut depth = 0;
     let mut parent = status.lineage.as_ref().map(|l| l.parent_job.clone());
     while let Some(p) = parent.take() {

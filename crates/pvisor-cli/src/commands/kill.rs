@@ -1,16 +1,14 @@
 //! `pvisor kill [JOB] [--grace DURATION]`.
 
 use pvisor::actions::Kill;
-use pvisor::runtime::kill::Killed;
-use pvisor::Runtime;
+use pvisor::{Killed, Runtime};
 
 use crate::cli::KillArgs;
 
-pub fn cmd_kill(args: KillArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    match super::freeing_space(&store, || {
-        Ok(Runtime::on_host(store.clone()).execute(Kill { job: job.clone(), grace: args.grace })?)
+pub fn cmd_kill(runtime: &Runtime, args: KillArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    match super::freeing_space(runtime.store(), || {
+        Ok(runtime.execute(Kill { job: job.clone(), grace: args.grace })?)
     })? {
         Killed::AlreadyEnded(state) => println!("{job} had already ended ({state}); nothing to kill"),
         Killed::Ended { state, stopped_owner } => {

@@ -18,42 +18,63 @@ mod serve;
 mod status;
 mod trust;
 
+#[cfg(test)]
+mod tests;
+
 use anyhow::Context;
+use pvisor::actions::{LatestJobIn, Recover, ResolveJob, Review};
+use pvisor::{Runtime, RuntimeError, ViewError};
+use pvisor_core::ids::JobId;
 use pvisor_core::store::{resolve_state_root, Store};
 
 use crate::cli::{Cli, Command};
 
-pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {
-        Command::Run(args) => run::cmd_run(args),
-        Command::Status(args) => status::cmd_status(args),
-        Command::Review(args) => review::cmd_review(args),
-        Command::Cache(args) => cache::cmd_cache(args),
-        Command::Completions(args) => manuals::cmd_completions(args),
-        Command::Man(args) => manuals::cmd_man(args),
+/// Runs the command `cli` names on the runtime `runtime` builds (the
+/// machine's backends over the state directory, from `main`; a fake one in
+/// tests). The runtime is built once,
+/// here, and only for the commands that use the state directory.
+pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> anyhow::Result<i32> {
+    let command = match cli.command {
+        Command::Completions(args) => return manuals::cmd_completions(args),
+        Command::Man(args) => return manuals::cmd_man(args),
+        command => command,
+    };
+    // The daemon's logs start before anything else can fail.
+    match &command {
+        Command::Serve(args) => pvisor_server::logging::init(args.log_level.as_deref())?,
+        Command::SandboxSupervisor(args) => pvisor_server::logging::init(args.log_level.as_deref())?,
+        _ => {}
+    }
+    let runtime = &runtime()?;
+    match command {
+        Command::Run(args) => run::cmd_run(runtime, args),
+        Command::Status(args) => status::cmd_status(runtime, args),
+        Command::Review(args) => review::cmd_review(runtime, args),
+        Command::Cache(args) => cache::cmd_cache(runtime, args),
+        Command::Completions(_) | Command::Man(_) => unreachable!("answered above"),
         Command::Diff(mut args) => {
             args.diff = true;
-            review::cmd_review(args)
+            review::cmd_review(runtime, args)
         }
-        Command::Apply(args) => apply::cmd_apply(args),
-        Command::Drop(args) => drop::cmd_drop(args),
-        Command::Kill(args) => kill::cmd_kill(args),
-        Command::Doctor(args) => doctor::cmd_doctor(args),
-        Command::Checkpoint(args) => checkpoint::cmd_checkpoint(args),
-        Command::Checkpoints(args) => checkpoint::cmd_checkpoints(args),
-        Command::Fork(args) => checkpoint::cmd_fork(args),
-        Command::Suspend(args) => execution::cmd_suspend(args),
-        Command::Resume(args) => execution::cmd_resume(args),
-        Command::Export(args) => archive::cmd_export(args),
-        Command::Verify(args) => archive::cmd_verify(args),
-        Command::Import(args) => archive::cmd_import(args),
-        Command::Gc(args) => archive::cmd_gc(args),
-        Command::Jobs(args) => jobs::cmd_jobs(args),
-        Command::Events(args) => events::cmd_events(args),
-        Command::Serve(args) => serve::cmd_serve(args),
-        Command::Image(args) => serve::cmd_image(args),
-        Command::Trust(args) => trust::cmd_trust(args),
-        Command::SandboxSupervisor(args) => serve::cmd_sandbox_supervisor(args),
+        Command::Apply(args) => apply::cmd_apply(runtime, args),
+        Command::Drop(args) => drop::cmd_drop(runtime, args),
+        Command::Kill(args) => kill::cmd_kill(runtime, args),
+        Command::Doctor(args) => doctor::cmd_doctor(runtime, args),
+        Command::Checkpoint(args) => checkpoint::cmd_checkpoint(runtime, args),
+        Command::Checkpoints(args) => checkpoint::cmd_checkpoints(runtime, args),
+        Command::Fork(args) => checkpoint::cmd_fork(runtime, args),
+        Command::Suspend(args) => execution::cmd_suspend(runtime, args),
+        Command::Resume(args) => execution::cmd_resume(runtime, args),
+        Command::Export(args) => archive::cmd_export(runtime, args),
+        Command::Verify(args) => archive::cmd_verify(runtime, args),
+        Command::Import(args) => archive::cmd_import(runtime, args),
+        Command::Gc(args) => archive::cmd_gc(runtime, args),
+        Command::Jobs(args) => jobs::cmd_jobs(runtime, args),
+        Command::Events(args) => events::cmd_events(runtime, args),
+        Command::Serve(args) => serve::cmd_serve(runtime, args),
+        Command::Image(args) => serve::cmd_image(runtime, args),
+        Command::Trust(args) => trust::cmd_trust(runtime, args),
+        Command::SandboxSupervisor(args) => serve::cmd_sandbox_supervisor(runtime, args),
     }
 }
 
@@ -124,11 +145,11 @@ pub fn freeing_space<T>(store: &Store, mut command: impl FnMut() -> anyhow::Resu
 /// meant (see [`resolve_job`]). Paths are relative to the current directory
 /// when it is inside the Job's workspace, else to the workspace's root.
 pub fn job_and_paths(
-    store: &Store,
+    runtime: &Runtime,
     first: Option<String>,
     rest: Vec<String>,
-) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
-    job_and_paths_named(store, first, rest).map(|(job, paths, _)| (job, paths))
+) -> anyhow::Result<(JobId, Vec<String>)> {
+    job_and_paths_named(runtime, first, rest).map(|(job, paths, _)| (job, paths))
 }
 
 /// [`job_and_paths`] for `apply` and `drop`, which change the workspace or
@@ -137,18 +158,19 @@ pub fn job_and_paths(
 /// a newer Job has arrived since the review (the user would act on a Job
 /// they never saw).
 pub fn job_and_paths_reviewed(
-    store: &Store,
+    runtime: &Runtime,
     first: Option<String>,
     rest: Vec<String>,
     verb: &str,
-) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>)> {
-    let (job, paths, named) = job_and_paths_named(store, first, rest)?;
+) -> anyhow::Result<(JobId, Vec<String>)> {
+    let (job, paths, named) = job_and_paths_named(runtime, first, rest)?;
+    let store = runtime.store();
     if named {
         return Ok((job, paths));
     }
     let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job))?.workspace;
     let me = crate::output::me();
-    match last_reviewed(store, &workspace) {
+    match last_reviewed(runtime, &workspace) {
         Some((reviewed, _)) if reviewed != job => {
             anyhow::bail!(
                 "you last reviewed {reviewed} in {}, but {job} is newer and unreviewed; name the Job: `{me} {verb} {reviewed} ...` for the one you reviewed, or `{me} review {job}` first",
@@ -156,7 +178,7 @@ pub fn job_and_paths_reviewed(
             )
         }
         // Still without a result, apply itself refuses and says why.
-        Some((_, false)) if pvisor::effects::Stage::open(store, &job).is_ok_and(|s| s.confirmed) => anyhow::bail!(
+        Some((_, false)) if runtime.execute(Review { job: job.clone() }).is_ok_and(|s| s.confirmed) => anyhow::bail!(
             "you reviewed {job} while it was still running: what it staged afterwards is unseen; `{me} review {job}` again, or name the Job: `{me} {verb} {job} ...`"
         ),
         _ => Ok((job, paths)),
@@ -196,30 +218,30 @@ pub fn record_reviewed(
 
 /// The Job last reviewed over `workspace`, if one was and it still exists,
 /// and whether it had ended when reviewed.
-fn last_reviewed(store: &Store, workspace: &std::path::Path) -> Option<(pvisor_core::ids::JobId, bool)> {
+fn last_reviewed(runtime: &Runtime, workspace: &std::path::Path) -> Option<(JobId, bool)> {
+    let store = runtime.store();
     let text = std::fs::read_to_string(reviewed_file(store, workspace)).ok()?;
     let (id, finished) = match text.trim().strip_suffix(UNFINISHED) {
         Some(id) => (id, false),
         None => (text.trim(), true),
     };
-    let job = pvisor::runtime::job_service::views::resolve_job(store, Some(id)).ok()?;
+    let job = runtime.execute(ResolveJob { query: Some(id.to_owned()) }).ok()?;
     store.job_file(&job).exists().then_some((job, finished))
 }
 
 fn job_and_paths_named(
-    store: &Store,
+    runtime: &Runtime,
     first: Option<String>,
     mut rest: Vec<String>,
-) -> anyhow::Result<(pvisor_core::ids::JobId, Vec<String>, bool)> {
-    use pvisor::runtime::job_service::views;
+) -> anyhow::Result<(JobId, Vec<String>, bool)> {
     let mut named = None;
     if let Some(word) = first {
         let looks_like_job =
             word.starts_with("job-") || (!word.contains(['/', '.', '*', '?', '[']) && word.len() >= 4);
         if looks_like_job {
-            match views::resolve_job(store, Some(&word)) {
+            match runtime.execute(ResolveJob { query: Some(word.clone()) }) {
                 Ok(job) => named = Some(job),
-                Err(views::ViewError::NotFound { .. }) if !word.starts_with("job-") => {}
+                Err(RuntimeError::View(ViewError::NotFound { .. })) if !word.starts_with("job-") => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -230,8 +252,9 @@ fn job_and_paths_named(
     let was_named = named.is_some();
     let job = match named {
         Some(job) => job,
-        None => resolve_job(store, None)?,
+        None => resolve_job(runtime, None)?,
     };
+    let store = runtime.store();
     let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(&job))?.workspace;
     let paths = match current_dir() {
         Some(cwd) => workspace_relative(rest, &cwd, &workspace)?,
@@ -247,14 +270,14 @@ fn current_dir() -> Option<std::path::PathBuf> {
 /// Resolves a JOB argument; without one, the most recent Job of the
 /// workspace that contains the current directory (said on stderr when it is
 /// not the most recent Job overall), else the most recent Job (said too).
-pub fn resolve_job(store: &Store, query: Option<&str>) -> anyhow::Result<pvisor_core::ids::JobId> {
-    use pvisor::runtime::job_service::views;
+pub fn resolve_job(runtime: &Runtime, query: Option<&str>) -> anyhow::Result<JobId> {
     if query.is_some() {
-        return Ok(views::resolve_job(store, query)?);
+        return Ok(runtime.execute(ResolveJob { query: query.map(str::to_owned) })?);
     }
-    let latest = views::resolve_job(store, None)?;
+    let latest = runtime.execute(ResolveJob { query: None })?;
     let Some(cwd) = current_dir() else { return Ok(latest) };
-    match views::latest_job_in(store, &cwd)? {
+    let store = runtime.store();
+    match runtime.execute(LatestJobIn { dir: cwd })? {
         Some((job, _)) if job == latest => Ok(job),
         Some((job, workspace)) => {
             eprintln!(
@@ -331,16 +354,15 @@ pub fn use_color(choice: crate::cli::ColorChoice) -> bool {
     }
 }
 
-/// Recovers `job` before it is read (see `pvisor::runtime::recovery`). A state
+/// Recovers `job` before it is read (the `Recover` action). A state
 /// directory we may read but not write (someone else's) still gets an honest,
 /// derived answer from the views, so a failed write is only a warning;
 /// corruption is an error.
-pub fn recover(store: &Store, job: &pvisor_core::ids::JobId) -> anyhow::Result<()> {
-    use pvisor::runtime::job_service::views::ViewError;
+pub fn recover(runtime: &Runtime, job: &JobId) -> anyhow::Result<()> {
     use pvisor_core::store::StoreError;
-    match pvisor::runtime::recovery::recover(store, job) {
+    match runtime.execute(Recover { job: job.clone() }) {
         Ok(_) => Ok(()),
-        Err(ViewError::Store(e @ StoreError::Io { .. })) if !e.is_not_found() => {
+        Err(RuntimeError::View(ViewError::Store(e @ StoreError::Io { .. }))) if !e.is_not_found() => {
             eprintln!("pvisor: warning: could not record the recovery of {job}: {e}");
             Ok(())
         }

@@ -2,21 +2,22 @@
 
 use std::io::Write;
 
-use pvisor::effects::{ReviewItem, Stage};
+use pvisor::actions::Review;
+use pvisor::{ReviewItem, Runtime, Stage};
 use pvisor_core::records::EntryType;
 
 use crate::cli::ReviewArgs;
 use crate::output::{ending, json_line};
 
-pub fn cmd_review(args: ReviewArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let (job, paths) = super::job_and_paths(&store, args.job, args.paths)?;
-    let stage = Stage::open(&store, &job)?;
+pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
+    let store = runtime.store();
+    let (job, paths) = super::job_and_paths(runtime, args.job, args.paths)?;
+    let stage = runtime.execute(Review { job: job.clone() })?;
     crate::config::warn_if_home(&stage.status.workspace);
-    super::record_reviewed(&store, &job, &stage.status.workspace, stage.confirmed);
-    let items = stage.review(&paths, &crate::config::sensitive(&store)?)?;
+    super::record_reviewed(store, &job, &stage.status.workspace, stage.confirmed);
+    let items = stage.review(&paths, &crate::config::sensitive(store)?)?;
     // Buffered: a diff of 300,000 lines is 300,000 writes through a line buffer.
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut out = std::io::BufWriter::new(crate::output::stdout());
     if args.json {
         for item in &items {
             json_line(&mut out, "change", &change_json(item))?;

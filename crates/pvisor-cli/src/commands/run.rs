@@ -12,8 +12,10 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
 use pvisor::actions::Run;
-use pvisor::admission::ExecutionFork;
-use pvisor::{ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SuspendedOutcome};
+use pvisor::{
+    BackendTraits, ExecutionFork, ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SecretPolicy,
+    SuspendedOutcome,
+};
 use pvisor_core::state::ResultState;
 use pvisor_sandbox::Executor;
 
@@ -23,14 +25,13 @@ use crate::exit;
 use crate::output::ending;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
-pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
+pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     let workspace = match args.workspace.clone() {
         Some(w) => w,
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
-    let executor = executor_for(&store, args.options.executor)?;
-    execute(store, executor, workspace, None, None, &args.options, &args.command)
+    let executor = executor_for(runtime, args.options.executor)?;
+    execute(runtime, executor, workspace, None, None, &args.options, &args.command)
 }
 
 /// Builds the executor `--executor` names; `vm` installs the guest image
@@ -38,21 +39,18 @@ pub fn cmd_run(args: RunArgs) -> anyhow::Result<i32> {
 /// A `vm` backend that cannot be prepared (no guest image) still admits the
 /// Job, which then fails setup with that reason: every setup failure is a
 /// recorded Job.
-pub fn executor_for(
-    store: &pvisor_core::store::Store,
-    which: ExecutorArg,
-) -> anyhow::Result<Arc<dyn Executor>> {
+pub fn executor_for(runtime: &Runtime, which: ExecutorArg) -> anyhow::Result<Arc<dyn Executor>> {
     let name = match which {
         ExecutorArg::Ns => "ns",
         ExecutorArg::Vm => "vm",
     };
-    Ok(Runtime::on_host(store.clone()).executor(name)?)
+    Ok(runtime.executor(name)?)
 }
 
 /// Runs `command` as a new Job over `workspace` (or as a fork of `fork`, or
 /// of a VM's execution checkpoint).
 pub fn execute(
-    store: pvisor_core::store::Store,
+    runtime: &Runtime,
     executor: Arc<dyn Executor>,
     workspace: std::path::PathBuf,
     fork: Option<pvisor_core::ids::CheckpointId>,
@@ -61,6 +59,8 @@ pub fn execute(
     command: &[String],
 ) -> anyhow::Result<i32> {
     let (program, rest) = command.split_first().context("No program given")?;
+    let store = runtime.store();
+    let traits = runtime.traits(executor.name());
     let mut env = Vec::new();
     for (key, value) in std::env::vars_os() {
         match (key.into_string(), value.into_string()) {
@@ -73,16 +73,17 @@ pub fn execute(
     }
     config::warn_if_home(&workspace);
     let ws_config = workspace_config(&workspace)?;
-    let network = network_scopes(&store, options, ws_config.as_ref())?;
+    let network = network_scopes(store, options, ws_config.as_ref())?;
     announce_policy(&network)?;
-    let limits = limits_for(executor.name(), options, ws_config.as_ref().map(|c| &c.2))?;
-    if executor.name() == "ns" {
+    let limits = limits_for(traits, options, ws_config.as_ref().map(|c| &c.2))?;
+    if traits.shares_host_kernel {
         if !limits.is_empty() {
             pvisor_sandbox::limits::warm_up();
         }
         announce_unenforceable(&limits, options.quiet);
     }
-    if executor.name() != "ns" && !(options.cache.is_empty() && options.expose_socket.is_empty()) {
+    let host_mounts = !(options.cache.is_empty() && options.expose_socket.is_empty());
+    if host_mounts && !traits.shares_host_kernel {
         anyhow::bail!(
             "--cache and --expose-socket apply to the ns executor; a vm guest sees none of the host's directories or sockets"
         );
@@ -96,12 +97,12 @@ pub fn execute(
     }
     let request = RunRequest {
         caches,
-        secrets: pvisor::admission::SecretPolicy {
+        secrets: SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
             hide: options.hide.clone(),
             expose: options.expose.clone(),
             pass_env: options.env.clone(),
-            other_state_dirs: super::other_state_dirs(&store),
+            other_state_dirs: super::other_state_dirs(store),
             expose_sockets: options.expose_socket.clone(),
         },
         fork,
@@ -119,7 +120,6 @@ pub fn execute(
         network_namespace: None,
         shared_directories: Vec::new(),
     };
-    let runtime = Runtime::on_host(store);
     drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
 }
 
@@ -274,19 +274,19 @@ fn workspace_config(workspace: &std::path::Path) -> anyhow::Result<Option<Worksp
 pub const DEFAULT_PIDS: u64 = 4096;
 
 /// The run's resource limits: the flags, else the user config's `[limits]`,
-/// else (for the `ns` executor, whose sandbox shares the host's kernel)
-/// pvisor's defaults: 4096 processes and half the host's RAM. A vm's memory
-/// is its guest's size, so it gets no default here. A workspace's
+/// else (for a backend whose sandbox shares the host's kernel, as `ns`'s
+/// does) pvisor's defaults: 4096 processes and half the host's RAM. A vm's
+/// memory is its guest's size, so it gets no default here. A workspace's
 /// `[limits]` may only make each limit smaller (it is untrusted input).
 fn limits_for(
-    executor: &str,
+    traits: BackendTraits,
     options: &RunOptions,
     workspace: Option<&config::ConfigFile>,
 ) -> anyhow::Result<pvisor_core::records::ResourceLimits> {
     let (_, user) = config::user_config()?;
     let configured = user.limits.unwrap_or_default();
     let memory = options.memory.or(configured.memory);
-    let ns = executor == "ns";
+    let ns = traits.shares_host_kernel;
     let default_memory = (ns && memory.is_none()).then(half_the_ram).flatten();
     let pids = options.pids.or(configured.pids);
     let default_pids = (ns && pids.is_none()).then_some(DEFAULT_PIDS);

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 
+use pvisor::Runtime;
 use pvisor_sandbox::vm::VmExecutor;
 use pvisor_server::images::ImageStore;
 use pvisor_server::supervisor::{Supervisor, SupervisorOptions};
@@ -10,9 +11,9 @@ use pvisor_server::supervisor::{Supervisor, SupervisorOptions};
 use crate::cli::{ImageArgs, ImageCommand, SandboxSupervisorArgs, ServeArgs};
 use crate::output::json_line;
 
-pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
-    pvisor_server::logging::init(args.log_level.as_deref())?;
-    let store = super::open_store()?;
+/// Its logs were started by `dispatch`, before the runtime was built.
+pub fn cmd_serve(runtime: &Runtime, args: ServeArgs) -> anyhow::Result<i32> {
+    let store = runtime.store();
     let api_key = match &args.api_key_file {
         None => None,
         Some(path) => {
@@ -31,7 +32,7 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("Cannot find the pvisor binary")?;
     // The vm image must be installed before the first sandbox (fails early if missing).
     VmExecutor::prepare(store.root())?;
-    warm_default_template(store.clone());
+    warm_default_template(runtime.clone());
     let built_in_images = pvisor_server::images::built_in_found();
     pvisor_server::serve(pvisor_server::ServeOptions {
         listen: args.listen,
@@ -52,23 +53,22 @@ pub fn cmd_serve(args: ServeArgs) -> anyhow::Result<i32> {
 /// the lifecycle API defaults) in the background, so the first create
 /// restores rather than boots. A sandbox created meanwhile boots, and its
 /// Placement says why.
-fn warm_default_template(store: pvisor_core::store::Store) {
+fn warm_default_template(runtime: Runtime) {
     let _ = std::thread::Builder::new().name("pvisor-warm-template".into()).spawn(move || {
         let limits = pvisor_core::records::ResourceLimits {
             memory_bytes: Some(512 << 20),
             cpus: Some(1.0),
             ..Default::default()
         };
-        match pvisor::Runtime::on_host(store).execute(pvisor::actions::WarmTemplate { limits }) {
+        match runtime.execute(pvisor::actions::WarmTemplate { limits }) {
             Ok(t) => tracing::info!(template = %t.id, built = t.built, build_ms = ?t.build_ms, "default vm template ready"),
             Err(e) => tracing::warn!(error = %e, "cannot warm the default vm template; sandboxes boot instead"),
         }
     });
 }
 
-pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let images = ImageStore::new(&store);
+pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
+    let images = ImageStore::new(runtime.store());
     match args.command {
         ImageCommand::Import { name, source } => {
             eprintln!("pvisor: importing {} as {name} ...", source.display());
@@ -84,7 +84,7 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
         }
         ImageCommand::Ls { json } => {
             let list = images.list()?;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             for record in &list {
                 if json {
                     json_line(&mut out, "image", record)?;
@@ -117,7 +117,6 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
                 ..Default::default()
             };
             eprintln!("pvisor: building the vm template for {memory_mib} MiB, {cpus} vCPU (one boot) ...");
-            let runtime = pvisor::Runtime::on_host(store);
             let warmed = runtime.execute(pvisor::actions::WarmTemplate { limits })?;
             match warmed.build_ms {
                 Some(ms) => {
@@ -127,9 +126,8 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
             }
         }
         ImageCommand::Templates { json } => {
-            let runtime = pvisor::Runtime::on_host(store);
             let list = runtime.execute(pvisor::actions::ListTemplates)?;
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::output::stdout();
             for t in &list {
                 if json {
                     json_line(&mut out, "template", t)?;
@@ -152,7 +150,6 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
             }
         }
         ImageCommand::RmTemplate { id } => {
-            let runtime = pvisor::Runtime::on_host(store);
             let bytes = runtime.execute(pvisor::actions::RemoveTemplate { id: id.clone() })?;
             println!("removed {id} ({:.1} MB)", bytes as f64 / 1e6);
         }
@@ -160,9 +157,9 @@ pub fn cmd_image(args: ImageArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-pub fn cmd_sandbox_supervisor(args: SandboxSupervisorArgs) -> anyhow::Result<i32> {
-    pvisor_server::logging::init(args.log_level.as_deref())?;
-    let store = super::open_store()?;
+/// Its logs were started by `dispatch`, before the runtime was built.
+pub fn cmd_sandbox_supervisor(runtime: &Runtime, args: SandboxSupervisorArgs) -> anyhow::Result<i32> {
+    let store = runtime.store().clone();
     let options = SupervisorOptions {
         bind: args.bind,
         workspace: args.workspace,

@@ -2,27 +2,25 @@
 
 use std::io::Write;
 
-use pvisor::actions::Status;
-use pvisor::runtime::job_service::views::{JobStatus, ReceiptStatus};
-use pvisor::Runtime;
+use pvisor::actions::{Review, Status};
+use pvisor::{JobStatus, ReceiptStatus, Runtime};
 
 use crate::cli::StatusArgs;
 use crate::output::{ending, json_line, shell_words};
 
-pub fn cmd_status(args: StatusArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
-    let job = super::resolve_job(&store, args.job.as_deref())?;
-    super::recover(&store, &job)?;
-    let status = Runtime::on_host(store.clone()).execute(Status { job: job.clone() })?;
-    let mut out = std::io::stdout().lock();
+pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
+    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    super::recover(runtime, &job)?;
+    let status = runtime.execute(Status { job: job.clone() })?;
+    let mut out = crate::output::stdout();
     if args.json {
         json_line(&mut out, "status", &status)?;
     } else {
         print_status(&mut out, &status)?;
     }
     if args.review {
-        let stage = pvisor::effects::Stage::open(&store, &job)?;
-        let items = stage.review(&[], &crate::config::sensitive(&store)?)?;
+        let stage = runtime.execute(Review { job: job.clone() })?;
+        let items = stage.review(&[], &crate::config::sensitive(runtime.store())?)?;
         if args.json {
             for item in &items {
                 json_line(&mut out, "change", &super::review::change_json(item))?;

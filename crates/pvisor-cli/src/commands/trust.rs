@@ -12,10 +12,10 @@ use crate::cli::TrustArgs;
 use crate::config;
 use crate::output::json_line;
 
-pub fn cmd_trust(args: TrustArgs) -> anyhow::Result<i32> {
-    let store = super::open_store()?;
+pub fn cmd_trust(runtime: &pvisor::Runtime, args: TrustArgs) -> anyhow::Result<i32> {
+    let store = runtime.store();
     if args.list {
-        return list(&store, args.json);
+        return list(store, args.json);
     }
     let file = match args.file {
         Some(f) => f,
@@ -32,7 +32,7 @@ pub fn cmd_trust(args: TrustArgs) -> anyhow::Result<i32> {
         .join(name);
     let shown = escape(&path.to_string_lossy(), Tabs::Escape).into_owned();
     if args.revoke {
-        if trust::revoke(&store, &path)? {
+        if trust::revoke(store, &path)? {
             println!("{shown} is no longer trusted: it may only narrow the policy");
         } else {
             println!("{shown} was not trusted; nothing to revoke");
@@ -44,7 +44,7 @@ pub fn cmd_trust(args: TrustArgs) -> anyhow::Result<i32> {
     };
     // Never trust a file pvisor would refuse to use.
     let parsed = config::parse(&bytes, &path)?;
-    let entry = trust::trust(&store, &path, &bytes)?;
+    let entry = trust::trust(store, &path, &bytes)?;
     println!("trusted {shown} (blake3 {}…)", &entry.blake3[..16]);
     if let Some(network) = parsed.network {
         let mode = network.mode.map_or("unset".to_owned(), |m| m.as_str().to_owned());
@@ -58,7 +58,7 @@ pub fn cmd_trust(args: TrustArgs) -> anyhow::Result<i32> {
 }
 
 fn list(store: &pvisor_core::store::Store, json: bool) -> anyhow::Result<i32> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     let files = trust::list(store)?;
     if files.is_empty() && !json {
         writeln!(out, "no trusted configuration files (`pvisor trust FILE` trusts one)")?;

@@ -460,7 +460,7 @@ fn every_default_secret_store_and_secret_variable_stays_out(who: As) {
     let env = Env::new(who);
     let home_dir = tempfile::Builder::new().prefix("pvisor-e2e-home-").tempdir_in("/var/tmp").unwrap();
     let home = home_dir.path();
-    let stores = pvisor::admission::DEFAULT_HIDDEN;
+    let stores = pvisor::DEFAULT_HIDDEN;
     let mut probe = String::new();
     for (i, rel) in stores.iter().enumerate() {
         let path = home.join(rel);

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::runtime::job_service::views;
+use crate::door as views;
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -131,7 +131,7 @@ impl Daemon {
                     self.finish(id, SandboxState::Paused, "resume_failed", &message);
                 } else {
                     if let Some(job) = &record.job {
-                        let _ = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(10));
+                        let _ = crate::door::kill(&self.store, job, Duration::from_secs(10));
                     }
                     self.finish(id, SandboxState::Failed, "runtime_error", &message);
                 }

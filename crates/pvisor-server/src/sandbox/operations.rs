@@ -7,7 +7,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use pvisor::runtime::job_service::views;
+use crate::door as views;
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -191,7 +191,7 @@ impl Daemon {
     /// Closes the Job of a sandbox that can never run again (its supervisor
     /// died) and frees its storage. Idempotent.
     pub(super) fn close_and_release(&self, job: &JobId) {
-        if let Err(e) = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(5)) {
+        if let Err(e) = crate::door::kill(&self.store, job, Duration::from_secs(5)) {
             tracing::warn!("cannot close {job}: {e}");
         }
         self.release_storage(job);
@@ -205,7 +205,7 @@ impl Daemon {
             self.reserve.release();
         }
         let result = match &record.job {
-            Some(job) => pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(15))
+            Some(job) => crate::door::kill(&self.store, job, Duration::from_secs(15))
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             None => Ok(()),

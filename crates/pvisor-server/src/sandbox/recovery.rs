@@ -6,7 +6,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::runtime::job_service::views;
+use crate::door as views;
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -148,7 +148,7 @@ impl Daemon {
                         }
                         // A sandbox paused or deleted meanwhile is not this probe's to end.
                         if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
-                            let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                            let _ = crate::door::kill(&daemon.store, &job, Duration::from_secs(10));
                             daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
                         }
                     });
@@ -156,7 +156,7 @@ impl Daemon {
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
                     if matches!(other, JobState::Unknown) {
-                        let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
+                        let _ = crate::door::kill(&self.store, &job, Duration::from_secs(10));
                     }
                     self.finish(&id, SandboxState::Failed, "runtime_exited", &message);
                 }

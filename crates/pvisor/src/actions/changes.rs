@@ -5,7 +5,9 @@ use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 
 use super::{Action, Runtime, RuntimeError};
-use crate::effects::{self, ApplyOptions, ApplyReport, DropReport, Selection};
+use crate::effects::{
+    self, ApplyOptions, ApplyReport, DropReport, HunkChoice, HunksReport, Selection, Sensitive, Stage,
+};
 
 /// Applies the selected changes; `progress` sees each change as it lands.
 pub struct Apply<'a> {
@@ -47,5 +49,39 @@ impl Action for DropChanges {
 
     fn perform(self, runtime: &Runtime) -> Result<DropReport, RuntimeError> {
         Ok(effects::drop_changes(&runtime.store, &self.job, &self.patterns)?)
+    }
+}
+
+/// A Job's stage as it stands: its changes, what was applied or dropped,
+/// and whether a receipt confirms it. [`Stage::review`] lists its items.
+#[derive(Debug)]
+pub struct Review {
+    pub job: JobId,
+}
+
+impl Action for Review {
+    const NAME: &'static str = "review";
+    type Outcome = Stage;
+
+    fn perform(self, runtime: &Runtime) -> Result<Stage, RuntimeError> {
+        Ok(Stage::open(&runtime.store, &self.job)?)
+    }
+}
+
+/// Applies the chosen hunks of files (`apply -p`); a file with none chosen
+/// is left alone.
+#[derive(Debug)]
+pub struct ApplyHunks {
+    pub job: JobId,
+    pub choices: Vec<HunkChoice>,
+    pub sensitive: Sensitive,
+}
+
+impl Action for ApplyHunks {
+    const NAME: &'static str = "apply-hunks";
+    type Outcome = HunksReport;
+
+    fn perform(self, runtime: &Runtime) -> Result<HunksReport, RuntimeError> {
+        Ok(effects::apply_hunks(&runtime.store, &self.job, &self.choices, &self.sensitive)?)
     }
 }

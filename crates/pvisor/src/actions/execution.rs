@@ -21,9 +21,9 @@ use pvisor_sandbox::Executor;
 
 use super::{Action, LiveJob, Runtime, RuntimeError};
 use crate::admission::ExecutionFork;
+use crate::records::suspension;
+use crate::records::views;
 use crate::runtime::checkpoint::{self, CheckpointHold};
-use crate::runtime::job_service::views;
-use crate::runtime::suspension;
 
 /// How long a machine checkpoint may take (a large guest under TCG is slow).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(600);

@@ -10,10 +10,10 @@ use pvisor_core::records::JobRecord;
 use pvisor_sandbox::Executor;
 
 use super::{Action, Runtime, RuntimeError};
+use crate::records::suspension;
+use crate::records::views::{self, JobListing, JobStatus};
 use crate::runtime::gc::{self, GcReport};
-use crate::runtime::job_service::views::{self, JobListing, JobStatus};
 use crate::runtime::kill::{self, Killed};
-use crate::runtime::suspension;
 use crate::{JobService, ManagedJobRun, RunRequest};
 
 /// Admits `request` and starts it on `executor` (from [`Runtime::executor`],
@@ -30,7 +30,8 @@ impl Action for Run {
     type Outcome = ManagedJobRun;
 
     fn perform(self, runtime: &Runtime) -> Result<ManagedJobRun, RuntimeError> {
-        Ok(JobService::new(runtime.store.clone(), self.executor).submit(self.request)?)
+        let traits = runtime.backends.traits(self.executor.name());
+        Ok(JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?)
     }
 }
 
@@ -158,7 +159,7 @@ impl Action for Gc {
         let mut report = gc::gc(&runtime.store, self.age, self.dry_run, self.force)?;
         // Templates nothing can restore any more: stale, corrupt, half-built.
         let kept = runtime.store.root().join(pvisor_sandbox::vm::template::DIR).is_dir();
-        if let Some(templates) = kept.then(|| runtime.backends.templates("vm")).flatten() {
+        if let Some(templates) = kept.then(|| super::templates::kept(runtime)).flatten() {
             report.freed.extend(templates.sweep(self.dry_run).into_iter().map(|s| gc::Freed {
                 what: s.what,
                 path: s.path,

@@ -16,10 +16,15 @@
 //! | [`CheckpointWorkspace`] | the checkpoint manifest and its hold |
 //! | [`CheckpointExecution`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint) |
 //! | [`Suspend`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint), once the Job is `suspended` |
-//! | [`Kill`] | [`Killed`](crate::runtime::kill::Killed) |
+//! | [`Kill`] | [`Killed`](crate::Killed) |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
-//! | [`Gc`] | [`GcReport`](crate::runtime::gc::GcReport) |
+//! | [`Gc`] | [`GcReport`](crate::GcReport) |
+//! | [`Review`] | the [`Stage`](crate::Stage) view; [`ApplyHunks`] applies chosen hunks |
+//! | [`ResolveJob`], [`LatestJobIn`], [`Recover`] | finding a Job, reconciling it before it is read |
+//! | [`Export`], [`Import`], [`VerifyArchive`], [`VerifyJob`] | Run Bundle archives |
+//! | [`ListCheckpoints`], [`ListExecutionCheckpoints`], [`HoldCheckpoint`], [`ReadCheckpoint`] | checkpoints |
+//! | [`ListCaches`], [`PruneCache`] | the stores of `--cache` directories |
 //! | [`ReleaseStorage`] | [`Released`]: one ended Job's stage, VM disks and execution checkpoints removed |
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
 //! | [`WarmTemplate`], [`ListTemplates`], [`RemoveTemplate`] | the vm backend's start templates |
@@ -32,6 +37,7 @@ mod changes;
 mod execution;
 pub mod guest;
 mod jobs;
+mod records;
 mod storage;
 mod templates;
 
@@ -44,15 +50,20 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{OwnerLock, Store, StoreError};
 use pvisor_sandbox::Executor;
 
-use crate::backends::{Backends, HostBackends};
-use crate::runtime::job_service::views::{self, ViewError};
+use crate::backends::{BackendTraits, Backends, HostBackends};
+use crate::records::views::{self, ViewError};
 
-pub use changes::{Apply, DropChanges};
+pub use changes::{Apply, ApplyHunks, DropChanges, Review};
 pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
 pub use guest::{Guest, OpenGuest};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
+pub use records::{
+    ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
+    ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, Recover, ResolveJob,
+    VerifyArchive, VerifyJob,
+};
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
 
@@ -96,6 +107,11 @@ impl Runtime {
     /// The executor that starts new Jobs on backend `name` (`ns`, `vm`).
     pub fn executor(&self, name: &str) -> Result<Arc<dyn Executor>, RuntimeError> {
         self.backends.executor(name).ok_or_else(|| RuntimeError::UnknownBackend { name: name.to_owned() })
+    }
+
+    /// What sandboxes of backend `name` are like (see [`BackendTraits`]).
+    pub fn traits(&self, name: &str) -> BackendTraits {
+        self.backends.traits(name)
     }
 
     /// A Job's records and the Attempt it targets, running or not.
@@ -158,6 +174,11 @@ pub enum RuntimeError {
     /// A start template could not be built, found or removed.
     #[error("{0}")]
     Template(String),
+    /// A cache store could not be listed or removed.
+    #[error("{0}")]
+    Cache(String),
+    #[error(transparent)]
+    Archive(#[from] crate::runtime::archive::ArchiveError),
     #[error(transparent)]
     Admission(#[from] crate::AdmissionError),
     #[error(transparent)]
@@ -167,7 +188,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Checkpoint(#[from] crate::runtime::checkpoint::CheckpointError),
     #[error(transparent)]
-    Suspension(#[from] crate::runtime::suspension::SuspensionError),
+    Suspension(#[from] crate::records::suspension::SuspensionError),
     #[error(transparent)]
     Sandbox(#[from] pvisor_sandbox::SandboxError),
     #[error(transparent)]

@@ -10,8 +10,8 @@ use pvisor_core::records::JobRecord;
 use pvisor_core::state::JobState;
 
 use super::{Action, Runtime, RuntimeError};
+use crate::records::views;
 use crate::runtime::gc;
-use crate::runtime::job_service::views;
 
 /// Drops the stage of an ended Job and removes its leftover VM disks and
 /// execution checkpoints. A Job that is still live keeps everything.

@@ -8,11 +8,15 @@ use pvisor_sandbox::vm::template::TemplateListing;
 
 use super::{Action, Runtime, RuntimeError};
 
-/// The backend whose templates these actions manage.
-const BACKEND: &str = "vm";
+/// The templates of the backend that keeps them (see
+/// [`BackendTraits::keeps_templates`](crate::backends::BackendTraits)).
+pub(super) fn kept(runtime: &Runtime) -> Option<std::sync::Arc<dyn Templates>> {
+    crate::backends::template_backend(runtime.backends.as_ref())
+        .and_then(|name| runtime.backends.templates(name))
+}
 
 fn templates(runtime: &Runtime) -> Result<std::sync::Arc<dyn Templates>, RuntimeError> {
-    runtime.backends.templates(BACKEND).ok_or_else(|| {
+    kept(runtime).ok_or_else(|| {
         RuntimeError::Template(
             "the vm backend is not available here (no guest image or QEMU; `pvisor doctor` says why)".into(),
         )
@@ -43,7 +47,7 @@ impl Action for ListTemplates {
     type Outcome = Vec<TemplateListing>;
 
     fn perform(self, runtime: &Runtime) -> Result<Vec<TemplateListing>, RuntimeError> {
-        Ok(runtime.backends.templates(BACKEND).map(|t| t.list()).unwrap_or_default())
+        Ok(kept(runtime).map(|t| t.list()).unwrap_or_default())
     }
 }
 

@@ -17,7 +17,7 @@ use pvisor_sandbox::Termination;
 
 use super::*;
 use crate::effects::{ApplyOptions, Selection};
-use crate::runtime::job_service::views::ReceiptStatus;
+use crate::records::views::ReceiptStatus;
 use crate::runtime::kill::Killed;
 use crate::testing::{FakeBackends, FakeCheckpointer, FakeExecutor, Script};
 use crate::{RunEnd, RunOutcome, RunRequest};
@@ -111,7 +111,7 @@ impl Fixture {
         run.wait().await.unwrap()
     }
 
-    fn status(&self, job: &JobId) -> crate::runtime::job_service::views::JobStatus {
+    fn status(&self, job: &JobId) -> crate::records::views::JobStatus {
         self.runtime.execute(Status { job: job.clone() }).unwrap()
     }
 

@@ -40,7 +40,7 @@ mod workspace;
 pub use fork::ExecutionFork;
 pub use policy::{proxy_env, PROXY_PORT};
 pub use resume::admit_resume;
-pub use secrets::{is_secret_name, DEFAULT_HIDDEN};
+pub use secrets::DEFAULT_HIDDEN;
 
 /// What a frontend asks pvisor to run.
 #[derive(Clone, Debug)]
@@ -154,7 +154,7 @@ pub enum AdmissionError {
     Suspension {
         job: JobId,
         #[source]
-        source: crate::runtime::suspension::SuspensionError,
+        source: crate::records::suspension::SuspensionError,
     },
 }
 
@@ -188,14 +188,30 @@ impl Admitted {
     }
 }
 
+/// The backend a Job is admitted to: its name (for records and messages)
+/// and what its sandboxes are like (for every decision).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Backend<'a> {
+    pub name: &'a str,
+    pub traits: crate::backends::BackendTraits,
+}
+
+impl std::fmt::Display for Backend<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
 /// Admits `request`: validates it, fixes the policy and Placement, and records
-/// the Run, Job and Attempt.
+/// the Run, Job and Attempt. `traits` are the traits of `executor_impl`'s
+/// backend.
 pub fn admit(
     store: &Store,
     executor_impl: &dyn pvisor_sandbox::Executor,
+    traits: crate::backends::BackendTraits,
     request: RunRequest,
 ) -> Result<Admitted, AdmissionError> {
-    let executor = executor_impl.name();
+    let executor = Backend { name: executor_impl.name(), traits };
     if request.program.is_empty() {
         return Err(AdmissionError::EmptyProgram);
     }
@@ -249,7 +265,7 @@ pub fn admit(
         workspace: workspace.clone(),
         operation,
         lineage: fork::lineage(&fork, request.fork_execution.as_ref()),
-        executor: executor.to_owned(),
+        executor: executor.name.to_owned(),
         labels: request.labels,
     };
     let records::Created { job, run, attempt, lock } =

@@ -102,7 +102,7 @@ pub(super) struct Command {
 /// its state lives and, for an execution fork, what it restores.
 pub(super) fn spec(
     store: &Store,
-    executor: &str,
+    executor: super::Backend<'_>,
     ids: Ids<'_>,
     command: Command,
     policy: &EffectivePolicy,
@@ -127,7 +127,7 @@ pub(super) fn spec(
         network: attachment_for(policy.network.mode),
         seccomp: command.seccomp,
         limits: command.limits,
-        vm: (executor == "vm").then(|| pvisor_sandbox::vm::VmSpec {
+        vm: executor.traits.guest_machine.then(|| pvisor_sandbox::vm::VmSpec {
             dir: store.attempt_dir(ids.attempt).join("vm"),
             checkpoints: store.exec_checkpoints_dir(ids.run),
             restore: fork_execution.map(|f| f.dir.clone()),

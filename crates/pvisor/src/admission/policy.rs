@@ -58,7 +58,7 @@ pub(super) fn hidden_now(state: &Path, hidden: &[(PathBuf, &'static str)]) -> Ve
 /// itself with mount namespaces and `pivot_root`, which takes root.
 pub(super) fn shared_directories(
     requested: &[SharedDirectory],
-    executor: &str,
+    executor: super::Backend<'_>,
     workspace: &Path,
     hidden: &[PathBuf],
 ) -> Result<Vec<SharedDirectory>, AdmissionError> {
@@ -66,7 +66,7 @@ pub(super) fn shared_directories(
     for share in requested {
         let problem =
             |problem: String| AdmissionError::SharedDirectory { path: share.source.clone(), problem };
-        if executor != "vm" {
+        if !executor.traits.guest_machine {
             return Err(problem(format!(
                 "only a vm Job shares host directories (this Job's executor is {executor})"
             )));
@@ -311,9 +311,9 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
 
 /// A namespace to join must be a network namespace other than the host's
 /// (`pvisor_sandbox::vm::nic::open_network_namespace`), and the executor vm.
-pub(super) fn check_namespace(path: &Path, executor: &str) -> Result<(), AdmissionError> {
+pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Result<(), AdmissionError> {
     let problem = |problem: String| AdmissionError::NetworkNamespace { path: path.to_owned(), problem };
-    if executor != "vm" {
+    if !executor.traits.guest_machine {
         return Err(problem(format!(
             "only a vm Job joins one (this Job's executor is {executor}); use --executor vm"
         )));
@@ -400,8 +400,13 @@ fn exposable_sockets(
 #[cfg(test)]
 mod tests {
     use super::{check_namespace, shared_directories};
+    use crate::admission::Backend;
     use pvisor_core::records::SharedDirectory;
     use std::path::Path;
+
+    fn on(name: &str) -> Backend<'_> {
+        Backend { name, traits: crate::backends::host_traits(name) }
+    }
 
     /// A shared directory is a host directory outside the workspace, the
     /// state directory and the secrets, shared by a vm Job run as root, at a
@@ -422,7 +427,7 @@ mod tests {
             target: target.into(),
         };
         let check = |shares: &[SharedDirectory], executor| {
-            shared_directories(shares, executor, &workspace, &hidden).map_err(|e| e.to_string())
+            shared_directories(shares, on(executor), &workspace, &hidden).map_err(|e| e.to_string())
         };
         let e = check(&[share(&volume, "/data")], "ns").unwrap_err();
         assert!(e.contains("only a vm Job"), "{e}");
@@ -455,13 +460,13 @@ mod tests {
 
     #[test]
     fn only_a_vm_job_joins_only_a_namespace_file_not_the_hosts() {
-        let e = check_namespace(Path::new("/proc/self/ns/net"), "vm").unwrap_err().to_string();
+        let e = check_namespace(Path::new("/proc/self/ns/net"), on("vm")).unwrap_err().to_string();
         assert!(e.contains("the host's network namespace"), "{e}");
-        let e = check_namespace(Path::new("/proc/self/ns/net"), "ns").unwrap_err().to_string();
+        let e = check_namespace(Path::new("/proc/self/ns/net"), on("ns")).unwrap_err().to_string();
         assert!(e.contains("only a vm Job") && e.contains("/proc/self/ns/net"), "{e}");
-        let e = check_namespace(Path::new("/tmp"), "vm").unwrap_err().to_string();
+        let e = check_namespace(Path::new("/tmp"), on("vm")).unwrap_err().to_string();
         assert!(e.contains("not a namespace file"), "{e}");
-        let e = check_namespace(Path::new("/nonexistent/netns"), "vm").unwrap_err().to_string();
+        let e = check_namespace(Path::new("/nonexistent/netns"), on("vm")).unwrap_err().to_string();
         assert!(e.contains("cannot open the network namespace"), "{e}");
     }
 }

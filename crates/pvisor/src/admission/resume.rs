@@ -25,11 +25,11 @@ pub fn admit_resume(
     executor: &dyn pvisor_sandbox::Executor,
     job_id: &JobId,
 ) -> Result<Admitted, AdmissionError> {
-    use crate::runtime::suspension;
+    use crate::records::suspension;
     let not = |reason: String| AdmissionError::NotResumable { job: job_id.clone(), reason };
     // Finish the records of a supervisor that died after its termination receipt.
-    crate::runtime::recovery::recover(store, job_id).map_err(|e| match e {
-        crate::runtime::job_service::views::ViewError::Store(s) => AdmissionError::Store(s),
+    crate::records::recovery::recover(store, job_id).map_err(|e| match e {
+        crate::records::views::ViewError::Store(s) => AdmissionError::Store(s),
         other => not(other.to_string()),
     })?;
     let _guard = OwnerLock::acquire_blocking(&store.job_dir(job_id).join("recover.lock"))?;

@@ -15,7 +15,7 @@ use super::AdmissionError;
 /// state directory or, but for a vm image's rootfs, lies inside it.
 pub(super) fn resolve(
     store: &Store,
-    executor: &str,
+    executor: super::Backend<'_>,
     requested: &Path,
 ) -> Result<(PathBuf, PathBuf), AdmissionError> {
     let workspace = canonical_workspace(requested)?;
@@ -25,7 +25,7 @@ pub(super) fn resolve(
     }
     // A vm guest sees only an ext4 copy of its workspace, so a sandbox
     // image's rootfs (which holds no state) may be one.
-    let image_rootfs = executor == "vm" && workspace.starts_with(store.sandbox_images_dir());
+    let image_rootfs = executor.traits.image_rootfs && workspace.starts_with(store.sandbox_images_dir());
     if workspace.starts_with(&state) && !image_rootfs {
         return Err(AdmissionError::WorkspaceInsideState { workspace, state });
     }

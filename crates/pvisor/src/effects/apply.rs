@@ -13,7 +13,7 @@ use pvisor_stage::ledger::{Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
 
 use super::writers::{open_for_apply, open_trace};
-use super::{EffectsError, Sensitive, StageState};
+use super::{EffectsError, Sensitive, Stage, StageState};
 use crate::trace::{data, Pending};
 
 /// Options for [`apply`].
@@ -91,19 +91,55 @@ pub fn apply(
         .filter(|c| !stage.outcomes.get(&c.path).is_some_and(Outcome::is_settled))
         .cloned()
         .collect();
-    let selected = match selection {
-        Selection::Patterns(patterns) => apply::select(&remaining, patterns).or_else(|e| {
+    let selected = select(&stage, &remaining, selection)?;
+    // pvisor's own configuration and state are never applied; a sensitive
+    // path is applied only when named exactly (or chosen one by one, or
+    // with --include-sensitive): never swept in by --all or a glob.
+    let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
+    let consent = consented(selected, &remaining, &sensitive, selection, &options);
+    let report = plan(&stage, &ws, &remaining, consent, &options)?;
+    if options.dry_run {
+        return Ok(report);
+    }
+    execute(store, &mut stage, (&ws, &upper), options.force, report, progress)
+}
+
+/// The indices in `remaining` that `selection` picks.
+fn select(
+    stage: &Stage,
+    remaining: &[ChangeEntry],
+    selection: &Selection,
+) -> Result<Vec<usize>, EffectsError> {
+    Ok(match selection {
+        Selection::Patterns(patterns) => apply::select(remaining, patterns).or_else(|e| {
             // A pattern that names only already-applied changes is not an error.
             apply::select(&stage.changes, patterns).map(|_| Vec::new()).map_err(|_| e)
         })?,
         Selection::Paths(paths) => {
             (0..remaining.len()).filter(|&i| paths.contains(&remaining[i].path)).collect()
         }
-    };
-    // pvisor's own configuration and state are never applied; a sensitive
-    // path is applied only when named exactly (or chosen one by one, or
-    // with --include-sensitive): never swept in by --all or a glob.
-    let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
+    })
+}
+
+/// What the user consented to apply of what was selected.
+struct Consent {
+    selected: Vec<usize>,
+    /// Never applied, whatever the flags.
+    refused: Vec<(ChangeEntry, String)>,
+    /// Sensitive, and not named exactly.
+    skipped_sensitive: Vec<(ChangeEntry, String)>,
+}
+
+/// Keeps of `selected` what may be applied: never pvisor's own config and
+/// state; a sensitive path only when named exactly, chosen one by one, or
+/// with `include_sensitive`.
+fn consented(
+    selected: Vec<usize>,
+    remaining: &[ChangeEntry],
+    sensitive: &pvisor_stage::sensitive::Bound<'_>,
+    selection: &Selection,
+    options: &ApplyOptions,
+) -> Consent {
     let mut refused = Vec::new();
     let mut skipped_sensitive = Vec::new();
     let selected: Vec<usize> = selected
@@ -126,10 +162,22 @@ pub fn apply(
             consented
         })
         .collect();
-    let with_parents = apply::with_required_ancestors(&ws, &remaining, &selected)?;
+    Consent { selected, refused, skipped_sensitive }
+}
+
+/// Plans the consented changes (and the directories they need) against
+/// the workspace: each one's verdict, the conflicts, and the warnings.
+fn plan(
+    stage: &Stage,
+    ws: &pvisor_stage::beneath::Root,
+    remaining: &[ChangeEntry],
+    consent: Consent,
+    options: &ApplyOptions,
+) -> Result<ApplyReport, EffectsError> {
+    let with_parents = apply::with_required_ancestors(ws, remaining, &consent.selected)?;
     let empty = Preimages::none();
     let preimages = stage.preimages.as_ref().unwrap_or(&empty);
-    let mut plan = apply::plan(&ws, &remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
+    let mut plan = apply::plan(ws, remaining, &with_parents, preimages, &stage.outcomes, options.force)?;
     for planned in &mut plan {
         if matches!(planned.verdict, Verdict::Conflict(_))
             && options.force_paths.contains(&planned.change.path)
@@ -147,8 +195,8 @@ pub fn apply(
     let mut report = ApplyReport {
         plan,
         conflicts,
-        skipped_sensitive,
-        refused,
+        skipped_sensitive: consent.skipped_sensitive,
+        refused: consent.refused,
         workspace: stage.workspace.clone(),
         ..Default::default()
     };
@@ -156,12 +204,22 @@ pub fn apply(
         Verdict::Unsupported(why) => Some(format!("{} not applied: {why}", p.change.path.display_escaped())),
         Verdict::Apply { .. } | Verdict::AlreadyApplied | Verdict::Conflict(_) => None,
     }));
-    if options.dry_run {
-        return Ok(report);
-    }
-    let (mut trace, terminal) = open_trace(store, &stage)?;
+    Ok(report)
+}
+
+/// Records the start of the apply, then refuses it on a conflict, or
+/// writes the plan and records each file; the stage's state follows.
+fn execute(
+    store: &Store,
+    stage: &mut Stage,
+    (ws, upper): (&pvisor_stage::beneath::Root, &pvisor_stage::beneath::Root),
+    force: bool,
+    mut report: ApplyReport,
+    progress: impl FnMut(&ChangeEntry),
+) -> Result<ApplyReport, EffectsError> {
+    let (mut trace, terminal) = open_trace(store, stage)?;
     let attempt = Some(stage.status.attempt.number());
-    let begun = data::ApplyStarted { selected: report.plan.len(), force: Some(options.force), hunks: None };
+    let begun = data::ApplyStarted { selected: report.plan.len(), force: Some(force), hunks: None };
     let started = trace.emit(EventKind::ApplyStarted, attempt, terminal, &begun, false)?;
     if !report.conflicts.is_empty() {
         let events = report
@@ -178,7 +236,8 @@ pub fn apply(
         return Ok(report);
     }
     let ledger = Ledger::new(&stage.stage_dir, &stage.status.run);
-    let executed = apply::execute(&ws, &upper, &ledger, &report.plan, preimages.sealed_ns, progress);
+    let sealed_ns = stage.preimages.as_ref().map_or_else(|| Preimages::none().sealed_ns, |p| p.sealed_ns);
+    let executed = apply::execute(ws, upper, &ledger, &report.plan, sealed_ns, progress);
     let done = match executed {
         Ok(done) => done,
         Err(e) => {
@@ -187,7 +246,19 @@ pub fn apply(
             return Err(e.into());
         }
     };
-    let cause = Some(started);
+    trace.emit_batch(applied_events(&done, attempt, Some(started)))?;
+    report.executed = true;
+    report.failed = done.failed;
+    report.warnings.extend(done.warnings);
+    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already);
+    let (state, remaining) = stage.after(landed.map(|c| (c.path.clone(), Outcome::Applied)));
+    report.state = Some(state);
+    report.remaining = remaining;
+    Ok(report)
+}
+
+/// The Trace's record of what an apply wrote, found applied, or failed.
+fn applied_events(done: &apply::Executed, attempt: Option<u32>, cause: Option<u64>) -> Vec<Pending> {
     let mut events: Vec<Pending> = Vec::new();
     for (change, forced) in &done.applied {
         if *forced {
@@ -212,13 +283,5 @@ pub fn apply(
         let failed = data::ApplyFailed { path: Some(&change.path), error };
         events.push(Pending::new(EventKind::ApplyFailed, attempt, cause, &failed));
     }
-    trace.emit_batch(events)?;
-    report.executed = true;
-    report.failed = done.failed;
-    report.warnings.extend(done.warnings);
-    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already);
-    let (state, remaining) = stage.after(landed.map(|c| (c.path.clone(), Outcome::Applied)));
-    report.state = Some(state);
-    report.remaining = remaining;
-    Ok(report)
+    events
 }

@@ -15,20 +15,15 @@
 //! [`writers`] holds the writer locks and reconciles an interrupted apply,
 //! [`mod@apply`] and [`hunks`] write to the workspace, [`discard`] drops.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Serialize;
-
 use pvisor_core::ids::JobId;
-use pvisor_core::records::ChangeEntry;
 use pvisor_core::state::JobState;
-use pvisor_core::store::{RelPath, StoreError};
+use pvisor_core::store::StoreError;
 use pvisor_stage::apply::NoMatch;
-use pvisor_stage::ledger::Outcome;
 use pvisor_stage::StageError;
 
-use crate::runtime::job_service::views::ViewError;
+use crate::records::views::ViewError;
 
 mod apply;
 mod discard;
@@ -36,6 +31,7 @@ mod hunks;
 mod stage;
 mod writers;
 
+pub use crate::records::StageState;
 pub use apply::{apply, ApplyOptions, ApplyReport, Selection};
 pub use discard::{drop_changes, DropReport};
 pub use hunks::{apply_hunks, HunkChoice, HunksReport};
@@ -87,74 +83,6 @@ pub enum EffectsError {
     Stage(#[from] StageError),
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// Where a stage stands, separately from how the run ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StageState {
-    /// The run staged nothing.
-    Empty,
-    /// Nothing applied or dropped yet.
-    Pending,
-    /// Some changes applied or dropped, some remain.
-    PartiallyApplied,
-    /// Nothing remains, and something was applied.
-    Applied,
-    /// Nothing remains, and nothing was applied.
-    Dropped,
-    /// `gc --force` removed the staged files before every change was
-    /// applied or dropped: what remained can no longer be applied.
-    Collected,
-}
-
-impl StageState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Empty => "empty",
-            Self::Pending => "pending",
-            Self::PartiallyApplied => "partially-applied",
-            Self::Applied => "applied",
-            Self::Dropped => "dropped",
-            Self::Collected => "collected",
-        }
-    }
-
-    /// Derives the state from the change list, the ledger and whether gc
-    /// removed the staged files (`stage_dir/collected`).
-    pub fn of_stage(
-        changes: &[ChangeEntry],
-        outcomes: &BTreeMap<RelPath, Outcome>,
-        stage_dir: &std::path::Path,
-    ) -> Self {
-        match Self::of(changes, outcomes) {
-            Self::Pending | Self::PartiallyApplied if stage_dir.join("collected").exists() => Self::Collected,
-            other => other,
-        }
-    }
-
-    /// Derives the state from the change list and the ledger.
-    pub fn of(changes: &[ChangeEntry], outcomes: &BTreeMap<RelPath, Outcome>) -> Self {
-        if changes.is_empty() {
-            return Self::Empty;
-        }
-        let (mut applied, mut dropped, mut partial) = (0, 0, false);
-        for change in changes {
-            match outcomes.get(&change.path) {
-                Some(Outcome::Applied) => applied += 1,
-                Some(Outcome::Dropped) => dropped += 1,
-                // Some hunks are on the host: the stage is partly applied.
-                Some(Outcome::Partial(_)) => partial = true,
-                Some(Outcome::Interrupted { .. }) | None => {}
-            }
-        }
-        match (applied + dropped == changes.len(), applied, dropped) {
-            (false, 0, 0) if !partial => Self::Pending,
-            (false, _, _) => Self::PartiallyApplied,
-            (true, 0, _) => Self::Dropped,
-            (true, _, _) => Self::Applied,
-        }
-    }
 }
 
 /// Refuses a stage that may not be applied: imported, live, suspended,

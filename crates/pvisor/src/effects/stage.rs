@@ -17,8 +17,8 @@ use pvisor_stage::preimage::Preimages;
 use pvisor_stage::StageError;
 
 use super::{EffectsError, Sensitive, StageState};
-use crate::runtime::completion;
-use crate::runtime::job_service::views::{self, JobStatus, ViewError};
+use crate::records::completion;
+use crate::records::views::{self, JobStatus, ViewError};
 
 /// A Job's stage, ready to review or apply.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub struct Stage {
 impl Stage {
     /// Opens the stage of `job`.
     pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
-        crate::runtime::recovery::recover(store, job)?;
+        crate::records::recovery::recover(store, job)?;
         let status = views::status(store, job)?;
         let job_record: JobRecord = store.read(&store.job_file(job))?;
         let stage_dir = store.stage_dir(&status.run);
@@ -105,6 +105,12 @@ impl Stage {
     }
 
     /// How many changes are neither applied nor dropped.
+    /// Refuses a stage that may not be applied: imported, live, suspended,
+    /// lost or otherwise unconfirmed, each with what to do instead.
+    pub fn require_confirmed(&self) -> Result<(), EffectsError> {
+        super::require_confirmed(self)
+    }
+
     pub fn remaining(&self) -> usize {
         if self.state() == StageState::Collected {
             return 0;

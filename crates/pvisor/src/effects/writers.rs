@@ -11,7 +11,7 @@ use pvisor_stage::apply;
 use pvisor_stage::ledger::{Ledger, Outcome};
 
 use super::{require_confirmed, EffectsError, Stage};
-use crate::runtime::job_service::views;
+use crate::records::views;
 use crate::trace::{data, Trace};
 
 /// The stage's writer lock: one apply or drop at a time.

@@ -29,8 +29,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
 
-use super::completion;
-use super::job_service::views::{self, ViewError};
+use crate::records::completion;
+use crate::records::views::{self, ViewError};
 
 const ROOT: &str = "pvisor-bundle";
 
@@ -119,8 +119,61 @@ pub struct Exported {
 /// gives its stage as the sandbox left it, marked unconfirmed, so it can be
 /// inspected and salvaged but never imported or applied.
 pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<Exported, ArchiveError> {
+    let contents = contents(store, job_id, out)?;
+    let temp_prefix = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    remove_dead_temporaries(out, &temp_prefix);
+    let tmp = out.with_file_name(format!("{temp_prefix}{}", std::process::id()));
+    let file = File::create(&tmp).map_err(io("create", &tmp))?;
+    let mut builder = tar::Builder::new(file);
+    let mut files = Vec::new();
+    if let Err(e) = write_contents(&mut builder, &contents, &tmp, &mut files) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let manifest = ArchiveManifest {
+        format: FORMAT,
+        kind: contents.kind.into(),
+        job: job_id.clone(),
+        attempt: contents.attempt,
+        created_at: Timestamp::now(),
+        files,
+    };
+    let mut throwaway = Vec::new();
+    append(
+        &mut builder,
+        format!("{ROOT}/MANIFEST.json").as_bytes(),
+        &store::to_json_bytes(&manifest),
+        &mut throwaway,
+    )
+    .map_err(io("write", &tmp))?;
+    let file = builder.into_inner().map_err(io("finish", &tmp))?;
+    file.sync_all().map_err(io("sync", &tmp))?;
+    fs::rename(&tmp, out).map_err(io("write", out))?;
+    Ok(Exported { manifest, confirmed: contents.kind == KIND_BUNDLE })
+}
+
+/// The error of the I/O operation `op` on `path`.
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError {
+    let path = path.to_owned();
+    move |source| ArchiveError::Io { op, path, source }
+}
+
+/// What an export of a Job packages.
+struct Contents {
+    kind: &'static str,
+    /// The Attempt the archive is of.
+    attempt: AttemptId,
+    changes: Vec<pvisor_core::records::ChangeEntry>,
+    /// The records, by their name in the archive.
+    records: Vec<(&'static str, PathBuf)>,
+    stage: PathBuf,
+}
+
+/// What an export of `job_id` packages: the confirmed Bundle's records, or
+/// a lost Job's stage as a scan finds it. Never records that do not bind
+/// each other, or a foreign Trace.
+fn contents(store: &Store, job_id: &JobId, out: &Path) -> Result<Contents, ArchiveError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
-    // Never package records that do not bind each other, or a foreign Trace.
     let status = views::status(store, job_id)?;
     views::events(store, &job.run)?;
     let attempt = AttemptId::new(job.run.clone(), job.target_attempt);
@@ -165,92 +218,67 @@ pub fn export(store: &Store, job_id: &JobId, out: &Path) -> Result<Exported, Arc
             (changes, KIND_UNCONFIRMED, records)
         }
     };
-    let io = |op, path: &Path| {
-        let path = path.to_owned();
-        move |source| ArchiveError::Io { op, path, source }
-    };
-    let temp_prefix = format!(".{}.tmp-", out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    remove_dead_temporaries(out, &temp_prefix);
-    let tmp = out.with_file_name(format!("{temp_prefix}{}", std::process::id()));
-    let file = File::create(&tmp).map_err(io("create", &tmp))?;
-    let mut builder = tar::Builder::new(file);
-    let mut files = Vec::new();
-    let result = (|| -> Result<(), ArchiveError> {
-        for (name, path) in records {
-            let bytes = match store::read_capped(&path, store::RECORD_READ_CAP) {
-                Ok(bytes) => bytes,
-                // A lost Job may lack records its setup never wrote.
-                Err(e) if kind == KIND_UNCONFIRMED && e.is_not_found() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            append(&mut builder, format!("{ROOT}/records/{name}").as_bytes(), &bytes, &mut files)
-                .map_err(io("write", &tmp))?;
-        }
-        if kind == KIND_UNCONFIRMED {
-            // What the scan found, in the Bundle's terms, so `verify` can
-            // check every staged file against it.
-            append(
-                &mut builder,
-                format!("{ROOT}/stage/changes.json").as_bytes(),
-                &store::to_json_bytes(&changes),
-                &mut files,
-            )
-            .map_err(io("write", &tmp))?;
-        }
-        if let Ok(bytes) = store::read_capped(&stage.join("preimages.json"), store::RECORD_READ_CAP) {
-            append(&mut builder, format!("{ROOT}/stage/preimages.json").as_bytes(), &bytes, &mut files)
-                .map_err(io("write", &tmp))?;
-        }
-        if changes.iter().all(|c| !matches!(c.entry, EntryType::File | EntryType::Symlink)) {
-            return Ok(());
-        }
-        let upper = pvisor_stage::beneath::Root::open(&stage.join("upper")).map_err(io("open", &stage))?;
-        for change in &changes {
-            let rel = change.path.as_path();
-            match change.entry {
-                EntryType::File => {
-                    let mut bytes = Vec::new();
-                    upper
-                        .open_file(rel)
-                        .and_then(|mut f| f.read_to_end(&mut bytes))
-                        .map_err(io("read the staged", rel))?;
-                    append(&mut builder, &staged_name("files", rel), &bytes, &mut files)
-                        .map_err(io("write", &tmp))?;
-                }
-                EntryType::Symlink => {
-                    let target = upper.read_link(rel).map_err(io("read the staged link", rel))?;
-                    append(&mut builder, &staged_name("links", rel), &target, &mut files)
-                        .map_err(io("write", &tmp))?;
-                }
-                EntryType::Dir | EntryType::None | EntryType::Special => {}
-            }
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
+    let attempt = confirmed.map(|(receipt, _)| receipt.attempt).unwrap_or(attempt);
+    Ok(Contents { kind, attempt, changes, records, stage })
+}
+
+/// Writes `contents` into the archive being built at `tmp`: the records,
+/// the baselines, and every staged file and link.
+fn write_contents(
+    builder: &mut tar::Builder<File>,
+    contents: &Contents,
+    tmp: &Path,
+    files: &mut Vec<ArchiveFile>,
+) -> Result<(), ArchiveError> {
+    let (kind, changes, stage) = (contents.kind, &contents.changes, &contents.stage);
+    for (name, path) in &contents.records {
+        let bytes = match store::read_capped(path, store::RECORD_READ_CAP) {
+            Ok(bytes) => bytes,
+            // A lost Job may lack records its setup never wrote.
+            Err(e) if kind == KIND_UNCONFIRMED && e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        append(builder, format!("{ROOT}/records/{name}").as_bytes(), &bytes, files)
+            .map_err(io("write", tmp))?;
     }
-    let manifest = ArchiveManifest {
-        format: FORMAT,
-        kind: kind.into(),
-        job: job_id.clone(),
-        attempt: confirmed.as_ref().map(|(receipt, _)| receipt.attempt.clone()).unwrap_or(attempt),
-        created_at: Timestamp::now(),
-        files,
-    };
-    let mut throwaway = Vec::new();
-    append(
-        &mut builder,
-        format!("{ROOT}/MANIFEST.json").as_bytes(),
-        &store::to_json_bytes(&manifest),
-        &mut throwaway,
-    )
-    .map_err(io("write", &tmp))?;
-    let file = builder.into_inner().map_err(io("finish", &tmp))?;
-    file.sync_all().map_err(io("sync", &tmp))?;
-    fs::rename(&tmp, out).map_err(io("write", out))?;
-    Ok(Exported { manifest, confirmed: kind == KIND_BUNDLE })
+    if kind == KIND_UNCONFIRMED {
+        // What the scan found, in the Bundle's terms, so `verify` can
+        // check every staged file against it.
+        append(
+            builder,
+            format!("{ROOT}/stage/changes.json").as_bytes(),
+            &store::to_json_bytes(changes),
+            files,
+        )
+        .map_err(io("write", tmp))?;
+    }
+    if let Ok(bytes) = store::read_capped(&stage.join("preimages.json"), store::RECORD_READ_CAP) {
+        append(builder, format!("{ROOT}/stage/preimages.json").as_bytes(), &bytes, files)
+            .map_err(io("write", tmp))?;
+    }
+    if changes.iter().all(|c| !matches!(c.entry, EntryType::File | EntryType::Symlink)) {
+        return Ok(());
+    }
+    let upper = pvisor_stage::beneath::Root::open(&stage.join("upper")).map_err(io("open", stage))?;
+    for change in changes {
+        let rel = change.path.as_path();
+        match change.entry {
+            EntryType::File => {
+                let mut bytes = Vec::new();
+                upper
+                    .open_file(rel)
+                    .and_then(|mut f| f.read_to_end(&mut bytes))
+                    .map_err(io("read the staged", rel))?;
+                append(builder, &staged_name("files", rel), &bytes, files).map_err(io("write", tmp))?;
+            }
+            EntryType::Symlink => {
+                let target = upper.read_link(rel).map_err(io("read the staged link", rel))?;
+                append(builder, &staged_name("links", rel), &target, files).map_err(io("write", tmp))?;
+            }
+            EntryType::Dir | EntryType::None | EntryType::Special => {}
+        }
+    }
+    Ok(())
 }
 
 /// A verified archive, in memory.

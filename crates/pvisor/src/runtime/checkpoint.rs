@@ -14,7 +14,7 @@ use pvisor_core::ids::{CheckpointId, JobId};
 use pvisor_core::records::{CheckpointManifest, LeftOut};
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_stage::checkpoint::{copy_upper_except, verify_checkpoint};
+use pvisor_stage::checkpoint::copy_upper_except;
 use pvisor_stage::ledger::Outcome;
 use pvisor_stage::StageError;
 
@@ -194,11 +194,6 @@ pub fn resolve(store: &Store, query: &str) -> Result<CheckpointId, CheckpointErr
         [] => Err(CheckpointError::NotFound { query: query.to_owned() }),
         _ => Err(CheckpointError::Ambiguous { query: query.to_owned() }),
     }
-}
-
-/// Verifies a checkpoint's files and baselines against its manifest.
-pub fn verify(store: &Store, id: &CheckpointId) -> Result<CheckpointManifest, CheckpointError> {
-    Ok(verify_checkpoint(&store.checkpoint_dir(id))?)
 }
 
 /// Reads a checkpoint's manifest without verifying its files (cheap).

@@ -20,8 +20,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
 
 use super::checkpoint;
-use super::job_service::views::{self, ViewError};
 use crate::effects::StageState;
+use crate::records::views::{self, ViewError};
 use crate::trace::{data, Trace};
 
 /// One thing gc removed (or would remove).
@@ -214,187 +214,265 @@ pub fn leftover_vm_disks(store: &Store, job: &JobRecord) -> Vec<(String, PathBuf
 /// the caller may not delete, a busy mount) is reported in `failed` and the
 /// collection goes on: one stuck item must not keep every other one's space.
 pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<GcReport, ViewError> {
-    let mut report = GcReport::default();
-    let mut needed_checkpoints = std::collections::BTreeSet::new();
-    let free = |report: &mut GcReport, what: String, path: PathBuf| {
-        let bytes = size_of(&path);
-        match if dry_run { Ok(()) } else { remove_tree(&path) } {
-            Ok(()) => report.freed.push(Freed { what, path, bytes }),
-            Err((at, source)) => {
-                let error = format!("cannot remove {}: {source}", at.display());
-                report.failed.push(Failed { what, path, error });
+    let mut gc =
+        Collector { store, age, dry_run, force, report: GcReport::default(), needed: Default::default() };
+    gc.stages()?;
+    gc.execution_checkpoints()?;
+    gc.workspace_checkpoints()?;
+    let free = |report: &mut GcReport, what: String, path: PathBuf| free(dry_run, report, what, path);
+    collect_lower_caches(store, age, dry_run, &mut gc.report, &free);
+    collect_half_admitted(store, &mut gc.report, &free);
+    gc.temporaries();
+    Ok(gc.report)
+}
+
+/// Removes `path` (unless `dry_run`) and reports it freed, or failed.
+fn free(dry_run: bool, report: &mut GcReport, what: String, path: PathBuf) {
+    let bytes = size_of(&path);
+    match if dry_run { Ok(()) } else { remove_tree(&path) } {
+        Ok(()) => report.freed.push(Freed { what, path, bytes }),
+        Err((at, source)) => {
+            let error = format!("cannot remove {}: {source}", at.display());
+            report.failed.push(Failed { what, path, error });
+        }
+    }
+}
+
+/// One collection: what it may remove, and what it found so far.
+struct Collector<'a> {
+    store: &'a Store,
+    age: Duration,
+    dry_run: bool,
+    force: bool,
+    report: GcReport,
+    /// The checkpoints some Job's lineage refers to.
+    needed: std::collections::BTreeSet<pvisor_core::ids::CheckpointId>,
+}
+
+impl Collector<'_> {
+    fn free(&mut self, what: String, path: PathBuf) {
+        free(self.dry_run, &mut self.report, what, path);
+    }
+
+    fn keep(&mut self, what: String, reason: &str) {
+        self.report.kept.push(Kept { what, reason: reason.into() });
+    }
+
+    /// The stages of settled Jobs, and (on the way) which checkpoints a
+    /// lineage needs.
+    fn stages(&mut self) -> Result<(), ViewError> {
+        let store = self.store;
+        for id in store.list_jobs()? {
+            let _ = crate::records::recovery::recover(store, &id);
+            let job: JobRecord = match store.read(&store.job_file(&id)) {
+                Ok(j) => j,
+                Err(e) => {
+                    self.keep(id.to_string(), &format!("unreadable: {e}"));
+                    continue;
+                }
+            };
+            if let Some(lineage) = &job.lineage {
+                self.needed.insert(lineage.checkpoint.clone());
+            }
+            if store.stage_dir(&job.run).join("upper").exists() {
+                self.stage(&job)?;
             }
         }
-    };
-    for id in store.list_jobs()? {
-        let _ = super::recovery::recover(store, &id);
-        let job: JobRecord = match store.read(&store.job_file(&id)) {
-            Ok(j) => j,
-            Err(e) => {
-                report.kept.push(Kept { what: id.to_string(), reason: format!("unreadable: {e}") });
-                continue;
-            }
-        };
-        if let Some(lineage) = &job.lineage {
-            needed_checkpoints.insert(lineage.checkpoint.clone());
-        }
+        Ok(())
+    }
+
+    /// The stage of `job`, if nothing needs it any more.
+    fn stage(&mut self, job: &JobRecord) -> Result<(), ViewError> {
+        let (store, id) = (self.store, &job.id);
         let stage = store.stage_dir(&job.run);
-        if !stage.join("upper").exists() {
-            continue;
-        }
-        let status = match views::status(store, &id) {
+        let what = format!("stage of {id}");
+        let status = match views::status(store, id) {
             Ok(s) => s,
             Err(e) => {
-                report.kept.push(Kept { what: format!("stage of {id}"), reason: format!("unreadable: {e}") });
-                continue;
+                self.keep(what, &format!("unreadable: {e}"));
+                return Ok(());
             }
         };
-        let keep = |reason: &str| Kept { what: format!("stage of {id}"), reason: reason.into() };
         if status.live {
-            report.kept.push(keep("the run is live"));
-            continue;
+            self.keep(what, "the run is live");
+            return Ok(());
         }
         if status.state == JobState::Suspended {
-            report.kept.push(keep("the Job is suspended; its run continues on resume (kill it first)"));
-            continue;
+            self.keep(what, "the Job is suspended; its run continues on resume (kill it first)");
+            return Ok(());
         }
-        if !older_than(&store.job_file(&id), age) {
-            report.kept.push(keep("newer than the threshold"));
-            continue;
+        if !older_than(&store.job_file(id), self.age) {
+            self.keep(what, "newer than the threshold");
+            return Ok(());
         }
-        // A Job closed as lost has no confirmed stage state; once its
-        // changes are all dropped (the only thing it allows), it is reviewed.
-        let lost_and_dropped = status.state == JobState::Lost
-            && crate::effects::Stage::open(store, &id)
-                .is_ok_and(|stage| matches!(stage.state(), StageState::Dropped | StageState::Empty));
-        let reviewed = lost_and_dropped
-            || matches!(
-                status.stage_state,
-                Some(StageState::Applied | StageState::Dropped | StageState::Empty)
-            );
-        if !reviewed && !force {
+        if !reviewed(store, &status) && !self.force {
             let why = match status.state {
                 JobState::Unknown | JobState::Lost => {
                     "no confirmed result; its staged files are the only copy (use --force)"
                 }
                 _ => "changes not yet applied or dropped (use --force)",
             };
-            report.kept.push(keep(why));
-            continue;
+            self.keep(what, why);
+            return Ok(());
         }
         // Hold the stage's apply lock, and mark the stage collected (durably)
         // before removing anything: an apply never works from a half-removed stage.
-        let _lock = if dry_run {
-            None
-        } else {
-            let lock = pvisor_core::store::OwnerLock::acquire_blocking(&stage.join("apply.lock"))?;
-            pvisor_core::store::write_atomic(&stage.join("collected"), b"removed by pvisor gc\n")?;
-            let _ = Trace::open(store, &job.run).emit(
-                EventKind::StageCollected,
-                Some(job.target_attempt),
-                None,
-                &data::By { by: "gc" },
-                true,
-            );
-            Some(lock)
-        };
+        let _lock = if self.dry_run { None } else { Some(mark_collected(store, job, &stage)?) };
         for part in ["upper", "work", "root", "empty"] {
             let path = stage.join(part);
             if path.exists() {
-                free(&mut report, format!("stage of {id} ({part})"), path);
+                self.free(format!("stage of {id} ({part})"), path);
             }
         }
+        Ok(())
     }
-    // Execution checkpoints (vm): a Job that can still continue keeps them all.
-    for id in store.list_jobs()? {
-        let Ok(job) = store.read::<JobRecord>(&store.job_file(&id)) else { continue };
-        let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
-        // Disk images a killed vm supervisor left in its Attempt directory.
-        if !live {
-            for (what, path) in leftover_vm_disks(store, &job) {
-                if older_than(&path, age) {
-                    free(&mut report, what, path);
+
+    /// Execution checkpoints (vm): a Job that can still continue keeps them
+    /// all. Also the disk images a killed vm supervisor left.
+    fn execution_checkpoints(&mut self) -> Result<(), ViewError> {
+        let store = self.store;
+        for id in store.list_jobs()? {
+            let Ok(job) = store.read::<JobRecord>(&store.job_file(&id)) else { continue };
+            let live = views::status(store, &id).map(|s| s.live).unwrap_or(true);
+            // Disk images a killed vm supervisor left in its Attempt directory.
+            if !live {
+                for (what, path) in leftover_vm_disks(store, &job) {
+                    if older_than(&path, self.age) {
+                        self.free(what, path);
+                    }
                 }
             }
+            let dir = store.exec_checkpoints_dir(&job.run);
+            if dir.exists() {
+                self.execution_checkpoints_of(&job, live, &dir);
+            }
         }
-        let dir = store.exec_checkpoints_dir(&job.run);
-        if !dir.exists() {
-            continue;
-        }
-        for ckpt_dir in pvisor_sandbox::vm::checkpoint::list(&dir) {
+        Ok(())
+    }
+
+    fn execution_checkpoints_of(&mut self, job: &JobRecord, live: bool, dir: &Path) {
+        let id = &job.id;
+        for ckpt_dir in pvisor_sandbox::vm::checkpoint::list(dir) {
             let name = ckpt_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let keep = |reason: &str| Kept {
-                what: format!("execution checkpoint {name} of {id}"),
-                reason: reason.into(),
-            };
+            let what = format!("execution checkpoint {name} of {id}");
             if !job.state.is_terminal() || live {
-                report.kept.push(keep("its Job can still continue from it (kill the Job first)"));
-            } else if needed_checkpoints.iter().any(|c| c.as_str() == name) && !force {
-                report.kept.push(keep("a fork's lineage refers to it (use --force)"));
-            } else if !older_than(&ckpt_dir, age) {
-                report.kept.push(keep("newer than the threshold"));
+                self.keep(what, "its Job can still continue from it (kill the Job first)");
+            } else if self.needed.iter().any(|c| c.as_str() == name) && !self.force {
+                self.keep(what, "a fork's lineage refers to it (use --force)");
+            } else if !older_than(&ckpt_dir, self.age) {
+                self.keep(what, "newer than the threshold");
             } else {
                 // Held exclusively while removed: no execution fork starts from it meanwhile.
-                match if dry_run { Ok(None) } else { checkpoint::try_claim(store, &name) } {
-                    Ok(None) if !dry_run => report.kept.push(keep("in use by a running execution fork")),
-                    _ => free(&mut report, format!("execution checkpoint {name} of {id}"), ckpt_dir),
+                match if self.dry_run { Ok(None) } else { checkpoint::try_claim(self.store, &name) } {
+                    Ok(None) if !self.dry_run => self.keep(what, "in use by a running execution fork"),
+                    _ => self.free(what, ckpt_dir),
                 }
             }
         }
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let partial = entry.file_name().to_string_lossy().starts_with(".partial-");
-            if partial && !live && older_than(&entry.path(), age) {
-                free(&mut report, format!("interrupted execution checkpoint of {id}"), entry.path());
+            if partial && !live && older_than(&entry.path(), self.age) {
+                self.free(format!("interrupted execution checkpoint of {id}"), entry.path());
             }
         }
     }
-    for (ckpt, manifest) in checkpoint::list(store)? {
-        let dir = store.checkpoint_dir(&ckpt);
-        // Held exclusively while removed, so no fork can start from it meanwhile.
-        let claim = if dry_run { None } else { checkpoint::try_claim(store, ckpt.as_str())? };
-        if claim.is_none() && !dry_run {
-            report.kept.push(Kept {
-                what: ckpt.to_string(),
-                reason: "in use by a running fork or checkpoint".into(),
-            });
-        } else if needed_checkpoints.contains(&ckpt) && !force {
-            report.kept.push(Kept {
-                what: ckpt.to_string(),
-                reason: "a fork's lineage refers to it (use --force)".into(),
-            });
-        } else if !older_than(&dir, age) {
-            report.kept.push(Kept { what: ckpt.to_string(), reason: "newer than the threshold".into() });
-        } else {
-            let label = match manifest {
-                Ok(m) => format!("checkpoint {ckpt} of {}", m.job),
-                Err(_) => format!("checkpoint {ckpt} (damaged)"),
-            };
-            free(&mut report, label, dir);
-            if claim.is_some() {
-                let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{ckpt}.lock")));
+
+    /// Workspace checkpoints no lineage needs.
+    fn workspace_checkpoints(&mut self) -> Result<(), ViewError> {
+        let store = self.store;
+        for (ckpt, manifest) in checkpoint::list(store)? {
+            let dir = store.checkpoint_dir(&ckpt);
+            // Held exclusively while removed, so no fork can start from it meanwhile.
+            let claim = if self.dry_run { None } else { checkpoint::try_claim(store, ckpt.as_str())? };
+            if claim.is_none() && !self.dry_run {
+                self.keep(ckpt.to_string(), "in use by a running fork or checkpoint");
+            } else if self.needed.contains(&ckpt) && !self.force {
+                self.keep(ckpt.to_string(), "a fork's lineage refers to it (use --force)");
+            } else if !older_than(&dir, self.age) {
+                self.keep(ckpt.to_string(), "newer than the threshold");
+            } else {
+                let label = match manifest {
+                    Ok(m) => format!("checkpoint {ckpt} of {}", m.job),
+                    Err(_) => format!("checkpoint {ckpt} (damaged)"),
+                };
+                self.free(label, dir);
+                if claim.is_some() {
+                    let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{ckpt}.lock")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Temporaries of interrupted writes: checkpoints in progress, records, restores.
+    fn temporaries(&mut self) {
+        let mut temps = self.checkpoint_temporaries();
+        temps.extend(record_temporaries(self.store));
+        for temp in temps {
+            // A minute is far longer than any write takes; younger ones may be in flight.
+            if older_than(&temp, self.age.max(Duration::from_secs(60))) {
+                self.free("temporary of an interrupted write".into(), temp);
             }
         }
     }
-    collect_lower_caches(store, age, dry_run, &mut report, &free);
-    collect_half_admitted(store, &mut report, &free);
-    // Temporaries of interrupted writes: checkpoints in progress, records, restores.
+
+    /// Frees the temporaries of checkpoints nobody is writing; returns those
+    /// it could not tell about (a dry run), for the age check.
+    fn checkpoint_temporaries(&mut self) -> Vec<PathBuf> {
+        let store = self.store;
+        let mut temps = Vec::new();
+        for entry in std::fs::read_dir(store.checkpoints_dir()).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_prefix(".tmp-") else { continue };
+            // A checkpoint being written is held by its writer; one nobody holds
+            // was killed, and its temporary goes at once.
+            match if self.dry_run { Ok(None) } else { checkpoint::try_claim(store, id) } {
+                Ok(Some(_claim)) => {
+                    self.free("temporary of an interrupted checkpoint".into(), entry.path());
+                    let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{id}.lock")));
+                }
+                Ok(None) if !self.dry_run => self.keep(format!("checkpoint {id}"), "being written right now"),
+                Ok(None) | Err(_) => temps.push(entry.path()),
+            }
+        }
+        temps
+    }
+}
+
+/// Whether `status`'s changes were all applied or dropped (or there were
+/// none). A Job closed as lost has no confirmed stage state; once its
+/// changes are all dropped (the only thing it allows), it is reviewed.
+fn reviewed(store: &Store, status: &views::JobStatus) -> bool {
+    let lost_and_dropped = status.state == JobState::Lost
+        && crate::effects::Stage::open(store, &status.job)
+            .is_ok_and(|stage| matches!(stage.state(), StageState::Dropped | StageState::Empty));
+    lost_and_dropped
+        || matches!(status.stage_state, Some(StageState::Applied | StageState::Dropped | StageState::Empty))
+}
+
+/// Takes `stage`'s apply lock and marks it collected, durably and in the
+/// Trace, before anything in it is removed.
+fn mark_collected(
+    store: &Store,
+    job: &JobRecord,
+    stage: &Path,
+) -> Result<pvisor_core::store::OwnerLock, ViewError> {
+    let lock = pvisor_core::store::OwnerLock::acquire_blocking(&stage.join("apply.lock"))?;
+    pvisor_core::store::write_atomic(&stage.join("collected"), b"removed by pvisor gc\n")?;
+    let _ = Trace::open(store, &job.run).emit(
+        EventKind::StageCollected,
+        Some(job.target_attempt),
+        None,
+        &data::By { by: "gc" },
+        true,
+    );
+    Ok(lock)
+}
+
+/// The temporaries of interrupted record writes and restores, in every
+/// Job's and Run's directory and stage.
+fn record_temporaries(store: &Store) -> Vec<PathBuf> {
     let mut temps = Vec::new();
-    for entry in std::fs::read_dir(store.checkpoints_dir()).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(id) = name.strip_prefix(".tmp-") else { continue };
-        // A checkpoint being written is held by its writer; one nobody holds
-        // was killed, and its temporary goes at once.
-        match if dry_run { Ok(None) } else { checkpoint::try_claim(store, id) } {
-            Ok(Some(_claim)) => {
-                free(&mut report, "temporary of an interrupted checkpoint".into(), entry.path());
-                let _ = std::fs::remove_file(store.checkpoints_dir().join(format!(".use-{id}.lock")));
-            }
-            Ok(None) if !dry_run => report
-                .kept
-                .push(Kept { what: format!("checkpoint {id}"), reason: "being written right now".into() }),
-            Ok(None) | Err(_) => temps.push(entry.path()),
-        }
-    }
     for dir in [store.jobs_dir(), store.root().join("runs")] {
         for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             for inner in std::fs::read_dir(entry.path()).into_iter().flatten().flatten() {
@@ -411,11 +489,5 @@ pub fn gc(store: &Store, age: Duration, dry_run: bool, force: bool) -> Result<Gc
             }
         }
     }
-    for temp in temps {
-        // A minute is far longer than any write takes; younger ones may be in flight.
-        if older_than(&temp, age.max(Duration::from_secs(60))) {
-            free(&mut report, "temporary of an interrupted write".into(), temp);
-        }
-    }
-    Ok(report)
+    temps
 }

@@ -17,8 +17,8 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{OwnerLock, Store};
 use pvisor_core::time::Timestamp;
 
-use super::job_service::views::ViewError;
-use super::recovery::{self, Recovered};
+use crate::records::recovery::{self, Recovered};
+use crate::records::views::ViewError;
 use crate::trace::data::{By, JobLost};
 
 /// How a kill ended.

@@ -1,13 +1,9 @@
-//! The runtime's durable machinery: Attempt records, completion receipts, the
-//! registry of live Attempts, and the Job service.
+//! The runtime's services over the records: the Job service and the
+//! registry of live Attempts, workspace checkpoints, kill, gc and archives.
 
 pub mod archive;
-pub mod attempt;
 pub mod checkpoint;
-pub mod completion;
 pub mod gc;
 pub mod job_service;
 pub mod kill;
-pub mod recovery;
 pub mod registry;
-pub mod suspension;

@@ -15,17 +15,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pvisor_core::event::EventKind;
-use pvisor_core::records::{Bundle, ChangeEntry, Observations, RunBinding, RunResult, FORMAT};
+use pvisor_core::records::{
+    Bundle, ChangeEntry, CompletionReceipt, Observations, RunBinding, RunResult, FORMAT,
+};
 use pvisor_core::state::{AttemptState, JobState, ResultState};
 use pvisor_core::store;
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{Termination, Usage};
 
+use super::outcome::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
 use crate::failpoint;
-use crate::runtime::attempt;
-use crate::runtime::completion;
-use crate::runtime::job_service::{OwnerHold, RunEnd, RunError, RunOutcome, SuspendedOutcome};
-use crate::runtime::suspension;
+use crate::records::attempt;
+use crate::records::completion;
+use crate::records::suspension;
 
 use super::{Ending, Session};
 use crate::trace::data;
@@ -136,6 +138,9 @@ impl Session {
         RunResult { state, exit_code, signal, started_at, finished_at, error }
     }
 
+    /// Finalizes the Attempt in the documented order (see the module doc):
+    /// seal the stage, save the Bundle, save the Run projection and commit
+    /// the receipt, publish the terminal event.
     pub(super) fn finalize(
         mut self,
         ending: Ending,
@@ -155,17 +160,51 @@ impl Session {
             Ending::Finished(report) => report.usage.clone(),
             Ending::SetupFailed(_) => Usage::default(),
         };
+        self.use_reserve_if_full();
+        // Step 1: the sandbox is gone; seal the stage and take its manifest.
+        let (changes, preimages_bytes) = self.seal_step(&result, baseline)?;
+        // Step 2: the Bundle fixes the result and observations.
+        let observations = self.observations(wall, &usage);
+        let receipt = self.save_bundle(&result, &changes, observations.clone(), &preimages_bytes)?;
+        // Step 3: the Run projection, then the receipt that makes it true.
+        self.commit_result(&result, restore_failed_from, &receipt)?;
+        // Step 4: from here on, nothing may contradict the receipt.
+        let audit_gaps = self.publish_terminal(&result, changes.len());
+        Ok(RunOutcome {
+            job: self.job.id.clone(),
+            run: self.run.id.clone(),
+            attempt: self.attempt.id.clone(),
+            workspace: self.run.workspace.clone(),
+            result,
+            changes,
+            bundle_blake3: receipt.bundle.blake3,
+            network: observations.network,
+            warnings: self.warnings,
+            audit_gaps,
+            restore_failed_from,
+            job_record: self.job,
+            owner: OwnerHold::new(self._lock),
+        })
+    }
 
-        // A command that filled the state directory's filesystem (bytes or
-        // inodes) must not cost the run its records: the reserve is for them.
+    /// A command that filled the state directory's filesystem (bytes or
+    /// inodes) must not cost the run its records: the reserve is for them.
+    fn use_reserve_if_full(&mut self) {
         if self.store.is_short_of_space() && self.store.release_reserve() {
             self.warnings.push(
                 "the state directory's filesystem is full: its reserve was released to record this run"
                     .into(),
             );
         }
+    }
 
-        // Step 1: the sandbox is gone; seal the stage and take its manifest.
+    /// Step 1: records the exit, seals the stage, takes its manifest and
+    /// saves the conflict baselines (their bytes, which the Bundle binds).
+    fn seal_step(
+        &mut self,
+        result: &RunResult,
+        baseline: i128,
+    ) -> Result<(Vec<ChangeEntry>, Vec<u8>), RunError> {
         attempt::advance(&self.store, &mut self.attempt, AttemptState::Finalizing)
             .map_err(|e| self.finalize_error("marking the attempt finalizing", e.into()))?;
         let exited = data::AttemptExited {
@@ -178,9 +217,33 @@ impl Session {
         // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
         let sealed_ns = pvisor_core::time::coarse_realtime_ns();
         let changes = self.seal_stage()?;
-        let preimages = pvisor_stage::preimage::capture(&self.spec.workspace, &changes, baseline)
+        let preimages = self.baselines(&changes, baseline, sealed_ns)?;
+        let without_baseline = preimages
+            .entries
+            .iter()
+            .filter(|e| matches!(e.preimage, pvisor_stage::preimage::Preimage::Unknown { .. }))
+            .count();
+        let preimages_file = self.store.stage_dir(&self.run.id).join("preimages.json");
+        let preimages_bytes = store::to_json_bytes(&preimages);
+        store::write_atomic(&preimages_file, &preimages_bytes)
+            .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
+        self.emit(EventKind::StageSealed, &data::StageSealed { changes: changes.len(), without_baseline })
+            .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
+        failpoint::hit("after-seal");
+        Ok((changes, preimages_bytes))
+    }
+
+    /// The conflict baselines of `changes`: what the host held when the run
+    /// started (for a fork, before the *first* sandbox touched a path the
+    /// parent changed).
+    fn baselines(
+        &self,
+        changes: &[ChangeEntry],
+        baseline: i128,
+        sealed_ns: i128,
+    ) -> Result<pvisor_stage::preimage::Preimages, RunError> {
+        let mut preimages = pvisor_stage::preimage::capture(&self.spec.workspace, changes, baseline)
             .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
-        let mut preimages = preimages;
         preimages.sealed_ns = sealed_ns;
         if self.restore_from.is_some() {
             // Paths the parent changed keep the parent's baseline: what the host
@@ -194,21 +257,35 @@ impl Session {
                 }
             }
         }
-        let without_baseline = preimages
-            .entries
-            .iter()
-            .filter(|e| matches!(e.preimage, pvisor_stage::preimage::Preimage::Unknown { .. }))
-            .count();
-        let preimages_file = self.store.stage_dir(&self.run.id).join("preimages.json");
-        let preimages_bytes = store::to_json_bytes(&preimages);
-        store::write_atomic(&preimages_file, &preimages_bytes)
-            .map_err(|e| self.finalize_error("saving the conflict baselines", e.into()))?;
-        self.emit(EventKind::StageSealed, &data::StageSealed { changes: changes.len(), without_baseline })
-            .map_err(|e| self.finalize_error("recording the sealed stage", e.into()))?;
-        failpoint::hit("after-seal");
+        Ok(preimages)
+    }
 
-        // Step 2: the Bundle fixes the result and observations, and binds
-        // the Run, the baselines and the Trace so far.
+    /// What was observed of the run: time, CPU, memory, network, limits.
+    fn observations(&self, wall: Duration, usage: &Usage) -> Observations {
+        Observations {
+            wall_ms: wall.as_millis() as u64,
+            user_cpu_ms: usage.user_cpu.as_millis() as u64,
+            system_cpu_ms: usage.system_cpu.as_millis() as u64,
+            max_rss_kib: usage.max_rss_kib,
+            network: Some(self.network_observation()),
+            extra: self
+                .limits
+                .iter()
+                .map(|l| (format!("limit.{}", l.limit), format!("{} via {}", l.value, l.by)))
+                .collect(),
+        }
+    }
+
+    /// Step 2: the Bundle fixes the result and observations, and binds the
+    /// Run, the baselines and the Trace so far; returns the receipt that
+    /// will confirm it.
+    fn save_bundle(
+        &mut self,
+        result: &RunResult,
+        changes: &[ChangeEntry],
+        observations: Observations,
+        preimages_bytes: &[u8],
+    ) -> Result<CompletionReceipt, RunError> {
         let trace = pvisor_core::journal::Journal::new(self.store.events_file(&self.run.id))
             .seal_prefix()
             .map_err(|e| self.finalize_error("sealing the Trace", e.into()))?;
@@ -218,24 +295,13 @@ impl Session {
             run: self.run.id.clone(),
             attempt: self.attempt.id.clone(),
             result: result.clone(),
-            observations: Observations {
-                wall_ms: wall.as_millis() as u64,
-                user_cpu_ms: usage.user_cpu.as_millis() as u64,
-                system_cpu_ms: usage.system_cpu.as_millis() as u64,
-                max_rss_kib: usage.max_rss_kib,
-                network: Some(self.network_observation()),
-                extra: self
-                    .limits
-                    .iter()
-                    .map(|l| (format!("limit.{}", l.limit), format!("{} via {}", l.value, l.by)))
-                    .collect(),
-            },
-            changes: changes.clone(),
+            observations,
+            changes: changes.to_vec(),
             warnings: self.warnings.clone(),
             incomplete: self.stage_incomplete.clone(),
             binding: Some(RunBinding {
                 run_blake3: self.run.fixed_digest(),
-                preimages_blake3: Some(store::blake3_hex(&preimages_bytes)),
+                preimages_blake3: Some(store::blake3_hex(preimages_bytes)),
                 trace: Some(trace),
             }),
         };
@@ -243,7 +309,7 @@ impl Session {
         store::commit_no_clobber(&self.store.bundle_file(&self.attempt.id), &bundle_bytes)
             .map_err(|e| self.finalize_error("saving the Bundle", e.into()))?;
         failpoint::hit("after-bundle");
-        let receipt = completion::build(&self.job.id, &self.attempt.id, &result, &bundle_bytes);
+        let receipt = completion::build(&self.job.id, &self.attempt.id, result, &bundle_bytes);
         let saved = data::BundleSaved {
             file: "bundle.json",
             size: receipt.bundle.size,
@@ -251,9 +317,18 @@ impl Session {
         };
         self.emit(EventKind::BundleSaved, &saved)
             .map_err(|e| self.finalize_error("recording the Bundle", e.into()))?;
+        Ok(receipt)
+    }
 
-        // Step 3: the Run projection, then the receipt that makes it true.
-        // A failed restore leaves the Run suspended: its result is still to come.
+    /// Step 3: the Run projection, then the receipt that makes it true. A
+    /// failed restore leaves the Run suspended (its result is still to
+    /// come) and the Job targeting its previous Attempt.
+    fn commit_result(
+        &mut self,
+        result: &RunResult,
+        restore_failed_from: Option<u32>,
+        receipt: &CompletionReceipt,
+    ) -> Result<(), RunError> {
         if restore_failed_from.is_none() {
             self.run.state = result.state.job_state();
             self.run.result = Some(result.clone());
@@ -267,7 +342,7 @@ impl Session {
             // Before the receipt: from this point readers must see the Job
             // suspended on its previous Attempt, never this failed restore.
             let this = self.attempt.id.number();
-            crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+            crate::records::recovery::update_job(&self.store, &self.job.id, |job| {
                 let retarget = job.target_attempt == this;
                 if retarget {
                     job.target_attempt = previous;
@@ -276,11 +351,15 @@ impl Session {
             })
             .map_err(|e| self.finalize_error("re-targeting the suspended Attempt", e.into()))?;
         }
-        completion::commit(&self.store, &receipt)
+        completion::commit(&self.store, receipt)
             .map_err(|e| self.finalize_error("committing the completion receipt", e.into()))?;
         failpoint::hit("after-receipt");
+        Ok(())
+    }
 
-        // Step 4: from here on, nothing may contradict the receipt.
+    /// Step 4: the Attempt's projection and the terminal event. Nothing here
+    /// may contradict the receipt: a failure is an audit gap, returned.
+    fn publish_terminal(&mut self, result: &RunResult, changes: usize) -> Vec<String> {
         let mut audit_gaps = Vec::new();
         if let Err(e) = attempt::advance(&self.store, &mut self.attempt, result.state.attempt_state()) {
             audit_gaps.push(format!("attempt.json not updated: {e}"));
@@ -291,28 +370,14 @@ impl Session {
             exit_code: result.exit_code,
             signal: result.signal,
             error: result.error.as_deref(),
-            changes: changes.len(),
+            changes,
             receipt: "completion.json",
         };
         let (attempt, cause) = (Some(self.attempt.id.number()), Some(self.attempt_event));
         if let Err(e) = self.trace.emit(terminal.clone(), attempt, cause, &data, true) {
             audit_gaps.push(format!("terminal event {terminal} not written: {e}"));
         }
-        Ok(RunOutcome {
-            job: self.job.id.clone(),
-            run: self.run.id.clone(),
-            attempt: self.attempt.id.clone(),
-            workspace: self.run.workspace.clone(),
-            result,
-            changes,
-            bundle_blake3: receipt.bundle.blake3,
-            network: bundle.observations.network.clone(),
-            warnings: self.warnings,
-            audit_gaps,
-            restore_failed_from,
-            job_record: self.job,
-            owner: OwnerHold::new(self._lock),
-        })
+        audit_gaps
     }
 
     pub(super) fn seal_stage(&mut self) -> Result<Vec<ChangeEntry>, RunError> {

@@ -18,7 +18,7 @@ use pvisor_core::records::NetworkObservation;
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::{ExitReport, SandboxError, Termination};
 
-use crate::runtime::job_service::{RunEnd, RunError};
+use super::outcome::{RunEnd, RunError};
 
 use super::{Ending, Session};
 use crate::trace::data;

@@ -20,12 +20,13 @@ use pvisor_core::store::{OwnerLock, Store, StoreError};
 use pvisor_sandbox::{Executor, ExitReport, SandboxError, SandboxSpec};
 
 use crate::admission::Admitted;
-use crate::runtime::job_service::RunError;
 use crate::trace::Trace;
+use outcome::RunError;
 
 mod budget;
 mod finalize;
 mod lifecycle;
+pub(crate) mod outcome;
 mod prepare;
 
 /// How the sandbox ended, from the Session's point of view.
@@ -116,11 +117,7 @@ impl Session {
         }
     }
 
-    pub(super) fn finalize_error(
-        &self,
-        step: &'static str,
-        source: crate::runtime::job_service::FinalizeSource,
-    ) -> RunError {
+    pub(super) fn finalize_error(&self, step: &'static str, source: outcome::FinalizeSource) -> RunError {
         RunError::Finalize {
             step,
             job: self.job.id.clone(),

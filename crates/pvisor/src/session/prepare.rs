@@ -11,8 +11,8 @@ use pvisor_core::store;
 use pvisor_core::time::Timestamp;
 use pvisor_sandbox::SandboxError;
 
-use crate::runtime::attempt::{self, AttemptError};
-use crate::runtime::job_service::RunError;
+use super::outcome::RunError;
+use crate::records::attempt::{self, AttemptError};
 use crate::trace::data;
 
 use super::{Session, Started};
@@ -78,7 +78,7 @@ impl Session {
             .map_err(|e| self.finalize_error(step, e.into()))?;
         // Read-modify-write under the Job's lock: a `kill` that already
         // withdrew continuation must not be overwritten by our copy.
-        let updated = crate::runtime::recovery::update_job(&self.store, &self.job.id, |job| {
+        let updated = crate::records::recovery::update_job(&self.store, &self.job.id, |job| {
             match job.state.transition(JobState::Running) {
                 Ok(state) => {
                     job.state = state;

@@ -8,128 +8,20 @@
 //! runtime lives. (Runtime shutdown and process exit are recovery's problem:
 //! the owner lock is released and readers see `unknown` without a receipt.)
 
-pub mod views;
-
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use pvisor_core::ids::{AttemptId, JobId, RunId};
-use pvisor_core::records::{ChangeEntry, JobRecord, RunResult};
+use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::state::JobState;
-use pvisor_core::store::{Store, StoreError};
+use pvisor_core::store::Store;
 use pvisor_sandbox::Executor;
 
-use super::attempt::AttemptError;
 use super::registry::{LiveAttempt, Registry};
 use crate::admission::{self, AdmissionError, RunRequest};
 use crate::session::Session;
 
-/// What a finished run produced. The result is the one bound by the receipt.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    pub job: JobId,
-    pub run: RunId,
-    pub attempt: AttemptId,
-    pub workspace: PathBuf,
-    pub result: RunResult,
-    pub changes: Vec<ChangeEntry>,
-    pub bundle_blake3: String,
-    /// The network attachment and what went through the proxy.
-    pub network: Option<pvisor_core::records::NetworkObservation>,
-    /// Non-fatal problems recorded in the Bundle.
-    pub warnings: Vec<String>,
-    /// Facts that could not be recorded after the receipt committed.
-    pub audit_gaps: Vec<String>,
-    /// A resume whose restore failed: the suspended Attempt the Job still targets.
-    pub restore_failed_from: Option<u32>,
-    pub(crate) job_record: JobRecord,
-    pub(crate) owner: OwnerHold,
-}
-
-/// A vm Attempt that was suspended: saved to `checkpoint`, its VM stopped
-/// and a termination receipt committed. The Job continues with `resume`.
-#[derive(Debug, Clone)]
-pub struct SuspendedOutcome {
-    pub job: JobId,
-    pub run: RunId,
-    pub attempt: AttemptId,
-    pub checkpoint: Box<pvisor_sandbox::vm::ExecCheckpoint>,
-    /// How the QEMU process ended.
-    pub vm_exit: String,
-    pub audit_gaps: Vec<String>,
-    pub(crate) job_record: JobRecord,
-    pub(crate) owner: OwnerHold,
-}
-
-/// The Attempt's owner lock, carried from finalization until the Job state
-/// is published: while it is held no reader may recover the Job, and a
-/// reader that finds it free finds `job.json` already terminal (a reader
-/// that saw it free before would append a false `recovery.reconciled`).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct OwnerHold(Option<std::sync::Arc<pvisor_core::store::OwnerLock>>);
-
-impl OwnerHold {
-    pub(crate) fn new(lock: pvisor_core::store::OwnerLock) -> Self {
-        Self(Some(std::sync::Arc::new(lock)))
-    }
-
-    /// Gives the lock up (when the last copy is released).
-    fn release(&mut self) {
-        self.0.take();
-    }
-}
-
-/// How an Attempt ended: finished with a completion receipt, or suspended.
-#[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)] // one per run, moved a handful of times
-pub enum RunEnd {
-    Finished(RunOutcome),
-    Suspended(SuspendedOutcome),
-}
-
-impl RunEnd {
-    /// The finished outcome, or `None` for a suspension.
-    pub fn finished(self) -> Option<RunOutcome> {
-        match self {
-            Self::Finished(o) => Some(o),
-            Self::Suspended(_) => None,
-        }
-    }
-}
-
-/// What went wrong underneath a finalization step.
-#[derive(Debug, thiserror::Error)]
-pub enum FinalizeSource {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Stage(#[from] pvisor_stage::StageError),
-    #[error(transparent)]
-    Attempt(#[from] AttemptError),
-    #[error(transparent)]
-    Suspension(#[from] super::suspension::SuspensionError),
-}
-
-/// A run whose result could not be confirmed.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(
-        "Finalization of {attempt} (job {job}) failed while {step}; its result is unconfirmed (state: unknown) and the stage is kept at {}",
-        stage.display()
-    )]
-    Finalize {
-        step: &'static str,
-        job: JobId,
-        attempt: AttemptId,
-        stage: PathBuf,
-        #[source]
-        source: Box<FinalizeSource>,
-    },
-    #[error("The run task of job {job} ended without reporting; its result is unconfirmed")]
-    Lost { job: JobId },
-}
+pub use crate::session::outcome::{RunEnd, RunError, RunOutcome, SuspendedOutcome};
 
 /// Requests cancellation of a live Attempt by forwarding a signal to it.
 #[derive(Clone, Debug)]
@@ -194,12 +86,21 @@ impl Drop for ManagedJobRun {
 pub struct JobService {
     store: Store,
     executor: Arc<dyn Executor>,
+    traits: crate::backends::BackendTraits,
     registry: Registry,
 }
 
 impl JobService {
+    /// A service starting Jobs on `executor`, whose backend is one of the
+    /// host's (see [`JobService::with_traits`] for another).
     pub fn new(store: Store, executor: Arc<dyn Executor>) -> Self {
-        Self { store, executor, registry: Registry::default() }
+        let traits = crate::backends::host_traits(executor.name());
+        Self { store, executor, traits, registry: Registry::default() }
+    }
+
+    /// Says what sandboxes of the executor's backend are like.
+    pub fn with_traits(self, traits: crate::backends::BackendTraits) -> Self {
+        Self { traits, ..self }
     }
 
     pub fn store(&self) -> &Store {
@@ -213,7 +114,7 @@ impl JobService {
 
     /// Admits `request` and starts it on the current Tokio runtime.
     pub fn submit(&self, request: RunRequest) -> Result<ManagedJobRun, AdmissionError> {
-        let admitted = admission::admit(&self.store, self.executor.as_ref(), request)?;
+        let admitted = admission::admit(&self.store, self.executor.as_ref(), self.traits, request)?;
         Ok(self.start(admitted))
     }
 
@@ -261,7 +162,7 @@ impl JobService {
             RunEnd::Finished(o) => o.restore_failed_from,
             RunEnd::Suspended(_) => None,
         };
-        let updated = crate::runtime::recovery::update_job(&self.store, job_id, |job| {
+        let updated = crate::records::recovery::update_job(&self.store, job_id, |job| {
             if let Some(previous) = failed_restore.filter(|_| job.target_attempt == attempt.number()) {
                 // The Job stays suspended on its intact checkpoint; this Attempt's
                 // failure is recorded in its own receipt and events.

@@ -16,7 +16,7 @@ use pvisor_core::state::JobState;
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
 
-use crate::runtime::completion::{self, ReceiptError};
+use crate::records::completion::{self, ReceiptError};
 
 /// A failed read.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub enum ViewError {
     #[error(transparent)]
     Stage(pvisor_stage::StageError),
     #[error(transparent)]
-    Suspension(Box<crate::runtime::suspension::SuspensionError>),
+    Suspension(Box<crate::records::suspension::SuspensionError>),
     #[error(
         "{} does not match the records that bind it: {reason}. It was changed outside pvisor; \
          nothing is applied from it (restore it from a backup, or `pvisor export` another copy)",
@@ -165,7 +165,7 @@ pub struct JobStatus {
     pub changes: Option<usize>,
     pub stage: PathBuf,
     /// Where the staged changes stand (confirmed runs only).
-    pub stage_state: Option<crate::effects::StageState>,
+    pub stage_state: Option<crate::records::StageState>,
     /// Facts the Trace is missing even though the receipt is valid.
     pub audit_gaps: Vec<String>,
     /// The parent Job and checkpoint, for a fork.
@@ -233,7 +233,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
                 },
             )?;
             status.stage_state =
-                Some(crate::effects::StageState::of_stage(&bundle.changes, &outcomes, &status.stage));
+                Some(crate::records::StageState::of_stage(&bundle.changes, &outcomes, &status.stage));
             let terminal = result.state.terminal_event();
             let (events, _) = events(store, &run.id)?;
             if !events.iter().any(|e| e.kind == terminal) {
@@ -244,9 +244,9 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         None if job.state != JobState::Lost => {
             // A resume that died while preparing leaves the suspension usable.
             let suspension = if job.state == JobState::Suspended {
-                crate::runtime::suspension::resumable(store, &job).map(|f| f.map(|(_, r, m)| (r, m)))
+                crate::records::suspension::resumable(store, &job).map(|f| f.map(|(_, r, m)| (r, m)))
             } else {
-                crate::runtime::suspension::load(store, &job.id, &attempt_id)
+                crate::records::suspension::load(store, &job.id, &attempt_id)
             };
             match suspension.map_err(|e| ViewError::Suspension(Box::new(e)))? {
                 Some((receipt, _)) => {

@@ -19,7 +19,7 @@ use pvisor_core::state::{AttemptState, JobState};
 use pvisor_core::store::{OwnerLock, Store};
 use pvisor_core::time::Timestamp;
 
-use super::job_service::views::ViewError;
+use super::views::ViewError;
 use super::{completion, suspension};
 use crate::trace::{data, Trace};
 

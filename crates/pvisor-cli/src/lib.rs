@@ -1,0 +1,12 @@
+//! The `pvisor` command line: parsing (`cli`), one file per subcommand in
+//! `commands/` (routed by [`commands::dispatch`], which takes the runtime to
+//! run them on, so tests hand it one over fake backends), and exit codes
+//! (`exit.rs`, documented in `docs/exit-codes.md`). All behaviour lives in
+//! the library crates; `main.rs` builds the host runtime.
+
+pub mod cli;
+pub mod commands;
+mod config;
+pub mod exit;
+mod output;
+mod prompt;
