@@ -20,6 +20,10 @@
 //!
 //! Under `cargo test` (no `--bench`) it runs once with tiny sizes as a smoke test.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

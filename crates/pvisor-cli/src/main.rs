@@ -4,6 +4,11 @@
 //! `commands/`. Exit codes are documented in `docs/exit-codes.md` and defined
 //! in `exit.rs`.
 
+// The binary is the terminal's end: it prints what the user asked for, and
+// writes the files the user names (archives, patches, manuals), which are not
+// records; records are written by the library crates, durably.
+#![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
+
 mod cli;
 mod commands;
 mod config;

@@ -513,9 +513,12 @@ impl containerd_shim::Task for Service {
                 "state_dir": state_root(),
             });
             let file = std::path::Path::new(&req.path).join("pvisor-checkpoint.json");
-            std::fs::create_dir_all(&req.path)
-                .and_then(|()| std::fs::write(&file, record.to_string()))
-                .map_err(|e| rpc(Error::Internal(format!("cannot write {}: {e}", file.display()))))?;
+            // The checkpoint's description, in the directory ctr names: the
+            // client's file, not a record of the store.
+            #[allow(clippy::disallowed_methods)]
+            let written =
+                std::fs::create_dir_all(&req.path).and_then(|()| std::fs::write(&file, record.to_string()));
+            written.map_err(|e| rpc(Error::Internal(format!("cannot write {}: {e}", file.display()))))?;
         }
         log::info!("{}: execution checkpoint {saved} of Job {}", req.id, container.vm.job());
         self.publish(

@@ -11,6 +11,10 @@
 //! Skips, saying why, when containerd cannot be installed, when not root
 //! (containerd mounts snapshots), or when the guest image is not built.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 #[path = "containerd/harness.rs"]
 mod harness;
 #[path = "containerd/terminal.rs"]

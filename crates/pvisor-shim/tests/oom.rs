@@ -11,6 +11,10 @@
 //! was tried: under load its reclaim thrashes on the container's file pages
 //! and the hog runs for minutes instead.)
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 // The harness is containerd.rs's; this test uses part of it.
 #[allow(dead_code)]
 #[path = "containerd/harness.rs"]
