@@ -29,14 +29,9 @@ use harness::*;
 use terminal::{check_sizes, Tty, SIZES};
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn containerd_runs_containers_as_pvisor_vm_jobs() {
-    if let Some(why) = unable() {
-        // CI has root, the guest image and the Debian mirror: a skip there
-        // would be a test that cannot fail.
-        assert!(std::env::var_os("CI").is_none(), "CI cannot run the containerd test: {why}");
-        eprintln!("SKIP containerd_runs_containers_as_pvisor_vm_jobs: {why}");
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
 
     // ctr run: stdout, stderr and the exit code, exactly; a read-only
@@ -216,16 +211,10 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
 }
 
 #[test]
+#[ignore = "needs root, containerd, the vm guest image and grpcio: scripts/test.sh runs it as root, with --include-ignored"]
 fn cri_runs_a_pod_with_the_pvisor_handler() {
     let python = unable().map_or_else(cri_python, Err);
-    let python = match python {
-        Ok(python) => python,
-        Err(why) => {
-            assert!(std::env::var_os("CI").is_none(), "CI cannot run the CRI test: {why}");
-            eprintln!("SKIP cri_runs_a_pod_with_the_pvisor_handler: {why}");
-            return;
-        }
-    };
+    let python = python.unwrap_or_else(|why| panic!("this machine cannot run the CRI test: {why}"));
     // containerd-env.sh names this image as CRI's sandbox_image: no
     // registry is reachable for a pause image, and the shim runs a pod
     // sandbox's process as its keeper, whatever the image.
@@ -305,10 +294,9 @@ fn cri_python() -> Result<PathBuf, String> {
 }
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn terminals_for_the_init_process_and_an_exec() {
-    if !able("terminals_for_the_init_process_and_an_exec") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     let run = ["run", "-t", "--rm", "--runtime", RUNTIME, IMAGE, "tty-init", "sh", "-c", SIZES];
     check_sizes(Tty::spawn(&c, &run, 30, 90));
@@ -327,10 +315,9 @@ fn terminals_for_the_init_process_and_an_exec() {
 }
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn a_vm_that_ends_under_its_container_ends_the_containers_processes() {
-    if !able("a_vm_that_ends_under_its_container_ends_the_containers_processes") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     // The container kills its Job's keeper (it may: the guest is its own),
     // so the VM ends under a running init and a running exec. Before, the
@@ -458,10 +445,9 @@ fn read_from(addr: &str, timeout: Duration) -> std::io::Result<String> {
 }
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
-    if !able("a_container_in_a_network_namespace_has_its_address_through_the_vms_nic") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     let ns = Netns::create();
     let node = std::net::TcpListener::bind((ns.ip(1), 0)).expect("a listener on the veth");
@@ -597,10 +583,9 @@ fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
 }
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn a_binary_logger_gets_the_output_as_runcs_shim_hands_it_over() {
-    if !able("a_binary_logger_gets_the_output_as_runcs_shim_hands_it_over") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     // A shim logger as containerd's runc shim runs one (pkg/process/io.go,
     // NewBinaryIO/NewBinaryCmd; nerdctl's logging driver is one): stdout
@@ -646,10 +631,9 @@ fn a_binary_logger_gets_the_output_as_runcs_shim_hands_it_over() {
 }
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn output_and_stdin_go_on_after_a_pause() {
-    if !able("output_and_stdin_go_on_after_a_pause") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     let log = c.dir.path().join("ticks.log");
     let ticks = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done";
@@ -733,10 +717,9 @@ fn exits_within(mut child: std::process::Child, timeout: Duration, what: &str) -
 /// which would have to save the share's state, is refused and the
 /// container runs on; nothing is left once the containers are deleted.
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn a_read_write_volume_is_shared_live_between_the_host_and_two_containers() {
-    if !able("a_read_write_volume_is_shared_live_between_the_host_and_two_containers") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     let volume = c.dir.path().join("volume");
     std::fs::create_dir_all(&volume).expect("mkdir");
@@ -838,10 +821,9 @@ const DEFAULT_CAPABILITIES: [&str; 14] = [
 /// profile, which denies `mkdir` with `ENOSPC`, is in force: `mkdir` fails
 /// with that errno.
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept() {
-    if !able("a_hostile_image_and_volume_reach_no_host_file_and_empty_capability_sets_are_kept") {
-        return;
-    }
+    require();
     use std::os::unix::fs::{symlink, PermissionsExt};
     let c = start(NAMESPACE);
     let victim = c.dir.path().join("victim");

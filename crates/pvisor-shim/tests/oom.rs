@@ -26,10 +26,9 @@ use std::time::Duration;
 use harness::*;
 
 #[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
 fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
-    if !able("an_oom_kill_in_the_guest_is_task_oom_and_exit_137") {
-        return;
-    }
+    require();
     let c = start(NAMESPACE);
     let mut events = Command::new("ctr")
         .args(["-a", &c.sock, "-n", NAMESPACE, "events"])
