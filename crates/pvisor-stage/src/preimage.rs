@@ -3,7 +3,7 @@
 //! A preimage is what the host held at a path before the sandbox first
 //! modified it: absent, or kind + mode + size + BLAKE3. The `ns` executor's
 //! lower layer *is* the live workspace, so there is no snapshot to compare
-//! with; instead (DESIGN.md "Effects") the run's start is the baseline
+//! with; instead the run's start is the baseline
 //! ([`baseline_now`]: the next tick of the clock that stamps ctime):
 //! at sealing, a host entry whose ctime is older than the start is exactly what
 //! the sandbox saw, so it is hashed then; an entry changed during the run, or

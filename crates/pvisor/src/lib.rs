@@ -6,7 +6,7 @@
 //!    Job, Run and Attempt records.
 //! 2. [`session`]: the Session owns the Attempt's lifecycle: preparation,
 //!    cancellation, cleanup and terminal publication, with finalization in
-//!    the fixed order of DESIGN.md (seal stage → Bundle → Run projection and
+//!    a fixed order (seal stage → Bundle → Run projection and
 //!    receipt → terminal event).
 //! 3. [`runtime::job_service`]: the durable Job service runs each Session as a
 //!    Tokio task ([`ManagedJobRun`]) and publishes the Job state after joining

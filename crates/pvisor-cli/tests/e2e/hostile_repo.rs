@@ -1,5 +1,5 @@
 //! A hostile repository cannot widen the sandbox, run code on the host
-//! through apply, or deceive review (issue 15).
+//! through apply, or deceive review (docs/threat-model.md).
 //!
 //! Each test asserts that the attack failed: the host service was not
 //! reached, the hook is not in the workspace, no raw escape byte reached the

@@ -532,7 +532,7 @@ fn every_default_secret_store_and_secret_variable_stays_out_rootless() {
 /// `--cache PATH`: writable in the sandbox, kept for the next run, never
 /// staged, and the host's directory never written; a run that finds the
 /// cache in use gets a private copy, said; the workspace cannot be a cache
-/// (issue 17, item 8: cargo failed on a read-only ~/.cargo).
+/// (once, cargo failed on a read-only ~/.cargo).
 #[test]
 fn a_cache_persists_between_runs_without_being_staged() {
     let env = Env::new(As::Rootless);

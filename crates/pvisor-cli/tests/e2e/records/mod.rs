@@ -1,5 +1,5 @@
-//! The records tell the truth under concurrency, crashes and full disks
-//! (issue 16): one writer per Trace, one apply per workspace, a ledger that
+//! The records tell the truth under concurrency, crashes and full disks:
+//! one writer per Trace, one apply per workspace, a ledger that
 //! never calls an applied file dropped, Jobs that appear whole, records bound
 //! to the receipt, and commands that recover a full state directory.
 //!
@@ -367,7 +367,7 @@ fn ctrl_c_typed_on_a_terminal_ends_the_job_cancelled() {
     // Under heavy load about 1 in 15 first Ctrl-Cs sent the instant the
     // command's first line appears does not end it, though the relay passes
     // the byte and the sandbox's terminal signals the command's process group
-    // (traced; root cause open, noted in the closing note of issue 14). A
+    // (traced to that point; the root cause is still open). A
     // second one always has; the claim here is how a Ctrl-C death is recorded.
     if !wait_until(Duration::from_secs(5), || child.try_wait().unwrap().is_some()) {
         stdin.write_all(b"\x03").unwrap();
