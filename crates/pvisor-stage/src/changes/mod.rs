@@ -393,16 +393,7 @@ fn visit(
 ) -> Result<Option<Descend>, StageError> {
     let rel = dir.rel.join(name);
     if hidden {
-        let path = RelPath::new(&rel);
-        out.push(ChangeEntry {
-            path,
-            kind: ChangeKind::Deleted,
-            entry: EntryType::None,
-            size: 0,
-            mode: 0,
-            blake3: None,
-            hardlink_of: None,
-        });
+        out.push(deleted(&rel));
         return Ok(None);
     }
     let upper = at(upper_dir, name);
@@ -448,20 +439,8 @@ fn visit(
                 Some(EntryType::Dir) => {}
                 Some(_) => push(ChangeKind::TypeChanged, EntryType::Dir, 0, None),
             }
-            let child_hides = hides_lower || opaque;
-            // A directory the command made unsearchable to its owner is
-            // opened back up (the manifest keeps the mode it set).
-            unlock_dir(&upper, mode, &rel)?;
-            let child = open_dir(&upper).map_err(|e| StageError::io("list", &rel, e))?;
-            let lower_child = match (&lower_path, lower_type) {
-                (Some(p), Some(EntryType::Dir)) => {
-                    Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?)
-                }
-                _ => None,
-            };
-            let next =
-                Descend { upper: child, lower: lower_child, rel, hides_lower: child_hides, beyond: false };
-            return Ok(Some(next));
+            let lower_dir = lower_path.as_deref().filter(|_| lower_type == Some(EntryType::Dir));
+            return descend(&upper, lower_dir, mode, rel, hides_lower || opaque).map(Some);
         }
         EntryType::File => {
             // A file with several names is hashed once: 200 links of a
@@ -488,19 +467,7 @@ fn visit(
                 }
                 (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
             }
-            let pushed = out.len() > before;
-            match (known, inode) {
-                (Some(Linked { path: Some(first), .. }), _) if pushed => {
-                    if let Some(last) = out.last_mut() {
-                        last.hardlink_of = Some(first);
-                    }
-                }
-                (None, Some(inode)) => {
-                    let path = pushed.then(|| RelPath::new(&rel));
-                    links.insert(inode, Linked { path, digest: kept });
-                }
-                _ => {}
-            }
+            note_link(out, before, known, inode, &rel, kept, links);
         }
         EntryType::Symlink => {
             let (target, digest) = link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;
@@ -521,6 +488,66 @@ fn visit(
         },
     }
     Ok(None)
+}
+
+/// The deletion of `rel`, which a whiteout or an opaque directory hides.
+fn deleted(rel: &Path) -> ChangeEntry {
+    ChangeEntry {
+        path: RelPath::new(rel),
+        kind: ChangeKind::Deleted,
+        entry: EntryType::None,
+        size: 0,
+        mode: 0,
+        blake3: None,
+        hardlink_of: None,
+    }
+}
+
+/// Opens the staged directory at `upper` (and its lower namesake, if a
+/// directory) to be walked.
+fn descend(
+    upper: &Path,
+    lower: Option<&Path>,
+    mode: u32,
+    rel: PathBuf,
+    hides_lower: bool,
+) -> Result<Descend, StageError> {
+    // A directory the command made unsearchable to its owner is opened
+    // back up (the manifest keeps the mode it set).
+    unlock_dir(upper, mode, &rel)?;
+    let child = open_dir(upper).map_err(|e| StageError::io("list", &rel, e))?;
+    let lower_child = match lower {
+        Some(p) => Some(open_dir(p).map_err(|e| StageError::io("list", &rel, e))?),
+        None => None,
+    };
+    Ok(Descend { upper: child, lower: lower_child, rel, hides_lower, beyond: false })
+}
+
+/// Keeps track of a file with several names: a later name of a changed
+/// inode is marked a hard link of the first; the first name met of an
+/// inode is remembered (with its digest, so it is hashed once).
+fn note_link(
+    out: &mut [ChangeEntry],
+    before: usize,
+    known: Option<Linked>,
+    inode: Option<(u64, u64)>,
+    rel: &Path,
+    digest: String,
+    links: &mut Links,
+) {
+    let pushed = out.len() > before;
+    match (known, inode) {
+        (Some(Linked { path: Some(first), .. }), _) if pushed => {
+            if let Some(last) = out.last_mut() {
+                last.hardlink_of = Some(first);
+            }
+        }
+        (None, Some(inode)) => {
+            let path = pushed.then(|| RelPath::new(rel));
+            links.insert(inode, Linked { path, digest });
+        }
+        _ => {}
+    }
 }
 
 /// Names the workspace-relative path in an error about a `/proc/self/fd` path.
