@@ -39,7 +39,16 @@ use terminal::{check_sizes, Tty, SIZES};
 fn containerd_runs_containers_as_pvisor_vm_jobs() {
     require();
     let c = start(NAMESPACE);
+    ctr_run_relays_output_and_exit_code(&c);
+    a_running_container_execs_pauses_and_ends(&c);
+    sigkill_closes_a_paused_container(&c);
+    a_dead_shims_container_is_cleaned_up(&c);
+    nothing_of_the_vms_is_left(&c);
+}
 
+/// `ctr run`: stdout, stderr and the exit code, exactly; a read-only bind
+/// mount is copied into the VM; the capabilities are ctr's default set.
+fn ctr_run_relays_output_and_exit_code(c: &Containerd) {
     // ctr run: stdout, stderr and the exit code, exactly; a read-only
     // bind mount is copied into the VM.
     let data = c.dir.path().join("data");
@@ -68,7 +77,12 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     );
     assert_eq!(text(&out.stderr), "err\n");
     assert_eq!(out.status.code(), Some(3));
+}
 
+/// A running container outlives a containerd restart, runs execs (under
+/// its seccomp filter, with stdin), pauses, resumes, is checkpointed and
+/// ends with SIGTERM.
+fn a_running_container_execs_pauses_and_ends(c: &Containerd) {
     // A running container survives a containerd restart; exec into it,
     // then kill it with a signal. It runs under containerd's default
     // seccomp profile (what CRI gives `RuntimeDefault`), and so do its execs.
@@ -149,7 +163,10 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         text(&deleted.stderr)
     );
     c.ok(&["container", "rm", "long"]);
+}
 
+/// SIGKILL reaches a paused container: its Job is closed.
+fn sigkill_closes_a_paused_container(c: &Containerd) {
     // SIGKILL reaches a paused container: its Job is closed.
     c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "frozen", "sh", "-c", COUNTER]);
     c.ok(&["task", "pause", "frozen"]);
@@ -164,7 +181,11 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
     let deleted = c.ctr(&["task", "delete", "frozen"]);
     assert!(text(&deleted.stderr).contains("exit code 137"), "{}", text(&deleted.stderr));
     c.ok(&["container", "rm", "frozen"]);
+}
 
+/// A shim that dies takes its VM with it; containerd's cleanup (the
+/// shim's `delete` action) records the Job honestly and frees its disks.
+fn a_dead_shims_container_is_cleaned_up(c: &Containerd) {
     // A shim that dies takes its VM with it; containerd's cleanup (the
     // shim's `delete` action) records the Job honestly and frees its disks.
     c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "orphan", "sh", "-c", COUNTER]);
@@ -180,7 +201,11 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         c.task_status("orphan").is_none()
     });
     c.ok(&["container", "rm", "orphan"]);
+}
 
+/// Nothing of the VMs is left: no process, no task, no disk; every
+/// container was a Job, labelled with its container and namespace.
+fn nothing_of_the_vms_is_left(c: &Containerd) {
     // Nothing of the VMs is left running.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ok(&["task", "ls"]).lines().count() <= 1, "no task is left");
@@ -208,12 +233,12 @@ fn containerd_runs_containers_as_pvisor_vm_jobs() {
         assert!(listing.lines().count() >= 5 && listing.contains("lost"), "pvisor jobs: {listing}");
     }
     // Each Job carries its container's id and namespace as labels.
-    let long = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=long"]);
+    let long = pvisor(c, &["jobs", "--json", "--label", "containerd.io/container=long"]);
     let long: Vec<serde_json::Value> = long.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert_eq!(long.len(), 1, "one Job for container long: {long:?}");
     assert_eq!(long[0]["data"]["labels"]["containerd.io/namespace"], NAMESPACE, "{long:?}");
     let job = long[0]["data"]["job"].as_str().expect("a job id");
-    assert!(pvisor(&c, &["status", job]).contains("containerd.io/container=long"));
+    assert!(pvisor(c, &["status", job]).contains("containerd.io/container=long"));
 }
 
 #[test]

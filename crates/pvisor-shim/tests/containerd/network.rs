@@ -156,11 +156,41 @@ fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
     let _ = inside.kill();
     assert!(inside.wait_with_output().expect("reaped").stdout.is_empty());
 
-    // The guest is root in its VM and may take any address or MAC, but its
-    // frames leave only as the pod's: a connection from another address, or
-    // from its own address under another MAC (the node's neighbour cache
-    // flushed, so it must ARP anew), never reaches the node. Back as itself,
-    // it does again.
+    frames_leave_only_as_the_pod(&c, &ns);
+    // The Trace records the decision.
+    let listed = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=netted"]);
+    let job: serde_json::Value =
+        serde_json::from_str(listed.lines().next().unwrap_or_default()).expect("one Job");
+    let events = pvisor(&c, &["events", "--json", job["data"]["job"].as_str().expect("its id")]);
+    assert!(events.contains(r#""mode":"namespace""#) && events.contains(&ns.path()), "{events}");
+
+    // A pause ends QEMU and with it the TAP; the resume makes a new one
+    // and the guest keeps its address.
+    c.ok(&["task", "pause", "netted"]);
+    assert!(!ns.has_tap(), "a suspended VM holds no TAP");
+    c.ok(&["task", "resume", "netted"]);
+    assert_eq!(read_from(&pod, Duration::from_secs(60)).expect("served after the resume"), "served\n");
+
+    c.ok(&["task", "kill", "-s", "KILL", "netted"]);
+    eventually("the task stops", Duration::from_secs(60), || {
+        c.task_status("netted").as_deref() == Some("STOPPED")
+    });
+    let _ = c.ctr(&["task", "delete", "netted"]);
+    c.ok(&["container", "rm", "netted"]);
+    eventually("the VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
+    assert!(!ns.has_tap(), "nothing is left in the namespace");
+    assert!(
+        read_from(&pod, Duration::from_secs(1)).is_err(),
+        "nothing serves the address after the container"
+    );
+}
+
+/// The guest is root in its VM and may take any address or MAC, but its
+/// frames leave only as the pod's: a connection from another address, or
+/// from its own address under another MAC (the node's neighbour cache
+/// flushed, so it must ARP anew), never reaches the node. Back as itself,
+/// it does again.
+fn frames_leave_only_as_the_pod(c: &Containerd, ns: &Netns) {
     let node2 = std::net::TcpListener::bind((ns.ip(1), 0)).expect("a second listener");
     let port2 = node2.local_addr().expect("its port").port();
     let (gw, real, spoofed) = (ns.ip(1), ns.ip(2), ns.ip(50));
@@ -202,31 +232,5 @@ fn a_container_in_a_network_namespace_has_its_address_through_the_vms_nic() {
         accepted.as_deref().and_then(|a| a.split(':').next()),
         Some(real.as_str()),
         "the pod's own frames go out: {ran}"
-    );
-    // The Trace records the decision.
-    let listed = pvisor(&c, &["jobs", "--json", "--label", "containerd.io/container=netted"]);
-    let job: serde_json::Value =
-        serde_json::from_str(listed.lines().next().unwrap_or_default()).expect("one Job");
-    let events = pvisor(&c, &["events", "--json", job["data"]["job"].as_str().expect("its id")]);
-    assert!(events.contains(r#""mode":"namespace""#) && events.contains(&ns.path()), "{events}");
-
-    // A pause ends QEMU and with it the TAP; the resume makes a new one
-    // and the guest keeps its address.
-    c.ok(&["task", "pause", "netted"]);
-    assert!(!ns.has_tap(), "a suspended VM holds no TAP");
-    c.ok(&["task", "resume", "netted"]);
-    assert_eq!(read_from(&pod, Duration::from_secs(60)).expect("served after the resume"), "served\n");
-
-    c.ok(&["task", "kill", "-s", "KILL", "netted"]);
-    eventually("the task stops", Duration::from_secs(60), || {
-        c.task_status("netted").as_deref() == Some("STOPPED")
-    });
-    let _ = c.ctr(&["task", "delete", "netted"]);
-    c.ok(&["container", "rm", "netted"]);
-    eventually("the VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
-    assert!(!ns.has_tap(), "nothing is left in the namespace");
-    assert!(
-        read_from(&pod, Duration::from_secs(1)).is_err(),
-        "nothing serves the address after the container"
     );
 }
