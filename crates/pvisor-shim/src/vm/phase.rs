@@ -77,8 +77,9 @@ impl Stage {
             // Saved; the save failed with the VM alive (Live) or not
             // (Ended); a delete while it saves.
             Pausing => matches!(to, Paused | Live | Ended | Ending),
-            // A resume; a delete.
-            Paused => matches!(to, Starting | Ending),
+            // A resume; a delete; a delete that began before the pause
+            // landed records the Job's end.
+            Paused => matches!(to, Starting | Ending | Ended),
             // The generation's end is recorded. A resume or pause that
             // completes after the delete began still lands (Live, Paused),
             // as it always has: the delete then waits for the generation's
@@ -120,6 +121,7 @@ mod tests {
         (Pausing, Ending),
         (Paused, Starting),
         (Paused, Ending),
+        (Paused, Ended),
         (Ending, Ended),
         (Ending, Live),
         (Ending, Paused),
