@@ -9,6 +9,7 @@
 #   bubblewrap       the run-overhead benchmark's comparison
 #   qemu-system-x86  the vm executor's hypervisor
 #   containerd       the containerd shim's tests (a private instance, scripts/containerd-env.sh)
+#   vim              the end-to-end test that editor start-up files are not applied
 #   busybox-static, kmod, lz4, e2fsprogs
 #                    the vm guest image (scripts/vm-image.sh) and its workspace disks
 set -euo pipefail
@@ -28,6 +29,7 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 [ -x /usr/bin/lz4 ] || need+=(lz4)
 [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
+command -v vim >/dev/null 2>&1 || need+=(vim)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -13,6 +13,10 @@
 //! `PVISOR_BENCH_BASELINE=/path/to/older/pvisor` times that build too, in the
 //! same interleaving, with its own state directory, and prints new / baseline.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

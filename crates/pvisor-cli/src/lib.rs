@@ -4,6 +4,11 @@
 //! (`exit.rs`, documented in `docs/exit-codes.md`). All behaviour lives in
 //! the library crates; `main.rs` builds the host runtime.
 
+// The command line is the terminal's end: it prints what the user asked for,
+// and writes the files the user names (archives, patches, manuals), which are
+// not records; records are written by the library crates, durably.
+#![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
+
 pub mod cli;
 pub mod commands;
 mod config;

@@ -118,7 +118,7 @@ impl Ctx {
             .filter(|a| match self.policy.check_address(host, port, a.ip()) {
                 Ok(()) => true,
                 Err(why) => {
-                    refused = Some(why);
+                    refused = Some(why.to_string());
                     false
                 }
             })

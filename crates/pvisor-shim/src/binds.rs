@@ -93,29 +93,68 @@ pub fn plan(binds: Vec<Bind>) -> Plan {
     plan
 }
 
+/// Why a volume's mount point or a bind's copy could not be made in the
+/// rootfs.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("cannot open the rootfs {}: {source}", rootfs.display())]
+    OpenRootfs {
+        rootfs: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a plain absolute path", destination.display())]
+    NotPlain { destination: PathBuf },
+    #[error("a bind mount cannot replace the container's root")]
+    ReplacesRoot,
+    #[error("cannot make {} for a bind mount: {source}", parent.display())]
+    MakeParent {
+        parent: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is a symlink in the image; a bind mount cannot go there", destination.display())]
+    Symlink { destination: PathBuf },
+    #[error("{} is not a directory in the image", parent.display())]
+    NotDirectory { parent: PathBuf },
+    #[error("cannot make the mount point {} for {}: {source}", target.display(), source_dir.display())]
+    MountPoint {
+        target: PathBuf,
+        source_dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the volume {} is a directory, but the image has a file at {}", volume.display(), target.display())]
+    FileAtMountPoint { volume: PathBuf, target: PathBuf },
+    #[error("cannot copy the bind mount {} to {}: {source}", from.display(), to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Makes an empty directory in `rootfs` at each shared directory's target,
 /// through no symlink, for the guest to mount it on.
-pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<(), String> {
+pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<(), BindError> {
     let into = open_rootfs(rootfs)?;
     for share in shared {
         let target = inside(&share.target)?;
         make_parents(&into, &target, &share.target)?;
-        let made = |e: std::io::Error| {
-            format!(
-                "cannot make the mount point {} for {}: {e}",
-                share.target.display(),
-                share.source.display()
-            )
+        let made = |source: std::io::Error| BindError::MountPoint {
+            target: share.target.clone(),
+            source_dir: share.source.clone(),
+            source,
         };
         match into.stat(&target).map_err(made)?.map(|s| s.kind) {
             None => into.mkdir(&target, 0o755).map_err(made)?,
             Some(Kind::Dir) => {}
             Some(_) => {
-                return Err(format!(
-                    "the volume {} is a directory, but the image has a file at {}",
-                    share.source.display(),
-                    share.target.display()
-                ))
+                return Err(BindError::FileAtMountPoint {
+                    volume: share.source.clone(),
+                    target: share.target.clone(),
+                })
             }
         }
     }
@@ -123,18 +162,16 @@ pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<()
 }
 
 /// Copies every bind into `rootfs`.
-pub fn copy_in(binds: &[Bind], rootfs: &Path) -> Result<(), String> {
+pub fn copy_in(binds: &[Bind], rootfs: &Path) -> Result<(), BindError> {
     let into = open_rootfs(rootfs)?;
     let mut budget = Budget { bytes: MAX_COPY, entries: MAX_ENTRIES };
     for bind in binds {
         let target = inside(&bind.destination)?;
         make_parents(&into, &target, &bind.destination)?;
-        let failed = |e: std::io::Error| {
-            format!(
-                "cannot copy the bind mount {} to {}: {e}",
-                bind.source.display(),
-                bind.destination.display()
-            )
+        let failed = |source: std::io::Error| BindError::Copy {
+            from: bind.source.clone(),
+            to: bind.destination.clone(),
+            source,
         };
         into.remove_all(&target).map_err(failed)?;
         copy_bind(&bind.source, &into, &target, &mut budget).map_err(failed)?;
@@ -148,45 +185,40 @@ pub fn copy_in(binds: &[Bind], rootfs: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn open_rootfs(rootfs: &Path) -> Result<Root, String> {
-    Root::open(rootfs).map_err(|e| format!("cannot open the rootfs {}: {e}", rootfs.display()))
+fn open_rootfs(rootfs: &Path) -> Result<Root, BindError> {
+    Root::open(rootfs).map_err(|source| BindError::OpenRootfs { rootfs: rootfs.to_path_buf(), source })
 }
 
 /// `destination` relative to the rootfs, refusing `..` and the root itself.
-fn inside(destination: &Path) -> Result<PathBuf, String> {
+fn inside(destination: &Path) -> Result<PathBuf, BindError> {
     let mut path = PathBuf::new();
     for component in destination.components() {
         match component {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(name) => path.push(name),
-            _ => return Err(format!("{} is not a plain absolute path", destination.display())),
+            _ => return Err(BindError::NotPlain { destination: destination.to_path_buf() }),
         }
     }
     if path.as_os_str().is_empty() {
-        return Err("a bind mount cannot replace the container's root".to_owned());
+        return Err(BindError::ReplacesRoot);
     }
     Ok(path)
 }
 
 /// Makes the directories above `target` that the image lacks (0755, the
 /// shim's), refusing any that is a symlink or not a directory.
-fn make_parents(into: &Root, target: &Path, destination: &Path) -> Result<(), String> {
+fn make_parents(into: &Root, target: &Path, destination: &Path) -> Result<(), BindError> {
     let mut parent = PathBuf::new();
     let mut names: Vec<&OsStr> = target.iter().collect();
     names.pop();
     for name in names {
         parent.push(name);
-        let failed = |e: std::io::Error| format!("cannot make {} for a bind mount: {e}", parent.display());
+        let failed = |source: std::io::Error| BindError::MakeParent { parent: parent.clone(), source };
         match into.stat(&parent).map_err(failed)?.map(|s| s.kind) {
             None => into.mkdir(&parent, 0o755).map_err(failed)?,
             Some(Kind::Dir) => {}
-            Some(Kind::Symlink) => {
-                return Err(format!(
-                    "{} is a symlink in the image; a bind mount cannot go there",
-                    destination.display()
-                ))
-            }
-            Some(_) => return Err(format!("{} is not a directory in the image", parent.display())),
+            Some(Kind::Symlink) => return Err(BindError::Symlink { destination: destination.to_path_buf() }),
+            Some(_) => return Err(BindError::NotDirectory { parent }),
         }
     }
     Ok(())
@@ -353,7 +385,7 @@ mod tests {
         std::os::unix::fs::symlink(host.path(), rootfs.path().join("escape")).expect("symlink");
         let bad =
             Bind { source: host.path().join("hosts"), destination: "/escape/x".into(), read_only: true };
-        assert!(copy_in(&[bad], rootfs.path()).unwrap_err().contains("symlink"));
+        assert!(copy_in(&[bad], rootfs.path()).unwrap_err().to_string().contains("symlink"));
         assert!(!host.path().join("x").exists(), "nothing was written outside the rootfs");
     }
 
@@ -388,11 +420,14 @@ mod tests {
         // The image cannot steer the mount point out of the rootfs.
         std::os::unix::fs::symlink(host.path(), rootfs.path().join("escape")).expect("symlink");
         let hostile = [SharedDirectory { source: host.path().join("vol"), target: "/escape/made".into() }];
-        assert!(make_mount_points(&hostile, rootfs.path()).unwrap_err().contains("symlink"));
+        assert!(make_mount_points(&hostile, rootfs.path()).unwrap_err().to_string().contains("symlink"));
         assert!(!host.path().join("made").exists(), "nothing was made outside the rootfs");
         fs::write(rootfs.path().join("file"), b"").expect("write");
         let onto_file = [SharedDirectory { source: host.path().join("vol"), target: "/file".into() }];
-        assert!(make_mount_points(&onto_file, rootfs.path()).unwrap_err().contains("a file at /file"));
+        assert!(make_mount_points(&onto_file, rootfs.path())
+            .unwrap_err()
+            .to_string()
+            .contains("a file at /file"));
     }
 
     /// The image plants `/data/sub -> OUTSIDE` and the source holds

@@ -74,7 +74,7 @@ impl Container {
         runtime: &Runtime,
         tokio: &tokio::runtime::Handle,
     ) -> Result<Container, Error> {
-        request.stdio.check().map_err(Error::Unsupported)?;
+        request.stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
         let oci = spec::load(&request.bundle)?;
         let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
         let rootfs = request.bundle.join(root);
@@ -95,20 +95,26 @@ impl Container {
         // is someone's directory, not to be written.
         let binds = binds::plan(binds::binds(&oci));
         if mounted {
-            binds::copy_in(&binds.copied, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
-            binds::make_mount_points(&binds.shared, &rootfs).map_err(|e| undo(Error::Invalid(e)))?;
+            binds::copy_in(&binds.copied, &rootfs).map_err(|e| undo(Error::Invalid(e.to_string())))?;
+            binds::make_mount_points(&binds.shared, &rootfs)
+                .map_err(|e| undo(Error::Invalid(e.to_string())))?;
         } else if !binds.copied.is_empty() {
             log::warn!("{}: bind mounts are not copied into a rootfs the shim did not mount", request.id);
         }
         let labels = spec::labels(&oci, &request.namespace, &request.id);
-        let logger =
-            request.stdio.logger(&request.id, &request.namespace).map_err(|e| undo(Error::Invalid(e)))?;
+        let logger = request
+            .stdio
+            .logger(&request.id, &request.namespace)
+            .map_err(|e| undo(Error::Invalid(e.to_string())))?;
         let host = HostAttachments {
             network_namespace: spec::network_namespace(&oci, &request.bundle).map_err(|e| undo(e.into()))?,
             shared_directories: binds.shared,
         };
         let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels, host)
-            .map_err(|e| undo(Error::Internal(e)))?;
+            .map_err(|e| undo(Error::Internal(e.to_string())))?;
+        // In containerd's bundle, not the store: a file lost to a crash only
+        // means the cleanup after a crashed shim cannot name its Job.
+        #[allow(clippy::disallowed_methods)]
         let _ = std::fs::write(request.bundle.join(JOB_FILE), vm.job().as_str());
         Ok(Container {
             id: request.id,
@@ -140,7 +146,7 @@ impl Container {
 
     /// Adds an exec (not started yet).
     pub fn add_exec(&self, exec_id: &str, process_json: &[u8], stdio: Stdio) -> Result<(), Error> {
-        stdio.check().map_err(Error::Unsupported)?;
+        stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
         if self.init.snapshot().status != Status::Running {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
@@ -152,7 +158,7 @@ impl Container {
         // (`process/exec.go`, `createIO(ctx, e.id, ...)`); runc starts it at
         // the exec's start, this shim at its create, so a broken logger
         // fails `ctr task exec` either way.
-        let logger = stdio.logger(exec_id, &self.namespace).map_err(Error::Invalid)?;
+        let logger = stdio.logger(exec_id, &self.namespace).map_err(|e| Error::Invalid(e.to_string()))?;
         let mut execs = self.lock_execs();
         if execs.contains_key(exec_id) {
             return Err(Error::Precondition(format!("exec {exec_id} already exists")));
@@ -174,7 +180,7 @@ impl Container {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
         let on_oom = exec_id.is_empty().then_some(on_oom);
-        process.start(&self.vm, on_exit, on_oom).map_err(Error::Internal)
+        process.start(&self.vm, on_exit, on_oom).map_err(|e| Error::Internal(e.to_string()))
     }
 
     /// Every live process's guest pid (the init process first).

@@ -37,17 +37,56 @@ pub fn is_binary(path: &str) -> bool {
     path.starts_with(SCHEME)
 }
 
+/// Why a `binary://` logger could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggerError {
+    #[error("{uri:?} is not a binary:// URI")]
+    NotBinary { uri: String },
+    #[error("the logger path of {uri:?} is not UTF-8 once decoded")]
+    NotUtf8 {
+        uri: String,
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    #[error(
+        "the logging binary in {uri:?} must be an absolute path (binary:///usr/local/bin/logger?opt=value)"
+    )]
+    Relative { uri: String },
+    /// A pipe to the logger could not be made.
+    #[error(transparent)]
+    Pipe(#[from] rustix::io::Errno),
+    #[error("cannot start the logging binary {}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the logging binary {}: {source}", program.display())]
+    NotReady {
+        program: PathBuf,
+        #[source]
+        source: ReadyError,
+    },
+}
+
+/// Why a started logger did not say it was ready.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    #[error("not ready after {seconds} s (it must write to or close fd 5)")]
+    Timeout { seconds: u64 },
+    #[error("readiness pipe: {0}")]
+    Pipe(#[source] rustix::io::Errno),
+}
+
 /// The program and arguments a `binary://` URI names.
-pub fn command_of(uri: &str) -> Result<(PathBuf, Vec<String>), String> {
-    let rest = uri.strip_prefix(SCHEME).ok_or_else(|| format!("{uri:?} is not a binary:// URI"))?;
+pub fn command_of(uri: &str) -> Result<(PathBuf, Vec<String>), LoggerError> {
+    let rest = uri.strip_prefix(SCHEME).ok_or_else(|| LoggerError::NotBinary { uri: uri.into() })?;
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let path = percent_encoding::percent_decode_str(path)
         .decode_utf8()
-        .map_err(|_| format!("the logger path of {uri:?} is not UTF-8 once decoded"))?;
+        .map_err(|source| LoggerError::NotUtf8 { uri: uri.into(), source })?;
     if !path.starts_with('/') {
-        return Err(format!(
-            "the logging binary in {uri:?} must be an absolute path (binary:///usr/local/bin/logger?opt=value)"
-        ));
+        return Err(LoggerError::Relative { uri: uri.into() });
     }
     // Go's url.Values: each key once with its first value, the rest
     // dropped (Go's map order is random; this keeps the query's).
@@ -73,15 +112,15 @@ pub struct Logger {
 impl Logger {
     /// Starts the logger `uri` names for container `id` in `namespace` and
     /// waits until it is ready.
-    pub fn start(uri: &str, id: &str, namespace: &str) -> Result<Logger, String> {
+    pub fn start(uri: &str, id: &str, namespace: &str) -> Result<Logger, LoggerError> {
         let (program, args) = command_of(uri)?;
-        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| e.to_string());
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         let (ready_r, ready_w) = pipe()?;
         // Above 5, so the child's dup2 onto 3, 4 and 5 never overwrites a
         // source it still needs.
-        let high = |fd: &OwnedFd| rustix::io::fcntl_dupfd_cloexec(fd, 10).map_err(|e| e.to_string());
+        let high = |fd: &OwnedFd| rustix::io::fcntl_dupfd_cloexec(fd, 10);
         let sources = [high(&out_r)?, high(&err_r)?, high(&ready_w)?];
         let raw: Vec<i32> = sources.iter().map(|fd| fd.as_raw_fd()).collect();
         let mut command = Command::new(&program);
@@ -106,14 +145,15 @@ impl Logger {
                 Ok(())
             });
         }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start the logging binary {}: {e}", program.display()))?;
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(source) => return Err(LoggerError::Spawn { program, source }),
+        };
         drop((sources, out_r, err_r, ready_w));
         let mut logger = Logger { child, stdout: Some(File::from(out_w)), stderr: Some(File::from(err_w)) };
-        if let Err(e) = wait_ready(&ready_r) {
+        if let Err(source) = wait_ready(&ready_r) {
             logger.finish();
-            return Err(format!("the logging binary {}: {e}", program.display()));
+            return Err(LoggerError::NotReady { program, source });
         }
         Ok(logger)
     }
@@ -155,7 +195,7 @@ impl Drop for Logger {
 }
 
 /// Waits for a byte or EOF on the readiness pipe.
-fn wait_ready(ready: &OwnedFd) -> Result<(), String> {
+fn wait_ready(ready: &OwnedFd) -> Result<(), ReadyError> {
     let mut fds = [PollFd::new(ready, PollFlags::IN)];
     // One deadline for the whole wait: a signal does not restart it.
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -164,20 +204,13 @@ fn wait_ready(ready: &OwnedFd) -> Result<(), String> {
         let timeout =
             rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
         match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(0) => {
-                return Err(format!(
-                    "not ready after {} s (it must write to or close fd 5)",
-                    READY_TIMEOUT.as_secs()
-                ))
-            }
+            Ok(0) => return Err(ReadyError::Timeout { seconds: READY_TIMEOUT.as_secs() }),
             Ok(_) => {
                 let mut byte = [0u8; 1];
-                return rustix::io::read(ready.as_fd(), &mut byte)
-                    .map(|_| ())
-                    .map_err(|e| format!("readiness pipe: {e}"));
+                return rustix::io::read(ready.as_fd(), &mut byte).map(|_| ()).map_err(ReadyError::Pipe);
             }
             Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(format!("readiness pipe: {e}")),
+            Err(e) => return Err(ReadyError::Pipe(e)),
         }
     }
 }
@@ -197,6 +230,6 @@ mod tests {
         assert_eq!(path, std::path::PathBuf::from("/usr/local/bin/my logger"));
         assert_eq!(args, ["--log-dir", "/var/log/x", "flag", "", "empty", "", "k", "a b/c"]);
         assert_eq!(command_of("binary:///bin/logger").unwrap().1, Vec::<String>::new());
-        assert!(command_of("binary://logger").unwrap_err().contains("absolute path"));
+        assert!(command_of("binary://logger").unwrap_err().to_string().contains("absolute path"));
     }
 }

@@ -31,7 +31,7 @@ use pvisor::actions::Guest;
 use pvisor_core::ids::AttemptId;
 use std::time::{Duration, Instant};
 
-use crate::logger::Logger;
+use crate::logger::{Logger, LoggerError};
 use crate::spec::ProcessSpec;
 use crate::vm::{status_of, ExecError, Vm};
 
@@ -53,31 +53,55 @@ pub struct Stdio {
     pub terminal: bool,
 }
 
+/// Stdio the shim cannot connect.
+#[derive(Debug, thiserror::Error)]
+pub enum StdioError {
+    #[error("unsupported: stdio {path:?} (FIFOs, files, file:// URIs, and binary:// for output)")]
+    Scheme { path: String },
+    #[error(
+        "unsupported: binary:// stderr {stderr:?} without the same stdout (a logger takes both streams)"
+    )]
+    SplitLogger { stderr: String },
+}
+
+/// Why a process could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the process was already started")]
+    AlreadyStarted,
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// Why a process's terminal could not be resized.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("the process has no terminal (it was not started with one)")]
+    NoTerminal,
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
 impl Stdio {
     /// Refuses what the shim cannot connect: a `binary://` stdin, and URI
     /// schemes other than `file://` and (for output) `binary://`.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), StdioError> {
         for (path, output) in [(&self.stdin, false), (&self.stdout, true), (&self.stderr, true)] {
             let binary = output && crate::logger::is_binary(path);
             if path.contains("://") && !path.starts_with("file://") && !binary {
-                return Err(format!(
-                    "unsupported: stdio {path:?} (FIFOs, files, file:// URIs, and binary:// for output)"
-                ));
+                return Err(StdioError::Scheme { path: path.clone() });
             }
         }
         // One logger takes both streams (containerd's NewBinaryIO uses
         // stdout's URI for both): a stderr elsewhere would be dropped.
         if crate::logger::is_binary(&self.stderr) && self.stderr != self.stdout {
-            return Err(format!(
-                "unsupported: binary:// stderr {:?} without the same stdout (a logger takes both streams)",
-                self.stderr
-            ));
+            return Err(StdioError::SplitLogger { stderr: self.stderr.clone() });
         }
         Ok(())
     }
 
     /// The logger a `binary://` stdout names, started for container `id`.
-    pub fn logger(&self, id: &str, namespace: &str) -> Result<Option<Logger>, String> {
+    pub fn logger(&self, id: &str, namespace: &str) -> Result<Option<Logger>, LoggerError> {
         if !crate::logger::is_binary(&self.stdout) {
             return Ok(None);
         }
@@ -198,11 +222,11 @@ impl Process {
         vm: &Arc<Vm>,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
         on_oom: Option<OnOom>,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, StartError> {
         // `on_exit` runs only for a process that started: a failed start
         // is the error containerd gets.
         if self.lock().status != Status::Created {
-            return Err("the process was already started".into());
+            return Err(StartError::AlreadyStarted);
         }
         let terminal = self.has_terminal().then(|| self.lock().size);
         let (channel, attempt, id, pid) = match vm.exec(&self.spec, terminal) {
@@ -216,7 +240,7 @@ impl Process {
                     ExecError::Guest(_) | ExecError::Paused => LOST,
                 };
                 self.exit(status);
-                return Err(e.to_string());
+                return Err(e.into());
             }
         };
         {
@@ -442,16 +466,16 @@ impl Process {
     }
 
     /// Sets the size of the process's terminal (`ResizePty`).
-    pub fn resize(&self, size: TerminalSize) -> Result<(), String> {
+    pub fn resize(&self, size: TerminalSize) -> Result<(), ResizeError> {
         if !self.has_terminal() {
-            return Err("the process has no terminal (it was not started with one)".into());
+            return Err(ResizeError::NoTerminal);
         }
         let mut inner = self.lock();
         inner.size = size;
         match (inner.status, inner.started.clone()) {
             (Status::Running, Some((vm, id))) => {
                 drop(inner);
-                vm.resize(id, size).map_err(|e| e.to_string())
+                vm.resize(id, size).map_err(ResizeError::from)
             }
             // Not started: the size is its first; ended: nothing to size.
             _ => Ok(()),
@@ -600,9 +624,13 @@ mod tests {
         assert!(stdio("", logger, logger).check().is_ok());
         assert!(stdio("", logger, "").check().is_ok());
         assert!(stdio("/run/fifo/in", "/run/fifo/out", "/run/fifo/err").check().is_ok());
-        assert!(stdio(logger, "", "").check().unwrap_err().contains("unsupported"));
-        assert!(stdio("", "/run/fifo/out", logger).check().unwrap_err().contains("same stdout"));
-        assert!(stdio("", logger, "binary:///usr/bin/other").check().unwrap_err().contains("same stdout"));
+        assert!(stdio(logger, "", "").check().unwrap_err().to_string().contains("unsupported"));
+        assert!(stdio("", "/run/fifo/out", logger).check().unwrap_err().to_string().contains("same stdout"));
+        assert!(stdio("", logger, "binary:///usr/bin/other")
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("same stdout"));
         assert!(stdio("", "tcp://x", "").check().is_err());
     }
 }

@@ -18,7 +18,7 @@ use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{api, Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, TtrpcResult};
 use pvisor::actions::guest::TerminalSize;
 use pvisor::Runtime;
-use pvisor_core::store::Store;
+use pvisor_core::store::{Store, StoreError};
 
 use crate::container::{self, Container, CreateRequest, Error};
 use crate::process::{Exit, KillError, OnOom, Status, Stdio};
@@ -38,7 +38,7 @@ struct Engine {
 struct Shared {
     namespace: String,
     exit: ExitSignal,
-    engine: OnceLock<Result<Engine, String>>,
+    engine: OnceLock<Result<Engine, EngineError>>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
     publisher: Mutex<Option<RemotePublisher>>,
 }
@@ -57,30 +57,43 @@ fn state_root() -> PathBuf {
         .map_or_else(|| DEFAULT_HOME.into(), PathBuf::from)
 }
 
-fn open_runtime() -> Result<Runtime, String> {
+/// Why the shim could not start serving containers.
+#[derive(Debug, thiserror::Error)]
+enum EngineError {
+    #[error("cannot use the state directory {}: {source}", root.display())]
+    State {
+        root: PathBuf,
+        #[source]
+        source: StoreError,
+    },
+    #[error("cannot start the async runtime: {0}")]
+    Async(#[source] std::io::Error),
+    /// The thread that runs the Sessions could not be started.
+    #[error(transparent)]
+    Thread(std::io::Error),
+}
+
+fn open_runtime() -> Result<Runtime, EngineError> {
     let root = state_root();
-    let store =
-        Store::open(&root).map_err(|e| format!("cannot use the state directory {}: {e}", root.display()))?;
+    let store = Store::open(&root).map_err(|source| EngineError::State { root, source })?;
     Ok(Runtime::on_host(store))
 }
 
-fn start_engine() -> Result<Engine, String> {
+fn start_engine() -> Result<Engine, EngineError> {
     let runtime = open_runtime()?;
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let tokio =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(EngineError::Async)?;
     let handle = tokio.handle().clone();
     std::thread::Builder::new()
         .name("pvisor-sessions".into())
         .spawn(move || tokio.block_on(std::future::pending::<()>()))
-        .map_err(|e| e.to_string())?;
+        .map_err(EngineError::Thread)?;
     Ok(Engine { runtime, tokio: handle })
 }
 
 impl Service {
     fn engine(&self) -> Result<&Engine, Error> {
-        self.shared.engine.get_or_init(start_engine).as_ref().map_err(|e| Error::Internal(e.clone()))
+        self.shared.engine.get_or_init(start_engine).as_ref().map_err(|e| Error::Internal(e.to_string()))
     }
 
     fn container(&self, id: &str) -> Result<Arc<Container>, Error> {
@@ -457,7 +470,7 @@ impl containerd_shim::Task for Service {
         if container.init.snapshot().status != Status::Running {
             return Err(rpc(Error::Precondition(format!("container {} is not running", req.id))));
         }
-        let checkpoint = container.vm.pause().map_err(|e| rpc(Error::Internal(e)))?;
+        let checkpoint = container.vm.pause().map_err(|e| rpc(Error::Internal(e.to_string())))?;
         log::info!("{}: paused: Job {} suspended to {checkpoint}", req.id, container.vm.job());
         self.publish(
             topics::TASK_PAUSED_EVENT_TOPIC,
@@ -469,7 +482,7 @@ impl containerd_shim::Task for Service {
     /// Resumes the suspended Job in a new Attempt, from its checkpoint.
     fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
         let container = self.container(&req.id).map_err(rpc)?;
-        container.vm.resume().map_err(|e| rpc(Error::Precondition(e)))?;
+        container.vm.resume().map_err(|e| rpc(Error::Precondition(e.to_string())))?;
         container.resumed();
         log::info!("{}: resumed: Job {}", req.id, container.vm.job());
         self.publish(
@@ -491,7 +504,7 @@ impl containerd_shim::Task for Service {
         if req.options.is_some() {
             log::info!("{}: checkpoint options are ignored (pvisor saves the whole VM)", req.id);
         }
-        let saved = container.vm.checkpoint().map_err(|e| rpc(Error::Internal(e)))?;
+        let saved = container.vm.checkpoint().map_err(|e| rpc(Error::Internal(e.to_string())))?;
         if !req.path.is_empty() {
             let record = serde_json::json!({
                 "runtime": "io.containerd.pvisor.v1",
@@ -500,9 +513,12 @@ impl containerd_shim::Task for Service {
                 "state_dir": state_root(),
             });
             let file = std::path::Path::new(&req.path).join("pvisor-checkpoint.json");
-            std::fs::create_dir_all(&req.path)
-                .and_then(|()| std::fs::write(&file, record.to_string()))
-                .map_err(|e| rpc(Error::Internal(format!("cannot write {}: {e}", file.display()))))?;
+            // The checkpoint's description, in the directory ctr names: the
+            // client's file, not a record of the store.
+            #[allow(clippy::disallowed_methods)]
+            let written =
+                std::fs::create_dir_all(&req.path).and_then(|()| std::fs::write(&file, record.to_string()));
+            written.map_err(|e| rpc(Error::Internal(format!("cannot write {}: {e}", file.display()))))?;
         }
         log::info!("{}: execution checkpoint {saved} of Job {}", req.id, container.vm.job());
         self.publish(
@@ -544,7 +560,9 @@ impl containerd_shim::Task for Service {
     /// The guest kernel's CPU and memory figures, as cgroup v1 metrics.
     fn stats(&self, _ctx: &TtrpcContext, req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
         let container = self.container(&req.id).map_err(rpc)?;
-        let read = |path: &str| container.vm.read_guest_file(path).map_err(|e| rpc(Error::Precondition(e)));
+        let read = |path: &str| {
+            container.vm.read_guest_file(path).map_err(|e| rpc(Error::Precondition(e.to_string())))
+        };
         let (stat, mem) = (read("/proc/stat")?, read("/proc/meminfo")?);
         let processes = container.pids().len() as u64;
         let metrics = crate::stats::metrics(&stat, &mem, processes, container.pids_limit);

@@ -3,7 +3,7 @@
 //! A preimage is what the host held at a path before the sandbox first
 //! modified it: absent, or kind + mode + size + BLAKE3. The `ns` executor's
 //! lower layer *is* the live workspace, so there is no snapshot to compare
-//! with; instead (DESIGN.md "Effects") the run's start is the baseline
+//! with; instead the run's start is the baseline
 //! ([`baseline_now`]: the next tick of the clock that stamps ctime):
 //! at sealing, a host entry whose ctime is older than the start is exactly what
 //! the sandbox saw, so it is hashed then; an entry changed during the run, or
@@ -133,20 +133,39 @@ fn removes_tree(change: &ChangeEntry) -> bool {
     change.entry != EntryType::Dir || change.kind == ChangeKind::OpaqueDir
 }
 
+/// What reading a path against a baseline found: its state, or that the
+/// host changed it (or, for a directory, an entry `beneath` it) after the
+/// baseline, so no state read now is its baseline.
+#[derive(Debug)]
+enum Observed<T> {
+    Stable(T),
+    ChangedLive { beneath: PathBuf },
+}
+
+/// Why a path changed live has no known preimage, as [`Preimage::Unknown`]
+/// records it.
+fn changed_live(beneath: &Path) -> String {
+    if beneath.as_os_str().is_empty() {
+        "changed on the host while the run was live".into()
+    } else {
+        format!("{} changed on the host while the run was live", beneath.display())
+    }
+}
+
 /// Reads the host state of `rel`. Directories get a tree digest when
 /// `tree` is set. With `baseline`, any entry newer than it makes the result
-/// `Err(reason)` instead.
+/// [`Observed::ChangedLive`] instead.
 fn observe(
     root: &Root,
     rel: &Path,
     tree: bool,
     baseline: Option<i128>,
-) -> Result<Result<HostState, String>, StageError> {
+) -> Result<Observed<HostState>, StageError> {
     let io = |e| StageError::io("inspect", rel, e);
-    let Some(st) = root.stat(rel).map_err(io)? else { return Ok(Ok(HostState::Absent)) };
+    let Some(st) = root.stat(rel).map_err(io)? else { return Ok(Observed::Stable(HostState::Absent)) };
     if let Some(b) = baseline {
         if st.ctime_ns >= b {
-            return Ok(Err("changed on the host while the run was live".into()));
+            return Ok(Observed::ChangedLive { beneath: PathBuf::new() });
         }
     }
     // A host directory that apply would remove is fingerprinted in full, so an
@@ -155,21 +174,17 @@ fn observe(
         Kind::File => Some(pvisor_core::digest::digest(&root.open_file(rel).map_err(io)?).map_err(io)?),
         Kind::Symlink => Some(blake3::hash(&root.read_link(rel).map_err(io)?).to_hex().to_string()),
         Kind::Dir if tree => match tree_digest(root, rel, baseline)? {
-            Ok(d) => Some(d),
-            Err(reason) => return Ok(Err(reason)),
+            Observed::Stable(d) => Some(d),
+            Observed::ChangedLive { beneath } => return Ok(Observed::ChangedLive { beneath }),
         },
         Kind::Dir | Kind::Special => None,
     };
     let size = if st.kind == Kind::Dir { 0 } else { st.size };
-    Ok(Ok(HostState::Present { entry: entry_type(st.kind), mode: st.mode, size, blake3 }))
+    Ok(Observed::Stable(HostState::Present { entry: entry_type(st.kind), mode: st.mode, size, blake3 }))
 }
 
 /// BLAKE3 over every entry beneath `rel`: sorted names, kinds, modes and contents.
-fn tree_digest(
-    root: &Root,
-    rel: &Path,
-    baseline: Option<i128>,
-) -> Result<Result<String, String>, StageError> {
+fn tree_digest(root: &Root, rel: &Path, baseline: Option<i128>) -> Result<Observed<String>, StageError> {
     let mut hasher = blake3::Hasher::new();
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(sub) = stack.pop() {
@@ -179,8 +194,9 @@ fn tree_digest(
         for name in names {
             let child_rel = sub.join(&name);
             match observe(root, &rel.join(&child_rel), false, baseline)? {
-                Err(reason) => return Ok(Err(format!("{} {reason}", child_rel.display()))),
-                Ok(state) => {
+                // Entries beneath are read without a tree: what changed is the entry itself.
+                Observed::ChangedLive { .. } => return Ok(Observed::ChangedLive { beneath: child_rel }),
+                Observed::Stable(state) => {
                     use std::os::unix::ffi::OsStrExt;
                     hasher.update(child_rel.as_os_str().as_bytes());
                     hasher.update(&[0]);
@@ -192,12 +208,16 @@ fn tree_digest(
             }
         }
     }
-    Ok(Ok(hasher.finalize().to_hex().to_string()))
+    Ok(Observed::Stable(hasher.finalize().to_hex().to_string()))
 }
 
 /// Returns the current host state of `change`'s path.
 pub fn host_state(root: &Root, change: &ChangeEntry) -> Result<HostState, StageError> {
-    Ok(observe(root, change.path.as_path(), removes_tree(change), None)?.unwrap_or(HostState::Absent))
+    // Without a baseline nothing is "changed live".
+    Ok(match observe(root, change.path.as_path(), removes_tree(change), None)? {
+        Observed::Stable(state) => state,
+        Observed::ChangedLive { .. } => HostState::Absent,
+    })
 }
 
 /// The state the stage holds for `change`, in the same terms as a host state.
@@ -248,9 +268,9 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Res
         let rel = change.path.as_path();
         let first = observe(&root, rel, removes_tree(change), Some(baseline))?;
         let preimage = match first {
-            Err(reason) => Preimage::Unknown { reason },
-            Ok(HostState::Absent) => absent_preimage(&root, rel, baseline, &mut missing)?,
-            Ok(state) => {
+            Observed::ChangedLive { beneath } => Preimage::Unknown { reason: changed_live(&beneath) },
+            Observed::Stable(HostState::Absent) => absent_preimage(&root, rel, baseline, &mut missing)?,
+            Observed::Stable(state) => {
                 // Re-check after hashing: an edit during the hash makes it untrustworthy.
                 match root.stat(rel).map_err(|e| StageError::io("inspect", rel, e))? {
                     Some(st) if st.ctime_ns < baseline => Preimage::Known(state),

@@ -4,6 +4,9 @@
 //! so this test has its own `main` that hands over to the helper first, as
 //! every embedding binary must.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

@@ -9,6 +9,9 @@
 //! `pvisor-guest-probe sparse FILE`: a 1 GiB file with one written 4 KiB
 //! block at 512 MiB, then exit 0 (the export must keep its holes).
 
+// A test program: it reports what it found on its stdout and stderr.
+#![allow(clippy::disallowed_macros)]
+
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};

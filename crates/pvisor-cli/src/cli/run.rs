@@ -143,17 +143,36 @@ pub struct ResumeArgs {
     pub quiet: bool,
 }
 
-pub(super) fn size(s: &str) -> Result<u64, String> {
-    pvisor_sandbox::limits::parse_size(s).ok_or_else(|| format!("{s:?} is not a size like 512M or 2G"))
+/// A command-line value that does not parse; clap shows the message. (The
+/// binary has no `thiserror`: docs/dependencies.md keeps it to libraries.)
+#[derive(Debug)]
+pub(super) enum ValueError {
+    Size(String),
+    Duration(String),
+}
+
+impl std::fmt::Display for ValueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Size(s) => write!(f, "{s:?} is not a size like 512M or 2G"),
+            Self::Duration(s) => write!(f, "{s:?} is not a duration like 500ms, 10s or 2m"),
+        }
+    }
+}
+
+impl std::error::Error for ValueError {}
+
+pub(super) fn size(s: &str) -> Result<u64, ValueError> {
+    pvisor_sandbox::limits::parse_size(s).ok_or_else(|| ValueError::Size(s.to_owned()))
 }
 
 /// `KEY=VALUE`, checked as admission will check it.
-pub(super) fn label(s: &str) -> Result<(String, String), String> {
-    pvisor_core::labels::parse(s).map_err(|e| e.to_string())
+pub(super) fn label(s: &str) -> Result<(String, String), pvisor_core::labels::LabelError> {
+    pvisor_core::labels::parse(s)
 }
 
-pub(super) fn humantime_duration(s: &str) -> Result<std::time::Duration, String> {
-    parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration like 500ms, 10s or 2m"))
+pub(super) fn humantime_duration(s: &str) -> Result<std::time::Duration, ValueError> {
+    parse_duration(s).ok_or_else(|| ValueError::Duration(s.to_owned()))
 }
 
 pub(super) fn parse_duration(s: &str) -> Option<std::time::Duration> {

@@ -1,5 +1,5 @@
 //! A hostile repository cannot widen the sandbox, run code on the host
-//! through apply, or deceive review (issue 15).
+//! through apply, or deceive review (docs/threat-model.md).
 //!
 //! Each test asserts that the attack failed: the host service was not
 //! reached, the hook is not in the workspace, no raw escape byte reached the
@@ -27,9 +27,7 @@ fn reach(port: u16) -> String {
 }
 
 fn untrusted_config_cannot_open_the_network(who: As) {
-    if !who.available() {
-        return;
-    }
+    who.require();
     let env = Env::new(who);
     let port = host_service();
     env.write(".pvisor.toml", "[network]\nmode = \"host\"\nallow = [\"*\"]\n");
@@ -74,6 +72,7 @@ fn untrusted_config_cannot_open_the_network(who: As) {
 }
 
 #[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
 fn an_untrusted_workspace_config_cannot_open_the_network_as_root() {
     untrusted_config_cannot_open_the_network(As::Root);
 }
@@ -134,9 +133,7 @@ const HOSTILE_STAGE: &str = "mkdir -p .git/hooks .vscode .github/workflows; \
     echo fine > notes.txt";
 
 fn sensitive_paths_need_consent(who: As) {
-    if !who.available() {
-        return;
-    }
+    who.require();
     let env = Env::new(who);
     fs::create_dir(env.ws.join(".git")).unwrap();
     env.give_away(&env.ws);
@@ -186,6 +183,7 @@ fn sensitive_paths_need_consent(who: As) {
 }
 
 #[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
 fn sensitive_paths_are_applied_only_with_consent_as_root() {
     sensitive_paths_need_consent(As::Root);
 }

@@ -6,6 +6,9 @@
 //! unprivileged uid with `setpriv`; as a normal user the root variants say why
 //! they are skipped.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;

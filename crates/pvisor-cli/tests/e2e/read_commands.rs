@@ -100,8 +100,7 @@ fn doctor_names_a_missing_feature_and_its_fix() {
     assert!(stdout.contains("max_user_namespaces"), "{stdout}");
 }
 
-/// Completions and man pages come from the binary's own definitions
-/// (issue 17, item 9).
+/// Completions and man pages come from the binary's own definitions.
 #[test]
 fn completions_and_man_pages_are_generated_from_the_binary() {
     let env = Env::new(As::Rootless);

@@ -65,7 +65,7 @@ fn unconfirmed_after(point: &str) {
     assert!(killed.contains("closed as lost"), "{killed}");
     assert_eq!(env.status_json(None)["state"], "lost");
     // A lost Job is never applied, and the error says what can be done
-    // instead; drop and gc then free it (issue 17, item 6: a dead end).
+    // instead; drop and gc then free it (it was once a dead end).
     let refused = env.pvisor(&["apply", "--all"]);
     assert_eq!(refused.status.code(), Some(125));
     let says = text(&refused.stderr);

@@ -21,9 +21,7 @@ fn start_sleeper(env: &Env, marker: &str, extra: &[&str]) -> std::process::Child
 }
 
 fn sigint_cancels_with_a_receipt_and_no_survivors(who: As, marker: &str) {
-    if !who.available() {
-        return;
-    }
+    who.require();
     let env = Env::new(who);
     let child = start_sleeper(&env, marker, &[]);
     send_signal(child.id(), Signal::INT).unwrap();

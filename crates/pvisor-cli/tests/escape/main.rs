@@ -14,6 +14,9 @@
 //! command tries to break (trees deeper than the stack and PATH_MAX, the
 //! state filesystem out of inodes, a flood of Trace events) in `records`.
 
+// A test (or benchmark) program: it writes fixtures and says what it measured
+// or skipped; clippy.toml's lints are for the libraries' own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 #[path = "../e2e/support.rs"]

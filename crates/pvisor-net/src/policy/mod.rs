@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 mod ordered;
 
-pub use ordered::validate_ordered;
+pub use ordered::{validate_ordered, InvalidTarget, TargetProblem};
 
 pub use pvisor_core::records::{
     EffectiveNetwork, NetworkMode as Mode, NetworkRule as Rule, OrderedPolicy, OrderedRule, RuleAction,
@@ -249,7 +249,7 @@ pub fn resolve(scopes: &[ScopedPolicy]) -> Result<EffectiveNetwork, PolicyError>
     let rules = match ordered.iter().find_map(|s| s.spec.ordered.as_ref().map(|o| (o, &s.source))) {
         Some((policy, source)) => {
             validate_ordered(policy)
-                .map_err(|message| PolicyError::Invalid { source_name: source.clone(), message })?;
+                .map_err(|e| PolicyError::Invalid { source_name: source.clone(), message: e.to_string() })?;
             // The ordered policy alone decides.
             allow.clear();
             deny.clear();
@@ -329,13 +329,25 @@ pub fn is_internal(addr: IpAddr) -> bool {
     }
 }
 
+/// Why a resolved address of an allowed destination is refused (DNS
+/// rebinding, or a deny rule that names the address).
+#[derive(Debug, thiserror::Error)]
+pub enum AddressRefused {
+    /// A deny rule (`rule`, described with its source) covers the address.
+    #[error("{host} resolves to {addr}, denied by {rule}")]
+    Denied { host: String, addr: IpAddr, rule: String },
+    /// An internal address no rule opens; `remedy` says which would.
+    #[error("{host} resolves to the internal address {addr}; {remedy} to reach it")]
+    Internal { host: String, addr: IpAddr, remedy: String },
+}
+
 /// Per-request decisions over the recorded [`EffectiveNetwork`].
 pub trait Decide {
     /// Decides on a destination name (or IP literal) and port before the
     /// name is resolved.
     fn decide(&self, host: &str, port: u16) -> Decision;
     /// Checks a resolved address of an allowed `host` against DNS rebinding.
-    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), String>;
+    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), AddressRefused>;
 }
 
 impl Decide for EffectiveNetwork {
@@ -361,7 +373,7 @@ impl Decide for EffectiveNetwork {
         }
     }
 
-    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), String> {
+    fn check_address(&self, host: &str, port: u16, addr: IpAddr) -> Result<(), AddressRefused> {
         if let Some(ordered) = &self.ordered {
             return ordered.check_address(host, port, addr);
         }
@@ -372,10 +384,11 @@ impl Decide for EffectiveNetwork {
             pattern.parse::<IpAddr>().ok() == Some(addr) && rule_port.is_none_or(|p| p == port)
         };
         if let Some(rule) = self.deny.iter().find(|r| names_addr(r)) {
-            return Err(format!(
-                "{host} resolves to {addr}, denied by deny {} ({})",
-                rule.pattern, rule.source
-            ));
+            return Err(AddressRefused::Denied {
+                host: host.to_owned(),
+                addr,
+                rule: format!("deny {} ({})", rule.pattern, rule.source),
+            });
         }
         if !is_internal(addr) {
             return Ok(());
@@ -393,9 +406,11 @@ impl Decide for EffectiveNetwork {
             Ok(())
         } else {
             let shown = if addr.is_ipv6() { format!("[{addr}]") } else { addr.to_string() };
-            Err(format!(
-                "{host} resolves to the internal address {addr}; allow it explicitly (--allow {shown}:{port}) to reach it"
-            ))
+            Err(AddressRefused::Internal {
+                host,
+                addr,
+                remedy: format!("allow it explicitly (--allow {shown}:{port})"),
+            })
         }
     }
 }

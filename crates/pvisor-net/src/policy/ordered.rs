@@ -5,8 +5,8 @@
 use std::net::IpAddr;
 
 use super::{
-    is_internal, normalize, validate_host, Decide, Decision, OrderedPolicy, OrderedRule, PolicyError,
-    RuleAction,
+    is_internal, normalize, validate_host, AddressRefused, Decide, Decision, OrderedPolicy, OrderedRule,
+    PolicyError, RuleAction,
 };
 
 /// What an ordered rule's target is.
@@ -29,37 +29,55 @@ fn target_kind(target: &str) -> Target {
     }
 }
 
+/// An ordered policy's rule whose target is not one: `at` names the rule.
+#[derive(Debug, thiserror::Error)]
+#[error("{at}: {problem}")]
+pub struct InvalidTarget {
+    pub at: String,
+    #[source]
+    pub problem: TargetProblem,
+}
+
+/// What is wrong with a rule's target.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetProblem {
+    #[error("the target is empty; name a domain, *.domain, an IP address or a CIDR block")]
+    Empty,
+    /// `*` alone, in a rule whose action is `action`.
+    #[error("\"*\" matches nothing here; say defaultAction: \"{action}\" to decide for every destination")]
+    Star { action: &'static str },
+    #[error("not a CIDR block (e.g. 10.0.0.0/8 or fd00::/8)")]
+    NotCidr,
+    /// Not a valid host name or address (the message says why).
+    #[error("{0}")]
+    Host(String),
+}
+
 /// Checks every target of an ordered policy: a name, `*.domain`, an IP
 /// address or a CIDR block; `*` alone is refused
 /// (the reference matches nothing with it; `defaultAction` says "all").
-pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), String> {
+pub fn validate_ordered(policy: &OrderedPolicy) -> Result<(), InvalidTarget> {
     for (i, rule) in policy.rules.iter().enumerate() {
-        let at = format!("egress[{i}] ({:?})", rule.target);
+        let invalid = |problem| InvalidTarget { at: format!("egress[{i}] ({:?})", rule.target), problem };
         let target = rule.target.trim();
         if target.is_empty() {
-            return Err(format!(
-                "{at}: the target is empty; name a domain, *.domain, an IP address or a CIDR block"
-            ));
+            return Err(invalid(TargetProblem::Empty));
         }
         if normalize(target) == "*" {
-            return Err(format!(
-                "{at}: \"*\" matches nothing here; say defaultAction: \"{}\" to decide for every destination",
-                match rule.action {
-                    RuleAction::Allow => "allow",
-                    RuleAction::Deny => "deny",
-                }
-            ));
+            let action = match rule.action {
+                RuleAction::Allow => "allow",
+                RuleAction::Deny => "deny",
+            };
+            return Err(invalid(TargetProblem::Star { action }));
         }
         if target.contains('/') {
             // Host bits may be set (`10.0.0.1/8` is 10.0.0.0/8), as the
             // reference's netip.ParsePrefix accepts.
-            target
-                .parse::<ipnet::IpNet>()
-                .map_err(|_| format!("{at}: not a CIDR block (e.g. 10.0.0.0/8 or fd00::/8)"))?;
+            target.parse::<ipnet::IpNet>().map_err(|_| invalid(TargetProblem::NotCidr))?;
             continue;
         }
         validate_host(target, "").map_err(|e| match e {
-            PolicyError::Invalid { message, .. } => format!("{at}: {message}"),
+            PolicyError::Invalid { message, .. } => invalid(TargetProblem::Host(message)),
         })?;
     }
     Ok(())
@@ -160,10 +178,10 @@ impl Decide for OrderedPolicy {
     /// an allowed literal): a covering deny rule refuses it; an internal one
     /// needs an allow rule whose whole block is internal (or the rule
     /// `localhost`, for the name localhost), whatever the default.
-    fn check_address(&self, host: &str, _port: u16, addr: IpAddr) -> Result<(), String> {
-        let host = &normalize(host);
+    fn check_address(&self, host: &str, _port: u16, addr: IpAddr) -> Result<(), AddressRefused> {
+        let host = normalize(host);
         if let Some((i, rule)) = address_rule(self, addr, RuleAction::Deny) {
-            return Err(format!("{host} resolves to {addr}, denied by {}", describe(rule, i, &self.source)));
+            return Err(AddressRefused::Denied { host, addr, rule: describe(rule, i, &self.source) });
         }
         if !is_internal(addr) {
             return Ok(());
@@ -176,10 +194,14 @@ impl Decide for OrderedPolicy {
         if opened {
             Ok(())
         } else {
-            Err(format!(
-                "{host} resolves to the internal address {addr}; add an egress rule {{\"action\": \"allow\", \"target\": \"{}\"}} to reach it",
-                addr.to_canonical()
-            ))
+            Err(AddressRefused::Internal {
+                host,
+                addr,
+                remedy: format!(
+                    "add an egress rule {{\"action\": \"allow\", \"target\": \"{}\"}}",
+                    addr.to_canonical()
+                ),
+            })
         }
     }
 }
@@ -289,7 +311,7 @@ mod tests {
                 rules: vec![OrderedRule { action: Allow, target: target.into() }],
                 source: "s".into(),
             };
-            let err = validate_ordered(&policy).unwrap_err();
+            let err = validate_ordered(&policy).unwrap_err().to_string();
             assert!(err.contains("egress[0]") && err.contains(says), "{target:?}: {err}");
         }
     }

@@ -11,31 +11,25 @@ mod events;
 mod files;
 mod metrics;
 mod replace;
+mod routes;
 mod search;
 mod sessions;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper::body::Bytes;
-use hyper::{HeaderMap, Method, StatusCode};
+use hyper::{HeaderMap, StatusCode};
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::guest_link::{self, EntryKind, FileOp, FileStat, GuestError, Reply};
-use crate::http::{self, json, ApiError, ApiResult};
+use crate::http::{self, ApiError, ApiResult};
 use crate::sandbox::{Daemon, SandboxRecord, SandboxState};
 
 pub(crate) use events::{complete_event, error_event, event, output_events, sse};
 
-use commands::{command_logs, command_status, interrupt, run_command, RunCommand};
-use files::{download, file_info, read_lines, upload, LineWindow, Names};
-use metrics::metrics;
-use replace::{replace, ReplaceItem};
-use search::{join_display, list, search};
-use sessions::{create_session, run_in_session, CreateSession, RunInSession};
+use files::{file_info, Names};
+pub use routes::route;
 
 /// Page size of file transfers through the agent (below its frame limit).
 const CHUNK: u64 = 8 << 20;
@@ -198,232 +192,6 @@ fn octal_mode(mode: u32) -> Result<u32, ApiError> {
 /// `MISSING_QUERY`, "missing query parameter 'path'").
 fn missing_query(name: &str) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "MISSING_QUERY", format!("missing query parameter '{name}'"))
-}
-
-/// execd's routes. Errors are answered in the reference execd's code
-/// vocabulary (`components/execd/pkg/web/model/error.go`), which differs
-/// from the lifecycle API's: a bad request is `INVALID_REQUEST_BODY`, a
-/// failure inside the sandbox `RUNTIME_ERROR`.
-pub async fn route<B>(
-    daemon: &Arc<Daemon>,
-    id: &str,
-    method: &Method,
-    rest: &[&str],
-    query: Option<&str>,
-    headers: &HeaderMap,
-    body: B,
-) -> ApiResult
-where
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
-    B::Error: std::error::Error + Send + Sync + 'static,
-{
-    let answered: ApiResult = async {
-        if let (&Method::GET, ["ping"]) = (method, rest) {
-            return ping(daemon, id, headers).await;
-        }
-        let guest = {
-            let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
-            blocking(move || connect(&daemon, &id, &headers)).await?
-        };
-        let q = http::query_pairs(query)?;
-        let small = |body: B| http::read_body(body, 16 << 20);
-        match (method, rest) {
-            (&Method::POST, ["command"]) => {
-                let request: RunCommand = http::parse_json(&small(body).await?, "RunCommandRequest")?;
-                run_command(daemon.clone(), guest, request).await
-            }
-            (&Method::DELETE, ["command"]) => {
-                let cmd = http::query_one(&q, "id").ok_or_else(|| missing_query("id"))?.to_owned();
-                interrupt(daemon, guest, &cmd).await
-            }
-            (&Method::GET, ["command", "status", cmd]) => command_status(guest, cmd).await,
-            (&Method::GET, ["command", cmd, "logs"]) => command_logs(daemon, guest, cmd, http::query_one(&q, "cursor")).await,
-            (&Method::GET, ["files", "info"]) => {
-                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-                if paths.is_empty() {
-                    return Err(missing_query("path"));
-                }
-                blocking(move || {
-                    let mut out = serde_json::Map::new();
-                    for p in paths {
-                        let stat = guest.stat(&p)?;
-                        out.insert(p.clone(), file_info(&p, &stat, guest.names()));
-                    }
-                    Ok(json(StatusCode::OK, &out))
-                })
-                .await
-            }
-            (&Method::DELETE, ["files"]) => {
-                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-                blocking(move || {
-                    for p in paths {
-                        if guest.stat(&p).is_ok_and(|s| s.kind == EntryKind::Dir) {
-                            return Err(ApiError::bad_request(format!("{p} is a directory; use DELETE /directories")));
-                        }
-                        guest.op(FileOp::Remove { path: p.into(), recursive: false })?;
-                    }
-                    Ok(http::empty(StatusCode::OK))
-                })
-                .await
-            }
-            (&Method::POST, ["files", "permissions"]) => {
-                let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "permissions map")?;
-                blocking(move || {
-                    for (p, perm) in map {
-                        let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
-                        let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
-                        guest.op(FileOp::Chmod { path: p.into(), mode: Some(octal_mode(perm.mode)?), uid, gid })?;
-                    }
-                    Ok(http::empty(StatusCode::OK))
-                })
-                .await
-            }
-            (&Method::POST, ["files", "mv"]) => {
-                let items: Vec<RenameItem> = http::parse_json(&small(body).await?, "rename list")?;
-                blocking(move || {
-                    for item in items {
-                        guest.op(FileOp::Rename { from: item.src.into(), to: item.dest.into() })?;
-                    }
-                    Ok(http::empty(StatusCode::OK))
-                })
-                .await
-            }
-            (&Method::GET, ["files", "search"]) => {
-                let root = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
-                let pattern = http::query_one(&q, "pattern").unwrap_or("**").to_owned();
-                blocking(move || search(&guest, &root, &pattern)).await
-            }
-            (&Method::GET, ["directories", "list"]) => {
-                let root = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
-                let depth: u32 = match http::query_one(&q, "depth") {
-                    Some(d) => d.parse().map_err(|_| ApiError::bad_request("depth must be an integer"))?,
-                    None => 1,
-                };
-                blocking(move || {
-                    let entries = list(&guest, &root, depth.max(1))?;
-                    let out: Vec<Value> = entries.iter().map(|e| file_info(&join_display(&root, &e.path), e, guest.names())).collect();
-                    Ok(json(StatusCode::OK, &out))
-                })
-                .await
-            }
-            (&Method::POST, ["directories"]) => {
-                let map: BTreeMap<String, Permission> = http::parse_json(&small(body).await?, "directories map")?;
-                blocking(move || {
-                    for (p, perm) in map {
-                        guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
-                        let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
-                        let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
-                        if uid.is_some() || gid.is_some() {
-                            guest.op(FileOp::Chmod { path: p.into(), mode: None, uid, gid })?;
-                        }
-                    }
-                    Ok(http::empty(StatusCode::OK))
-                })
-                .await
-            }
-            (&Method::DELETE, ["directories"]) => {
-                let paths: Vec<String> = http::query_all(&q, "path").into_iter().map(str::to_owned).collect();
-                blocking(move || {
-                    for p in paths {
-                        guest.op(FileOp::Remove { path: p.into(), recursive: true })?;
-                    }
-                    Ok(http::empty(StatusCode::OK))
-                })
-                .await
-            }
-            (&Method::POST, ["files", "upload"]) => {
-                let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                upload(guest, &content_type, body).await
-            }
-            (&Method::GET, ["files", "download"]) => {
-                let path = http::query_one(&q, "path").ok_or_else(|| missing_query("path"))?.to_owned();
-                let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_owned);
-                let lines = LineWindow::from_query(&q)?;
-                match (lines, range) {
-                    (Some(_), Some(_)) => Err(ApiError::bad_request(
-                        "offset/limit (lines) and a Range header (bytes) are mutually exclusive; send one",
-                    )),
-                    (Some(window), None) => {
-                        // Held whole (up to 16 MiB): one of the sandbox's streams.
-                        let slot = daemon.stream_slot(&guest.record.id)?;
-                        blocking(move || {
-                            let _slot = slot;
-                            read_lines(&guest, &path, window)
-                        })
-                        .await
-                    }
-                    (None, range) => download(daemon, guest, path, range).await,
-                }
-            }
-            (&Method::GET, ["metrics"]) => blocking(move || metrics(&guest)).await,
-            (&Method::POST, ["session"]) => {
-                let bytes = small(body).await?;
-                let request: CreateSession =
-                    if bytes.iter().all(u8::is_ascii_whitespace) { CreateSession::default() } else { http::parse_json(&bytes, "CreateSessionRequest")? };
-                create_session(daemon, guest, request).await
-            }
-            (&Method::POST, ["session", session, "run"]) => {
-                let request: RunInSession = http::parse_json(&small(body).await?, "RunInSessionRequest")?;
-                run_in_session(daemon, &guest.record.id, session, request)
-            }
-            (&Method::DELETE, ["session", session]) => {
-                let removed = daemon.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(guest.record.id.clone(), (*session).to_owned()));
-                match removed {
-                    Some(s) => {
-                        s.kill();
-                        Ok(http::empty(StatusCode::OK))
-                    }
-                    None => Err(ApiError::not_found(format!("no session {session} in sandbox {}", guest.record.id))),
-                }
-            }
-            (&Method::POST, ["code", "context"]) => {
-                let bytes = small(body).await?;
-                let request: crate::code_contexts::CreateContext =
-                    if bytes.iter().all(u8::is_ascii_whitespace) { Default::default() } else { http::parse_json(&bytes, "CodeContextRequest")? };
-                crate::code_contexts::create(daemon, guest.link, guest.record, request).await
-            }
-            (&Method::GET, ["code", "contexts"]) => {
-                crate::code_contexts::list(daemon, &guest.record.id, http::query_one(&q, "language"))
-            }
-            (&Method::DELETE, ["code", "contexts"]) => {
-                let language = http::query_one(&q, "language").filter(|l| !l.is_empty()).ok_or_else(|| missing_query("language"))?;
-                crate::code_contexts::delete_language(daemon, &guest.record.id, language)
-            }
-            (&Method::GET, ["code", "contexts", context]) => crate::code_contexts::get(daemon, &guest.record.id, context),
-            (&Method::DELETE, ["code", "contexts", context]) => {
-                crate::code_contexts::delete(daemon, &guest.record.id, context)
-            }
-            (&Method::POST, ["code"]) => {
-                let request: crate::code_contexts::RunCode = http::parse_json(&small(body).await?, "RunCodeRequest")?;
-                crate::code_contexts::run(daemon, guest.link, guest.record, request).await
-            }
-            (&Method::DELETE, ["code"]) => {
-                let id = http::query_one(&q, "id").filter(|i| !i.is_empty()).ok_or_else(|| missing_query("id"))?;
-                crate::code_contexts::interrupt(daemon, &guest.record.id, id)
-            }
-            (&Method::POST, ["files", "replace"]) => {
-                let verbose = http::query_one(&q, "verbose").is_some_and(|v| v == "true" || v == "1");
-                let request: BTreeMap<String, ReplaceItem> =
-                    http::parse_json(&small(body).await?, "ReplaceFileContentRequest")?;
-                blocking(move || replace(&guest, request, verbose)).await
-            }
-            (_, ["metrics", "watch"]) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "NOT_SUPPORTED",
-                "this execd route is not implemented by pvisor serve (docs/serve.md, \"Where the API stops\")",
-            )),
-            _ => Err(ApiError::not_found(format!("no execd route for {method} /{}", rest.join("/")))),
-        }
-    }
-    .await;
-    answered.map_err(|mut e| {
-        e.code = match e.code {
-            "INVALID_REQUEST" => "INVALID_REQUEST_BODY",
-            "INTERNAL_ERROR" => "RUNTIME_ERROR",
-            other => other,
-        };
-        e
-    })
 }
 
 /// Whether the image has `path` (resolved beneath its rootfs, on the host).

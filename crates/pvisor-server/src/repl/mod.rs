@@ -180,6 +180,62 @@ const READY: &[u8] = b"\x1eready\x1e\n";
 /// How long a starting interpreter may take (Python under TCG is slow).
 const READY_WAIT: Duration = Duration::from_secs(60);
 
+/// The interpreter of `dialect` in the sandbox's image: its name and argv.
+fn interpreter(dialect: Dialect, record: &SandboxRecord) -> Result<(&'static str, Vec<String>), ApiError> {
+    let chosen = match dialect {
+        Dialect::Bash => {
+            let shell =
+                if crate::execd::in_image(&record.rootfs, "bin/bash") { "/bin/bash" } else { "/bin/sh" };
+            let mut argv = vec![shell.to_owned()];
+            if shell.ends_with("bash") {
+                argv.extend(["--norc".to_owned(), "--noprofile".to_owned()]);
+            }
+            (shell, argv)
+        }
+        Dialect::Python => {
+            let python = ["usr/bin/python3", "usr/local/bin/python3", "bin/python3"]
+                .into_iter()
+                .find(|p| crate::execd::in_image(&record.rootfs, p))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "image {:?} has no python3; create the sandbox with the built-in image \"python\" (or one that has python3) for python contexts",
+                        record.image
+                    ))
+                })?;
+            (
+                "python3",
+                vec![format!("/{python}"), "-u".to_owned(), "-c".to_owned(), PYTHON_DRIVER.to_owned()],
+            )
+        }
+    };
+    Ok(chosen)
+}
+
+/// Waits until the interpreter says it is ready (its READY marker on
+/// stdout), for at most [`READY_WAIT`].
+fn await_ready(channel: &mut guest_link::ExecChannel, shell: &str) -> Result<(), ApiError> {
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    while memchr::memmem::find(&seen, READY).is_none() {
+        if started.elapsed() > READY_WAIT {
+            return Err(ApiError::internal(format!("{shell} did not become ready within {READY_WAIT:?}")));
+        }
+        match channel.next_reply() {
+            Ok(Some((Reply::Stdout { .. }, bytes))) => seen.extend_from_slice(&bytes),
+            Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
+                return Err(ApiError::bad_request(format!(
+                    "{shell} exited as it started (status {code:?}, signal {signal:?})"
+                )))
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                return Err(ApiError::internal(format!("{shell}'s relay closed as it started")))
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Repl {
     /// Starts the interpreter in the sandbox: bash (sh when the image has
     /// none), or the image's python3 running [`PYTHON_DRIVER`].
@@ -190,32 +246,7 @@ impl Repl {
         exec_id: u32,
         cwd: Option<&str>,
     ) -> Result<Self, ApiError> {
-        let (shell, argv) = match dialect {
-            Dialect::Bash => {
-                let shell =
-                    if crate::execd::in_image(&record.rootfs, "bin/bash") { "/bin/bash" } else { "/bin/sh" };
-                let mut argv = vec![shell.to_owned()];
-                if shell.ends_with("bash") {
-                    argv.extend(["--norc".to_owned(), "--noprofile".to_owned()]);
-                }
-                (shell, argv)
-            }
-            Dialect::Python => {
-                let python = ["usr/bin/python3", "usr/local/bin/python3", "bin/python3"]
-                    .into_iter()
-                    .find(|p| crate::execd::in_image(&record.rootfs, p))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!(
-                            "image {:?} has no python3; create the sandbox with the built-in image \"python\" (or one that has python3) for python contexts",
-                            record.image
-                        ))
-                    })?;
-                (
-                    "python3",
-                    vec![format!("/{python}"), "-u".to_owned(), "-c".to_owned(), PYTHON_DRIVER.to_owned()],
-                )
-            }
-        };
+        let (shell, argv) = interpreter(dialect, record)?;
         let spec = guest_link::ExecSpec {
             id: exec_id,
             argv,
@@ -251,27 +282,7 @@ impl Repl {
         // Ready only once the interpreter says so: an interrupt sent before
         // its SIGINT handling is in place (a Python still starting) would
         // end it instead of a cell.
-        let started = Instant::now();
-        let mut seen = Vec::new();
-        while memchr::memmem::find(&seen, READY).is_none() {
-            if started.elapsed() > READY_WAIT {
-                return Err(ApiError::internal(format!(
-                    "{shell} did not become ready within {READY_WAIT:?}"
-                )));
-            }
-            match channel.next_reply() {
-                Ok(Some((Reply::Stdout { .. }, bytes))) => seen.extend_from_slice(&bytes),
-                Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
-                    return Err(ApiError::bad_request(format!(
-                        "{shell} exited as it started (status {code:?}, signal {signal:?})"
-                    )))
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => {
-                    return Err(ApiError::internal(format!("{shell}'s relay closed as it started")))
-                }
-            }
-        }
+        await_ready(&mut channel, shell)?;
         // Bounded, and output between runs (a background job's) is dropped:
         // a chatty session cannot grow the daemon; a slow client of a run
         // holds the shell back (and is cut off by the relay's stall limit).
@@ -360,24 +371,7 @@ impl Repl {
         // Output is exactly what precedes a marker (0x1e does not occur in
         // text), so a last line keeps its newline or its lack of one.
         let (out_marker, err_marker) = (format!("\x1e{nonce}:"), format!("\x1e{nonce}\x1e\n"));
-        let script = match self.dialect {
-            Dialect::Bash => {
-                // One line, stdin from /dev/null: a command that reads stdin
-                // cannot swallow the markers. They go to the copies of
-                // stdout and stderr made at start (fds 8 and 9: dash takes
-                // single digits only).
-                let cd = cwd.map(|c| format!("cd -- {} && ", shell_quote(c))).unwrap_or_default();
-                let body = if self.bash {
-                    format!("{{ __pvisor_cmd={}; __pvisor_run; }}", shell_quote(command))
-                } else {
-                    format!("eval {}", shell_quote(command))
-                };
-                format!(
-                    "{{ {cd}{body}\n}} </dev/null; printf '\\036%s:%d\\036\\n' {nonce} $? >&8; printf '\\036%s\\036\\n' {nonce} >&9\n"
-                )
-            }
-            Dialect::Python => format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command })),
-        };
+        let script = self.script(command, cwd, &nonce);
         if self.input.lock().unwrap_or_else(|p| p.into_inner()).stdin(script.as_bytes()).is_err() {
             emit(Piece::Failed("the interpreter is gone".into()));
             self.busy.store(false, Ordering::SeqCst);
@@ -454,6 +448,30 @@ impl Repl {
             pieces(Piece::Done(payload), &mut emitting);
         }
         self.busy.store(false, Ordering::SeqCst);
+    }
+
+    /// What the interpreter is sent for one run of `command`: the command
+    /// (or cell) and the markers, carrying `nonce`, that end its stdout (with
+    /// the status) and its stderr.
+    fn script(&self, command: &str, cwd: Option<&str>, nonce: &str) -> String {
+        match self.dialect {
+            Dialect::Bash => {
+                // One line, stdin from /dev/null: a command that reads stdin
+                // cannot swallow the markers. They go to the copies of
+                // stdout and stderr made at start (fds 8 and 9: dash takes
+                // single digits only).
+                let cd = cwd.map(|c| format!("cd -- {} && ", shell_quote(c))).unwrap_or_default();
+                let body = if self.bash {
+                    format!("{{ __pvisor_cmd={}; __pvisor_run; }}", shell_quote(command))
+                } else {
+                    format!("eval {}", shell_quote(command))
+                };
+                format!(
+                    "{{ {cd}{body}\n}} </dev/null; printf '\\036%s:%d\\036\\n' {nonce} $? >&8; printf '\\036%s\\036\\n' {nonce} >&9\n"
+                )
+            }
+            Dialect::Python => format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command })),
+        }
     }
 
     /// Interrupts the run in progress (SIGINT); the interpreter survives.

@@ -68,6 +68,9 @@ pub(super) fn cache_mounts(
             for sub in ["upper", "work"] {
                 store::create_dir_all_private(&store_dir.join(sub))?;
             }
+            // A label for whoever browses the cache directory, rewritten at
+            // every admission and read by nothing: not a record.
+            #[allow(clippy::disallowed_methods)]
             let _ = std::fs::write(store_dir.join("path"), path.as_os_str().as_encoded_bytes());
             Ok(CacheMount {
                 path: path.clone(),

@@ -4,7 +4,7 @@
 //! cancellation (SIGKILL after the grace period) and records each proxied
 //! request.
 //!
-//! Finalization is [`super::finalize`], in DESIGN.md's fixed order; the
+//! Finalization is [`super::finalize`], in its fixed order; the
 //! Job state is published afterwards by the Job service.
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //!
 //! It prepares the stage, starts the executor, relays cancellation (forward
 //! the signal, then SIGKILL after the grace period), and finalizes strictly in
-//! DESIGN.md's order. The Session and what every step shares are here; the
+//! one fixed order (seal, Bundle, receipt, terminal event). The Session and what every step shares are here; the
 //! steps are [`prepare`] (the stage, the sandbox's start, the running
 //! state), [`lifecycle`] (the run from start to end: cancellation and
 //! proxied requests) and [`finalize`] (seal → Bundle → receipt → terminal

@@ -157,17 +157,7 @@ impl Agent {
             ),
             None => None,
         };
-        let stdio = match terminal {
-            Some(size) => pty::open(root.as_deref(), size).and_then(|pair| {
-                command
-                    .stdin(pty::dup(&pair.slave)?)
-                    .stdout(pty::dup(&pair.slave)?)
-                    .stderr(File::from(pair.slave));
-                Ok(Streams::Terminal(pair.master))
-            }),
-            None => pipes(&mut command, output.as_deref()),
-        };
-        let stdio = match stdio {
+        let stdio = match streams(&mut command, root.as_deref(), terminal, output.as_deref()) {
             Ok(stdio) => stdio,
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(libc::EIO);
@@ -239,28 +229,7 @@ impl Agent {
             }
         }
         let out = self.out.clone();
-        let pumps = match stdio {
-            Streams::Terminal(master) => {
-                let (reader, writer) = match (pty::dup(&master), pty::dup(&master)) {
-                    (Ok(r), Ok(w)) => (Some(r), Some(w)),
-                    _ => (None, None),
-                };
-                if let Some(writer) = writer {
-                    table.stdin.insert(id, Writer::spawn(writer, out.clone(), Reply::StdinAck { id }, || {}));
-                }
-                table.terminals.insert(id, master);
-                [reader.map(|r| pump(r, out.clone(), move || Reply::Stdout { id })), None]
-            }
-            Streams::Pipes => {
-                if let Some(stdin) = child.stdin.take() {
-                    table.stdin.insert(id, Writer::spawn(stdin, out.clone(), Reply::StdinAck { id }, || {}));
-                }
-                [
-                    child.stdout.take().map(|r| pump(r, out.clone(), move || Reply::Stdout { id })),
-                    child.stderr.take().map(|r| pump(r, out.clone(), move || Reply::Stderr { id })),
-                ]
-            }
-        };
+        let pumps = relay(&out, &mut table, id, stdio, &mut child);
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());
         // Running (signals, `Status`, OOM news) only once `Started` is queued:
@@ -268,30 +237,74 @@ impl Agent {
         // loop is this thread, so no signal for it can come in between.
         self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.insert(id, pid);
         let (execs, oom) = (self.execs.clone(), self.oom.clone());
-        std::thread::spawn(move || {
-            let status = status_rx.recv().unwrap_or(0);
-            let grace = Instant::now() + OUTPUT_GRACE;
-            for done in pumps.into_iter().flatten() {
-                let _ = done.recv_timeout(grace.saturating_duration_since(Instant::now()));
-            }
-            let (code, signal) = if libc::WIFEXITED(status) {
-                (Some(libc::WEXITSTATUS(status)), None)
-            } else {
-                (None, Some(libc::WTERMSIG(status)))
-            };
-            if signal == Some(libc::SIGKILL) {
-                // Perhaps an OOM kill: its news goes out before the exit.
-                oom.scan();
-            }
-            let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
-            table.stdin.remove(&id);
-            table.groups.remove(&id);
-            table.terminals.remove(&id);
-            table.finished.insert(id, (code, signal));
-            drop(table);
-            let _ = out.send((Reply::Exited { id, code, signal }, Vec::new(), None));
-        });
+        std::thread::spawn(move || report_exit(id, status_rx, pumps, &execs, &oom, &out));
     }
+}
+
+/// Hands exec `id`'s stdin to a writer and its output to pumps (a
+/// terminal's master, or the child's pipes); returns the pumps' EOF channels.
+fn relay(
+    out: &Out,
+    table: &mut ExecTable,
+    id: u32,
+    stdio: Streams,
+    child: &mut std::process::Child,
+) -> [Option<Receiver<()>>; 2] {
+    match stdio {
+        Streams::Terminal(master) => {
+            let (reader, writer) = match (pty::dup(&master), pty::dup(&master)) {
+                (Ok(r), Ok(w)) => (Some(r), Some(w)),
+                _ => (None, None),
+            };
+            if let Some(writer) = writer {
+                table.stdin.insert(id, Writer::spawn(writer, out.clone(), Reply::StdinAck { id }, || {}));
+            }
+            table.terminals.insert(id, master);
+            [reader.map(|r| pump(r, out.clone(), move || Reply::Stdout { id })), None]
+        }
+        Streams::Pipes => {
+            if let Some(stdin) = child.stdin.take() {
+                table.stdin.insert(id, Writer::spawn(stdin, out.clone(), Reply::StdinAck { id }, || {}));
+            }
+            [
+                child.stdout.take().map(|r| pump(r, out.clone(), move || Reply::Stdout { id })),
+                child.stderr.take().map(|r| pump(r, out.clone(), move || Reply::Stderr { id })),
+            ]
+        }
+    }
+}
+
+/// Waits for exec `id`'s status (from the reaper) and its output (for at
+/// most [`OUTPUT_GRACE`] more), then forgets it and reports its exit.
+fn report_exit(
+    id: u32,
+    status_rx: Receiver<libc::c_int>,
+    pumps: [Option<Receiver<()>>; 2],
+    execs: &Execs,
+    oom: &crate::oom::OomWatch,
+    out: &Out,
+) {
+    let status = status_rx.recv().unwrap_or(0);
+    let grace = Instant::now() + OUTPUT_GRACE;
+    for done in pumps.into_iter().flatten() {
+        let _ = done.recv_timeout(grace.saturating_duration_since(Instant::now()));
+    }
+    let (code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else {
+        (None, Some(libc::WTERMSIG(status)))
+    };
+    if signal == Some(libc::SIGKILL) {
+        // Perhaps an OOM kill: its news goes out before the exit.
+        oom.scan();
+    }
+    let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
+    table.stdin.remove(&id);
+    table.groups.remove(&id);
+    table.terminals.remove(&id);
+    table.finished.insert(id, (code, signal));
+    drop(table);
+    let _ = out.send((Reply::Exited { id, code, signal }, Vec::new(), None));
 }
 
 /// What [`Request::Exec`](pvisor_agent_proto::Request::Exec) asks for.
@@ -338,6 +351,26 @@ fn pipes(command: &mut Command, output: Option<&Path>) -> io::Result<Streams> {
 /// The execs whose process group leader still runs.
 pub(crate) fn running(execs: &Execs) -> Vec<u32> {
     execs.lock().unwrap_or_else(|p| p.into_inner()).groups.keys().copied().collect()
+}
+
+/// Connects `command`'s stdio: a terminal (from the root's own devpts) or
+/// pipes (stdout and stderr to a log file in the guest, with `output`).
+fn streams(
+    command: &mut Command,
+    root: Option<&Path>,
+    terminal: Option<TerminalSize>,
+    output: Option<&Path>,
+) -> io::Result<Streams> {
+    match terminal {
+        Some(size) => pty::open(root, size).and_then(|pair| {
+            command
+                .stdin(pty::dup(&pair.slave)?)
+                .stdout(pty::dup(&pair.slave)?)
+                .stderr(File::from(pair.slave));
+            Ok(Streams::Terminal(pair.master))
+        }),
+        None => pipes(command, output),
+    }
 }
 
 /// Copies a pipe into output frames; the returned channel fires at EOF.

@@ -7,7 +7,7 @@ use super::*;
 /// `apply -i` keeps every answer: a path in conflict is applied only if its
 /// overwrite is confirmed on its own, so declining it never loses the other
 /// answers; `d` drops, `q` applies nothing. Answers come one per line from
-/// a pipe (issue 17, item 3: a `y` on a conflict refused everything).
+/// a pipe (once, a `y` on a conflict refused everything).
 #[test]
 fn interactive_apply_keeps_every_answer() {
     let env = Env::new(As::Rootless);

@@ -368,7 +368,7 @@ fn a_host_directory_replaced_by_a_staged_file_is_compared_in_full() {
 
 /// Without a JOB, commands act on the most recent Job of the workspace you
 /// are in, not the most recent anywhere; paths are relative to the current
-/// directory (issue 17, item 5: `apply --all --dry-run` offered another
+/// directory (once, `apply --all --dry-run` offered another
 /// directory's Job, and `apply file` failed from a subdirectory).
 #[test]
 fn commands_act_on_the_workspace_you_are_in_with_paths_relative_to_it() {
@@ -415,7 +415,7 @@ fn commands_act_on_the_workspace_you_are_in_with_paths_relative_to_it() {
 }
 
 /// Apply and drop summarise long listings by directory; -v lists every
-/// path, -q none (issue 17, item 7: 1,670 lines for a pip install).
+/// path, -q none (a `pip install` once listed 1,670 lines).
 #[test]
 fn long_apply_and_drop_listings_are_summarised() {
     let env = Env::new(As::Rootless);

@@ -39,11 +39,10 @@ fn health_within_a_second(daemon: &Daemon) {
 /// count stays bounded and `/health` still answers within a second — as
 /// root and as an unprivileged user.
 #[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
 fn idle_connections_cannot_starve_the_daemon() {
     for who in [As::Root, As::Rootless] {
-        if !who.available() {
-            continue;
-        }
+        who.require();
         let daemon = Daemon::with_args(who, &["--max-connections", "64"]);
         let pid = daemon.child.as_ref().unwrap().id();
         let before = open_fds(pid);
@@ -299,12 +298,11 @@ fn layer(entries: &[(&str, tar::EntryType, u32, &[u8])]) -> Vec<u8> {
 /// (the parent of its directory) and a layer stored under the digest of
 /// other bytes are refused, naming the entry or the blob, and publish nothing.
 #[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
 fn image_import_defuses_or_refuses_a_hostile_oci_layout() {
     use tar::EntryType::{Char, Directory, Fifo, Regular};
     for who in [As::Root, As::Rootless] {
-        if !who.available() {
-            continue;
-        }
+        who.require();
         let env = Env::new(who);
         let base = layer(&[
             ("bin", Directory, 0o755, b""),

@@ -92,9 +92,7 @@ fn the_published_typescript_sdk_runs_its_flow_unchanged() {
 
 #[test]
 fn the_sdk_flow_runs_rootless_too() {
-    if !As::Rootless.available() {
-        return;
-    }
+    As::Rootless.require();
     let daemon = Daemon::new_as(As::Rootless);
     let out = sdk(&daemon, "flow.py");
     assert!(out.contains("SDK flow OK"), "{out}");

@@ -14,17 +14,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::guest::{ExecChannel, ExecSpec, TerminalSize, KEEPER};
+use pvisor::actions::guest::{CapabilityError, ExecChannel, ExecSpec, TerminalSize, KEEPER};
 use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
 use pvisor::CancelHandle;
-use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
+use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime, RuntimeError};
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::{ResourceLimits, SharedDirectory};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 use crate::spec::ProcessSpec;
+
+mod phase;
+
+use phase::{IllegalMove, Phase, Stage};
 
 /// The Job's Operation: it only keeps the VM up (the container's own
 /// process is a guest exec, so its stdio and exit are relayed exactly).
@@ -42,19 +46,6 @@ const READY_POLL: Duration = Duration::from_millis(5);
 const REOPEN_POLL: Duration = Duration::from_millis(50);
 /// The first exec id: the Attempt's own command is id 1.
 const FIRST_EXEC_ID: u32 = 2;
-
-/// Where the container's VM stands.
-#[derive(Debug)]
-enum Phase {
-    /// A generation (Attempt) is live: its run can be cancelled, its guest reached.
-    Live,
-    /// Being suspended or resumed: a guest channel that ends now is a pause.
-    Pausing,
-    /// Suspended to `checkpoint`; the Job continues with a resume.
-    Paused { checkpoint: String },
-    /// The Job has ended (`summary`), or is ending.
-    Ended { summary: Option<String> },
-}
 
 #[derive(Debug)]
 struct State {
@@ -86,6 +77,21 @@ pub struct Vm {
     next_exec: AtomicU32,
 }
 
+impl State {
+    /// Moves to `to` if the table allows it from where the VM stands.
+    fn move_to(&mut self, to: Phase) -> Result<(), IllegalMove> {
+        self.phase.move_to(to)
+    }
+
+    /// [`move_to`](Self::move_to) where a refusal is not the caller's
+    /// error: it is logged, and the VM stays where it stands.
+    fn move_or_log(&mut self, to: Phase) {
+        if let Err(e) = self.move_to(to) {
+            log::warn!("{e}; it stays {:?}", self.phase);
+        }
+    }
+}
+
 impl Vm {
     /// Admits the container's Job over `rootfs` and waits until its guest
     /// answers. `tokio` runs the Job's Session.
@@ -97,20 +103,18 @@ impl Vm {
         limits: ResourceLimits,
         labels: Labels,
         host: HostAttachments,
-    ) -> Result<Vm, String> {
-        let executor = runtime.executor("vm").map_err(|e| e.to_string())?;
+    ) -> Result<Vm, VmError> {
+        let executor = runtime.executor("vm")?;
         let mut request = keeper_request(container, rootfs.clone(), limits, labels);
         request.network_namespace = host.network_namespace;
         request.shared_directories = host.shared_directories;
         let run = {
             let _inside = tokio.enter();
-            runtime
-                .execute(Run { request, executor })
-                .map_err(|e| format!("the Job was not admitted: {e}"))?
+            runtime.execute(Run { request, executor }).map_err(VmError::NotAdmitted)?
         };
         let job = run.job().clone();
         log::info!("container {container} is Job {job} (workspace {})", rootfs.display());
-        let state = State { phase: Phase::Pausing, cancel: None, guest: None, generation_end: None };
+        let state = State { phase: Phase::Starting, cancel: None, guest: None, generation_end: None };
         let vm = Vm {
             runtime: runtime.clone(),
             tokio: tokio.clone(),
@@ -127,14 +131,16 @@ impl Vm {
         self.state.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Moves the VM to `phase` (see [`State::move_or_log`]) and wakes
+    /// whoever waits on it.
     fn set(&self, phase: Phase) {
-        self.lock().phase = phase;
+        self.lock().move_or_log(phase);
         self.state.1.notify_all();
     }
 
     /// Watches a new generation's run and waits for its guest; the VM is
     /// then live.
-    fn adopt(&self, mut run: ManagedJobRun) -> Result<(), String> {
+    fn adopt(&self, mut run: ManagedJobRun) -> Result<(), VmError> {
         let cancel = run.cancel_handle();
         {
             let mut state = self.lock();
@@ -154,8 +160,8 @@ impl Vm {
             };
             let mut locked = state.0.lock().unwrap_or_else(|p| p.into_inner());
             // A generation that ends while live (not paused) ends the VM.
-            if matches!(locked.phase, Phase::Live | Phase::Ended { summary: None }) {
-                locked.phase = Phase::Ended { summary: Some(summary.clone()) };
+            if matches!(locked.phase.stage(), Stage::Live | Stage::Ending) {
+                locked.move_or_log(Phase::Ended { summary: Some(summary.clone()) });
             }
             locked.generation_end = Some(summary);
             state.1.notify_all();
@@ -185,7 +191,7 @@ impl Vm {
             match &state.phase {
                 Phase::Live => return state.guest.clone(),
                 Phase::Ended { .. } => return None,
-                Phase::Pausing | Phase::Paused { .. } => {
+                Phase::Starting | Phase::Pausing | Phase::Paused { .. } => {
                     state = self.state.1.wait(state).unwrap_or_else(|p| p.into_inner());
                 }
             }
@@ -197,14 +203,14 @@ impl Vm {
         let state = self.lock();
         match (&state.phase, &state.guest) {
             (Phase::Live, Some(guest)) => Ok(guest.clone()),
-            (Phase::Paused { .. } | Phase::Pausing, _) => Err(ExecError::Paused),
-            _ => Err(ExecError::Guest("the container's VM has ended".into())),
+            (phase, _) if phase.is_paused() => Err(ExecError::Paused),
+            _ => Err(ExecError::Guest(GuestUnreachable::Ended)),
         }
     }
 
     /// Paused, or being paused or resumed.
     pub fn is_paused(&self) -> bool {
-        matches!(self.lock().phase, Phase::Paused { .. } | Phase::Pausing)
+        self.lock().phase.is_paused()
     }
 
     /// The checkpoint the VM is suspended to, while paused.
@@ -235,7 +241,7 @@ impl Vm {
             terminal,
             confinement: process.confinement.clone(),
         };
-        let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.to_string()))?;
+        let mut channel = guest.exec(spec).map_err(|e| ExecError::Guest(e.into()))?;
         match channel.next_reply() {
             Ok(Some((Reply::Started { pid, .. }, _))) => {
                 Ok((channel, guest.attempt().clone(), id, pid.max(0) as u32))
@@ -243,8 +249,8 @@ impl Vm {
             Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
                 Err(ExecError::Failed { errno, message })
             }
-            Ok(other) => Err(ExecError::Guest(format!("the guest answered {other:?}"))),
-            Err(e) => Err(ExecError::Guest(e.to_string())),
+            Ok(other) => Err(ExecError::Guest(GuestUnreachable::Answered(format!("{other:?}")))),
+            Err(e) => Err(ExecError::Guest(e.into())),
         }
     }
 
@@ -252,64 +258,50 @@ impl Vm {
     /// exec's own channel, so it reaches a process across a pause.
     pub fn signal(&self, id: u32, signal: i32) -> Result<(), ExecError> {
         let request = Request::Signal { id, signal };
-        self.guest_now()?
-            .call(&request, &[], CALL_TIMEOUT)
-            .map(drop)
-            .map_err(|e| ExecError::Guest(e.to_string()))
+        self.guest_now()?.call(&request, &[], CALL_TIMEOUT).map(drop).map_err(|e| ExecError::Guest(e.into()))
     }
 
     /// Sets the window size of exec `id`'s terminal (an agent call, like
     /// [`signal`](Self::signal)).
     pub fn resize(&self, id: u32, size: TerminalSize) -> Result<(), ExecError> {
         let request = Request::Resize { id, size };
-        self.guest_now()?
-            .call(&request, &[], CALL_TIMEOUT)
-            .map(drop)
-            .map_err(|e| ExecError::Guest(e.to_string()))
+        self.guest_now()?.call(&request, &[], CALL_TIMEOUT).map(drop).map_err(|e| ExecError::Guest(e.into()))
     }
 
     /// Exec `id`'s exit status once it has exited (`None` while it runs),
     /// asked of the guest: for a process whose channel is gone and cannot
     /// be attached to again.
-    pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, String> {
-        match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT) {
-            Ok((Reply::Status { running: true, .. }, _)) => Ok(None),
-            Ok((Reply::Status { code, signal, .. }, _)) => Ok(Some(status_of(code, signal))),
-            Ok((other, _)) => Err(format!("the guest answered {other:?}")),
-            Err(e) => Err(e.to_string()),
+    pub fn exit_status(&self, guest: &Guest, id: u32) -> Result<Option<u32>, VmError> {
+        match guest.call(&Request::Status { id }, &[], CALL_TIMEOUT)? {
+            (Reply::Status { running: true, .. }, _) => Ok(None),
+            (Reply::Status { code, signal, .. }, _) => Ok(Some(status_of(code, signal))),
+            (other, _) => Err(VmError::Answered(format!("{other:?}"))),
         }
     }
 
     /// A file of the guest itself (not the container's root), such as
     /// `/proc/meminfo`.
-    pub fn read_guest_file(&self, path: &str) -> Result<String, String> {
+    pub fn read_guest_file(&self, path: &str) -> Result<String, VmError> {
         let request = Request::ReadFile { path: path.into(), offset: 0, len: Some(1 << 20) };
-        let guest = self.guest_now().map_err(|e| e.to_string())?;
-        let (_, bytes) = guest.call(&request, &[], CALL_TIMEOUT).map_err(|e| e.to_string())?;
+        let guest = self.guest_now()?;
+        let (_, bytes) = guest.call(&request, &[], CALL_TIMEOUT)?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// Saves the VM's execution state; it keeps running. While paused, the
     /// suspension's checkpoint is the answer.
-    pub fn checkpoint(&self) -> Result<String, String> {
+    pub fn checkpoint(&self) -> Result<String, VmError> {
         if let Some(checkpoint) = self.paused() {
             return Ok(checkpoint);
         }
-        let saved =
-            self.runtime.execute(CheckpointExecution { job: self.job.clone() }).map_err(|e| e.to_string())?;
+        let saved = self.runtime.execute(CheckpointExecution { job: self.job.clone() })?;
         Ok(saved.id.to_string())
     }
 
     /// Suspends the VM (execution suspend: saved, then stopped; the Job is
     /// `suspended`). Its processes are kept in the saved state.
-    pub fn pause(&self) -> Result<String, String> {
-        {
-            let mut state = self.lock();
-            if !matches!(state.phase, Phase::Live) {
-                return Err("the container's VM is not running".into());
-            }
-            state.phase = Phase::Pausing;
-        }
+    pub fn pause(&self) -> Result<String, VmError> {
+        self.lock().move_to(Phase::Pausing).map_err(|_| VmError::NotRunning)?;
         match self.runtime.execute(Suspend { job: self.job.clone() }) {
             Ok(saved) => {
                 self.set(Phase::Paused { checkpoint: saved.id.to_string() });
@@ -318,36 +310,31 @@ impl Vm {
             Err(e) => {
                 // Still running if the save failed before the stop.
                 let ended = self.lock().generation_end.clone();
-                // The save failed before the stop: still running.
                 self.set(match ended {
                     Some(summary) => Phase::Ended { summary: Some(summary) },
                     None => Phase::Live,
                 });
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }
 
     /// Resumes the suspended VM: a new Attempt of the same Job, restored
     /// from the suspension's checkpoint.
-    pub fn resume(&self) -> Result<(), String> {
-        {
-            let mut state = self.lock();
-            if !matches!(state.phase, Phase::Paused { .. }) {
-                return Err("the container is not paused".into());
-            }
-            state.phase = Phase::Pausing;
-        }
+    pub fn resume(&self) -> Result<(), VmError> {
+        self.lock().move_to(Phase::Starting).map_err(|_| VmError::NotPaused)?;
         let run = {
             let _inside = self.tokio.enter();
             self.runtime.execute(Resume { job: self.job.clone() })
         };
         match run {
-            Ok(run) => self.adopt(run).inspect_err(|e| self.set(Phase::Ended { summary: Some(e.clone()) })),
+            Ok(run) => {
+                self.adopt(run).inspect_err(|e| self.set(Phase::Ended { summary: Some(e.to_string()) }))
+            }
             Err(e) => {
                 let checkpoint = self.checkpoint_of_suspension();
                 self.set(Phase::Paused { checkpoint });
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }
@@ -368,18 +355,23 @@ impl Vm {
     /// supervisor, so it cancels its own live run (the `Kill` action would
     /// signal the supervisor, that is, the shim itself); a paused Job has no
     /// supervisor, and `Kill` closes it.
-    pub fn stop(&self) -> Result<String, String> {
+    pub fn stop(&self) -> Result<String, VmError> {
         let (previous, cancel) = {
             let mut state = self.lock();
-            (std::mem::replace(&mut state.phase, Phase::Ended { summary: None }), state.cancel.clone())
+            let previous = state.phase.stage();
+            if let Phase::Ended { summary: Some(summary) } = &state.phase {
+                return Ok(summary.clone());
+            }
+            state.move_or_log(Phase::Ended { summary: None });
+            (previous, state.cancel.clone())
         };
         match previous {
-            Phase::Live => {
+            Stage::Live => {
                 if let Some(cancel) = cancel {
                     cancel.cancel(rustix::process::Signal::TERM.as_raw());
                 }
             }
-            Phase::Paused { .. } => {
+            Stage::Paused => {
                 let killed = self.runtime.execute(Kill { job: self.job.clone(), grace: KILL_GRACE });
                 let summary = match killed {
                     Ok(k) => format!("closed while paused: {k:?}"),
@@ -388,11 +380,7 @@ impl Vm {
                 self.set(Phase::Ended { summary: Some(summary.clone()) });
                 return Ok(summary);
             }
-            Phase::Ended { summary: Some(summary) } => {
-                self.set(Phase::Ended { summary: Some(summary.clone()) });
-                return Ok(summary);
-            }
-            Phase::Pausing | Phase::Ended { summary: None } => {}
+            Stage::Starting | Stage::Pausing | Stage::Ending | Stage::Ended => {}
         }
         self.state.1.notify_all();
         let deadline = Instant::now() + END_TIMEOUT;
@@ -402,13 +390,13 @@ impl Vm {
                 return Ok(summary.clone());
             }
             if let Some(summary) = state.generation_end.clone() {
-                state.phase = Phase::Ended { summary: Some(summary.clone()) };
+                state.move_or_log(Phase::Ended { summary: Some(summary.clone()) });
                 self.state.1.notify_all();
                 return Ok(summary);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("Job {} did not end within {} s", self.job, END_TIMEOUT.as_secs()));
+                return Err(VmError::EndTimeout { job: self.job.clone(), seconds: END_TIMEOUT.as_secs() });
             }
             state = self.state.1.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
         }
@@ -437,24 +425,56 @@ pub fn status_of(code: Option<i32>, signal: Option<i32>) -> u32 {
 }
 
 /// Why a process did not start.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     /// The guest could not be reached.
-    Guest(String),
+    #[error("the container's VM is unreachable: {0}")]
+    Guest(#[source] GuestUnreachable),
     /// The guest could not start it (`errno`: ENOENT for a missing program).
+    #[error("cannot start the process: {message}")]
     Failed { errno: i32, message: String },
     /// The container is paused.
+    #[error("the container is paused; resume it first")]
     Paused,
 }
 
-impl std::fmt::Display for ExecError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Guest(e) => write!(f, "the container's VM is unreachable: {e}"),
-            Self::Failed { message, .. } => write!(f, "cannot start the process: {message}"),
-            Self::Paused => write!(f, "the container is paused; resume it first"),
-        }
-    }
+/// Why the guest could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestUnreachable {
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    #[error(transparent)]
+    Channel(#[from] std::io::Error),
+    #[error("the guest answered {0}")]
+    Answered(String),
+    #[error("the container's VM has ended")]
+    Ended,
+}
+
+/// Why an operation on the container's VM failed. The texts are what
+/// containerd's clients see.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("the Job was not admitted: {0}")]
+    NotAdmitted(#[source] RuntimeError),
+    #[error(transparent)]
+    Guest(#[from] CapabilityError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("the guest answered {0}")]
+    Answered(String),
+    #[error("Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`")]
+    EndedBeforeReady { job: JobId, summary: String },
+    #[error("the VM of Job {job} was not ready after {seconds} s: {last}")]
+    NotReady { job: JobId, seconds: u64, last: String },
+    #[error("the container's VM is not running")]
+    NotRunning,
+    #[error("the container is not paused")]
+    NotPaused,
+    #[error("Job {job} did not end within {seconds} s")]
+    EndTimeout { job: JobId, seconds: u64 },
 }
 
 /// The Job that holds a container's VM up.
@@ -491,7 +511,7 @@ fn wait_ready(
     job: &JobId,
     rootfs: &std::path::Path,
     state: &(Mutex<State>, Condvar),
-) -> Result<Guest, String> {
+) -> Result<Guest, VmError> {
     let probe = Request::FileOp {
         root: rootfs.to_path_buf(),
         op: pvisor::actions::guest::FileOp::Stat { path: "/".into() },
@@ -505,9 +525,7 @@ fn wait_ready(
     let mut opened: Option<(Guest, Instant)> = None;
     loop {
         if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
-            return Err(format!(
-                "Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`"
-            ));
+            return Err(VmError::EndedBeforeReady { job: job.clone(), summary: summary.clone() });
         }
         if opened.as_ref().is_none_or(|(_, at)| at.elapsed() > REOPEN_POLL) {
             opened = match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
@@ -525,10 +543,7 @@ fn wait_ready(
             }
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "the VM of Job {job} was not ready after {} s: {last}",
-                READY_TIMEOUT.as_secs()
-            ));
+            return Err(VmError::NotReady { job: job.clone(), seconds: READY_TIMEOUT.as_secs(), last });
         }
         std::thread::sleep(if opened.is_some() { READY_POLL } else { REOPEN_POLL });
     }
