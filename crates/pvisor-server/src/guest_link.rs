@@ -13,7 +13,6 @@ use pvisor::actions::guest::Request;
 use pvisor::actions::{OpenGuest, Suspend};
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
-use pvisor_core::store::Store;
 
 pub use pvisor::actions::guest::{
     resolve_in_root, EntryKind, ExecChannel, ExecSignaller, ExecSpec, FileOp, FileStat, Reply,
@@ -42,8 +41,8 @@ impl From<pvisor::RuntimeError> for GuestError {
 }
 
 /// The guest of Attempt `attempt` of `job`, which must be running.
-pub fn open(store: &Store, job: &JobId, attempt: u32) -> Result<Link, GuestError> {
-    Ok(Runtime::on_host(store.clone()).execute(OpenGuest { job: job.clone(), attempt: Some(attempt) })?)
+pub fn open(runtime: &Runtime, job: &JobId, attempt: u32) -> Result<Link, GuestError> {
+    Ok(runtime.execute(OpenGuest { job: job.clone(), attempt: Some(attempt) })?)
 }
 
 /// Starts `spec` in the VM (see [`ExecSpec`]); its replies come on the channel.
@@ -92,7 +91,7 @@ pub fn forward(link: &Link, port: u16) -> Result<UnixStream, GuestError> {
 
 /// Suspends the sandbox's VM (its execution saved to a checkpoint); Ok
 /// once the termination receipt has made the Job `suspended`.
-pub fn suspend(store: &Store, job: &JobId) -> Result<(), GuestError> {
-    Runtime::on_host(store.clone()).execute(Suspend { job: job.clone() })?;
+pub fn suspend(runtime: &Runtime, job: &JobId) -> Result<(), GuestError> {
+    runtime.execute(Suspend { job: job.clone() })?;
     Ok(())
 }

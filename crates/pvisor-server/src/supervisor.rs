@@ -10,9 +10,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pvisor::actions::{Resume, Run};
-use pvisor::runtime::job_service::views::{self, ViewError};
-use pvisor::{ManagedJobRun, RunRequest, Runtime, RuntimeError};
+use pvisor::actions::{ResolveJob, Resume, Run};
+use pvisor::{ManagedJobRun, RunRequest, Runtime, RuntimeError, SecretPolicy, ViewError};
 use pvisor_core::ids::JobId;
 use pvisor_core::store::{Store, StoreError};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -69,9 +68,14 @@ impl Supervisor {
     /// Checks the options and sets up the vm executor (a resume restores
     /// with the one its checkpoint was taken with; see [`Resume`]).
     pub fn prepare(store: Store, options: SupervisorOptions) -> Result<Self, SupervisorError> {
+        Self::prepare_with(Runtime::on_host(store), options)
+    }
+
+    /// [`Self::prepare`] over `runtime`, built once by the caller.
+    pub fn prepare_with(runtime: Runtime, options: SupervisorOptions) -> Result<Self, SupervisorError> {
         if let Some(job) = &options.resume {
-            let job = views::resolve_job(&store, Some(job))?;
-            let runtime = Runtime::on_host(store);
+            let job =
+                runtime.execute(ResolveJob { query: Some(job.clone()) }).map_err(SupervisorError::Runtime)?;
             return Ok(Self { runtime, bind: options.bind, start: Start::Resume(job) });
         }
         let workspace = options.workspace.ok_or(SupervisorError::NoWorkspace)?;
@@ -81,7 +85,6 @@ impl Supervisor {
             .map(serde_json::from_str)
             .transpose()
             .map_err(SupervisorError::Policy)?;
-        let runtime = Runtime::on_host(store);
         let executor = runtime.executor("vm")?;
         let request = RunRequest {
             caches: Vec::new(),
@@ -106,7 +109,7 @@ impl Supervisor {
             }],
             fork: None,
             fork_execution: None,
-            secrets: pvisor::admission::SecretPolicy::default(),
+            secrets: SecretPolicy::default(),
             seccomp: true,
             limits: pvisor_core::records::ResourceLimits {
                 memory_bytes: Some(options.memory_mib << 20),

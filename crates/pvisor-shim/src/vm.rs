@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use pvisor::actions::guest::{ExecChannel, ExecSpec, TerminalSize, KEEPER};
 use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
-use pvisor::runtime::job_service::CancelHandle;
-use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime};
+use pvisor::{CancelHandle, ManagedJobRun, RunEnd, RunRequest, Runtime, SecretPolicy};
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::{ResourceLimits, SharedDirectory};
@@ -479,7 +478,7 @@ fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits, l
         }],
         fork: None,
         fork_execution: None,
-        secrets: pvisor::admission::SecretPolicy::default(),
+        secrets: SecretPolicy::default(),
         seccomp: true,
         limits,
     }

@@ -37,5 +37,9 @@ mod trace;
 pub mod trust;
 
 pub use actions::{Action, Runtime, RuntimeError};
-pub use admission::{AdmissionError, RunRequest};
-pub use runtime::job_service::{JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome};
+pub use admission::{proxy_env, AdmissionError, RunRequest, SecretPolicy};
+pub use runtime::job_service::views::{JobListing, JobStatus, ViewError};
+pub use runtime::job_service::{
+    CancelHandle, JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome,
+};
+pub use runtime::kill::Killed;

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::runtime::job_service::views;
+use pvisor::actions::{Kill, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -125,13 +125,17 @@ impl Daemon {
                     stop_supervisor(pid, &bind);
                 }
                 let record = self.get(id).unwrap_or(record);
-                let job_state =
-                    record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
+                let job_state = record
+                    .job
+                    .as_ref()
+                    .and_then(|j| self.runtime.execute(Status { job: j.clone() }).ok())
+                    .map(|s| s.state);
                 if resume.is_some() && job_state == Some(JobState::Suspended) {
                     self.finish(id, SandboxState::Paused, "resume_failed", &message);
                 } else {
                     if let Some(job) = &record.job {
-                        let _ = pvisor::runtime::kill::kill(&self.store, job, Duration::from_secs(10));
+                        let _ =
+                            self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
                     }
                     self.finish(id, SandboxState::Failed, "runtime_error", &message);
                 }
@@ -214,8 +218,11 @@ impl Daemon {
             if record.supervisor != Some(pid) || record.state != SandboxState::Running {
                 return;
             }
-            let state =
-                record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok()).map(|s| s.state);
+            let state = record
+                .job
+                .as_ref()
+                .and_then(|j| daemon.runtime.execute(Status { job: j.clone() }).ok())
+                .map(|s| s.state);
             match state {
                 Some(JobState::Suspended) => {
                     daemon.finish(&id, SandboxState::Paused, "paused", "suspended outside the API")

@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 use pvisor_core::store::Store;
 
@@ -97,6 +98,8 @@ pub struct Config {
 #[derive(Debug)]
 pub struct Daemon {
     pub config: Config,
+    /// The one door to the runtime, built once at open.
+    pub runtime: Runtime,
     pub store: Store,
     pub images: ImageStore,
     dir: PathBuf,
@@ -133,8 +136,20 @@ impl Drop for StreamSlot {
 }
 
 impl Daemon {
+    /// The daemon over this machine's backends.
     pub fn open(config: Config, built_in_images: Vec<(String, PathBuf)>) -> Result<Arc<Self>, OpenError> {
-        let store = Store::open(&config.state_root)?;
+        let runtime = Runtime::on_host(Store::open(&config.state_root)?);
+        Self::open_with(runtime, config, built_in_images)
+    }
+
+    /// The daemon over `runtime` (whose store is at `config.state_root`):
+    /// every Job it runs, reads or ends goes through it.
+    pub fn open_with(
+        runtime: Runtime,
+        config: Config,
+        built_in_images: Vec<(String, PathBuf)>,
+    ) -> Result<Arc<Self>, OpenError> {
+        let store = runtime.store().clone();
         let dir = config.state_root.join("server").join("sandboxes");
         pvisor_core::store::create_dir_all_private(&dir)?;
         let mut records = BTreeMap::new();
@@ -164,6 +179,7 @@ impl Daemon {
         reserve.ensure();
         Ok(Arc::new(Self {
             config,
+            runtime,
             store,
             images,
             dir,
@@ -285,7 +301,7 @@ impl Daemon {
         job: &JobId,
         attempt: u32,
     ) -> Result<crate::guest_link::Link, crate::guest_link::GuestError> {
-        crate::guest_link::open(&self.store, job, attempt)
+        crate::guest_link::open(&self.runtime, job, attempt)
     }
 
     /// The guest of a Running sandbox's current generation.

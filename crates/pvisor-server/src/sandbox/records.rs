@@ -229,7 +229,7 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
     env.insert("HOSTNAME".into(), record.id.clone());
     if record.network_policy.is_some() {
         // What the Job's own command gets: the agent's relay to the proxy.
-        env.extend(pvisor::admission::proxy_env(&[]).into_iter().map(|(k, v)| (k.to_owned(), v)));
+        env.extend(pvisor::proxy_env(&[]).into_iter().map(|(k, v)| (k.to_owned(), v)));
     }
     env.extend(record.env.clone());
     env.extend(extra.clone());

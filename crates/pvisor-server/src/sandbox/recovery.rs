@@ -6,7 +6,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::runtime::job_service::views;
+use pvisor::actions::{Kill, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -54,7 +54,7 @@ impl Daemon {
                 self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted, and its supervisor is gone; nothing is running");
                 continue;
             };
-            let status = match views::status(&self.store, &job) {
+            let status = match self.runtime.execute(Status { job: job.clone() }) {
                 Ok(s) => s,
                 Err(e) => {
                     self.finish(
@@ -148,7 +148,9 @@ impl Daemon {
                         }
                         // A sandbox paused or deleted meanwhile is not this probe's to end.
                         if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
-                            let _ = pvisor::runtime::kill::kill(&daemon.store, &job, Duration::from_secs(10));
+                            let _ = daemon
+                                .runtime
+                                .execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
                             daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
                         }
                     });
@@ -156,7 +158,8 @@ impl Daemon {
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
                     if matches!(other, JobState::Unknown) {
-                        let _ = pvisor::runtime::kill::kill(&self.store, &job, Duration::from_secs(10));
+                        let _ =
+                            self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
                     }
                     self.finish(&id, SandboxState::Failed, "runtime_exited", &message);
                 }
@@ -168,7 +171,7 @@ impl Daemon {
     pub(super) fn settle_pause(&self, id: &str, job: &JobId) {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            match views::status(&self.store, job).map(|s| s.state) {
+            match self.runtime.execute(Status { job: job.clone() }).map(|s| s.state) {
                 Ok(JobState::Suspended) => return self.finish(id, SandboxState::Paused, "paused", ""),
                 Ok(JobState::Running) => {}
                 Ok(other) => {

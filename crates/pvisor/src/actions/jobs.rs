@@ -103,6 +103,22 @@ impl Action for Status {
     }
 }
 
+/// The Job a user named: a full id, a unique prefix of one, or (`None`)
+/// the newest Job.
+#[derive(Debug)]
+pub struct ResolveJob {
+    pub query: Option<String>,
+}
+
+impl Action for ResolveJob {
+    const NAME: &'static str = "resolve-job";
+    type Outcome = JobId;
+
+    fn perform(self, runtime: &Runtime) -> Result<JobId, RuntimeError> {
+        Ok(views::resolve_job(&runtime.store, self.query.as_deref())?)
+    }
+}
+
 /// A Job's Trace, with the lines that could not be read.
 #[derive(Debug)]
 pub struct Events {

@@ -52,7 +52,7 @@ pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
 pub use guest::{Guest, OpenGuest};
-pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
+pub use jobs::{Events, Gc, Kill, ListJobs, ResolveJob, Resume, Run, Status, Trace};
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
 
