@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use pvisor::actions::guest::Request;
-use pvisor::actions::{OpenGuest, Suspend};
+use pvisor::actions::{AwaitGuest, GiveUp, OpenGuest, Readiness, Suspend};
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 
@@ -78,10 +78,23 @@ pub fn status(link: &Link, id: u32) -> Result<Reply, GuestError> {
     Ok(link.call(&Request::Status { id }, &[], CALL_TIMEOUT).map(|(r, _)| r)?)
 }
 
-/// A cheap agent call that succeeds once the guest serves the sandbox `root`.
-pub fn probe(link: &Link, root: &Path) -> Result<(), GuestError> {
-    let request = Request::FileOp { root: root.to_owned(), op: FileOp::Stat { path: "/".into() } };
-    Ok(link.call(&request, &[], Duration::from_secs(10)).map(|_| ())?)
+/// Waits until the guest of Attempt `attempt` of `job` serves the sandbox
+/// `root`, polling every `poll`; stops early when the Job ends or
+/// `give_up` says why.
+pub fn await_ready(
+    runtime: &Runtime,
+    job: &JobId,
+    attempt: u32,
+    root: &Path,
+    (timeout, poll): (Duration, Duration),
+    give_up: Option<GiveUp>,
+) -> Result<Link, GuestError> {
+    let ready = Readiness { root: root.to_owned(), timeout, poll };
+    let wait = AwaitGuest { job: job.clone(), attempt: Some(attempt), ready, give_up };
+    runtime.execute(wait).map_err(|e| match e {
+        pvisor::RuntimeError::GuestNotReady { last, .. } => GuestError(last),
+        other => GuestError(other.to_string()),
+    })
 }
 
 /// A byte stream to `127.0.0.1:port` inside the VM.

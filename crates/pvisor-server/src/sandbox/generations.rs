@@ -274,21 +274,24 @@ impl Daemon {
             r.job = Some(binding.job.clone());
             Ok(())
         });
-        loop {
-            // Opened each time: until the Attempt runs there is no guest to open.
-            let probed = self
-                .link_of(&binding.job, binding.attempt)
-                .and_then(|l| guest_link::probe(&l, &record.rootfs));
-            match probed {
-                Ok(_) => return Ok(binding.attempt),
-                Err(source) => {
-                    if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
-                        let tail = tail(&log_path);
-                        return Err(GenerationError::NotReady { source, log: log_path, tail });
-                    }
-                }
+        let supervisor = bind.clone();
+        let give_up: pvisor::actions::GiveUp = Box::new(move || {
+            (!supervisor_alive(pid, &supervisor)).then(|| "its supervisor exited".to_owned())
+        });
+        let left = (deadline.saturating_duration_since(Instant::now()), Duration::from_millis(20));
+        match guest_link::await_ready(
+            &self.runtime,
+            &binding.job,
+            binding.attempt,
+            &record.rootfs,
+            left,
+            Some(give_up),
+        ) {
+            Ok(_) => Ok(binding.attempt),
+            Err(source) => {
+                let tail = tail(&log_path);
+                Err(GenerationError::NotReady { source, log: log_path, tail })
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -22,6 +22,8 @@
 //! | [`Gc`] | [`GcReport`](crate::runtime::gc::GcReport) |
 //! | [`ReleaseStorage`] | [`Released`]: one ended Job's stage, VM disks and execution checkpoints removed |
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
+//! | [`HoldGuest`] | [`Held`]: a keeper Job started or resumed, and its guest once it answers |
+//! | [`AwaitGuest`] | a [`Guest`] once it answers |
 //! | [`WarmTemplate`], [`ListTemplates`], [`RemoveTemplate`] | the vm backend's start templates |
 //!
 //! What an action may do depends on the Job's backend, which the runtime
@@ -31,6 +33,7 @@
 mod changes;
 mod execution;
 pub mod guest;
+mod hold;
 mod jobs;
 mod storage;
 mod templates;
@@ -52,6 +55,7 @@ pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
 pub use guest::{Guest, OpenGuest};
+pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, ResolveJob, Resume, Run, Status, Trace};
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
@@ -153,6 +157,10 @@ pub enum RuntimeError {
         #[source]
         source: pvisor_sandbox::capabilities::CapabilityError,
     },
+    /// A held or awaited guest did not answer; `last` is what the last
+    /// attempt to reach it said.
+    #[error("the guest of Job {job} did not become ready ({why}): {last}")]
+    GuestNotReady { job: JobId, why: NotReady, last: String },
     #[error("no backend named {name:?}; the backends are {}", crate::backends::HOST_BACKENDS.join(", "))]
     UnknownBackend { name: String },
     /// A start template could not be built, found or removed.

@@ -874,3 +874,85 @@ fn the_refusing_fake_still_refuses_every_capability() {
     assert_eq!(f.status(&job).state, JobState::Running);
     tokio.block_on(f.cancel(run));
 }
+
+fn keeper(workspace: &std::path::Path) -> Box<Keeper> {
+    Box::new(Keeper {
+        workspace: workspace.to_owned(),
+        limits: Default::default(),
+        labels: Default::default(),
+        network: Vec::new(),
+        network_namespace: None,
+        shared_directories: Vec::new(),
+        kill_grace: Duration::from_millis(300),
+    })
+}
+
+fn ready(root: &std::path::Path) -> Readiness {
+    Readiness { root: root.to_owned(), timeout: Duration::from_secs(10), poll: Duration::from_millis(5) }
+}
+
+#[test]
+fn a_held_guest_answers_when_the_hold_returns_and_a_resumed_hold_is_a_new_attempt() {
+    let (f, tokio) = working(Vec::new(), Arc::default());
+    f.fake.push(Script::runs_until(&[libc::SIGTERM]));
+    f.fake.push(Script::runs_until(&[libc::SIGTERM]));
+    let hold = Hold::New { keeper: keeper(&f.workspace), backend: "fake".into() };
+    let held = {
+        let _inside = tokio.enter();
+        f.runtime.execute(HoldGuest { hold, ready: Some(ready(&f.workspace)) }).unwrap()
+    };
+    let job = held.job().clone();
+    let spec = f.fake.journal().started[0].clone();
+    assert_eq!((spec.program.as_str(), spec.args[1].as_str()), ("/bin/sh", guest::KEEPER), "the keeper runs");
+    let guest = held.guest.clone().expect("the hold waited for the guest");
+    let probe = Request::FileOp { root: f.workspace.clone(), op: FileOp::Stat { path: "/kept.txt".into() } };
+    assert!(matches!(guest.call(&probe, &[], Duration::from_secs(5)).unwrap().0, Reply::Stat { .. }));
+    f.runtime.execute(Suspend { job: job.clone() }).unwrap();
+    let resumed = {
+        let _inside = tokio.enter();
+        f.runtime
+            .execute(HoldGuest { hold: Hold::Resume(job.clone()), ready: Some(ready(&f.workspace)) })
+            .unwrap()
+    };
+    assert_eq!(resumed.job(), &job);
+    assert_eq!(resumed.guest.as_ref().unwrap().attempt().number(), 2, "the guest of the new Attempt");
+    resumed.cancel_handle().cancel(libc::SIGTERM);
+    let mut run = resumed.run;
+    let end = tokio.block_on(run.wait());
+    assert!(end.is_ok(), "{end:?}");
+    assert_eq!(f.status(&job).state, JobState::Cancelled);
+}
+
+#[test]
+fn a_hold_whose_keeper_ends_before_its_guest_answers_fails_naming_the_end() {
+    let (f, tokio) = working(vec![Script::exits(1, &[])], Arc::default());
+    let hold = Hold::New { keeper: keeper(&f.workspace), backend: "fake".into() };
+    let err = {
+        let _inside = tokio.enter();
+        f.runtime.execute(HoldGuest { hold, ready: Some(ready(&f.workspace)) }).unwrap_err()
+    };
+    match err {
+        RuntimeError::GuestNotReady { why: NotReady::Ended(state), .. } => {
+            assert_eq!(state, JobState::Failed)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_awaited_guest_stops_waiting_when_the_caller_gives_up() {
+    let (f, tokio) = working(vec![Script::runs_until(&[libc::SIGTERM])], Arc::default());
+    let run = f.start_live(&tokio);
+    let wait = AwaitGuest {
+        job: run.job().clone(),
+        attempt: Some(7),
+        ready: ready(&f.workspace),
+        give_up: Some(Box::new(|| Some("its supervisor exited".into()))),
+    };
+    let err = f.runtime.execute(wait).unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::GuestNotReady { why: NotReady::GaveUp(w), .. } if w == "its supervisor exited"),
+        "{err:?}"
+    );
+    tokio.block_on(f.cancel(run));
+}
