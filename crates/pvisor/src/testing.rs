@@ -814,3 +814,41 @@ impl Backends for FakeBackends {
         self.capabilities.clone().filter(|_| name == "fake").map(|c| c as Arc<dyn GuestAccess>)
     }
 }
+
+/// [`FakeBackends`] that also answer for the backend name `vm`: for the
+/// frontends that ask for `vm` by name (the daemon's sandbox supervisor,
+/// the containerd shim). Jobs still run on the executor named `fake`.
+#[derive(Debug)]
+pub struct FakeVmBackends(pub FakeBackends);
+
+impl FakeVmBackends {
+    /// A working fake VM: every start plays `keeper` unless a script is
+    /// queued; checkpoints, suspends, restores and a guest that plays `guest`.
+    pub fn working(keeper: Script, guest: Arc<FakeGuest>) -> Self {
+        let executor = FakeExecutor::always(keeper);
+        let capabilities = Some(Arc::new(FakeCheckpointer::working_with(&executor, guest)));
+        Self(FakeBackends { executor, capabilities })
+    }
+
+    fn alias(name: &str) -> &str {
+        if name == "vm" {
+            "fake"
+        } else {
+            name
+        }
+    }
+}
+
+impl Backends for FakeVmBackends {
+    fn executor(&self, name: &str) -> Option<Arc<dyn Executor>> {
+        self.0.executor(Self::alias(name))
+    }
+
+    fn checkpointable(&self, name: &str) -> Option<Arc<dyn Checkpointable>> {
+        self.0.checkpointable(Self::alias(name))
+    }
+
+    fn guest_access(&self, name: &str) -> Option<Arc<dyn GuestAccess>> {
+        self.0.guest_access(Self::alias(name))
+    }
+}
