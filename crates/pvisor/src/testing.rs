@@ -130,6 +130,8 @@ pub struct FakeExecutor {
     fallback: Mutex<Option<Script>>,
     journal: Arc<Mutex<Journal>>,
     live: LiveSandboxes,
+    /// The executor name Jobs are placed under (`fake` unless set).
+    name: Option<&'static str>,
 }
 
 impl FakeExecutor {
@@ -143,6 +145,12 @@ impl FakeExecutor {
     /// resumes a VM any number of times).
     pub fn always(script: Script) -> Arc<Self> {
         Arc::new(Self { fallback: Mutex::new(Some(script)), ..Self::default() })
+    }
+
+    /// [`Self::always`], placing Jobs under the executor name `name` (`vm`:
+    /// admitted as vm Jobs are, a sandbox image's rootfs as workspace).
+    pub fn always_as(name: &'static str, script: Script) -> Arc<Self> {
+        Arc::new(Self { fallback: Mutex::new(Some(script)), name: Some(name), ..Self::default() })
     }
 
     /// Queues one more script.
@@ -166,7 +174,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Executor for FakeExecutor {
     fn name(&self) -> &'static str {
-        "fake"
+        self.name.unwrap_or("fake")
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
@@ -408,15 +416,41 @@ impl GuestAccess for FakeCheckpointer {
     }
 }
 
-/// A guest is reachable only while its fake sandbox runs, as a VM's is.
+/// A guest is reachable only while its fake sandbox runs, and (as a VM's
+/// guest answers only once it has booted) once the Session has recorded
+/// the start.
 fn reachable(working: &Working, attempt_dir: &Path) -> Result<(), CapabilityError> {
-    match working.executor.live_of(attempt_dir) {
-        Some(_) => Ok(()),
-        None => Err(CapabilityError::Unreachable(format!(
-            "the VM's supervisor is not reachable at {}; is the Job running?",
+    let unreachable = |why: &str| {
+        Err(CapabilityError::Unreachable(format!(
+            "the VM's supervisor is not reachable at {} ({why}); is the Job running?",
             attempt_dir.display()
-        ))),
+        )))
+    };
+    if working.executor.live_of(attempt_dir).is_none() {
+        return unreachable("no fake sandbox runs");
     }
+    if !started(attempt_dir) {
+        return unreachable("the fake VM is still booting");
+    }
+    Ok(())
+}
+
+/// Whether the Session recorded the start of the Attempt of `attempt_dir`
+/// (`<root>/runs/<run>/attempts/<n>`): its Job is `running`.
+fn started(attempt_dir: &Path) -> bool {
+    use pvisor_core::records::{AttemptRecord, JobRecord};
+    let read = |path: &Path| std::fs::read(path).ok();
+    let Some(attempt) = read(&attempt_dir.join("attempt.json"))
+        .and_then(|b| serde_json::from_slice::<AttemptRecord>(&b).ok())
+        .filter(|a| a.started_at.is_some())
+    else {
+        return false;
+    };
+    let Some(root) = attempt_dir.ancestors().nth(4) else { return false };
+    let Ok(store) = pvisor_core::store::Store::open(root) else { return false };
+    store
+        .read::<JobRecord>(&store.job_file(&attempt.job))
+        .is_ok_and(|job| job.state == pvisor_core::state::JobState::Running)
 }
 
 /// How one fake guest exec plays.
@@ -815,9 +849,9 @@ impl Backends for FakeBackends {
     }
 }
 
-/// [`FakeBackends`] that also answer for the backend name `vm`: for the
+/// [`FakeBackends`] that answer for the backend name `vm`: for the
 /// frontends that ask for `vm` by name (the daemon's sandbox supervisor,
-/// the containerd shim). Jobs still run on the executor named `fake`.
+/// the containerd shim). Their fake executor places Jobs as `vm` Jobs.
 #[derive(Debug)]
 pub struct FakeVmBackends(pub FakeBackends);
 
@@ -825,7 +859,7 @@ impl FakeVmBackends {
     /// A working fake VM: every start plays `keeper` unless a script is
     /// queued; checkpoints, suspends, restores and a guest that plays `guest`.
     pub fn working(keeper: Script, guest: Arc<FakeGuest>) -> Self {
-        let executor = FakeExecutor::always(keeper);
+        let executor = FakeExecutor::always_as("vm", keeper);
         let capabilities = Some(Arc::new(FakeCheckpointer::working_with(&executor, guest)));
         Self(FakeBackends { executor, capabilities })
     }

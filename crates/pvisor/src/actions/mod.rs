@@ -75,11 +75,30 @@ pub trait Action: std::fmt::Debug {
 pub struct Runtime {
     store: Store,
     backends: Arc<dyn Backends>,
+    /// The runs this process supervises (started through this runtime),
+    /// so that [`Kill`] cancels them here instead of signalling the
+    /// Attempt's lock holder, which is this very process.
+    owned: Arc<std::sync::Mutex<std::collections::HashMap<JobId, crate::CancelHandle>>>,
 }
 
 impl Runtime {
     pub fn new(store: Store, backends: Arc<dyn Backends>) -> Self {
-        Self { store, backends }
+        Self { store, backends, owned: Arc::default() }
+    }
+
+    /// Remembers that this process supervises `run`.
+    fn own(&self, run: &crate::ManagedJobRun) {
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        owned.insert(run.job().clone(), run.cancel_handle());
+    }
+
+    /// The cancel handle of `job`'s run, if this process started it.
+    fn owned(&self, job: &JobId) -> Option<crate::CancelHandle> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner()).get(job).cloned()
+    }
+
+    fn disown(&self, job: &JobId) {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner()).remove(job);
     }
 
     /// The runtime of this machine's backends over `store`.
