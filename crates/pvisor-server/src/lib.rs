@@ -41,7 +41,7 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 
 pub use http::Body;
-pub use sandbox::{Config, Daemon};
+pub use sandbox::{Config, Daemon, Supervisors};
 
 use http::ApiError;
 
@@ -360,6 +360,9 @@ async fn serve_connection(
         () = evicted.notified() => {}
     }
 }
+
+#[cfg(test)]
+mod on_fakes;
 
 #[cfg(test)]
 mod tests {
