@@ -662,7 +662,9 @@ impl Fixture {
     }
 
     fn await_running(&self, job: &JobId) {
-        for _ in 0..500 {
+        // Patient: the machine may be busy with other builds.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
             let status = self.status(job);
             if status.live && status.state == JobState::Running {
                 return;
@@ -888,7 +890,7 @@ fn keeper(workspace: &std::path::Path) -> Box<Keeper> {
 }
 
 fn ready(root: &std::path::Path) -> Readiness {
-    Readiness { root: root.to_owned(), timeout: Duration::from_secs(10), poll: Duration::from_millis(5) }
+    Readiness { root: root.to_owned(), timeout: Duration::from_secs(20), poll: Duration::from_millis(5) }
 }
 
 #[test]
