@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use pvisor::actions::{Hold, HoldGuest, Keeper, ResolveJob};
-use pvisor::{ManagedJobRun, Runtime, RuntimeError, ViewError};
+use pvisor::{ManagedJobRun, Runtime, RuntimeError};
 use pvisor_core::ids::JobId;
 use pvisor_core::store::{Store, StoreError};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
@@ -34,8 +34,6 @@ pub struct SupervisorOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
-    #[error(transparent)]
-    View(#[from] ViewError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("--workspace or --resume is required")]

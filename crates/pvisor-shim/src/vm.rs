@@ -359,9 +359,8 @@ impl Vm {
 
     /// Ends the Job (SIGTERM to the keeper, SIGKILL after its grace) and
     /// waits until its Session has recorded the end. The shim is the Job's
-    /// supervisor, so it cancels its own live run (the `Kill` action would
-    /// signal the supervisor, that is, the shim itself); a paused Job has no
-    /// supervisor, and `Kill` closes it.
+    /// supervisor, so it cancels its own live run (and records why here); a
+    /// paused Job has no supervisor, and `Kill` closes it.
     pub fn stop(&self) -> Result<String, String> {
         let (previous, cancel) = {
             let mut state = self.lock();
