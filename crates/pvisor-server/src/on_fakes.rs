@@ -230,12 +230,12 @@ fn a_command_the_guest_cannot_start_reports_127() {
 fn files_are_written_read_listed_and_removed_in_the_sandbox() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
-    let dirs = json!({ "/work": { "mode": 755 } }).to_string().into_bytes();
+    let dirs = json!({ "/data": { "mode": 755 } }).to_string().into_bytes();
     let (status, out) = s.execd(&id, Method::POST, "directories", dirs, "application/json");
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
     let boundary = "XyZ";
     let upload = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n{{\"path\":\"/work/notes.txt\"}}\r\n\
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n{{\"path\":\"/data/notes.txt\"}}\r\n\
          --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notes.txt\"\r\n\r\nfirst line\n\r\n--{boundary}--\r\n"
     );
     let (status, out) = s.execd(
@@ -246,17 +246,17 @@ fn files_are_written_read_listed_and_removed_in_the_sandbox() {
         &format!("multipart/form-data; boundary={boundary}"),
     );
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
-    assert_eq!(std::fs::read_to_string(s.rootfs(&id).join("work/notes.txt")).unwrap(), "first line\n");
-    let (status, bytes) = s.execd(&id, Method::GET, "files/download?path=/work/notes.txt", Vec::new(), "");
+    assert_eq!(std::fs::read_to_string(s.rootfs(&id).join("data/notes.txt")).unwrap(), "first line\n");
+    let (status, bytes) = s.execd(&id, Method::GET, "files/download?path=/data/notes.txt", Vec::new(), "");
     assert_eq!((status, bytes.as_slice()), (StatusCode::OK, b"first line\n".as_slice()));
     let (_, info) = s.execd(&id, Method::GET, "files/info?path=/etc/hostname", Vec::new(), "");
     let info: Value = serde_json::from_slice(&info).unwrap();
     assert_eq!(info["/etc/hostname"]["size"], 4, "{info}");
-    let (_, listing) = s.execd(&id, Method::GET, "directories/list?path=/work", Vec::new(), "");
+    let (_, listing) = s.execd(&id, Method::GET, "directories/list?path=/data", Vec::new(), "");
     assert!(String::from_utf8_lossy(&listing).contains("notes.txt"), "{}", String::from_utf8_lossy(&listing));
-    let (status, _) = s.execd(&id, Method::DELETE, "files?path=/work/notes.txt", Vec::new(), "");
+    let (status, _) = s.execd(&id, Method::DELETE, "files?path=/data/notes.txt", Vec::new(), "");
     assert_eq!(status, StatusCode::OK);
-    assert!(!s.rootfs(&id).join("work/notes.txt").exists());
+    assert!(!s.rootfs(&id).join("data/notes.txt").exists());
 }
 
 #[test]
