@@ -10,10 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use pvisor::actions::guest::Request;
-use pvisor::actions::{OpenGuest, Suspend};
+use pvisor::actions::{AwaitGuest, GiveUp, OpenGuest, Readiness, Suspend};
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
-use pvisor_core::store::Store;
 
 pub use pvisor::actions::guest::{
     resolve_in_root, EntryKind, ExecChannel, ExecSignaller, ExecSpec, FileOp, FileStat, Reply,
@@ -42,8 +41,8 @@ impl From<pvisor::RuntimeError> for GuestError {
 }
 
 /// The guest of Attempt `attempt` of `job`, which must be running.
-pub fn open(store: &Store, job: &JobId, attempt: u32) -> Result<Link, GuestError> {
-    Ok(Runtime::on_host(store.clone()).execute(OpenGuest { job: job.clone(), attempt: Some(attempt) })?)
+pub fn open(runtime: &Runtime, job: &JobId, attempt: u32) -> Result<Link, GuestError> {
+    Ok(runtime.execute(OpenGuest { job: job.clone(), attempt: Some(attempt) })?)
 }
 
 /// Starts `spec` in the VM (see [`ExecSpec`]); its replies come on the channel.
@@ -79,10 +78,23 @@ pub fn status(link: &Link, id: u32) -> Result<Reply, GuestError> {
     Ok(link.call(&Request::Status { id }, &[], CALL_TIMEOUT).map(|(r, _)| r)?)
 }
 
-/// A cheap agent call that succeeds once the guest serves the sandbox `root`.
-pub fn probe(link: &Link, root: &Path) -> Result<(), GuestError> {
-    let request = Request::FileOp { root: root.to_owned(), op: FileOp::Stat { path: "/".into() } };
-    Ok(link.call(&request, &[], Duration::from_secs(10)).map(|_| ())?)
+/// Waits until the guest of Attempt `attempt` of `job` serves the sandbox
+/// `root`, polling every `poll`; stops early when the Job ends or
+/// `give_up` says why.
+pub fn await_ready(
+    runtime: &Runtime,
+    job: &JobId,
+    attempt: u32,
+    root: &Path,
+    (timeout, poll): (Duration, Duration),
+    give_up: Option<GiveUp>,
+) -> Result<Link, GuestError> {
+    let ready = Readiness { root: root.to_owned(), timeout, poll };
+    let wait = AwaitGuest { job: job.clone(), attempt: Some(attempt), ready, give_up };
+    runtime.execute(wait).map_err(|e| match e {
+        pvisor::RuntimeError::GuestNotReady { last, .. } => GuestError(last),
+        other => GuestError(other.to_string()),
+    })
 }
 
 /// A byte stream to `127.0.0.1:port` inside the VM.
@@ -92,7 +104,7 @@ pub fn forward(link: &Link, port: u16) -> Result<UnixStream, GuestError> {
 
 /// Suspends the sandbox's VM (its execution saved to a checkpoint); Ok
 /// once the termination receipt has made the Job `suspended`.
-pub fn suspend(store: &Store, job: &JobId) -> Result<(), GuestError> {
-    Runtime::on_host(store.clone()).execute(Suspend { job: job.clone() })?;
+pub fn suspend(runtime: &Runtime, job: &JobId) -> Result<(), GuestError> {
+    runtime.execute(Suspend { job: job.clone() })?;
     Ok(())
 }

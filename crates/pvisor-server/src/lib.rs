@@ -46,7 +46,7 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 
 pub use http::Body;
-pub use sandbox::{Config, Daemon};
+pub use sandbox::{Config, Daemon, Supervisors};
 
 use http::ApiError;
 
@@ -365,6 +365,9 @@ async fn serve_connection(
         () = evicted.notified() => {}
     }
 }
+
+#[cfg(test)]
+mod on_fakes;
 
 #[cfg(test)]
 mod tests {

@@ -8,18 +8,14 @@
 //! one run driver (signals become cancellations; the end is the exit code).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use crate::door as views;
-use pvisor::actions::{Resume, Run};
-use pvisor::ViewError;
-use pvisor::{ManagedJobRun, RunRequest, Runtime, RuntimeError};
+use pvisor::actions::{Hold, HoldGuest, Keeper, ResolveJob};
+use pvisor::{ManagedJobRun, Runtime, RuntimeError};
 use pvisor_core::ids::JobId;
 use pvisor_core::store::{Store, StoreError};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
-use pvisor_sandbox::Executor;
 
-use crate::sandbox::{Binding, KEEPER};
+use crate::sandbox::Binding;
 
 /// What the daemon asks of one supervisor (its command line).
 #[derive(Debug, Clone)]
@@ -38,8 +34,6 @@ pub struct SupervisorOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
-    #[error(transparent)]
-    View(#[from] ViewError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("--workspace or --resume is required")]
@@ -63,16 +57,21 @@ pub struct Supervisor {
 #[derive(Debug)]
 enum Start {
     Resume(JobId),
-    New(Box<RunRequest>, Arc<dyn Executor>),
+    New(Box<Keeper>),
 }
 
 impl Supervisor {
     /// Checks the options and sets up the vm executor (a resume restores
     /// with the one its checkpoint was taken with; see [`Resume`]).
     pub fn prepare(store: Store, options: SupervisorOptions) -> Result<Self, SupervisorError> {
+        Self::prepare_with(Runtime::on_host(store), options)
+    }
+
+    /// [`Self::prepare`] over `runtime`, built once by the caller.
+    pub fn prepare_with(runtime: Runtime, options: SupervisorOptions) -> Result<Self, SupervisorError> {
         if let Some(job) = &options.resume {
-            let job = views::resolve_job(&store, Some(job))?;
-            let runtime = Runtime::on_host(store);
+            let job =
+                runtime.execute(ResolveJob { query: Some(job.clone()) }).map_err(SupervisorError::Runtime)?;
             return Ok(Self { runtime, bind: options.bind, start: Start::Resume(job) });
         }
         let workspace = options.workspace.ok_or(SupervisorError::NoWorkspace)?;
@@ -82,18 +81,13 @@ impl Supervisor {
             .map(serde_json::from_str)
             .transpose()
             .map_err(SupervisorError::Policy)?;
-        let runtime = Runtime::on_host(store);
-        let executor = runtime.executor("vm")?;
-        let request = RunRequest {
-            caches: Vec::new(),
+        // The vm backend is checked before anything is started.
+        runtime.executor("vm")?;
+        let keeper = Keeper {
             labels: Default::default(),
             network_namespace: None,
             shared_directories: Vec::new(),
             workspace,
-            cwd: None,
-            program: "/bin/sh".into(),
-            args: vec!["-c".into(), KEEPER.into()],
-            env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
             kill_grace: std::time::Duration::from_secs(5),
             network: vec![ScopedPolicy {
                 scope: Scope::CommandLine,
@@ -105,10 +99,6 @@ impl Supervisor {
                     ordered,
                 },
             }],
-            fork: None,
-            fork_execution: None,
-            secrets: pvisor::SecretPolicy::default(),
-            seccomp: true,
             limits: pvisor_core::records::ResourceLimits {
                 memory_bytes: Some(options.memory_mib << 20),
                 pids: None,
@@ -116,15 +106,24 @@ impl Supervisor {
                 ..Default::default()
             },
         };
-        Ok(Self { runtime, bind: options.bind, start: Start::New(Box::new(request), executor) })
+        Ok(Self { runtime, bind: options.bind, start: Start::New(Box::new(keeper)) })
     }
 
     /// Submits (or resumes) the Job and writes the binding; the caller
     /// drives the returned run to its end. Runs inside the caller's runtime.
+    /// The daemon, not this process, waits for the guest to answer
+    /// ([`pvisor::actions::AwaitGuest`]): the Session runs on the caller's
+    /// thread, which must not block.
     pub fn start(self) -> Result<ManagedJobRun, SupervisorError> {
         let run = match self.start {
-            Start::Resume(job) => self.runtime.execute(Resume { job }).map_err(SupervisorError::Resume)?,
-            Start::New(request, executor) => self.runtime.execute(Run { request: *request, executor })?,
+            Start::Resume(job) => {
+                let hold = HoldGuest { hold: Hold::Resume(job), ready: None };
+                self.runtime.execute(hold).map_err(SupervisorError::Resume)?.run
+            }
+            Start::New(keeper) => {
+                let hold = HoldGuest { hold: Hold::New { keeper, backend: "vm".into() }, ready: None };
+                self.runtime.execute(hold)?.run
+            }
         };
         let binding = Binding { job: run.job().clone(), attempt: run.attempt().number() };
         pvisor_core::store::write_atomic(&self.bind, &pvisor_core::store::to_json_bytes(&binding))?;

@@ -80,7 +80,12 @@ fn open_runtime() -> Result<Runtime, EngineError> {
 }
 
 fn start_engine() -> Result<Engine, EngineError> {
-    let runtime = open_runtime()?;
+    start_engine_with(open_runtime()?)
+}
+
+/// The engine over `runtime`, built once: its Sessions run on a Tokio
+/// runtime of their own thread.
+fn start_engine_with(runtime: Runtime) -> Result<Engine, EngineError> {
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(EngineError::Async)?;
     let handle = tokio.handle().clone();
@@ -92,6 +97,22 @@ fn start_engine() -> Result<Engine, EngineError> {
 }
 
 impl Service {
+    /// A Task service whose containers run on `runtime` (the serving shim
+    /// builds its own at the first create; a test hands it fakes).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn with_runtime(namespace: &str, runtime: Runtime) -> Result<Self, EngineError> {
+        let engine = OnceLock::new();
+        let _ = engine.set(Ok(start_engine_with(runtime)?));
+        let shared = Shared {
+            namespace: namespace.to_owned(),
+            exit: ExitSignal::default(),
+            engine,
+            containers: Mutex::new(HashMap::new()),
+            publisher: Mutex::new(None),
+        };
+        Ok(Service { shared: Arc::new(shared) })
+    }
+
     fn engine(&self) -> Result<&Engine, Error> {
         self.shared.engine.get_or_init(start_engine).as_ref().map_err(|e| Error::Internal(e.to_string()))
     }
@@ -571,3 +592,6 @@ impl containerd_shim::Task for Service {
         Ok(api::StatsResponse { stats: MessageField::some(any), ..Default::default() })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::door as views;
+use pvisor::actions::{Kill, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -125,13 +125,17 @@ impl Daemon {
                     stop_supervisor(pid, &bind);
                 }
                 let record = self.get(id).unwrap_or(record);
-                let job_state =
-                    record.job.as_ref().and_then(|j| views::status(&self.store, j).ok()).map(|s| s.state);
+                let job_state = record
+                    .job
+                    .as_ref()
+                    .and_then(|j| self.runtime.execute(Status { job: j.clone() }).ok())
+                    .map(|s| s.state);
                 if resume.is_some() && job_state == Some(JobState::Suspended) {
                     self.finish(id, SandboxState::Paused, "resume_failed", &message);
                 } else {
                     if let Some(job) = &record.job {
-                        let _ = crate::door::kill(&self.store, job, Duration::from_secs(10));
+                        let _ =
+                            self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
                     }
                     self.finish(id, SandboxState::Failed, "runtime_error", &message);
                 }
@@ -153,6 +157,19 @@ impl Daemon {
             .append(true)
             .open(&log_path)
             .map_err(|source| GenerationError::OpenLog { path: log_path.clone(), source })?;
+        if let super::Supervisors::InProcess(tokio) = &self.supervisors {
+            let options = crate::supervisor::SupervisorOptions {
+                bind: bind.clone(),
+                workspace: resume.is_none().then(|| record.rootfs.clone()),
+                memory_mib: record.memory_mib,
+                cpus: record.cpus,
+                resume: resume.map(|j| j.as_str().to_owned()),
+                network_policy: record.network_policy.as_ref().map(serde_json::to_string).transpose()?,
+            };
+            let child = supervise_in_process(self.runtime.clone(), tokio.clone(), options, log)
+                .map_err(|source| GenerationError::Spawn { pvisor: "sh".into(), source })?;
+            return self.supervised(id, resume, child);
+        }
         let mut command = Command::new(&self.config.pvisor);
         command.arg("sandbox-supervisor").arg("--bind").arg(&bind);
         if let Some(level) = &self.config.log_level {
@@ -183,9 +200,20 @@ impl Daemon {
         // Its own process group: a Ctrl-C or SIGTERM aimed at the daemon
         // must not reach the VMs (the daemon's shutdown policy decides).
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
+        let child = command
             .spawn()
             .map_err(|source| GenerationError::Spawn { pvisor: self.config.pvisor.clone(), source })?;
+        self.supervised(id, resume, child)
+    }
+
+    /// Records a started supervisor `child`, watches it, and waits for its
+    /// generation to come up.
+    fn supervised(
+        self: &Arc<Self>,
+        id: &str,
+        resume: Option<&JobId>,
+        mut child: std::process::Child,
+    ) -> Result<u32, GenerationError> {
         let pid = child.id();
         // Recorded first, so a daemon that dies now can find this supervisor again.
         let _ = self.update(id, |r| {
@@ -214,8 +242,11 @@ impl Daemon {
             if record.supervisor != Some(pid) || record.state != SandboxState::Running {
                 return;
             }
-            let state =
-                record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok()).map(|s| s.state);
+            let state = record
+                .job
+                .as_ref()
+                .and_then(|j| daemon.runtime.execute(Status { job: j.clone() }).ok())
+                .map(|s| s.state);
             match state {
                 Some(JobState::Suspended) => {
                     daemon.finish(&id, SandboxState::Paused, "paused", "suspended outside the API")
@@ -267,21 +298,24 @@ impl Daemon {
             r.job = Some(binding.job.clone());
             Ok(())
         });
-        loop {
-            // Opened each time: until the Attempt runs there is no guest to open.
-            let probed = self
-                .link_of(&binding.job, binding.attempt)
-                .and_then(|l| guest_link::probe(&l, &record.rootfs));
-            match probed {
-                Ok(_) => return Ok(binding.attempt),
-                Err(source) => {
-                    if Instant::now() > deadline || !supervisor_alive(pid, &bind) {
-                        let tail = tail(&log_path);
-                        return Err(GenerationError::NotReady { source, log: log_path, tail });
-                    }
-                }
+        let supervisor = bind.clone();
+        let give_up: pvisor::actions::GiveUp = Box::new(move || {
+            (!supervisor_alive(pid, &supervisor)).then(|| "its supervisor exited".to_owned())
+        });
+        let left = (deadline.saturating_duration_since(Instant::now()), Duration::from_millis(20));
+        match guest_link::await_ready(
+            &self.runtime,
+            &binding.job,
+            binding.attempt,
+            &record.rootfs,
+            left,
+            Some(give_up),
+        ) {
+            Ok(_) => Ok(binding.attempt),
+            Err(source) => {
+                let tail = tail(&log_path);
+                Err(GenerationError::NotReady { source, log: log_path, tail })
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -326,6 +360,56 @@ impl Daemon {
         });
         started
     }
+}
+
+/// Runs a generation's supervisor on a thread of this process over
+/// `runtime` ([`crate::supervisor::Supervisor`], as the supervisor process
+/// would), its Session on `tokio`. Returns the placeholder child that
+/// stands for it: its command line names the bind file, it exits when the
+/// run has ended, and its exit (a stop) cancels the run.
+fn supervise_in_process(
+    runtime: pvisor::Runtime,
+    tokio: tokio::runtime::Handle,
+    options: crate::supervisor::SupervisorOptions,
+    mut log: fs::File,
+) -> std::io::Result<std::process::Child> {
+    use std::io::{Read, Write};
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("read line")
+        .arg("pvisor-sandbox-supervisor")
+        .arg("--bind")
+        .arg(&options.bind)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let (Some(hold), Some(mut gone)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(std::io::Error::other("the placeholder has no pipes"));
+    };
+    std::thread::spawn(move || {
+        let started = crate::supervisor::Supervisor::prepare_with(runtime, options).and_then(|supervisor| {
+            let _inside = tokio.enter();
+            supervisor.start()
+        });
+        match started {
+            Ok(mut run) => {
+                let cancel = run.cancel_handle();
+                // The placeholder's end (the daemon stopped it) cancels the run.
+                std::thread::spawn(move || {
+                    let _ = gone.read_to_end(&mut Vec::new());
+                    cancel.cancel(libc::SIGTERM);
+                });
+                let end = tokio.block_on(run.wait());
+                let _ = writeln!(log, "the supervised run ended: {end:?}");
+            }
+            Err(e) => {
+                let _ = writeln!(log, "pvisor: {e}");
+            }
+        }
+        drop(hold);
+    });
+    Ok(child)
 }
 
 /// What the host can tell about a supervisor process.

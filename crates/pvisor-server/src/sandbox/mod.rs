@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 use pvisor_core::store::Store;
 
@@ -93,10 +94,28 @@ pub struct Config {
     pub log_level: Option<String>,
 }
 
+/// Where the supervisor of each sandbox generation runs.
+#[derive(Clone, Debug, Default)]
+pub enum Supervisors {
+    /// `pvisor sandbox-supervisor` processes (the `pvisor` of [`Config`]),
+    /// which outlive a daemon restart.
+    #[default]
+    Processes,
+    /// Threads of the daemon's own process over its Runtime, their
+    /// Sessions on this Tokio runtime (which must run on a thread of its
+    /// own). A placeholder child process stands for each, so the daemon
+    /// watches, finds and stops it exactly as it would a supervisor
+    /// process. For tests over fake backends.
+    InProcess(tokio::runtime::Handle),
+}
+
 /// The daemon's view of every sandbox; one per `pvisor serve`.
 #[derive(Debug)]
 pub struct Daemon {
     pub config: Config,
+    /// The one door to the runtime, built once at open.
+    pub runtime: Runtime,
+    supervisors: Supervisors,
     pub store: Store,
     pub images: ImageStore,
     dir: PathBuf,
@@ -133,8 +152,22 @@ impl Drop for StreamSlot {
 }
 
 impl Daemon {
+    /// The daemon over this machine's backends.
     pub fn open(config: Config, built_in_images: Vec<(String, PathBuf)>) -> Result<Arc<Self>, OpenError> {
-        let store = Store::open(&config.state_root)?;
+        let runtime = Runtime::on_host(Store::open(&config.state_root)?);
+        Self::open_with(runtime, Supervisors::Processes, config, built_in_images)
+    }
+
+    /// The daemon over `runtime` (whose store is at `config.state_root`):
+    /// every Job it runs, reads or ends goes through it; its sandboxes'
+    /// supervisors run as `supervisors` says.
+    pub fn open_with(
+        runtime: Runtime,
+        supervisors: Supervisors,
+        config: Config,
+        built_in_images: Vec<(String, PathBuf)>,
+    ) -> Result<Arc<Self>, OpenError> {
+        let store = runtime.store().clone();
         let dir = config.state_root.join("server").join("sandboxes");
         pvisor_core::store::create_dir_all_private(&dir)?;
         let mut records = BTreeMap::new();
@@ -164,6 +197,8 @@ impl Daemon {
         reserve.ensure();
         Ok(Arc::new(Self {
             config,
+            runtime,
+            supervisors,
             store,
             images,
             dir,
@@ -285,7 +320,7 @@ impl Daemon {
         job: &JobId,
         attempt: u32,
     ) -> Result<crate::guest_link::Link, crate::guest_link::GuestError> {
-        crate::guest_link::open(&self.store, job, attempt)
+        crate::guest_link::open(&self.runtime, job, attempt)
     }
 
     /// The guest of a Running sandbox's current generation.

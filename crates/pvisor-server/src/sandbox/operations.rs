@@ -7,7 +7,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::door as views;
+use pvisor::actions::{Kill, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -105,7 +105,10 @@ impl Daemon {
                 Err(e) => {
                     let message = e.to_string();
                     tracing::warn!(sandbox = %id, "pause failed: {message}");
-                    let alive = record.job.as_ref().and_then(|j| views::status(&daemon.store, j).ok());
+                    let alive = record
+                        .job
+                        .as_ref()
+                        .and_then(|j| daemon.runtime.execute(Status { job: j.clone() }).ok());
                     match alive.map(|s| s.state) {
                         Some(JobState::Running) => {
                             daemon.finish(&id, SandboxState::Running, "pause_failed", &message)
@@ -126,7 +129,7 @@ impl Daemon {
         let _ = generation;
         // Paused only once the termination receipt makes the Job suspended:
         // the runtime's Suspend returns then, not when the VM is saved.
-        guest_link::suspend(&self.store, job)?;
+        guest_link::suspend(&self.runtime, job)?;
         Ok(())
     }
 
@@ -191,7 +194,7 @@ impl Daemon {
     /// Closes the Job of a sandbox that can never run again (its supervisor
     /// died) and frees its storage. Idempotent.
     pub(super) fn close_and_release(&self, job: &JobId) {
-        if let Err(e) = crate::door::kill(&self.store, job, Duration::from_secs(5)) {
+        if let Err(e) = self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(5) }) {
             tracing::warn!("cannot close {job}: {e}");
         }
         self.release_storage(job);
@@ -205,7 +208,9 @@ impl Daemon {
             self.reserve.release();
         }
         let result = match &record.job {
-            Some(job) => crate::door::kill(&self.store, job, Duration::from_secs(15))
+            Some(job) => self
+                .runtime
+                .execute(Kill { job: job.clone(), grace: Duration::from_secs(15) })
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             None => Ok(()),
@@ -228,8 +233,7 @@ impl Daemon {
     /// checkpoints are deleted (the killed Job can never continue from them).
     /// The records and receipts stay.
     pub(super) fn release_storage(&self, job: &JobId) {
-        let released = pvisor::Runtime::on_host(self.store.clone())
-            .execute(pvisor::actions::ReleaseStorage { job: job.clone() });
+        let released = self.runtime.execute(pvisor::actions::ReleaseStorage { job: job.clone() });
         match released {
             Ok(released) => released.warnings.iter().for_each(|w| tracing::warn!("{w}")),
             Err(e) => tracing::warn!("cannot release the storage of {job}: {e}"),
@@ -260,7 +264,7 @@ impl Daemon {
             .filter(|r| r.state.is_final() && r.last_transition_at.system_time() + KEEP_FINISHED <= now)
             // Never forget a sandbox whose VM still runs (a failed stop).
             .filter(
-                |r| !matches!(r.job.as_ref().map(|j| views::status(&self.store, j)), Some(Ok(s)) if s.live),
+                |r| !matches!(r.job.as_ref().map(|j| self.runtime.execute(Status { job: j.clone() })), Some(Ok(s)) if s.live),
             )
             .map(|r| r.id.clone())
             .collect();

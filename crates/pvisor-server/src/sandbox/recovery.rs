@@ -6,7 +6,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::door as views;
+use pvisor::actions::{Kill, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -55,7 +55,7 @@ impl Daemon {
                 self.finish(&id, SandboxState::Failed, "daemon_restart", "the daemon stopped before this sandbox's VM was admitted, and its supervisor is gone; nothing is running");
                 continue;
             };
-            let status = match views::status(&self.store, &job) {
+            let status = match self.runtime.execute(Status { job: job.clone() }) {
                 Ok(s) => s,
                 Err(e) => {
                     self.finish(
@@ -112,12 +112,56 @@ impl Daemon {
                     // Probed in the background, with patience: a busy or slow
                     // (TCG) guest is not a dead one.
                     let (daemon, record) = (self.clone(), record.clone());
-                    std::thread::spawn(move || daemon.reattach(&record, &job, attempt, supervisor));
+                    std::thread::spawn(move || {
+                        let patience = (READY_TIMEOUT, Duration::from_millis(200));
+                        let probed = guest_link::await_ready(
+                            &daemon.runtime,
+                            &job,
+                            attempt,
+                            &record.rootfs,
+                            patience,
+                            None,
+                        );
+                        let last = match probed {
+                            Ok(_) => {
+                                // Only if nothing happened to it meanwhile (a pause, a delete).
+                                let _ = daemon.update(&id, |r| {
+                                    if r.state == SandboxState::Running {
+                                        r.supervisor = supervisor.or(r.supervisor);
+                                        set_state(
+                                            r,
+                                            SandboxState::Running,
+                                            "reattached",
+                                            "the daemon restarted; the VM kept running",
+                                        )
+                                        .map_err(|e| OpError::Conflict(e.to_string()))?;
+                                    }
+                                    Ok(())
+                                });
+                                if let Some(pid) = supervisor {
+                                    daemon.watch(&id, pid);
+                                }
+                                if !record.commands.contains_key("entrypoint") {
+                                    let _ = daemon.start_entrypoint(&id);
+                                }
+                                return;
+                            }
+                            Err(e) => e.0,
+                        };
+                        // A sandbox paused or deleted meanwhile is not this probe's to end.
+                        if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
+                            let _ = daemon
+                                .runtime
+                                .execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
+                            daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
+                        }
+                    });
                 }
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
                     if matches!(other, JobState::Unknown) {
-                        let _ = crate::door::kill(&self.store, &job, Duration::from_secs(10));
+                        let _ =
+                            self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
                     }
                     self.finish(&id, SandboxState::Failed, "runtime_exited", &message);
                 }
@@ -186,7 +230,7 @@ impl Daemon {
     pub(super) fn settle_pause(&self, id: &str, job: &JobId) {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            match views::status(&self.store, job).map(|s| s.state) {
+            match self.runtime.execute(Status { job: job.clone() }).map(|s| s.state) {
                 Ok(JobState::Suspended) => return self.finish(id, SandboxState::Paused, "paused", ""),
                 Ok(JobState::Running) => {}
                 Ok(other) => {

@@ -14,11 +14,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor::actions::guest::{CapabilityError, ExecChannel, ExecSpec, TerminalSize, KEEPER};
+use pvisor::actions::guest::{CapabilityError, ExecChannel, ExecSpec, TerminalSize};
 use pvisor::actions::guest::{Reply, Request};
-use pvisor::actions::{CheckpointExecution, Guest, Kill, OpenGuest, ReleaseStorage, Resume, Run, Suspend};
-use pvisor::CancelHandle;
-use pvisor::{ManagedJobRun, RunEnd, RunRequest, Runtime, RuntimeError};
+use pvisor::actions::{
+    CheckpointExecution, Guest, Held, Hold, HoldGuest, Keeper, Kill, NotReady, Readiness, ReleaseStorage,
+    Suspend,
+};
+use pvisor::{CancelHandle, RunEnd, Runtime, RuntimeError};
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::{ResourceLimits, SharedDirectory};
@@ -40,10 +42,8 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 const END_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one agent call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often a booting VM's guest is probed, and its Job's records read
-/// again to open it.
+/// How often a booting VM's guest is probed.
 const READY_POLL: Duration = Duration::from_millis(5);
-const REOPEN_POLL: Duration = Duration::from_millis(50);
 /// The first exec id: the Attempt's own command is id 1.
 const FIRST_EXEC_ID: u32 = 2;
 
@@ -104,15 +104,13 @@ impl Vm {
         labels: Labels,
         host: HostAttachments,
     ) -> Result<Vm, VmError> {
-        let executor = runtime.executor("vm")?;
-        let mut request = keeper_request(container, rootfs.clone(), limits, labels);
-        request.network_namespace = host.network_namespace;
-        request.shared_directories = host.shared_directories;
-        let run = {
+        let keeper = keeper(container, rootfs.clone(), limits, labels, host);
+        let hold = Hold::New { keeper: Box::new(keeper), backend: "vm".into() };
+        let held = {
             let _inside = tokio.enter();
-            runtime.execute(Run { request, executor }).map_err(VmError::NotAdmitted)?
+            runtime.execute(HoldGuest { hold, ready: Some(readiness(&rootfs)) }).map_err(not_held)?
         };
-        let job = run.job().clone();
+        let job = held.job().clone();
         log::info!("container {container} is Job {job} (workspace {})", rootfs.display());
         let state = State { phase: Phase::Starting, cancel: None, guest: None, generation_end: None };
         let vm = Vm {
@@ -123,7 +121,7 @@ impl Vm {
             state: Arc::new((Mutex::new(state), Condvar::new())),
             next_exec: AtomicU32::new(FIRST_EXEC_ID),
         };
-        vm.adopt(run)?;
+        vm.adopt(held);
         Ok(vm)
     }
 
@@ -138,15 +136,14 @@ impl Vm {
         self.state.1.notify_all();
     }
 
-    /// Watches a new generation's run and waits for its guest; the VM is
-    /// then live.
-    fn adopt(&self, mut run: ManagedJobRun) -> Result<(), VmError> {
-        let cancel = run.cancel_handle();
+    /// Watches a new generation whose guest answers; the VM is then live.
+    fn adopt(&self, held: Held) {
+        let Held { mut run, guest } = held;
         {
             let mut state = self.lock();
             state.generation_end = None;
-            state.cancel = Some(cancel.clone());
-            state.guest = None;
+            state.cancel = Some(run.cancel_handle());
+            state.guest = guest;
         }
         let state = self.state.clone();
         self.tokio.spawn(async move {
@@ -166,17 +163,7 @@ impl Vm {
             locked.generation_end = Some(summary);
             state.1.notify_all();
         });
-        match wait_ready(&self.runtime, &self.job, &self.rootfs, &self.state) {
-            Ok(guest) => {
-                self.lock().guest = Some(guest);
-                self.set(Phase::Live);
-                Ok(())
-            }
-            Err(e) => {
-                cancel.cancel(rustix::process::Signal::TERM.as_raw());
-                Err(e)
-            }
-        }
+        self.set(Phase::Live);
     }
 
     pub fn job(&self) -> &JobId {
@@ -323,13 +310,20 @@ impl Vm {
     /// from the suspension's checkpoint.
     pub fn resume(&self) -> Result<(), VmError> {
         self.lock().move_to(Phase::Starting).map_err(|_| VmError::NotPaused)?;
-        let run = {
+        let held = {
             let _inside = self.tokio.enter();
-            self.runtime.execute(Resume { job: self.job.clone() })
+            let hold = Hold::Resume(self.job.clone());
+            self.runtime.execute(HoldGuest { hold, ready: Some(readiness(&self.rootfs)) })
         };
-        match run {
-            Ok(run) => {
-                self.adopt(run).inspect_err(|e| self.set(Phase::Ended { summary: Some(e.to_string()) }))
+        match held {
+            Ok(held) => {
+                self.adopt(held);
+                Ok(())
+            }
+            Err(e @ RuntimeError::GuestNotReady { .. }) => {
+                let e = not_held(e);
+                self.set(Phase::Ended { summary: Some(e.to_string()) });
+                Err(e)
             }
             Err(e) => {
                 let checkpoint = self.checkpoint_of_suspension();
@@ -478,73 +472,44 @@ pub enum VmError {
 }
 
 /// The Job that holds a container's VM up.
-fn keeper_request(container: &str, workspace: PathBuf, limits: ResourceLimits, labels: Labels) -> RunRequest {
-    RunRequest {
-        caches: Vec::new(),
-        labels,
+fn keeper(
+    container: &str,
+    workspace: PathBuf,
+    limits: ResourceLimits,
+    labels: Labels,
+    host: HostAttachments,
+) -> Keeper {
+    Keeper {
         workspace,
-        cwd: None,
-        program: "/bin/sh".into(),
-        args: vec!["-c".into(), KEEPER.into()],
-        env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
-        kill_grace: KILL_GRACE,
+        limits,
+        labels,
         // No pvisor policy: a container has its namespace's network (the
         // pod's, through the VM's NIC), or none at all.
-        network_namespace: None,
-        shared_directories: Vec::new(),
         network: vec![ScopedPolicy {
             scope: Scope::CommandLine,
             source: format!("containerd-shim-pvisor-v1 (container {container})"),
             spec: PolicySpec { mode: Some(Mode::None), allow: Vec::new(), deny: Vec::new(), ordered: None },
         }],
-        fork: None,
-        fork_execution: None,
-        secrets: pvisor::SecretPolicy::default(),
-        seccomp: true,
-        limits,
+        network_namespace: host.network_namespace,
+        shared_directories: host.shared_directories,
+        kill_grace: KILL_GRACE,
     }
 }
 
-/// Waits until the Job's guest answers a file operation in the rootfs.
-fn wait_ready(
-    runtime: &Runtime,
-    job: &JobId,
-    rootfs: &std::path::Path,
-    state: &(Mutex<State>, Condvar),
-) -> Result<Guest, VmError> {
-    let probe = Request::FileOp {
-        root: rootfs.to_path_buf(),
-        op: pvisor::actions::guest::FileOp::Stat { path: "/".into() },
-    };
-    let deadline = Instant::now() + READY_TIMEOUT;
-    let mut last = String::new();
-    // Opening the guest reads the Job's records; probing it is a stat of
-    // the supervisor's socket until the VM is up. So the guest is opened
-    // again now and then (a resume may target a new Attempt), and probed
-    // often: every millisecond polled away is on containerd's create.
-    let mut opened: Option<(Guest, Instant)> = None;
-    loop {
-        if let Some(summary) = &state.0.lock().unwrap_or_else(|p| p.into_inner()).generation_end {
-            return Err(VmError::EndedBeforeReady { job: job.clone(), summary: summary.clone() });
+/// Up once the guest answers a file operation in the container's rootfs.
+fn readiness(rootfs: &std::path::Path) -> Readiness {
+    Readiness { root: rootfs.to_owned(), timeout: READY_TIMEOUT, poll: READY_POLL }
+}
+
+/// Why a generation did not come up, as containerd is told.
+fn not_held(e: RuntimeError) -> VmError {
+    match e {
+        RuntimeError::GuestNotReady { job, why: NotReady::Ended(state), .. } => {
+            VmError::EndedBeforeReady { job, summary: state.to_string() }
         }
-        if opened.as_ref().is_none_or(|(_, at)| at.elapsed() > REOPEN_POLL) {
-            opened = match runtime.execute(OpenGuest { job: job.clone(), attempt: None }) {
-                Ok(guest) => Some((guest, Instant::now())),
-                Err(e) => {
-                    last = e.to_string();
-                    None
-                }
-            };
+        RuntimeError::GuestNotReady { job, last, .. } => {
+            VmError::NotReady { job, seconds: READY_TIMEOUT.as_secs(), last }
         }
-        if let Some((guest, _)) = &opened {
-            match guest.call(&probe, &[], CALL_TIMEOUT) {
-                Ok(_) => return Ok(guest.clone()),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(VmError::NotReady { job: job.clone(), seconds: READY_TIMEOUT.as_secs(), last });
-        }
-        std::thread::sleep(if opened.is_some() { READY_POLL } else { REOPEN_POLL });
+        other => VmError::NotAdmitted(other),
     }
 }

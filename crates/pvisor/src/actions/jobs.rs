@@ -7,6 +7,7 @@ use std::time::Duration;
 use pvisor_core::event::Event;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::JobRecord;
+use pvisor_core::store::OwnerLock;
 use pvisor_sandbox::Executor;
 
 use super::{Action, Runtime, RuntimeError};
@@ -31,7 +32,9 @@ impl Action for Run {
 
     fn perform(self, runtime: &Runtime) -> Result<ManagedJobRun, RuntimeError> {
         let traits = runtime.backends.traits(self.executor.name());
-        Ok(JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?)
+        let run = JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?;
+        runtime.own(&run);
+        Ok(run)
     }
 }
 
@@ -68,12 +71,17 @@ impl Action for Resume {
             return Err(RuntimeError::NotSuspended { job, state });
         };
         let executor = restorer.restorer(store.root(), &manifest)?;
-        Ok(JobService::new(store.clone(), executor).resume(&job)?)
+        let run = JobService::new(store.clone(), executor).resume(&job)?;
+        runtime.own(&run);
+        Ok(run)
     }
 }
 
 /// Ends a Job: signals its live Attempt (SIGKILL after `grace`), or closes
-/// a dead one honestly, and withdraws its continuation rights.
+/// a dead one honestly, and withdraws its continuation rights. A Job this
+/// process supervises (its run was started through this runtime) is
+/// cancelled here: its lock holder is this very process, which a signal
+/// would end.
 #[derive(Debug)]
 pub struct Kill {
     pub job: JobId,
@@ -85,6 +93,29 @@ impl Action for Kill {
     type Outcome = Killed;
 
     fn perform(self, runtime: &Runtime) -> Result<Killed, RuntimeError> {
+        if let Some(cancel) = runtime.owned(&self.job) {
+            let live = runtime.job(&self.job)?;
+            let lock = runtime.store.lock_file(&live.attempt);
+            let released = |within: Duration| -> Result<bool, RuntimeError> {
+                let deadline = std::time::Instant::now() + within;
+                while OwnerLock::is_held(&lock)? {
+                    if std::time::Instant::now() > deadline {
+                        return Ok(false);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(true)
+            };
+            if OwnerLock::is_held(&lock)? {
+                cancel.cancel(libc::SIGTERM);
+                if !released(self.grace)? {
+                    // A second request kills it.
+                    cancel.cancel(libc::SIGKILL);
+                    released(Duration::from_secs(10))?;
+                }
+            }
+            runtime.disown(&self.job);
+        }
         Ok(kill::kill(&runtime.store, &self.job, self.grace)?)
     }
 }

@@ -27,6 +27,8 @@
 //! | [`ListCaches`], [`PruneCache`] | the stores of `--cache` directories |
 //! | [`ReleaseStorage`] | [`Released`]: one ended Job's stage, VM disks and execution checkpoints removed |
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
+//! | [`HoldGuest`] | [`Held`]: a keeper Job started or resumed, and its guest once it answers |
+//! | [`AwaitGuest`] | a [`Guest`] once it answers |
 //! | [`WarmTemplate`], [`ListTemplates`], [`RemoveTemplate`] | the vm backend's start templates |
 //!
 //! What an action may do depends on the Job's backend, which the runtime
@@ -36,6 +38,7 @@
 mod changes;
 mod execution;
 pub mod guest;
+mod hold;
 mod jobs;
 mod records;
 mod storage;
@@ -64,6 +67,7 @@ pub use records::{
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, Recover, ResolveJob,
     VerifyArchive, VerifyJob,
 };
+pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
 
@@ -82,11 +86,30 @@ pub trait Action: std::fmt::Debug {
 pub struct Runtime {
     store: Store,
     backends: Arc<dyn Backends>,
+    /// The runs this process supervises (started through this runtime),
+    /// so that [`Kill`] cancels them here instead of signalling the
+    /// Attempt's lock holder, which is this very process.
+    owned: Arc<std::sync::Mutex<std::collections::HashMap<JobId, crate::CancelHandle>>>,
 }
 
 impl Runtime {
     pub fn new(store: Store, backends: Arc<dyn Backends>) -> Self {
-        Self { store, backends }
+        Self { store, backends, owned: Arc::default() }
+    }
+
+    /// Remembers that this process supervises `run`.
+    fn own(&self, run: &crate::ManagedJobRun) {
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        owned.insert(run.job().clone(), run.cancel_handle());
+    }
+
+    /// The cancel handle of `job`'s run, if this process started it.
+    fn owned(&self, job: &JobId) -> Option<crate::CancelHandle> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner()).get(job).cloned()
+    }
+
+    fn disown(&self, job: &JobId) {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner()).remove(job);
     }
 
     /// The runtime of this machine's backends over `store`.
@@ -169,6 +192,10 @@ pub enum RuntimeError {
         #[source]
         source: pvisor_sandbox::capabilities::CapabilityError,
     },
+    /// A held or awaited guest did not answer; `last` is what the last
+    /// attempt to reach it said.
+    #[error("the guest of Job {job} did not become ready ({why}): {last}")]
+    GuestNotReady { job: JobId, why: NotReady, last: String },
     #[error("no backend named {name:?}; the backends are {}", crate::backends::HOST_BACKENDS.join(", "))]
     UnknownBackend { name: String },
     /// A start template could not be built, found or removed.

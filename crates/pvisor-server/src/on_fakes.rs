@@ -1,0 +1,383 @@
+//! The daemon over the runtime's fakes: every route runs through
+//! [`handle`] (the daemon's real HTTP handling, without a socket), each
+//! sandbox's supervisor on a thread of this process
+//! ([`Supervisors::InProcess`]), and its VM a fake keeper Job with a
+//! scripted guest. No VM, KVM or root. Assertions are on what a client
+//! sees (states, exit codes, output, files) and on the sandbox's Job.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use pvisor::actions::{Kill, Status};
+use pvisor::testing::{FakeGuest, FakeVmBackends, GuestRun, Script};
+use pvisor::Runtime;
+use pvisor_core::ids::JobId;
+use pvisor_core::state::JobState;
+use pvisor_core::store::Store;
+use serde_json::{json, Value};
+
+use crate::sandbox::{SandboxState, EXECD_PORT};
+use crate::{handle, Config, Daemon, Supervisors};
+
+struct Serve {
+    dir: tempfile::TempDir,
+    daemon: Arc<Daemon>,
+    runtime: Runtime,
+    sessions: tokio::runtime::Handle,
+    guest: Arc<FakeGuest>,
+    http: tokio::runtime::Runtime,
+}
+
+/// A Tokio runtime on a thread of its own, for the supervisors' Sessions.
+fn sessions() -> tokio::runtime::Handle {
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let handle = tokio.handle().clone();
+    std::thread::spawn(move || tokio.block_on(std::future::pending::<()>()));
+    handle
+}
+
+fn config(dir: &std::path::Path) -> Config {
+    Config {
+        state_root: dir.join("state"),
+        pvisor: "/nonexistent/pvisor".into(),
+        max_timeout: Duration::from_secs(3600),
+        log_level: None,
+    }
+}
+
+fn serve(rules: &[(&'static str, GuestRun)]) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image");
+    std::fs::create_dir_all(image.join("bin")).unwrap();
+    std::fs::create_dir_all(image.join("etc")).unwrap();
+    std::fs::write(image.join("bin/sh"), "").unwrap();
+    std::fs::write(image.join("etc/hostname"), "box\n").unwrap();
+    let guest = FakeGuest::new(rules.iter().cloned());
+    let backends = FakeVmBackends::working(Script::runs_until(&[libc::SIGTERM]), guest.clone());
+    let runtime = Runtime::new(Store::open(dir.path().join("state")).unwrap(), Arc::new(backends));
+    let sessions = sessions();
+    let supervisors = Supervisors::InProcess(sessions.clone());
+    let built_in = vec![("default".to_owned(), image)];
+    let daemon = Daemon::open_with(runtime.clone(), supervisors, config(dir.path()), built_in).unwrap();
+    let http = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    Serve { dir, daemon, runtime, sessions, guest, http }
+}
+
+impl Serve {
+    /// One request through the daemon's router; the whole body.
+    fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, Vec<u8>) {
+        let mut request = Request::builder().method(method).uri(path).header("host", "127.0.0.1:8080");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let request = request.body(Full::new(Bytes::from(body))).unwrap();
+        self.http.block_on(async {
+            let response = handle(self.daemon.clone(), None, request).await;
+            let (parts, body) = response.into_parts();
+            (parts.status, body.collect().await.unwrap().to_bytes().to_vec())
+        })
+    }
+
+    fn json(&self, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+        let bytes = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
+        let (status, out) = self.call(method, path, &[("content-type", "application/json")], bytes);
+        (status, serde_json::from_slice(&out).unwrap_or(Value::Null))
+    }
+
+    /// Creates a sandbox of the `default` image and waits until it runs.
+    fn create(&self, body: Value) -> String {
+        let (status, created) = self.json(Method::POST, "/v1/sandboxes", body);
+        assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+        let id = created["id"].as_str().unwrap().to_owned();
+        self.await_state(&id, "Running");
+        id
+    }
+
+    fn state(&self, id: &str) -> Value {
+        self.json(Method::GET, &format!("/v1/sandboxes/{id}"), Value::Null).1
+    }
+
+    fn await_state(&self, id: &str, want: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.state(id);
+            if got["status"]["state"] == want {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "{id} never became {want}: {got}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A request to the sandbox's execd, with its access token.
+    fn execd(
+        &self,
+        id: &str,
+        method: Method,
+        rest: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> (StatusCode, Vec<u8>) {
+        let (_, endpoint) =
+            self.json(Method::GET, &format!("/v1/sandboxes/{id}/endpoints/{EXECD_PORT}"), Value::Null);
+        let token = endpoint["headers"]["X-EXECD-ACCESS-TOKEN"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{endpoint}"))
+            .to_owned();
+        let headers = [("x-execd-access-token", token.as_str()), ("content-type", content_type)];
+        self.call(method, &format!("/sandboxes/{id}/port/{EXECD_PORT}/{rest}"), &headers, body)
+    }
+
+    /// Runs `command` in the foreground; its SSE events.
+    fn command(&self, id: &str, command: &str) -> Vec<Value> {
+        let body = json!({ "command": command }).to_string().into_bytes();
+        let (status, out) = self.execd(id, Method::POST, "command", body, "application/json");
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("data:").or(Some(l)).and_then(|l| serde_json::from_str(l.trim()).ok())
+            })
+            .collect()
+    }
+
+    fn job(&self, id: &str) -> JobId {
+        self.daemon.get(id).unwrap().job.unwrap()
+    }
+
+    fn job_state(&self, job: &JobId) -> JobState {
+        self.runtime.execute(Status { job: job.clone() }).unwrap().state
+    }
+
+    fn rootfs(&self, id: &str) -> PathBuf {
+        self.daemon.get(id).unwrap().rootfs
+    }
+}
+
+fn stdout_of(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .filter_map(|e| e["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+#[test]
+fn a_created_sandbox_runs_its_vm_and_is_listed_and_got() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" }, "timeout": 600, "metadata": { "team": "a" } }));
+    let got = s.state(&id);
+    assert_eq!(got["status"]["reason"], "ready");
+    assert_eq!(got["metadata"]["team"], "a");
+    let (status, list) = s.json(Method::GET, "/v1/sandboxes", Value::Null);
+    assert_eq!(status, StatusCode::OK);
+    let listed: Vec<&str> =
+        list["items"].as_array().unwrap().iter().filter_map(|i| i["id"].as_str()).collect();
+    assert_eq!(listed, [id.as_str()]);
+    let job = s.job(&id);
+    assert_eq!(s.job_state(&job), JobState::Running, "its keeper Job holds the VM up");
+    let (status, _) = s.json(Method::GET, "/v1/sandboxes/sb-nonexistent", Value::Null);
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn a_foreground_command_streams_its_output_and_exit_code() {
+    let s = serve(&[("echo hello", GuestRun::prints("hello\n", "oops\n", 4))]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let events = s.command(&id, "echo hello");
+    assert_eq!(stdout_of(&events), "hello", "one line, as an event: {events:?}");
+    assert!(events.iter().any(|e| e["type"] == "stderr" && e["text"] == "oops"), "{events:?}");
+    let error = events.iter().find(|e| e["type"] == "error").unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(error["error"]["evalue"], "4", "a nonzero exit is the error event");
+    let spec = s.guest.started.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(spec.argv.last().map(String::as_str), Some("echo hello"));
+    assert_eq!(spec.root, Some(s.rootfs(&id)), "chrooted in the image");
+    let cmd = events.iter().find(|e| e["type"] == "init").unwrap()["text"].as_str().unwrap().to_owned();
+    let (_, status) =
+        s.execd(&id, Method::GET, &format!("command/status/{cmd}"), Vec::new(), "application/json");
+    let status: Value = serde_json::from_slice(&status).unwrap();
+    assert_eq!(
+        (status["running"].clone(), status["exit_code"].clone()),
+        (json!(false), json!(4)),
+        "{status}"
+    );
+}
+
+#[test]
+fn a_command_the_guest_cannot_start_reports_127() {
+    let s = serve(&[("no-such", GuestRun::fails(libc::ENOENT, "no such file or directory"))]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let events = s.command(&id, "no-such");
+    let error = events.iter().find(|e| e["type"] == "error").unwrap_or_else(|| panic!("{events:?}"));
+    assert!(error.to_string().contains("127"), "{error}");
+}
+
+#[test]
+fn files_are_written_read_listed_and_removed_in_the_sandbox() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let dirs = json!({ "/data": { "mode": 755 } }).to_string().into_bytes();
+    let (status, out) = s.execd(&id, Method::POST, "directories", dirs, "application/json");
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    let boundary = "XyZ";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n{{\"path\":\"/data/notes.txt\"}}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notes.txt\"\r\n\r\nfirst line\n\r\n--{boundary}--\r\n"
+    );
+    let (status, out) = s.execd(
+        &id,
+        Method::POST,
+        "files/upload",
+        upload.into_bytes(),
+        &format!("multipart/form-data; boundary={boundary}"),
+    );
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(std::fs::read_to_string(s.rootfs(&id).join("data/notes.txt")).unwrap(), "first line\n");
+    let (status, bytes) = s.execd(&id, Method::GET, "files/download?path=/data/notes.txt", Vec::new(), "");
+    assert_eq!((status, bytes.as_slice()), (StatusCode::OK, b"first line\n".as_slice()));
+    let (_, info) = s.execd(&id, Method::GET, "files/info?path=/etc/hostname", Vec::new(), "");
+    let info: Value = serde_json::from_slice(&info).unwrap();
+    assert_eq!(info["/etc/hostname"]["size"], 4, "{info}");
+    let (_, listing) = s.execd(&id, Method::GET, "directories/list?path=/data", Vec::new(), "");
+    assert!(String::from_utf8_lossy(&listing).contains("notes.txt"), "{}", String::from_utf8_lossy(&listing));
+    let (status, _) = s.execd(&id, Method::DELETE, "files?path=/data/notes.txt", Vec::new(), "");
+    assert_eq!(status, StatusCode::OK);
+    assert!(!s.rootfs(&id).join("data/notes.txt").exists());
+}
+
+#[test]
+fn pause_suspends_the_vm_and_resume_runs_a_new_generation() {
+    let s = serve(&[("echo again", GuestRun::exits(0, "again\n"))]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let job = s.job(&id);
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Paused");
+    assert_eq!(s.job_state(&job), JobState::Suspended, "a pause is an execution suspend");
+    let (status, _) = s.execd(
+        &id,
+        Method::POST,
+        "command",
+        json!({"command": "true"}).to_string().into_bytes(),
+        "application/json",
+    );
+    assert_eq!(status, StatusCode::CONFLICT, "no commands while paused");
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let got = s.await_state(&id, "Running");
+    assert_eq!(got["status"]["reason"], "resumed");
+    let record = s.daemon.get(&id).unwrap();
+    assert_eq!(record.generations.iter().map(|g| g.attempt).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(record.job.as_ref(), Some(&job), "the same Job continues");
+    assert_eq!(stdout_of(&s.command(&id, "echo again")), "again");
+}
+
+#[test]
+fn delete_terminates_the_sandbox_and_ends_its_job() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let job = s.job(&id);
+    let (status, _) = s.json(Method::DELETE, &format!("/v1/sandboxes/{id}"), Value::Null);
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.daemon.get(&id).unwrap().state != SandboxState::Terminated {
+        assert!(Instant::now() < deadline, "{:?}", s.daemon.get(&id).unwrap().state);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(s.job_state(&job).is_terminal(), "{}", s.job_state(&job));
+    let (status, _) = s.json(Method::GET, &format!("/v1/sandboxes/{id}"), Value::Null);
+    assert_eq!(status, StatusCode::NOT_FOUND, "a deleted sandbox is gone");
+    let (status, _) = s.json(Method::DELETE, &format!("/v1/sandboxes/{id}"), Value::Null);
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[test]
+fn renew_moves_the_expiry_and_refuses_the_past() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" }, "timeout": 600 }));
+    let later = pvisor_core::time::Timestamp::from(std::time::SystemTime::now() + Duration::from_secs(1800));
+    let (status, body) = s.json(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/renew-expiration"),
+        json!({ "expiresAt": later.to_string() }),
+    );
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(s.state(&id)["expiresAt"], body["expiresAt"]);
+    let past = pvisor_core::time::Timestamp::from(std::time::SystemTime::now() - Duration::from_secs(10));
+    let (status, _) = s.json(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/renew-expiration"),
+        json!({ "expiresAt": past.to_string() }),
+    );
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[test]
+fn a_restarted_daemon_reattaches_a_running_sandbox_and_keeps_a_paused_one_paused() {
+    let s = serve(&[("echo still", GuestRun::exits(0, "still here\n"))]);
+    let running = s.create(json!({ "image": { "uri": "default" } }));
+    let paused = s.create(json!({ "image": { "uri": "default" } }));
+    s.json(Method::POST, &format!("/v1/sandboxes/{paused}/pause"), Value::Null);
+    s.await_state(&paused, "Paused");
+    // A new daemon over the same state directory and runtime.
+    let supervisors = Supervisors::InProcess(s.sessions.clone());
+    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    let s = Serve { daemon, ..s };
+    s.daemon.recover();
+    let got = s.await_state(&running, "Running");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = got;
+    while got["status"]["reason"] != "reattached" {
+        assert!(Instant::now() < deadline, "{got}");
+        std::thread::sleep(Duration::from_millis(10));
+        got = s.state(&running);
+    }
+    assert_eq!(stdout_of(&s.command(&running, "echo still")), "still here");
+    assert_eq!(s.state(&paused)["status"]["state"], "Paused");
+    s.json(Method::POST, &format!("/v1/sandboxes/{paused}/resume"), Value::Null);
+    s.await_state(&paused, "Running");
+}
+
+#[test]
+fn a_restarted_daemon_fails_a_sandbox_whose_vm_ended_while_it_was_away() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let job = s.job(&id);
+    // The VM ends while no daemon watches (the old one is forgotten).
+    let supervisors = Supervisors::InProcess(s.sessions.clone());
+    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    s.runtime.execute(Kill { job: job.clone(), grace: Duration::from_millis(100) }).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !s.job_state(&job).is_terminal() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = Serve { daemon, ..s };
+    s.daemon.recover();
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["reason"], "runtime_exited", "{got}");
+}
+
+#[test]
+fn a_vm_that_ends_on_its_own_fails_the_sandbox() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let job = s.job(&id);
+    s.runtime.execute(Kill { job, grace: Duration::from_millis(100) }).unwrap();
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["reason"], "runtime_exited", "{got}");
+}
