@@ -22,7 +22,6 @@
 
 mod code_contexts;
 pub mod conns;
-mod door;
 mod egress_policy;
 pub mod execd;
 pub mod guest_link;

@@ -59,7 +59,7 @@ fn state_root() -> PathBuf {
 
 /// Why the shim could not start serving containers.
 #[derive(Debug, thiserror::Error)]
-enum EngineError {
+pub(crate) enum EngineError {
     #[error("cannot use the state directory {}: {source}", root.display())]
     State {
         root: PathBuf,

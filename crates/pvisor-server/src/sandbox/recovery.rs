@@ -112,50 +112,7 @@ impl Daemon {
                     // Probed in the background, with patience: a busy or slow
                     // (TCG) guest is not a dead one.
                     let (daemon, record) = (self.clone(), record.clone());
-                    std::thread::spawn(move || {
-                        let patience = (READY_TIMEOUT, Duration::from_millis(200));
-                        let probed = guest_link::await_ready(
-                            &daemon.runtime,
-                            &job,
-                            attempt,
-                            &record.rootfs,
-                            patience,
-                            None,
-                        );
-                        let last = match probed {
-                            Ok(_) => {
-                                // Only if nothing happened to it meanwhile (a pause, a delete).
-                                let _ = daemon.update(&id, |r| {
-                                    if r.state == SandboxState::Running {
-                                        r.supervisor = supervisor.or(r.supervisor);
-                                        set_state(
-                                            r,
-                                            SandboxState::Running,
-                                            "reattached",
-                                            "the daemon restarted; the VM kept running",
-                                        )
-                                        .map_err(|e| OpError::Conflict(e.to_string()))?;
-                                    }
-                                    Ok(())
-                                });
-                                if let Some(pid) = supervisor {
-                                    daemon.watch(&id, pid);
-                                }
-                                if !record.commands.contains_key("entrypoint") {
-                                    let _ = daemon.start_entrypoint(&id);
-                                }
-                                return;
-                            }
-                            Err(e) => e.0,
-                        };
-                        // A sandbox paused or deleted meanwhile is not this probe's to end.
-                        if daemon.get(&id).is_ok_and(|r| r.state == SandboxState::Running) {
-                            let _ = daemon
-                                .runtime
-                                .execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
-                            daemon.finish(&id, SandboxState::Failed, "daemon_restart", &format!("its VM did not answer for {READY_TIMEOUT:?} after the restart ({last}); it was stopped"));
-                        }
-                    });
+                    std::thread::spawn(move || daemon.reattach(&record, &job, attempt, supervisor));
                 }
                 (_, other) => {
                     let message = format!("its VM ended while the daemon was away (Job state {other})");
@@ -180,41 +137,37 @@ impl Daemon {
         supervisor: Option<u32>,
     ) {
         let id = &record.id;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            let probed = self.link_of(job, attempt).and_then(|l| guest_link::probe(&l, &record.rootfs));
-            match probed {
-                Ok(_) => {
-                    // Only if nothing happened to it meanwhile (a pause, a delete).
-                    let _ = self.update(id, |r| {
-                        if r.state == SandboxState::Running {
-                            r.supervisor = supervisor.or(r.supervisor);
-                            set_state(
-                                r,
-                                SandboxState::Running,
-                                "reattached",
-                                "the daemon restarted; the VM kept running",
-                            )
-                            .map_err(|e| OpError::Conflict(e.to_string()))?;
-                        }
-                        Ok(())
-                    });
-                    if let Some(pid) = supervisor {
-                        self.watch(id, pid);
+        let patience = (READY_TIMEOUT, Duration::from_millis(200));
+        let probed = guest_link::await_ready(&self.runtime, job, attempt, &record.rootfs, patience, None);
+        let last = match probed {
+            Ok(_) => {
+                // Only if nothing happened to it meanwhile (a pause, a delete).
+                let _ = self.update(id, |r| {
+                    if r.state == SandboxState::Running {
+                        r.supervisor = supervisor.or(r.supervisor);
+                        set_state(
+                            r,
+                            SandboxState::Running,
+                            "reattached",
+                            "the daemon restarted; the VM kept running",
+                        )
+                        .map_err(|e| OpError::Conflict(e.to_string()))?;
                     }
-                    if !record.commands.contains_key("entrypoint") {
-                        let _ = self.start_entrypoint(id);
-                    }
-                    return;
+                    Ok(())
+                });
+                if let Some(pid) = supervisor {
+                    self.watch(id, pid);
                 }
-                Err(e) => last = e.0,
+                if !record.commands.contains_key("entrypoint") {
+                    let _ = self.start_entrypoint(id);
+                }
+                return;
             }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            Err(e) => e.0,
+        };
         // A sandbox paused or deleted meanwhile is not this probe's to end.
         if self.get(id).is_ok_and(|r| r.state == SandboxState::Running) {
-            let _ = crate::door::kill(&self.store, job, Duration::from_secs(10));
+            let _ = self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
             self.finish(
                 id,
                 SandboxState::Failed,

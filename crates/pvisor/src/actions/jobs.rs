@@ -32,7 +32,8 @@ impl Action for Run {
 
     fn perform(self, runtime: &Runtime) -> Result<ManagedJobRun, RuntimeError> {
         let traits = runtime.backends.traits(self.executor.name());
-        let run = JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?;
+        let run =
+            JobService::new(runtime.store.clone(), self.executor).with_traits(traits).submit(self.request)?;
         runtime.own(&run);
         Ok(run)
     }

@@ -61,13 +61,13 @@ pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
 pub use guest::{Guest, OpenGuest};
+pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
 pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, Recover, ResolveJob,
     VerifyArchive, VerifyJob,
 };
-pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
 
