@@ -7,6 +7,7 @@
 mod cli;
 mod commands;
 mod config;
+mod doctor;
 mod exit;
 mod output;
 mod prompt;
@@ -15,8 +16,8 @@ use clap::Parser;
 
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
-    pvisor_sandbox::ns::maybe_run_helper();
-    pvisor_sandbox::doctor::maybe_run_probe();
+    pvisor_ns::maybe_run_helper();
+    crate::doctor::maybe_run_probe();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -78,7 +78,7 @@ impl std::fmt::Display for Mechanism {
 
 /// The cgroups made for one run, and the rlimits for the helper to set.
 #[derive(Debug, Default)]
-pub(crate) struct Applied {
+pub struct Applied {
     pub report: Vec<Enforcement>,
     /// `cgroup.procs` files the helper writes its pid into.
     pub join: Vec<PathBuf>,
@@ -220,7 +220,7 @@ pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
 }
 
 /// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
-pub(crate) fn disk(bytes: u64) -> Enforcement {
+pub fn disk(bytes: u64) -> Enforcement {
     Enforcement {
         limit: LimitKind::Disk,
         value: human_bytes(bytes),
@@ -237,7 +237,7 @@ pub(crate) fn disk(bytes: u64) -> Enforcement {
 /// `/tmp` a half, `/dev/shm` a quarter, `/run` an eighth, `/dev` (device
 /// nodes and links only) at most 1 MiB. A write past a size fails with `ENOSPC`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TmpfsSizes {
+pub struct TmpfsSizes {
     pub tmp: u64,
     pub shm: u64,
     pub run: u64,
@@ -245,7 +245,7 @@ pub(crate) struct TmpfsSizes {
 }
 
 impl TmpfsSizes {
-    pub(crate) fn for_limits(limits: &Limits) -> Self {
+    pub fn for_limits(limits: &Limits) -> Self {
         let budget = limits.memory_bytes.unwrap_or_else(|| host_ram() / 2);
         // Never 0, which the kernel reads as "unlimited".
         let size = |bytes: u64| bytes.max(MIN_TMPFS);
@@ -267,7 +267,7 @@ fn host_ram() -> u64 {
 }
 
 /// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.
-pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
+pub fn apply(limits: &Limits, name: &str) -> Applied {
     let mut out = Applied::default();
     let v2 = unified();
     let period = 100_000u64;
@@ -507,7 +507,7 @@ fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
 
 impl Applied {
     /// Whether the kernel's OOM killer acted in the run's memory cgroup.
-    pub(crate) fn oom_killed(&self) -> bool {
+    pub fn oom_killed(&self) -> bool {
         let Some(file) = &self.oom_file else { return false };
         fs::read_to_string(file).ok().is_some_and(|text| {
             text.lines().any(|l| {
@@ -518,7 +518,7 @@ impl Applied {
     }
 
     /// Removes the run's cgroups (they are empty once the sandbox is gone).
-    pub(crate) fn remove(&mut self) {
+    pub fn remove(&mut self) {
         for dir in self.dirs.drain(..) {
             for _ in 0..50 {
                 if fs::remove_dir(&dir).is_ok() || !dir.exists() {

@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pvisor_sandbox::capabilities::{CapabilityError, Checkpointable, GuestAccess};
-use pvisor_sandbox::vm::ExecCheckpoint;
 use pvisor_sandbox::{
     Executor, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination, Usage,
 };
+use pvisor_vm::ExecCheckpoint;
 
 use crate::backends::Backends;
 
@@ -215,16 +215,12 @@ impl GuestAccess for FakeCheckpointer {
     fn exec(
         &self,
         attempt_dir: &Path,
-        _: pvisor_sandbox::vm::guest::ExecSpec,
-    ) -> Result<pvisor_sandbox::vm::guest::ExecChannel, CapabilityError> {
+        _: pvisor_vm::guest::ExecSpec,
+    ) -> Result<pvisor_vm::guest::ExecChannel, CapabilityError> {
         Err(self.refuse(attempt_dir))
     }
 
-    fn attach(
-        &self,
-        attempt_dir: &Path,
-        _: u32,
-    ) -> Result<pvisor_sandbox::vm::guest::ExecChannel, CapabilityError> {
+    fn attach(&self, attempt_dir: &Path, _: u32) -> Result<pvisor_vm::guest::ExecChannel, CapabilityError> {
         Err(self.refuse(attempt_dir))
     }
 

@@ -13,7 +13,7 @@ use pvisor::runtime::job_service::views::{self, ReceiptStatus};
 use pvisor::{JobService, RunRequest};
 use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
-use pvisor_sandbox::ns::NsExecutor;
+use pvisor_ns::NsExecutor;
 
 fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
     RunRequest {
@@ -116,7 +116,7 @@ async fn a_cancel_handle_forwards_the_signal() {
 type TestCase = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
 fn main() {
-    pvisor_sandbox::ns::maybe_run_helper();
+    pvisor_ns::maybe_run_helper();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let tests: Vec<(&str, TestCase)> = vec![
         (

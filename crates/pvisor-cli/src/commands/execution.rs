@@ -9,7 +9,7 @@ use pvisor::actions::{CheckpointExecution, PrepareExecutionFork, Resume, Suspend
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 use pvisor_core::store::Store;
-use pvisor_sandbox::vm::{self, ExecCheckpoint};
+use pvisor_vm::{self as vm, ExecCheckpoint};
 
 use crate::cli::{ForkArgs, ResumeArgs, SuspendArgs};
 use crate::output::json_line;

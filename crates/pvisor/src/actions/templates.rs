@@ -4,7 +4,7 @@
 
 use pvisor_core::records::ResourceLimits;
 use pvisor_sandbox::capabilities::{Templates, WarmedTemplate};
-use pvisor_sandbox::vm::template::TemplateListing;
+use pvisor_vm::template::TemplateListing;
 
 use super::{Action, Runtime, RuntimeError};
 

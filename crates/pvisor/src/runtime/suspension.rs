@@ -12,7 +12,7 @@ use pvisor_core::ids::{AttemptId, CheckpointId, JobId, RunId};
 use pvisor_core::records::{TerminationReceipt, FORMAT};
 use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_sandbox::vm::{checkpoint, ExecCheckpoint};
+use pvisor_vm::{checkpoint, ExecCheckpoint};
 
 /// Why a suspension or an execution checkpoint cannot be trusted.
 #[derive(Debug, thiserror::Error)]
