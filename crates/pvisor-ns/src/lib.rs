@@ -143,30 +143,7 @@ impl Executor for NsExecutor {
         match process.next_report()? {
             Some(Report::Ready { sockets_reachable }) => {
                 process.sockets_reachable = sockets_reachable;
-                if let pvisor_sandbox::NetworkAttachment::ProxyListener { .. } = spec.network {
-                    let fd = sys::recv_fd(&process.fd_pass)
-                        .map_err(|e| {
-                            SandboxError::Protocol(format!("cannot receive the proxy listener: {e}"))
-                        })?
-                        .ok_or_else(|| {
-                            SandboxError::Protocol("the sandbox did not hand over its proxy listener".into())
-                        })?;
-                    process.proxy_listener = Some(std::net::TcpListener::from(fd));
-                }
-                if helper_spec.terminal {
-                    let master = sys::recv_fd(&process.fd_pass)
-                        .map_err(|e| {
-                            SandboxError::Protocol(format!("cannot receive the sandbox's terminal: {e}"))
-                        })?
-                        .ok_or_else(|| {
-                            SandboxError::Protocol("the sandbox did not hand over its terminal".into())
-                        })?;
-                    // What the sandbox's terminal prints goes to the user's
-                    // terminal: stdout if it is that one, else stderr, else stdin.
-                    let output =
-                        [1, 2].into_iter().find(|&fd| stdio::is_stdins_terminal(sys::stdio(fd))).unwrap_or(0);
-                    process.relay = Some(terminal::Relay::start(master, sys::stdio(output)));
-                }
+                process.take_handovers(spec.network, helper_spec.terminal)?;
                 Ok(Box::new(process))
             }
             Some(Report::SetupError { step, message, hint }) => {
@@ -182,6 +159,37 @@ impl Executor for NsExecutor {
                 )))
             }
         }
+    }
+}
+
+impl NsProcess {
+    /// Receives what the helper hands over once the sandbox is ready: the
+    /// proxy listener made in its network namespace, and its terminal,
+    /// whose output is then relayed to the user's.
+    fn take_handovers(
+        &mut self,
+        network: pvisor_sandbox::NetworkAttachment,
+        terminal: bool,
+    ) -> Result<(), SandboxError> {
+        if let pvisor_sandbox::NetworkAttachment::ProxyListener { .. } = network {
+            let fd = sys::recv_fd(&self.fd_pass)
+                .map_err(|e| SandboxError::Protocol(format!("cannot receive the proxy listener: {e}")))?
+                .ok_or_else(|| {
+                    SandboxError::Protocol("the sandbox did not hand over its proxy listener".into())
+                })?;
+            self.proxy_listener = Some(std::net::TcpListener::from(fd));
+        }
+        if terminal {
+            let master = sys::recv_fd(&self.fd_pass)
+                .map_err(|e| SandboxError::Protocol(format!("cannot receive the sandbox's terminal: {e}")))?
+                .ok_or_else(|| SandboxError::Protocol("the sandbox did not hand over its terminal".into()))?;
+            // What the sandbox's terminal prints goes to the user's
+            // terminal: stdout if it is that one, else stderr, else stdin.
+            let output =
+                [1, 2].into_iter().find(|&fd| stdio::is_stdins_terminal(sys::stdio(fd))).unwrap_or(0);
+            self.relay = Some(terminal::Relay::start(master, sys::stdio(output)));
+        }
+        Ok(())
     }
 }
 

@@ -41,6 +41,7 @@ pub mod nic;
 mod process;
 mod qemu;
 mod qmp;
+mod start;
 pub mod template;
 pub mod virtiofs;
 
