@@ -92,11 +92,11 @@ pub trait GuestAccess: Send + Sync + std::fmt::Debug {
 pub trait Templates: Send + Sync {
     /// Builds (or verifies) the template a start with `limits` restores;
     /// `built` says whether this call built it.
-    fn warm(&self, limits: &crate::limits::Limits) -> Result<WarmedTemplate, String>;
+    fn warm(&self, limits: &crate::limits::Limits) -> Result<WarmedTemplate, CapabilityError>;
     /// Every template kept, current or stale.
     fn list(&self) -> Vec<TemplateListing>;
     /// Removes one template (not while a clone is starting from it); bytes freed.
-    fn remove(&self, id: &str) -> Result<u64, String>;
+    fn remove(&self, id: &str) -> Result<u64, CapabilityError>;
     /// Removes stale templates (built for another image or QEMU), corrupt
     /// ones moved aside and partial builds of killed builders: what went
     /// (or, with `dry_run`, would go).

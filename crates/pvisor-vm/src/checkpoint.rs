@@ -21,7 +21,7 @@ use pvisor_agent_proto::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
 
-use super::link::Shared;
+use super::link::{LinkError, Shared};
 use super::{disk, qmp};
 
 pub use pvisor_sandbox::checkpoint::{
@@ -72,48 +72,99 @@ pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     Ok(CheckpointFile { name, size, blake3, sparse })
 }
 
+/// Why a checkpoint cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("checkpoint {}: {source}", dir.display())]
+    Read { dir: PathBuf, source: pvisor_core::store::StoreError },
+    #[error("checkpoint manifest {} is corrupt: {source}", path.display())]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+    #[error("{} is not an execution checkpoint pvisor can restore (format {format}, kind {kind})", path.display())]
+    NotExecution { path: PathBuf, format: u32, kind: String },
+    #[error("checkpoint {id} lists disks pvisor does not know: {disks:?}")]
+    UnknownDisks { id: CheckpointId, disks: Vec<String> },
+    #[error("checkpoint {id} does not list its {name}")]
+    Unlisted { id: CheckpointId, name: String },
+    #[error("checkpoint file {}: {source}", path.display())]
+    File { path: PathBuf, source: io::Error },
+    #[error(
+        "checkpoint file {} is corrupt: {size} bytes, BLAKE3 {blake3}; the manifest says {listed_size} bytes, {listed_blake3}",
+        path.display()
+    )]
+    Mismatch { path: PathBuf, size: u64, blake3: String, listed_size: u64, listed_blake3: String },
+}
+
 /// Reads and fully verifies the checkpoint in `dir`.
-pub fn verify(dir: &Path) -> Result<ExecCheckpoint, String> {
+pub fn verify(dir: &Path) -> Result<ExecCheckpoint, VerifyError> {
     let manifest_path = dir.join(MANIFEST);
     let bytes = pvisor_core::store::read_capped(&manifest_path, 1 << 20)
-        .map_err(|e| format!("checkpoint {}: {e}", dir.display()))?;
+        .map_err(|source| VerifyError::Read { dir: dir.to_owned(), source })?;
     let manifest: ExecCheckpoint = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("checkpoint manifest {} is corrupt: {e}", manifest_path.display()))?;
+        .map_err(|source| VerifyError::Corrupt { path: manifest_path.clone(), source })?;
     if manifest.format != 1 || manifest.kind != KIND {
-        return Err(format!(
-            "{} is not an execution checkpoint pvisor can restore (format {}, kind {})",
-            manifest_path.display(),
-            manifest.format,
-            manifest.kind
-        ));
+        return Err(VerifyError::NotExecution {
+            path: manifest_path,
+            format: manifest.format,
+            kind: manifest.kind,
+        });
     }
     if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER].contains(&d.as_str())) {
-        return Err(format!(
-            "checkpoint {} lists disks pvisor does not know: {:?}",
-            manifest.id, manifest.disks
-        ));
+        return Err(VerifyError::UnknownDisks { id: manifest.id, disks: manifest.disks });
     }
     for name in std::iter::once(STATE).chain(manifest.disks.iter().map(String::as_str)) {
         let listed = manifest
             .files
             .iter()
             .find(|f| f.name == name)
-            .ok_or_else(|| format!("checkpoint {} does not list its {name}", manifest.id))?;
+            .ok_or_else(|| VerifyError::Unlisted { id: manifest.id.clone(), name: name.to_owned() })?;
         let path = dir.join(name);
-        let actual =
-            digest(&path, listed.sparse).map_err(|e| format!("checkpoint file {}: {e}", path.display()))?;
+        let actual = match digest(&path, listed.sparse) {
+            Ok(actual) => actual,
+            Err(source) => return Err(VerifyError::File { path, source }),
+        };
         if actual.size != listed.size || actual.blake3 != listed.blake3 {
-            return Err(format!(
-                "checkpoint file {} is corrupt: {} bytes, BLAKE3 {}; the manifest says {} bytes, {}",
-                path.display(),
-                actual.size,
-                actual.blake3,
-                listed.size,
-                listed.blake3
-            ));
+            return Err(VerifyError::Mismatch {
+                path,
+                size: actual.size,
+                blake3: actual.blake3,
+                listed_size: listed.size,
+                listed_blake3: listed.blake3.clone(),
+            });
         }
     }
     Ok(manifest)
+}
+
+/// Why a checkpoint (or suspension) of a live VM was not taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TakeError {
+    #[error(
+        "the VM shares host directories live (virtiofs: a pod's read-write volumes), which QEMU cannot save: it cannot be checkpointed, suspended or forked"
+    )]
+    SharesDirectories,
+    #[error("the VM is already suspended")]
+    Suspended,
+    #[error("the command has already finished; there is no execution state to save")]
+    Finished,
+    #[error("cannot create {}: {source}", path.display())]
+    Create { path: PathBuf, source: io::Error },
+    #[error("the agent answered Quiesce with {0}")]
+    Quiesce(String),
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error(transparent)]
+    Qmp(#[from] qmp::QmpError),
+    #[error("cannot create the state file: {0}")]
+    StateFile(#[source] io::Error),
+    #[error("cannot keep the disk {name}: {source}")]
+    KeepDisk { name: String, source: io::Error },
+    #[error("cannot sync the state: {0}")]
+    SyncState(#[source] io::Error),
+    /// Digesting a saved file failed.
+    #[error("{0}")]
+    Digest(#[source] io::Error),
+    #[error("cannot publish the checkpoint: {0}")]
+    Publish(#[source] io::Error),
 }
 
 /// Lists the published checkpoints under `dir`, oldest first (ids are ULIDs).
@@ -132,19 +183,16 @@ pub fn list(dir: &Path) -> Vec<PathBuf> {
 
 /// Takes a checkpoint of the live VM (the control thread's side).
 /// Takes a checkpoint; with `suspend` the VM is then stopped instead of continued.
-pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>, String> {
+pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>, TakeError> {
     let _op = shared.op.lock().unwrap_or_else(|p| p.into_inner());
     if !shared.vm.shared_directories.is_empty() {
-        return Err(
-            "the VM shares host directories live (virtiofs: a pod's read-write volumes), which QEMU cannot save: it cannot be checkpointed, suspended or forked"
-                .into(),
-        );
+        return Err(TakeError::SharesDirectories);
     }
     if shared.suspended.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-        return Err("the VM is already suspended".into());
+        return Err(TakeError::Suspended);
     }
     if *shared.exited.lock().unwrap_or_else(|p| p.into_inner()) || !shared.qemu_running() {
-        return Err("the command has already finished; there is no execution state to save".into());
+        return Err(TakeError::Finished);
     }
     let started = Instant::now();
     let id = CheckpointId::generate();
@@ -153,7 +201,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
     let root = &shared.vm.checkpoints;
     let partial = root.join(format!(".partial-{id}"));
     let published = root.join(id.to_string());
-    fs::create_dir_all(&partial).map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+    fs::create_dir_all(&partial).map_err(|source| TakeError::Create { path: partial.clone(), source })?;
     let timeout = Duration::from_secs(60);
     // Held until the guest runs again (or QEMU is told to quit): no stdin,
     // signal or proxy frame may be cut in half by the stop.
@@ -166,8 +214,8 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             let _ = shared.call_held(&mut held, &Request::Thaw, &[], timeout);
             let _ = fs::remove_dir_all(&partial);
             return Err(match other {
-                Err(e) => e,
-                Ok((reply, _)) => format!("the agent answered Quiesce with {reply:?}"),
+                Err(e) => e.into(),
+                Ok((reply, _)) => TakeError::Quiesce(format!("{reply:?}")),
             });
         }
     };
@@ -194,15 +242,14 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             files: std::iter::once(digest(&partial.join(STATE), false))
                 .chain(disks.iter().map(|name| digest(&partial.join(name), true)))
                 .collect::<io::Result<_>>()
-                .map_err(|e| e.to_string())?,
+                .map_err(TakeError::Digest)?,
             disks: disks.clone(),
             frozen: frozen.clone(),
             nic: shared.nic_mac.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
         };
-        publish(&partial, &published, &manifest)
-            .map_err(|e| format!("cannot publish the checkpoint: {e}"))?;
+        publish(&partial, &published, &manifest).map_err(TakeError::Publish)?;
         Ok(manifest)
     });
     let manifest = match saved {
@@ -237,7 +284,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
 }
 
 /// Stops the guest and writes its machine state and disks into `dir`.
-fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
+fn save(shared: &Shared, dir: &Path) -> Result<(), TakeError> {
     let started = Instant::now();
     shared.qmp::<qmp::Empty>(&qmp::Command::Stop)?;
     tracing::debug!("guest stopped");
@@ -246,7 +293,7 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
         .write(true)
         .create_new(true)
         .open(dir.join(STATE))
-        .map_err(|e| format!("cannot create the state file: {e}"))?;
+        .map_err(TakeError::StateFile)?;
     let mut qmp = shared.qmp.lock().unwrap_or_else(|p| p.into_inner());
     qmp::migrate_to_file(
         &mut qmp,
@@ -260,12 +307,10 @@ fn save(shared: &Shared, dir: &Path) -> Result<(), String> {
     for path in &shared.disks {
         let name = path.file_name().unwrap_or_default();
         disk::keep_disk(path, &dir.join(name))
-            .map_err(|e| format!("cannot keep the disk {}: {e}", name.to_string_lossy()))?;
+            .map_err(|source| TakeError::KeepDisk { name: name.to_string_lossy().into_owned(), source })?;
     }
     tracing::debug!(elapsed_ms = copying.elapsed().as_millis() as u64, "disks copied");
-    fs::File::open(dir.join(STATE))
-        .and_then(|f| f.sync_all())
-        .map_err(|e| format!("cannot sync the state: {e}"))
+    fs::File::open(dir.join(STATE)).and_then(|f| f.sync_all()).map_err(TakeError::SyncState)
 }
 
 fn publish(partial: &Path, published: &Path, manifest: &ExecCheckpoint) -> io::Result<()> {
@@ -324,13 +369,13 @@ mod tests {
         };
         manifest["disks"] = serde_json::json!([LOWER, "../../etc/passwd", UPPER]);
         write(&manifest);
-        assert!(verify(dir.path()).unwrap_err().contains("does not know"));
+        assert!(verify(dir.path()).unwrap_err().to_string().contains("does not know"));
         manifest["disks"] = serde_json::json!([LOWER, DELTA, UPPER]);
         write(&manifest);
-        assert!(verify(dir.path()).unwrap_err().contains("does not list its delta.img"));
+        assert!(verify(dir.path()).unwrap_err().to_string().contains("does not list its delta.img"));
         manifest["disks"] = serde_json::json!([LOWER, UPPER]);
         write(&manifest);
         fs::write(dir.path().join(UPPER), b"UPPER").unwrap();
-        assert!(verify(dir.path()).unwrap_err().contains("is corrupt"));
+        assert!(verify(dir.path()).unwrap_err().to_string().contains("is corrupt"));
     }
 }

@@ -72,7 +72,7 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
         }
         Ok(request) => match checkpoint::take(shared, request == ControlRequest::Suspend) {
             Ok(manifest) => ControlResponse::Checkpointed { manifest },
-            Err(message) => ControlResponse::Error { message },
+            Err(e) => ControlResponse::Error { message: e.to_string() },
         },
     };
     let mut out = serde_json::to_vec(&response).map_err(io::Error::other)?;
@@ -118,7 +118,7 @@ pub(super) fn guest_call(shared: &Shared, request: Request, payload: &[u8]) -> (
     }
     match answer {
         Ok(answer) => answer,
-        Err(message) => refuse(message),
+        Err(e) => refuse(e.to_string()),
     }
 }
 
@@ -286,16 +286,48 @@ fn relay(
     Ok(())
 }
 
+/// Why a request to the control socket of an Attempt's supervisor failed
+/// (a checkpoint, or a guest access of [`super::guest`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no VM directory at {} ({source})", dir.display())]
+    NoDirectory { dir: PathBuf, source: io::Error },
+    #[error("the VM's supervisor is not reachable at {} ({source}); is the Job running?", path.display())]
+    Unreachable { path: PathBuf, source: io::Error },
+    /// Setting up or writing the request failed.
+    #[error("{0}")]
+    Io(#[source] io::Error),
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot reach the VM's supervisor: {0}")]
+    Send(#[source] io::Error),
+    #[error("no answer from the supervisor: {0}")]
+    NoAnswer(#[source] io::Error),
+    #[error("the supervisor answered garbage: {0}")]
+    Garbage(#[source] serde_json::Error),
+    #[error("no answer from the VM's supervisor: {0}")]
+    NoReply(#[source] io::Error),
+    #[error("the VM's supervisor closed the connection")]
+    Closed,
+    /// The guest's agent answered a call with its `Error` reply.
+    #[error("the guest failed {op}: {message}")]
+    GuestFailed { op: String, message: String },
+    /// The supervisor refused the request, saying why.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the supervisor answered {0}")]
+    Unexpected(String),
+}
+
 /// Connects to the control socket of the live supervisor of an Attempt
 /// (through `/proc/self/fd` when the path is too long for `sun_path`).
-pub(super) fn connect_control(vm_dir: &Path) -> Result<UnixStream, String> {
+pub(super) fn connect_control(vm_dir: &Path) -> Result<UnixStream, ControlError> {
     let path = checkpoint::control_socket(vm_dir);
-    let dir = fs::File::open(vm_dir).map_err(|e| format!("no VM directory at {} ({e})", vm_dir.display()))?;
+    let dir = fs::File::open(vm_dir)
+        .map_err(|source| ControlError::NoDirectory { dir: vm_dir.to_owned(), source })?;
     let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
     let target = if path.as_os_str().len() < 100 { path.clone() } else { short };
-    UnixStream::connect(&target).map_err(|e| {
-        format!("the VM's supervisor is not reachable at {} ({e}); is the Job running?", path.display())
-    })
+    UnixStream::connect(&target).map_err(|source| ControlError::Unreachable { path, source })
 }
 
 /// Sends a control request to the live supervisor of an Attempt.
@@ -303,15 +335,13 @@ pub fn control(
     vm_dir: &Path,
     request: &ControlRequest,
     timeout: Duration,
-) -> Result<ControlResponse, String> {
+) -> Result<ControlResponse, ControlError> {
     let stream = connect_control(vm_dir)?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    let mut line = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(timeout)).map_err(ControlError::Io)?;
+    let mut line = serde_json::to_vec(request).map_err(ControlError::Encode)?;
     line.push(b'\n');
-    (&stream).write_all(&line).map_err(|e| e.to_string())?;
+    (&stream).write_all(&line).map_err(ControlError::Io)?;
     let mut answer = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut answer)
-        .map_err(|e| format!("no answer from the supervisor: {e}"))?;
-    serde_json::from_str(&answer).map_err(|e| format!("the supervisor answered garbage: {e}"))
+    BufReader::new(&stream).read_line(&mut answer).map_err(ControlError::NoAnswer)?;
+    serde_json::from_str(&answer).map_err(ControlError::Garbage)
 }

@@ -26,6 +26,11 @@ pub(crate) const DELTA_DISK_BYTES: u64 = 64 << 30;
 pub(crate) const UPPER_DISK_BYTES: u64 = 8 << 30;
 
 /// One disk on the QEMU command line.
+/// A disk file whose name is none of the device list's.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is not a VM disk pvisor knows", .0.display())]
+pub struct UnknownDisk(std::path::PathBuf);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Disk<'a> {
     /// The QEMU drive id.
@@ -42,13 +47,13 @@ impl<'a> Disk<'a> {
     /// is its disk files in order: lower, delta, upper for a boot; for a
     /// restore exactly the checkpoint's list (one taken before the delta
     /// existed has none).
-    pub(crate) fn of(path: &'a Path) -> Result<Self, String> {
+    pub(crate) fn of(path: &'a Path) -> Result<Self, UnknownDisk> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         let (id, serial, readonly) = match name {
             LOWER => ("lower", pvisor_agent_proto::LOWER_SERIAL, true),
             DELTA => ("delta", pvisor_agent_proto::DELTA_SERIAL, false),
             UPPER => ("upper", pvisor_agent_proto::UPPER_SERIAL, false),
-            _ => return Err(format!("{} is not a VM disk pvisor knows", path.display())),
+            _ => return Err(UnknownDisk(path.to_owned())),
         };
         Ok(Self { id, serial, path, readonly })
     }

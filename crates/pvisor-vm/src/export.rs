@@ -25,13 +25,32 @@ use std::time::Duration;
 use pvisor_agent_proto::{EntryKind, Reply, Request};
 
 use super::disk::UPPER_DISK_BYTES;
-use super::link::Shared;
+use super::link::{LinkError, Shared};
+
+/// Why the export of the upper layer into the stage failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ExportError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// What the guest sent breaks the export's rules (an unsafe path, more
+    /// data than announced); nothing more of it is staged.
+    #[error("{0}")]
+    Refused(String),
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+impl ExportError {
+    fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io { action, path: path.to_owned(), source }
+    }
+}
 
 /// More entries than an 8 GiB ext4 upper disk can hold inodes for.
 const MAX_ENTRIES: u64 = 4 << 20;
 
 /// Streams the upper layer into `stage` (which exists and is empty).
-pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
+pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), ExportError> {
     let call = shared.send_call(&Request::Export, &[])?;
     let exported = import_all(shared, stage);
     shared.end_call(call);
@@ -39,9 +58,9 @@ pub(super) fn export_stage(shared: &Shared, stage: &Path) -> Result<(u64, u64), 
 }
 
 /// Takes the export's frames (each an answer to its one call) into `stage`.
-fn import_all(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
+fn import_all(shared: &Shared, stage: &Path) -> Result<(u64, u64), ExportError> {
     let timeout = Duration::from_secs(120);
-    fs::create_dir_all(stage).map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
+    fs::create_dir_all(stage).map_err(|source| ExportError::io("create", stage, source))?;
     let mut import = Import::new(stage);
     loop {
         match shared.next_reply(timeout)? {
@@ -53,11 +72,16 @@ fn import_all(shared: &Shared, stage: &Path) -> Result<(u64, u64), String> {
             (Reply::ExportDone { entries, bytes }, _) => {
                 import.finish()?;
                 if entries != import.entries {
-                    return Err(format!("the agent announced {entries} entries but sent {}", import.entries));
+                    return Err(ExportError::Refused(format!(
+                        "the agent announced {entries} entries but sent {}",
+                        import.entries
+                    )));
                 }
                 return Ok((entries, bytes));
             }
-            (other, _) => return Err(format!("unexpected reply during export: {other:?}")),
+            (other, _) => {
+                return Err(ExportError::Refused(format!("unexpected reply during export: {other:?}")))
+            }
         }
     }
 }
@@ -95,21 +119,21 @@ impl Import {
         }
     }
 
-    fn check_path(&self, path: &[u8]) -> Result<(), String> {
+    fn check_path(&self, path: &[u8]) -> Result<(), ExportError> {
         let shown = String::from_utf8_lossy(path);
         let plain = !path.is_empty()
             && path[0] != b'/'
             && !path.contains(&0)
             && path.split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..");
         if !plain {
-            return Err(format!("the guest sent an unsafe path {shown:?}"));
+            return Err(ExportError::Refused(format!("the guest sent an unsafe path {shown:?}")));
         }
         let parent = path.iter().rposition(|&b| b == b'/').map_or(&path[..0], |i| &path[..i]);
         if !self.dirs.contains(parent) {
-            return Err(format!("the guest sent {shown:?} before its directory"));
+            return Err(ExportError::Refused(format!("the guest sent {shown:?} before its directory")));
         }
         if self.seen.contains(path) {
-            return Err(format!("the guest sent {shown:?} twice"));
+            return Err(ExportError::Refused(format!("the guest sent {shown:?} twice")));
         }
         Ok(())
     }
@@ -124,17 +148,17 @@ impl Import {
         size: u64,
         target: Option<Vec<u8>>,
         opaque: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), ExportError> {
         self.close_file()?;
         self.check_path(&path)?;
         if self.entries >= MAX_ENTRIES {
-            return Err(format!(
+            return Err(ExportError::Refused(format!(
                 "the guest announced more than its upper disk can hold ({} entries)",
                 self.entries + 1
-            ));
+            )));
         }
         let full = self.stage.join(std::ffi::OsStr::from_bytes(&path));
-        let fail = |e: std::io::Error| format!("cannot stage {}: {e}", full.display());
+        let fail = |source: std::io::Error| ExportError::io("stage", &full, source);
         let mode = mode & 0o7777;
         match kind {
             EntryKind::Dir => {
@@ -157,7 +181,9 @@ impl Import {
                 self.current = Some(OpenFile { file, path: full.clone(), size, left: size, mtime_ns });
             }
             EntryKind::Symlink => {
-                let target = target.ok_or_else(|| format!("symlink {} has no target", full.display()))?;
+                let target = target.ok_or_else(|| {
+                    ExportError::Refused(format!("symlink {} has no target", full.display()))
+                })?;
                 std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), &full).map_err(fail)?;
             }
             EntryKind::Whiteout => mknod(&full, libc::S_IFCHR | 0o600).map_err(fail)?,
@@ -171,59 +197,69 @@ impl Import {
         Ok(())
     }
 
-    fn data(&mut self, bytes: &[u8]) -> Result<(), String> {
+    fn data(&mut self, bytes: &[u8]) -> Result<(), ExportError> {
         let Some(open) = self.current.as_mut() else {
-            return Err("the guest sent file data outside a file".into());
+            return Err(ExportError::Refused("the guest sent file data outside a file".into()));
         };
         if bytes.len() as u64 > open.left {
-            return Err(format!("the guest sent more bytes for {} than announced", open.path.display()));
+            return Err(ExportError::Refused(format!(
+                "the guest sent more bytes for {} than announced",
+                open.path.display()
+            )));
         }
         self.data += bytes.len() as u64;
         if self.data > UPPER_DISK_BYTES {
-            return Err(format!(
+            return Err(ExportError::Refused(format!(
                 "the guest sent more file data than its upper disk can hold ({} bytes)",
                 self.data
-            ));
+            )));
         }
-        open.file.write_all(bytes).map_err(|e| format!("cannot write {}: {e}", open.path.display()))?;
+        open.file.write_all(bytes).map_err(|source| ExportError::io("write", &open.path, source))?;
         open.left -= bytes.len() as u64;
         Ok(())
     }
 
     /// The next `len` bytes of the current file are a hole: skipped, so the
     /// staged file has the same hole (its length is set when it closes).
-    fn hole(&mut self, len: u64) -> Result<(), String> {
+    fn hole(&mut self, len: u64) -> Result<(), ExportError> {
         let Some(open) = self.current.as_mut() else {
-            return Err("the guest sent a hole outside a file".into());
+            return Err(ExportError::Refused("the guest sent a hole outside a file".into()));
         };
         if len > open.left {
-            return Err(format!("the guest sent a hole past the end of {}", open.path.display()));
+            return Err(ExportError::Refused(format!(
+                "the guest sent a hole past the end of {}",
+                open.path.display()
+            )));
         }
         open.file
             .seek(SeekFrom::Current(len as i64))
-            .map_err(|e| format!("cannot seek in {}: {e}", open.path.display()))?;
+            .map_err(|source| ExportError::io("seek in", &open.path, source))?;
         open.left -= len;
         Ok(())
     }
 
-    fn close_file(&mut self) -> Result<(), String> {
+    fn close_file(&mut self) -> Result<(), ExportError> {
         if let Some(open) = self.current.take() {
             if open.left != 0 {
-                return Err(format!("{} is {} bytes short", open.path.display(), open.left));
+                return Err(ExportError::Refused(format!(
+                    "{} is {} bytes short",
+                    open.path.display(),
+                    open.left
+                )));
             }
             // A trailing hole was seeked over, never written.
-            open.file.set_len(open.size).map_err(|e| format!("cannot size {}: {e}", open.path.display()))?;
+            open.file.set_len(open.size).map_err(|source| ExportError::io("size", &open.path, source))?;
             drop(open.file);
             set_mtime(&open.path, open.mtime_ns);
         }
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> Result<(), ExportError> {
         self.close_file()?;
         for (dir, mode, mtime_ns) in self.dir_modes.drain(..).rev() {
             fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+                .map_err(|source| ExportError::io("set the mode of", &dir, source))?;
             set_mtime(&dir, mtime_ns);
         }
         Ok(())
@@ -257,7 +293,7 @@ fn set_mtime(path: &Path, mtime_ns: i64) {
 mod tests {
     use super::*;
 
-    fn entry(import: &mut Import, path: &str, kind: EntryKind) -> Result<(), String> {
+    fn entry(import: &mut Import, path: &str, kind: EntryKind) -> Result<(), ExportError> {
         import.entry(path.as_bytes().to_vec(), kind, 0o755, 0, 0, Some(b"/etc".to_vec()), false)
     }
 
@@ -272,8 +308,9 @@ mod tests {
         entry(&mut import, "link", EntryKind::Symlink).unwrap();
         assert!(entry(&mut import, "link/passwd", EntryKind::File)
             .unwrap_err()
+            .to_string()
             .contains("before its directory"));
-        assert!(entry(&mut import, "link", EntryKind::File).unwrap_err().contains("twice"));
+        assert!(entry(&mut import, "link", EntryKind::File).unwrap_err().to_string().contains("twice"));
         entry(&mut import, "d", EntryKind::Dir).unwrap();
         import.entry(b"d/f".to_vec(), EntryKind::File, 0o644, 0, 2, None, false).unwrap();
         assert!(import.data(b"abc").is_err());
@@ -291,8 +328,8 @@ mod tests {
         let mut import = Import::new(dir.path());
         import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, u64::MAX, None, false).unwrap();
         import.data = UPPER_DISK_BYTES;
-        assert!(import.data(b"x").unwrap_err().contains("more file data than its upper disk"));
-        assert!(import.finish().unwrap_err().contains("bytes short"));
+        assert!(import.data(b"x").unwrap_err().to_string().contains("more file data than its upper disk"));
+        assert!(import.finish().unwrap_err().to_string().contains("bytes short"));
     }
 
     /// A 1 GiB file with one written block is staged with the same hole:
@@ -306,7 +343,7 @@ mod tests {
         import.entry(b"sparse".to_vec(), EntryKind::File, 0o644, 0, size, None, false).unwrap();
         import.hole(size / 2).unwrap();
         import.data(&[7u8; 4096]).unwrap();
-        assert!(import.hole(size).unwrap_err().contains("past the end"));
+        assert!(import.hole(size).unwrap_err().to_string().contains("past the end"));
         import.hole(size / 2 - 4096).unwrap();
         import.finish().unwrap();
         let meta = fs::metadata(dir.path().join("sparse")).unwrap();
@@ -326,6 +363,6 @@ mod tests {
         let mut import = Import::new(dir.path());
         import.entry(b"f".to_vec(), EntryKind::File, 0o644, 0, 5, None, false).unwrap();
         import.data(b"ab").unwrap();
-        assert!(import.finish().unwrap_err().contains("3 bytes short"));
+        assert!(import.finish().unwrap_err().to_string().contains("3 bytes short"));
     }
 }

@@ -23,27 +23,28 @@ use pvisor_agent_proto::{read_frame, Reply, Request};
 pub use pvisor_sandbox::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
 use super::checkpoint::{ControlRequest, ControlResponse};
+use super::control::ControlError;
 
 /// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
-pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, String> {
+pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, ControlError> {
     let id = spec.id;
     let stream = super::control::connect_control(vm_dir)?;
-    let mut line = serde_json::to_vec(&ControlRequest::Exec(spec)).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&ControlRequest::Exec(spec)).map_err(ControlError::Encode)?;
     line.push(b'\n');
-    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
-    ExecChannel::new(stream, id).map_err(|e| e.to_string())
+    (&stream).write_all(&line).map_err(ControlError::Send)?;
+    ExecChannel::new(stream, id).map_err(ControlError::Io)
 }
 
 /// Relays exec `id` of the VM whose Attempt directory holds `vm_dir`: a
 /// command started in an earlier Attempt of a resumed guest, whose output
 /// since the restore the supervisor has held. The channel then carries its
 /// output, its `Exited` (again, if it ended before), signals and stdin.
-pub fn attach(vm_dir: &Path, id: u32) -> Result<ExecChannel, String> {
+pub fn attach(vm_dir: &Path, id: u32) -> Result<ExecChannel, ControlError> {
     let stream = super::control::connect_control(vm_dir)?;
-    let mut line = serde_json::to_vec(&ControlRequest::Attach { id }).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&ControlRequest::Attach { id }).map_err(ControlError::Encode)?;
     line.push(b'\n');
-    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
-    ExecChannel::new(stream, id).map_err(|e| e.to_string())
+    (&stream).write_all(&line).map_err(ControlError::Send)?;
+    ExecChannel::new(stream, id).map_err(ControlError::Io)
 }
 
 /// One agent request (file operations, `Poll`) answered by one reply.
@@ -52,28 +53,28 @@ pub fn call(
     request: &Request,
     payload: &[u8],
     timeout: Duration,
-) -> Result<(Reply, Vec<u8>), String> {
+) -> Result<(Reply, Vec<u8>), ControlError> {
     let stream = super::control::connect_control(vm_dir)?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(timeout)).map_err(ControlError::Io)?;
     let call = ControlRequest::Call { request: Box::new(request.clone()), payload: payload.len() as u32 };
-    let mut line = serde_json::to_vec(&call).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&call).map_err(ControlError::Encode)?;
     line.push(b'\n');
     line.extend_from_slice(payload);
-    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    (&stream).write_all(&line).map_err(ControlError::Send)?;
     match read_frame::<Reply>(&mut (&stream)) {
-        Ok(Some((Reply::Error { op, message }, _))) => Err(format!("the guest failed {op}: {message}")),
+        Ok(Some((Reply::Error { op, message }, _))) => Err(ControlError::GuestFailed { op, message }),
         Ok(Some(reply)) => Ok(reply),
-        Ok(None) => Err("the VM's supervisor closed the connection".into()),
-        Err(e) => Err(format!("no answer from the VM's supervisor: {e}")),
+        Ok(None) => Err(ControlError::Closed),
+        Err(e) => Err(ControlError::NoReply(e)),
     }
 }
 
 /// A byte stream to `127.0.0.1:port` inside the VM (a service the sandbox runs).
-pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, String> {
+pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, ControlError> {
     let stream = super::control::connect_control(vm_dir)?;
-    let mut line = serde_json::to_vec(&ControlRequest::Forward { port }).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&ControlRequest::Forward { port }).map_err(ControlError::Encode)?;
     line.push(b'\n');
-    (&stream).write_all(&line).map_err(|e| format!("cannot reach the VM's supervisor: {e}"))?;
+    (&stream).write_all(&line).map_err(ControlError::Send)?;
     // Byte by byte: what follows the answer line is the stream itself.
     let mut answer = Vec::new();
     let mut byte = [0u8; 1];
@@ -81,15 +82,15 @@ pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, String> {
         match (&stream).read(&mut byte) {
             Ok(1) if byte[0] == b'\n' => break,
             Ok(1) => answer.push(byte[0]),
-            Ok(_) => return Err("the VM's supervisor closed the connection".into()),
-            Err(e) => return Err(format!("no answer from the VM's supervisor: {e}")),
+            Ok(_) => return Err(ControlError::Closed),
+            Err(e) => return Err(ControlError::NoReply(e)),
         }
     }
     match serde_json::from_slice(&answer) {
         Ok(ControlResponse::Forwarded) => Ok(stream),
-        Ok(ControlResponse::Error { message }) => Err(message),
-        Ok(other) => Err(format!("the supervisor answered {other:?}")),
-        Err(e) => Err(format!("the supervisor answered garbage: {e}")),
+        Ok(ControlResponse::Error { message }) => Err(ControlError::Refused(message)),
+        Ok(other) => Err(ControlError::Unexpected(format!("{other:?}"))),
+        Err(e) => Err(ControlError::Garbage(e)),
     }
 }
 

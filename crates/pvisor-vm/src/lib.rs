@@ -48,13 +48,14 @@ pub mod virtiofs;
 use std::path::{Path, PathBuf};
 
 pub use checkpoint::{ControlRequest, ControlResponse, ExecCheckpoint};
-pub use control::control;
+pub use control::{control, ControlError};
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;
 pub use pvisor_sandbox::checkpoint::{MachineConfig, RamFormat};
 pub use pvisor_sandbox::VmSpec;
 
+use pvisor_sandbox::capabilities::CapabilityError;
 use pvisor_sandbox::{Executor, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec};
 
 /// The one exec id of an Attempt's command (the protocol allows more).
@@ -124,6 +125,7 @@ impl VmExecutor {
 
     /// How a fresh start of `config` is planned, for the Placement: the
     /// template it restores (possibly built first), or why it boots.
+    /// (Both are descriptions the Placement records, not errors: a String.)
     pub fn start_plan(&self, config: &MachineConfig) -> Result<String, String> {
         if let Some(why) = self.templates_disabled() {
             return Err(why);
@@ -143,7 +145,8 @@ impl VmExecutor {
     }
 
     /// The verified template to start `config` from, built first if none
-    /// is published; `Err` is why this start boots instead.
+    /// is published; `Err` is why this start boots instead, a reason the
+    /// Placement records as text (not an error the start fails with).
     pub(crate) fn template_for(
         &self,
         config: &MachineConfig,
@@ -166,7 +169,8 @@ impl VmExecutor {
             config.accelerator.as_str()
         );
         template::build(&root, &self.image, config).map_err(|e| e.to_string())?;
-        template::open(&root, &key)?
+        template::open(&root, &key)
+            .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("the template {} vanished after its build", key.id()))
     }
 }
@@ -175,7 +179,7 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
     fn warm(
         &self,
         limits: &pvisor_sandbox::limits::Limits,
-    ) -> Result<pvisor_sandbox::capabilities::WarmedTemplate, String> {
+    ) -> Result<pvisor_sandbox::capabilities::WarmedTemplate, CapabilityError> {
         let config = self.machine_config(limits);
         let key = template::key(&self.image, &config);
         let root = self.templates_root();
@@ -187,7 +191,8 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
                 dir: found.dir,
             });
         }
-        let built = template::build(&root, &self.image, &config).map_err(|e| e.to_string())?;
+        let built = template::build(&root, &self.image, &config)
+            .map_err(|e| CapabilityError::Failed(e.to_string()))?;
         Ok(pvisor_sandbox::capabilities::WarmedTemplate {
             id: key.id(),
             built: true,
@@ -204,8 +209,8 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
         })
     }
 
-    fn remove(&self, id: &str) -> Result<u64, String> {
-        template::remove(&self.templates_root(), id)
+    fn remove(&self, id: &str) -> Result<u64, CapabilityError> {
+        template::remove(&self.templates_root(), id).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn sweep(&self, dry_run: bool) -> Vec<template::Swept> {

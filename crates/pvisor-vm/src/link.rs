@@ -222,8 +222,23 @@ impl Calls {
 const NO_CALL: u64 = u64::MAX;
 
 /// Why the reader stopped listening to an agent that sent too much unasked.
-const CUT_OFF: &str =
-    "the agent sent more replies nobody asked for than the host accepts (256); it is cut off";
+/// Why a call to the agent (or a QMP command through [`Shared`]) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error("cannot reach the agent: {0}")]
+    Unreachable(#[source] io::Error),
+    /// The agent answered with its `Error` reply.
+    #[error("the agent failed {op}: {message}")]
+    Failed { op: String, message: String },
+    #[error("the agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the agent sent more replies nobody asked for than the host accepts (256); it is cut off")]
+    CutOff,
+    #[error("the agent connection closed")]
+    Closed,
+    #[error(transparent)]
+    Qmp(#[from] qmp::QmpError),
+}
 
 /// State shared by the waiter, the control thread and the signaller.
 #[derive(Debug)]
@@ -277,7 +292,7 @@ impl Shared {
         request: &Request,
         payload: &[u8],
         timeout: Duration,
-    ) -> Result<(Reply, Vec<u8>), String> {
+    ) -> Result<(Reply, Vec<u8>), LinkError> {
         let id = self.send_call(request, payload)?;
         let answer = self.next_reply(timeout);
         self.end_call(id);
@@ -287,11 +302,10 @@ impl Shared {
     /// Sends `request` with a fresh request id, without waiting: its
     /// answers are [`next_reply`](Self::next_reply)'s until
     /// [`end_call`](Self::end_call) with the id returned.
-    pub(super) fn send_call(&self, request: &Request, payload: &[u8]) -> Result<u64, String> {
+    pub(super) fn send_call(&self, request: &Request, payload: &[u8]) -> Result<u64, LinkError> {
         let mut agent = self.agent.lock().unwrap_or_else(|p| p.into_inner());
         let id = self.calls.start();
-        write_tagged(&mut *agent, REQUEST_ID, Some(id), request, payload)
-            .map_err(|e| format!("cannot reach the agent: {e}"))?;
+        write_tagged(&mut *agent, REQUEST_ID, Some(id), request, payload).map_err(LinkError::Unreachable)?;
         Ok(id)
     }
 
@@ -303,10 +317,10 @@ impl Shared {
 
     /// `Hello`, untagged: an agent of another protocol version must still
     /// parse it to say which version it speaks.
-    pub(super) fn hello(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+    pub(super) fn hello(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), LinkError> {
         self.calls.awaited.store(0, Ordering::SeqCst);
         let request = Request::Hello { version: pvisor_agent_proto::VERSION };
-        self.send(&request, &[]).map_err(|e| format!("cannot reach the agent: {e}"))?;
+        self.send(&request, &[]).map_err(LinkError::Unreachable)?;
         let answer = self.next_reply(timeout);
         self.calls.end(0);
         answer
@@ -321,11 +335,10 @@ impl Shared {
         request: &Request,
         payload: &[u8],
         timeout: Duration,
-    ) -> Result<(Reply, Vec<u8>), String> {
+    ) -> Result<(Reply, Vec<u8>), LinkError> {
         // A late answer to an earlier call that timed out names that call's id.
         let id = self.calls.start();
-        write_tagged(agent, REQUEST_ID, Some(id), request, payload)
-            .map_err(|e| format!("cannot reach the agent: {e}"))?;
+        write_tagged(agent, REQUEST_ID, Some(id), request, payload).map_err(LinkError::Unreachable)?;
         let answer = self.next_reply(timeout);
         self.end_call(id);
         answer
@@ -333,28 +346,24 @@ impl Shared {
 
     /// The next reply to the call now awaited; one naming another request
     /// (a late answer queued before this call began) is dropped.
-    pub(super) fn next_reply(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), String> {
+    pub(super) fn next_reply(&self, timeout: Duration) -> Result<(Reply, Vec<u8>), LinkError> {
         let deadline = Instant::now() + timeout;
         let replies = self.replies.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match replies.recv_timeout(left) {
                 Ok((id, _, _)) if id != self.calls.awaited.load(Ordering::SeqCst) => {}
-                Ok((_, Reply::Error { op, message }, _)) => {
-                    return Err(format!("the agent failed {op}: {message}"))
-                }
+                Ok((_, Reply::Error { op, message }, _)) => return Err(LinkError::Failed { op, message }),
                 Ok((_, reply, payload)) => return Ok((reply, payload)),
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!("the agent did not answer within {timeout:?}"))
-                }
-                Err(RecvTimeoutError::Disconnected) if self.calls.cut_off() => return Err(CUT_OFF.into()),
-                Err(RecvTimeoutError::Disconnected) => return Err("the agent connection closed".into()),
+                Err(RecvTimeoutError::Timeout) => return Err(LinkError::Timeout(timeout)),
+                Err(RecvTimeoutError::Disconnected) if self.calls.cut_off() => return Err(LinkError::CutOff),
+                Err(RecvTimeoutError::Disconnected) => return Err(LinkError::Closed),
             }
         }
     }
 
-    pub(super) fn qmp<R: serde::de::DeserializeOwned>(&self, command: &qmp::Command) -> Result<R, String> {
-        self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command).map_err(|e| e.to_string())
+    pub(super) fn qmp<R: serde::de::DeserializeOwned>(&self, command: &qmp::Command) -> Result<R, LinkError> {
+        Ok(self.qmp.lock().unwrap_or_else(|p| p.into_inner()).execute(command)?)
     }
 
     /// Why QEMU stopped the guest on a disk error, if it did: QEMU pauses a
@@ -521,8 +530,8 @@ pub(super) fn read_agent(
                     None if calls.issued(id) => {}
                     None | Some(Err(TrySendError::Full(_))) => {
                         if calls.unrequested() {
-                            tracing::warn!("agent link cut off: {CUT_OFF}");
-                            let _ = events.send(AgentEvent::Gone(CUT_OFF.into()));
+                            tracing::warn!("agent link cut off: {}", LinkError::CutOff);
+                            let _ = events.send(AgentEvent::Gone(LinkError::CutOff.to_string()));
                             break;
                         }
                     }

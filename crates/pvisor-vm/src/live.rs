@@ -39,7 +39,7 @@ impl VmControl {
         timeout: Duration,
     ) -> Result<ExecCheckpoint, CapabilityError> {
         let dir = Self::vm_dir(attempt_dir)?;
-        match super::control(&dir, &request, timeout).map_err(CapabilityError::Failed)? {
+        match super::control(&dir, &request, timeout).map_err(|e| CapabilityError::Failed(e.to_string()))? {
             ControlResponse::Checkpointed { manifest } => Ok(*manifest),
             ControlResponse::Error { message } => Err(CapabilityError::Failed(message)),
             ControlResponse::Forwarded => Err(CapabilityError::Failed(
@@ -69,11 +69,11 @@ impl Checkpointable for VmControl {
 
 impl GuestAccess for VmControl {
     fn exec(&self, attempt_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, CapabilityError> {
-        guest::exec(&Self::vm_dir(attempt_dir)?, spec).map_err(CapabilityError::Failed)
+        guest::exec(&Self::vm_dir(attempt_dir)?, spec).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn attach(&self, attempt_dir: &Path, id: u32) -> Result<ExecChannel, CapabilityError> {
-        guest::attach(&Self::vm_dir(attempt_dir)?, id).map_err(CapabilityError::Failed)
+        guest::attach(&Self::vm_dir(attempt_dir)?, id).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn call(
@@ -83,10 +83,11 @@ impl GuestAccess for VmControl {
         payload: &[u8],
         timeout: Duration,
     ) -> Result<(Reply, Vec<u8>), CapabilityError> {
-        guest::call(&Self::vm_dir(attempt_dir)?, request, payload, timeout).map_err(CapabilityError::Failed)
+        guest::call(&Self::vm_dir(attempt_dir)?, request, payload, timeout)
+            .map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn connect(&self, attempt_dir: &Path, port: u16) -> Result<UnixStream, CapabilityError> {
-        guest::forward(&Self::vm_dir(attempt_dir)?, port).map_err(CapabilityError::Failed)
+        guest::forward(&Self::vm_dir(attempt_dir)?, port).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 }

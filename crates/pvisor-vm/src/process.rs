@@ -262,7 +262,7 @@ impl SandboxProcess for VmProcess {
                 if let Err(e) = export::export_stage(&shared, &shared.spec.upper) {
                     let e = match shared.disk_error() {
                         Some(why) => format!("{why} ({e})"),
-                        None => e,
+                        None => e.to_string(),
                     };
                     tracing::info!(error = %e, "export of the staged files failed");
                     stage_error = Some(format!(

@@ -58,11 +58,9 @@ pub(crate) struct Capability {
 /// RAM blocks backed by a shared file are not copied into the stream (the
 /// file holds them). QEMU 7.2 has no command-line switch for it, so both
 /// ends set it over QMP: the stream carries the capability's extra fields.
-pub(crate) fn ignore_shared(qmp: &mut Qmp) -> Result<(), String> {
+pub(crate) fn ignore_shared(qmp: &mut Qmp) -> Result<(), QmpError> {
     let capabilities = vec![Capability { capability: "x-ignore-shared", state: true }];
-    qmp.execute::<Empty>(&Command::MigrateSetCapabilities { capabilities })
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    qmp.execute::<Empty>(&Command::MigrateSetCapabilities { capabilities }).map(|_| ())
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,13 +95,18 @@ pub(crate) struct MigrationInfo {
 pub(crate) struct Empty {}
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum QmpError {
+pub enum QmpError {
     #[error("QMP connection: {0}")]
     Io(#[from] io::Error),
     #[error("QMP {command} failed: {class}: {desc}")]
     Command { command: String, class: String, desc: String },
     #[error("QMP sent something unexpected: {0}")]
     Protocol(String),
+    /// The migration of the machine state into its file ended in failure.
+    #[error("saving the machine state failed: {0}")]
+    SaveFailed(String),
+    #[error("saving the machine state took over {0} s")]
+    SaveTimeout(u64),
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,32 +206,25 @@ pub(crate) fn migrate_to_file(
     file: std::fs::File,
     named_ram: bool,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), QmpError> {
     let started = std::time::Instant::now();
     if named_ram {
         ignore_shared(qmp)?;
     }
     // The default cap (32 MiB/s in QEMU 7.2) doubles the save time.
-    qmp.execute::<Empty>(&Command::MigrateSetParameters { max_bandwidth: 8 << 30 })
-        .map_err(|e| e.to_string())?;
+    qmp.execute::<Empty>(&Command::MigrateSetParameters { max_bandwidth: 8 << 30 })?;
     use std::os::fd::AsFd;
-    qmp.execute_with::<Empty>(&Command::GetFd { fdname: "pvisor-state".into() }, Some(file.as_fd()))
-        .map_err(|e| e.to_string())?;
+    qmp.execute_with::<Empty>(&Command::GetFd { fdname: "pvisor-state".into() }, Some(file.as_fd()))?;
     drop(file);
-    qmp.execute::<Empty>(&Command::Migrate { uri: "fd:pvisor-state".into() }).map_err(|e| e.to_string())?;
+    qmp.execute::<Empty>(&Command::Migrate { uri: "fd:pvisor-state".into() })?;
     loop {
-        let info: MigrationInfo = qmp.execute(&Command::QueryMigrate).map_err(|e| e.to_string())?;
+        let info: MigrationInfo = qmp.execute(&Command::QueryMigrate)?;
         match info.status.as_deref() {
             Some("completed") => return Ok(()),
             Some("failed") | Some("cancelled") => {
-                return Err(format!(
-                    "saving the machine state failed: {}",
-                    info.error_desc.unwrap_or_default()
-                ))
+                return Err(QmpError::SaveFailed(info.error_desc.unwrap_or_default()))
             }
-            _ if started.elapsed() > timeout => {
-                return Err(format!("saving the machine state took over {} s", timeout.as_secs()))
-            }
+            _ if started.elapsed() > timeout => return Err(QmpError::SaveTimeout(timeout.as_secs())),
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use pvisor_agent_proto::{Reply, Request};
 
-use super::link::{read_agent, AgentEvent, Calls, Credits, Shared, Sinks};
+use super::link::{read_agent, AgentEvent, Calls, Credits, LinkError, Shared, Sinks};
 use super::net::NetBridge;
 use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
@@ -27,6 +27,19 @@ use super::{
     EXEC_ID,
 };
 use pvisor_sandbox::{sys, NetworkAttachment, SandboxError, SandboxSpec, Termination, VmSpec};
+
+/// Why saved machine state could not be loaded, or a restored guest repaired.
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("restoring the machine state ended in state {0}")]
+    EndedIn(String),
+    #[error("cannot reseed the guest: {0}")]
+    Entropy(#[source] std::io::Error),
+    #[error("the agent answered {request} with {reply}")]
+    Unexpected { request: &'static str, reply: String },
+}
 
 /// Replies the reader buffers for the op in progress; beyond that it waits,
 /// so a flooding guest stalls only itself, never the supervisor's memory.
@@ -195,7 +208,7 @@ pub(super) fn prepare(
 fn restore_disks(dir: &Path, checked: &Checked, scratch: &mut Scratch) -> Result<Start, SandboxError> {
     let manifest = checkpoint::verify(dir).map_err(|e| SandboxError::Setup {
         step: "restore".into(),
-        message: e,
+        message: e.to_string(),
         hint: Some("the checkpoint cannot be resumed; fork an earlier one or drop the Job".into()),
     })?;
     // Exactly the device list the checkpoint was taken with.
@@ -394,11 +407,11 @@ pub(super) fn qemu_failed(dir: &Path, what: String) -> SandboxError {
 }
 
 /// A start failure once the link is up: QEMU is stopped and reaped first.
-pub(super) fn fail(shared: &Shared, message: String) -> SandboxError {
+pub(super) fn fail(shared: &Shared, message: impl std::fmt::Display) -> SandboxError {
     // A full disk stops the VM mid-boot: name it, not the silence it causes.
     let message = match shared.disk_error() {
         Some(why) => format!("{why} ({message})"),
-        None => message,
+        None => message.to_string(),
     };
     tracing::info!(error = %message, "VM start failed; stopping QEMU");
     let (status, _) = shared.quit_and_reap();
@@ -499,7 +512,6 @@ pub(super) fn load_state(
             |()| {
                 qmp.execute::<qmp::Empty>(&qmp::Command::MigrateIncoming { uri: incoming_uri(&state) })
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
             },
         )
     };
@@ -515,7 +527,7 @@ pub(super) fn load_state(
 }
 
 /// Polls until QEMU has loaded the incoming state (it stays paused: `-S`).
-fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
+fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), RestoreError> {
     let deadline = Instant::now() + timeout;
     loop {
         let status: qmp::Status = shared.qmp(&qmp::Command::QueryStatus)?;
@@ -524,7 +536,7 @@ fn wait_for_incoming(shared: &Shared, timeout: Duration) -> Result<(), String> {
                 std::thread::sleep(Duration::from_millis(20))
             }
             "paused" | "postmigrate" => return Ok(()),
-            other => return Err(format!("restoring the machine state ended in state {other}")),
+            other => return Err(RestoreError::EndedIn(other.to_owned())),
         }
     }
 }
@@ -611,7 +623,7 @@ fn unix_now_ns() -> i64 {
 /// After a restore: thaw the filesystems the checkpoint froze, step the
 /// clock, reseed the guest's CRNG, and have the agent resend the command's
 /// exit if it ended before the checkpoint.
-fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, String> {
+fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Value, RestoreError> {
     let timeout = Duration::from_secs(30);
     shared.call(&Request::Thaw, &[], timeout)?;
     let (clock_step_ns, entropy_avail, reseeded) = reseed(shared)?;
@@ -633,10 +645,10 @@ fn reattach(shared: &Shared, manifest: &ExecCheckpoint) -> Result<serde_json::Va
 
 /// Steps the restored guest's clock and reseeds its CRNG with fresh host
 /// entropy: (clock step ns, the guest's entropy_avail, bytes sent).
-fn reseed(shared: &Shared) -> Result<(i64, u64, usize), String> {
+fn reseed(shared: &Shared) -> Result<(i64, u64, usize), RestoreError> {
     // Never zeros: a guest reseeded with nothing would repeat its saved
     // random state in every copy.
-    let entropy = pvisor_core::random::bytes::<64>().map_err(|e| format!("cannot reseed the guest: {e}"))?;
+    let entropy = pvisor_core::random::bytes::<64>().map_err(RestoreError::Entropy)?;
     match shared.call(
         &Request::Restored { clock_unix_ns: unix_now_ns() },
         &entropy,
@@ -645,6 +657,6 @@ fn reseed(shared: &Shared) -> Result<(i64, u64, usize), String> {
         (Reply::Restored { clock_step_ns, entropy_avail }, _) => {
             Ok((clock_step_ns, entropy_avail as u64, entropy.len()))
         }
-        (other, _) => Err(format!("the agent answered Restored with {other:?}")),
+        (other, _) => Err(RestoreError::Unexpected { request: "Restored", reply: format!("{other:?}") }),
     }
 }

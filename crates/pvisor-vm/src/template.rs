@@ -99,8 +99,115 @@ impl Template {
 pub enum TemplateError {
     #[error("the template {0} is being built by another pvisor process")]
     Busy(String),
+    /// The template store could not be created or locked.
+    #[error("{what}: {source}")]
+    Store { what: &'static str, source: pvisor_core::store::StoreError },
+    #[error("cannot create the template directory: {0}")]
+    CreateDir(#[source] std::io::Error),
+    #[error(transparent)]
+    Aside(#[from] AsideError),
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error("building the vm template {id} failed: {source}")]
+    Build { id: String, source: BuildError },
+}
+
+/// Why a template is not what its manifest and key say (it is not restored).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("template {}: {source}", dir.display())]
+    Read { dir: PathBuf, source: pvisor_core::store::StoreError },
+    #[error("template manifest {} is corrupt: {source}", path.display())]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+    #[error("template {} was built for other inputs than this start", dir.display())]
+    OtherInputs { dir: PathBuf },
+    #[error("template {id} does not list its {name}")]
+    Unlisted { id: String, name: &'static str },
+    #[error("template file {}: {source}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    #[error(
+        "template file {} is corrupt: {size} bytes, BLAKE3 {blake3}; the manifest says {listed_size} bytes, {listed_blake3}",
+        path.display()
+    )]
+    Mismatch { path: PathBuf, size: u64, blake3: String, listed_size: u64, listed_blake3: String },
+}
+
+/// Why a template could not be moved aside (out of its published name).
+#[derive(Debug, thiserror::Error)]
+pub enum AsideError {
+    #[error("template {0} is in use by another start, so it was left in place")]
+    InUse(String),
+    #[error("cannot move template {id} aside: {source}")]
+    Move { id: String, source: std::io::Error },
+}
+
+/// Why a published template could not be opened for a clone.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
     #[error("{0}")]
-    Failed(String),
+    Lock(#[source] pvisor_core::store::StoreError),
+    /// It failed verification; `aside` says what became of it.
+    #[error("{source}; {aside}")]
+    Refused { source: VerifyError, aside: String },
+}
+
+/// Why `pvisor image templates --remove` did not remove a template.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("{0:?} is not a template id (see `pvisor image templates`)")]
+    NotAnId(String),
+    #[error("no template {0} (see `pvisor image templates`)")]
+    NoSuch(String),
+    #[error("template {0} is in use by a starting clone or its builder; try again")]
+    InUse(String),
+    #[error(transparent)]
+    Aside(#[from] AsideError),
+    #[error("cannot remove {}: {source}", path.display())]
+    Remove { path: PathBuf, source: std::io::Error },
+}
+
+/// Why the build of a template failed after its directory was made.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    /// Digesting a saved file failed.
+    #[error("{0}")]
+    Digest(#[source] std::io::Error),
+    #[error("cannot publish the template: {0}")]
+    Publish(#[source] std::io::Error),
+}
+
+/// Why the template VM did not boot and save.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    File { action: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot create placeholder disks: {0}")]
+    Placeholders(#[source] std::io::Error),
+    #[error(transparent)]
+    Disk(#[from] disk::UnknownDisk),
+    /// Making the channels to QEMU, or spawning it.
+    #[error("{0}")]
+    Spawn(#[source] std::io::Error),
+    #[error(transparent)]
+    Qmp(#[from] qmp::QmpError),
+    #[error("the agent answered Hello with {0}")]
+    Hello(String),
+    #[error("no agent within {secs} s: {source}")]
+    NoAgent { secs: u64, source: std::io::Error },
+    #[error("cannot create the state file: {0}")]
+    StateFile(#[source] std::io::Error),
+    #[error(
+        "QEMU was killed by SIGBUS writing the template's RAM file: the filesystem of {} has {free_mib} MiB free for a {memory_mib} MiB guest",
+        dir.display()
+    )]
+    Sigbus { dir: PathBuf, free_mib: u64, memory_mib: u64 },
+    /// QEMU ended with the build: why, and the tails of its log and console.
+    #[error("{source}; qemu: {qemu}; console: {console}")]
+    Qemu { source: Box<BootError>, qemu: String, console: String },
+    #[error("cannot sync {name}: {source}")]
+    Sync { name: &'static str, source: std::io::Error },
 }
 
 pub fn root(state_root: &Path) -> PathBuf {
@@ -127,13 +234,13 @@ impl std::fmt::Debug for InUse {
 /// that keeps `remove` away until the caller drops it. `Ok(None)`: none is
 /// published. A template that fails verification is moved aside and
 /// reported, so the next start rebuilds it.
-pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>, String> {
+pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>, OpenError> {
     let id = key.id();
     let dir = root.join(&id);
     if !dir.join(MANIFEST).is_file() {
         return Ok(None);
     }
-    let lock = OwnerLock::acquire_shared_blocking(&lock_path(root, &id)).map_err(|e| e.to_string())?;
+    let lock = OwnerLock::acquire_shared_blocking(&lock_path(root, &id)).map_err(OpenError::Lock)?;
     if !dir.join(MANIFEST).is_file() {
         return Ok(None); // removed while we waited
     }
@@ -141,7 +248,7 @@ pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>,
         Ok(manifest) => Ok(Some((Template { dir, manifest }, InUse { _lock: lock }))),
         Err(why) => {
             drop(lock);
-            Err(format!("{why}; {}", discarded(discard(root, &id))))
+            Err(OpenError::Refused { source: why, aside: discarded(discard(root, &id)) })
         }
     }
 }
@@ -149,54 +256,55 @@ pub fn open(root: &Path, key: &TemplateKey) -> Result<Option<(Template, InUse)>,
 /// Moves a template that failed verification or a restore out of the way
 /// (under the exclusive lock, so no clone is starting from it); returns
 /// where it went.
-pub fn discard(root: &Path, id: &str) -> Result<PathBuf, String> {
-    let _lock = OwnerLock::acquire(&lock_path(root, id))
-        .map_err(|_| format!("template {id} is in use by another start, so it was left in place"))?;
+pub fn discard(root: &Path, id: &str) -> Result<PathBuf, AsideError> {
+    let _lock = OwnerLock::acquire(&lock_path(root, id)).map_err(|_| AsideError::InUse(id.to_owned()))?;
     move_aside(root, id)
 }
 
 /// Renames `root/id` to a `.bad-*` name that nothing restores and gc sweeps.
-fn move_aside(root: &Path, id: &str) -> Result<PathBuf, String> {
+fn move_aside(root: &Path, id: &str) -> Result<PathBuf, AsideError> {
     let bad = root.join(format!(".bad-{id}-{}", Timestamp::now().unix_micros()));
-    fs::rename(root.join(id), &bad).map_err(|e| format!("cannot move template {id} aside: {e}"))?;
+    fs::rename(root.join(id), &bad).map_err(|source| AsideError::Move { id: id.to_owned(), source })?;
     Ok(bad)
 }
 
 /// Says where [`discard`] put a template, for an error message.
-pub fn discarded(result: Result<PathBuf, String>) -> String {
+pub fn discarded(result: Result<PathBuf, AsideError>) -> String {
     match result {
         Ok(path) => format!("it was moved aside to {} and will be rebuilt", path.display()),
-        Err(why) => why,
+        Err(why) => why.to_string(),
     }
 }
 
 /// Checks the manifest, that it was built for `key`, and both files' digests.
-pub fn verify(dir: &Path, key: &TemplateKey) -> Result<TemplateManifest, String> {
+pub fn verify(dir: &Path, key: &TemplateKey) -> Result<TemplateManifest, VerifyError> {
     let path = dir.join(MANIFEST);
     let bytes = pvisor_core::store::read_capped(&path, 1 << 20)
-        .map_err(|e| format!("template {}: {e}", dir.display()))?;
-    let manifest: TemplateManifest = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("template manifest {} is corrupt: {e}", path.display()))?;
+        .map_err(|source| VerifyError::Read { dir: dir.to_owned(), source })?;
+    let manifest: TemplateManifest =
+        serde_json::from_slice(&bytes).map_err(|source| VerifyError::Corrupt { path, source })?;
     if &manifest.key != key {
-        return Err(format!("template {} was built for other inputs than this start", dir.display()));
+        return Err(VerifyError::OtherInputs { dir: dir.to_owned() });
     }
     for (name, sparse) in [(MEMORY, true), (STATE, false)] {
         let listed = manifest
             .files
             .iter()
             .find(|f| f.name == name)
-            .ok_or_else(|| format!("template {} does not list its {name}", manifest.id))?;
+            .ok_or_else(|| VerifyError::Unlisted { id: manifest.id.clone(), name })?;
         let file = dir.join(name);
-        let actual = digest(&file, sparse).map_err(|e| format!("template file {}: {e}", file.display()))?;
+        let actual = match digest(&file, sparse) {
+            Ok(actual) => actual,
+            Err(source) => return Err(VerifyError::File { path: file, source }),
+        };
         if actual.size != listed.size || actual.blake3 != listed.blake3 {
-            return Err(format!(
-                "template file {} is corrupt: {} bytes, BLAKE3 {}; the manifest says {} bytes, {}",
-                file.display(),
-                actual.size,
-                actual.blake3,
-                listed.size,
-                listed.blake3
-            ));
+            return Err(VerifyError::Mismatch {
+                path: file,
+                size: actual.size,
+                blake3: actual.blake3,
+                listed_size: listed.size,
+                listed_blake3: listed.blake3.clone(),
+            });
         }
     }
     Ok(manifest)
@@ -207,25 +315,24 @@ pub fn verify(dir: &Path, key: &TemplateKey) -> Result<TemplateManifest, String>
 pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<Template, TemplateError> {
     let key = key(image, config);
     let id = key.id();
-    let failed = |what: &str, e: &dyn std::fmt::Display| TemplateError::Failed(format!("{what}: {e}"));
-    pvisor_core::store::create_dir_all_private(root)
-        .map_err(|e| failed("cannot create the template store", &e))?;
+    let store = |what: &'static str| move |source| TemplateError::Store { what, source };
+    pvisor_core::store::create_dir_all_private(root).map_err(store("cannot create the template store"))?;
     let _lock = OwnerLock::acquire(&lock_path(root, &id)).map_err(|e| match e {
         pvisor_core::store::StoreError::Io { ref source, .. }
             if source.raw_os_error() == Some(libc::EWOULDBLOCK) =>
         {
             TemplateError::Busy(id.clone())
         }
-        other => failed("cannot lock the template", &other),
+        other => store("cannot lock the template")(other),
     })?;
     let published = root.join(&id);
     if published.exists() && !published.join(MANIFEST).is_file() {
         // A removal killed half-way: not a template, and in the way of one.
-        move_aside(root, &id).map_err(TemplateError::Failed)?;
+        move_aside(root, &id)?;
     }
     if published.join(MANIFEST).is_file() {
         // Built by another process while we were deciding.
-        let manifest = verify(&published, &key).map_err(TemplateError::Failed)?;
+        let manifest = verify(&published, &key)?;
         return Ok(Template { dir: published, manifest });
     }
     // Builders killed mid-way left these; the lock says none is running.
@@ -235,24 +342,24 @@ pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<
         }
     }
     let partial = root.join(format!(".partial-{id}-{}", std::process::id()));
-    fs::create_dir_all(&partial).map_err(|e| failed("cannot create the template directory", &e))?;
+    fs::create_dir_all(&partial).map_err(TemplateError::CreateDir)?;
     let started = Instant::now();
     tracing::info!(%id, memory_mib = config.memory_mib, cpus = config.cpus, "building a vm template");
-    let result = boot_and_save(&partial, image, config).and_then(|boot_ms| {
+    let result = boot_and_save(&partial, image, config).map_err(BuildError::from).and_then(|boot_ms| {
         pvisor_core::failpoint::hit("template-after-save");
         let manifest = TemplateManifest {
             id: id.clone(),
             key: key.clone(),
             created_at: Timestamp::now(),
             files: vec![
-                digest(&partial.join(MEMORY), true).map_err(|e| e.to_string())?,
-                digest(&partial.join(STATE), false).map_err(|e| e.to_string())?,
+                digest(&partial.join(MEMORY), true).map_err(BuildError::Digest)?,
+                digest(&partial.join(STATE), false).map_err(BuildError::Digest)?,
             ],
             boot_ms,
             build_ms: started.elapsed().as_millis() as u64,
         };
         super::checkpoint::publish_dir(&partial, &published, &pvisor_core::store::to_json_bytes(&manifest))
-            .map_err(|e| format!("cannot publish the template: {e}"))?;
+            .map_err(BuildError::Publish)?;
         Ok(manifest)
     });
     match result {
@@ -262,7 +369,7 @@ pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<
         }
         Err(e) => {
             let _ = fs::remove_dir_all(&partial);
-            Err(TemplateError::Failed(format!("building the vm template {id} failed: {e}")))
+            Err(TemplateError::Build { id, source: e })
         }
     }
 }
@@ -277,26 +384,26 @@ fn boot_timeout(accelerator: Accelerator) -> Duration {
 
 /// Boots a guest with its RAM in `dir/memory`, waits for the agent, stops
 /// it and saves its device state to `dir/state`. Returns the boot time.
-fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Result<u64, String> {
+fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Result<u64, BootError> {
     let memory = dir.join(MEMORY);
+    let file_error = |action, source| BootError::File { action, path: memory.clone(), source };
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&memory)
-        .map_err(|e| format!("cannot create {}: {e}", memory.display()))?;
-    file.set_len(config.memory_mib << 20).map_err(|e| format!("cannot size {}: {e}", memory.display()))?;
+        .map_err(|e| file_error("create", e))?;
+    file.set_len(config.memory_mib << 20).map_err(|e| file_error("size", e))?;
     drop(file);
     // Blank disks with the clones' ids and sizes: the guest probes them at
     // boot, and a clone attaches its own in their place.
-    let placeholders =
-        disk::placeholder_disks(dir).map_err(|e| format!("cannot create placeholder disks: {e}"))?;
+    let placeholders = disk::placeholder_disks(dir).map_err(BootError::Placeholders)?;
     let disks: Vec<disk::Disk<'_>> =
         placeholders.iter().map(|p| disk::Disk::of(p)).collect::<Result<_, _>>()?;
-    let (mut agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
-    let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
-    let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let (mut agent, agent_qemu) = UnixStream::pair().map_err(BootError::Spawn)?;
+    let (qmp_host, qmp_qemu) = UnixStream::pair().map_err(BootError::Spawn)?;
+    let (console_host, console_qemu) = UnixStream::pair().map_err(BootError::Spawn)?;
     let console = dir.join("console.log");
-    capture_console(console_host, &console).map_err(|e| e.to_string())?;
+    capture_console(console_host, &console).map_err(BootError::Spawn)?;
     let mut command = qemu_command(
         image,
         config,
@@ -313,27 +420,27 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
     let log = dir.join("qemu.log");
     let mut child =
         spawn_qemu(&mut command, &log, &[agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()])
-            .map_err(|e| e.to_string())?;
+            .map_err(BootError::Spawn)?;
     drop((agent_qemu, qmp_qemu, console_qemu));
     let timeout = boot_timeout(config.accelerator);
-    let saved = (|| -> Result<u64, String> {
-        let mut qmp = qmp::Qmp::connect(qmp_host, timeout).map_err(|e| e.to_string())?;
-        agent.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let saved = (|| -> Result<u64, BootError> {
+        let mut qmp = qmp::Qmp::connect(qmp_host, timeout)?;
+        agent.set_read_timeout(Some(timeout)).map_err(BootError::Spawn)?;
         let hello = pvisor_agent_proto::Request::Hello { version: pvisor_agent_proto::VERSION };
-        pvisor_agent_proto::write_frame(&mut agent, &hello, &[]).map_err(|e| e.to_string())?;
+        pvisor_agent_proto::write_frame(&mut agent, &hello, &[]).map_err(BootError::Spawn)?;
         match pvisor_agent_proto::read_frame::<pvisor_agent_proto::Reply>(&mut agent) {
             Ok(Some((pvisor_agent_proto::Reply::Hello { version, .. }, _)))
                 if version == pvisor_agent_proto::VERSION => {}
-            Ok(other) => return Err(format!("the agent answered Hello with {other:?}")),
-            Err(e) => return Err(format!("no agent within {} s: {e}", timeout.as_secs())),
+            Ok(other) => return Err(BootError::Hello(format!("{other:?}"))),
+            Err(source) => return Err(BootError::NoAgent { secs: timeout.as_secs(), source }),
         }
         let boot_ms = started.elapsed().as_millis() as u64;
-        qmp.execute::<qmp::Empty>(&qmp::Command::Stop).map_err(|e| e.to_string())?;
+        qmp.execute::<qmp::Empty>(&qmp::Command::Stop)?;
         let state = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(dir.join(STATE))
-            .map_err(|e| format!("cannot create the state file: {e}"))?;
+            .map_err(BootError::StateFile)?;
         qmp::migrate_to_file(&mut qmp, state, true, Duration::from_secs(120))?;
         let _ = qmp.execute::<qmp::Empty>(&qmp::Command::Quit);
         Ok(boot_ms)
@@ -345,16 +452,11 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
         // QEMU backs the guest's RAM with the file: a page the filesystem
         // cannot allocate is a SIGBUS, not an error QEMU could report.
         let why = if status.and_then(|s| s.signal()) == Some(libc::SIGBUS) {
-            format!(
-                "QEMU was killed by SIGBUS writing the template's RAM file: the filesystem of {} has {} MiB free for a {} MiB guest",
-                dir.display(),
-                free_mib(dir),
-                config.memory_mib
-            )
+            BootError::Sigbus { dir: dir.to_owned(), free_mib: free_mib(dir), memory_mib: config.memory_mib }
         } else {
             e
         };
-        format!("{why}; qemu: {}; console: {}", tail(&log, 3), tail(&console, 3))
+        BootError::Qemu { source: Box::new(why), qemu: tail(&log, 3), console: tail(&console, 3) }
     })?;
     for path in &placeholders {
         let _ = fs::remove_file(path);
@@ -362,7 +464,7 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
     for name in [MEMORY, STATE] {
         fs::File::open(dir.join(name))
             .and_then(|f| f.sync_all())
-            .map_err(|e| format!("cannot sync {name}: {e}"))?;
+            .map_err(|source| BootError::Sync { name, source })?;
     }
     Ok(boot_ms)
 }
@@ -398,21 +500,20 @@ pub fn list(root: &Path, current: &dyn Fn(&TemplateKey) -> bool) -> Vec<Template
 
 /// Removes template `id` unless a clone is starting from it; also what
 /// failed verification or a killed builder left behind.
-pub fn remove(root: &Path, id: &str) -> Result<u64, String> {
+pub fn remove(root: &Path, id: &str) -> Result<u64, RemoveError> {
     if !id.starts_with("tpl-") || id.contains('/') {
-        return Err(format!("{id:?} is not a template id (see `pvisor image templates`)"));
+        return Err(RemoveError::NotAnId(id.to_owned()));
     }
     let dir = root.join(id);
     if !dir.is_dir() {
-        return Err(format!("no template {id} (see `pvisor image templates`)"));
+        return Err(RemoveError::NoSuch(id.to_owned()));
     }
-    let _lock = OwnerLock::acquire(&lock_path(root, id))
-        .map_err(|_| format!("template {id} is in use by a starting clone or its builder; try again"))?;
+    let _lock = OwnerLock::acquire(&lock_path(root, id)).map_err(|_| RemoveError::InUse(id.to_owned()))?;
     let bytes = disk::allocated_bytes(&dir);
     // Out of the published name first: a removal killed half-way leaves a
     // `.bad-*` for gc, never a half-deleted template under its id.
     let aside = move_aside(root, id)?;
-    fs::remove_dir_all(&aside).map_err(|e| format!("cannot remove {}: {e}", aside.display()))?;
+    fs::remove_dir_all(&aside).map_err(|source| RemoveError::Remove { path: aside.clone(), source })?;
     Ok(bytes)
 }
 
@@ -507,7 +608,7 @@ mod tests {
             100,
         )
         .unwrap();
-        let err = open(root.path(), &key()).expect_err("a corrupt template must not open");
+        let err = open(root.path(), &key()).expect_err("a corrupt template must not open").to_string();
         assert!(err.contains("corrupt") && err.contains("rebuilt"), "{err}");
         assert!(!dir.exists(), "the corrupt template must be moved aside");
         assert!(open(root.path(), &key()).unwrap().is_none());
@@ -520,7 +621,7 @@ mod tests {
         let dir = publish_fake(root.path(), &key());
         let mut other = key();
         other.image = "newer image".into();
-        assert!(verify(&dir, &other).unwrap_err().contains("other inputs"));
+        assert!(verify(&dir, &other).unwrap_err().to_string().contains("other inputs"));
     }
 
     #[test]
@@ -528,9 +629,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         publish_fake(root.path(), &key());
         let (_template, in_use) = open(root.path(), &key()).unwrap().unwrap();
-        assert!(remove(root.path(), &key().id()).unwrap_err().contains("in use"));
+        assert!(remove(root.path(), &key().id()).unwrap_err().to_string().contains("in use"));
         drop(in_use);
         assert!(remove(root.path(), &key().id()).unwrap() > 0);
-        assert!(remove(root.path(), "../etc").unwrap_err().contains("not a template id"));
+        assert!(remove(root.path(), "../etc").unwrap_err().to_string().contains("not a template id"));
     }
 }

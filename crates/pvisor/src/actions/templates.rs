@@ -30,7 +30,7 @@ impl Action for WarmTemplate {
     type Outcome = WarmedTemplate;
 
     fn perform(self, runtime: &Runtime) -> Result<WarmedTemplate, RuntimeError> {
-        templates(runtime)?.warm(&self.limits).map_err(RuntimeError::Template)
+        templates(runtime)?.warm(&self.limits).map_err(|e| RuntimeError::Template(e.to_string()))
     }
 }
 
@@ -58,6 +58,6 @@ impl Action for RemoveTemplate {
     type Outcome = u64;
 
     fn perform(self, runtime: &Runtime) -> Result<u64, RuntimeError> {
-        templates(runtime)?.remove(&self.id).map_err(RuntimeError::Template)
+        templates(runtime)?.remove(&self.id).map_err(|e| RuntimeError::Template(e.to_string()))
     }
 }

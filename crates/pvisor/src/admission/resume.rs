@@ -49,7 +49,7 @@ pub fn admit_resume(
     let dir = suspension::checkpoint_dir(store, &job.run, &receipt.checkpoint);
     let manifest = pvisor_vm::checkpoint::verify(&dir).map_err(|e| AdmissionError::Suspension {
         job: job_id.clone(),
-        source: suspension::SuspensionError::Checkpoint(e),
+        source: suspension::SuspensionError::Checkpoint(e.to_string()),
     })?;
 
     let now = Timestamp::now();

@@ -104,7 +104,7 @@ pub fn find_verified(
             .ok_or_else(|| SuspensionError::NotFound { id: id.to_owned(), job: job.clone() })?,
         None => all.into_iter().last().ok_or_else(|| SuspensionError::NoneTaken { job: job.clone() })?,
     };
-    let manifest = checkpoint::verify(&dir).map_err(SuspensionError::Checkpoint)?;
+    let manifest = checkpoint::verify(&dir).map_err(|e| SuspensionError::Checkpoint(e.to_string()))?;
     Ok((dir, manifest))
 }
 
