@@ -126,7 +126,7 @@ fn supervise(command: libc::pid_t, memory_stage: Option<memory_stage::MemoryStag
                     // every process left in the sandbox first.
                     end_the_rest();
                     // Bounded: the report must stay one atomic pipe write.
-                    memory_stage::copy_out(stage).err().map(|e| e.chars().take(1500).collect())
+                    memory_stage::copy_out(stage).err().map(|e| e.to_string().chars().take(1500).collect())
                 });
                 Report::Exit { code, signal, user_us, system_us, max_rss_kib, stage_error }.send();
                 exit(status_to_code(status));

@@ -86,12 +86,24 @@ fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
     Ok(out)
 }
 
+/// Why the copy of the memory stage to the disk stopped, and where.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CopyOutError {
+    #[error("copying the stage out of memory at {at:?}: {source}")]
+    Io { at: String, source: io::Error },
+    #[error(
+        "the staged files add up to more than the --disk quota of {limit} bytes (hard links are copied as separate files); the copy stopped at {at:?}"
+    )]
+    Quota { limit: u64, at: String },
+}
+
 /// Copies the tmpfs upper layer to the stage on disk. The first error
 /// stops the copy and is returned: the run's records then say the stage is
 /// incomplete.
-pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
-    let describe = |at: &[u8], e: io::Error| {
-        format!("copying the stage out of memory at {:?}: {e}", String::from_utf8_lossy(at))
+pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), CopyOutError> {
+    let describe = |at: &[u8], source: io::Error| CopyOutError::Io {
+        at: String::from_utf8_lossy(at).into_owned(),
+        source,
     };
     // The directories still to list, each as (depth, names left); only the
     // current pair of directory descriptors is open, so depth is unlimited.
@@ -132,11 +144,10 @@ pub(crate) fn copy_out(stage: &MemoryStage) -> Result<(), String> {
         }
         written = written.saturating_add(st.st_blocks as u64 * 512);
         if written > stage.limit {
-            return Err(format!(
-                "the staged files add up to more than the --disk quota of {} bytes (hard links are copied as separate files); the copy stopped at {:?}",
-                stage.limit,
-                String::from_utf8_lossy(&shown)
-            ));
+            return Err(CopyOutError::Quota {
+                limit: stage.limit,
+                at: String::from_utf8_lossy(&shown).into_owned(),
+            });
         }
         copy_entry(memory.as_fd(), disk.as_fd(), &name, &st).map_err(|e| describe(&shown, e))?;
     }

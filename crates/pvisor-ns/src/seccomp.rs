@@ -134,7 +134,7 @@ pub(crate) struct Filters {
 /// guard answers every such call `ENOSYS`. It is the one program not built by
 /// seccompiler, which has no way to say "numbers at or above".
 #[cfg(target_arch = "x86_64")]
-fn refuse_x32() -> Result<(), String> {
+fn refuse_x32() -> Result<(), SeccompError> {
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
     const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
@@ -153,33 +153,44 @@ fn refuse_x32() -> Result<(), String> {
         libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog)
     };
     if rc != 0 {
-        return Err(format!("cannot install the x32 guard: {}", std::io::Error::last_os_error()));
+        return Err(SeccompError::X32(std::io::Error::last_os_error()));
     }
     Ok(())
 }
 
-fn arch() -> Result<seccompiler::TargetArch, String> {
+fn arch() -> Result<seccompiler::TargetArch, SeccompError> {
     std::env::consts::ARCH
         .try_into()
-        .map_err(|e| format!("no seccomp support for {}: {e:?}", std::env::consts::ARCH))
+        .map_err(|e| SeccompError::Arch { arch: std::env::consts::ARCH, detail: format!("{e:?}") })
 }
 
-fn masked(arg: u8, bits: u64) -> Result<SeccompRule, String> {
-    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bits), bits)
-        .map_err(|e| e.to_string())?;
-    SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
+fn masked(arg: u8, bits: u64) -> Result<SeccompRule, SeccompError> {
+    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bits), bits)?;
+    Ok(SeccompRule::new(vec![cond])?)
 }
 
-fn equals(arg: u8, value: u64) -> Result<SeccompRule, String> {
-    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
-        .map_err(|e| e.to_string())?;
-    SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
+fn equals(arg: u8, value: u64) -> Result<SeccompRule, SeccompError> {
+    let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)?;
+    Ok(SeccompRule::new(vec![cond])?)
+}
+
+/// Why the seccomp filters could not be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SeccompError {
+    #[error("cannot install the x32 guard: {0}")]
+    X32(#[source] std::io::Error),
+    #[error("no seccomp support for {arch}: {detail}")]
+    Arch { arch: &'static str, detail: String },
+    #[error("{0}")]
+    Backend(#[from] seccompiler::BackendError),
+    #[error("{0}")]
+    Apply(#[from] seccompiler::Error),
 }
 
 /// Builds the filters (before fork: this allocates).
 // The ioctl request type is `c_ulong` on some targets and `c_int` on others.
 #[allow(clippy::unnecessary_cast)]
-pub(crate) fn build() -> Result<Filters, String> {
+pub(crate) fn build() -> Result<Filters, SeccompError> {
     let arch = arch()?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().chain(DENIED_X86_64).map(|&nr| (nr, Vec::new())).collect();
@@ -188,24 +199,18 @@ pub(crate) fn build() -> Result<Filters, String> {
     rules.insert(libc::SYS_clone, vec![masked(0, newuser)?]);
     rules.insert(libc::SYS_ioctl, vec![equals(1, libc::TIOCSTI as u64)?, equals(1, libc::TIOCLINUX as u64)?]);
     let deny =
-        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
-            .map_err(|e| e.to_string())?;
+        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?;
     let mut clone3 = BTreeMap::new();
     clone3.insert(libc::SYS_clone3, Vec::new());
     let no_clone3 =
-        SeccompFilter::new(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)
-            .map_err(|e| e.to_string())?;
+        SeccompFilter::new(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)?;
     // One rule, all conditions ANDed: the family is none of the allowed ones.
     let other_family = SeccompRule::new(
         ALLOWED_FAMILIES
             .iter()
-            .map(|&family| {
-                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family as u64)
-                    .map_err(|e| e.to_string())
-            })
+            .map(|&family| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family as u64))
             .collect::<Result<Vec<_>, _>>()?,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let mut sockets = BTreeMap::new();
     sockets.insert(libc::SYS_socket, vec![other_family.clone()]);
     sockets.insert(libc::SYS_socketpair, vec![other_family]);
@@ -214,22 +219,17 @@ pub(crate) fn build() -> Result<Filters, String> {
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EAFNOSUPPORT as u32),
         arch,
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(Filters {
-        deny: deny.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
-        no_clone3: no_clone3.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
-        families: families.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
-    })
+    )?;
+    Ok(Filters { deny: deny.try_into()?, no_clone3: no_clone3.try_into()?, families: families.try_into()? })
 }
 
 impl Filters {
     /// Installs both filters on the calling thread (needs `no_new_privs`).
-    pub(crate) fn apply(&self) -> Result<(), String> {
+    pub(crate) fn apply(&self) -> Result<(), SeccompError> {
         #[cfg(target_arch = "x86_64")]
         refuse_x32()?;
-        seccompiler::apply_filter(&self.deny).map_err(|e| e.to_string())?;
-        seccompiler::apply_filter(&self.families).map_err(|e| e.to_string())?;
-        seccompiler::apply_filter(&self.no_clone3).map_err(|e| e.to_string())
+        seccompiler::apply_filter(&self.deny)?;
+        seccompiler::apply_filter(&self.families)?;
+        Ok(seccompiler::apply_filter(&self.no_clone3)?)
     }
 }

@@ -110,20 +110,31 @@ fn unified() -> bool {
     Path::new(ROOT).join("cgroup.controllers").exists()
 }
 
+/// Why a cgroup v1 cgroup for a run could not be made.
+#[derive(Debug, thiserror::Error)]
+enum CgroupError {
+    #[error("no {0} cgroup for this process")]
+    NoOwn(String),
+    #[error("cannot create {}: {source}", path.display())]
+    Create { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
 /// Makes `<hierarchy>/<own path>/<name>` and writes `settings` into it.
 fn make(
     hierarchy: &Path,
     controller: &str,
     name: &str,
     settings: &[(&str, String)],
-) -> Result<PathBuf, String> {
-    let own = own_cgroup(controller).ok_or_else(|| format!("no {controller} cgroup for this process"))?;
+) -> Result<PathBuf, CgroupError> {
+    let own = own_cgroup(controller).ok_or_else(|| CgroupError::NoOwn(controller.to_owned()))?;
     let dir = hierarchy.join(own.trim_start_matches('/')).join(name);
-    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    fs::create_dir_all(&dir).map_err(|source| CgroupError::Create { path: dir.clone(), source })?;
     for (file, value) in settings {
-        if let Err(e) = fs::write(dir.join(file), value) {
+        if let Err(source) = fs::write(dir.join(file), value) {
             let _ = fs::remove_dir(&dir);
-            return Err(format!("cannot write {}: {e}", dir.join(file).display()));
+            return Err(CgroupError::Write { path: dir.join(file), source });
         }
     }
     Ok(dir)
@@ -151,7 +162,7 @@ fn join_shared_v1(
     kind: LimitKind,
     setting: (&str, String),
     value: String,
-) -> Result<(), String> {
+) -> Result<(), CgroupError> {
     let (file, limit) = setting;
     let controller = kind.as_str();
     let dir = make(&Path::new(ROOT).join(controller), controller, SHARED_DEFAULT, &[(file, limit)])?;
@@ -351,7 +362,7 @@ pub fn apply(limits: &Limits, name: &str) -> Applied {
             pids_is_default: limits.pids_is_default,
             ..Limits::default()
         };
-        out = fallback(&only, out, &reason);
+        out = fallback(&only, out, &reason.to_string());
     }
     out
 }

@@ -258,13 +258,25 @@ pub fn choose_accelerator(image: &GuestImage) -> AccelChoice {
     choice
 }
 
-fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
-    let dir = tempfile_dir().map_err(|e| e.to_string())?;
-    let (agent, agent_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
-    let (_qmp, qmp_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
-    let (console_host, console_qemu) = UnixStream::pair().map_err(|e| e.to_string())?;
+/// Why a probe boot under KVM did not reach the agent.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// Preparing or spawning the probe VM.
+    #[error("{0}")]
+    Setup(#[from] io::Error),
+    #[error("the agent did not answer")]
+    NoAnswer,
+    #[error("no agent within {secs} s ({why}; console: {last})")]
+    NoAgent { secs: u64, why: String, last: String },
+}
+
+fn probe_kvm(image: &GuestImage) -> Result<u128, ProbeError> {
+    let dir = tempfile_dir()?;
+    let (agent, agent_qemu) = UnixStream::pair()?;
+    let (_qmp, qmp_qemu) = UnixStream::pair()?;
+    let (console_host, console_qemu) = UnixStream::pair()?;
     let console = dir.join("console.log");
-    super::qemu::capture_console(console_host, &console).map_err(|e| e.to_string())?;
+    super::qemu::capture_console(console_host, &console)?;
     let config = super::MachineConfig {
         memory_mib: 256,
         cpus: 1,
@@ -288,8 +300,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
         &mut command,
         &dir.join("qemu.log"),
         &[agent_qemu.as_fd(), qmp_qemu.as_fd(), console_qemu.as_fd()],
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     drop((agent_qemu, qmp_qemu, console_qemu));
     let mut channel = agent;
     let _ = channel.set_read_timeout(Some(PROBE_TIMEOUT));
@@ -303,14 +314,14 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, String> {
     let _ = child.wait();
     let result = match hello {
         Ok(Some((pvisor_agent_proto::Reply::Hello { .. }, _))) => Ok(started.elapsed().as_millis()),
-        Ok(_) => Err("the agent did not answer".to_owned()),
+        Ok(_) => Err(ProbeError::NoAnswer),
         Err(e) => {
             let tail = fs::read_to_string(&console).unwrap_or_default();
             let last =
                 tail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no console output").to_owned();
             let why =
                 if e.kind() == io::ErrorKind::WouldBlock { "timed out".to_owned() } else { e.to_string() };
-            Err(format!("no agent within {} s ({why}; console: {last})", PROBE_TIMEOUT.as_secs()))
+            Err(ProbeError::NoAgent { secs: PROBE_TIMEOUT.as_secs(), why, last })
         }
     };
     let _ = fs::remove_dir_all(&dir);

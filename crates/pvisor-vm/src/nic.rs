@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
@@ -76,31 +76,75 @@ struct Route {
     dev: Option<String>,
 }
 
+/// Why the VM's NIC could not take over a network namespace's interface.
+#[derive(Debug, thiserror::Error)]
+pub enum NicError {
+    #[error("cannot open the network namespace {}: {source}", path.display())]
+    Open { path: PathBuf, source: io::Error },
+    #[error("{} is not a namespace file (a path like /var/run/netns/NAME)", .0.display())]
+    NotNamespace(PathBuf),
+    #[error("{} is a namespace, but not a network namespace", .0.display())]
+    NotNetwork(PathBuf),
+    #[error("cannot stat {}: {source}", path.display())]
+    Stat { path: PathBuf, source: io::Error },
+    #[error("{} is the host's network namespace: a VM cannot take over the host's network", .0.display())]
+    Host(PathBuf),
+    /// `ip -j` printed what does not parse.
+    #[error("cannot read `{command}` in {}: {source}", netns.display())]
+    Parse { command: &'static str, netns: PathBuf, source: serde_json::Error },
+    #[error("{interface} in {} has no usable MAC ({mac:?})", netns.display())]
+    NoMac { interface: String, netns: PathBuf, mac: String },
+    #[error("the network namespace {} is already joined by another VM (one container's VM per pod takes the pod's network)", .0.display())]
+    Busy(PathBuf),
+    #[error("cannot create the TAP {TAP} in {}: {source}{}", netns.display(), if *.no_tun { " (is the tun module loaded? modprobe tun)" } else { "" })]
+    Tap { netns: PathBuf, source: io::Error, no_tun: bool },
+    #[error("{0} is not a MAC")]
+    BadMac(String),
+    #[error("{0} is not an IPv4 address")]
+    BadAddress(String),
+    /// The namespace has no one interface a VM can take over.
+    #[error("the network namespace {} {problem}", netns.display())]
+    Interfaces { netns: PathBuf, problem: String },
+    #[error("timeout not found: the pod network needs coreutils on the node")]
+    NoTimeout,
+    #[error("cannot run {program} in the network namespace: {source}")]
+    Run { program: String, source: io::Error },
+    #[error("{command} did not finish within {TOOL_TIMEOUT} in the pod's network namespace")]
+    TimedOut { command: String },
+    #[error("{0} not found: the pod network needs iproute2 on the node")]
+    NoTool(String),
+    #[error("{command} failed in the pod's network namespace: {stderr}")]
+    Failed { command: String, stderr: String },
+}
+
 /// Joins the network namespace at `netns`: finds its interface, creates the
 /// TAP and redirects the interface's traffic through it.
-pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
+pub(crate) fn join(netns: &Path) -> Result<Nic, NicError> {
     // Checked again on the descriptor used: the path may have changed
     // since admission, and a resume is not admitted anew.
     let ns = open_network_namespace(netns)?;
+    let parse = |command| move |source| NicError::Parse { command, netns: netns.to_owned(), source };
     let links: Vec<Link> = serde_json::from_slice(&run_in(&ns, "ip", &["-j", "addr", "show"])?)
-        .map_err(|e| format!("cannot read `ip -j addr show` in {}: {e}", netns.display()))?;
+        .map_err(parse("ip -j addr show"))?;
     let (link, address) = pick(&links, netns)?;
     if !is_mac(&link.address) {
-        return Err(format!("{} in {} has no usable MAC ({:?})", link.ifname, netns.display(), link.address));
+        return Err(NicError::NoMac {
+            interface: link.ifname.clone(),
+            netns: netns.to_owned(),
+            mac: link.address.clone(),
+        });
     }
     let routes: Vec<Route> =
         serde_json::from_slice(&run_in(&ns, "ip", &["-j", "-4", "route", "show", "default"])?)
-            .map_err(|e| format!("cannot read `ip -j route show default` in {}: {e}", netns.display()))?;
+            .map_err(parse("ip -j route show default"))?;
     let gateway = routes.into_iter().find(|r| r.dev.as_deref() == Some(&link.ifname)).and_then(|r| r.gateway);
-    let tap = create_tap(&ns).map_err(|e| match e.raw_os_error() {
-        Some(libc::EBUSY) => format!(
-            "the network namespace {} is already joined by another VM (one container's VM per pod takes the pod's network)",
-            netns.display()
-        ),
-        Some(libc::ENOENT) | Some(libc::ENODEV) => {
-            format!("cannot create the TAP {TAP} in {}: {e} (is the tun module loaded? modprobe tun)", netns.display())
-        }
-        _ => format!("cannot create the TAP {TAP} in {}: {e}", netns.display()),
+    let tap = create_tap(&ns).map_err(|source| match source.raw_os_error() {
+        Some(libc::EBUSY) => NicError::Busy(netns.to_owned()),
+        errno => NicError::Tap {
+            netns: netns.to_owned(),
+            no_tun: matches!(errno, Some(libc::ENOENT) | Some(libc::ENODEV)),
+            source,
+        },
     })?;
     let mtu = if link.mtu == 0 { 1500 } else { link.mtu };
     let mtu_arg = mtu.to_string();
@@ -119,7 +163,9 @@ pub(crate) fn join(netns: &Path) -> Result<Nic, String> {
             match run_in(&ns, "tc", &args) {
                 // A kernel without act_gact cannot drop in tc; the TAP's
                 // sysctls ([`contain_tap`]) already discard what is left.
-                Err(e) if pref == PREF && from == TAP && e.contains("Failed to load TC action module") => {
+                Err(NicError::Failed { stderr, .. })
+                    if pref == PREF && from == TAP && stderr.contains("Failed to load TC action module") =>
+                {
                     tracing::debug!("no tc drop action (act_gact) in this kernel; the TAP's sysctls discard the guest's other frames")
                 }
                 other => drop(other?),
@@ -166,13 +212,13 @@ fn inbound_filters(tap: &str) -> Vec<(&'static str, Rule)> {
 /// u32 offsets are from the network header: the Ethernet source is at -8
 /// (4 bytes) and -4 (2), ARP's sender MAC at 8 and 12, its sender address
 /// at 14 (two 16-bit halves: u32 keys must be aligned).
-fn outbound_filters(mac: &str, ip: &str, interface: &str) -> Result<Vec<(&'static str, Rule)>, String> {
+fn outbound_filters(mac: &str, ip: &str, interface: &str) -> Result<Vec<(&'static str, Rule)>, NicError> {
     let bytes: Vec<u8> = mac
         .split(':')
         .map(|b| u8::from_str_radix(b, 16))
         .collect::<Result<_, _>>()
-        .map_err(|_| format!("{mac} is not a MAC"))?;
-    let address: std::net::Ipv4Addr = ip.parse().map_err(|_| format!("{ip} is not an IPv4 address"))?;
+        .map_err(|_| NicError::BadMac(mac.to_owned()))?;
+    let address: std::net::Ipv4Addr = ip.parse().map_err(|_| NicError::BadAddress(ip.to_owned()))?;
     let [a, b, c, d] = address.octets();
     let mac_hi = format!("0x{:02x}{:02x}{:02x}{:02x}", bytes[0], bytes[1], bytes[2], bytes[3]);
     let mac_lo = format!("0x{:02x}{:02x}", bytes[4], bytes[5]);
@@ -215,10 +261,14 @@ fn outbound_filters(mac: &str, ip: &str, interface: &str) -> Result<Vec<(&'stati
 
 /// Deletes the ingress filter `pref` of `dev`; one that is not there is
 /// no error, anything else is.
-fn delete_filter(ns: &File, dev: &str, pref: &str) -> Result<(), String> {
+fn delete_filter(ns: &File, dev: &str, pref: &str) -> Result<(), NicError> {
     match run_in(ns, "tc", &["filter", "del", "dev", dev, "ingress", "pref", pref]) {
         Ok(_) => Ok(()),
-        Err(e) if e.contains("No such file") || e.contains("not found") || e.contains("Cannot find") => {
+        Err(NicError::Failed { stderr, .. })
+            if stderr.contains("No such file")
+                || stderr.contains("not found")
+                || stderr.contains("Cannot find") =>
+        {
             Ok(())
         }
         Err(e) => Err(e),
@@ -229,30 +279,26 @@ fn delete_filter(ns: &File, dev: &str, pref: &str) -> Result<(), String> {
 /// one of pid 1 or of this process): a VM's NIC redirects all of the
 /// namespace's traffic, which on the host's own would take the node's
 /// network. The caller keeps the descriptor, so the check holds for it.
-pub fn open_network_namespace(path: &Path) -> Result<File, String> {
-    let ns =
-        File::open(path).map_err(|e| format!("cannot open the network namespace {}: {e}", path.display()))?;
+pub fn open_network_namespace(path: &Path) -> Result<File, NicError> {
+    let ns = File::open(path).map_err(|source| NicError::Open { path: path.to_owned(), source })?;
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the namespace's
     // CLONE_NEW* type, or fails with ENOTTY on a file that is not one. The
     // ioctl is libc's: rustix has no namespace ioctls.
     let kind = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_NSTYPE) };
     if kind < 0 {
-        return Err(format!("{} is not a namespace file (a path like /var/run/netns/NAME)", path.display()));
+        return Err(NicError::NotNamespace(path.to_owned()));
     }
     if kind != libc::CLONE_NEWNET {
-        return Err(format!("{} is a namespace, but not a network namespace", path.display()));
+        return Err(NicError::NotNetwork(path.to_owned()));
     }
     let id = |f: &File| {
         f.metadata()
             .map(|m| (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)))
     };
-    let this = id(&ns).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    let this = id(&ns).map_err(|source| NicError::Stat { path: path.to_owned(), source })?;
     for host in ["/proc/1/ns/net", "/proc/self/ns/net"] {
         if File::open(host).and_then(|f| id(&f)).is_ok_and(|h| h == this) {
-            return Err(format!(
-                "{} is the host's network namespace: a VM cannot take over the host's network",
-                path.display()
-            ));
+            return Err(NicError::Host(path.to_owned()));
         }
     }
     Ok(ns)
@@ -270,7 +316,8 @@ fn is_mac(mac: &str) -> bool {
 
 /// The namespace's one Ethernet interface with a global IPv4 address, and
 /// that address as `ADDRESS/PREFIX`.
-fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), String> {
+fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), NicError> {
+    let problem = |problem: String| NicError::Interfaces { netns: netns.to_owned(), problem };
     let candidates: Vec<&Link> = links
         .iter()
         .filter(|l| l.ifname != TAP && l.link_type == "ether")
@@ -278,25 +325,21 @@ fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), Strin
         .collect();
     let link = match candidates.as_slice() {
         [one] => *one,
-        [] if links.iter().any(|l| l.link_type == "ether" && l.addr_info.iter().any(|a| a.family == "inet6" && a.scope == "global")) => {
-            return Err(format!(
-                "the network namespace {} has only IPv6 addresses; the VM's NIC is configured for IPv4 only",
-                netns.display()
-            ))
+        [] if links.iter().any(|l| {
+            l.link_type == "ether" && l.addr_info.iter().any(|a| a.family == "inet6" && a.scope == "global")
+        }) =>
+        {
+            return Err(problem("has only IPv6 addresses; the VM's NIC is configured for IPv4 only".into()))
         }
         [] => {
-            return Err(format!(
-                "the network namespace {} has no Ethernet interface with an IPv4 address (did CNI set it up?)",
-                netns.display()
-            ))
+            return Err(problem("has no Ethernet interface with an IPv4 address (did CNI set it up?)".into()))
         }
         many => {
-            return Err(format!(
-                "the network namespace {} has {} interfaces with IPv4 addresses ({}); a VM takes over exactly one",
-                netns.display(),
+            return Err(problem(format!(
+                "has {} interfaces with IPv4 addresses ({}); a VM takes over exactly one",
                 many.len(),
                 many.iter().map(|l| l.ifname.as_str()).collect::<Vec<_>>().join(", ")
-            ))
+            )))
         }
     };
     let address = link
@@ -310,7 +353,7 @@ fn pick<'a>(links: &'a [Link], netns: &Path) -> Result<(&'a Link, String), Strin
 
 /// Runs `program args` inside the namespace `ns`; its stdout, or an error
 /// with its stderr.
-fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
+fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, NicError> {
     let raw = ns.as_raw_fd();
     // Under coreutils' `timeout`: a wedged `ip` or `tc` (a netlink socket
     // that never answers) must fail the VM's start, not hang it.
@@ -330,28 +373,21 @@ fn run_in(ns: &File, program: &str, args: &[&str]) -> Result<Vec<u8>, String> {
                 })
         });
     }
-    let out = command.output().map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => {
-            "timeout not found: the pod network needs coreutils on the node".to_owned()
-        }
-        _ => format!("cannot run {program} in the network namespace: {e}"),
+    let out = command.output().map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => NicError::NoTimeout,
+        _ => NicError::Run { program: program.to_owned(), source },
     })?;
+    let command = || format!("{program} {}", args.join(" "));
     match out.status.code() {
-        Some(124) | Some(137) => {
-            return Err(format!(
-                "{program} {} did not finish within {TOOL_TIMEOUT} in the pod's network namespace",
-                args.join(" ")
-            ))
-        }
-        Some(127) => return Err(format!("{program} not found: the pod network needs iproute2 on the node")),
+        Some(124) | Some(137) => return Err(NicError::TimedOut { command: command() }),
+        Some(127) => return Err(NicError::NoTool(program.to_owned())),
         _ => {}
     }
     if !out.status.success() {
-        return Err(format!(
-            "{program} {} failed in the pod's network namespace: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(NicError::Failed {
+            command: command(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(out.stdout)
 }
@@ -473,11 +509,11 @@ mod tests {
     /// The host's own namespace, and a namespace of another kind, are refused.
     #[test]
     fn the_hosts_network_namespace_is_never_joined() {
-        let e = super::open_network_namespace(Path::new("/proc/self/ns/net")).unwrap_err();
+        let e = super::open_network_namespace(Path::new("/proc/self/ns/net")).unwrap_err().to_string();
         assert!(e.contains("the host's network namespace"), "{e}");
-        let e = super::open_network_namespace(Path::new("/proc/self/ns/mnt")).unwrap_err();
+        let e = super::open_network_namespace(Path::new("/proc/self/ns/mnt")).unwrap_err().to_string();
         assert!(e.contains("not a network namespace"), "{e}");
-        let e = super::open_network_namespace(Path::new("/etc/hostname")).unwrap_err();
+        let e = super::open_network_namespace(Path::new("/etc/hostname")).unwrap_err().to_string();
         assert!(e.contains("not a namespace file"), "{e}");
     }
 
@@ -485,12 +521,32 @@ mod tests {
     fn none_or_two_candidates_are_refused_by_name() {
         let links = || -> Vec<Link> { serde_json::from_str(POD).unwrap() };
         let only_lo: Vec<Link> = links().into_iter().take(1).collect();
-        assert!(pick(&only_lo, Path::new("/run/netns/x")).unwrap_err().contains("did CNI set it up"));
+        assert!(pick(&only_lo, Path::new("/run/netns/x"))
+            .unwrap_err()
+            .to_string()
+            .contains("did CNI set it up"));
         let mut two = links();
         let mut eth1 = links().remove(1);
         eth1.ifname = "eth1".into();
         two.push(eth1);
-        let e = pick(&two, Path::new("/run/netns/x")).unwrap_err();
+        let e = pick(&two, Path::new("/run/netns/x")).unwrap_err().to_string();
         assert!(e.contains("2 interfaces") && e.contains("eth0, eth1"), "{e}");
+    }
+
+    /// The TAP error names the tun module only when the device is missing.
+    #[test]
+    fn a_missing_tun_device_is_named() {
+        let tap = |no_tun| super::NicError::Tap {
+            netns: "/run/netns/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENODEV),
+            no_tun,
+        };
+        let with = tap(true).to_string();
+        assert!(
+            with.starts_with("cannot create the TAP ")
+                && with.ends_with(" (is the tun module loaded? modprobe tun)"),
+            "{with}"
+        );
+        assert!(!tap(false).to_string().contains("modprobe"));
     }
 }

@@ -367,7 +367,7 @@ fn join_nic(checked: &Checked, start: &Start) -> Result<Option<nic::Nic>, Sandbo
     let Some(netns) = &checked.netns else { return Ok(None) };
     let nic = nic::join(netns).map_err(|e| SandboxError::Setup {
         step: "network".into(),
-        message: e,
+        message: e.to_string(),
         hint: Some("the VM's NIC takes over the namespace's one interface (docs/kubernetes.md)".into()),
     })?;
     if let Start::Restore { manifest, .. } = start {

@@ -111,7 +111,7 @@ pub(super) struct FileServers {
 impl FileServers {
     /// Starts a server for each share, logging into `dir` (the Attempt's
     /// private `vm/` directory, where the sockets are bound too).
-    pub(super) fn start(shares: &[SharedDirectory], dir: &Path) -> Result<Self, String> {
+    pub(super) fn start(shares: &[SharedDirectory], dir: &Path) -> Result<Self, ShareError> {
         let mut started = Self::default();
         for (index, share) in shares.iter().enumerate() {
             started.servers.push(start_one(share, index, dir)?);
@@ -167,13 +167,28 @@ impl Drop for FileServers {
     }
 }
 
+/// Why a host directory could not be shared with the VM.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    #[error("cannot share {} with the VM: {step}: {source}", source_dir.display())]
+    Step { source_dir: PathBuf, step: &'static str, source: io::Error },
+    #[error(
+        "cannot share {}: {} not found; install qemu-system-common (Debian 12) or virtiofsd, or set {VIRTIOFSD_ENV}",
+        source_dir.display(),
+        binary.display()
+    )]
+    NoVirtiofsd { source_dir: PathBuf, binary: PathBuf },
+}
+
 /// Binds a listening socket in `dir`, connects QEMU's end to it, removes
 /// the name (nothing else can connect), and starts virtiofsd on the
 /// listener. The name is reached through `/proc/self/fd`, so a long state
 /// directory cannot overflow a socket address.
-fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileServer, String> {
-    let fail = |what: &str, e: io::Error| {
-        format!("cannot share {} with the VM: {what}: {e}", share.source.display())
+fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileServer, ShareError> {
+    let fail = |step: &'static str, source: io::Error| ShareError::Step {
+        source_dir: share.source.clone(),
+        step,
+        source,
     };
     let dir_fd = File::open(dir).map_err(|e| fail("opening the VM's directory", e))?;
     let name = format!("virtiofs-{index}.sock");
@@ -199,11 +214,7 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            format!(
-                "cannot share {}: {} not found; install qemu-system-common (Debian 12) or virtiofsd, or set {VIRTIOFSD_ENV}",
-                share.source.display(),
-                binary.display()
-            )
+            ShareError::NoVirtiofsd { source_dir: share.source.clone(), binary: binary.clone() }
         } else {
             fail("starting virtiofsd", e)
         }

@@ -91,30 +91,56 @@ fn index_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("base-{id}.index"))
 }
 
+/// Why the published base of a workspace cannot be used (a new one is built).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BaseError {
+    #[error("no base image of this workspace yet")]
+    Missing,
+    #[error("the base manifest is unreadable: {0}")]
+    Unreadable(#[source] pvisor_core::store::StoreError),
+    #[error("the base manifest {} is corrupt: {source}", path.display())]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+    #[error("the base manifest {} is of another format or workspace", .0.display())]
+    Other(PathBuf),
+    #[error("the base image {} changed after it was published", .0.display())]
+    Changed(PathBuf),
+    #[error("the base image {}: {source}", path.display())]
+    Image { path: PathBuf, source: io::Error },
+    #[error("the base index: {0}")]
+    Index(#[source] io::Error),
+    #[error("the base index does not match its manifest's digest")]
+    IndexDigest,
+    /// The index does not decode.
+    #[error("{0}")]
+    Decode(#[source] io::Error),
+}
+
 /// The published base of `dir` and its index, checked; `Err` says why it cannot be used.
-pub(crate) fn load(dir: &Path, workspace: &Path) -> Result<(BaseManifest, Vec<Entry>), String> {
+pub(crate) fn load(dir: &Path, workspace: &Path) -> Result<(BaseManifest, Vec<Entry>), BaseError> {
     let path = dir.join(MANIFEST);
     let bytes = match pvisor_core::store::read_capped(&path, 1 << 20) {
         Ok(b) => b,
-        Err(e) if e.is_not_found() => return Err("no base image of this workspace yet".into()),
-        Err(e) => return Err(format!("the base manifest is unreadable: {e}")),
+        Err(e) if e.is_not_found() => return Err(BaseError::Missing),
+        Err(e) => return Err(BaseError::Unreadable(e)),
     };
-    let manifest: BaseManifest = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("the base manifest {} is corrupt: {e}", path.display()))?;
+    let manifest: BaseManifest = match serde_json::from_slice(&bytes) {
+        Ok(manifest) => manifest,
+        Err(source) => return Err(BaseError::Corrupt { path, source }),
+    };
     if manifest.format != FORMAT || manifest.workspace != workspace {
-        return Err(format!("the base manifest {} is of another format or workspace", path.display()));
+        return Err(BaseError::Other(path));
     }
     let image = image_path(dir, &manifest.id);
     match Stamp::of(&image) {
         Ok(stamp) if stamp == manifest.image => {}
-        Ok(_) => return Err(format!("the base image {} changed after it was published", image.display())),
-        Err(e) => return Err(format!("the base image {}: {e}", image.display())),
+        Ok(_) => return Err(BaseError::Changed(image)),
+        Err(source) => return Err(BaseError::Image { path: image, source }),
     }
-    let raw = fs::read(index_path(dir, &manifest.id)).map_err(|e| format!("the base index: {e}"))?;
+    let raw = fs::read(index_path(dir, &manifest.id)).map_err(BaseError::Index)?;
     if pvisor_core::store::blake3_hex(&raw) != manifest.index_blake3 {
-        return Err("the base index does not match its manifest's digest".into());
+        return Err(BaseError::IndexDigest);
     }
-    let index = index::decode(&raw).map_err(|e| e.to_string())?;
+    let index = index::decode(&raw).map_err(BaseError::Decode)?;
     Ok((manifest, index))
 }
 

@@ -145,12 +145,12 @@ fn attempt(dir: &Path, workspace: &Path, lower: &Path, delta: &Path, staging: &P
 /// Whether the base can serve this start: the comparison if there is a
 /// base, and a reason to rebuild if it should not be used as is.
 fn judge(
-    found: Result<(BaseManifest, Vec<Entry>), String>,
+    found: Result<(BaseManifest, Vec<Entry>), base::BaseError>,
     current: Vec<Entry>,
 ) -> (Option<Ready>, Option<String>) {
     let (base, index) = match found {
         Ok(found) => found,
-        Err(why) => return (None, Some(why)),
+        Err(why) => return (None, Some(why.to_string())),
     };
     let diff = index::diff(&index, &current, base.clean_before_ns);
     let entries = diff.changed.len() + diff.deleted.len();

@@ -318,7 +318,7 @@ pub(super) fn check_namespace(path: &Path, executor: &str) -> Result<(), Admissi
             "only a vm Job joins one (this Job's executor is {executor}); use --executor vm"
         )));
     }
-    pvisor_vm::nic::open_network_namespace(path).map(drop).map_err(problem)
+    pvisor_vm::nic::open_network_namespace(path).map(drop).map_err(|e| problem(e.to_string()))
 }
 
 /// Resolves and checks each `--cache` path: an existing host directory that
