@@ -15,8 +15,6 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use pvisor_agent_proto::{Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
@@ -27,44 +25,6 @@ use super::{disk, qmp};
 pub use pvisor_sandbox::checkpoint::{
     CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, KIND, LOWER, MANIFEST, STATE, UPPER,
 };
-pub const CONTROL_SOCKET: &str = "control.sock";
-
-pub fn control_socket(vm_dir: &Path) -> PathBuf {
-    vm_dir.join(CONTROL_SOCKET)
-}
-
-/// What `pvisor checkpoint --kind execution` and `pvisor suspend` ask for,
-/// and the guest access of [`super::guest`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum ControlRequest {
-    /// Save and continue.
-    Checkpoint,
-    /// Save, then stop the VM; the Attempt ends hibernated.
-    Suspend,
-    /// Start another command in the guest and relay it ([`super::guest::exec`]).
-    Exec(super::guest::ExecSpec),
-    /// Relay a command already running in a resumed guest ([`super::guest::attach`]).
-    Attach { id: u32 },
-    /// One agent request; `payload` bytes follow the line ([`super::guest::call`]).
-    Call { request: Box<Request>, payload: u32 },
-    /// A stream to guest `127.0.0.1:port` ([`super::guest::forward`]).
-    Forward { port: u16 },
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-pub enum ControlResponse {
-    Checkpointed {
-        manifest: Box<ExecCheckpoint>,
-    },
-    /// A forward is connected; raw stream bytes follow on the connection.
-    Forwarded,
-    Error {
-        message: String,
-    },
-}
-
 pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();
     let blake3 = if sparse { disk::sparse_digest(path)? } else { disk::file_digest(path)? };

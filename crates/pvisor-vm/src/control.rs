@@ -3,7 +3,7 @@
 //! relayed execs, port forwards), and the client side other processes use.
 
 use std::fs;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -11,18 +11,67 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pvisor_agent_proto::{read_frame, write_frame, Reply, Request};
+use serde::{Deserialize, Serialize};
 
 use super::link::{Shared, RELAY_BACKLOG};
 use super::net::{Conn, MAX_STREAMS};
-use super::{checkpoint, guest, ControlRequest, ControlResponse, EXEC_ID};
+use super::{checkpoint, EXEC_ID};
+
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+pub fn control_socket(vm_dir: &Path) -> PathBuf {
+    vm_dir.join(CONTROL_SOCKET)
+}
+
+/// What `pvisor checkpoint --kind execution` and `pvisor suspend` ask for,
+/// and the guest access of [`super::guest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ControlRequest {
+    /// Save and continue.
+    Checkpoint,
+    /// Save, then stop the VM; the Attempt ends hibernated.
+    Suspend,
+    /// Start another command in the guest and relay it ([`super::guest::exec`]).
+    Exec(pvisor_sandbox::guest::ExecSpec),
+    /// Relay a command already running in a resumed guest ([`super::guest::attach`]).
+    Attach { id: u32 },
+    /// One agent request; `payload` bytes follow the line ([`super::guest::call`]).
+    Call { request: Box<Request>, payload: u32 },
+    /// A stream to guest `127.0.0.1:port` ([`super::guest::forward`]).
+    Forward { port: u16 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ControlResponse {
+    Checkpointed {
+        manifest: Box<pvisor_sandbox::checkpoint::ExecCheckpoint>,
+    },
+    /// A forward is connected; raw stream bytes follow on the connection.
+    Forwarded,
+    Error {
+        message: String,
+    },
+}
+
+/// Reads a `call`'s payload that follows its request line.
+pub(super) fn read_payload(reader: &mut impl Read, len: u32) -> io::Result<Vec<u8>> {
+    if len > pvisor_agent_proto::MAX_PAYLOAD {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "payload exceeds the protocol limit"));
+    }
+    let mut payload = vec![0; len as usize];
+    reader.read_exact(&mut payload)?;
+    Ok(payload)
+}
 
 /// Binds `vm/control.sock` (through `/proc/self/fd` when the path is too
 /// long for `sun_path`) and serves checkpoint and suspend requests.
 pub(super) fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
-    let path = checkpoint::control_socket(&shared.vm.dir);
+    let path = control_socket(&shared.vm.dir);
     let _ = fs::remove_file(&path);
     let dir = fs::File::open(&shared.vm.dir)?;
-    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
+    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), CONTROL_SOCKET));
     let listener = UnixListener::bind(if path.as_os_str().len() < 100 { &path } else { &short })?;
     std::thread::Builder::new().name("pvisor-vm-control".into()).spawn(move || {
         for stream in listener.incoming() {
@@ -66,7 +115,7 @@ fn handle_control(shared: &Shared, stream: UnixStream) -> io::Result<()> {
         Ok(ControlRequest::Attach { id }) => return attach_exec(shared, id, reader, stream),
         Ok(ControlRequest::Forward { port }) => return forward(shared, port, stream),
         Ok(ControlRequest::Call { request, payload }) => {
-            let payload = guest::read_payload(&mut reader, payload)?;
+            let payload = read_payload(&mut reader, payload)?;
             let (reply, bytes) = guest_call(shared, *request, &payload);
             return write_frame(&mut &stream, &reply, &bytes);
         }
@@ -184,7 +233,7 @@ fn forward(shared: &Shared, port: u16, stream: UnixStream) -> io::Result<()> {
 /// Starts `spec` and relays it until it exits or the caller hangs up.
 fn relay_exec(
     shared: &Shared,
-    spec: guest::ExecSpec,
+    spec: pvisor_sandbox::guest::ExecSpec,
     from: BufReader<UnixStream>,
     to: UnixStream,
 ) -> io::Result<()> {
@@ -322,10 +371,10 @@ pub enum ControlError {
 /// Connects to the control socket of the live supervisor of an Attempt
 /// (through `/proc/self/fd` when the path is too long for `sun_path`).
 pub(super) fn connect_control(vm_dir: &Path) -> Result<UnixStream, ControlError> {
-    let path = checkpoint::control_socket(vm_dir);
+    let path = control_socket(vm_dir);
     let dir = fs::File::open(vm_dir)
         .map_err(|source| ControlError::NoDirectory { dir: vm_dir.to_owned(), source })?;
-    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), checkpoint::CONTROL_SOCKET));
+    let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), CONTROL_SOCKET));
     let target = if path.as_os_str().len() < 100 { path.clone() } else { short };
     UnixStream::connect(&target).map_err(|source| ControlError::Unreachable { path, source })
 }

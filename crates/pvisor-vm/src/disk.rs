@@ -16,7 +16,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::checkpoint::{DELTA, LOWER, UPPER};
+use pvisor_sandbox::checkpoint::{DELTA, LOWER, UPPER};
 
 /// Virtual size of the base image disk: the largest workspace a vm Job takes.
 pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;

@@ -13,7 +13,7 @@
 //! - `forward`: one JSON [`ControlResponse`] line; after `forwarded`, the
 //!   connection is a byte stream to a service on guest `127.0.0.1:port`.
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -22,8 +22,7 @@ use pvisor_agent_proto::{read_frame, Reply, Request};
 
 pub use pvisor_sandbox::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
-use super::checkpoint::{ControlRequest, ControlResponse};
-use super::control::ControlError;
+use super::control::{ControlError, ControlRequest, ControlResponse};
 
 /// Starts `spec` in the VM whose Attempt directory holds `vm_dir`.
 pub fn exec(vm_dir: &Path, spec: ExecSpec) -> Result<ExecChannel, ControlError> {
@@ -92,14 +91,4 @@ pub fn forward(vm_dir: &Path, port: u16) -> Result<UnixStream, ControlError> {
         Ok(other) => Err(ControlError::Unexpected(format!("{other:?}"))),
         Err(e) => Err(ControlError::Garbage(e)),
     }
-}
-
-/// Reads a `call`'s payload that follows its request line.
-pub(super) fn read_payload(reader: &mut impl Read, len: u32) -> io::Result<Vec<u8>> {
-    if len > pvisor_agent_proto::MAX_PAYLOAD {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "payload exceeds the protocol limit"));
-    }
-    let mut payload = vec![0; len as usize];
-    reader.read_exact(&mut payload)?;
-    Ok(payload)
 }

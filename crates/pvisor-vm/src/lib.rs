@@ -29,6 +29,7 @@
 
 pub mod checkpoint;
 mod control;
+mod credit;
 mod disk;
 mod export;
 pub mod guest;
@@ -47,8 +48,8 @@ pub mod virtiofs;
 
 use std::path::{Path, PathBuf};
 
-pub use checkpoint::{ControlRequest, ControlResponse, ExecCheckpoint};
-pub use control::{control, ControlError};
+pub use checkpoint::ExecCheckpoint;
+pub use control::{control, ControlError, ControlRequest, ControlResponse};
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;

@@ -11,8 +11,9 @@ use std::time::Duration;
 use pvisor_sandbox::capabilities::{CapabilityError, Checkpointable, GuestAccess};
 use pvisor_sandbox::{Executor, SandboxError};
 
+use super::control::control_socket;
 use super::guest::{self, ExecChannel, ExecSpec};
-use super::{checkpoint, ControlRequest, ControlResponse, ExecCheckpoint, VmExecutor};
+use super::{ControlRequest, ControlResponse, ExecCheckpoint, VmExecutor};
 use pvisor_agent_proto::{Reply, Request};
 
 /// Reaches running VMs through their supervisors; holds no state, so one
@@ -23,7 +24,7 @@ pub struct VmControl;
 impl VmControl {
     fn vm_dir(attempt_dir: &Path) -> Result<PathBuf, CapabilityError> {
         let dir = attempt_dir.join("vm");
-        if checkpoint::control_socket(&dir).exists() {
+        if control_socket(&dir).exists() {
             Ok(dir)
         } else {
             Err(CapabilityError::Unreachable(format!(

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use pvisor_agent_proto::{write_frame, Request};
 
-use super::link::{Credit, Credits};
+use super::credit::{Credit, Credits};
 
 /// Concurrent proxy connections one guest may hold open.
 pub(super) const MAX_STREAMS: usize = 256;
