@@ -52,7 +52,7 @@ fn check(
 
 /// Runs `true` in a real sandbox over a scratch workspace under `scratch`;
 /// returns the host mounts whose Unix sockets stay reachable (see
-/// `ns/host_view.rs`).
+/// `host_view.rs` in pvisor-ns).
 pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, String> {
     let ws = scratch.join("ws");
     let stage = scratch.join("stage");

@@ -52,11 +52,11 @@ pub struct SandboxSpec {
     #[serde(default)]
     pub start_at_coarse_ns: Option<i128>,
     /// Cache mounts (`--cache`): writable at their host path, persisted in
-    /// pvisor's cache store, never staged (see `ns/host_view.rs`).
+    /// pvisor's cache store, never staged (see `host_view.rs` in pvisor-ns).
     #[serde(default)]
     pub caches: Vec<CacheMount>,
     /// Host Unix sockets the command may connect to (`--expose-socket`);
-    /// every other host socket is unreachable (see `ns/host_view.rs`).
+    /// every other host socket is unreachable (see `host_view.rs` in pvisor-ns).
     #[serde(default)]
     pub exposed_sockets: Vec<PathBuf>,
     pub program: String,
@@ -65,7 +65,7 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     pub hostname: String,
     pub network: NetworkAttachment,
-    /// Install the seccomp deny-list on the command (see `ns/seccomp.rs`).
+    /// Install the seccomp deny-list on the command (see `seccomp.rs` in pvisor-ns).
     pub seccomp: bool,
     /// Resource limits (see `limits.rs`).
     #[serde(default)]

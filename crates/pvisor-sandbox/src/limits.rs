@@ -230,7 +230,7 @@ pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
     std::mem::take(&mut dry.report).into_iter().filter(|e| !e.enforced()).collect()
 }
 
-/// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
+/// How a disk quota is enforced by the `ns` executor (see `memory_stage.rs` in pvisor-ns).
 pub fn disk(bytes: u64) -> Enforcement {
     Enforcement {
         limit: LimitKind::Disk,
