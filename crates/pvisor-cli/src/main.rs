@@ -11,8 +11,8 @@ use pvisor_cli::{cli, commands, exit};
 
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
-    pvisor_sandbox::ns::maybe_run_helper();
-    pvisor_sandbox::doctor::maybe_run_probe();
+    pvisor_ns::maybe_run_helper();
+    crate::doctor::maybe_run_probe();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

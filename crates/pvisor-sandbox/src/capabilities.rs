@@ -19,15 +19,16 @@
 //!   from instead of booting (built ahead of time, listed, removed).
 //!
 //! The `ns` backend offers none (a process tree has no portable machine
-//! state and no agent); the `vm` backend offers both ([`crate::vm::VmControl`]).
+//! state and no agent); the `vm` backend offers both (`pvisor_vm::VmControl`).
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::vm::guest::{ExecChannel, ExecSpec};
-use crate::vm::ExecCheckpoint;
+use crate::checkpoint::ExecCheckpoint;
+use crate::guest::{ExecChannel, ExecSpec};
+use crate::templates::{Swept, TemplateListing};
 use crate::{Executor, SandboxError};
 
 pub use pvisor_agent_proto::{EntryKind, FileOp, FileStat, Reply, Request};
@@ -87,19 +88,19 @@ pub trait GuestAccess: Send + Sync + std::fmt::Debug {
     fn connect(&self, attempt_dir: &Path, port: u16) -> Result<UnixStream, CapabilityError>;
 }
 
-/// A backend's start templates (the `vm` backend's, [`crate::vm::template`]).
+/// A backend's start templates (the `vm` backend's).
 pub trait Templates: Send + Sync {
     /// Builds (or verifies) the template a start with `limits` restores;
     /// `built` says whether this call built it.
-    fn warm(&self, limits: &crate::limits::Limits) -> Result<WarmedTemplate, String>;
+    fn warm(&self, limits: &crate::limits::Limits) -> Result<WarmedTemplate, CapabilityError>;
     /// Every template kept, current or stale.
-    fn list(&self) -> Vec<crate::vm::template::TemplateListing>;
+    fn list(&self) -> Vec<TemplateListing>;
     /// Removes one template (not while a clone is starting from it); bytes freed.
-    fn remove(&self, id: &str) -> Result<u64, String>;
+    fn remove(&self, id: &str) -> Result<u64, CapabilityError>;
     /// Removes stale templates (built for another image or QEMU), corrupt
     /// ones moved aside and partial builds of killed builders: what went
     /// (or, with `dry_run`, would go).
-    fn sweep(&self, dry_run: bool) -> Vec<crate::vm::template::Swept>;
+    fn sweep(&self, dry_run: bool) -> Vec<Swept>;
 }
 
 /// What [`Templates::warm`] did.

@@ -1,18 +1,23 @@
-//! pvisor-sandbox: the [`Executor`] trait and its backends.
+//! pvisor-sandbox: the [`Executor`] trait and what every backend shares.
 //!
 //! An executor turns a [`SandboxSpec`] (what to run, which workspace, where the
 //! stage is) into a running, isolated process tree and reports how it ended.
 //! It knows nothing about Jobs, records or receipts; the runtime (`pvisor`)
-//! owns those. Backends:
-//! - [`ns`]: Linux user/mount/pid/ipc/uts/net namespaces with the workspace as
-//!   an overlayfs whose upper layer is the Run's stage.
-//! - [`vm`]: a QEMU microVM per Attempt with `pvisor-agent` as its PID 1; the
+//! owns those. This crate is the boundary between the runtime and the
+//! backends: the traits, the spec and the report, the errors, the
+//! [`capabilities`] of a running sandbox and the neutral types they name
+//! (execution checkpoints, guest commands, start templates), resource
+//! [`limits`], and the system-call wrappers both backends use. It holds no
+//! backend. The backends are their own crates, and neither depends on the other:
+//! - `pvisor-ns`: Linux user/mount/pid/ipc/uts/net namespaces with the
+//!   workspace as an overlayfs whose upper layer is the Run's stage.
+//! - `pvisor-vm`: a QEMU microVM per Attempt with `pvisor-agent` as its PID 1; the
 //!   guest's overlay upper layer is exported into the same stage format, and
 //!   a running VM can be checkpointed, suspended, resumed and forked.
 //!
-//! Binaries that embed an executor must call [`ns::maybe_run_helper`] first
-//! thing in `main`: the `ns` backend re-executes the current binary as a small,
-//! single-threaded helper that builds the namespaces (see `ns/helper.rs`).
+//! Binaries that embed the `ns` executor must call its `maybe_run_helper`
+//! first thing in `main`: it re-executes the current binary as a small,
+//! single-threaded helper that builds the namespaces.
 
 // clippy.toml's lints are allowed in this crate as a whole: it drives the
 // kernel, writing cgroup, procfs and sysfs files (no record of the store's);
@@ -21,11 +26,11 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
 pub mod capabilities;
-pub mod doctor;
+pub mod checkpoint;
+pub mod guest;
 pub mod limits;
-pub mod ns;
-mod sys;
-pub mod vm;
+pub mod sys;
+pub mod templates;
 
 use std::io;
 use std::path::PathBuf;
@@ -53,11 +58,11 @@ pub struct SandboxSpec {
     #[serde(default)]
     pub start_at_coarse_ns: Option<i128>,
     /// Cache mounts (`--cache`): writable at their host path, persisted in
-    /// pvisor's cache store, never staged (see `ns/host_view.rs`).
+    /// pvisor's cache store, never staged (see `host_view.rs` in pvisor-ns).
     #[serde(default)]
     pub caches: Vec<CacheMount>,
     /// Host Unix sockets the command may connect to (`--expose-socket`);
-    /// every other host socket is unreachable (see `ns/host_view.rs`).
+    /// every other host socket is unreachable (see `host_view.rs` in pvisor-ns).
     #[serde(default)]
     pub exposed_sockets: Vec<PathBuf>,
     pub program: String,
@@ -66,14 +71,37 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     pub hostname: String,
     pub network: NetworkAttachment,
-    /// Install the seccomp deny-list on the command (see `ns/seccomp.rs`).
+    /// Install the seccomp deny-list on the command (see `seccomp.rs` in pvisor-ns).
     pub seccomp: bool,
     /// Resource limits (see `limits.rs`).
     #[serde(default)]
     pub limits: limits::Limits,
     /// The `vm` backend's directories and restore source (`None` for `ns`).
     #[serde(default)]
-    pub vm: Option<vm::VmSpec>,
+    pub vm: Option<VmSpec>,
+}
+
+/// What the `vm` backend needs beyond the common spec.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VmSpec {
+    /// The Attempt's private directory: disks, console log, control socket.
+    pub dir: PathBuf,
+    /// Where this Run's execution checkpoints are written.
+    pub checkpoints: PathBuf,
+    /// An execution checkpoint to restore instead of booting (resume, fork).
+    pub restore: Option<PathBuf>,
+    /// Opaque facts of the runtime (job, attempt, baseline), copied into
+    /// every checkpoint manifest.
+    pub context: serde_json::Value,
+    /// The network namespace whose interface the guest's NIC takes over
+    /// ([`NetworkAttachment::Namespace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_namespace: Option<PathBuf>,
+    /// Host directories the guest mounts live through virtiofs
+    /// (virtiofs): such a VM boots (its RAM is shared with virtiofsd)
+    /// and cannot be checkpointed (vhost-user-fs is not migratable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
 }
 
 /// One `--cache PATH`: the host directory is the read-only lower layer, and
@@ -158,7 +186,7 @@ pub enum Termination {
     Vanished { detail: String },
     /// The VM was saved to an execution checkpoint and then stopped; `qemu`
     /// says how the QEMU process ended (it has been reaped).
-    Suspended { checkpoint: Box<vm::ExecCheckpoint>, qemu: String },
+    Suspended { checkpoint: Box<checkpoint::ExecCheckpoint>, qemu: String },
 }
 
 /// What an executor observed about a finished command.
@@ -288,7 +316,9 @@ impl std::fmt::Debug for Signaller {
 }
 
 impl Signaller {
-    pub(crate) fn pidfd(
+    /// A signaller through the pidfd of the sandbox's helper; `signalled`
+    /// is set before each signal.
+    pub fn pidfd(
         pidfd: std::sync::Arc<std::os::fd::OwnedFd>,
         signalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> Self {

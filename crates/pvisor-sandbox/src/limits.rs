@@ -78,7 +78,7 @@ impl std::fmt::Display for Mechanism {
 
 /// The cgroups made for one run, and the rlimits for the helper to set.
 #[derive(Debug, Default)]
-pub(crate) struct Applied {
+pub struct Applied {
     pub report: Vec<Enforcement>,
     /// `cgroup.procs` files the helper writes its pid into.
     pub join: Vec<PathBuf>,
@@ -110,20 +110,31 @@ fn unified() -> bool {
     Path::new(ROOT).join("cgroup.controllers").exists()
 }
 
+/// Why a cgroup v1 cgroup for a run could not be made.
+#[derive(Debug, thiserror::Error)]
+enum CgroupError {
+    #[error("no {0} cgroup for this process")]
+    NoOwn(String),
+    #[error("cannot create {}: {source}", path.display())]
+    Create { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
 /// Makes `<hierarchy>/<own path>/<name>` and writes `settings` into it.
 fn make(
     hierarchy: &Path,
     controller: &str,
     name: &str,
     settings: &[(&str, String)],
-) -> Result<PathBuf, String> {
-    let own = own_cgroup(controller).ok_or_else(|| format!("no {controller} cgroup for this process"))?;
+) -> Result<PathBuf, CgroupError> {
+    let own = own_cgroup(controller).ok_or_else(|| CgroupError::NoOwn(controller.to_owned()))?;
     let dir = hierarchy.join(own.trim_start_matches('/')).join(name);
-    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    fs::create_dir_all(&dir).map_err(|source| CgroupError::Create { path: dir.clone(), source })?;
     for (file, value) in settings {
-        if let Err(e) = fs::write(dir.join(file), value) {
+        if let Err(source) = fs::write(dir.join(file), value) {
             let _ = fs::remove_dir(&dir);
-            return Err(format!("cannot write {}: {e}", dir.join(file).display()));
+            return Err(CgroupError::Write { path: dir.join(file), source });
         }
     }
     Ok(dir)
@@ -151,7 +162,7 @@ fn join_shared_v1(
     kind: LimitKind,
     setting: (&str, String),
     value: String,
-) -> Result<(), String> {
+) -> Result<(), CgroupError> {
     let (file, limit) = setting;
     let controller = kind.as_str();
     let dir = make(&Path::new(ROOT).join(controller), controller, SHARED_DEFAULT, &[(file, limit)])?;
@@ -219,8 +230,8 @@ pub fn unenforceable(limits: &Limits) -> Vec<Enforcement> {
     std::mem::take(&mut dry.report).into_iter().filter(|e| !e.enforced()).collect()
 }
 
-/// How a disk quota is enforced by the `ns` executor (see `ns/memory_stage.rs`).
-pub(crate) fn disk(bytes: u64) -> Enforcement {
+/// How a disk quota is enforced by the `ns` executor (see `memory_stage.rs` in pvisor-ns).
+pub fn disk(bytes: u64) -> Enforcement {
     Enforcement {
         limit: LimitKind::Disk,
         value: human_bytes(bytes),
@@ -237,7 +248,7 @@ pub(crate) fn disk(bytes: u64) -> Enforcement {
 /// `/tmp` a half, `/dev/shm` a quarter, `/run` an eighth, `/dev` (device
 /// nodes and links only) at most 1 MiB. A write past a size fails with `ENOSPC`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TmpfsSizes {
+pub struct TmpfsSizes {
     pub tmp: u64,
     pub shm: u64,
     pub run: u64,
@@ -245,7 +256,7 @@ pub(crate) struct TmpfsSizes {
 }
 
 impl TmpfsSizes {
-    pub(crate) fn for_limits(limits: &Limits) -> Self {
+    pub fn for_limits(limits: &Limits) -> Self {
         let budget = limits.memory_bytes.unwrap_or_else(|| host_ram() / 2);
         // Never 0, which the kernel reads as "unlimited".
         let size = |bytes: u64| bytes.max(MIN_TMPFS);
@@ -267,7 +278,7 @@ fn host_ram() -> u64 {
 }
 
 /// Sets up cgroups (or rlimits) for `limits`; `name` names the run's cgroup.
-pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
+pub fn apply(limits: &Limits, name: &str) -> Applied {
     let mut out = Applied::default();
     let v2 = unified();
     let period = 100_000u64;
@@ -351,7 +362,7 @@ pub(crate) fn apply(limits: &Limits, name: &str) -> Applied {
             pids_is_default: limits.pids_is_default,
             ..Limits::default()
         };
-        out = fallback(&only, out, &reason);
+        out = fallback(&only, out, &reason.to_string());
     }
     out
 }
@@ -507,7 +518,7 @@ fn fallback(limits: &Limits, mut out: Applied, reason: &str) -> Applied {
 
 impl Applied {
     /// Whether the kernel's OOM killer acted in the run's memory cgroup.
-    pub(crate) fn oom_killed(&self) -> bool {
+    pub fn oom_killed(&self) -> bool {
         let Some(file) = &self.oom_file else { return false };
         fs::read_to_string(file).ok().is_some_and(|text| {
             text.lines().any(|l| {
@@ -518,7 +529,7 @@ impl Applied {
     }
 
     /// Removes the run's cgroups (they are empty once the sandbox is gone).
-    pub(crate) fn remove(&mut self) {
+    pub fn remove(&mut self) {
         for dir in self.dirs.drain(..) {
             for _ in 0..50 {
                 if fs::remove_dir(&dir).is_ok() || !dir.exists() {

@@ -22,7 +22,7 @@ use rustix::net::{
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 /// Converts `rc == -1` into the current `errno`.
-pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
+pub fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
     if rc == -1 {
         Err(io::Error::last_os_error())
     } else {
@@ -33,39 +33,39 @@ pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
 /// Builds a C string from a path; paths with NUL bytes cannot exist on Linux.
 /// The one C-string helper of the crate: everything that needs a `CString`
 /// of a path or name comes here.
-pub(crate) fn cpath(path: &Path) -> io::Result<CString> {
+pub fn cpath(path: &Path) -> io::Result<CString> {
     cstr(path.as_os_str())
 }
 
-pub(crate) fn cstr(s: &OsStr) -> io::Result<CString> {
+pub fn cstr(s: &OsStr) -> io::Result<CString> {
     CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// The named signal `signal` (rustix has no value for unnamed numbers).
-pub(crate) fn signal(signal: i32) -> io::Result<Signal> {
+pub fn signal(signal: i32) -> io::Result<Signal> {
     Signal::from_named_raw(signal).ok_or_else(|| io::Error::from(Errno::INVAL))
 }
 
 /// A process id; 0 and negative numbers (process groups) are refused.
-pub(crate) fn pid(pid: libc::pid_t) -> io::Result<Pid> {
+pub fn pid(pid: libc::pid_t) -> io::Result<Pid> {
     Pid::from_raw(pid).ok_or_else(|| io::Error::from(Errno::INVAL))
 }
 
-pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     Ok(rustix::process::pidfd_open(self::pid(pid)?, PidfdFlags::empty())?)
 }
 
-pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+pub fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
     Ok(rustix::process::pidfd_send_signal(pidfd, self::signal(signal)?)?)
 }
 
 /// Creates a pipe with both ends close-on-exec.
-pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// The standard descriptor `fd` (0, 1 or 2; anything else is stderr).
-pub(crate) fn stdio(fd: RawFd) -> BorrowedFd<'static> {
+pub fn stdio(fd: RawFd) -> BorrowedFd<'static> {
     match fd {
         0 => rustix::stdio::stdin(),
         1 => rustix::stdio::stdout(),
@@ -74,7 +74,7 @@ pub(crate) fn stdio(fd: RawFd) -> BorrowedFd<'static> {
 }
 
 /// Writes all of `buf`, retrying on EINTR and short writes.
-pub(crate) fn write_all(fd: impl AsFd, mut buf: &[u8]) -> io::Result<()> {
+pub fn write_all(fd: impl AsFd, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         match rustix::io::write(&fd, buf) {
             Ok(n) => buf = &buf[n..],
@@ -87,7 +87,7 @@ pub(crate) fn write_all(fd: impl AsFd, mut buf: &[u8]) -> io::Result<()> {
 
 /// Returns a signal set holding `signals`. The signal calls stay on raw
 /// `libc`: rustix offers masks and `sigwaitinfo` only as unsafe runtime calls.
-pub(crate) fn sigset(signals: &[i32]) -> libc::sigset_t {
+pub fn sigset(signals: &[i32]) -> libc::sigset_t {
     // SAFETY: sigemptyset initialises the zeroed set; sigaddset only adds members.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -100,7 +100,7 @@ pub(crate) fn sigset(signals: &[i32]) -> libc::sigset_t {
 }
 
 /// Replaces the calling thread's signal mask.
-pub(crate) fn set_sigmask(how: libc::c_int, set: &libc::sigset_t) -> io::Result<()> {
+pub fn set_sigmask(how: libc::c_int, set: &libc::sigset_t) -> io::Result<()> {
     // SAFETY: `set` is an initialised signal set; the old mask is not needed.
     let rc = unsafe { libc::pthread_sigmask(how, set, std::ptr::null_mut()) };
     if rc != 0 {
@@ -110,7 +110,7 @@ pub(crate) fn set_sigmask(how: libc::c_int, set: &libc::sigset_t) -> io::Result<
 }
 
 /// Waits for one of the blocked signals in `set`.
-pub(crate) fn sigwait(set: &libc::sigset_t) -> io::Result<i32> {
+pub fn sigwait(set: &libc::sigset_t) -> io::Result<i32> {
     loop {
         // SAFETY: `set` is initialised; siginfo is not needed.
         let sig = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
@@ -127,10 +127,7 @@ pub(crate) fn sigwait(set: &libc::sigset_t) -> io::Result<i32> {
 /// `wait4(pid, options)`: a reaped child (`pid` -1: any) with its wait
 /// status and resource usage; `None` when `WNOHANG` found none to reap.
 /// Raw `libc`: rustix has no wait4, and the usage is what callers want.
-pub(crate) fn wait4(
-    pid: libc::pid_t,
-    options: libc::c_int,
-) -> io::Result<Option<(libc::pid_t, i32, crate::Usage)>> {
+pub fn wait4(pid: libc::pid_t, options: libc::c_int) -> io::Result<Option<(libc::pid_t, i32, crate::Usage)>> {
     let mut status = 0;
     let mut usage = MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: wait4 writes only into `status` and `usage`, both valid.
@@ -153,14 +150,14 @@ pub(crate) fn wait4(
 }
 
 /// Asks the kernel to SIGKILL the caller when its parent exits.
-pub(crate) fn die_with_parent() -> io::Result<()> {
+pub fn die_with_parent() -> io::Result<()> {
     Ok(rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?)
 }
 
 /// `mount(2)` with the classic flag word (`MS_*`, as libc spells them).
 /// A `None` source or type is passed as an empty string: the kernel reads
 /// neither for the bind, remount and propagation changes that omit them.
-pub(crate) fn mount(
+pub fn mount(
     source: Option<&str>,
     target: &Path,
     fstype: Option<&str>,
@@ -184,7 +181,7 @@ struct MountAttr {
 
 /// Sets mount attributes on the mount at `path` (and every mount below it,
 /// when `recursive`). Raw: rustix has no `mount_setattr(2)`.
-pub(crate) fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
+pub fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::Result<()> {
     let target = cpath(path)?;
     let attr = MountAttr { attr_set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     // SAFETY: a valid path, AT_RECURSIVE, and a correctly sized mount_attr.
@@ -201,23 +198,23 @@ pub(crate) fn mount_setattr(path: &Path, attr_set: u64, recursive: bool) -> io::
     Ok(())
 }
 
-pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
-pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
-pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 /// Opens `path` as an `O_PATH` directory descriptor (close-on-exec).
-pub(crate) fn open_path(path: &Path) -> io::Result<OwnedFd> {
+pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
 }
 
 /// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS), with one data byte.
-pub(crate) fn send_fd(sock: impl AsFd, fd: BorrowedFd<'_>) -> io::Result<()> {
+pub fn send_fd(sock: impl AsFd, fd: BorrowedFd<'_>) -> io::Result<()> {
     send_fd_with(sock, fd, &[0u8])
 }
 
 /// Sends `data` with `fd` attached (SCM_RIGHTS); the rest of `data`, if the
 /// kernel took only part of it, follows as plain writes.
-pub(crate) fn send_fd_with(sock: impl AsFd, fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+pub fn send_fd_with(sock: impl AsFd, fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [fd];
@@ -227,7 +224,7 @@ pub(crate) fn send_fd_with(sock: impl AsFd, fd: BorrowedFd<'_>, data: &[u8]) -> 
 }
 
 /// Receives one descriptor sent with [`send_fd`]; `None` if the peer closed.
-pub(crate) fn recv_fd(sock: impl AsFd) -> io::Result<Option<OwnedFd>> {
+pub fn recv_fd(sock: impl AsFd) -> io::Result<Option<OwnedFd>> {
     let mut byte = [0u8; 1];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -253,7 +250,7 @@ pub(crate) fn recv_fd(sock: impl AsFd) -> io::Result<Option<OwnedFd>> {
 /// pid as this process's pid namespace sees it. Raw `libc`: rustix's
 /// `UCred` holds a nonzero `Pid`, but the kernel reports pid 0 for a peer
 /// outside our pid namespace, which is exactly the peer this must refuse.
-pub(crate) fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::uid_t)> {
+pub fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::uid_t)> {
     // SAFETY: zeroed ucred is a valid out-parameter.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -273,7 +270,7 @@ pub(crate) fn peer_credentials(sock: RawFd) -> io::Result<(libc::pid_t, libc::ui
 
 /// Whether `pid` shares this process's user and mount namespaces: it is not
 /// inside any sandbox (each has its own of both).
-pub(crate) fn shares_namespaces(pid: libc::pid_t) -> bool {
+pub fn shares_namespaces(pid: libc::pid_t) -> bool {
     ["user", "mnt"].iter().all(|ns| {
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"));
         let ours = std::fs::read_link(format!("/proc/self/ns/{ns}"));

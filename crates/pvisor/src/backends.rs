@@ -9,10 +9,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pvisor_ns::NsExecutor;
 use pvisor_sandbox::capabilities::{Checkpointable, GuestAccess, Templates};
-use pvisor_sandbox::ns::NsExecutor;
-use pvisor_sandbox::vm::{VmControl, VmExecutor};
 use pvisor_sandbox::{Executor, Unavailable};
+use pvisor_vm::{VmControl, VmExecutor};
 
 /// The executors and capabilities of each backend, by the name recorded in
 /// a Job's Placement (`ns`, `vm`).

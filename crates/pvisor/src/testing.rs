@@ -33,14 +33,14 @@ use std::time::Duration;
 use pvisor_agent_proto::{read_frame, write_frame, EntryKind, FileOp, FileStat, Reply, Request};
 use pvisor_core::ids::CheckpointId;
 use pvisor_core::time::Timestamp;
-use pvisor_sandbox::vm::checkpoint::{CheckpointFile, KIND, LOWER, MANIFEST, STATE, UPPER};
-use pvisor_sandbox::vm::guest::{ExecChannel, ExecSpec};
+use pvisor_vm::checkpoint::{CheckpointFile, KIND, LOWER, MANIFEST, STATE, UPPER};
+use pvisor_vm::guest::{ExecChannel, ExecSpec};
 
 use pvisor_sandbox::capabilities::{CapabilityError, Checkpointable, GuestAccess};
-use pvisor_sandbox::vm::ExecCheckpoint;
 use pvisor_sandbox::{
     Executor, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination, Usage,
 };
+use pvisor_vm::ExecCheckpoint;
 
 use crate::backends::Backends;
 
@@ -339,10 +339,10 @@ impl FakeCheckpointer {
             kind: KIND.into(),
             created_at: Timestamp::now(),
             image: "fake".into(),
-            machine: pvisor_sandbox::vm::MachineConfig {
+            machine: pvisor_vm::MachineConfig {
                 memory_mib: 256,
                 cpus: 1,
-                accelerator: pvisor_sandbox::vm::Accelerator::Tcg,
+                accelerator: pvisor_vm::Accelerator::Tcg,
                 ram: Default::default(),
             },
             workspace: live.workspace.clone(),
@@ -563,7 +563,7 @@ impl FakeGuest {
         let failed = |e: std::io::Error| CapabilityError::Failed(format!("the fake guest: {e}"));
         std::fs::create_dir_all(&dir).map_err(failed)?;
         let listener =
-            UnixListener::bind(dir.join(pvisor_sandbox::vm::checkpoint::CONTROL_SOCKET)).map_err(failed)?;
+            UnixListener::bind(dir.join(pvisor_vm::checkpoint::CONTROL_SOCKET)).map_err(failed)?;
         Ok((dir, listener))
     }
 
@@ -584,7 +584,7 @@ impl FakeGuest {
             let _ = std::fs::remove_dir_all(&socket_dir);
             guest.serve_exec(stream, id, pid, run, tx, rx);
         });
-        pvisor_sandbox::vm::guest::exec(&dir, spec).map_err(CapabilityError::Failed)
+        pvisor_vm::guest::exec(&dir, spec).map_err(CapabilityError::Failed)
     }
 
     fn serve_exec(
@@ -672,7 +672,7 @@ impl FakeGuest {
             };
             let _ = write_frame(&mut stream, &Reply::Exited { id, code: ended.0, signal: ended.1 }, &[]);
         });
-        pvisor_sandbox::vm::guest::attach(&dir, id).map_err(CapabilityError::Failed)
+        pvisor_vm::guest::attach(&dir, id).map_err(CapabilityError::Failed)
     }
 
     fn call(&self, request: &Request, payload: &[u8]) -> Result<(Reply, Vec<u8>), CapabilityError> {

@@ -16,7 +16,7 @@ use pvisor::actions::Status;
 use pvisor::{JobService, JobStatus, ReceiptStatus, RunRequest, Runtime, RuntimeError};
 use pvisor_core::state::JobState;
 use pvisor_core::store::Store;
-use pvisor_sandbox::ns::NsExecutor;
+use pvisor_ns::NsExecutor;
 
 /// A Job's status, read through the runtime's door.
 fn status(store: &Store, job: &pvisor_core::ids::JobId) -> Result<JobStatus, RuntimeError> {
@@ -124,7 +124,7 @@ async fn a_cancel_handle_forwards_the_signal() {
 type TestCase = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
 fn main() {
-    pvisor_sandbox::ns::maybe_run_helper();
+    pvisor_ns::maybe_run_helper();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let tests: Vec<(&str, TestCase)> = vec![
         (

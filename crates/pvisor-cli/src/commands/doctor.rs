@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use pvisor_sandbox::doctor::{self, Status};
+use crate::doctor::{self, Status};
 
 use crate::cli::DoctorArgs;
 use crate::output::json_line;

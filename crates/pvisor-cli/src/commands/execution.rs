@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use pvisor::actions::{CheckpointExecution, PrepareExecutionFork, ResolveJob, Resume, Suspend};
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
-use pvisor_sandbox::vm::{self, ExecCheckpoint};
+use pvisor_vm::{self as vm, ExecCheckpoint};
 
 use crate::cli::{ForkArgs, ResumeArgs, SuspendArgs};
 use crate::output::json_line;

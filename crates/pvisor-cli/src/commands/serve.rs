@@ -4,9 +4,10 @@
 use anyhow::{bail, Context};
 
 use pvisor::Runtime;
-use pvisor_sandbox::vm::VmExecutor;
+use pvisor_vm::VmExecutor;
 use pvisor_server::images::ImageStore;
 use pvisor_server::supervisor::{Supervisor, SupervisorOptions};
+use pvisor_vm::VmExecutor;
 
 use crate::cli::{ImageArgs, ImageCommand, SandboxSupervisorArgs, ServeArgs};
 use crate::output::json_line;

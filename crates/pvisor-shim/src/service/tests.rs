@@ -308,7 +308,7 @@ fn checkpoint_records_a_verifiable_execution_checkpoint_and_the_task_runs_on() {
         .unwrap()
         .run;
     let dir = s.runtime.store().exec_checkpoints_dir(&run).join(record["checkpoint"].as_str().unwrap());
-    pvisor_sandbox::vm::checkpoint::verify(&dir).unwrap();
+    pvisor_vm::checkpoint::verify(&dir).unwrap();
     assert_eq!(s.status("c1"), api::Status::RUNNING);
     s.kill("c1", 9).unwrap();
     s.wait("c1", "");

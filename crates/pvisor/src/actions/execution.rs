@@ -16,8 +16,8 @@ use pvisor_core::records::CheckpointManifest;
 use pvisor_core::state::JobState;
 use pvisor_core::store::OwnerLock;
 use pvisor_sandbox::capabilities::Checkpointable;
-use pvisor_sandbox::vm::ExecCheckpoint;
 use pvisor_sandbox::Executor;
+use pvisor_vm::ExecCheckpoint;
 
 use super::{Action, LiveJob, Runtime, RuntimeError};
 use crate::admission::ExecutionFork;

@@ -20,7 +20,7 @@ use pvisor_sandbox::capabilities::GuestAccess;
 /// symlinks the way the guest will. One definition, shared with the agent.
 pub use pvisor_agent_proto::{resolve_in_root, EntryKind, FileOp, FileStat, Reply, Request, TerminalSize};
 pub use pvisor_sandbox::capabilities::CapabilityError;
-pub use pvisor_sandbox::vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
+pub use pvisor_vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 
 /// The Operation of a Job that exists to hold a guest open while its real
 /// work arrives as guest execs (`pvisor serve`'s sandboxes, the containerd

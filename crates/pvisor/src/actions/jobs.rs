@@ -190,7 +190,7 @@ impl Action for Gc {
     fn perform(self, runtime: &Runtime) -> Result<GcReport, RuntimeError> {
         let mut report = gc::gc(&runtime.store, self.age, self.dry_run, self.force)?;
         // Templates nothing can restore any more: stale, corrupt, half-built.
-        let kept = runtime.store.root().join(pvisor_sandbox::vm::template::DIR).is_dir();
+        let kept = runtime.store.root().join(pvisor_vm::template::DIR).is_dir();
         if let Some(templates) = kept.then(|| super::templates::kept(runtime)).flatten() {
             report.freed.extend(templates.sweep(self.dry_run).into_iter().map(|s| gc::Freed {
                 what: s.what,

@@ -14,8 +14,8 @@
 //! | [`Resume`] | [`ManagedJobRun`](crate::ManagedJobRun) |
 //! | [`PrepareExecutionFork`] | [`ExecutionForkSource`] |
 //! | [`CheckpointWorkspace`] | the checkpoint manifest and its hold |
-//! | [`CheckpointExecution`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint) |
-//! | [`Suspend`] | [`ExecCheckpoint`](pvisor_sandbox::vm::ExecCheckpoint), once the Job is `suspended` |
+//! | [`CheckpointExecution`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint) |
+//! | [`Suspend`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint), once the Job is `suspended` |
 //! | [`Kill`] | [`Killed`](crate::Killed) |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |

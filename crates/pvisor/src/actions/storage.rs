@@ -117,13 +117,13 @@ mod tests {
         // What a killed vm supervisor would have left.
         let vm_dir = store.attempt_dir(&outcome.attempt).join("vm");
         std::fs::create_dir_all(&vm_dir).unwrap();
-        std::fs::write(vm_dir.join(pvisor_sandbox::vm::checkpoint::UPPER), b"disk").unwrap();
+        std::fs::write(vm_dir.join(pvisor_vm::checkpoint::UPPER), b"disk").unwrap();
         let checkpoints = store.exec_checkpoints_dir(&outcome.run);
         std::fs::create_dir_all(checkpoints.join("ckpt")).unwrap();
 
         let released = runtime.execute(ReleaseStorage { job: outcome.job.clone() }).unwrap();
         assert!(released.warnings.is_empty(), "{:?}", released.warnings);
-        assert!(!vm_dir.join(pvisor_sandbox::vm::checkpoint::UPPER).exists());
+        assert!(!vm_dir.join(pvisor_vm::checkpoint::UPPER).exists());
         assert!(!checkpoints.exists());
         let status = runtime.execute(Status { job: outcome.job.clone() }).unwrap();
         assert_eq!(status.state, JobState::Completed, "the records stay");

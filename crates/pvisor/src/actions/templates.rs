@@ -4,7 +4,7 @@
 
 use pvisor_core::records::ResourceLimits;
 use pvisor_sandbox::capabilities::{Templates, WarmedTemplate};
-use pvisor_sandbox::vm::template::TemplateListing;
+use pvisor_vm::template::TemplateListing;
 
 use super::{Action, Runtime, RuntimeError};
 
@@ -34,7 +34,7 @@ impl Action for WarmTemplate {
     type Outcome = WarmedTemplate;
 
     fn perform(self, runtime: &Runtime) -> Result<WarmedTemplate, RuntimeError> {
-        templates(runtime)?.warm(&self.limits).map_err(RuntimeError::Template)
+        templates(runtime)?.warm(&self.limits).map_err(|e| RuntimeError::Template(e.to_string()))
     }
 }
 
@@ -62,6 +62,6 @@ impl Action for RemoveTemplate {
     type Outcome = u64;
 
     fn perform(self, runtime: &Runtime) -> Result<u64, RuntimeError> {
-        templates(runtime)?.remove(&self.id).map_err(RuntimeError::Template)
+        templates(runtime)?.remove(&self.id).map_err(|e| RuntimeError::Template(e.to_string()))
     }
 }

@@ -627,7 +627,7 @@ fn an_unknown_backend_is_named_with_the_ones_that_exist() {
 
 use crate::testing::{FakeGuest, GuestRun};
 use pvisor_agent_proto::{FileOp, Reply, Request};
-use pvisor_sandbox::vm::guest::ExecSpec;
+use pvisor_vm::guest::ExecSpec;
 
 /// A fixture whose `fake` backend saves, suspends, restores and has a
 /// guest; with the Tokio runtime its Sessions run on (two workers, so an
@@ -689,7 +689,7 @@ fn exec_spec(id: u32, argv: &[&str]) -> ExecSpec {
 }
 
 /// Every reply of a guest exec until its channel ends.
-fn replies(channel: &mut pvisor_sandbox::vm::guest::ExecChannel) -> Vec<(Reply, Vec<u8>)> {
+fn replies(channel: &mut pvisor_vm::guest::ExecChannel) -> Vec<(Reply, Vec<u8>)> {
     let mut all = Vec::new();
     while let Some(reply) = channel.next_reply().unwrap() {
         let exited = matches!(reply.0, Reply::Exited { .. } | Reply::ExecFailed { .. });
@@ -708,7 +708,7 @@ fn an_execution_checkpoint_is_verifiable_and_the_job_keeps_running() {
     let job = run.job().clone();
     let saved = f.runtime.execute(CheckpointExecution { job: job.clone() }).unwrap();
     let dir = f.store().exec_checkpoints_dir(&f.job_record(&job).run).join(saved.id.as_str());
-    let verified = pvisor_sandbox::vm::checkpoint::verify(&dir).unwrap();
+    let verified = pvisor_vm::checkpoint::verify(&dir).unwrap();
     assert_eq!(verified.id, saved.id);
     assert_eq!(verified.workspace, f.workspace, "the checkpoint names the Job's workspace");
     assert_eq!(f.status(&job).state, JobState::Running, "a checkpoint does not stop the Job");

@@ -20,7 +20,7 @@ use super::AdmissionError;
 pub struct ExecutionFork {
     pub parent: JobId,
     pub dir: PathBuf,
-    pub manifest: pvisor_sandbox::vm::ExecCheckpoint,
+    pub manifest: pvisor_vm::ExecCheckpoint,
 }
 
 /// A verified workspace fork: the checkpoint directory its stage is
@@ -76,6 +76,6 @@ pub(super) fn lineage(fork: &Option<WorkspaceFork>, execution: Option<&Execution
 }
 
 /// The conflict baseline recorded in an execution checkpoint's context.
-pub(super) fn checkpoint_baseline(manifest: &pvisor_sandbox::vm::ExecCheckpoint) -> Option<i128> {
+pub(super) fn checkpoint_baseline(manifest: &pvisor_vm::ExecCheckpoint) -> Option<i128> {
     manifest.context.get("baseline").and_then(|b| b.as_str()).and_then(|b| b.parse().ok())
 }

@@ -130,7 +130,7 @@ pub(super) fn spec(
         network: attachment_for(policy.network.mode),
         seccomp: command.seccomp,
         limits: command.limits,
-        vm: executor.traits.guest_machine.then(|| pvisor_sandbox::vm::VmSpec {
+        vm: executor.traits.guest_machine.then(|| pvisor_vm::VmSpec {
             dir: store.attempt_dir(ids.attempt).join("vm"),
             checkpoints: store.exec_checkpoints_dir(ids.run),
             restore: fork_execution.map(|f| f.dir.clone()),

@@ -310,7 +310,7 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
 }
 
 /// A namespace to join must be a network namespace other than the host's
-/// (`pvisor_sandbox::vm::nic::open_network_namespace`), and the executor vm.
+/// (`pvisor_vm::nic::open_network_namespace`), and the executor vm.
 pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Result<(), AdmissionError> {
     let problem = |problem: String| AdmissionError::NetworkNamespace { path: path.to_owned(), problem };
     if !executor.traits.guest_machine {
@@ -318,7 +318,7 @@ pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Resu
             "only a vm Job joins one (this Job's executor is {executor}); use --executor vm"
         )));
     }
-    pvisor_sandbox::vm::nic::open_network_namespace(path).map(drop).map_err(problem)
+    pvisor_vm::nic::open_network_namespace(path).map(drop).map_err(|e| problem(e.to_string()))
 }
 
 /// Resolves and checks each `--cache` path: an existing host directory that

@@ -47,9 +47,9 @@ pub fn admit_resume(
             not(format!("it is {}, not suspended (no termination receipt to resume from)", job.state))
         })?;
     let dir = suspension::checkpoint_dir(store, &job.run, &receipt.checkpoint);
-    let manifest = pvisor_sandbox::vm::checkpoint::verify(&dir).map_err(|e| AdmissionError::Suspension {
+    let manifest = pvisor_vm::checkpoint::verify(&dir).map_err(|e| AdmissionError::Suspension {
         job: job_id.clone(),
-        source: suspension::SuspensionError::Checkpoint(e),
+        source: suspension::SuspensionError::Checkpoint(e.to_string()),
     })?;
 
     let now = Timestamp::now();
@@ -101,7 +101,7 @@ pub fn admit_resume(
         network: policy::attachment_for(operation.policy.network.mode),
         seccomp: operation.policy.seccomp,
         limits: operation.policy.limits.clone(),
-        vm: Some(pvisor_sandbox::vm::VmSpec {
+        vm: Some(pvisor_vm::VmSpec {
             dir: store.attempt_dir(&attempt_id).join("vm"),
             checkpoints: store.exec_checkpoints_dir(&run.id),
             restore: Some(dir),

@@ -12,7 +12,7 @@ use pvisor_core::ids::{AttemptId, CheckpointId, JobId, RunId};
 use pvisor_core::records::{TerminationReceipt, FORMAT};
 use pvisor_core::store::{self, Store, StoreError};
 use pvisor_core::time::Timestamp;
-use pvisor_sandbox::vm::{checkpoint, ExecCheckpoint};
+use pvisor_vm::{checkpoint, ExecCheckpoint};
 
 /// Why a suspension or an execution checkpoint cannot be trusted.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ pub fn find_verified(
             .ok_or_else(|| SuspensionError::NotFound { id: id.to_owned(), job: job.clone() })?,
         None => all.into_iter().last().ok_or_else(|| SuspensionError::NoneTaken { job: job.clone() })?,
     };
-    let manifest = checkpoint::verify(&dir).map_err(SuspensionError::Checkpoint)?;
+    let manifest = checkpoint::verify(&dir).map_err(|e| SuspensionError::Checkpoint(e.to_string()))?;
     Ok((dir, manifest))
 }
 

@@ -154,7 +154,7 @@ fn collect_lower_caches(
     report: &mut GcReport,
     free: &impl Fn(&mut GcReport, String, PathBuf),
 ) {
-    let (caches, retired) = pvisor_sandbox::vm::lower::lower_caches(store.root());
+    let (caches, retired) = pvisor_vm::lower::lower_caches(store.root());
     for path in retired {
         free(report, "vm lower cache a gc was removing".into(), path);
     }
@@ -197,10 +197,10 @@ pub fn leftover_vm_disks(store: &Store, job: &JobRecord) -> Vec<(String, PathBuf
     let mut found = Vec::new();
     for n in 1..=attempts {
         let vm_dir = store.attempt_dir(&pvisor_core::ids::AttemptId::new(job.run.clone(), n)).join("vm");
-        use pvisor_sandbox::vm::checkpoint::{DELTA, LOWER, UPPER};
+        use pvisor_vm::checkpoint::{DELTA, LOWER, UPPER};
         // The staging tree of a delta is removed once imaged, unless the
         // supervisor was killed in between.
-        for image in [LOWER, DELTA, UPPER, pvisor_sandbox::vm::lower::DELTA_STAGING] {
+        for image in [LOWER, DELTA, UPPER, pvisor_vm::lower::DELTA_STAGING] {
             let path = vm_dir.join(image);
             if path.exists() {
                 found.push((format!("leftover VM disk {image} of {} attempt {n}", job.id), path));
@@ -352,7 +352,7 @@ impl Collector<'_> {
 
     fn execution_checkpoints_of(&mut self, job: &JobRecord, live: bool, dir: &Path) {
         let id = &job.id;
-        for ckpt_dir in pvisor_sandbox::vm::checkpoint::list(dir) {
+        for ckpt_dir in pvisor_vm::checkpoint::list(dir) {
             let name = ckpt_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let what = format!("execution checkpoint {name} of {id}");
             if !job.state.is_terminal() || live {

@@ -38,7 +38,7 @@ impl Session {
     /// `hibernated`, Run `suspended`) and publish `run.hibernated`.
     pub(super) fn finalize_suspended(
         mut self,
-        checkpoint: pvisor_sandbox::vm::ExecCheckpoint,
+        checkpoint: pvisor_vm::ExecCheckpoint,
         vm_exit: String,
     ) -> Result<RunEnd, RunError> {
         suspension::commit(&self.store, &self.job.id, &self.attempt.id, &checkpoint, &vm_exit)

@@ -40,7 +40,7 @@ pub struct SuspendedOutcome {
     pub job: JobId,
     pub run: RunId,
     pub attempt: AttemptId,
-    pub checkpoint: Box<pvisor_sandbox::vm::ExecCheckpoint>,
+    pub checkpoint: Box<pvisor_vm::ExecCheckpoint>,
     /// How the QEMU process ended.
     pub vm_exit: String,
     pub audit_gaps: Vec<String>,

@@ -1,0 +1,102 @@
+//! Execution checkpoints as the runtime sees them: the manifest a backend
+//! publishes (what was saved, of which machine, with which digests) and the
+//! machine shape a restore must repeat. How a checkpoint is taken and
+//! verified is the backend's (the `vm` crate's `checkpoint` module).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use pvisor_core::ids::CheckpointId;
+use pvisor_core::time::Timestamp;
+
+/// The files of a checkpoint directory.
+pub const STATE: &str = "state";
+pub const UPPER: &str = "upper.img";
+pub const LOWER: &str = "lower.img";
+/// The per-start delta disk (a guest-writable lower layer; see `vm::lower`).
+pub const DELTA: &str = "delta.img";
+pub const MANIFEST: &str = "manifest.json";
+pub const KIND: &str = "execution";
+
+/// `runs/<run>/exec-checkpoints/<id>/manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecCheckpoint {
+    pub format: u32,
+    pub id: CheckpointId,
+    pub kind: String,
+    pub created_at: Timestamp,
+    /// The guest image digest; a restore boots exactly this image.
+    pub image: String,
+    pub machine: MachineConfig,
+    pub workspace: PathBuf,
+    pub exec_id: u32,
+    /// The runtime's facts (job, attempt, baseline).
+    pub context: serde_json::Value,
+    pub files: Vec<CheckpointFile>,
+    /// The disk files in device order; a restore attaches exactly these.
+    /// Checkpoints taken before the delta disk existed had two.
+    #[serde(default = "two_disks")]
+    pub disks: Vec<String>,
+    /// Filesystems the agent froze; the restore thaws them.
+    pub frozen: Vec<PathBuf>,
+    /// The MAC of the guest's NIC, if it had one (a VM in a pod's network):
+    /// a restore attaches the same device, in a network namespace again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic: Option<String>,
+    /// How long the guest was stopped, and the whole save.
+    pub paused_ms: u64,
+    pub save_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointFile {
+    pub name: String,
+    pub size: u64,
+    /// BLAKE3 of the bytes, or of the data extents for sparse disk images.
+    pub blake3: String,
+    pub sparse: bool,
+}
+
+fn two_disks() -> Vec<String> {
+    vec![LOWER.into(), UPPER.into()]
+}
+
+/// The machine shape; a restore must repeat it exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MachineConfig {
+    pub memory_mib: u64,
+    pub cpus: u32,
+    pub accelerator: Accelerator,
+    /// How RAM was provided (absent in checkpoints older than templates).
+    #[serde(default)]
+    pub ram: RamFormat,
+}
+
+/// The RAM layout a saved machine needs again on restore.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RamFormat {
+    /// `-m` alone, no `x-ignore-shared`: checkpoints from before templates.
+    #[default]
+    Legacy,
+    /// The `pvisor.ram` backend with `x-ignore-shared`: everything since.
+    Named,
+}
+
+/// The hardware accelerator QEMU uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    Kvm,
+    Tcg,
+}
+
+impl Accelerator {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+}
