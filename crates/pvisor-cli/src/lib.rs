@@ -12,7 +12,7 @@
 pub mod cli;
 pub mod commands;
 mod config;
-mod doctor;
+pub mod doctor;
 pub mod exit;
 mod output;
 mod prompt;

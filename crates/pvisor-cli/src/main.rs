@@ -12,7 +12,7 @@ use pvisor_cli::{cli, commands, exit};
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
     pvisor_ns::maybe_run_helper();
-    crate::doctor::maybe_run_probe();
+    pvisor_cli::doctor::maybe_run_probe();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -189,6 +189,7 @@ fn run_helper(spec: HelperSpec) -> Result<Never, StepError> {
     // here), which this overlaps with the mounts. Init forks the command
     // only after the second byte, so every sandboxed process is inside.
     for procs in &spec.cgroup_join {
+        #[allow(clippy::disallowed_methods)] // a cgroup's procs file, not a record
         if let Err(e) = std::fs::write(procs, pid.to_string()) {
             let _ = rustix::process::kill_process(child, rustix::process::Signal::KILL);
             return Err(StepError::new("limits", format!("cannot join {}: {e}", procs.display())));
@@ -226,6 +227,7 @@ pub(super) fn status_to_code(status: i32) -> i32 {
 /// pvisor itself runs in) every id that exists here is mapped to itself —
 /// the whole range on a host, only what the outer namespace has when pvisor
 /// is nested. Otherwise only the caller's own uid and gid (the unprivileged rule).
+#[allow(clippy::disallowed_methods)] // /proc id maps, not records
 fn write_id_maps(pid: libc::pid_t, uid: u32, gid: u32) -> Result<(), StepError> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let write = |file: &str, contents: String| {

@@ -27,6 +27,9 @@
 //! image, disks, templates and the agent channel. It does not know the `ns`
 //! backend, nor Jobs and records (the runtime, `pvisor`, does).
 
+// Unit tests write fixtures and print freely.
+#![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
+
 pub mod checkpoint;
 mod control;
 mod credit;
@@ -49,7 +52,7 @@ pub mod virtiofs;
 use std::path::{Path, PathBuf};
 
 pub use checkpoint::ExecCheckpoint;
-pub use control::{control, ControlError, ControlRequest, ControlResponse};
+pub use control::{control, ControlError, ControlRequest, ControlResponse, CONTROL_SOCKET};
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;
@@ -162,13 +165,15 @@ impl VmExecutor {
             Ok(None) => {}
             Err(why) => tracing::warn!(error = %why, "vm template refused"),
         }
-        eprintln!(
+        // A one-time wait of seconds to minutes the user must be told of;
+        // the executor has no progress channel to its caller yet.
+        tell_user(format_args!(
             "pvisor: building the vm template {} ({} MiB, {} vCPU, {}): a one-time boot; later vm starts restore it",
             key.id(),
             config.memory_mib,
             config.cpus,
             config.accelerator.as_str()
-        );
+        ));
         template::build(&root, &self.image, config).map_err(|e| e.to_string())?;
         template::open(&root, &key)
             .map_err(|e| e.to_string())?
@@ -305,4 +310,10 @@ fn describe_attachment(attachment: NetworkAttachment) -> String {
 
 fn setup(step: &str, message: impl std::fmt::Display) -> SandboxError {
     SandboxError::Setup { step: step.into(), message: message.to_string(), hint: None }
+}
+
+/// Tells the user of a long wait on the terminal (see the one call).
+#[allow(clippy::disallowed_macros)]
+fn tell_user(message: std::fmt::Arguments<'_>) {
+    eprintln!("{message}");
 }

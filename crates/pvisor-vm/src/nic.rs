@@ -430,6 +430,7 @@ fn create_tap(ns: &File) -> io::Result<OwnedFd> {
 /// calling thread's namespace's): IPv4 from any source not routed through
 /// the TAP fails the strict reverse-path check, none is forwarded, no ARP
 /// is answered on it, and IPv6 is off on it.
+#[allow(clippy::disallowed_methods)] // sysctl files, not records
 fn contain_tap() -> io::Result<()> {
     let conf = |family: &str, key: &str| format!("/proc/sys/net/{family}/conf/{TAP}/{key}");
     for (path, value) in [

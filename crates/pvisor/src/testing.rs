@@ -562,8 +562,7 @@ impl FakeGuest {
         let dir = std::env::temp_dir().join(format!("pvf-{}-{:p}-{n}", std::process::id(), self));
         let failed = |e: std::io::Error| CapabilityError::Failed(format!("the fake guest: {e}"));
         std::fs::create_dir_all(&dir).map_err(failed)?;
-        let listener =
-            UnixListener::bind(dir.join(pvisor_vm::checkpoint::CONTROL_SOCKET)).map_err(failed)?;
+        let listener = UnixListener::bind(dir.join(pvisor_vm::CONTROL_SOCKET)).map_err(failed)?;
         Ok((dir, listener))
     }
 
@@ -584,7 +583,7 @@ impl FakeGuest {
             let _ = std::fs::remove_dir_all(&socket_dir);
             guest.serve_exec(stream, id, pid, run, tx, rx);
         });
-        pvisor_vm::guest::exec(&dir, spec).map_err(CapabilityError::Failed)
+        pvisor_vm::guest::exec(&dir, spec).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn serve_exec(
@@ -672,7 +671,7 @@ impl FakeGuest {
             };
             let _ = write_frame(&mut stream, &Reply::Exited { id, code: ended.0, signal: ended.1 }, &[]);
         });
-        pvisor_vm::guest::attach(&dir, id).map_err(CapabilityError::Failed)
+        pvisor_vm::guest::attach(&dir, id).map_err(|e| CapabilityError::Failed(e.to_string()))
     }
 
     fn call(&self, request: &Request, payload: &[u8]) -> Result<(Reply, Vec<u8>), CapabilityError> {

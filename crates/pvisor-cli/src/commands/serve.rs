@@ -4,7 +4,6 @@
 use anyhow::{bail, Context};
 
 use pvisor::Runtime;
-use pvisor_vm::VmExecutor;
 use pvisor_server::images::ImageStore;
 use pvisor_server::supervisor::{Supervisor, SupervisorOptions};
 use pvisor_vm::VmExecutor;
