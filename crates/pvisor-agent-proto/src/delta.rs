@@ -63,16 +63,41 @@ pub enum DeltaNode {
     Block { rdev: u64 },
 }
 
+/// Why a delta manifest cannot be used. The error is written out by hand:
+/// this crate keeps to `serde`, `serde_json` and `libc`.
+#[derive(Debug)]
+pub enum DeltaManifestError {
+    Corrupt(serde_json::Error),
+    UnknownFormat(u32),
+}
+
+impl std::fmt::Display for DeltaManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Corrupt(e) => write!(f, "the delta manifest is corrupt: {e}"),
+            Self::UnknownFormat(format) => write!(
+                f,
+                "the delta manifest has format {format}; this agent knows {DELTA_FORMAT} (rebuild the guest image)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DeltaManifestError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Corrupt(e) => Some(e),
+            Self::UnknownFormat(_) => None,
+        }
+    }
+}
+
 impl DeltaManifest {
     /// Parses a manifest, refusing a format this agent does not know.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let manifest: Self =
-            serde_json::from_slice(bytes).map_err(|e| format!("the delta manifest is corrupt: {e}"))?;
+    pub fn parse(bytes: &[u8]) -> Result<Self, DeltaManifestError> {
+        let manifest: Self = serde_json::from_slice(bytes).map_err(DeltaManifestError::Corrupt)?;
         if manifest.format != DELTA_FORMAT {
-            return Err(format!(
-                "the delta manifest has format {}; this agent knows {DELTA_FORMAT} (rebuild the guest image)",
-                manifest.format
-            ));
+            return Err(DeltaManifestError::UnknownFormat(manifest.format));
         }
         Ok(manifest)
     }
@@ -103,8 +128,8 @@ mod tests {
         };
         assert_eq!(DeltaManifest::parse(&manifest.to_bytes()).unwrap(), manifest);
         let newer = DeltaManifest { format: DELTA_FORMAT + 1, entries: Vec::new() };
-        let e = DeltaManifest::parse(&newer.to_bytes()).unwrap_err();
+        let e = DeltaManifest::parse(&newer.to_bytes()).unwrap_err().to_string();
         assert!(e.contains("rebuild the guest image"), "{e}");
-        assert!(DeltaManifest::parse(b"{").unwrap_err().contains("corrupt"));
+        assert!(DeltaManifest::parse(b"{").unwrap_err().to_string().contains("corrupt"));
     }
 }

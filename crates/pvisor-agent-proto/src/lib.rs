@@ -18,7 +18,9 @@ mod framing;
 mod messages;
 mod paths;
 
-pub use delta::{DeltaEntry, DeltaManifest, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST};
+pub use delta::{
+    DeltaEntry, DeltaManifest, DeltaManifestError, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST,
+};
 pub use framing::{
     read_frame, read_tagged, write_frame, write_tagged, ANSWERS, MAX_HEADER, MAX_PAYLOAD, REQUEST_ID,
 };

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use pvisor_ns::{diagnose, NsExecutor};
-use pvisor_sandbox::{Executor, SandboxSpec, Termination};
+use pvisor_sandbox::{Executor, SandboxError, SandboxSpec, Termination};
 
 /// Hidden first argument: run the sandbox probe in this process and exit.
 pub const PROBE_ARG: &str = "__pvisor-doctor-probe";
@@ -50,14 +50,55 @@ fn check(
     Check { name: name.into(), status, detail: detail.into(), fix, essential }
 }
 
+/// Why a sandbox probe failed; its text is the check's detail.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{source}{}", fix_suffix(.source.hint()))]
+    Start {
+        #[source]
+        source: SandboxError,
+    },
+    #[error("{source}")]
+    Wait {
+        #[source]
+        source: SandboxError,
+    },
+    #[error("the probe command did not stage its file ({termination:?})")]
+    NotStaged { termination: Termination },
+    /// The rootless probe's directory could not be made or handed to its user.
+    #[error("{source}")]
+    Prepare {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the probe: {source}")]
+    Spawn {
+        #[source]
+        source: std::io::Error,
+    },
+    /// The unprivileged probe failed; it printed why.
+    #[error("{output}")]
+    Rootless { output: String },
+}
+
+fn fix_suffix(hint: Option<&str>) -> String {
+    hint.map(|hint| format!(" (fix: {hint})")).unwrap_or_default()
+}
+
 /// Runs `true` in a real sandbox over a scratch workspace under `scratch`;
 /// returns the host mounts whose Unix sockets stay reachable (see
 /// `host_view.rs` in pvisor-ns).
-pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, String> {
+pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, ProbeError> {
     let ws = scratch.join("ws");
     let stage = scratch.join("stage");
     for dir in [&ws, &stage.join("upper"), &stage.join("work"), &stage.join("root")] {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ProbeError::CreateDir { dir: dir.clone(), source })?;
     }
     let spec = SandboxSpec {
         workspace: ws.clone(),
@@ -78,18 +119,15 @@ pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, String> {
         limits: Default::default(),
         vm: None,
     };
-    let process = NsExecutor.start(&spec).map_err(|e| match e.hint() {
-        Some(hint) => format!("{e} (fix: {hint})"),
-        None => e.to_string(),
-    })?;
+    let process = NsExecutor.start(&spec).map_err(|source| ProbeError::Start { source })?;
     let reachable = process
         .facts()
         .and_then(|f| serde_json::from_value(f["sockets_reachable_under"].clone()).ok())
         .unwrap_or_default();
-    let report = process.wait().map_err(|e| e.to_string())?;
+    let report = process.wait().map_err(|source| ProbeError::Wait { source })?;
     match report.termination {
         Termination::Exited(0) if stage.join("upper/probe-file").is_file() => Ok(reachable),
-        other => Err(format!("the probe command did not stage its file ({other:?})")),
+        termination => Err(ProbeError::NotStaged { termination }),
     }
 }
 
@@ -109,7 +147,7 @@ pub fn maybe_run_probe() {
 }
 
 /// Runs the probe as uid/gid 65534 in `dir` (which that user can write).
-fn probe_rootless(dir: &Path) -> Result<(), String> {
+fn probe_rootless(dir: &Path) -> Result<(), ProbeError> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new("/proc/self/exe");
     cmd.arg(PROBE_ARG).arg(dir).env_clear().env("PATH", "/usr/local/bin:/usr/bin:/bin");
@@ -125,11 +163,11 @@ fn probe_rootless(dir: &Path) -> Result<(), String> {
             Ok(())
         });
     }
-    let out = cmd.output().map_err(|e| format!("cannot start the probe: {e}"))?;
+    let out = cmd.output().map_err(|source| ProbeError::Spawn { source })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        Err(ProbeError::Rootless { output: String::from_utf8_lossy(&out.stdout).trim().to_owned() })
     }
 }
 
@@ -244,14 +282,15 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
             ));
             checks.push(host_sockets(&reachable));
         }
-        Err(e) => checks.push(check(&format!("sandbox ({who})"), Status::Missing, e, None, true)),
+        Err(e) => checks.push(check(&format!("sandbox ({who})"), Status::Missing, e.to_string(), None, true)),
     }
     let _ = std::fs::remove_dir_all(&scratch);
     if root {
         let dir = std::env::temp_dir().join(format!("pvisor-doctor-rootless-{}", std::process::id()));
         let prepared = std::fs::create_dir_all(&dir)
             .and_then(|()| std::os::unix::fs::chown(&dir, Some(65534), Some(65534)));
-        let result = prepared.map_err(|e| e.to_string()).and_then(|()| probe_rootless(&dir));
+        let result =
+            prepared.map_err(|source| ProbeError::Prepare { source }).and_then(|()| probe_rootless(&dir));
         checks.push(match result {
             Ok(()) => check(
                 "sandbox (rootless)",
@@ -263,7 +302,7 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
             Err(e) => check(
                 "sandbox (rootless)",
                 Status::Missing,
-                e,
+                e.to_string(),
                 Some(
                     "unprivileged users need user namespaces and overlayfs in user namespaces (Linux 5.11+)"
                         .into(),

@@ -25,6 +25,20 @@ pub struct TracePrefix {
     pub blake3: String,
 }
 
+/// How a Trace no longer begins with the prefix its Bundle binds.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixError {
+    #[error("cannot read it: {source}")]
+    Read {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("it is {read} bytes, shorter than the {bound} its Bundle binds")]
+    Shorter { read: u64, bound: u64 },
+    #[error("its first {bound} bytes differ from the ones its Bundle binds")]
+    Differs { bound: u64 },
+}
+
 /// An append-only JSON Lines file whose lines carry a `seq` field.
 #[derive(Debug, Clone)]
 pub struct Journal {
@@ -104,16 +118,16 @@ impl Journal {
     }
 
     /// Checks that the file still begins with `prefix`; an error says how not.
-    pub fn check_prefix(&self, prefix: &TracePrefix) -> Result<(), String> {
-        let file = File::open(&self.path).map_err(|e| format!("cannot read it: {e}"))?;
+    pub fn check_prefix(&self, prefix: &TracePrefix) -> Result<(), PrefixError> {
+        let file = File::open(&self.path).map_err(|source| PrefixError::Read { source })?;
         let mut hasher = blake3::Hasher::new();
         let read = std::io::copy(&mut std::io::Read::take(&file, prefix.bytes), &mut hasher)
-            .map_err(|e| format!("cannot read it: {e}"))?;
+            .map_err(|source| PrefixError::Read { source })?;
         if read < prefix.bytes {
-            return Err(format!("it is {read} bytes, shorter than the {} its Bundle binds", prefix.bytes));
+            return Err(PrefixError::Shorter { read, bound: prefix.bytes });
         }
         if hasher.finalize().to_hex().as_str() != prefix.blake3 {
-            return Err(format!("its first {} bytes differ from the ones its Bundle binds", prefix.bytes));
+            return Err(PrefixError::Differs { bound: prefix.bytes });
         }
         Ok(())
     }

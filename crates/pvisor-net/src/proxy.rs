@@ -192,7 +192,7 @@ impl Ctx {
             return text(StatusCode::BAD_REQUEST, "pvisor: the request line has no host".into());
         };
         if let Err(reason) = one_host_header(req.headers(), &host, port) {
-            self.report(false, &host, port, &method, "host-mismatch", Some(reason.clone()));
+            self.report(false, &host, port, &method, "host-mismatch", Some(reason.to_string()));
             return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
         }
         let (upstream, _) = match self.connect(&host, port, &method).await {
@@ -231,9 +231,18 @@ impl Ctx {
     }
 }
 
+/// Why a request's `Host` headers were refused.
+#[derive(Debug, thiserror::Error)]
+enum HostHeaderError {
+    #[error("Host header {header:?} differs from the request line's {host}:{port}")]
+    Differs { header: hyper::header::HeaderValue, host: String, port: u16 },
+    #[error("{count} Host headers; a request has one")]
+    Several { count: usize },
+}
+
 /// The `Host` headers must not smuggle a different destination past the
 /// check: at most one, naming the request line's host and port.
-fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<(), String> {
+fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<(), HostHeaderError> {
     let all: Vec<&hyper::header::HeaderValue> = headers.get_all(hyper::header::HOST).iter().collect();
     match all.as_slice() {
         [] => Ok(()),
@@ -241,10 +250,10 @@ fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<
             let named = header.to_str().ok().and_then(|h| split_authority(h, 80));
             match named {
                 Some((h, p)) if h.eq_ignore_ascii_case(host) && p == port => Ok(()),
-                _ => Err(format!("Host header {header:?} differs from the request line's {host}:{port}")),
+                _ => Err(HostHeaderError::Differs { header: (*header).clone(), host: host.to_owned(), port }),
             }
         }
-        _ => Err(format!("{} Host headers; a request has one", all.len())),
+        _ => Err(HostHeaderError::Several { count: all.len() }),
     }
 }
 

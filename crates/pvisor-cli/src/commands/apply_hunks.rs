@@ -47,6 +47,7 @@ fn read_capped(root: &Root, change: &ChangeEntry) -> std::io::Result<Vec<u8>> {
 }
 
 /// Why `change` offers no hunks, or its hunks.
+/// (The reason is a String: it is shown to the reviewer as text, not a failure.)
 fn offer(ws: &Root, upper: &Root, item: &ReviewItem) -> anyhow::Result<Result<Offered, String>> {
     let change = &item.change;
     if let Some(reason) = &item.forbidden {

@@ -9,6 +9,7 @@ use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::records::{Bundle, BundleRef, CompletionReceipt, RunResult, FORMAT};
 use pvisor_core::state::ResultState;
 use pvisor_core::store::{self, Commit, Store, StoreError};
+use pvisor_core::time::Timestamp;
 
 /// Why a receipt cannot be trusted. Each names the file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -19,10 +20,31 @@ pub enum ReceiptError {
     ForeignIdentity { path: String, found: String, expected: String },
     #[error("Receipt {path} is inconsistent: {reason}")]
     Inconsistent { path: String, reason: String },
+    #[error("Receipt {path} is inconsistent: {source}")]
+    IncoherentResult {
+        path: String,
+        #[source]
+        source: ResultError,
+    },
     #[error("Bundle {path} does not match its receipt: {reason}")]
     DigestMismatch { path: String, reason: String },
     #[error("Receipt {path} exists but its Bundle {bundle} is missing")]
     MissingBundle { path: String, bundle: String },
+}
+
+/// How a recorded result is not a coherent terminal result.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultError {
+    #[error("started_at {started_at} is after finished_at {finished_at}")]
+    StartedAfterFinished { started_at: Timestamp, finished_at: Timestamp },
+    #[error("exit code {0} is outside 0..=255")]
+    ExitCodeOutOfRange(i32),
+    #[error("both an exit code and a signal are recorded")]
+    ExitCodeAndSignal,
+    #[error("state completed with exit code {0:?}")]
+    CompletedWithFailure(Option<i32>),
+    #[error("state failed with exit code 0 and no error")]
+    FailedWithoutFailure,
 }
 
 /// Builds the receipt for `result` and the Bundle's bytes.
@@ -42,24 +64,27 @@ pub fn build(job: &JobId, attempt: &AttemptId, result: &RunResult, bundle_bytes:
 }
 
 /// Checks that a result is a coherent terminal result.
-fn check_result(result: &RunResult) -> Result<(), String> {
+fn check_result(result: &RunResult) -> Result<(), ResultError> {
     if result.started_at > result.finished_at {
-        return Err(format!("started_at {} is after finished_at {}", result.started_at, result.finished_at));
+        return Err(ResultError::StartedAfterFinished {
+            started_at: result.started_at,
+            finished_at: result.finished_at,
+        });
     }
     if let Some(code) = result.exit_code {
         if !(0..=255).contains(&code) {
-            return Err(format!("exit code {code} is outside 0..=255"));
+            return Err(ResultError::ExitCodeOutOfRange(code));
         }
     }
     if result.exit_code.is_some() && result.signal.is_some() {
-        return Err("both an exit code and a signal are recorded".into());
+        return Err(ResultError::ExitCodeAndSignal);
     }
     match result.state {
         ResultState::Completed if result.exit_code != Some(0) || result.error.is_some() => {
-            Err(format!("state completed with exit code {:?}", result.exit_code))
+            Err(ResultError::CompletedWithFailure(result.exit_code))
         }
         ResultState::Failed if result.exit_code == Some(0) && result.error.is_none() => {
-            Err("state failed with exit code 0 and no error".into())
+            Err(ResultError::FailedWithoutFailure)
         }
         ResultState::Completed | ResultState::Failed | ResultState::Cancelled => Ok(()),
     }
@@ -85,7 +110,7 @@ pub fn validate(
         });
     }
     check_result(&receipt.result)
-        .map_err(|reason| ReceiptError::Inconsistent { path: path.clone(), reason })?;
+        .map_err(|source| ReceiptError::IncoherentResult { path: path.clone(), source })?;
     let mismatch = |reason: String| ReceiptError::DigestMismatch { path: bundle_path.to_owned(), reason };
     if receipt.bundle.size != bundle_bytes.len() as u64 {
         return Err(mismatch(format!(

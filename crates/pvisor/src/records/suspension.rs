@@ -110,6 +110,7 @@ pub fn find_verified(
 
 /// One listed execution checkpoint: its Job, its directory, and its manifest
 /// (parsed, not verified) or why it cannot be read.
+/// (The reason is a String: it is shown as text beside the listing, not a failure of it.)
 pub type Listing = (JobId, PathBuf, Result<ExecCheckpoint, String>);
 
 /// Every execution checkpoint of every Job, oldest Job first.

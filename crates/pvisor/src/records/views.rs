@@ -41,6 +41,17 @@ pub enum ViewError {
         path.display()
     )]
     Unbound { path: PathBuf, reason: String },
+    /// The Trace no longer begins with the prefix its Bundle binds.
+    #[error(
+        "{} does not match the records that bind it: {source}. It was changed outside pvisor; \
+         nothing is applied from it (restore it from a backup, or `pvisor export` another copy)",
+        path.display()
+    )]
+    TraceUnbound {
+        path: PathBuf,
+        #[source]
+        source: pvisor_core::journal::PrefixError,
+    },
 }
 
 /// Checks that `job.json`, `run.json` and `attempt.json` name each other,
@@ -85,7 +96,7 @@ pub(crate) fn check_run_binding(
         Some(binding) => match &binding.trace {
             Some(prefix) => pvisor_core::journal::Journal::new(store.events_file(&run.id))
                 .check_prefix(prefix)
-                .map_err(|reason| ViewError::Unbound { path: store.events_file(&run.id), reason }),
+                .map_err(|source| ViewError::TraceUnbound { path: store.events_file(&run.id), source }),
             None => Ok(()),
         },
         // Bundles written before the binding existed bind nothing here.
