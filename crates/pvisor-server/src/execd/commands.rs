@@ -4,21 +4,25 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
 use hyper::{Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::mpsc::Sender;
 
 use pvisor_core::time::Timestamp;
 
 use super::events::{error_event, event, output_events, sse};
 use super::files::stream_range;
 use super::{blocking, guest_error, guest_link, in_image, FileOp, Guest, Reply};
+use crate::guest_link::ExecChannel;
 use crate::http::{self, json, ApiError, ApiResult};
 use crate::lines::Lines;
-use crate::sandbox::{command_env, CommandRecord, Daemon, SharedSignaller, GUEST_LOG_DIR};
+use crate::sandbox::{command_env, CommandRecord, Daemon, SharedSignaller, StreamSlot, GUEST_LOG_DIR};
 
 /// Largest command plus environment (an AgentCtl header is at most 1 MiB).
 const MAX_COMMAND_BYTES: usize = 256 << 10;
@@ -42,8 +46,46 @@ pub(super) struct RunCommand {
     envs: BTreeMap<String, String>,
 }
 
+/// A command started in the guest: its ids, its reply channel, and, when the
+/// guest could not start it, the exit code and message to report.
+struct Started {
+    exec_id: u32,
+    command_id: String,
+    channel: ExecChannel,
+    started_at: Timestamp,
+    failed: Option<(i32, String)>,
+}
+
+/// `POST /command`: checks the request, starts the exec in the guest, records
+/// it, and answers with its SSE stream (a foreground command's output, live).
 pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunCommand) -> ApiResult {
     let id = guest.record.id.clone();
+    let argv = command_argv(&guest, &request)?;
+    let slot = if request.background { None } else { Some(daemon.stream_slot(&id)?) };
+    let argv = as_user(&guest, &request, argv)?;
+    let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
+    let started = start_exec(&daemon, &guest, &request, argv).await?;
+    record_start(&daemon, &id, &started, text, request.background);
+    let (tx, body) = http::channel_body(64);
+    let _ = tx.send(event(json!({ "type": "init", "text": started.command_id }))).await;
+    if let Some((code, message)) = started.failed {
+        let _ = tx.send(error_event(code, &message)).await;
+        return Ok(sse(body));
+    }
+    if request.background {
+        if let Some(timeout) = request.timeout.map(Duration::from_millis) {
+            end_background_after(&daemon, id, started.exec_id, timeout);
+        }
+        let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
+        return Ok(sse(body));
+    }
+    stream_foreground(daemon, guest.link, id, started, request.timeout, tx, slot);
+    Ok(sse(body))
+}
+
+/// The argv the request names (its `argv`, or its `command` through the
+/// image's shell), refused when incomplete or over [`MAX_COMMAND_BYTES`].
+fn command_argv(guest: &Guest, request: &RunCommand) -> Result<Vec<String>, ApiError> {
     let argv = match (&request.command, &request.argv) {
         (_, Some(argv)) if !argv.is_empty() => argv.clone(),
         (Some(cmd), _) if !cmd.is_empty() => {
@@ -62,32 +104,40 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
             "the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} (write a script with the file API and run that)"
         )));
     }
-    let slot = if request.background { None } else { Some(daemon.stream_slot(&id)?) };
-    let argv = match request.uid {
-        // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
-        Some(uid) => {
-            let gid = request.gid.unwrap_or(uid);
-            let mut v = vec![
-                "/usr/bin/setpriv".into(),
-                format!("--reuid={uid}"),
-                format!("--regid={gid}"),
-                "--clear-groups".into(),
-                "--".into(),
-            ];
-            if !in_image(&guest.record.rootfs, "usr/bin/setpriv") {
-                return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
-            }
-            v.extend(argv);
-            v
-        }
-        None => argv,
-    };
+    Ok(argv)
+}
+
+/// `argv` run as the request's uid/gid (through the image's setpriv), or as is.
+fn as_user(guest: &Guest, request: &RunCommand, argv: Vec<String>) -> Result<Vec<String>, ApiError> {
+    let Some(uid) = request.uid else { return Ok(argv) };
+    // setpriv is not in every image; busybox-free: run through the agent's root, then drop.
+    let gid = request.gid.unwrap_or(uid);
+    let mut v = vec![
+        "/usr/bin/setpriv".into(),
+        format!("--reuid={uid}"),
+        format!("--regid={gid}"),
+        "--clear-groups".into(),
+        "--".into(),
+    ];
+    if !in_image(&guest.record.rootfs, "usr/bin/setpriv") {
+        return Err(ApiError::bad_request("uid/gid need setpriv (util-linux) in the image"));
+    }
+    v.extend(argv);
+    Ok(v)
+}
+
+/// Starts `argv` in the guest and reads its first reply: started, or failed to start.
+async fn start_exec(
+    daemon: &Arc<Daemon>,
+    guest: &Guest,
+    request: &RunCommand,
+    argv: Vec<String>,
+) -> Result<Started, ApiError> {
+    let id = &guest.record.id;
     let exec_id = {
         let (daemon, id) = (daemon.clone(), id.clone());
         blocking(move || Ok(daemon.next_exec_id(&id)?)).await?
     };
-    let command_id = format!("cmd-{exec_id}");
-    let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
     let spec = guest_link::ExecSpec {
         id: exec_id,
         argv,
@@ -99,7 +149,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         confinement: None,
     };
     let link = guest.link.clone();
-    let (mut channel, first) = blocking(move || {
+    let (channel, first) = blocking(move || {
         let mut channel = guest_link::exec(&link, spec).map_err(|e| ApiError::internal(e.0))?;
         let first = channel.next_reply().map_err(|e| ApiError::internal(e.to_string()))?;
         Ok((channel, first))
@@ -113,15 +163,21 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         }
         other => return Err(ApiError::internal(format!("the guest answered {other:?}"))),
     };
-    let _ = daemon.update(&id, |r| {
+    Ok(Started { exec_id, command_id: format!("cmd-{exec_id}"), channel, started_at, failed })
+}
+
+/// Records the started command in the sandbox's record (finished already if it failed to start).
+fn record_start(daemon: &Daemon, id: &str, started: &Started, text: String, background: bool) {
+    let failed = &started.failed;
+    let _ = daemon.update(id, |r| {
         crate::sandbox::trim_commands(&mut r.commands);
         r.commands.insert(
-            command_id.clone(),
+            started.command_id.clone(),
             CommandRecord {
-                exec_id,
+                exec_id: started.exec_id,
                 command: text.clone(),
-                background: request.background,
-                started_at,
+                background,
+                started_at: started.started_at,
                 finished_at: failed.as_ref().map(|_| Timestamp::now()),
                 exit_code: failed.as_ref().map(|f| f.0),
                 error: failed.as_ref().map(|f| f.1.clone()),
@@ -129,105 +185,57 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         );
         Ok(())
     });
-    let (tx, body) = http::channel_body(64);
-    let _ = tx.send(event(json!({ "type": "init", "text": command_id }))).await;
-    if let Some((code, message)) = failed {
-        let _ = tx.send(error_event(code, &message)).await;
-        return Ok(sse(body));
-    }
-    if request.background {
-        if let Some(timeout) = request.timeout.map(Duration::from_millis) {
-            // The spec's background timeout: the server ends the process.
-            // The VM at fire time: the sandbox may have been paused and
-            // resumed (a new generation) meanwhile.
-            let (daemon, sandbox) = (daemon.clone(), id.clone());
-            std::thread::spawn(move || {
-                std::thread::sleep(timeout);
-                for signal in [libc::SIGTERM, libc::SIGKILL] {
-                    if let Ok((_, link)) = daemon.live_link(&sandbox) {
-                        let _ = guest_link::signal(&link, exec_id, signal);
-                    }
-                    std::thread::sleep(Duration::from_secs(2));
-                }
-            });
+}
+
+/// The spec's background timeout: the server ends the process after `timeout`.
+fn end_background_after(daemon: &Arc<Daemon>, sandbox: String, exec_id: u32, timeout: Duration) {
+    // The VM at fire time: the sandbox may have been paused and resumed (a
+    // new generation) meanwhile.
+    let daemon = daemon.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(timeout);
+        for signal in [libc::SIGTERM, libc::SIGKILL] {
+            if let Ok((_, link)) = daemon.live_link(&sandbox) {
+                let _ = guest_link::signal(&link, exec_id, signal);
+            }
+            std::thread::sleep(Duration::from_secs(2));
         }
-        let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
-        return Ok(sse(body));
-    }
+    });
+}
+
+/// Streams a foreground command's output as SSE events until it exits, then
+/// sends its final event and records its exit; the stream slot is held till then.
+fn stream_foreground(
+    daemon: Arc<Daemon>,
+    kill_link: guest_link::Link,
+    id: String,
+    started: Started,
+    timeout_ms: Option<u64>,
+    tx: Sender<Bytes>,
+    slot: Option<StreamSlot>,
+) {
+    let Started { exec_id, command_id, mut channel, .. } = started;
     let signaller = Arc::new(Mutex::new(channel.signaller().ok()));
     daemon
         .running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert((id.clone(), command_id.clone()), signaller.clone());
-    // Cancellation: a client that goes away (or a timeout) kills the command.
-    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cancel = {
-        let (tx, signaller, flag) = (tx.clone(), signaller.clone(), timed_out.clone());
-        let timeout = request.timeout.map(Duration::from_millis);
-        tokio::spawn(async move {
-            if let Some(t) = timeout {
-                if tokio::time::timeout(t, tx.closed()).await.is_err() {
-                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                }
-            } else {
-                tx.closed().await;
-            }
-            kill_exec(&signaller);
-        })
-    };
+    let (cancel, timed_out) = kill_on_cancel(&tx, &signaller, timeout_ms.map(Duration::from_millis));
     let started = Instant::now();
-    let daemon2 = daemon.clone();
-    let kill_link = guest.link.clone();
     tokio::task::spawn_blocking(move || {
-        let (mut out_lines, mut err_lines) = (Lines::default(), Lines::default());
-        let send = |kind: &str, texts: Vec<Vec<u8>>| {
-            for e in output_events(kind, texts) {
-                let _ = tx.blocking_send(e);
-            }
-        };
-        let outcome = loop {
-            match channel.next_reply() {
-                Ok(Some((Reply::Stdout { .. }, bytes))) => send("stdout", out_lines.push(&bytes)),
-                Ok(Some((Reply::Stderr { .. }, bytes))) => send("stderr", err_lines.push(&bytes)),
-                Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
-                    break Ok(code.unwrap_or(128 + signal.unwrap_or(0)))
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => {
-                    // Its output has no reader any more (the sandbox stopped,
-                    // or this stream stalled and was cut off): end it.
-                    let _ = guest_link::signal(&kill_link, exec_id, libc::SIGKILL);
-                    break Err("the command's stream ended early (the sandbox was paused or stopped, or the client stalled for 30 s)".to_string());
-                }
-            }
-        };
-        send("stdout", out_lines.finish().into_iter().collect());
-        send("stderr", err_lines.finish().into_iter().collect());
+        let outcome = relay_output(&mut channel, &tx, &kill_link, exec_id);
         let elapsed = started.elapsed().as_millis() as u64;
         let (exit_code, error) = match &outcome {
             Ok(code) => (Some(*code), None),
             Err(message) => (None, Some(message.clone())),
         };
         let _slot = slot;
-        let final_event = match outcome {
-            Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
-            Ok(code) if timed_out.load(std::sync::atomic::Ordering::SeqCst) => error_event(
-                code,
-                &format!(
-                    "the command exceeded its timeout of {} ms and was killed (exit status {code})",
-                    request.timeout.unwrap_or(0)
-                ),
-            ),
-            Ok(code) => error_event(code, &format!("exit status {code}")),
-            Err(message) => event(
-                json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } }),
-            ),
-        };
-        let _ = tx.blocking_send(final_event);
+        let timed_out = timed_out.load(Ordering::SeqCst);
+        let _ = tx.blocking_send(final_event(outcome, elapsed, timed_out, timeout_ms));
         cancel.abort();
-        daemon2.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), command_id.clone()));
-        let _ = daemon2.update(&id, |r| {
+        daemon.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), command_id.clone()));
+        let _ = daemon.update(&id, |r| {
             if let Some(c) = r.commands.get_mut(&command_id) {
                 c.finished_at = Some(Timestamp::now());
                 c.exit_code = exit_code;
@@ -236,7 +244,86 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
             Ok(())
         });
     });
-    Ok(sse(body))
+}
+
+/// Cancellation: a client that goes away (or a timeout) kills the command;
+/// the flag says whether it was the timeout.
+fn kill_on_cancel(
+    tx: &Sender<Bytes>,
+    signaller: &SharedSignaller,
+    timeout: Option<Duration>,
+) -> (tokio::task::JoinHandle<()>, Arc<AtomicBool>) {
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let (tx, signaller, flag) = (tx.clone(), signaller.clone(), timed_out.clone());
+    let cancel = tokio::spawn(async move {
+        if let Some(t) = timeout {
+            if tokio::time::timeout(t, tx.closed()).await.is_err() {
+                flag.store(true, Ordering::SeqCst);
+            }
+        } else {
+            tx.closed().await;
+        }
+        kill_exec(&signaller);
+    });
+    (cancel, timed_out)
+}
+
+/// Relays the command's stdout and stderr as line events until it exits (its
+/// exit code) or its stream ends early (why).
+fn relay_output(
+    channel: &mut ExecChannel,
+    tx: &Sender<Bytes>,
+    kill_link: &guest_link::Link,
+    exec_id: u32,
+) -> Result<i32, String> {
+    let (mut out_lines, mut err_lines) = (Lines::default(), Lines::default());
+    let send = |kind: &str, texts: Vec<Vec<u8>>| {
+        for e in output_events(kind, texts) {
+            let _ = tx.blocking_send(e);
+        }
+    };
+    let outcome = loop {
+        match channel.next_reply() {
+            Ok(Some((Reply::Stdout { .. }, bytes))) => send("stdout", out_lines.push(&bytes)),
+            Ok(Some((Reply::Stderr { .. }, bytes))) => send("stderr", err_lines.push(&bytes)),
+            Ok(Some((Reply::Exited { code, signal, .. }, _))) => {
+                break Ok(code.unwrap_or(128 + signal.unwrap_or(0)))
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                // Its output has no reader any more (the sandbox stopped,
+                // or this stream stalled and was cut off): end it.
+                let _ = guest_link::signal(kill_link, exec_id, libc::SIGKILL);
+                break Err("the command's stream ended early (the sandbox was paused or stopped, or the client stalled for 30 s)".to_string());
+            }
+        }
+    };
+    send("stdout", out_lines.finish().into_iter().collect());
+    send("stderr", err_lines.finish().into_iter().collect());
+    outcome
+}
+
+/// The event that ends a foreground command's stream.
+fn final_event(
+    outcome: Result<i32, String>,
+    elapsed: u64,
+    timed_out: bool,
+    timeout_ms: Option<u64>,
+) -> Bytes {
+    match outcome {
+        Ok(0) => event(json!({ "type": "execution_complete", "execution_time": elapsed })),
+        Ok(code) if timed_out => error_event(
+            code,
+            &format!(
+                "the command exceeded its timeout of {} ms and was killed (exit status {code})",
+                timeout_ms.unwrap_or(0)
+            ),
+        ),
+        Ok(code) => error_event(code, &format!("exit status {code}")),
+        Err(message) => event(
+            json!({ "type": "error", "error": { "ename": "SandboxError", "evalue": "-1", "traceback": [message] } }),
+        ),
+    }
 }
 
 /// SIGTERM, then SIGKILL after two seconds.
