@@ -139,12 +139,16 @@ impl Vm {
     /// Watches a new generation whose guest answers; the VM is then live.
     fn adopt(&self, held: Held) {
         let Held { mut run, guest } = held;
-        {
+        let cancel = run.cancel_handle();
+        // Stopped while it was starting: the new generation is ended at
+        // once, and the waiting stop returns with its end.
+        let stopped = {
             let mut state = self.lock();
             state.generation_end = None;
-            state.cancel = Some(run.cancel_handle());
+            state.cancel = Some(cancel.clone());
             state.guest = guest;
-        }
+            matches!(state.phase, Phase::Ended { .. })
+        };
         let state = self.state.clone();
         self.tokio.spawn(async move {
             let summary = match run.wait().await {
@@ -163,7 +167,11 @@ impl Vm {
             locked.generation_end = Some(summary);
             state.1.notify_all();
         });
-        self.set(Phase::Live);
+        if stopped {
+            cancel.cancel(rustix::process::Signal::TERM.as_raw());
+        } else {
+            self.set(Phase::Live);
+        }
     }
 
     pub fn job(&self) -> &JobId {
@@ -309,7 +317,15 @@ impl Vm {
     /// Resumes the suspended VM: a new Attempt of the same Job, restored
     /// from the suspension's checkpoint.
     pub fn resume(&self) -> Result<(), VmError> {
-        self.lock().move_to(Phase::Starting).map_err(|_| VmError::NotPaused)?;
+        let (checkpoint, suspended_end) = {
+            let mut state = self.lock();
+            let Phase::Paused { checkpoint } = &state.phase else { return Err(VmError::NotPaused) };
+            let checkpoint = checkpoint.clone();
+            state.move_to(Phase::Starting).map_err(|_| VmError::NotPaused)?;
+            // The suspended generation's end is not the new one's: a stop
+            // while starting waits for the new generation (see `adopt`).
+            (checkpoint, state.generation_end.take())
+        };
         let held = {
             let _inside = self.tokio.enter();
             let hold = Hold::Resume(self.job.clone());
@@ -326,16 +342,12 @@ impl Vm {
                 Err(e)
             }
             Err(e) => {
-                let checkpoint = self.checkpoint_of_suspension();
+                // Still suspended: a stop that came meanwhile ends with that.
+                self.lock().generation_end = suspended_end;
                 self.set(Phase::Paused { checkpoint });
                 Err(e.into())
             }
         }
-    }
-
-    fn checkpoint_of_suspension(&self) -> String {
-        let end = self.lock().generation_end.clone().unwrap_or_default();
-        end.strip_prefix("suspended to ").unwrap_or(&end).to_owned()
     }
 
     /// Removes what the ended Job keeps on disk (its stage, VM disks and
