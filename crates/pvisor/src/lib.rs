@@ -41,6 +41,7 @@ pub mod backends;
 pub(crate) mod effects;
 use pvisor_core::failpoint;
 pub(crate) mod records;
+pub mod run_sessions;
 pub(crate) mod runtime;
 pub(crate) mod session;
 #[cfg(any(test, feature = "testing"))]

@@ -20,6 +20,11 @@ use super::RunOptions;
 )]
 pub struct StatusArgs {
     pub job: Option<String>,
+    /// The open session NAME of this workspace (the current directory or
+    /// one above it) instead of a Job: its head, which holds everything the
+    /// session's runs staged. A first argument is then a path.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// One JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
@@ -46,10 +51,15 @@ pub enum ColorChoice {
 /// truncated: deletions and long lists are shown in full.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor diff                      same as review --diff"
+    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor review --session fix      a session's changes, each with the run that made it\n  pvisor diff                      same as review --diff"
 )]
 pub struct ReviewArgs {
     pub job: Option<String>,
+    /// The open session NAME of this workspace (the current directory or
+    /// one above it) instead of a Job: its head, which holds everything the
+    /// session's runs staged. A first argument is then a path.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// Only these paths (a directory selects everything under it) or globs.
     pub paths: Vec<String>,
     /// Show unified diffs (binary files: sizes and digests).
@@ -79,11 +89,16 @@ pub struct ReviewArgs {
 /// are never applied. A path that cannot be written does not stop the others.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
+    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n  pvisor apply --session fix --all  everything the session's runs staged; ends the session\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
 )]
 pub struct ApplyArgs {
     /// The Job (id or unique prefix) [default: the most recent, refused if newer than the one last reviewed]. A first argument that is not a job is taken as a path.
     pub job: Option<String>,
+    /// The open session NAME of this workspace (the current directory or
+    /// one above it) instead of a Job: its head, which holds everything the
+    /// session's runs staged. A first argument is then a path.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// Paths (a directory selects everything under it) or globs to apply.
     pub paths: Vec<String>,
     /// Apply every remaining change.
@@ -127,10 +142,15 @@ pub struct ApplyArgs {
 /// Drop never undoes changes already applied to the workspace.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor drop                 discard everything left in the last Job's stage\n  pvisor drop job-01JD4 build/"
+    after_help = "Examples:\n  pvisor drop                 discard everything left in the last Job's stage\n  pvisor drop job-01JD4 build/\n  pvisor drop --session fix   discard the session's changes and end it"
 )]
 pub struct DropArgs {
     pub job: Option<String>,
+    /// The open session NAME of this workspace (the current directory or
+    /// one above it) instead of a Job: its head, which holds everything the
+    /// session's runs staged. A first argument is then a path.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// Paths or globs to drop [default: every remaining change].
     pub paths: Vec<String>,
     /// List every path (by default more than 20 are summarised by directory).
@@ -344,6 +364,11 @@ pub struct JobsArgs {
 #[command(after_help = "Examples:\n  pvisor events\n  pvisor events job-01JD4 --json")]
 pub struct EventsArgs {
     pub job: Option<String>,
+    /// The open session NAME of this workspace (the current directory or
+    /// one above it) instead of a Job: its head, which holds everything the
+    /// session's runs staged. A first argument is then a path.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     /// One JSON object per line (each events.jsonl record as its `data`) instead of text.
     #[arg(long)]
     pub json: bool,

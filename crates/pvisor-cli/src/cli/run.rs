@@ -13,12 +13,19 @@ use clap::Args;
 /// network is loopback only. pvisor exits with the command's exit status.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
+    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --session fix -- sh -c 'echo x > a'   then: pvisor run --session fix -- cat a\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
 )]
 pub struct RunArgs {
     /// The workspace directory [default: the current directory].
     #[arg(short = 'w', long = "workspace", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Run in session NAME: on top of everything its earlier runs in this
+    /// workspace staged and nobody applied or dropped, adding this run's
+    /// changes to them. Each run is its own Job; `review`, `diff`, `apply`,
+    /// `drop`, `status` and `events` take `--session NAME` for all of them.
+    /// Runs of one session wait for each other.
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
     #[command(flatten)]
     pub options: RunOptions,
     /// The program to run, and its arguments.

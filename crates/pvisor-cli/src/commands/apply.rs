@@ -20,7 +20,13 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.patch {
         return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
-    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job.clone(), args.paths.clone(), "apply")?;
+    let (job, paths) = super::target_and_paths_reviewed(
+        runtime,
+        args.session.as_deref(),
+        args.job.clone(),
+        args.paths.clone(),
+        "apply",
+    )?;
     if paths.is_empty() && !args.all && !args.interactive {
         bail!("Name the paths to apply, or pass --all (see `pvisor review {job}` for the list)");
     }
@@ -56,7 +62,11 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     };
     let report = apply_showing_progress(runtime, &job, selection, options)?;
     crate::config::warn_if_home(&report.workspace);
-    report_apply(runtime, &job, &args, &report, &to_drop)
+    let code = report_apply(runtime, &job, &args, &report, &to_drop)?;
+    if !args.dry_run {
+        super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
+    }
+    Ok(code)
 }
 
 /// Applies `selection`, counting the files written on a terminal.

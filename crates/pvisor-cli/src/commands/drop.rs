@@ -9,7 +9,8 @@ use crate::cli::DropArgs;
 use crate::output::{path_lines, Detail, PathLine};
 
 pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
-    let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "drop")?;
+    let (job, paths) =
+        super::target_and_paths_reviewed(runtime, args.session.as_deref(), args.job, args.paths, "drop")?;
     let report = super::freeing_space(runtime.store(), || {
         Ok(runtime.execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
     })?;
@@ -38,5 +39,7 @@ pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
             report.already_applied
         )?;
     }
+    drop(out);
+    super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
     Ok(0)
 }

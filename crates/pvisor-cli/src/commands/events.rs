@@ -5,18 +5,37 @@ use std::io::Write;
 
 use pvisor::actions::{Events, Trace};
 use pvisor::Runtime;
+use pvisor_core::ids::JobId;
 
 use crate::cli::EventsArgs;
 use crate::output::json_line;
 
 pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
-    let job = super::resolve_job(runtime, args.job.as_deref())?;
-    super::recover(runtime, &job)?;
-    let Trace { events, warnings } = runtime.execute(Events { job })?;
+    let jobs = match &args.session {
+        Some(name) => {
+            anyhow::ensure!(args.job.is_none(), "give a JOB or --session NAME, not both");
+            super::sessions::find(runtime, name)?.record.jobs
+        }
+        None => vec![super::resolve_job(runtime, args.job.as_deref())?],
+    };
+    let several = jobs.len() > 1;
     let mut out = crate::output::stdout();
+    for job in jobs {
+        super::recover(runtime, &job)?;
+        if several && !args.json {
+            writeln!(out, "{job}")?;
+        }
+        print_trace(runtime, &mut out, job, args.json)?;
+    }
+    Ok(0)
+}
+
+/// Prints one Job's Trace.
+fn print_trace(runtime: &Runtime, out: &mut impl Write, job: JobId, json: bool) -> anyhow::Result<()> {
+    let Trace { events, warnings } = runtime.execute(Events { job })?;
     for event in &events {
-        if args.json {
-            json_line(&mut out, "event", event)?;
+        if json {
+            json_line(out, "event", event)?;
         } else {
             let cause = event.cause.map(|c| format!(" ←{c}")).unwrap_or_default();
             let data = match &event.data {
@@ -31,5 +50,5 @@ pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
     for warning in warnings {
         eprintln!("pvisor: warning: {warning}");
     }
-    Ok(0)
+    Ok(())
 }

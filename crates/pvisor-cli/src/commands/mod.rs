@@ -15,6 +15,7 @@ mod manuals;
 mod review;
 mod run;
 mod serve;
+mod sessions;
 mod status;
 mod trust;
 
@@ -183,6 +184,31 @@ pub fn job_and_paths_reviewed(
         ),
         _ => Ok((job, paths)),
     }
+}
+
+/// [`job_and_paths_reviewed`], or with `--session NAME` the session's head
+/// (a first argument is then a path).
+pub fn target_and_paths_reviewed(
+    runtime: &Runtime,
+    session: Option<&str>,
+    first: Option<String>,
+    rest: Vec<String>,
+    verb: &str,
+) -> anyhow::Result<(JobId, Vec<String>)> {
+    match session {
+        Some(name) => {
+            sessions::head_and_paths(runtime, name, first, rest).map(|(head, paths, _)| (head, paths))
+        }
+        None => job_and_paths_reviewed(runtime, first, rest, verb),
+    }
+}
+
+/// After `apply` or `drop --session NAME`: ends the session if nothing is left.
+pub fn end_session_if_done(runtime: &Runtime, session: Option<&str>, job: &JobId) -> anyhow::Result<()> {
+    let Some(name) = session else { return Ok(()) };
+    let store = runtime.store();
+    let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(job))?.workspace;
+    sessions::close_if_done(runtime, name, workspace, &mut crate::output::stdout())
 }
 
 /// Where the Job last reviewed over `workspace` is recorded: one file per

@@ -1,17 +1,30 @@
 //! `pvisor review [JOB] [PATH...] [--diff] [--json]` (alias `diff`).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use pvisor::actions::Review;
 use pvisor::{ReviewItem, Runtime, Stage};
+use pvisor_core::ids::JobId;
 use pvisor_core::records::EntryType;
+use pvisor_core::store::RelPath;
 
 use crate::cli::ReviewArgs;
 use crate::output::{ending, json_line};
 
 pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
-    let (job, paths) = super::job_and_paths(runtime, args.job, args.paths)?;
+    let (job, paths, session) = match &args.session {
+        Some(name) => {
+            let (head, paths, view) = super::sessions::head_and_paths(runtime, name, args.job, args.paths)?;
+            (head, paths, Some(view))
+        }
+        None => {
+            let (job, paths) = super::job_and_paths(runtime, args.job, args.paths)?;
+            (job, paths, None)
+        }
+    };
+    let made_by = session.as_ref().map(super::sessions::attribution).unwrap_or_default();
     let stage = runtime.execute(Review { job: job.clone() })?;
     crate::config::warn_if_home(&stage.status.workspace);
     super::record_reviewed(store, &job, &stage.status.workspace, stage.confirmed);
@@ -20,13 +33,20 @@ pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     let mut out = std::io::BufWriter::new(crate::output::stdout());
     if args.json {
         for item in &items {
-            json_line(&mut out, "change", &change_json(item))?;
+            let mut change = change_json(item);
+            if let Some(job) = made_by.get(&item.change.path) {
+                change["job"] = serde_json::json!(job);
+            }
+            json_line(&mut out, "change", &change)?;
         }
         out.flush()?;
         return Ok(0);
     }
+    if let Some(view) = &session {
+        super::sessions::header(&mut out, view)?;
+    }
     print_header(&mut out, &stage, &items)?;
-    print_items(&mut out, &items)?;
+    print_items(&mut out, &items, &made_by)?;
     if args.diff {
         let color = super::use_color(args.color);
         let (ws, upper) = stage.diff_roots()?;
@@ -121,7 +141,12 @@ fn human_size(change: &pvisor_core::records::ChangeEntry) -> String {
     }
 }
 
-pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Result<()> {
+/// Lists the items; `made_by` names the session run that made a change.
+pub fn print_items(
+    out: &mut impl Write,
+    items: &[ReviewItem],
+    made_by: &BTreeMap<RelPath, JobId>,
+) -> std::io::Result<()> {
     if items.is_empty() {
         return writeln!(out, "no staged changes");
     }
@@ -140,9 +165,10 @@ pub fn print_items(out: &mut impl Write, items: &[ReviewItem]) -> std::io::Resul
         } else {
             "pending"
         };
+        let by = made_by.get(&item.change.path).map(|job| format!("  ({job})")).unwrap_or_default();
         writeln!(
             out,
-            "  {status:<8}  {:<12}  {:>9}  {}",
+            "  {status:<8}  {:<12}  {:>9}  {}{by}",
             item.change.kind.as_str(),
             human_size(&item.change),
             item.change.path.display_escaped()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
-use pvisor::actions::Run;
+use pvisor::actions::{BeginSessionRun, Run};
 use pvisor::{
     BackendTraits, ExecutionFork, ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SecretPolicy,
     SuspendedOutcome,
@@ -31,7 +31,39 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
     let executor = executor_for(runtime, args.options.executor)?;
-    execute(runtime, executor, workspace, None, None, &args.options, &args.command)
+    let Some(name) = &args.session else {
+        return execute(runtime, executor, workspace, None, None, &args.options, &args.command);
+    };
+    let quiet = args.options.quiet;
+    let mut turn = runtime.execute(BeginSessionRun {
+        workspace: workspace.clone(),
+        name: name.clone(),
+        waiting: Box::new(|| eprintln!("pvisor: session {name}: waiting for its live run to end")),
+    })?;
+    if let Some(closed) = &turn.closed_before {
+        let how = closed.closed.as_ref().map_or("closed", |c| c.how.as_str());
+        eprintln!("pvisor: session {name}: the previous one ended ({how}); starting a new one");
+    }
+    if !quiet {
+        match turn.record.head() {
+            Some(head) => eprintln!(
+                "pvisor: session {name}: run {} on top of what {head} staged",
+                turn.record.jobs.len() + 1
+            ),
+            None => {
+                eprintln!("pvisor: session {name}: run {} over the workspace", turn.record.jobs.len() + 1)
+            }
+        }
+    }
+    let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
+    let request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
+    // The session names the Job as soon as it exists; its lock (in `turn`)
+    // is held until the run has ended.
+    drive(quiet, || {
+        let run = runtime.execute(Run { request, executor })?;
+        turn.admitted(run.job())?;
+        Ok(run)
+    })
 }
 
 /// Builds the executor `--executor` names; `vm` installs the guest image
@@ -58,6 +90,21 @@ pub fn execute(
     options: &RunOptions,
     command: &[String],
 ) -> anyhow::Result<i32> {
+    let request = request_for(runtime, &executor, workspace, fork, fork_execution, options, command)?;
+    drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
+}
+
+/// The request for a run of `command`: the environment, the policies in
+/// scope and the limits, said before the command starts.
+fn request_for(
+    runtime: &Runtime,
+    executor: &Arc<dyn Executor>,
+    workspace: std::path::PathBuf,
+    fork: Option<pvisor_core::ids::CheckpointId>,
+    fork_execution: Option<ExecutionFork>,
+    options: &RunOptions,
+    command: &[String],
+) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
@@ -120,7 +167,7 @@ pub fn execute(
         network_namespace: None,
         shared_directories: Vec::new(),
     };
-    drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
+    Ok(request)
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/

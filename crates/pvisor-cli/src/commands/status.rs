@@ -9,10 +9,18 @@ use crate::cli::StatusArgs;
 use crate::output::{ending, json_line, shell_words};
 
 pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
-    let job = super::resolve_job(runtime, args.job.as_deref())?;
+    let mut out = crate::output::stdout();
+    let job = match &args.session {
+        Some(name) => {
+            anyhow::ensure!(args.job.is_none(), "give a JOB or --session NAME, not both");
+            let (head, _, view) = super::sessions::head_and_paths(runtime, name, None, Vec::new())?;
+            session_status(runtime, &mut out, &view, args.json)?;
+            head
+        }
+        None => super::resolve_job(runtime, args.job.as_deref())?,
+    };
     super::recover(runtime, &job)?;
     let status = runtime.execute(Status { job: job.clone() })?;
-    let mut out = crate::output::stdout();
     if args.json {
         json_line(&mut out, "status", &status)?;
     } else {
@@ -27,10 +35,42 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
             }
         } else {
             writeln!(out)?;
-            super::review::print_items(&mut out, &items)?;
+            super::review::print_items(&mut out, &items, &Default::default())?;
         }
     }
     Ok(0)
+}
+
+/// The session's record and each run's state, before its head's status.
+fn session_status(
+    runtime: &Runtime,
+    out: &mut impl Write,
+    view: &pvisor::actions::SessionView,
+    json: bool,
+) -> anyhow::Result<()> {
+    let made_by = super::sessions::attribution(view);
+    if json {
+        let record = &view.record;
+        let runs: Vec<serde_json::Value> = record
+            .jobs
+            .iter()
+            .map(|job| serde_json::json!({"job": job, "changes_held": made_by.values().filter(|j| *j == job).count()}))
+            .collect();
+        let data = serde_json::json!({
+            "name": record.name, "workspace": record.workspace, "started_at": record.started_at,
+            "head": record.head(), "changes_held": made_by.len(), "runs": runs,
+        });
+        return json_line(out, "session", &data);
+    }
+    super::sessions::header(out, view)?;
+    for job in &view.record.jobs {
+        let s = runtime.execute(Status { job: job.clone() })?;
+        let held = made_by.values().filter(|j| *j == job).count();
+        let state = ending(s.state.as_str(), s.exit_code, s.signal);
+        writeln!(out, "  {job}  {state:<24}  {held:>4} held  {}", shell_words(&s.program, &s.args))?;
+    }
+    writeln!(out)?;
+    Ok(())
 }
 
 fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {

@@ -28,6 +28,7 @@ mod records;
 mod recovery;
 mod run;
 mod serve;
+mod sessions;
 mod signals;
 mod vm;
 mod vm_hostile;

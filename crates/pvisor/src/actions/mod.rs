@@ -29,6 +29,7 @@
 //! | [`OpenGuest`] | a [`Guest`] handle: exec, file operations, connect |
 //! | [`HoldGuest`] | [`Held`]: a keeper Job started or resumed, and its guest once it answers |
 //! | [`AwaitGuest`] | a [`Guest`] once it answers |
+//! | [`BeginSessionRun`], [`ReadSession`], [`CloseSessionIfDone`], [`ListSessions`] | run sessions: runs that stack (see [`crate::run_sessions`]) |
 //! | [`WarmTemplate`], [`ListTemplates`], [`RemoveTemplate`] | the vm backend's start templates |
 //!
 //! What an action may do depends on the Job's backend, which the runtime
@@ -41,6 +42,7 @@ pub mod guest;
 mod hold;
 mod jobs;
 mod records;
+mod sessions;
 mod storage;
 mod templates;
 
@@ -67,6 +69,9 @@ pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, Recover, ResolveJob,
     VerifyArchive, VerifyJob,
+};
+pub use sessions::{
+    BeginSessionRun, CloseSessionIfDone, ListSessions, ReadSession, SessionTurn, SessionView,
 };
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};
@@ -218,6 +223,8 @@ pub enum RuntimeError {
     Suspension(#[from] crate::records::suspension::SuspensionError),
     #[error(transparent)]
     Sandbox(#[from] pvisor_sandbox::SandboxError),
+    #[error(transparent)]
+    Session(#[from] crate::run_sessions::SessionError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -1,0 +1,86 @@
+//! `--session NAME` on review, diff, apply, drop, status and events: the
+//! session is found from the current directory (its workspace or one
+//! above it), and its head Job stands for the whole session.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use pvisor::actions::{CloseSessionIfDone, ReadSession, SessionView};
+use pvisor::run_sessions::SessionError;
+use pvisor::{Runtime, RuntimeError};
+use pvisor_core::ids::JobId;
+use pvisor_core::store::RelPath;
+
+/// The open session `name` of the workspace that holds the current
+/// directory: the nearest directory, walking up, with a session of that name.
+pub fn find(runtime: &Runtime, name: &str) -> anyhow::Result<SessionView> {
+    let cwd = std::env::current_dir()?;
+    let mut first_error = None;
+    for dir in cwd.ancestors() {
+        match runtime.execute(ReadSession { workspace: dir.to_owned(), name: name.to_owned() }) {
+            Ok(view) => return Ok(view),
+            Err(RuntimeError::Session(SessionError::NotFound { .. })) if first_error.is_some() => {}
+            Err(e @ RuntimeError::Session(SessionError::NotFound { .. })) => first_error = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(first_error.map_or_else(|| anyhow::anyhow!("no session {name:?} here"), Into::into))
+}
+
+/// The session's head Job and the paths, relative to its workspace.
+pub fn head_and_paths(
+    runtime: &Runtime,
+    name: &str,
+    first: Option<String>,
+    rest: Vec<String>,
+) -> anyhow::Result<(JobId, Vec<String>, SessionView)> {
+    let view = find(runtime, name)?;
+    let Some(head) = view.record.head().cloned() else {
+        anyhow::bail!("session {name:?} has no run yet; `pvisor run --session {name} -- COMMAND` starts one")
+    };
+    let paths: Vec<String> = first.into_iter().chain(rest).collect();
+    let paths = match std::env::current_dir().and_then(std::fs::canonicalize) {
+        Ok(cwd) => super::workspace_relative(paths, &cwd, &view.record.workspace)?,
+        Err(_) => paths,
+    };
+    Ok((head, paths, view))
+}
+
+/// Which run of the session made each change it still holds.
+pub fn attribution(view: &SessionView) -> BTreeMap<RelPath, JobId> {
+    view.remaining().into_iter().map(|a| (a.change.path.clone(), a.job.clone())).collect()
+}
+
+/// After an apply or drop of the session: closes it when nothing is left,
+/// and says so.
+pub fn close_if_done(
+    runtime: &Runtime,
+    name: &str,
+    workspace: PathBuf,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if let Some(closed) = runtime.execute(CloseSessionIfDone { workspace, name: name.to_owned() })? {
+        let how = closed.closed.as_ref().map_or("closed", |c| c.how.as_str());
+        writeln!(
+            out,
+            "session {name} ended ({how}, {} run(s)); `pvisor run --session {name}` starts a new one",
+            closed.jobs.len()
+        )?;
+    }
+    Ok(())
+}
+
+/// The session's summary line for review and status.
+pub fn header(out: &mut impl Write, view: &SessionView) -> std::io::Result<()> {
+    let r = &view.record;
+    let held = view.remaining().len();
+    writeln!(
+        out,
+        "session {}  ·  {} run(s) since {}  ·  {held} change(s) held  ·  head {}",
+        r.name,
+        r.jobs.len(),
+        r.started_at,
+        r.head().map_or_else(|| "none".to_owned(), ToString::to_string)
+    )
+}

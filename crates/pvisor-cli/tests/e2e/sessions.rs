@@ -1,0 +1,159 @@
+//! Run sessions: `run --session NAME` stacks runs; review, apply, drop,
+//! status and events take the session as one unit.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::process::Stdio;
+
+use crate::support::*;
+
+fn session_changes(env: &Env, name: &str) -> BTreeMap<String, serde_json::Value> {
+    let out = env.expect(&["review", "--session", name, "--json"], 0);
+    records_of(&out, "change").into_iter().map(|c| (c["path"].as_str().unwrap().to_owned(), c)).collect()
+}
+
+fn session_jobs(env: &Env, name: &str) -> Vec<String> {
+    let out = env.expect(&["status", "--session", name, "--json"], 0);
+    let lines = json_lines(&out);
+    let (kind, session) = &lines[0];
+    assert_eq!(kind, "session", "the session comes first, then its head's status: {out}");
+    session["runs"].as_array().unwrap().iter().map(|r| r["job"].as_str().unwrap().to_owned()).collect()
+}
+
+fn run_in(env: &Env, session: &str, script: &str) -> std::process::Output {
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    env.pvisor(&["run", "--session", session, "--", "sh", "-c", script])
+}
+
+fn a_session_stacks_its_runs_and_is_reviewed_applied_and_dropped_as_one(who: As) {
+    who.require();
+    let env = Env::new(who);
+    env.write("base", "base\n");
+    let before = snapshot(&env.ws);
+    assert!(run_in(&env, "fix", "echo one > a").status.success());
+    // The second run sees the first one's staged file.
+    let out = run_in(&env, "fix", "cat a; echo two > b; echo more >> base");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\n");
+    let out = run_in(&env, "fix", "cat a b base; echo edited > a");
+    assert_eq!(text(&out.stdout), "one\ntwo\nbase\nmore\n", "{}", text(&out.stderr));
+    assert_eq!(snapshot(&env.ws), before, "the workspace is untouched until apply");
+
+    let jobs = session_jobs(&env, "fix");
+    assert_eq!(jobs.len(), 3, "each run is its own Job");
+    let changes = session_changes(&env, "fix");
+    let made_by: BTreeMap<&str, &str> =
+        changes.iter().map(|(path, c)| (path.as_str(), c["job"].as_str().unwrap())).collect();
+    assert_eq!(
+        made_by,
+        BTreeMap::from([("a", jobs[2].as_str()), ("b", jobs[1].as_str()), ("base", jobs[1].as_str())]),
+        "each change is attributed to the run that made it"
+    );
+    let text_review = env.expect(&["review", "--session", "fix"], 0);
+    assert!(text_review.starts_with("session fix  ·  3 run(s)"), "{text_review}");
+
+    // Apply one path from a subdirectory of the workspace, then drop the rest.
+    fs::create_dir(env.ws.join("sub")).unwrap();
+    env.give_away(&env.ws);
+    let out =
+        env.command(&["apply", "--session", "fix", "../a"]).current_dir(env.ws.join("sub")).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fs::read_to_string(env.ws.join("a")).unwrap(), "edited\n");
+    let out = env.expect(&["drop", "--session", "fix"], 0);
+    assert!(out.contains("session fix ended (applied, 3 run(s))"), "{out}");
+    assert!(!env.ws.join("b").exists());
+    assert_eq!(fs::read_to_string(env.ws.join("base")).unwrap(), "base\n");
+    // Every run's stage is settled, not left pending.
+    for job in &jobs {
+        let state = env.status_json(Some(job))["stage_state"].as_str().unwrap().to_owned();
+        assert!(state == "applied" || state == "dropped", "{job}: {state}");
+    }
+    let out = env.pvisor(&["status", "--session", "fix"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("no open session \"fix\""), "{}", text(&out.stderr));
+
+    // The same name starts a new session over the workspace as it is now.
+    let out = run_in(&env, "fix", "cat a; test ! -e b && echo no-b");
+    assert_eq!(text(&out.stdout), "edited\nno-b\n", "{}", text(&out.stderr));
+    assert_eq!(session_jobs(&env, "fix").len(), 1);
+}
+
+#[test]
+fn a_session_stacks_rootless() {
+    a_session_stacks_its_runs_and_is_reviewed_applied_and_dropped_as_one(As::Rootless);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_session_stacks_as_root() {
+    a_session_stacks_its_runs_and_is_reviewed_applied_and_dropped_as_one(As::Root);
+}
+
+/// Conflicts are judged against what the workspace held when the
+/// session's first run changed the path, however many runs came after.
+#[test]
+fn a_session_judges_conflicts_against_its_first_runs_baseline() {
+    let env = Env::new(As::Rootless);
+    env.write("shared", "v1\n");
+    assert!(run_in(&env, "s", "echo sandbox > shared").status.success());
+    env.write("shared", "host edit\n");
+    assert!(run_in(&env, "s", "echo other > other").status.success());
+    let changes = session_changes(&env, "s");
+    assert_eq!(changes["shared"]["conflict"], true, "{changes:?}");
+    assert_eq!(changes["other"]["conflict"], false);
+    let out = env.pvisor(&["apply", "--session", "s", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "refused: {}", text(&out.stdout));
+    assert_eq!(fs::read_to_string(env.ws.join("shared")).unwrap(), "host edit\n", "the host's edit survives");
+}
+
+/// Concurrent runs of one session wait for each other: each sees every
+/// earlier run's writes, so a read-modify-write counter counts them all.
+#[test]
+fn concurrent_runs_of_a_session_are_serialized_not_merged() {
+    const TRIALS: usize = 3;
+    const RUNS: usize = 4;
+    for trial in 0..TRIALS {
+        let env = Env::new(As::Rootless);
+        let script = "n=$(cat count 2>/dev/null || echo 0); sleep 0.2; echo $((n+1)) > count";
+        let children: Vec<_> = (0..RUNS)
+            .map(|_| {
+                env.command(&["run", "--session", "c", "--", "sh", "-c", script])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "trial {trial}: {}", text(&out.stderr));
+        }
+        assert_eq!(session_jobs(&env, "c").len(), RUNS, "trial {trial}");
+        env.expect(&["apply", "--session", "c", "--all"], 0);
+        assert_eq!(fs::read_to_string(env.ws.join("count")).unwrap(), format!("{RUNS}\n"), "trial {trial}");
+    }
+}
+
+#[test]
+fn bad_session_names_and_missing_sessions_get_clear_errors() {
+    let env = Env::new(As::Rootless);
+    for bad in ["a/b", "../up", "\u{1b}[2Jx", "-x", ""] {
+        let out = env.pvisor(&["run", &format!("--session={bad}"), "--", "true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{bad:?}: {err}");
+        assert!(err.contains("session name") && err.contains("--session fix-tests"), "{bad:?}: {err}");
+        assert!(!err.contains('\u{1b}'), "no escape reaches the terminal: {err:?}");
+    }
+    assert!(
+        !env.home.join("sessions").exists() || fs::read_dir(env.home.join("sessions")).unwrap().count() == 0
+    );
+    for cmd in ["review", "apply", "drop", "status", "events"] {
+        let out = env.pvisor(&[cmd, "--session", "nope"]);
+        assert_eq!(out.status.code(), Some(125), "{cmd}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("no open session \"nope\"") && err.contains("pvisor run --session nope"),
+            "{cmd}: {err}"
+        );
+    }
+}
