@@ -13,6 +13,7 @@ scripts/vm-image.sh
 # (plus the contract tests' schema tools) in target/sdk-venv.
 scripts/sandbox-image.sh
 scripts/sdk-env.sh >/dev/null
+scripts/mcp-env.sh >/dev/null
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # Tests that need what a host may lack (root, containerd, the vm guest image)

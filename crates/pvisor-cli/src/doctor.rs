@@ -118,6 +118,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, ProbeError> {
         seccomp: true,
         limits: Default::default(),
         vm: None,
+        output: None,
     };
     let process = NsExecutor.start(&spec).map_err(|source| ProbeError::Start { source })?;
     let reachable = process

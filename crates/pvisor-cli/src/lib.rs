@@ -14,5 +14,6 @@ pub mod commands;
 mod config;
 pub mod doctor;
 pub mod exit;
+pub mod mcp;
 mod output;
 mod prompt;

@@ -81,9 +81,14 @@ impl Executor for NsExecutor {
         // (stdin of a background run) or a pipe relayed to it (stdout,
         // stderr): never the terminal itself (see terminal.rs). Nor does it
         // get a host file there: see stdio.rs.
-        let terminal = stdin_is_foreground_tty();
+        // Captured output (an MCP server's run) never gets a terminal.
+        let terminal = spec.output.is_none() && stdin_is_foreground_tty();
+        let planned = match &spec.output {
+            Some(output) => stdio::plan_captured(output),
+            None => stdio::plan(terminal),
+        };
         let stdio::Plan { stdio, null_fds, outputs: output_relays, input: input_relay } =
-            stdio::plan(terminal).map_err(SandboxError::Spawn)?;
+            planned.map_err(SandboxError::Spawn)?;
         let [stdin, stdout, stderr]: [Stdio; 3] =
             stdio.try_into().map_err(|_| SandboxError::Protocol("fds 0–2 were not all planned".into()))?;
         let mut command = Command::new("/proc/self/exe");

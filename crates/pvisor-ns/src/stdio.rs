@@ -148,6 +148,25 @@ pub(crate) fn plan(terminal: bool) -> io::Result<Plan> {
     Ok(plan)
 }
 
+/// Plans fds 0–2 for a frontend that captures the command's output:
+/// stdin is the sandbox's `/dev/null`, stdout and stderr the frontend's
+/// pipes (anonymous pipes, passed through as pvisor's own would be).
+pub(crate) fn plan_captured(output: &pvisor_sandbox::CapturedOutput) -> io::Result<Plan> {
+    let mut plan = Plan { stdio: Vec::new(), null_fds: Vec::new(), outputs: Vec::new(), input: None };
+    for fd in [&output.stdout, &output.stderr] {
+        if classify(fd.as_fd()) != Kind::Pipe {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "captured output must be an anonymous pipe",
+            ));
+        }
+    }
+    let stdin = plan.null(0);
+    plan.stdio =
+        vec![stdin, Stdio::from(output.stdout.try_clone()?), Stdio::from(output.stderr.try_clone()?)];
+    Ok(plan)
+}
+
 impl Plan {
     fn null(&mut self, fd: i32) -> Stdio {
         self.null_fds.push(fd);

@@ -76,6 +76,21 @@ pub struct SandboxSpec {
     /// The `vm` backend's directories and restore source (`None` for `ns`).
     #[serde(default)]
     pub vm: Option<VmSpec>,
+    /// Where the command's output goes when its frontend captures it;
+    /// `None`: pvisor's own descriptors 0–2 (see `stdio.rs` in pvisor-ns).
+    /// Descriptors do not cross the helper's spec pipe, so it is skipped there.
+    #[serde(skip)]
+    pub output: Option<CapturedOutput>,
+}
+
+/// The command's output captured by its frontend (an MCP server, whose own
+/// stdout is its protocol): stdout and stderr go to these pipes' write
+/// ends and stdin is the sandbox's `/dev/null`. Anonymous pipes only: a
+/// descriptor of a host file would be a capability past every mount.
+#[derive(Clone, Debug)]
+pub struct CapturedOutput {
+    pub stdout: std::sync::Arc<std::os::fd::OwnedFd>,
+    pub stderr: std::sync::Arc<std::os::fd::OwnedFd>,
 }
 
 /// What the `vm` backend needs beyond the common spec.

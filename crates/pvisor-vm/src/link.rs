@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::Child;
@@ -83,6 +83,9 @@ pub(super) struct Relays {
     /// Output bytes dropped because no exec may hold them (the guest sent
     /// frames for execs that do not exist, or too many).
     pub(super) unheld: usize,
+    /// Where the command's own output goes when the frontend captures it
+    /// (else pvisor's stdout and stderr).
+    pub(super) output: Option<pvisor_sandbox::CapturedOutput>,
 }
 
 #[derive(Debug, Default)]
@@ -427,6 +430,7 @@ pub(super) fn read_agent(
     credits: Arc<Credits>,
     sinks: Sinks,
 ) {
+    let captured = sinks.lock().unwrap_or_else(|p| p.into_inner()).output.clone();
     loop {
         let frame = read_tagged::<Reply>(&mut stream, ANSWERS)
             .map(|frame| frame.map(|(reply, id, bytes)| (reply, bytes, id.unwrap_or(0))));
@@ -455,10 +459,16 @@ pub(super) fn read_agent(
         }
         match frame {
             Ok(Some((Reply::Stdout { .. }, bytes, _))) => {
-                let _ = sys::write_all(rustix::stdio::stdout(), &bytes);
+                let _ = sys::write_all(
+                    captured.as_ref().map_or(rustix::stdio::stdout(), |o| o.stdout.as_fd()),
+                    &bytes,
+                );
             }
             Ok(Some((Reply::Stderr { .. }, bytes, _))) => {
-                let _ = sys::write_all(rustix::stdio::stderr(), &bytes);
+                let _ = sys::write_all(
+                    captured.as_ref().map_or(rustix::stdio::stderr(), |o| o.stderr.as_fd()),
+                    &bytes,
+                );
             }
             Ok(Some((Reply::NetOpen { stream }, _, _))) => net.open(stream, &agent),
             Ok(Some((Reply::NetData { stream }, bytes, _))) => net.data(stream, bytes),

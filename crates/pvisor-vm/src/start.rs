@@ -458,7 +458,11 @@ pub(super) fn link(
     let writer = agent.clone();
     let sinks = Sinks::default();
     // Only a restored guest runs execs this supervisor did not start.
-    sinks.lock().unwrap_or_else(|p| p.into_inner()).holding = matches!(start, Start::Restore { .. });
+    {
+        let mut relays = sinks.lock().unwrap_or_else(|p| p.into_inner());
+        relays.holding = matches!(start, Start::Restore { .. });
+        relays.output = spec.output.clone();
+    }
     let calls = Arc::new(Calls::default());
     std::thread::Builder::new()
         .name("pvisor-vm-agent".into())

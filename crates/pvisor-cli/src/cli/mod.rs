@@ -58,6 +58,7 @@ pub enum Command {
     Jobs(JobsArgs),
     Events(EventsArgs),
     Serve(ServeArgs),
+    Mcp(McpArgs),
     Image(ImageArgs),
     Trust(TrustArgs),
     Cache(CacheArgs),
@@ -90,6 +91,26 @@ pub enum CacheAction {
     },
     /// Remove caches not in use (all, or those of the given host directories).
     Prune { paths: Vec<PathBuf> },
+}
+
+/// Serve pvisor to an agent over the Model Context Protocol (stdio).
+///
+/// Tools: run (alone or in a session, whose runs stack), review, diff,
+/// apply, drop, status, jobs; resources: each Job's Trace and receipt.
+/// Every run is staged: nothing reaches the workspace until apply. The
+/// command's output is captured and returned, sanitised, with its result;
+/// pvisor's own log goes to stderr.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  claude mcp add pvisor -- pvisor mcp            Claude Code, in the project directory\n  codex mcp add pvisor -- pvisor mcp             Codex\n  pvisor mcp -w ~/src/app                        the default workspace of every tool\n\nCursor (.cursor/mcp.json): {\"mcpServers\": {\"pvisor\": {\"command\": \"pvisor\", \"args\": [\"mcp\"]}}}"
+)]
+pub struct McpArgs {
+    /// The workspace tools use when a call names none [default: the current directory].
+    #[arg(short = 'w', long = "workspace", value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// The log level on stderr (error, warn, info, debug, trace) [default: warn].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 /// Print a shell completion script for pvisor.

@@ -14,6 +14,7 @@ mod kill;
 mod manuals;
 mod review;
 mod run;
+pub use run::{executor_for, request_for};
 mod serve;
 mod sessions;
 mod status;
@@ -44,7 +45,17 @@ pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> 
     match &command {
         Command::Serve(args) => pvisor_server::logging::init(args.log_level.as_deref())?,
         Command::SandboxSupervisor(args) => pvisor_server::logging::init(args.log_level.as_deref())?,
+        Command::Mcp(args) => {
+            pvisor_server::logging::init(Some(args.log_level.as_deref().unwrap_or("warn")))?
+        }
         _ => {}
+    }
+    if let Command::Mcp(args) = command {
+        let workspace = match args.workspace {
+            Some(dir) => dir,
+            None => std::env::current_dir()?,
+        };
+        return crate::mcp::serve(runtime()?, workspace);
     }
     let runtime = &runtime()?;
     match command {
@@ -76,6 +87,7 @@ pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> 
         Command::Image(args) => serve::cmd_image(runtime, args),
         Command::Trust(args) => trust::cmd_trust(runtime, args),
         Command::SandboxSupervisor(args) => serve::cmd_sandbox_supervisor(runtime, args),
+        Command::Mcp(_) => unreachable!("served above"),
     }
 }
 

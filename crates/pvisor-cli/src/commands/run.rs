@@ -95,8 +95,9 @@ pub fn execute(
 }
 
 /// The request for a run of `command`: the environment, the policies in
-/// scope and the limits, said before the command starts.
-fn request_for(
+/// scope and the limits, said before the command starts. Shared by `run`,
+/// `fork` and the MCP server's `run` tool.
+pub fn request_for(
     runtime: &Runtime,
     executor: &Arc<dyn Executor>,
     workspace: std::path::PathBuf,
@@ -166,6 +167,7 @@ fn request_for(
         labels,
         network_namespace: None,
         shared_directories: Vec::new(),
+        output: None,
     };
     Ok(request)
 }

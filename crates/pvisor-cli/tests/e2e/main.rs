@@ -21,6 +21,7 @@ mod hidden_runners;
 mod hostile_apply;
 mod hostile_repo;
 mod limits;
+mod mcp;
 mod network;
 mod pasted_hints;
 mod read_commands;

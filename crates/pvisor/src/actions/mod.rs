@@ -22,6 +22,7 @@
 //! | [`Gc`] | [`GcReport`](crate::GcReport) |
 //! | [`Review`] | the [`Stage`](crate::Stage) view; [`ApplyHunks`] applies chosen hunks |
 //! | [`ResolveJob`], [`LatestJobIn`], [`Recover`] | finding a Job, reconciling it before it is read |
+//! | [`ReadReceipt`] | a Job's completion receipt, validated |
 //! | [`Export`], [`Import`], [`VerifyArchive`], [`VerifyJob`] | Run Bundle archives |
 //! | [`ListCheckpoints`], [`ListExecutionCheckpoints`], [`HoldCheckpoint`], [`ReadCheckpoint`] | checkpoints |
 //! | [`ListCaches`], [`PruneCache`] | the stores of `--cache` directories |
@@ -67,7 +68,7 @@ pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Read
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
 pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
-    ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, Recover, ResolveJob,
+    ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, ReadReceipt, Recover, ResolveJob,
     VerifyArchive, VerifyJob,
 };
 pub use sessions::{

@@ -277,3 +277,23 @@ impl Action for PruneCache {
         Ok(true)
     }
 }
+
+/// A Job's completion receipt, validated against its Bundle; `None` while
+/// no Attempt of it has one.
+#[derive(Debug)]
+pub struct ReadReceipt {
+    pub job: JobId,
+}
+
+impl Action for ReadReceipt {
+    const NAME: &'static str = "read-receipt";
+    type Outcome = Option<pvisor_core::records::CompletionReceipt>;
+
+    fn perform(self, runtime: &Runtime) -> Result<Self::Outcome, RuntimeError> {
+        let store = &runtime.store;
+        let status = views::status(store, &self.job)?;
+        let loaded = crate::records::completion::load(store, &self.job, &status.attempt)
+            .map_err(crate::ViewError::from)?;
+        Ok(loaded.map(|(receipt, _)| receipt))
+    }
+}

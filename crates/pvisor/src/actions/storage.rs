@@ -92,6 +92,7 @@ mod tests {
             labels: Default::default(),
             network_namespace: None,
             shared_directories: Vec::new(),
+            output: None,
             workspace: workspace.clone(),
             cwd: None,
             program: "fake-command".into(),

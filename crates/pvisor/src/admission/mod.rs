@@ -82,6 +82,9 @@ pub struct RunRequest {
     /// Host directories the VM mounts live, unstaged (a containerd pod's
     /// read-write volumes): vm Jobs only, as root (virtiofsd).
     pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
+    /// Capture the command's stdout and stderr into these pipes instead of
+    /// handing it the frontend's descriptors 0–2 (stdin is then `/dev/null`).
+    pub output: Option<pvisor_sandbox::CapturedOutput>,
 }
 
 /// What the sandbox must not see of the user's secrets.
@@ -299,6 +302,7 @@ pub fn admit(
         env,
         seccomp: request.seccomp,
         limits: request.limits,
+        output: request.output,
     };
     let spec =
         placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());

@@ -98,6 +98,7 @@ pub(super) struct Command {
     pub(super) env: Vec<(String, String)>,
     pub(super) seccomp: bool,
     pub(super) limits: ResourceLimits,
+    pub(super) output: Option<pvisor_sandbox::CapturedOutput>,
 }
 
 /// The spec the executor is handed for Attempt 1: the stage's paths, the
@@ -138,5 +139,6 @@ pub(super) fn spec(
             network_namespace: policy.network.namespace.clone(),
             shared_directories: policy.shared_directories.clone(),
         }),
+        output: command.output,
     }
 }

@@ -109,6 +109,8 @@ pub fn admit_resume(
             network_namespace: operation.policy.network.namespace.clone(),
             shared_directories: operation.policy.shared_directories.clone(),
         }),
+        // A resumed VM's output goes to whoever resumed it.
+        output: None,
     };
     let baseline = fork::checkpoint_baseline(&manifest);
     let resumed_from = Some(previous.number());

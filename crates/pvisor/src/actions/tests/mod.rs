@@ -69,6 +69,7 @@ fn request(workspace: &std::path::Path) -> RunRequest {
         labels: Default::default(),
         network_namespace: None,
         shared_directories: Vec::new(),
+        output: None,
         workspace: workspace.to_owned(),
         cwd: None,
         program: "fake-command".into(),
