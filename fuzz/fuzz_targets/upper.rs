@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use libfuzzer_sys::fuzz_target;
 use pvisor_core::store::RelPath;
+use pvisor_stage::preimage::CopyUps;
 
 const NAMES: [&str; 6] = ["a", "b", "dir", "x.txt", "new\nline", "sp ace"];
 
@@ -81,5 +82,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(hidden, "scan named a path in neither layer as it says: {change:?}");
         }
     }
-    let _ = pvisor_stage::preimage::capture(&lower, &changes, i128::MAX);
+    // With the overlay's copy-up marks (none here) and without (the older,
+    // coarser rule for added directories).
+    for copy_ups in [CopyUps::Marked(&[]), CopyUps::Unmarked] {
+        let _ = pvisor_stage::preimage::capture(&lower, &changes, copy_ups, i128::MAX);
+    }
 });

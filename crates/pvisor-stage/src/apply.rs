@@ -3,15 +3,17 @@
 //! Three steps, each usable alone (the CLI's `--dry-run` stops after the second):
 //! 1. [`select`] turns paths and globs into change indices (a directory
 //!    selects everything beneath it) and adds ancestors that must exist first;
-//! 2. [`plan`] compares each selected path's host state with its preimage and
-//!    gives a [`Verdict`]: apply, already applied, conflict, or unsupported;
+//! 2. [`plan`] compares each selected path's host state with its preimage
+//!    (and, where an entry is to be created, checks that the directories
+//!    above it still lead there: see [`Parents`]) and gives a [`Verdict`]:
+//!    apply, already applied, conflict, or unsupported;
 //! 3. [`execute`] writes the plan beneath the workspace root (see
 //!    `beneath.rs`), recording intents before and outcomes after in the ledger,
 //!    with one `syncfs` between them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_core::store::RelPath;
@@ -146,10 +148,70 @@ fn describe(state: &HostState) -> String {
     }
 }
 
+/// The directories staged changes hang from: a staged entry lands only
+/// where each directory above it is a real directory on the host or one the
+/// stage itself puts there. Host directories are looked at once each.
+#[derive(Debug)]
+pub struct Parents<'a> {
+    /// Directories the stage puts in place (added, or replacing an entry).
+    staged: BTreeSet<&'a Path>,
+    /// Host directories looked at, with what stands in the way there.
+    seen: BTreeMap<PathBuf, Option<String>>,
+}
+
+impl<'a> Parents<'a> {
+    /// For `changes`: those an apply may still write (not yet applied or dropped).
+    pub fn new(changes: impl IntoIterator<Item = &'a ChangeEntry>) -> Self {
+        let staged =
+            changes.into_iter().filter(|c| c.entry == EntryType::Dir).map(|c| c.path.as_path()).collect();
+        Self { staged, seen: BTreeMap::new() }
+    }
+
+    /// Why `rel` cannot land where the run wrote it: the directory above it
+    /// is not one the stage creates, and the host no longer holds it as a
+    /// directory (removed, or replaced by a symlink or a file, which apply
+    /// never follows nor writes through).
+    fn obstruction(&mut self, ws: &Root, rel: &Path) -> Result<Option<String>, StageError> {
+        let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) else { return Ok(None) };
+        if self.staged.contains(parent) {
+            return Ok(None);
+        }
+        if let Some(known) = self.seen.get(parent) {
+            return Ok(known.clone());
+        }
+        let found = match ws.stat(parent).map_err(|e| StageError::io("inspect", parent, e))? {
+            Some(st) if st.kind == Kind::Dir => None,
+            _ => Some(highest_not_a_directory(ws, parent)?),
+        };
+        self.seen.insert(parent.to_path_buf(), found.clone());
+        Ok(found)
+    }
+}
+
+/// What the host holds, from the top, at the first of `dir` and the
+/// directories above it that is not a directory.
+fn highest_not_a_directory(ws: &Root, dir: &Path) -> Result<String, StageError> {
+    let mut ancestors: Vec<&Path> = dir.ancestors().filter(|a| !a.as_os_str().is_empty()).collect();
+    ancestors.reverse();
+    for at in ancestors {
+        let held = match ws.stat(at).map_err(|e| StageError::io("inspect", at, e))?.map(|s| s.kind) {
+            Some(Kind::Dir) => continue,
+            None => "is no longer on the host",
+            Some(Kind::Symlink) => "is now a symlink on the host",
+            Some(Kind::File) => "is now a file on the host",
+            Some(Kind::Special) => "is now a special file on the host",
+        };
+        return Ok(format!("its directory {} {held}", at.display()));
+    }
+    // Each was a directory when looked at again: changing as we look.
+    Ok(format!("its directory {} changed on the host while apply looked at it", dir.display()))
+}
+
 /// Decides what to do with `change` given the host's current state.
 pub fn verdict(
     ws: &Root,
     change: &ChangeEntry,
+    parents: &mut Parents<'_>,
     preimage: Option<&Preimage>,
     outcome: Option<&Outcome>,
     force: bool,
@@ -163,26 +225,41 @@ pub fn verdict(
     if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
         return Ok(Verdict::AlreadyApplied);
     }
-    let partial_baseline = baseline(preimage, outcome);
-    let preimage = partial_baseline.as_ref().or(preimage);
-    let conflict = match preimage {
-        None => Some("no baseline was recorded for this path".to_owned()),
-        Some(Preimage::Unknown { reason }) => Some(format!("no baseline: {reason}")),
-        Some(Preimage::Known(base)) if same_state(&host, base) => None,
-        Some(Preimage::Known(base)) => Some(match outcome {
-            Some(Outcome::Interrupted { .. }) => {
-                format!("an interrupted apply left this path in an unknown state (now {})", describe(&host))
-            }
-            _ => {
-                format!("changed on the host since the run: was {}, now {}", describe(base), describe(&host))
-            }
-        }),
+    // Where the host has nothing, an entry is to be created: its directories
+    // must still lead to it (an absent baseline says nothing about them).
+    let obstruction = match (&host, change.entry) {
+        (HostState::Absent, entry) if entry != EntryType::None => {
+            parents.obstruction(ws, change.path.as_path())?
+        }
+        _ => None,
     };
-    Ok(match conflict {
+    Ok(match obstruction.or_else(|| baseline_conflict(&host, preimage, outcome)) {
         None => Verdict::Apply { forced: false },
         Some(_) if force => Verdict::Apply { forced: true },
         Some(reason) => Verdict::Conflict(reason),
     })
+}
+
+/// Why the host's state `host` is not the path's baseline, if it is not.
+fn baseline_conflict(
+    host: &HostState,
+    preimage: Option<&Preimage>,
+    outcome: Option<&Outcome>,
+) -> Option<String> {
+    let partial_baseline = baseline(preimage, outcome);
+    match partial_baseline.as_ref().or(preimage) {
+        None => Some("no baseline was recorded for this path".to_owned()),
+        Some(Preimage::Unknown { reason }) => Some(format!("no baseline: {reason}")),
+        Some(Preimage::Known(base)) if same_state(host, base) => None,
+        Some(Preimage::Known(base)) => Some(match outcome {
+            Some(Outcome::Interrupted { .. }) => {
+                format!("an interrupted apply left this path in an unknown state (now {})", describe(host))
+            }
+            _ => {
+                format!("changed on the host since the run: was {}, now {}", describe(base), describe(host))
+            }
+        }),
+    }
 }
 
 /// The baseline of a path some of whose hunks were applied: the content
@@ -306,12 +383,13 @@ pub fn plan(
     outcomes: &BTreeMap<RelPath, Outcome>,
     force: bool,
 ) -> Result<Vec<Planned>, StageError> {
+    let mut parents = Parents::new(changes);
     selection
         .iter()
         .map(|&(i, implied)| {
             let change = &changes[i];
-            let verdict =
-                verdict(ws, change, preimages.get(&change.path), outcomes.get(&change.path), force)?;
+            let (preimage, outcome) = (preimages.get(&change.path), outcomes.get(&change.path));
+            let verdict = verdict(ws, change, &mut parents, preimage, outcome, force)?;
             Ok(Planned { change: change.clone(), verdict, implied })
         })
         .collect()

@@ -6,6 +6,10 @@
 //!   `*.overlay.opaque = "y"` (`"x"` marks a directory that merely holds xattr
 //!   whiteouts and is not opaque).
 //!
+//! - A *copied-up* entry (overlayfs copied it up from the lower layer before
+//!   the first change to it, or to an entry beneath it) carries
+//!   `*.overlay.origin`; an entry the upper layer created has none.
+//!
 //! `*` is `user` for overlays mounted with `userxattr` (rootless, and how pvisor
 //! always mounts) and `trusted` for ones mounted by real root without it.
 
@@ -46,6 +50,17 @@ pub(crate) fn is_whiteout(path: &Path, meta: &Metadata) -> bool {
         return true;
     }
     ft.is_file() && meta.len() == 0 && overlay_xattr(path, "whiteout").is_some()
+}
+
+/// Returns whether overlayfs copied the upper entry at `path` up from the
+/// lower layer. It records the origin of every directory it copies up, with
+/// an empty value where the lower filesystem has no file handles to store:
+/// the attribute's presence is the mark, so only its size is read.
+pub(crate) fn is_copied_up(path: &Path) -> bool {
+    let mut size_only: [u8; 0] = [];
+    NAMESPACES
+        .iter()
+        .any(|ns| rustix::fs::lgetxattr(path, format!("{ns}.overlay.origin"), &mut size_only).is_ok())
 }
 
 /// Returns whether the upper directory at `path` is opaque.

@@ -82,6 +82,10 @@ pub struct Scanned {
     /// Staged entries (and host entries an opaque directory hides) whose
     /// path is longer than [`RECORDED_PATH_MAX`] (not in `changes`).
     pub beyond_limit: u64,
+    /// The directories `changes` calls added that overlayfs had copied up
+    /// from the lower layer: it held each when the run wrote into it, and
+    /// no longer does (removed or renamed since). Sorted by path.
+    pub copied_up: Vec<RelPath>,
 }
 
 /// Returns the changes in `upper` relative to `lower`, sorted by path.
@@ -109,6 +113,7 @@ pub fn scan_counted(upper: &Path, lower: &Path) -> Result<Scanned, StageError> {
     };
     walk(upper_dir, lower_dir, &mut out, &mut HashMap::new())?;
     first_links_by_path(&mut out.changes);
+    out.copied_up.sort();
     Ok(out)
 }
 
@@ -332,7 +337,7 @@ fn walk(
                     out.beyond_limit += 1;
                     count_only(&upper, dir, &name, hidden)?
                 } else {
-                    visit(&upper, lower.as_ref(), dir, &name, hidden, &mut out.changes, links)?
+                    visit(&upper, lower.as_ref(), dir, &name, hidden, out, links)?
                 };
                 let Some(next) = next else { continue };
                 let beyond = next.beyond;
@@ -388,12 +393,12 @@ fn visit(
     dir: &Dir,
     name: &std::ffi::OsStr,
     hidden: bool,
-    out: &mut Vec<ChangeEntry>,
+    out: &mut Scanned,
     links: &mut Links,
 ) -> Result<Option<Descend>, StageError> {
     let rel = dir.rel.join(name);
     if hidden {
-        out.push(deleted(&rel));
+        out.changes.push(deleted(&rel));
         return Ok(None);
     }
     let upper = at(upper_dir, name);
@@ -406,9 +411,9 @@ fn visit(
     };
     let lower_type = lower.as_ref().map(entry_type);
     let mode = meta.mode() & 0o7777;
-    let before = out.len();
+    let before = out.changes.len();
     let mut push = |kind, entry, size, digest| {
-        out.push(ChangeEntry {
+        out.changes.push(ChangeEntry {
             path: RelPath::new(&rel),
             kind,
             entry,
@@ -431,7 +436,12 @@ fn visit(
         EntryType::Dir => {
             let opaque = overlay::is_opaque(&upper);
             match lower_type {
-                None => push(ChangeKind::Added, EntryType::Dir, 0, None),
+                None => {
+                    push(ChangeKind::Added, EntryType::Dir, 0, None);
+                    if overlay::is_copied_up(&upper) {
+                        out.copied_up.push(RelPath::new(&rel));
+                    }
+                }
                 Some(EntryType::Dir) if opaque => push(ChangeKind::OpaqueDir, EntryType::Dir, 0, None),
                 Some(EntryType::Dir) if mode_differs => {
                     push(ChangeKind::ModeChanged, EntryType::Dir, 0, None)
@@ -467,7 +477,7 @@ fn visit(
                 }
                 (Some(_), _, _) => push(ChangeKind::TypeChanged, EntryType::File, size, Some(digest)),
             }
-            note_link(out, before, known, inode, &rel, kept, links);
+            note_link(&mut out.changes, before, known, inode, &rel, kept, links);
         }
         EntryType::Symlink => {
             let (target, digest) = link_digest(&upper).map_err(|e| StageError::io("read link", &rel, e))?;

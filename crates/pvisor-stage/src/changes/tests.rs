@@ -48,6 +48,26 @@ fn classifies_plain_changes_against_the_lower_layer() {
 }
 
 #[test]
+fn added_directories_the_overlay_copied_up_are_noted() {
+    let lower = tempfile::tempdir().unwrap();
+    let upper = tempfile::tempdir().unwrap();
+    let (l, u) = (lower.path(), upper.path());
+    fs::create_dir(l.join("kept")).unwrap();
+    for dir in ["kept", "lost", "made"] {
+        fs::create_dir(u.join(dir)).unwrap();
+        fs::write(u.join(dir).join("f"), "f").unwrap();
+    }
+    // Copied up from the lower layer; "lost" is no longer there.
+    for dir in ["kept", "lost"] {
+        let flags = rustix::fs::XattrFlags::empty();
+        rustix::fs::lsetxattr(u.join(dir), "user.overlay.origin", b"", flags).unwrap();
+    }
+    let scanned = scan_counted(u, l).unwrap();
+    assert_eq!(kinds(&scanned.changes).len(), 5, "{:?}", kinds(&scanned.changes));
+    assert_eq!(scanned.copied_up, [RelPath::new(Path::new("lost"))]);
+}
+
+#[test]
 #[ignore = "needs CAP_MKNOD (root): scripts/test.sh runs it as root, with --include-ignored"]
 fn whiteouts_are_deletions_only_when_the_lower_path_exists() {
     let lower = tempfile::tempdir().unwrap();

@@ -58,6 +58,7 @@ pub fn apply_hunks(
     let attempt = Some(stage.status.attempt.number());
     let mut report = HunksReport::default();
     let mut started = None;
+    let mut parents = stage.parents();
     for choice in choices {
         let Some(change) = stage.changes.iter().find(|c| c.path == choice.path) else {
             return Err(
@@ -70,7 +71,8 @@ pub fn apply_hunks(
         } else if outcome.is_some_and(Outcome::is_settled) {
             Some("it was applied or dropped meanwhile".to_owned())
         } else {
-            match apply::verdict(&ws, change, preimages.get(&change.path), outcome, false)? {
+            let preimage = preimages.get(&change.path);
+            match apply::verdict(&ws, change, &mut parents, preimage, outcome, false)? {
                 Verdict::Apply { forced: false } => None,
                 Verdict::Conflict(reason) => Some(reason),
                 Verdict::AlreadyApplied => Some("the host already holds the staged file".into()),

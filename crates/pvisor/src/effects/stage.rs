@@ -133,6 +133,14 @@ impl Stage {
         (self.state(), self.remaining())
     }
 
+    /// The directories the changes an apply may still write hang from
+    /// (see [`apply::Parents`]).
+    pub(super) fn parents(&self) -> apply::Parents<'_> {
+        apply::Parents::new(
+            self.changes.iter().filter(|c| !self.outcomes.get(&c.path).is_some_and(Outcome::is_settled)),
+        )
+    }
+
     pub(super) fn roots(&self) -> Result<(Root, Root), EffectsError> {
         if self.stage_dir.join("collected").exists() {
             return Err(EffectsError::Collected { job: self.status.job.clone() });
@@ -159,6 +167,7 @@ impl Stage {
         let preimages = self.preimages.as_ref().unwrap_or(&empty);
         let mut items = Vec::with_capacity(selected.len());
         let mut host_names = NamesByDir::default();
+        let mut parents = self.parents();
         for i in selected {
             let change = &self.changes[i];
             let outcome = self.outcomes.get(&change.path);
@@ -168,7 +177,8 @@ impl Stage {
                 (_, true) => (None, None),
                 (None, false) => (Some("the workspace no longer exists".to_owned()), None),
                 (Some(ws), false) => {
-                    match apply::verdict(ws, change, preimages.get(&change.path), outcome, false)? {
+                    let preimage = preimages.get(&change.path);
+                    match apply::verdict(ws, change, &mut parents, preimage, outcome, false)? {
                         Verdict::Conflict(reason) => (Some(reason), None),
                         Verdict::Unsupported(reason) => (None, Some(reason)),
                         Verdict::Apply { .. } | Verdict::AlreadyApplied => (None, None),

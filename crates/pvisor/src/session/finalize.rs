@@ -216,8 +216,9 @@ impl Session {
             .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
         // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
         let sealed_ns = pvisor_core::time::coarse_realtime_ns();
-        let changes = self.seal_stage()?;
-        let preimages = self.baselines(&changes, baseline, sealed_ns)?;
+        let scanned = self.seal_stage()?;
+        let preimages = self.baselines(&scanned, baseline, sealed_ns)?;
+        let changes = scanned.changes;
         let without_baseline = preimages
             .entries
             .iter()
@@ -233,16 +234,24 @@ impl Session {
         Ok((changes, preimages_bytes))
     }
 
-    /// The conflict baselines of `changes`: what the host held when the run
-    /// started (for a fork, before the *first* sandbox touched a path the
-    /// parent changed).
+    /// The conflict baselines of the scanned changes: what the host held when
+    /// the run started (for a fork, before the *first* sandbox touched a path
+    /// the parent changed).
     fn baselines(
         &self,
-        changes: &[ChangeEntry],
+        scanned: &pvisor_stage::Scanned,
         baseline: i128,
         sealed_ns: i128,
     ) -> Result<pvisor_stage::preimage::Preimages, RunError> {
-        let mut preimages = pvisor_stage::preimage::capture(&self.spec.workspace, changes, baseline)
+        use pvisor_stage::preimage::{capture, CopyUps};
+        // Only a stage the overlay wrote from the first has a copy-up mark on
+        // every directory it took from the workspace: a VM's exported stage
+        // has none, and a fork's restored one none on what the parent took.
+        let copy_ups = match (&self.spec.vm, &self.restore_from) {
+            (None, None) => CopyUps::Marked(&scanned.copied_up),
+            _ => CopyUps::Unmarked,
+        };
+        let mut preimages = capture(&self.spec.workspace, &scanned.changes, copy_ups, baseline)
             .map_err(|e| self.finalize_error("recording the conflict baselines", e.into()))?;
         preimages.sealed_ns = sealed_ns;
         if self.restore_from.is_some() {
@@ -380,10 +389,10 @@ impl Session {
         audit_gaps
     }
 
-    pub(super) fn seal_stage(&mut self) -> Result<Vec<ChangeEntry>, RunError> {
+    pub(super) fn seal_stage(&mut self) -> Result<pvisor_stage::Scanned, RunError> {
         let upper: PathBuf = self.spec.upper.clone();
         if !upper.is_dir() {
-            return Ok(Vec::new());
+            return Ok(pvisor_stage::Scanned::default());
         }
         pvisor_stage::seal(&upper).map_err(|e| self.finalize_error("sealing the stage", e.into()))?;
         let scanned = pvisor_stage::scan_counted(&upper, &self.spec.workspace)
@@ -396,6 +405,6 @@ impl Session {
                 pvisor_stage::RECORDED_PATH_MAX
             ));
         }
-        Ok(scanned.changes)
+        Ok(scanned)
     }
 }

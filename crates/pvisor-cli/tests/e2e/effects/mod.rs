@@ -13,6 +13,7 @@ use crate::support::*;
 mod deception;
 mod incomplete;
 mod interactive;
+mod parallel;
 
 fn change<'a>(review: &'a [serde_json::Value], path: &str) -> &'a serde_json::Value {
     review.iter().find(|c| c["path"] == path).unwrap_or_else(|| panic!("no change {path} in {review:?}"))
@@ -269,6 +270,36 @@ fn a_host_change_during_the_run_has_no_baseline_and_is_never_silently_overwritte
     assert_eq!(change(&review, "racy")["conflict"], true, "{review:?}");
     env.expect(&["apply", "racy"], 1);
     assert_eq!(fs::read_to_string(env.ws.join("racy")).unwrap(), "host edit during run\n");
+}
+
+/// Baselines are per path, but a directory the run wrote into that the host
+/// renamed meanwhile is not taken for a new one (overlayfs marked it copied
+/// up): apply would otherwise re-create it beside its new name.
+#[test]
+fn a_directory_the_host_renames_while_the_run_writes_in_it_is_a_conflict() {
+    let env = Env::new(As::Rootless);
+    env.write("src/a.rs", "a\n");
+    let (ws, runs) = (env.ws.clone(), env.home.join("runs"));
+    // Once the run's file is staged, the host renames its directory (the
+    // run cannot watch for it: overlayfs does not see its lower layer change).
+    let host = std::thread::spawn(move || {
+        let staged = || {
+            let Ok(runs) = fs::read_dir(&runs) else { return false };
+            runs.flatten().any(|run| run.path().join("stage/upper/src/b.rs").exists())
+        };
+        assert!(wait_until(std::time::Duration::from_secs(20), staged), "the run never staged src/b.rs");
+        fs::rename(ws.join("src"), ws.join("lib")).unwrap();
+    });
+    let out = env.run_sh("echo b > src/b.rs; sleep 1");
+    host.join().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let refused = env.expect(&["apply", "--all"], 1);
+    assert!(
+        refused.contains("CONFLICT  src: no baseline: the run wrote into this directory, which the host removed or renamed"),
+        "{refused}"
+    );
+    assert!(!env.ws.join("src").exists(), "a refused apply re-created the renamed directory");
+    assert_eq!(fs::read_to_string(env.ws.join("lib/a.rs")).unwrap(), "a\n");
 }
 
 #[test]

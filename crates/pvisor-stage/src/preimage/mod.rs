@@ -6,16 +6,31 @@
 //! with; instead the run's start is the baseline
 //! ([`baseline_now`]: the next tick of the clock that stamps ctime):
 //! at sealing, a host entry whose ctime is older than the start is exactly what
-//! the sandbox saw, so it is hashed then; an entry changed during the run, or
-//! a path whose directory changed (something created or removed), has no
-//! trustworthy baseline and is recorded `unknown`, which apply treats as a
+//! the sandbox saw, so it is hashed then; an entry changed during the run has
+//! no trustworthy baseline and is recorded `unknown`, which apply treats as a
 //! conflict. ctime is checked again after hashing to close the race. This costs
 //! O(changes), not O(workspace).
+//!
+//! Baselines are per path, so runs side by side on one workspace, each
+//! applied as it ends, do not conflict over the directories they share. A
+//! path the host lacks at sealing has the baseline *absent*, which stays
+//! valid while nothing creates that path: another writer's new entries
+//! beside it are no conflict, and apply compares the path itself (and checks
+//! that its directories still lead to it, see `apply`). The one absent path
+//! that may not have been absent when the run wrote it is a directory the
+//! run found on the host (it wrote into it) that the host removed or renamed
+//! since: overlayfs marks each directory it copies up (see [`CopyUps`]), so
+//! such a directory is `unknown`; a stage without the marks keeps the older,
+//! coarser rule for added directories (unknown when the nearest host
+//! directory above changed during the run). A file the host deleted during
+//! the run after the sandbox rewrote it cannot be told from a new one: apply
+//! writes it back, and never over anything.
 //!
 //! Directories whose apply would remove host content (deleted, replaced
 //! wholesale, or turned into something else) get a *tree digest* over
 //! everything beneath them, so a file the user edited inside such a directory
-//! after the run is a conflict, not a casualty.
+//! after the run is a conflict, not a casualty; an entry beneath changed
+//! during the run makes the directory `unknown`.
 
 use std::path::{Path, PathBuf};
 
@@ -258,9 +273,30 @@ pub fn same_state(a: &HostState, b: &HostState) -> bool {
     }
 }
 
+/// What a stage tells of the added directories the run found on the host.
+#[derive(Clone, Copy, Debug)]
+pub enum CopyUps<'a> {
+    /// The overlay wrote the stage and marked every directory it copied up
+    /// from the workspace; these (sorted) are the ones the host no longer
+    /// has: it removed or renamed them after the run wrote into them.
+    Marked(&'a [RelPath]),
+    /// The stage carries no marks (exported from a VM, or restored from a
+    /// checkpoint): an added directory may be one the run found.
+    Unmarked,
+}
+
+/// Why a directory the run wrote into has no baseline.
+const LOST_DIRECTORY: &str =
+    "the run wrote into this directory, which the host removed or renamed while the run was live";
+
 /// Captures the preimage of every change, against `baseline` (from
 /// [`baseline_now`] at the start of the run).
-pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Result<Preimages, StageError> {
+pub fn capture(
+    workspace: &Path,
+    changes: &[ChangeEntry],
+    copy_ups: CopyUps<'_>,
+    baseline: i128,
+) -> Result<Preimages, StageError> {
     let root = Root::open(workspace).map_err(|e| StageError::io("open", workspace, e))?;
     let mut entries = Vec::with_capacity(changes.len());
     let mut missing = None;
@@ -269,7 +305,9 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Res
         let first = observe(&root, rel, removes_tree(change), Some(baseline))?;
         let preimage = match first {
             Observed::ChangedLive { beneath } => Preimage::Unknown { reason: changed_live(&beneath) },
-            Observed::Stable(HostState::Absent) => absent_preimage(&root, rel, baseline, &mut missing)?,
+            Observed::Stable(HostState::Absent) => {
+                absent_preimage(&root, change, copy_ups, baseline, &mut missing)?
+            }
             Observed::Stable(state) => {
                 // Re-check after hashing: an edit during the hash makes it untrustworthy.
                 match root.stat(rel).map_err(|e| StageError::io("inspect", rel, e))? {
@@ -286,6 +324,36 @@ pub fn capture(workspace: &Path, changes: &[ChangeEntry], baseline: i128) -> Res
     Ok(Preimages { format: pvisor_core::records::FORMAT, baseline_ns: baseline, entries, sealed_ns: 0 })
 }
 
+/// The baseline of a change whose path the host lacks: absent, which stays
+/// valid while nothing creates the path (apply checks the path itself, so
+/// what others add beside it is no conflict), except where the host may
+/// have held the path while the run wrote it:
+/// - a change the scan found a host entry for, gone since;
+/// - a directory the run wrote into that the host removed or renamed since
+///   (marked copied up; without marks, any added directory whose nearest
+///   host directory changed during the run).
+fn absent_preimage(
+    root: &Root,
+    change: &ChangeEntry,
+    copy_ups: CopyUps<'_>,
+    baseline: i128,
+    missing: &mut Option<Missing>,
+) -> Result<Preimage, StageError> {
+    if change.kind != ChangeKind::Added {
+        return Ok(Preimage::Unknown { reason: "removed on the host while the run was sealed".into() });
+    }
+    if change.entry != EntryType::Dir {
+        return Ok(Preimage::Known(HostState::Absent));
+    }
+    match copy_ups {
+        CopyUps::Marked(lost) if lost.binary_search(&change.path).is_ok() => {
+            Ok(Preimage::Unknown { reason: LOST_DIRECTORY.into() })
+        }
+        CopyUps::Marked(_) => Ok(Preimage::Known(HostState::Absent)),
+        CopyUps::Unmarked => unmarked_directory(root, change.path.as_path(), baseline, missing),
+    }
+}
+
 /// A directory the host lacks, the highest of the last absent path's, and
 /// the verdict of the nearest existing directory above it: every path
 /// beneath it shares that verdict.
@@ -294,12 +362,14 @@ struct Missing {
     verdict: Preimage,
 }
 
-/// An absent path is a trustworthy baseline only if its nearest existing
-/// directory did not change during the run (no create, delete or rename there).
-/// `missing` carries the last verdict, so the 10,000 paths of a new tree
-/// 10,000 directories deep climb to their nearest existing directory once,
+/// An added directory of a stage without copy-up marks: absent is a
+/// trustworthy baseline only if its nearest existing directory did not
+/// change during the run (no create, delete or rename there), for it may
+/// be a directory the run found and the host removed.
+/// `missing` carries the last verdict, so the 10,000 directories of a new
+/// tree 10,000 deep climb to their nearest existing directory once,
 /// not once each (which was quadratic in the depth, cubic in all).
-fn absent_preimage(
+fn unmarked_directory(
     root: &Root,
     rel: &Path,
     baseline: i128,
@@ -340,3 +410,6 @@ fn absent_preimage(
     }
     Ok(verdict)
 }
+
+#[cfg(test)]
+mod tests;
