@@ -157,3 +157,32 @@ fn bad_session_names_and_missing_sessions_get_clear_errors() {
         );
     }
 }
+
+/// Two sessions on one workspace, touching disjoint paths in shared
+/// directories, apply one after the other without a conflict; a path both
+/// created is still one.
+#[test]
+fn parallel_sessions_on_disjoint_paths_apply_one_after_the_other() {
+    let env = Env::new(As::Rootless);
+    env.write("shared/keep", "keep\n");
+    for (session, name) in [("left", "l"), ("right", "r"), ("left", "l2"), ("right", "r2")] {
+        let out = run_in(
+            &env,
+            session,
+            &format!("echo {name} > {name}; echo {name} > shared/{name}; echo {session} > both-{session}"),
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    assert!(run_in(&env, "left", "echo left > clash").status.success());
+    assert!(run_in(&env, "right", "echo right > clash").status.success());
+    env.expect(&["apply", "--session", "left", "--all"], 0);
+    let out = env.pvisor(&["apply", "--session", "right", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "the one real overlap conflicts: {}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("CONFLICT  clash"), "{}", text(&out.stdout));
+    env.expect(&["apply", "--session", "right", "r", "r2", "shared", "both-right"], 0);
+    for name in ["l", "r", "l2", "r2"] {
+        assert_eq!(fs::read_to_string(env.ws.join(name)).unwrap(), format!("{name}\n"));
+        assert_eq!(fs::read_to_string(env.ws.join("shared").join(name)).unwrap(), format!("{name}\n"));
+    }
+    assert_eq!(fs::read_to_string(env.ws.join("clash")).unwrap(), "left\n", "the first apply stands");
+}
