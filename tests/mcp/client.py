@@ -94,6 +94,10 @@ async def main():
             _, big, _ = await call(s, "run", {"command": "head -c 3000000 /dev/zero | tr '\\000' x", "tail_bytes": 100})
             check(big["stdout"]["bytes"] == 3000000 and big["stdout"]["tail"] == "x" * 100, "run: megabytes of output", big["stdout"]["bytes"])
 
+            # A timeout cancels the command; it still ends with a receipt.
+            _, slow, _ = await call(s, "run", {"command": "sleep 60", "timeout": 1})
+            check(slow["state"] == "cancelled" and slow["receipt"] == "valid", "run: a timeout cancels", slow)
+
             # Bad input: error results, and the server keeps serving.
             for args, words in [
                 ({"command": "true", "workspace": "/no/such/dir"}, "workspace"),

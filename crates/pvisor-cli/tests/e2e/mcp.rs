@@ -36,7 +36,7 @@ fn the_official_python_sdk_drives_pvisor_mcp(who: As) {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{:?}: {stdout}\n{}", out.status, text(&out.stderr));
     // The probe ran to its end: every check printed, none skipped.
-    assert!(stdout.contains("mcp client: 36 checks passed"), "{stdout}");
+    assert!(stdout.contains("mcp client: 37 checks passed"), "{stdout}");
 }
 
 #[test]
