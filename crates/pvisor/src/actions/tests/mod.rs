@@ -32,6 +32,7 @@ mod capabilities;
 mod effects;
 mod guest_access;
 mod runs;
+mod sessions;
 mod working;
 
 struct Fixture {
