@@ -1,4 +1,4 @@
-//! `pvisor drop [JOB] [PATH...]`.
+//! `pvisor drop [JOB] [PATH...] [--json]`.
 
 use std::io::Write;
 
@@ -6,13 +6,23 @@ use pvisor::actions::DropChanges;
 use pvisor::Runtime;
 
 use crate::cli::DropArgs;
+use crate::json::{json_line, JsonType};
 use crate::output::{path_lines, Detail, PathLine};
+use crate::results::DropResult;
 
 pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
     let (job, paths) = super::job_and_paths_reviewed(runtime, args.job, args.paths, "drop")?;
     let report = super::freeing_space(runtime.store(), || {
         Ok(runtime.execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
     })?;
+    if args.json {
+        let mut out = crate::output::stdout();
+        for path in DropResult::paths(&report) {
+            json_line(&mut out, JsonType::Dropped, &path)?;
+        }
+        json_line(&mut out, JsonType::Result, &DropResult::from_report(&job, &report))?;
+        return Ok(0);
+    }
     let mut out = crate::output::stdout();
     let lines: Vec<PathLine> = report
         .dropped

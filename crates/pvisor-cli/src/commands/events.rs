@@ -7,7 +7,7 @@ use pvisor::actions::{Events, Trace};
 use pvisor::Runtime;
 
 use crate::cli::EventsArgs;
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
 
 pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
@@ -16,7 +16,7 @@ pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
     let mut out = crate::output::stdout();
     for event in &events {
         if args.json {
-            json_line(&mut out, "event", event)?;
+            json_line(&mut out, JsonType::Event, event)?;
         } else {
             let cause = event.cause.map(|c| format!(" ←{c}")).unwrap_or_default();
             let data = match &event.data {

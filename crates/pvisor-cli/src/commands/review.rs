@@ -7,7 +7,8 @@ use pvisor::{ReviewItem, Runtime, Stage};
 use pvisor_core::records::EntryType;
 
 use crate::cli::ReviewArgs;
-use crate::output::{ending, json_line};
+use crate::json::{json_line, JsonType};
+use crate::output::ending;
 
 pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
@@ -20,7 +21,7 @@ pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     let mut out = std::io::BufWriter::new(crate::output::stdout());
     if args.json {
         for item in &items {
-            json_line(&mut out, "change", &change_json(item))?;
+            json_line(&mut out, JsonType::Change, &change_json(item))?;
         }
         out.flush()?;
         return Ok(0);

@@ -6,7 +6,8 @@ use pvisor::actions::{Review, Status};
 use pvisor::{JobStatus, ReceiptStatus, Runtime};
 
 use crate::cli::StatusArgs;
-use crate::output::{ending, json_line, shell_words};
+use crate::json::{json_line, JsonType};
+use crate::output::{ending, shell_words};
 
 pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
@@ -14,7 +15,7 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
     let status = runtime.execute(Status { job: job.clone() })?;
     let mut out = crate::output::stdout();
     if args.json {
-        json_line(&mut out, "status", &status)?;
+        json_line(&mut out, JsonType::Status, &status)?;
     } else {
         print_status(&mut out, &status)?;
     }
@@ -23,7 +24,7 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
         let items = stage.review(&[], &crate::config::sensitive(runtime.store())?)?;
         if args.json {
             for item in &items {
-                json_line(&mut out, "change", &super::review::change_json(item))?;
+                json_line(&mut out, JsonType::Change, &super::review::change_json(item))?;
             }
         } else {
             writeln!(out)?;
