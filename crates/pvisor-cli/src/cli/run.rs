@@ -13,7 +13,7 @@ use clap::Args;
 /// network is loopback only. pvisor exits with the command's exit status.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --json -- make test 2>err   pvisor's lines as JSON; the last line of err is the `result`\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
+    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --json -- make test 2>log   pvisor's lines as JSON; the `result` is last\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
 )]
 pub struct RunArgs {
     /// The workspace directory [default: the current directory].
