@@ -133,7 +133,9 @@ fn main() {
         let out = pvisor(&home, &ws).args(["suspend", &job, "--json"]).output().unwrap();
         suspend.push(start.elapsed());
         assert!(out.status.success(), "suspend: {}", String::from_utf8_lossy(&out.stderr));
-        let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The manifest's line, then the `result` line.
+        let first = out.stdout.split(|&b| b == b'\n').next().unwrap_or_default();
+        let manifest: serde_json::Value = serde_json::from_slice(first).unwrap();
         state_bytes = manifest["data"]["files"].as_array().unwrap()[0]["size"].as_u64().unwrap();
         let _ = run.wait();
 

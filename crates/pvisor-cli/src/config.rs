@@ -148,7 +148,7 @@ pub fn user_config() -> anyhow::Result<(Option<PathBuf>, ConfigFile)> {
             if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
         {
-            eprintln!("pvisor: warning: skipping the user config {}: {e:#}", path.display());
+            crate::output::warning(&format!("skipping the user config {}: {e:#}", path.display()));
             Ok((None, ConfigFile::default()))
         }
         Err(e) => Err(e),
@@ -248,10 +248,10 @@ pub fn warn_if_home(workspace: &Path) {
     let home = std::fs::canonicalize(&home).unwrap_or_else(|_| PathBuf::from(home));
     let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
     if home.starts_with(&workspace) {
-        eprintln!(
-            "pvisor: warning: the workspace {} is your home directory or holds it: shell start-up files, ssh, git and systemd user units are all inside it (they are marked sensitive, and pvisor's own config and state are never applied)",
+        crate::output::warning(&format!(
+            "the workspace {} is your home directory or holds it: shell start-up files, ssh, git and systemd user units are all inside it (they are marked sensitive, and pvisor's own config and state are never applied)",
             crate::output::shown_path(&workspace)
-        );
+        ));
     }
 }
 

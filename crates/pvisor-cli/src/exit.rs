@@ -21,10 +21,7 @@ pub const USAGE: i32 = PVISOR_ERROR;
 /// Prints `err` with its whole cause chain and any hint, and returns the exit
 /// code. A closed stdout (`pvisor jobs | head`) is success, as in ripgrep.
 pub fn report(err: &anyhow::Error) -> i32 {
-    if err
-        .chain()
-        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe))
-    {
+    if is_broken_pipe(err) {
         return SUCCESS;
     }
     // Errors quote staged names and config lines: untrusted bytes.
@@ -39,7 +36,46 @@ pub fn report(err: &anyhow::Error) -> i32 {
     PVISOR_ERROR
 }
 
-fn hint_for(err: &anyhow::Error) -> Option<String> {
+/// [`report`] for a command run with `--json`: `err` as the `error` line
+/// that ends its JSON stream (see [`crate::results::ErrorResult`]).
+pub fn report_json(err: &anyhow::Error) -> i32 {
+    if is_broken_pipe(err) {
+        return SUCCESS;
+    }
+    let error = crate::results::ErrorResult::from_error(err);
+    if crate::json::emit(crate::json::JsonType::Error, &error).is_err() {
+        // The JSON stream is gone; say it where a person may see it.
+        return report(err);
+    }
+    error.exit_code
+}
+
+/// A usage error (clap's) for a command line that asked for `--json`:
+/// an `error` line on `stream`, and the usage exit status.
+pub fn report_usage_json(stream: crate::json::Stream, err: &clap::Error) -> i32 {
+    let text = err.render().to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let message = lines.next().unwrap_or_default();
+    let error = crate::results::ErrorResult {
+        message: message.strip_prefix("error: ").unwrap_or(message).to_owned(),
+        causes: Vec::new(),
+        hint: lines.find_map(|l| l.strip_prefix("tip: ")).map(str::to_owned),
+        exit_code: USAGE,
+    };
+    let mut out = crate::output::sink(stream);
+    if crate::json::json_line(&mut out, crate::json::JsonType::Error, &error).is_err() {
+        let _ = err.print();
+    }
+    USAGE
+}
+
+/// Whether `err` comes from writing to a closed pipe (`pvisor jobs | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe))
+}
+
+/// What to do about `err`, when pvisor knows.
+pub fn hint_for(err: &anyhow::Error) -> Option<String> {
     for cause in err.chain() {
         if let Some(e) = cause.downcast_ref::<pvisor_sandbox::SandboxError>() {
             return e.hint().map(str::to_owned);

@@ -7,7 +7,7 @@
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
 
 use clap::Parser;
-use pvisor_cli::{cli, commands, exit};
+use pvisor_cli::{cli, commands, exit, json};
 
 fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
@@ -16,6 +16,9 @@ fn main() {
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
+            if let (true, Some(stream)) = (e.use_stderr(), json::requested(std::env::args_os())) {
+                std::process::exit(exit::report_usage_json(stream, &e));
+            }
             let code = if e.use_stderr() { exit::USAGE } else { exit::SUCCESS };
             let _ = e.print();
             std::process::exit(code);

@@ -1,39 +1,57 @@
-//! Output helpers: JSON Lines records and human formatting.
-//!
-//! `--json` output is one object per line, `{"type": KIND, "data": RECORD}`:
-//! `type` names the record (`status`, `event`, …) and `data` is the record
-//! itself; see `docs/cli-reference.md`.
+//! Output helpers: where commands write ([`stdout`], [`sink`], captured in
+//! tests), pvisor's own messages ([`say`], [`warning`], [`note`]: lines of
+//! text, or `--json` lines when the command runs with `--json`; see
+//! `crate::json`), and human formatting.
 
 use std::io::Write;
 
-use anyhow::Context;
 use serde::Serialize;
+
+use crate::json::{JsonType, Message, Stream};
 
 /// Where a command writes what it prints on stdout: the process's stdout,
 /// or, in this crate's tests, the calling thread's capture (see
 /// [`capture`]), so a test reads a command's output as a user would.
-pub fn stdout() -> Stdout {
+pub fn stdout() -> Sink {
+    sink(Stream::Stdout)
+}
+
+/// Where a command writes on `stream`: [`stdout`], or stderr for the
+/// `--json` lines of `run` (captured in tests as stdout is).
+pub fn sink(stream: Stream) -> Sink {
     #[cfg(test)]
     if CAPTURE.with(|c| c.borrow().is_some()) {
-        return Stdout::Captured;
+        return Sink::Captured(stream);
     }
-    Stdout::Real(std::io::stdout().lock())
+    match stream {
+        Stream::Stdout => Sink::Stdout(std::io::stdout().lock()),
+        Stream::Stderr => Sink::Stderr(std::io::stderr().lock()),
+    }
 }
 
-/// See [`stdout`].
-pub enum Stdout {
-    Real(std::io::StdoutLock<'static>),
+/// See [`sink`].
+pub enum Sink {
+    Stdout(std::io::StdoutLock<'static>),
+    Stderr(std::io::StderrLock<'static>),
     #[cfg(test)]
-    Captured,
+    Captured(Stream),
 }
 
-impl Write for Stdout {
+impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
-            Self::Real(out) => out.write(buf),
+            Self::Stdout(out) => out.write(buf),
+            Self::Stderr(err) => err.write(buf),
             #[cfg(test)]
-            Self::Captured => {
-                CAPTURE.with(|c| c.borrow_mut().get_or_insert_with(Vec::new).extend_from_slice(buf));
+            Self::Captured(stream) => {
+                CAPTURE.with(|c| {
+                    let mut c = c.borrow_mut();
+                    let [out, err] = c.get_or_insert_with(Default::default);
+                    match stream {
+                        Stream::Stdout => out.extend_from_slice(buf),
+                        Stream::Stderr => err.extend_from_slice(buf),
+                    }
+                });
                 Ok(buf.len())
             }
         }
@@ -41,43 +59,65 @@ impl Write for Stdout {
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Self::Real(out) => out.flush(),
+            Self::Stdout(out) => out.flush(),
+            Self::Stderr(err) => err.flush(),
             #[cfg(test)]
-            Self::Captured => Ok(()),
+            Self::Captured(_) => Ok(()),
         }
     }
 }
 
 #[cfg(test)]
 thread_local! {
-    static CAPTURE: std::cell::RefCell<Option<Vec<u8>>> = const { std::cell::RefCell::new(None) };
+    /// What this thread's commands wrote on stdout and (as `--json` lines) stderr.
+    static CAPTURE: std::cell::RefCell<Option<[Vec<u8>; 2]>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Runs `f` with this thread's [`stdout`] captured; returns its result and
 /// what it wrote there.
 #[cfg(test)]
 pub fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
-    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let (result, out, _) = capture_both(f);
+    (result, out)
+}
+
+/// [`capture`], and also what `f` wrote on stderr through [`sink`] (`--json` lines:
+/// pvisor's other messages on stderr are not captured).
+#[cfg(test)]
+pub fn capture_both<T>(f: impl FnOnce() -> T) -> (T, String, String) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Default::default()));
     let result = f();
-    let bytes = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
-    (result, String::from_utf8_lossy(&bytes).into_owned())
+    let [out, err] = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    (result, text(out), text(err))
 }
 
-/// One `--json` line: what kind of record it is, and the record untouched
-/// (ripgrep's envelope), so a record's own `type` field survives.
-#[derive(Serialize)]
-struct Envelope<'a, T> {
-    r#type: &'a str,
-    data: &'a T,
+/// Says one of pvisor's own messages: the line `human` on stderr or, while
+/// the command runs with `--json`, a `kind` line with `data` on its JSON
+/// stream. A message that cannot be written is lost, as a failed
+/// `eprintln!` would lose it.
+pub fn say<T: Serialize>(kind: JsonType, data: &T, human: impl FnOnce() -> String) {
+    if crate::json::mode().is_some() {
+        let _ = crate::json::emit(kind, data);
+    } else {
+        eprintln!("{}", human());
+    }
 }
 
-/// Writes `value` as one JSON line, `{"type": kind, "data": value}`.
-pub fn json_line<T: Serialize>(out: &mut impl Write, kind: &str, value: &T) -> anyhow::Result<()> {
-    let line =
-        serde_json::to_vec(&Envelope { r#type: kind, data: value }).context("cannot encode JSON output")?;
-    out.write_all(&line).context("cannot write output")?;
-    out.write_all(b"\n").context("cannot write output")?;
-    Ok(())
+/// `pvisor: warning: MESSAGE`, or a `warning` line `{"message": MESSAGE}`.
+pub fn warning(message: &str) {
+    say(JsonType::Warning, &Message { message }, || format!("pvisor: warning: {message}"));
+}
+
+/// `pvisor: note: MESSAGE`, or a `note` line `{"message": MESSAGE}`.
+pub fn note(message: &str) {
+    say(JsonType::Note, &Message { message }, || format!("pvisor: note: {message}"));
+}
+
+/// `pvisor: MESSAGE` (a line that says what it is itself), or a `kind`
+/// line `{"message": MESSAGE}`.
+pub fn plain(kind: JsonType, message: &str) {
+    say(kind, &Message { message }, || format!("pvisor: {message}"));
 }
 
 /// Quotes a command line for display, shell-style.
@@ -153,22 +193,6 @@ mod tests {
     fn shell_words_quote_only_when_needed() {
         assert_eq!(shell_words("sh", &["-c".into(), "echo 'x' > y".into()]), "sh -c 'echo '\\''x'\\'' > y'");
         assert_eq!(shell_words("true", &[]), "true");
-    }
-
-    #[test]
-    fn json_lines_wrap_the_record_in_an_envelope() {
-        let mut out = Vec::new();
-        json_line(&mut out, "event", &serde_json::json!({"type": "run.started", "seq": 1})).unwrap();
-        let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(line, serde_json::json!({"type": "event", "data": {"type": "run.started", "seq": 1}}));
-        assert!(out.ends_with(b"}\n"));
-        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
-    }
-
-    #[test]
-    fn a_test_reads_what_a_command_wrote_to_stdout() {
-        let ((), text) = capture(|| json_line(&mut stdout(), "job", &serde_json::json!({"n": 1})).unwrap());
-        assert_eq!(text, "{\"type\":\"job\",\"data\":{\"n\":1}}\n");
     }
 }
 

@@ -89,7 +89,7 @@ pub struct ReviewArgs {
 /// are never applied. A path that cannot be written does not stop the others.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n  pvisor apply --session fix --all  everything the session's runs staged; ends the session\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
+    after_help = "Examples:\n  pvisor apply --all                apply every remaining change of the last Job\n  pvisor apply job-01JD4 src/ README.md\n  pvisor apply '**/*.rs' --dry-run  what would happen\n  pvisor apply -i                   choose change by change, with diffs\n  pvisor apply -p src/main.rs       choose hunk by hunk (like git add -p)\n  printf 'y\\nn\\n' | pvisor apply -p   answers from a pipe, one per line\n  pvisor apply .git/hooks/pre-push  a sensitive path, named exactly\n  pvisor apply --session fix --all  everything the session's runs staged; ends the session\n  pvisor apply --all --json         one JSON line per path, then a `result` line\n\nExit status: 0 applied; 1 refused because of conflicts (nothing applied), or some paths skipped\n(sensitive) or not writable (the rest applied); 125 error."
 )]
 pub struct ApplyArgs {
     /// The Job (id or unique prefix) [default: the most recent, refused if newer than the one last reviewed]. A first argument that is not a job is taken as a path.
@@ -135,6 +135,10 @@ pub struct ApplyArgs {
     /// Print no per-path lines, only problems and the one-line total.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// JSON Lines on stdout: one per path (`applied`, `planned`, `skipped`),
+    /// then one `result` line (or `error`). Asks nothing: not with -i or -p.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Discard staged changes: the remaining ones, or only those selected.
@@ -142,7 +146,7 @@ pub struct ApplyArgs {
 /// Drop never undoes changes already applied to the workspace.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor drop                 discard everything left in the last Job's stage\n  pvisor drop job-01JD4 build/\n  pvisor drop --session fix   discard the session's changes and end it"
+    after_help = "Examples:\n  pvisor drop                 discard everything left in the last Job's stage\n  pvisor drop job-01JD4 build/\n  pvisor drop --session fix   discard the session's changes and end it\n  pvisor drop job-01JD4 --json   one `dropped` line per change, then a `result` line"
 )]
 pub struct DropArgs {
     pub job: Option<String>,
@@ -159,6 +163,9 @@ pub struct DropArgs {
     /// Print no per-path lines, only the one-line total.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// JSON Lines on stdout: one `dropped` line per change, then one `result` line (or `error`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// End a Job in any non-terminal state; the way out of `unknown`.
@@ -169,13 +176,16 @@ pub struct DropArgs {
 /// as `lost`: recorded as lost, never as success. Its stage stays reviewable.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor kill job-01JD4\n  pvisor kill --grace 2s\n\nExit status: 0 when the Job has ended (or had already); 125 on error."
+    after_help = "Examples:\n  pvisor kill job-01JD4\n  pvisor kill --grace 2s\n  pvisor kill job-01JD4 --json   one `result` line: the Job and its state\n\nExit status: 0 when the Job has ended (or had already); 125 on error."
 )]
 pub struct KillArgs {
     pub job: Option<String>,
     /// How long a live run gets to cancel and publish its receipt before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime_duration)]
     pub grace: std::time::Duration,
+    /// One JSON `result` line on stdout (or `error`) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Snapshot a stopped Job's staged files and conflict baselines.
@@ -187,7 +197,7 @@ pub struct KillArgs {
 /// workspace underneath.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor checkpoint\n  pvisor checkpoint job-01JD4\n  pvisor fork ckpt-01JD5 -- make test"
+    after_help = "Examples:\n  pvisor checkpoint\n  pvisor checkpoint job-01JD4\n  pvisor checkpoint --json | jq -r 'select(.type == \"result\") | .data.checkpoint'\n  pvisor fork ckpt-01JD5 -- make test"
 )]
 pub struct CheckpointArgs {
     pub job: Option<String>,
@@ -195,7 +205,8 @@ pub struct CheckpointArgs {
     /// `execution` (the whole running VM of a vm Job: CPU, RAM, devices, disks).
     #[arg(long, default_value = "workspace", value_parser = ["workspace", "execution"])]
     pub kind: String,
-    /// Print the execution checkpoint manifest as JSON.
+    /// JSON Lines on stdout: one `result` line with the checkpoint's id (after
+    /// the manifest, for `--kind execution`), or `error`.
     #[arg(long)]
     pub json: bool,
 }
@@ -218,7 +229,7 @@ pub struct CheckpointsArgs {
 /// judged against the original workspace. Forking a Job checkpoints it first.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e .\n  pvisor fork job-01JD4 --state execution        a second copy of a running VM"
+    after_help = "Examples:\n  pvisor fork job-01JD4 -- sh -c 'make test'\n  pvisor fork ckpt-01JD5 --allow pypi.org -- pip install -e .\n  pvisor fork job-01JD4 --state execution        a second copy of a running VM\n  pvisor fork job-01JD4 --json -- make test      pvisor's lines on stderr as JSON, as `run --json`"
 )]
 pub struct ForkArgs {
     /// A Job (id or prefix) or a checkpoint (`ckpt-…`).
@@ -245,7 +256,7 @@ pub struct ForkArgs {
 /// entry, so anyone can check it with `pvisor verify FILE`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor export                             the last Job, into $PVISOR_HOME/exports/\n  pvisor export -o run.pvisor.tar\n  pvisor export job-01JD4 -o /tmp/audit.tar"
+    after_help = "Examples:\n  pvisor export                             the last Job, into $PVISOR_HOME/exports/\n  pvisor export -o run.pvisor.tar\n  pvisor export job-01JD4 -o /tmp/audit.tar\n  pvisor export --json                      one `result` line: the archive and its BLAKE3"
 )]
 pub struct ExportArgs {
     pub job: Option<String>,
@@ -253,6 +264,9 @@ pub struct ExportArgs {
     /// directory's exports/, never silently into the workspace].
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// One JSON `result` line on stdout (or `error`): the archive, its BLAKE3 and size.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Check a Run Bundle archive or a local Job: every digest and the receipt binding.

@@ -13,7 +13,7 @@ use clap::Args;
 /// network is loopback only. pvisor exits with the command's exit status.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --session fix -- sh -c 'echo x > a'   then: pvisor run --session fix -- cat a\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
+    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --session fix -- sh -c 'echo x > a'   then: pvisor run --session fix -- cat a\n  pvisor run --json -- make test 2>log   pvisor's lines as JSON; the `result` is last\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
 )]
 pub struct RunArgs {
     /// The workspace directory [default: the current directory].
@@ -51,6 +51,10 @@ pub struct RunOptions {
     /// Print nothing but the command's own output.
     #[arg(short, long)]
     pub quiet: bool,
+    /// pvisor's own lines on stderr as JSON Lines, ending with one `result`
+    /// (or `error`) line; the command's stdout and stderr pass through as they are.
+    #[arg(long)]
+    pub json: bool,
     /// Network: none (loopback only, the default), proxy (only the --allow'ed
     /// domains, through pvisor's proxy), host (shared, bypassable).
     #[arg(long = "net", value_enum, value_name = "MODE")]
@@ -127,10 +131,12 @@ pub enum ExecutorArg {
 /// QEMU has exited, a termination receipt makes the Job `suspended`: apply and
 /// drop wait until it is resumed and finished. Only vm Jobs can be suspended.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor suspend\n  pvisor suspend job-01JD4 && pvisor resume job-01JD4")]
+#[command(
+    after_help = "Examples:\n  pvisor suspend\n  pvisor suspend job-01JD4 && pvisor resume job-01JD4\n  pvisor suspend --json | jq 'select(.type == \"result\") | .data.checkpoint'"
+)]
 pub struct SuspendArgs {
     pub job: Option<String>,
-    /// Print the checkpoint manifest as JSON.
+    /// JSON Lines on stdout: the checkpoint manifest, then one `result` line.
     #[arg(long)]
     pub json: bool,
 }
@@ -142,12 +148,18 @@ pub struct SuspendArgs {
 /// reseeded; the command's output continues here and the final receipt belongs
 /// to the new Attempt. Refused after `pvisor kill`.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  pvisor resume\n  pvisor resume job-01JD4")]
+#[command(
+    after_help = "Examples:\n  pvisor resume\n  pvisor resume job-01JD4\n  pvisor resume job-01JD4 --json   pvisor's lines on stderr as JSON, as `run --json`"
+)]
 pub struct ResumeArgs {
     pub job: Option<String>,
     /// Print nothing but the command's own output.
     #[arg(short, long)]
     pub quiet: bool,
+    /// pvisor's own lines on stderr as JSON Lines, ending with one `result`
+    /// (or `error`) line, as `run --json`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A command-line value that does not parse; clap shows the message. (The

@@ -1,4 +1,4 @@
-//! `pvisor apply [JOB] [PATH|GLOB...] [--all] [--dry-run] [--force] [-i]`.
+//! `pvisor apply [JOB] [PATH|GLOB...] [--all] [--dry-run] [--force] [-i] [--json]`.
 
 use std::io::{IsTerminal, Write};
 
@@ -10,13 +10,19 @@ use pvisor_core::ids::JobId;
 use pvisor_stage::apply::Verdict;
 
 use crate::cli::ApplyArgs;
+use crate::json::{json_line, JsonType};
 use crate::output::{path_lines, shown, shown_path, Detail, PathLine};
 use crate::prompt::{confirm, Answers};
+use crate::results::{AppliedPath, ApplyResult, SkippedPath};
 
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
 
 pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
+    if args.json && (args.patch || args.interactive) {
+        let flag = if args.patch { "--patch" } else { "--interactive" };
+        return Err(crate::json::JsonRefusal::Interactive { flag }.into());
+    }
     if args.patch {
         return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
@@ -60,8 +66,15 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     } else {
         Selection::Patterns(paths)
     };
-    let report = apply_showing_progress(runtime, &job, selection, options)?;
+    let report = apply_showing_progress(runtime, &job, selection, options, !args.json)?;
     crate::config::warn_if_home(&report.workspace);
+    if args.json {
+        // The session's end is said before the `result`, which is last.
+        if !args.dry_run {
+            super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
+        }
+        return report_apply_json(runtime, &job, &args, &report);
+    }
     let code = report_apply(runtime, &job, &args, &report, &to_drop)?;
     if !args.dry_run {
         super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
@@ -69,14 +82,15 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-/// Applies `selection`, counting the files written on a terminal.
+/// Applies `selection`, counting the files written on a terminal (if `show`).
 fn apply_showing_progress(
     runtime: &Runtime,
     job: &JobId,
     selection: Selection,
     options: ApplyOptions,
+    show: bool,
 ) -> anyhow::Result<ApplyReport> {
-    let stderr_tty = std::io::stderr().is_terminal();
+    let stderr_tty = show && std::io::stderr().is_terminal();
     let mut written = 0usize;
     let progress = Box::new(|_: &pvisor_core::records::ChangeEntry| {
         written += 1;
@@ -139,6 +153,36 @@ fn report_apply(
         writeln!(out, "next: {me} review {job}  ·  {me} apply {job} --all  ·  {me} drop {job}")?;
     }
     Ok(if incomplete { REFUSED } else { 0 })
+}
+
+/// `apply --json`: its warnings, one line per path applied (`applied`, or
+/// `planned` in a dry run) and per path not (`skipped`), then the `result`;
+/// returns the exit status, as [`report_apply`] would.
+fn report_apply_json(
+    runtime: &Runtime,
+    job: &JobId,
+    args: &ApplyArgs,
+    report: &ApplyReport,
+) -> anyhow::Result<i32> {
+    for warning in &report.warnings {
+        crate::output::warning(warning);
+    }
+    let mut out = crate::output::stdout();
+    let kind = if args.dry_run { JsonType::Planned } else { JsonType::Applied };
+    for path in AppliedPath::from_report(report) {
+        json_line(&mut out, kind, &path)?;
+    }
+    for path in SkippedPath::from_report(report) {
+        json_line(&mut out, JsonType::Skipped, &path)?;
+    }
+    let mut result = ApplyResult::from_report(job, report, args.dry_run);
+    if !report.executed {
+        // Nothing was written: the stage is as it was.
+        let stage = runtime.execute(Review { job: job.clone() })?;
+        result = result.with_stage(stage.remaining(), Some(stage.state()));
+    }
+    json_line(&mut out, JsonType::Result, &result)?;
+    Ok(result.exit_status())
 }
 
 /// Names what was selected but not applied (refused, sensitive, failed);

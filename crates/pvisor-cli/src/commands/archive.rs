@@ -2,11 +2,14 @@
 
 use std::io::Write;
 
+use anyhow::Context;
+
 use pvisor::actions::{Export, Gc, Import, ResolveJob, VerifyArchive, VerifyJob};
 use pvisor::{ArchiveError, Runtime, RuntimeError};
 
 use crate::cli::{ExportArgs, GcArgs, ImportArgs, VerifyArgs};
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
+use crate::results::ExportResult;
 
 pub fn cmd_export(runtime: &Runtime, args: ExportArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
@@ -23,6 +26,12 @@ pub fn cmd_export(runtime: &Runtime, args: ExportArgs) -> anyhow::Result<i32> {
         }
     };
     let exported = runtime.execute(Export { job: job.clone(), out: out.clone() })?;
+    if args.json {
+        let result = ExportResult::new(&job, out.clone(), &exported)
+            .with_context(|| format!("cannot read back the archive {}", out.display()))?;
+        json_line(&mut crate::output::stdout(), JsonType::Result, &result)?;
+        return Ok(0);
+    }
     if exported.confirmed {
         println!(
             "{}: {} entries of {job}; check it with `pvisor verify {}`",
@@ -105,13 +114,13 @@ pub fn cmd_gc(runtime: &Runtime, args: GcArgs) -> anyhow::Result<i32> {
     let mut out = crate::output::stdout();
     if args.json {
         for f in &report.freed {
-            json_line(&mut out, "freed", f)?;
+            json_line(&mut out, JsonType::Freed, f)?;
         }
         for k in &report.kept {
-            json_line(&mut out, "kept", k)?;
+            json_line(&mut out, JsonType::Kept, k)?;
         }
         for f in &report.failed {
-            json_line(&mut out, "failed", f)?;
+            json_line(&mut out, JsonType::Failed, f)?;
         }
         return Ok(if report.failed.is_empty() { 0 } else { 1 });
     }

@@ -9,7 +9,8 @@ use pvisor::actions::{ListCaches, PruneCache};
 use pvisor::Runtime;
 
 use crate::cli::{CacheAction, CacheArgs};
-use crate::output::{json_line, shown_path};
+use crate::json::{json_line, JsonType};
+use crate::output::shown_path;
 
 pub fn cmd_cache(runtime: &Runtime, args: CacheArgs) -> anyhow::Result<i32> {
     match args.action {
@@ -20,7 +21,7 @@ pub fn cmd_cache(runtime: &Runtime, args: CacheArgs) -> anyhow::Result<i32> {
                 if json {
                     json_line(
                         &mut out,
-                        "cache",
+                        JsonType::Cache,
                         &serde_json::json!({"path": cache.path, "store": cache.store, "bytes": cache.bytes, "in_use": in_use}),
                     )?;
                 } else {

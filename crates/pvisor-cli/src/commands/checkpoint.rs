@@ -10,7 +10,8 @@ use pvisor::{Runtime, CHECKPOINT_LIMITS as LIMITS};
 use pvisor_core::ids::CheckpointId;
 
 use crate::cli::{CheckpointArgs, CheckpointsArgs, ForkArgs};
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
+use crate::results::CheckpointResult;
 
 pub fn cmd_checkpoint(runtime: &Runtime, args: CheckpointArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
@@ -18,6 +19,17 @@ pub fn cmd_checkpoint(runtime: &Runtime, args: CheckpointArgs) -> anyhow::Result
         return super::execution::cmd_checkpoint_execution(runtime, &job, args.json);
     }
     let (manifest, _hold) = runtime.execute(CheckpointWorkspace { job: job.clone() })?;
+    if args.json {
+        let result = CheckpointResult {
+            job,
+            checkpoint: manifest.id.to_string(),
+            kind: "workspace",
+            entries: Some(manifest.entries.len()),
+            copy_method: Some(manifest.copy_method),
+        };
+        json_line(&mut crate::output::stdout(), JsonType::Result, &result)?;
+        return Ok(0);
+    }
     println!("{}: {} entries of {} ({})", manifest.id, manifest.entries.len(), job, manifest.copy_method);
     println!("note: {LIMITS}");
     let me = crate::output::me();
@@ -30,7 +42,7 @@ pub fn cmd_checkpoints(runtime: &Runtime, args: CheckpointsArgs) -> anyhow::Resu
     let mut broken = 0;
     for (id, manifest) in runtime.execute(ListCheckpoints)? {
         match manifest {
-            Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
+            Ok(m) if args.json => json_line(&mut out, JsonType::Checkpoint, &m)?,
             Ok(m) => writeln!(
                 out,
                 "{}  {}  {}  {:>6} entries  {}  {}",
@@ -49,7 +61,7 @@ pub fn cmd_checkpoints(runtime: &Runtime, args: CheckpointsArgs) -> anyhow::Resu
     }
     for (job, dir, manifest) in runtime.execute(ListExecutionCheckpoints)? {
         match manifest {
-            Ok(m) if args.json => json_line(&mut out, "checkpoint", &m)?,
+            Ok(m) if args.json => json_line(&mut out, JsonType::Checkpoint, &m)?,
             Ok(m) => writeln!(
                 out,
                 "{}  {}  {}  {} MiB RAM, {}, guest paused {} ms  {}",
@@ -82,14 +94,22 @@ pub fn cmd_fork(runtime: &Runtime, args: ForkArgs) -> anyhow::Result<i32> {
         let job = runtime.execute(ResolveJob { query: Some(args.from.clone()) })?;
         let (manifest, hold) = runtime.execute(CheckpointWorkspace { job: job.clone() })?;
         if !args.run.quiet {
-            eprintln!("pvisor: checkpointed {job} as {} ({})", manifest.id, manifest.copy_method);
+            crate::output::plain(
+                JsonType::Note,
+                &format!("checkpointed {job} as {} ({})", manifest.id, manifest.copy_method),
+            );
         }
         (manifest.id, hold)
     };
     // Admission verifies every file before the new Job exists.
     let manifest = runtime.execute(ReadCheckpoint { id: checkpoint.clone() })?;
     if !args.run.quiet {
-        eprintln!("pvisor: forking {} from {} ({LIMITS})", manifest.job, manifest.id);
+        let checkpoint = manifest.id.to_string();
+        let fork =
+            super::execution::ForkLine { parent: &manifest.job, checkpoint: &checkpoint, state: "workspace" };
+        crate::output::say(JsonType::Fork, &fork, || {
+            format!("pvisor: forking {} from {checkpoint} ({LIMITS})", manifest.job)
+        });
     }
     let executor = super::run::executor_for(runtime, args.run.executor)?;
     super::run::execute(

@@ -5,14 +5,14 @@ use std::io::Write;
 use crate::doctor::{self, Status};
 
 use crate::cli::DoctorArgs;
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
 
 pub fn cmd_doctor(runtime: &pvisor::Runtime, args: DoctorArgs) -> anyhow::Result<i32> {
     let checks = doctor::run_checks(runtime.store().root());
     let mut out = crate::output::stdout();
     for c in &checks {
         if args.json {
-            json_line(&mut out, "check", c)?;
+            json_line(&mut out, JsonType::Check, c)?;
             continue;
         }
         let mark = match c.status {

@@ -1,4 +1,4 @@
-//! `pvisor drop [JOB] [PATH...]`.
+//! `pvisor drop [JOB] [PATH...] [--json]`.
 
 use std::io::Write;
 
@@ -6,7 +6,9 @@ use pvisor::actions::DropChanges;
 use pvisor::Runtime;
 
 use crate::cli::DropArgs;
+use crate::json::{json_line, JsonType};
 use crate::output::{path_lines, Detail, PathLine};
+use crate::results::DropResult;
 
 pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
     let (job, paths) =
@@ -14,6 +16,15 @@ pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
     let report = super::freeing_space(runtime.store(), || {
         Ok(runtime.execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
     })?;
+    if args.json {
+        let mut out = crate::output::stdout();
+        for path in DropResult::paths(&report) {
+            json_line(&mut out, JsonType::Dropped, &path)?;
+        }
+        super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
+        json_line(&mut out, JsonType::Result, &DropResult::from_report(&job, &report))?;
+        return Ok(0);
+    }
     let mut out = crate::output::stdout();
     let lines: Vec<PathLine> = report
         .dropped

@@ -8,7 +8,7 @@ use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 
 use crate::cli::EventsArgs;
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
 
 pub fn cmd_events(runtime: &Runtime, args: EventsArgs) -> anyhow::Result<i32> {
     let jobs = match &args.session {
@@ -35,7 +35,7 @@ fn print_trace(runtime: &Runtime, out: &mut impl Write, job: JobId, json: bool) 
     let Trace { events, warnings } = runtime.execute(Events { job })?;
     for event in &events {
         if json {
-            json_line(out, "event", event)?;
+            json_line(out, JsonType::Event, event)?;
         } else {
             let cause = event.cause.map(|c| format!(" ←{c}")).unwrap_or_default();
             let data = match &event.data {

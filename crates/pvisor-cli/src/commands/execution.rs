@@ -11,11 +11,22 @@ use pvisor_core::ids::JobId;
 use pvisor_vm::{self as vm, ExecCheckpoint};
 
 use crate::cli::{ForkArgs, ResumeArgs, SuspendArgs};
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
+use crate::results::{CheckpointResult, SuspendResult};
+use pvisor_core::state::JobState;
+
+/// A `fork` line: the Job and checkpoint a fork starts from, and what it
+/// restores (`workspace` or `execution`).
+#[derive(Debug, serde::Serialize)]
+pub struct ForkLine<'a> {
+    pub parent: &'a JobId,
+    pub checkpoint: &'a str,
+    pub state: &'static str,
+}
 
 fn print_manifest(manifest: &ExecCheckpoint, json: bool, verb: &str) -> anyhow::Result<()> {
     if json {
-        json_line(&mut crate::output::stdout(), "checkpoint", manifest)?;
+        json_line(&mut crate::output::stdout(), JsonType::Checkpoint, manifest)?;
     } else {
         let state = manifest.files.iter().find(|f| f.name == vm::checkpoint::STATE).map_or(0, |f| f.size);
         println!(
@@ -34,7 +45,16 @@ fn print_manifest(manifest: &ExecCheckpoint, json: bool, verb: &str) -> anyhow::
 pub fn cmd_checkpoint_execution(runtime: &Runtime, job: &JobId, json: bool) -> anyhow::Result<i32> {
     let manifest = runtime.execute(CheckpointExecution { job: job.clone() })?;
     print_manifest(&manifest, json, &format!("execution checkpoint of {job}, which keeps running"))?;
-    if !json {
+    if json {
+        let result = CheckpointResult {
+            job: job.clone(),
+            checkpoint: manifest.id.to_string(),
+            kind: "execution",
+            entries: None,
+            copy_method: None,
+        };
+        json_line(&mut crate::output::stdout(), JsonType::Result, &result)?;
+    } else {
         let me = crate::output::me();
         println!("next: {me} fork {job} --state execution --checkpoint {}", manifest.id);
     }
@@ -45,7 +65,10 @@ pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> 
     let job = super::resolve_job(runtime, args.job.as_deref())?;
     let manifest = runtime.execute(Suspend { job: job.clone() })?;
     print_manifest(&manifest, args.json, &format!("{job} suspended; its VM has exited"))?;
-    if !args.json {
+    if args.json {
+        let result = SuspendResult { job, state: JobState::Suspended, checkpoint: manifest.id.to_string() };
+        json_line(&mut crate::output::stdout(), JsonType::Result, &result)?;
+    } else {
         let me = crate::output::me();
         println!("next: {me} resume {job}  ·  {me} fork {job} --state execution  ·  {me} kill {job}");
     }
@@ -54,7 +77,7 @@ pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> 
 
 pub fn cmd_resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
-    super::run::drive(args.quiet, move || runtime.execute(Resume { job }).context("Cannot resume"))
+    super::run::drive(runtime, args.quiet, move || runtime.execute(Resume { job }).context("Cannot resume"))
 }
 
 pub fn cmd_fork_execution(runtime: &Runtime, args: &ForkArgs) -> anyhow::Result<i32> {
@@ -69,13 +92,20 @@ pub fn cmd_fork_execution(runtime: &Runtime, args: &ForkArgs) -> anyhow::Result<
     let source = runtime
         .execute(PrepareExecutionFork { parent: parent.clone(), checkpoint: args.checkpoint.clone() })?;
     if let (Some(taken), false) = (&source.taken, args.run.quiet) {
-        eprintln!(
-            "pvisor: checkpointed the running VM of {parent} as {} (paused {} ms)",
-            taken.id, taken.paused_ms
+        crate::output::plain(
+            JsonType::Note,
+            &format!(
+                "checkpointed the running VM of {parent} as {} (paused {} ms)",
+                taken.id, taken.paused_ms
+            ),
         );
     }
     if !args.run.quiet {
-        eprintln!("pvisor: forking the execution of {parent} from {}", source.fork.manifest.id);
+        let checkpoint = source.fork.manifest.id.to_string();
+        let fork = ForkLine { parent: &parent, checkpoint: &checkpoint, state: "execution" };
+        crate::output::say(JsonType::Fork, &fork, || {
+            format!("pvisor: forking the execution of {parent} from {checkpoint}")
+        });
     }
     // The hold lives until this function returns: past admission.
     let _hold = source.hold;

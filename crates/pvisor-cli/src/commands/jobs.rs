@@ -5,7 +5,8 @@ use std::io::Write;
 use pvisor::{JobListing, JobStatus, Runtime};
 
 use crate::cli::JobsArgs;
-use crate::output::{ending, json_line, shell_words};
+use crate::json::{json_line, JsonType};
+use crate::output::{ending, shell_words};
 
 pub fn cmd_jobs(runtime: &Runtime, args: JobsArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
@@ -30,7 +31,7 @@ pub fn cmd_jobs(runtime: &Runtime, args: JobsArgs) -> anyhow::Result<i32> {
             // counted in the warning below.
             Ok(s) if !pvisor_core::labels::matches(&s.labels, &args.label) => continue,
             Err(_) if filtered => broken += 1,
-            Ok(s) if args.json => json_line(&mut out, "job", &s)?,
+            Ok(s) if args.json => json_line(&mut out, JsonType::Job, &s)?,
             Ok(s) => {
                 let changes = s.changes.map_or("-".to_owned(), |n| n.to_string());
                 let depth = if args.tree { depth_of(store, &s) } else { 0 };
@@ -48,7 +49,9 @@ pub fn cmd_jobs(runtime: &Runtime, args: JobsArgs) -> anyhow::Result<i32> {
             Err(e) => {
                 broken += 1;
                 if args.json {
-                    json_line(&mut out, "error", &serde_json::json!({"job": id, "error": e.to_string()}))?;
+                    let error = e.to_string();
+                    let line = serde_json::json!({"job": id, "message": error, "error": error});
+                    json_line(&mut out, JsonType::Error, &line)?;
                 } else {
                     writeln!(out, "{id:<30}  {:<20}  error: {e}", "damaged")?;
                 }

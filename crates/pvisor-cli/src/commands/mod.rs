@@ -35,8 +35,40 @@ use crate::cli::{Cli, Command};
 /// machine's backends over the state directory, from `main`; a fake one in
 /// tests). The runtime is built once,
 /// here, and only for the commands that use the state directory.
+///
+/// A command that changes something and was given `--json` runs in
+/// [`crate::json::scoped`]: its failure is its last JSON line, and the
+/// result is then `Ok` with pvisor's exit status.
 pub fn dispatch(cli: Cli, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> anyhow::Result<i32> {
-    let command = match cli.command {
+    match json_stream(&cli.command) {
+        Some(stream) => crate::json::scoped(stream, || route(cli.command, runtime)),
+        None => route(cli.command, runtime),
+    }
+}
+
+/// Where a command that changes something writes with `--json`: stderr
+/// for those that run a command (its stdout is the command's), else
+/// stdout. `None` without `--json`, and for the read commands, whose
+/// `--json` lines are their records and whose messages stay text.
+fn json_stream(command: &Command) -> Option<crate::json::Stream> {
+    use crate::json::Stream::{Stderr, Stdout};
+    let (json, stream) = match command {
+        Command::Run(args) => (args.options.json, Stderr),
+        Command::Fork(args) => (args.run.json, Stderr),
+        Command::Resume(args) => (args.json, Stderr),
+        Command::Apply(args) => (args.json, Stdout),
+        Command::Drop(args) => (args.json, Stdout),
+        Command::Kill(args) => (args.json, Stdout),
+        Command::Suspend(args) => (args.json, Stdout),
+        Command::Checkpoint(args) => (args.json, Stdout),
+        Command::Export(args) => (args.json, Stdout),
+        _ => (false, Stdout),
+    };
+    json.then_some(stream)
+}
+
+fn route(command: Command, runtime: impl FnOnce() -> anyhow::Result<Runtime>) -> anyhow::Result<i32> {
+    let command = match command {
         Command::Completions(args) => return manuals::cmd_completions(args),
         Command::Man(args) => return manuals::cmd_man(args),
         command => command,
@@ -143,10 +175,10 @@ pub fn other_state_dirs(store: &Store) -> Vec<std::path::PathBuf> {
 pub fn freeing_space<T>(store: &Store, mut command: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
     match command() {
         Err(e) if e.chain().any(pvisor_core::store::is_out_of_space) && store.release_reserve() => {
-            eprintln!(
-                "pvisor: warning: the state directory {} is full; using its reserve to record this",
+            crate::output::warning(&format!(
+                "the state directory {} is full; using its reserve to record this",
                 store.root().display()
-            );
+            ));
             command()
         }
         other => other,
@@ -215,12 +247,13 @@ pub fn target_and_paths_reviewed(
     }
 }
 
-/// After `apply` or `drop --session NAME`: ends the session if nothing is left.
+/// After `apply` or `drop --session NAME`: ends the session if nothing is
+/// left, and says so (a `session` line with `--json`, before the `result`).
 pub fn end_session_if_done(runtime: &Runtime, session: Option<&str>, job: &JobId) -> anyhow::Result<()> {
     let Some(name) = session else { return Ok(()) };
     let store = runtime.store();
     let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(job))?.workspace;
-    sessions::close_if_done(runtime, name, workspace, &mut crate::output::stdout())
+    sessions::close_if_done(runtime, name, workspace)
 }
 
 /// Where the Job last reviewed over `workspace` is recorded: one file per
@@ -250,7 +283,7 @@ pub fn record_reviewed(
         .map_or(Ok(()), pvisor_core::store::create_dir_all_private)
         .and_then(|()| pvisor_core::store::write_atomic(&file, record.as_bytes()));
     if let Err(e) = written {
-        eprintln!("pvisor: warning: could not record that {job} was reviewed: {e}");
+        crate::output::warning(&format!("could not record that {job} was reviewed: {e}"));
     }
 }
 
@@ -318,9 +351,12 @@ pub fn resolve_job(runtime: &Runtime, query: Option<&str>) -> anyhow::Result<Job
     match runtime.execute(LatestJobIn { dir: cwd })? {
         Some((job, _)) if job == latest => Ok(job),
         Some((job, workspace)) => {
-            eprintln!(
-                "pvisor: {job}: the most recent Job of this workspace ({}); the most recent overall is {latest}",
-                crate::output::shown_path(&workspace)
+            crate::output::plain(
+                crate::json::JsonType::Note,
+                &format!(
+                    "{job}: the most recent Job of this workspace ({}); the most recent overall is {latest}",
+                    crate::output::shown_path(&workspace)
+                ),
             );
             Ok(job)
         }
@@ -329,9 +365,9 @@ pub fn resolve_job(runtime: &Runtime, query: Option<&str>) -> anyhow::Result<Job
                 .read::<pvisor_core::records::JobRecord>(&store.job_file(&latest))
                 .map(|r| crate::output::shown_path(&r.workspace))
                 .unwrap_or_default();
-            eprintln!(
-                "pvisor: note: no Job ran over this directory; using the most recent Job, {latest} (workspace {workspace})"
-            );
+            crate::output::note(&format!(
+                "no Job ran over this directory; using the most recent Job, {latest} (workspace {workspace})"
+            ));
             Ok(latest)
         }
     }
@@ -401,7 +437,7 @@ pub fn recover(runtime: &Runtime, job: &JobId) -> anyhow::Result<()> {
     match runtime.execute(Recover { job: job.clone() }) {
         Ok(_) => Ok(()),
         Err(RuntimeError::View(ViewError::Store(e @ StoreError::Io { .. }))) if !e.is_not_found() => {
-            eprintln!("pvisor: warning: could not record the recovery of {job}: {e}");
+            crate::output::warning(&format!("could not record the recovery of {job}: {e}"));
             Ok(())
         }
         Err(e) => Err(e.into()),

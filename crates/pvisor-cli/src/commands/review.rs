@@ -10,7 +10,8 @@ use pvisor_core::records::EntryType;
 use pvisor_core::store::RelPath;
 
 use crate::cli::ReviewArgs;
-use crate::output::{ending, json_line};
+use crate::json::{json_line, JsonType};
+use crate::output::ending;
 
 pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
@@ -37,7 +38,7 @@ pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
             if let Some(job) = made_by.get(&item.change.path) {
                 change["job"] = serde_json::json!(job);
             }
-            json_line(&mut out, "change", &change)?;
+            json_line(&mut out, JsonType::Change, &change)?;
         }
         out.flush()?;
         return Ok(0);

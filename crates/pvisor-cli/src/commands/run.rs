@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context;
+use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use pvisor::actions::{BeginSessionRun, Run};
@@ -22,7 +23,9 @@ use pvisor_sandbox::Executor;
 use crate::cli::{ExecutorArg, NetArg, RunArgs, RunOptions};
 use crate::config;
 use crate::exit;
-use crate::output::ending;
+use crate::json::JsonType;
+use crate::output::{ending, say, warning};
+use crate::results::{NetworkSummary, RunResult};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
@@ -38,28 +41,16 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     let mut turn = runtime.execute(BeginSessionRun {
         workspace: workspace.clone(),
         name: name.clone(),
-        waiting: Box::new(|| eprintln!("pvisor: session {name}: waiting for its live run to end")),
+        waiting: Box::new(|| {
+            crate::output::note(&format!("session {name}: waiting for its live run to end"))
+        }),
     })?;
-    if let Some(closed) = &turn.closed_before {
-        let how = closed.closed.as_ref().map_or("closed", |c| c.how.as_str());
-        eprintln!("pvisor: session {name}: the previous one ended ({how}); starting a new one");
-    }
-    if !quiet {
-        match turn.record.head() {
-            Some(head) => eprintln!(
-                "pvisor: session {name}: run {} on top of what {head} staged",
-                turn.record.jobs.len() + 1
-            ),
-            None => {
-                eprintln!("pvisor: session {name}: run {} over the workspace", turn.record.jobs.len() + 1)
-            }
-        }
-    }
+    super::sessions::announce_turn(&turn, quiet);
     let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
     let request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
-    drive(quiet, || {
+    drive(runtime, quiet, || {
         let run = runtime.execute(Run { request, executor })?;
         turn.admitted(run.job())?;
         Ok(run)
@@ -91,7 +82,7 @@ pub fn execute(
     command: &[String],
 ) -> anyhow::Result<i32> {
     let request = request_for(runtime, &executor, workspace, fork, fork_execution, options, command)?;
-    drive(options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
+    drive(runtime, options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
 }
 
 /// The request for a run of `command`: the environment, the policies in
@@ -114,9 +105,9 @@ pub fn request_for(
         match (key.into_string(), value.into_string()) {
             (Ok(k), Ok(v)) => env.push((k, v)),
             (Ok(k), Err(_)) | (Err(_), Ok(k)) => {
-                eprintln!("pvisor: warning: not passing {k:?}: its name or value is not UTF-8")
+                warning(&format!("not passing {k:?}: its name or value is not UTF-8"))
             }
-            (Err(_), Err(_)) => eprintln!("pvisor: warning: not passing a variable that is not UTF-8"),
+            (Err(_), Err(_)) => warning("not passing a variable that is not UTF-8"),
         }
     }
     config::warn_if_home(&workspace);
@@ -174,14 +165,18 @@ pub fn request_for(
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/
 /// SIGQUIT into cancellation requests, waits for the published end and
-/// prints its summary. Used by `run`, `fork` and `resume`.
-pub fn drive(quiet: bool, start: impl FnOnce() -> anyhow::Result<ManagedJobRun>) -> anyhow::Result<i32> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// says how it ended (see [`finish`]). Used by `run`, `fork` and `resume`.
+pub fn drive(
+    runtime: &Runtime,
+    quiet: bool,
+    start: impl FnOnce() -> anyhow::Result<ManagedJobRun>,
+) -> anyhow::Result<i32> {
+    let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()
         .build()
         .context("Cannot start the async runtime")?;
-    runtime.block_on(async move {
+    tokio.block_on(async move {
         let mut signals = Vec::new();
         for (kind, number) in [
             (SignalKind::interrupt(), libc::SIGINT),
@@ -207,28 +202,58 @@ pub fn drive(quiet: bool, start: impl FnOnce() -> anyhow::Result<ManagedJobRun>)
         }?;
         Ok(match &end {
             RunEnd::Finished(outcome) => finish(outcome, quiet),
-            RunEnd::Suspended(suspended) => finish_suspended(suspended, quiet),
+            RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
         })
     })
 }
 
 /// The summary of an Attempt that was suspended from elsewhere.
-fn finish_suspended(outcome: &SuspendedOutcome, quiet: bool) -> i32 {
+fn finish_suspended(runtime: &Runtime, outcome: &SuspendedOutcome, quiet: bool) -> anyhow::Result<i32> {
     for gap in &outcome.audit_gaps {
-        eprintln!("pvisor: warning: audit gap (the termination receipt is valid): {gap}");
+        warning(&format!("audit gap (the termination receipt is valid): {gap}"));
     }
+    let job = &outcome.job;
     if !quiet {
-        let job = &outcome.job;
-        eprintln!(
-            "pvisor: {job} suspended to {} (VM {}; paused {} ms)",
-            outcome.checkpoint.id, outcome.vm_exit, outcome.checkpoint.paused_ms
-        );
+        if crate::json::mode().is_none() {
+            eprintln!(
+                "pvisor: {job} suspended to {} (VM {}; paused {} ms)",
+                outcome.checkpoint.id, outcome.vm_exit, outcome.checkpoint.paused_ms
+            );
+        }
         let me = crate::output::me();
-        eprintln!(
-            "pvisor: next: {me} resume {job}  ·  {me} fork {job} --state execution  ·  {me} kill {job}"
+        say_next(
+            "next",
+            &[
+                format!("{me} resume {job}"),
+                format!("{me} fork {job} --state execution"),
+                format!("{me} kill {job}"),
+            ],
         );
     }
-    exit::SUSPENDED
+    if crate::json::mode().is_none() {
+        return Ok(exit::SUSPENDED);
+    }
+    let store = runtime.store();
+    let workspace = store.read::<pvisor_core::records::JobRecord>(&store.job_file(job))?.workspace;
+    Ok(conclude(&RunResult::from_suspended(outcome, workspace)))
+}
+
+/// The commands that usually come next, said as `pvisor: WORD: A  ·  B`
+/// or a `next` line.
+fn say_next(word: &str, commands: &[String]) {
+    #[derive(Serialize)]
+    struct Next<'a> {
+        commands: &'a [String],
+    }
+    say(JsonType::Next, &Next { commands }, || format!("pvisor: {word}: {}", commands.join("  ·  ")));
+}
+
+/// Under `--json`, the `result` line; returns pvisor's exit status.
+fn conclude(result: &RunResult) -> i32 {
+    // A result that cannot be written changes no exit status; the reader
+    // sees the stream end without one.
+    let _ = crate::json::emit(JsonType::Result, result);
+    result.exit_status()
 }
 
 /// Gathers the network policies in scope: the command line, the workspace's
@@ -277,11 +302,14 @@ fn network_scopes(
                         pvisor::trust::Trust::Changed => "it changed since you trusted it",
                         _ => "it is not trusted",
                     };
-                    eprintln!(
-                        "pvisor: ignoring {} from {}: {why}, so it may only narrow the policy; `pvisor trust {}` trusts this exact file",
-                        crate::output::shown(&ignored.join(" and ")),
-                        crate::output::shown_path(&ws_file),
-                        crate::output::shown_path(&ws_file)
+                    crate::output::plain(
+                        JsonType::Warning,
+                        &format!(
+                            "ignoring {} from {}: {why}, so it may only narrow the policy; `pvisor trust {}` trusts this exact file",
+                            crate::output::shown(&ignored.join(" and ")),
+                            crate::output::shown_path(&ws_file),
+                            crate::output::shown_path(&ws_file)
+                        ),
                     );
                 }
                 narrow
@@ -311,10 +339,10 @@ fn workspace_config(workspace: &std::path::Path) -> anyhow::Result<Option<Worksp
     let Some(bytes) = config::read(&ws_file)? else { return Ok(None) };
     let parsed = config::parse(&bytes, &ws_file)?;
     if parsed.apply.is_some() {
-        eprintln!(
-            "pvisor: warning: ignoring [apply] in {}: sensitive paths are set in your own config only",
+        warning(&format!(
+            "ignoring [apply] in {}: sensitive paths are set in your own config only",
             ws_file.display()
-        );
+        ));
     }
     Ok(Some((ws_file, bytes, parsed)))
 }
@@ -381,7 +409,7 @@ fn limits_for(
         // replace a usable one with "not enforced": it is no narrowing.
         let usable = narrower.cpus.filter(|c| c.is_finite() && *c >= 0.01);
         if usable.is_none() && narrower.cpus.is_some() {
-            eprintln!("pvisor: warning: ignoring the workspace's cpus: not a rate of at least 0.01 cores");
+            warning("ignoring the workspace's cpus: not a rate of at least 0.01 cores");
         }
         limits.cpus = smaller(limits.cpus, usable);
     }
@@ -441,14 +469,14 @@ fn announce_unenforceable(limits: &pvisor_core::records::ResourceLimits, quiet: 
     let missing = pvisor_sandbox::limits::unenforceable(limits);
     let (defaults, asked): (Vec<_>, Vec<_>) = missing.iter().partition(|l| limits.is_default(l.limit));
     for l in &asked {
-        eprintln!("pvisor: warning: --{} {} is {}", l.limit, l.value, l.by);
+        warning(&format!("--{} {} is {}", l.limit, l.value, l.by));
     }
     if !defaults.is_empty() && !quiet {
         let names: Vec<String> = defaults.iter().map(|l| format!("{} {}", l.limit, l.value)).collect();
-        eprintln!(
-            "pvisor: note: default limits not enforced on this host: {} (no cgroup this user may create; see `pvisor doctor`)",
+        crate::output::note(&format!(
+            "default limits not enforced on this host: {} (no cgroup this user may create; see `pvisor doctor`)",
             names.join(", ")
-        );
+        ));
     }
     let _ = ANNOUNCED.set(asked.iter().map(|l| l.limit).collect());
 }
@@ -462,8 +490,9 @@ fn half_the_ram() -> Option<u64> {
 }
 
 /// Says the effective network policy, with where each part came from, when
-/// it is not the default (no network at all). One line on stderr, even with
-/// `-q`: a policy that opens the network is never silent.
+/// it is not the default (no network at all). One line on stderr (a
+/// `policy` line under `--json`), even with `-q`: a policy that opens the
+/// network is never silent.
 fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
     let network = pvisor_net::policy::resolve(scopes)?;
     if network.mode == Mode::None && network.allow.is_empty() && network.deny.is_empty() {
@@ -479,20 +508,54 @@ fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
     if !network.deny.is_empty() {
         line.push_str(&format!("; deny {}", rules(&network.deny)));
     }
-    eprintln!("{}", pvisor_core::text::escape(&line, pvisor_core::text::Tabs::Escape));
+    say(JsonType::Policy, &network, || {
+        pvisor_core::text::escape(&line, pvisor_core::text::Tabs::Escape).into_owned()
+    });
     Ok(())
 }
 
-/// Prints the end-of-run summary on stderr and returns pvisor's exit code.
+/// Says how the run ended, on stderr: its problems, a one-line summary,
+/// what comes next and what it did on the network; under `--json` the same
+/// as lines, the last one its `result` (which is the summary). Returns
+/// pvisor's exit code.
 fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
-    let result = &outcome.result;
-    let code = match (result.exit_code, result.signal) {
-        (Some(code), _) => code,
-        (None, Some(sig)) => 128 + sig,
-        (None, None) => exit::PVISOR_ERROR,
-    };
-    let failed_to_start =
-        matches!(code, exit::CANNOT_EXECUTE | exit::NOT_FOUND | exit::PVISOR_ERROR) && result.error.is_some();
+    let result = RunResult::from_outcome(outcome);
+    let text = crate::json::mode().is_none();
+    if text {
+        say_error(&result);
+    }
+    for gap in &outcome.audit_gaps {
+        warning(&format!("audit gap (the receipt is valid): {gap}"));
+    }
+    if let Some(previous) = outcome.restore_failed_from {
+        crate::output::plain(
+            JsonType::Warning,
+            &format!(
+                "{} is still suspended (attempt {previous}; its checkpoint is intact): fix the cause and run `pvisor resume {}` again",
+                outcome.job, outcome.job
+            ),
+        );
+        return conclude(&result);
+    }
+    for said in &outcome.warnings {
+        // Said before the command started (announce_unenforceable).
+        if ANNOUNCED.get().is_some_and(|names| names.iter().any(|n| said.starts_with(&format!("--{n} ")))) {
+            continue;
+        }
+        warning(said);
+    }
+    if !quiet {
+        if text {
+            eprintln!("{}", summary(outcome));
+        }
+        next_after(outcome);
+        say_network(outcome);
+    }
+    conclude(&result)
+}
+
+/// Why the command could not run or finish, on a terminal's own colours.
+fn say_error(result: &RunResult) {
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         // An SGR reset first: the command's last colours or attributes
         // (conceal, say) must not dress or hide what pvisor says.
@@ -501,80 +564,98 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
     if let Some(error) = &result.error {
         eprintln!(
             "pvisor: {}: {}",
-            if failed_to_start { "error" } else { "note" },
+            if result.failed_to_start() { "error" } else { "note" },
             crate::output::shown(error)
         );
     }
-    for gap in &outcome.audit_gaps {
-        eprintln!("pvisor: warning: audit gap (the receipt is valid): {gap}");
+}
+
+/// `pvisor: JOB failed (exit 3); 2 changes staged (1 added, 1 deleted); WS untouched`.
+fn summary(outcome: &RunOutcome) -> String {
+    let result = &outcome.result;
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for change in &outcome.changes {
+        *kinds.entry(change.kind.as_str()).or_default() += 1;
     }
-    if let Some(previous) = outcome.restore_failed_from {
-        eprintln!(
-            "pvisor: {} is still suspended (attempt {previous}; its checkpoint is intact): fix the cause and run `pvisor resume {}` again",
-            outcome.job, outcome.job
+    let staged = if outcome.changes.is_empty() {
+        "nothing staged".to_owned()
+    } else {
+        let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!("{} staged ({})", plural(outcome.changes.len(), "change"), parts.join(", "))
+    };
+    let state = ending(result.state.as_str(), result.exit_code, result.signal);
+    format!(
+        "pvisor: {} {state}; {staged}; {} untouched",
+        outcome.job,
+        crate::output::shown_path(&outcome.workspace)
+    )
+}
+
+/// What to do next: review, apply or drop what was staged; the status of
+/// a run that staged nothing and did not complete; nothing otherwise.
+fn next_after(outcome: &RunOutcome) {
+    let (job, me) = (&outcome.job, crate::output::me());
+    if !outcome.changes.is_empty() {
+        say_next(
+            "next",
+            &[
+                format!("{me} review {job} --diff"),
+                format!("{me} apply {job} --all"),
+                format!("{me} drop {job}"),
+            ],
         );
-        return code;
+    } else if outcome.result.state != ResultState::Completed {
+        say_next("details", &[format!("{me} status {job}")]);
     }
-    for warning in &outcome.warnings {
-        // Said before the command started (announce_unenforceable).
-        if ANNOUNCED.get().is_some_and(|names| names.iter().any(|n| warning.starts_with(&format!("--{n} "))))
-        {
-            continue;
-        }
-        eprintln!("pvisor: warning: {warning}");
+}
+
+/// What the run did on the network: a note, or with requests through the
+/// proxy their counts, the names denied most and how to allow them.
+fn say_network(outcome: &RunOutcome) {
+    /// A `network` line: the summary, what it means, and the `--allow`
+    /// flags for the names denied (see [`allow_hint`]).
+    #[derive(Serialize)]
+    struct NetworkLine<'a> {
+        #[serde(flatten)]
+        summary: NetworkSummary,
+        message: &'a str,
+        suggested_allow: Option<String>,
     }
-    if !quiet {
-        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-        for change in &outcome.changes {
-            *kinds.entry(change.kind.as_str()).or_default() += 1;
-        }
-        let staged = if outcome.changes.is_empty() {
-            "nothing staged".to_owned()
-        } else {
-            let parts: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
-            format!("{} staged ({})", plural(outcome.changes.len(), "change"), parts.join(", "))
-        };
-        let state = ending(result.state.as_str(), result.exit_code, result.signal);
-        eprintln!(
-            "pvisor: {} {state}; {staged}; {} untouched",
-            outcome.job,
-            crate::output::shown_path(&outcome.workspace)
-        );
-        let job = &outcome.job;
-        if outcome.changes.is_empty() {
-            if result.state != ResultState::Completed {
-                let me = crate::output::me();
-                eprintln!("pvisor: details: {me} status {job}");
-            }
-        } else {
-            let me = crate::output::me();
-            eprintln!(
-                "pvisor: next: {me} review {job} --diff  ·  {me} apply {job} --all  ·  {me} drop {job}"
-            );
-        }
-        match &outcome.network {
-            Some(net) if !net.non_bypassable => eprintln!(
-                "pvisor: note: the command shared the host network ({}); its requests are not staged and were not rolled back",
+    let line = |net, message, suggested_allow| NetworkLine {
+        summary: NetworkSummary::from(net),
+        message,
+        suggested_allow,
+    };
+    match &outcome.network {
+        Some(net) if !net.non_bypassable => {
+            let message = format!(
+                "the command shared the host network ({}); its requests are not staged and were not rolled back",
                 net.attachment
-            ),
-            Some(net) if net.allowed + net.denied > 0 => {
-                eprintln!(
-                    "pvisor: network: {} request(s) allowed, {} denied; requests are effects that staging neither delayed nor rolled back",
-                    net.allowed, net.denied
-                );
+            );
+            say(JsonType::Network, &line(net, &message, None), || format!("pvisor: note: {message}"));
+        }
+        Some(net) if net.allowed + net.denied > 0 => {
+            let message = format!(
+                "{} request(s) allowed, {} denied; requests are effects that staging neither delayed nor rolled back",
+                net.allowed, net.denied
+            );
+            let hint = allow_hint(&net.top_denied);
+            let human = || {
+                let mut text = format!("pvisor: network: {message}");
                 if !net.top_denied.is_empty() {
                     let hosts: Vec<String> =
                         net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
-                    eprintln!("pvisor: denied: {}", hosts.join(", "));
-                    if let Some(flags) = allow_hint(&net.top_denied) {
-                        eprintln!("pvisor: to allow (these names came from the sandbox; check each first): {flags}");
+                    text.push_str(&format!("\npvisor: denied: {}", hosts.join(", ")));
+                    if let Some(flags) = &hint {
+                        text.push_str(&format!("\npvisor: to allow (these names came from the sandbox; check each first): {flags}"));
                     }
                 }
-            }
-            _ => eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
+                text
+            };
+            say(JsonType::Network, &line(net, &message, hint.clone()), human);
         }
+        _ => crate::output::note("network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
     }
-    code
 }
 
 /// How many names the `--allow` hint suggests.

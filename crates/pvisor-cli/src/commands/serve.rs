@@ -9,7 +9,7 @@ use pvisor_server::supervisor::{Supervisor, SupervisorOptions};
 use pvisor_vm::VmExecutor;
 
 use crate::cli::{ImageArgs, ImageCommand, SandboxSupervisorArgs, ServeArgs};
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
 
 /// Its logs were started by `dispatch`, before the runtime was built.
 pub fn cmd_serve(runtime: &Runtime, args: ServeArgs) -> anyhow::Result<i32> {
@@ -87,7 +87,7 @@ pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
             let mut out = crate::output::stdout();
             for record in &list {
                 if json {
-                    json_line(&mut out, "image", record)?;
+                    json_line(&mut out, JsonType::Image, record)?;
                 } else {
                     use std::io::Write;
                     writeln!(
@@ -130,7 +130,7 @@ pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
             let mut out = crate::output::stdout();
             for t in &list {
                 if json {
-                    json_line(&mut out, "template", t)?;
+                    json_line(&mut out, JsonType::Template, t)?;
                 } else {
                     use std::io::Write;
                     let shape = t.manifest.as_ref().map_or("(unreadable manifest)".to_owned(), |m| {
@@ -169,5 +169,5 @@ pub fn cmd_sandbox_supervisor(runtime: &Runtime, args: SandboxSupervisorArgs) ->
         network_policy: args.network_policy,
     };
     let supervisor = Supervisor::prepare(store, options)?;
-    super::run::drive(true, move || Ok(supervisor.start()?))
+    super::run::drive(runtime, true, move || Ok(supervisor.start()?))
 }

@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use pvisor::actions::{CloseSessionIfDone, ReadSession, SessionView};
+use pvisor::actions::{CloseSessionIfDone, ReadSession, SessionTurn, SessionView};
 use pvisor::run_sessions::SessionError;
 use pvisor::{Runtime, RuntimeError};
 use pvisor_core::ids::JobId;
 use pvisor_core::store::RelPath;
+
+use crate::json::JsonType;
 
 /// The open session `name` of the workspace that holds the current
 /// directory: the nearest directory, walking up, with a session of that name.
@@ -54,21 +56,45 @@ pub fn attribution(view: &SessionView) -> BTreeMap<RelPath, JobId> {
 
 /// After an apply or drop of the session: closes it when nothing is left,
 /// and says so.
-pub fn close_if_done(
-    runtime: &Runtime,
-    name: &str,
-    workspace: PathBuf,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    if let Some(closed) = runtime.execute(CloseSessionIfDone { workspace, name: name.to_owned() })? {
-        let how = closed.closed.as_ref().map_or("closed", |c| c.how.as_str());
-        writeln!(
-            out,
-            "session {name} ended ({how}, {} run(s)); `pvisor run --session {name}` starts a new one",
-            closed.jobs.len()
-        )?;
+pub fn close_if_done(runtime: &Runtime, name: &str, workspace: PathBuf) -> anyhow::Result<()> {
+    let Some(closed) = runtime.execute(CloseSessionIfDone { workspace, name: name.to_owned() })? else {
+        return Ok(());
+    };
+    let how = closed.closed.as_ref().map_or("closed", |c| c.how.as_str());
+    if crate::json::mode().is_some() {
+        let line = serde_json::json!({"name": name, "ended": how, "runs": closed.jobs});
+        return crate::json::emit(JsonType::Session, &line);
     }
+    writeln!(
+        crate::output::stdout(),
+        "session {name} ended ({how}, {} run(s)); `pvisor run --session {name}` starts a new one",
+        closed.jobs.len()
+    )?;
     Ok(())
+}
+
+/// What `run --session` says before the command starts: which run of the
+/// session this is and what it stacks on (a `session` line with `--json`).
+pub fn announce_turn(turn: &SessionTurn, quiet: bool) {
+    let name = &turn.record.name;
+    let run = turn.record.jobs.len() + 1;
+    let head = turn.record.head();
+    let previous_ended = turn.closed_before.as_ref().and_then(|c| c.closed.as_ref()).map(|c| c.how.as_str());
+    let line =
+        serde_json::json!({"name": name, "run": run, "on_top_of": head, "previous_ended": previous_ended});
+    if crate::json::mode().is_some() {
+        let _ = crate::json::emit(JsonType::Session, &line);
+        return;
+    }
+    if let Some(how) = previous_ended {
+        eprintln!("pvisor: session {name}: the previous one ended ({how}); starting a new one");
+    }
+    if !quiet {
+        match head {
+            Some(head) => eprintln!("pvisor: session {name}: run {run} on top of what {head} staged"),
+            None => eprintln!("pvisor: session {name}: run {run} over the workspace"),
+        }
+    }
 }
 
 /// The session's summary line for review and status.

@@ -6,7 +6,8 @@ use pvisor::actions::{Review, Status};
 use pvisor::{JobStatus, ReceiptStatus, Runtime};
 
 use crate::cli::StatusArgs;
-use crate::output::{ending, json_line, shell_words};
+use crate::json::{json_line, JsonType};
+use crate::output::{ending, shell_words};
 
 pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
     let mut out = crate::output::stdout();
@@ -22,7 +23,7 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
     super::recover(runtime, &job)?;
     let status = runtime.execute(Status { job: job.clone() })?;
     if args.json {
-        json_line(&mut out, "status", &status)?;
+        json_line(&mut out, JsonType::Status, &status)?;
     } else {
         print_status(&mut out, &status)?;
     }
@@ -31,7 +32,7 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
         let items = stage.review(&[], &crate::config::sensitive(runtime.store())?)?;
         if args.json {
             for item in &items {
-                json_line(&mut out, "change", &super::review::change_json(item))?;
+                json_line(&mut out, JsonType::Change, &super::review::change_json(item))?;
             }
         } else {
             writeln!(out)?;
@@ -60,7 +61,7 @@ fn session_status(
             "name": record.name, "workspace": record.workspace, "started_at": record.started_at,
             "head": record.head(), "changes_held": made_by.len(), "runs": runs,
         });
-        return json_line(out, "session", &data);
+        return json_line(out, JsonType::Session, &data);
     }
     super::sessions::header(out, view)?;
     for job in &view.record.jobs {

@@ -83,6 +83,28 @@ impl Fixture {
         crate::output::capture(|| super::dispatch(cli, move || Ok(runtime)))
     }
 
+    /// [`Fixture::pvisor`], and also the `--json` lines it wrote on stderr.
+    fn pvisor_both(&self, args: &[&str]) -> (anyhow::Result<i32>, String, String) {
+        let cli = Cli::try_parse_from(std::iter::once("pvisor").chain(args.iter().copied())).unwrap();
+        let runtime = self.runtime.clone();
+        crate::output::capture_both(|| super::dispatch(cli, move || Ok(runtime)))
+    }
+
+    /// `pvisor run --json -w WS FLAGS... -- fake-command` playing `script`:
+    /// its exit code, and its `--json` lines on stderr (stdout must be
+    /// empty: it is the command's).
+    fn run_json(&self, script: Script, flags: &[&str]) -> (i32, Vec<Value>) {
+        let _runs = runs();
+        self.fake.push(script);
+        let ws = self.ws.to_str().unwrap();
+        let mut args = vec!["run", "--json", "-w", ws];
+        args.extend(flags);
+        args.extend(["--", "fake-command"]);
+        let (code, out, err) = self.pvisor_both(&args);
+        assert_eq!(out, "", "pvisor writes nothing on the command's stdout");
+        (code.unwrap(), lines(&err))
+    }
+
     /// `pvisor ARGS...` that must succeed: its exit code and stdout.
     fn ok(&self, args: &[&str]) -> (i32, String) {
         let (code, out) = self.pvisor(args);
@@ -493,4 +515,208 @@ fn gc_frees_the_stage_of_a_settled_job_and_says_so_in_json() {
     assert_eq!(lines(&out).iter().filter(|r| r["type"] == "freed").count(), would, "{out}");
     assert!(would == 0 || !stage.exists() || !Path::new(&stage).join("upper").exists(), "{out}");
     assert_eq!(f.read("a.txt").as_deref(), Some("a"), "gc never touches the workspace");
+}
+
+// ---- --json of the commands that change something ------------------------------
+
+/// The `result` line that must end `lines`, the only one.
+fn result_of(lines: &[Value]) -> &Value {
+    let last = lines.last().expect("no --json line at all");
+    assert_eq!(last["type"], "result", "{lines:?}");
+    assert_eq!(lines.iter().filter(|l| l["type"] == "result").count(), 1, "{lines:?}");
+    &last["data"]
+}
+
+#[test]
+fn run_json_ends_its_lines_on_stderr_with_the_result() {
+    let f = fixture();
+    let (code, lines) = f.run_json(Script::exits(3, &[("new.txt", "n\n"), ("kept.txt", "edited\n")]), &[]);
+    assert_eq!(code, 3);
+    let result = result_of(&lines);
+    let job = f.latest();
+    assert_eq!(result["job"], job.as_str());
+    assert_eq!(result["state"], "failed");
+    assert_eq!(result["exit_code"], 3);
+    assert!(result["signal"].is_null());
+    assert_eq!(result["receipt"]["valid"], true);
+    let status = f.status(&job);
+    assert_eq!(result["attempt"], status["attempt"]);
+    assert_eq!(result["workspace"], f.ws.to_str().unwrap());
+    let changes = &result["changes"];
+    assert_eq!(changes["total"], 2);
+    assert_eq!(changes["by_kind"], serde_json::json!({"added": 1, "modified": 1}));
+    assert_eq!(changes["truncated"], false);
+    let paths: Vec<&Value> = changes["paths"].as_array().unwrap().iter().collect();
+    assert_eq!(paths.len(), 2);
+    assert!(paths.contains(&&serde_json::json!({"path": "new.txt", "kind": "added"})), "{changes}");
+    let next = lines.iter().find(|l| l["type"] == "next").expect("a next line");
+    assert!(next["data"]["commands"][0].as_str().unwrap().contains(job.as_str()));
+}
+
+#[test]
+fn run_json_lists_at_most_so_many_changed_paths_and_says_so() {
+    let f = fixture();
+    let files: Vec<(String, &str)> =
+        (0..crate::results::CHANGED_PATHS + 5).map(|i| (format!("f{i:04}"), "x")).collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, c)| (p.as_str(), *c)).collect();
+    let (code, lines) = f.run_json(Script::exits(0, &files), &["-q"]);
+    assert_eq!(code, 0);
+    assert_eq!(lines.len(), 1, "-q leaves only the result: {lines:?}");
+    let changes = &result_of(&lines)["changes"];
+    assert_eq!(changes["total"], crate::results::CHANGED_PATHS + 5);
+    assert_eq!(changes["paths"].as_array().unwrap().len(), crate::results::CHANGED_PATHS);
+    assert_eq!(changes["truncated"], true);
+}
+
+#[test]
+fn run_json_of_a_setup_failure_carries_its_error_in_the_result() {
+    let f = fixture();
+    let (code, lines) = f.run_json(Script::setup_fails("mount", "no overlay here"), &[]);
+    assert_eq!(code, crate::exit::PVISOR_ERROR);
+    let result = result_of(&lines);
+    assert_eq!(result["state"], "failed");
+    assert!(result["error"].as_str().unwrap().contains("no overlay here"), "{result}");
+}
+
+#[test]
+fn run_json_refused_before_a_job_exists_ends_with_an_error_line() {
+    let f = fixture();
+    let ws = f.ws.to_str().unwrap();
+    let (code, out, err) = f.pvisor_both(&["run", "--json", "-w", ws, "--disk", "1G", "--", "fake-command"]);
+    assert_eq!(code.unwrap(), crate::exit::PVISOR_ERROR);
+    assert_eq!(out, "");
+    let lines = lines(&err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert_eq!(lines[0]["type"], "error");
+    let message = lines[0]["data"]["message"].as_str().unwrap();
+    assert!(message.contains("--disk applies to the ns executor"), "{message}");
+    assert_eq!(lines[0]["data"]["exit_code"], crate::exit::PVISOR_ERROR);
+    assert!(f.fake.journal().started.is_empty(), "nothing started");
+}
+
+#[test]
+fn apply_json_says_each_path_applied_then_the_result() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("a.txt", "a"), ("b.txt", "b")]));
+    let (code, out) = f.ok(&["apply", job.as_str(), "b.txt", "--json"]);
+    assert_eq!(code, 0);
+    let lines = lines(&out);
+    assert_eq!(lines[0]["type"], "applied");
+    assert_eq!(lines[0]["data"]["path"], "b.txt");
+    assert_eq!(lines[0]["data"]["kind"], "added");
+    let result = result_of(&lines);
+    assert_eq!(result["job"], job.as_str());
+    assert_eq!(result["applied"], 1);
+    assert_eq!(result["skipped"], 0);
+    assert_eq!(result["remaining"], 1);
+    assert_eq!(result["staged"], true);
+    assert_eq!(f.read("b.txt").as_deref(), Some("b"));
+}
+
+#[test]
+fn apply_json_over_a_conflict_skips_it_with_its_reason_and_exits_1() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("kept.txt", "from the sandbox\n"), ("a.txt", "a")]));
+    std::fs::write(f.ws.join("kept.txt"), "edited on the host meanwhile\n").unwrap();
+    let (code, out) = f.ok(&["apply", job.as_str(), "--all", "--json"]);
+    assert_eq!(code, 1);
+    let lines = lines(&out);
+    let skipped: Vec<&Value> = lines.iter().filter(|l| l["type"] == "skipped").collect();
+    assert_eq!(skipped.len(), 1, "{out}");
+    assert_eq!(skipped[0]["data"]["path"], "kept.txt");
+    assert_eq!(skipped[0]["data"]["reason"], "conflict");
+    assert!(!lines.iter().any(|l| l["type"] == "applied"), "nothing is applied over a conflict: {out}");
+    let result = result_of(&lines);
+    assert_eq!(result["conflicts"], 1);
+    assert_eq!(result["applied"], 0);
+    assert_eq!(result["remaining"], 2, "the stage is as it was");
+    assert!(result["hints"][0].as_str().unwrap().contains("--force"), "{result}");
+    assert_eq!(f.read("a.txt"), None);
+}
+
+#[test]
+fn apply_json_never_asks_and_says_what_to_pass_instead() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("a.txt", "a")]));
+    for flag in ["-i", "-p"] {
+        let (code, out) = f.pvisor(&["apply", job.as_str(), flag, "--json"]);
+        assert_eq!(code.unwrap(), crate::exit::PVISOR_ERROR);
+        let lines = lines(&out);
+        assert_eq!(lines.len(), 1, "{out}");
+        assert_eq!(lines[0]["type"], "error");
+        let message = lines[0]["data"]["message"].as_str().unwrap();
+        assert!(message.contains("--all") && message.contains("--include-sensitive"), "{message}");
+    }
+    assert_eq!(f.read("a.txt"), None);
+}
+
+#[test]
+fn drop_json_says_each_path_dropped_then_the_result() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("a.txt", "a"), ("b.txt", "b")]));
+    f.ok(&["apply", job.as_str(), "a.txt"]);
+    let (code, out) = f.ok(&["drop", job.as_str(), "--json"]);
+    assert_eq!(code, 0);
+    let lines = lines(&out);
+    assert_eq!(lines[0], serde_json::json!({"type": "dropped", "data": {"path": "b.txt", "kind": "added"}}));
+    let result = result_of(&lines);
+    assert_eq!(result["dropped"], 1);
+    assert_eq!(result["already_applied"], 1);
+    assert_eq!(result["stage_state"], "applied");
+}
+
+#[test]
+fn checkpoint_json_names_the_checkpoint_a_fork_starts_from() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("a.txt", "a")]));
+    let (code, out) = f.ok(&["checkpoint", job.as_str(), "--json"]);
+    assert_eq!(code, 0);
+    let lines = lines(&out);
+    let result = result_of(&lines);
+    assert_eq!(result["job"], job.as_str());
+    assert_eq!(result["kind"], "workspace");
+    assert!(result["checkpoint"].as_str().unwrap().starts_with("ckpt-"), "{result}");
+    let (_, listed) = f.ok(&["checkpoints", "--json"]);
+    assert_eq!(crate::commands::tests::lines(&listed)[0]["data"]["id"], result["checkpoint"]);
+}
+
+#[test]
+fn export_json_gives_the_archive_and_its_blake3() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[("a.txt", "a\n")]));
+    let archive = f.dir.path().join("job.pvisor.tar");
+    let (code, out) = f.ok(&["export", job.as_str(), "-o", archive.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0);
+    let lines = lines(&out);
+    assert_eq!(lines.len(), 1, "{out}");
+    let result = result_of(&lines);
+    assert_eq!(result["archive"], archive.to_str().unwrap());
+    let bytes = std::fs::read(&archive).unwrap();
+    assert_eq!(result["blake3"], blake3::hash(&bytes).to_hex().as_str());
+    assert_eq!(result["bytes"], bytes.len());
+    assert_eq!(result["confirmed"], true);
+}
+
+#[test]
+fn kill_json_of_an_ended_job_says_its_state() {
+    let f = fixture();
+    let (_, job) = f.run(Script::exits(0, &[]));
+    let (code, out) = f.ok(&["kill", job.as_str(), "--json"]);
+    assert_eq!(code, 0);
+    let lines = lines(&out);
+    assert_eq!(lines.len(), 1, "{out}");
+    let result = result_of(&lines);
+    assert_eq!(result["job"], job.as_str());
+    assert_eq!(result["state"], "completed");
+    assert_eq!(result["already_ended"], true);
+}
+
+#[test]
+fn a_json_error_of_a_command_on_stdout_ends_its_lines() {
+    let f = fixture();
+    let (code, out) = f.pvisor(&["kill", "job-01NOSUCHJOB0000000000000000", "--json"]);
+    assert_eq!(code.unwrap(), crate::exit::PVISOR_ERROR);
+    let lines = lines(&out);
+    assert_eq!(lines.last().unwrap()["type"], "error", "{out}");
+    assert!(lines.last().unwrap()["data"]["message"].is_string());
 }

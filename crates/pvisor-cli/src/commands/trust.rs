@@ -10,7 +10,7 @@ use pvisor_core::text::{escape, Tabs};
 
 use crate::cli::TrustArgs;
 use crate::config;
-use crate::output::json_line;
+use crate::json::{json_line, JsonType};
 
 pub fn cmd_trust(runtime: &pvisor::Runtime, args: TrustArgs) -> anyhow::Result<i32> {
     let store = runtime.store();
@@ -75,7 +75,7 @@ fn list(store: &pvisor_core::store::Store, json: bool) -> anyhow::Result<i32> {
         if json {
             json_line(
                 &mut out,
-                "trusted",
+                JsonType::Trusted,
                 &serde_json::json!({"path": f.path, "blake3": f.blake3, "trusted_at": f.trusted_at, "now": now}),
             )?;
         } else {

@@ -323,21 +323,18 @@ fn sanitised_json(value: &impl serde::Serialize) -> serde_json::Value {
     clean(serde_json::to_value(value).unwrap_or_default())
 }
 
-/// The summary of a stage's changes: counts by kind and the first paths.
+/// The summary of a stage's changes, as `run --json` gives it
+/// ([`crate::results::ChangesSummary`]), with its paths sanitised.
 fn summary(changes: &[ChangeEntry]) -> ChangesSummary {
-    const LISTED: usize = 200;
-    let mut by_kind = std::collections::BTreeMap::new();
-    for change in changes {
-        *by_kind.entry(change.kind.as_str().to_owned()).or_insert(0) += 1;
-    }
+    let shared = crate::results::ChangesSummary::of(changes);
     ChangesSummary {
-        total: changes.len(),
-        by_kind,
-        paths: changes
+        total: shared.total,
+        by_kind: shared.by_kind.into_iter().map(|(kind, n)| (kind.to_owned(), n)).collect(),
+        paths: shared
+            .paths
             .iter()
-            .take(LISTED)
-            .map(|c| PathKind { path: c.path.display_escaped(), kind: c.kind.as_str().into() })
+            .map(|p| PathKind { path: p.path.display_escaped(), kind: p.kind.as_str().into() })
             .collect(),
-        truncated: changes.len() > LISTED,
+        truncated: shared.truncated,
     }
 }

@@ -20,6 +20,7 @@ mod effects;
 mod hidden_runners;
 mod hostile_apply;
 mod hostile_repo;
+mod json_output;
 mod limits;
 mod mcp;
 mod network;

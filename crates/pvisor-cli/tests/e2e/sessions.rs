@@ -186,3 +186,27 @@ fn parallel_sessions_on_disjoint_paths_apply_one_after_the_other() {
     }
     assert_eq!(fs::read_to_string(env.ws.join("clash")).unwrap(), "left\n", "the first apply stands");
 }
+
+/// With `--json`, a session's run says which run it is as a `session` line,
+/// and the apply that ends it says so before its `result`, which is last.
+#[test]
+fn a_session_speaks_json_lines_ending_with_the_result() {
+    let env = Env::new(As::Rootless);
+    let out = env.pvisor(&["run", "--session", "j", "--json", "--", "sh", "-c", "echo x > x"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&text(&out.stderr));
+    assert_eq!(lines[0].0, "session", "{lines:?}");
+    assert_eq!(lines[0].1["run"], 1);
+    assert_eq!(lines.last().unwrap().0, "result");
+    let out = env.pvisor(&["run", "--session", "j", "--json", "--", "true"]);
+    let first = json_lines(&text(&out.stderr)).remove(0);
+    assert_eq!((first.0.as_str(), &first.1["run"]), ("session", &serde_json::json!(2)));
+    assert!(first.1["on_top_of"].is_string(), "{first:?}");
+    let out = env.expect(&["apply", "--session", "j", "--all", "--json"], 0);
+    let lines = json_lines(&out);
+    let kinds: Vec<&str> = lines.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds.last(), Some(&"result"), "{kinds:?}");
+    let ended = lines.iter().find(|(k, _)| k == "session").expect("the session's end is said");
+    assert_eq!(ended.1["ended"], "applied");
+    assert_eq!(ended.1["runs"].as_array().unwrap().len(), 2);
+}

@@ -72,6 +72,20 @@ impl Background {
     }
 }
 
+/// `suspend --json`'s checkpoint manifest, checking the `result` line after it.
+fn suspended_to(out: &str, job: &str) -> serde_json::Value {
+    let mut lines = json_lines(out);
+    assert_eq!(lines.len(), 2, "a manifest, then the result: {out}");
+    let (kind, result) = lines.pop().unwrap();
+    assert_eq!(kind, "result");
+    assert_eq!(result["job"], job);
+    assert_eq!(result["state"], "suspended");
+    let (kind, manifest) = lines.pop().unwrap();
+    assert_eq!(kind, "checkpoint");
+    assert_eq!(result["checkpoint"], manifest["id"]);
+    manifest
+}
+
 fn counts(out: &str) -> Vec<u32> {
     out.lines().filter_map(|l| l.strip_prefix("c ")).map(|n| n.parse().unwrap()).collect()
 }
@@ -182,7 +196,7 @@ fn suspend_then_resume(who: As) {
     run.wait_for("c 4\n");
     let job = only_job(&env);
     let out = env.expect(&["suspend", &job, "--json"], 0);
-    let manifest = records_of(&out, "checkpoint").remove(0);
+    let manifest = suspended_to(&out, &job);
     assert_eq!(manifest["kind"], "execution");
     let (code, before, _) = run.finish();
     assert_eq!(code, Some(75), "a suspended run exits 75 (EX_TEMPFAIL)");
@@ -352,7 +366,7 @@ fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
     let run = Background::start(&env, &["run", "-q", "--executor", "vm", "--", "sh", "-c", COUNTER], None);
     run.wait_for("c 2\n");
     let job = only_job(&env);
-    let manifest = records_of(&env.expect(&["suspend", &job, "--json"], 0), "checkpoint").remove(0);
+    let manifest = suspended_to(&env.expect(&["suspend", &job, "--json"], 0), &job);
     run.finish();
     let status = env.status_json(Some(&job));
     let run_dir = env.home.join("runs").join(status["run"].as_str().unwrap());
