@@ -277,6 +277,9 @@ pub struct ExportArgs {
 pub struct VerifyArgs {
     /// An archive file, or a Job id/prefix.
     pub target: String,
+    /// A `result` line (JSON): `ok`, and what failed.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Bring an exported Run Bundle into this state directory as a read-only Job.
@@ -286,6 +289,9 @@ pub struct VerifyArgs {
 )]
 pub struct ImportArgs {
     pub file: PathBuf,
+    /// A `result` line (JSON) naming the imported Job.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Free the space of stages and checkpoints nobody needs any more.

@@ -90,7 +90,12 @@ pub enum CacheAction {
         json: bool,
     },
     /// Remove caches not in use (all, or those of the given host directories).
-    Prune { paths: Vec<PathBuf> },
+    Prune {
+        paths: Vec<PathBuf>,
+        /// A `result` line (JSON) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Serve pvisor to an agent over the Model Context Protocol (stdio).
@@ -192,6 +197,9 @@ pub enum ImageCommand {
         name: String,
         /// DIR, TAR or OCI-LAYOUT.
         source: PathBuf,
+        /// A `result` line (JSON) instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// List imported images.
     Ls {
@@ -210,6 +218,9 @@ pub enum ImageCommand {
         memory_mib: u64,
         #[arg(long, default_value = "1")]
         cpus: u32,
+        /// A `result` line (JSON) instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// List the vm templates kept: size, machine shape, and whether stale.
     Templates {
@@ -220,6 +231,9 @@ pub enum ImageCommand {
     RmTemplate {
         /// A template id from `pvisor image templates`.
         id: String,
+        /// A `result` line (JSON) instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -80,6 +80,9 @@ pub fn cmd_verify(runtime: &Runtime, args: VerifyArgs) -> anyhow::Result<i32> {
             )
         })
     };
+    if args.json {
+        return verify_json(&args.target, result);
+    }
     let mut out = crate::output::stdout();
     match result {
         Ok((line, guest_reported)) => {
@@ -100,8 +103,29 @@ pub fn cmd_verify(runtime: &Runtime, args: VerifyArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// `verify --json`: one `result` line, `ok` and what failed (exit 1).
+fn verify_json(target: &str, result: Result<(String, bool), RuntimeError>) -> anyhow::Result<i32> {
+    let (ok, summary, guest_reported, failures) = match result {
+        Ok((line, guest_reported)) => (true, Some(line), guest_reported, Vec::new()),
+        Err(RuntimeError::Archive(ArchiveError::Failed { failures, .. })) => {
+            (false, None, false, failures.iter().map(ToString::to_string).collect())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let line = serde_json::json!({
+        "target": target, "ok": ok, "summary": summary, "guest_reported": guest_reported, "failures": failures,
+    });
+    json_line(&mut crate::output::stdout(), JsonType::Result, &line)?;
+    Ok(if ok { 0 } else { 1 })
+}
+
 pub fn cmd_import(runtime: &Runtime, args: ImportArgs) -> anyhow::Result<i32> {
-    let job = runtime.execute(Import { file: args.file })?;
+    let job = runtime.execute(Import { file: args.file.clone() })?;
+    if args.json {
+        let line = serde_json::json!({"job": job, "archive": args.file, "read_only": true});
+        json_line(&mut crate::output::stdout(), JsonType::Result, &line)?;
+        return Ok(0);
+    }
     println!("imported {job} (read-only); review it with `pvisor review {job} --diff`");
     Ok(0)
 }

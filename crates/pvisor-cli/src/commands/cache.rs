@@ -36,20 +36,29 @@ pub fn cmd_cache(runtime: &Runtime, args: CacheArgs) -> anyhow::Result<i32> {
                 }
             }
         }
-        CacheAction::Prune { paths } => {
+        CacheAction::Prune { paths, json } => {
             let wanted: Vec<PathBuf> =
                 paths.iter().map(|p| fs::canonicalize(p).unwrap_or_else(|_| p.clone())).collect();
-            let (mut freed, mut removed) = (0u64, 0usize);
+            let (mut freed, mut removed, mut kept) = (0u64, 0usize, Vec::new());
             for cache in runtime.execute(ListCaches)? {
                 if !wanted.is_empty() && !wanted.contains(&cache.path) {
                     continue;
                 }
                 if !runtime.execute(PruneCache { store: cache.store.clone() })? {
-                    eprintln!("pvisor: kept the cache of {}: a run is using it", shown_path(&cache.path));
+                    kept.push(cache.path.clone());
+                    crate::output::note(&format!(
+                        "kept the cache of {}: a run is using it",
+                        shown_path(&cache.path)
+                    ));
                     continue;
                 }
                 freed += cache.bytes;
                 removed += 1;
+            }
+            if json {
+                let line = serde_json::json!({"removed": removed, "bytes": freed, "kept_in_use": kept});
+                json_line(&mut crate::output::stdout(), JsonType::Result, &line)?;
+                return Ok(0);
             }
             println!("removed {removed} cache(s), {:.1} MiB", freed as f64 / (1 << 20) as f64);
         }

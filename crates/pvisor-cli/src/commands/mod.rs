@@ -62,6 +62,17 @@ fn json_stream(command: &Command) -> Option<crate::json::Stream> {
         Command::Suspend(args) => (args.json, Stdout),
         Command::Checkpoint(args) => (args.json, Stdout),
         Command::Export(args) => (args.json, Stdout),
+        Command::Verify(args) => (args.json, Stdout),
+        Command::Import(args) => (args.json, Stdout),
+        Command::Cache(crate::cli::CacheArgs { action: crate::cli::CacheAction::Prune { json, .. } }) => {
+            (*json, Stdout)
+        }
+        Command::Image(crate::cli::ImageArgs { command: image }) => match image {
+            crate::cli::ImageCommand::Import { json, .. }
+            | crate::cli::ImageCommand::Warm { json, .. }
+            | crate::cli::ImageCommand::RmTemplate { json, .. } => (*json, Stdout),
+            _ => (false, Stdout),
+        },
         _ => (false, Stdout),
     };
     json.then_some(stream)

@@ -70,9 +70,15 @@ fn warm_default_template(runtime: Runtime) {
 pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
     let images = ImageStore::new(runtime.store());
     match args.command {
-        ImageCommand::Import { name, source } => {
-            eprintln!("pvisor: importing {} as {name} ...", source.display());
+        ImageCommand::Import { name, source, json } => {
+            if !json {
+                eprintln!("pvisor: importing {} as {name} ...", source.display());
+            }
             let record = images.import(&name, &source)?;
+            if json {
+                json_line(&mut crate::output::stdout(), JsonType::Result, &record)?;
+                return Ok(0);
+            }
             println!(
                 "{}: imported from {} ({}; {} files, {:.1} MB)",
                 record.name,
@@ -105,7 +111,7 @@ pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
                 eprintln!("no images; `pvisor serve` imports `default`, or run `pvisor image import NAME DIR|TAR|OCI-LAYOUT`");
             }
         }
-        ImageCommand::Warm { name, memory_mib, cpus } => {
+        ImageCommand::Warm { name, memory_mib, cpus, json } => {
             if let Some(name) = &name {
                 if !images.list()?.iter().any(|r| &r.name == name) {
                     bail!("no image {name:?} is imported; `pvisor image ls` lists them");
@@ -116,8 +122,17 @@ pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
                 cpus: Some(cpus as f64),
                 ..Default::default()
             };
-            eprintln!("pvisor: building the vm template for {memory_mib} MiB, {cpus} vCPU (one boot) ...");
+            if !json {
+                eprintln!(
+                    "pvisor: building the vm template for {memory_mib} MiB, {cpus} vCPU (one boot) ..."
+                );
+            }
             let warmed = runtime.execute(pvisor::actions::WarmTemplate { limits })?;
+            if json {
+                let line = serde_json::json!({"template": warmed.id, "dir": warmed.dir, "build_ms": warmed.build_ms});
+                json_line(&mut crate::output::stdout(), JsonType::Result, &line)?;
+                return Ok(0);
+            }
             match warmed.build_ms {
                 Some(ms) => {
                     println!("{}: built in {:.1} s ({})", warmed.id, ms as f64 / 1000.0, warmed.dir.display())
@@ -149,8 +164,13 @@ pub fn cmd_image(runtime: &Runtime, args: ImageArgs) -> anyhow::Result<i32> {
                 eprintln!("no vm templates; the first vm start builds one, or run `pvisor image warm`");
             }
         }
-        ImageCommand::RmTemplate { id } => {
+        ImageCommand::RmTemplate { id, json } => {
             let bytes = runtime.execute(pvisor::actions::RemoveTemplate { id: id.clone() })?;
+            if json {
+                let line = serde_json::json!({"template": id, "bytes": bytes});
+                json_line(&mut crate::output::stdout(), JsonType::Result, &line)?;
+                return Ok(0);
+            }
             println!("removed {id} ({:.1} MB)", bytes as f64 / 1e6);
         }
     }

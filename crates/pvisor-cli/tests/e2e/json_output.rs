@@ -276,3 +276,43 @@ fn export_json_gives_the_archive_and_a_blake3_that_matches_it() {
     assert_eq!(result["confirmed"], true);
     env.expect(&["verify", archive.to_str().unwrap()], 0);
 }
+
+/// `verify`, `import` and `cache prune` end with one `result` line too; a
+/// tampered archive is `ok: false` with what failed, and exit 1.
+#[test]
+fn verify_import_and_cache_prune_json_end_with_a_result() {
+    let env = Env::new(As::Rootless);
+    assert!(env.run_sh("echo x > f").status.success());
+    let job = only_job(&env);
+    let archive = env.dir.path().join("run.pvisor.tar");
+    env.expect(&["export", &job, "-o", archive.to_str().unwrap()], 0);
+    let out = env.pvisor(&["verify", archive.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(the_result(&lines)["ok"], true);
+
+    let mut bytes = fs::read(&archive).unwrap();
+    // The staged file's contents, "x\n" padded with NULs in its tar block.
+    let at = bytes.windows(3).position(|w| w == b"x\n\0").expect("the staged file is in the archive");
+    bytes[at] ^= 0x20;
+    let tampered = env.dir.path().join("tampered.pvisor.tar");
+    fs::write(&tampered, &bytes).unwrap();
+    env.give_away(&tampered);
+    let out = env.pvisor(&["verify", tampered.to_str().unwrap(), "--json"]);
+    let lines = stdout_lines(&out);
+    let result = the_result(&lines);
+    assert_eq!(out.status.code(), Some(1), "{lines:?}");
+    assert_eq!(result["ok"], false);
+    assert!(!result["failures"].as_array().unwrap().is_empty(), "{result}");
+
+    let other = Env::new(As::Rootless);
+    other.give_away(&archive);
+    let out = other.pvisor(&["import", archive.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(the_result(&stdout_lines(&out))["job"], job.as_str());
+
+    let out = env.pvisor(&["cache", "prune", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(the_result(&stdout_lines(&out))["removed"], 0);
+}
