@@ -67,12 +67,12 @@ fn json_stream(command: &Command) -> Option<crate::json::Stream> {
         Command::Cache(crate::cli::CacheArgs { action: crate::cli::CacheAction::Prune { json, .. } }) => {
             (*json, Stdout)
         }
-        Command::Image(crate::cli::ImageArgs { command: image }) => match image {
-            crate::cli::ImageCommand::Import { json, .. }
-            | crate::cli::ImageCommand::Warm { json, .. }
-            | crate::cli::ImageCommand::RmTemplate { json, .. } => (*json, Stdout),
-            _ => (false, Stdout),
-        },
+        Command::Image(crate::cli::ImageArgs {
+            command:
+                crate::cli::ImageCommand::Import { json, .. }
+                | crate::cli::ImageCommand::Warm { json, .. }
+                | crate::cli::ImageCommand::RmTemplate { json, .. },
+        }) => (*json, Stdout),
         _ => (false, Stdout),
     };
     json.then_some(stream)
