@@ -50,7 +50,7 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     let request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
-    drive(runtime, quiet, || {
+    drive_in(runtime, quiet, Some(name), || {
         let run = runtime.execute(Run { request, executor })?;
         turn.admitted(run.job())?;
         Ok(run)
@@ -171,6 +171,16 @@ pub fn drive(
     quiet: bool,
     start: impl FnOnce() -> anyhow::Result<ManagedJobRun>,
 ) -> anyhow::Result<i32> {
+    drive_in(runtime, quiet, None, start)
+}
+
+/// [`drive`] for a run of `session` (whose name the next steps use).
+fn drive_in(
+    runtime: &Runtime,
+    quiet: bool,
+    session: Option<&str>,
+    start: impl FnOnce() -> anyhow::Result<ManagedJobRun>,
+) -> anyhow::Result<i32> {
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()
@@ -201,7 +211,7 @@ pub fn drive(
             }
         }?;
         Ok(match &end {
-            RunEnd::Finished(outcome) => finish(outcome, quiet),
+            RunEnd::Finished(outcome) => finish(outcome, quiet, session),
             RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
         })
     })
@@ -518,7 +528,7 @@ fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
 /// what comes next and what it did on the network; under `--json` the same
 /// as lines, the last one its `result` (which is the summary). Returns
 /// pvisor's exit code.
-fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
+fn finish(outcome: &RunOutcome, quiet: bool, session: Option<&str>) -> i32 {
     let result = RunResult::from_outcome(outcome);
     let text = crate::json::mode().is_none();
     if text {
@@ -548,7 +558,7 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
         if text {
             eprintln!("{}", summary(outcome));
         }
-        next_after(outcome);
+        next_after(outcome, session);
         say_network(outcome);
     }
     conclude(&result)
@@ -591,11 +601,22 @@ fn summary(outcome: &RunOutcome) -> String {
     )
 }
 
-/// What to do next: review, apply or drop what was staged; the status of
-/// a run that staged nothing and did not complete; nothing otherwise.
-fn next_after(outcome: &RunOutcome) {
+/// What to do next: review, apply or drop what was staged (all of a
+/// session's, in one); the status of a run that staged nothing and did
+/// not complete; nothing otherwise.
+fn next_after(outcome: &RunOutcome, session: Option<&str>) {
     let (job, me) = (&outcome.job, crate::output::me());
-    if !outcome.changes.is_empty() {
+    if let (Some(name), false) = (session, outcome.changes.is_empty()) {
+        say_next(
+            "next",
+            &[
+                format!("{me} review --session {name} --diff"),
+                format!("{me} apply --session {name} --all"),
+                format!("{me} drop --session {name}"),
+                format!("{me} run --session {name} -- …"),
+            ],
+        );
+    } else if !outcome.changes.is_empty() {
         say_next(
             "next",
             &[
