@@ -82,6 +82,14 @@ pub fn announce_turn(turn: &SessionTurn, quiet: bool) {
     let previous_ended = turn.closed_before.as_ref().and_then(|c| c.closed.as_ref()).map(|c| c.how.as_str());
     let line =
         serde_json::json!({"name": name, "run": run, "on_top_of": head, "previous_ended": previous_ended});
+    for old in &turn.stranded {
+        let jobs: Vec<String> = old.jobs.iter().map(ToString::to_string).collect();
+        crate::output::warning(&format!(
+            "session {name} of {}, which no longer exists, is not this one: this run does not see what it staged; its runs are {} (review and apply them by id)",
+            crate::output::shown_path(&old.workspace),
+            jobs.join(", ")
+        ));
+    }
     if crate::json::mode().is_some() {
         let _ = crate::json::emit(JsonType::Session, &line);
         return;

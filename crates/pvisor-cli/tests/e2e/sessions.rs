@@ -210,3 +210,22 @@ fn a_session_speaks_json_lines_ending_with_the_result() {
     assert_eq!(ended.1["ended"], "applied");
     assert_eq!(ended.1["runs"].as_array().unwrap().len(), 2);
 }
+
+/// A session whose workspace was moved is not silently lost: review in the
+/// new place says where it was, and a run there warns that it starts anew.
+#[test]
+fn a_session_whose_workspace_moved_is_named_not_lost() {
+    let env = Env::new(As::Rootless);
+    assert!(run_in(&env, "s", "echo 1 > one").status.success());
+    let job = session_jobs(&env, "s").remove(0);
+    let moved = env.dir.path().join("moved");
+    fs::rename(&env.ws, &moved).unwrap();
+    let out = env.command(&["review", "--session", "s"]).current_dir(&moved).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("no longer exists"), "{err}");
+    let out = env.command(&["run", "--session", "s", "--", "true"]).current_dir(&moved).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no longer exists") && err.contains(&job), "the stranded runs are named: {err}");
+}

@@ -44,6 +44,10 @@ pub struct SessionTurn {
     /// The session this name had before, closed because its head had
     /// nothing left.
     pub closed_before: Option<SessionRecord>,
+    /// Starting a new session: open sessions of the same name whose
+    /// workspace no longer exists (moved or removed), whose staged work
+    /// this run does not see.
+    pub stranded: Vec<SessionRecord>,
     _lock: OwnerLock,
 }
 
@@ -82,7 +86,12 @@ impl Action for BeginSessionRun<'_> {
             },
             None => SessionRecord::new(name, place.workspace.clone()),
         };
-        Ok(SessionTurn { place, record, fork, closed_before, _lock: lock })
+        let stranded = if record.jobs.is_empty() {
+            crate::run_sessions::stranded(store, &record.name)
+        } else {
+            Vec::new()
+        };
+        Ok(SessionTurn { place, record, fork, closed_before, stranded, _lock: lock })
     }
 }
 

@@ -189,13 +189,22 @@ fn sessions_dir(store: &Store) -> PathBuf {
 
 /// The workspaces where a session named `name` is open.
 fn open_elsewhere(store: &Store, name: &SessionName) -> Result<Vec<PathBuf>, StoreError> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(sessions_dir(store)) else { return Ok(found) };
-    for entry in entries.flatten() {
-        let file = entry.path().join(format!("{name}.json"));
-        if let Ok(record) = store::read_record::<SessionRecord>(&file) {
-            found.push(record.workspace);
-        }
-    }
-    Ok(found)
+    Ok(open_anywhere(store, name).into_iter().map(|r| r.workspace).collect())
+}
+
+/// Every open session named `name`, in any workspace.
+fn open_anywhere(store: &Store, name: &SessionName) -> Vec<SessionRecord> {
+    let Ok(entries) = std::fs::read_dir(sessions_dir(store)) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            store::read_record::<SessionRecord>(&entry.path().join(format!("{name}.json"))).ok()
+        })
+        .collect()
+}
+
+/// Open sessions named `name` whose workspace no longer exists (it was
+/// moved or removed): their staged work is reachable only by Job id.
+pub fn stranded(store: &Store, name: &SessionName) -> Vec<SessionRecord> {
+    open_anywhere(store, name).into_iter().filter(|r| !r.workspace.exists()).collect()
 }
