@@ -2,8 +2,8 @@
 //! with its output captured into pipes (the server's own stdout is the
 //! protocol) and its last bytes returned with the result.
 
-use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -139,12 +139,21 @@ fn first_line(text: &str) -> String {
     text.lines().find(|l| !l.trim().is_empty()).unwrap_or_default().trim().to_owned()
 }
 
+/// How long the reader waits for more output once the run has ended and
+/// the pipe is quiet: the command and everything it started are gone, but a
+/// write end may outlive them (the vm executor holds one until its link
+/// closes), and the call must not wait on that.
+const QUIET_AFTER_END: Duration = Duration::from_millis(100);
+/// The most it drains after the run ended, however much keeps coming.
+const DRAIN_AFTER_END: Duration = Duration::from_secs(2);
+
 /// One captured stream: a pipe whose write end the sandbox gets and a
 /// thread that keeps the last bytes read from it.
 struct Capture {
     write_end: Arc<OwnedFd>,
     reader: std::thread::JoinHandle<()>,
     kept: Arc<Mutex<Kept>>,
+    ended: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -153,25 +162,35 @@ struct Kept {
     bytes: u64,
 }
 
+impl Kept {
+    fn keep(&mut self, bytes: &[u8], keep: usize) {
+        self.bytes += bytes.len() as u64;
+        self.tail.extend(bytes);
+        let excess = self.tail.len().saturating_sub(keep);
+        self.tail.drain(..excess);
+    }
+}
+
 impl Capture {
     fn start(keep: usize) -> Result<Self, ToolError> {
         let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| ToolError::Internal(format!("cannot make a pipe: {e}")))?;
         let kept = Arc::new(Mutex::new(Kept::default()));
+        let ended = Arc::new(AtomicBool::new(false));
         let reader = std::thread::Builder::new()
             .name("pvisor-mcp-output".into())
             .spawn({
-                let kept = kept.clone();
-                move || read_tail(std::fs::File::from(read), keep, &kept)
+                let (kept, ended) = (kept.clone(), ended.clone());
+                move || read_tail(&read, keep, &kept, &ended)
             })
             .map_err(|e| ToolError::Internal(format!("cannot start a reader: {e}")))?;
-        Ok(Self { write_end: Arc::new(write), reader, kept })
+        Ok(Self { write_end: Arc::new(write), reader, kept, ended })
     }
 
-    /// The tail, once every writer has closed the pipe (the command and
-    /// everything it started are gone when its run has ended).
+    /// The tail, once the pipe is closed or quiet after the run's end.
     fn finish(self) -> schema::Output {
         drop(self.write_end);
+        self.ended.store(true, Ordering::Release);
         let _ = self.reader.join();
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         let bytes: Vec<u8> = kept.tail.iter().copied().collect();
@@ -179,21 +198,58 @@ impl Capture {
     }
 }
 
-/// Reads until end of file, keeping the last `keep` bytes.
-fn read_tail(mut from: std::fs::File, keep: usize, kept: &Mutex<Kept>) {
+/// Reads until end of file, or once `ended` is set, until the pipe has been
+/// quiet for [`QUIET_AFTER_END`] (at most [`DRAIN_AFTER_END`] in all),
+/// keeping the last `keep` bytes.
+fn read_tail(from: &OwnedFd, keep: usize, kept: &Mutex<Kept>, ended: &AtomicBool) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut ended_at: Option<std::time::Instant> = None;
+    let tick = rustix::time::Timespec { tv_sec: 0, tv_nsec: QUIET_AFTER_END.as_nanos() as i64 };
     loop {
-        match from.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
-                kept.bytes += n as u64;
-                kept.tail.extend(&buf[..n]);
-                let excess = kept.tail.len().saturating_sub(keep);
-                kept.tail.drain(..excess);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+        if ended_at.is_none() && ended.load(Ordering::Acquire) {
+            ended_at = Some(std::time::Instant::now());
+        }
+        if ended_at.is_some_and(|at| at.elapsed() > DRAIN_AFTER_END) {
+            return;
+        }
+        let mut fds = [rustix::event::PollFd::new(from, rustix::event::PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&tick)) {
+            Ok(0) if ended_at.is_some() => return,
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
             Err(_) => return,
         }
+        match rustix::io::read(from, &mut buf) {
+            Ok(0) => return,
+            Ok(n) => kept.lock().unwrap_or_else(|p| p.into_inner()).keep(&buf[..n], keep),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_end_held_elsewhere_does_not_hold_the_call() {
+        let capture = Capture::start(4).unwrap();
+        let held = capture.write_end.clone();
+        rustix::io::write(&*held, b"hello world").unwrap();
+        let started = std::time::Instant::now();
+        let output = capture.finish();
+        assert_eq!((output.tail.as_str(), output.bytes), ("orld", 11));
+        assert!(started.elapsed() < DRAIN_AFTER_END + Duration::from_secs(1), "{:?}", started.elapsed());
+        drop(held);
+    }
+
+    #[test]
+    fn the_tail_keeps_lines_and_shows_escapes_as_text() {
+        let capture = Capture::start(64).unwrap();
+        rustix::io::write(&*capture.write_end, b"a\x1b]52;c;Zm9v\x07\nb\tc\r\n").unwrap();
+        let output = capture.finish();
+        assert!(!output.tail.contains('\u{1b}') && !output.tail.contains('\u{7}'), "{:?}", output.tail);
+        assert!(output.tail.starts_with("a\\x1b]52") && output.tail.contains("\nb\tc"), "{:?}", output.tail);
     }
 }
