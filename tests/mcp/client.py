@@ -125,6 +125,11 @@ async def main():
             check(any(e.get("type") == "run.started" or e.get("kind") == "run.started" for e in trace["events"]) or len(trace["events"]) > 3,
                   "resources: the trace", len(trace["events"]))
 
+            if os.environ.get("PVISOR_VM_IMAGE"):
+                _, vm, text = await call(s, "run", {"command": "echo out; echo err >&2; echo f > f; exit 4", "executor": "vm"})
+                check(vm and vm["exit_code"] == 4 and vm["stdout"]["tail"] == "out\n" and vm["stderr"]["tail"] == "err\n"
+                      and vm["changes"]["total"] == 1, "run: the vm executor's output is captured too", vm or text)
+
             _, status, _ = await call(s, "status", {"job": run1["job"]})
             check(status["status"]["exit_code"] == 3, "status", status)
             _, jobs, _ = await call(s, "jobs", {"limit": 2})

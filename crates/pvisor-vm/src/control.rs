@@ -74,7 +74,7 @@ pub(super) fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
     let short = PathBuf::from(format!("/proc/self/fd/{}/{}", dir.as_raw_fd(), CONTROL_SOCKET));
     let listener = UnixListener::bind(if path.as_os_str().len() < 100 { &path } else { &short })?;
     std::thread::Builder::new().name("pvisor-vm-control".into()).spawn(move || {
-        for stream in listener.incoming() {
+        while let Some(stream) = next_connection(&listener, &shared) {
             let Ok(stream) = stream else { continue };
             if !trusted_peer(&stream) {
                 // Dropped unanswered: nothing about the VM reaches a stranger.
@@ -91,6 +91,26 @@ pub(super) fn serve_control(shared: Arc<Shared>) -> io::Result<()> {
     })?;
     Ok(())
 }
+
+/// The next connection to the control socket, or `None` once QEMU has been
+/// reaped (checked every [`CONTROL_TICK`] while nobody connects).
+fn next_connection(listener: &UnixListener, shared: &Shared) -> Option<io::Result<UnixStream>> {
+    let tick = rustix::time::Timespec { tv_sec: 0, tv_nsec: CONTROL_TICK.as_nanos() as i64 };
+    loop {
+        if shared.control_stop.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut fds = [rustix::event::PollFd::new(listener, rustix::event::PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&tick)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => return Some(listener.accept().map(|(stream, _)| stream)),
+            Err(e) => return Some(Err(e.into())),
+        }
+    }
+}
+
+/// How often the control socket's thread looks whether the VM is gone.
+const CONTROL_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The control socket answers only the user who owns the Attempt (or root),
 /// from outside every sandbox: a process in another user or mount namespace

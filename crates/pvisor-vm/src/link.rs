@@ -273,6 +273,10 @@ pub(super) struct Shared {
     pub(super) nic_mac: Option<String>,
     /// The virtiofsd of each shared directory; they end with QEMU.
     pub(super) file_servers: Mutex<super::virtiofs::FileServers>,
+    /// Set once QEMU is reaped: the control socket's thread ends, and with
+    /// it the last hold on this state (a long-lived frontend, such as an
+    /// MCP server, runs many VMs in one process).
+    pub(super) control_stop: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -407,6 +411,7 @@ impl Shared {
         let Some(child) = child else { return ("already reaped".into(), Usage::default()) };
         let reaped = reap(child, Duration::from_secs(10));
         self.file_servers.lock().unwrap_or_else(|p| p.into_inner()).stop();
+        self.control_stop.store(true, std::sync::atomic::Ordering::Release);
         reaped
     }
 }

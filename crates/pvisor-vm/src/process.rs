@@ -71,7 +71,14 @@ impl VmProcess {
             early = start::run_command(&shared, spec, &checked, interface)?;
         }
         if early.is_none() {
-            forward_stdin(shared.clone());
+            if spec.output.is_none() {
+                forward_stdin(shared.clone());
+            } else {
+                // A frontend that captures the output gives the command no
+                // stdin: this process's stdin is not the command's (an MCP
+                // server's is its protocol, which the forwarder would eat).
+                let _ = shared.send(&Request::CloseStdin { id: EXEC_ID }, &[]);
+            }
             serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         }
         scratch.0.clear(); // `wait` removes them after QEMU is gone

@@ -492,6 +492,7 @@ pub(super) fn link(
         disks,
         nic_mac,
         file_servers: Mutex::new(file_servers),
+        control_stop: std::sync::atomic::AtomicBool::new(false),
     });
     Ok(Linked { shared, events, proxy_listener })
 }
