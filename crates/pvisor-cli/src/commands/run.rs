@@ -557,24 +557,76 @@ fn finish(outcome: &RunOutcome, quiet: bool) -> i32 {
                 "pvisor: note: the command shared the host network ({}); its requests are not staged and were not rolled back",
                 net.attachment
             ),
-            Some(net) if net.allowed + net.denied > 0 => {
-                eprintln!(
-                    "pvisor: network: {} request(s) allowed, {} denied; requests are effects that staging neither delayed nor rolled back",
-                    net.allowed, net.denied
-                );
-                if !net.top_denied.is_empty() {
-                    let hosts: Vec<String> =
-                        net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
-                    eprintln!("pvisor: denied: {}", hosts.join(", "));
-                    if let Some(flags) = allow_hint(&net.top_denied) {
-                        eprintln!("pvisor: to allow (these names came from the sandbox; check each first): {flags}");
-                    }
-                }
-            }
+            Some(net) if net.allowed + net.failed + net.denied > 0 => network_summary(net),
             _ => eprintln!("pvisor: note: network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
         }
     }
     code
+}
+
+/// The end-of-run network lines: how many requests connected, failed
+/// (allowed, nothing reached) and were denied; the destinations that failed
+/// and the hosts denied most; and which names to allow, unless the command
+/// could not reach the host's loopback.
+fn network_summary(net: &pvisor_core::records::NetworkObservation) {
+    eprintln!(
+        "pvisor: network: {} request(s) allowed and connected, {} allowed but failed, {} denied; requests are effects that staging neither delayed nor rolled back",
+        net.allowed, net.failed, net.denied
+    );
+    if !net.top_failed.is_empty() {
+        let failed: Vec<String> = net
+            .top_failed
+            .iter()
+            .map(|(h, p, n)| format!("{} ×{n}", crate::output::shown(&destination(h, *p))))
+            .collect();
+        eprintln!(
+            "pvisor: failed (allowed, not resolved or not connected; see network.failed events): {}",
+            failed.join(", ")
+        );
+    }
+    if net.top_denied.is_empty() {
+        return;
+    }
+    let hosts: Vec<String> =
+        net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
+    eprintln!("pvisor: denied: {}", hosts.join(", "));
+    if missed_loopback(net) {
+        // A client that could not reach a local model server often falls
+        // back to a public API: suggesting that host would send the work
+        // where the user did not mean it to go.
+        eprintln!("pvisor: note: the command could not reach the host's loopback; no --allow is suggested (allow a local service with --allow 127.0.0.1:PORT or localhost:PORT, and check it is running)");
+    } else if let Some(flags) = allow_hint(&net.top_denied) {
+        eprintln!("pvisor: to allow (these names came from the sandbox; check each first): {flags}");
+    }
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn destination(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Whether a request for the host's loopback failed or was denied.
+fn missed_loopback(net: &pvisor_core::records::NetworkObservation) -> bool {
+    let failed = net.top_failed.iter().map(|(h, _, _)| h);
+    let denied = net.top_denied.iter().map(|(h, _)| h);
+    failed.chain(denied).any(|h| names_loopback(h))
+}
+
+/// Whether `host` names this machine: `localhost` (or a name below it) or a
+/// loopback address.
+fn names_loopback(host: &str) -> bool {
+    let lower = host.trim_end_matches('.').to_ascii_lowercase();
+    lower == "localhost"
+        || lower.ends_with(".localhost")
+        || lower
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.to_canonical().is_loopback())
 }
 
 /// How many names the `--allow` hint suggests.
@@ -659,5 +711,26 @@ mod tests {
         let many: Vec<String> = (0..9).map(|i| format!("h{i}.example.com")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(allow_hint(&denied(&many)).unwrap().matches("--allow").count(), ALLOW_HINTS);
+    }
+
+    #[test]
+    fn a_missed_loopback_withholds_public_suggestions() {
+        let net = |failed: &[(&str, u16)], denied: &[&str]| pvisor_core::records::NetworkObservation {
+            top_failed: failed.iter().map(|(h, p)| ((*h).to_owned(), *p, 1)).collect(),
+            top_denied: denied.iter().map(|h| ((*h).to_owned(), 1)).collect(),
+            ..Default::default()
+        };
+        for looped in [
+            net(&[("127.0.0.1", 11434)], &["api.openai.com"]),
+            net(&[("localhost", 1234)], &["api.anthropic.com"]),
+            net(&[], &["::1", "api.openai.com"]),
+            net(&[], &["127.0.0.2", "api.openai.com"]),
+            net(&[], &["ollama.localhost", "api.openai.com"]),
+        ] {
+            assert!(missed_loopback(&looped), "{looped:?}");
+        }
+        assert!(!missed_loopback(&net(&[("api.example.com", 443)], &["pypi.org"])));
+        assert_eq!(destination("::1", 8000), "[::1]:8000");
+        assert_eq!(destination("localhost", 8000), "localhost:8000");
     }
 }

@@ -145,15 +145,27 @@ impl Session {
         }
     }
 
-    /// Records one proxied request in the Trace and the tally.
+    /// Records one proxied request (or forwarded connection) in the Trace
+    /// and the tally: connected, failed (allowed, nothing reached) or denied.
     pub(super) fn record_network(&mut self, event: pvisor_net::proxy::ProxyEvent) {
-        let kind = if event.allowed { EventKind::NetworkAllowed } else { EventKind::NetworkDenied };
-        if event.allowed {
-            self.network.allowed += 1;
-        } else {
-            self.network.denied += 1;
-            *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
-        }
+        use pvisor_net::proxy::Outcome;
+        let kind = match event.outcome {
+            Outcome::Connected => {
+                self.network.allowed += 1;
+                EventKind::NetworkAllowed
+            }
+            Outcome::Failed => {
+                self.network.failed += 1;
+                let destination = (event.host.clone(), event.port);
+                *self.network.failed_destinations.entry(destination).or_default() += 1;
+                EventKind::NetworkFailed
+            }
+            Outcome::Denied => {
+                self.network.denied += 1;
+                *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
+                EventKind::NetworkDenied
+            }
+        };
         let events = self.store.events_file(&self.run.id);
         let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
         if self.budget.admit(&kind, &event.host, size) {
@@ -173,12 +185,18 @@ impl Session {
             self.network.denied_hosts.iter().map(|(h, n)| (h.clone(), *n)).collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         top.truncate(5);
+        let mut failed: Vec<(String, u16, u64)> =
+            self.network.failed_destinations.iter().map(|((h, p), n)| (h.clone(), *p, *n)).collect();
+        failed.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| (&a.0, a.1).cmp(&(&b.0, b.1))));
+        failed.truncate(5);
         NetworkObservation {
             attachment: self.executor.describe_attachment(self.spec.network),
             non_bypassable: self.spec.network.non_bypassable(),
             allowed: self.network.allowed,
+            failed: self.network.failed,
             denied: self.network.denied,
             top_denied: top,
+            top_failed: failed,
         }
     }
 }

@@ -73,9 +73,13 @@ pub(crate) struct Session {
 /// What went through the proxy, for the Bundle and the end-of-run summary.
 #[derive(Debug, Default)]
 struct NetworkTally {
+    /// Allowed and connected.
     allowed: u64,
+    /// Allowed, but not resolved or not connected: nothing was reached.
+    failed: u64,
     denied: u64,
     denied_hosts: std::collections::BTreeMap<String, u64>,
+    failed_destinations: std::collections::BTreeMap<(String, u16), u64>,
 }
 
 impl Session {
