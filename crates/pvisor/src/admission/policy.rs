@@ -309,6 +309,16 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
     }
 }
 
+/// The host loopback ports to forward into the sandbox: those the allow
+/// rules open, with the proxy only (no other mode has a policy to apply).
+pub(super) fn loopback_forwards(network: &EffectiveNetwork) -> Vec<pvisor_net::policy::LoopbackForward> {
+    if network.mode == NetworkMode::Proxy {
+        pvisor_net::policy::loopback_forwards(network)
+    } else {
+        Vec::new()
+    }
+}
+
 /// A namespace to join must be a network namespace other than the host's
 /// (`pvisor_vm::nic::open_network_namespace`), and the executor vm.
 pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Result<(), AdmissionError> {

@@ -26,7 +26,7 @@ use crate::trace::data;
 /// What [`Session::supervise`] needs of a started sandbox.
 type SandboxStarted = (
     pvisor_sandbox::Signaller,
-    Option<std::net::TcpListener>,
+    super::NetworkListeners,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
 );
 
@@ -69,23 +69,21 @@ impl Session {
         blocking(move || self.finalize(ending, started_at, baseline, elapsed)).await.map(RunEnd::Finished)
     }
 
-    /// Waits for the sandbox to end while serving its proxy: forwards the
-    /// first cancellation signal, SIGKILLs on a second one or when the grace
-    /// period expires, and records each proxied request.
+    /// Waits for the sandbox to end while serving its proxy and forwarded
+    /// loopback ports: forwards the first cancellation signal, SIGKILLs on a
+    /// second one or when the grace period expires, and records each
+    /// proxied request and forwarded connection.
     async fn supervise(
         &mut self,
         started: SandboxStarted,
         cancel: &mut mpsc::UnboundedReceiver<i32>,
     ) -> Ending {
-        let (signaller, listener, mut wait) = started;
+        let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let proxy = listener.map(|listener| {
-            let policy = Arc::new(self.run.operation.policy.network.clone());
-            tokio::spawn(pvisor_net::proxy::serve(listener, policy, proxy_events.clone(), proxy_stopped))
-        });
+        let proxy = self.serve_network(listeners, &proxy_events, &proxy_stopped);
         drop(proxy_events);
-        let mut proxy_open = proxy.is_some();
+        let mut proxy_open = !proxy.is_empty();
         let mut deadline: Option<tokio::time::Instant> = None;
         let mut cancel_open = true;
         let report = loop {
@@ -120,8 +118,8 @@ impl Session {
             }
         };
         let _ = stop_proxy.send(true);
-        if let Some(proxy) = proxy {
-            let _ = proxy.await;
+        for task in proxy {
+            let _ = task.await;
         }
         while let Ok(event) = proxy_rx.try_recv() {
             self.record_network(event);
@@ -143,6 +141,38 @@ impl Session {
             }
             Err(e) => Ending::SetupFailed(e),
         }
+    }
+
+    /// Serves the proxy on its listener and each forwarded loopback port on
+    /// its own (matched to the spec's forward by its address), all under the
+    /// recorded policy, reporting to `events` until `stop`.
+    fn serve_network(
+        &self,
+        listeners: super::NetworkListeners,
+        events: &mpsc::UnboundedSender<pvisor_net::proxy::ProxyEvent>,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
+        let policy = Arc::new(self.run.operation.policy.network.clone());
+        let mut tasks = Vec::new();
+        if let Some(listener) = listeners.proxy {
+            let serve = pvisor_net::proxy::serve(listener, policy.clone(), events.clone(), stop.clone());
+            tasks.push(tokio::spawn(serve));
+        }
+        for listener in listeners.forwards {
+            let local = listener.local_addr().ok();
+            let Some(forward) = self.spec.loopback_forwards.iter().find(|f| Some(f.listen) == local) else {
+                continue;
+            };
+            let serve = pvisor_net::forward::serve(
+                listener,
+                forward.clone(),
+                policy.clone(),
+                events.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(serve));
+        }
+        tasks
     }
 
     /// Records one proxied request (or forwarded connection) in the Trace

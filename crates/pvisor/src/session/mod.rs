@@ -38,9 +38,18 @@ enum Ending {
 }
 
 /// A started sandbox: its signaller, its proxy listener, and its exit report to come.
+/// What a started sandbox handed over for its network: the proxy's
+/// listener and those of its forwarded loopback ports, all made inside its
+/// network namespace.
+#[derive(Debug, Default)]
+pub(super) struct NetworkListeners {
+    pub(super) proxy: Option<std::net::TcpListener>,
+    pub(super) forwards: Vec<std::net::TcpListener>,
+}
+
 type Started = (
     pvisor_sandbox::Signaller,
-    Option<std::net::TcpListener>,
+    NetworkListeners,
     Vec<pvisor_sandbox::limits::Enforcement>,
     Option<serde_json::Value>,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
