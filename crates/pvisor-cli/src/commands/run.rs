@@ -594,7 +594,7 @@ fn network_summary(net: &pvisor_core::records::NetworkObservation) {
         // A client that could not reach a local model server often falls
         // back to a public API: suggesting that host would send the work
         // where the user did not mean it to go.
-        eprintln!("pvisor: note: the command could not reach the host's loopback; no --allow is suggested (allow a local service with --allow 127.0.0.1:PORT or localhost:PORT, and check it is running)");
+        eprintln!("pvisor: note: the command could not reach the host's loopback; no --allow is suggested; to reach a service there, check it is running and allow its one port with a HOST:PORT rule (e.g. 127.0.0.1:11434)");
     } else if let Some(flags) = allow_hint(&net.top_denied) {
         eprintln!("pvisor: to allow (these names came from the sandbox; check each first): {flags}");
     }
