@@ -115,6 +115,7 @@ pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, ProbeError> {
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
         hostname: "pvisor-doctor".into(),
         network: pvisor_sandbox::NetworkAttachment::Isolated,
+        loopback_forwards: Vec::new(),
         seccomp: true,
         limits: Default::default(),
         vm: None,

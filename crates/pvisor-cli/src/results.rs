@@ -219,10 +219,15 @@ pub struct NetworkSummary {
     pub attachment: String,
     /// False when the command shared the host network (nothing was filtered).
     pub non_bypassable: bool,
+    /// Requests allowed that reached their destination.
     pub allowed: u64,
+    /// Requests allowed that could not be resolved or connected.
+    pub failed: u64,
     pub denied: u64,
     /// The most denied hosts, most first.
     pub top_denied: Vec<DeniedHost>,
+    /// The destinations that failed most (`host:port`), most first.
+    pub top_failed: Vec<DeniedHost>,
 }
 
 /// A host the proxy refused, and how often.
@@ -238,11 +243,24 @@ impl From<&NetworkObservation> for NetworkSummary {
             attachment: net.attachment.clone(),
             non_bypassable: net.non_bypassable,
             allowed: net.allowed,
+            failed: net.failed,
             denied: net.denied,
             top_denied: net
                 .top_denied
                 .iter()
                 .map(|(host, count)| DeniedHost { host: host.clone(), count: *count })
+                .collect(),
+            top_failed: net
+                .top_failed
+                .iter()
+                .map(|(host, port, count)| {
+                    let host = if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    };
+                    DeniedHost { host, count: *count }
+                })
                 .collect(),
         }
     }

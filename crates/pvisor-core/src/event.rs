@@ -114,8 +114,12 @@ event_kinds! {
     AdmissionRewrite => "admission.rewrite",
     /// The network decision, made once.
     AdmissionNetwork => "admission.network",
-    /// One request through the proxy was allowed.
+    /// One request through the proxy (or connection to a forwarded
+    /// loopback port) was allowed and connected.
     NetworkAllowed => "network.allowed",
+    /// One request the policy allowed could not be resolved or connected:
+    /// nothing was reached.
+    NetworkFailed => "network.failed",
     /// One request through the proxy was denied.
     NetworkDenied => "network.denied",
     /// Events the command caused past the Trace's bound, counted instead of written.

@@ -329,6 +329,20 @@ pub struct EffectiveNetwork {
     pub namespace: Option<PathBuf>,
 }
 
+/// One host loopback port a `HOST:PORT` allow rule opens, forwarded into the
+/// sandbox: pvisor listens on `listen` inside the sandbox's network
+/// namespace and connects each connection to `host` on the same port, on the
+/// host side, through the policy (so clients that ignore the proxy
+/// variables reach it too).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopbackForward {
+    /// The sandbox's own loopback address and port to listen on.
+    pub listen: std::net::SocketAddr,
+    /// The destination as the rule names it (`127.0.0.1`, `::1`, `localhost`),
+    /// decided and resolved like a proxied request's.
+    pub host: String,
+}
+
 /// Allow or deny.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -450,10 +464,19 @@ pub struct NetworkObservation {
     /// e.g. "own network namespace, loopback only".
     pub attachment: String,
     pub non_bypassable: bool,
+    /// Requests allowed and connected.
     pub allowed: u64,
+    /// Requests allowed that could not be resolved or connected (absent
+    /// in records before they were told apart, which counted them as allowed).
+    #[serde(default)]
+    pub failed: u64,
     pub denied: u64,
     /// The most denied hosts, most first, with their counts.
     pub top_denied: Vec<(String, u64)>,
+    /// The destinations (host, port) most often allowed but not reached,
+    /// most first, with their counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_failed: Vec<(String, u16, u64)>,
 }
 
 /// What happened to one path in the stage.

@@ -6,8 +6,12 @@
 //! - [`proxy`]: pvisor's own HTTP forward + CONNECT proxy. It runs on the host
 //!   side and accepts connections on a listening socket that lives *inside* the
 //!   sandbox's network namespace (created there and handed over), so the
-//!   sandbox has no route out except through it.
+//!   sandbox has no route out except through it;
+//! - [`forward`]: the host loopback ports `HOST:PORT` rules open, forwarded
+//!   as raw TCP into the sandbox's network namespace through the same
+//!   decisions and records, for clients that ignore the proxy variables.
 
+pub mod forward;
 pub mod policy;
 pub mod proxy;
 

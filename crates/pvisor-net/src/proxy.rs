@@ -35,15 +35,33 @@ use crate::policy::{Decide, Decision, EffectiveNetwork};
 /// How long a client connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-const TUNNEL_BUFFER: usize = 256 * 1024;
+pub(crate) const TUNNEL_BUFFER: usize = 256 * 1024;
 
-/// One proxied request, as recorded in the Trace.
+/// What became of one request: the policy's verdict, and for an allowed
+/// one whether pvisor reached the destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Allowed and connected to the destination.
+    Connected,
+    /// Allowed, but the name did not resolve or no address accepted the
+    /// connection: nothing was reached, which the records must not call
+    /// a success.
+    Failed,
+    /// Refused by the policy.
+    Denied,
+}
+
+/// One proxied request (or forwarded connection), as recorded in the Trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProxyEvent {
+    /// Whether the policy allowed it (also true when it then [`Outcome::Failed`]).
     pub allowed: bool,
+    pub outcome: Outcome,
     pub host: String,
     pub port: u16,
-    /// `CONNECT`, or the HTTP method of a forwarded request.
+    /// `CONNECT`, the HTTP method of a forwarded request, or `TCP` for a
+    /// connection to a forwarded loopback port.
     pub method: String,
     /// The rule that decided (e.g. `allow *.pypi.org (command line)`).
     pub rule: String,
@@ -53,9 +71,25 @@ pub struct ProxyEvent {
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
-struct Ctx {
-    policy: Arc<EffectiveNetwork>,
-    events: mpsc::UnboundedSender<ProxyEvent>,
+/// The policy and the event channel shared by the proxy's and the port
+/// forwards' connections.
+pub(crate) struct Ctx {
+    pub(crate) policy: Arc<EffectiveNetwork>,
+    pub(crate) events: mpsc::UnboundedSender<ProxyEvent>,
+}
+
+/// Why [`Ctx::connect`] did not connect: the status an HTTP client gets and
+/// the message, already recorded as an event.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refused {
+    fn response(self) -> Response<ProxyBody> {
+        text(self.status, self.message)
+    }
 }
 
 fn text(status: StatusCode, message: String) -> Response<ProxyBody> {
@@ -74,9 +108,18 @@ fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> 
 }
 
 impl Ctx {
-    fn report(&self, allowed: bool, host: &str, port: u16, method: &str, rule: &str, reason: Option<String>) {
+    fn report(
+        &self,
+        outcome: Outcome,
+        host: &str,
+        port: u16,
+        method: &str,
+        rule: &str,
+        reason: Option<String>,
+    ) {
         let _ = self.events.send(ProxyEvent {
-            allowed,
+            allowed: outcome != Outcome::Denied,
+            outcome,
             host: host.to_owned(),
             port,
             method: method.to_owned(),
@@ -85,21 +128,18 @@ impl Ctx {
         });
     }
 
-    /// Applies the policy and connects; on refusal returns the response to send.
-    async fn connect(
-        &self,
-        host: &str,
-        port: u16,
-        method: &str,
-    ) -> Result<(TcpStream, String), Response<ProxyBody>> {
+    /// Applies the policy, resolves and connects, recording the outcome.
+    pub(crate) async fn connect(&self, host: &str, port: u16, method: &str) -> Result<TcpStream, Refused> {
         let rule = match self.policy.decide(host, port) {
             Decision::Allow { rule } => rule,
             Decision::Deny { rule, reason } => {
-                self.report(false, host, port, method, &rule, Some(reason.clone()));
-                return Err(text(
-                    StatusCode::FORBIDDEN,
-                    format!("pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"),
-                ));
+                self.report(Outcome::Denied, host, port, method, &rule, Some(reason.clone()));
+                return Err(Refused {
+                    status: StatusCode::FORBIDDEN,
+                    message: format!(
+                        "pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"
+                    ),
+                });
             }
         };
         let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
@@ -107,8 +147,18 @@ impl Ctx {
             Err(_) => match tokio::net::lookup_host((host, port)).await {
                 Ok(addrs) => addrs.collect(),
                 Err(e) => {
-                    self.report(true, host, port, method, &rule, Some(format!("cannot resolve: {e}")));
-                    return Err(text(StatusCode::BAD_GATEWAY, format!("pvisor: cannot resolve {host}: {e}")));
+                    self.report(
+                        Outcome::Failed,
+                        host,
+                        port,
+                        method,
+                        &rule,
+                        Some(format!("cannot resolve: {e}")),
+                    );
+                    return Err(Refused {
+                        status: StatusCode::BAD_GATEWAY,
+                        message: format!("pvisor: cannot resolve {host}: {e}"),
+                    });
                 }
             },
         };
@@ -125,27 +175,30 @@ impl Ctx {
             .collect();
         if permitted.is_empty() {
             let reason = refused.unwrap_or_else(|| "no addresses".into());
-            self.report(false, host, port, method, "internal-address", Some(reason.clone()));
-            return Err(text(
-                StatusCode::FORBIDDEN,
-                format!("pvisor: {method} {host}:{port} denied: {reason}"),
-            ));
+            self.report(Outcome::Denied, host, port, method, "internal-address", Some(reason.clone()));
+            return Err(Refused {
+                status: StatusCode::FORBIDDEN,
+                message: format!("pvisor: {method} {host}:{port} denied: {reason}"),
+            });
         }
         let mut last_err = None;
         for addr in permitted {
             match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
-                    self.report(true, host, port, method, &rule, None);
-                    return Ok((stream, rule));
+                    self.report(Outcome::Connected, host, port, method, &rule, None);
+                    return Ok(stream);
                 }
                 Ok(Err(e)) => last_err = Some(e.to_string()),
                 Err(_) => last_err = Some("connection timed out".into()),
             }
         }
         let reason = last_err.unwrap_or_default();
-        self.report(true, host, port, method, &rule, Some(format!("upstream: {reason}")));
-        Err(text(StatusCode::BAD_GATEWAY, format!("pvisor: cannot connect to {host}:{port}: {reason}")))
+        self.report(Outcome::Failed, host, port, method, &rule, Some(format!("cannot connect: {reason}")));
+        Err(Refused {
+            status: StatusCode::BAD_GATEWAY,
+            message: format!("pvisor: cannot connect to {host}:{port}: {reason}"),
+        })
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
@@ -159,9 +212,9 @@ impl Ctx {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 443)) else {
             return text(StatusCode::BAD_REQUEST, "pvisor: CONNECT needs host:port".into());
         };
-        let (upstream, _) = match self.connect(&host, port, "CONNECT").await {
+        let upstream = match self.connect(&host, port, "CONNECT").await {
             Ok(c) => c,
-            Err(resp) => return resp,
+            Err(refused) => return refused.response(),
         };
         tokio::spawn(async move {
             if let Ok(upgraded) = hyper::upgrade::on(req).await {
@@ -192,12 +245,12 @@ impl Ctx {
             return text(StatusCode::BAD_REQUEST, "pvisor: the request line has no host".into());
         };
         if let Err(reason) = one_host_header(req.headers(), &host, port) {
-            self.report(false, &host, port, &method, "host-mismatch", Some(reason.to_string()));
+            self.report(Outcome::Denied, &host, port, &method, "host-mismatch", Some(reason.to_string()));
             return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
         }
-        let (upstream, _) = match self.connect(&host, port, &method).await {
+        let upstream = match self.connect(&host, port, &method).await {
             Ok(c) => c,
-            Err(resp) => return resp,
+            Err(refused) => return refused.response(),
         };
         let handshake = hyper::client::conn::http1::Builder::new()
             .max_buf_size(1 << 20)

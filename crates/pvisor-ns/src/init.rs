@@ -9,6 +9,7 @@ use super::command::Command;
 use super::helper::{exit, status_to_code, HelperSpec, StepError, FORWARDED, SETUP_FAILED};
 use super::protocol::{inherited, Report, FD_PASS_FD};
 use super::{memory_stage, mounts};
+use pvisor_core::records::LoopbackForward;
 use pvisor_sandbox::{sys, NetworkAttachment};
 
 /// pid 1 of the sandbox. Never returns.
@@ -40,7 +41,9 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         Ok(assembled) => assembled,
         Err(e) => e.report_and_exit(),
     };
-    if let Err(e) = set_hostname(&spec.sandbox.hostname).and_then(|()| attach_network(spec.sandbox.network)) {
+    if let Err(e) = set_hostname(&spec.sandbox.hostname)
+        .and_then(|()| attach_network(spec.sandbox.network, &spec.sandbox.loopback_forwards))
+    {
         e.report_and_exit();
     }
     // The command cannot read init's descriptors (the user's terminal among them)
@@ -190,8 +193,9 @@ fn open_pty() -> Result<CString, StepError> {
 /// Sets up the network the Placement asked for: nothing for the host
 /// network; loopback for an own namespace; and for the proxy, a listening
 /// socket inside the namespace that is handed to the supervisor, whose proxy
-/// then accepts the sandbox's connections on the host side.
-fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
+/// then accepts the sandbox's connections on the host side, followed by one
+/// for each forwarded loopback port.
+fn attach_network(network: NetworkAttachment, forwards: &[LoopbackForward]) -> Result<(), StepError> {
     match network {
         NetworkAttachment::Host => Ok(()),
         // Admission gives it only to vm Jobs.
@@ -208,9 +212,38 @@ fn attach_network(network: NetworkAttachment) -> Result<(), StepError> {
                     format!("cannot listen on 127.0.0.1:{port} inside the sandbox: {e}"),
                 )
             })?;
-            sys::send_fd(inherited(FD_PASS_FD), listener.as_fd())
-                .map_err(|e| StepError::new("network", format!("cannot hand the proxy listener over: {e}")))
+            sys::send_fd(inherited(FD_PASS_FD), listener.as_fd()).map_err(|e| {
+                StepError::new("network", format!("cannot hand the proxy listener over: {e}"))
+            })?;
+            forwards.iter().try_for_each(hand_over_forward)
         }
+    }
+}
+
+/// Listens on a forwarded loopback port inside the namespace and hands the
+/// listener to the supervisor, which relays its connections to the host's
+/// port. `localhost` asks for `::1` too, which a namespace without IPv6
+/// lacks: then a byte without a descriptor says so, and `localhost`
+/// resolves to 127.0.0.1 alone there anyway.
+fn hand_over_forward(forward: &LoopbackForward) -> Result<(), StepError> {
+    let hand_over = |fd: Option<std::os::fd::BorrowedFd<'_>>| {
+        let sent = match fd {
+            Some(fd) => sys::send_fd(inherited(FD_PASS_FD), fd),
+            None => rustix::io::write(inherited(FD_PASS_FD), &[0]).map(drop).map_err(Into::into),
+        };
+        sent.map_err(|e| {
+            StepError::new("network", format!("cannot hand the listener on {} over: {e}", forward.listen))
+        })
+    };
+    match std::net::TcpListener::bind(forward.listen) {
+        Ok(listener) => hand_over(Some(listener.as_fd())),
+        Err(e) if forward.host == "localhost" && e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+            hand_over(None)
+        }
+        Err(e) => Err(StepError::new(
+            "network",
+            format!("cannot listen on {} inside the sandbox to forward it to the host: {e}", forward.listen),
+        )),
     }
 }
 

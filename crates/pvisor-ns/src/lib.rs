@@ -137,6 +137,7 @@ impl Executor for NsExecutor {
             limits,
             fd_pass,
             proxy_listener: None,
+            forward_listeners: Vec::new(),
             child,
             reports: BufReader::new(File::from(report_read)),
             signaller: Signaller::pidfd(Arc::new(pidfd), cancelled.clone()),
@@ -151,7 +152,7 @@ impl Executor for NsExecutor {
         match process.next_report()? {
             Some(Report::Ready { sockets_reachable }) => {
                 process.sockets_reachable = sockets_reachable;
-                process.take_handovers(spec.network, helper_spec.terminal)?;
+                process.take_handovers(spec.network, &spec.loopback_forwards, helper_spec.terminal)?;
                 Ok(Box::new(process))
             }
             Some(Report::SetupError { step, message, hint }) => {
@@ -172,11 +173,13 @@ impl Executor for NsExecutor {
 
 impl NsProcess {
     /// Receives what the helper hands over once the sandbox is ready: the
-    /// proxy listener made in its network namespace, and its terminal,
+    /// proxy listener made in its network namespace, one listener per
+    /// forwarded loopback port (in the spec's order), and its terminal,
     /// whose output is then relayed to the user's.
     fn take_handovers(
         &mut self,
         network: pvisor_sandbox::NetworkAttachment,
+        forwards: &[pvisor_core::records::LoopbackForward],
         terminal: bool,
     ) -> Result<(), SandboxError> {
         if let pvisor_sandbox::NetworkAttachment::ProxyListener { .. } = network {
@@ -186,6 +189,13 @@ impl NsProcess {
                     SandboxError::Protocol("the sandbox did not hand over its proxy listener".into())
                 })?;
             self.proxy_listener = Some(std::net::TcpListener::from(fd));
+            for forward in forwards {
+                // None: the namespace had no such address (see `init.rs`).
+                let fd = sys::recv_fd(&self.fd_pass).map_err(|e| {
+                    SandboxError::Protocol(format!("cannot receive the listener on {}: {e}", forward.listen))
+                })?;
+                self.forward_listeners.extend(fd.map(std::net::TcpListener::from));
+            }
         }
         if terminal {
             let master = sys::recv_fd(&self.fd_pass)
@@ -258,6 +268,8 @@ struct NsProcess {
     /// The supervisor's end of the descriptor-passing socket.
     fd_pass: std::os::unix::net::UnixStream,
     proxy_listener: Option<std::net::TcpListener>,
+    /// The listeners of the forwarded loopback ports, made in the same namespace.
+    forward_listeners: Vec<std::net::TcpListener>,
     child: Child,
     reports: BufReader<File>,
     signaller: Signaller,
@@ -327,6 +339,10 @@ impl SandboxProcess for NsProcess {
 
     fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
         self.proxy_listener.take()
+    }
+
+    fn take_forward_listeners(&mut self) -> Vec<std::net::TcpListener> {
+        std::mem::take(&mut self.forward_listeners)
     }
 
     fn facts(&self) -> Option<serde_json::Value> {

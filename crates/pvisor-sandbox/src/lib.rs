@@ -68,6 +68,12 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     pub hostname: String,
     pub network: NetworkAttachment,
+    /// With [`NetworkAttachment::ProxyListener`]: the host loopback ports
+    /// to forward, each listened on inside the sandbox's network namespace
+    /// and handed to the supervisor like the proxy's listener. Executors
+    /// that cannot listen there (vm) leave them to the proxy alone.
+    #[serde(default)]
+    pub loopback_forwards: Vec<pvisor_core::records::LoopbackForward>,
     /// Install the seccomp deny-list on the command (see `seccomp.rs` in pvisor-ns).
     pub seccomp: bool,
     /// Resource limits (see `limits.rs`).
@@ -285,6 +291,13 @@ pub trait SandboxProcess: Send + std::fmt::Debug {
     /// namespace (only with [`NetworkAttachment::ProxyListener`]).
     fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
         None
+    }
+
+    /// Takes the listeners made inside the sandbox's network namespace for
+    /// the spec's `loopback_forwards` (each one's local address says which);
+    /// a forward the namespace could not listen for has none.
+    fn take_forward_listeners(&mut self) -> Vec<std::net::TcpListener> {
+        Vec::new()
     }
 
     /// How each requested resource limit is enforced (or why it is not).

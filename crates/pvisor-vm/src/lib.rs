@@ -298,7 +298,7 @@ fn describe_attachment(attachment: NetworkAttachment) -> String {
     match attachment {
         NetworkAttachment::Isolated => "microVM without a network device".into(),
         NetworkAttachment::ProxyListener { port } => format!(
-            "microVM without a network device; guest 127.0.0.1:{port} is relayed by the agent over virtio-serial to pvisor's proxy"
+            "microVM without a network device; guest 127.0.0.1:{port} is relayed by the agent over virtio-serial to pvisor's proxy; host loopback ports a HOST:PORT rule opens are reached through that proxy only (no raw TCP forward in the guest)"
         ),
         NetworkAttachment::Host => "refused: a VM cannot share the host network".into(),
         NetworkAttachment::Namespace => format!(

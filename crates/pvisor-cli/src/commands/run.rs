@@ -655,28 +655,80 @@ fn say_network(outcome: &RunOutcome) {
             );
             say(JsonType::Network, &line(net, &message, None), || format!("pvisor: note: {message}"));
         }
-        Some(net) if net.allowed + net.denied > 0 => {
+        Some(net) if net.allowed + net.failed + net.denied > 0 => {
             let message = format!(
-                "{} request(s) allowed, {} denied; requests are effects that staging neither delayed nor rolled back",
-                net.allowed, net.denied
+                "{} request(s) allowed and connected, {} allowed but failed, {} denied; requests are effects that staging neither delayed nor rolled back",
+                net.allowed, net.failed, net.denied
             );
-            let hint = allow_hint(&net.top_denied);
-            let human = || {
-                let mut text = format!("pvisor: network: {message}");
-                if !net.top_denied.is_empty() {
-                    let hosts: Vec<String> =
-                        net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
-                    text.push_str(&format!("\npvisor: denied: {}", hosts.join(", ")));
-                    if let Some(flags) = &hint {
-                        text.push_str(&format!("\npvisor: to allow (these names came from the sandbox; check each first): {flags}"));
-                    }
-                }
-                text
-            };
-            say(JsonType::Network, &line(net, &message, hint.clone()), human);
+            // A client that could not reach a local model server often falls
+            // back to a public API: suggesting that host would send the work
+            // where the user did not mean it to go.
+            let hint = if missed_loopback(net) { None } else { allow_hint(&net.top_denied) };
+            say(JsonType::Network, &line(net, &message, hint.clone()), || network_text(net, &message, hint.as_deref()));
         }
         _ => crate::output::note("network requests and changes to outside services are not staged; staging neither delayed nor rolled them back"),
     }
+}
+
+/// The end-of-run network lines: how many requests connected, failed
+/// (allowed, nothing reached) and were denied; the destinations that failed
+/// and the hosts denied most; and which names to allow (`hint`), or, when
+/// the command could not reach the host's loopback, how to open one port.
+fn network_text(net: &pvisor_core::records::NetworkObservation, message: &str, hint: Option<&str>) -> String {
+    let mut text = format!("pvisor: network: {message}");
+    if !net.top_failed.is_empty() {
+        let failed: Vec<String> = net
+            .top_failed
+            .iter()
+            .map(|(h, p, n)| format!("{} ×{n}", crate::output::shown(&destination(h, *p))))
+            .collect();
+        text.push_str(&format!(
+            "\npvisor: failed (allowed, not resolved or not connected; see network.failed events): {}",
+            failed.join(", ")
+        ));
+    }
+    if !net.top_denied.is_empty() {
+        let hosts: Vec<String> =
+            net.top_denied.iter().map(|(h, n)| format!("{} ×{n}", crate::output::shown(h))).collect();
+        text.push_str(&format!("\npvisor: denied: {}", hosts.join(", ")));
+    }
+    if missed_loopback(net) {
+        text.push_str("\npvisor: note: the command could not reach the host's loopback; no --allow is suggested; to reach a service there, check it is running and allow its one port with a HOST:PORT rule (e.g. 127.0.0.1:11434)");
+    } else if let Some(flags) = hint {
+        text.push_str(&format!(
+            "\npvisor: to allow (these names came from the sandbox; check each first): {flags}"
+        ));
+    }
+    text
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn destination(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Whether a request for the host's loopback failed or was denied.
+fn missed_loopback(net: &pvisor_core::records::NetworkObservation) -> bool {
+    let failed = net.top_failed.iter().map(|(h, _, _)| h);
+    let denied = net.top_denied.iter().map(|(h, _)| h);
+    failed.chain(denied).any(|h| names_loopback(h))
+}
+
+/// Whether `host` names this machine: `localhost` (or a name below it) or a
+/// loopback address.
+fn names_loopback(host: &str) -> bool {
+    let lower = host.trim_end_matches('.').to_ascii_lowercase();
+    lower == "localhost"
+        || lower.ends_with(".localhost")
+        || lower
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.to_canonical().is_loopback())
 }
 
 /// How many names the `--allow` hint suggests.
@@ -761,5 +813,26 @@ mod tests {
         let many: Vec<String> = (0..9).map(|i| format!("h{i}.example.com")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(allow_hint(&denied(&many)).unwrap().matches("--allow").count(), ALLOW_HINTS);
+    }
+
+    #[test]
+    fn a_missed_loopback_withholds_public_suggestions() {
+        let net = |failed: &[(&str, u16)], denied: &[&str]| pvisor_core::records::NetworkObservation {
+            top_failed: failed.iter().map(|(h, p)| ((*h).to_owned(), *p, 1)).collect(),
+            top_denied: denied.iter().map(|h| ((*h).to_owned(), 1)).collect(),
+            ..Default::default()
+        };
+        for looped in [
+            net(&[("127.0.0.1", 11434)], &["api.openai.com"]),
+            net(&[("localhost", 1234)], &["api.anthropic.com"]),
+            net(&[], &["::1", "api.openai.com"]),
+            net(&[], &["127.0.0.2", "api.openai.com"]),
+            net(&[], &["ollama.localhost", "api.openai.com"]),
+        ] {
+            assert!(missed_loopback(&looped), "{looped:?}");
+        }
+        assert!(!missed_loopback(&net(&[("api.example.com", 443)], &["pypi.org"])));
+        assert_eq!(destination("::1", 8000), "[::1]:8000");
+        assert_eq!(destination("localhost", 8000), "localhost:8000");
     }
 }

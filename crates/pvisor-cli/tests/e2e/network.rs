@@ -103,6 +103,9 @@ fn none_mode_reaches_nothing_outside() {
 fn proxy_mode_allows_only_the_policy_and_records_every_request() {
     let env = Env::new(As::Rootless);
     let port = http_server();
+    // A host loopback port no rule opens (127.0.0.1:{port} is allowed and
+    // forwarded, so direct TCP to it is the policy, not a bypass).
+    let other = http_server();
     let name = format!("pvisor-e2e-abstract-proxy-{}", std::process::id());
     let _abstract = abstract_listener(&name);
     let script = format!(
@@ -120,7 +123,7 @@ fn proxy_mode_allows_only_the_policy_and_records_every_request() {
         curl -s -m 5 -f http://denied.test:{port}/ >/dev/null && fail denied-domain
         curl -s -m 5 -f -p http://denied.test:{port}/ >/dev/null && fail connect-denied
         curl -s -m 5 -f -H "Host: denied.test" http://allowed.test:{port}/ >/dev/null && fail host-header-smuggling
-        curl -s -m 3 --noproxy '*' http://127.0.0.1:{port}/ && fail direct-tcp
+        curl -s -m 3 --noproxy '*' http://127.0.0.1:{other}/ && fail direct-tcp
         python3 -c "{PY_UDP}" 2>/dev/null && fail udp-dns
         python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('\0{name}')" 2>/dev/null && fail abstract-socket
         echo checked
@@ -319,9 +322,11 @@ fn counting_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 /// `--allow 127.0.0.1:A` opens the host's loopback on port A alone: a server
 /// there is reached through the proxy (curl, which honours the proxy
 /// variables: NO_PROXY no longer lists 127.0.0.1), one on port B is not,
-/// plain or tunnelled; `--allow localhost:A` reaches it by that name; a bare
-/// loopback rule, which opened every port, is refused with a message asking
-/// for one.
+/// plain or tunnelled; the name `localhost`, which curl connects to
+/// directly, reaches A through the forward on 127.0.0.1:A, but not on
+/// [::1]:A, which no rule opened; `--allow localhost:A` reaches it by that
+/// name; a bare loopback rule, which opened every port, is refused with a
+/// message asking for one.
 fn a_loopback_rule_opens_its_port_alone(who: As) {
     who.require();
     let env = Env::new(who);
@@ -331,7 +336,8 @@ fn a_loopback_rule_opens_its_port_alone(who: As) {
         curl -s -m 5 http://127.0.0.1:{a}/; echo
         curl -s -m 5 -f http://127.0.0.1:{b}/ || echo REFUSED-B
         curl -s -m 5 -f -p http://127.0.0.1:{b}/ || echo REFUSED-B-CONNECT
-        curl -s -m 5 -f http://localhost:{a}/ || echo REFUSED-LOCALHOST-NAME"#
+        curl -s -m 5 -f http://localhost:{a}/ && echo " by localhost"
+        curl -s -m 5 -f -g --noproxy '*' http://[::1]:{a}/ || echo REFUSED-V6"#
     );
     let allow = format!("127.0.0.1:{a}");
     let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "sh", "-c", &script]);
@@ -340,7 +346,8 @@ fn a_loopback_rule_opens_its_port_alone(who: As) {
     assert!(stdout.contains("no_proxy=[localhost,::1]"), "{stdout}");
     assert!(stdout.contains(&format!("hello from {a}\n")), "the allowed port was not reached: {stdout}");
     assert!(!stdout.contains(&format!("hello from {b}")), "another loopback port was reached: {stdout}");
-    for refused in ["REFUSED-B\n", "REFUSED-B-CONNECT", "REFUSED-LOCALHOST-NAME"] {
+    assert!(stdout.contains(&format!("hello from {a} by localhost")), "{stdout}");
+    for refused in ["REFUSED-B\n", "REFUSED-B-CONNECT", "REFUSED-V6"] {
         assert!(stdout.contains(refused), "{refused}: {stdout}");
     }
     let denied: Vec<serde_json::Value> =
@@ -407,5 +414,181 @@ send(b"GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
         seen.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "only the control request reached the server"
+    );
+}
+
+/// Connects to the host loopback port `argv[1]` with raw sockets, as a
+/// client that ignores the proxy variables would: `argv[2]` requests to
+/// 127.0.0.1, one each to `localhost` and ::1 if `argv[3]` says so, then
+/// tries the ports that must stay closed (`argv[4:]` as HOST:PORT) and says
+/// it tried.
+const RAW_CLIENT: &str = r#"
+import socket, sys
+port, trials, names = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+def get(host):
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data.endswith(b"hello from %d" % port)
+ok = sum(get("127.0.0.1") for _ in range(trials))
+print("RAW-OK", ok)
+for name in filter(None, names):
+    print("NAME-OK" if get(name) else "NAME-BAD", name)
+for target in sys.argv[4:]:
+    host, _, p = target.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(p)), timeout=3).close()
+        print("ESCAPE", target)
+    except OSError as e:
+        print("REFUSED", target, e.errno)
+print("PROBED")
+"#;
+
+/// Raw TCP (Python sockets, `curl --noproxy '*'`) to an allowed host
+/// loopback port goes through pvisor's forward inside the sandbox's
+/// network namespace: 20 connections in one run all reach the server, and
+/// each is counted as connected; another host loopback port, and the same
+/// port on ::1 (only 127.0.0.1 was allowed), are refused, and that other
+/// port's server saw no connection at all.
+fn an_allowed_loopback_port_is_forwarded_for_raw_tcp(who: As) {
+    who.require();
+    let env = Env::new(who);
+    let (a, seen_a) = counting_server();
+    let (b, seen_b) = counting_server();
+    env.write("raw.py", RAW_CLIENT);
+    let trials = 20;
+    let script = format!(
+        r#"python3 raw.py {a} {trials} "" 127.0.0.1:{b} "[::1]:{a}" "[::1]:{b}"
+        curl -s -m 5 --noproxy '*' http://127.0.0.1:{a}/; echo " noproxy"
+        curl -s -m 5 http://127.0.0.1:{a}/; echo " proxied"
+        curl -s -m 3 -f --noproxy '*' http://127.0.0.1:{b}/ || echo REFUSED-B-CURL
+        echo CURL-PROBED"#
+    );
+    let allow = format!("127.0.0.1:{a}");
+    let out = env.pvisor(&["run", "--allow", &allow, "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        stdout.contains("PROBED") && stdout.contains("CURL-PROBED"),
+        "the probes ran: {stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(&format!("RAW-OK {trials}\n")), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("hello from {a} noproxy")), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("hello from {a} proxied")), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    for refused in
+        [format!("REFUSED 127.0.0.1:{b} 111"), format!("REFUSED [::1]:{a} 111"), "REFUSED-B-CURL".into()]
+    {
+        assert!(stdout.contains(&refused), "{refused}: {stdout}");
+    }
+    use std::sync::atomic::Ordering;
+    assert_eq!(seen_a.load(Ordering::SeqCst), trials + 2, "every connection reached the allowed port");
+    assert_eq!(seen_b.load(Ordering::SeqCst), 0, "the other port's server saw a connection");
+    // Each forwarded connection is an event (the first 16 in full, the rest
+    // counted) and in the summary; the proxied request is one more.
+    let events = network_events(&env);
+    let tcp = events.iter().filter(|e| e["data"]["method"] == "TCP" && e["data"]["outcome"] == "connected");
+    assert_eq!(tcp.count(), 16, "{events:?}");
+    let connected = trials + 2;
+    assert!(
+        stderr.contains(&format!(
+            "network: {connected} request(s) allowed and connected, 0 allowed but failed"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn an_allowed_loopback_port_is_forwarded_for_raw_tcp_root() {
+    an_allowed_loopback_port_is_forwarded_for_raw_tcp(As::Root);
+}
+
+#[test]
+fn an_allowed_loopback_port_is_forwarded_for_raw_tcp_rootless() {
+    an_allowed_loopback_port_is_forwarded_for_raw_tcp(As::Rootless);
+}
+
+/// `--allow localhost:A` forwards both 127.0.0.1:A and [::1]:A, each to the
+/// host's `localhost` (a server on 127.0.0.1 alone is still reached from
+/// ::1); NO_PROXY keeps 127.0.0.1 and ::1 direct, which the forward serves.
+#[test]
+fn a_localhost_rule_forwards_both_loopback_addresses() {
+    let env = Env::new(As::Rootless);
+    let (a, seen) = counting_server();
+    let (b, seen_b) = counting_server();
+    env.write("raw.py", RAW_CLIENT);
+    let script = format!(
+        r#"python3 raw.py {a} 3 localhost,::1 "[::1]:{b}" 127.0.0.1:{b}
+        curl -s -m 5 http://localhost:{a}/; echo " proxied"
+        curl -s -m 5 http://127.0.0.1:{a}/; echo " direct""#
+    );
+    let allow = format!("localhost:{a}");
+    let out = env.pvisor(&["run", "-q", "--allow", &allow, "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("PROBED"), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("RAW-OK 3\n")
+            && stdout.contains("NAME-OK localhost")
+            && stdout.contains("NAME-OK ::1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("hello from {a} proxied"))
+            && stdout.contains(&format!("hello from {a} direct")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ESCAPE"), "{stdout}");
+    use std::sync::atomic::Ordering;
+    assert_eq!(seen.load(Ordering::SeqCst), 7);
+    assert_eq!(seen_b.load(Ordering::SeqCst), 0);
+}
+
+/// A request the policy allows but that cannot be resolved, or whose port
+/// nothing listens on, reached nothing: it is a `network.failed` event with
+/// the reason (never `network.allowed`), and the summary counts it as
+/// failed; no public name is suggested when the host's loopback was missed.
+#[test]
+fn an_allowed_request_that_reaches_nothing_is_recorded_as_failed() {
+    let env = Env::new(As::Rootless);
+    // A host port nothing listens on.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = format!(
+        "curl -s -m 5 http://nowhere.invalid/; curl -s -m 5 --noproxy '*' http://127.0.0.1:{closed}/; \
+         curl -s -m 5 http://api.example.com/ >/dev/null; echo done"
+    );
+    let allow = format!("127.0.0.1:{closed}");
+    let out =
+        env.pvisor(&["run", "--allow", "nowhere.invalid", "--allow", &allow, "--", "sh", "-c", &script]);
+    let stderr = text(&out.stderr);
+    assert!(text(&out.stdout).contains("done"), "{stderr}");
+    let events = network_events(&env);
+    let failed: Vec<&serde_json::Value> = events.iter().filter(|e| e["type"] == "network.failed").collect();
+    assert!(
+        failed.iter().any(|e| e["data"]["host"] == "nowhere.invalid"
+            && e["data"]["outcome"] == "failed"
+            && e["data"]["reason"].as_str().unwrap().starts_with("cannot resolve")),
+        "{events:?}"
+    );
+    assert!(
+        failed.iter().any(|e| e["data"]["port"] == closed
+            && e["data"]["method"] == "TCP"
+            && e["data"]["reason"].as_str().unwrap().starts_with("cannot connect")),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|e| e["type"] == "network.allowed"), "nothing was reached: {events:?}");
+    assert!(
+        stderr.contains("network: 0 request(s) allowed and connected, 2 allowed but failed, 1 denied"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("127.0.0.1:{closed} ×1")), "{stderr}");
+    assert!(
+        !stderr.contains("--allow api.example.com"),
+        "a public API was suggested for a missed loopback: {stderr}"
     );
 }

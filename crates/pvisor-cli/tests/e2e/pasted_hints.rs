@@ -9,14 +9,17 @@ use std::process::Command;
 
 use crate::support::*;
 
-/// Sends, through the proxy, a request for each of these names.
+/// Sends, through the proxy, a request for each of these names (and with
+/// `LOOPBACK=1`, for the host's loopback too).
 const REQUESTS: &str = r#"
 import os, socket
 proxy = os.environ["http_proxy"].split("//")[1].rstrip("/")
 host, port = proxy.rsplit(":", 1)
 mark = os.environ["MARK"]
-names = ["x$(touch %s/allow-ran)" % mark, "*", "127.0.0.1", "[::1]", "localhost",
+names = ["x$(touch %s/allow-ran)" % mark, "*",
          "a;touch${IFS}%s/semi-ran;.com" % mark, "'$(touch %s/quote-ran)'.com" % mark, "pypi-mirror.example"]
+if os.environ.get("LOOPBACK") == "1":
+    names += ["127.0.0.1", "[::1]", "localhost"]
 for name in names:
     for request in ("GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n" % (name, name), "CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n" % (name, name)):
         s = socket.create_connection((host, int(port)), 5)
@@ -48,7 +51,29 @@ fn the_allow_hint_never_runs_or_widens_what_the_sandbox_named() {
         .output()
         .unwrap();
     let stderr = text(&out.stderr);
+    assert_only_the_plain_name_is_suggested(&stderr, &text(&out.stdout), &mark);
+    // With the host's loopback among the denied names no name is suggested
+    // at all: a client that missed a local server may have fallen back to a
+    // public one.
+    let out = env
+        .command(&["run", "--allow", "allowed.example", "--", "python3", "-c", REQUESTS])
+        .env("MARK", &mark)
+        .env("LOOPBACK", "1")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
     assert!(text(&out.stdout).contains("requests-sent"), "{}\n{stderr}", text(&out.stdout));
+    assert!(stderr.contains("denied:") && !stderr.contains("to allow"), "{stderr}");
+    assert!(stderr.contains("could not reach the host's loopback"), "{stderr}");
+    for line in stderr.lines() {
+        for literal in ["127.0.0.1", "::1", "'::1'", "localhost", "'[::1]'"] {
+            assert!(!line.contains(&format!("--allow {literal}")), "{line}");
+        }
+    }
+}
+
+fn assert_only_the_plain_name_is_suggested(stderr: &str, stdout: &str, mark: &std::path::Path) {
+    assert!(stdout.contains("requests-sent"), "{stdout}\n{stderr}");
     assert!(stderr.contains("denied:"), "the denied names are listed: {stderr}");
     let hint = stderr
         .lines()
@@ -57,15 +82,12 @@ fn the_allow_hint_never_runs_or_widens_what_the_sandbox_named() {
     assert!(hint.contains("came from the sandbox"), "{hint}");
     let flags = hint.split_once("first): ").unwrap().1;
     assert_eq!(flags, "--allow pypi-mirror.example", "only the plain public name is suggested: {hint}");
-    let echoed = pasted(flags, &mark);
+    let echoed = pasted(flags, mark);
     assert!(echoed.contains("pypi-mirror.example"), "{echoed}");
-    let ran: Vec<_> = fs::read_dir(&mark).unwrap().flatten().map(|e| e.file_name()).collect();
+    let ran: Vec<_> = fs::read_dir(mark).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(ran.is_empty(), "pasting the hint ran a command: {ran:?}");
     for line in stderr.lines() {
         assert!(!line.contains("--allow *") && !line.contains("--allow '*'"), "{line}");
-        for literal in ["127.0.0.1", "::1", "'::1'", "localhost", "'[::1]'"] {
-            assert!(!line.contains(&format!("--allow {literal}")), "{line}");
-        }
     }
 }
 

@@ -139,6 +139,67 @@ fn a_flood_of_denied_requests_is_coalesced_rootless() {
     a_flood_of_denied_requests_is_coalesced(As::Rootless);
 }
 
+/// Opens `n` connections to an allowed host loopback port nothing listens
+/// on (each one forwarded, then closed by pvisor) and prints how many ended
+/// without data.
+const FORWARD_FLOOD: &str = r#"
+import socket, sys
+closed = 0
+for i in range(int(sys.argv[2])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    if s.recv(1) == b"":
+        closed += 1
+    s.close()
+print("CLOSED", closed)
+"#;
+
+/// A flood of connections to a forwarded loopback port that reaches nothing
+/// is counted whole (the summary's failed count) but written in the Trace
+/// only up to the per-host bound, like the proxy's requests.
+fn a_flood_of_failed_forwarded_connections_is_coalesced(who: As) {
+    who.require();
+    let env = Env::new(who);
+    env.write("flood.py", FORWARD_FLOOD);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let n = 1_000;
+    let allow = format!("127.0.0.1:{port}");
+    let out = env.pvisor(&[
+        "run",
+        "--allow",
+        &allow,
+        "--",
+        "/usr/bin/python3",
+        "flood.py",
+        &port.to_string(),
+        &n.to_string(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(text(&out.stdout).contains(&format!("CLOSED {n}")), "{}\n{stderr}", text(&out.stdout));
+    assert!(
+        stderr.contains(&format!("0 request(s) allowed and connected, {n} allowed but failed")),
+        "{stderr}"
+    );
+    let status = env.status_json(None);
+    assert_eq!(status["receipt"].as_str(), Some("valid"), "{status}");
+    let events = env.events(status["job"].as_str().unwrap());
+    let failed = events.iter().filter(|e| e["type"] == "network.failed").count();
+    assert_eq!(failed, 16, "the first 16 to the host are written in full");
+    assert!(!events.iter().any(|e| e["type"] == "network.allowed"), "nothing was reached");
+    let coalesced = events.iter().find(|e| e["type"] == "trace.coalesced").expect("one summary");
+    assert_eq!(coalesced["data"]["coalesced"][0]["count"].as_u64(), Some(n - 16), "{coalesced}");
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_flood_of_failed_forwarded_connections_is_coalesced_as_root() {
+    a_flood_of_failed_forwarded_connections_is_coalesced(As::Root);
+}
+
+#[test]
+fn a_flood_of_failed_forwarded_connections_is_coalesced_rootless() {
+    a_flood_of_failed_forwarded_connections_is_coalesced(As::Rootless);
+}
+
 /// A command that uses up the state directory's inodes (its files land in
 /// the stage there) gets ENOSPC inside; its Job still records exit 7 with a
 /// valid receipt, the reserve's inodes having made room for the records.

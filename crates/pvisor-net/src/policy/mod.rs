@@ -32,7 +32,8 @@ mod ordered;
 pub use ordered::{validate_ordered, InvalidTarget, TargetProblem};
 
 pub use pvisor_core::records::{
-    EffectiveNetwork, NetworkMode as Mode, NetworkRule as Rule, OrderedPolicy, OrderedRule, RuleAction,
+    EffectiveNetwork, LoopbackForward, NetworkMode as Mode, NetworkRule as Rule, OrderedPolicy, OrderedRule,
+    RuleAction,
 };
 
 /// Where a policy came from, highest precedence first.
@@ -274,6 +275,37 @@ pub fn proxied_loopback_names(net: &EffectiveNetwork) -> Vec<&'static str> {
         .collect()
 }
 
+/// The loopback ports the allow rules open on the host, one per sandbox
+/// address: `127.0.0.1:PORT` and `[::1]:PORT` (and any other loopback
+/// literal) listen on that address alone; `localhost:PORT` on both
+/// `127.0.0.1` and `::1`, as a client resolving `localhost` may try either.
+/// A port a deny rule closes again is left out (nothing listens, so a
+/// connection is refused, as it is on every port no rule opens).
+pub fn loopback_forwards(net: &EffectiveNetwork) -> Vec<LoopbackForward> {
+    let mut out: Vec<LoopbackForward> = Vec::new();
+    for rule in &net.allow {
+        let (host, Some(port)) = rule_parts(&rule.pattern) else { continue };
+        let listen: Vec<IpAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) if ip.to_canonical().is_loopback() => vec![ip.to_canonical()],
+            Ok(_) => continue,
+            Err(_) if host == "localhost" => {
+                vec![IpAddr::from(std::net::Ipv4Addr::LOCALHOST), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)]
+            }
+            Err(_) => continue,
+        };
+        if !matches!(net.decide(&host, port), Decision::Allow { .. }) {
+            continue;
+        }
+        for ip in listen {
+            let listen = std::net::SocketAddr::new(ip, port);
+            if !out.iter().any(|f| f.listen == listen) {
+                out.push(LoopbackForward { listen, host: host.clone() });
+            }
+        }
+    }
+    out
+}
+
 /// The outcome of checking one destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -430,6 +462,43 @@ mod tests {
                 ordered: None,
             },
         }
+    }
+
+    #[test]
+    fn loopback_port_rules_are_forwarded_on_the_addresses_they_name() {
+        let net = resolve(&[scoped(
+            Scope::CommandLine,
+            None,
+            &[
+                "127.0.0.1:8000",
+                "[::1]:9000",
+                "localhost:7000",
+                "127.0.0.1:7000",
+                "localhost:6000",
+                "example.com:80",
+                "*.test:5000",
+            ],
+            &["127.0.0.1:6000"],
+        )])
+        .unwrap();
+        let forwards: Vec<(String, String)> =
+            loopback_forwards(&net).into_iter().map(|f| (f.listen.to_string(), f.host)).collect();
+        assert_eq!(
+            forwards,
+            [
+                ("127.0.0.1:8000".to_owned(), "127.0.0.1".to_owned()),
+                ("[::1]:9000".to_owned(), "::1".to_owned()),
+                ("127.0.0.1:7000".to_owned(), "localhost".to_owned()),
+                ("[::1]:7000".to_owned(), "localhost".to_owned()),
+                // localhost:6000 is allowed by name; only its 127.0.0.1 is
+                // denied, which the connection's resolution then refuses.
+                ("127.0.0.1:6000".to_owned(), "localhost".to_owned()),
+                ("[::1]:6000".to_owned(), "localhost".to_owned()),
+            ]
+        );
+        let denied =
+            resolve(&[scoped(Scope::CommandLine, None, &["127.0.0.1:8000"], &["127.0.0.1"])]).unwrap();
+        assert!(loopback_forwards(&denied).is_empty(), "a port a deny rule closes is not forwarded");
     }
 
     #[test]

@@ -129,6 +129,7 @@ pub(super) fn spec(
         env: command.env,
         hostname: "pvisor".into(),
         network: attachment_for(policy.network.mode),
+        loopback_forwards: super::policy::loopback_forwards(&policy.network),
         seccomp: command.seccomp,
         limits: command.limits,
         vm: executor.traits.guest_machine.then(|| pvisor_vm::VmSpec {

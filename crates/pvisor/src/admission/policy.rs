@@ -309,6 +309,18 @@ pub(super) fn attachment_for(mode: NetworkMode) -> NetworkAttachment {
     }
 }
 
+/// The host loopback ports to forward into the sandbox: those the allow
+/// rules open, with the proxy only (no other mode has a policy to apply),
+/// except 127.0.0.1:[`PROXY_PORT`], where the proxy itself listens (that
+/// host port stays reachable through the proxy).
+pub(super) fn loopback_forwards(network: &EffectiveNetwork) -> Vec<pvisor_net::policy::LoopbackForward> {
+    if network.mode != NetworkMode::Proxy {
+        return Vec::new();
+    }
+    let proxy = std::net::SocketAddr::from(([127, 0, 0, 1], PROXY_PORT));
+    pvisor_net::policy::loopback_forwards(network).into_iter().filter(|f| f.listen != proxy).collect()
+}
+
 /// A namespace to join must be a network namespace other than the host's
 /// (`pvisor_vm::nic::open_network_namespace`), and the executor vm.
 pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Result<(), AdmissionError> {
@@ -406,6 +418,28 @@ mod tests {
 
     fn on(name: &str) -> Backend<'_> {
         Backend { name, traits: crate::backends::host_traits(name) }
+    }
+
+    /// Only the proxy mode forwards, and never onto the proxy's own port.
+    #[test]
+    fn loopback_ports_are_forwarded_with_the_proxy_but_not_on_its_port() {
+        use pvisor_net::policy::{resolve, PolicySpec, Scope, ScopedPolicy};
+        let net = |mode, allow: &[&str]| {
+            let spec = PolicySpec {
+                mode: Some(mode),
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+                deny: Vec::new(),
+                ordered: None,
+            };
+            resolve(&[ScopedPolicy { scope: Scope::CommandLine, source: "test".into(), spec }]).unwrap()
+        };
+        let rules = ["127.0.0.1:3128", "localhost:3128", "127.0.0.1:8000"];
+        let forwarded: Vec<String> = super::loopback_forwards(&net(super::NetworkMode::Proxy, &rules))
+            .iter()
+            .map(|f| f.listen.to_string())
+            .collect();
+        assert_eq!(forwarded, ["[::1]:3128", "127.0.0.1:8000"]);
+        assert!(super::loopback_forwards(&net(super::NetworkMode::Host, &rules)).is_empty());
     }
 
     /// A shared directory is a host directory outside the workspace, the

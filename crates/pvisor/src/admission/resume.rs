@@ -99,6 +99,7 @@ pub fn admit_resume(
         env: Vec::new(),
         hostname: "pvisor".into(),
         network: policy::attachment_for(operation.policy.network.mode),
+        loopback_forwards: policy::loopback_forwards(&operation.policy.network),
         seccomp: operation.policy.seccomp,
         limits: operation.policy.limits.clone(),
         vm: Some(pvisor_vm::VmSpec {

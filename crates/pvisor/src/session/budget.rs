@@ -1,6 +1,6 @@
 //! The bound on what a command can make pvisor write to its Trace.
 //!
-//! Every request through the proxy is a `network.allowed` or
+//! Every request through the proxy is a `network.allowed`, `network.failed` or
 //! `network.denied` event, and the command decides how many there are (a
 //! loop of denied requests wrote megabytes a second). So, per run: the
 //! first [`REPEATS_WRITTEN`] events of one kind to one host are written,

@@ -26,7 +26,7 @@ use crate::trace::data;
 /// What [`Session::supervise`] needs of a started sandbox.
 type SandboxStarted = (
     pvisor_sandbox::Signaller,
-    Option<std::net::TcpListener>,
+    super::NetworkListeners,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
 );
 
@@ -69,23 +69,21 @@ impl Session {
         blocking(move || self.finalize(ending, started_at, baseline, elapsed)).await.map(RunEnd::Finished)
     }
 
-    /// Waits for the sandbox to end while serving its proxy: forwards the
-    /// first cancellation signal, SIGKILLs on a second one or when the grace
-    /// period expires, and records each proxied request.
+    /// Waits for the sandbox to end while serving its proxy and forwarded
+    /// loopback ports: forwards the first cancellation signal, SIGKILLs on a
+    /// second one or when the grace period expires, and records each
+    /// proxied request and forwarded connection.
     async fn supervise(
         &mut self,
         started: SandboxStarted,
         cancel: &mut mpsc::UnboundedReceiver<i32>,
     ) -> Ending {
-        let (signaller, listener, mut wait) = started;
+        let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let proxy = listener.map(|listener| {
-            let policy = Arc::new(self.run.operation.policy.network.clone());
-            tokio::spawn(pvisor_net::proxy::serve(listener, policy, proxy_events.clone(), proxy_stopped))
-        });
+        let proxy = self.serve_network(listeners, &proxy_events, &proxy_stopped);
         drop(proxy_events);
-        let mut proxy_open = proxy.is_some();
+        let mut proxy_open = !proxy.is_empty();
         let mut deadline: Option<tokio::time::Instant> = None;
         let mut cancel_open = true;
         let report = loop {
@@ -120,8 +118,8 @@ impl Session {
             }
         };
         let _ = stop_proxy.send(true);
-        if let Some(proxy) = proxy {
-            let _ = proxy.await;
+        for task in proxy {
+            let _ = task.await;
         }
         while let Ok(event) = proxy_rx.try_recv() {
             self.record_network(event);
@@ -145,15 +143,59 @@ impl Session {
         }
     }
 
-    /// Records one proxied request in the Trace and the tally.
-    pub(super) fn record_network(&mut self, event: pvisor_net::proxy::ProxyEvent) {
-        let kind = if event.allowed { EventKind::NetworkAllowed } else { EventKind::NetworkDenied };
-        if event.allowed {
-            self.network.allowed += 1;
-        } else {
-            self.network.denied += 1;
-            *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
+    /// Serves the proxy on its listener and each forwarded loopback port on
+    /// its own (matched to the spec's forward by its address), all under the
+    /// recorded policy, reporting to `events` until `stop`.
+    fn serve_network(
+        &self,
+        listeners: super::NetworkListeners,
+        events: &mpsc::UnboundedSender<pvisor_net::proxy::ProxyEvent>,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
+        let policy = Arc::new(self.run.operation.policy.network.clone());
+        let mut tasks = Vec::new();
+        if let Some(listener) = listeners.proxy {
+            let serve = pvisor_net::proxy::serve(listener, policy.clone(), events.clone(), stop.clone());
+            tasks.push(tokio::spawn(serve));
         }
+        for listener in listeners.forwards {
+            let local = listener.local_addr().ok();
+            let Some(forward) = self.spec.loopback_forwards.iter().find(|f| Some(f.listen) == local) else {
+                continue;
+            };
+            let serve = pvisor_net::forward::serve(
+                listener,
+                forward.clone(),
+                policy.clone(),
+                events.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(serve));
+        }
+        tasks
+    }
+
+    /// Records one proxied request (or forwarded connection) in the Trace
+    /// and the tally: connected, failed (allowed, nothing reached) or denied.
+    pub(super) fn record_network(&mut self, event: pvisor_net::proxy::ProxyEvent) {
+        use pvisor_net::proxy::Outcome;
+        let kind = match event.outcome {
+            Outcome::Connected => {
+                self.network.allowed += 1;
+                EventKind::NetworkAllowed
+            }
+            Outcome::Failed => {
+                self.network.failed += 1;
+                let destination = (event.host.clone(), event.port);
+                *self.network.failed_destinations.entry(destination).or_default() += 1;
+                EventKind::NetworkFailed
+            }
+            Outcome::Denied => {
+                self.network.denied += 1;
+                *self.network.denied_hosts.entry(event.host.clone()).or_default() += 1;
+                EventKind::NetworkDenied
+            }
+        };
         let events = self.store.events_file(&self.run.id);
         let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
         if self.budget.admit(&kind, &event.host, size) {
@@ -173,12 +215,18 @@ impl Session {
             self.network.denied_hosts.iter().map(|(h, n)| (h.clone(), *n)).collect();
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         top.truncate(5);
+        let mut failed: Vec<(String, u16, u64)> =
+            self.network.failed_destinations.iter().map(|((h, p), n)| (h.clone(), *p, *n)).collect();
+        failed.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| (&a.0, a.1).cmp(&(&b.0, b.1))));
+        failed.truncate(5);
         NetworkObservation {
             attachment: self.executor.describe_attachment(self.spec.network),
             non_bypassable: self.spec.network.non_bypassable(),
             allowed: self.network.allowed,
+            failed: self.network.failed,
             denied: self.network.denied,
             top_denied: top,
+            top_failed: failed,
         }
     }
 }

@@ -38,9 +38,18 @@ enum Ending {
 }
 
 /// A started sandbox: its signaller, its proxy listener, and its exit report to come.
+/// What a started sandbox handed over for its network: the proxy's
+/// listener and those of its forwarded loopback ports, all made inside its
+/// network namespace.
+#[derive(Debug, Default)]
+pub(super) struct NetworkListeners {
+    pub(super) proxy: Option<std::net::TcpListener>,
+    pub(super) forwards: Vec<std::net::TcpListener>,
+}
+
 type Started = (
     pvisor_sandbox::Signaller,
-    Option<std::net::TcpListener>,
+    NetworkListeners,
     Vec<pvisor_sandbox::limits::Enforcement>,
     Option<serde_json::Value>,
     tokio::sync::oneshot::Receiver<Result<ExitReport, SandboxError>>,
@@ -73,9 +82,13 @@ pub(crate) struct Session {
 /// What went through the proxy, for the Bundle and the end-of-run summary.
 #[derive(Debug, Default)]
 struct NetworkTally {
+    /// Allowed and connected.
     allowed: u64,
+    /// Allowed, but not resolved or not connected: nothing was reached.
+    failed: u64,
     denied: u64,
     denied_hosts: std::collections::BTreeMap<String, u64>,
+    failed_destinations: std::collections::BTreeMap<(String, u16), u64>,
 }
 
 impl Session {

@@ -114,7 +114,10 @@ impl Session {
                 Ok(mut process) => {
                     let _ = started_tx.send(Ok((
                         process.signaller(),
-                        process.take_proxy_listener(),
+                        super::NetworkListeners {
+                            proxy: process.take_proxy_listener(),
+                            forwards: process.take_forward_listeners(),
+                        },
                         process.limits(),
                         process.facts(),
                     )));
