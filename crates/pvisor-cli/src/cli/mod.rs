@@ -110,9 +110,14 @@ pub enum CacheAction {
     after_help = "Examples:\n  claude mcp add pvisor -- pvisor mcp            Claude Code, in the project directory\n  codex mcp add pvisor -- pvisor mcp             Codex\n  pvisor mcp -w ~/src/app                        the default workspace of every tool\n\nCursor (.cursor/mcp.json): {\"mcpServers\": {\"pvisor\": {\"command\": \"pvisor\", \"args\": [\"mcp\"]}}}"
 )]
 pub struct McpArgs {
-    /// The workspace tools use when a call names none [default: the current directory].
+    /// The workspace tools use when a call names none, and the directory
+    /// every workspace a call names must lie in [default: the current directory].
     #[arg(short = 'w', long = "workspace", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Let calls name any workspace, not only the one of -w and what lies
+    /// beneath it (never pvisor's state, nor a secret store such as ~/.ssh).
+    #[arg(long)]
+    pub any_workspace: bool,
     /// The log level on stderr (error, warn, info, debug, trace) [default: warn].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,

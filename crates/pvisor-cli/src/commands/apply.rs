@@ -26,7 +26,7 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.patch {
         return super::apply_hunks::cmd_apply_hunks(runtime, args);
     }
-    let (job, paths) = super::target_and_paths_reviewed(
+    let (job, paths, mut session_hold) = super::target_and_paths_reviewed(
         runtime,
         args.session.as_deref(),
         args.job.clone(),
@@ -71,12 +71,14 @@ pub fn cmd_apply(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
     if args.json {
         // The session's end is said before the `result`, which is last.
         if !args.dry_run {
+            super::drop_hold(&mut session_hold);
             super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
         }
         return report_apply_json(runtime, &job, &args, &report);
     }
     let code = report_apply(runtime, &job, &args, &report, &to_drop)?;
     if !args.dry_run {
+        super::drop_hold(&mut session_hold);
         super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
     }
     Ok(code)

@@ -83,7 +83,7 @@ fn offer(ws: &Root, upper: &Root, item: &ReviewItem) -> anyhow::Result<Result<Of
 }
 
 pub fn cmd_apply_hunks(runtime: &Runtime, args: ApplyArgs) -> anyhow::Result<i32> {
-    let (job, paths) =
+    let (job, paths, _session_hold) =
         super::target_and_paths_reviewed(runtime, args.session.as_deref(), args.job, args.paths, "apply")?;
     let sensitive = crate::config::sensitive(runtime.store())?;
     let stage = runtime.execute(Review { job: job.clone() })?;

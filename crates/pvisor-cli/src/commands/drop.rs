@@ -11,7 +11,7 @@ use crate::output::{path_lines, Detail, PathLine};
 use crate::results::DropResult;
 
 pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
-    let (job, paths) =
+    let (job, paths, mut session_hold) =
         super::target_and_paths_reviewed(runtime, args.session.as_deref(), args.job, args.paths, "drop")?;
     let report = super::freeing_space(runtime.store(), || {
         Ok(runtime.execute(DropChanges { job: job.clone(), patterns: paths.clone() })?)
@@ -21,6 +21,7 @@ pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
         for path in DropResult::paths(&report) {
             json_line(&mut out, JsonType::Dropped, &path)?;
         }
+        super::drop_hold(&mut session_hold);
         super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
         json_line(&mut out, JsonType::Result, &DropResult::from_report(&job, &report))?;
         return Ok(0);
@@ -51,6 +52,7 @@ pub fn cmd_drop(runtime: &Runtime, args: DropArgs) -> anyhow::Result<i32> {
         )?;
     }
     drop(out);
+    super::drop_hold(&mut session_hold);
     super::end_session_if_done(runtime, args.session.as_deref(), &job)?;
     Ok(0)
 }

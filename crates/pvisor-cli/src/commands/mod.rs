@@ -98,7 +98,7 @@ fn route(command: Command, runtime: impl FnOnce() -> anyhow::Result<Runtime>) ->
             Some(dir) => dir,
             None => std::env::current_dir()?,
         };
-        return crate::mcp::serve(runtime()?, workspace);
+        return crate::mcp::serve(runtime()?, workspace, args.any_workspace);
     }
     let runtime = &runtime()?;
     match command {
@@ -242,20 +242,31 @@ pub fn job_and_paths_reviewed(
 }
 
 /// [`job_and_paths_reviewed`], or with `--session NAME` the session's head
-/// (a first argument is then a path).
+/// (a first argument is then a path), held against a new run of the
+/// session until the returned hold is dropped.
 pub fn target_and_paths_reviewed(
     runtime: &Runtime,
     session: Option<&str>,
     first: Option<String>,
     rest: Vec<String>,
     verb: &str,
-) -> anyhow::Result<(JobId, Vec<String>)> {
-    match session {
-        Some(name) => {
-            sessions::head_and_paths(runtime, name, first, rest).map(|(head, paths, _)| (head, paths))
-        }
-        None => job_and_paths_reviewed(runtime, first, rest, verb),
-    }
+) -> anyhow::Result<(JobId, Vec<String>, Option<pvisor::actions::SessionHold>)> {
+    let Some(name) = session else {
+        return job_and_paths_reviewed(runtime, first, rest, verb).map(|(job, paths)| (job, paths, None));
+    };
+    let (head, paths, view) = sessions::head_and_paths(runtime, name, first, rest)?;
+    let hold = runtime.execute(pvisor::actions::HoldSession {
+        workspace: view.record.workspace.clone(),
+        name: name.to_owned(),
+    })?;
+    Ok((head, paths, Some(hold)))
+}
+
+/// Releases a session's hold before the session is closed (the close
+/// takes the session's lock itself, and this process's own hold would
+/// refuse it).
+pub fn drop_hold(hold: &mut Option<pvisor::actions::SessionHold>) {
+    hold.take();
 }
 
 /// After `apply` or `drop --session NAME`: ends the session if nothing is

@@ -38,7 +38,7 @@ pub fn head_and_paths(
     rest: Vec<String>,
 ) -> anyhow::Result<(JobId, Vec<String>, SessionView)> {
     let view = find(runtime, name)?;
-    let Some(head) = view.record.head().cloned() else {
+    let Some(head) = view.head_job().cloned() else {
         anyhow::bail!("session {name:?} has no run yet; `pvisor run --session {name} -- COMMAND` starts one")
     };
     let paths: Vec<String> = first.into_iter().chain(rest).collect();
@@ -78,7 +78,7 @@ pub fn close_if_done(runtime: &Runtime, name: &str, workspace: PathBuf) -> anyho
 pub fn announce_turn(turn: &SessionTurn, quiet: bool) {
     let name = &turn.record.name;
     let run = turn.record.jobs.len() + 1;
-    let head = turn.record.head();
+    let head = turn.stands_on.as_ref();
     let previous_ended = turn.closed_before.as_ref().and_then(|c| c.closed.as_ref()).map(|c| c.how.as_str());
     let line =
         serde_json::json!({"name": name, "run": run, "on_top_of": head, "previous_ended": previous_ended});

@@ -3,10 +3,10 @@
 //! the newest Job of the workspace) and goes through one runtime action.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use pvisor::actions::{
-    Apply, CloseSessionIfDone, DropChanges, LatestJobIn, ListJobs, ReadSession, ResolveJob, Review, Status,
+    Apply, CloseSessionIfDone, DropChanges, HoldSession, LatestJobIn, ListJobs, ReadSession, ResolveJob,
+    Review, Status,
 };
 use pvisor::{ApplyOptions, ReviewItem, Runtime, Selection};
 use pvisor_core::ids::JobId;
@@ -26,29 +26,35 @@ struct Resolved {
     job: JobId,
     made_by: BTreeMap<RelPath, JobId>,
     session: Option<(String, std::path::PathBuf)>,
+    /// For apply and drop: the session held against a new run meanwhile.
+    hold: Option<pvisor::actions::SessionHold>,
 }
 
-fn resolve(runtime: &Runtime, default_ws: &Path, target: &Target) -> Result<Resolved, ToolError> {
-    let workspace = super::workspace(runtime, target.workspace.as_deref(), default_ws)?;
+fn resolve(runtime: &Runtime, scope: &super::Scope, target: &Target) -> Result<Resolved, ToolError> {
+    let workspace = super::workspace(runtime, target.workspace.as_deref(), scope)?;
     match (&target.session, &target.job) {
         (Some(_), Some(_)) => Err(ToolError::BadArgument("give `session` or `job`, not both".into())),
         (Some(name), None) => {
             let view = runtime.execute(ReadSession { workspace: workspace.clone(), name: name.clone() })?;
             let made_by =
                 view.remaining().into_iter().map(|a| (a.change.path.clone(), a.job.clone())).collect();
-            let job = view.record.head().cloned().ok_or_else(|| {
+            let job = view.head_job().cloned().ok_or_else(|| {
                 ToolError::Refused(format!(
                     "session {name} has no run yet; the run tool with session {name:?} starts one"
                 ))
             })?;
-            Ok(Resolved { job, made_by, session: Some((name.clone(), workspace)) })
+            Ok(Resolved { job, made_by, session: Some((name.clone(), workspace)), hold: None })
         }
         (None, Some(query)) => {
             let job = runtime.execute(ResolveJob { query: Some(query.clone()) })?;
-            Ok(Resolved { job, made_by: BTreeMap::new(), session: None })
+            // A Job of another workspace is as out of reach as that workspace.
+            let status = runtime.execute(Status { job: job.clone() })?;
+            let canonical = status.workspace.canonicalize().unwrap_or(status.workspace);
+            super::in_scope(runtime, &canonical, scope)?;
+            Ok(Resolved { job, made_by: BTreeMap::new(), session: None, hold: None })
         }
         (None, None) => match runtime.execute(LatestJobIn { dir: workspace.clone() })? {
-            Some((job, _)) => Ok(Resolved { job, made_by: BTreeMap::new(), session: None }),
+            Some((job, _)) => Ok(Resolved { job, made_by: BTreeMap::new(), session: None, hold: None }),
             None => Err(ToolError::Refused(format!(
                 "no Job ran over {}; call run first, or name a job or session",
                 shown(&workspace.display().to_string())
@@ -57,8 +63,8 @@ fn resolve(runtime: &Runtime, default_ws: &Path, target: &Target) -> Result<Reso
     }
 }
 
-pub fn review(runtime: &Runtime, default_ws: &Path, target: Target) -> Result<ReviewResult, ToolError> {
-    let resolved = resolve(runtime, default_ws, &target)?;
+pub fn review(runtime: &Runtime, scope: &super::Scope, target: Target) -> Result<ReviewResult, ToolError> {
+    let resolved = resolve(runtime, scope, &target)?;
     let stage = runtime.execute(Review { job: resolved.job.clone() })?;
     let items = stage.review(&[], &crate::config::sensitive(runtime.store())?)?;
     let changes = items.iter().take(REVIEW_MAX).map(|item| change(item, &resolved.made_by)).collect();
@@ -99,8 +105,8 @@ fn change(item: &ReviewItem, made_by: &BTreeMap<RelPath, JobId>) -> Change {
     }
 }
 
-pub fn diff(runtime: &Runtime, default_ws: &Path, args: DiffArgs) -> Result<DiffResult, ToolError> {
-    let resolved = resolve(runtime, default_ws, &args.target)?;
+pub fn diff(runtime: &Runtime, scope: &super::Scope, args: DiffArgs) -> Result<DiffResult, ToolError> {
+    let resolved = resolve(runtime, scope, &args.target)?;
     let stage = runtime.execute(Review { job: resolved.job.clone() })?;
     let items = stage.review(&args.paths, &crate::config::sensitive(runtime.store())?)?;
     let (ws, upper) = stage.diff_roots()?;
@@ -135,11 +141,11 @@ pub fn diff(runtime: &Runtime, default_ws: &Path, args: DiffArgs) -> Result<Diff
     Ok(DiffResult { job: resolved.job.to_string(), diffs, omitted })
 }
 
-pub fn apply(runtime: &Runtime, default_ws: &Path, args: ApplyArgs) -> Result<ApplyResult, ToolError> {
+pub fn apply(runtime: &Runtime, scope: &super::Scope, args: ApplyArgs) -> Result<ApplyResult, ToolError> {
     if args.all != args.paths.is_empty() {
         return Err(ToolError::BadArgument("give `paths` to apply, or `all: true` (not both)".into()));
     }
-    let resolved = resolve(runtime, default_ws, &args.target)?;
+    let mut resolved = resolve_held(runtime, scope, &args.target)?;
     let sensitive = crate::config::sensitive(runtime.store())?;
     let stage = runtime.execute(Review { job: resolved.job.clone() })?;
     let selected: Vec<ReviewItem> =
@@ -207,19 +213,23 @@ pub fn apply(runtime: &Runtime, default_ws: &Path, args: ApplyArgs) -> Result<Ap
                 })
                 .collect();
         }
-        result.remaining = report.remaining;
-        result.stage = report.state.map_or("?", |s| s.as_str()).into();
+        // Set only once an apply has written (not on a refusal or a dry run).
+        if report.executed {
+            result.remaining = report.remaining;
+            result.stage = report.state.map_or("?", |s| s.as_str()).into();
+        }
     }
     result.skipped = skipped;
     if !args.dry_run {
-        result.session_ended = end_session(runtime, &resolved)?;
+        result.session_ended = end_session(runtime, &mut resolved)?;
     }
     Ok(result)
 }
 
-pub fn drop(runtime: &Runtime, default_ws: &Path, args: DropArgs) -> Result<DropResult, ToolError> {
-    let resolved = resolve(runtime, default_ws, &args.target)?;
+pub fn drop(runtime: &Runtime, scope: &super::Scope, args: DropArgs) -> Result<DropResult, ToolError> {
+    let mut resolved = resolve_held(runtime, scope, &args.target)?;
     let report = runtime.execute(DropChanges { job: resolved.job.clone(), patterns: args.paths })?;
+    let session_ended = end_session(runtime, &mut resolved)?;
     Ok(DropResult {
         job: resolved.job.to_string(),
         dropped: report
@@ -228,19 +238,32 @@ pub fn drop(runtime: &Runtime, default_ws: &Path, args: DropArgs) -> Result<Drop
             .map(|c| PathKind { path: c.path.display_escaped(), kind: c.kind.as_str().into() })
             .collect(),
         stage: report.state.map_or("?", |s| s.as_str()).into(),
-        session_ended: end_session(runtime, &resolved)?,
+        session_ended,
     })
 }
 
+/// `resolve` for apply and drop: a session is held against a new run
+/// until the change is done (refused while one is live).
+fn resolve_held(runtime: &Runtime, scope: &super::Scope, target: &Target) -> Result<Resolved, ToolError> {
+    let mut resolved = resolve(runtime, scope, target)?;
+    if let Some((name, workspace)) = &resolved.session {
+        let hold = HoldSession { workspace: workspace.clone(), name: name.clone() };
+        resolved.hold = Some(runtime.execute(hold)?);
+    }
+    Ok(resolved)
+}
+
 /// Ends the target's session if nothing is left in it.
-fn end_session(runtime: &Runtime, resolved: &Resolved) -> Result<bool, ToolError> {
+fn end_session(runtime: &Runtime, resolved: &mut Resolved) -> Result<bool, ToolError> {
+    // The close takes the session's lock itself.
+    resolved.hold.take();
     let Some((name, workspace)) = &resolved.session else { return Ok(false) };
     let closed = runtime.execute(CloseSessionIfDone { workspace: workspace.clone(), name: name.clone() })?;
     Ok(closed.is_some())
 }
 
-pub fn status(runtime: &Runtime, default_ws: &Path, target: Target) -> Result<StatusResult, ToolError> {
-    let resolved = resolve(runtime, default_ws, &target)?;
+pub fn status(runtime: &Runtime, scope: &super::Scope, target: Target) -> Result<StatusResult, ToolError> {
+    let resolved = resolve(runtime, scope, &target)?;
     crate::commands::recover(runtime, &resolved.job).map_err(|e| ToolError::Internal(e.to_string()))?;
     let status = runtime.execute(Status { job: resolved.job.clone() })?;
     Ok(StatusResult { job: resolved.job.to_string(), status: super::sanitised_json(&status) })

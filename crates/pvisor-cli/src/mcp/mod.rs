@@ -55,12 +55,22 @@ pub enum ToolError {
     Other(#[from] anyhow::Error),
 }
 
-/// The server: one runtime, the default workspace, and the tools.
+/// The server: one runtime, the workspaces it serves, and the tools.
 #[derive(Clone)]
 pub struct PvisorMcp {
     runtime: Arc<Runtime>,
-    workspace: Arc<PathBuf>,
+    workspace: Arc<Scope>,
     tool_router: ToolRouter<Self>,
+}
+
+/// The workspaces a server's tools may name: its root and what lies
+/// beneath (or, with `--any-workspace`, any directory), never pvisor's
+/// state or a secret store every sandbox has hidden. The agent picks the
+/// `workspace` argument; the person who started the server picked the root.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub root: PathBuf,
+    pub any: bool,
 }
 
 impl std::fmt::Debug for PvisorMcp {
@@ -70,14 +80,18 @@ impl std::fmt::Debug for PvisorMcp {
 }
 
 /// Serves MCP on stdin/stdout until the client closes it.
-pub fn serve(runtime: Runtime, workspace: PathBuf) -> anyhow::Result<i32> {
+pub fn serve(runtime: Runtime, workspace: PathBuf, any_workspace: bool) -> anyhow::Result<i32> {
+    let root = workspace.canonicalize().map_err(|e| {
+        anyhow::anyhow!("workspace {}: {e}; pass an existing directory with -w", workspace.display())
+    })?;
+    let scope = Scope { root, any: any_workspace };
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
     tokio.block_on(async move {
-        let server = PvisorMcp::new(runtime, workspace);
+        let server = PvisorMcp::new(runtime, scope);
         let running = server
             .serve(rmcp::transport::stdio())
             .await
@@ -100,7 +114,7 @@ async fn blocking<T: Send + 'static>(
 
 #[tool_router]
 impl PvisorMcp {
-    pub fn new(runtime: Runtime, workspace: PathBuf) -> Self {
+    pub fn new(runtime: Runtime, workspace: Scope) -> Self {
         Self { runtime: Arc::new(runtime), workspace: Arc::new(workspace), tool_router: Self::tool_router() }
     }
 
@@ -110,10 +124,26 @@ impl PvisorMcp {
     #[tool(
         description = "Run a command in a pvisor sandbox over a workspace. Its file writes are staged, not applied: review, diff, apply or drop them with the other tools. With `session`, the run sees everything earlier runs of that session staged. Returns the Job, exit status, the last bytes of stdout/stderr and what is staged."
     )]
-    async fn run(&self, Parameters(args): Parameters<RunArgs>) -> Result<Json<RunResult>, String> {
+    async fn run(
+        &self,
+        Parameters(args): Parameters<RunArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Json<RunResult>, String> {
         let (runtime, ws) = (self.runtime.clone(), self.workspace.clone());
         let handle = tokio::runtime::Handle::current();
-        blocking(move || run::run(&runtime, &handle, &ws, args)).await
+        // A cancelled call (or a client gone) cancels its run, which still
+        // ends with a receipt.
+        let cancel = run::Cancel::default();
+        let watcher = tokio::spawn({
+            let (cancel, ct) = (cancel.clone(), context.ct.clone());
+            async move {
+                ct.cancelled().await;
+                cancel.cancel();
+            }
+        });
+        let result = blocking(move || run::run(&runtime, &handle, &ws, args, &cancel)).await;
+        watcher.abort();
+        result
     }
 
     #[tool(
@@ -271,31 +301,55 @@ fn read_resource(runtime: &Runtime, uri: &str) -> Result<String, ErrorData> {
     Ok(serde_json::to_string_pretty(&sanitised_json(&value)).unwrap_or_default())
 }
 
-/// The workspace a tool names, or the server's; refused when it does not
-/// exist or is pvisor's own state.
-fn workspace(runtime: &Runtime, given: Option<&str>, default: &Path) -> Result<PathBuf, ToolError> {
-    let path = given.map_or_else(|| default.to_owned(), PathBuf::from);
+/// The workspace a tool names, or the server's root; refused when it does
+/// not exist, lies outside the server's scope, holds or is inside pvisor's
+/// state directory, or is a secret store every sandbox has hidden.
+fn workspace(runtime: &Runtime, given: Option<&str>, scope: &Scope) -> Result<PathBuf, ToolError> {
+    let path = given.map_or_else(|| scope.root.clone(), PathBuf::from);
+    let path = if path.is_relative() { scope.root.join(path) } else { path };
     let canonical = path.canonicalize().map_err(|e| {
         ToolError::BadArgument(format!(
             "workspace {}: {e}; give an existing directory",
             shown(&path.display().to_string())
         ))
     })?;
+    let named = shown(&canonical.display().to_string());
     if !canonical.is_dir() {
-        return Err(ToolError::BadArgument(format!(
-            "workspace {} is not a directory",
-            shown(&canonical.display().to_string())
-        )));
+        return Err(ToolError::BadArgument(format!("workspace {named} is not a directory")));
     }
+    in_scope(runtime, &canonical, scope)?;
+    Ok(canonical)
+}
+
+/// Refuses a workspace (canonical) outside `scope`, of pvisor's state, or
+/// of the secret stores.
+fn in_scope(runtime: &Runtime, canonical: &Path, scope: &Scope) -> Result<(), ToolError> {
+    let named = shown(&canonical.display().to_string());
     let state = runtime.store().root().canonicalize().unwrap_or_else(|_| runtime.store().root().to_owned());
-    if canonical.starts_with(&state) || state.starts_with(&canonical) {
+    if canonical.starts_with(&state) || state.starts_with(canonical) {
         return Err(ToolError::BadArgument(format!(
-            "workspace {} holds or is inside pvisor's state directory {}; give a project directory",
-            shown(&canonical.display().to_string()),
+            "workspace {named} holds or is inside pvisor's state directory {}; give a project directory",
             shown(&state.display().to_string())
         )));
     }
-    Ok(canonical)
+    if !scope.any && !canonical.starts_with(&scope.root) {
+        return Err(ToolError::Refused(format!(
+            "workspace {named} is outside this server's workspace {}; the person running it can start `pvisor mcp -w DIR` over it, or `pvisor mcp --any-workspace`",
+            shown(&scope.root.display().to_string())
+        )));
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).and_then(|h| h.canonicalize().ok());
+    if let Some(store) = home
+        .iter()
+        .flat_map(|h| pvisor::DEFAULT_HIDDEN.iter().map(move |s| h.join(s)))
+        .find(|s| canonical.starts_with(s))
+    {
+        return Err(ToolError::Refused(format!(
+            "workspace {named} is inside {}, a secret store pvisor hides from every sandbox",
+            shown(&store.display().to_string())
+        )));
+    }
+    Ok(())
 }
 
 /// Text from a sandbox (a path, a reason) as the agent may read it: no

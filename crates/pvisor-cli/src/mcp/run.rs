@@ -21,16 +21,45 @@ use crate::cli::{Cli, Command};
 const TAIL_DEFAULT: usize = 1024;
 const TAIL_MAX: usize = 64 * 1024;
 
+/// A run's cancellation, which the client's `notifications/cancelled` (or
+/// its going away) sets, whether it comes before the Job exists or after.
+#[derive(Clone, Default)]
+pub struct Cancel(Arc<Mutex<(bool, Option<pvisor::CancelHandle>)>>);
+
+impl Cancel {
+    /// Cancels the run (SIGTERM, as `pvisor kill` does), now or once it starts.
+    pub fn cancel(&self) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 = true;
+        if let Some(handle) = &state.1 {
+            handle.cancel(libc::SIGTERM);
+        }
+    }
+
+    fn arm(&self, handle: pvisor::CancelHandle) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if state.0 {
+            handle.cancel(libc::SIGTERM);
+        }
+        state.1 = Some(handle);
+    }
+
+    fn cancelled(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+}
+
 /// Runs the command and waits for its receipt. Blocking: call it off the
 /// async executor, inside the Tokio runtime (the Job service spawns on it).
 pub fn run(
     runtime: &Runtime,
     handle: &tokio::runtime::Handle,
-    default_ws: &std::path::Path,
+    scope: &super::Scope,
     args: RunArgs,
+    cancel: &Cancel,
 ) -> Result<RunResult, ToolError> {
     let command = command_line(&args)?;
-    let workspace = super::workspace(runtime, args.place.workspace.as_deref(), default_ws)?;
+    let workspace = super::workspace(runtime, args.place.workspace.as_deref(), scope)?;
     let options = run_options(&args)?;
     let executor = crate::commands::executor_for(runtime, options.executor)?;
     let tail = args.tail_bytes.unwrap_or(TAIL_DEFAULT).min(TAIL_MAX);
@@ -48,6 +77,9 @@ pub fn run(
     let mut request =
         crate::commands::request_for(runtime, &executor, workspace, fork, None, &options, &command)?;
     request.output = Some(output);
+    if cancel.cancelled() {
+        return Err(ToolError::Refused("the call was cancelled before its run started".into()));
+    }
     let run = {
         let _entered = handle.enter();
         runtime.execute(Run { request, executor })?
@@ -55,6 +87,7 @@ pub fn run(
     if let Some(turn) = turn.as_mut() {
         turn.admitted(run.job())?;
     }
+    cancel.arm(run.cancel_handle());
     let cancel = run.cancel_handle();
     let end = handle.block_on(async move {
         let mut run = run;

@@ -72,7 +72,8 @@ pub use records::{
     VerifyArchive, VerifyJob,
 };
 pub use sessions::{
-    BeginSessionRun, CloseSessionIfDone, ListSessions, ReadSession, SessionTurn, SessionView,
+    BeginSessionRun, CloseSessionIfDone, HoldSession, ListSessions, ReadSession, SessionHold, SessionTurn,
+    SessionView,
 };
 pub use storage::{ReleaseStorage, Released};
 pub use templates::{ListTemplates, RemoveTemplate, WarmTemplate};

@@ -41,6 +41,8 @@ pub struct SessionTurn {
     /// The head's checkpoint the run forks from; `None` when the session
     /// has nothing staged yet. The hold keeps `gc` away until the run ends.
     pub fork: Option<(CheckpointId, CheckpointHold)>,
+    /// The run whose stage the fork copies (`fork`'s Job).
+    pub stands_on: Option<JobId>,
     /// The session this name had before, closed because its head had
     /// nothing left.
     pub closed_before: Option<SessionRecord>,
@@ -71,6 +73,7 @@ impl Action for BeginSessionRun<'_> {
         let lock = place.lock(&name, self.waiting)?;
         let mut closed_before = None;
         let mut fork = None;
+        let mut stands_on = None;
         let record = match place.open_session(&name)? {
             Some(record) => match fork_source(runtime, &record)? {
                 Source::Closed(how) => {
@@ -81,6 +84,7 @@ impl Action for BeginSessionRun<'_> {
                 Source::Job(job) => {
                     let (manifest, hold) = checkpoint::checkpoint(store, &job)?;
                     fork = Some((manifest.id, hold));
+                    stands_on = Some(job);
                     record
                 }
             },
@@ -91,7 +95,7 @@ impl Action for BeginSessionRun<'_> {
         } else {
             Vec::new()
         };
-        Ok(SessionTurn { place, record, fork, closed_before, stranded, _lock: lock })
+        Ok(SessionTurn { place, record, fork, stands_on, closed_before, stranded, _lock: lock })
     }
 }
 
@@ -105,32 +109,40 @@ enum Source {
     Job(JobId),
 }
 
-/// The newest run whose stage the session stands on. A run that never
-/// started its command (a setup failure) never restored the stage it
-/// forked, so the one before it stands instead.
-fn fork_source(runtime: &Runtime, record: &SessionRecord) -> Result<Source, RuntimeError> {
+/// The newest run whose stage the session stands on, with its stage, and
+/// the runs it stepped over. A run that never started its command (a setup
+/// failure) or was closed as lost (its supervisor died) holds at most a
+/// copy of what came before it, or a part of it: the run before it stands
+/// instead. `None` when no run stands (all were stepped over).
+fn standing(runtime: &Runtime, record: &SessionRecord) -> Result<Option<Stage>, RuntimeError> {
     for job in record.jobs.iter().rev() {
         let stage = Stage::open(&runtime.store, job)?;
-        if !stage.confirmed {
-            return Err(SessionError::HeadUnconfirmed {
-                name: record.name.to_string(),
-                job: job.clone(),
-                state: stage.status.state.to_string(),
-            }
-            .into());
-        }
-        if stage.status.exit_code.is_none() && stage.status.signal.is_none() {
+        let never_ran = stage.confirmed && stage.status.exit_code.is_none() && stage.status.signal.is_none();
+        if never_ran || stage.status.state == pvisor_core::state::JobState::Lost {
             continue;
         }
-        return Ok(match stage.state() {
-            state @ (StageState::Applied | StageState::Dropped | StageState::Collected) => {
-                Source::Closed(state)
-            }
-            StageState::Empty => Source::Nothing,
-            StageState::Pending | StageState::PartiallyApplied => Source::Job(job.clone()),
-        });
+        return Ok(Some(stage));
     }
-    Ok(Source::Nothing)
+    Ok(None)
+}
+
+/// What the next run of a session starts from: the standing run's stage,
+/// which must have a confirmed result.
+fn fork_source(runtime: &Runtime, record: &SessionRecord) -> Result<Source, RuntimeError> {
+    let Some(stage) = standing(runtime, record)? else { return Ok(Source::Nothing) };
+    if !stage.confirmed {
+        return Err(SessionError::HeadUnconfirmed {
+            name: record.name.to_string(),
+            job: stage.status.job.clone(),
+            state: stage.status.state.to_string(),
+        }
+        .into());
+    }
+    Ok(match stage.state() {
+        state @ (StageState::Applied | StageState::Dropped | StageState::Collected) => Source::Closed(state),
+        StageState::Empty => Source::Nothing,
+        StageState::Pending | StageState::PartiallyApplied => Source::Job(stage.status.job.clone()),
+    })
 }
 
 /// Closes a session: the earlier runs' stages, which the head superseded,
@@ -142,8 +154,8 @@ fn close(
     record: SessionRecord,
     how: StageState,
 ) -> Result<SessionRecord, RuntimeError> {
-    let earlier = record.jobs.split_last().map(|(_, earlier)| earlier).unwrap_or_default();
-    for job in earlier {
+    let head = standing(runtime, &record)?.map(|stage| stage.status.job);
+    for job in record.jobs.iter().filter(|job| Some(*job) != head.as_ref()) {
         let stage = Stage::open(&runtime.store, job)?;
         if matches!(stage.state(), StageState::Pending | StageState::PartiallyApplied) {
             effects::drop_changes(&runtime.store, job, &[])?;
@@ -165,11 +177,17 @@ pub struct SessionView {
     pub record: SessionRecord,
     /// Each run's full change list, oldest first.
     pub runs: Vec<(JobId, Vec<ChangeEntry>)>,
-    /// The head's stage: what the session has staged now.
+    /// The standing head's stage (see `standing`): what the session has
+    /// staged now.
     pub head: Option<Stage>,
 }
 
 impl SessionView {
+    /// The Job the session stands on: what review, apply and drop act on.
+    pub fn head_job(&self) -> Option<&JobId> {
+        self.head.as_ref().map(|stage| &stage.status.job)
+    }
+
     /// Every change the session still holds (neither applied nor dropped),
     /// with the run that made it.
     pub fn remaining(&self) -> Vec<Attributed<'_>> {
@@ -186,12 +204,18 @@ impl Action for ReadSession {
         let name: SessionName = self.name.parse().map_err(SessionError::from)?;
         let place = SessionPlace::of(&runtime.store, &self.workspace)?;
         let record = place.require(&runtime.store, &name)?;
+        let head = standing(runtime, &record)?;
         let mut runs = Vec::new();
-        let mut head = None;
         for job in &record.jobs {
             let stage = Stage::open(&runtime.store, job)?;
-            runs.push((job.clone(), stage.changes.clone()));
-            head = Some(stage);
+            let stepped_over = stage.status.state == pvisor_core::state::JobState::Lost
+                || (stage.confirmed && stage.status.exit_code.is_none() && stage.status.signal.is_none());
+            if !stepped_over {
+                runs.push((job.clone(), stage.changes.clone()));
+            }
+            if head.as_ref().is_some_and(|h| &h.status.job == job) {
+                break;
+            }
         }
         Ok(SessionView { record, runs, head })
     }
@@ -215,9 +239,14 @@ impl Action for CloseSessionIfDone {
         let place = SessionPlace::of(&runtime.store, &self.workspace)?;
         let Some(_lock) = place.try_lock(&name)? else { return Ok(None) };
         let Some(record) = place.open_session(&name)? else { return Ok(None) };
-        match fork_source(runtime, &record)? {
-            Source::Closed(how) => Ok(Some(close(runtime, &place, record, how)?)),
-            Source::Nothing | Source::Job(_) => Ok(None),
+        // Called after an apply or drop of the session: a head with nothing
+        // left (nothing staged counts: a drop of everything) ends it.
+        let state = standing(runtime, &record)?.filter(|stage| stage.confirmed).map(|stage| stage.state());
+        match state {
+            Some(
+                how @ (StageState::Applied | StageState::Dropped | StageState::Collected | StageState::Empty),
+            ) => Ok(Some(close(runtime, &place, record, how)?)),
+            _ => Ok(None),
         }
     }
 }
@@ -235,5 +264,34 @@ impl Action for ListSessions {
     fn perform(self, runtime: &Runtime) -> Result<Vec<SessionRecord>, RuntimeError> {
         let place = SessionPlace::of(&runtime.store, &self.workspace)?;
         Ok(place.list()?)
+    }
+}
+
+/// Holds session `name` of `workspace` against new runs while an apply or
+/// drop acts on its head; refused while a run of it is live (its head is
+/// about to change, and a drop could come back with the new run's fork).
+#[derive(Debug)]
+pub struct HoldSession {
+    pub workspace: PathBuf,
+    pub name: String,
+}
+
+/// The hold of [`HoldSession`]; released when dropped.
+#[derive(Debug)]
+pub struct SessionHold {
+    _lock: OwnerLock,
+}
+
+impl Action for HoldSession {
+    const NAME: &'static str = "hold-session";
+    type Outcome = SessionHold;
+
+    fn perform(self, runtime: &Runtime) -> Result<SessionHold, RuntimeError> {
+        let name: SessionName = self.name.parse().map_err(SessionError::from)?;
+        let place = SessionPlace::of(&runtime.store, &self.workspace)?;
+        match place.try_lock(&name)? {
+            Some(lock) => Ok(SessionHold { _lock: lock }),
+            None => Err(SessionError::Busy { name: name.to_string() }.into()),
+        }
     }
 }

@@ -48,6 +48,10 @@ pub enum SessionError {
         "session {name:?}: its last run {job} has no confirmed result (state {state}); `pvisor kill {job}` closes it as lost, `pvisor review {job}` shows what it staged"
     )]
     HeadUnconfirmed { name: String, job: JobId, state: String },
+    #[error(
+        "session {name:?} has a run starting or live; wait for it to end (`pvisor status --session {name}`), then apply or drop"
+    )]
+    Busy { name: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
