@@ -235,6 +235,9 @@ pub struct EffectivePolicy {
     /// Host directories mounted writable through pvisor's cache store (`--cache`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<PathBuf>,
+    /// Host files and directories shown read-only at their own path (`--ro`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<PathBuf>,
     /// Host directories the VM mounts live and unstaged (virtiofs): the
     /// read-write volumes of a containerd pod. Writes to them are not
     /// effects pvisor stages; they reach the host as they happen.

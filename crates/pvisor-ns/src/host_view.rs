@@ -88,16 +88,63 @@ pub(crate) struct HostView {
 pub(crate) fn assemble(root: &Path) -> Result<HostView, StepError> {
     let mounts = read_mountinfo()
         .map_err(|e| StepError::new("root", format!("cannot read /proc/self/mountinfo: {e}")))?;
-    // The second, empty lower layer every overlay needs: a tiny tmpfs that the
-    // view is then stacked on, named through an open descriptor.
-    tmpfs(root, "mode=0755,size=64k", 0)?;
-    let empty = sys::open_path(root).map_err(|e| mount_err("open the empty layer", e))?;
+    show_tree(&mounts, Path::new("/"), root)
+}
+
+/// Shows each host path of `paths` (`--ro`) read-only at its own place
+/// under `root`, the same way as the rest of the view: a directory as an
+/// overlay of itself (or a skeleton), so its sockets stay unreachable; a
+/// regular file as a read-only bind. Admission checked that each is a
+/// directory or a regular file. A place that does not exist yet (under the
+/// sandbox's own `/tmp` or `/run`) is made there first.
+pub(crate) fn show_read_only(root: &Path, paths: &[PathBuf]) -> Result<(), StepError> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let mounts = read_mountinfo()
+        .map_err(|e| StepError::new("ro", format!("cannot read /proc/self/mountinfo: {e}")))?;
+    for path in paths {
+        let target = under(root, path);
+        let is_dir = fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+        make_place(&target, is_dir)
+            .map_err(|e| StepError::new("ro", format!("cannot make a place for {}: {e}", path.display())))?;
+        if is_dir {
+            show_tree(&mounts, path, &target)?;
+        } else {
+            bind_read_only(path, &target, false)?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates `target` (a directory, or an empty file) and its parents when
+/// it does not exist.
+fn make_place(target: &Path, is_dir: bool) -> io::Result<()> {
+    if fs::symlink_metadata(target).is_ok() {
+        return Ok(());
+    }
+    if is_dir {
+        return fs::create_dir_all(target);
+    }
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::File::create(target).map(drop)
+}
+
+/// Shows the host directory `host` at `target`, read-only. The second,
+/// empty lower layer every overlay needs is a tiny tmpfs mounted at
+/// `target` first, named through an open descriptor, that the view is
+/// then stacked on.
+fn show_tree(mounts: &[HostMount], host: &Path, target: &Path) -> Result<HostView, StepError> {
+    tmpfs(target, "mode=0755,size=64k", 0)?;
+    let empty = sys::open_path(target).map_err(|e| mount_err("open the empty layer", e))?;
     let mut builder = Builder {
-        mounts: visible_in_order(&mounts),
+        mounts: visible_in_order(mounts),
         empty: format!("/proc/self/fd/{}", empty.as_raw_fd()),
         view: HostView::default(),
     };
-    builder.show(Path::new("/"), root)?;
+    builder.show(host, target)?;
     Ok(builder.view)
 }
 

@@ -11,6 +11,7 @@
 //!   is a fresh procfs for the new pid namespace; `/dev` is a small tmpfs
 //!   with only null, zero, full, random, urandom, tty (each bound read-only,
 //!   so the host's device node cannot be `chmod`ed) and a private devpts instance;
+//! - each `--ro` path is shown read-only at its own place, like the host view;
 //! - every hidden path (the state directory, the user's secret stores) is an
 //!   empty read-only tmpfs (directories) or a read-only `/dev/null` (files).
 //!
@@ -61,6 +62,8 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
     protect_proc(&under(root, Path::new("/proc")))?;
 
     host_view::mount_caches(root, &spec.caches)?;
+    // Before the workspace's overlay, which stays on top of a `--ro` parent.
+    host_view::show_read_only(root, &spec.read_only)?;
     let memory_stage = overlay_workspace(spec, root)?;
     // After the overlay, so a hidden path inside the workspace is hidden too.
     for hidden in &spec.hidden {

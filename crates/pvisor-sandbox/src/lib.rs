@@ -62,6 +62,11 @@ pub struct SandboxSpec {
     /// every other host socket is unreachable (see `host_view.rs` in pvisor-ns).
     #[serde(default)]
     pub exposed_sockets: Vec<PathBuf>,
+    /// Host files and directories shown read-only at their own path where
+    /// the sandbox would not see them otherwise (`--ro`: a tool tree under
+    /// `/tmp`), socket-proof like the rest of the host view.
+    #[serde(default)]
+    pub read_only: Vec<PathBuf>,
     pub program: String,
     pub args: Vec<String>,
     /// The complete environment of the command.

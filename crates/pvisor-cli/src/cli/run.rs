@@ -87,6 +87,12 @@ pub struct RunOptions {
     /// the Trace. Repeatable.
     #[arg(long, value_name = "PATH")]
     pub expose_socket: Vec<PathBuf>,
+    /// Show a host file or directory read-only at its own path where the
+    /// sandbox would not see it otherwise: a tool tree under /tmp or /run
+    /// (e.g. --ro /tmp/node-v22/bin). Host sockets beneath stay
+    /// unreachable and hidden secret stores stay hidden. Repeatable.
+    #[arg(long = "ro", value_name = "PATH")]
+    pub read_only: Vec<PathBuf>,
     /// Pass a variable that looks secret by name (*TOKEN*, *SECRET*,
     /// *PASSWORD*, *_PASS, *_PWD, *AUTH*, *CREDENTIALS*, *_KEY,
     /// *_CONNECTION_STRING, AWS_*, SSH_AUTH_SOCK) or by value (a URL with

@@ -121,10 +121,11 @@ pub fn request_for(
         }
         announce_unenforceable(&limits, options.quiet);
     }
-    let host_mounts = !(options.cache.is_empty() && options.expose_socket.is_empty());
+    let host_mounts =
+        !(options.cache.is_empty() && options.expose_socket.is_empty() && options.read_only.is_empty());
     if host_mounts && !traits.shares_host_kernel {
         anyhow::bail!(
-            "--cache and --expose-socket apply to the ns executor; a vm guest sees none of the host's directories or sockets"
+            "--cache, --expose-socket and --ro apply to the ns executor; a vm guest sees none of the host's directories or sockets (copy the tool into the workspace, or use --executor ns)"
         );
     }
     let caches = cache_paths(&options.cache)?;
@@ -143,6 +144,7 @@ pub fn request_for(
             pass_env: options.env.clone(),
             other_state_dirs: super::other_state_dirs(store),
             expose_sockets: options.expose_socket.clone(),
+            read_only: options.read_only.clone(),
         },
         fork,
         fork_execution,

@@ -228,7 +228,9 @@ fn run_refuses_host_mounts_on_a_backend_that_does_not_share_the_host_kernel() {
     let ws = f.ws.to_str().unwrap();
     let cache = f.dir.path().to_str().unwrap();
     let e = f.error(&["run", "-w", ws, "--cache", cache, "--", "fake-command"]);
-    assert!(e.contains("--cache and --expose-socket apply to the ns executor"), "{e}");
+    assert!(e.contains("--cache, --expose-socket and --ro apply to the ns executor"), "{e}");
+    let e = f.error(&["run", "-w", ws, "--ro", cache, "--", "fake-command"]);
+    assert!(e.contains("--ro apply to the ns executor"), "{e}");
     let e = f.error(&["run", "-w", ws, "--disk", "1G", "--", "fake-command"]);
     assert!(e.contains("--disk applies to the ns executor"), "{e}");
     assert!(f.fake.journal().started.is_empty(), "nothing started");

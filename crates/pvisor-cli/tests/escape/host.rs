@@ -256,3 +256,109 @@ fn a_host_fifo_is_not_a_channel_out() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(got.is_empty(), "the sandbox wrote to a host fifo: {:?}", String::from_utf8_lossy(&got));
 }
+
+/// `--ro DIR` shows a host tool tree the sandbox would not see (here under
+/// `/tmp`, which it gets fresh): the tool runs, the tree cannot be written,
+/// a host service's sockets in it stay unreachable, and a hidden secret
+/// store beneath it stays hidden.
+fn read_only_tool_tree(who: As) {
+    use std::os::unix::fs::PermissionsExt;
+    who.require();
+    let env = Env::new(who);
+    let tools = tempfile::Builder::new().prefix("pvisor-ro-").tempdir_in("/tmp").unwrap();
+    let dir = tools.path().to_owned();
+    fs::create_dir(dir.join("bin")).unwrap();
+    fs::write(dir.join("bin/tool"), "#!/bin/sh\necho TOOL-RAN\n").unwrap();
+    fs::set_permissions(dir.join("bin/tool"), fs::Permissions::from_mode(0o755)).unwrap();
+    for d in [&dir, &dir.join("bin")] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut server = std::process::Command::new("python3")
+        .args(["-c", SOCKET_SERVER, dir.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || dir.join("ready").exists()), "the server never started");
+    env.write("probe.py", SOCKET_PROBE);
+    let bare = std::process::Command::new("python3")
+        .args(["-c", SOCKET_PROBE, dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(text(&bare.stdout).matches("ESCAPED").count(), 3, "{}", text(&bare.stdout));
+
+    let tool = dir.join("bin/tool");
+    let script = format!(
+        "{tool}; touch {bin}/planted 2>/dev/null && echo WROTE; /usr/bin/python3 probe.py {dir}",
+        tool = tool.display(),
+        bin = dir.join("bin").display(),
+        dir = dir.display()
+    );
+    // Without --ro the tree is not there: the flag is what shows it.
+    let out = env.pvisor(&["run", "-q", "--", "sh", "-c", &script]);
+    assert!(!text(&out.stdout).contains("TOOL-RAN"), "{}", text(&out.stdout));
+    let out = env.pvisor(&["run", "-q", "--ro", dir.to_str().unwrap(), "--", "sh", "-c", &script]);
+    let _ = server.kill();
+    let _ = server.wait();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{}", stdout, text(&out.stderr));
+    assert!(stdout.contains("TOOL-RAN"), "{stdout}");
+    assert!(!stdout.contains("WROTE") && !dir.join("bin/planted").exists(), "{stdout}");
+    assert_eq!(stdout.matches(" refused 111").count(), 3, "{stdout}");
+    assert!(!stdout.contains("ESCAPED"), "{stdout}");
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    assert!(
+        env.events(&job)
+            .iter()
+            .any(|e| e["data"]["rewrite"] == "read.only" && e["data"]["path"] == dir.to_str().unwrap()),
+        "the --ro path is not in the Trace"
+    );
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_read_only_tool_tree_as_root() {
+    read_only_tool_tree(As::Root);
+}
+
+#[test]
+fn a_read_only_tool_tree_rootless() {
+    read_only_tool_tree(As::Rootless);
+}
+
+/// A secret store stays hidden under a `--ro` parent, and `--ro` of a path
+/// that would widen what the sandbox reaches is refused before anything runs.
+#[test]
+fn read_only_paths_never_widen_past_secrets_sockets_or_the_workspace() {
+    let env = Env::new(As::Rootless);
+    let home = env.dir.path();
+    fs::create_dir(home.join(".ssh")).unwrap();
+    fs::write(home.join(".ssh/id_ed25519"), "PRIVATE-KEY").unwrap();
+    env.give_away(home);
+    let out = env.pvisor(&[
+        "run",
+        "-q",
+        "--ro",
+        home.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &format!("cat {}/.ssh/id_ed25519; ls {}", home.display(), home.display()),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ws"), "the probe saw nothing: {}", text(&out.stdout));
+    assert!(!text(&out.stdout).contains("PRIVATE-KEY"), "{}", text(&out.stdout));
+
+    let socket = home.join("s.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    for (path, says) in [
+        (home.join(".ssh"), "is hidden"),
+        (env.ws.join("probe"), "no such file"),
+        (env.ws.clone(), "is in the workspace"),
+        (socket, "neither a directory nor a regular file"),
+        ("/".into(), "is the whole host"),
+        ("/proc/self".into(), "/proc"),
+    ] {
+        let out = env.pvisor(&["run", "--ro", path.to_str().unwrap(), "--", "true"]);
+        assert_eq!(out.status.code(), Some(125), "{path:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{path:?}: {}", text(&out.stderr));
+    }
+}

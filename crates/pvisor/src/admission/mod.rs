@@ -87,7 +87,8 @@ pub struct RunRequest {
     pub output: Option<pvisor_sandbox::CapturedOutput>,
 }
 
-/// What the sandbox must not see of the user's secrets.
+/// What the sandbox must not see of the user's secrets, and the host paths
+/// the user shows it anyway (`--expose`, `--expose-socket`, `--ro`).
 #[derive(Clone, Debug, Default)]
 pub struct SecretPolicy {
     pub home: Option<PathBuf>,
@@ -100,6 +101,9 @@ pub struct SecretPolicy {
     /// Host Unix sockets the command may connect to (`--expose-socket`);
     /// every other one is unreachable.
     pub expose_sockets: Vec<PathBuf>,
+    /// Host files and directories to show read-only at their own path
+    /// (`--ro`), where the sandbox would not see them otherwise (`/tmp`).
+    pub read_only: Vec<PathBuf>,
 }
 
 /// Why a request was not admitted. Nothing was recorded.
@@ -133,6 +137,8 @@ pub enum AdmissionError {
     ExposeSocket { path: PathBuf, problem: &'static str },
     #[error("--cache {}: {problem}", path.display())]
     Cache { path: PathBuf, problem: &'static str },
+    #[error("--ro {}: {problem}", path.display())]
+    ReadOnly { path: PathBuf, problem: &'static str },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
     #[error(transparent)]
@@ -225,7 +231,7 @@ pub fn admit(
     let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
     let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
-    let (exposed_sockets, cache_paths) =
+    let host_paths =
         policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
 
     let now = Timestamp::now();
@@ -249,8 +255,7 @@ pub fn admit(
         seccomp: request.seccomp,
         limits: &request.limits,
     };
-    let (policy, attachment) =
-        policy::effective(requested, &state, &secrets, &exposed_sockets, &cache_paths)?;
+    let (policy, attachment) = policy::effective(requested, &state, &secrets, &host_paths)?;
     let placement = placement::decide(executor_impl, &request.limits, request.fork_execution.is_some());
     let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
@@ -286,13 +291,12 @@ pub fn admit(
     let rewrites = policy::Rewrites {
         state: &state,
         secrets: &secrets,
-        cache_paths: &cache_paths,
-        exposed_sockets: &exposed_sockets,
+        paths: &host_paths,
         env_rewrites: &env_rewrites,
     };
     let attempt_event = record_admission(&mut trace, executor_impl, decided, rewrites, &attempt_id)?;
 
-    let caches = placement::cache_mounts(store, &cache_paths, &store.stage_dir(&run_id))?;
+    let caches = placement::cache_mounts(store, &host_paths.caches, &store.stage_dir(&run_id))?;
     let ids = placement::Ids { job: &job_id, run: &run_id, attempt: &attempt_id };
     let command = placement::Command {
         workspace,

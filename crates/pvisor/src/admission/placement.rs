@@ -124,6 +124,7 @@ pub(super) fn spec(
         start_at_coarse_ns: None,
         caches,
         exposed_sockets: policy.exposed_sockets.clone(),
+        read_only: policy.read_only.clone(),
         program: command.program,
         args: command.args,
         env: command.env,

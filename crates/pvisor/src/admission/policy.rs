@@ -2,7 +2,7 @@
 //! pvisor makes to what the command gets recorded as an event.
 //!
 //! This covers the host paths the command may reach besides the workspace
-//! (`--expose-socket`, `--cache`), the network decision and its attachment,
+//! (`--expose-socket`, `--cache`, `--ro`), the network decision and its attachment,
 //! the variables pvisor sets, and the `admission.policy`,
 //! `admission.network` and `admission.rewrite` events. Later stages consume
 //! the recorded [`EffectivePolicy`] and never re-read the request.
@@ -20,28 +20,88 @@ use super::secrets::Secrets;
 use super::{AdmissionError, SecretPolicy};
 use crate::trace::{data, Trace};
 
-/// Decides the host paths the command may reach outside the workspace: the
-/// `--expose-socket` sockets and the `--cache` directories, each checked
-/// against the workspace, the state directory and the hidden paths. Returns
-/// `(exposed_sockets, caches)`.
+/// The host paths the command may reach outside the workspace, each
+/// checked against the workspace, the state directory and the hidden paths.
+#[derive(Debug, Default)]
+pub(super) struct HostPaths {
+    /// `--expose-socket`: host Unix sockets it may connect to.
+    pub(super) sockets: Vec<PathBuf>,
+    /// `--cache`: host directories it may write through the cache store.
+    pub(super) caches: Vec<PathBuf>,
+    /// `--ro`: host files and directories it sees read-only at their path.
+    pub(super) read_only: Vec<PathBuf>,
+}
+
+/// Decides the [`HostPaths`]: the `--expose-socket` sockets, the `--cache`
+/// directories and the `--ro` paths.
 pub(super) fn host_paths(
     secrets: &SecretPolicy,
     caches: &[PathBuf],
     state: &Path,
     workspace: &Path,
     hidden: &[(PathBuf, &'static str)],
-) -> Result<(Vec<PathBuf>, Vec<PathBuf>), AdmissionError> {
-    let exposed_sockets = exposable_sockets(secrets, state, workspace)?;
-    let cache_paths = cache_paths(caches, workspace, &hidden_now(state, hidden))?;
+) -> Result<HostPaths, AdmissionError> {
+    let sockets = exposable_sockets(secrets, state, workspace)?;
+    let hidden = hidden_now(state, hidden);
+    let caches = cache_paths(caches, workspace, &hidden)?;
     // A cache's upper is written by earlier runs: a place for the socket
     // would be made through whatever they left there.
-    if let Some(path) = exposed_sockets.iter().find(|s| cache_paths.iter().any(|c| s.starts_with(c))) {
+    if let Some(path) = sockets.iter().find(|s| caches.iter().any(|c| s.starts_with(c))) {
         return Err(AdmissionError::ExposeSocket {
             path: path.clone(),
             problem: "is inside a --cache directory; expose it without the cache, or cache another directory",
         });
     }
-    Ok((exposed_sockets, cache_paths))
+    let read_only = read_only_paths(&secrets.read_only, workspace, &hidden, &caches)?;
+    Ok(HostPaths { sockets, caches, read_only })
+}
+
+/// Resolves and checks each `--ro` path: an existing host directory or
+/// regular file (a socket or device would be a way to a host process or
+/// the host's hardware), not `/`, not in the workspace (the sandbox sees
+/// that through its overlay), not hidden (`--expose` shows a secret store),
+/// not in a cache, and not in the sandbox's own `/proc`, `/dev` or `/sys`.
+/// Its place under `/tmp` or `/run` is made in the sandbox's own tmpfs.
+fn read_only_paths(
+    requested: &[PathBuf],
+    workspace: &Path,
+    hidden: &[PathBuf],
+    caches: &[PathBuf],
+) -> Result<Vec<PathBuf>, AdmissionError> {
+    let mut out = Vec::new();
+    for path in requested {
+        let problem = |problem| AdmissionError::ReadOnly { path: path.clone(), problem };
+        let real = std::fs::canonicalize(path)
+            .map_err(|_| problem("no such file or directory; give an existing host path"))?;
+        let meta = std::fs::metadata(&real).map_err(|_| problem("cannot be inspected"))?;
+        if !(meta.is_dir() || meta.is_file()) {
+            return Err(problem("is neither a directory nor a regular file; --expose-socket shows a socket"));
+        }
+        if real == Path::new("/") {
+            return Err(problem("is the whole host, which the sandbox already sees read-only"));
+        }
+        if real.starts_with(workspace) {
+            return Err(problem("is in the workspace, which the sandbox sees through its staged overlay"));
+        }
+        if hidden.iter().any(|h| real.starts_with(h)) {
+            return Err(problem(
+                "is hidden (a secret store or a pvisor state directory); --expose shows a secret store, a state directory is never shown",
+            ));
+        }
+        if caches.iter().any(|c| real.starts_with(c) || c.starts_with(&real)) {
+            return Err(problem("overlaps a --cache directory; give one or the other"));
+        }
+        if ["/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p)) {
+            return Err(problem("is in the sandbox's own /proc, /dev or /sys"));
+        }
+        if real.to_str().is_none() {
+            return Err(AdmissionError::NonUtf8Path { path: real });
+        }
+        if !out.contains(&real) {
+            out.push(real);
+        }
+    }
+    Ok(out)
 }
 
 /// The paths the sandbox must not reach: the state directory, then the
@@ -146,8 +206,7 @@ pub(super) fn effective(
     requested: Requested<'_>,
     state: &Path,
     secrets: &Secrets,
-    exposed_sockets: &[PathBuf],
-    cache_paths: &[PathBuf],
+    paths: &HostPaths,
 ) -> Result<(EffectivePolicy, NetworkAttachment), AdmissionError> {
     let mut network = pvisor_net::policy::resolve(requested.network)?;
     if let Some(path) = requested.namespace {
@@ -175,8 +234,9 @@ pub(super) fn effective(
         hidden_paths: std::iter::once(state.to_owned())
             .chain(secrets.hidden.iter().map(|(p, _)| p.clone()))
             .collect(),
-        exposed_sockets: exposed_sockets.to_vec(),
-        caches: cache_paths.to_vec(),
+        exposed_sockets: paths.sockets.clone(),
+        caches: paths.caches.clone(),
+        read_only: paths.read_only.clone(),
         shared_directories: requested.shared_directories,
     };
     Ok((policy, attachment))
@@ -208,14 +268,13 @@ pub(super) fn rewrite_env(
 pub(super) struct Rewrites<'a> {
     pub(super) state: &'a Path,
     pub(super) secrets: &'a Secrets,
-    pub(super) cache_paths: &'a [PathBuf],
-    pub(super) exposed_sockets: &'a [PathBuf],
+    pub(super) paths: &'a HostPaths,
     pub(super) env_rewrites: &'a [(&'static str, String)],
 }
 
 /// Records `admission.policy` (caused by `job.created`), then the network
 /// decision and each rewrite, all caused by it, in a fixed order: the state
-/// directory, hidden secrets, skipped hides, caches, sockets, shared directories, scrubbed and
+/// directory, hidden secrets, skipped hides, caches, sockets, read-only paths, shared directories, scrubbed and
 /// set variables. Returns the seq of `admission.policy`.
 pub(super) fn record(
     trace: &mut Trace,
@@ -226,7 +285,7 @@ pub(super) fn record(
     rewrites: Rewrites<'_>,
 ) -> Result<u64, StoreError> {
     let network = &policy.network;
-    let Rewrites { state, secrets, cache_paths, exposed_sockets, env_rewrites } = rewrites;
+    let Rewrites { state, secrets, paths, env_rewrites } = rewrites;
     let policy_event = trace.emit(EventKind::AdmissionPolicy, None, Some(created), policy, false)?;
     let decision = data::AdmissionNetwork {
         mode: network.mode,
@@ -247,13 +306,18 @@ pub(super) fn record(
         path,
         reason: "it contains the workspace, which the command must see",
     });
-    let caches = cache_paths.iter().map(|path| data::AdmissionRewrite::Cache {
+    let caches = paths.caches.iter().map(|path| data::AdmissionRewrite::Cache {
         path,
         reason: "--cache: writable, persisted in pvisor's cache store, not staged",
     });
-    let sockets = exposed_sockets
+    let sockets = paths
+        .sockets
         .iter()
         .map(|path| data::AdmissionRewrite::ExposeSocket { path, reason: "--expose-socket" });
+    let read_only = paths.read_only.iter().map(|path| data::AdmissionRewrite::ReadOnly {
+        path,
+        reason: "--ro: shown read-only at its own path",
+    });
     let shares = policy.shared_directories.iter().map(|share| data::AdmissionRewrite::Share {
         path: &share.source,
         target: &share.target,
@@ -269,6 +333,7 @@ pub(super) fn record(
         .chain(skipped)
         .chain(caches)
         .chain(sockets)
+        .chain(read_only)
         .chain(shares)
         .chain(removed)
         .chain(set);

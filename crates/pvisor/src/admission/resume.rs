@@ -93,6 +93,7 @@ pub fn admit_resume(
         start_at_coarse_ns: None,
         caches: Vec::new(),
         exposed_sockets: operation.policy.exposed_sockets.clone(),
+        read_only: operation.policy.read_only.clone(),
         program: operation.program.clone(),
         args: operation.args.clone(),
         // The command's environment lives on inside the restored guest.

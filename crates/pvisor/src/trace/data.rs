@@ -56,6 +56,8 @@ pub(crate) enum AdmissionRewrite<'a> {
     Cache { path: &'a Path, reason: &'a str },
     #[serde(rename = "expose.socket")]
     ExposeSocket { path: &'a Path, reason: &'a str },
+    #[serde(rename = "read.only")]
+    ReadOnly { path: &'a Path, reason: &'a str },
     #[serde(rename = "share")]
     Share { path: &'a Path, target: &'a Path, reason: &'a str },
     #[serde(rename = "env.remove")]
