@@ -108,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path.endswith("/messages"):
             self.anthropic(body)
         elif path.endswith("/responses"):
-            self.responses(body)
+            self.openai_responses(body)
         else:
             self.send_json(404, {"error": {"message": "not scripted: " + self.path}})
 
@@ -170,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
         return {"type": "function_call", "id": "fc_" + call, "call_id": call, "name": name,
                 "arguments": json.dumps(args)}
 
-    def responses(self, body):
+    def openai_responses(self, body):
         items = body.get("input", [])
         done = function_outputs(items if isinstance(items, list) else [])
         steps = self.server.script
