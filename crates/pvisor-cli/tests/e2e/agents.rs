@@ -144,7 +144,8 @@ fn script(ws: &Path, hook: (&str, &str)) -> serde_json::Value {
 
 fn claude_hook(ws: &Path) -> String {
     let command = format!("touch {}/HOOK_RAN", ws.display());
-    serde_json::json!({"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": command}]}]}}).to_string()
+    serde_json::json!({"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": command}]}]}})
+        .to_string()
 }
 
 /// The files a run staged (paths relative to the workspace).
@@ -165,7 +166,10 @@ fn claude_runs_a_turn_resumes_and_its_commit_applies(who: As) {
     who.require();
     let claude = agent_bin("claude");
     let env = agent_env(who);
-    let server = ModelServer::start(env.dir.path(), &script(&env.ws, ("~/.claude/settings.json", &claude_hook(&env.ws))));
+    let server = ModelServer::start(
+        env.dir.path(),
+        &script(&env.ws, ("~/.claude/settings.json", &claude_hook(&env.ws))),
+    );
     let host_before = host_state(&env);
     let ws_before = snapshot(&env.ws);
     let base_url = format!("http://127.0.0.1:{}", server.port);
@@ -199,13 +203,18 @@ fn claude_runs_a_turn_resumes_and_its_commit_applies(who: As) {
         assert!(changes.contains_key(path), "{path} is staged: {:?}", changes.keys());
     }
     assert!(!changes.contains_key("HOOK_RAN"), "the hook planted by the first run did not run in the second");
-    assert!(changes.keys().all(|p| !p.contains(".claude")), "agent state is not in the stage: {:?}", changes.keys());
+    assert!(
+        changes.keys().all(|p| !p.contains(".claude")),
+        "agent state is not in the stage: {:?}",
+        changes.keys()
+    );
     // The host's agent state is exactly as it was.
     assert_eq!(host_state(&env), host_before, "the host's ~/.claude and ~/.claude.json are unchanged");
 
     // The model server got the real key; the sandbox never held it.
     let requests = server.requests();
-    let keyed: Vec<_> = requests.iter().filter(|r| r["path"].as_str().unwrap().starts_with("/v1/messages")).collect();
+    let keyed: Vec<_> =
+        requests.iter().filter(|r| r["path"].as_str().unwrap().starts_with("/v1/messages")).collect();
     assert!(keyed.len() >= 5, "one request per step: {}", keyed.len());
     for request in keyed {
         assert_eq!(request["headers"]["x-api-key"], REAL_KEY, "the proxy put the real key into the request");
@@ -217,7 +226,11 @@ fn claude_runs_a_turn_resumes_and_its_commit_applies(who: As) {
     assert!(out.status.success(), "apply: {}\n{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(git(&env.ws, &["log", "--format=%s", "-1"]).trim(), "add hello");
     git(&env.ws, &["fsck", "--strict"]);
-    assert_eq!(git(&env.ws, &["status", "--porcelain", "--", "hello.py", "out.txt"]), "", "the commit's files match");
+    assert_eq!(
+        git(&env.ws, &["status", "--porcelain", "--", "hello.py", "out.txt"]),
+        "",
+        "the commit's files match"
+    );
     assert!(!env.ws.join("HOOK_RAN").exists());
     assert_eq!(host_state(&env), host_before);
 }
@@ -275,7 +288,12 @@ fn codex_runs_a_turn_resumes_and_its_commit_applies(who: As) {
     let codex = codex.to_str().unwrap();
     let turn = |tail: &[&str]| {
         let mut args = vec!["run", "--agent", "codex", "--session", "agent", "--", codex, "exec"];
-        args.extend(["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-m", "scripted-model"]);
+        args.extend([
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-m",
+            "scripted-model",
+        ]);
         args.extend(["-c", "model_provider=scripted", "-c", &provider]);
         args.extend(tail);
         let out = env
@@ -295,11 +313,16 @@ fn codex_runs_a_turn_resumes_and_its_commit_applies(who: As) {
     for path in ["hello.py", "out.txt", "env.txt", "environ.txt", "resumed.txt"] {
         assert!(changes.contains_key(path), "{path} is staged: {:?}", changes.keys());
     }
-    assert!(changes.keys().all(|p| !p.contains(".codex")), "agent state is not in the stage: {:?}", changes.keys());
+    assert!(
+        changes.keys().all(|p| !p.contains(".codex")),
+        "agent state is not in the stage: {:?}",
+        changes.keys()
+    );
     assert!(!changes.contains_key("HOOK_RAN"), "the notify program planted by the first run did not run");
     assert_eq!(host_state(&env), host_before, "the host's ~/.codex is unchanged");
     let requests = server.requests();
-    let keyed: Vec<_> = requests.iter().filter(|r| r["path"].as_str().unwrap().ends_with("/responses")).collect();
+    let keyed: Vec<_> =
+        requests.iter().filter(|r| r["path"].as_str().unwrap().ends_with("/responses")).collect();
     assert!(keyed.len() >= 5, "one request per step: {}", keyed.len());
     for request in keyed {
         assert_eq!(request["headers"]["authorization"], format!("Bearer {REAL_KEY}"));
