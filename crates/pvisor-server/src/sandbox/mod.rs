@@ -16,6 +16,7 @@
 //! Records are `server/sandboxes/<id>.json`, written atomically; the state
 //! there is what a restarted daemon starts from ([`Daemon::recover`]).
 
+mod entrypoint;
 mod generations;
 mod operations;
 mod records;

@@ -268,3 +268,43 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
         "{denied}"
     );
 }
+
+/// The entrypoint is the sandbox's main process, as upstream has it
+/// (server/opensandbox_server/services/docker.py maps an exited container:
+/// 0 → Terminated `CONTAINER_EXITED`, N → Failed `CONTAINER_EXITED_ERROR`
+/// "Sandbox container exited with code N."). An entrypoint that exits, or
+/// cannot be executed (127, as a shell says), ends its sandbox and its VM;
+/// one that keeps running keeps the sandbox Running.
+#[test]
+fn a_sandbox_ends_with_its_entrypoint() {
+    let daemon = Daemon::new();
+    let cases = [
+        (
+            json!(["sh", "-c", "sleep 1; exit 3"]),
+            "Failed",
+            "CONTAINER_EXITED_ERROR",
+            "Sandbox container exited with code 3.",
+        ),
+        (json!(["true"]), "Terminated", "CONTAINER_EXITED", "Sandbox container exited successfully."),
+        (
+            json!(["/no/such/entrypoint"]),
+            "Failed",
+            "CONTAINER_EXITED_ERROR",
+            "Sandbox container exited with code 127.",
+        ),
+    ];
+    let ids: Vec<String> =
+        cases.iter().map(|(entrypoint, ..)| daemon.create(json!({ "entrypoint": entrypoint }))).collect();
+    let alive = daemon.create(json!({}));
+    for (id, (entrypoint, state, reason, message)) in ids.iter().zip(&cases) {
+        let got = daemon.wait_state(id, state, &["Pending", "Running", "Stopping"]);
+        assert_eq!(got["status"]["reason"], *reason, "{entrypoint}: {got}");
+        assert_eq!(got["status"]["message"], *message, "{entrypoint}: {got}");
+        let job = daemon.record(id)["job"].as_str().unwrap().to_owned();
+        let status = daemon.env.status_json(Some(&job));
+        assert_ne!(status["state"], "running", "{entrypoint}: its VM was stopped: {status}");
+    }
+    assert_eq!(daemon.wait_state(&alive, "Running", &["Pending"])["status"]["state"], "Running");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(daemon.state(&alive)["status"]["state"], "Running", "a running entrypoint keeps its sandbox");
+}
