@@ -21,6 +21,7 @@ mod generations;
 mod operations;
 mod records;
 mod recovery;
+mod renew;
 mod reserve;
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,6 +40,7 @@ pub use records::{
     command_env, set_state, trim_commands, Binding, CommandRecord, CreateRequest, Generation, SandboxRecord,
     SandboxState,
 };
+pub use renew::renew_extension;
 
 /// The port of the execd API inside an OpenSandbox sandbox.
 pub const EXECD_PORT: u16 = 44772;

@@ -82,6 +82,7 @@ impl Daemon {
             cpus: request.cpus,
             deleted: false,
             network_policy: request.network_policy,
+            renew_on_access: request.renew_on_access,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
