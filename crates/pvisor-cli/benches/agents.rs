@@ -38,7 +38,7 @@ fn server(dir: &Path, ws: &Path) -> Server {
         {"bash": "python3 hello.py > out.txt"},
         {"say": "Done."},
     ]);
-    std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
+    std::fs::write(dir.join("script.json"), script.to_string()).expect("write the script");
     let port_file = dir.join("port");
     let child = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/agents/model_server.py"))
@@ -51,7 +51,11 @@ fn server(dir: &Path, ws: &Path) -> Server {
     while !port_file.exists() && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let port = std::fs::read_to_string(&port_file).expect("the model server's port").trim().parse().unwrap();
+    let port = std::fs::read_to_string(&port_file)
+        .expect("the model server's port")
+        .trim()
+        .parse()
+        .expect("a port number");
     Server { child, port }
 }
 
@@ -136,16 +140,24 @@ fn median(mut times: Vec<Duration>) -> (Duration, Duration, Duration) {
 fn main() {
     let benching = std::env::args().any(|a| a == "--bench");
     let iterations = if benching { 9 } else { 1 };
-    let bin = Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap().join("agents/bin");
+    let bin = Path::new(env!("CARGO_BIN_EXE_pvisor"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/")
+        .join("agents/bin");
     if !bin.join("claude").exists() {
         println!("agents: skipped: the coding agents are not installed (scripts/agents-env.sh)");
         return;
     }
     // A home outside /tmp, which a sandbox has its own of.
-    let dir = tempfile::Builder::new().prefix("pvisor-bench-agents-").tempdir_in("/var/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("pvisor-bench-agents-")
+        .tempdir_in("/var/tmp")
+        .expect("a directory under /var/tmp");
     let (ws, home) = (dir.path().join("ws"), dir.path().join("home"));
-    std::fs::create_dir_all(&ws).unwrap();
-    std::fs::create_dir_all(&home).unwrap();
+    for d in [&ws, &home] {
+        std::fs::create_dir_all(d).expect("create the workspace and home");
+    }
     let server = server(dir.path(), &ws);
     let pvisor = env!("CARGO_BIN_EXE_pvisor").to_owned();
     println!("{:<8} {:<28} {:>10} {:>20} {:>8}", "agent", "where", "median", "spread", "ratio");
