@@ -135,6 +135,7 @@ pub fn route(
         }
         (&Method::POST, ["sandboxes", id, "renew-expiration"]) => renew(daemon, id, &body),
         (&Method::GET, ["sandboxes", id, "endpoints", port]) => endpoint(daemon, id, port, query, headers),
+        (&Method::GET, ["sandboxes", id, "diagnostics", what]) => crate::diagnostics::route(daemon, id, what, query),
         (_, ["sandboxes", _, "snapshots"]) | (_, ["snapshots", ..]) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "NOT_SUPPORTED",

@@ -349,3 +349,38 @@ fn a_sandbox_that_asked_for_it_renews_on_access_and_bad_values_are_refused() {
     assert!((55..=60).contains(&gained), "about an hour more ({before} → {after})");
     assert_eq!(plain_after, plain_before, "a sandbox that did not ask keeps its expiry");
 }
+
+/// The diagnostics routes answer as the reference server's do
+/// (server/opensandbox_server/api/devops.py): the stable `scope`d API is
+/// 501 `DIAGNOSTICS_NOT_IMPLEMENTED`; without `scope`, plain text marked
+/// deprecated: the entrypoint's output as the container's logs, the
+/// lifecycle as events, and inspect and summary.
+#[test]
+fn diagnostics_answer_as_the_reference_does() {
+    let daemon = Daemon::new();
+    let id = daemon
+        .create(json!({ "entrypoint": ["sh", "-c", "echo hello-from-entrypoint; exec tail -f /dev/null"] }));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-i", "-H", &format!("OPEN-SANDBOX-API-KEY: {}", daemon.key)])
+            .arg(format!("http://127.0.0.1:{}/v1/sandboxes/{id}/diagnostics/{path}", daemon.port))
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    for scoped in ["logs?scope=container", "events?scope=all"] {
+        let answer = get(scoped);
+        assert!(answer.starts_with("HTTP/1.1 501"), "{scoped}: {answer}");
+        assert!(answer.contains("DIAGNOSTICS_NOT_IMPLEMENTED"), "{scoped}: {answer}");
+    }
+    let logs = wait_until(Duration::from_secs(20), || get("logs").contains("hello-from-entrypoint"));
+    assert!(logs, "the entrypoint's output is the sandbox's log: {}", get("logs"));
+    assert!(get("logs").to_lowercase().contains("deprecation: true"));
+    let events = get("events?limit=5");
+    assert!(events.contains("started") && events.contains("Running"), "{events}");
+    assert!(get("inspect").contains(&format!("Sandbox ID:     {id}")));
+    assert!(get("summary").contains("SANDBOX DIAGNOSTICS SUMMARY"));
+    assert!(get("logs?tail=0").starts_with("HTTP/1.1 400"), "a tail of 0 names the parameter");
+    assert!(get("nonsense").starts_with("HTTP/1.1 404"));
+}
