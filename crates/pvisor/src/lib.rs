@@ -56,7 +56,7 @@ pub use admission::{
 };
 pub use backends::BackendTraits;
 pub use effects::{
-    ApplyOptions, ApplyReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
+    ApplyOptions, ApplyReport, CommitReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
     Sensitive, Stage, StageState,
 };
 /// Whether a completion receipt binds the Bundle bytes given (for fuzzing

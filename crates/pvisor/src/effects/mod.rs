@@ -32,7 +32,7 @@ mod stage;
 mod writers;
 
 pub use crate::records::StageState;
-pub use apply::{apply, ApplyOptions, ApplyReport, Selection};
+pub use apply::{apply, ApplyOptions, ApplyReport, CommitReport, Selection};
 pub use discard::{drop_changes, DropReport};
 pub use hunks::{apply_hunks, HunkChoice, HunksReport};
 pub use pvisor_stage::sensitive::Sensitive;
@@ -81,6 +81,8 @@ pub enum EffectsError {
     View(#[from] ViewError),
     #[error(transparent)]
     Stage(#[from] StageError),
+    #[error(transparent)]
+    Commit(#[from] pvisor_stage::commits::CommitError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -190,6 +190,19 @@ pub(crate) struct ApplyConflict<'a> {
 pub(crate) enum ApplyFile<'a> {
     Written { path: &'a RelPath, kind: ChangeKind, blake3: &'a Option<String>, forced: bool },
     AlreadyApplied { path: &'a RelPath, kind: ChangeKind, already_applied: bool },
+    /// A path of a commit made inside the sandbox, settled when the commit
+    /// landed (never copied); `git_ref`, `old` and `new` on the ref it moved.
+    Commit {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        with_commit: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        git_ref: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new: Option<&'a str>,
+    },
 }
 
 /// `apply.failed`: the whole apply (no path) or one path.
