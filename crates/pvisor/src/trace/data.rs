@@ -188,8 +188,17 @@ pub(crate) struct ApplyConflict<'a> {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub(crate) enum ApplyFile<'a> {
-    Written { path: &'a RelPath, kind: ChangeKind, blake3: &'a Option<String>, forced: bool },
-    AlreadyApplied { path: &'a RelPath, kind: ChangeKind, already_applied: bool },
+    Written {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        blake3: &'a Option<String>,
+        forced: bool,
+    },
+    AlreadyApplied {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        already_applied: bool,
+    },
     /// A path of a commit made inside the sandbox, settled when the commit
     /// landed (never copied); `git_ref`, `old` and `new` on the ref it moved.
     Commit {
