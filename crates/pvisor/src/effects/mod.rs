@@ -36,7 +36,7 @@ pub use apply::{apply, ApplyOptions, ApplyReport, CommitReport, Selection};
 pub use discard::{drop_changes, DropReport};
 pub use hunks::{apply_hunks, HunkChoice, HunksReport};
 pub use pvisor_stage::sensitive::Sensitive;
-pub use stage::{ReviewItem, Stage};
+pub use stage::{InCommit, ReviewItem, Stage};
 pub(crate) use writers::lock_stage;
 
 /// Why an effects command could not proceed. Nothing was changed.
