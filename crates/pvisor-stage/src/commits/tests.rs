@@ -256,3 +256,38 @@ fn hooks_and_config_are_never_members() {
     checked.land("pvisor apply").unwrap();
     assert!(!r.host.join(".git/hooks/post-commit").exists() && !r.host.join("pwned").exists());
 }
+
+#[test]
+fn an_apply_killed_after_landing_finds_the_refs_already_moved() {
+    let r = repos();
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    check(&r, &changes).land("pvisor apply").unwrap();
+    // The ledger never heard of it: the next apply checks again.
+    let again = check(&r, &changes);
+    assert!(again.moves.is_empty() && again.refused.is_empty(), "{again:?}");
+    assert_eq!(again.already.len(), 1);
+    assert_eq!(again.members.len(), changes.len());
+    let landed = again.land("pvisor apply").unwrap();
+    assert!(landed.moved.is_empty() && landed.failed.is_empty());
+    git(&r.host, &["fsck", "--strict", "--no-dangling"]);
+}
+
+#[test]
+fn a_staged_index_the_user_changed_is_left_alone() {
+    let r = repos();
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    // The user staged work of their own meanwhile.
+    fs::write(r.host.join("mine"), "mine\n").unwrap();
+    git(&r.host, &["add", "mine"]);
+    let landed = check(&r, &changes).land("pvisor apply").unwrap();
+    assert!(landed.warnings.iter().any(|w| w.contains("index")), "{landed:?}");
+    assert!(git(&r.host, &["ls-files"]).contains("mine"), "the user's staged file is still staged");
+}

@@ -337,6 +337,18 @@ mod tests {
                 .unwrap(),
                 json!({"path": rel, "kind": ChangeKind::Added, "already_applied": true}),
             ),
+            (
+                to_value(ApplyFile::Commit {
+                    path: &rel,
+                    kind: ChangeKind::Modified,
+                    with_commit: true,
+                    git_ref: Some("refs/heads/main"),
+                    old: None,
+                    new: Some("abc"),
+                })
+                .unwrap(),
+                json!({"path": rel, "kind": ChangeKind::Modified, "with_commit": true, "git_ref": "refs/heads/main", "new": "abc"}),
+            ),
             (to_value(ApplyFailed { path: None, error: "e" }).unwrap(), json!({"error": "e"})),
         ];
         for (new, old) in pairs {
