@@ -321,8 +321,19 @@ fn pack_new_objects(
 impl Checked {
     /// Lands the checked commit: the pack into the host's objects, then
     /// each ref by compare-and-swap (writing `message` to its reflog), then
-    /// the index where it still matched the branch's old commit.
-    pub fn land(&self, message: &str) -> Result<Landed, CommitError> {
+    /// the index where it still matched the branch's old commit. `ws` is
+    /// the workspace: run as root in a repository another user owns, what
+    /// git wrote is handed to that user (see [`Owners`]).
+    pub fn land(&self, ws: &Root, message: &str) -> Result<Landed, CommitError> {
+        let owners = Owners::before(ws)?;
+        let landed = self.land_as_is(message)?;
+        if let Some(owners) = owners {
+            owners.give_back(ws)?;
+        }
+        Ok(landed)
+    }
+
+    fn land_as_is(&self, message: &str) -> Result<Landed, CommitError> {
         let mut landed = Landed::default();
         if let Some(pack) = &self.pack {
             let file = File::open(pack).map_err(|e| CommitError::io("read", pack, e))?;
@@ -386,6 +397,58 @@ impl Checked {
         }
         Ok(())
     }
+}
+
+/// The owners of what git writes when a commit lands, before it does: run
+/// as root in a repository another user owns, git's new files (a pack, a
+/// ref, a reflog, the index) would be root's, and the user's own git could
+/// no longer update them. Only entries root owns now and did not before are
+/// given to the owner of `.git`, through the confined [`Root::chown`].
+struct Owners {
+    before: BTreeMap<PathBuf, u32>,
+    owner: (u32, u32),
+}
+
+/// Where git writes when a commit lands.
+const WRITTEN: [&str; 5] = [".git/objects/pack", ".git/refs", ".git/logs", ".git/index", ".git/packed-refs"];
+
+impl Owners {
+    /// `None` unless pvisor runs as root and `.git` belongs to someone else.
+    fn before(ws: &Root) -> Result<Option<Self>, CommitError> {
+        let git_dir = Path::new(GIT_DIR);
+        let Some(st) = ws.stat(git_dir).map_err(|e| CommitError::io("inspect", git_dir, e))? else {
+            return Ok(None);
+        };
+        if !rustix::process::geteuid().is_root() || st.uid == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Self { before: owned(ws)?, owner: (st.uid, st.gid) }))
+    }
+
+    fn give_back(&self, ws: &Root) -> Result<(), CommitError> {
+        for (path, uid) in owned(ws)? {
+            if uid == 0 && self.before.get(&path) != Some(&0) {
+                ws.chown(&path, self.owner.0, self.owner.1)
+                    .map_err(|e| CommitError::io("hand over", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every entry beneath [`WRITTEN`], with its owner (symlinks not followed).
+fn owned(ws: &Root) -> Result<BTreeMap<PathBuf, u32>, CommitError> {
+    let mut out = BTreeMap::new();
+    let mut stack: Vec<PathBuf> = WRITTEN.iter().map(PathBuf::from).collect();
+    while let Some(path) = stack.pop() {
+        let Some(st) = ws.stat(&path).map_err(|e| CommitError::io("inspect", &path, e))? else { continue };
+        if st.kind == crate::beneath::Kind::Dir {
+            let names = ws.list(&path).map_err(|e| CommitError::io("list", &path, e))?;
+            stack.extend(names.into_iter().map(|n| path.join(n)));
+        }
+        out.insert(path, st.uid);
+    }
+    Ok(out)
 }
 
 fn run(git: &Git, args: &[&str], input: Option<&[u8]>) -> Result<Ran, CommitError> {

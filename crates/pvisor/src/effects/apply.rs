@@ -350,7 +350,7 @@ fn land_commit(
     report: &mut ApplyReport,
     message: &str,
 ) -> Result<Vec<ChangeEntry>, EffectsError> {
-    let landed = match checked.land(message) {
+    let landed = match checked.land(ws, message) {
         Ok(landed) => landed,
         Err(e) => commits::Landed {
             failed: checked.moves.iter().map(|m| (m.clone(), error_chain(&e))).collect(),
