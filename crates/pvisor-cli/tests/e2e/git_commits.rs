@@ -304,3 +304,35 @@ fn a_commit_packed_by_gc_in_the_sandbox_lands_rootless() {
 fn records_of_kind(stdout: &str, kind: &str) -> Vec<serde_json::Value> {
     json_lines(stdout).into_iter().filter(|(k, _)| k == kind).map(|(_, d)| d).collect()
 }
+
+fn a_sessions_commits_land(who: As) {
+    who.require();
+    let env = repository(who);
+    for (file, message) in [("f", "one"), ("g", "two")] {
+        let script = format!("echo x > {file} && git add {file} && {COMMIT} {message}");
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        let out = env.pvisor(&["run", "-q", "--session", "s", "--", "sh", "-c", &script]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let before = git(&env, &env.ws, &["rev-parse", "HEAD"]);
+    // A dry run says what would move and moves nothing.
+    let dry = env.expect(&["apply", "--session", "s", "--all", "--dry-run"], 0);
+    assert!(dry.contains("would move") && dry.contains("refs/heads/main"), "{dry}");
+    assert_eq!(git(&env, &env.ws, &["rev-parse", "HEAD"]), before);
+
+    let said = env.expect(&["apply", "--session", "s", "--all"], 0);
+    assert!(said.contains("moved") && said.contains("refs/heads/main"), "{said}");
+    assert_eq!(git(&env, &env.ws, &["log", "--format=%s", "-3"]), "two\none\nfirst");
+    assert_clean(&env);
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn the_commits_of_a_session_land_on_its_apply_as_root() {
+    a_sessions_commits_land(As::Root);
+}
+
+#[test]
+fn the_commits_of_a_session_land_on_its_apply_rootless() {
+    a_sessions_commits_land(As::Rootless);
+}
