@@ -125,7 +125,15 @@ fn report_apply(
         for (change, reason) in &report.conflicts {
             writeln!(out, "  CONFLICT  {}: {}", change.path.display_escaped(), shown(reason))?;
         }
-        writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
+        let of_commit = |path: &pvisor_core::store::RelPath| {
+            report.commit.as_ref().is_some_and(|c| c.paths.iter().any(|p| &p.path == path))
+        };
+        if report.conflicts.iter().all(|(c, _)| of_commit(&c.path)) {
+            // --force overwrites files, never a branch: say what does help.
+            writeln!(out, "the repository's branch cannot take the sandbox's commit as it is; each conflict says what to do")?;
+        } else {
+            writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
+        }
         return Ok(REFUSED);
     }
     // Not applied, but the rest was: each is said, and the exit status is 1.
