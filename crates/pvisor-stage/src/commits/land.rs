@@ -139,7 +139,14 @@ pub fn verify(
         let change = staged_ref.change;
         let mv = RefMove { name: staged_ref.name, old, new: staged_ref.new, change };
         if mv.old.as_deref() == Some(mv.new.as_str()) {
-            checked.already.push(mv);
+            // `packed-refs` lists every ref `git gc` packed (deleting its
+            // loose file), moved or not: one the host holds as it is there
+            // is no part of the commit. A loose ref the sandbox wrote is.
+            if changes[change].entry == EntryType::File
+                && role(changes[change].path.as_path(), EntryType::File) == Role::Ref
+            {
+                checked.already.push(mv);
+            }
         } else if let Some(reason) = why_not(&q, &mv)? {
             checked.refused.push(Refusal { name: mv.name.clone(), change, reason });
         } else {

@@ -226,6 +226,15 @@ fn a_forged_or_incomplete_history_is_refused() {
 #[test]
 fn a_repacked_sandbox_lands_from_its_pack_and_packed_refs() {
     let r = repos();
+    // A branch the sandbox leaves alone, packed by its gc with the rest.
+    git(&r.host, &["branch", "side"]);
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(r.host.join(".git/refs"))
+        .arg(r.sandbox.join(".git"))
+        .status()
+        .unwrap()
+        .success());
     fs::write(r.sandbox.join("b"), "b\n").unwrap();
     git(&r.sandbox, &["add", "b"]);
     git(&r.sandbox, &["commit", "-qm", "second"]);
@@ -236,6 +245,8 @@ fn a_repacked_sandbox_lands_from_its_pack_and_packed_refs() {
     assert!(changes.iter().any(|c| role(c.path.as_path(), c.entry) == Role::Pack));
     let checked = check(&r, &changes);
     assert!(checked.refused.is_empty(), "{:?}", checked.refused);
+    assert_eq!(checked.moves.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["refs/heads/main"]);
+    assert!(checked.already.is_empty(), "an untouched packed branch is not reported: {:?}", checked.already);
     checked.land(&Root::open(&r.host).unwrap(), "pvisor apply").unwrap();
     assert_eq!(git(&r.host, &["rev-parse", "refs/heads/main"]), new);
     git(&r.host, &["fsck", "--strict", "--no-dangling"]);
