@@ -237,3 +237,9 @@ pub fn host_repository(ws: &Root) -> Result<bool, CommitError> {
     let rel = Path::new(GIT_DIR);
     Ok(ws.stat(rel).map_err(|e| CommitError::io("inspect", rel, e))?.is_some_and(|s| s.kind == Kind::Dir))
 }
+
+/// Whether the host has a `git` to check and land a commit with. Without
+/// one, a staged commit's paths stay sensitive changes, as before.
+pub fn git_available() -> bool {
+    git::Git::at(Path::new("/")).run(&["--version"], None).is_ok_and(|ran| ran.ok)
+}

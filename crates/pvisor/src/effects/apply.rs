@@ -142,7 +142,7 @@ fn take_commit(
     selected: &mut Vec<usize>,
 ) -> Result<Option<Checked>, EffectsError> {
     let in_git_dir = |i: &usize| remaining[*i].path.as_path().starts_with(commits::GIT_DIR);
-    if !selected.iter().any(in_git_dir) || !commits::host_repository(ws)? {
+    if !selected.iter().any(in_git_dir) || !commits::host_repository(ws)? || !commits::git_available() {
         return Ok(None);
     }
     let Some(staged) = commits::find(remaining, ws, upper)? else { return Ok(None) };

@@ -215,7 +215,7 @@ impl Stage {
     /// review then shows those paths one by one, as sensitive.
     fn commit_paths(&self, ws: Option<&Root>, upper: Option<&Root>) -> BTreeMap<RelPath, InCommit> {
         let (Some(ws), Some(upper)) = (ws, upper) else { return BTreeMap::new() };
-        if !commits::host_repository(ws).unwrap_or(false) {
+        if !commits::host_repository(ws).unwrap_or(false) || !commits::git_available() {
             return BTreeMap::new();
         }
         let Ok(Some(staged)) = commits::find(&self.changes, ws, upper) else { return BTreeMap::new() };
