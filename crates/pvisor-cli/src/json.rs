@@ -107,6 +107,9 @@ json_types! {
     Planned = "planned",
     /// `apply`: a selected path not applied, with why.
     Skipped = "skipped",
+    /// `apply`: a branch or tag a commit made in the sandbox moved (or, in
+    /// a dry run, would move).
+    Commit = "commit",
     /// `drop`: a change discarded.
     Dropped = "dropped",
     /// `status --session`: the session and its runs; `run --session`: the

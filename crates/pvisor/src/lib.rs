@@ -56,8 +56,8 @@ pub use admission::{
 };
 pub use backends::BackendTraits;
 pub use effects::{
-    ApplyOptions, ApplyReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
-    Sensitive, Stage, StageState,
+    ApplyOptions, ApplyReport, CommitReport, DropReport, EffectsError, HunkChoice, HunksReport, InCommit,
+    ReviewItem, Selection, Sensitive, Stage, StageState,
 };
 /// Whether a completion receipt binds the Bundle bytes given (for fuzzing
 /// and for tools that audit exported records).

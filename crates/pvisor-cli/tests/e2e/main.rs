@@ -18,6 +18,7 @@ mod bad_input;
 mod checkpoints;
 mod collected;
 mod effects;
+mod git_commits;
 mod hidden_runners;
 mod hostile_apply;
 mod hostile_repo;

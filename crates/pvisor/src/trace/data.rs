@@ -188,8 +188,30 @@ pub(crate) struct ApplyConflict<'a> {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub(crate) enum ApplyFile<'a> {
-    Written { path: &'a RelPath, kind: ChangeKind, blake3: &'a Option<String>, forced: bool },
-    AlreadyApplied { path: &'a RelPath, kind: ChangeKind, already_applied: bool },
+    Written {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        blake3: &'a Option<String>,
+        forced: bool,
+    },
+    AlreadyApplied {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        already_applied: bool,
+    },
+    /// A path of a commit made inside the sandbox, settled when the commit
+    /// landed (never copied); `git_ref`, `old` and `new` on the ref it moved.
+    Commit {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        with_commit: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        git_ref: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new: Option<&'a str>,
+    },
 }
 
 /// `apply.failed`: the whole apply (no path) or one path.
@@ -314,6 +336,18 @@ mod tests {
                 })
                 .unwrap(),
                 json!({"path": rel, "kind": ChangeKind::Added, "already_applied": true}),
+            ),
+            (
+                to_value(ApplyFile::Commit {
+                    path: &rel,
+                    kind: ChangeKind::Modified,
+                    with_commit: true,
+                    git_ref: Some("refs/heads/main"),
+                    old: None,
+                    new: Some("abc"),
+                })
+                .unwrap(),
+                json!({"path": rel, "kind": ChangeKind::Modified, "with_commit": true, "git_ref": "refs/heads/main", "new": "abc"}),
             ),
             (to_value(ApplyFailed { path: None, error: "e" }).unwrap(), json!({"error": "e"})),
         ];
