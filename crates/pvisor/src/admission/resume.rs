@@ -127,5 +127,7 @@ pub fn admit_resume(
         restore_from: None,
         baseline,
         resumed_from,
+        // A resumed VM never had a broker (vm runs refuse --secret).
+        brokered: None,
     })
 }
