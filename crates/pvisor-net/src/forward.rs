@@ -77,7 +77,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::policy::{resolve, PolicySpec, Scope, ScopedPolicy};
+    use crate::policy::{resolve, EffectiveNetwork, PolicySpec, Scope, ScopedPolicy};
     use crate::proxy::{NetEvent, Outcome};
 
     fn policy(allow: &[String]) -> Arc<EffectiveNetwork> {
