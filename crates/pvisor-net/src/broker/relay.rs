@@ -149,3 +149,133 @@ where
     });
     Ok(sender)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use hyper_util::rt::TokioIo;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{mpsc, watch};
+
+    use crate::broker::{tls, Binding, Broker};
+    use crate::policy::{resolve, PolicySpec, Scope, ScopedPolicy};
+    use crate::proxy::{NetEvent, Outcome, Shared};
+
+    /// An HTTPS server on 127.0.0.1 with a leaf its own CA signed, that
+    /// answers each request with the `x-api-key` it got. Returns its port
+    /// and the CA.
+    async fn upstream() -> (u16, CertificateDer<'static>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::default();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&leaf_key, &ca, &ca_key)
+            .unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            #[allow(deprecated)]
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(tls) = acceptor.accept(tcp).await else { continue };
+                let service =
+                    hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                        let key =
+                            req.headers().get("x-api-key").map(|v| v.as_bytes().to_vec()).unwrap_or_default();
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            hyper::body::Bytes::from(key),
+                        )))
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service),
+                );
+            }
+        });
+        (port, ca.der().clone())
+    }
+
+    /// Opens a CONNECT through the proxy at `proxy` and TLS over it,
+    /// trusting `ca_pem` alone; sends `request` and returns the response.
+    async fn through_proxy(proxy: std::net::SocketAddr, port: u16, ca_pem: &str, request: String) -> String {
+        let mut tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        tcp.write_all(
+            format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tcp.read_u8().await.unwrap());
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(tls::certificates_from_pem(ca_pem.as_bytes()));
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            #[allow(deprecated)]
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap();
+        tls.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        let _ = tls.read_to_end(&mut response).await;
+        String::from_utf8_lossy(&response).into_owned()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_bound_connect_is_terminated_substituted_and_a_fronted_host_refused() {
+        let (port, upstream_ca) = upstream().await;
+        let binding =
+            Binding::new(format!("K@127.0.0.1:{port}").parse().unwrap(), "real-value".into()).unwrap();
+        let placeholder = binding.placeholder.clone();
+        let broker = Broker {
+            bindings: vec![binding],
+            tls: tls::Authority::for_tests_with_roots(&["127.0.0.1"], &[upstream_ca]),
+        };
+        let ca_pem = broker.ca_pem().to_owned();
+        let spec =
+            PolicySpec { mode: None, allow: vec![format!("127.0.0.1:{port}")], deny: vec![], ordered: None };
+        let policy =
+            resolve(&[ScopedPolicy { scope: Scope::CommandLine, source: "test".into(), spec }]).unwrap();
+        let (events, mut rx) = mpsc::unbounded_channel();
+        let (_stop, stopped) = watch::channel(false);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = listener.local_addr().unwrap();
+        let shared = Shared { policy: Arc::new(policy), broker: Some(Arc::new(broker)), events };
+        tokio::spawn(crate::proxy::serve(listener, shared, stopped));
+
+        let request = |host: &str| {
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\nx-api-key: {placeholder}\r\nConnection: close\r\n\r\n")
+        };
+        let response = through_proxy(proxy, port, &ca_pem, request(&format!("127.0.0.1:{port}"))).await;
+        assert!(response.starts_with("HTTP/1.1 200") && response.ends_with("real-value"), "{response}");
+        let Some(NetEvent::Request(connected)) = rx.recv().await else { panic!("a request event") };
+        assert_eq!((connected.outcome, connected.method.as_str()), (Outcome::Connected, "CONNECT"));
+        let Some(NetEvent::Substituted(substituted)) = rx.recv().await else { panic!("a substitution") };
+        assert_eq!(
+            (substituted.variable.as_str(), substituted.headers.as_slice()),
+            ("K", &["x-api-key".to_owned()][..])
+        );
+
+        let response = through_proxy(proxy, port, &ca_pem, request("elsewhere.example")).await;
+        assert!(response.starts_with("HTTP/1.1 400") && !response.contains("real-value"), "{response}");
+    }
+}
