@@ -159,6 +159,9 @@ pub(super) fn start(
     let io = |source| AdmissionError::CaBundle { source };
     let dir = tempfile::Builder::new().prefix("pvisor-broker-").tempdir().map_err(io)?;
     let bundle = dir.path().join("ca-bundle.pem");
+    // Public certificates for this run's sandbox, in a fresh directory of
+    // an unpredictable name, gone with the run: not a record.
+    #[allow(clippy::disallowed_methods)]
     std::fs::write(&bundle, format!("{roots}\n{}", broker.ca_pem())).map_err(io)?;
     // Public certificates: whoever the command runs as reads them.
     set_mode(dir.path(), 0o755).map_err(io)?;
