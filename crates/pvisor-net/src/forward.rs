@@ -61,7 +61,7 @@ pub async fn serve(
 async fn relay(mut client: TcpStream, ctx: Arc<Ctx>, host: Arc<str>, port: u16) {
     let Ok(mut upstream) = ctx.connect(&host, port, "TCP").await else { return };
     let _ = client.set_nodelay(true);
-    if ctx.binding(&host, port).is_some() {
+    if ctx.binding(&host, port, true).is_some() {
         let destination = Destination { host, port, tls: false, label: "TCP" };
         return relay::serve(client, upstream, ctx, destination).await;
     }

@@ -97,9 +97,9 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// The broker, if it binds `host:port`.
-    pub(crate) fn binding(&self, host: &str, port: u16) -> Option<&Arc<Broker>> {
-        self.broker.as_ref().filter(|b| b.binds(host, port))
+    /// The broker, if it binds `host:port` (in `clear` text, or over TLS).
+    pub(crate) fn binding(&self, host: &str, port: u16, clear: bool) -> Option<&Arc<Broker>> {
+        self.broker.as_ref().filter(|b| b.binds(host, port, clear))
     }
 }
 
@@ -241,7 +241,7 @@ impl Ctx {
             Ok(c) => c,
             Err(refused) => return refused.response(),
         };
-        if let Some(server) = self.binding(&host, port).and_then(|b| b.tls().server(&host)) {
+        if let Some(server) = self.binding(&host, port, false).and_then(|b| b.tls().server(&host)) {
             let destination = Destination { host: host.into(), port, tls: true, label: "CONNECT" };
             tokio::spawn(async move {
                 let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
@@ -312,8 +312,8 @@ impl Ctx {
         ] {
             req.headers_mut().remove(hop);
         }
-        if let Some(broker) = self.binding(&host, port) {
-            for substitution in broker.substitute(req.headers_mut(), &host, port, &method) {
+        if let Some(broker) = self.binding(&host, port, true) {
+            for substitution in broker.substitute(req.headers_mut(), &host, port, &method, true) {
                 let _ = self.events.send(NetEvent::Substituted(substitution));
             }
         }

@@ -159,11 +159,27 @@ impl Binding {
             && self.spec.port.is_none_or(|p| p == port)
     }
 
+    /// Whether a request to `host:port` in clear text (plain HTTP) gets
+    /// the value: only on this machine's loopback, or on a port the
+    /// binding names (the user asked for that port). A binding for every
+    /// port of a public host never sends its value unencrypted, whatever
+    /// URL the command picks.
+    pub fn binds_in_clear(&self, host: &str, port: u16) -> bool {
+        self.binds(host, port) && (self.spec.port.is_some() || is_loopback(&self.spec.host))
+    }
+
     /// The value: for the admission step that keeps it out of every
     /// other variable, never for a record.
     pub fn value(&self) -> &str {
         &self.value
     }
+}
+
+/// Whether `host` names this machine's loopback (`localhost`, 127.0.0.0/8, `::1`).
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A fresh placeholder: [`PLACEHOLDER_PREFIX`] and 128 random bits in hex,
@@ -231,9 +247,9 @@ impl Broker {
     }
 
     /// Whether requests to `host:port` get a value (so the proxy must read
-    /// them).
-    pub fn binds(&self, host: &str, port: u16) -> bool {
-        self.bindings.iter().any(|b| b.binds(host, port))
+    /// them), over TLS or, with `clear`, in clear text.
+    pub fn binds(&self, host: &str, port: u16, clear: bool) -> bool {
+        self.bindings.iter().any(|b| if clear { b.binds_in_clear(host, port) } else { b.binds(host, port) })
     }
 
     pub(crate) fn tls(&self) -> &tls::Authority {
@@ -243,16 +259,20 @@ impl Broker {
     /// Replaces the placeholder of every binding for `host:port` with its
     /// value, in every header (and inside `Authorization: Basic`'s base64);
     /// bodies are never touched. Other bindings' placeholders are left as
-    /// they are. Returns what was substituted, by variable.
+    /// they are, and so are those that may not travel in `clear` text
+    /// ([`Binding::binds_in_clear`]). Returns what was substituted, by
+    /// variable.
     pub fn substitute(
         &self,
         headers: &mut HeaderMap,
         host: &str,
         port: u16,
         method: &str,
+        clear: bool,
     ) -> Vec<Substitution> {
         let mut done = Vec::new();
-        for binding in self.bindings.iter().filter(|b| b.binds(host, port)) {
+        let bound = |b: &&Binding| if clear { b.binds_in_clear(host, port) } else { b.binds(host, port) };
+        for binding in self.bindings.iter().filter(bound) {
             let mut names = Vec::new();
             for (name, value) in headers.iter_mut() {
                 if let Some(replaced) = replace_in(name, value, binding) {
@@ -375,7 +395,7 @@ mod tests {
         headers.insert(AUTHORIZATION, format!("Basic {}", b64.encode(format!("user:{pk}"))).parse().unwrap());
         headers.insert("x-other", po.parse().unwrap());
         headers.append("x-list", format!("a, Bearer {pk}").parse().unwrap());
-        let done = broker.substitute(&mut headers, "API.example.com", 443, "POST");
+        let done = broker.substitute(&mut headers, "API.example.com", 443, "POST", false);
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].variable, "K");
         assert_eq!(done[0].headers, ["x-api-key", "authorization", "x-list"]);
@@ -386,8 +406,25 @@ mod tests {
 
         let mut elsewhere = HeaderMap::new();
         elsewhere.insert("x-api-key", pk.parse().unwrap());
-        assert!(broker.substitute(&mut elsewhere, "evil.example.net", 443, "GET").is_empty());
+        assert!(broker.substitute(&mut elsewhere, "evil.example.net", 443, "GET", false).is_empty());
         assert_eq!(elsewhere["x-api-key"], pk.as_str(), "another host gets the placeholder");
-        assert!(broker.substitute(&mut elsewhere, "other.example.com", 443, "GET").is_empty());
+        assert!(broker.substitute(&mut elsewhere, "other.example.com", 443, "GET", false).is_empty());
+    }
+
+    #[test]
+    fn a_value_travels_in_clear_text_only_to_loopback_or_a_port_the_binding_names() {
+        let any_port = binding("A@api.example.com", "a-value");
+        let named_port = binding("B@gateway.example.com:8080", "b-value");
+        let local = binding("C@localhost", "c-value");
+        assert!(!any_port.binds("other.example.com", 80) && any_port.binds("api.example.com", 80));
+        assert!(!any_port.binds_in_clear("api.example.com", 80), "a public host, every port: TLS only");
+        assert!(named_port.binds_in_clear("gateway.example.com", 8080));
+        assert!(local.binds_in_clear("LOCALHOST", 11434));
+        let placeholder = any_port.placeholder.clone();
+        let broker = broker_of(vec![any_port]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", placeholder.parse().unwrap());
+        assert!(broker.substitute(&mut headers, "api.example.com", 80, "GET", true).is_empty());
+        assert_eq!(headers["x-api-key"], placeholder.as_str());
     }
 }

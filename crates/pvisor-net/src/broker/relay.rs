@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
-use crate::proxy::{one_host_header, text, Ctx, NetEvent, Outcome, ProxyBody, IDLE_TIMEOUT};
+use crate::proxy::{one_host_header, text, Ctx, HostHeaderError, NetEvent, Outcome, ProxyBody, IDLE_TIMEOUT};
 
 /// Where a bound connection goes, and how.
 #[derive(Clone, Debug)]
@@ -68,7 +68,7 @@ async fn handle(
     upstream: Arc<Mutex<Upstream>>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let method = req.method().to_string();
-    if let Err(reason) = one_host_header(req.headers(), &to.host, to.port) {
+    if let Err(reason) = host_names_destination(req.headers(), &to) {
         ctx.report(Outcome::Denied, &to.host, to.port, &method, "host-mismatch", Some(reason.to_string()));
         return Ok(text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}")));
     }
@@ -76,7 +76,7 @@ async fn handle(
         req.headers_mut().remove(hop);
     }
     if let Some(broker) = &ctx.broker {
-        for substitution in broker.substitute(req.headers_mut(), &to.host, to.port, &method) {
+        for substitution in broker.substitute(req.headers_mut(), &to.host, to.port, &method, !to.tls) {
             let _ = ctx.events.send(NetEvent::Substituted(substitution));
         }
     }
@@ -91,6 +91,22 @@ async fn handle(
         Ok(resp) => resp.map(|body| body.boxed()),
         Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
     })
+}
+
+/// The request's `Host` must name the destination ([`one_host_header`]);
+/// on loopback, any loopback name with the destination's port does (a
+/// forwarded `localhost` port is reached as `127.0.0.1` as often as not,
+/// and no shared front end sits there to route by name).
+fn host_names_destination(headers: &hyper::HeaderMap, to: &Destination) -> Result<(), HostHeaderError> {
+    let checked = one_host_header(headers, &to.host, to.port);
+    if checked.is_err() && super::is_loopback(&to.host) {
+        for name in crate::policy::LOOPBACK_NAMES {
+            if one_host_header(headers, name, to.port).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    checked
 }
 
 impl Upstream {
