@@ -256,6 +256,7 @@ fn a_secret_over_https_is_substituted_behind_the_runs_ca(who: As) {
         r#"echo "inside=$BROKERED_KEY"
         curl -sS -m 10 -v -H "x-api-key: $BROKERED_KEY" https://127.0.0.1:{a}/tls 2>bound.err; grep -i "issuer:" bound.err
         curl -sS -m 10 -v -H "x-api-key: $BROKERED_KEY" https://127.0.0.1:{b}/tls-elsewhere 2>other.err; grep -i "issuer:" other.err
+        [ -f /etc/ssl/certs/ca-certificates.crt ] && env -u CURL_CA_BUNDLE -u SSL_CERT_FILE curl -sS -m 10 --cacert /etc/ssl/certs/ca-certificates.crt -H "x-api-key: $BROKERED_KEY" https://127.0.0.1:{a}/system-bundle
         curl -sS -m 10 -o /dev/null -w "fronted=%{{http_code}}\n" -H "Host: elsewhere.test" -H "x-api-key: $BROKERED_KEY" https://127.0.0.1:{a}/fronted"#
     );
     let (allow_a, allow_b, secret) =
@@ -275,6 +276,10 @@ fn a_secret_over_https_is_substituted_behind_the_runs_ca(who: As) {
     );
     assert!(issuers[1].contains("e2e upstream CA"), "another host's TLS was not passed through: {stdout}");
     assert_eq!(bound.headers("/tls")["x-api-key"], value.as_str());
+    // A client that reads the system bundle's path trusts the run's CA too.
+    if Path::new("/etc/ssl/certs/ca-certificates.crt").is_file() {
+        assert_eq!(bound.headers("/system-bundle")["x-api-key"], value.as_str());
+    }
     // Another Host behind the bound host's TLS (domain fronting through a
     // shared front end) is refused before anything is sent.
     assert!(stdout.contains("fronted=400"), "{stdout}");

@@ -340,8 +340,10 @@ pub fn admit(
     };
     let mut spec =
         placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());
-    // The CA bundle (public certificates) is shown read-only at its path.
+    // The CA bundle (public certificates) is shown read-only at its own
+    // path, which the CA variables name, and over the system's bundles.
     spec.read_only.extend(brokered.as_ref().map(|b| b.bundle.clone()));
+    spec.ca_bundle = brokered.as_ref().map(|b| b.bundle.clone());
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
     Ok(Admitted {

@@ -346,7 +346,7 @@ pub(super) fn record(
     let ca = brokered.into_iter().flat_map(|b| {
         let bundle = data::AdmissionRewrite::ReadOnly {
             path: &b.bundle,
-            reason: "--secret: the host's roots and the run's CA, which the command trusts",
+            reason: "--secret: the host's roots and the run's CA, which the command trusts (shown over the system CA bundles too)",
         };
         std::iter::once(bundle)
             .chain(super::CA_VARIABLES.iter().map(|name| data::AdmissionRewrite::EnvSet { name }))
