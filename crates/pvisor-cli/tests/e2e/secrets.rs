@@ -192,6 +192,10 @@ fn a_secret_reaches_its_host_alone(who: As) {
     // The probes ran (the environment dump names the placeholder) and no
     // file they wrote, nor any record, log or Bundle, holds the value.
     assert!(stdout.lines().any(|l| l == "1"), "the env probe did not run: {stdout}");
+    // The Bundle, exported into the state directory, is searched with it.
+    env.expect(&["export"], 0);
+    let exports = std::fs::read_dir(env.home.join("exports")).unwrap().count();
+    assert_eq!(exports, 1, "no Bundle was exported");
     assert_never_recorded(&env, &value, &out);
     let review = env.review();
     assert!(
