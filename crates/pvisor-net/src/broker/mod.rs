@@ -215,8 +215,6 @@ pub enum BrokerError {
         #[source]
         source: rustls::Error,
     },
-    #[error("No trusted root certificate found on this host to verify the bound hosts with; install ca-certificates or set SSL_CERT_FILE")]
-    NoRoots,
 }
 
 /// The bindings of one run (or sandbox), and the TLS authority that lets the

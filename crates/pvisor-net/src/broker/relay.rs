@@ -140,11 +140,12 @@ async fn tls(
     let name = rustls::pki_types::ServerName::try_from(to.host.to_string()).map_err(|e| {
         text(StatusCode::BAD_GATEWAY, format!("pvisor: {} is not a TLS server name: {e}", to.host))
     })?;
+    let hint = broker.tls().missing_roots().map(|h| format!("; {h}")).unwrap_or_default();
     tokio_rustls::TlsConnector::from(broker.tls().client()).connect(name, tcp).await.map_err(|e| {
         text(
             StatusCode::BAD_GATEWAY,
             format!(
-                "pvisor: TLS to {}:{} failed (verified with this host's trusted roots): {e}",
+                "pvisor: TLS to {}:{} failed (verified with this host's trusted roots): {e}{hint}",
                 to.host, to.port
             ),
         )

@@ -30,6 +30,9 @@ const ALPN: &[u8] = b"http/1.1";
 /// host, and the client configuration for reaching them.
 pub struct Authority {
     ca_pem: String,
+    /// Whether the host had no trusted roots: a bound plain-HTTP host
+    /// still works, a bound HTTPS one is refused with this said.
+    no_roots: bool,
     servers: HashMap<String, Arc<ServerConfig>>,
     client: Arc<ClientConfig>,
 }
@@ -51,18 +54,17 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 impl Authority {
     /// Mints the CA and a leaf for each of `hosts`, and loads the host's
-    /// trusted roots.
+    /// trusted roots (none is not an error: a loopback model server over
+    /// plain HTTP needs none).
     pub(super) fn new(hosts: &[&str]) -> Result<Self, BrokerError> {
         let loaded = rustls_native_certs::load_native_certs();
         let mut roots = RootCertStore::empty();
         roots.add_parsable_certificates(loaded.certs);
-        if roots.is_empty() {
-            return Err(BrokerError::NoRoots);
-        }
         Self::with_roots(hosts, roots)
     }
 
     fn with_roots(hosts: &[&str], roots: RootCertStore) -> Result<Self, BrokerError> {
+        let no_roots = roots.is_empty();
         let ca_key = KeyPair::generate().map_err(BrokerError::Mint)?;
         let ca = ca_params(hosts).self_signed(&ca_key).map_err(BrokerError::Mint)?;
         let mut servers = HashMap::new();
@@ -89,7 +91,7 @@ impl Authority {
             .with_root_certificates(roots)
             .with_no_client_auth();
         client.alpn_protocols = vec![ALPN.to_vec()];
-        Ok(Self { ca_pem: ca.pem(), servers, client: Arc::new(client) })
+        Ok(Self { ca_pem: ca.pem(), no_roots, servers, client: Arc::new(client) })
     }
 
     /// An authority for unit tests that never verify an upstream.
@@ -115,6 +117,14 @@ impl Authority {
     pub(crate) fn server(&self, host: &str) -> Option<Arc<ServerConfig>> {
         let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
         self.servers.get(&host).cloned()
+    }
+
+    /// Why verifying a bound host may fail before it starts: the host has
+    /// no trusted roots at all.
+    pub(crate) fn missing_roots(&self) -> Option<&'static str> {
+        self.no_roots.then_some(
+            "this host has no trusted root certificates: install ca-certificates or set SSL_CERT_FILE",
+        )
     }
 
     /// The configuration that verifies a bound host with the host's roots.
