@@ -19,8 +19,6 @@
 //! admission, and a server's credential vault can build one from its own
 //! store of values.
 
-use std::sync::Arc;
-
 use base64::Engine;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use serde::Serialize;
@@ -326,9 +324,6 @@ fn sensitive(text: String) -> Option<HeaderValue> {
     value.set_sensitive(true);
     Some(value)
 }
-
-/// A broker shared by a run's proxy and forwarded ports.
-pub type SharedBroker = Arc<Broker>;
 
 #[cfg(test)]
 mod tests {

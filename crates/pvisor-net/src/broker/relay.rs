@@ -257,6 +257,25 @@ mod tests {
         String::from_utf8_lossy(&response).into_owned()
     }
 
+    #[test]
+    fn a_loopback_destination_takes_any_loopback_name_and_others_their_own() {
+        let headers = |host: &str| {
+            let mut h = hyper::HeaderMap::new();
+            h.insert(hyper::header::HOST, host.parse().unwrap());
+            h
+        };
+        let to = |host: &str, tls| super::Destination { host: host.into(), port: 8080, tls, label: "TCP" };
+        let local = to("localhost", false);
+        for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"] {
+            assert!(super::host_names_destination(&headers(host), &local).is_ok(), "{host}");
+        }
+        assert!(super::host_names_destination(&headers("127.0.0.1:9090"), &local).is_err());
+        let public = to("api.example.com", true);
+        assert!(super::host_names_destination(&headers("api.example.com:8080"), &public).is_ok());
+        assert!(super::host_names_destination(&headers("evil.example.com:8080"), &public).is_err());
+        assert!(super::host_names_destination(&headers("localhost:8080"), &public).is_err());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_bound_connect_is_terminated_substituted_and_a_fronted_host_refused() {
         let (port, upstream_ca) = upstream().await;
