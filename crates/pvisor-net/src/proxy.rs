@@ -241,31 +241,47 @@ impl Ctx {
             Ok(c) => c,
             Err(refused) => return refused.response(),
         };
-        if let Some(server) = self.binding(&host, port, false).and_then(|b| b.tls().server(&host)) {
-            let destination = Destination { host: host.into(), port, tls: true, label: "CONNECT" };
+        if self.binding(&host, port, false).is_some() {
             tokio::spawn(async move {
                 let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
-                let acceptor = tokio_rustls::TlsAcceptor::from(server);
-                let Ok(client) = acceptor.accept(TokioIo::new(upgraded)).await else { return };
-                relay::serve(client, upstream, self, destination).await;
+                self.bound_tunnel(TokioIo::new(upgraded), upstream, host, port).await;
             });
             return Response::new(Empty::new().map_err(|never| match never {}).boxed());
         }
         tokio::spawn(async move {
             if let Ok(upgraded) = hyper::upgrade::on(req).await {
-                let mut client = TokioIo::new(upgraded);
-                let mut upstream = upstream;
-                // Large buffers: a tunnel is a bulk copy, and loopback is fast.
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut client,
-                    &mut upstream,
-                    TUNNEL_BUFFER,
-                    TUNNEL_BUFFER,
-                )
-                .await;
+                copy_both_ways(TokioIo::new(upgraded), upstream).await;
             }
         });
         Response::new(Empty::new().map_err(|never| match never {}).boxed())
+    }
+
+    /// A tunnel to a bound destination, read by its first byte: TLS (a
+    /// handshake record) is terminated with the run's CA and relayed with
+    /// the values; plain HTTP (what Node's proxy agents send through
+    /// `CONNECT` even for `http://`) is relayed with them where they may
+    /// travel in clear text; anything else is tunnelled untouched.
+    async fn bound_tunnel(
+        self: Arc<Self>,
+        client: TokioIo<hyper::upgrade::Upgraded>,
+        upstream: TcpStream,
+        host: String,
+        port: u16,
+    ) {
+        let Ok(client) = relay::Peeked::new(client).await else { return };
+        let server = self.broker.as_ref().and_then(|b| b.tls().server(&host));
+        match (client.first_byte(), server) {
+            (Some(relay::TLS_HANDSHAKE), Some(server)) => {
+                let Ok(tls) = tokio_rustls::TlsAcceptor::from(server).accept(client).await else { return };
+                let destination = Destination { host: host.into(), port, tls: true, label: "CONNECT" };
+                relay::serve(tls, upstream, self, destination).await;
+            }
+            _ if self.binding(&host, port, true).is_some() => {
+                let destination = Destination { host: host.into(), port, tls: false, label: "CONNECT" };
+                relay::serve(client, upstream, self, destination).await;
+            }
+            _ => copy_both_ways(client, upstream).await,
+        }
     }
 
     async fn forward(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
@@ -322,6 +338,17 @@ impl Ctx {
             Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
         }
     }
+}
+
+/// Copies a tunnel both ways until either side closes. Large buffers: a
+/// tunnel is a bulk copy, and loopback is fast.
+async fn copy_both_ways<C>(mut client: C, mut upstream: TcpStream)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, TUNNEL_BUFFER, TUNNEL_BUFFER)
+            .await;
 }
 
 /// Why a request's `Host` headers were refused.

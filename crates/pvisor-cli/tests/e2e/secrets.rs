@@ -145,8 +145,9 @@ fn run_with_secret(
     cmd.output().unwrap()
 }
 
-/// Plain HTTP to a bound loopback port: through the proxy (absolute form)
-/// and through the forwarded port (`--noproxy`), with the value in
+/// Plain HTTP to a bound loopback port: through the proxy (absolute form
+/// and inside a `CONNECT`) and through the forwarded port (`--noproxy`),
+/// with the value in
 /// `x-api-key`, `Authorization: Bearer` and `Authorization: Basic`; the
 /// same placeholder sent to another allowed port arrives unreplaced. The
 /// command's environment, `/proc` and files hold only the placeholder,
@@ -162,6 +163,8 @@ fn a_secret_reaches_its_host_alone(who: As) {
         curl -sS -m 10 -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/proxied
         curl -sS -m 10 --noproxy '*' -H "Authorization: Bearer $BROKERED_KEY" http://127.0.0.1:{a}/forwarded
         curl -sS -m 10 -u "user:$BROKERED_KEY" http://127.0.0.1:{a}/basic
+        curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/tunnelled
+        curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere-tunnelled
         curl -sS -m 10 -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere
         curl -sS -m 10 --noproxy '*' -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere-raw
         env > env.txt
@@ -178,7 +181,16 @@ fn a_secret_reaches_its_host_alone(who: As) {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let placeholder = placeholder_in(&stdout);
-    for path in ["/proxied", "/forwarded", "/basic", "/elsewhere", "/elsewhere-raw"] {
+    let paths = [
+        "/proxied",
+        "/forwarded",
+        "/basic",
+        "/tunnelled",
+        "/elsewhere",
+        "/elsewhere-raw",
+        "/elsewhere-tunnelled",
+    ];
+    for path in paths {
         assert!(stdout.contains(&format!("served {path}")), "{path} was not served: {stdout}");
     }
     // The bound host got the value, in each header form.
@@ -186,9 +198,12 @@ fn a_secret_reaches_its_host_alone(who: As) {
     assert_eq!(bound.headers("/forwarded")["authorization"], format!("Bearer {value}").as_str());
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{value}"));
     assert_eq!(bound.headers("/basic")["authorization"], format!("Basic {basic}").as_str());
+    // Plain HTTP inside a CONNECT (how Node's proxy agents send http://).
+    assert_eq!(bound.headers("/tunnelled")["x-api-key"], value.as_str());
     // Another host (port) got the placeholder, by either path.
     assert_eq!(other.headers("/elsewhere")["x-api-key"], placeholder.as_str());
     assert_eq!(other.headers("/elsewhere-raw")["x-api-key"], placeholder.as_str());
+    assert_eq!(other.headers("/elsewhere-tunnelled")["x-api-key"], placeholder.as_str());
     // The probes ran (the environment dump names the placeholder) and no
     // file they wrote, nor any record, log or Bundle, holds the value.
     assert!(stdout.lines().any(|l| l == "1"), "the env probe did not run: {stdout}");
@@ -206,7 +221,7 @@ fn a_secret_reaches_its_host_alone(who: As) {
     let events = crate::network::network_events(&env);
     let substituted: Vec<&serde_json::Value> =
         events.iter().filter(|e| e["type"] == "network.secret_substituted").collect();
-    assert_eq!(substituted.len(), 3, "{events:?}");
+    assert_eq!(substituted.len(), 4, "{events:?}");
     assert!(substituted.iter().all(|e| e["data"]["variable"] == "BROKERED_KEY" && e["data"]["port"] == a));
 }
 

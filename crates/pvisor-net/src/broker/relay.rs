@@ -24,6 +24,69 @@ use tokio::sync::Mutex;
 
 use crate::proxy::{one_host_header, text, Ctx, HostHeaderError, NetEvent, Outcome, ProxyBody, IDLE_TIMEOUT};
 
+/// The first byte of a TLS connection (a handshake record).
+pub(crate) const TLS_HANDSHAKE: u8 = 0x16;
+
+/// A client stream whose first byte has been read to tell TLS from plain
+/// HTTP, and is given back to the next reader.
+pub(crate) struct Peeked<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Peeked<S> {
+    /// Reads the first byte (`None`: the client closed without sending).
+    pub(crate) async fn new(mut inner: S) -> std::io::Result<Self> {
+        let mut byte = [0u8; 1];
+        let n = tokio::io::AsyncReadExt::read(&mut inner, &mut byte).await?;
+        Ok(Self { first: (n == 1).then_some(byte[0]), inner })
+    }
+
+    pub(crate) fn first_byte(&self) -> Option<u8> {
+        self.first
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Peeked<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if buf.remaining() > 0 {
+            if let Some(byte) = self.first.take() {
+                buf.put_slice(&[byte]);
+                return std::task::Poll::Ready(Ok(()));
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Peeked<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Where a bound connection goes, and how.
 #[derive(Clone, Debug)]
 pub(crate) struct Destination {
