@@ -223,6 +223,14 @@ fn a_secret_reaches_its_host_alone(who: As) {
         events.iter().filter(|e| e["type"] == "network.secret_substituted").collect();
     assert_eq!(substituted.len(), 4, "{events:?}");
     assert!(substituted.iter().all(|e| e["data"]["variable"] == "BROKERED_KEY" && e["data"]["port"] == a));
+    // Admission recorded the binding by name and destination.
+    let job = env.status_json(None)["job"].as_str().unwrap().to_owned();
+    let bound_event = env.events(&job).into_iter().find(|e| e["data"]["rewrite"] == "secret");
+    let bound_event = bound_event.expect("an admission.rewrite secret event");
+    assert_eq!(
+        (&bound_event["data"]["name"], &bound_event["data"]["port"]),
+        (&"BROKERED_KEY".into(), &a.into())
+    );
 }
 
 #[test]
