@@ -151,6 +151,12 @@ impl Binding {
         Ok(Self { spec, placeholder: placeholder()?, value })
     }
 
+    /// The same variable (value and placeholder) bound to one more
+    /// destination: an agent's key sent to its API and to a gateway.
+    pub fn also_to(&self, spec: BindingSpec) -> Self {
+        Self { spec, placeholder: self.placeholder.clone(), value: self.value.clone() }
+    }
+
     /// Whether a request to `host:port` gets this binding's value.
     pub fn binds(&self, host: &str, port: u16) -> bool {
         self.spec.host.eq_ignore_ascii_case(host.trim_start_matches('[').trim_end_matches(']'))
@@ -355,6 +361,21 @@ mod tests {
         ] {
             let err = bad.parse::<BindingSpec>().unwrap_err().to_string();
             assert!(err.contains(word), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_variable_bound_to_two_hosts_keeps_one_placeholder() {
+        let api = binding("K@api.example.com:443", "real-value");
+        let gateway = api.also_to("K@127.0.0.1:4000".parse().unwrap());
+        assert_eq!(api.placeholder, gateway.placeholder);
+        let placeholder = api.placeholder.clone();
+        let broker = broker_of(vec![api, gateway]);
+        for (host, port) in [("api.example.com", 443), ("127.0.0.1", 4000)] {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-api-key", placeholder.parse().unwrap());
+            assert_eq!(broker.substitute(&mut headers, host, port, "GET", false).len(), 1, "{host}");
+            assert_eq!(headers["x-api-key"], "real-value");
         }
     }
 

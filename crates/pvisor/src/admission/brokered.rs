@@ -66,8 +66,9 @@ fn refuse(spec: &BindingSpec, problem: String) -> AdmissionError {
 }
 
 /// Reads the value of each `--secret` from `env` and binds it to a fresh
-/// placeholder. Refuses an executor whose sandbox cannot be given the
-/// run's CA, a variable given twice, and an unset or empty variable.
+/// placeholder (one per variable: a variable bound to several hosts keeps
+/// it; a binding given twice counts once). Refuses an executor whose
+/// sandbox cannot be given the run's CA, and an unset or empty variable.
 pub(super) fn bind(
     specs: &[BindingSpec],
     env: &[(String, String)],
@@ -81,11 +82,13 @@ pub(super) fn bind(
                 format!("the {executor} executor cannot be given the run's CA; brokered secrets need --executor ns"),
             ));
         }
-        if bindings.iter().any(|b| b.spec.variable == spec.variable) {
-            return Err(refuse(
-                spec,
-                format!("{} is bound twice; give one --secret per variable", spec.variable),
-            ));
+        if bindings.iter().any(|b| b.spec == *spec) {
+            continue;
+        }
+        if let Some(earlier) = bindings.iter().find(|b| b.spec.variable == spec.variable) {
+            let also = earlier.also_to(spec.clone());
+            bindings.push(also);
+            continue;
         }
         let value = env.iter().find(|(k, _)| *k == spec.variable).map(|(_, v)| v.clone()).unwrap_or_default();
         if value.is_empty() {
@@ -195,7 +198,11 @@ pub(super) fn rewrite_env(
             kept.push((k, v));
         }
     }
-    kept.extend(bindings.iter().map(|b| (b.spec.variable.clone(), b.placeholder.clone())));
+    for b in bindings {
+        if !kept.iter().any(|(k, _)| *k == b.spec.variable) {
+            kept.push((b.spec.variable.clone(), b.placeholder.clone()));
+        }
+    }
     let bundle = brokered.bundle.to_string_lossy().into_owned();
     kept.extend(CA_VARIABLES.iter().map(|k| ((*k).to_owned(), bundle.clone())));
     (kept, removed)
@@ -227,11 +234,10 @@ mod tests {
         };
         let err = bind(std::slice::from_ref(&spec), &env(&[("KEY", "real")]), vm).unwrap_err().to_string();
         assert!(err.contains("--executor ns") && !err.contains("real"), "{err}");
-        let twice = [spec.clone(), "KEY@other.example.com".parse().unwrap()];
-        assert!(bind(&twice, &env(&[("KEY", "real")]), ns())
-            .unwrap_err()
-            .to_string()
-            .contains("bound twice"));
+        let twice = [spec.clone(), spec.clone(), "KEY@other.example.com".parse().unwrap()];
+        let bound = bind(&twice, &env(&[("KEY", "real")]), ns()).unwrap();
+        assert_eq!(bound.len(), 2, "a repeated binding counts once");
+        assert_eq!(bound[0].placeholder, bound[1].placeholder, "one variable, one placeholder");
     }
 
     #[test]
