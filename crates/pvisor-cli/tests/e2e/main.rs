@@ -13,6 +13,7 @@
 
 mod support;
 
+mod agents;
 mod bad_input;
 mod checkpoints;
 mod collected;
