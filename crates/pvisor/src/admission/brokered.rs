@@ -113,7 +113,7 @@ pub(super) fn check_allowed(bindings: &[Binding], network: &EffectiveNetwork) ->
             return Err(refuse(
                 spec,
                 format!(
-                    "the network mode is {}, so no request passes pvisor's proxy; allow the host with --allow {}",
+                    "the network mode is {}, where no request passes pvisor's proxy, which brokering needs: give --allow {} (and no --net host)",
                     network.mode.as_str(),
                     destination(spec)
                 ),
@@ -134,10 +134,11 @@ pub(super) fn check_allowed(bindings: &[Binding], network: &EffectiveNetwork) ->
     Ok(())
 }
 
-/// The `--allow` rule that opens a binding's destination.
+/// The `--allow` rule that opens a binding's destination: what follows
+/// the `@` of its `VAR@HOST[:PORT]`.
 fn destination(spec: &BindingSpec) -> String {
-    let host = if spec.host.contains(':') { format!("[{}]", spec.host) } else { spec.host.clone() };
-    spec.port.map_or(host.clone(), |p| format!("{host}:{p}"))
+    let shown = spec.to_string();
+    shown.split_once('@').map_or(shown.clone(), |(_, destination)| destination.to_owned())
 }
 
 /// Mints the run's CA and writes the bundle the sandbox trusts: the roots
