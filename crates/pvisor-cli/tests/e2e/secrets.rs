@@ -359,3 +359,35 @@ fn a_secret_that_cannot_be_brokered_is_refused_before_the_run() {
     let count = std::fs::read_dir(&jobs).map(|d| d.count()).unwrap_or(0);
     assert_eq!(count, 0, "a refused --secret left a Job");
 }
+
+/// An agent preset's `secrets` are brokered like `--secret`: a user's
+/// `[agents.probe]` binds a key to a loopback server, which gets the
+/// value while the command holds the placeholder.
+#[test]
+fn an_agent_presets_secrets_are_brokered() {
+    let env = Env::new(As::Rootless);
+    let server = HeaderServer::start(None);
+    let port = server.port;
+    let config = env.dir.path().join(".config/pvisor/config.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[agents.probe]\nallow = [\"127.0.0.1:{port}\"]\nsecrets = [\"BROKERED_KEY@127.0.0.1:{port}\"]\n"
+        ),
+    )
+    .unwrap();
+    env.give_away(env.dir.path());
+    let value = real_value();
+    let script = format!(
+        r#"echo "inside=$BROKERED_KEY"; curl -sS -m 10 -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{port}/agent"#
+    );
+    let mut cmd = env.command(&["run", "--agent", "probe", "--", "sh", "-c", &script]);
+    cmd.env("BROKERED_KEY", &value).env("XDG_CONFIG_HOME", env.dir.path().join(".config"));
+    let out = cmd.output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    placeholder_in(&stdout);
+    assert_eq!(server.headers("/agent")["x-api-key"], value.as_str());
+    assert_never_recorded(&env, &value, &out);
+}
