@@ -299,6 +299,17 @@ impl Ctx {
             self.report(Outcome::Denied, &host, port, &method, "host-mismatch", Some(reason.to_string()));
             return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
         }
+        if self.binding(&host, port, true).is_some() && crate::broker::echoes_headers(req.method()) {
+            self.report(
+                Outcome::Denied,
+                &host,
+                port,
+                &method,
+                "secret-echo",
+                Some("TRACE echoes headers".into()),
+            );
+            return text(StatusCode::METHOD_NOT_ALLOWED, crate::broker::ECHO_REFUSED.into());
+        }
         let upstream = match self.connect(&host, port, &method).await {
             Ok(c) => c,
             Err(refused) => return refused.response(),

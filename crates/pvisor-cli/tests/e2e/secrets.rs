@@ -164,6 +164,8 @@ fn a_secret_reaches_its_host_alone(who: As) {
         curl -sS -m 10 --noproxy '*' -H "Authorization: Bearer $BROKERED_KEY" http://127.0.0.1:{a}/forwarded
         curl -sS -m 10 -u "user:$BROKERED_KEY" http://127.0.0.1:{a}/basic
         curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/tunnelled
+        curl -sS -m 10 -o /dev/null -w "trace=%{{http_code}}\n" -X TRACE -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/trace
+        curl -sS -m 10 --noproxy '*' -o /dev/null -w "trace-raw=%{{http_code}}\n" -X TRACE -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/trace
         curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere-tunnelled
         curl -sS -m 10 -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere
         curl -sS -m 10 --noproxy '*' -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere-raw
@@ -198,6 +200,8 @@ fn a_secret_reaches_its_host_alone(who: As) {
     assert_eq!(bound.headers("/forwarded")["authorization"], format!("Bearer {value}").as_str());
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{value}"));
     assert_eq!(bound.headers("/basic")["authorization"], format!("Basic {basic}").as_str());
+    // TRACE would echo the value back: refused by either path.
+    assert!(stdout.contains("trace=405") && stdout.contains("trace-raw=405"), "{stdout}");
     // Plain HTTP inside a CONNECT (how Node's proxy agents send http://).
     assert_eq!(bound.headers("/tunnelled")["x-api-key"], value.as_str());
     // Another host (port) got the placeholder, by either path.

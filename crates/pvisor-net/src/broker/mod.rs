@@ -179,6 +179,17 @@ impl Binding {
     }
 }
 
+/// Whether a request with `method` has its headers echoed back in the
+/// response (`TRACE`): sent to a bound host, it would hand the value back
+/// to the sandbox, so the proxy refuses it there.
+pub fn echoes_headers(method: &hyper::Method) -> bool {
+    method == hyper::Method::TRACE
+}
+
+/// Why a request to a bound host was refused for its method.
+pub(crate) const ECHO_REFUSED: &str =
+    "pvisor: TRACE to a host a --secret binds is refused: its response would echo the secret's value";
+
 /// Whether `host` names this machine's loopback (`localhost`, 127.0.0.0/8, `::1`).
 pub fn is_loopback(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');

@@ -135,6 +135,17 @@ async fn handle(
         ctx.report(Outcome::Denied, &to.host, to.port, &method, "host-mismatch", Some(reason.to_string()));
         return Ok(text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}")));
     }
+    if super::echoes_headers(req.method()) {
+        ctx.report(
+            Outcome::Denied,
+            &to.host,
+            to.port,
+            &method,
+            "secret-echo",
+            Some("TRACE echoes headers".into()),
+        );
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, super::ECHO_REFUSED.into()));
+    }
     for hop in ["proxy-connection", "proxy-authorization"] {
         req.headers_mut().remove(hop);
     }
