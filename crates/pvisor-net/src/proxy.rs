@@ -339,13 +339,19 @@ impl Ctx {
         ] {
             req.headers_mut().remove(hop);
         }
-        if let Some(broker) = self.binding(&host, port, true) {
+        let broker = self.binding(&host, port, true).cloned();
+        if let Some(broker) = &broker {
             for substitution in broker.substitute(req.headers_mut(), &host, port, &method, true) {
                 let _ = self.events.send(NetEvent::Substituted(substitution));
             }
         }
         match sender.send_request(req).await {
-            Ok(resp) => resp.map(|body| body.boxed()),
+            Ok(mut resp) => {
+                if let Some(broker) = &broker {
+                    broker.mask(resp.headers_mut());
+                }
+                resp.map(|body| body.boxed())
+            }
             Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
         }
     }

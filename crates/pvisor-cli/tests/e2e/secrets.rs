@@ -14,7 +14,8 @@ use base64::Engine;
 use crate::support::*;
 
 /// A Python HTTP(S) server on 127.0.0.1 that appends each request's path
-/// and headers to a file as JSON; killed on drop.
+/// and headers to a file as JSON, and echoes the `x-api-key` it got in
+/// an `X-Echo` response header; killed on drop.
 struct HeaderServer {
     child: Child,
     port: u16,
@@ -34,6 +35,7 @@ class H(http.server.BaseHTTPRequestHandler):
         body = b"served " + self.path.encode() + b"\n"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Echo", self.headers.get("x-api-key", ""))
         self.end_headers()
         self.wfile.write(body)
     def log_message(self, *args):
@@ -164,6 +166,8 @@ fn a_secret_reaches_its_host_alone(who: As) {
         curl -sS -m 10 --noproxy '*' -H "Authorization: Bearer $BROKERED_KEY" http://127.0.0.1:{a}/forwarded
         curl -sS -m 10 -u "user:$BROKERED_KEY" http://127.0.0.1:{a}/basic
         curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/tunnelled
+        curl -sS -m 10 -D - -o /dev/null -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/echo | grep -i '^x-echo'
+        curl -sS -m 10 --noproxy '*' -D - -o /dev/null -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/echo-raw | grep -i '^x-echo'
         curl -sS -m 10 -o /dev/null -w "trace=%{{http_code}}\n" -X TRACE -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/trace
         curl -sS -m 10 --noproxy '*' -o /dev/null -w "trace-raw=%{{http_code}}\n" -X TRACE -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{a}/trace
         curl -sS -m 10 -p -H "x-api-key: $BROKERED_KEY" http://127.0.0.1:{b}/elsewhere-tunnelled
@@ -200,6 +204,11 @@ fn a_secret_reaches_its_host_alone(who: As) {
     assert_eq!(bound.headers("/forwarded")["authorization"], format!("Bearer {value}").as_str());
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{value}"));
     assert_eq!(bound.headers("/basic")["authorization"], format!("Basic {basic}").as_str());
+    // A response header echoing the value carries the placeholder back.
+    assert_eq!(bound.headers("/echo")["x-api-key"], value.as_str());
+    let echoes = stdout.lines().filter(|l| l.to_lowercase().starts_with("x-echo:")).collect::<Vec<_>>();
+    assert_eq!(echoes.len(), 2, "{stdout}");
+    assert!(echoes.iter().all(|l| l.trim_end().ends_with(&placeholder)), "{echoes:?}");
     // TRACE would echo the value back: refused by either path.
     assert!(stdout.contains("trace=405") && stdout.contains("trace-raw=405"), "{stdout}");
     // Plain HTTP inside a CONNECT (how Node's proxy agents send http://).
@@ -225,7 +234,7 @@ fn a_secret_reaches_its_host_alone(who: As) {
     let events = crate::network::network_events(&env);
     let substituted: Vec<&serde_json::Value> =
         events.iter().filter(|e| e["type"] == "network.secret_substituted").collect();
-    assert_eq!(substituted.len(), 4, "{events:?}");
+    assert_eq!(substituted.len(), 6, "{events:?}");
     assert!(substituted.iter().all(|e| e["data"]["variable"] == "BROKERED_KEY" && e["data"]["port"] == a));
     // Admission recorded the binding by name and destination.
     let job = env.status_json(None)["job"].as_str().unwrap().to_owned();

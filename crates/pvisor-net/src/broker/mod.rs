@@ -306,6 +306,25 @@ impl Broker {
         }
         done
     }
+
+    /// Puts the placeholder back wherever a bound host's response headers
+    /// echo a value (a debugging endpoint, a `Set-Cookie` built from the
+    /// key): the sandbox gets the placeholder, never the value. Bodies
+    /// stream through as they are.
+    pub fn mask(&self, headers: &mut HeaderMap) {
+        for (_, value) in headers.iter_mut() {
+            let Ok(text) = value.to_str() else { continue };
+            let mut masked = text.to_owned();
+            for binding in &self.bindings {
+                masked = masked.replace(&binding.value, &binding.placeholder);
+            }
+            if masked != text {
+                if let Some(replaced) = sensitive(masked) {
+                    *value = replaced;
+                }
+            }
+        }
+    }
 }
 
 /// `value` with `binding`'s placeholder replaced, if it holds it: plainly,
@@ -434,6 +453,19 @@ mod tests {
         assert!(broker.substitute(&mut elsewhere, "evil.example.net", 443, "GET", false).is_empty());
         assert_eq!(elsewhere["x-api-key"], pk.as_str(), "another host gets the placeholder");
         assert!(broker.substitute(&mut elsewhere, "other.example.com", 443, "GET", false).is_empty());
+    }
+
+    #[test]
+    fn a_response_header_echoing_a_value_gets_the_placeholder() {
+        let k = binding("K@api.example.com", "real-value");
+        let placeholder = k.placeholder.clone();
+        let broker = broker_of(vec![k]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-echo", "key=real-value; again real-value".parse().unwrap());
+        headers.insert("content-type", "text/plain".parse().unwrap());
+        broker.mask(&mut headers);
+        assert_eq!(headers["x-echo"], format!("key={placeholder}; again {placeholder}").as_str());
+        assert_eq!(headers["content-type"], "text/plain");
     }
 
     #[test]

@@ -162,7 +162,12 @@ async fn handle(
         return Ok(text(StatusCode::BAD_GATEWAY, "pvisor: no upstream connection".into()));
     };
     Ok(match sender.send_request(req).await {
-        Ok(resp) => resp.map(|body| body.boxed()),
+        Ok(mut resp) => {
+            if let Some(broker) = &ctx.broker {
+                broker.mask(resp.headers_mut());
+            }
+            resp.map(|body| body.boxed())
+        }
         Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
     })
 }
