@@ -117,6 +117,30 @@ pub(crate) fn show_read_only(root: &Path, paths: &[PathBuf]) -> Result<(), StepE
     Ok(())
 }
 
+/// The system CA bundle files clients read when no variable names one
+/// (Debian/Ubuntu, Fedora/RHEL, openSUSE, Alpine and others).
+const SYSTEM_CA_BUNDLES: [&str; 5] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Shows `bundle` read-only over each system CA bundle that is a regular
+/// file in the view (a symlink is left alone: it names one of the others,
+/// and a mount would follow it out of the root).
+pub(crate) fn show_ca_bundle(root: &Path, bundle: Option<&Path>) -> Result<(), StepError> {
+    let Some(bundle) = bundle else { return Ok(()) };
+    for system in SYSTEM_CA_BUNDLES {
+        let target = under(root, Path::new(system));
+        if fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
+            bind_read_only(bundle, &target, false)?;
+        }
+    }
+    Ok(())
+}
+
 /// Creates `target` (a directory, or an empty file) and its parents when
 /// it does not exist.
 fn make_place(target: &Path, is_dir: bool) -> io::Result<()> {

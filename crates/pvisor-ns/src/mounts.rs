@@ -64,6 +64,7 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
     host_view::mount_caches(root, &spec.caches)?;
     // Before the workspace's overlay, which stays on top of a `--ro` parent.
     host_view::show_read_only(root, &spec.read_only)?;
+    host_view::show_ca_bundle(root, spec.ca_bundle.as_deref())?;
     let memory_stage = overlay_workspace(spec, root)?;
     // After the overlay, so a hidden path inside the workspace is hidden too.
     for hidden in &spec.hidden {

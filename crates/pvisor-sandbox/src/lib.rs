@@ -67,6 +67,12 @@ pub struct SandboxSpec {
     /// `/tmp`), socket-proof like the rest of the host view.
     #[serde(default)]
     pub read_only: Vec<PathBuf>,
+    /// A CA bundle (a `--secret` run's: the host's roots and the run's CA)
+    /// shown read-only over each system bundle file the host has
+    /// (`/etc/ssl/certs/ca-certificates.crt`, …), for clients that read
+    /// that path rather than the CA variables.
+    #[serde(default)]
+    pub ca_bundle: Option<PathBuf>,
     pub program: String,
     pub args: Vec<String>,
     /// The complete environment of the command.

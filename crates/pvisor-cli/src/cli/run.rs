@@ -110,6 +110,13 @@ pub struct RunOptions {
     /// are removed otherwise. Repeatable.
     #[arg(long = "env", value_name = "NAME")]
     pub env: Vec<String>,
+    /// Let the command use the value of host variable VAR without holding
+    /// it: inside, VAR is a placeholder, and pvisor's proxy puts the value
+    /// into the headers of requests to HOST (on PORT, if given) alone,
+    /// terminating TLS for that host with a per-run CA the sandbox trusts.
+    /// HOST must be allowed (--allow) too. Repeatable; ns executor only.
+    #[arg(long = "secret", value_name = "VAR@HOST[:PORT]")]
+    pub secret: Vec<pvisor_net::broker::BindingSpec>,
     /// Run without pvisor's seccomp filter (for tools that need user
     /// namespaces or mounts of their own). Recorded in the run's policy.
     #[arg(long)]

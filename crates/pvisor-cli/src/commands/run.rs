@@ -26,6 +26,7 @@ use crate::exit;
 use crate::json::JsonType;
 use crate::output::{ending, say, warning};
 use crate::results::{NetworkSummary, RunResult};
+use pvisor_net::broker::BindingSpec;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
@@ -119,7 +120,7 @@ pub fn request_for(
     config::warn_if_home(&workspace);
     let ws_config = workspace_config(&workspace)?;
     let network = network_scopes(store, options, ws_config.as_ref())?;
-    announce_policy(&network)?;
+    announce_policy(&network, &options.secret)?;
     let limits = limits_for(traits, options, ws_config.as_ref().map(|c| &c.2))?;
     if traits.shares_host_kernel {
         if !limits.is_empty() {
@@ -151,6 +152,7 @@ pub fn request_for(
             other_state_dirs: super::other_state_dirs(store),
             expose_sockets: options.expose_socket.clone(),
             read_only: options.read_only.clone(),
+            brokered: options.secret.clone(),
         },
         fork,
         fork_execution,
@@ -187,6 +189,11 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
         .context("--agent needs HOME, where the agent keeps its state")?;
     let grant = crate::agents::grant(&name, &preset, &|var| std::env::var(var).ok(), &home)?;
     options.allow.extend(grant.allow.iter().cloned());
+    for binding in &grant.secrets {
+        let spec: BindingSpec =
+            binding.parse().with_context(|| format!("agent {name}'s secret {binding:?}"))?;
+        options.secret.push(spec);
+    }
     options.env.extend(grant.pass.iter().cloned());
     say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
     Ok((options, grant.env))
@@ -538,7 +545,16 @@ fn half_the_ram() -> Option<u64> {
 /// it is not the default (no network at all). One line on stderr (a
 /// `policy` line under `--json`), even with `-q`: a policy that opens the
 /// network is never silent.
-fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
+fn announce_policy(scopes: &[ScopedPolicy], secrets: &[BindingSpec]) -> anyhow::Result<()> {
+    /// The `policy` line's data: the network policy and the `--secret`
+    /// bindings (variable and destination; the values are never said).
+    #[derive(serde::Serialize)]
+    struct Policy<'a> {
+        #[serde(flatten)]
+        network: &'a pvisor_net::EffectiveNetwork,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        secrets: &'a [BindingSpec],
+    }
     let network = pvisor_net::policy::resolve(scopes)?;
     if network.mode == Mode::None && network.allow.is_empty() && network.deny.is_empty() {
         return Ok(());
@@ -553,7 +569,14 @@ fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
     if !network.deny.is_empty() {
         line.push_str(&format!("; deny {}", rules(&network.deny)));
     }
-    say(JsonType::Policy, &network, || {
+    if !secrets.is_empty() {
+        let bound: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
+        line.push_str(&format!(
+            "; secret {} (a placeholder inside; the proxy sends each value to its host alone)",
+            bound.join(", ")
+        ));
+    }
+    say(JsonType::Policy, &Policy { network: &network, secrets }, || {
         pvisor_core::text::escape(&line, pvisor_core::text::Tabs::Escape).into_owned()
     });
     Ok(())

@@ -31,6 +31,7 @@ mod read_commands;
 mod records;
 mod recovery;
 mod run;
+mod secrets;
 mod serve;
 mod sessions;
 mod signals;

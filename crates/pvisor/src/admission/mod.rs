@@ -10,7 +10,8 @@
 //! [`admit`] runs its steps in a fixed order, each in its own module:
 //! [`fork`] (verify a checkpoint to start from), [`workspace`] (the
 //! canonical workspace and cwd), [`secrets`] (scrubbed variables, hidden
-//! secret stores), [`policy`] (sockets, caches, the effective policy and
+//! secret stores), [`brokered`] (the `--secret` values the proxy puts
+//! into requests, read here and never recorded), [`policy`] (sockets, caches, the effective policy and
 //! its rewrites), [`placement`] (the Placement and the SandboxSpec) and
 //! [`records`] (the Run, Attempt and Job files). Every refusal comes before
 //! the first record; the order of the records and of the Trace events after
@@ -29,6 +30,7 @@ use pvisor_sandbox::{NetworkAttachment, SandboxSpec};
 
 use crate::trace::{data, Trace};
 
+mod brokered;
 mod fork;
 mod placement;
 mod policy;
@@ -37,6 +39,7 @@ mod resume;
 mod secrets;
 mod workspace;
 
+pub use brokered::{Brokered, CA_VARIABLES};
 pub use fork::ExecutionFork;
 pub use policy::{proxy_env, PROXY_PORT};
 pub use resume::admit_resume;
@@ -104,6 +107,10 @@ pub struct SecretPolicy {
     /// Host files and directories to show read-only at their own path
     /// (`--ro`), where the sandbox would not see them otherwise (`/tmp`).
     pub read_only: Vec<PathBuf>,
+    /// Variables the command may use but never hold (`--secret
+    /// VAR@HOST`): their values are read from `env` and only the proxy
+    /// sends them, to that host.
+    pub brokered: Vec<pvisor_net::broker::BindingSpec>,
 }
 
 /// Why a request was not admitted. Nothing was recorded.
@@ -139,6 +146,15 @@ pub enum AdmissionError {
     Cache { path: PathBuf, problem: &'static str },
     #[error("--ro {}: {problem}", path.display())]
     ReadOnly { path: PathBuf, problem: &'static str },
+    #[error("--secret {spec}: {problem}")]
+    Secret { spec: String, problem: String },
+    #[error("Cannot set up the credential broker")]
+    Broker(#[from] pvisor_net::broker::BrokerError),
+    #[error("Cannot write the run's CA bundle")]
+    CaBundle {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
     #[error(transparent)]
@@ -186,6 +202,8 @@ pub struct Admitted {
     pub(crate) baseline: Option<i128>,
     /// For a resume: the suspended Attempt it continues.
     pub(crate) resumed_from: Option<u32>,
+    /// The `--secret` broker the run's proxy uses, with the CA bundle file.
+    pub(crate) brokered: Option<Brokered>,
 }
 
 impl Admitted {
@@ -229,6 +247,9 @@ pub fn admit(
     let requested_workspace = fork::workspace(&fork, request.fork_execution.as_ref(), &request.workspace);
     let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
     let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
+    // Brokered secrets: read before the scrub below removes them by name.
+    let bindings = brokered::bind(&request.secrets.brokered, &request.env, executor)?;
+    let host_env = request.env.clone();
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
     let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
     let host_paths =
@@ -256,9 +277,16 @@ pub fn admit(
         limits: &request.limits,
     };
     let (policy, attachment) = policy::effective(requested, &state, &secrets, &host_paths)?;
+    brokered::check_allowed(&bindings, &policy.network)?;
+    let brokered = brokered::start(bindings, &host_env)?;
+    drop(host_env);
     let placement = placement::decide(executor_impl, &request.limits, request.fork_execution.is_some());
     let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
+    let (env, copies) = match &brokered {
+        Some(b) => brokered::rewrite_env(env, b),
+        None => (env, Vec::new()),
+    };
     let operation = records::operation(
         &request.program,
         &request.args,
@@ -293,6 +321,8 @@ pub fn admit(
         secrets: &secrets,
         paths: &host_paths,
         env_rewrites: &env_rewrites,
+        brokered: brokered.as_ref(),
+        copies: &copies,
     };
     let attempt_event = record_admission(&mut trace, executor_impl, decided, rewrites, &attempt_id)?;
 
@@ -308,8 +338,12 @@ pub fn admit(
         limits: request.limits,
         output: request.output,
     };
-    let spec =
+    let mut spec =
         placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());
+    // The CA bundle (public certificates) is shown read-only at its own
+    // path, which the CA variables name, and over the system's bundles.
+    spec.read_only.extend(brokered.as_ref().map(|b| b.bundle.clone()));
+    spec.ca_bundle = brokered.as_ref().map(|b| b.bundle.clone());
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
     Ok(Admitted {
@@ -323,6 +357,7 @@ pub fn admit(
         restore_from,
         baseline,
         resumed_from: None,
+        brokered,
     })
 }
 

@@ -270,6 +270,10 @@ pub(super) struct Rewrites<'a> {
     pub(super) secrets: &'a Secrets,
     pub(super) paths: &'a HostPaths,
     pub(super) env_rewrites: &'a [(&'static str, String)],
+    /// The `--secret` bindings (recorded by variable and destination).
+    pub(super) brokered: Option<&'a super::Brokered>,
+    /// Variables removed because they held a bound value.
+    pub(super) copies: &'a [String],
 }
 
 /// Records `admission.policy` (caused by `job.created`), then the network
@@ -285,7 +289,7 @@ pub(super) fn record(
     rewrites: Rewrites<'_>,
 ) -> Result<u64, StoreError> {
     let network = &policy.network;
-    let Rewrites { state, secrets, paths, env_rewrites } = rewrites;
+    let Rewrites { state, secrets, paths, env_rewrites, brokered, copies } = rewrites;
     let policy_event = trace.emit(EventKind::AdmissionPolicy, None, Some(created), policy, false)?;
     let decision = data::AdmissionNetwork {
         mode: network.mode,
@@ -327,7 +331,26 @@ pub(super) fn record(
         name,
         reason: "named like a secret; pass it with --env",
     });
+    let copies = copies.iter().map(|name| data::AdmissionRewrite::EnvRemove {
+        name,
+        reason: "holds the value of a --secret, which only the proxy may send",
+    });
     let set = env_rewrites.iter().map(|(name, _)| data::AdmissionRewrite::EnvSet { name });
+    let bindings = brokered.map(|b| b.broker.bindings()).unwrap_or_default();
+    let secrets_bound = bindings.iter().map(|b| data::AdmissionRewrite::Secret {
+        name: &b.spec.variable,
+        host: &b.spec.host,
+        port: b.spec.port,
+        reason: "--secret: the command holds a placeholder; the proxy puts the value into requests to this destination alone",
+    });
+    let ca = brokered.into_iter().flat_map(|b| {
+        let bundle = data::AdmissionRewrite::ReadOnly {
+            path: &b.bundle,
+            reason: "--secret: the host's roots and the run's CA, which the command trusts (shown over the system CA bundles too)",
+        };
+        std::iter::once(bundle)
+            .chain(super::CA_VARIABLES.iter().map(|name| data::AdmissionRewrite::EnvSet { name }))
+    });
     let all = std::iter::once(state_dir)
         .chain(hidden)
         .chain(skipped)
@@ -336,7 +359,10 @@ pub(super) fn record(
         .chain(read_only)
         .chain(shares)
         .chain(removed)
-        .chain(set);
+        .chain(copies)
+        .chain(set)
+        .chain(secrets_bound)
+        .chain(ca);
     for rewrite in all {
         trace.emit(EventKind::AdmissionRewrite, None, Some(policy_event), &rewrite, false)?;
     }

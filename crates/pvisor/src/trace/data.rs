@@ -64,6 +64,9 @@ pub(crate) enum AdmissionRewrite<'a> {
     EnvRemove { name: &'a str, reason: &'a str },
     #[serde(rename = "env.set")]
     EnvSet { name: &'a str },
+    /// A `--secret`: the variable and the one destination its value goes to.
+    #[serde(rename = "secret")]
+    Secret { name: &'a str, host: &'a str, port: Option<u16>, reason: &'a str },
 }
 
 /// `attempt.created`.
