@@ -23,7 +23,6 @@
 //!
 //! Bodies are streamed, never buffered. Idle client connections time out.
 
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,11 +108,31 @@ impl Ctx {
 pub(crate) struct Refused {
     status: StatusCode,
     message: String,
+    /// Refused by an ordered policy (OpenSandbox's `networkPolicy`): a
+    /// plain-HTTP client then gets no answer at all, its connection closed,
+    /// so it fails as under the reference egress, where a denied name does
+    /// not resolve (components/egress: NXDOMAIN) and nothing is reached. A
+    /// 403 page would read as a successful request to `curl` and most SDKs.
+    closes: bool,
 }
+
+/// A denied plain-HTTP request under an ordered policy: hyper closes the
+/// client's connection without a response.
+#[derive(Debug, thiserror::Error)]
+#[error("denied by the sandbox's network policy; the connection is closed")]
+pub(crate) struct ClosedByPolicy;
+
+/// Marks a response whose connection is closed instead (see [`Refused::closes`]).
+#[derive(Clone, Copy)]
+struct CloseInstead;
 
 impl Refused {
     pub(crate) fn response(self) -> Response<ProxyBody> {
-        text(self.status, self.message)
+        let mut response = text(self.status, self.message);
+        if self.closes {
+            response.extensions_mut().insert(CloseInstead);
+        }
+        response
     }
 }
 
@@ -160,6 +179,7 @@ impl Ctx {
             Decision::Deny { rule, reason } => {
                 self.report(Outcome::Denied, host, port, method, &rule, Some(reason.clone()));
                 return Err(Refused {
+                    closes: self.policy.ordered.is_some(),
                     status: StatusCode::FORBIDDEN,
                     message: format!(
                         "pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"
@@ -181,6 +201,7 @@ impl Ctx {
                         Some(format!("cannot resolve: {e}")),
                     );
                     return Err(Refused {
+                        closes: false,
                         status: StatusCode::BAD_GATEWAY,
                         message: format!("pvisor: cannot resolve {host}: {e}"),
                     });
@@ -202,6 +223,7 @@ impl Ctx {
             let reason = refused.unwrap_or_else(|| "no addresses".into());
             self.report(Outcome::Denied, host, port, method, "internal-address", Some(reason.clone()));
             return Err(Refused {
+                closes: self.policy.ordered.is_some(),
                 status: StatusCode::FORBIDDEN,
                 message: format!("pvisor: {method} {host}:{port} denied: {reason}"),
             });
@@ -221,16 +243,21 @@ impl Ctx {
         let reason = last_err.unwrap_or_default();
         self.report(Outcome::Failed, host, port, method, &rule, Some(format!("cannot connect: {reason}")));
         Err(Refused {
+            closes: false,
             status: StatusCode::BAD_GATEWAY,
             message: format!("pvisor: cannot connect to {host}:{port}: {reason}"),
         })
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, ClosedByPolicy> {
         if req.method() == Method::CONNECT {
             return Ok(self.tunnel(req).await);
         }
-        Ok(self.forward(req).await)
+        let response = self.forward(req).await;
+        match response.extensions().get::<CloseInstead>() {
+            Some(_) => Err(ClosedByPolicy),
+            None => Ok(response),
+        }
     }
 
     async fn tunnel(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
