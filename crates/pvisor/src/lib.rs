@@ -36,6 +36,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
 
 pub mod actions;
+pub mod agent_state;
 pub(crate) mod admission;
 pub mod backends;
 pub(crate) mod effects;

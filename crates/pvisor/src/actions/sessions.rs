@@ -43,6 +43,9 @@ pub struct SessionTurn {
     pub fork: Option<(CheckpointId, CheckpointHold)>,
     /// The run whose stage the fork copies (`fork`'s Job).
     pub stands_on: Option<JobId>,
+    /// The run whose agent state (`--state`) this run carries forward: the
+    /// session's newest run that ran, staged or not.
+    pub state_from: Option<JobId>,
     /// The session this name had before, closed because its head had
     /// nothing left.
     pub closed_before: Option<SessionRecord>,
@@ -90,12 +93,13 @@ impl Action for BeginSessionRun<'_> {
             },
             None => SessionRecord::new(name, place.workspace.clone()),
         };
+        let state_from = standing(runtime, &record)?.map(|stage| stage.status.job);
         let stranded = if record.jobs.is_empty() {
             crate::run_sessions::stranded(store, &record.name)
         } else {
             Vec::new()
         };
-        Ok(SessionTurn { place, record, fork, stands_on, closed_before, stranded, _lock: lock })
+        Ok(SessionTurn { place, record, fork, stands_on, state_from, closed_before, stranded, _lock: lock })
     }
 }
 

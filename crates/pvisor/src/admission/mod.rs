@@ -72,6 +72,12 @@ pub struct RunRequest {
     /// `--cache PATH`: host directories the command may write, persistently
     /// and unstaged, through pvisor's cache store.
     pub caches: Vec<PathBuf>,
+    /// `--state PATH` (and an agent preset's state paths): agent state the
+    /// command may write through the Job's own layer, never the host's.
+    pub state: Vec<crate::agent_state::StatePath>,
+    /// The session run whose agent state this run carries forward (`None`:
+    /// the promoted copy, else the host's).
+    pub state_from: Option<JobId>,
     /// `key=value` labels recorded on the Job (`--label`; the containerd
     /// shim's container id). Checked at admission.
     pub labels: pvisor_core::labels::Labels,
@@ -137,6 +143,10 @@ pub enum AdmissionError {
     ExposeSocket { path: PathBuf, problem: &'static str },
     #[error("--cache {}: {problem}", path.display())]
     Cache { path: PathBuf, problem: &'static str },
+    #[error(transparent)]
+    State(#[from] crate::agent_state::StateError),
+    #[error("--state applies to the ns executor (this Job's executor is {executor}); run with --executor ns")]
+    StateOnGuest { executor: String },
     #[error("--ro {}: {problem}", path.display())]
     ReadOnly { path: PathBuf, problem: &'static str },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
@@ -186,6 +196,8 @@ pub struct Admitted {
     pub(crate) baseline: Option<i128>,
     /// For a resume: the suspended Attempt it continues.
     pub(crate) resumed_from: Option<u32>,
+    /// The agent state the Session makes before the sandbox starts.
+    pub(crate) state: crate::agent_state::Plan,
 }
 
 impl Admitted {
@@ -230,9 +242,11 @@ pub fn admit(
     let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
     let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
-    let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
+    let (env, secrets) = secrets::resolve(request.env.clone(), &request.secrets, &workspace)?;
     let host_paths =
         policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
+    let agent_state =
+        agent_state_plan(&request, executor, &workspace, &policy::hidden_now(&state, &secrets.hidden))?;
 
     let now = Timestamp::now();
     let job_id = JobId::generate();
@@ -292,6 +306,7 @@ pub fn admit(
         state: &state,
         secrets: &secrets,
         paths: &host_paths,
+        agent_state: &agent_state,
         env_rewrites: &env_rewrites,
     };
     let attempt_event = record_admission(&mut trace, executor_impl, decided, rewrites, &attempt_id)?;
@@ -308,8 +323,9 @@ pub fn admit(
         limits: request.limits,
         output: request.output,
     };
-    let spec =
+    let mut spec =
         placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());
+    spec.state = crate::agent_state::mounts(store, &run_id, &agent_state);
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
     Ok(Admitted {
@@ -323,7 +339,26 @@ pub fn admit(
         restore_from,
         baseline,
         resumed_from: None,
+        state: agent_state,
     })
+}
+
+/// Checks the request's agent state paths (ns only: a vm guest sees no
+/// host directory) and plans them.
+fn agent_state_plan(
+    request: &RunRequest,
+    executor: Backend<'_>,
+    workspace: &std::path::Path,
+    hidden: &[PathBuf],
+) -> Result<crate::agent_state::Plan, AdmissionError> {
+    if request.state.is_empty() {
+        return Ok(crate::agent_state::Plan::default());
+    }
+    if !executor.traits.shares_host_kernel {
+        return Err(AdmissionError::StateOnGuest { executor: executor.name.to_owned() });
+    }
+    let paths = crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
+    Ok(crate::agent_state::Plan { paths, from: request.state_from.clone() })
 }
 
 /// The recorded decisions [`record_admission`] publishes.

@@ -125,6 +125,7 @@ pub(super) fn spec(
         caches,
         exposed_sockets: policy.exposed_sockets.clone(),
         read_only: policy.read_only.clone(),
+        state: Vec::new(),
         program: command.program,
         args: command.args,
         env: command.env,

@@ -94,6 +94,7 @@ pub fn admit_resume(
         caches: Vec::new(),
         exposed_sockets: operation.policy.exposed_sockets.clone(),
         read_only: operation.policy.read_only.clone(),
+        state: Vec::new(),
         program: operation.program.clone(),
         args: operation.args.clone(),
         // The command's environment lives on inside the restored guest.
@@ -127,5 +128,6 @@ pub fn admit_resume(
         restore_from: None,
         baseline,
         resumed_from,
+        state: crate::agent_state::Plan::default(),
     })
 }

@@ -1,0 +1,160 @@
+//! Plain file trees of agent state: copying one (never following a
+//! symlink, never copying a socket, fifo or device) and its manifest, one
+//! digest per entry, which is what "changed" means for state.
+//!
+//! Nothing here knows about Jobs or gating; `layer.rs` does.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Each entry of a tree by its path relative to the tree's root (`/`
+/// separated): `dir`, `link:TARGET`, or `file:MODE:BLAKE3`.
+pub(crate) type Manifest = BTreeMap<String, String>;
+
+/// The digest of an entry that does not exist: a deletion.
+pub(crate) const ABSENT: &str = "absent";
+
+/// Copies the tree `from` into `to` (created), keeping modes and symlinks,
+/// leaving out sockets, fifos, devices and every path `skip` names (a
+/// hidden secret store). A missing `from` copies nothing.
+pub(crate) fn copy_tree(from: &Path, to: &Path, skip: &dyn Fn(&Path) -> bool) -> io::Result<()> {
+    let Ok(meta) = fs::symlink_metadata(from) else {
+        return fs::create_dir_all(to);
+    };
+    fs::create_dir_all(to)?;
+    fs::set_permissions(to, fs::Permissions::from_mode(meta.permissions().mode() & 0o7777))?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if skip(&src) {
+            continue;
+        }
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&src, &dst, skip)?;
+        } else {
+            copy_entry(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies one file or symlink `from` to `to`, replacing what is there and
+/// making the parents; anything else (a socket, a device) is left out.
+pub(crate) fn copy_entry(from: &Path, to: &Path) -> io::Result<()> {
+    let kind = fs::symlink_metadata(from)?.file_type();
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    remove(to)?;
+    if kind.is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(from)?, to)
+    } else if kind.is_file() {
+        fs::copy(from, to).map(drop)
+    } else if kind.is_dir() {
+        copy_tree(from, to, &|_| false)
+    } else {
+        Ok(())
+    }
+}
+
+/// Removes `path`, whatever it is; a missing one is fine.
+pub(crate) fn remove(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The manifest of the tree at `root` (empty when it does not exist).
+pub(crate) fn manifest(root: &Path) -> io::Result<Manifest> {
+    let mut out = Manifest::new();
+    walk(root, "", &mut out)?;
+    Ok(out)
+}
+
+fn walk(dir: &Path, prefix: &str, out: &mut Manifest) -> io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+        let path = entry.path();
+        let Some(digest) = digest(&path)? else { continue };
+        let is_dir = digest == "dir";
+        out.insert(rel.clone(), digest);
+        if is_dir {
+            walk(&path, &rel, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The manifest digest of one entry: `None` for what a tree never holds
+/// (a socket, fifo or device) and for a missing path.
+pub(crate) fn digest(path: &Path) -> io::Result<Option<String>> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let kind = meta.file_type();
+    Ok(if kind.is_dir() {
+        Some("dir".into())
+    } else if kind.is_symlink() {
+        Some(format!("link:{}", fs::read_link(path)?.display()))
+    } else if kind.is_file() {
+        let hash = blake3::hash(&fs::read(path)?);
+        Some(format!("file:{:o}:{}", meta.permissions().mode() & 0o111, hash.to_hex()))
+    } else {
+        None
+    })
+}
+
+/// Whether `path` is an overlay whiteout (a 0/0 character device): the
+/// command deleted what the lower layer had.
+pub(crate) fn is_whiteout(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+/// `root` joined with the `/`-separated relative path `rel`.
+pub(crate) fn join(root: &Path, rel: &str) -> PathBuf {
+    rel.split('/').fold(root.to_owned(), |p, c| p.join(c))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::disallowed_methods)]
+    use super::*;
+
+    #[test]
+    fn a_copy_has_the_same_manifest_without_sockets_or_skipped_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("a/b")).unwrap();
+        fs::write(src.join("a/b/f"), b"x").unwrap();
+        fs::write(src.join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink("a/b/f", src.join("l")).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
+        let dst = dir.path().join("dst");
+        let secret = src.join("secret");
+        copy_tree(&src, &dst, &|p| p == secret).unwrap();
+        let m = manifest(&dst).unwrap();
+        assert_eq!(m.keys().collect::<Vec<_>>(), ["a", "a/b", "a/b/f", "l"]);
+        assert_eq!(m["l"], "link:a/b/f");
+        let mut src_m = manifest(&src).unwrap();
+        src_m.remove("secret");
+        assert_eq!(src_m, m, "a socket is not in a manifest, and the copy matches");
+        assert!(manifest(&dir.path().join("missing")).unwrap().is_empty());
+    }
+}
