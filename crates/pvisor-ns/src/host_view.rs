@@ -322,6 +322,10 @@ pub(crate) fn mount_state(root: &Path, state: &[pvisor_sandbox::StateMount]) -> 
     for mount in state {
         match mount {
             StateMount::Parent { path, upper, work } => {
+                // Under the sandbox's own /tmp the place is not there yet.
+                make_place(&under(root, path), true).map_err(|e| {
+                    StepError::new("state", format!("cannot make a place for {}: {e}", path.display()))
+                })?;
                 let options = format!(
                     "lowerdir={},upperdir={},workdir={},userxattr",
                     super::mounts::escape_overlay_path(path),
