@@ -201,7 +201,10 @@ fn start_fresh(store: &Store, state: &CheckedState, slot: &Path, hidden: &[PathB
     let promoted = promoted_dir(store, &state.path).join("tree");
     let skip = |p: &Path| hidden.iter().any(|h| p.starts_with(h));
     if promoted.is_dir() {
-        return tree::copy_tree(&promoted, &tree, &skip).map_err(io(&state.path, "cannot copy the promoted state"));
+        // The promoted copy lives in the (hidden) state directory itself,
+        // and held nothing hidden when it was made.
+        return tree::copy_tree(&promoted, &tree, &|_| false)
+            .map_err(io(&state.path, "cannot copy the promoted state"));
     }
     match state.kind {
         StateKind::Directory => tree::copy_tree(&state.path, &tree, &skip),
