@@ -177,3 +177,38 @@ fn bad_state_and_agent_caches_are_refused_before_the_run() {
     assert!(text(&out.stderr).contains("use --agent NAME or --state PATH"), "{}", text(&out.stderr));
     assert!(no_job_recorded(&env));
 }
+
+/// A run that swaps a state directory holding a held-back hook for a
+/// symlink to a host directory cannot make pvisor (running as root)
+/// remove or write the host's file when it carries the state forward.
+fn a_symlink_in_the_state_does_not_reach_the_host(who: As) {
+    who.require();
+    let agent = Agent::new(who);
+    let home = agent.env.dir.path();
+    let victim = home.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("start"), "host's own\n").unwrap();
+    agent.env.give_away(home);
+    agent.run("s", &["plant"]);
+    let swap = format!("rm -rf {dir}/hooks && ln -s {victim} {dir}/hooks && ls {dir}/hooks/", dir = agent.dir, victim = victim.display());
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    let args = ["run", "--session", "s", "--state", &agent.dir, "--state", &agent.file, "--", "sh", "-c", &swap];
+    let out = agent.env.pvisor(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("start"), "the probe ran: the link shows the host's file");
+    // The next run carries the state (resetting the held hook) past the link.
+    let out = agent.run("s", &[]);
+    assert!(!out.contains("HOOK-RAN"), "{out}");
+    assert_eq!(fs::read_to_string(victim.join("start")).unwrap(), "host's own\n");
+}
+
+#[test]
+fn a_symlink_in_the_state_does_not_reach_the_host_rootless() {
+    a_symlink_in_the_state_does_not_reach_the_host(As::Rootless);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_symlink_in_the_state_does_not_reach_the_host_as_root() {
+    a_symlink_in_the_state_does_not_reach_the_host(As::Root);
+}

@@ -237,15 +237,16 @@ fn carry(prev: &Path, approved: &[Approval], state: &CheckedState, new: &Path) -
     tree::copy_tree(&prev_tree, &tree, &|_| false).map_err(io(&state.path, "cannot carry the state"))?;
     let mut pending: BTreeMap<String, String> = BTreeMap::new();
     for (rel, digest, source) in gated_candidates(prev, state)? {
-        let target = tree::join(&tree, &rel);
         let approve = approved.iter().any(|a| a.path == absolute(state, &rel) && a.digest == digest);
-        let result = if approve {
-            place(&source, &digest, &target)
-        } else {
+        // The tree is the sandbox's: never through a symlink it left.
+        let result = tree::beneath(&tree, &rel).and_then(|target| {
+            if approve {
+                return place(&source, &digest, &target);
+            }
             pending.insert(rel.clone(), digest.clone());
-            place(&source, &digest, &tree::join(&new.join("pending"), &rel))
+            place(&source, &digest, &tree::beneath(&new.join("pending"), &rel)?)
                 .and_then(|()| reset(&tree::join(&prev.join("base"), &rel), &target))
-        };
+        });
         result.map_err(io(&state.path, "cannot hold a gated change back"))?;
     }
     write_json(&new.join("pending.json"), &pending)

@@ -127,6 +127,28 @@ pub(crate) fn is_whiteout(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
 }
 
+/// `rel` under `root`, every ancestor made a real directory first: a
+/// symlink or file the sandbox left where a directory is needed is
+/// removed, so nothing written or removed at the result can land outside
+/// `root` (the runtime does this as root, on trees a sandbox wrote).
+pub(crate) fn beneath(root: &Path, rel: &str) -> io::Result<PathBuf> {
+    fs::create_dir_all(root)?;
+    let mut path = root.to_owned();
+    let parts: Vec<&str> = rel.split('/').collect();
+    let (last, ancestors) = parts.split_last().unwrap_or((&"", &[]));
+    for part in ancestors {
+        path.push(part);
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => fs::remove_file(&path)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        fs::create_dir(&path)?;
+    }
+    Ok(path.join(last))
+}
+
 /// `root` joined with the `/`-separated relative path `rel`.
 pub(crate) fn join(root: &Path, rel: &str) -> PathBuf {
     rel.split('/').fold(root.to_owned(), |p, c| p.join(c))
@@ -156,5 +178,19 @@ mod tests {
         src_m.remove("secret");
         assert_eq!(src_m, m, "a socket is not in a manifest, and the copy matches");
         assert!(manifest(&dir.path().join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn beneath_replaces_a_symlinked_ancestor_rather_than_follow_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("tree"), dir.path().join("outside"));
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("start"), b"host").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("hooks")).unwrap();
+        let target = beneath(&root, "hooks/start").unwrap();
+        remove(&target).unwrap();
+        assert_eq!(fs::read(outside.join("start")).unwrap(), b"host", "never through the link");
+        assert!(root.join("hooks").is_dir() && !root.join("hooks").is_symlink());
     }
 }
