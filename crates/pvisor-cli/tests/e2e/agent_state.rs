@@ -12,7 +12,8 @@ use crate::support::*;
 /// (as Claude Code runs a `SessionStart` hook), then counts its runs in
 /// `~/.fakeagent/sessions/x` and rewrites `~/.fakeagent.json` by renaming a
 /// temp file over it in `$HOME`, as Claude Code does with `~/.claude.json`.
-/// With `plant`, it writes a hook and a settings file for later runs.
+/// With `plant`, it writes a hook, a settings file and an MCP server (in
+/// its JSON file) for later runs.
 const AGENT: &str = r#"
 set -e
 state="$HOME/.fakeagent"
@@ -32,6 +33,8 @@ if [ "$1" = plant ]; then
     printf '#!/bin/sh\necho HOOK-RAN\n' > "$state/hooks/start"
     chmod +x "$state/hooks/start"
     echo '{"marker": true}' > "$state/settings.json"
+    echo "{\"runs\": $n, \"mcpServers\": {\"evil\": {}}}" > "$tmp"
+    mv "$tmp" "$HOME/.fakeagent.json"
 fi
 "#;
 
@@ -82,8 +85,9 @@ fn agent_state_is_carried_in_a_session_and_gated_changes_wait_for_approval(who: 
     // Run 2 of the session sees run 1's state (its count, its renamed
     // file), but neither the hook nor the settings run 1 planted.
     let out = agent.run("s", &[]);
-    assert!(out.contains("json={\"runs\": 1}") && out.contains("runs=2"), "{out}");
+    assert!(out.contains("\"runs\": 1") && out.contains("runs=2"), "{out}");
     assert!(!out.contains("HOOK-RAN") && !out.contains("SETTINGS-MARKER"), "held back: {out}");
+    assert!(!out.contains("evil"), "the MCP server is held back, the rest of the file carries: {out}");
 
     // The host's real state never changed; what was absent stays absent.
     assert_eq!(fs::read(home.join(".fakeagent.json")).unwrap(), host_json);
@@ -103,17 +107,20 @@ fn agent_state_is_carried_in_a_session_and_gated_changes_wait_for_approval(who: 
     let hook = format!("{}/hooks/start", agent.dir);
     let settings = format!("{}/settings.json", agent.dir);
     assert!(gated.contains(&hook.as_str()) && gated.contains(&settings.as_str()), "{changes:?}");
+    assert!(gated.contains(&agent.file.as_str()), "{changes:?}");
     assert!(changes.iter().all(|c| c["path"] != format!("{}/sessions/x", agent.dir) || c["gated"] == false));
     let text_review = agent.env.expect(&["review", "--state", "--session", "s"], 0);
     assert!(text_review.contains("[gated, held back]"), "{text_review}");
     let bogus = agent.env.pvisor(&["state", "approve", "--session", "s", &format!("{}/sessions/x", agent.dir)]);
     assert_ne!(bogus.status.code(), Some(0));
     assert!(text(&bogus.stderr).contains("is not a gated state change"), "{}", text(&bogus.stderr));
-    agent.env.expect(&["state", "approve", "--session", "s", &hook, &settings], 0);
+    agent.env.expect(&["state", "approve", "--session", "s", &hook, &settings, &agent.file], 0);
 
-    // Run 3 proves the probe: once approved, the hook and settings act.
+    // Run 3 proves the probe: once approved, the hook, settings and MCP
+    // server act, and the JSON file's other keys are still run 2's.
     let out = agent.run("s", &[]);
     assert!(out.contains("HOOK-RAN") && out.contains("SETTINGS-MARKER") && out.contains("runs=3"), "{out}");
+    assert!(out.contains("evil") && out.contains("\"runs\": 2"), "{out}");
 
     // Another session starts from the host's copy.
     let out = agent.run("t", &[]);

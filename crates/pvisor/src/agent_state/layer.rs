@@ -104,6 +104,54 @@ fn is_gated(state: &CheckedState, rel: &str) -> bool {
         .any(|p| p.matches(rel.as_bytes()))
 }
 
+/// Whether `state` is a single JSON file whose gated keys, not the whole
+/// file, are gated.
+fn key_gated(state: &CheckedState) -> bool {
+    state.kind == StateKind::File && !state.gated_keys.is_empty()
+}
+
+/// A JSON state document: a missing file is an empty object; `None` when
+/// it is not a JSON object (gated whole then).
+fn json_doc(path: &Path) -> Option<serde_json::Value> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes).ok().filter(|v| v.is_object()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(serde_json::json!({})),
+        Err(_) => None,
+    }
+}
+
+/// Whether the entry `rel` of `state`, now as at `candidate`, is a gated
+/// change against the approved copy in `base`: a gated path, or a JSON
+/// file whose gated keys differ (or that is not JSON).
+fn gated_change(state: &CheckedState, base: &Path, rel: &str, candidate: &Path) -> bool {
+    if is_gated(state, rel) {
+        return true;
+    }
+    if !key_gated(state) {
+        return false;
+    }
+    match (json_doc(&tree::join(base, rel)), json_doc(candidate)) {
+        (Some(approved), Some(now)) => super::json_keys::differ(&approved, &now, &state.gated_keys),
+        _ => true,
+    }
+}
+
+/// For a key-gated JSON file: rewrites `target` (the tree's current file)
+/// with its gated keys as `from` has them, every other key as it is.
+/// `false` (nothing done) for any other entry, or when either is not JSON:
+/// then the whole file is what is kept or reset.
+fn merge_keys(state: &CheckedState, rel: &str, from: &Path, target: &Path) -> std::io::Result<bool> {
+    if !key_gated(state) || is_gated(state, rel) {
+        return Ok(false);
+    }
+    let (Some(keys_from), Some(now)) = (json_doc(from), json_doc(target)) else { return Ok(false) };
+    let merged = super::json_keys::reset(now, &keys_from, &state.gated_keys);
+    let bytes = serde_json::to_vec_pretty(&merged).map_err(std::io::Error::other)?;
+    tree::remove(target)?;
+    store::write_atomic(target, &bytes).map_err(std::io::Error::other)?;
+    Ok(true)
+}
+
 /// The distinct parents of the state paths, shallowest first.
 fn parents(plan: &Plan) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
@@ -221,7 +269,8 @@ fn start_fresh(store: &Store, state: &CheckedState, slot: &Path, hidden: &[PathB
 fn record_start(state: &CheckedState, slot: &Path) -> Result<(), StateError> {
     let (tree, _) = tree_of(slot, state);
     let manifest = tree::manifest(&tree).map_err(io(&tree, "cannot read"))?;
-    for rel in manifest.keys().filter(|rel| is_gated(state, rel) && manifest[*rel] != "dir") {
+    let kept = |rel: &String| (is_gated(state, rel) || key_gated(state)) && manifest[rel] != "dir";
+    for rel in manifest.keys().filter(|rel| kept(rel)) {
         tree::copy_entry(&tree::join(&tree, rel), &tree::join(&slot.join("base"), rel))
             .map_err(io(&state.path, "cannot keep the approved copy"))?;
     }
@@ -239,13 +288,22 @@ fn carry(prev: &Path, approved: &[Approval], state: &CheckedState, new: &Path) -
     for (rel, digest, source) in gated_candidates(prev, state)? {
         let approve = approved.iter().any(|a| a.path == absolute(state, &rel) && a.digest == digest);
         // The tree is the sandbox's: never through a symlink it left.
+        // A JSON file's other keys stay as the tree has them (a later run
+        // may have moved them on); only its gated keys are taken or reset.
         let result = tree::beneath(&tree, &rel).and_then(|target| {
             if approve {
-                return place(&source, &digest, &target);
+                return match merge_keys(state, &rel, &source, &target)? {
+                    true => Ok(()),
+                    false => place(&source, &digest, &target),
+                };
             }
             pending.insert(rel.clone(), digest.clone());
-            place(&source, &digest, &tree::beneath(&new.join("pending"), &rel)?)
-                .and_then(|()| reset(&tree::join(&prev.join("base"), &rel), &target))
+            place(&source, &digest, &tree::beneath(&new.join("pending"), &rel)?)?;
+            let base = tree::join(&prev.join("base"), &rel);
+            match merge_keys(state, &rel, &base, &target)? {
+                true => Ok(()),
+                false => reset(&base, &target),
+            }
         });
         result.map_err(io(&state.path, "cannot hold a gated change back"))?;
     }
@@ -276,8 +334,9 @@ fn gated_candidates(prev: &Path, state: &CheckedState) -> Result<Vec<(String, St
     let mut out: BTreeMap<String, (String, PathBuf)> =
         held.into_iter().map(|(rel, d)| (rel.clone(), (d, tree::join(&prev.join("pending"), &rel)))).collect();
     for (rel, _, now) in own_changes(prev, state)? {
-        if is_gated(state, &rel) {
-            out.insert(rel.clone(), (now, tree::join(&prev_tree, &rel)));
+        let candidate = tree::join(&prev_tree, &rel);
+        if gated_change(state, &prev.join("base"), &rel, &candidate) {
+            out.insert(rel.clone(), (now, candidate));
         }
     }
     Ok(out.into_iter().map(|(rel, (d, src))| (rel, d, src)).collect())
@@ -371,36 +430,31 @@ pub(crate) fn collect(store: &Store, run: &RunId) -> Result<(), StateError> {
 pub fn changes(store: &Store, job: &JobId) -> Result<Vec<StateChange>, StateError> {
     let (dir, plan) = previous_run(store, job)?.ok_or_else(|| StateError::NoState { job: job.clone() })?;
     let approved: Vec<Approval> = read_json(&dir.join("approved.json"))?;
+    let is_approved = |path: &str, digest: &str| approved.iter().any(|a| a.path == path && a.digest == digest);
     let mut out = Vec::new();
     for (slot, state) in plan.paths.iter().enumerate() {
         let slot_dir = dir.join(slot.to_string());
-        let is_approved = |path: &str, digest: &str| approved.iter().any(|a| a.path == path && a.digest == digest);
-        let own = own_changes(&slot_dir, state)?;
-        for (rel, then, now) in &own {
-            let path = absolute(state, rel);
-            let gated = is_gated(state, rel);
-            out.push(StateChange {
-                change: kind(then, now),
-                gated,
-                approved: gated && is_approved(&path, now),
-                held: false,
-                digest: now.clone(),
-                path,
-            });
-        }
+        let (tree, _) = tree_of(&slot_dir, state);
         let start: Manifest = read_json(&slot_dir.join("start.json"))?;
-        let held: BTreeMap<String, String> = read_json(&slot_dir.join("pending.json"))?;
-        for (rel, digest) in held.iter().filter(|(rel, _)| !own.iter().any(|(r, _, _)| r == *rel)) {
-            let path = absolute(state, rel);
-            let then = start.get(rel).map_or(ABSENT, String::as_str);
-            out.push(StateChange {
-                change: kind(then, digest),
-                gated: true,
-                approved: is_approved(&path, digest),
-                held: true,
-                digest: digest.clone(),
-                path,
-            });
+        let mut held: BTreeMap<String, String> = read_json(&slot_dir.join("pending.json"))?;
+        for (rel, then, now) in own_changes(&slot_dir, state)? {
+            let gated = gated_change(state, &slot_dir.join("base"), &rel, &tree::join(&tree, &rel));
+            // A gated change supersedes what was held at its path; an
+            // ungated one (a JSON file's counters) leaves that held.
+            if gated {
+                held.remove(&rel);
+            } else if held.contains_key(&rel) {
+                continue;
+            }
+            let path = absolute(state, &rel);
+            let approved = gated && is_approved(&path, &now);
+            out.push(StateChange { change: kind(&then, &now), gated, approved, held: false, digest: now, path });
+        }
+        for (rel, digest) in held {
+            let path = absolute(state, &rel);
+            let then = start.get(&rel).map_or(ABSENT, String::as_str);
+            let approved = is_approved(&path, &digest);
+            out.push(StateChange { change: kind(then, &digest), gated: true, approved, held: true, digest, path });
         }
     }
     Ok(out)

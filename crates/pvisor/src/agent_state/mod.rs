@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod json_keys;
 mod layer;
 mod tree;
 
@@ -51,22 +52,25 @@ pub struct StatePath {
     #[serde(default)]
     pub kind: Option<StateKind>,
     pub gated: Vec<String>,
+    /// For a single JSON file: the keys whose values are gated (the file
+    /// itself carries). See [`DEFAULT_GATED_KEYS`].
+    #[serde(default)]
+    pub gated_keys: Vec<String>,
 }
 
 impl StatePath {
-    /// `path` with [`DEFAULT_GATED`].
+    /// `path` with [`DEFAULT_GATED`] and [`DEFAULT_GATED_KEYS`].
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), kind: None, gated: DEFAULT_GATED.iter().map(|g| (*g).to_owned()).collect() }
+        let owned = |list: &[&str]| list.iter().map(|g| (*g).to_owned()).collect();
+        Self { path: path.into(), kind: None, gated: owned(DEFAULT_GATED), gated_keys: owned(DEFAULT_GATED_KEYS) }
     }
 }
 
 /// Changes that make a later run execute something, for both Claude Code
 /// and Codex: settings (hooks, permissions, MCP servers live there),
 /// hook scripts, MCP server lists, memory and instruction files, custom
-/// commands, agents, plugins, skills, Codex's `config.toml`, and the
-/// whole of `~/.claude.json` (it holds `mcpServers` and per-project
-/// allowed tools; gating it whole is the conservative choice, see
-/// docs/design-decisions.md).
+/// commands, agents, plugins, skills, Codex's `config.toml`. Globs over
+/// the path relative to a state directory, or a state file's name.
 pub const DEFAULT_GATED: &[&str] = &[
     "**/settings.json",
     "**/settings.local.json",
@@ -81,7 +85,28 @@ pub const DEFAULT_GATED: &[&str] = &[
     "skills/**",
     "rules/**",
     "prompts/**",
-    ".claude.json",
+];
+
+/// The keys of a single JSON state file (`~/.claude.json`) that make a
+/// later run execute something or widen what it may do: MCP servers, hooks,
+/// permissions and allowed tools, globally and per project. Changes to
+/// other keys (counters, the last session of a project) carry.
+pub const DEFAULT_GATED_KEYS: &[&str] = &[
+    "mcpServers",
+    "hooks",
+    "permissions",
+    "allowedTools",
+    "env",
+    "apiKeyHelper",
+    "enabledMcpjsonServers",
+    "disabledMcpjsonServers",
+    "enableAllProjectMcpServers",
+    "projects.*.mcpServers",
+    "projects.*.allowedTools",
+    "projects.*.enabledMcpjsonServers",
+    "projects.*.disabledMcpjsonServers",
+    "projects.*.enableAllProjectMcpServers",
+    "projects.*.hasTrustDialogAccepted",
 ];
 
 /// A state path that passed [`check`]: canonical, its kind known.
@@ -90,6 +115,9 @@ pub struct CheckedState {
     pub path: PathBuf,
     pub kind: StateKind,
     pub gated: Vec<String>,
+    /// Gated keys of a single JSON file; empty for a directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gated_keys: Vec<String>,
 }
 
 /// Why a state path was refused, before anything ran.
@@ -188,7 +216,8 @@ fn check_one(
     if path.to_str().is_none() {
         return Err("is not valid UTF-8; pvisor records paths as text");
     }
-    Ok(CheckedState { path, kind, gated: want.gated.clone() })
+    let gated_keys = if kind == StateKind::File { want.gated_keys.clone() } else { Vec::new() };
+    Ok(CheckedState { path, kind, gated: want.gated.clone(), gated_keys })
 }
 
 /// Agent directories and files a `--cache` must never be: a cache is

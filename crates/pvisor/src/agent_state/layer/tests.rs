@@ -6,6 +6,7 @@ fn state(path: &Path) -> CheckedState {
         path: path.to_owned(),
         kind: StateKind::Directory,
         gated: super::super::DEFAULT_GATED.iter().map(|g| (*g).to_owned()).collect(),
+        gated_keys: Vec::new(),
     }
 }
 
@@ -69,4 +70,58 @@ fn an_approval_of_other_content_does_not_count() {
     let next = dir.path().join("next");
     carry(&prev, &[approval], &st, &next).unwrap();
     assert!(!next.join("tree/CLAUDE.md").exists());
+}
+
+#[test]
+fn a_json_state_file_carries_except_its_gated_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = CheckedState {
+        path: PathBuf::from("/home/u/.agent.json"),
+        kind: StateKind::File,
+        gated: super::super::DEFAULT_GATED.iter().map(|g| (*g).to_owned()).collect(),
+        gated_keys: super::super::DEFAULT_GATED_KEYS.iter().map(|g| (*g).to_owned()).collect(),
+    };
+    let start = r#"{"numStartups": 1}"#;
+    let planted = r#"{"numStartups": 2, "mcpServers": {"evil": {"command": "sh"}}}"#;
+    let prev = slot(dir.path(), &st, &[(".agent.json", start)], &[(".agent.json", planted)]);
+    let next = dir.path().join("next");
+    carry(&prev, &[], &st, &next).unwrap();
+    let carried: serde_json::Value =
+        serde_json::from_slice(&fs::read(next.join("tree/.agent.json")).unwrap()).unwrap();
+    assert_eq!(carried, serde_json::json!({"numStartups": 2}), "the counter carries, the server does not");
+    let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
+    assert_eq!(held.keys().collect::<Vec<_>>(), [".agent.json"]);
+
+    // A run that only counts is no gated change: nothing new is held.
+    let quiet = dir.path().join("quiet");
+    let prev = slot(&quiet, &st, &[(".agent.json", start)], &[(".agent.json", r#"{"numStartups": 3}"#)]);
+    let next = quiet.join("next");
+    carry(&prev, &[], &st, &next).unwrap();
+    let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
+    assert!(held.is_empty());
+    assert_eq!(fs::read_to_string(next.join("tree/.agent.json")).unwrap(), r#"{"numStartups": 3}"#);
+}
+
+#[test]
+fn a_held_json_change_approved_later_keeps_the_newer_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = CheckedState {
+        path: PathBuf::from("/home/u/.agent.json"),
+        kind: StateKind::File,
+        gated: Vec::new(),
+        gated_keys: vec!["mcpServers".into()],
+    };
+    let planted = r#"{"n": 2, "mcpServers": {"m": 1}}"#;
+    let prev = slot(dir.path(), &st, &[(".agent.json", r#"{"n": 1}"#)], &[(".agent.json", planted)]);
+    let second = dir.path().join("second");
+    carry(&prev, &[], &st, &second).unwrap();
+    record_start(&st, &second).unwrap();
+    fs::write(second.join("tree/.agent.json"), r#"{"n": 3}"#).unwrap();
+    let held: BTreeMap<String, String> = read_json(&second.join("pending.json")).unwrap();
+    let approval = Approval { path: "/home/u/.agent.json".into(), digest: held[".agent.json"].clone() };
+    let third = dir.path().join("third");
+    carry(&second, &[approval], &st, &third).unwrap();
+    let carried: serde_json::Value =
+        serde_json::from_slice(&fs::read(third.join("tree/.agent.json")).unwrap()).unwrap();
+    assert_eq!(carried, serde_json::json!({"n": 3, "mcpServers": {"m": 1}}));
 }
