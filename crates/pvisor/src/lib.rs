@@ -36,8 +36,8 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
 
 pub mod actions;
-pub mod agent_state;
 pub(crate) mod admission;
+pub mod agent_state;
 pub mod backends;
 pub(crate) mod effects;
 use pvisor_core::failpoint;

@@ -80,10 +80,18 @@ pub fn cmd_state(runtime: &Runtime, args: StateArgs) -> anyhow::Result<i32> {
             let promoted = runtime.execute(PromoteState { job: job.clone() })?;
             let mut out = crate::output::stdout();
             if json {
-                json_line(&mut out, JsonType::Result, &serde_json::json!({"job": job, "promoted": promoted}))?;
+                json_line(
+                    &mut out,
+                    JsonType::Result,
+                    &serde_json::json!({"job": job, "promoted": promoted}),
+                )?;
             } else {
                 for path in &promoted {
-                    writeln!(out, "promoted {} from {job}: runs outside its session start from it", shown_path(path))?;
+                    writeln!(
+                        out,
+                        "promoted {} from {job}: runs outside its session start from it",
+                        shown_path(path)
+                    )?;
                 }
             }
         }

@@ -111,7 +111,8 @@ fn agent_state_is_carried_in_a_session_and_gated_changes_wait_for_approval(who: 
     assert!(changes.iter().all(|c| c["path"] != format!("{}/sessions/x", agent.dir) || c["gated"] == false));
     let text_review = agent.env.expect(&["review", "--state", "--session", "s"], 0);
     assert!(text_review.contains("[gated, held back]"), "{text_review}");
-    let bogus = agent.env.pvisor(&["state", "approve", "--session", "s", &format!("{}/sessions/x", agent.dir)]);
+    let bogus =
+        agent.env.pvisor(&["state", "approve", "--session", "s", &format!("{}/sessions/x", agent.dir)]);
     assert_ne!(bogus.status.code(), Some(0));
     assert!(text(&bogus.stderr).contains("is not a gated state change"), "{}", text(&bogus.stderr));
     agent.env.expect(&["state", "approve", "--session", "s", &hook, &settings, &agent.file], 0);
@@ -197,9 +198,14 @@ fn a_symlink_in_the_state_does_not_reach_the_host(who: As) {
     fs::write(victim.join("start"), "host's own\n").unwrap();
     agent.env.give_away(home);
     agent.run("s", &["plant"]);
-    let swap = format!("rm -rf {dir}/hooks && ln -s {victim} {dir}/hooks && ls {dir}/hooks/", dir = agent.dir, victim = victim.display());
+    let swap = format!(
+        "rm -rf {dir}/hooks && ln -s {victim} {dir}/hooks && ls {dir}/hooks/",
+        dir = agent.dir,
+        victim = victim.display()
+    );
     std::thread::sleep(std::time::Duration::from_millis(25));
-    let args = ["run", "--session", "s", "--state", &agent.dir, "--state", &agent.file, "--", "sh", "-c", &swap];
+    let args =
+        ["run", "--session", "s", "--state", &agent.dir, "--state", &agent.file, "--", "sh", "-c", &swap];
     let out = agent.env.pvisor(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("start"), "the probe ran: the link shows the host's file");

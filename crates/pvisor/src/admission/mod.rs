@@ -145,7 +145,9 @@ pub enum AdmissionError {
     Cache { path: PathBuf, problem: &'static str },
     #[error(transparent)]
     State(#[from] crate::agent_state::StateError),
-    #[error("--state applies to the ns executor (this Job's executor is {executor}); run with --executor ns")]
+    #[error(
+        "--state applies to the ns executor (this Job's executor is {executor}); run with --executor ns"
+    )]
     StateOnGuest { executor: String },
     #[error("--ro {}: {problem}", path.display())]
     ReadOnly { path: PathBuf, problem: &'static str },
@@ -357,7 +359,8 @@ fn agent_state_plan(
     if !executor.traits.shares_host_kernel {
         return Err(AdmissionError::StateOnGuest { executor: executor.name.to_owned() });
     }
-    let paths = crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
+    let paths =
+        crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
     Ok(crate::agent_state::Plan { paths, from: request.state_from.clone() })
 }
 

@@ -174,9 +174,10 @@ pub(crate) fn mounts(store: &Store, run: &RunId, plan: &Plan) -> Vec<StateMount>
         work: dir.join(format!("parents/{n}/work")),
         path,
     });
-    let dirs = plan.paths.iter().enumerate().filter(|(_, s)| s.kind == StateKind::Directory).map(
-        |(slot, s)| StateMount::Directory { path: s.path.clone(), tree: dir.join(slot.to_string()).join("tree") },
-    );
+    let dirs =
+        plan.paths.iter().enumerate().filter(|(_, s)| s.kind == StateKind::Directory).map(|(slot, s)| {
+            StateMount::Directory { path: s.path.clone(), tree: dir.join(slot.to_string()).join("tree") }
+        });
     parents.chain(dirs).collect()
 }
 
@@ -197,7 +198,8 @@ fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &Path) -> Result<T, S
 }
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
-    let bytes = serde_json::to_vec_pretty(value).map_err(|e| io(path, "cannot encode")(std::io::Error::other(e)))?;
+    let bytes =
+        serde_json::to_vec_pretty(value).map_err(|e| io(path, "cannot encode")(std::io::Error::other(e)))?;
     store::write_atomic(path, &bytes).map_err(|source| StateError::Record { path: path.to_owned(), source })
 }
 
@@ -244,7 +246,12 @@ fn previous_run(store: &Store, job: &JobId) -> Result<Option<(PathBuf, Plan)>, S
 }
 
 /// A tree from the promoted copy, else from the host's own state.
-fn start_fresh(store: &Store, state: &CheckedState, slot: &Path, hidden: &[PathBuf]) -> Result<(), StateError> {
+fn start_fresh(
+    store: &Store,
+    state: &CheckedState,
+    slot: &Path,
+    hidden: &[PathBuf],
+) -> Result<(), StateError> {
     let (tree, own) = tree_of(slot, state);
     let promoted = promoted_dir(store, &state.path).join("tree");
     let skip = |p: &Path| hidden.iter().any(|h| p.starts_with(h));
@@ -331,8 +338,10 @@ fn reset(base: &Path, target: &Path) -> std::io::Result<()> {
 fn gated_candidates(prev: &Path, state: &CheckedState) -> Result<Vec<(String, String, PathBuf)>, StateError> {
     let (prev_tree, _) = tree_of(prev, state);
     let held: BTreeMap<String, String> = read_json(&prev.join("pending.json"))?;
-    let mut out: BTreeMap<String, (String, PathBuf)> =
-        held.into_iter().map(|(rel, d)| (rel.clone(), (d, tree::join(&prev.join("pending"), &rel)))).collect();
+    let mut out: BTreeMap<String, (String, PathBuf)> = held
+        .into_iter()
+        .map(|(rel, d)| (rel.clone(), (d, tree::join(&prev.join("pending"), &rel))))
+        .collect();
     for (rel, _, now) in own_changes(prev, state)? {
         let candidate = tree::join(&prev_tree, &rel);
         if gated_change(state, &prev.join("base"), &rel, &candidate) {
@@ -375,7 +384,8 @@ fn seed_parents(dir: &Path, plan: &Plan) -> Result<(), StateError> {
         fs::set_permissions(&upper, fs::Permissions::from_mode(meta.mode() & 0o7777))
             .map_err(io(parent, "cannot set the mode of its layer"))?;
         if rustix::process::geteuid().is_root() {
-            chown(&upper, Some(meta.uid()), Some(meta.gid())).map_err(io(parent, "cannot chown its layer"))?;
+            chown(&upper, Some(meta.uid()), Some(meta.gid()))
+                .map_err(io(parent, "cannot chown its layer"))?;
         }
     }
     for (slot, state) in plan.paths.iter().enumerate().filter(|(_, s)| s.kind == StateKind::File) {
@@ -430,7 +440,8 @@ pub(crate) fn collect(store: &Store, run: &RunId) -> Result<(), StateError> {
 pub fn changes(store: &Store, job: &JobId) -> Result<Vec<StateChange>, StateError> {
     let (dir, plan) = previous_run(store, job)?.ok_or_else(|| StateError::NoState { job: job.clone() })?;
     let approved: Vec<Approval> = read_json(&dir.join("approved.json"))?;
-    let is_approved = |path: &str, digest: &str| approved.iter().any(|a| a.path == path && a.digest == digest);
+    let is_approved =
+        |path: &str, digest: &str| approved.iter().any(|a| a.path == path && a.digest == digest);
     let mut out = Vec::new();
     for (slot, state) in plan.paths.iter().enumerate() {
         let slot_dir = dir.join(slot.to_string());
@@ -448,13 +459,27 @@ pub fn changes(store: &Store, job: &JobId) -> Result<Vec<StateChange>, StateErro
             }
             let path = absolute(state, &rel);
             let approved = gated && is_approved(&path, &now);
-            out.push(StateChange { change: kind(&then, &now), gated, approved, held: false, digest: now, path });
+            out.push(StateChange {
+                change: kind(&then, &now),
+                gated,
+                approved,
+                held: false,
+                digest: now,
+                path,
+            });
         }
         for (rel, digest) in held {
             let path = absolute(state, &rel);
             let then = start.get(&rel).map_or(ABSENT, String::as_str);
             let approved = is_approved(&path, &digest);
-            out.push(StateChange { change: kind(then, &digest), gated: true, approved, held: true, digest, path });
+            out.push(StateChange {
+                change: kind(then, &digest),
+                gated: true,
+                approved,
+                held: true,
+                digest,
+                path,
+            });
         }
     }
     Ok(out)

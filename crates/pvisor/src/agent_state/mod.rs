@@ -30,9 +30,9 @@ mod json_keys;
 mod layer;
 mod tree;
 
+pub use layer::Plan;
 pub use layer::{approve, changes, promote, StateChange, StateChangeKind};
 pub(crate) use layer::{collect, mounts, prepare};
-pub use layer::Plan;
 
 /// What a state path is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,7 +62,12 @@ impl StatePath {
     /// `path` with [`DEFAULT_GATED`] and [`DEFAULT_GATED_KEYS`].
     pub fn new(path: impl Into<PathBuf>) -> Self {
         let owned = |list: &[&str]| list.iter().map(|g| (*g).to_owned()).collect();
-        Self { path: path.into(), kind: None, gated: owned(DEFAULT_GATED), gated_keys: owned(DEFAULT_GATED_KEYS) }
+        Self {
+            path: path.into(),
+            kind: None,
+            gated: owned(DEFAULT_GATED),
+            gated_keys: owned(DEFAULT_GATED_KEYS),
+        }
     }
 }
 
@@ -163,7 +168,8 @@ pub fn check(
 ) -> Result<Vec<CheckedState>, StateError> {
     let mut out: Vec<CheckedState> = Vec::new();
     for want in requested {
-        let refuse = |problem: &str| StateError::Refused { path: want.path.clone(), problem: problem.to_owned() };
+        let refuse =
+            |problem: &str| StateError::Refused { path: want.path.clone(), problem: problem.to_owned() };
         let home = home
             .and_then(|h| std::fs::canonicalize(h).ok())
             .ok_or_else(|| refuse("state lives under $HOME, which is not set; set HOME"))?;
@@ -195,18 +201,19 @@ fn check_one(
         return Err("is outside $HOME; agent state lives below the home directory");
     }
     let path = parent.join(name);
-    let kind = match std::fs::symlink_metadata(&path) {
-        Err(_) => want.kind.unwrap_or(StateKind::Directory),
-        Ok(meta) if meta.is_dir() => StateKind::Directory,
-        Ok(meta) if meta.is_file() => StateKind::File,
-        Ok(meta) if meta.file_type().is_symlink() => {
-            return Err("is a symlink; give the path it points to (below $HOME)")
-        }
-        Ok(meta) if meta.file_type().is_socket() => {
-            return Err("is a socket; a state path is a directory or a regular file (--expose-socket shows a socket)")
-        }
-        Ok(_) => return Err("is a fifo or device; a state path is a directory or a regular file"),
-    };
+    let kind =
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => want.kind.unwrap_or(StateKind::Directory),
+            Ok(meta) if meta.is_dir() => StateKind::Directory,
+            Ok(meta) if meta.is_file() => StateKind::File,
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err("is a symlink; give the path it points to (below $HOME)")
+            }
+            Ok(meta) if meta.file_type().is_socket() => return Err(
+                "is a socket; a state path is a directory or a regular file (--expose-socket shows a socket)",
+            ),
+            Ok(_) => return Err("is a fifo or device; a state path is a directory or a regular file"),
+        };
     if path.starts_with(workspace) || workspace.starts_with(&path) {
         return Err("overlaps the workspace, whose changes are staged; state is kept apart from them");
     }
@@ -234,12 +241,15 @@ const AGENT_MARKERS: &[&str] = &["auth.json", ".credentials.json", "settings.jso
 pub fn agent_config_in(dir: &Path, home: Option<&Path>) -> Option<&'static str> {
     let home = home.and_then(|h| std::fs::canonicalize(h).ok());
     if let Some(home) = &home {
-        let in_agent = AGENT_HOMES.iter().map(|rel| home.join(rel)).any(|agent| {
-            dir.starts_with(&agent) || (agent.starts_with(dir) && dir != Path::new("/"))
-        });
-        let aider = dir.strip_prefix(home).ok().and_then(|rel| rel.components().next()).is_some_and(|c| {
-            c.as_os_str().to_string_lossy().starts_with(".aider")
-        });
+        let in_agent = AGENT_HOMES
+            .iter()
+            .map(|rel| home.join(rel))
+            .any(|agent| dir.starts_with(&agent) || (agent.starts_with(dir) && dir != Path::new("/")));
+        let aider = dir
+            .strip_prefix(home)
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with(".aider"));
         if in_agent || aider {
             return Some("is, holds or lies in an agent's config or credentials");
         }

@@ -220,7 +220,8 @@ impl Session {
             // Agent state is the Job's, never the stage's: only its single
             // files need taking out of their parents' layers.
             if let Err(e) = crate::agent_state::collect(&self.store, &self.run.id) {
-                self.warnings.push(format!("agent state not kept whole: {}", super::prepare::with_sources(&e)));
+                self.warnings
+                    .push(format!("agent state not kept whole: {}", super::prepare::with_sources(&e)));
             }
         }
         let scanned = self.seal_stage()?;
