@@ -34,8 +34,13 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
     let executor = executor_for(runtime, args.options.executor)?;
+    let state: Vec<pvisor::agent_state::StatePath> =
+        args.state.iter().map(pvisor::agent_state::StatePath::new).collect();
     let Some(name) = &args.session else {
-        return execute(runtime, executor, workspace, None, None, &args.options, &args.command);
+        let mut request =
+            request_for(runtime, &executor, workspace, None, None, &args.options, &args.command)?;
+        request.state = state;
+        return drive(runtime, args.options.quiet, move || Ok(runtime.execute(Run { request, executor })?));
     };
     let quiet = args.options.quiet;
     let mut turn = runtime.execute(BeginSessionRun {
@@ -48,7 +53,7 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     super::sessions::announce_turn(&turn, quiet);
     let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
     let mut request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
-    request.state_from = turn.state_from.clone();
+    (request.state, request.state_from) = (state, turn.state_from.clone());
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
     drive_in(runtime, quiet, Some(name), || {
@@ -122,13 +127,11 @@ pub fn request_for(
         }
         announce_unenforceable(&limits, options.quiet);
     }
-    let host_mounts = !(options.cache.is_empty()
-        && options.expose_socket.is_empty()
-        && options.read_only.is_empty()
-        && options.state.is_empty());
+    let host_mounts =
+        !(options.cache.is_empty() && options.expose_socket.is_empty() && options.read_only.is_empty());
     if host_mounts && !traits.shares_host_kernel {
         anyhow::bail!(
-            "--cache, --state, --expose-socket and --ro apply to the ns executor; a vm guest sees none of the host's directories or sockets (copy the tool into the workspace, or use --executor ns)"
+            "--cache, --expose-socket and --ro apply to the ns executor; a vm guest sees none of the host's directories or sockets (copy the tool into the workspace, or use --executor ns)"
         );
     }
     let caches = cache_paths(&options.cache)?;
@@ -140,7 +143,7 @@ pub fn request_for(
     }
     let request = RunRequest {
         caches,
-        state: options.state.iter().map(pvisor::agent_state::StatePath::new).collect(),
+        state: Vec::new(),
         state_from: None,
         secrets: SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
