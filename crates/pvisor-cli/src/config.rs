@@ -36,6 +36,10 @@ pub struct ConfigFile {
     /// (flags override them). Only read from the user's config.
     #[serde(default)]
     pub limits: Option<LimitsConfig>,
+    /// `[agents.NAME]`: agent presets of the user's own, or additions to a
+    /// built-in one (see `crate::agents`). Only read from the user's config.
+    #[serde(default)]
+    pub agents: std::collections::BTreeMap<String, crate::agents::AgentPreset>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

@@ -11,6 +11,7 @@
 // not records; records are written by the library crates, durably.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
 
+pub mod agents;
 pub mod cli;
 pub mod commands;
 mod config;

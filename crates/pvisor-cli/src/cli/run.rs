@@ -13,7 +13,7 @@ use clap::Args;
 /// network is loopback only. pvisor exits with the command's exit status.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --session fix -- sh -c 'echo x > a'   then: pvisor run --session fix -- cat a\n  pvisor run --json -- make test 2>log   pvisor's lines as JSON; the `result` is last\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
+    after_help = "Examples:\n  pvisor run -- sh -c 'echo hi > greeting'\n  pvisor run -w ../other-project -- cargo build\n  pvisor run --kill-grace 2s -- ./long-job.sh\n  pvisor run --session fix -- sh -c 'echo x > a'   then: pvisor run --session fix -- cat a\n  pvisor run --agent claude --session fix -- claude -p 'fix the failing test' --dangerously-skip-permissions\n  pvisor run --json -- make test 2>log   pvisor's lines as JSON; the `result` is last\n\nExit status: the command's own (128+N if killed by signal N); 125 if pvisor failed,\n126 if the program cannot be executed, 127 if it was not found."
 )]
 pub struct RunArgs {
     /// The workspace directory [default: the current directory].
@@ -63,6 +63,15 @@ pub struct RunOptions {
     /// (or `error`) line; the command's stdout and stderr pass through as they are.
     #[arg(long)]
     pub json: bool,
+    /// Run a coding agent with its preset: claude, codex, gemini, opencode,
+    /// aider, or your config's [agents.NAME]. Its home state gets a writable
+    /// copy-on-write layer kept with the Job (never the host's files), its
+    /// API hosts are allowed (and the host of a base URL you set, such as
+    /// ANTHROPIC_BASE_URL), its API key is brokered by pvisor's proxy (the
+    /// sandbox holds a placeholder), and its variables are set. pvisor says
+    /// in one line what the preset granted.
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
     /// Network: none (loopback only, the default), proxy (only the --allow'ed
     /// domains, through pvisor's proxy), host (shared, bypassable).
     #[arg(long = "net", value_enum, value_name = "MODE")]

@@ -104,6 +104,8 @@ pub fn request_for(
     command: &[String],
 ) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
+    let (agent_options, agent_env) = with_agent(options)?;
+    let options = &agent_options;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
     let mut env = Vec::new();
@@ -115,6 +117,10 @@ pub fn request_for(
             }
             (Err(_), Err(_)) => warning("not passing a variable that is not UTF-8"),
         }
+    }
+    for (key, value) in agent_env {
+        env.retain(|(k, _)| *k != key);
+        env.push((key, value));
     }
     config::warn_if_home(&workspace);
     let ws_config = workspace_config(&workspace)?;
@@ -171,6 +177,27 @@ pub fn request_for(
         output: None,
     };
     Ok(request)
+}
+
+/// `options` with what `--agent`'s preset grants added to them (the same
+/// lists the flags fill), and the variables it sets. Says in one line what
+/// was granted.
+fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>)> {
+    let mut options = options.clone();
+    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new())) };
+    let (path, user) = config::user_config()?;
+    let path =
+        path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
+    let preset = crate::agents::preset(&name, &user.agents, &path)?;
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
+        .context("--agent needs HOME, where the agent keeps its state")?;
+    let grant = crate::agents::grant(&name, &preset, &|var| std::env::var(var).ok(), &home)?;
+    options.allow.extend(grant.allow.iter().cloned());
+    options.env.extend(grant.pass.iter().cloned());
+    say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
+    Ok((options, grant.env))
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/
@@ -361,6 +388,12 @@ fn workspace_config(workspace: &std::path::Path) -> anyhow::Result<Option<Worksp
     if parsed.apply.is_some() {
         warning(&format!(
             "ignoring [apply] in {}: sensitive paths are set in your own config only",
+            ws_file.display()
+        ));
+    }
+    if !parsed.agents.is_empty() {
+        warning(&format!(
+            "ignoring [agents] in {}: agent presets are set in your own config only (a repository must not widen what an agent gets)",
             ws_file.display()
         ));
     }

@@ -14,6 +14,7 @@
 mod support;
 
 mod agent_state;
+mod agents;
 mod bad_input;
 mod checkpoints;
 mod collected;

@@ -16,10 +16,12 @@
 //! Records are `server/sandboxes/<id>.json`, written atomically; the state
 //! there is what a restarted daemon starts from ([`Daemon::recover`]).
 
+mod entrypoint;
 mod generations;
 mod operations;
 mod records;
 mod recovery;
+mod renew;
 mod reserve;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +40,7 @@ pub use records::{
     command_env, set_state, trim_commands, Binding, CommandRecord, CreateRequest, Generation, SandboxRecord,
     SandboxState,
 };
+pub use renew::renew_extension;
 
 /// The port of the execd API inside an OpenSandbox sandbox.
 pub const EXECD_PORT: u16 = 44772;

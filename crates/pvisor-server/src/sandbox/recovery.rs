@@ -158,8 +158,12 @@ impl Daemon {
                 if let Some(pid) = supervisor {
                     self.watch(id, pid);
                 }
-                if !record.commands.contains_key("entrypoint") {
-                    let _ = self.start_entrypoint(id);
+                match record.commands.get("entrypoint") {
+                    None => {
+                        let _ = self.start_entrypoint(id);
+                    }
+                    Some(c) if c.finished_at.is_none() => self.watch_entrypoint(id, c.exec_id, None),
+                    Some(_) => {}
                 }
                 return;
             }
