@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use pvisor::actions::{BeginSessionRun, Run};
+use pvisor::agent_state::StatePath;
 use pvisor::{
     BackendTraits, ExecutionFork, ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SecretPolicy,
     SuspendedOutcome,
@@ -34,12 +35,10 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("Cannot read the current directory")?,
     };
     let executor = executor_for(runtime, args.options.executor)?;
-    let state: Vec<pvisor::agent_state::StatePath> =
-        args.state.iter().map(pvisor::agent_state::StatePath::new).collect();
     let Some(name) = &args.session else {
         let mut request =
             request_for(runtime, &executor, workspace, None, None, &args.options, &args.command)?;
-        request.state = state;
+        add_state(&mut request, &args.state);
         return drive(runtime, args.options.quiet, move || Ok(runtime.execute(Run { request, executor })?));
     };
     let quiet = args.options.quiet;
@@ -53,7 +52,8 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     super::sessions::announce_turn(&turn, quiet);
     let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
     let mut request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
-    (request.state, request.state_from) = (state, turn.state_from.clone());
+    add_state(&mut request, &args.state);
+    request.state_from = turn.state_from.clone();
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
     drive_in(runtime, quiet, Some(name), || {
@@ -104,7 +104,7 @@ pub fn request_for(
     command: &[String],
 ) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
-    let (agent_options, agent_env) = with_agent(options)?;
+    let (agent_options, agent_env, agent_state) = with_agent(options)?;
     let options = &agent_options;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
@@ -149,7 +149,7 @@ pub fn request_for(
     }
     let request = RunRequest {
         caches,
-        state: Vec::new(),
+        state: agent_state,
         state_from: None,
         secrets: SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
@@ -182,9 +182,9 @@ pub fn request_for(
 /// `options` with what `--agent`'s preset grants added to them (the same
 /// lists the flags fill), and the variables it sets. Says in one line what
 /// was granted.
-fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>)> {
+fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>, Vec<StatePath>)> {
     let mut options = options.clone();
-    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new())) };
+    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new(), Vec::new())) };
     let (path, user) = config::user_config()?;
     let path =
         path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
@@ -197,7 +197,31 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
     options.allow.extend(grant.allow.iter().cloned());
     options.env.extend(grant.pass.iter().cloned());
     say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
-    Ok((options, grant.env))
+    let state = grant.state.iter().map(|path| preset_state(path, &grant.gated)).collect();
+    Ok((options, grant.env, state))
+}
+
+/// A preset's state path: gated by the preset's globs and pvisor's
+/// defaults together (a preset may only add to what is held back). A path
+/// the host does not have yet is a file when its name has an extension
+/// (`~/.claude.json`), else a directory.
+fn preset_state(path: &std::path::Path, gated: &[String]) -> StatePath {
+    let mut state = StatePath::new(path);
+    let extra: Vec<String> = gated.iter().filter(|g| !state.gated.contains(g)).cloned().collect();
+    state.gated.extend(extra);
+    if path.extension().is_some() {
+        state.kind = Some(pvisor::agent_state::StateKind::File);
+    }
+    state
+}
+
+/// `request`'s state paths (an agent preset's) and `--state`'s, each once.
+fn add_state(request: &mut RunRequest, requested: &[std::path::PathBuf]) {
+    for path in requested {
+        if !request.state.iter().any(|s| s.path == *path) {
+            request.state.push(StatePath::new(path));
+        }
+    }
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/

@@ -225,3 +225,35 @@ fn a_symlink_in_the_state_does_not_reach_the_host_rootless() {
 fn a_symlink_in_the_state_does_not_reach_the_host_as_root() {
     a_symlink_in_the_state_does_not_reach_the_host(As::Root);
 }
+
+/// `--agent NAME` fills the same state list from its preset: a user's
+/// preset naming the fake agent's state gets it carried in a session, its
+/// hook held back, and a state file the host does not have yet made as a
+/// file (the agent renames over it).
+#[test]
+fn an_agent_preset_names_state_that_is_carried_and_gated() {
+    let env = Env::new(As::Rootless);
+    let home = env.dir.path();
+    let config = home.join(".config/pvisor");
+    fs::create_dir_all(&config).unwrap();
+    fs::write(
+        config.join("config.toml"),
+        "[agents.fake]\nstate = [\"~/.fakeagent\", \"~/.fakeagent.json\"]\ngated = [\"hooks/**\"]\n",
+    )
+    .unwrap();
+    env.give_away(home);
+    let run = |extra: &[&str]| {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        let mut args = vec!["run", "--session", "p", "--agent", "fake", "--", "sh", "-c", AGENT, "agent"];
+        args.extend(extra);
+        let out = env.command(&args).env_remove("XDG_CONFIG_HOME").output().unwrap();
+        assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+        text(&out.stdout)
+    };
+    let out = run(&["plant"]);
+    assert!(out.contains("json=") && out.contains("runs=1"), "{out}");
+    let out = run(&[]);
+    assert!(out.contains("\"runs\": 1") && out.contains("runs=2"), "{out}");
+    assert!(!out.contains("HOOK-RAN") && !out.contains("SETTINGS-MARKER") && !out.contains("evil"), "{out}");
+    assert!(!home.join(".fakeagent").exists() && !home.join(".fakeagent.json").exists(), "absent stays absent");
+}

@@ -146,7 +146,7 @@ pub enum AdmissionError {
     #[error(transparent)]
     State(#[from] crate::agent_state::StateError),
     #[error(
-        "--state applies to the ns executor (this Job's executor is {executor}); run with --executor ns"
+        "Agent state (--state, --agent) applies to the ns executor (this Job's executor is {executor}); run with --executor ns"
     )]
     StateOnGuest { executor: String },
     #[error("--ro {}: {problem}", path.display())]
