@@ -104,7 +104,7 @@ pub fn request_for(
     command: &[String],
 ) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
-    let (agent_options, agent_env, agent_state) = with_agent(options)?;
+    let AgentGrant { options: agent_options, env: agent_env, state: agent_state } = with_agent(options)?;
     let options = &agent_options;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
@@ -180,11 +180,13 @@ pub fn request_for(
 }
 
 /// `options` with what `--agent`'s preset grants added to them (the same
-/// lists the flags fill), and the variables it sets. Says in one line what
-/// was granted.
-fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>, Vec<StatePath>)> {
+/// lists the flags fill), the variables it sets and its state paths. Says
+/// in one line what was granted.
+fn with_agent(options: &RunOptions) -> anyhow::Result<AgentGrant> {
     let mut options = options.clone();
-    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new(), Vec::new())) };
+    let Some(name) = options.agent.clone() else {
+        return Ok(AgentGrant { options, env: Vec::new(), state: Vec::new() });
+    };
     let (path, user) = config::user_config()?;
     let path =
         path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
@@ -198,7 +200,15 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
     options.env.extend(grant.pass.iter().cloned());
     say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
     let state = grant.state.iter().map(|path| preset_state(path, &grant.gated)).collect();
-    Ok((options, grant.env, state))
+    Ok(AgentGrant { options, env: grant.env, state })
+}
+
+/// What `--agent` adds to a run: the options with its lists, the
+/// variables it sets, its state paths.
+struct AgentGrant {
+    options: RunOptions,
+    env: Vec<(String, String)>,
+    state: Vec<StatePath>,
 }
 
 /// A preset's state path: gated by the preset's globs and pvisor's

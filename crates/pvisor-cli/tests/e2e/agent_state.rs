@@ -255,5 +255,8 @@ fn an_agent_preset_names_state_that_is_carried_and_gated() {
     let out = run(&[]);
     assert!(out.contains("\"runs\": 1") && out.contains("runs=2"), "{out}");
     assert!(!out.contains("HOOK-RAN") && !out.contains("SETTINGS-MARKER") && !out.contains("evil"), "{out}");
-    assert!(!home.join(".fakeagent").exists() && !home.join(".fakeagent.json").exists(), "absent stays absent");
+    assert!(
+        !home.join(".fakeagent").exists() && !home.join(".fakeagent.json").exists(),
+        "absent stays absent"
+    );
 }
