@@ -282,7 +282,12 @@ fn drive_in(
             }
         }?;
         Ok(match &end {
-            RunEnd::Finished(outcome) => finish(outcome, quiet, session),
+            RunEnd::Finished(outcome) => {
+                if !quiet {
+                    super::state::note_held(runtime, &outcome.job);
+                }
+                finish(outcome, quiet, session)
+            }
             RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
         })
     })

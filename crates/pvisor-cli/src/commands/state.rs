@@ -99,6 +99,19 @@ pub fn cmd_state(runtime: &Runtime, args: StateArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// After a run: says how many gated agent state changes it holds back
+/// from later runs, and how to review them (nothing for a run without
+/// agent state, or with nothing held).
+pub fn note_held(runtime: &Runtime, job: &JobId) {
+    let Ok(changes) = runtime.execute(ReviewState { job: job.clone() }) else { return };
+    let held = changes.iter().filter(|c| c.gated && !c.approved).count();
+    if held > 0 {
+        crate::output::note(&format!(
+            "agent state: {held} gated change(s) held back from later runs until approved; pvisor review --state {job}"
+        ));
+    }
+}
+
 /// The Job a state command acts on: `--session NAME`'s last run, else JOB,
 /// else the most recent Job of this workspace.
 fn target(runtime: &Runtime, job: Option<&str>, session: Option<&str>) -> anyhow::Result<JobId> {

@@ -57,13 +57,17 @@ impl Agent {
 
     /// Runs the agent in `session` with both state paths; its stdout.
     fn run(&self, session: &str, extra: &[&str]) -> String {
+        text(&self.run_output(session, extra).stdout)
+    }
+
+    fn run_output(&self, session: &str, extra: &[&str]) -> std::process::Output {
         std::thread::sleep(std::time::Duration::from_millis(25));
         let mut args = vec!["run", "--session", session, "--state", &self.dir, "--state", &self.file];
         args.extend(["--", "sh", "-c", AGENT, "agent"]);
         args.extend(extra);
         let out = self.env.pvisor(&args);
         assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
-        text(&out.stdout)
+        out
     }
 
     fn state_changes(&self, session: &str) -> Vec<serde_json::Value> {
@@ -77,10 +81,14 @@ fn agent_state_is_carried_in_a_session_and_gated_changes_wait_for_approval(who: 
     let home = agent.env.dir.path();
     let host_json = fs::read(home.join(".fakeagent.json")).unwrap();
 
-    // Run 1 writes its state and plants a hook and settings for later runs.
-    let out = agent.run("s", &["plant"]);
+    // Run 1 writes its state and plants a hook and settings for later runs,
+    // and pvisor says they are held back.
+    let output = agent.run_output("s", &["plant"]);
+    let out = text(&output.stdout);
     assert!(out.contains("json={\"host\": true}") && out.contains("runs=1"), "{out}");
     assert!(!out.contains("HOOK-RAN"), "{out}");
+    let said = text(&output.stderr);
+    assert!(said.contains("3 gated change(s) held back") && said.contains("review --state"), "{said}");
 
     // Run 2 of the session sees run 1's state (its count, its renamed
     // file), but neither the hook nor the settings run 1 planted.
