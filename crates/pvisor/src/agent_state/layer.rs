@@ -96,12 +96,19 @@ fn absolute(state: &CheckedState, rel: &str) -> String {
     tree::join(&root, rel).to_string_lossy().into_owned()
 }
 
+/// The gated globs of `state`, compiled (admission checked each one).
+fn globs(state: &CheckedState) -> Vec<pvisor_stage::glob::Pattern> {
+    state.gated.iter().filter_map(|g| pvisor_stage::glob::Pattern::new(g).ok()).collect()
+}
+
+fn matches(globs: &[pvisor_stage::glob::Pattern], rel: &str) -> bool {
+    globs.iter().any(|p| p.matches(rel.as_bytes()))
+}
+
+/// Whether `rel` is a gated path of `state` (for a few paths; a whole
+/// tree compiles [`globs`] once).
 fn is_gated(state: &CheckedState, rel: &str) -> bool {
-    state
-        .gated
-        .iter()
-        .filter_map(|g| pvisor_stage::glob::Pattern::new(g).ok())
-        .any(|p| p.matches(rel.as_bytes()))
+    matches(&globs(state), rel)
 }
 
 /// Whether `state` is a single JSON file whose gated keys, not the whole
@@ -276,7 +283,8 @@ fn start_fresh(
 fn record_start(state: &CheckedState, slot: &Path) -> Result<(), StateError> {
     let (tree, _) = tree_of(slot, state);
     let manifest = tree::manifest(&tree).map_err(io(&tree, "cannot read"))?;
-    let kept = |rel: &String| (is_gated(state, rel) || key_gated(state)) && manifest[rel] != "dir";
+    let globs = globs(state);
+    let kept = |rel: &String| (key_gated(state) || matches(&globs, rel)) && manifest[rel] != "dir";
     for rel in manifest.keys().filter(|rel| kept(rel)) {
         tree::copy_entry(&tree::join(&tree, rel), &tree::join(&slot.join("base"), rel))
             .map_err(io(&state.path, "cannot keep the approved copy"))?;

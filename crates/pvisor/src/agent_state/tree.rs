@@ -53,7 +53,9 @@ pub(crate) fn copy_entry(from: &Path, to: &Path) -> io::Result<()> {
     if kind.is_symlink() {
         std::os::unix::fs::symlink(fs::read_link(from)?, to)
     } else if kind.is_file() {
-        fs::copy(from, to).map(drop)
+        // Never a setuid or setgid copy of what a sandbox wrote.
+        let mode = fs::copy(from, to).and_then(|_| fs::metadata(to))?.permissions().mode();
+        fs::set_permissions(to, fs::Permissions::from_mode(mode & 0o777))
     } else if kind.is_dir() {
         copy_tree(from, to, &|_| false)
     } else {
