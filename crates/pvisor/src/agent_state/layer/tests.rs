@@ -125,3 +125,20 @@ fn a_held_json_change_approved_later_keeps_the_newer_counters() {
         serde_json::from_slice(&fs::read(third.join("tree/.agent.json")).unwrap()).unwrap();
     assert_eq!(carried, serde_json::json!({"n": 3, "mcpServers": {"m": 1}}));
 }
+
+#[test]
+fn a_state_file_that_is_not_json_is_gated_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = CheckedState {
+        path: PathBuf::from("/home/u/.agent.json"),
+        kind: StateKind::File,
+        gated: Vec::new(),
+        gated_keys: vec!["mcpServers".into()],
+    };
+    let prev = slot(dir.path(), &st, &[(".agent.json", "{}")], &[(".agent.json", "not json")]);
+    let next = dir.path().join("next");
+    carry(&prev, &[], &st, &next).unwrap();
+    assert_eq!(fs::read_to_string(next.join("tree/.agent.json")).unwrap(), "{}", "reset whole");
+    let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
+    assert_eq!(held.keys().collect::<Vec<_>>(), [".agent.json"]);
+}
