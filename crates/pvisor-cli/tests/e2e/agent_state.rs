@@ -268,3 +268,38 @@ fn an_agent_preset_names_state_that_is_carried_and_gated() {
         "absent stays absent"
     );
 }
+
+/// `~/.claude.json` is a secret store (account data, maybe an API key):
+/// as state it is the Job's own copy, which never starts from the host's,
+/// so the host's secret is never seen, and the agent's writes still carry.
+fn a_secret_store_as_state_starts_empty(who: As) {
+    who.require();
+    let env = Env::new(who);
+    let home = env.dir.path();
+    fs::write(home.join(".claude.json"), "{\"primaryApiKey\": \"sk-host-secret\"}\n").unwrap();
+    env.give_away(home);
+    let host = fs::read(home.join(".claude.json")).unwrap();
+    let file = home.join(".claude.json").to_string_lossy().into_owned();
+    let run = |script: &str| {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        let out = env.pvisor(&["run", "--session", "c", "--state", &file, "--", "sh", "-c", script]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let out = run("cat ~/.claude.json 2>&1; echo '{\"numStartups\": 1}' > ~/.claude.json.tmp; mv ~/.claude.json.tmp ~/.claude.json; echo wrote");
+    assert!(!out.contains("sk-host-secret") && out.contains("wrote"), "{out}");
+    let out = run("cat ~/.claude.json");
+    assert!(out.contains("\"numStartups\": 1") && !out.contains("sk-host-secret"), "{out}");
+    assert_eq!(fs::read(home.join(".claude.json")).unwrap(), host, "the host's file never changes");
+}
+
+#[test]
+fn a_secret_store_as_state_starts_empty_rootless() {
+    a_secret_store_as_state_starts_empty(As::Rootless);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_secret_store_as_state_starts_empty_as_root() {
+    a_secret_store_as_state_starts_empty(As::Root);
+}

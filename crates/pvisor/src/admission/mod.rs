@@ -244,11 +244,13 @@ pub fn admit(
     let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
     let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
-    let (env, secrets) = secrets::resolve(request.env.clone(), &request.secrets, &workspace)?;
+    let (env, mut secrets) = secrets::resolve(request.env.clone(), &request.secrets, &workspace)?;
     let host_paths =
         policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
-    let agent_state =
-        agent_state_plan(&request, executor, &workspace, &policy::hidden_now(&state, &secrets.hidden))?;
+    let agent_state = agent_state_plan(&request, executor, &workspace, &state, &secrets)?;
+    // A secret store that is itself state shows the Job's copy, which
+    // never starts from the host's.
+    secrets.hidden.retain(|(path, _)| !agent_state.paths.iter().any(|s| s.secret_on_host && s.path == *path));
 
     let now = Timestamp::now();
     let job_id = JobId::generate();
@@ -351,7 +353,8 @@ fn agent_state_plan(
     request: &RunRequest,
     executor: Backend<'_>,
     workspace: &std::path::Path,
-    hidden: &[PathBuf],
+    state_dir: &std::path::Path,
+    secrets: &secrets::Secrets,
 ) -> Result<crate::agent_state::Plan, AdmissionError> {
     if request.state.is_empty() {
         return Ok(crate::agent_state::Plan::default());
@@ -359,6 +362,12 @@ fn agent_state_plan(
     if !executor.traits.shares_host_kernel {
         return Err(AdmissionError::StateOnGuest { executor: executor.name.to_owned() });
     }
+    let (others, stores): (Vec<_>, Vec<_>) =
+        secrets.hidden.iter().partition(|(_, reason)| *reason == secrets::OTHER_STATE_DIR);
+    let state_dirs: Vec<PathBuf> =
+        std::iter::once(state_dir.to_owned()).chain(others.into_iter().map(|(p, _)| p.clone())).collect();
+    let secret_stores: Vec<PathBuf> = stores.into_iter().map(|(p, _)| p.clone()).collect();
+    let hidden = crate::agent_state::Hidden { state_dirs: &state_dirs, secret_stores: &secret_stores };
     let paths =
         crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
     Ok(crate::agent_state::Plan { paths, from: request.state_from.clone() })

@@ -313,7 +313,11 @@ pub(super) fn record(
     });
     let agent_state = agent_state.paths.iter().map(|s| data::AdmissionRewrite::State {
         path: &s.path,
-        reason: "--state: writable through the Job's own layer, carried within a session, gated changes held for review; never the host's files",
+        reason: if s.secret_on_host {
+            "--state over a secret store: the Job's own copy, which never starts from the host's; carried within a session, gated changes held for review"
+        } else {
+            "--state: writable through the Job's own layer, carried within a session, gated changes held for review; never the host's files"
+        },
     });
     let sockets = paths
         .sockets

@@ -252,7 +252,8 @@ fn previous_run(store: &Store, job: &JobId) -> Result<Option<(PathBuf, Plan)>, S
     Ok((!plan.paths.is_empty()).then_some((dir, plan)))
 }
 
-/// A tree from the promoted copy, else from the host's own state.
+/// A tree from the promoted copy, else from the host's own state (empty
+/// when that is a secret store).
 fn start_fresh(
     store: &Store,
     state: &CheckedState,
@@ -267,6 +268,9 @@ fn start_fresh(
         // and held nothing hidden when it was made.
         return tree::copy_tree(&promoted, &tree, &|_| false)
             .map_err(io(&state.path, "cannot copy the promoted state"));
+    }
+    if state.secret_on_host {
+        return fs::create_dir_all(&tree).map_err(io(&state.path, "cannot make its state"));
     }
     match state.kind {
         StateKind::Directory => tree::copy_tree(&state.path, &tree, &skip),
@@ -378,7 +382,8 @@ fn own_changes(slot: &Path, state: &CheckedState) -> Result<Vec<(String, String,
 
 /// Makes each parent's overlay upper and work (the upper taking the host
 /// directory's mode and owner, as overlay shows it as that directory) and
-/// puts each single file's state in its parent's upper.
+/// puts each single file's state in its parent's upper, or a whiteout
+/// over the host's file where the state has none.
 fn seed_parents(dir: &Path, plan: &Plan) -> Result<(), StateError> {
     let parents = parents(plan);
     for (n, parent) in parents.iter().enumerate() {
@@ -398,10 +403,13 @@ fn seed_parents(dir: &Path, plan: &Plan) -> Result<(), StateError> {
     }
     for (slot, state) in plan.paths.iter().enumerate().filter(|(_, s)| s.kind == StateKind::File) {
         let (_, own) = tree_of(&dir.join(slot.to_string()), state);
-        if let Some(seeded) = seeded_path(dir, &parents, state) {
-            if fs::symlink_metadata(&own).is_ok() {
-                tree::copy_entry(&own, &seeded).map_err(io(&state.path, "cannot seed the state file"))?;
-            }
+        let Some(seeded) = seeded_path(dir, &parents, state) else { continue };
+        if fs::symlink_metadata(&own).is_ok() {
+            tree::copy_entry(&own, &seeded).map_err(io(&state.path, "cannot seed the state file"))?;
+        } else if fs::symlink_metadata(&state.path).is_ok() {
+            // No state (yet, or deleted): the host's file must not show
+            // through the parent's lower layer (it may be a secret store).
+            tree::whiteout(&seeded).map_err(io(&state.path, "cannot hide the host's copy (Linux 5.8 or newer makes an overlay whiteout without privilege)"))?;
         }
     }
     Ok(())

@@ -123,6 +123,11 @@ pub struct CheckedState {
     /// Gated keys of a single JSON file; empty for a directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gated_keys: Vec<String>,
+    /// The host's copy is a secret store (`~/.claude.json` holds account
+    /// data and may hold an API key): the state never starts from it, only
+    /// from nothing, the promoted copy or a session's earlier run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_on_host: bool,
 }
 
 /// Why a state path was refused, before anything ran.
@@ -155,16 +160,26 @@ pub enum StateError {
     NoState { job: pvisor_core::ids::JobId },
 }
 
+/// What a state path may not be: `state_dirs` (pvisor's own) are never
+/// in, at or below one; a `secret_stores` path may be one exactly (the
+/// state then never starts from the host's copy), never below one.
+#[derive(Clone, Copy, Debug)]
+pub struct Hidden<'a> {
+    pub state_dirs: &'a [PathBuf],
+    pub secret_stores: &'a [PathBuf],
+}
+
 /// Checks each requested state path against the user's `home`, the
 /// workspace, the hidden paths and each other: a directory or a regular
 /// file below `home` (or not there yet, its parent below or at `home`),
-/// never a symlink, socket, fifo or device, never in the workspace or a
-/// hidden path. Returns them canonical, in request order.
+/// never a symlink, socket, fifo or device, never in the workspace, never
+/// overlapping a pvisor state directory, never inside a secret store.
+/// Returns them canonical, in request order.
 pub fn check(
     requested: &[StatePath],
     home: Option<&Path>,
     workspace: &Path,
-    hidden: &[PathBuf],
+    hidden: Hidden<'_>,
 ) -> Result<Vec<CheckedState>, StateError> {
     let mut out: Vec<CheckedState> = Vec::new();
     for want in requested {
@@ -190,7 +205,7 @@ fn check_one(
     want: &StatePath,
     home: &Path,
     workspace: &Path,
-    hidden: &[PathBuf],
+    hidden: Hidden<'_>,
 ) -> Result<CheckedState, &'static str> {
     use std::os::unix::fs::FileTypeExt;
     let name = want.path.file_name().ok_or("names no file or directory; give a path below $HOME")?;
@@ -217,14 +232,18 @@ fn check_one(
     if path.starts_with(workspace) || workspace.starts_with(&path) {
         return Err("overlaps the workspace, whose changes are staged; state is kept apart from them");
     }
-    if hidden.iter().any(|h| path.starts_with(h)) {
-        return Err("is hidden (a secret store or a pvisor state directory); --expose shows a secret store");
+    if hidden.state_dirs.iter().any(|h| path.starts_with(h) || h.starts_with(&path)) {
+        return Err("overlaps a pvisor state directory, which the sandbox never sees");
+    }
+    if hidden.secret_stores.iter().any(|h| path.starts_with(h) && path != *h) {
+        return Err("is inside a hidden secret store; --expose shows a secret store");
     }
     if path.to_str().is_none() {
         return Err("is not valid UTF-8; pvisor records paths as text");
     }
     let gated_keys = if kind == StateKind::File { want.gated_keys.clone() } else { Vec::new() };
-    Ok(CheckedState { path, kind, gated: want.gated.clone(), gated_keys })
+    let secret_on_host = hidden.secret_stores.contains(&path);
+    Ok(CheckedState { path, kind, gated: want.gated.clone(), gated_keys, secret_on_host })
 }
 
 /// Agent directories and files a `--cache` must never be: a cache is
@@ -271,22 +290,29 @@ mod tests {
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let (home, ws) = (root.join("home"), root.join("home/ws"));
         std::fs::create_dir_all(home.join(".agent")).unwrap();
+        std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(home.join(".agent.json"), b"{}").unwrap();
         let _sock = std::os::unix::net::UnixListener::bind(home.join("sock")).unwrap();
+        let (state_dirs, secret_stores) =
+            ([home.join("pvisor")], [home.join(".ssh"), home.join(".agent.json")]);
+        let hidden = Hidden { state_dirs: &state_dirs, secret_stores: &secret_stores };
         let check = |paths: &[&Path]| {
             let req: Vec<StatePath> = paths.iter().map(|p| StatePath::new(*p)).collect();
-            check(&req, Some(&home), &ws, &[home.join(".ssh")]).map_err(|e| e.to_string())
+            check(&req, Some(&home), &ws, hidden).map_err(|e| e.to_string())
         };
         let ok = check(&[&home.join(".agent"), &home.join(".agent.json"), &home.join(".new")]).unwrap();
         let kinds: Vec<StateKind> = ok.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, [StateKind::Directory, StateKind::File, StateKind::Directory]);
+        let secret: Vec<bool> = ok.iter().map(|c| c.secret_on_host).collect();
+        assert_eq!(secret, [false, true, false], "a secret store itself is state that starts empty");
         for (path, expected) in [
             (home.join("sock"), "is a socket"),
             (root.join("elsewhere"), "outside $HOME"),
             (home.join("missing/deeper"), "parent directory does not exist"),
             (ws.join("x"), "overlaps the workspace"),
-            (home.join(".ssh"), "hidden"),
+            (home.join(".ssh/agent.json"), "inside a hidden secret store"),
+            (home.join("pvisor"), "pvisor state directory"),
         ] {
             let e = check(&[&path]).unwrap_err();
             assert!(e.contains(expected) && e.starts_with("--state "), "{path:?}: {e}");

@@ -151,6 +151,14 @@ pub(crate) fn beneath(root: &Path, rel: &str) -> io::Result<PathBuf> {
     Ok(path.join(last))
 }
 
+/// Makes an overlay whiteout (a 0/0 character device) at `path`: in an
+/// upper layer it hides what the lower one has there.
+pub(crate) fn whiteout(path: &Path) -> io::Result<()> {
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    rustix::fs::mknodat(rustix::fs::CWD, path, rustix::fs::FileType::CharacterDevice, mode, 0)
+        .map_err(io::Error::from)
+}
+
 /// `root` joined with the `/`-separated relative path `rel`.
 pub(crate) fn join(root: &Path, rel: &str) -> PathBuf {
     rel.split('/').fold(root.to_owned(), |p, c| p.join(c))

@@ -7,6 +7,7 @@ fn state(path: &Path) -> CheckedState {
         kind: StateKind::Directory,
         gated: super::super::DEFAULT_GATED.iter().map(|g| (*g).to_owned()).collect(),
         gated_keys: Vec::new(),
+        secret_on_host: false,
     }
 }
 
@@ -80,6 +81,7 @@ fn a_json_state_file_carries_except_its_gated_keys() {
         kind: StateKind::File,
         gated: super::super::DEFAULT_GATED.iter().map(|g| (*g).to_owned()).collect(),
         gated_keys: super::super::DEFAULT_GATED_KEYS.iter().map(|g| (*g).to_owned()).collect(),
+        secret_on_host: false,
     };
     let start = r#"{"numStartups": 1}"#;
     let planted = r#"{"numStartups": 2, "mcpServers": {"evil": {"command": "sh"}}}"#;
@@ -110,6 +112,7 @@ fn a_held_json_change_approved_later_keeps_the_newer_counters() {
         kind: StateKind::File,
         gated: Vec::new(),
         gated_keys: vec!["mcpServers".into()],
+        secret_on_host: false,
     };
     let planted = r#"{"n": 2, "mcpServers": {"m": 1}}"#;
     let prev = slot(dir.path(), &st, &[(".agent.json", r#"{"n": 1}"#)], &[(".agent.json", planted)]);
@@ -134,6 +137,7 @@ fn a_state_file_that_is_not_json_is_gated_whole() {
         kind: StateKind::File,
         gated: Vec::new(),
         gated_keys: vec!["mcpServers".into()],
+        secret_on_host: false,
     };
     let prev = slot(dir.path(), &st, &[(".agent.json", "{}")], &[(".agent.json", "not json")]);
     let next = dir.path().join("next");
