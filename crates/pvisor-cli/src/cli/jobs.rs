@@ -51,7 +51,7 @@ pub enum ColorChoice {
 /// truncated: deletions and long lists are shown in full.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor review --session fix      a session's changes, each with the run that made it\n  pvisor review --state --session fix   the agent state the session's last run changed\n  pvisor diff                      same as review --diff"
+    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor review --session fix      a session's changes, each with the run that made it\n  pvisor review --state --session fix   the session's agent state changes\n  pvisor diff                      same as review --diff"
 )]
 pub struct ReviewArgs {
     /// Show the Job's agent state changes (`run --state`) instead of its
@@ -424,7 +424,7 @@ pub enum StateAction {
         /// The Job (id or unique prefix) [default: the most recent of this workspace].
         #[arg(long, value_name = "JOB", conflicts_with = "session")]
         job: Option<String>,
-        /// The open session NAME of this workspace: its last run.
+        /// The open session NAME of this workspace: its last run with agent state (what its next run carries).
         #[arg(long, value_name = "NAME")]
         session: Option<String>,
         /// One `state` line per approved change, then a `result` line.
@@ -438,7 +438,7 @@ pub enum StateAction {
         /// The Job (id or unique prefix) [default: the most recent of this workspace].
         #[arg(long, value_name = "JOB", conflicts_with = "session")]
         job: Option<String>,
-        /// The open session NAME of this workspace: its last run.
+        /// The open session NAME of this workspace: its last run with agent state (what its next run carries).
         #[arg(long, value_name = "NAME")]
         session: Option<String>,
         /// A `result` line (JSON) instead of text.

@@ -112,11 +112,13 @@ pub fn note_held(runtime: &Runtime, job: &JobId) {
     }
 }
 
-/// The Job a state command acts on: `--session NAME`'s last run, else JOB,
-/// else the most recent Job of this workspace.
+/// The Job a state command acts on: the run `--session NAME`'s next run
+/// carries its agent state from, else JOB, else the most recent Job of
+/// this workspace.
 fn target(runtime: &Runtime, job: Option<&str>, session: Option<&str>) -> anyhow::Result<JobId> {
-    match session {
-        Some(name) => Ok(super::sessions::head_and_paths(runtime, name, None, Vec::new())?.0),
-        None => super::resolve_job(runtime, job),
-    }
+    let Some(name) = session else { return super::resolve_job(runtime, job) };
+    let view = super::sessions::find(runtime, name)?;
+    view.state_head.ok_or_else(|| {
+        anyhow::anyhow!("session {name:?} has no run with agent state; `pvisor run --session {name} --state PATH -- COMMAND` makes one")
+    })
 }

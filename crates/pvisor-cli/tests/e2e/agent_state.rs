@@ -131,15 +131,22 @@ fn agent_state_is_carried_in_a_session_and_gated_changes_wait_for_approval(who: 
     assert!(out.contains("HOOK-RAN") && out.contains("SETTINGS-MARKER") && out.contains("runs=3"), "{out}");
     assert!(out.contains("evil") && out.contains("\"runs\": 2"), "{out}");
 
+    // A plain run in between (no state) does not break the chain.
+    agent.env.expect(&["run", "-q", "--session", "s", "--", "true"], 0);
+    let out = agent.run("s", &[]);
+    assert!(out.contains("runs=4") && out.contains("HOOK-RAN"), "carried past the plain run: {out}");
+
     // Another session starts from the host's copy.
     let out = agent.run("t", &[]);
     assert!(out.contains("json={\"host\": true}") && out.contains("runs=1"), "{out}");
     assert!(!out.contains("HOOK-RAN"), "{out}");
 
-    // Promoted, the session's state is where new sessions start.
+    // Promoted, the session's state is where new sessions start (past a
+    // plain run, which has none).
+    agent.env.expect(&["run", "-q", "--session", "s", "--", "true"], 0);
     agent.env.expect(&["state", "promote", "--session", "s"], 0);
     let out = agent.run("u", &[]);
-    assert!(out.contains("runs=4") && out.contains("HOOK-RAN"), "{out}");
+    assert!(out.contains("runs=5") && out.contains("HOOK-RAN"), "{out}");
 
     assert_eq!(fs::read(home.join(".fakeagent.json")).unwrap(), host_json, "never the host's file");
     assert!(!home.join(".fakeagent").exists(), "never the host's directory");

@@ -252,6 +252,11 @@ fn previous_run(store: &Store, job: &JobId) -> Result<Option<(PathBuf, Plan)>, S
     Ok((!plan.paths.is_empty()).then_some((dir, plan)))
 }
 
+/// Whether `job` ran with agent state (its run recorded a plan).
+pub fn has_state(store: &Store, job: &JobId) -> bool {
+    previous_run(store, job).is_ok_and(|found| found.is_some())
+}
+
 /// A tree from the promoted copy, else from the host's own state (empty
 /// when that is a secret store).
 fn start_fresh(

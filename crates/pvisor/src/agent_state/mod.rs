@@ -31,7 +31,7 @@ mod layer;
 mod tree;
 
 pub use layer::Plan;
-pub use layer::{approve, changes, promote, StateChange, StateChangeKind};
+pub use layer::{approve, changes, has_state, promote, StateChange, StateChangeKind};
 pub(crate) use layer::{collect, mounts, prepare};
 
 /// What a state path is.
