@@ -76,6 +76,8 @@ json_types! {
     Failed = "failed",
     /// `cache ls`: one cache.
     Cache = "cache",
+    /// `review --state`, `state approve`: one agent state change.
+    State = "state",
     /// `trust --list`: one trusted file.
     Trusted = "trusted",
     /// `image ls`: one image.

@@ -335,6 +335,56 @@ pub(crate) fn mount_caches(root: &Path, caches: &[pvisor_sandbox::CacheMount]) -
     Ok(())
 }
 
+/// Mounts agent state (`--state`) in the spec's order: each parent as an
+/// overlay of the host directory with the Job's upper (so a rename of a
+/// temp file over a state file works), then each state directory as a
+/// read-write bind of the Job's copy. Made before the caches, `--ro`, the
+/// workspace and the hidden paths, which all stay on top: a secret store
+/// under a state directory is hidden like anywhere else.
+pub(crate) fn mount_state(root: &Path, state: &[pvisor_sandbox::StateMount]) -> Result<(), StepError> {
+    use pvisor_sandbox::StateMount;
+    for mount in state {
+        match mount {
+            StateMount::Parent { path, upper, work } => {
+                // Under the sandbox's own /tmp the place is not there yet.
+                make_place(&under(root, path), true).map_err(|e| {
+                    StepError::new("state", format!("cannot make a place for {}: {e}", path.display()))
+                })?;
+                let options = format!(
+                    "lowerdir={},upperdir={},workdir={},userxattr",
+                    super::mounts::escape_overlay_path(path),
+                    super::mounts::escape_overlay_path(upper),
+                    super::mounts::escape_overlay_path(work),
+                );
+                sys::mount(
+                    Some("overlay"),
+                    &under(root, path),
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                )
+                .map_err(|e| {
+                    StepError::new("state", format!("cannot make {} writable: {e}", path.display())).hint(
+                        "--state needs its parent directory on a filesystem overlayfs can use as a lower layer, with no mounts below it",
+                    )
+                })?;
+            }
+            StateMount::Directory { path, tree } => {
+                let target = under(root, path);
+                make_place(&target, true).map_err(|e| {
+                    StepError::new("state", format!("cannot make a place for {}: {e}", path.display()))
+                })?;
+                let what = format!("bind the state of {}", path.display());
+                sys::mount(Some(&tree.to_string_lossy()), &target, None, libc::MS_BIND, None)
+                    .map_err(|e| super::mounts::mount_err("state", &what, e))?;
+                sys::mount_setattr(&target, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV, false)
+                    .map_err(|e| super::mounts::mount_err("state", &what, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn mount_err(what: &str, e: io::Error) -> StepError {
     super::mounts::mount_err("root", what, e)
 }

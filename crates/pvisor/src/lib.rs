@@ -37,6 +37,7 @@
 
 pub mod actions;
 pub(crate) mod admission;
+pub mod agent_state;
 pub mod backends;
 pub(crate) mod effects;
 use pvisor_core::failpoint;

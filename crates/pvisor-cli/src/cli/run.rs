@@ -26,6 +26,14 @@ pub struct RunArgs {
     /// Runs of one session wait for each other.
     #[arg(long, value_name = "NAME")]
     pub session: Option<String>,
+    /// Agent state the command may write (e.g. ~/.claude, ~/.claude.json):
+    /// a directory or regular file under $HOME (or not there yet: an empty
+    /// directory). The run writes its own copy, never the host's; the next
+    /// run of a --session carries it, except gated changes (settings,
+    /// hooks, MCP servers, instruction files) until `pvisor state approve`.
+    /// Not staged: `pvisor review --state` shows it. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub state: Vec<PathBuf>,
     #[command(flatten)]
     pub options: RunOptions,
     /// The program to run, and its arguments.

@@ -14,6 +14,9 @@ use crate::json::{json_line, JsonType};
 use crate::output::ending;
 
 pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
+    if args.state {
+        return super::state::cmd_review_state(runtime, args);
+    }
     let store = runtime.store();
     let (job, paths, session) = match &args.session {
         Some(name) => {

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use pvisor::actions::{BeginSessionRun, Run};
+use pvisor::agent_state::StatePath;
 use pvisor::{
     BackendTraits, ExecutionFork, ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SecretPolicy,
     SuspendedOutcome,
@@ -36,7 +37,10 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     };
     let executor = executor_for(runtime, args.options.executor)?;
     let Some(name) = &args.session else {
-        return execute(runtime, executor, workspace, None, None, &args.options, &args.command);
+        let mut request =
+            request_for(runtime, &executor, workspace, None, None, &args.options, &args.command)?;
+        add_state(&mut request, &args.state);
+        return drive(runtime, args.options.quiet, move || Ok(runtime.execute(Run { request, executor })?));
     };
     let quiet = args.options.quiet;
     let mut turn = runtime.execute(BeginSessionRun {
@@ -48,7 +52,9 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     })?;
     super::sessions::announce_turn(&turn, quiet);
     let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
-    let request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
+    let mut request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
+    add_state(&mut request, &args.state);
+    request.state_from = turn.state_from.clone();
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
     drive_in(runtime, quiet, Some(name), || {
@@ -99,7 +105,7 @@ pub fn request_for(
     command: &[String],
 ) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
-    let (agent_options, agent_env) = with_agent(options)?;
+    let AgentGrant { options: agent_options, env: agent_env, state: agent_state } = with_agent(options)?;
     let options = &agent_options;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
@@ -144,6 +150,8 @@ pub fn request_for(
     }
     let request = RunRequest {
         caches,
+        state: agent_state,
+        state_from: None,
         secrets: SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
             hide: options.hide.clone(),
@@ -174,11 +182,13 @@ pub fn request_for(
 }
 
 /// `options` with what `--agent`'s preset grants added to them (the same
-/// lists the flags fill), and the variables it sets. Says in one line what
-/// was granted.
-fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>)> {
+/// lists the flags fill), the variables it sets and its state paths. Says
+/// in one line what was granted.
+fn with_agent(options: &RunOptions) -> anyhow::Result<AgentGrant> {
     let mut options = options.clone();
-    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new())) };
+    let Some(name) = options.agent.clone() else {
+        return Ok(AgentGrant { options, env: Vec::new(), state: Vec::new() });
+    };
     let (path, user) = config::user_config()?;
     let path =
         path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
@@ -196,7 +206,39 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
     }
     options.env.extend(grant.pass.iter().cloned());
     say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
-    Ok((options, grant.env))
+    let state = grant.state.iter().map(|path| preset_state(path, &grant.gated)).collect();
+    Ok(AgentGrant { options, env: grant.env, state })
+}
+
+/// What `--agent` adds to a run: the options with its lists, the
+/// variables it sets, its state paths.
+struct AgentGrant {
+    options: RunOptions,
+    env: Vec<(String, String)>,
+    state: Vec<StatePath>,
+}
+
+/// A preset's state path: gated by the preset's globs and pvisor's
+/// defaults together (a preset may only add to what is held back). A path
+/// the host does not have yet is a file when its name has an extension
+/// (`~/.claude.json`), else a directory.
+fn preset_state(path: &std::path::Path, gated: &[String]) -> StatePath {
+    let mut state = StatePath::new(path);
+    let extra: Vec<String> = gated.iter().filter(|g| !state.gated.contains(g)).cloned().collect();
+    state.gated.extend(extra);
+    if path.extension().is_some() {
+        state.kind = Some(pvisor::agent_state::StateKind::File);
+    }
+    state
+}
+
+/// `request`'s state paths (an agent preset's) and `--state`'s, each once.
+fn add_state(request: &mut RunRequest, requested: &[std::path::PathBuf]) {
+    for path in requested {
+        if !request.state.iter().any(|s| s.path == *path) {
+            request.state.push(StatePath::new(path));
+        }
+    }
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/
@@ -247,7 +289,12 @@ fn drive_in(
             }
         }?;
         Ok(match &end {
-            RunEnd::Finished(outcome) => finish(outcome, quiet, session),
+            RunEnd::Finished(outcome) => {
+                if !quiet {
+                    super::state::note_held(runtime, &outcome.job);
+                }
+                finish(outcome, quiet, session)
+            }
             RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
         })
     })

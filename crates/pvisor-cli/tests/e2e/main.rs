@@ -13,6 +13,7 @@
 
 mod support;
 
+mod agent_state;
 mod agents;
 mod bad_input;
 mod checkpoints;

@@ -75,6 +75,12 @@ pub struct RunRequest {
     /// `--cache PATH`: host directories the command may write, persistently
     /// and unstaged, through pvisor's cache store.
     pub caches: Vec<PathBuf>,
+    /// `--state PATH` (and an agent preset's state paths): agent state the
+    /// command may write through the Job's own layer, never the host's.
+    pub state: Vec<crate::agent_state::StatePath>,
+    /// The session run whose agent state this run carries forward (`None`:
+    /// the promoted copy, else the host's).
+    pub state_from: Option<JobId>,
     /// `key=value` labels recorded on the Job (`--label`; the containerd
     /// shim's container id). Checked at admission.
     pub labels: pvisor_core::labels::Labels,
@@ -144,6 +150,12 @@ pub enum AdmissionError {
     ExposeSocket { path: PathBuf, problem: &'static str },
     #[error("--cache {}: {problem}", path.display())]
     Cache { path: PathBuf, problem: &'static str },
+    #[error(transparent)]
+    State(#[from] crate::agent_state::StateError),
+    #[error(
+        "Agent state (--state, --agent) applies to the ns executor (this Job's executor is {executor}); run with --executor ns"
+    )]
+    StateOnGuest { executor: String },
     #[error("--ro {}: {problem}", path.display())]
     ReadOnly { path: PathBuf, problem: &'static str },
     #[error("--secret {spec}: {problem}")]
@@ -204,6 +216,8 @@ pub struct Admitted {
     pub(crate) resumed_from: Option<u32>,
     /// The `--secret` broker the run's proxy uses, with the CA bundle file.
     pub(crate) brokered: Option<Brokered>,
+    /// The agent state the Session makes before the sandbox starts.
+    pub(crate) state: crate::agent_state::Plan,
 }
 
 impl Admitted {
@@ -251,9 +265,13 @@ pub fn admit(
     let bindings = brokered::bind(&request.secrets.brokered, &request.env, executor)?;
     let host_env = request.env.clone();
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
-    let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
+    let (env, mut secrets) = secrets::resolve(request.env.clone(), &request.secrets, &workspace)?;
     let host_paths =
         policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
+    let agent_state = agent_state_plan(&request, executor, &workspace, &state, &secrets)?;
+    // A secret store that is itself state shows the Job's copy, which
+    // never starts from the host's.
+    secrets.hidden.retain(|(path, _)| !agent_state.paths.iter().any(|s| s.secret_on_host && s.path == *path));
 
     let now = Timestamp::now();
     let job_id = JobId::generate();
@@ -320,6 +338,7 @@ pub fn admit(
         state: &state,
         secrets: &secrets,
         paths: &host_paths,
+        agent_state: &agent_state,
         env_rewrites: &env_rewrites,
         brokered: brokered.as_ref(),
         copies: &copies,
@@ -344,6 +363,7 @@ pub fn admit(
     // path, which the CA variables name, and over the system's bundles.
     spec.read_only.extend(brokered.as_ref().map(|b| b.bundle.clone()));
     spec.ca_bundle = brokered.as_ref().map(|b| b.bundle.clone());
+    spec.state = crate::agent_state::mounts(store, &run_id, &agent_state);
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
     Ok(Admitted {
@@ -358,7 +378,34 @@ pub fn admit(
         baseline,
         resumed_from: None,
         brokered,
+        state: agent_state,
     })
+}
+
+/// Checks the request's agent state paths (ns only: a vm guest sees no
+/// host directory) and plans them.
+fn agent_state_plan(
+    request: &RunRequest,
+    executor: Backend<'_>,
+    workspace: &std::path::Path,
+    state_dir: &std::path::Path,
+    secrets: &secrets::Secrets,
+) -> Result<crate::agent_state::Plan, AdmissionError> {
+    if request.state.is_empty() {
+        return Ok(crate::agent_state::Plan::default());
+    }
+    if !executor.traits.shares_host_kernel {
+        return Err(AdmissionError::StateOnGuest { executor: executor.name.to_owned() });
+    }
+    let (others, stores): (Vec<_>, Vec<_>) =
+        secrets.hidden.iter().partition(|(_, reason)| *reason == secrets::OTHER_STATE_DIR);
+    let state_dirs: Vec<PathBuf> =
+        std::iter::once(state_dir.to_owned()).chain(others.into_iter().map(|(p, _)| p.clone())).collect();
+    let secret_stores: Vec<PathBuf> = stores.into_iter().map(|(p, _)| p.clone()).collect();
+    let hidden = crate::agent_state::Hidden { state_dirs: &state_dirs, secret_stores: &secret_stores };
+    let paths =
+        crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
+    Ok(crate::agent_state::Plan { paths, from: request.state_from.clone() })
 }
 
 /// The recorded decisions [`record_admission`] publishes.

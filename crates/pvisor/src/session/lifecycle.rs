@@ -43,7 +43,7 @@ impl Session {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let (session, prepared) = blocking(move || {
-            let prepared = self.prepare_stage();
+            let prepared = self.prepare_stage().and_then(|()| self.prepare_state());
             (self, prepared)
         })
         .await;

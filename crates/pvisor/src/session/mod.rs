@@ -80,6 +80,8 @@ pub(crate) struct Session {
     /// The `--secret` broker, held for the run's proxy; its CA bundle's
     /// directory goes when the Session does.
     brokered: Option<crate::admission::Brokered>,
+    /// The agent state made before the start and collected after the end.
+    state: crate::agent_state::Plan,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -119,6 +121,7 @@ impl Session {
             baseline: admitted.baseline,
             resumed_from: admitted.resumed_from,
             brokered: admitted.brokered,
+            state: admitted.state,
         }
     }
 

@@ -54,6 +54,8 @@ pub(crate) enum AdmissionRewrite<'a> {
     HideSkipped { path: &'a Path, reason: &'a str },
     #[serde(rename = "cache")]
     Cache { path: &'a Path, reason: &'a str },
+    #[serde(rename = "state")]
+    State { path: &'a Path, reason: &'a str },
     #[serde(rename = "expose.socket")]
     ExposeSocket { path: &'a Path, reason: &'a str },
     #[serde(rename = "read.only")]
