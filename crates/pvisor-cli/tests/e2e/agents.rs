@@ -118,12 +118,17 @@ fn git(dir: &Path, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
-/// The host's agent state: everything in the home but the workspace and
-/// pvisor's own state directory.
+/// The host's agent state: everything in the home but the workspace,
+/// pvisor's own state directory and its registry of them, and the model
+/// server's files.
 fn host_state(env: &Env) -> BTreeMap<PathBuf, (u32, u64, i64, Vec<u8>)> {
+    let (ws, state) =
+        (env.ws.strip_prefix(env.dir.path()).unwrap(), env.home.strip_prefix(env.dir.path()).unwrap());
+    let (requests, script) = (Path::new("requests.jsonl"), Path::new("script.json"));
     snapshot(env.dir.path())
         .into_iter()
-        .filter(|(p, _)| !p.starts_with(&env.ws) && !p.starts_with(&env.home))
+        .filter(|(p, _)| !p.starts_with(ws) && !p.starts_with(state) && p != requests && p != script)
+        .filter(|(p, _)| !p.starts_with(".local/state") && p != Path::new(".local"))
         .collect()
 }
 
@@ -148,10 +153,14 @@ fn claude_hook(ws: &Path) -> String {
         .to_string()
 }
 
-/// The files a run staged (paths relative to the workspace).
-fn staged(env: &Env, session: &str) -> BTreeMap<String, serde_json::Value> {
+/// The files a run staged (paths relative to the workspace), and the refs
+/// its commits move (review's `commit` lines).
+fn staged(env: &Env, session: &str) -> (BTreeMap<String, serde_json::Value>, Vec<serde_json::Value>) {
     let out = env.expect(&["review", "--session", session, "--json"], 0);
-    records_of(&out, "change").into_iter().map(|c| (c["path"].as_str().unwrap().to_owned(), c)).collect()
+    let lines = json_lines(&out);
+    let of = |kind: &str| lines.iter().filter(|(k, _)| k == kind).map(|(_, v)| v.clone()).collect::<Vec<_>>();
+    let changes = of("change").into_iter().map(|c| (c["path"].as_str().unwrap().to_owned(), c)).collect();
+    (changes, of("commit"))
 }
 
 /// Asserts no file under `root` holds `needle` (pvisor's records, the stage).
@@ -198,10 +207,14 @@ fn claude_runs_a_turn_resumes_and_its_commit_applies(who: As) {
 
     // The edits are staged exactly; the workspace is untouched.
     assert_eq!(snapshot(&env.ws), ws_before, "the workspace is untouched until apply");
-    let changes = staged(&env, "agent");
+    let (changes, commits) = staged(&env, "agent");
     for path in ["hello.py", "out.txt", "env.txt", "environ.txt", "resumed.txt"] {
         assert!(changes.contains_key(path), "{path} is staged: {:?}", changes.keys());
     }
+    assert!(
+        commits.iter().any(|c| c["ref"] == "refs/heads/main"),
+        "the commit is one line for its branch: {commits:?}"
+    );
     assert!(!changes.contains_key("HOOK_RAN"), "the hook planted by the first run did not run in the second");
     assert!(
         changes.keys().all(|p| !p.contains(".claude")),
@@ -309,10 +322,14 @@ fn codex_runs_a_turn_resumes_and_its_commit_applies(who: As) {
     assert!(turn(&["resume", "--last", "go on"]).contains("Resumed."), "resume continued the conversation");
 
     assert_eq!(snapshot(&env.ws), ws_before, "the workspace is untouched until apply");
-    let changes = staged(&env, "agent");
+    let (changes, commits) = staged(&env, "agent");
     for path in ["hello.py", "out.txt", "env.txt", "environ.txt", "resumed.txt"] {
         assert!(changes.contains_key(path), "{path} is staged: {:?}", changes.keys());
     }
+    assert!(
+        commits.iter().any(|c| c["ref"] == "refs/heads/main"),
+        "the commit is one line for its branch: {commits:?}"
+    );
     assert!(
         changes.keys().all(|p| !p.contains(".codex")),
         "agent state is not in the stage: {:?}",
