@@ -82,6 +82,8 @@ pub struct Grant {
     pub unset: Vec<String>,
     pub pass: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// What was left out, and why (said in the grant's line).
+    pub notes: Vec<String>,
 }
 
 /// The names of every preset: the built-in ones and the user's.
@@ -181,7 +183,34 @@ pub fn grant(
         unset,
         pass: preset.pass.clone(),
         env: preset.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        notes: Vec::new(),
     })
+}
+
+impl Grant {
+    /// The grant for a vm run: the agent's home is the VM's own (thrown
+    /// away with it), so no state paths; and a key is brokered only to a
+    /// loopback port over plain HTTP (the guest cannot be given the run's
+    /// CA), so the bindings to HTTPS APIs are left out. Each says so.
+    pub fn for_vm(&mut self) {
+        if !self.state.is_empty() {
+            self.state.clear();
+            self.notes.push("vm: the agent's home is the VM's own, thrown away with it".into());
+        }
+        let before = self.secrets.len();
+        self.secrets.retain(|b| {
+            let target = b.split_once('@').map_or("", |(_, t)| t);
+            let (host, port) = target.rsplit_once(':').unwrap_or((target, ""));
+            !port.is_empty()
+                && pvisor_net::broker::is_loopback(host.trim_start_matches('[').trim_end_matches(']'))
+        });
+        if self.secrets.len() < before {
+            self.notes.push(
+                "vm: keys are brokered only to a loopback model server (its base URL); use --executor ns for HTTPS APIs"
+                    .into(),
+            );
+        }
+    }
 }
 
 /// `HOST:PORT` of a base URL (`http://127.0.0.1:8000/v1` → `127.0.0.1:8000`),
@@ -228,6 +257,9 @@ impl Grant {
         if keys.is_empty() && !self.unset.is_empty() {
             line.push_str(&format!(" ({} unset: the agent must use its own login)", self.unset.join(", ")));
         }
+        for note in &self.notes {
+            line.push_str(&format!("; {note}"));
+        }
         line
     }
 }
@@ -261,6 +293,10 @@ mod tests {
         assert!(grant.secrets.contains(&"ANTHROPIC_API_KEY@api.anthropic.com:443".to_owned()));
         assert_eq!(grant.unset, ["ANTHROPIC_AUTH_TOKEN"]);
         assert!(grant.summary().contains("ANTHROPIC_API_KEY → api.anthropic.com:443, 127.0.0.1:8000"));
+        let mut vm = grant.clone();
+        vm.for_vm();
+        assert_eq!(vm.secrets, ["ANTHROPIC_API_KEY@127.0.0.1:8000"], "on a vm, only the loopback server's");
+        assert!(vm.state.is_empty() && vm.summary().contains("vm: the agent's home is the VM's own"));
         let bad = grant_err("claude", &[("ANTHROPIC_BASE_URL", "ftp://x")]);
         assert!(bad.contains("ANTHROPIC_BASE_URL"), "{bad}");
     }

@@ -197,7 +197,10 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<AgentGrant> {
         .filter(|h| !h.is_empty())
         .map(std::path::PathBuf::from)
         .context("--agent needs HOME, where the agent keeps its state")?;
-    let grant = crate::agents::grant(&name, &preset, &|var| std::env::var(var).ok(), &home)?;
+    let mut grant = crate::agents::grant(&name, &preset, &|var| std::env::var(var).ok(), &home)?;
+    if matches!(options.executor, ExecutorArg::Vm) {
+        grant.for_vm();
+    }
     options.allow.extend(grant.allow.iter().cloned());
     for binding in &grant.secrets {
         let spec: BindingSpec =

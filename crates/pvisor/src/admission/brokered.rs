@@ -67,8 +67,11 @@ fn refuse(spec: &BindingSpec, problem: String) -> AdmissionError {
 
 /// Reads the value of each `--secret` from `env` and binds it to a fresh
 /// placeholder (one per variable: a variable bound to several hosts keeps
-/// it; a binding given twice counts once). Refuses an executor whose
-/// sandbox cannot be given the run's CA, and an unset or empty variable.
+/// it; a binding given twice counts once). Refuses an unset or empty
+/// variable, and, on an executor whose sandbox cannot be given the run's CA
+/// (the vm's guest), a binding that may need TLS terminated: there only a
+/// loopback port (a local model server, over plain HTTP, which the proxy
+/// substitutes without a CA) is brokered.
 pub(super) fn bind(
     specs: &[BindingSpec],
     env: &[(String, String)],
@@ -76,10 +79,11 @@ pub(super) fn bind(
 ) -> Result<Vec<Binding>, AdmissionError> {
     let mut bindings: Vec<Binding> = Vec::new();
     for spec in specs {
-        if !executor.traits.shares_host_kernel {
+        let clear_text_only = spec.port.is_some() && pvisor_net::broker::is_loopback(&spec.host);
+        if !executor.traits.shares_host_kernel && !clear_text_only {
             return Err(refuse(
                 spec,
-                format!("the {executor} executor cannot be given the run's CA; brokered secrets need --executor ns"),
+                format!("the {executor} executor cannot be given the run's CA, so it brokers only a loopback port over plain HTTP (VAR@127.0.0.1:PORT, a local model server); use --executor ns for {}", spec.host),
             ));
         }
         if bindings.iter().any(|b| b.spec == *spec) {
@@ -235,6 +239,15 @@ mod tests {
         };
         let err = bind(std::slice::from_ref(&spec), &env(&[("KEY", "real")]), vm).unwrap_err().to_string();
         assert!(err.contains("--executor ns") && !err.contains("real"), "{err}");
+        // A loopback port over plain HTTP needs no CA: a vm brokers it.
+        let local: BindingSpec = "KEY@127.0.0.1:8000".parse().unwrap();
+        let vm = super::super::Backend { name: "vm", traits: vm.traits };
+        assert_eq!(bind(std::slice::from_ref(&local), &env(&[("KEY", "real")]), vm).unwrap().len(), 1);
+        let every_port: BindingSpec = "KEY@localhost".parse().unwrap();
+        assert!(
+            bind(std::slice::from_ref(&every_port), &env(&[("KEY", "real")]), vm).is_err(),
+            "a port must be named"
+        );
         let twice = [spec.clone(), spec.clone(), "KEY@other.example.com".parse().unwrap()];
         let bound = bind(&twice, &env(&[("KEY", "real")]), ns()).unwrap();
         assert_eq!(bound.len(), 2, "a repeated binding counts once");
