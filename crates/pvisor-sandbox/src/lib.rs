@@ -125,6 +125,11 @@ pub struct VmSpec {
     /// and cannot be checkpointed (vhost-user-fs is not migratable).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
+    /// The imported root filesystem the command runs in (`--image`): the
+    /// guest assembles it read-only with a throw-away upper layer, the
+    /// workspace at its own path inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<pvisor_core::records::UserlandImage>,
 }
 
 /// One `--cache PATH`: the host directory is the read-only lower layer, and

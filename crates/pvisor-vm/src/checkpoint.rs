@@ -23,7 +23,8 @@ use super::link::{LinkError, Shared};
 use super::{disk, qmp};
 
 pub use pvisor_sandbox::checkpoint::{
-    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, KIND, LOWER, MANIFEST, STATE, UPPER,
+    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, IMAGE_DELTA, IMAGE_LOWER, KIND, LOWER, MANIFEST, STATE,
+    UPPER,
 };
 pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();
@@ -68,7 +69,7 @@ pub fn verify(dir: &Path) -> Result<ExecCheckpoint, VerifyError> {
             kind: manifest.kind,
         });
     }
-    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER].contains(&d.as_str())) {
+    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER, IMAGE_LOWER, IMAGE_DELTA].contains(&d.as_str())) {
         return Err(VerifyError::UnknownDisks { id: manifest.id, disks: manifest.disks });
     }
     for name in std::iter::once(STATE).chain(manifest.disks.iter().map(String::as_str)) {
@@ -206,6 +207,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             disks: disks.clone(),
             frozen: frozen.clone(),
             nic: shared.nic_mac.clone(),
+            userland: shared.vm.image.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
         };

@@ -16,6 +16,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub(crate) use pvisor_sandbox::checkpoint::{IMAGE_DELTA, IMAGE_LOWER};
 use pvisor_sandbox::checkpoint::{DELTA, LOWER, UPPER};
 
 /// Virtual size of the base image disk: the largest workspace a vm Job takes.
@@ -43,16 +44,20 @@ pub(crate) struct Disk<'a> {
 
 impl<'a> Disk<'a> {
     /// The disk whose file is `path`, known by its name ([`LOWER`],
-    /// [`DELTA`] or [`UPPER`], as in a checkpoint). An Attempt's device list
-    /// is its disk files in order: lower, delta, upper for a boot; for a
-    /// restore exactly the checkpoint's list (one taken before the delta
-    /// existed has none).
+    /// [`DELTA`], [`UPPER`], [`IMAGE_LOWER`] or [`IMAGE_DELTA`], as in a
+    /// checkpoint). An Attempt's device list is its disk files in order:
+    /// lower, delta, upper for a boot, then a userland image's lower and
+    /// delta; for a restore exactly the checkpoint's list (one taken before
+    /// the delta existed has none).
     pub(crate) fn of(path: &'a Path) -> Result<Self, UnknownDisk> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         let (id, serial, readonly) = match name {
             LOWER => ("lower", pvisor_agent_proto::LOWER_SERIAL, true),
             DELTA => ("delta", pvisor_agent_proto::DELTA_SERIAL, false),
             UPPER => ("upper", pvisor_agent_proto::UPPER_SERIAL, false),
+            IMAGE_LOWER => ("image-lower", pvisor_agent_proto::IMAGE_LOWER_SERIAL, true),
+            // Written once, by the agent finishing it, as the workspace's.
+            IMAGE_DELTA => ("image-delta", pvisor_agent_proto::IMAGE_DELTA_SERIAL, false),
             _ => return Err(UnknownDisk(path.to_owned())),
         };
         Ok(Self { id, serial, path, readonly })
@@ -200,7 +205,8 @@ pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
 /// setup, and a command as guest root could still write it), so they are
 /// copied and never share blocks with a running VM.
 pub(crate) fn keep_disk(src: &Path, dst: &Path) -> io::Result<()> {
-    if src.file_name().is_some_and(|n| n == LOWER) {
+    // Base images are never written after publication: shared, not copied.
+    if src.file_name().is_some_and(|n| n == LOWER || n == IMAGE_LOWER) {
         link_or_copy(src, dst)
     } else {
         sparse_copy(src, dst)

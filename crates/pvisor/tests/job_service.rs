@@ -29,6 +29,7 @@ fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
         labels: Default::default(),
         network_namespace: None,
         shared_directories: Vec::new(),
+        image: None,
         output: None,
         workspace: workspace.to_owned(),
         cwd: None,

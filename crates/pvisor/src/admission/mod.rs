@@ -82,6 +82,9 @@ pub struct RunRequest {
     /// Host directories the VM mounts live, unstaged (a containerd pod's
     /// read-write volumes): vm Jobs only, as root (virtiofsd).
     pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
+    /// The imported root filesystem a vm Job's command runs in (`--image`),
+    /// resolved by the frontend; vm Jobs only.
+    pub image: Option<pvisor_core::records::UserlandImage>,
     /// Capture the command's stdout and stderr into these pipes instead of
     /// handing it the frontend's descriptors 0–2 (stdin is then `/dev/null`).
     pub output: Option<pvisor_sandbox::CapturedOutput>,
@@ -147,6 +150,8 @@ pub enum AdmissionError {
     NetworkNamespace { path: PathBuf, problem: String },
     #[error("Shared directory {}: {problem}", path.display())]
     SharedDirectory { path: PathBuf, problem: String },
+    #[error("Image {name}: {problem}")]
+    Image { name: String, problem: String },
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot fork from checkpoint {checkpoint}")]
@@ -247,8 +252,14 @@ pub fn admit(
         &workspace,
         &policy::hidden_now(&state, &secrets.hidden),
     )?;
+    let image = match &request.fork_execution {
+        // The forked guest runs on in the userland its checkpoint holds.
+        Some(fork) => fork.manifest.userland.clone(),
+        None => policy::image(request.image.as_ref(), executor)?,
+    };
     let requested = policy::Requested {
         shared_directories,
+        image,
         network: &request.network,
         namespace: request.network_namespace.as_deref(),
         kill_grace: request.kill_grace,

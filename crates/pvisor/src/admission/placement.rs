@@ -140,6 +140,7 @@ pub(super) fn spec(
             context: json!({"job": ids.job, "run": ids.run, "attempt": ids.attempt}),
             network_namespace: policy.network.namespace.clone(),
             shared_directories: policy.shared_directories.clone(),
+            image: policy.image.clone(),
         }),
         output: command.output,
     }
