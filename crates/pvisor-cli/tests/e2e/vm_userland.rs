@@ -1,0 +1,151 @@
+//! `pvisor run --executor vm --image NAME`: the command runs in an imported
+//! root filesystem (the python image `scripts/sandbox-image.sh` builds from
+//! Debian packages), with the workspace staged as in every vm run and the
+//! image's own files read-only underneath: writes to `/usr` or `/etc` are
+//! neither staged nor kept for the next run, nor reach the imported tree.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::*;
+use crate::vm::require_image;
+
+/// The name the tests import the python image as: not a built-in's name,
+/// so the import is the test's own, never a build found beside the binary.
+const IMAGE: &str = "debian-python";
+
+/// `scripts/sandbox-image.sh`'s python root filesystem.
+fn python_rootfs() -> PathBuf {
+    let target = Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap();
+    let rootfs = target.join("sandbox-image-python/rootfs");
+    assert!(
+        rootfs.join("usr/bin/python3").exists(),
+        "no python sandbox image at {}: run scripts/sandbox-image.sh",
+        rootfs.display()
+    );
+    rootfs
+}
+
+/// Imports the python image into `env`'s state directory as [`IMAGE`] (the
+/// unprivileged user imports a copy it owns); returns the imported tree.
+fn import_python(env: &Env) -> PathBuf {
+    let source = if env.who == As::Rootless && is_root() {
+        let copy = env.dir.path().join("python-rootfs");
+        assert!(Command::new("cp").arg("-a").arg(python_rootfs()).arg(&copy).status().unwrap().success());
+        env.give_away(&copy);
+        copy
+    } else {
+        python_rootfs()
+    };
+    let out = env.expect(&["image", "import", IMAGE, source.to_str().unwrap(), "--json"], 0);
+    let (_, record) = json_lines(&out).pop().unwrap();
+    assert!(record["digest"].as_str().unwrap().starts_with("blake3:"), "{record}");
+    let slots = fs::read_dir(env.home.join("sandbox-images")).unwrap();
+    slots.flatten().map(|e| e.path().join("rootfs")).find(|r| r.is_dir()).unwrap()
+}
+
+/// A probe that proves a glibc userland ran (the loader and python3 are
+/// Debian's), writes one workspace file, and writes to the image's `/usr`
+/// and `/etc`, which must not outlive the run.
+const PROBE: &str = "set -e; /lib64/ld-linux-x86-64.so.2 --version | head -1; \
+    python3 -c 'import platform; print(\"libc\", *platform.libc_ver()); open(\"out\", \"w\").write(\"x\")'; \
+    echo probe > /usr/pvisor-probe; echo probe >> /etc/os-release; echo \"cwd $(pwd)\"";
+
+fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
+    who.require();
+    require_image();
+    let env = Env::new(who);
+    let imported = import_python(&env);
+    env.write("existing", "old\n");
+    let before = snapshot(&env.ws);
+
+    let out = env.pvisor(&["run", "--executor", "vm", "--image", IMAGE, "--", "sh", "-c", PROBE]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {}", text(&out.stderr));
+    assert!(stdout.contains("GLIBC"), "the image's glibc loader ran: {stdout}");
+    assert!(stdout.contains("libc glibc 2."), "python3 ran on glibc: {stdout}");
+    assert!(stdout.contains(&format!("cwd {}\n", env.ws.display())), "the cwd is the workspace: {stdout}");
+    assert_eq!(snapshot(&env.ws), before, "the workspace changed before apply");
+
+    // Only the workspace file is staged: nothing of /usr or /etc.
+    let staged: Vec<(String, String)> = env
+        .review()
+        .iter()
+        .map(|c| (c["path"].as_str().unwrap().to_owned(), c["kind"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(staged, [("out".to_owned(), "added".to_owned())]);
+    let status = env.status_json(None);
+    assert_eq!(status["receipt"], "valid");
+    let upper = env.home.join("runs").join(status["run"].as_str().unwrap()).join("stage/upper");
+    let mut names: Vec<_> = fs::read_dir(&upper).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["out"], "the stage holds the workspace's write alone");
+
+    // The records name the userland: status, the admission policy, the VM's facts, the Bundle.
+    let digest = status["image"]["digest"].as_str().unwrap().to_owned();
+    assert_eq!(status["image"]["name"], IMAGE);
+    let job = status["job"].as_str().unwrap().to_owned();
+    let events = env.events(&job);
+    let policy = events.iter().find(|e| e["type"] == "admission.policy").unwrap();
+    assert_eq!(policy["data"]["image"]["digest"], digest.as_str(), "{policy}");
+    let vm = events.iter().find(|e| e["type"] == "attempt.vm").unwrap();
+    assert_eq!(vm["data"]["userland"]["digest"], digest.as_str(), "{vm}");
+    let bundle = env.home.join("runs").join(status["run"].as_str().unwrap()).join("attempts/1/bundle.json");
+    let bundle: serde_json::Value = serde_json::from_slice(&fs::read(bundle).unwrap()).unwrap();
+    assert_eq!(bundle["observations"]["extra"]["image"], format!("{IMAGE} {digest}"));
+    let shown = env.expect(&["status"], 0);
+    assert!(shown.contains(&format!("image      {IMAGE} ({digest})")), "{shown}");
+
+    // The image was read-only underneath: the next run starts clean, and
+    // the imported tree never saw the writes.
+    let again = "test ! -e /usr/pvisor-probe && ! grep -q probe /etc/os-release && echo clean";
+    let out = env.pvisor(&["run", "-q", "--executor", "vm", "--image", IMAGE, "--", "sh", "-c", again]);
+    assert_eq!(text(&out.stdout), "clean\n", "stderr: {}", text(&out.stderr));
+    assert!(!imported.join("usr/pvisor-probe").exists());
+    assert!(!fs::read_to_string(imported.join("etc/os-release")).unwrap().contains("probe"));
+
+    env.expect(&["apply", "--all"], 0);
+    assert_eq!(fs::read_to_string(env.ws.join("out")).unwrap(), "x");
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_glibc_userland_runs_with_the_workspace_staged_as_root() {
+    a_glibc_userland_runs_with_the_workspace_staged(As::Root);
+}
+
+#[test]
+fn a_glibc_userland_runs_with_the_workspace_staged_rootless() {
+    a_glibc_userland_runs_with_the_workspace_staged(As::Rootless);
+}
+
+/// No Job was recorded: the refusal came before the run started.
+fn no_jobs(env: &Env) {
+    assert_eq!(env.expect(&["jobs", "--json"], 0).trim(), "", "a Job was recorded");
+}
+
+#[test]
+fn an_image_is_refused_for_an_ns_run_before_it_starts() {
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&["run", "--image", IMAGE, "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--image applies to --executor vm; an ns run uses the host's userland"), "{stderr}");
+    no_jobs(&env);
+}
+
+#[test]
+fn an_unknown_image_is_refused_before_the_run_starts() {
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&["run", "--executor", "vm", "--image", "no-such-image", "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("no-such-image")
+            && stderr.contains("pvisor image ls")
+            && stderr.contains("pvisor image import no-such-image"),
+        "{stderr}"
+    );
+    no_jobs(&env);
+}
