@@ -105,7 +105,7 @@ fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
     assert!(!imported.join("usr/pvisor-probe").exists());
     assert!(!fs::read_to_string(imported.join("etc/os-release")).unwrap().contains("probe"));
 
-    env.expect(&["apply", "--all"], 0);
+    env.expect(&["apply", &job, "--all"], 0);
     assert_eq!(fs::read_to_string(env.ws.join("out")).unwrap(), "x");
 }
 
