@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::support::*;
-use crate::vm::require_image;
+use crate::vm::{counts, require_image, suspended_to, Background};
 
 /// The name the tests import the python image as: not a built-in's name,
 /// so the import is the test's own, never a build found beside the binary.
@@ -118,6 +118,70 @@ fn a_glibc_userland_runs_with_the_workspace_staged_as_root() {
 #[test]
 fn a_glibc_userland_runs_with_the_workspace_staged_rootless() {
     a_glibc_userland_runs_with_the_workspace_staged(As::Rootless);
+}
+
+/// Writes to the image's `/usr`, then counts (`c N`, into `counter`) for
+/// 5 s, then shows that write and runs python3: after a restore the
+/// userland, its throw-away layer included, is the one it was saved with.
+const COUNTER: &str = "echo kept > /usr/pvisor-probe; i=0; while [ $i -lt 25 ]; do i=$((i+1)); \
+    echo \"c $i\"; echo $i > counter; sleep 0.2; done; cat /usr/pvisor-probe; python3 -c 'print(\"py\", 1 + 1)'";
+
+fn checkpoints_keep_the_userland(who: As) {
+    who.require();
+    require_image();
+    let env = Env::new(who);
+    import_python(&env);
+    let args = ["run", "-q", "--executor", "vm", "--image", IMAGE, "--", "sh", "-c", COUNTER];
+    let run = Background::start(&env, &args, None);
+    run.wait_for("c 3\n");
+    let job = only_job(&env);
+
+    // Suspend: the checkpoint records the userland it holds.
+    let out = env.expect(&["suspend", &job, "--json"], 0);
+    let manifest = suspended_to(&out, &job);
+    let (code, before, _) = run.finish();
+    assert_eq!(code, Some(75), "a suspended run exits 75");
+    let digest = env.status_json(Some(&job))["image"]["digest"].as_str().unwrap().to_owned();
+    assert_eq!(manifest["userland"]["digest"], digest.as_str(), "{manifest}");
+
+    // An execution fork of that checkpoint continues in its own copy of the userland.
+    let forked = env.pvisor(&["fork", &job, "--state", "execution", "-q"]);
+    let child_out = text(&forked.stdout);
+    assert_eq!(forked.status.code(), Some(0), "stderr: {}", text(&forked.stderr));
+    assert!(counts(&child_out)[0] > 1, "the fork restarted instead of continuing: {child_out:?}");
+    assert!(child_out.ends_with("kept\npy 2\n"), "{child_out:?}");
+
+    // Resume: the counter goes on, the image is still the root.
+    let resumed = env.pvisor(&["resume", &job]);
+    let after = text(&resumed.stdout);
+    assert_eq!(resumed.status.code(), Some(0), "stderr: {}", text(&resumed.stderr));
+    assert_eq!(counts(&after).first(), Some(&(counts(&before).last().unwrap() + 1)), "{before:?} then {after:?}");
+    assert!(after.ends_with("kept\npy 2\n"), "{after:?}");
+
+    // Both Jobs name the userland and stage the workspace's file alone.
+    let jobs: Vec<String> = fs::read_dir(env.home.join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for job in &jobs {
+        let status = env.status_json(Some(job));
+        assert_eq!(status["image"]["digest"], digest.as_str(), "{status}");
+        let out = env.expect(&["review", job, "--json"], 0);
+        let staged: Vec<_> = records_of(&out, "change").iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
+        assert_eq!(staged, ["counter"], "{job}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn checkpoints_keep_the_userland_as_root() {
+    checkpoints_keep_the_userland(As::Root);
+}
+
+#[test]
+fn checkpoints_keep_the_userland_rootless() {
+    checkpoints_keep_the_userland(As::Rootless);
 }
 
 /// No Job was recorded: the refusal came before the run started.
