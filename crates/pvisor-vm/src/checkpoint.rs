@@ -322,6 +322,26 @@ mod tests {
         assert_eq!(verified.disks, [LOWER, UPPER], "the device list it was taken with");
     }
 
+    /// A run with a userland image (`--image`) saves its image's base and
+    /// delta after the workspace's disks; a restore attaches all five.
+    #[test]
+    fn a_checkpoint_with_a_userland_image_lists_its_disks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = two_disk_checkpoint(dir.path());
+        let disks = [LOWER, DELTA, UPPER, IMAGE_LOWER, IMAGE_DELTA];
+        for name in [DELTA, IMAGE_LOWER, IMAGE_DELTA] {
+            fs::write(dir.path().join(name), name).unwrap();
+            let file = serde_json::to_value(digest(&dir.path().join(name), true).unwrap()).unwrap();
+            manifest["files"].as_array_mut().unwrap().push(file);
+        }
+        manifest["disks"] = serde_json::json!(disks);
+        manifest["userland"] = serde_json::json!({"name": "python", "digest": "blake3:00", "rootfs": "/r"});
+        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let verified = verify(dir.path()).unwrap();
+        assert_eq!(verified.disks, disks);
+        assert_eq!(verified.userland.unwrap().name, "python");
+    }
+
     #[test]
     fn a_listed_disk_must_be_known_present_and_intact() {
         let dir = tempfile::tempdir().unwrap();

@@ -299,6 +299,24 @@ mod tests {
         }
     }
 
+    /// A userland image's disks are known by name, found by the agent by
+    /// serial; its base is read-only and kept by a link, never copied.
+    #[test]
+    fn a_userland_images_disks_are_known_and_its_base_is_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, delta) = (dir.path().join(IMAGE_LOWER), dir.path().join(IMAGE_DELTA));
+        let d = Disk::of(&base).unwrap();
+        assert_eq!((d.serial, d.readonly), (pvisor_agent_proto::IMAGE_LOWER_SERIAL, true));
+        let d = Disk::of(&delta).unwrap();
+        assert_eq!((d.serial, d.readonly), (pvisor_agent_proto::IMAGE_DELTA_SERIAL, false));
+        fs::write(&base, b"base").unwrap();
+        let kept = dir.path().join("kept");
+        fs::create_dir(&kept).unwrap();
+        keep_disk(&base, &kept.join(IMAGE_LOWER)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(&base).unwrap().ino(), fs::metadata(kept.join(IMAGE_LOWER)).unwrap().ino());
+    }
+
     #[test]
     fn sparse_digest_sees_data_not_holes() {
         let dir = tempfile::tempdir().unwrap();

@@ -450,6 +450,31 @@ mod tests {
         assert!(validate_name("../x").is_err());
     }
 
+    /// A vm run's userland names the import's rootfs and content digest;
+    /// a record from before digests gets one at first use, kept; no such
+    /// image is `None`.
+    #[test]
+    fn a_userland_is_an_imports_rootfs_and_digest() {
+        let home = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(&pvisor_core::store::Store::open(home.path().join("state")).unwrap());
+        let src = home.path().join("src");
+        fs::create_dir_all(src.join("bin")).unwrap();
+        fs::write(src.join("bin/sh"), b"#!fake").unwrap();
+        let record = store.import("app", &src).unwrap();
+        let digest = record.digest.clone().unwrap();
+        assert_eq!(digest, digest::tree_digest(&src).unwrap(), "the import's digest is its tree's");
+        let userland = store.userland("app").unwrap().unwrap();
+        assert_eq!((userland.digest.as_str(), userland.rootfs), (digest.as_str(), store.rootfs("app").unwrap()));
+
+        let path = store.slot("app").join("image.json");
+        let mut old: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("digest");
+        fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(store.userland("app").unwrap().unwrap().digest, digest);
+        assert_eq!(store.list().unwrap()[0].digest.as_deref(), Some(digest.as_str()), "kept in the record");
+        assert!(store.userland("none").unwrap().is_none());
+    }
+
     #[test]
     fn image_files_are_read_only_when_regular_beneath_the_root_and_bounded() {
         let root = tempfile::tempdir().unwrap();

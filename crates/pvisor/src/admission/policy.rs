@@ -536,6 +536,27 @@ mod tests {
         assert!(super::loopback_forwards(&net(super::NetworkMode::Host, &rules)).is_empty());
     }
 
+    /// A userland image is for a vm Job only, and must still be a root
+    /// filesystem (a shell) when the Job is admitted.
+    #[test]
+    fn a_userland_image_is_for_a_vm_job_with_a_root_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        let image = pvisor_core::records::UserlandImage {
+            name: "python".into(),
+            digest: "blake3:00".into(),
+            rootfs: dir.path().to_owned(),
+        };
+        let check = |executor| super::image(Some(&image), on(executor)).map_err(|e| e.to_string());
+        assert_eq!(super::image(None, on("ns")).unwrap(), None);
+        let e = check("ns").unwrap_err();
+        assert!(e.contains("--image applies to --executor vm; an ns run uses the host's userland"), "{e}");
+        let e = check("vm").unwrap_err();
+        assert!(e.contains("has no /bin/sh") && e.contains("pvisor image import python"), "{e}");
+        std::fs::write(dir.path().join("bin/sh"), b"").unwrap();
+        assert_eq!(check("vm").unwrap(), Some(image.clone()));
+    }
+
     /// A shared directory is a host directory outside the workspace, the
     /// state directory and the secrets, shared by a vm Job run as root, at a
     /// plain target outside the guest's own filesystems.
