@@ -514,7 +514,9 @@ mod tests {
         };
         let plain = serde_json::to_value(setup(None)).unwrap();
         assert!(
-            plain.get("interface").is_none() && plain.get("shares").is_none() && plain.get("userland").is_none(),
+            plain.get("interface").is_none()
+                && plain.get("shares").is_none()
+                && plain.get("userland").is_none(),
             "{plain}"
         );
         let nic = Interface {

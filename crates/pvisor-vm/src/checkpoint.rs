@@ -23,8 +23,8 @@ use super::link::{LinkError, Shared};
 use super::{disk, qmp};
 
 pub use pvisor_sandbox::checkpoint::{
-    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, IMAGE_DELTA, IMAGE_LOWER, KIND, LOWER, MANIFEST, STATE,
-    UPPER,
+    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, IMAGE_DELTA, IMAGE_LOWER, KIND, LOWER, MANIFEST,
+    STATE, UPPER,
 };
 pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();

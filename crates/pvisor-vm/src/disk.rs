@@ -16,8 +16,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub(crate) use pvisor_sandbox::checkpoint::{IMAGE_DELTA, IMAGE_LOWER};
 use pvisor_sandbox::checkpoint::{DELTA, LOWER, UPPER};
+pub(crate) use pvisor_sandbox::checkpoint::{IMAGE_DELTA, IMAGE_LOWER};
 
 /// Virtual size of the base image disk: the largest workspace a vm Job takes.
 pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;

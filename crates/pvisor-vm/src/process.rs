@@ -83,16 +83,7 @@ impl VmProcess {
             serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         }
         scratch.0.clear(); // `wait` removes them after QEMU is gone
-        Ok(Self {
-            shared,
-            events,
-            boot_ms,
-            restored,
-            disks,
-            start: start.facts(),
-            early,
-            proxy_listener,
-        })
+        Ok(Self { shared, events, boot_ms, restored, disks, start: start.facts(), early, proxy_listener })
     }
 }
 

@@ -201,7 +201,8 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
     let mut options = options.clone();
     let Some(name) = options.agent.clone() else { return Ok((options, Vec::new())) };
     let (path, user) = config::user_config()?;
-    let path = path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
+    let path =
+        path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
     let preset = crate::agents::preset(&name, &user.agents, &path)?;
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())

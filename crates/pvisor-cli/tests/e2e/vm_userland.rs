@@ -155,7 +155,11 @@ fn checkpoints_keep_the_userland(who: As) {
     let resumed = env.pvisor(&["resume", &job]);
     let after = text(&resumed.stdout);
     assert_eq!(resumed.status.code(), Some(0), "stderr: {}", text(&resumed.stderr));
-    assert_eq!(counts(&after).first(), Some(&(counts(&before).last().unwrap() + 1)), "{before:?} then {after:?}");
+    assert_eq!(
+        counts(&after).first(),
+        Some(&(counts(&before).last().unwrap() + 1)),
+        "{before:?} then {after:?}"
+    );
     assert!(after.ends_with("kept\npy 2\n"), "{after:?}");
 
     // Both Jobs name the userland and stage the workspace's file alone.
@@ -168,7 +172,8 @@ fn checkpoints_keep_the_userland(who: As) {
         let status = env.status_json(Some(job));
         assert_eq!(status["image"]["digest"], digest.as_str(), "{status}");
         let out = env.expect(&["review", job, "--json"], 0);
-        let staged: Vec<_> = records_of(&out, "change").iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
+        let staged: Vec<_> =
+            records_of(&out, "change").iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
         assert_eq!(staged, ["counter"], "{job}");
     }
 }
@@ -195,7 +200,10 @@ fn an_image_is_refused_for_an_ns_run_before_it_starts() {
     let out = env.pvisor(&["run", "--image", IMAGE, "--", "true"]);
     assert_ne!(out.status.code(), Some(0));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("--image applies to --executor vm; an ns run uses the host's userland"), "{stderr}");
+    assert!(
+        stderr.contains("--image applies to --executor vm; an ns run uses the host's userland"),
+        "{stderr}"
+    );
     no_jobs(&env);
 }
 

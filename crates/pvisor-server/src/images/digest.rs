@@ -28,7 +28,8 @@ pub fn tree_digest(root: &Path) -> io::Result<String> {
         let meta = fs::symlink_metadata(&path)?;
         let kind = meta.file_type();
         let (tag, content) = if kind.is_dir() {
-            let mut names: Vec<_> = fs::read_dir(&path)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
+            let mut names: Vec<_> =
+                fs::read_dir(&path)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
             names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
             // Reversed: the stack pops them in sorted order.
             stack.extend(names.into_iter().rev().map(|name| rel.join(name)));
@@ -77,7 +78,12 @@ mod tests {
         let digest = tree_digest(a.path()).unwrap();
         assert!(digest.starts_with(PREFIX) && digest.len() == PREFIX.len() + 64, "{digest}");
         let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1);
-        fs::File::options().write(true).open(b.path().join("usr/bin/tool")).unwrap().set_modified(old).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(b.path().join("usr/bin/tool"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         assert_eq!(tree_digest(b.path()).unwrap(), digest);
     }
 

@@ -464,7 +464,10 @@ mod tests {
         let digest = record.digest.clone().unwrap();
         assert_eq!(digest, digest::tree_digest(&src).unwrap(), "the import's digest is its tree's");
         let userland = store.userland("app").unwrap().unwrap();
-        assert_eq!((userland.digest.as_str(), userland.rootfs), (digest.as_str(), store.rootfs("app").unwrap()));
+        assert_eq!(
+            (userland.digest.as_str(), userland.rootfs),
+            (digest.as_str(), store.rootfs("app").unwrap())
+        );
 
         let path = store.slot("app").join("image.json");
         let mut old: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();

@@ -191,7 +191,8 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str, delta: bool) -> 
     let upper = fresh_disk(UPPER_SERIAL)?;
     mount(&upper, UPPER_MNT, "ext4", MountFlags::NODEV, "")
         .map_err(ctx(format!("mounting the upper disk {upper}")))?;
-    let (up, work) = upper_dirs(&Path::new(UPPER_MNT).join("upper"), &Path::new(UPPER_MNT).join("work"), &layers[0])?;
+    let (up, work) =
+        upper_dirs(&Path::new(UPPER_MNT).join("upper"), &Path::new(UPPER_MNT).join("work"), &layers[0])?;
     fs::create_dir_all(workspace)?;
     mount_overlay(&layers, &up, &work, workspace)
 }
