@@ -189,6 +189,38 @@ fn checkpoints_keep_the_userland_rootless() {
     checkpoints_keep_the_userland(As::Rootless);
 }
 
+/// An image whose `/tmp` is a symlink out of itself (`/tmp -> ../../..`)
+/// cannot move the workspace's mount out of the root the command sees: the
+/// mount point is resolved beneath the image's root, so the command finds
+/// the workspace at its own path (under `/tmp` here, which leads to the
+/// root's `/`) and its write is staged.
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn an_images_symlink_cannot_move_the_workspace_out_of_its_root() {
+    require_image();
+    let env = Env::new(As::Root);
+    assert!(env.ws.starts_with("/tmp"), "the test needs a workspace under /tmp: {}", env.ws.display());
+    let target = Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap();
+    let hostile = env.dir.path().join("hostile-rootfs");
+    let default = target.join("sandbox-image/rootfs");
+    assert!(default.join("bin/sh").exists(), "no default sandbox image: run scripts/sandbox-image.sh");
+    assert!(Command::new("cp").arg("-a").arg(&default).arg(&hostile).status().unwrap().success());
+    fs::remove_dir_all(hostile.join("tmp")).unwrap();
+    std::os::unix::fs::symlink("../../..", hostile.join("tmp")).unwrap();
+    env.expect(&["image", "import", "hostile", hostile.to_str().unwrap()], 0);
+    env.write("existing", "seen\n");
+
+    let script = "cat existing && echo x > out && echo \"cwd $(pwd)\"";
+    let out = env.pvisor(&["run", "--executor", "vm", "--image", "hostile", "--", "sh", "-c", script]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {}", text(&out.stderr));
+    // The shell names its cwd by where the image's /tmp leads: its own root.
+    let inside = Path::new("/").join(env.ws.strip_prefix("/tmp").unwrap());
+    assert_eq!(stdout, format!("seen\ncwd {}\n", inside.display()));
+    let staged: Vec<_> = env.review().iter().map(|c| c["path"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(staged, ["out"]);
+}
+
 /// No Job was recorded: the refusal came before the run started.
 fn no_jobs(env: &Env) {
     assert_eq!(env.expect(&["jobs", "--json"], 0).trim(), "", "a Job was recorded");
