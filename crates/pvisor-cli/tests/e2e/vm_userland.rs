@@ -144,7 +144,15 @@ fn checkpoints_keep_the_userland(who: As) {
     let digest = env.status_json(Some(&job))["image"]["digest"].as_str().unwrap().to_owned();
     assert_eq!(manifest["userland"]["digest"], digest.as_str(), "{manifest}");
 
-    // An execution fork of that checkpoint continues in its own copy of the userland.
+    // An execution fork of that checkpoint continues in its own copy of the
+    // userland, never another image.
+    let other = env.pvisor(&["fork", &job, "--state", "execution", "--image", "default"]);
+    assert_ne!(other.status.code(), Some(0));
+    assert!(
+        text(&other.stderr).contains("continues in the userland its checkpoint holds"),
+        "{}",
+        text(&other.stderr)
+    );
     let forked = env.pvisor(&["fork", &job, "--state", "execution", "-q"]);
     let child_out = text(&forked.stdout);
     assert_eq!(forked.status.code(), Some(0), "stderr: {}", text(&forked.stderr));
