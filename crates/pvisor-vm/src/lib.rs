@@ -59,6 +59,10 @@ pub use process::VmProcess;
 pub use pvisor_sandbox::checkpoint::{MachineConfig, RamFormat};
 pub use pvisor_sandbox::VmSpec;
 
+/// Why a VM with a userland image (`--image`) boots rather than restoring a
+/// template: a template's device list is the workspace's three disks.
+pub const USERLAND_BOOTS: &str = "a VM with a userland image boots: templates are built without its disks";
+
 use pvisor_sandbox::capabilities::CapabilityError;
 use pvisor_sandbox::{Executor, NetworkAttachment, SandboxError, SandboxProcess, SandboxSpec};
 

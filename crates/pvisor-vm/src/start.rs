@@ -270,9 +270,7 @@ fn fresh_disks(
     let plan = match boot_reason {
         Some(reason) => Err(reason),
         // A template's device list is the workspace's three disks.
-        None if vm.image.is_some() => {
-            Err("a VM with a userland image boots: templates are built without its disks".into())
-        }
+        None if vm.image.is_some() => Err(super::USERLAND_BOOTS.into()),
         // A template's device list has no NIC; it cannot gain one.
         None if checked.netns.is_some() => Err("a VM with a NIC boots: templates are built without one".into()),
         None if !vm.shared_directories.is_empty() => Err(

@@ -267,7 +267,12 @@ pub fn admit(
         limits: &request.limits,
     };
     let (policy, attachment) = policy::effective(requested, &state, &secrets, &host_paths)?;
-    let placement = placement::decide(executor_impl, &request.limits, request.fork_execution.is_some());
+    let placement = placement::decide(
+        executor_impl,
+        &request.limits,
+        request.fork_execution.is_some(),
+        policy.image.as_ref(),
+    );
     let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
     let operation = records::operation(
