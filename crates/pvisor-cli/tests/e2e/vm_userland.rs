@@ -233,6 +233,35 @@ fn an_images_symlink_cannot_move_the_workspace_out_of_its_root() {
     assert_eq!(staged, ["out"]);
 }
 
+/// The built-in `python` image needs no import: the first run that names
+/// it imports the build `scripts/sandbox-image.sh` made (found through
+/// `PVISOR_SANDBOX_IMAGE_PYTHON`, as an installed binary finds its assets).
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn the_built_in_python_image_is_imported_on_first_use() {
+    require_image();
+    let env = Env::new(As::Root);
+    let mut cmd = env.command(&[
+        "run",
+        "-q",
+        "--executor",
+        "vm",
+        "--image",
+        "python",
+        "--",
+        "python3",
+        "-c",
+        "print(6 * 7)",
+    ]);
+    let out = cmd.env("PVISOR_SANDBOX_IMAGE_PYTHON", python_rootfs()).output().unwrap();
+    assert_eq!(text(&out.stdout), "42\n", "stderr: {}", text(&out.stderr));
+    let listed = env.expect(&["image", "ls", "--json"], 0);
+    let images = records_of(&listed, "image");
+    assert_eq!(images.len(), 1, "{listed}");
+    assert_eq!(images[0]["name"], "python");
+    assert_eq!(env.status_json(None)["image"]["digest"], images[0]["digest"]);
+}
+
 /// No Job was recorded: the refusal came before the run started.
 fn no_jobs(env: &Env) {
     assert_eq!(env.expect(&["jobs", "--json"], 0).trim(), "", "a Job was recorded");
