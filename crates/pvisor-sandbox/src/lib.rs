@@ -281,9 +281,14 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         attachment.describe()
     }
 
-    /// Further facts for the Placement record of a start with `limits` (the
-    /// vm backend's accelerator, and whether it restores a template or boots, and why).
-    fn placement_details(&self, _limits: &limits::Limits) -> Vec<(String, String)> {
+    /// Further facts for the Placement record of a start with `limits` and,
+    /// for a vm Job, the userland `image` (the vm backend's accelerator, the
+    /// image, and whether it restores a template or boots, and why).
+    fn placement_details(
+        &self,
+        _limits: &limits::Limits,
+        _image: Option<&pvisor_core::records::UserlandImage>,
+    ) -> Vec<(String, String)> {
         Vec::new()
     }
 

@@ -23,8 +23,8 @@ use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
 use super::virtiofs::{self, FileServers};
 use super::{
-    checkpoint, disk, lower, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, RamFormat, VmExecutor,
-    EXEC_ID,
+    checkpoint, disk, lower, qmp, setup, Accelerator, ExecCheckpoint, Layout, MachineConfig, RamFormat,
+    VmExecutor, EXEC_ID,
 };
 use pvisor_sandbox::{sys, NetworkAttachment, SandboxError, SandboxSpec, Termination, VmSpec};
 
@@ -269,15 +269,14 @@ fn fresh_disks(
     let image = vm.image.as_ref().map(|image| image_disks(executor, image, &vm.dir, scratch)).transpose()?;
     let plan = match boot_reason {
         Some(reason) => Err(reason),
-        // A template's device list is the workspace's three disks.
-        None if vm.image.is_some() => Err(super::USERLAND_BOOTS.into()),
         // A template's device list has no NIC; it cannot gain one.
         None if checked.netns.is_some() => Err("a VM with a NIC boots: templates are built without one".into()),
         None if !vm.shared_directories.is_empty() => Err(
             "a VM that shares host directories boots: virtiofsd maps its RAM, which a template clone keeps private"
                 .into(),
         ),
-        None => executor.template_for(&executor.machine_config(&spec.limits)),
+        // With a userland image, a template of the same five disks.
+        None => executor.template_for(&executor.machine_config(&spec.limits), Layout::of(vm.image.is_some())),
     };
     let start = match plan {
         Ok((template, in_use)) => Start::Clone { template: Box::new(template), _in_use: Some(in_use) },

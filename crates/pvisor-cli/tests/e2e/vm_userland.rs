@@ -91,9 +91,13 @@ fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
     assert_eq!(policy["data"]["image"]["digest"], digest.as_str(), "{policy}");
     let placement = &events.iter().find(|e| e["type"] == "placement.decided").unwrap()["data"]["details"];
     assert_eq!(placement["userland"], format!("{IMAGE} {digest}"), "{placement}");
-    assert_eq!(placement["start"], "boot", "{placement}");
+    // A template of the workspace's and the image's disks, built on this first use.
+    assert_eq!(placement["start"], "template", "{placement}");
     let vm = events.iter().find(|e| e["type"] == "attempt.vm").unwrap();
-    assert_eq!(vm["data"]["start"]["mode"], "boot", "the Placement's plan is what happened: {vm}");
+    assert_eq!(
+        vm["data"]["start"]["mode"], "template-restore",
+        "the Placement's plan is what happened: {vm}"
+    );
     assert_eq!(vm["data"]["userland"]["digest"], digest.as_str(), "{vm}");
     let bundle = env.home.join("runs").join(status["run"].as_str().unwrap()).join("attempts/1/bundle.json");
     let bundle: serde_json::Value = serde_json::from_slice(&fs::read(bundle).unwrap()).unwrap();

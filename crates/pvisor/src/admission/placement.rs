@@ -21,8 +21,9 @@ use super::ExecutionFork;
 /// to (rootless unless pvisor runs as root), this host's name and kernel,
 /// and whatever the executor adds. An execution fork restores its parent's
 /// checkpoint, so whatever the executor would plan for a fresh start (a
-/// template) does not apply to it; nor does it to a VM with a userland
-/// image (`--image`), which boots, and whose image the Placement names.
+/// template) does not apply to it. A vm Job's userland `image` is the
+/// executor's to name (and plan the start with: its disks are a template
+/// shape of their own).
 pub(super) fn decide(
     executor: &dyn pvisor_sandbox::Executor,
     limits: &ResourceLimits,
@@ -30,18 +31,11 @@ pub(super) fn decide(
     image: Option<&pvisor_core::records::UserlandImage>,
 ) -> Placement {
     let mut details: std::collections::BTreeMap<String, String> =
-        executor.placement_details(limits).into_iter().collect();
-    if let Some(image) = image {
-        details.insert("userland".into(), format!("{} {}", image.name, image.digest));
-    }
+        executor.placement_details(limits, image).into_iter().collect();
     if execution_fork {
         details.remove("template");
         details.remove("boot_reason");
         details.insert("start".into(), "restore of the parent's execution checkpoint".into());
-    } else if image.is_some() {
-        details.remove("template");
-        details.insert("start".into(), "boot".into());
-        details.insert("boot_reason".into(), pvisor_vm::USERLAND_BOOTS.into());
     }
     let (host, kernel) = uname();
     let euid = rustix::process::geteuid().as_raw();
