@@ -102,6 +102,13 @@ fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
     let bundle = env.home.join("runs").join(status["run"].as_str().unwrap()).join("attempts/1/bundle.json");
     let bundle: serde_json::Value = serde_json::from_slice(&fs::read(bundle).unwrap()).unwrap();
     assert_eq!(bundle["observations"]["extra"]["image"], format!("{IMAGE} {digest}"));
+    // That template is current: listed, not stale, kept by gc.
+    let templates = records_of(&env.expect(&["image", "templates", "--json"], 0), "template");
+    // (The Placement names it, "built on this first use".)
+    let planned = placement["template"].as_str().unwrap();
+    let current =
+        |t: &&serde_json::Value| t["stale"] == false && planned.starts_with(t["id"].as_str().unwrap());
+    assert!(templates.iter().any(|t| current(&t)), "{planned}: {templates:?}");
     let shown = env.expect(&["status"], 0);
     assert!(shown.contains(&format!("image      {IMAGE} ({digest})")), "{shown}");
 
