@@ -14,6 +14,8 @@ scripts/vm-image.sh
 scripts/sandbox-image.sh
 scripts/sdk-env.sh >/dev/null
 scripts/mcp-env.sh >/dev/null
+# Claude Code and Codex, pinned, from npm: the real-agent tests run them inside pvisor.
+scripts/agents-env.sh >/dev/null
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # Tests that need what a host may lack (root, containerd, the vm guest image)

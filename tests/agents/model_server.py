@@ -3,9 +3,10 @@ Messages API (what Claude Code speaks) and the OpenAI Responses API (what
 Codex speaks), streaming, on host loopback.
 
 It plays a fixed script, one step per model turn: the step to play is the
-number of tool results the request already carries, so an agent that
-resumes a conversation (`claude --continue`, `codex exec resume`) gets the
-step after its last one. Steps (a JSON list in the file given with
+number of tool results and final answers the request already carries, so
+an agent that resumes a conversation (`claude --continue`, `codex exec
+resume`) with a new prompt gets the step after its last answer, and one
+that starts afresh gets the first step again. Steps (a JSON list in the file given with
 --script):
   {"write": {"path": ABSOLUTE_PATH, "content": TEXT}}   a file-writing tool call
   {"bash": COMMAND}                                       a shell tool call
@@ -27,19 +28,25 @@ LOCK = threading.Lock()
 
 
 def tool_results(messages):
-    """Tool results already in an Anthropic conversation."""
+    """Steps already played in an Anthropic conversation: tool results, and
+    assistant turns that called no tool (final answers)."""
     count = 0
     for message in messages:
         content = message.get("content")
-        if isinstance(content, list):
-            count += sum(1 for block in content if block.get("type") == "tool_result")
+        blocks = content if isinstance(content, list) else [{"type": "text"}]
+        if message.get("role") == "assistant":
+            count += not any(block.get("type") == "tool_use" for block in blocks)
+        else:
+            count += sum(1 for block in blocks if block.get("type") == "tool_result")
     return count
 
 
 def function_outputs(items):
-    """Tool outputs already in a Responses input."""
+    """Steps already played in a Responses input: tool outputs and the
+    assistant's answers."""
     kinds = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
-    return sum(1 for item in items if isinstance(item, dict) and item.get("type") in kinds)
+    return sum(1 for item in items if isinstance(item, dict) and (
+        item.get("type") in kinds or (item.get("type") == "message" and item.get("role") == "assistant")))
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -93,10 +93,15 @@ pub fn names(user: &BTreeMap<String, AgentPreset>) -> Vec<String> {
 
 /// The preset `name`: the built-in one extended by the user's table of the
 /// same name (lists appended, variables overridden), or the user's own.
-pub fn preset(name: &str, user: &BTreeMap<String, AgentPreset>, config: &Path) -> Result<AgentPreset, AgentError> {
-    let builtin = BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, text)| {
-        toml::from_str::<AgentPreset>(text).expect("the built-in presets parse (tested)")
-    });
+pub fn preset(
+    name: &str,
+    user: &BTreeMap<String, AgentPreset>,
+    config: &Path,
+) -> Result<AgentPreset, AgentError> {
+    let builtin = BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| toml::from_str::<AgentPreset>(text).expect("the built-in presets parse (tested)"));
     match (builtin, user.get(name)) {
         (Some(mut base), Some(extra)) => {
             extend(&mut base, extra.clone());
@@ -138,7 +143,9 @@ pub fn grant(
             Some(rest) if !rest.is_empty() && !rest.split('/').any(|c| c == ".." || c.is_empty()) => {
                 Ok(home.join(rest))
             }
-            _ => Err(invalid(format!("state path {p:?} must be a path under the home directory, written ~/PATH"))),
+            _ => Err(invalid(format!(
+                "state path {p:?} must be a path under the home directory, written ~/PATH"
+            ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut allow = preset.allow.clone();
@@ -208,7 +215,11 @@ impl Grant {
             self.name,
             list(&state),
             list(&self.allow),
-            if keys.is_empty() { "none".to_owned() } else { format!("{} (brokered: never inside)", keys.join("; ")) },
+            if keys.is_empty() {
+                "none".to_owned()
+            } else {
+                format!("{} (brokered: never inside)", keys.join("; "))
+            },
         );
         if !self.env.is_empty() {
             let set: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -262,10 +273,16 @@ mod tests {
     #[test]
     fn the_user_extends_a_preset_or_adds_one_and_an_unknown_name_lists_them() {
         let mut user = BTreeMap::new();
-        user.insert("claude".into(), AgentPreset { allow: vec!["proxy.corp:443".into()], ..Default::default() });
+        user.insert(
+            "claude".into(),
+            AgentPreset { allow: vec!["proxy.corp:443".into()], ..Default::default() },
+        );
         user.insert("mine".into(), AgentPreset { state: vec!["~/.mine".into()], ..Default::default() });
         let claude = preset("claude", &user, Path::new("/c")).unwrap();
-        assert!(claude.allow.contains(&"api.anthropic.com:443".into()) && claude.allow.contains(&"proxy.corp:443".into()));
+        assert!(
+            claude.allow.contains(&"api.anthropic.com:443".into())
+                && claude.allow.contains(&"proxy.corp:443".into())
+        );
         assert_eq!(preset("mine", &user, Path::new("/c")).unwrap().state, ["~/.mine"]);
         let unknown = preset("cladue", &user, Path::new("/cfg.toml")).unwrap_err().to_string();
         assert!(unknown.contains("claude, codex, gemini, opencode, aider, mine"), "{unknown}");

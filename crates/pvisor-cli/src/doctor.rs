@@ -111,6 +111,8 @@ pub fn probe_sandbox(scratch: &Path) -> Result<Vec<String>, ProbeError> {
         caches: Vec::new(),
         exposed_sockets: Vec::new(),
         read_only: Vec::new(),
+        ca_bundle: None,
+        state: Vec::new(),
         program: "sh".into(),
         args: vec!["-c".into(), "echo probe > probe-file".into()],
         env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],

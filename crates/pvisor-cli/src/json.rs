@@ -76,6 +76,8 @@ json_types! {
     Failed = "failed",
     /// `cache ls`: one cache.
     Cache = "cache",
+    /// `review --state`, `state approve`: one agent state change.
+    State = "state",
     /// `trust --list`: one trusted file.
     Trusted = "trusted",
     /// `image ls`: one image.
@@ -107,6 +109,9 @@ json_types! {
     Planned = "planned",
     /// `apply`: a selected path not applied, with why.
     Skipped = "skipped",
+    /// `apply`: a branch or tag a commit made in the sandbox moved (or, in
+    /// a dry run, would move).
+    Commit = "commit",
     /// `drop`: a change discarded.
     Dropped = "dropped",
     /// `status --session`: the session and its runs; `run --session`: the

@@ -336,6 +336,46 @@ impl AppliedPath {
     }
 }
 
+/// A branch or tag moved by a commit made in the sandbox: the `commit`
+/// line of `apply --json`, one per ref.
+#[derive(Clone, Debug, Serialize)]
+pub struct MovedRef {
+    /// The full ref name (`refs/heads/main`).
+    #[serde(rename = "ref")]
+    pub name: String,
+    /// The host's value before (null: a new ref).
+    pub old: Option<String>,
+    pub new: String,
+    /// The host already held it at `new`: nothing was moved.
+    pub already: bool,
+    /// Not moved: git refused the compare-and-swap (see the `skipped` line).
+    pub failed: bool,
+    /// Objects the host lacked (for the whole commit, on each line).
+    pub new_objects: usize,
+    /// Staged `.git/` paths settled with the commit (none copied).
+    pub paths: usize,
+}
+
+impl MovedRef {
+    /// Every ref `report`'s commit moved, found already moved, or could not move.
+    pub fn from_report(report: &ApplyReport) -> Vec<MovedRef> {
+        let Some(commit) = &report.commit else { return Vec::new() };
+        let line = |m: &pvisor_stage::commits::RefMove, already: bool, failed: bool| MovedRef {
+            name: m.name.clone(),
+            old: m.old.clone(),
+            new: m.new.clone(),
+            already,
+            failed,
+            new_objects: commit.new_objects,
+            paths: commit.paths.len(),
+        };
+        let mut out: Vec<MovedRef> = commit.moved.iter().map(|m| line(m, false, false)).collect();
+        out.extend(commit.already.iter().map(|m| line(m, true, false)));
+        out.extend(commit.failed.iter().map(|(m, _)| line(m, false, true)));
+        out
+    }
+}
+
 /// A selected path an apply did not apply, and why.
 #[derive(Clone, Debug, Serialize)]
 pub struct SkippedPath {
@@ -399,6 +439,10 @@ pub struct ApplyResult {
     pub applied: usize,
     /// Selected paths not applied, for any reason (the counts below).
     pub skipped: usize,
+    /// Branches and tags a commit made in the sandbox moved (or would):
+    /// each is a `commit` line, and its `.git/` paths are not counted in
+    /// `applied`.
+    pub refs_moved: usize,
     /// Paths in conflict: when there is one, nothing was applied.
     pub conflicts: usize,
     pub sensitive: usize,
@@ -428,6 +472,11 @@ impl ApplyResult {
             dry_run,
             applied: AppliedPath::from_report(report).len(),
             skipped: skipped.len(),
+            refs_moved: if report.conflicts.is_empty() {
+                report.commit.as_ref().map_or(0, |c| c.moved.len())
+            } else {
+                0
+            },
             conflicts: count(SkipReason::Conflict),
             sensitive: count(SkipReason::Sensitive),
             refused: count(SkipReason::Refused),

@@ -122,6 +122,9 @@ event_kinds! {
     NetworkFailed => "network.failed",
     /// One request through the proxy was denied.
     NetworkDenied => "network.denied",
+    /// A `--secret`'s value was put into a request to its bound host
+    /// (recorded by variable name, never the value).
+    NetworkSecretSubstituted => "network.secret_substituted",
     /// Events the command caused past the Trace's bound, counted instead of written.
     TraceCoalesced => "trace.coalesced",
     /// The executor was chosen.

@@ -8,15 +8,18 @@
 //! and relays each connection byte for byte to the host's port. Every
 //! connection goes through the same decision, resolution and recording as a
 //! proxied request ([`crate::proxy`]), with the method `TCP`: any protocol
-//! passes, but only to the destination the rule names.
+//! passes, but only to the destination the rule names. A port a `--secret`
+//! binds is read as HTTP/1.1 instead, so its requests get the bound value
+//! ([`crate::broker`]).
 
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use crate::policy::{EffectiveNetwork, LoopbackForward};
-use crate::proxy::{Ctx, ProxyEvent, TUNNEL_BUFFER};
+use crate::broker::relay::{self, Destination};
+use crate::policy::LoopbackForward;
+use crate::proxy::{Ctx, Shared, TUNNEL_BUFFER};
 
 /// Relays each connection accepted on `listener` (made for `forward`
 /// inside the sandbox) to `forward.host` on the same port, until `stop`
@@ -25,13 +28,12 @@ use crate::proxy::{Ctx, ProxyEvent, TUNNEL_BUFFER};
 pub async fn serve(
     listener: std::net::TcpListener,
     forward: LoopbackForward,
-    policy: Arc<EffectiveNetwork>,
-    events: mpsc::UnboundedSender<ProxyEvent>,
+    shared: Shared,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let ctx = Arc::new(Ctx { policy, events });
+    let ctx = shared.ctx();
     let host: Arc<str> = forward.host.into();
     let port = forward.listen.port();
     let mut connections = tokio::task::JoinSet::new();
@@ -54,10 +56,15 @@ pub async fn serve(
 }
 
 /// One forwarded connection: decided, connected and recorded, then copied
-/// both ways until either side closes.
+/// both ways until either side closes (or, to a bound port, relayed as
+/// HTTP/1.1 with the bound values).
 async fn relay(mut client: TcpStream, ctx: Arc<Ctx>, host: Arc<str>, port: u16) {
     let Ok(mut upstream) = ctx.connect(&host, port, "TCP").await else { return };
     let _ = client.set_nodelay(true);
+    if ctx.binding(&host, port, true).is_some() {
+        let destination = Destination { host, port, tls: false, label: "TCP" };
+        return relay::serve(client, upstream, ctx, destination).await;
+    }
     let _ =
         tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, TUNNEL_BUFFER, TUNNEL_BUFFER)
             .await;
@@ -67,9 +74,11 @@ async fn relay(mut client: TcpStream, ctx: Arc<Ctx>, host: Arc<str>, port: u16) 
 mod tests {
     use std::io::{Read, Write};
 
+    use tokio::sync::mpsc;
+
     use super::*;
-    use crate::policy::{resolve, PolicySpec, Scope, ScopedPolicy};
-    use crate::proxy::Outcome;
+    use crate::policy::{resolve, EffectiveNetwork, PolicySpec, Scope, ScopedPolicy};
+    use crate::proxy::{NetEvent, Outcome};
 
     fn policy(allow: &[String]) -> Arc<EffectiveNetwork> {
         let spec = PolicySpec { mode: None, allow: allow.to_vec(), deny: Vec::new(), ordered: None };
@@ -82,13 +91,14 @@ mod tests {
         host: &str,
         port: u16,
         allow: &[String],
-    ) -> (mpsc::UnboundedReceiver<ProxyEvent>, watch::Sender<bool>, std::net::SocketAddr) {
+    ) -> (mpsc::UnboundedReceiver<NetEvent>, watch::Sender<bool>, std::net::SocketAddr) {
         let listener = std::net::TcpListener::bind(("127.0.0.2", port)).unwrap();
         let listen = listener.local_addr().unwrap();
         let (events, rx) = mpsc::unbounded_channel();
         let (stop, stopped) = watch::channel(false);
         let forward = LoopbackForward { listen, host: host.to_owned() };
-        tokio::spawn(serve(listener, forward, policy(allow), events, stopped));
+        let shared = Shared { policy: policy(allow), broker: None, events };
+        tokio::spawn(serve(listener, forward, shared, stopped));
         (rx, stop, listen)
     }
 
@@ -110,7 +120,7 @@ mod tests {
             let mut reply = [0u8; 1];
             tokio::io::AsyncReadExt::read_exact(&mut client, &mut reply).await.unwrap();
             assert_eq!(reply[0], i + 1);
-            let event = rx.recv().await.unwrap();
+            let Some(NetEvent::Request(event)) = rx.recv().await else { panic!("a request event") };
             assert_eq!((event.outcome, event.method.as_str(), event.port), (Outcome::Connected, "TCP", port));
         }
     }
@@ -124,7 +134,7 @@ mod tests {
         let mut buf = [0u8; 1];
         let read = tokio::io::AsyncReadExt::read(&mut client, &mut buf).await;
         assert!(matches!(read, Ok(0) | Err(_)), "the sandbox's connection is closed: {read:?}");
-        let event = rx.recv().await.unwrap();
+        let Some(NetEvent::Request(event)) = rx.recv().await else { panic!("a request event") };
         assert_eq!(event.outcome, Outcome::Failed, "{event:?}");
         assert!(event.allowed && event.reason.unwrap().starts_with("cannot connect"));
     }

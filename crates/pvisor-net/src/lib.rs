@@ -9,8 +9,12 @@
 //!   sandbox has no route out except through it;
 //! - [`forward`]: the host loopback ports `HOST:PORT` rules open, forwarded
 //!   as raw TCP into the sandbox's network namespace through the same
-//!   decisions and records, for clients that ignore the proxy variables.
+//!   decisions and records, for clients that ignore the proxy variables;
+//! - [`broker`]: credential brokering (`--secret VAR@HOST`): the sandbox
+//!   holds a placeholder, and the proxy puts the value into the headers of
+//!   requests to that host alone, terminating TLS for it with a per-run CA.
 
+pub mod broker;
 pub mod forward;
 pub mod policy;
 pub mod proxy;

@@ -15,9 +15,14 @@
 //!   fresh upstream connection and the response streamed back. The client's
 //!   connection stays keep-alive (hyper also handles pipelining).
 //!
+//! - A destination a [`Broker`] binds: a `CONNECT` to it has its TLS
+//!   terminated with the run's CA and its requests relayed with the bound
+//!   values in their headers ([`crate::broker`]); an absolute-form request
+//!   to it gets them too. Every other destination is tunnelled or
+//!   forwarded untouched, placeholders and all.
+//!
 //! Bodies are streamed, never buffered. Idle client connections time out.
 
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +35,8 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
+use crate::broker::relay::{self, Destination};
+use crate::broker::{Broker, Substitution};
 use crate::policy::{Decide, Decision, EffectiveNetwork};
 
 /// How long a client connection may sit idle between requests.
@@ -69,13 +76,30 @@ pub struct ProxyEvent {
     pub reason: Option<String>,
 }
 
-type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// What the proxy and the port forwards report for the Trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetEvent {
+    /// A request or connection: decided, and connected or not.
+    Request(ProxyEvent),
+    /// A bound value was put into a request's headers.
+    Substituted(Substitution),
+}
 
-/// The policy and the event channel shared by the proxy's and the port
-/// forwards' connections.
+pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// The policy, the broker and the event channel shared by the proxy's and
+/// the port forwards' connections.
 pub(crate) struct Ctx {
     pub(crate) policy: Arc<EffectiveNetwork>,
-    pub(crate) events: mpsc::UnboundedSender<ProxyEvent>,
+    pub(crate) broker: Option<Arc<Broker>>,
+    pub(crate) events: mpsc::UnboundedSender<NetEvent>,
+}
+
+impl Ctx {
+    /// The broker, if it binds `host:port` (in `clear` text, or over TLS).
+    pub(crate) fn binding(&self, host: &str, port: u16, clear: bool) -> Option<&Arc<Broker>> {
+        self.broker.as_ref().filter(|b| b.binds(host, port, clear))
+    }
 }
 
 /// Why [`Ctx::connect`] did not connect: the status an HTTP client gets and
@@ -84,15 +108,35 @@ pub(crate) struct Ctx {
 pub(crate) struct Refused {
     status: StatusCode,
     message: String,
+    /// Refused by an ordered policy (OpenSandbox's `networkPolicy`): a
+    /// plain-HTTP client then gets no answer at all, its connection closed,
+    /// so it fails as under the reference egress, where a denied name does
+    /// not resolve (components/egress: NXDOMAIN) and nothing is reached. A
+    /// 403 page would read as a successful request to `curl` and most SDKs.
+    closes: bool,
 }
 
+/// A denied plain-HTTP request under an ordered policy: hyper closes the
+/// client's connection without a response.
+#[derive(Debug, thiserror::Error)]
+#[error("denied by the sandbox's network policy; the connection is closed")]
+pub(crate) struct ClosedByPolicy;
+
+/// Marks a response whose connection is closed instead (see [`Refused::closes`]).
+#[derive(Clone, Copy)]
+struct CloseInstead;
+
 impl Refused {
-    fn response(self) -> Response<ProxyBody> {
-        text(self.status, self.message)
+    pub(crate) fn response(self) -> Response<ProxyBody> {
+        let mut response = text(self.status, self.message);
+        if self.closes {
+            response.extensions_mut().insert(CloseInstead);
+        }
+        response
     }
 }
 
-fn text(status: StatusCode, message: String) -> Response<ProxyBody> {
+pub(crate) fn text(status: StatusCode, message: String) -> Response<ProxyBody> {
     let mut resp =
         Response::new(Full::new(Bytes::from(message + "\n")).map_err(|never| match never {}).boxed());
     *resp.status_mut() = status;
@@ -108,7 +152,7 @@ fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> 
 }
 
 impl Ctx {
-    fn report(
+    pub(crate) fn report(
         &self,
         outcome: Outcome,
         host: &str,
@@ -117,7 +161,7 @@ impl Ctx {
         rule: &str,
         reason: Option<String>,
     ) {
-        let _ = self.events.send(ProxyEvent {
+        let _ = self.events.send(NetEvent::Request(ProxyEvent {
             allowed: outcome != Outcome::Denied,
             outcome,
             host: host.to_owned(),
@@ -125,7 +169,7 @@ impl Ctx {
             method: method.to_owned(),
             rule: rule.to_owned(),
             reason,
-        });
+        }));
     }
 
     /// Applies the policy, resolves and connects, recording the outcome.
@@ -135,6 +179,7 @@ impl Ctx {
             Decision::Deny { rule, reason } => {
                 self.report(Outcome::Denied, host, port, method, &rule, Some(reason.clone()));
                 return Err(Refused {
+                    closes: self.policy.ordered.is_some(),
                     status: StatusCode::FORBIDDEN,
                     message: format!(
                         "pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"
@@ -156,6 +201,7 @@ impl Ctx {
                         Some(format!("cannot resolve: {e}")),
                     );
                     return Err(Refused {
+                        closes: false,
                         status: StatusCode::BAD_GATEWAY,
                         message: format!("pvisor: cannot resolve {host}: {e}"),
                     });
@@ -177,6 +223,7 @@ impl Ctx {
             let reason = refused.unwrap_or_else(|| "no addresses".into());
             self.report(Outcome::Denied, host, port, method, "internal-address", Some(reason.clone()));
             return Err(Refused {
+                closes: self.policy.ordered.is_some(),
                 status: StatusCode::FORBIDDEN,
                 message: format!("pvisor: {method} {host}:{port} denied: {reason}"),
             });
@@ -196,19 +243,24 @@ impl Ctx {
         let reason = last_err.unwrap_or_default();
         self.report(Outcome::Failed, host, port, method, &rule, Some(format!("cannot connect: {reason}")));
         Err(Refused {
+            closes: false,
             status: StatusCode::BAD_GATEWAY,
             message: format!("pvisor: cannot connect to {host}:{port}: {reason}"),
         })
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, ClosedByPolicy> {
         if req.method() == Method::CONNECT {
             return Ok(self.tunnel(req).await);
         }
-        Ok(self.forward(req).await)
+        let response = self.forward(req).await;
+        match response.extensions().get::<CloseInstead>() {
+            Some(_) => Err(ClosedByPolicy),
+            None => Ok(response),
+        }
     }
 
-    async fn tunnel(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn tunnel(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 443)) else {
             return text(StatusCode::BAD_REQUEST, "pvisor: CONNECT needs host:port".into());
         };
@@ -216,21 +268,47 @@ impl Ctx {
             Ok(c) => c,
             Err(refused) => return refused.response(),
         };
+        if self.binding(&host, port, false).is_some() {
+            tokio::spawn(async move {
+                let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
+                self.bound_tunnel(TokioIo::new(upgraded), upstream, host, port).await;
+            });
+            return Response::new(Empty::new().map_err(|never| match never {}).boxed());
+        }
         tokio::spawn(async move {
             if let Ok(upgraded) = hyper::upgrade::on(req).await {
-                let mut client = TokioIo::new(upgraded);
-                let mut upstream = upstream;
-                // Large buffers: a tunnel is a bulk copy, and loopback is fast.
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut client,
-                    &mut upstream,
-                    TUNNEL_BUFFER,
-                    TUNNEL_BUFFER,
-                )
-                .await;
+                copy_both_ways(TokioIo::new(upgraded), upstream).await;
             }
         });
         Response::new(Empty::new().map_err(|never| match never {}).boxed())
+    }
+
+    /// A tunnel to a bound destination, read by its first byte: TLS (a
+    /// handshake record) is terminated with the run's CA and relayed with
+    /// the values; plain HTTP (what Node's proxy agents send through
+    /// `CONNECT` even for `http://`) is relayed with them where they may
+    /// travel in clear text; anything else is tunnelled untouched.
+    async fn bound_tunnel(
+        self: Arc<Self>,
+        client: TokioIo<hyper::upgrade::Upgraded>,
+        upstream: TcpStream,
+        host: String,
+        port: u16,
+    ) {
+        let Ok(client) = relay::Peeked::new(client).await else { return };
+        let server = self.broker.as_ref().and_then(|b| b.tls().server(&host));
+        match (client.first_byte(), server) {
+            (Some(relay::TLS_HANDSHAKE), Some(server)) => {
+                let Ok(tls) = tokio_rustls::TlsAcceptor::from(server).accept(client).await else { return };
+                let destination = Destination { host: host.into(), port, tls: true, label: "CONNECT" };
+                relay::serve(tls, upstream, self, destination).await;
+            }
+            _ if self.binding(&host, port, true).is_some() => {
+                let destination = Destination { host: host.into(), port, tls: false, label: "CONNECT" };
+                relay::serve(client, upstream, self, destination).await;
+            }
+            _ => copy_both_ways(client, upstream).await,
+        }
     }
 
     async fn forward(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
@@ -247,6 +325,17 @@ impl Ctx {
         if let Err(reason) = one_host_header(req.headers(), &host, port) {
             self.report(Outcome::Denied, &host, port, &method, "host-mismatch", Some(reason.to_string()));
             return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
+        }
+        if self.binding(&host, port, true).is_some() && crate::broker::echoes_headers(req.method()) {
+            self.report(
+                Outcome::Denied,
+                &host,
+                port,
+                &method,
+                "secret-echo",
+                Some("TRACE echoes headers".into()),
+            );
+            return text(StatusCode::METHOD_NOT_ALLOWED, crate::broker::ECHO_REFUSED.into());
         }
         let upstream = match self.connect(&host, port, &method).await {
             Ok(c) => c,
@@ -277,16 +366,38 @@ impl Ctx {
         ] {
             req.headers_mut().remove(hop);
         }
+        let broker = self.binding(&host, port, true).cloned();
+        if let Some(broker) = &broker {
+            for substitution in broker.substitute(req.headers_mut(), &host, port, &method, true) {
+                let _ = self.events.send(NetEvent::Substituted(substitution));
+            }
+        }
         match sender.send_request(req).await {
-            Ok(resp) => resp.map(|body| body.boxed()),
+            Ok(mut resp) => {
+                if let Some(broker) = &broker {
+                    broker.mask(resp.headers_mut());
+                }
+                resp.map(|body| body.boxed())
+            }
             Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
         }
     }
 }
 
+/// Copies a tunnel both ways until either side closes. Large buffers: a
+/// tunnel is a bulk copy, and loopback is fast.
+async fn copy_both_ways<C>(mut client: C, mut upstream: TcpStream)
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ =
+        tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, TUNNEL_BUFFER, TUNNEL_BUFFER)
+            .await;
+}
+
 /// Why a request's `Host` headers were refused.
 #[derive(Debug, thiserror::Error)]
-enum HostHeaderError {
+pub(crate) enum HostHeaderError {
     #[error("Host header {header:?} differs from the request line's {host}:{port}")]
     Differs { header: hyper::header::HeaderValue, host: String, port: u16 },
     #[error("{count} Host headers; a request has one")]
@@ -295,7 +406,11 @@ enum HostHeaderError {
 
 /// The `Host` headers must not smuggle a different destination past the
 /// check: at most one, naming the request line's host and port.
-fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<(), HostHeaderError> {
+pub(crate) fn one_host_header(
+    headers: &hyper::HeaderMap,
+    host: &str,
+    port: u16,
+) -> Result<(), HostHeaderError> {
     let all: Vec<&hyper::header::HeaderValue> = headers.get_all(hyper::header::HOST).iter().collect();
     match all.as_slice() {
         [] => Ok(()),
@@ -310,16 +425,31 @@ fn one_host_header(headers: &hyper::HeaderMap, host: &str, port: u16) -> Result<
     }
 }
 
+/// What every connection of a run's proxy and port forwards shares: the
+/// recorded policy, the broker of its `--secret`s (if any) and where
+/// events go.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub policy: Arc<EffectiveNetwork>,
+    pub broker: Option<Arc<Broker>>,
+    pub events: mpsc::UnboundedSender<NetEvent>,
+}
+
+impl Shared {
+    pub(crate) fn ctx(self) -> Arc<Ctx> {
+        Arc::new(Ctx { policy: self.policy, broker: self.broker, events: self.events })
+    }
+}
+
 /// Serves the proxy on `listener` until `stop` turns true.
 pub async fn serve(
     listener: std::net::TcpListener,
-    policy: Arc<EffectiveNetwork>,
-    events: mpsc::UnboundedSender<ProxyEvent>,
+    shared: Shared,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let ctx = Arc::new(Ctx { policy, events });
+    let ctx = shared.ctx();
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {

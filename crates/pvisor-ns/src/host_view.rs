@@ -117,6 +117,30 @@ pub(crate) fn show_read_only(root: &Path, paths: &[PathBuf]) -> Result<(), StepE
     Ok(())
 }
 
+/// The system CA bundle files clients read when no variable names one
+/// (Debian/Ubuntu, Fedora/RHEL, openSUSE, Alpine and others).
+const SYSTEM_CA_BUNDLES: [&str; 5] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Shows `bundle` read-only over each system CA bundle that is a regular
+/// file in the view (a symlink is left alone: it names one of the others,
+/// and a mount would follow it out of the root).
+pub(crate) fn show_ca_bundle(root: &Path, bundle: Option<&Path>) -> Result<(), StepError> {
+    let Some(bundle) = bundle else { return Ok(()) };
+    for system in SYSTEM_CA_BUNDLES {
+        let target = under(root, Path::new(system));
+        if fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
+            bind_read_only(bundle, &target, false)?;
+        }
+    }
+    Ok(())
+}
+
 /// Creates `target` (a directory, or an empty file) and its parents when
 /// it does not exist.
 fn make_place(target: &Path, is_dir: bool) -> io::Result<()> {
@@ -307,6 +331,56 @@ pub(crate) fn mount_caches(root: &Path, caches: &[pvisor_sandbox::CacheMount]) -
                 "--cache needs an existing host directory on a filesystem overlayfs can use as a lower layer",
             )
         })?;
+    }
+    Ok(())
+}
+
+/// Mounts agent state (`--state`) in the spec's order: each parent as an
+/// overlay of the host directory with the Job's upper (so a rename of a
+/// temp file over a state file works), then each state directory as a
+/// read-write bind of the Job's copy. Made before the caches, `--ro`, the
+/// workspace and the hidden paths, which all stay on top: a secret store
+/// under a state directory is hidden like anywhere else.
+pub(crate) fn mount_state(root: &Path, state: &[pvisor_sandbox::StateMount]) -> Result<(), StepError> {
+    use pvisor_sandbox::StateMount;
+    for mount in state {
+        match mount {
+            StateMount::Parent { path, upper, work } => {
+                // Under the sandbox's own /tmp the place is not there yet.
+                make_place(&under(root, path), true).map_err(|e| {
+                    StepError::new("state", format!("cannot make a place for {}: {e}", path.display()))
+                })?;
+                let options = format!(
+                    "lowerdir={},upperdir={},workdir={},userxattr",
+                    super::mounts::escape_overlay_path(path),
+                    super::mounts::escape_overlay_path(upper),
+                    super::mounts::escape_overlay_path(work),
+                );
+                sys::mount(
+                    Some("overlay"),
+                    &under(root, path),
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                )
+                .map_err(|e| {
+                    StepError::new("state", format!("cannot make {} writable: {e}", path.display())).hint(
+                        "--state needs its parent directory on a filesystem overlayfs can use as a lower layer, with no mounts below it",
+                    )
+                })?;
+            }
+            StateMount::Directory { path, tree } => {
+                let target = under(root, path);
+                make_place(&target, true).map_err(|e| {
+                    StepError::new("state", format!("cannot make a place for {}: {e}", path.display()))
+                })?;
+                let what = format!("bind the state of {}", path.display());
+                sys::mount(Some(&tree.to_string_lossy()), &target, None, libc::MS_BIND, None)
+                    .map_err(|e| super::mounts::mount_err("state", &what, e))?;
+                sys::mount_setattr(&target, sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV, false)
+                    .map_err(|e| super::mounts::mount_err("state", &what, e))?;
+            }
+        }
     }
     Ok(())
 }

@@ -12,6 +12,8 @@
 //!   with only null, zero, full, random, urandom, tty (each bound read-only,
 //!   so the host's device node cannot be `chmod`ed) and a private devpts instance;
 //! - each `--ro` path is shown read-only at its own place, like the host view;
+//! - each `--state` path is the Job's own writable copy, its parent a
+//!   writable overlay whose upper is the Job's (`host_view::mount_state`);
 //! - every hidden path (the state directory, the user's secret stores) is an
 //!   empty read-only tmpfs (directories) or a read-only `/dev/null` (files).
 //!
@@ -61,9 +63,13 @@ pub(crate) fn assemble(spec: &SandboxSpec) -> Result<Assembled, StepError> {
 
     protect_proc(&under(root, Path::new("/proc")))?;
 
+    // First: a state parent is often $HOME, which holds caches, `--ro`
+    // paths and the workspace, each mounted on top of it below.
+    host_view::mount_state(root, &spec.state)?;
     host_view::mount_caches(root, &spec.caches)?;
     // Before the workspace's overlay, which stays on top of a `--ro` parent.
     host_view::show_read_only(root, &spec.read_only)?;
+    host_view::show_ca_bundle(root, spec.ca_bundle.as_deref())?;
     let memory_stage = overlay_workspace(spec, root)?;
     // After the overlay, so a hidden path inside the workspace is hidden too.
     for hidden in &spec.hidden {

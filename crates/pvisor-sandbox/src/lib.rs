@@ -67,6 +67,17 @@ pub struct SandboxSpec {
     /// `/tmp`), socket-proof like the rest of the host view.
     #[serde(default)]
     pub read_only: Vec<PathBuf>,
+    /// A CA bundle (a `--secret` run's: the host's roots and the run's CA)
+    /// shown read-only over each system bundle file the host has
+    /// (`/etc/ssl/certs/ca-certificates.crt`, …), for clients that read
+    /// that path rather than the CA variables.
+    #[serde(default)]
+    pub ca_bundle: Option<PathBuf>,
+    /// Agent state (`--state`): writable parents and the Job's own copies
+    /// of state directories, mounted in this order before everything else
+    /// under them; never staged (see [`StateMount`]).
+    #[serde(default)]
+    pub state: Vec<StateMount>,
     pub program: String,
     pub args: Vec<String>,
     /// The complete environment of the command.
@@ -159,6 +170,21 @@ impl CacheMount {
             .ok()?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok().then_some(file)
     }
+}
+
+/// One mount of agent state (`--state`). The runtime keeps the state
+/// itself in the Job's directory; the executor only shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum StateMount {
+    /// A host directory that holds state paths, made writable by an
+    /// overlay whose upper is the Job's: an agent's temp file and rename
+    /// beside a state file work, and the runtime keeps only the declared
+    /// state files out of `upper` when the run has ended.
+    Parent { path: PathBuf, upper: PathBuf, work: PathBuf },
+    /// A state directory: the Job's own copy (`tree`), bound read-write
+    /// over `path`.
+    Directory { path: PathBuf, tree: PathBuf },
 }
 
 /// How the sandbox is attached to the network.

@@ -4,7 +4,8 @@
 //! - [`sandbox`]: records, the state machine, and the operations (each
 //!   sandbox is a vm Job with its own supervisor process).
 //! - [`lifecycle`] and [`execd`]: the two APIs; [`handle`] is the one router,
-//!   so tests drive it without a socket.
+//!   so tests drive it without a socket. `diagnostics`: the lifecycle's
+//!   diagnostics routes, as the reference answers them.
 //! - [`images`]: the named root filesystems sandboxes boot; [`layers`]
 //!   unpacks their archives on the host.
 //! - [`conns`]: which client connections are held, and for how long.
@@ -22,6 +23,7 @@
 
 mod code_contexts;
 pub mod conns;
+mod diagnostics;
 mod egress_policy;
 pub mod execd;
 pub mod guest_link;

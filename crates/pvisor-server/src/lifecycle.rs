@@ -135,6 +135,7 @@ pub fn route(
         }
         (&Method::POST, ["sandboxes", id, "renew-expiration"]) => renew(daemon, id, &body),
         (&Method::GET, ["sandboxes", id, "endpoints", port]) => endpoint(daemon, id, port, query, headers),
+        (&Method::GET, ["sandboxes", id, "diagnostics", what]) => crate::diagnostics::route(daemon, id, what, query),
         (_, ["sandboxes", _, "snapshots"]) | (_, ["snapshots", ..]) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "NOT_SUPPORTED",
@@ -153,9 +154,10 @@ pub fn route(
 fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
     let b: CreateBody = http::parse_json(body, "CreateSandboxRequest")?;
     // Accepted without effect: every endpoint already requires its token
-    // (secureAccess), extensions are opaque, and on one node resource
-    // requests and lifecycle hints reserve nothing.
-    let _accepted = (b.secure_access, b.extensions, b.resource_requests, b.lifecycle);
+    // (secureAccess), and on one node resource requests and lifecycle hints
+    // reserve nothing. Extensions are opaque but for the well-known keys.
+    let _accepted = (b.secure_access, b.resource_requests, b.lifecycle);
+    let renew_on_access = crate::sandbox::renew_extension(b.extensions.as_ref())?;
     if let Some(t) = b.template_id {
         return Err(ApiError::bad_request(format!(
             "templateId {t:?} is not supported: pvisor serve has no templates; create from an image"
@@ -198,6 +200,11 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         }
     }
     let limits = b.resource_limits.unwrap_or_default();
+    if let Some(gpu) = limits.get("gpu") {
+        return Err(ApiError::bad_request(format!(
+            "resourceLimits.gpu {gpu:?} cannot be satisfied: pvisor sandboxes are microVMs without GPU passthrough; omit gpu"
+        )));
+    }
     let memory_mib = match limits.get("memory") {
         Some(m) => parse_memory_mib(m)?,
         None => 512,
@@ -226,6 +233,7 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         memory_mib,
         cpus,
         network_policy,
+        renew_on_access,
     })?;
     let mut v = sandbox_json(&record);
     v.as_object_mut().map(|o| o.remove("image"));

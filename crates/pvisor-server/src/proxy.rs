@@ -42,6 +42,7 @@ where
         let (daemon, id, headers) = (daemon.clone(), id.to_owned(), headers.clone());
         tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
             crate::execd::check_token(&daemon.visible(&id)?, &headers)?;
+            daemon.accessed(&id);
             Ok(daemon.live_link(&id)?.1)
         })
         .await

@@ -83,8 +83,14 @@ impl Supervisor {
             .map_err(SupervisorError::Policy)?;
         // The vm backend is checked before anything is started.
         runtime.executor("vm")?;
+        // The Job names its sandbox, so a daemon that lost the record (deleted
+        // or damaged) still finds the VM and stops it (`Daemon::recover`).
+        let mut labels = pvisor_core::labels::Labels::new();
+        if let Some(id) = options.bind.file_stem().and_then(|s| s.to_str()) {
+            labels.insert(crate::sandbox::SANDBOX_LABEL.to_owned(), id.to_owned());
+        }
         let keeper = Keeper {
-            labels: Default::default(),
+            labels,
             network_namespace: None,
             shared_directories: Vec::new(),
             workspace,

@@ -13,6 +13,7 @@
 //! - [`review`]: unified diffs for people;
 //! - [`linediff`]: the bounded line diff they and `apply -p` share;
 //! - [`hunks`]: a modified text file's hunks, and the file with only some of them (`apply -p`);
+//! - [`commits`]: a commit made inside the sandbox, checked and landed as one (never as `.git/` files);
 //! - [`checkpoint`]: sealed copies of a stage, and `restore_logical_checkpoint`;
 //! - [`beneath`]: every file operation confined beneath a root.
 //! - [`names`]: names a person could mistake for others (marked in review);
@@ -27,6 +28,7 @@ pub mod apply;
 pub mod beneath;
 mod changes;
 pub mod checkpoint;
+pub mod commits;
 mod gitconfig;
 pub mod glob;
 pub mod hunks;

@@ -188,6 +188,8 @@ mod tests {
         fn request(&self) -> RunRequest {
             RunRequest {
                 caches: Vec::new(),
+                state: Vec::new(),
+                state_from: None,
                 labels: Default::default(),
                 network_namespace: None,
                 shared_directories: Vec::new(),

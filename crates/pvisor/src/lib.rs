@@ -37,6 +37,7 @@
 
 pub mod actions;
 pub(crate) mod admission;
+pub mod agent_state;
 pub mod backends;
 pub(crate) mod effects;
 use pvisor_core::failpoint;
@@ -56,8 +57,8 @@ pub use admission::{
 };
 pub use backends::BackendTraits;
 pub use effects::{
-    ApplyOptions, ApplyReport, DropReport, EffectsError, HunkChoice, HunksReport, ReviewItem, Selection,
-    Sensitive, Stage, StageState,
+    ApplyOptions, ApplyReport, CommitReport, DropReport, EffectsError, HunkChoice, HunksReport, InCommit,
+    ReviewItem, Selection, Sensitive, Stage, StageState,
 };
 /// Whether a completion receipt binds the Bundle bytes given (for fuzzing
 /// and for tools that audit exported records).

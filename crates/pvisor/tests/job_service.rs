@@ -26,6 +26,8 @@ fn status(store: &Store, job: &pvisor_core::ids::JobId) -> Result<JobStatus, Run
 fn request(workspace: &std::path::Path, script: &str) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
+        state: Vec::new(),
+        state_from: None,
         labels: Default::default(),
         network_namespace: None,
         shared_directories: Vec::new(),

@@ -51,9 +51,14 @@ pub enum ColorChoice {
 /// truncated: deletions and long lists are shown in full.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor review --session fix      a session's changes, each with the run that made it\n  pvisor diff                      same as review --diff"
+    after_help = "Examples:\n  pvisor review                    the last Job's changes\n  pvisor review --diff src/        unified diffs of everything under src/\n  pvisor review job-01JD4 --json   one JSON object per change\n  pvisor review --session fix      a session's changes, each with the run that made it\n  pvisor review --state --session fix   the session's agent state changes\n  pvisor diff                      same as review --diff"
 )]
 pub struct ReviewArgs {
+    /// Show the Job's agent state changes (`run --state`) instead of its
+    /// staged workspace changes: one line per path, gated ones (they make a
+    /// later run execute something) marked, with whether they are approved.
+    #[arg(long)]
+    pub state: bool,
     pub job: Option<String>,
     /// The open session NAME of this workspace (the current directory or
     /// one above it) instead of a Job: its head, which holds everything the
@@ -392,4 +397,52 @@ pub struct EventsArgs {
     /// One JSON object per line (each events.jsonl record as its `data`) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Approve or promote agent state (`pvisor run --state PATH`).
+///
+/// A run's agent state is its own copy, never the host's files. A change to
+/// settings, hooks, MCP server lists or instruction files (gated: it makes
+/// a later run execute something) is held back from later runs until
+/// approved; `pvisor review --state` lists the changes.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  pvisor review --state --session fix\n  pvisor state approve --session fix ~/.claude/settings.json\n  pvisor state promote --session fix     later sessions start from this state"
+)]
+pub struct StateArgs {
+    #[command(subcommand)]
+    pub action: StateAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum StateAction {
+    /// Approve gated state changes, so the next run of the session has them.
+    Approve {
+        /// The changed paths, as `pvisor review --state` prints them.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The Job (id or unique prefix) [default: the most recent of this workspace].
+        #[arg(long, value_name = "JOB", conflicts_with = "session")]
+        job: Option<String>,
+        /// The open session NAME of this workspace: its last run with agent state (what its next run carries).
+        #[arg(long, value_name = "NAME")]
+        session: Option<String>,
+        /// One `state` line per approved change, then a `result` line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Keep a Job's state (without unapproved gated changes) in pvisor's
+    /// own store: runs outside its session start from it from now on. The
+    /// host's real files are never written.
+    Promote {
+        /// The Job (id or unique prefix) [default: the most recent of this workspace].
+        #[arg(long, value_name = "JOB", conflicts_with = "session")]
+        job: Option<String>,
+        /// The open session NAME of this workspace: its last run with agent state (what its next run carries).
+        #[arg(long, value_name = "NAME")]
+        session: Option<String>,
+        /// A `result` line (JSON) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }

@@ -62,6 +62,7 @@ pub enum Command {
     Image(ImageArgs),
     Trust(TrustArgs),
     Cache(CacheArgs),
+    State(StateArgs),
     Completions(CompletionsArgs),
     Man(ManArgs),
     #[command(hide = true)]

@@ -26,6 +26,14 @@ pub struct RunArgs {
     /// Runs of one session wait for each other.
     #[arg(long, value_name = "NAME")]
     pub session: Option<String>,
+    /// Agent state the command may write (e.g. ~/.claude, ~/.claude.json):
+    /// a directory or regular file under $HOME (or not there yet: an empty
+    /// directory). The run writes its own copy, never the host's; the next
+    /// run of a --session carries it, except gated changes (settings,
+    /// hooks, MCP servers, instruction files) until `pvisor state approve`.
+    /// Not staged: `pvisor review --state` shows it. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub state: Vec<PathBuf>,
     #[command(flatten)]
     pub options: RunOptions,
     /// The program to run, and its arguments.
@@ -117,6 +125,13 @@ pub struct RunOptions {
     /// are removed otherwise. Repeatable.
     #[arg(long = "env", value_name = "NAME")]
     pub env: Vec<String>,
+    /// Let the command use the value of host variable VAR without holding
+    /// it: inside, VAR is a placeholder, and pvisor's proxy puts the value
+    /// into the headers of requests to HOST (on PORT, if given) alone,
+    /// terminating TLS for that host with a per-run CA the sandbox trusts.
+    /// HOST must be allowed (--allow) too. Repeatable; ns executor only.
+    #[arg(long = "secret", value_name = "VAR@HOST[:PORT]")]
+    pub secret: Vec<pvisor_net::broker::BindingSpec>,
     /// Run without pvisor's seccomp filter (for tools that need user
     /// namespaces or mounts of their own). Recorded in the run's policy.
     #[arg(long)]

@@ -13,7 +13,7 @@ use crate::cli::ApplyArgs;
 use crate::json::{json_line, JsonType};
 use crate::output::{path_lines, shown, shown_path, Detail, PathLine};
 use crate::prompt::{confirm, Answers};
-use crate::results::{AppliedPath, ApplyResult, SkippedPath};
+use crate::results::{AppliedPath, ApplyResult, MovedRef, SkippedPath};
 
 /// Exit status when conflicts refused the apply.
 const REFUSED: i32 = 1;
@@ -125,12 +125,20 @@ fn report_apply(
         for (change, reason) in &report.conflicts {
             writeln!(out, "  CONFLICT  {}: {}", change.path.display_escaped(), shown(reason))?;
         }
-        writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
+        let of_commit = |path: &pvisor_core::store::RelPath| {
+            report.commit.as_ref().is_some_and(|c| c.paths.iter().any(|p| &p.path == path))
+        };
+        if report.conflicts.iter().all(|(c, _)| of_commit(&c.path)) {
+            // --force overwrites files, never a branch: say what does help.
+            writeln!(out, "the repository's branch cannot take the sandbox's commit as it is; each conflict says what to do")?;
+        } else {
+            writeln!(out, "the workspace changed since the run; review with `pvisor review {job} --diff`, then apply other paths or pass --force to overwrite")?;
+        }
         return Ok(REFUSED);
     }
     // Not applied, but the rest was: each is said, and the exit status is 1.
     let incomplete = write_not_applied(&mut out, job, report)?;
-    let count = write_applied(&mut out, report, args)?;
+    let count = write_applied(&mut out, report, args)? + write_commit(&mut out, report, args)?;
     if args.dry_run {
         writeln!(out, "dry run: {count} change(s) would be applied; nothing was changed")?;
         return Ok(if incomplete { REFUSED } else { 0 });
@@ -176,6 +184,11 @@ fn report_apply_json(
     }
     for path in SkippedPath::from_report(report) {
         json_line(&mut out, JsonType::Skipped, &path)?;
+    }
+    if report.conflicts.is_empty() {
+        for moved in MovedRef::from_report(report) {
+            json_line(&mut out, JsonType::Commit, &moved)?;
+        }
     }
     let mut result = ApplyResult::from_report(job, report, args.dry_run);
     if !report.executed {
@@ -249,6 +262,30 @@ fn write_applied(out: &mut impl Write, report: &ApplyReport, args: &ApplyArgs) -
     }
     path_lines(out, &lines, Detail::of(args.quiet, args.verbose))?;
     Ok(count)
+}
+
+/// Says, one line per ref, what the commit made in the sandbox moved (or
+/// would move), instead of its object paths; returns how many staged
+/// paths it settled (0 when it did not land).
+fn write_commit(out: &mut impl Write, report: &ApplyReport, args: &ApplyArgs) -> anyhow::Result<usize> {
+    let Some(commit) = &report.commit else { return Ok(0) };
+    let verb = if args.dry_run { "would move" } else { "moved" };
+    for mv in &commit.moved {
+        writeln!(out, "  {verb:<11} {} (a commit made in the sandbox)", shown(&mv.summary()))?;
+    }
+    for mv in &commit.already {
+        writeln!(out, "  already     {} (the repository already holds it)", shown(&mv.summary()))?;
+    }
+    let landed = commit.failed.is_empty();
+    if landed && !(commit.moved.is_empty() && commit.already.is_empty()) {
+        writeln!(
+            out,
+            "  with it     {} .git path(s) (objects, refs, reflogs, index), {} new object(s); no hook, config or info/ file",
+            commit.paths.len(),
+            commit.new_objects
+        )?;
+    }
+    Ok(if landed { commit.paths.len() } else { 0 })
 }
 
 /// How many apply commands the sensitive-path hint lists.

@@ -131,10 +131,11 @@ pub fn cmd_import(runtime: &Runtime, args: ImportArgs) -> anyhow::Result<i32> {
 }
 
 pub fn cmd_gc(runtime: &Runtime, args: GcArgs) -> anyhow::Result<i32> {
-    let report = super::freeing_space(runtime.store(), || {
+    let mut report = super::freeing_space(runtime.store(), || {
         let gc = Gc { age: args.older_than, dry_run: args.dry_run, force: args.force };
         Ok(runtime.execute(gc)?)
     })?;
+    prune_sandbox_records(runtime, &args, &mut report)?;
     let mut out = crate::output::stdout();
     if args.json {
         for f in &report.freed {
@@ -168,6 +169,29 @@ pub fn cmd_gc(runtime: &Runtime, args: GcArgs) -> anyhow::Result<i32> {
         report.failed.len()
     );
     Ok(1)
+}
+
+/// The records of `pvisor serve` sandboxes that ended before gc's age
+/// (while no daemon runs; a running one prunes its own).
+fn prune_sandbox_records(
+    runtime: &Runtime,
+    args: &GcArgs,
+    report: &mut pvisor::GcReport,
+) -> anyhow::Result<()> {
+    let is_live = |job: &pvisor_core::ids::JobId| {
+        runtime.execute(pvisor::actions::Status { job: job.clone() }).is_ok_and(|s| s.live)
+    };
+    let root = runtime.store().root();
+    let pruning = pvisor_server::sandbox::prune_records(root, args.older_than, args.dry_run, &is_live)
+        .with_context(|| {
+            format!("cannot prune the sandbox records under {}", root.join("server").display())
+        })?;
+    for (id, files, bytes) in pruning.pruned {
+        let path = files.first().cloned().unwrap_or_default();
+        report.freed.push(pvisor::Freed { what: format!("sandbox record {id}"), path, bytes });
+    }
+    report.kept.extend(pruning.kept.into_iter().map(|(what, reason)| pvisor::Kept { what, reason }));
+    Ok(())
 }
 
 fn human(bytes: u64) -> String {

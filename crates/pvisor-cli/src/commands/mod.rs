@@ -17,6 +17,7 @@ mod run;
 pub use run::{executor_for, request_for};
 mod serve;
 mod sessions;
+mod state;
 mod status;
 mod trust;
 
@@ -67,6 +68,10 @@ fn json_stream(command: &Command) -> Option<crate::json::Stream> {
         Command::Cache(crate::cli::CacheArgs { action: crate::cli::CacheAction::Prune { json, .. } }) => {
             (*json, Stdout)
         }
+        Command::State(crate::cli::StateArgs {
+            action:
+                crate::cli::StateAction::Approve { json, .. } | crate::cli::StateAction::Promote { json, .. },
+        }) => (*json, Stdout),
         Command::Image(crate::cli::ImageArgs {
             command:
                 crate::cli::ImageCommand::Import { json, .. }
@@ -106,6 +111,7 @@ fn route(command: Command, runtime: impl FnOnce() -> anyhow::Result<Runtime>) ->
         Command::Status(args) => status::cmd_status(runtime, args),
         Command::Review(args) => review::cmd_review(runtime, args),
         Command::Cache(args) => cache::cmd_cache(runtime, args),
+        Command::State(args) => state::cmd_state(runtime, args),
         Command::Completions(_) | Command::Man(_) => unreachable!("answered above"),
         Command::Diff(mut args) => {
             args.diff = true;

@@ -14,6 +14,9 @@ use crate::json::{json_line, JsonType};
 use crate::output::ending;
 
 pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
+    if args.state {
+        return super::state::cmd_review_state(runtime, args);
+    }
     let store = runtime.store();
     let (job, paths, session) = match &args.session {
         Some(name) => {
@@ -33,6 +36,9 @@ pub fn cmd_review(runtime: &Runtime, args: ReviewArgs) -> anyhow::Result<i32> {
     // Buffered: a diff of 300,000 lines is 300,000 writes through a line buffer.
     let mut out = std::io::BufWriter::new(crate::output::stdout());
     if args.json {
+        for line in commit_json(&items) {
+            json_line(&mut out, JsonType::Commit, &line)?;
+        }
         for item in &items {
             let mut change = change_json(item);
             if let Some(job) = made_by.get(&item.change.path) {
@@ -88,7 +94,27 @@ pub fn change_json(item: &ReviewItem) -> serde_json::Value {
         "confusable": item.confusable.is_some(),
         "confusable_reason": item.confusable,
         "hardlink_of": c.hardlink_of,
+        "with_commit": item.commit.is_some(),
     })
+}
+
+/// One `commit` line per branch or tag a commit made in the sandbox sets:
+/// `ref`, `new`, `paths` (the staged `.git/` paths it is made of) and
+/// `applied`.
+pub fn commit_json(items: &[ReviewItem]) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for item in items {
+        let Some(commit) = &item.commit else { continue };
+        for (name, new) in &commit.refs {
+            lines.push(serde_json::json!({
+                "ref": name,
+                "new": new,
+                "paths": commit.paths,
+                "applied": item.applied,
+            }));
+        }
+    }
+    lines
 }
 
 pub fn print_header(out: &mut impl Write, stage: &Stage, items: &[ReviewItem]) -> std::io::Result<()> {
@@ -142,6 +168,30 @@ fn human_size(change: &pvisor_core::records::ChangeEntry) -> String {
     }
 }
 
+/// A commit made in the sandbox, shown as the refs it sets (one line
+/// each, on the path that sets them) rather than as its object paths.
+fn print_commit(out: &mut impl Write, item: &ReviewItem, commit: &pvisor::InCommit) -> std::io::Result<()> {
+    let status = if item.applied {
+        "applied"
+    } else if item.dropped {
+        "dropped"
+    } else {
+        "pending"
+    };
+    for (name, new) in &commit.refs {
+        writeln!(
+            out,
+            "  {status:<8}  {:<12}  {:>9}  {} → {} (a commit made in the sandbox, with {} .git path(s): objects, refs, reflogs, index)",
+            "commit",
+            "",
+            crate::output::shown(name),
+            &new[..new.len().min(7)],
+            commit.paths
+        )?;
+    }
+    Ok(())
+}
+
 /// Lists the items; `made_by` names the session run that made a change.
 pub fn print_items(
     out: &mut impl Write,
@@ -152,6 +202,10 @@ pub fn print_items(
         return writeln!(out, "no staged changes");
     }
     for item in items {
+        if let Some(commit) = &item.commit {
+            print_commit(out, item, commit)?;
+            continue;
+        }
         let status = if item.applied {
             "applied"
         } else if item.dropped {

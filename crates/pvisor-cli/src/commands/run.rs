@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use pvisor::actions::{BeginSessionRun, Run};
+use pvisor::agent_state::StatePath;
 use pvisor::{
     BackendTraits, ExecutionFork, ManagedJobRun, RunEnd, RunOutcome, RunRequest, Runtime, SecretPolicy,
     SuspendedOutcome,
@@ -26,6 +27,7 @@ use crate::exit;
 use crate::json::JsonType;
 use crate::output::{ending, say, warning};
 use crate::results::{NetworkSummary, RunResult};
+use pvisor_net::broker::BindingSpec;
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
 pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
@@ -35,7 +37,10 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     };
     let executor = executor_for(runtime, args.options.executor)?;
     let Some(name) = &args.session else {
-        return execute(runtime, executor, workspace, None, None, &args.options, &args.command);
+        let mut request =
+            request_for(runtime, &executor, workspace, None, None, &args.options, &args.command)?;
+        add_state(&mut request, &args.state);
+        return drive(runtime, args.options.quiet, move || Ok(runtime.execute(Run { request, executor })?));
     };
     let quiet = args.options.quiet;
     let mut turn = runtime.execute(BeginSessionRun {
@@ -47,7 +52,9 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     })?;
     super::sessions::announce_turn(&turn, quiet);
     let fork = turn.fork.as_ref().map(|(id, _)| id.clone());
-    let request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
+    let mut request = request_for(runtime, &executor, workspace, fork, None, &args.options, &args.command)?;
+    add_state(&mut request, &args.state);
+    request.state_from = turn.state_from.clone();
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
     drive_in(runtime, quiet, Some(name), || {
@@ -98,7 +105,7 @@ pub fn request_for(
     command: &[String],
 ) -> anyhow::Result<RunRequest> {
     let (program, rest) = command.split_first().context("No program given")?;
-    let (agent_options, agent_env) = with_agent(options)?;
+    let AgentGrant { options: agent_options, env: agent_env, state: agent_state } = with_agent(options)?;
     let options = &agent_options;
     let store = runtime.store();
     let traits = runtime.traits(executor.name());
@@ -119,7 +126,7 @@ pub fn request_for(
     config::warn_if_home(&workspace);
     let ws_config = workspace_config(&workspace)?;
     let network = network_scopes(store, options, ws_config.as_ref())?;
-    announce_policy(&network)?;
+    announce_policy(&network, &options.secret)?;
     let limits = limits_for(traits, options, ws_config.as_ref().map(|c| &c.2))?;
     if traits.shares_host_kernel {
         if !limits.is_empty() {
@@ -144,6 +151,8 @@ pub fn request_for(
     }
     let request = RunRequest {
         caches,
+        state: agent_state,
+        state_from: None,
         secrets: SecretPolicy {
             home: std::env::var_os("HOME").filter(|h| !h.is_empty()).map(std::path::PathBuf::from),
             hide: options.hide.clone(),
@@ -152,6 +161,7 @@ pub fn request_for(
             other_state_dirs: super::other_state_dirs(store),
             expose_sockets: options.expose_socket.clone(),
             read_only: options.read_only.clone(),
+            brokered: options.secret.clone(),
         },
         fork,
         fork_execution,
@@ -195,11 +205,13 @@ fn userland(
 }
 
 /// `options` with what `--agent`'s preset grants added to them (the same
-/// lists the flags fill), and the variables it sets. Says in one line what
-/// was granted.
-fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, String)>)> {
+/// lists the flags fill), the variables it sets and its state paths. Says
+/// in one line what was granted.
+fn with_agent(options: &RunOptions) -> anyhow::Result<AgentGrant> {
     let mut options = options.clone();
-    let Some(name) = options.agent.clone() else { return Ok((options, Vec::new())) };
+    let Some(name) = options.agent.clone() else {
+        return Ok(AgentGrant { options, env: Vec::new(), state: Vec::new() });
+    };
     let (path, user) = config::user_config()?;
     let path =
         path.or_else(config::user_config_path).unwrap_or_else(|| "~/.config/pvisor/config.toml".into());
@@ -210,9 +222,46 @@ fn with_agent(options: &RunOptions) -> anyhow::Result<(RunOptions, Vec<(String, 
         .context("--agent needs HOME, where the agent keeps its state")?;
     let grant = crate::agents::grant(&name, &preset, &|var| std::env::var(var).ok(), &home)?;
     options.allow.extend(grant.allow.iter().cloned());
+    for binding in &grant.secrets {
+        let spec: BindingSpec =
+            binding.parse().with_context(|| format!("agent {name}'s secret {binding:?}"))?;
+        options.secret.push(spec);
+    }
     options.env.extend(grant.pass.iter().cloned());
     say(JsonType::Agent, &grant, || format!("pvisor: {}", crate::output::shown(&grant.summary())));
-    Ok((options, grant.env))
+    let state = grant.state.iter().map(|path| preset_state(path, &grant.gated)).collect();
+    Ok(AgentGrant { options, env: grant.env, state })
+}
+
+/// What `--agent` adds to a run: the options with its lists, the
+/// variables it sets, its state paths.
+struct AgentGrant {
+    options: RunOptions,
+    env: Vec<(String, String)>,
+    state: Vec<StatePath>,
+}
+
+/// A preset's state path: gated by the preset's globs and pvisor's
+/// defaults together (a preset may only add to what is held back). A path
+/// the host does not have yet is a file when its name has an extension
+/// (`~/.claude.json`), else a directory.
+fn preset_state(path: &std::path::Path, gated: &[String]) -> StatePath {
+    let mut state = StatePath::new(path);
+    let extra: Vec<String> = gated.iter().filter(|g| !state.gated.contains(g)).cloned().collect();
+    state.gated.extend(extra);
+    if path.extension().is_some() {
+        state.kind = Some(pvisor::agent_state::StateKind::File);
+    }
+    state
+}
+
+/// `request`'s state paths (an agent preset's) and `--state`'s, each once.
+fn add_state(request: &mut RunRequest, requested: &[std::path::PathBuf]) {
+    for path in requested {
+        if !request.state.iter().any(|s| s.path == *path) {
+            request.state.push(StatePath::new(path));
+        }
+    }
 }
 
 /// Starts a run with `start` on a fresh runtime, turns SIGINT/SIGTERM/SIGHUP/
@@ -263,7 +312,12 @@ fn drive_in(
             }
         }?;
         Ok(match &end {
-            RunEnd::Finished(outcome) => finish(outcome, quiet, session),
+            RunEnd::Finished(outcome) => {
+                if !quiet {
+                    super::state::note_held(runtime, &outcome.job);
+                }
+                finish(outcome, quiet, session)
+            }
             RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
         })
     })
@@ -561,7 +615,16 @@ fn half_the_ram() -> Option<u64> {
 /// it is not the default (no network at all). One line on stderr (a
 /// `policy` line under `--json`), even with `-q`: a policy that opens the
 /// network is never silent.
-fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
+fn announce_policy(scopes: &[ScopedPolicy], secrets: &[BindingSpec]) -> anyhow::Result<()> {
+    /// The `policy` line's data: the network policy and the `--secret`
+    /// bindings (variable and destination; the values are never said).
+    #[derive(serde::Serialize)]
+    struct Policy<'a> {
+        #[serde(flatten)]
+        network: &'a pvisor_net::EffectiveNetwork,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        secrets: &'a [BindingSpec],
+    }
     let network = pvisor_net::policy::resolve(scopes)?;
     if network.mode == Mode::None && network.allow.is_empty() && network.deny.is_empty() {
         return Ok(());
@@ -576,7 +639,14 @@ fn announce_policy(scopes: &[ScopedPolicy]) -> anyhow::Result<()> {
     if !network.deny.is_empty() {
         line.push_str(&format!("; deny {}", rules(&network.deny)));
     }
-    say(JsonType::Policy, &network, || {
+    if !secrets.is_empty() {
+        let bound: Vec<String> = secrets.iter().map(|s| s.to_string()).collect();
+        line.push_str(&format!(
+            "; secret {} (a placeholder inside; the proxy sends each value to its host alone)",
+            bound.join(", ")
+        ));
+    }
+    say(JsonType::Policy, &Policy { network: &network, secrets }, || {
         pvisor_core::text::escape(&line, pvisor_core::text::Tabs::Escape).into_owned()
     });
     Ok(())

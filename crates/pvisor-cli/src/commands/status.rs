@@ -31,6 +31,9 @@ pub fn cmd_status(runtime: &Runtime, args: StatusArgs) -> anyhow::Result<i32> {
         let stage = runtime.execute(Review { job: job.clone() })?;
         let items = stage.review(&[], &crate::config::sensitive(runtime.store())?)?;
         if args.json {
+            for line in super::review::commit_json(&items) {
+                json_line(&mut out, JsonType::Commit, &line)?;
+            }
             for item in &items {
                 json_line(&mut out, JsonType::Change, &super::review::change_json(item))?;
             }

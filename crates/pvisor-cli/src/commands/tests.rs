@@ -233,6 +233,8 @@ fn run_refuses_host_mounts_on_a_backend_that_does_not_share_the_host_kernel() {
     assert!(e.contains("--ro apply to the ns executor"), "{e}");
     let e = f.error(&["run", "-w", ws, "--disk", "1G", "--", "fake-command"]);
     assert!(e.contains("--disk applies to the ns executor"), "{e}");
+    let e = f.error(&["run", "-w", ws, "--state", cache, "--", "fake-command"]);
+    assert!(e.contains("(--state, --agent) applies to the ns executor"), "{e}");
     assert!(f.fake.journal().started.is_empty(), "nothing started");
 }
 

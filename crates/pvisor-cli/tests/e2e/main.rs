@@ -13,10 +13,13 @@
 
 mod support;
 
+mod agent_state;
+mod agents;
 mod bad_input;
 mod checkpoints;
 mod collected;
 mod effects;
+mod git_commits;
 mod hidden_runners;
 mod hostile_apply;
 mod hostile_repo;
@@ -29,6 +32,7 @@ mod read_commands;
 mod records;
 mod recovery;
 mod run;
+mod secrets;
 mod serve;
 mod sessions;
 mod signals;

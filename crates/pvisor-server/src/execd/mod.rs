@@ -176,6 +176,7 @@ pub(crate) fn check_token(record: &SandboxRecord, headers: &HeaderMap) -> Result
 
 fn connect(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> Result<Guest, ApiError> {
     check_token(&daemon.visible(id)?, headers)?;
+    daemon.accessed(id);
     let (record, link) = daemon.live_link(id)?;
     Ok(Guest { record, link, names: std::sync::OnceLock::new() })
 }
@@ -210,6 +211,7 @@ async fn ping(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> ApiResult 
     loop {
         let record = daemon.visible(id)?;
         check_token(&record, headers)?;
+        daemon.accessed(id);
         match record.state {
             SandboxState::Running => return Ok(http::empty(StatusCode::OK)),
             SandboxState::Pending | SandboxState::Resuming if started.elapsed() < PING_WAIT => {

@@ -1,9 +1,8 @@
 //! One generation of a sandbox: the `pvisor sandbox-supervisor` process
 //! the daemon starts for a create or a resume, waiting for it to admit its
-//! Job and for the guest to answer, watching it exit, and the entrypoint
-//! started once the first generation is up.
+//! Job and for the guest to answer, and watching it exit; the entrypoint
+//! it then starts is `entrypoint`'s.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -50,24 +49,7 @@ pub enum GenerationError {
     },
 }
 
-/// Why the image's entrypoint did not start (kept in its command record).
-#[derive(Debug, thiserror::Error)]
-pub enum EntrypointError {
-    #[error(transparent)]
-    NotLive(#[from] OpError),
-    #[error(transparent)]
-    Guest(#[from] GuestError),
-    /// The guest could not execute it (its message).
-    #[error("{0}")]
-    ExecFailed(String),
-    #[error("unexpected answer {0}")]
-    Unexpected(String),
-}
-
-use super::{
-    command_env, set_state, Binding, CommandRecord, Daemon, Generation, OpError, SandboxState, GUEST_LOG_DIR,
-    READY_TIMEOUT,
-};
+use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT};
 
 impl Daemon {
     /// Starts (or, with `resume`, restores) the sandbox's VM and waits until
@@ -317,48 +299,6 @@ impl Daemon {
                 Err(GenerationError::NotReady { source, log: log_path, tail })
             }
         }
-    }
-
-    pub(super) fn start_entrypoint(&self, id: &str) -> Result<(), EntrypointError> {
-        let (record, link) = self.live_link(id)?;
-        if record.entrypoint.is_empty() {
-            return Ok(());
-        }
-        let exec_id = self.next_exec_id(id)?;
-        let spec = guest_link::ExecSpec {
-            id: exec_id,
-            argv: record.entrypoint.clone(),
-            env: command_env(&record, &BTreeMap::new()),
-            cwd: "/".into(),
-            root: Some(record.rootfs.clone()),
-            output: Some(PathBuf::from(format!("{GUEST_LOG_DIR}/{exec_id}.log"))),
-            terminal: None,
-            confinement: None,
-        };
-        let mut channel = guest_link::exec(&link, spec)?;
-        let started = match channel.next_reply() {
-            Ok(Some((guest_link::Reply::Started { .. }, _))) => Ok(()),
-            Ok(Some((guest_link::Reply::ExecFailed { message, .. }, _))) => {
-                Err(EntrypointError::ExecFailed(message))
-            }
-            other => Err(EntrypointError::Unexpected(format!("{other:?}"))),
-        };
-        let _ = self.update(id, |r| {
-            r.commands.insert(
-                "entrypoint".into(),
-                CommandRecord {
-                    exec_id,
-                    command: r.entrypoint.join(" "),
-                    background: true,
-                    started_at: Timestamp::now(),
-                    finished_at: None,
-                    exit_code: None,
-                    error: started.as_ref().err().map(ToString::to_string),
-                },
-            );
-            Ok(())
-        });
-        started
     }
 }
 

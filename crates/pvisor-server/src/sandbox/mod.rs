@@ -16,10 +16,13 @@
 //! Records are `server/sandboxes/<id>.json`, written atomically; the state
 //! there is what a restarted daemon starts from ([`Daemon::recover`]).
 
+mod entrypoint;
 mod generations;
 mod operations;
+mod prune;
 mod records;
 mod recovery;
+mod renew;
 mod reserve;
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,10 +37,12 @@ use pvisor_core::store::Store;
 
 use crate::images::ImageStore;
 
+pub use prune::{prune_records, Pruning};
 pub use records::{
     command_env, set_state, trim_commands, Binding, CommandRecord, CreateRequest, Generation, SandboxRecord,
     SandboxState,
 };
+pub use renew::renew_extension;
 
 /// The port of the execd API inside an OpenSandbox sandbox.
 pub const EXECD_PORT: u16 = 44772;
@@ -47,6 +52,8 @@ pub const EGRESS_PORT: u16 = 18080;
 pub const GUEST_LOG_DIR: &str = "/run/pvisor/cmd";
 /// The Job's own command: idles in the guest's initramfs until killed.
 pub use pvisor::actions::guest::KEEPER;
+/// The label on a sandbox's Job that names the sandbox.
+pub const SANDBOX_LABEL: &str = "pvisor.serve/sandbox";
 /// How long a VM may take to boot (TCG is slow) or restore.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 

@@ -82,6 +82,7 @@ impl Daemon {
             cpus: request.cpus,
             deleted: false,
             network_policy: request.network_policy,
+            renew_on_access: request.renew_on_access,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
@@ -201,6 +202,12 @@ impl Daemon {
     }
 
     pub(super) fn stop(&self, id: &str, reason: &str) {
+        self.end(id, SandboxState::Terminated, reason, "")
+    }
+
+    /// Stops the sandbox's VM and records it as ended in `to` (a stopping
+    /// sandbox: a delete, or its entrypoint's exit) with `reason` and `message`.
+    pub(super) fn end(&self, id: &str, to: SandboxState, reason: &str, message: &str) {
         let Ok(record) = self.get(id) else { return };
         // Killing the Job writes its receipt: on a (nearly) full disk, into
         // the space held back for it.
@@ -220,7 +227,7 @@ impl Daemon {
                 if let Some(job) = &record.job {
                     self.release_storage(job);
                 }
-                self.finish(id, SandboxState::Terminated, reason, "")
+                self.finish(id, to, reason, message)
             }
             Err(e) => self.finish(id, SandboxState::Failed, "stop_failed", &e),
         }

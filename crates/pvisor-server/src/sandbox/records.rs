@@ -155,6 +155,10 @@ pub struct SandboxRecord {
     /// commands get the proxy variables. None: the VM reaches nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
+    /// `extensions["access.renew.extend.seconds"]`: each access through this
+    /// daemon moves `expires_at` to at least now plus this (see `renew`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_on_access: Option<u64>,
 }
 
 /// Finished commands a record keeps (status and logs of older ones go).
@@ -196,6 +200,7 @@ pub struct CreateRequest {
     pub memory_mib: u64,
     pub cpus: u32,
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
+    pub renew_on_access: Option<u64>,
 }
 
 /// Moves the record to `to` (saying why), if the state table allows it.

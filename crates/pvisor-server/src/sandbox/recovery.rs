@@ -2,11 +2,12 @@
 //! unfinished sandbox is reconciled with its Job, and work a dead daemon
 //! left in flight is awaited or finished.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pvisor::actions::{Kill, Status};
+use pvisor::actions::{Kill, ListJobs, Status};
 use pvisor_core::ids::JobId;
 use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
@@ -15,7 +16,7 @@ use crate::guest_link;
 use crate::sandbox::SandboxRecord;
 
 use super::generations::{find_supervisor, supervisor_alive};
-use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT};
+use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT, SANDBOX_LABEL};
 
 impl Daemon {
     /// Reconciles every unfinished record with what is on disk after a
@@ -23,6 +24,7 @@ impl Daemon {
     /// daemon left in flight (a create, pause or resume its supervisor is
     /// still doing) is awaited in the background.
     pub fn recover(self: &Arc<Self>) {
+        self.stop_orphans();
         for record in self.list() {
             if record.state.is_final() {
                 continue;
@@ -126,6 +128,30 @@ impl Daemon {
         }
     }
 
+    /// Stops the live Jobs of sandboxes this daemon has no unfinished record
+    /// of: a record deleted or damaged while the daemon was down would
+    /// otherwise leave its VM running where neither the API nor the daemon
+    /// could reach or stop it. Each is logged with its sandbox and Job.
+    fn stop_orphans(self: &Arc<Self>) {
+        let known: BTreeSet<String> =
+            self.list().into_iter().filter(|r| !r.state.is_final()).map(|r| r.id).collect();
+        let jobs = match self.runtime.execute(ListJobs) {
+            Ok(jobs) => jobs,
+            Err(e) => return tracing::warn!("recovery: cannot list Jobs to find orphaned sandboxes: {e}"),
+        };
+        for (job, status) in jobs {
+            let Ok(status) = status else { continue };
+            let Some(sandbox) = status.labels.get(SANDBOX_LABEL) else { continue };
+            let alive = status.live || status.state == JobState::Suspended;
+            if !alive || known.contains(sandbox) {
+                continue;
+            }
+            tracing::warn!(sandbox = %sandbox, job = %job, state = %status.state, "recovery: a live Job runs a sandbox this daemon has no record of (deleted or damaged); stopping it");
+            let daemon = self.clone();
+            std::thread::spawn(move || daemon.close_and_release(&job));
+        }
+    }
+
     /// Reattaches to a sandbox whose VM its Job says is running, once its
     /// guest answers (within [`READY_TIMEOUT`]); a guest that never does is
     /// stopped and the sandbox failed.
@@ -158,8 +184,12 @@ impl Daemon {
                 if let Some(pid) = supervisor {
                     self.watch(id, pid);
                 }
-                if !record.commands.contains_key("entrypoint") {
-                    let _ = self.start_entrypoint(id);
+                match record.commands.get("entrypoint") {
+                    None => {
+                        let _ = self.start_entrypoint(id);
+                    }
+                    Some(c) if c.finished_at.is_none() => self.watch_entrypoint(id, c.exec_id, None),
+                    Some(_) => {}
                 }
                 return;
             }

@@ -85,3 +85,52 @@ impl Action for ApplyHunks {
         Ok(effects::apply_hunks(&runtime.store, &self.job, &self.choices, &self.sensitive)?)
     }
 }
+
+/// A Job's agent state changes (`review --state`): what its run changed
+/// and the gated changes it holds back from earlier runs of its session.
+#[derive(Debug)]
+pub struct ReviewState {
+    pub job: JobId,
+}
+
+impl Action for ReviewState {
+    const NAME: &'static str = "review-state";
+    type Outcome = Vec<crate::agent_state::StateChange>;
+
+    fn perform(self, runtime: &Runtime) -> Result<Self::Outcome, RuntimeError> {
+        Ok(crate::agent_state::changes(&runtime.store, &self.job)?)
+    }
+}
+
+/// Approves gated agent state changes of a Job (absolute paths), so the
+/// next run carried from it gets them.
+#[derive(Debug)]
+pub struct ApproveState {
+    pub job: JobId,
+    pub paths: Vec<std::path::PathBuf>,
+}
+
+impl Action for ApproveState {
+    const NAME: &'static str = "approve-state";
+    type Outcome = Vec<crate::agent_state::StateChange>;
+
+    fn perform(self, runtime: &Runtime) -> Result<Self::Outcome, RuntimeError> {
+        Ok(crate::agent_state::approve(&runtime.store, &self.job, &self.paths)?)
+    }
+}
+
+/// Promotes a Job's agent state (without unapproved gated changes) into
+/// pvisor's per-user store, where later runs outside its session start.
+#[derive(Debug)]
+pub struct PromoteState {
+    pub job: JobId,
+}
+
+impl Action for PromoteState {
+    const NAME: &'static str = "promote-state";
+    type Outcome = Vec<std::path::PathBuf>;
+
+    fn perform(self, runtime: &Runtime) -> Result<Self::Outcome, RuntimeError> {
+        Ok(crate::agent_state::promote(&runtime.store, &self.job)?)
+    }
+}

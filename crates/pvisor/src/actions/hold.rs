@@ -49,6 +49,8 @@ impl Keeper {
     pub fn request(self) -> RunRequest {
         RunRequest {
             caches: Vec::new(),
+            state: Vec::new(),
+            state_from: None,
             labels: self.labels,
             network_namespace: self.network_namespace,
             shared_directories: self.shared_directories,

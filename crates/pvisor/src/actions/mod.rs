@@ -59,7 +59,7 @@ use pvisor_sandbox::Executor;
 use crate::backends::{BackendTraits, Backends, HostBackends};
 use crate::records::views::{self, ViewError};
 
-pub use changes::{Apply, ApplyHunks, DropChanges, Review};
+pub use changes::{Apply, ApplyHunks, ApproveState, DropChanges, PromoteState, Review, ReviewState};
 pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
@@ -227,6 +227,8 @@ pub enum RuntimeError {
     Sandbox(#[from] pvisor_sandbox::SandboxError),
     #[error(transparent)]
     Session(#[from] crate::run_sessions::SessionError),
+    #[error(transparent)]
+    State(#[from] crate::agent_state::StateError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -43,6 +43,9 @@ pub struct SessionTurn {
     pub fork: Option<(CheckpointId, CheckpointHold)>,
     /// The run whose stage the fork copies (`fork`'s Job).
     pub stands_on: Option<JobId>,
+    /// The run whose agent state (`--state`) this run carries forward: the
+    /// session's newest run that ran with agent state, staged or not.
+    pub state_from: Option<JobId>,
     /// The session this name had before, closed because its head had
     /// nothing left.
     pub closed_before: Option<SessionRecord>,
@@ -90,12 +93,13 @@ impl Action for BeginSessionRun<'_> {
             },
             None => SessionRecord::new(name, place.workspace.clone()),
         };
+        let state_from = state_source(runtime, &record)?;
         let stranded = if record.jobs.is_empty() {
             crate::run_sessions::stranded(store, &record.name)
         } else {
             Vec::new()
         };
-        Ok(SessionTurn { place, record, fork, stands_on, closed_before, stranded, _lock: lock })
+        Ok(SessionTurn { place, record, fork, stands_on, state_from, closed_before, stranded, _lock: lock })
     }
 }
 
@@ -117,11 +121,32 @@ enum Source {
 fn standing(runtime: &Runtime, record: &SessionRecord) -> Result<Option<Stage>, RuntimeError> {
     for job in record.jobs.iter().rev() {
         let stage = Stage::open(&runtime.store, job)?;
-        let never_ran = stage.confirmed && stage.status.exit_code.is_none() && stage.status.signal.is_none();
-        if never_ran || stage.status.state == pvisor_core::state::JobState::Lost {
+        if stepped_over(&stage) {
             continue;
         }
         return Ok(Some(stage));
+    }
+    Ok(None)
+}
+
+/// Whether the session steps over this run: it never started its command
+/// (a setup failure), or it was closed as lost.
+fn stepped_over(stage: &Stage) -> bool {
+    let never_ran = stage.confirmed && stage.status.exit_code.is_none() && stage.status.signal.is_none();
+    never_ran || stage.status.state == pvisor_core::state::JobState::Lost
+}
+
+/// The newest run of the session that ran with agent state: what the next
+/// run's state carries from, past runs without any (a plain command
+/// between two agent runs).
+fn state_source(runtime: &Runtime, record: &SessionRecord) -> Result<Option<JobId>, RuntimeError> {
+    for job in record.jobs.iter().rev() {
+        if !crate::agent_state::has_state(&runtime.store, job) {
+            continue;
+        }
+        if !stepped_over(&Stage::open(&runtime.store, job)?) {
+            return Ok(Some(job.clone()));
+        }
     }
     Ok(None)
 }
@@ -180,6 +205,10 @@ pub struct SessionView {
     /// The standing head's stage (see `standing`): what the session has
     /// staged now.
     pub head: Option<Stage>,
+    /// The run whose agent state the session's next run carries (see
+    /// `state_source`): what `review --state`, `state approve` and
+    /// `state promote` act on.
+    pub state_head: Option<JobId>,
 }
 
 impl SessionView {
@@ -208,16 +237,15 @@ impl Action for ReadSession {
         let mut runs = Vec::new();
         for job in &record.jobs {
             let stage = Stage::open(&runtime.store, job)?;
-            let stepped_over = stage.status.state == pvisor_core::state::JobState::Lost
-                || (stage.confirmed && stage.status.exit_code.is_none() && stage.status.signal.is_none());
-            if !stepped_over {
+            if !stepped_over(&stage) {
                 runs.push((job.clone(), stage.changes.clone()));
             }
             if head.as_ref().is_some_and(|h| &h.status.job == job) {
                 break;
             }
         }
-        Ok(SessionView { record, runs, head })
+        let state_head = state_source(runtime, &record)?;
+        Ok(SessionView { record, runs, head, state_head })
     }
 }
 

@@ -89,6 +89,8 @@ mod tests {
         let runtime = Runtime::new(store.clone(), backends);
         let request = RunRequest {
             caches: Vec::new(),
+            state: Vec::new(),
+            state_from: None,
             labels: Default::default(),
             network_namespace: None,
             shared_directories: Vec::new(),

@@ -10,7 +10,8 @@
 //! [`admit`] runs its steps in a fixed order, each in its own module:
 //! [`fork`] (verify a checkpoint to start from), [`workspace`] (the
 //! canonical workspace and cwd), [`secrets`] (scrubbed variables, hidden
-//! secret stores), [`policy`] (sockets, caches, the effective policy and
+//! secret stores), [`brokered`] (the `--secret` values the proxy puts
+//! into requests, read here and never recorded), [`policy`] (sockets, caches, the effective policy and
 //! its rewrites), [`placement`] (the Placement and the SandboxSpec) and
 //! [`records`] (the Run, Attempt and Job files). Every refusal comes before
 //! the first record; the order of the records and of the Trace events after
@@ -29,6 +30,7 @@ use pvisor_sandbox::{NetworkAttachment, SandboxSpec};
 
 use crate::trace::{data, Trace};
 
+mod brokered;
 mod fork;
 mod placement;
 mod policy;
@@ -37,6 +39,7 @@ mod resume;
 mod secrets;
 mod workspace;
 
+pub use brokered::{Brokered, CA_VARIABLES};
 pub use fork::ExecutionFork;
 pub use policy::{proxy_env, PROXY_PORT};
 pub use resume::admit_resume;
@@ -72,6 +75,12 @@ pub struct RunRequest {
     /// `--cache PATH`: host directories the command may write, persistently
     /// and unstaged, through pvisor's cache store.
     pub caches: Vec<PathBuf>,
+    /// `--state PATH` (and an agent preset's state paths): agent state the
+    /// command may write through the Job's own layer, never the host's.
+    pub state: Vec<crate::agent_state::StatePath>,
+    /// The session run whose agent state this run carries forward (`None`:
+    /// the promoted copy, else the host's).
+    pub state_from: Option<JobId>,
     /// `key=value` labels recorded on the Job (`--label`; the containerd
     /// shim's container id). Checked at admission.
     pub labels: pvisor_core::labels::Labels,
@@ -107,6 +116,10 @@ pub struct SecretPolicy {
     /// Host files and directories to show read-only at their own path
     /// (`--ro`), where the sandbox would not see them otherwise (`/tmp`).
     pub read_only: Vec<PathBuf>,
+    /// Variables the command may use but never hold (`--secret
+    /// VAR@HOST`): their values are read from `env` and only the proxy
+    /// sends them, to that host.
+    pub brokered: Vec<pvisor_net::broker::BindingSpec>,
 }
 
 /// Why a request was not admitted. Nothing was recorded.
@@ -140,8 +153,23 @@ pub enum AdmissionError {
     ExposeSocket { path: PathBuf, problem: &'static str },
     #[error("--cache {}: {problem}", path.display())]
     Cache { path: PathBuf, problem: &'static str },
+    #[error(transparent)]
+    State(#[from] crate::agent_state::StateError),
+    #[error(
+        "Agent state (--state, --agent) applies to the ns executor (this Job's executor is {executor}); run with --executor ns"
+    )]
+    StateOnGuest { executor: String },
     #[error("--ro {}: {problem}", path.display())]
     ReadOnly { path: PathBuf, problem: &'static str },
+    #[error("--secret {spec}: {problem}")]
+    Secret { spec: String, problem: String },
+    #[error("Cannot set up the credential broker")]
+    Broker(#[from] pvisor_net::broker::BrokerError),
+    #[error("Cannot write the run's CA bundle")]
+    CaBundle {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("No program given: pvisor run [-w DIR] -- PROGRAM [ARGS...]")]
     EmptyProgram,
     #[error(transparent)]
@@ -191,6 +219,10 @@ pub struct Admitted {
     pub(crate) baseline: Option<i128>,
     /// For a resume: the suspended Attempt it continues.
     pub(crate) resumed_from: Option<u32>,
+    /// The `--secret` broker the run's proxy uses, with the CA bundle file.
+    pub(crate) brokered: Option<Brokered>,
+    /// The agent state the Session makes before the sandbox starts.
+    pub(crate) state: crate::agent_state::Plan,
 }
 
 impl Admitted {
@@ -234,10 +266,17 @@ pub fn admit(
     let requested_workspace = fork::workspace(&fork, request.fork_execution.as_ref(), &request.workspace);
     let (workspace, state) = workspace::resolve(store, executor, &requested_workspace)?;
     let cwd = workspace::cwd(&workspace, request.cwd.as_deref())?;
+    // Brokered secrets: read before the scrub below removes them by name.
+    let bindings = brokered::bind(&request.secrets.brokered, &request.env, executor)?;
+    let host_env = request.env.clone();
     // Secrets: scrub variables by name, hide secret stores; recorded by name only.
-    let (env, secrets) = secrets::resolve(request.env, &request.secrets, &workspace)?;
+    let (env, mut secrets) = secrets::resolve(request.env.clone(), &request.secrets, &workspace)?;
     let host_paths =
         policy::host_paths(&request.secrets, &request.caches, &state, &workspace, &secrets.hidden)?;
+    let agent_state = agent_state_plan(&request, executor, &workspace, &state, &secrets)?;
+    // A secret store that is itself state shows the Job's copy, which
+    // never starts from the host's.
+    secrets.hidden.retain(|(path, _)| !agent_state.paths.iter().any(|s| s.secret_on_host && s.path == *path));
 
     let now = Timestamp::now();
     let job_id = JobId::generate();
@@ -267,6 +306,9 @@ pub fn admit(
         limits: &request.limits,
     };
     let (policy, attachment) = policy::effective(requested, &state, &secrets, &host_paths)?;
+    brokered::check_allowed(&bindings, &policy.network)?;
+    let brokered = brokered::start(bindings, &host_env)?;
+    drop(host_env);
     let placement = placement::decide(
         executor_impl,
         &request.limits,
@@ -275,6 +317,10 @@ pub fn admit(
     );
     let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
+    let (env, copies) = match &brokered {
+        Some(b) => brokered::rewrite_env(env, b),
+        None => (env, Vec::new()),
+    };
     let operation = records::operation(
         &request.program,
         &request.args,
@@ -308,7 +354,10 @@ pub fn admit(
         state: &state,
         secrets: &secrets,
         paths: &host_paths,
+        agent_state: &agent_state,
         env_rewrites: &env_rewrites,
+        brokered: brokered.as_ref(),
+        copies: &copies,
     };
     let attempt_event = record_admission(&mut trace, executor_impl, decided, rewrites, &attempt_id)?;
 
@@ -324,8 +373,13 @@ pub fn admit(
         limits: request.limits,
         output: request.output,
     };
-    let spec =
+    let mut spec =
         placement::spec(store, executor, ids, command, &policy, caches, request.fork_execution.as_ref());
+    // The CA bundle (public certificates) is shown read-only at its own
+    // path, which the CA variables name, and over the system's bundles.
+    spec.read_only.extend(brokered.as_ref().map(|b| b.bundle.clone()));
+    spec.ca_bundle = brokered.as_ref().map(|b| b.bundle.clone());
+    spec.state = crate::agent_state::mounts(store, &run_id, &agent_state);
     let restore_from = fork.map(|(dir, _)| dir);
     let baseline = request.fork_execution.as_ref().and_then(|f| fork::checkpoint_baseline(&f.manifest));
     Ok(Admitted {
@@ -339,7 +393,35 @@ pub fn admit(
         restore_from,
         baseline,
         resumed_from: None,
+        brokered,
+        state: agent_state,
     })
+}
+
+/// Checks the request's agent state paths (ns only: a vm guest sees no
+/// host directory) and plans them.
+fn agent_state_plan(
+    request: &RunRequest,
+    executor: Backend<'_>,
+    workspace: &std::path::Path,
+    state_dir: &std::path::Path,
+    secrets: &secrets::Secrets,
+) -> Result<crate::agent_state::Plan, AdmissionError> {
+    if request.state.is_empty() {
+        return Ok(crate::agent_state::Plan::default());
+    }
+    if !executor.traits.shares_host_kernel {
+        return Err(AdmissionError::StateOnGuest { executor: executor.name.to_owned() });
+    }
+    let (others, stores): (Vec<_>, Vec<_>) =
+        secrets.hidden.iter().partition(|(_, reason)| *reason == secrets::OTHER_STATE_DIR);
+    let state_dirs: Vec<PathBuf> =
+        std::iter::once(state_dir.to_owned()).chain(others.into_iter().map(|(p, _)| p.clone())).collect();
+    let secret_stores: Vec<PathBuf> = stores.into_iter().map(|(p, _)| p.clone()).collect();
+    let hidden = crate::agent_state::Hidden { state_dirs: &state_dirs, secret_stores: &secret_stores };
+    let paths =
+        crate::agent_state::check(&request.state, request.secrets.home.as_deref(), workspace, hidden)?;
+    Ok(crate::agent_state::Plan { paths, from: request.state_from.clone() })
 }
 
 /// The recorded decisions [`record_admission`] publishes.

@@ -128,6 +128,8 @@ pub(super) fn spec(
         caches,
         exposed_sockets: policy.exposed_sockets.clone(),
         read_only: policy.read_only.clone(),
+        ca_bundle: None,
+        state: Vec::new(),
         program: command.program,
         args: command.args,
         env: command.env,

@@ -45,7 +45,7 @@ pub(super) fn host_paths(
 ) -> Result<HostPaths, AdmissionError> {
     let sockets = exposable_sockets(secrets, state, workspace)?;
     let hidden = hidden_now(state, hidden);
-    let caches = cache_paths(caches, workspace, &hidden)?;
+    let caches = cache_paths(caches, workspace, &hidden, secrets.home.as_deref())?;
     // A cache's upper is written by earlier runs: a place for the socket
     // would be made through whatever they left there.
     if let Some(path) = sockets.iter().find(|s| caches.iter().any(|c| s.starts_with(c))) {
@@ -298,12 +298,17 @@ pub(super) struct Rewrites<'a> {
     pub(super) state: &'a Path,
     pub(super) secrets: &'a Secrets,
     pub(super) paths: &'a HostPaths,
+    pub(super) agent_state: &'a crate::agent_state::Plan,
     pub(super) env_rewrites: &'a [(&'static str, String)],
+    /// The `--secret` bindings (recorded by variable and destination).
+    pub(super) brokered: Option<&'a super::Brokered>,
+    /// Variables removed because they held a bound value.
+    pub(super) copies: &'a [String],
 }
 
 /// Records `admission.policy` (caused by `job.created`), then the network
 /// decision and each rewrite, all caused by it, in a fixed order: the state
-/// directory, hidden secrets, skipped hides, caches, sockets, read-only paths, shared directories, scrubbed and
+/// directory, hidden secrets, skipped hides, caches, agent state, sockets, read-only paths, shared directories, scrubbed and
 /// set variables. Returns the seq of `admission.policy`.
 pub(super) fn record(
     trace: &mut Trace,
@@ -314,7 +319,7 @@ pub(super) fn record(
     rewrites: Rewrites<'_>,
 ) -> Result<u64, StoreError> {
     let network = &policy.network;
-    let Rewrites { state, secrets, paths, env_rewrites } = rewrites;
+    let Rewrites { state, secrets, paths, agent_state, env_rewrites, brokered, copies } = rewrites;
     let policy_event = trace.emit(EventKind::AdmissionPolicy, None, Some(created), policy, false)?;
     let decision = data::AdmissionNetwork {
         mode: network.mode,
@@ -339,6 +344,14 @@ pub(super) fn record(
         path,
         reason: "--cache: writable, persisted in pvisor's cache store, not staged",
     });
+    let agent_state = agent_state.paths.iter().map(|s| data::AdmissionRewrite::State {
+        path: &s.path,
+        reason: if s.secret_on_host {
+            "--state over a secret store: the Job's own copy, which never starts from the host's; carried within a session, gated changes held for review"
+        } else {
+            "--state: writable through the Job's own layer, carried within a session, gated changes held for review; never the host's files"
+        },
+    });
     let sockets = paths
         .sockets
         .iter()
@@ -356,16 +369,39 @@ pub(super) fn record(
         name,
         reason: "named like a secret; pass it with --env",
     });
+    let copies = copies.iter().map(|name| data::AdmissionRewrite::EnvRemove {
+        name,
+        reason: "holds the value of a --secret, which only the proxy may send",
+    });
     let set = env_rewrites.iter().map(|(name, _)| data::AdmissionRewrite::EnvSet { name });
+    let bindings = brokered.map(|b| b.broker.bindings()).unwrap_or_default();
+    let secrets_bound = bindings.iter().map(|b| data::AdmissionRewrite::Secret {
+        name: &b.spec.variable,
+        host: &b.spec.host,
+        port: b.spec.port,
+        reason: "--secret: the command holds a placeholder; the proxy puts the value into requests to this destination alone",
+    });
+    let ca = brokered.into_iter().flat_map(|b| {
+        let bundle = data::AdmissionRewrite::ReadOnly {
+            path: &b.bundle,
+            reason: "--secret: the host's roots and the run's CA, which the command trusts (shown over the system CA bundles too)",
+        };
+        std::iter::once(bundle)
+            .chain(super::CA_VARIABLES.iter().map(|name| data::AdmissionRewrite::EnvSet { name }))
+    });
     let all = std::iter::once(state_dir)
         .chain(hidden)
         .chain(skipped)
         .chain(caches)
+        .chain(agent_state)
         .chain(sockets)
         .chain(read_only)
         .chain(shares)
         .chain(removed)
-        .chain(set);
+        .chain(copies)
+        .chain(set)
+        .chain(secrets_bound)
+        .chain(ca);
     for rewrite in all {
         trace.emit(EventKind::AdmissionRewrite, None, Some(policy_event), &rewrite, false)?;
     }
@@ -428,12 +464,14 @@ pub(super) fn check_namespace(path: &Path, executor: super::Backend<'_>) -> Resu
 }
 
 /// Resolves and checks each `--cache` path: an existing host directory that
-/// is not the workspace (nor holds or sits in it), not hidden, and not under
+/// is not the workspace (nor holds or sits in it), not hidden, holds no
+/// agent config or credentials, and not under
 /// `/tmp` or `/run` (the sandbox has its own).
 fn cache_paths(
     requested: &[PathBuf],
     workspace: &Path,
     hidden: &[PathBuf],
+    home: Option<&Path>,
 ) -> Result<Vec<PathBuf>, AdmissionError> {
     let mut out = Vec::new();
     for path in requested {
@@ -450,6 +488,13 @@ fn cache_paths(
         }
         if hidden.iter().any(|h| real.starts_with(h) || h.starts_with(&real)) {
             return Err(problem("overlaps a hidden path (a secret store or a pvisor state directory)"));
+        }
+        // A cache carries to later runs unreviewed: a hook written there
+        // would run next time. Agent state has its own, gated layer.
+        if crate::agent_state::agent_config_in(&real, home).is_some() {
+            return Err(problem(
+                "holds agent config or credentials, which a cache would carry to later runs unreviewed; use --agent NAME or --state PATH",
+            ));
         }
         if ["/tmp", "/run", "/proc", "/dev", "/sys"].iter().any(|p| real.starts_with(p))
             || real == Path::new("/")

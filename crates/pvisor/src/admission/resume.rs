@@ -94,6 +94,8 @@ pub fn admit_resume(
         caches: Vec::new(),
         exposed_sockets: operation.policy.exposed_sockets.clone(),
         read_only: operation.policy.read_only.clone(),
+        ca_bundle: None,
+        state: Vec::new(),
         program: operation.program.clone(),
         args: operation.args.clone(),
         // The command's environment lives on inside the restored guest.
@@ -128,5 +130,8 @@ pub fn admit_resume(
         restore_from: None,
         baseline,
         resumed_from,
+        // A resumed VM never had a broker (vm runs refuse --secret).
+        brokered: None,
+        state: crate::agent_state::Plan::default(),
     })
 }

@@ -48,10 +48,10 @@ pub(super) fn resolve(
     let candidates = defaults
         .map(|p| (p, "secret store"))
         .chain(secrets.hide.iter().map(|p| (p.clone(), "--hide")))
-        .chain(secrets.other_state_dirs.iter().map(|p| (p.clone(), "another pvisor state directory")));
+        .chain(secrets.other_state_dirs.iter().map(|p| (p.clone(), OTHER_STATE_DIR)));
     for (path, reason) in candidates {
         let Some(real) = canonical(&path) else { continue };
-        let state_dir = reason == "another pvisor state directory";
+        let state_dir = reason == OTHER_STATE_DIR;
         // `--expose DIR` shows the secrets beneath DIR too (`--expose ~/.claude`);
         // no exposure reaches into a pvisor state directory.
         if (!state_dir && exposed.iter().any(|e| real.starts_with(e)))
@@ -72,6 +72,10 @@ pub(super) fn resolve(
     }
     Ok((env, Secrets { scrubbed, hidden: hidden_secrets, skipped: skipped_hides }))
 }
+
+/// Why another pvisor state directory is hidden (and how admission tells
+/// it from a secret store).
+pub(super) const OTHER_STATE_DIR: &str = "another pvisor state directory";
 
 /// Secret stores hidden by default, relative to the home directory: cloud,
 /// package-registry and database credentials, the credentials of the AI

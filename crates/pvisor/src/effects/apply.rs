@@ -1,6 +1,7 @@
 //! Applying whole changes to the workspace: selection (sensitive paths only
 //! when named), the plan with its conflicts, execution, and the `apply.*`
-//! events.
+//! events. A commit made inside the sandbox is taken out of the selection
+//! and landed as a commit (`pvisor_stage::commits`), after the files.
 
 use std::path::PathBuf;
 
@@ -9,7 +10,9 @@ use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
 use pvisor_stage::apply::{self, Planned, Verdict};
-use pvisor_stage::ledger::{Ledger, Outcome};
+use pvisor_stage::beneath::Root;
+use pvisor_stage::commits::{self, Checked, RefMove};
+use pvisor_stage::ledger::{Action, Entry, Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
 
 use super::writers::{open_for_apply, open_trace};
@@ -52,6 +55,26 @@ pub struct ApplyReport {
     pub remaining: usize,
     /// The workspace it applied to.
     pub workspace: PathBuf,
+    /// The commit made inside the sandbox, when the selection took it.
+    pub commit: Option<CommitReport>,
+}
+
+/// A commit made inside the sandbox that an apply took: the branches and
+/// tags it moves, and the staged `.git/` paths settled with it.
+#[derive(Debug, Default, Clone)]
+pub struct CommitReport {
+    /// Branches and tags moved (on a dry run, or when conflicts refused
+    /// the apply: to move).
+    pub moved: Vec<RefMove>,
+    /// Those the host already held at the sandbox's value.
+    pub already: Vec<RefMove>,
+    /// Those git would not move (the host moved them meanwhile), with why.
+    pub failed: Vec<(RefMove, String)>,
+    /// The staged `.git/` paths that land (or are settled) with it: objects,
+    /// packs, refs, reflogs, the index. None is ever copied.
+    pub paths: Vec<ChangeEntry>,
+    /// Objects the host lacked.
+    pub new_objects: usize,
 }
 
 /// Whether selection pattern `pattern` names `path` itself (not by a glob,
@@ -91,17 +114,63 @@ pub fn apply(
         .filter(|c| !stage.outcomes.get(&c.path).is_some_and(Outcome::is_settled))
         .cloned()
         .collect();
-    let selected = select(&stage, &remaining, selection)?;
+    let mut selected = select(&stage, &remaining, selection)?;
+    let commit = take_commit(&stage, (&ws, &upper), &remaining, &mut selected)?;
     // pvisor's own configuration and state are never applied; a sensitive
     // path is applied only when named exactly (or chosen one by one, or
     // with --include-sensitive): never swept in by --all or a glob.
     let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
     let consent = consented(selected, &remaining, &sensitive, selection, &options);
-    let report = plan(&stage, &ws, &remaining, consent, &options)?;
+    let mut report = plan(&stage, &ws, &remaining, consent, &options)?;
+    if let Some(checked) = &commit {
+        report_commit(&mut report, checked, &remaining, &stage.status.job);
+    }
     if options.dry_run {
         return Ok(report);
     }
-    execute(store, &mut stage, (&ws, &upper), options.force, report, progress)
+    let landing = commit.as_ref().map(|checked| (checked, remaining.as_slice()));
+    execute(store, &mut stage, (&ws, &upper), options.force, report, landing, progress)
+}
+
+/// The commit made inside the sandbox, when `selected` takes any of its
+/// paths (`--all`, `.git`, a ref named), checked against the host; its
+/// paths leave `selected`: they land as a commit, never as files.
+fn take_commit(
+    stage: &Stage,
+    (ws, upper): (&Root, &Root),
+    remaining: &[ChangeEntry],
+    selected: &mut Vec<usize>,
+) -> Result<Option<Checked>, EffectsError> {
+    let in_git_dir = |i: &usize| remaining[*i].path.as_path().starts_with(commits::GIT_DIR);
+    if !selected.iter().any(in_git_dir) || !commits::host_repository(ws)? || !commits::git_available() {
+        return Ok(None);
+    }
+    let Some(staged) = commits::find(remaining, ws, upper)? else { return Ok(None) };
+    if !staged.members.iter().any(|m| selected.contains(m)) {
+        return Ok(None);
+    }
+    selected.retain(|i| !staged.members.contains(i));
+    Ok(Some(commits::verify(&stage.workspace, upper, remaining, staged, &stage.stage_dir)?))
+}
+
+/// Puts the checked commit in the report: each ref that cannot land is a
+/// conflict (which refuses the whole apply), with what to do.
+fn report_commit(report: &mut ApplyReport, checked: &Checked, remaining: &[ChangeEntry], job: &JobId) {
+    for refusal in &checked.refused {
+        let reason = format!(
+            "{}; the commit is never forced: to apply the files without the commit, `pvisor drop {job} .git` \
+             then apply again",
+            refusal.reason
+        );
+        report.conflicts.push((remaining[refusal.change].clone(), reason));
+    }
+    report.commit = Some(CommitReport {
+        moved: checked.moves.clone(),
+        already: checked.already.clone(),
+        failed: Vec::new(),
+        paths: checked.members.iter().map(|&i| remaining[i].clone()).collect(),
+        new_objects: checked.new_objects,
+    });
 }
 
 /// The indices in `remaining` that `selection` picks.
@@ -215,6 +284,7 @@ fn execute(
     (ws, upper): (&pvisor_stage::beneath::Root, &pvisor_stage::beneath::Root),
     force: bool,
     mut report: ApplyReport,
+    commit: Option<(&Checked, &[ChangeEntry])>,
     progress: impl FnMut(&ChangeEntry),
 ) -> Result<ApplyReport, EffectsError> {
     let (mut trace, terminal) = open_trace(store, stage)?;
@@ -250,11 +320,105 @@ fn execute(
     report.executed = true;
     report.failed = done.failed;
     report.warnings.extend(done.warnings);
-    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already);
+    // The commit lands after the files, so the branch moves onto a work
+    // tree that already holds what it records.
+    let settled = match commit {
+        Some((checked, remaining)) => {
+            let message = format!("pvisor apply: the commit of job {}", stage.status.job);
+            let settled = land_commit(ws, &ledger, checked, remaining, &mut report, &message)?;
+            trace.emit_batch(commit_events(&report, (&settled, remaining), attempt, Some(started)))?;
+            settled
+        }
+        None => Vec::new(),
+    };
+    let landed = done.applied.iter().map(|(c, _)| c).chain(&done.already).chain(&settled);
     let (state, remaining) = stage.after(landed.map(|c| (c.path.clone(), Outcome::Applied)));
     report.state = Some(state);
     report.remaining = remaining;
     Ok(report)
+}
+
+/// Lands the checked commit and, once every ref moved, records its paths
+/// as applied (after a `syncfs`); returns them. A ref git would not move
+/// (the host moved it since the check) is a failed path, and the commit's
+/// paths stay pending: the next apply finds the moved refs already there.
+fn land_commit(
+    ws: &Root,
+    ledger: &Ledger,
+    checked: &Checked,
+    remaining: &[ChangeEntry],
+    report: &mut ApplyReport,
+    message: &str,
+) -> Result<Vec<ChangeEntry>, EffectsError> {
+    let landed = match checked.land(ws, message) {
+        Ok(landed) => landed,
+        Err(e) => commits::Landed {
+            failed: checked.moves.iter().map(|m| (m.clone(), error_chain(&e))).collect(),
+            ..Default::default()
+        },
+    };
+    report.warnings.extend(landed.warnings);
+    for (mv, why) in &landed.failed {
+        report.failed.push((remaining[mv.change].clone(), format!("{} was not moved: {why}", mv.name)));
+    }
+    let settled = landed.failed.is_empty();
+    if let Some(commit) = report.commit.as_mut() {
+        commit.moved = landed.moved;
+        commit.failed = landed.failed;
+    }
+    if !settled {
+        return Ok(Vec::new());
+    }
+    ws.sync().map_err(|e| pvisor_stage::StageError::io("sync", "the workspace", e))?;
+    let paths: Vec<ChangeEntry> = checked.members.iter().map(|&i| remaining[i].clone()).collect();
+    let entries: Vec<Entry> =
+        paths.iter().map(|c| Entry::new(c.path.clone(), Action::Applied, c.blake3.clone(), false)).collect();
+    ledger.append(&entries)?;
+    Ok(paths)
+}
+
+/// An error and its causes on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// The Trace's record of a landed commit: one `apply.file` per ref moved
+/// (with the ref and both hashes) and per other path settled with it.
+fn commit_events(
+    report: &ApplyReport,
+    (settled, remaining): (&[ChangeEntry], &[ChangeEntry]),
+    attempt: Option<u32>,
+    cause: Option<u64>,
+) -> Vec<Pending> {
+    let moved = report.commit.as_ref().map(|c| c.moved.as_slice()).unwrap_or_default();
+    let mut events = Vec::new();
+    for change in settled {
+        let refs: Vec<&RefMove> = moved.iter().filter(|m| remaining[m.change].path == change.path).collect();
+        if refs.is_empty() {
+            events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &commit_file(change, None)));
+        }
+        for mv in refs {
+            events.push(Pending::new(EventKind::ApplyFile, attempt, cause, &commit_file(change, Some(mv))));
+        }
+    }
+    events
+}
+
+fn commit_file<'a>(change: &'a ChangeEntry, mv: Option<&'a RefMove>) -> data::ApplyFile<'a> {
+    data::ApplyFile::Commit {
+        path: &change.path,
+        kind: change.kind,
+        with_commit: true,
+        git_ref: mv.map(|m| m.name.as_str()),
+        old: mv.and_then(|m| m.old.as_deref()),
+        new: mv.map(|m| m.new.as_str()),
+    }
 }
 
 /// The Trace's record of what an apply wrote, found applied, or failed.

@@ -32,11 +32,11 @@ mod stage;
 mod writers;
 
 pub use crate::records::StageState;
-pub use apply::{apply, ApplyOptions, ApplyReport, Selection};
+pub use apply::{apply, ApplyOptions, ApplyReport, CommitReport, Selection};
 pub use discard::{drop_changes, DropReport};
 pub use hunks::{apply_hunks, HunkChoice, HunksReport};
 pub use pvisor_stage::sensitive::Sensitive;
-pub use stage::{ReviewItem, Stage};
+pub use stage::{InCommit, ReviewItem, Stage};
 pub(crate) use writers::lock_stage;
 
 /// Why an effects command could not proceed. Nothing was changed.
@@ -81,6 +81,8 @@ pub enum EffectsError {
     View(#[from] ViewError),
     #[error(transparent)]
     Stage(#[from] StageError),
+    #[error(transparent)]
+    Commit(#[from] pvisor_stage::commits::CommitError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

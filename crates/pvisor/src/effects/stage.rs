@@ -11,6 +11,7 @@ use pvisor_core::records::{ChangeEntry, EntryType, JobRecord};
 use pvisor_core::store::{self, RelPath, Store};
 use pvisor_stage::apply::{self, Verdict};
 use pvisor_stage::beneath::Root;
+use pvisor_stage::commits;
 use pvisor_stage::ledger::{Ledger, Outcome};
 use pvisor_stage::names::Siblings;
 use pvisor_stage::preimage::Preimages;
@@ -168,13 +169,17 @@ impl Stage {
         let mut items = Vec::with_capacity(selected.len());
         let mut host_names = NamesByDir::default();
         let mut parents = self.parents();
+        let in_commit = self.commit_paths(ws.as_ref(), upper.as_ref());
         for i in selected {
             let change = &self.changes[i];
+            let commit = in_commit.get(&change.path).cloned();
             let outcome = self.outcomes.get(&change.path);
             let applied = outcome == Some(&Outcome::Applied);
             let dropped = outcome == Some(&Outcome::Dropped);
             let (conflict, unsupported) = match (&ws, applied || dropped) {
+                // A commit's paths are checked as a commit, when applied.
                 (_, true) => (None, None),
+                _ if commit.is_some() => (None, None),
                 (None, false) => (Some("the workspace no longer exists".to_owned()), None),
                 (Some(ws), false) => {
                     let preimage = preimages.get(&change.path);
@@ -186,7 +191,7 @@ impl Stage {
                 }
             };
             let forbidden = sensitive.forbidden(change);
-            let sensitive = sensitive.reason_for(change);
+            let sensitive = sensitive.reason_for(change).filter(|_| commit.is_none());
             let confusable = self.confusable(ws.as_ref(), change, &mut host_names);
             items.push(ReviewItem {
                 forbidden,
@@ -198,9 +203,31 @@ impl Stage {
                 unsupported,
                 sensitive,
                 confusable,
+                commit,
             });
         }
         Ok(items)
+    }
+
+    /// The staged paths that make up a commit made in the sandbox (see
+    /// `pvisor_stage::commits`), each with the refs it sets. Empty when the
+    /// workspace has no repository of its own or the stage cannot be read:
+    /// review then shows those paths one by one, as sensitive.
+    fn commit_paths(&self, ws: Option<&Root>, upper: Option<&Root>) -> BTreeMap<RelPath, InCommit> {
+        let (Some(ws), Some(upper)) = (ws, upper) else { return BTreeMap::new() };
+        if !commits::host_repository(ws).unwrap_or(false) || !commits::git_available() {
+            return BTreeMap::new();
+        }
+        let Ok(Some(staged)) = commits::find(&self.changes, ws, upper) else { return BTreeMap::new() };
+        staged
+            .members
+            .iter()
+            .map(|&i| {
+                let refs = staged.refs.iter().filter(|r| r.change == i);
+                let refs = refs.map(|r| (r.name.clone(), r.new.clone())).collect();
+                (self.changes[i].path.clone(), InCommit { refs, paths: staged.members.len() })
+            })
+            .collect()
     }
 
     /// Why `change`'s name could be mistaken for another (see
@@ -266,6 +293,18 @@ pub struct ReviewItem {
     /// Why its name could be mistaken for another (a trailing or no-break
     /// space, an invisible character, a sibling that differs only so).
     pub confusable: Option<String>,
+    /// Part of a commit made in the sandbox: applied as that commit (see
+    /// `pvisor_stage::commits`), never as a file.
+    pub commit: Option<InCommit>,
+}
+
+/// How a staged path belongs to a commit made in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InCommit {
+    /// The branches and tags this path sets, with the sandbox's value.
+    pub refs: Vec<(String, String)>,
+    /// How many staged paths the commit is made of.
+    pub paths: usize,
 }
 
 /// The names beside each reviewed path, for [`ReviewItem::confusable`].

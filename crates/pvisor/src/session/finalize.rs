@@ -216,6 +216,14 @@ impl Session {
             .map_err(|e| self.finalize_error("recording the exit", e.into()))?;
         // Read before the first staged file is hashed: see `Preimages::sealed_ns`.
         let sealed_ns = pvisor_core::time::coarse_realtime_ns();
+        if !self.state.paths.is_empty() {
+            // Agent state is the Job's, never the stage's: only its single
+            // files need taking out of their parents' layers.
+            if let Err(e) = crate::agent_state::collect(&self.store, &self.run.id) {
+                self.warnings
+                    .push(format!("agent state not kept whole: {}", super::prepare::with_sources(&e)));
+            }
+        }
         let scanned = self.seal_stage()?;
         let preimages = self.baselines(&scanned, baseline, sealed_ns)?;
         let changes = scanned.changes;

@@ -43,7 +43,7 @@ impl Session {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let (session, prepared) = blocking(move || {
-            let prepared = self.prepare_stage();
+            let prepared = self.prepare_stage().and_then(|()| self.prepare_state());
             (self, prepared)
         })
         .await;
@@ -106,7 +106,7 @@ impl Session {
                     }
                 }
                 event = proxy_rx.recv(), if proxy_open => match event {
-                    Some(event) => self.record_network(event),
+                    Some(event) => self.record_net_event(event),
                     None => proxy_open = false,
                 },
                 () = sleep_until(deadline) => {
@@ -122,7 +122,7 @@ impl Session {
             let _ = task.await;
         }
         while let Ok(event) = proxy_rx.try_recv() {
-            self.record_network(event);
+            self.record_net_event(event);
         }
         self.record_coalesced();
         match report {
@@ -149,13 +149,17 @@ impl Session {
     fn serve_network(
         &self,
         listeners: super::NetworkListeners,
-        events: &mpsc::UnboundedSender<pvisor_net::proxy::ProxyEvent>,
+        events: &mpsc::UnboundedSender<pvisor_net::proxy::NetEvent>,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
-        let policy = Arc::new(self.run.operation.policy.network.clone());
+        let shared = pvisor_net::proxy::Shared {
+            policy: Arc::new(self.run.operation.policy.network.clone()),
+            broker: self.brokered.as_ref().map(|b| b.broker.clone()),
+            events: events.clone(),
+        };
         let mut tasks = Vec::new();
         if let Some(listener) = listeners.proxy {
-            let serve = pvisor_net::proxy::serve(listener, policy.clone(), events.clone(), stop.clone());
+            let serve = pvisor_net::proxy::serve(listener, shared.clone(), stop.clone());
             tasks.push(tokio::spawn(serve));
         }
         for listener in listeners.forwards {
@@ -163,16 +167,27 @@ impl Session {
             let Some(forward) = self.spec.loopback_forwards.iter().find(|f| Some(f.listen) == local) else {
                 continue;
             };
-            let serve = pvisor_net::forward::serve(
-                listener,
-                forward.clone(),
-                policy.clone(),
-                events.clone(),
-                stop.clone(),
-            );
+            let serve = pvisor_net::forward::serve(listener, forward.clone(), shared.clone(), stop.clone());
             tasks.push(tokio::spawn(serve));
         }
         tasks
+    }
+
+    /// Records what the proxy reported: a request (or forwarded
+    /// connection), or a `--secret` put into one (by variable, never value).
+    fn record_net_event(&mut self, event: pvisor_net::proxy::NetEvent) {
+        use pvisor_net::proxy::NetEvent;
+        match event {
+            NetEvent::Request(event) => self.record_network(event),
+            NetEvent::Substituted(substitution) => {
+                let kind = EventKind::NetworkSecretSubstituted;
+                let events = self.store.events_file(&self.run.id);
+                let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
+                if self.budget.admit(&kind, &substitution.host, size) {
+                    self.record_best_effort(kind, &substitution);
+                }
+            }
+        }
     }
 
     /// Records one proxied request (or forwarded connection) in the Trace

@@ -77,6 +77,11 @@ pub(crate) struct Session {
     limits: Vec<pvisor_sandbox::limits::Enforcement>,
     baseline: Option<i128>,
     resumed_from: Option<u32>,
+    /// The `--secret` broker, held for the run's proxy; its CA bundle's
+    /// directory goes when the Session does.
+    brokered: Option<crate::admission::Brokered>,
+    /// The agent state made before the start and collected after the end.
+    state: crate::agent_state::Plan,
 }
 
 /// What went through the proxy, for the Bundle and the end-of-run summary.
@@ -115,6 +120,8 @@ impl Session {
             limits: Vec::new(),
             baseline: admitted.baseline,
             resumed_from: admitted.resumed_from,
+            brokered: admitted.brokered,
+            state: admitted.state,
         }
     }
 

@@ -58,6 +58,18 @@ impl Session {
         Ok(())
     }
 
+    /// Makes the Job's agent state (`--state`) before the sandbox starts:
+    /// carried, promoted or the host's, gated changes held back.
+    pub(super) fn prepare_state(&self) -> Result<(), SandboxError> {
+        crate::agent_state::prepare(&self.store, &self.run.id, &self.state, &self.spec.hidden).map_err(|e| {
+            SandboxError::Setup {
+                step: "state".into(),
+                message: with_sources(&e),
+                hint: Some("check that PVISOR_HOME is writable and has free space".into()),
+            }
+        })
+    }
+
     pub(super) fn inherited_preimages_path(&self) -> PathBuf {
         self.store.stage_dir(&self.run.id).join("preimages.inherited.json")
     }
@@ -173,4 +185,15 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// `e` with each of its sources, as a setup failure carries one message.
+pub(super) fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    message
 }

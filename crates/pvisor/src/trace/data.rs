@@ -54,6 +54,8 @@ pub(crate) enum AdmissionRewrite<'a> {
     HideSkipped { path: &'a Path, reason: &'a str },
     #[serde(rename = "cache")]
     Cache { path: &'a Path, reason: &'a str },
+    #[serde(rename = "state")]
+    State { path: &'a Path, reason: &'a str },
     #[serde(rename = "expose.socket")]
     ExposeSocket { path: &'a Path, reason: &'a str },
     #[serde(rename = "read.only")]
@@ -64,6 +66,9 @@ pub(crate) enum AdmissionRewrite<'a> {
     EnvRemove { name: &'a str, reason: &'a str },
     #[serde(rename = "env.set")]
     EnvSet { name: &'a str },
+    /// A `--secret`: the variable and the one destination its value goes to.
+    #[serde(rename = "secret")]
+    Secret { name: &'a str, host: &'a str, port: Option<u16>, reason: &'a str },
 }
 
 /// `attempt.created`.
@@ -188,8 +193,30 @@ pub(crate) struct ApplyConflict<'a> {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub(crate) enum ApplyFile<'a> {
-    Written { path: &'a RelPath, kind: ChangeKind, blake3: &'a Option<String>, forced: bool },
-    AlreadyApplied { path: &'a RelPath, kind: ChangeKind, already_applied: bool },
+    Written {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        blake3: &'a Option<String>,
+        forced: bool,
+    },
+    AlreadyApplied {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        already_applied: bool,
+    },
+    /// A path of a commit made inside the sandbox, settled when the commit
+    /// landed (never copied); `git_ref`, `old` and `new` on the ref it moved.
+    Commit {
+        path: &'a RelPath,
+        kind: ChangeKind,
+        with_commit: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        git_ref: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new: Option<&'a str>,
+    },
 }
 
 /// `apply.failed`: the whole apply (no path) or one path.
@@ -314,6 +341,18 @@ mod tests {
                 })
                 .unwrap(),
                 json!({"path": rel, "kind": ChangeKind::Added, "already_applied": true}),
+            ),
+            (
+                to_value(ApplyFile::Commit {
+                    path: &rel,
+                    kind: ChangeKind::Modified,
+                    with_commit: true,
+                    git_ref: Some("refs/heads/main"),
+                    old: None,
+                    new: Some("abc"),
+                })
+                .unwrap(),
+                json!({"path": rel, "kind": ChangeKind::Modified, "with_commit": true, "git_ref": "refs/heads/main", "new": "abc"}),
             ),
             (to_value(ApplyFailed { path: None, error: "e" }).unwrap(), json!({"error": "e"})),
         ];

@@ -268,3 +268,119 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
         "{denied}"
     );
 }
+
+/// The entrypoint is the sandbox's main process, as upstream has it
+/// (server/opensandbox_server/services/docker.py maps an exited container:
+/// 0 → Terminated `CONTAINER_EXITED`, N → Failed `CONTAINER_EXITED_ERROR`
+/// "Sandbox container exited with code N."). An entrypoint that exits, or
+/// cannot be executed (127, as a shell says), ends its sandbox and its VM;
+/// one that keeps running keeps the sandbox Running.
+#[test]
+fn a_sandbox_ends_with_its_entrypoint() {
+    let daemon = Daemon::new();
+    let cases = [
+        (
+            json!(["sh", "-c", "sleep 1; exit 3"]),
+            "Failed",
+            "CONTAINER_EXITED_ERROR",
+            "Sandbox container exited with code 3.",
+        ),
+        (json!(["true"]), "Terminated", "CONTAINER_EXITED", "Sandbox container exited successfully."),
+        (
+            json!(["/no/such/entrypoint"]),
+            "Failed",
+            "CONTAINER_EXITED_ERROR",
+            "Sandbox container exited with code 127.",
+        ),
+    ];
+    let ids: Vec<String> =
+        cases.iter().map(|(entrypoint, ..)| daemon.create(json!({ "entrypoint": entrypoint }))).collect();
+    let alive = daemon.create(json!({}));
+    for (id, (entrypoint, state, reason, message)) in ids.iter().zip(&cases) {
+        let got = daemon.wait_state(id, state, &["Pending", "Running", "Stopping"]);
+        assert_eq!(got["status"]["reason"], *reason, "{entrypoint}: {got}");
+        assert_eq!(got["status"]["message"], *message, "{entrypoint}: {got}");
+        let job = daemon.record(id)["job"].as_str().unwrap().to_owned();
+        let status = daemon.env.status_json(Some(&job));
+        assert_ne!(status["state"], "running", "{entrypoint}: its VM was stopped: {status}");
+    }
+    assert_eq!(daemon.wait_state(&alive, "Running", &["Pending"])["status"]["state"], "Running");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(daemon.state(&alive)["status"]["state"], "Running", "a running entrypoint keeps its sandbox");
+}
+
+/// Renew on access (OSEP-0009; values validated as upstream's
+/// server/opensandbox_server/extensions/validation.py does): a sandbox
+/// created with `extensions["access.renew.extend.seconds"]` has its expiry
+/// moved to now + that much by a request through the daemon; an invalid
+/// value, and a GPU request pvisor cannot satisfy, are 400s that name them.
+#[test]
+fn a_sandbox_that_asked_for_it_renews_on_access_and_bad_values_are_refused() {
+    let daemon = Daemon::new();
+    let create = |extra: Value| {
+        let mut body = json!({ "image": { "uri": "default" }, "entrypoint": ["tail", "-f", "/dev/null"], "timeout": 120 });
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        daemon.curl("POST", "/v1/sandboxes", Some(body))
+    };
+    for (extra, says) in [
+        (json!({ "extensions": { "access.renew.extend.seconds": "10" } }), "between 300 and 86400 seconds"),
+        (json!({ "extensions": { "access.renew.extend.seconds": "soon" } }), "base-10 integer"),
+        (json!({ "resourceLimits": { "gpu": "1" } }), "GPU"),
+    ] {
+        let (code, body) = create(extra.clone());
+        assert_eq!(code, 400, "{extra}: {body}");
+        assert!(body["message"].as_str().unwrap().contains(says), "{extra}: {body}");
+    }
+    let expiry = |id: &str| daemon.state(id)["expiresAt"].as_str().unwrap().to_owned();
+    let (code, body) = create(json!({ "extensions": { "access.renew.extend.seconds": "3600" } }));
+    assert_eq!(code, 202, "{body}");
+    let renewing = body["id"].as_str().unwrap().to_owned();
+    let plain = daemon.create(json!({ "timeout": 120 }));
+    daemon.wait_state(&renewing, "Running", &["Pending"]);
+    daemon.wait_state(&plain, "Running", &["Pending"]);
+    let (before, plain_before) = (expiry(&renewing), expiry(&plain));
+    for id in [&renewing, &plain] {
+        daemon.run(id, "true");
+    }
+    let (after, plain_after) = (expiry(&renewing), expiry(&plain));
+    assert!(after > before, "an access renewed it: {before} → {after}");
+    let hours = |t: &str| t[11..13].parse::<i64>().unwrap() * 60 + t[14..16].parse::<i64>().unwrap();
+    let gained = (hours(&after) - hours(&before)).rem_euclid(24 * 60);
+    assert!((55..=60).contains(&gained), "about an hour more ({before} → {after})");
+    assert_eq!(plain_after, plain_before, "a sandbox that did not ask keeps its expiry");
+}
+
+/// The diagnostics routes answer as the reference server's do
+/// (server/opensandbox_server/api/devops.py): the stable `scope`d API is
+/// 501 `DIAGNOSTICS_NOT_IMPLEMENTED`; without `scope`, plain text marked
+/// deprecated: the entrypoint's output as the container's logs, the
+/// lifecycle as events, and inspect and summary.
+#[test]
+fn diagnostics_answer_as_the_reference_does() {
+    let daemon = Daemon::new();
+    let id = daemon
+        .create(json!({ "entrypoint": ["sh", "-c", "echo hello-from-entrypoint; exec tail -f /dev/null"] }));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-i", "-H", &format!("OPEN-SANDBOX-API-KEY: {}", daemon.key)])
+            .arg(format!("http://127.0.0.1:{}/v1/sandboxes/{id}/diagnostics/{path}", daemon.port))
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    for scoped in ["logs?scope=container", "events?scope=all"] {
+        let answer = get(scoped);
+        assert!(answer.starts_with("HTTP/1.1 501"), "{scoped}: {answer}");
+        assert!(answer.contains("DIAGNOSTICS_NOT_IMPLEMENTED"), "{scoped}: {answer}");
+    }
+    let logs = wait_until(Duration::from_secs(20), || get("logs").contains("hello-from-entrypoint"));
+    assert!(logs, "the entrypoint's output is the sandbox's log: {}", get("logs"));
+    assert!(get("logs").to_lowercase().contains("deprecation: true"));
+    let events = get("events?limit=5");
+    assert!(events.contains("started") && events.contains("Running"), "{events}");
+    assert!(get("inspect").contains(&format!("Sandbox ID:     {id}")));
+    assert!(get("summary").contains("SANDBOX DIAGNOSTICS SUMMARY"));
+    assert!(get("logs?tail=0").starts_with("HTTP/1.1 400"), "a tail of 0 names the parameter");
+    assert!(get("nonsense").starts_with("HTTP/1.1 404"));
+}

@@ -67,6 +67,8 @@ fn fixture(scripts: Vec<Script>) -> Fixture {
 fn request(workspace: &std::path::Path) -> RunRequest {
     RunRequest {
         caches: Vec::new(),
+        state: Vec::new(),
+        state_from: None,
         labels: Default::default(),
         network_namespace: None,
         shared_directories: Vec::new(),
