@@ -49,6 +49,14 @@ pub const PORT_NAME: &str = "org.pvisor.agent.0";
 pub const LOWER_SERIAL: &str = "pvisor-lower";
 pub const DELTA_SERIAL: &str = "pvisor-delta";
 pub const UPPER_SERIAL: &str = "pvisor-upper";
+/// A userland image's base and delta disks (`Setup { userland: true }`),
+/// attached after the workspace's three: the same pair, of a root filesystem.
+pub const IMAGE_LOWER_SERIAL: &str = "pvisor-image-lower";
+pub const IMAGE_DELTA_SERIAL: &str = "pvisor-image-delta";
+/// Where the agent assembles a userland image's root (the image read-only,
+/// a tmpfs above it, the workspace at its own path inside); the command is
+/// chrooted there (`Exec { root }`).
+pub const USERLAND_ROOT: &str = "/run/pvisor/root";
 
 /// Host-initiated stream ids ([`Request::NetConnect`]) have this bit set;
 /// guest-initiated ones (the proxy port) never do.

@@ -60,6 +60,14 @@ pub enum Request {
         /// none, so older hosts' Setup parses unchanged.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         shares: Vec<Share>,
+        /// Assemble [`USERLAND_ROOT`](crate::USERLAND_ROOT) from the disks
+        /// [`IMAGE_LOWER_SERIAL`](crate::IMAGE_LOWER_SERIAL) and
+        /// [`IMAGE_DELTA_SERIAL`](crate::IMAGE_DELTA_SERIAL) (a root
+        /// filesystem's base and delta) under a throw-away tmpfs, with the
+        /// workspace bound at its own path inside. Left out when false, so
+        /// an agent older than it refuses a Setup it cannot honour.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        userland: bool,
     },
     /// Payload: bytes from the proxy for guest connection `stream`.
     NetData {
@@ -502,9 +510,15 @@ mod tests {
             delta: true,
             interface,
             shares: Vec::new(),
+            userland: false,
         };
         let plain = serde_json::to_value(setup(None)).unwrap();
-        assert!(plain.get("interface").is_none() && plain.get("shares").is_none(), "{plain}");
+        assert!(
+            plain.get("interface").is_none()
+                && plain.get("shares").is_none()
+                && plain.get("userland").is_none(),
+            "{plain}"
+        );
         let nic = Interface {
             mac: "66:96:de:a5:1a:58".into(),
             address: "10.88.0.7/16".into(),
@@ -513,6 +527,30 @@ mod tests {
         };
         let json = serde_json::to_string(&setup(Some(nic.clone()))).unwrap();
         assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), setup(Some(nic)));
+    }
+
+    /// A Setup that asks for a userland says so, and one that does not is
+    /// the shape agents before it parse.
+    #[test]
+    fn setup_names_a_userland_only_when_it_asks_for_one() {
+        let old = r#"{"type":"setup","workspace":"/w","hostname":"h","clock_unix_ns":1,"proxy_port":null,"delta":true}"#;
+        match serde_json::from_str::<Request>(old).unwrap() {
+            Request::Setup { userland, .. } => assert!(!userland),
+            other => panic!("{other:?}"),
+        }
+        let asked = Request::Setup {
+            workspace: "/w".into(),
+            hostname: "h".into(),
+            clock_unix_ns: 1,
+            proxy_port: None,
+            delta: true,
+            interface: None,
+            shares: Vec::new(),
+            userland: true,
+        };
+        let json = serde_json::to_value(&asked).unwrap();
+        assert_eq!(json["userland"], true, "{json}");
+        assert_eq!(serde_json::from_value::<Request>(json).unwrap(), asked);
     }
 
     fn exec(terminal: Option<TerminalSize>) -> Request {

@@ -243,12 +243,29 @@ pub struct EffectivePolicy {
     /// effects pvisor stages; they reach the host as they happen.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_directories: Vec<SharedDirectory>,
+    /// The root filesystem a vm Job's command runs in (`--image`), instead
+    /// of the guest's own minimal one; absent: the guest's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<UserlandImage>,
     /// Whether the command runs under pvisor's seccomp deny-list.
     #[serde(default = "enabled")]
     pub seccomp: bool,
     /// Requested resource limits (how each was enforced is in the Bundle).
     #[serde(default)]
     pub limits: ResourceLimits,
+}
+
+/// An imported root filesystem (`pvisor image import`) a vm Job's command
+/// runs in: read-only underneath, with the workspace at its own path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserlandImage {
+    /// The name it was imported as.
+    pub name: String,
+    /// BLAKE3 over the tree's paths, kinds, modes, owners and contents
+    /// (`blake3:HEX`): which userland ran, whatever the name now means.
+    pub digest: String,
+    /// The imported tree on the host (under the state directory).
+    pub rootfs: PathBuf,
 }
 
 /// A host directory shared with a VM, live: the guest sees and changes the

@@ -16,6 +16,10 @@ pub const UPPER: &str = "upper.img";
 pub const LOWER: &str = "lower.img";
 /// The per-start delta disk (a guest-writable lower layer; see `vm::lower`).
 pub const DELTA: &str = "delta.img";
+/// A userland image's base and delta disks (`--image`): the same pair as
+/// the workspace's, of the imported root filesystem.
+pub const IMAGE_LOWER: &str = "image-lower.img";
+pub const IMAGE_DELTA: &str = "image-delta.img";
 pub const MANIFEST: &str = "manifest.json";
 pub const KIND: &str = "execution";
 
@@ -44,6 +48,10 @@ pub struct ExecCheckpoint {
     /// a restore attaches the same device, in a network namespace again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nic: Option<String>,
+    /// The userland image the command runs in (`--image`), whose disks are
+    /// in `disks`: a fork records it as its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userland: Option<pvisor_core::records::UserlandImage>,
     /// How long the guest was stopped, and the whole save.
     pub paused_ms: u64,
     pub save_ms: u64,

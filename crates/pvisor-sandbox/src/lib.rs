@@ -136,6 +136,11 @@ pub struct VmSpec {
     /// and cannot be checkpointed (vhost-user-fs is not migratable).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
+    /// The imported root filesystem the command runs in (`--image`): the
+    /// guest assembles it read-only with a throw-away upper layer, the
+    /// workspace at its own path inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<pvisor_core::records::UserlandImage>,
 }
 
 /// One `--cache PATH`: the host directory is the read-only lower layer, and
@@ -302,9 +307,14 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         attachment.describe()
     }
 
-    /// Further facts for the Placement record of a start with `limits` (the
-    /// vm backend's accelerator, and whether it restores a template or boots, and why).
-    fn placement_details(&self, _limits: &limits::Limits) -> Vec<(String, String)> {
+    /// Further facts for the Placement record of a start with `limits` and,
+    /// for a vm Job, the userland `image` (the vm backend's accelerator, the
+    /// image, and whether it restores a template or boots, and why).
+    fn placement_details(
+        &self,
+        _limits: &limits::Limits,
+        _image: Option<&pvisor_core::records::UserlandImage>,
+    ) -> Vec<(String, String)> {
         Vec::new()
     }
 

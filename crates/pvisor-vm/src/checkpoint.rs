@@ -23,7 +23,8 @@ use super::link::{LinkError, Shared};
 use super::{disk, qmp};
 
 pub use pvisor_sandbox::checkpoint::{
-    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, KIND, LOWER, MANIFEST, STATE, UPPER,
+    CheckpointFile, ExecCheckpoint, MachineConfig, DELTA, IMAGE_DELTA, IMAGE_LOWER, KIND, LOWER, MANIFEST,
+    STATE, UPPER,
 };
 pub(super) fn digest(path: &Path, sparse: bool) -> io::Result<CheckpointFile> {
     let size = fs::metadata(path)?.len();
@@ -68,7 +69,7 @@ pub fn verify(dir: &Path) -> Result<ExecCheckpoint, VerifyError> {
             kind: manifest.kind,
         });
     }
-    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER].contains(&d.as_str())) {
+    if manifest.disks.iter().any(|d| ![LOWER, DELTA, UPPER, IMAGE_LOWER, IMAGE_DELTA].contains(&d.as_str())) {
         return Err(VerifyError::UnknownDisks { id: manifest.id, disks: manifest.disks });
     }
     for name in std::iter::once(STATE).chain(manifest.disks.iter().map(String::as_str)) {
@@ -206,6 +207,7 @@ pub(super) fn take(shared: &Shared, suspend: bool) -> Result<Box<ExecCheckpoint>
             disks: disks.clone(),
             frozen: frozen.clone(),
             nic: shared.nic_mac.clone(),
+            userland: shared.vm.image.clone(),
             paused_ms: paused.elapsed().as_millis() as u64,
             save_ms: started.elapsed().as_millis() as u64,
         };
@@ -318,6 +320,26 @@ mod tests {
         fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
         let verified = verify(dir.path()).unwrap();
         assert_eq!(verified.disks, [LOWER, UPPER], "the device list it was taken with");
+    }
+
+    /// A run with a userland image (`--image`) saves its image's base and
+    /// delta after the workspace's disks; a restore attaches all five.
+    #[test]
+    fn a_checkpoint_with_a_userland_image_lists_its_disks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = two_disk_checkpoint(dir.path());
+        let disks = [LOWER, DELTA, UPPER, IMAGE_LOWER, IMAGE_DELTA];
+        for name in [DELTA, IMAGE_LOWER, IMAGE_DELTA] {
+            fs::write(dir.path().join(name), name).unwrap();
+            let file = serde_json::to_value(digest(&dir.path().join(name), true).unwrap()).unwrap();
+            manifest["files"].as_array_mut().unwrap().push(file);
+        }
+        manifest["disks"] = serde_json::json!(disks);
+        manifest["userland"] = serde_json::json!({"name": "python", "digest": "blake3:00", "rootfs": "/r"});
+        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let verified = verify(dir.path()).unwrap();
+        assert_eq!(verified.disks, disks);
+        assert_eq!(verified.userland.unwrap().name, "python");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pvisor_sandbox::checkpoint::{DELTA, LOWER, UPPER};
+pub(crate) use pvisor_sandbox::checkpoint::{IMAGE_DELTA, IMAGE_LOWER};
 
 /// Virtual size of the base image disk: the largest workspace a vm Job takes.
 pub(crate) const LOWER_DISK_BYTES: u64 = 256 << 30;
@@ -43,16 +44,20 @@ pub(crate) struct Disk<'a> {
 
 impl<'a> Disk<'a> {
     /// The disk whose file is `path`, known by its name ([`LOWER`],
-    /// [`DELTA`] or [`UPPER`], as in a checkpoint). An Attempt's device list
-    /// is its disk files in order: lower, delta, upper for a boot; for a
-    /// restore exactly the checkpoint's list (one taken before the delta
-    /// existed has none).
+    /// [`DELTA`], [`UPPER`], [`IMAGE_LOWER`] or [`IMAGE_DELTA`], as in a
+    /// checkpoint). An Attempt's device list is its disk files in order:
+    /// lower, delta, upper for a boot, then a userland image's lower and
+    /// delta; for a restore exactly the checkpoint's list (one taken before
+    /// the delta existed has none).
     pub(crate) fn of(path: &'a Path) -> Result<Self, UnknownDisk> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         let (id, serial, readonly) = match name {
             LOWER => ("lower", pvisor_agent_proto::LOWER_SERIAL, true),
             DELTA => ("delta", pvisor_agent_proto::DELTA_SERIAL, false),
             UPPER => ("upper", pvisor_agent_proto::UPPER_SERIAL, false),
+            IMAGE_LOWER => ("image-lower", pvisor_agent_proto::IMAGE_LOWER_SERIAL, true),
+            // Written once, by the agent finishing it, as the workspace's.
+            IMAGE_DELTA => ("image-delta", pvisor_agent_proto::IMAGE_DELTA_SERIAL, false),
             _ => return Err(UnknownDisk(path.to_owned())),
         };
         Ok(Self { id, serial, path, readonly })
@@ -61,39 +66,76 @@ impl<'a> Disk<'a> {
 
 /// A fresh start's disk files, in device order, with their constant
 /// virtual sizes (a template guest probed disks of these sizes at boot, and
-/// its clones attach their own in their place).
-const BOOT_DISKS: [(&str, u64); 3] =
-    [(LOWER, LOWER_DISK_BYTES), (DELTA, DELTA_DISK_BYTES), (UPPER, UPPER_DISK_BYTES)];
+/// its clones attach their own in their place): the workspace's three, then
+/// a userland image's two (the same sizes as the workspace's pair).
+const BOOT_DISKS: [(&str, u64); 5] = [
+    (LOWER, LOWER_DISK_BYTES),
+    (DELTA, DELTA_DISK_BYTES),
+    (UPPER, UPPER_DISK_BYTES),
+    (IMAGE_LOWER, LOWER_DISK_BYTES),
+    (IMAGE_DELTA, DELTA_DISK_BYTES),
+];
 
-/// The file names of a fresh start's disks, in device order.
+/// The device lists a fresh start can have: the workspace's disks alone,
+/// or with a userland image's (`--image`). Each is a template shape of its
+/// own, since a restored guest has exactly the devices its template booted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Workspace,
+    Userland,
+}
+
+impl Layout {
+    /// Every layout, for recognising a template as current.
+    pub(crate) const ALL: [Layout; 2] = [Layout::Workspace, Layout::Userland];
+
+    /// The layout of a start with (or without) a userland image.
+    pub fn of(userland: bool) -> Self {
+        if userland {
+            Self::Userland
+        } else {
+            Self::Workspace
+        }
+    }
+
+    /// The disk files of a fresh start, in device order, with their sizes.
+    fn disks(self) -> &'static [(&'static str, u64)] {
+        match self {
+            Self::Workspace => &BOOT_DISKS[..3],
+            Self::Userland => &BOOT_DISKS,
+        }
+    }
+
+    /// The layout as a template key records it: ids, serials, access, sizes.
+    pub(crate) fn description(self) -> String {
+        self.disks()
+            .iter()
+            .filter_map(|(name, size)| {
+                let path = Path::new(name);
+                let d = Disk::of(path).ok()?;
+                Some(format!("{}:{}:{}:{size}", d.id, d.serial, if d.readonly { "ro" } else { "rw" }))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Blank sparse disks of the real names and virtual sizes in `dir`,
+    /// for a template's boot; returned in device order.
+    pub(crate) fn placeholder_disks(self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        self.disks()
+            .iter()
+            .map(|(name, size)| {
+                let path = dir.join(name);
+                File::create(&path)?.set_len(*size)?;
+                Ok(path)
+            })
+            .collect()
+    }
+}
+
+/// The file names of a fresh start's workspace disks, in device order.
 pub(crate) fn boot_disk_names() -> [&'static str; 3] {
-    BOOT_DISKS.map(|(name, _)| name)
-}
-
-/// The disk layout as a template key records it: ids, serials, access, sizes.
-pub(crate) fn layout_description() -> String {
-    BOOT_DISKS
-        .iter()
-        .filter_map(|(name, size)| {
-            let path = Path::new(name);
-            let d = Disk::of(path).ok()?;
-            Some(format!("{}:{}:{}:{size}", d.id, d.serial, if d.readonly { "ro" } else { "rw" }))
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Blank sparse disks of the real names and virtual sizes in `dir`, for a
-/// template's boot; returned in device order.
-pub(crate) fn placeholder_disks(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    BOOT_DISKS
-        .iter()
-        .map(|(name, size)| {
-            let path = dir.join(name);
-            File::create(&path)?.set_len(*size)?;
-            Ok(path)
-        })
-        .collect()
+    [BOOT_DISKS[0].0, BOOT_DISKS[1].0, BOOT_DISKS[2].0]
 }
 
 /// Host bytes allocated under `path` (sparse files count their data only).
@@ -200,7 +242,8 @@ pub(crate) fn sparse_copy(src: &Path, dst: &Path) -> io::Result<()> {
 /// setup, and a command as guest root could still write it), so they are
 /// copied and never share blocks with a running VM.
 pub(crate) fn keep_disk(src: &Path, dst: &Path) -> io::Result<()> {
-    if src.file_name().is_some_and(|n| n == LOWER) {
+    // Base images are never written after publication: shared, not copied.
+    if src.file_name().is_some_and(|n| n == LOWER || n == IMAGE_LOWER) {
         link_or_copy(src, dst)
     } else {
         sparse_copy(src, dst)
@@ -291,6 +334,40 @@ mod tests {
             image_tree(tree.path(), &image, room, (0, 0), 1 << 30, "tree").unwrap();
             assert_eq!(fs::metadata(&image).unwrap().len(), 1 << 30);
         }
+    }
+
+    /// A start with a userland image has the workspace's disks, then the
+    /// image's two: another template shape, whose placeholders are all five.
+    #[test]
+    fn a_userland_layout_is_the_workspace_layout_and_two_more_disks() {
+        let (plain, userland) = (Layout::Workspace.description(), Layout::Userland.description());
+        assert_ne!(plain, userland);
+        assert!(userland.starts_with(&format!("{plain},image-lower:")), "{userland}");
+        let dir = tempfile::tempdir().unwrap();
+        let disks = Layout::Userland.placeholder_disks(dir.path()).unwrap();
+        let names: Vec<_> =
+            disks.iter().map(|d| d.file_name().unwrap().to_str().unwrap().to_owned()).collect();
+        assert_eq!(names, [LOWER, DELTA, UPPER, IMAGE_LOWER, IMAGE_DELTA]);
+        assert_eq!(fs::metadata(&disks[3]).unwrap().len(), LOWER_DISK_BYTES);
+        assert_eq!(Layout::of(false), Layout::Workspace);
+    }
+
+    /// A userland image's disks are known by name, found by the agent by
+    /// serial; its base is read-only and kept by a link, never copied.
+    #[test]
+    fn a_userland_images_disks_are_known_and_its_base_is_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, delta) = (dir.path().join(IMAGE_LOWER), dir.path().join(IMAGE_DELTA));
+        let d = Disk::of(&base).unwrap();
+        assert_eq!((d.serial, d.readonly), (pvisor_agent_proto::IMAGE_LOWER_SERIAL, true));
+        let d = Disk::of(&delta).unwrap();
+        assert_eq!((d.serial, d.readonly), (pvisor_agent_proto::IMAGE_DELTA_SERIAL, false));
+        fs::write(&base, b"base").unwrap();
+        let kept = dir.path().join("kept");
+        fs::create_dir(&kept).unwrap();
+        keep_disk(&base, &kept.join(IMAGE_LOWER)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(&base).unwrap().ino(), fs::metadata(kept.join(IMAGE_LOWER)).unwrap().ino());
     }
 
     #[test]

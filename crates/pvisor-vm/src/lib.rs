@@ -53,6 +53,7 @@ use std::path::{Path, PathBuf};
 
 pub use checkpoint::ExecCheckpoint;
 pub use control::{control, ControlError, ControlRequest, ControlResponse, CONTROL_SOCKET};
+pub use disk::Layout;
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;
@@ -127,14 +128,15 @@ impl VmExecutor {
         (std::env::var(TEMPLATES_ENV).as_deref() == Ok("off")).then(|| format!("{TEMPLATES_ENV}=off"))
     }
 
-    /// How a fresh start of `config` is planned, for the Placement: the
-    /// template it restores (possibly built first), or why it boots.
-    /// (Both are descriptions the Placement records, not errors: a String.)
-    pub fn start_plan(&self, config: &MachineConfig) -> Result<String, String> {
+    /// How a fresh start of `config` with the disks of `layout` is planned,
+    /// for the Placement: the template it restores (possibly built first),
+    /// or why it boots. (Both are descriptions the Placement records, not
+    /// errors: a String.)
+    pub fn start_plan(&self, config: &MachineConfig, layout: Layout) -> Result<String, String> {
         if let Some(why) = self.templates_disabled() {
             return Err(why);
         }
-        let key = template::key(&self.image, config);
+        let key = template::key(&self.image, config, layout);
         let id = key.id();
         let root = self.templates_root();
         // Read-only: the plan must not take the locks a build or a remove needs.
@@ -154,11 +156,12 @@ impl VmExecutor {
     pub(crate) fn template_for(
         &self,
         config: &MachineConfig,
+        layout: Layout,
     ) -> Result<(template::Template, template::InUse), String> {
         if let Some(why) = self.templates_disabled() {
             return Err(why);
         }
-        let key = template::key(&self.image, config);
+        let key = template::key(&self.image, config, layout);
         let root = self.templates_root();
         match template::open(&root, &key) {
             Ok(Some(found)) => return Ok(found),
@@ -174,7 +177,7 @@ impl VmExecutor {
             config.cpus,
             config.accelerator.as_str()
         ));
-        template::build(&root, &self.image, config).map_err(|e| e.to_string())?;
+        template::build(&root, &self.image, config, layout).map_err(|e| e.to_string())?;
         template::open(&root, &key)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("the template {} vanished after its build", key.id()))
@@ -187,7 +190,7 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
         limits: &pvisor_sandbox::limits::Limits,
     ) -> Result<pvisor_sandbox::capabilities::WarmedTemplate, CapabilityError> {
         let config = self.machine_config(limits);
-        let key = template::key(&self.image, &config);
+        let key = template::key(&self.image, &config, Layout::Workspace);
         let root = self.templates_root();
         if let Ok(Some((found, _))) = template::open(&root, &key) {
             return Ok(pvisor_sandbox::capabilities::WarmedTemplate {
@@ -197,7 +200,7 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
                 dir: found.dir,
             });
         }
-        let built = template::build(&root, &self.image, &config)
+        let built = template::build(&root, &self.image, &config, Layout::Workspace)
             .map_err(|e| CapabilityError::Failed(e.to_string()))?;
         Ok(pvisor_sandbox::capabilities::WarmedTemplate {
             id: key.id(),
@@ -208,10 +211,10 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
     }
 
     fn list(&self) -> Vec<template::TemplateListing> {
-        let (image, qemu, disks) =
-            (self.image.digest.clone(), qemu::binary_identity(), disk::layout_description());
+        let (image, qemu) = (self.image.digest.clone(), qemu::binary_identity());
+        let layouts = Layout::ALL.map(Layout::description);
         template::list(&self.templates_root(), &|key| {
-            key.image == image && key.qemu == qemu && key.disks == disks
+            key.image == image && key.qemu == qemu && layouts.contains(&key.disks)
         })
     }
 
@@ -246,14 +249,21 @@ impl Executor for VmExecutor {
         describe_attachment(attachment)
     }
 
-    fn placement_details(&self, limits: &pvisor_sandbox::limits::Limits) -> Vec<(String, String)> {
+    fn placement_details(
+        &self,
+        limits: &pvisor_sandbox::limits::Limits,
+        image: Option<&pvisor_core::records::UserlandImage>,
+    ) -> Vec<(String, String)> {
         let mut details = vec![
             ("accelerator".into(), self.accel.accelerator.as_str().into()),
             ("accelerator_reason".into(), self.accel.reason.clone()),
             ("image".into(), self.image.digest.clone()),
             ("guest_kernel".into(), self.image.kernel_version.clone()),
         ];
-        match self.start_plan(&self.machine_config(limits)) {
+        if let Some(image) = image {
+            details.push(("userland".into(), format!("{} {}", image.name, image.digest)));
+        }
+        match self.start_plan(&self.machine_config(limits), Layout::of(image.is_some())) {
             Ok(template) => {
                 details.push(("start".into(), "template".into()));
                 details.push(("template".into(), template));

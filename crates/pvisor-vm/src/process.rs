@@ -13,7 +13,7 @@ use super::control::serve_control;
 use super::link::{AgentEvent, Credit, Shared};
 use super::qemu::tail;
 use super::start::{self, Scratch, Start};
-use super::{checkpoint, export, lower, setup, VmExecutor, EXEC_ID};
+use super::{checkpoint, export, setup, VmExecutor, EXEC_ID};
 use pvisor_sandbox::{sys, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination};
 
 /// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
@@ -26,8 +26,9 @@ pub struct VmProcess {
     events: Receiver<AgentEvent>,
     boot_ms: u64,
     restored: Option<serde_json::Value>,
-    /// How the workspace disks were made (a fresh start; a restore reuses the checkpoint's).
-    workspace_disks: Option<lower::Prepared>,
+    /// How the workspace and userland disks were made (a fresh start; a
+    /// restore reuses the checkpoint's).
+    disks: start::Prepared,
     /// How this VM started (template restore, boot and why, checkpoint restore).
     start: serde_json::Value,
     /// The command never started (the agent's exec failed).
@@ -48,7 +49,7 @@ impl VmProcess {
     ) -> Result<Self, SandboxError> {
         let checked = start::check(spec)?;
         let mut scratch = Scratch(Vec::new());
-        let (start, workspace_disks) = start::prepare(executor, spec, &checked, boot_reason, &mut scratch)?;
+        let (start, disks) = start::prepare(executor, spec, &checked, boot_reason, &mut scratch)?;
         let config = match &start {
             Start::Restore { manifest, .. } => manifest.machine,
             _ => executor.machine_config(&spec.limits),
@@ -82,16 +83,7 @@ impl VmProcess {
             serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         }
         scratch.0.clear(); // `wait` removes them after QEMU is gone
-        Ok(Self {
-            shared,
-            events,
-            boot_ms,
-            restored,
-            workspace_disks,
-            start: start.facts(),
-            early,
-            proxy_listener,
-        })
+        Ok(Self { shared, events, boot_ms, restored, disks, start: start.facts(), early, proxy_listener })
     }
 }
 
@@ -204,7 +196,12 @@ impl SandboxProcess for VmProcess {
             "ready_ms": self.boot_ms,
             "restored": self.restored,
             "start": self.start,
-            "workspace_disks": self.workspace_disks,
+            "workspace_disks": self.disks.workspace,
+            "userland": self.shared.vm.image.as_ref().map(|image| serde_json::json!({
+                "name": image.name,
+                "digest": image.digest,
+                "disks": self.disks.image,
+            })),
         }))
     }
 

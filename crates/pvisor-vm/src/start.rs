@@ -23,8 +23,8 @@ use super::nic;
 use super::qemu::{capture_console, incoming_uri, qemu_command, spawn_qemu, tail, Ram, TapNic};
 use super::virtiofs::{self, FileServers};
 use super::{
-    checkpoint, disk, lower, qmp, setup, Accelerator, ExecCheckpoint, MachineConfig, RamFormat, VmExecutor,
-    EXEC_ID,
+    checkpoint, disk, lower, qmp, setup, Accelerator, ExecCheckpoint, Layout, MachineConfig, RamFormat,
+    VmExecutor, EXEC_ID,
 };
 use pvisor_sandbox::{sys, NetworkAttachment, SandboxError, SandboxSpec, Termination, VmSpec};
 
@@ -185,6 +185,15 @@ impl Start {
     }
 }
 
+/// How a fresh start's disks were made, for the Attempt's facts (a
+/// restore reuses the checkpoint's).
+#[derive(Debug, Default)]
+pub(super) struct Prepared {
+    pub(super) workspace: Option<lower::Prepared>,
+    /// The userland image's base and delta (`--image`).
+    pub(super) image: Option<lower::Prepared>,
+}
+
 /// Prepares the disks in `scratch` and decides how the VM starts: from the
 /// checkpoint `vm.restore` names, else from a template, else by booting.
 pub(super) fn prepare(
@@ -193,13 +202,13 @@ pub(super) fn prepare(
     checked: &Checked,
     boot_reason: Option<String>,
     scratch: &mut Scratch,
-) -> Result<(Start, Option<lower::Prepared>), SandboxError> {
+) -> Result<(Start, Prepared), SandboxError> {
     let vm = &checked.vm;
     match &vm.restore {
         Some(_) if !vm.shared_directories.is_empty() => {
             Err(setup("restore", "a VM that shares host directories has no execution checkpoints"))
         }
-        Some(dir) => Ok((restore_disks(dir, checked, scratch)?, None)),
+        Some(dir) => Ok((restore_disks(dir, checked, scratch)?, Prepared::default())),
         None => fresh_disks(executor, spec, checked, boot_reason, scratch),
     }
 }
@@ -237,14 +246,15 @@ fn restore_disks(dir: &Path, checked: &Checked, scratch: &mut Scratch) -> Result
 }
 
 /// Images the workspace (lower and delta disks), creates the upper disk,
-/// and picks the template to restore, or why the VM boots.
+/// images the userland (`--image`) the same way, and picks the template to
+/// restore, or why the VM boots.
 fn fresh_disks(
     executor: &VmExecutor,
     spec: &SandboxSpec,
     checked: &Checked,
     boot_reason: Option<String>,
     scratch: &mut Scratch,
-) -> Result<(Start, Option<lower::Prepared>), SandboxError> {
+) -> Result<(Start, Prepared), SandboxError> {
     let vm = &checked.vm;
     scratch.0 = disk::boot_disk_names().iter().map(|name| vm.dir.join(name)).collect();
     let staging = vm.dir.join(lower::DELTA_STAGING);
@@ -256,6 +266,7 @@ fn fresh_disks(
                 hint: Some("every file in the workspace must be readable by the user running pvisor".into()),
             })?;
     disk::create_upper(&scratch.0[2]).map_err(|e| setup("upper-disk", e))?;
+    let image = vm.image.as_ref().map(|image| image_disks(executor, image, &vm.dir, scratch)).transpose()?;
     let plan = match boot_reason {
         Some(reason) => Err(reason),
         // A template's device list has no NIC; it cannot gain one.
@@ -264,13 +275,36 @@ fn fresh_disks(
             "a VM that shares host directories boots: virtiofsd maps its RAM, which a template clone keeps private"
                 .into(),
         ),
-        None => executor.template_for(&executor.machine_config(&spec.limits)),
+        // With a userland image, a template of the same five disks.
+        None => executor.template_for(&executor.machine_config(&spec.limits), Layout::of(vm.image.is_some())),
     };
     let start = match plan {
         Ok((template, in_use)) => Start::Clone { template: Box::new(template), _in_use: Some(in_use) },
         Err(reason) => Start::Boot { reason },
     };
-    Ok((start, Some(prepared)))
+    Ok((start, Prepared { workspace: Some(prepared), image }))
+}
+
+/// Images the userland's root filesystem as a base (cached, like a
+/// workspace's) and a delta, appended to the device list after the
+/// workspace's disks.
+fn image_disks(
+    executor: &VmExecutor,
+    image: &pvisor_core::records::UserlandImage,
+    dir: &Path,
+    scratch: &mut Scratch,
+) -> Result<lower::Prepared, SandboxError> {
+    let (base, delta) = (dir.join(disk::IMAGE_LOWER), dir.join(disk::IMAGE_DELTA));
+    scratch.0.extend([base.clone(), delta.clone()]);
+    let staging = dir.join(lower::IMAGE_DELTA_STAGING);
+    lower::prepare(&executor.state_root, &image.rootfs, &base, &delta, &staging).map_err(|e| SandboxError::Setup {
+        step: "userland-image".into(),
+        message: format!("cannot image the userland {} ({}): {e}", image.name, image.rootfs.display()),
+        hint: Some(format!(
+            "every file of the image must be readable by the user running pvisor; import it again (pvisor image import {} DIR|TAR|OCI-LAYOUT)",
+            image.name
+        )),
+    })
 }
 
 /// A spawned QEMU and the host ends of its channels.
@@ -593,6 +627,7 @@ pub(super) fn run_command(
         delta: true,
         interface,
         shares: virtiofs::guest_shares(&checked.vm.shared_directories),
+        userland: checked.vm.image.is_some(),
     };
     let setting_up = Instant::now();
     match shared.call(&request, &[], timeout).map_err(|e| fail(shared, e))? {
@@ -605,8 +640,10 @@ pub(super) fn run_command(
         id: EXEC_ID,
         argv,
         env: spec.env.clone(),
+        // The workspace is at its own path inside the userland, so the
+        // cwd is the same path there.
         cwd: spec.cwd.clone(),
-        root: None,
+        root: checked.vm.image.as_ref().map(|_| PathBuf::from(pvisor_agent_proto::USERLAND_ROOT)),
         output: None,
         terminal: None,
         confinement: None,

@@ -32,8 +32,9 @@ use pvisor_core::store::OwnerLock;
 use pvisor_core::time::Timestamp;
 
 use super::checkpoint::digest;
+use super::disk::{self, Layout};
 use super::qemu::{capture_console, qemu_command, spawn_qemu, tail, Ram};
-use super::{disk, qmp, Accelerator, GuestImage, MachineConfig};
+use super::{qmp, Accelerator, GuestImage, MachineConfig};
 pub use pvisor_sandbox::templates::{Swept, TemplateKey, TemplateListing, TemplateManifest};
 
 pub const DIR: &str = "vm-templates";
@@ -43,8 +44,9 @@ pub const MANIFEST: &str = "manifest.json";
 /// Bumped whenever what a template saves changes meaning.
 const FORMAT: u32 = 1;
 
-/// The key of a template of `image` with the machine `config`, on this host.
-pub fn key(image: &GuestImage, config: &MachineConfig) -> TemplateKey {
+/// The key of a template of `image` with the machine `config` and the
+/// device list `layout`, on this host.
+pub fn key(image: &GuestImage, config: &MachineConfig, layout: Layout) -> TemplateKey {
     TemplateKey {
         format: FORMAT,
         image: image.digest.clone(),
@@ -52,7 +54,7 @@ pub fn key(image: &GuestImage, config: &MachineConfig) -> TemplateKey {
         cpus: config.cpus,
         accelerator: config.accelerator,
         qemu: super::qemu::binary_identity(),
-        disks: disk::layout_description(),
+        disks: layout.description(),
         host_cpu: match config.accelerator {
             Accelerator::Kvm => host_cpu_fingerprint(),
             Accelerator::Tcg => "tcg".into(),
@@ -312,8 +314,13 @@ pub fn verify(dir: &Path, key: &TemplateKey) -> Result<TemplateManifest, VerifyE
 
 /// Builds and publishes the template for `key` (see the module doc). Fails
 /// with [`TemplateError::Busy`] at once if another process is building it.
-pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<Template, TemplateError> {
-    let key = key(image, config);
+pub fn build(
+    root: &Path,
+    image: &GuestImage,
+    config: &MachineConfig,
+    layout: Layout,
+) -> Result<Template, TemplateError> {
+    let key = key(image, config, layout);
     let id = key.id();
     let store = |what: &'static str| move |source| TemplateError::Store { what, source };
     pvisor_core::store::create_dir_all_private(root).map_err(store("cannot create the template store"))?;
@@ -345,23 +352,28 @@ pub fn build(root: &Path, image: &GuestImage, config: &MachineConfig) -> Result<
     fs::create_dir_all(&partial).map_err(TemplateError::CreateDir)?;
     let started = Instant::now();
     tracing::info!(%id, memory_mib = config.memory_mib, cpus = config.cpus, "building a vm template");
-    let result = boot_and_save(&partial, image, config).map_err(BuildError::from).and_then(|boot_ms| {
-        pvisor_core::failpoint::hit("template-after-save");
-        let manifest = TemplateManifest {
-            id: id.clone(),
-            key: key.clone(),
-            created_at: Timestamp::now(),
-            files: vec![
-                digest(&partial.join(MEMORY), true).map_err(BuildError::Digest)?,
-                digest(&partial.join(STATE), false).map_err(BuildError::Digest)?,
-            ],
-            boot_ms,
-            build_ms: started.elapsed().as_millis() as u64,
-        };
-        super::checkpoint::publish_dir(&partial, &published, &pvisor_core::store::to_json_bytes(&manifest))
+    let result =
+        boot_and_save(&partial, image, config, layout).map_err(BuildError::from).and_then(|boot_ms| {
+            pvisor_core::failpoint::hit("template-after-save");
+            let manifest = TemplateManifest {
+                id: id.clone(),
+                key: key.clone(),
+                created_at: Timestamp::now(),
+                files: vec![
+                    digest(&partial.join(MEMORY), true).map_err(BuildError::Digest)?,
+                    digest(&partial.join(STATE), false).map_err(BuildError::Digest)?,
+                ],
+                boot_ms,
+                build_ms: started.elapsed().as_millis() as u64,
+            };
+            super::checkpoint::publish_dir(
+                &partial,
+                &published,
+                &pvisor_core::store::to_json_bytes(&manifest),
+            )
             .map_err(BuildError::Publish)?;
-        Ok(manifest)
-    });
+            Ok(manifest)
+        });
     match result {
         Ok(manifest) => {
             tracing::info!(%id, build_ms = manifest.build_ms, "vm template published");
@@ -384,7 +396,12 @@ fn boot_timeout(accelerator: Accelerator) -> Duration {
 
 /// Boots a guest with its RAM in `dir/memory`, waits for the agent, stops
 /// it and saves its device state to `dir/state`. Returns the boot time.
-fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Result<u64, BootError> {
+fn boot_and_save(
+    dir: &Path,
+    image: &GuestImage,
+    config: &MachineConfig,
+    layout: Layout,
+) -> Result<u64, BootError> {
     let memory = dir.join(MEMORY);
     let file_error = |action, source| BootError::File { action, path: memory.clone(), source };
     let file = fs::OpenOptions::new()
@@ -396,7 +413,7 @@ fn boot_and_save(dir: &Path, image: &GuestImage, config: &MachineConfig) -> Resu
     drop(file);
     // Blank disks with the clones' ids and sizes: the guest probes them at
     // boot, and a clone attaches its own in their place.
-    let placeholders = disk::placeholder_disks(dir).map_err(BootError::Placeholders)?;
+    let placeholders = layout.placeholder_disks(dir).map_err(BootError::Placeholders)?;
     let disks: Vec<disk::Disk<'_>> =
         placeholders.iter().map(|p| disk::Disk::of(p)).collect::<Result<_, _>>()?;
     let (mut agent, agent_qemu) = UnixStream::pair().map_err(BootError::Spawn)?;

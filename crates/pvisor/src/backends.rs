@@ -193,6 +193,7 @@ mod tests {
                 labels: Default::default(),
                 network_namespace: None,
                 shared_directories: Vec::new(),
+                image: None,
                 output: None,
                 workspace: self.workspace.clone(),
                 cwd: None,

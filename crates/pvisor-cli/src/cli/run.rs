@@ -49,6 +49,13 @@ pub struct RunOptions {
     /// suspend/resume/fork; KVM where it works, else TCG).
     #[arg(long, value_enum, value_name = "BACKEND", default_value = "ns")]
     pub executor: ExecutorArg,
+    /// With --executor vm: run the command in the imported root filesystem
+    /// NAME (`pvisor image ls`; built-in: default, python) instead of the
+    /// guest's minimal one, so glibc programs run. The image is read-only
+    /// underneath (writes outside the workspace are thrown away), the
+    /// workspace is at its own path inside it and is the command's cwd.
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
     /// How long a cancelled command may take to exit before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime_duration)]
     pub kill_grace: std::time::Duration,

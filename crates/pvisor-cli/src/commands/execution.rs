@@ -88,6 +88,12 @@ pub fn cmd_fork_execution(runtime: &Runtime, args: &ForkArgs) -> anyhow::Result<
             args.command.join(" ")
         );
     }
+    if let Some(image) = &args.run.image {
+        bail!(
+            "an execution fork continues in the userland its checkpoint holds; drop --image {image} \
+             (or use --state workspace to run a new command in another image)"
+        );
+    }
     let parent = runtime.execute(ResolveJob { query: Some(args.from.clone()) })?;
     let source = runtime
         .execute(PrepareExecutionFork { parent: parent.clone(), checkpoint: args.checkpoint.clone() })?;

@@ -142,6 +142,7 @@ pub fn request_for(
         );
     }
     let caches = cache_paths(&options.cache)?;
+    let image = userland(runtime, &traits, options.image.as_deref())?;
     let mut labels = pvisor_core::labels::Labels::new();
     for (key, value) in &options.label {
         if labels.insert(key.clone(), value.clone()).is_some() {
@@ -176,9 +177,31 @@ pub fn request_for(
         labels,
         network_namespace: None,
         shared_directories: Vec::new(),
+        image,
         output: None,
     };
     Ok(request)
+}
+
+/// `--image NAME` as the root filesystem and digest a vm run's command runs
+/// in, found before the run starts (a built-in image is imported now).
+fn userland(
+    runtime: &Runtime,
+    traits: &BackendTraits,
+    name: Option<&str>,
+) -> anyhow::Result<Option<pvisor_core::records::UserlandImage>> {
+    let Some(name) = name else { return Ok(None) };
+    if !traits.guest_machine {
+        anyhow::bail!("--image applies to --executor vm; an ns run uses the host's userland");
+    }
+    let images = pvisor_server::images::ImageStore::new(runtime.store())
+        .with_built_in(pvisor_server::images::built_in_found());
+    let image = images.userland(name)?.with_context(|| {
+        format!(
+            "No image {name:?} is imported: `pvisor image ls` lists the images there are, and `pvisor image import {name} DIR|TAR|OCI-LAYOUT` adds one"
+        )
+    })?;
+    Ok(Some(image))
 }
 
 /// `options` with what `--agent`'s preset grants added to them (the same

@@ -112,6 +112,9 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
         writeln!(out, "labels     {}", crate::output::shown(&labels.join(" ")))?;
     }
     writeln!(out, "command    {}", shell_words(&s.program, &s.args))?;
+    if let Some(image) = &s.image {
+        writeln!(out, "image      {} ({})", crate::output::shown(&image.name), image.digest)?;
+    }
     writeln!(out, "workspace  {}", crate::output::shown_path(&s.workspace))?;
     writeln!(out, "run        {}  (attempt {})", s.run, s.attempt)?;
     writeln!(out, "created    {}", s.created_at)?;

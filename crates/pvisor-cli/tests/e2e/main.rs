@@ -39,4 +39,5 @@ mod signals;
 mod vm;
 mod vm_hostile;
 mod vm_templates;
+mod vm_userland;
 mod vm_workspace;

@@ -28,14 +28,14 @@ pub(crate) fn require_image() {
 }
 
 /// A `pvisor run --executor vm` in the background whose stdout is collected.
-struct Background {
+pub(crate) struct Background {
     child: Child,
     out: Arc<Mutex<String>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Background {
-    fn start(env: &Env, args: &[&str], failpoint: Option<&str>) -> Self {
+    pub(crate) fn start(env: &Env, args: &[&str], failpoint: Option<&str>) -> Self {
         let mut cmd = env.command(args);
         if let Some(point) = failpoint {
             cmd.env("PVISOR_FAILPOINT", point);
@@ -56,13 +56,13 @@ impl Background {
         Self { child, out, reader: Some(reader) }
     }
 
-    fn wait_for(&self, needle: &str) {
+    pub(crate) fn wait_for(&self, needle: &str) {
         let found = wait_until(Duration::from_secs(120), || self.out.lock().unwrap().contains(needle));
         assert!(found, "never printed {needle:?}; got {:?}", self.out.lock().unwrap());
     }
 
     /// Waits for exit; returns (code, stdout, stderr).
-    fn finish(mut self) -> (Option<i32>, String, String) {
+    pub(crate) fn finish(mut self) -> (Option<i32>, String, String) {
         let mut err = String::new();
         self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
         let status = self.child.wait().unwrap();
@@ -73,7 +73,7 @@ impl Background {
 }
 
 /// `suspend --json`'s checkpoint manifest, checking the `result` line after it.
-fn suspended_to(out: &str, job: &str) -> serde_json::Value {
+pub(crate) fn suspended_to(out: &str, job: &str) -> serde_json::Value {
     let mut lines = json_lines(out);
     assert_eq!(lines.len(), 2, "a manifest, then the result: {out}");
     let (kind, result) = lines.pop().unwrap();
@@ -86,7 +86,7 @@ fn suspended_to(out: &str, job: &str) -> serde_json::Value {
     manifest
 }
 
-fn counts(out: &str) -> Vec<u32> {
+pub(crate) fn counts(out: &str) -> Vec<u32> {
     out.lines().filter_map(|l| l.strip_prefix("c ")).map(|n| n.parse().unwrap()).collect()
 }
 

@@ -13,6 +13,7 @@
 //! This module names, stores and reads images and unpacks a tar given
 //! whole; [`oci`] verifies an OCI layout's blobs and applies its layers.
 
+mod digest;
 mod oci;
 
 use std::fs;
@@ -69,6 +70,10 @@ pub struct ImageRecord {
     /// setuid/setgid bits).
     #[serde(default)]
     pub left_out: Unpacked,
+    /// The content digest of the rootfs (`blake3:HEX`, see [`digest`]);
+    /// absent in records from before it, and then taken at first use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +112,30 @@ impl ImageStore {
             self.ensure_built_in(name, built)?;
         }
         Ok(self.rootfs(name))
+    }
+
+    /// The imported (or built-in) image `name` as a vm Job's userland:
+    /// its rootfs and content digest (taken now, and kept in its record,
+    /// for an image imported before digests were). `None`: no such image.
+    pub fn userland(&self, name: &str) -> Result<Option<pvisor_core::records::UserlandImage>, ImageError> {
+        validate_name(name)?;
+        let Some(rootfs) = self.rootfs_importing(name)? else { return Ok(None) };
+        let path = self.slot(name).join("image.json");
+        let bytes = fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+        let mut record: ImageRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| err(format!("{} is corrupt ({e}); re-import that image", path.display())))?;
+        let digest = match record.digest.clone() {
+            Some(digest) => digest,
+            None => {
+                let digest = digest::tree_digest(&rootfs)
+                    .map_err(|e| err(format!("cannot digest {}: {e}", rootfs.display())))?;
+                record.digest = Some(digest.clone());
+                pvisor_core::store::write_atomic(&path, &pvisor_core::store::to_json_bytes(&record))
+                    .map_err(|e| err(e.to_string()))?;
+                digest
+            }
+        };
+        Ok(Some(pvisor_core::records::UserlandImage { name: name.to_owned(), digest, rootfs }))
     }
 
     fn slot(&self, name: &str) -> PathBuf {
@@ -170,7 +199,10 @@ impl ImageStore {
                 )));
             }
             let (files, bytes) = tree_size(&rootfs);
+            let digest = digest::tree_digest(&rootfs)
+                .map_err(|e| err(format!("cannot digest {}: {e}", rootfs.display())))?;
             let record = ImageRecord {
+                digest: Some(digest),
                 name: name.to_owned(),
                 source: source.display().to_string(),
                 kind: kind.into(),
@@ -416,6 +448,34 @@ mod tests {
         assert_eq!(names, ["app:1", "app:2"]);
         assert!(validate_name("a b").is_err());
         assert!(validate_name("../x").is_err());
+    }
+
+    /// A vm run's userland names the import's rootfs and content digest;
+    /// a record from before digests gets one at first use, kept; no such
+    /// image is `None`.
+    #[test]
+    fn a_userland_is_an_imports_rootfs_and_digest() {
+        let home = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(&pvisor_core::store::Store::open(home.path().join("state")).unwrap());
+        let src = home.path().join("src");
+        fs::create_dir_all(src.join("bin")).unwrap();
+        fs::write(src.join("bin/sh"), b"#!fake").unwrap();
+        let record = store.import("app", &src).unwrap();
+        let digest = record.digest.clone().unwrap();
+        assert_eq!(digest, digest::tree_digest(&src).unwrap(), "the import's digest is its tree's");
+        let userland = store.userland("app").unwrap().unwrap();
+        assert_eq!(
+            (userland.digest.as_str(), userland.rootfs),
+            (digest.as_str(), store.rootfs("app").unwrap())
+        );
+
+        let path = store.slot("app").join("image.json");
+        let mut old: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("digest");
+        fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(store.userland("app").unwrap().unwrap().digest, digest);
+        assert_eq!(store.list().unwrap()[0].digest.as_deref(), Some(digest.as_str()), "kept in the record");
+        assert!(store.userland("none").unwrap().is_none());
     }
 
     #[test]

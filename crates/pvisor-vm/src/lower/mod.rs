@@ -29,6 +29,8 @@ use index::{Diff, Entry};
 
 /// The staging tree of the delta, in the Attempt's `vm/` directory.
 pub const DELTA_STAGING: &str = "delta-staging";
+/// The staging tree of a userland image's delta (`--image`), beside it.
+pub const IMAGE_DELTA_STAGING: &str = "image-delta-staging";
 
 /// A delta of more entries than this (changed plus deleted) rebuilds the base.
 pub(crate) const REBASE_ENTRIES: usize = 2000;

@@ -54,6 +54,7 @@ impl Keeper {
             labels: self.labels,
             network_namespace: self.network_namespace,
             shared_directories: self.shared_directories,
+            image: None,
             output: None,
             workspace: self.workspace,
             cwd: None,

@@ -94,6 +94,7 @@ mod tests {
             labels: Default::default(),
             network_namespace: None,
             shared_directories: Vec::new(),
+            image: None,
             output: None,
             workspace: workspace.clone(),
             cwd: None,

@@ -91,6 +91,9 @@ pub struct RunRequest {
     /// Host directories the VM mounts live, unstaged (a containerd pod's
     /// read-write volumes): vm Jobs only, as root (virtiofsd).
     pub shared_directories: Vec<pvisor_core::records::SharedDirectory>,
+    /// The imported root filesystem a vm Job's command runs in (`--image`),
+    /// resolved by the frontend; vm Jobs only.
+    pub image: Option<pvisor_core::records::UserlandImage>,
     /// Capture the command's stdout and stderr into these pipes instead of
     /// handing it the frontend's descriptors 0–2 (stdin is then `/dev/null`).
     pub output: Option<pvisor_sandbox::CapturedOutput>,
@@ -175,6 +178,8 @@ pub enum AdmissionError {
     NetworkNamespace { path: PathBuf, problem: String },
     #[error("Shared directory {}: {problem}", path.display())]
     SharedDirectory { path: PathBuf, problem: String },
+    #[error("Image {name}: {problem}")]
+    Image { name: String, problem: String },
     #[error("Invalid network policy in {0}")]
     Network(#[from] pvisor_net::policy::PolicyError),
     #[error("Cannot fork from checkpoint {checkpoint}")]
@@ -286,8 +291,14 @@ pub fn admit(
         &workspace,
         &policy::hidden_now(&state, &secrets.hidden),
     )?;
+    let image = match &request.fork_execution {
+        // The forked guest runs on in the userland its checkpoint holds.
+        Some(fork) => fork.manifest.userland.clone(),
+        None => policy::image(request.image.as_ref(), executor)?,
+    };
     let requested = policy::Requested {
         shared_directories,
+        image,
         network: &request.network,
         namespace: request.network_namespace.as_deref(),
         kill_grace: request.kill_grace,
@@ -298,7 +309,12 @@ pub fn admit(
     brokered::check_allowed(&bindings, &policy.network)?;
     let brokered = brokered::start(bindings, &host_env)?;
     drop(host_env);
-    let placement = placement::decide(executor_impl, &request.limits, request.fork_execution.is_some());
+    let placement = placement::decide(
+        executor_impl,
+        &request.limits,
+        request.fork_execution.is_some(),
+        policy.image.as_ref(),
+    );
     let env_rewrites = policy::env_rewrites(&job_id, &policy.network);
     let env = policy::rewrite_env(env, &env_rewrites);
     let (env, copies) = match &brokered {

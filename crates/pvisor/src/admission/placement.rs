@@ -21,14 +21,17 @@ use super::ExecutionFork;
 /// to (rootless unless pvisor runs as root), this host's name and kernel,
 /// and whatever the executor adds. An execution fork restores its parent's
 /// checkpoint, so whatever the executor would plan for a fresh start (a
-/// template) does not apply to it.
+/// template) does not apply to it. A vm Job's userland `image` is the
+/// executor's to name (and plan the start with: its disks are a template
+/// shape of their own).
 pub(super) fn decide(
     executor: &dyn pvisor_sandbox::Executor,
     limits: &ResourceLimits,
     execution_fork: bool,
+    image: Option<&pvisor_core::records::UserlandImage>,
 ) -> Placement {
     let mut details: std::collections::BTreeMap<String, String> =
-        executor.placement_details(limits).into_iter().collect();
+        executor.placement_details(limits, image).into_iter().collect();
     if execution_fork {
         details.remove("template");
         details.remove("boot_reason");
@@ -142,6 +145,7 @@ pub(super) fn spec(
             context: json!({"job": ids.job, "run": ids.run, "attempt": ids.attempt}),
             network_namespace: policy.network.namespace.clone(),
             shared_directories: policy.shared_directories.clone(),
+            image: policy.image.clone(),
         }),
         output: command.output,
     }

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
-use pvisor_core::records::{EffectiveNetwork, EffectivePolicy, NetworkMode, ResourceLimits, SharedDirectory};
+use pvisor_core::records::{
+    EffectiveNetwork, EffectivePolicy, NetworkMode, ResourceLimits, SharedDirectory, UserlandImage,
+};
 use pvisor_core::store::StoreError;
 use pvisor_sandbox::NetworkAttachment;
 
@@ -186,10 +188,36 @@ pub(super) fn shared_directories(
     Ok(out)
 }
 
+/// Checks the userland image of a vm Job: only a guest machine has a root
+/// of its own to replace (an ns run sees the host's), and the imported tree
+/// must still be there.
+pub(super) fn image(
+    requested: Option<&UserlandImage>,
+    executor: super::Backend<'_>,
+) -> Result<Option<UserlandImage>, AdmissionError> {
+    let Some(image) = requested else { return Ok(None) };
+    let problem = |problem: String| AdmissionError::Image { name: image.name.clone(), problem };
+    if !executor.traits.guest_machine {
+        return Err(problem(format!(
+            "--image applies to --executor vm; an ns run uses the host's userland (this Job's executor is {executor})"
+        )));
+    }
+    if !image.rootfs.join("bin/sh").exists() && !image.rootfs.join("usr/bin/sh").exists() {
+        return Err(problem(format!(
+            "its root filesystem {} is gone or has no /bin/sh; import it again (pvisor image import {} DIR|TAR|OCI-LAYOUT)",
+            image.rootfs.display(),
+            image.name
+        )));
+    }
+    Ok(Some(image.clone()))
+}
+
 /// What the request says about enforcement, besides paths and secrets.
 pub(super) struct Requested<'a> {
     /// Checked by [`shared_directories`].
     pub(super) shared_directories: Vec<SharedDirectory>,
+    /// Checked by [`image`].
+    pub(super) image: Option<UserlandImage>,
     pub(super) network: &'a [pvisor_net::ScopedPolicy],
     /// A network namespace to join instead ([`NetworkMode::Namespace`]).
     pub(super) namespace: Option<&'a Path>,
@@ -238,6 +266,7 @@ pub(super) fn effective(
         caches: paths.caches.clone(),
         read_only: paths.read_only.clone(),
         shared_directories: requested.shared_directories,
+        image: requested.image,
     };
     Ok((policy, attachment))
 }
@@ -550,6 +579,27 @@ mod tests {
             .collect();
         assert_eq!(forwarded, ["[::1]:3128", "127.0.0.1:8000"]);
         assert!(super::loopback_forwards(&net(super::NetworkMode::Host, &rules)).is_empty());
+    }
+
+    /// A userland image is for a vm Job only, and must still be a root
+    /// filesystem (a shell) when the Job is admitted.
+    #[test]
+    fn a_userland_image_is_for_a_vm_job_with_a_root_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        let image = pvisor_core::records::UserlandImage {
+            name: "python".into(),
+            digest: "blake3:00".into(),
+            rootfs: dir.path().to_owned(),
+        };
+        let check = |executor| super::image(Some(&image), on(executor)).map_err(|e| e.to_string());
+        assert_eq!(super::image(None, on("ns")).unwrap(), None);
+        let e = check("ns").unwrap_err();
+        assert!(e.contains("--image applies to --executor vm; an ns run uses the host's userland"), "{e}");
+        let e = check("vm").unwrap_err();
+        assert!(e.contains("has no /bin/sh") && e.contains("pvisor image import python"), "{e}");
+        std::fs::write(dir.path().join("bin/sh"), b"").unwrap();
+        assert_eq!(check("vm").unwrap(), Some(image.clone()));
     }
 
     /// A shared directory is a host directory outside the workspace, the

@@ -112,6 +112,7 @@ pub fn admit_resume(
             context,
             network_namespace: operation.policy.network.namespace.clone(),
             shared_directories: operation.policy.shared_directories.clone(),
+            image: operation.policy.image.clone(),
         }),
         // A resumed VM's output goes to whoever resumed it.
         output: None,

@@ -185,6 +185,9 @@ pub struct JobStatus {
     pub imported_from: Option<String>,
     /// The executor backend (`ns` or `vm`).
     pub executor: String,
+    /// The userland a vm Job's command ran in (`--image`): name and digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<pvisor_core::records::UserlandImage>,
     /// For a suspended vm Job: the execution checkpoint its termination receipt names.
     pub suspended_to: Option<pvisor_core::ids::CheckpointId>,
     /// The labels given at admission (`--label`, the containerd shim's).
@@ -222,6 +225,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         lineage: job.lineage.clone(),
         imported_from: job.imported_from.clone(),
         executor: run.operation.placement.executor.clone(),
+        image: run.operation.policy.image.clone(),
         suspended_to: None,
         labels: job.labels.clone(),
     };

@@ -277,8 +277,11 @@ impl Session {
         Ok(preimages)
     }
 
-    /// What was observed of the run: time, CPU, memory, network, limits.
+    /// What was observed of the run: time, CPU, memory, network, limits,
+    /// and the userland a vm command ran in (`--image`).
     fn observations(&self, wall: Duration, usage: &Usage) -> Observations {
+        let image = self.run.operation.policy.image.as_ref();
+        let image = image.map(|i| ("image".to_owned(), format!("{} {}", i.name, i.digest)));
         Observations {
             wall_ms: wall.as_millis() as u64,
             user_cpu_ms: usage.user_cpu.as_millis() as u64,
@@ -289,6 +292,7 @@ impl Session {
                 .limits
                 .iter()
                 .map(|l| (format!("limit.{}", l.limit), format!("{} via {}", l.value, l.by)))
+                .chain(image)
                 .collect(),
         }
     }

@@ -108,6 +108,7 @@ impl FakeCheckpointer {
             context: serde_json::Value::Null,
             files,
             disks: vec![LOWER.into(), UPPER.into()],
+            userland: None,
             frozen: Vec::new(),
             nic: None,
             paused_ms: 1,

@@ -1,7 +1,8 @@
 //! Bringing the guest up as PID 1: the pseudo-filesystems, the kernel
 //! modules the image lists, loopback networking, and (on `Setup`) the
 //! workspace overlay over the virtio disks: the base image, the delta of
-//! what changed since it was built ([`crate::delta`]), and the upper disk.
+//! what changed since it was built ([`crate::delta`]), and the upper disk;
+//! with a userland image, the root the command is chrooted into.
 
 use std::ffi::CString;
 use std::fs::{self, File};
@@ -10,13 +11,17 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use pvisor_agent_proto::{DELTA_SERIAL, LOWER_SERIAL, UPPER_SERIAL};
+use pvisor_agent_proto::{
+    DELTA_SERIAL, IMAGE_DELTA_SERIAL, IMAGE_LOWER_SERIAL, LOWER_SERIAL, UPPER_SERIAL, USERLAND_ROOT,
+};
 use rustix::mount::MountFlags;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 pub(crate) const LOWER_MNT: &str = "/mnt/pvisor/lower";
 pub(crate) const DELTA_MNT: &str = "/mnt/pvisor/delta";
 pub(crate) const UPPER_MNT: &str = "/mnt/pvisor/upper";
+const IMAGE_LOWER_MNT: &str = "/mnt/pvisor/image-lower";
+const IMAGE_DELTA_MNT: &str = "/mnt/pvisor/image-delta";
 
 /// Mounts the pseudo-filesystems and loads the modules listed in /etc/pvisor/modules.
 pub(crate) fn init_guest() -> io::Result<()> {
@@ -176,47 +181,71 @@ fn fresh_disk(serial: &str) -> io::Result<String> {
 /// disk (finished from its manifest, then remounted read-only) above the
 /// base image; without, the base alone (the host decides, see `Setup`).
 pub(crate) fn setup_workspace(workspace: &Path, hostname: &str, delta: bool) -> io::Result<()> {
-    let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     if !hostname.is_empty() {
         let _ = rustix::system::sethostname(hostname.as_bytes());
     }
     write_machine_id().map_err(ctx("writing /etc/machine-id".into()))?;
-    fs::create_dir_all(LOWER_MNT)?;
+    let delta = delta.then_some((DELTA_SERIAL, DELTA_MNT));
+    let layers = lower_layers((LOWER_SERIAL, LOWER_MNT), delta, "workspace")?;
     fs::create_dir_all(UPPER_MNT)?;
-    let lower = fresh_disk(LOWER_SERIAL)?;
-    mount(&lower, LOWER_MNT, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
-        .map_err(ctx(format!("mounting the workspace image {lower}")))?;
-    // The lower layers, topmost first.
-    let mut layers = vec![PathBuf::from(LOWER_MNT)];
-    if delta {
-        fs::create_dir_all(DELTA_MNT)?;
-        let dev = fresh_disk(DELTA_SERIAL)?;
-        mount(&dev, DELTA_MNT, "ext4", MountFlags::NODEV, "")
-            .map_err(ctx(format!("mounting the workspace delta {dev}")))?;
-        let layer = crate::delta::finish(Path::new(DELTA_MNT), Path::new(LOWER_MNT))
-            .map_err(ctx("applying the workspace delta".into()))?;
-        // Finished: nothing in the guest writes it again.
-        rustix::mount::mount_remount(DELTA_MNT, MountFlags::RDONLY | MountFlags::NODEV, "").map_err(|e| {
-            io::Error::new(e.kind(), format!("remounting the workspace delta {dev} read-only: {e}"))
-        })?;
-        layers.insert(0, layer);
-    }
     let upper = fresh_disk(UPPER_SERIAL)?;
     mount(&upper, UPPER_MNT, "ext4", MountFlags::NODEV, "")
         .map_err(ctx(format!("mounting the upper disk {upper}")))?;
-    let (up, work) = (Path::new(UPPER_MNT).join("upper"), Path::new(UPPER_MNT).join("work"));
-    fs::create_dir_all(&up)?;
-    fs::create_dir_all(&work)?;
-    // The upper root must look like the workspace root: the topmost lower layer's.
-    let root = fs::metadata(&layers[0])?;
-    fs::set_permissions(&up, fs::Permissions::from_mode(root.mode() & 0o7777))?;
-    std::os::unix::fs::chown(&up, Some(root.uid()), Some(root.gid()))?;
-    // The overlay shows a directory's times from its upper copy, which the
-    // root always has.
+    let (up, work) =
+        upper_dirs(&Path::new(UPPER_MNT).join("upper"), &Path::new(UPPER_MNT).join("work"), &layers[0])?;
+    fs::create_dir_all(workspace)?;
+    mount_overlay(&layers, &up, &work, workspace)
+}
+
+/// Wraps an error with what was being done.
+fn ctx(what: String) -> impl FnOnce(io::Error) -> io::Error {
+    move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Mounts the base image disk `base` (serial, mount point) read-only and,
+/// with `delta`, the delta disk above it, finished from its manifest and
+/// then remounted read-only: the overlay's lower layers, topmost first.
+fn lower_layers(base: (&str, &str), delta: Option<(&str, &str)>, what: &str) -> io::Result<Vec<PathBuf>> {
+    let (serial, at) = base;
+    fs::create_dir_all(at)?;
+    let dev = fresh_disk(serial)?;
+    mount(&dev, at, "ext4", MountFlags::RDONLY | MountFlags::NODEV, "")
+        .map_err(ctx(format!("mounting the {what} image {dev}")))?;
+    let mut layers = vec![PathBuf::from(at)];
+    if let Some((serial, delta_at)) = delta {
+        fs::create_dir_all(delta_at)?;
+        let dev = fresh_disk(serial)?;
+        mount(&dev, delta_at, "ext4", MountFlags::NODEV, "")
+            .map_err(ctx(format!("mounting the {what} delta {dev}")))?;
+        let layer = crate::delta::finish(Path::new(delta_at), Path::new(at))
+            .map_err(ctx(format!("applying the {what} delta")))?;
+        // Finished: nothing in the guest writes it again.
+        rustix::mount::mount_remount(delta_at, MountFlags::RDONLY | MountFlags::NODEV, "").map_err(|e| {
+            io::Error::new(e.kind(), format!("remounting the {what} delta {dev} read-only: {e}"))
+        })?;
+        layers.insert(0, layer);
+    }
+    Ok(layers)
+}
+
+/// Creates an overlay's upper and work directories, the upper root made to
+/// look like the topmost lower layer's root (mode, owner, mtime: the
+/// overlay shows a directory's times from its upper copy, which the root
+/// always has).
+fn upper_dirs(up: &Path, work: &Path, top: &Path) -> io::Result<(PathBuf, PathBuf)> {
+    fs::create_dir_all(up)?;
+    fs::create_dir_all(work)?;
+    let root = fs::metadata(top)?;
+    fs::set_permissions(up, fs::Permissions::from_mode(root.mode() & 0o7777))?;
+    std::os::unix::fs::chown(up, Some(root.uid()), Some(root.gid()))?;
     let mtime = rustix::fs::Timespec { tv_sec: root.mtime(), tv_nsec: root.mtime_nsec() };
     let times = rustix::fs::Timestamps { last_access: mtime, last_modification: mtime };
-    rustix::fs::utimensat(rustix::fs::CWD, &up, &times, rustix::fs::AtFlags::empty())?;
-    fs::create_dir_all(workspace)?;
+    rustix::fs::utimensat(rustix::fs::CWD, up, &times, rustix::fs::AtFlags::empty())?;
+    Ok((up.to_owned(), work.to_owned()))
+}
+
+/// Mounts an overlay of `layers` (topmost first) under `up` at `target`.
+fn mount_overlay(layers: &[PathBuf], up: &Path, work: &Path, target: &Path) -> io::Result<()> {
     let lowerdir: Vec<String> = layers.iter().map(|l| l.to_string_lossy().into_owned()).collect();
     let options = format!(
         "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off,xino=off",
@@ -224,8 +253,28 @@ pub(crate) fn setup_workspace(workspace: &Path, hostname: &str, delta: bool) -> 
         up.display(),
         work.display()
     );
-    mount("overlay", &workspace.to_string_lossy(), "overlay", MountFlags::empty(), &options)
-        .map_err(ctx(format!("mounting the overlay at {}", workspace.display())))
+    mount("overlay", &target.to_string_lossy(), "overlay", MountFlags::empty(), &options)
+        .map_err(ctx(format!("mounting the overlay at {}", target.display())))
+}
+
+/// Assembles [`USERLAND_ROOT`]: the userland image's base and delta disks
+/// read-only under a layer on the upper disk beside the workspace's (so
+/// never exported, never staged, and thrown away with the Attempt's disks),
+/// with the workspace overlay (and the shares inside it) bound at its own
+/// path. The path is resolved beneath the root, as the image's symlinks
+/// lead: no user code has run yet, so nothing can swap one after the check.
+pub(crate) fn setup_userland(workspace: &Path) -> io::Result<()> {
+    let base = (IMAGE_LOWER_SERIAL, IMAGE_LOWER_MNT);
+    let layers = lower_layers(base, Some((IMAGE_DELTA_SERIAL, IMAGE_DELTA_MNT)), "userland")?;
+    let scratch = Path::new(UPPER_MNT).join("userland");
+    let (up, work) = upper_dirs(&scratch.join("upper"), &scratch.join("work"), &layers[0])?;
+    fs::create_dir_all(USERLAND_ROOT)?;
+    mount_overlay(&layers, &up, &work, Path::new(USERLAND_ROOT))?;
+    let at = pvisor_agent_proto::resolve_in_root(Path::new(USERLAND_ROOT), workspace, true)
+        .map_err(ctx(format!("resolving the workspace {} in the userland", workspace.display())))?;
+    fs::create_dir_all(&at).map_err(ctx(format!("making a place for the workspace at {}", at.display())))?;
+    mount(&workspace.to_string_lossy(), &at.to_string_lossy(), "", MountFlags::BIND | MountFlags::REC, "")
+        .map_err(ctx(format!("binding the workspace at {}", at.display())))
 }
 
 /// Mounts each shared host directory (virtiofs, the host's `virtiofsd`) at

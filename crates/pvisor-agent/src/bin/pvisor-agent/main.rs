@@ -49,7 +49,7 @@ use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_tagged, Reply, Request, REQUEST_ID};
 
 use exec::{reap, ExecRequest, Execs};
-use init::{configure_interface, init_guest, loopback_up, mount_shares, setup_workspace};
+use init::{configure_interface, init_guest, loopback_up, mount_shares, setup_userland, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
 use restore::{quiesce, set_clock, thaw};
 
@@ -172,7 +172,16 @@ impl Agent {
                     Vec::new(),
                 );
             }
-            Request::Setup { workspace, hostname, clock_unix_ns, proxy_port, delta, interface, shares } => {
+            Request::Setup {
+                workspace,
+                hostname,
+                clock_unix_ns,
+                proxy_port,
+                delta,
+                interface,
+                shares,
+                userland,
+            } => {
                 let _ = set_clock(clock_unix_ns);
                 // Loopback is the guest's own: services inside it need it,
                 // and it reaches nothing outside.
@@ -189,7 +198,9 @@ impl Agent {
                 };
                 let ready = network
                     .and_then(|()| setup_workspace(&workspace, &hostname, delta))
-                    .and_then(|()| mount_shares(&workspace, &shares));
+                    .and_then(|()| mount_shares(&workspace, &shares))
+                    // Last: the shares are inside the workspace it binds.
+                    .and_then(|()| if userland { setup_userland(&workspace) } else { Ok(()) });
                 match ready {
                     Ok(()) => self.send(Reply::Ready, Vec::new()),
                     Err(e) => {

@@ -72,6 +72,7 @@ fn request(workspace: &std::path::Path) -> RunRequest {
         labels: Default::default(),
         network_namespace: None,
         shared_directories: Vec::new(),
+        image: None,
         output: None,
         workspace: workspace.to_owned(),
         cwd: None,
