@@ -239,10 +239,13 @@ impl Grant {
                 None => keys.push(format!("{var} → {host}")),
             }
         }
+        let state = match state.is_empty() {
+            true => String::new(),
+            false => format!(" state {} (copy-on-write, kept with the Job);", state.join(", ")),
+        };
         let mut line = format!(
-            "agent {}: state {} (copy-on-write, kept with the Job); network {}; keys {}",
+            "agent {}:{state} network {}; keys {}",
             self.name,
-            list(&state),
             list(&self.allow),
             if keys.is_empty() {
                 "none".to_owned()

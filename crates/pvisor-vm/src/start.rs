@@ -612,6 +612,22 @@ pub(super) fn repair(shared: &Shared, start: &Start) -> Result<Option<serde_json
 
 /// Mounts the workspace in the guest and starts the command. `Some` is how
 /// it ended at once: the agent could not execute it.
+/// The command's environment, plus git's permission for the workspace: the
+/// guest keeps the workspace's host owner (a rootless run's user) while the
+/// command runs as the guest's root, and git refuses a repository another
+/// user owns ("dubious ownership"), so an agent's `git commit` would fail.
+/// The workspace is the one the user ran pvisor in; `GIT_CONFIG_COUNT` adds
+/// `safe.directory` for it alone, unless the command brings its own.
+fn command_env(spec: &SandboxSpec) -> Vec<(String, String)> {
+    let mut env = spec.env.clone();
+    if !env.iter().any(|(k, _)| k == "GIT_CONFIG_COUNT") {
+        env.push(("GIT_CONFIG_COUNT".into(), "1".into()));
+        env.push(("GIT_CONFIG_KEY_0".into(), "safe.directory".into()));
+        env.push(("GIT_CONFIG_VALUE_0".into(), spec.workspace.to_string_lossy().into_owned()));
+    }
+    env
+}
+
 pub(super) fn run_command(
     shared: &Shared,
     spec: &SandboxSpec,
@@ -639,7 +655,7 @@ pub(super) fn run_command(
     let exec = Request::Exec {
         id: EXEC_ID,
         argv,
-        env: spec.env.clone(),
+        env: command_env(spec),
         // The workspace is at its own path inside the userland, so the
         // cwd is the same path there.
         cwd: spec.cwd.clone(),

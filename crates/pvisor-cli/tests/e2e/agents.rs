@@ -90,6 +90,33 @@ impl Drop for ModelServer {
     }
 }
 
+/// Whether `path` holds `needle`: read a MiB at a time, skipping holes (a
+/// VM's sparse disks are gigabytes of them).
+fn file_holds(path: &Path, needle: &[u8]) -> bool {
+    use rustix::fs::SeekFrom;
+    use std::os::unix::fs::FileExt;
+    let file = fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len();
+    let (mut offset, mut buf) = (0u64, vec![0u8; 1 << 20]);
+    while let Ok(data) = rustix::fs::seek(&file, SeekFrom::Data(offset)) {
+        let end = rustix::fs::seek(&file, SeekFrom::Hole(data)).unwrap_or(len);
+        // Each read starts a needle's length early, so no match straddles two.
+        offset = data.saturating_sub(needle.len() as u64);
+        while offset < end {
+            let n = file.read_at(&mut buf, offset).unwrap();
+            if n == 0 {
+                break;
+            }
+            if buf[..n].windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+            offset += (n as u64).saturating_sub(needle.len() as u64).max(1);
+        }
+        offset = end;
+    }
+    false
+}
+
 /// A home outside /tmp (the sandbox's /tmp is its own), holding the
 /// workspace (a git repository with one commit) and pvisor's state, with
 /// host agent state that must come out unchanged.
@@ -163,11 +190,19 @@ fn staged(env: &Env, session: &str) -> (BTreeMap<String, serde_json::Value>, Vec
     (changes, of("commit"))
 }
 
-/// Asserts no file under `root` holds `needle` (pvisor's records, the stage).
+/// Asserts no regular file under `root` holds `needle` (pvisor's records,
+/// the stage, the VM's disks), never following a symlink.
 fn nowhere_under(root: &Path, needle: &str) {
-    for (path, (_, _, _, bytes)) in snapshot(root) {
-        let found = bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
-        assert!(!found, "{} holds the real key", path.display());
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let (path, kind) = (entry.path(), entry.file_type().unwrap());
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                assert!(!file_holds(&path, needle.as_bytes()), "{} holds the real key", path.display());
+            }
+        }
     }
 }
 
@@ -363,4 +398,81 @@ fn codex_as_root() {
 #[ignore = "needs the coding agents from npm (scripts/agents-env.sh)"]
 fn codex_rootless() {
     codex_runs_a_turn_resumes_and_its_commit_applies(As::Rootless);
+}
+
+/// The sandbox-image build's python userland with the agents' binaries in
+/// `/usr/local/bin`, imported as `agents` into `env`'s state directory.
+fn import_agents_image(env: &Env) {
+    let built = Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap();
+    let source = built.join("sandbox-image-python/rootfs");
+    assert!(
+        source.join("bin/sh").exists(),
+        "no python userland at {}: run scripts/sandbox-image.sh",
+        source.display()
+    );
+    let rootfs = env.dir.path().join("agents-rootfs");
+    let copied = Command::new("cp").arg("-a").arg(&source).arg(&rootfs).status().unwrap();
+    assert!(copied.success());
+    fs::copy(agent_bin("codex"), rootfs.join("usr/local/bin/codex")).unwrap();
+    env.give_away(&rootfs);
+    let out = env.pvisor(&["image", "import", "agents", rootfs.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Codex (a static binary) in a microVM with a Debian userland: the model
+/// server on the host's loopback gets the real key through the proxy, the
+/// guest holds a placeholder, and the edits and the commit are staged and
+/// apply. (The VM's home is its own, thrown away with it: no state carries.)
+fn codex_in_a_vm_edits_commits_and_never_holds_the_key(who: As) {
+    who.require();
+    assert!(vm_image().is_some(), "needs the vm guest image: run scripts/vm-image.sh");
+    let env = agent_env(who);
+    import_agents_image(&env);
+    let server = ModelServer::start(env.dir.path(), &script(&env.ws, ("/tmp/unused", "x")));
+    let ws_before = snapshot(&env.ws);
+    let base_url = format!("http://127.0.0.1:{}/v1", server.port);
+    let provider = format!(
+        "model_providers.scripted={{name=\"scripted\",base_url=\"{base_url}\",wire_api=\"responses\",env_key=\"OPENAI_API_KEY\",supports_websockets=false}}"
+    );
+    let mut args =
+        vec!["run", "--executor", "vm", "--image", "agents", "--agent", "codex", "--", "codex", "exec"];
+    args.extend([
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "-m",
+        "scripted-model",
+    ]);
+    args.extend(["-c", "model_provider=scripted", "-c", &provider, "write hello"]);
+    let out = env
+        .command(&args)
+        .env("OPENAI_API_KEY", REAL_KEY)
+        .env("OPENAI_BASE_URL", &base_url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("Done."), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("vm: the agent's home is the VM's own"), "{}", text(&out.stderr));
+    assert_eq!(snapshot(&env.ws), ws_before, "the workspace is untouched until apply");
+    let keyed: Vec<_> = server.requests().into_iter().filter(|r| r["path"] == "/v1/responses").collect();
+    assert!(keyed.len() >= 3, "one request per step: {}", keyed.len());
+    for request in &keyed {
+        assert_eq!(request["headers"]["authorization"], format!("Bearer {REAL_KEY}"));
+    }
+    nowhere_under(&env.home, REAL_KEY);
+    let out = env.pvisor(&["apply", "--all"]);
+    assert!(out.status.success(), "apply: {}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(git(&env.ws, &["log", "--format=%s", "-1"]).trim(), "add hello");
+    git(&env.ws, &["fsck", "--strict"]);
+}
+
+#[test]
+#[ignore = "needs root, the vm guest and sandbox images, and the coding agents from npm (scripts/agents-env.sh)"]
+fn codex_in_a_vm_as_root() {
+    codex_in_a_vm_edits_commits_and_never_holds_the_key(As::Root);
+}
+
+#[test]
+#[ignore = "needs the vm guest and sandbox images, and the coding agents from npm (scripts/agents-env.sh)"]
+fn codex_in_a_vm_rootless() {
+    codex_in_a_vm_edits_commits_and_never_holds_the_key(As::Rootless);
 }
