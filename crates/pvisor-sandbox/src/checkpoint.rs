@@ -79,6 +79,33 @@ pub struct MachineConfig {
     /// How RAM was provided (absent in checkpoints older than templates).
     #[serde(default)]
     pub ram: RamFormat,
+    /// The CPU model a TCG guest emulates (absent in checkpoints older
+    /// than it: QEMU's default). A KVM guest has the host's.
+    #[serde(default)]
+    pub cpu: CpuModel,
+}
+
+/// The vCPU model under TCG; a restore must repeat it (the guest kernel
+/// chose its code paths by the features it saw at boot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuModel {
+    /// QEMU's `qemu64`: baseline x86-64, no SSE4.2 or AVX. Programs built
+    /// for newer CPUs (Bun's, so Claude Code's native binary) die of SIGILL.
+    #[default]
+    Default,
+    /// `-cpu max`: every feature TCG emulates (AVX2 and the rest of
+    /// x86-64-v3 in QEMU 7.2).
+    Max,
+}
+
+impl CpuModel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Max => "max",
+        }
+    }
 }
 
 /// The RAM layout a saved machine needs again on restore.

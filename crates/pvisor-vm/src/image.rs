@@ -282,6 +282,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, ProbeError> {
         cpus: 1,
         accelerator: Accelerator::Kvm,
         ram: super::RamFormat::Named,
+        cpu: super::CpuModel::Max,
     };
     let mut command = super::qemu::qemu_command(
         image,

@@ -57,7 +57,7 @@ pub use disk::Layout;
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;
-pub use pvisor_sandbox::checkpoint::{MachineConfig, RamFormat};
+pub use pvisor_sandbox::checkpoint::{CpuModel, MachineConfig, RamFormat};
 pub use pvisor_sandbox::VmSpec;
 
 use pvisor_sandbox::capabilities::CapabilityError;
@@ -117,6 +117,7 @@ impl VmExecutor {
             cpus: limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
             accelerator: self.accel.accelerator,
             ram: RamFormat::Named,
+            cpu: CpuModel::Max,
         }
     }
 

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::disk::Disk;
-use super::{Accelerator, GuestImage, MachineConfig};
+use super::{Accelerator, CpuModel, GuestImage, MachineConfig};
 use pvisor_sandbox::Usage;
 
 /// Escapes a value for a QEMU `key=value,...` option (commas are doubled).
@@ -108,6 +108,10 @@ pub(crate) fn qemu_command(
         }
         Accelerator::Tcg => {
             command.args(["-accel", "tcg"]);
+            // What the machine was started with, so a restore repeats it.
+            if config.cpu == CpuModel::Max {
+                command.args(["-cpu", "max"]);
+            }
             // Without it a TCG guest cannot calibrate the TSC while the host is busy.
             if let Some(khz) = host_tsc_khz() {
                 cmdline.push_str(&format!(" tsc_early_khz={khz}"));
@@ -359,6 +363,7 @@ mod tests {
             cpus: 1,
             accelerator: Accelerator::Kvm,
             ram: super::super::RamFormat::Named,
+            cpu: super::super::CpuModel::Max,
         };
         let (agent, _a) = UnixStream::pair().unwrap();
         let (qmp, _q) = UnixStream::pair().unwrap();
@@ -390,5 +395,44 @@ mod tests {
                 .join(" ");
         assert!(!without.contains("force-legacy") && !without.contains("vhost-user"), "{without}");
         assert!(without.contains("memory-backend-ram,id=pvisor.ram,size=256M"), "{without}");
+    }
+
+    /// A TCG guest of a fresh start emulates `-cpu max`; one restored from
+    /// a checkpoint saved before the model was recorded keeps QEMU's
+    /// default, as it was saved with; KVM always has the host's.
+    #[test]
+    fn a_tcg_guest_gets_the_cpu_model_its_machine_config_names() {
+        let image = GuestImage {
+            dir: "/img".into(),
+            digest: "d".into(),
+            kernel_version: "k".into(),
+            cmdline: "console=ttyS0".into(),
+        };
+        let old: MachineConfig =
+            serde_json::from_str(r#"{"memory_mib": 256, "cpus": 1, "accelerator": "tcg", "ram": "named"}"#)
+                .unwrap();
+        assert_eq!(old.cpu, CpuModel::Default);
+        let (agent, _a) = UnixStream::pair().unwrap();
+        let (qmp, _q) = UnixStream::pair().unwrap();
+        let (console, _c) = UnixStream::pair().unwrap();
+        let cpu = |config: &MachineConfig| {
+            let args = args(&qemu_command(
+                &image,
+                config,
+                Ram::Private,
+                &[],
+                &agent,
+                &qmp,
+                &console,
+                &[],
+                None,
+                false,
+            ));
+            args.iter().position(|a| a == "-cpu").map(|i| args[i + 1].clone())
+        };
+        assert_eq!(cpu(&old), None);
+        assert_eq!(cpu(&MachineConfig { cpu: CpuModel::Max, ..old }).as_deref(), Some("max"));
+        let kvm = MachineConfig { cpu: CpuModel::Max, accelerator: Accelerator::Kvm, ..old };
+        assert_eq!(cpu(&kvm).as_deref(), Some("host"));
     }
 }

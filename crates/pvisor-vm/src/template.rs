@@ -57,7 +57,8 @@ pub fn key(image: &GuestImage, config: &MachineConfig, layout: Layout) -> Templa
         disks: layout.description(),
         host_cpu: match config.accelerator {
             Accelerator::Kvm => host_cpu_fingerprint(),
-            Accelerator::Tcg => "tcg".into(),
+            // The emulated model, which a restore must repeat.
+            Accelerator::Tcg => format!("tcg:{}", config.cpu.as_str()),
         },
     }
 }

@@ -50,7 +50,8 @@ fn import_python(env: &Env) -> PathBuf {
 /// and `/etc`, which must not outlive the run.
 const PROBE: &str = "set -e; /lib64/ld-linux-x86-64.so.2 --version | head -1; \
     python3 -c 'import platform; print(\"libc\", *platform.libc_ver()); open(\"out\", \"w\").write(\"x\")'; \
-    echo probe > /usr/pvisor-probe; echo probe >> /etc/os-release; echo \"cwd $(pwd)\"";
+    echo probe > /usr/pvisor-probe; echo probe >> /etc/os-release; echo \"cwd $(pwd)\"; \
+    echo \"avx2 $(grep -c avx2 /proc/cpuinfo || true)\"";
 
 fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
     who.require();
@@ -91,6 +92,11 @@ fn a_glibc_userland_runs_with_the_workspace_staged(who: As) {
     assert_eq!(policy["data"]["image"]["digest"], digest.as_str(), "{policy}");
     let placement = &events.iter().find(|e| e["type"] == "placement.decided").unwrap()["data"]["details"];
     assert_eq!(placement["userland"], format!("{IMAGE} {digest}"), "{placement}");
+    // Under TCG the guest CPU is QEMU's `max`: programs built for x86-64-v3
+    // (Claude Code's native binary) do not die of SIGILL.
+    if placement["accelerator"] == "tcg" {
+        assert!(stdout.contains("avx2 1\n"), "the emulated CPU has AVX2: {stdout}");
+    }
     // A template of the workspace's and the image's disks, built on this first use.
     assert_eq!(placement["start"], "template", "{placement}");
     let vm = events.iter().find(|e| e["type"] == "attempt.vm").unwrap();

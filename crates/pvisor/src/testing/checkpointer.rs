@@ -102,6 +102,7 @@ impl FakeCheckpointer {
                 cpus: 1,
                 accelerator: pvisor_vm::Accelerator::Tcg,
                 ram: Default::default(),
+                cpu: Default::default(),
             },
             workspace: live.workspace.clone(),
             exec_id: 1,
