@@ -59,6 +59,9 @@ fn serve(rules: &[(&'static str, GuestRun)]) -> Serve {
     std::fs::write(image.join("bin/sh"), "").unwrap();
     std::fs::write(image.join("etc/hostname"), "box\n").unwrap();
     let guest = FakeGuest::new(rules.iter().cloned());
+    // The default entrypoint runs until the sandbox ends, as a real one does
+    // (a sandbox ends with its entrypoint).
+    guest.on("tail -f /dev/null", GuestRun::runs(""));
     let backends = FakeVmBackends::working(Script::runs_until(&[libc::SIGTERM]), guest.clone());
     let runtime = Runtime::new(Store::open(dir.path().join("state")).unwrap(), Arc::new(backends));
     let sessions = sessions();
@@ -174,6 +177,27 @@ fn stdout_of(events: &[Value]) -> String {
         .filter_map(|e| e["text"].as_str())
         .collect::<Vec<_>>()
         .join("")
+}
+
+/// A sandbox ends with its entrypoint: exit 0 → Terminated, else Failed
+/// with upstream's reason and message; one that cannot be executed → 127.
+#[test]
+fn a_sandbox_ends_with_its_entrypoint_on_fakes() {
+    let s = serve(&[
+        ("exit-3", GuestRun::exits(3, "")),
+        ("missing", GuestRun::fails(libc::ENOENT, "no such file")),
+    ]);
+    for (entrypoint, state, message) in [
+        ("exit-3", "Failed", "Sandbox container exited with code 3."),
+        ("missing", "Failed", "Sandbox container exited with code 127."),
+        ("true", "Terminated", "Sandbox container exited successfully."),
+    ] {
+        let body = serde_json::json!({ "image": { "uri": "default" }, "entrypoint": [entrypoint] });
+        let (status, created) = s.json(Method::POST, "/v1/sandboxes", body);
+        assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+        let got = s.await_state(created["id"].as_str().unwrap(), state);
+        assert_eq!(got["status"]["message"], message, "{entrypoint}: {got}");
+    }
 }
 
 #[test]

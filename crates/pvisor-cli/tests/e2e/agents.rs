@@ -413,7 +413,9 @@ fn import_agents_image(env: &Env) {
     let rootfs = env.dir.path().join("agents-rootfs");
     let copied = Command::new("cp").arg("-a").arg(&source).arg(&rootfs).status().unwrap();
     assert!(copied.success());
-    fs::copy(agent_bin("codex"), rootfs.join("usr/local/bin/codex")).unwrap();
+    for agent in ["codex", "claude"] {
+        fs::copy(agent_bin(agent), rootfs.join("usr/local/bin").join(agent)).unwrap();
+    }
     env.give_away(&rootfs);
     let out = env.pvisor(&["image", "import", "agents", rootfs.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -475,4 +477,53 @@ fn codex_in_a_vm_as_root() {
 #[ignore = "needs the vm guest and sandbox images, and the coding agents from npm (scripts/agents-env.sh)"]
 fn codex_in_a_vm_rootless() {
     codex_in_a_vm_edits_commits_and_never_holds_the_key(As::Rootless);
+}
+
+/// Claude Code (a glibc binary built past baseline x86-64) in a microVM
+/// with a Debian userland: its turn runs, the model server gets the real
+/// key through the proxy, and the commit applies.
+fn claude_in_a_vm_edits_commits_and_never_holds_the_key(who: As) {
+    who.require();
+    assert!(vm_image().is_some(), "needs the vm guest image: run scripts/vm-image.sh");
+    let env = agent_env(who);
+    import_agents_image(&env);
+    let server = ModelServer::start(env.dir.path(), &script(&env.ws, ("/tmp/unused", "x")));
+    let base_url = format!("http://127.0.0.1:{}", server.port);
+    let args =
+        ["run", "--executor", "vm", "--image", "agents", "--agent", "claude", "--", "claude", "-p", "go"];
+    let out = env
+        .command(&args)
+        .args(["--dangerously-skip-permissions", "--output-format", "json"])
+        .env("ANTHROPIC_API_KEY", REAL_KEY)
+        .env("ANTHROPIC_BASE_URL", &base_url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(result["result"], "Done.", "{result}");
+    let keyed: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().starts_with("/v1/messages"))
+        .collect();
+    assert!(keyed.len() >= 3, "one request per step: {}", keyed.len());
+    for request in &keyed {
+        assert_eq!(request["headers"]["x-api-key"], REAL_KEY);
+    }
+    nowhere_under(&env.home, REAL_KEY);
+    let out = env.pvisor(&["apply", "--all"]);
+    assert!(out.status.success(), "apply: {}\n{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(git(&env.ws, &["log", "--format=%s", "-1"]).trim(), "add hello");
+}
+
+#[test]
+#[ignore = "needs root, the vm guest and sandbox images, and the coding agents from npm (scripts/agents-env.sh)"]
+fn claude_code_in_a_vm_as_root() {
+    claude_in_a_vm_edits_commits_and_never_holds_the_key(As::Root);
+}
+
+#[test]
+#[ignore = "needs the vm guest and sandbox images, and the coding agents from npm (scripts/agents-env.sh)"]
+fn claude_code_in_a_vm_rootless() {
+    claude_in_a_vm_edits_commits_and_never_holds_the_key(As::Rootless);
 }
