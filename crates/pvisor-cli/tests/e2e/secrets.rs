@@ -352,7 +352,15 @@ fn a_secret_that_cannot_be_brokered_is_refused_before_the_run() {
         ),
         (&["--allow", "127.0.0.1:9", "--secret", "BROKERED_KEY@127.0.0.1:10"], "--allow 127.0.0.1:10"),
         (
-            &["--executor", "vm", "--allow", "127.0.0.1:9", "--secret", "BROKERED_KEY@127.0.0.1:9"],
+            // A vm brokers only a loopback port over plain HTTP (no CA in the guest).
+            &[
+                "--executor",
+                "vm",
+                "--allow",
+                "api.example.com:443",
+                "--secret",
+                "BROKERED_KEY@api.example.com:443",
+            ],
             "--executor ns",
         ),
         (&["--allow", "127.0.0.1:9", "--secret", "BROKERED_KEY"], "VAR@HOST"),

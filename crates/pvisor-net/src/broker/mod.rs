@@ -165,11 +165,14 @@ impl Binding {
 
     /// Whether a request to `host:port` in clear text (plain HTTP) gets
     /// the value: only on this machine's loopback, or on a port the
-    /// binding names (the user asked for that port). A binding for every
-    /// port of a public host never sends its value unencrypted, whatever
-    /// URL the command picks.
+    /// binding names other than 443 (the user asked for that port in clear
+    /// text). A binding for every port of a public host, or for its port
+    /// 443 (how agent presets and `https://` base URLs bind), never sends
+    /// its value unencrypted, whatever URL the command picks: a
+    /// `http://api.example.com:443/` would otherwise put the key on the wire.
     pub fn binds_in_clear(&self, host: &str, port: u16) -> bool {
-        self.binds(host, port) && (self.spec.port.is_some() || is_loopback(&self.spec.host))
+        let named_clear_port = self.spec.port.is_some_and(|p| p != 443);
+        self.binds(host, port) && (named_clear_port || is_loopback(&self.spec.host))
     }
 
     /// The value: for the admission step that keeps it out of every
@@ -367,6 +370,17 @@ mod tests {
 
     fn binding(spec: &str, value: &str) -> Binding {
         Binding::new(spec.parse().unwrap(), value.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn a_key_bound_to_port_443_of_a_public_host_never_travels_in_clear_text() {
+        // How presets and https:// base URLs bind: `http://api.example.com:443/`
+        // must not put the key on the wire.
+        assert!(!binding("K@api.example.com:443", "v").binds_in_clear("api.example.com", 443));
+        assert!(binding("K@api.example.com:443", "v").binds("api.example.com", 443));
+        assert!(binding("K@api.example.com:8080", "v").binds_in_clear("api.example.com", 8080));
+        assert!(binding("K@127.0.0.1:443", "v").binds_in_clear("127.0.0.1", 443));
+        assert!(!binding("K@api.example.com", "v").binds_in_clear("api.example.com", 80));
     }
 
     #[test]
