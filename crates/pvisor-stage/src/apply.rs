@@ -499,7 +499,7 @@ pub fn write_partial(
 }
 
 /// An error and its causes on one line (`Cannot write x: File name too long`).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

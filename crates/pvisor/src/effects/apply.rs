@@ -377,16 +377,7 @@ fn land_commit(
     Ok(paths)
 }
 
-/// An error and its causes on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
-}
+use pvisor_stage::apply::error_chain;
 
 /// The Trace's record of a landed commit: one `apply.file` per ref moved
 /// (with the ref and both hashes) and per other path settled with it.
