@@ -20,10 +20,7 @@ if ! command -v npm >/dev/null 2>&1; then
     exit 1
   fi
   echo "agents-env: installing nodejs and npm" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null 2>&1 || {
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
-  }
+  "$(dirname "$0")/apt-install.sh" nodejs npm
 fi
 echo "agents-env: installing Claude Code $claude_version and Codex $codex_version from npm into $dir" >&2
 rm -rf "$dir.new"

@@ -21,12 +21,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 install() {
   command -v containerd >/dev/null && command -v ctr >/dev/null && [ -x /usr/lib/cni/bridge ] &&
     command -v tc >/dev/null && return 0
-  export DEBIAN_FRONTEND=noninteractive
-  local pkgs="containerd containernetworking-plugins iproute2"
-  # shellcheck disable=SC2086
-  apt-get install -y -q $pkgs >/dev/null 2>&1 || {
-    apt-get update -q >/dev/null && apt-get install -y -q $pkgs >/dev/null
-  }
+  "$root/scripts/apt-install.sh" containerd containernetworking-plugins iproute2
 }
 
 start() {

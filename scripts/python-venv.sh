@@ -14,8 +14,7 @@ fi
 py=/usr/bin/python3
 if ! "$py" -m venv --help >/dev/null 2>&1 || ! "$py" -c 'import ensurepip' >/dev/null 2>&1; then
   [ "$(id -u)" -eq 0 ] || { echo "python-venv: install python3-venv (apt-get install python3-venv)" >&2; exit 1; }
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q python3-venv >/dev/null 2>&1 || { apt-get update -q >/dev/null; apt-get install -y -q python3-venv >/dev/null; }
+  "$(dirname "$0")/apt-install.sh" python3-venv
 fi
 rm -rf "$venv"
 "$py" -m venv "$venv"

@@ -18,8 +18,7 @@ ts_want="@alibaba-group/opensandbox@0.1.11"
 if [ "$(cat "$ts/.pvisor-stamp" 2>/dev/null)" != "$ts_want" ]; then
   if ! command -v npm >/dev/null 2>&1; then
     [ "$(id -u)" -eq 0 ] || { echo "sdk-env: install node and npm (apt-get install nodejs npm)" >&2; exit 1; }
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q nodejs npm >/dev/null 2>&1 || { apt-get update -q >/dev/null; apt-get install -y -q nodejs npm >/dev/null; }
+    "$root/scripts/apt-install.sh" nodejs npm
   fi
   rm -rf "$ts"
   mkdir -p "$ts"

@@ -8,7 +8,9 @@
 #   xfsprogs         the checkpoint benchmark's reflink figure (a loop-mounted XFS)
 #   bubblewrap       the run-overhead benchmark's comparison
 #   qemu-system-x86  the vm executor's hypervisor
-#   containerd       the containerd shim's tests (a private instance, scripts/containerd-env.sh)
+#   containerd, containernetworking-plugins, iproute2
+#                    the containerd shim's tests (a private instance and CRI pods'
+#                    network, scripts/containerd-env.sh)
 #   vim              the end-to-end test that editor start-up files are not applied
 #   busybox-static, kmod, lz4, e2fsprogs
 #                    the vm guest image (scripts/vm-image.sh) and its workspace disks
@@ -29,6 +31,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 [ -x /usr/bin/lz4 ] || need+=(lz4)
 [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
 command -v vim >/dev/null 2>&1 || need+=(vim)
 
 if [ ${#need[@]} -eq 0 ]; then
@@ -39,8 +43,4 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 echo "setup: installing ${need[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -q "${need[@]}" >/dev/null 2>&1 || {
-  apt-get update -q >/dev/null
-  apt-get install -y -q "${need[@]}" >/dev/null
-}
+"$(dirname "$0")/apt-install.sh" "${need[@]}"
