@@ -336,3 +336,41 @@ fn the_commits_of_a_session_land_on_its_apply_as_root() {
 fn the_commits_of_a_session_land_on_its_apply_rootless() {
     a_sessions_commits_land(As::Rootless);
 }
+
+/// A commit carrying a file the host would run (`.envrc`, which direnv
+/// runs on entering the directory) needs the same consent as the file
+/// itself: the sandbox committed it and removed it from the work tree, so
+/// only the commit carries it (a later `git reset --hard` or `git stash`
+/// would write it). `--all` leaves the commit; naming its ref lands it.
+fn a_commit_carrying_a_sensitive_file(who: As) {
+    who.require();
+    let env = repository(who);
+    let before = git(&env, &env.ws, &["rev-parse", "HEAD"]);
+    let script = format!("echo 'touch pwned' > .envrc && git add .envrc && {COMMIT} env && rm .envrc");
+    let out = env.run_sh(&script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    git(&env, &env.ws, &["status"]);
+
+    let review = env.expect(&["review"], 0);
+    assert!(review.contains(".envrc") && review.contains("direnv"), "review says why: {review}");
+    let out = env.pvisor(&["apply", "--all"]);
+    let said = text(&out.stdout);
+    assert!(said.contains("SENSITIVE") && said.contains(".envrc"), "{said}");
+    assert_eq!(git(&env, &env.ws, &["rev-parse", "HEAD"]), before, "--all moved the branch: {said}");
+    assert!(!env.ws.join(".envrc").exists());
+
+    env.expect(&["apply", ".git/refs/heads/main"], 0);
+    assert_eq!(git(&env, &env.ws, &["log", "-1", "--format=%s"]), "env");
+    assert_eq!(git(&env, &env.ws, &["show", "HEAD:.envrc"]), "touch pwned");
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_commit_carrying_a_sensitive_file_needs_consent_as_root() {
+    a_commit_carrying_a_sensitive_file(As::Root);
+}
+
+#[test]
+fn a_commit_carrying_a_sensitive_file_needs_consent_rootless() {
+    a_commit_carrying_a_sensitive_file(As::Rootless);
+}

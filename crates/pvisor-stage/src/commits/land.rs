@@ -6,7 +6,13 @@
 //! present (`rev-list --objects`, which fails on a missing object), is the
 //! host's current value an ancestor of it (fast-forward only; a tag never
 //! moves), and do the new objects hash to their names and pass `index-pack
-//! --strict` (git's fsck checks)? Nothing is written to the host.
+//! --strict` (git's fsck checks)? Before any of that, every staged object
+//! is authenticated: loose objects are re-packed and re-indexed on their
+//! own, staged packs are indexed afresh (a staged `.idx` is never read), so
+//! no staged object can pose as one the host holds or lie about its type or
+//! parents. [`Checked::tree_changes`] lists what the commit changes in the
+//! work tree, for the caller to judge as it judges staged files. Nothing is
+//! written to the host.
 //! [`Checked::land`] then writes the checked pack into the host with `git
 //! index-pack` (objects first: content-addressed, so a repeat is harmless)
 //! and moves each ref with `git update-ref NAME NEW OLD` (a compare-and-swap
@@ -18,7 +24,10 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use pvisor_core::records::{ChangeEntry, EntryType};
+use std::os::unix::ffi::OsStrExt;
+
+use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
+use pvisor_core::store::RelPath;
 
 use super::git::{Git, Ran};
 use super::{role, Role, Staged, GIT_DIR};
@@ -91,6 +100,8 @@ pub struct Checked {
     pub members: Vec<usize>,
     /// How many objects the host lacks.
     pub new_objects: usize,
+    /// What the moves change in the work tree, once checked out.
+    pub tree_changes: Vec<ChangeEntry>,
     host: Git,
     _quarantine: tempfile::TempDir,
     pack: Option<PathBuf>,
@@ -121,7 +132,7 @@ pub fn verify(
         .tempdir_in(scratch)
         .map_err(|e| CommitError::io("create a quarantine in", scratch, e))?;
     make_quarantine(&host, quarantine.path())?;
-    copy_objects(upper, changes, &staged.members, quarantine.path())?;
+    let forged = authenticate(upper, changes, &staged.members, quarantine.path())?;
     let q = Git::quarantine(quarantine.path(), &git_dir.join("objects"));
     let host_refs = host_refs(&host)?;
     let mut checked = Checked {
@@ -130,10 +141,20 @@ pub fn verify(
         refused: Vec::new(),
         members: staged.members,
         new_objects: 0,
+        tree_changes: Vec::new(),
         host,
         _quarantine: quarantine,
         pack: None,
     };
+    if let Err(reason) = forged {
+        let refused = staged.refs.into_iter().map(|r| Refusal {
+            name: r.name,
+            change: r.change,
+            reason: reason.clone(),
+        });
+        checked.refused.extend(refused);
+        return Ok(checked);
+    }
     for staged_ref in staged.refs {
         let old = host_refs.get(&staged_ref.name).cloned();
         let change = staged_ref.change;
@@ -167,6 +188,7 @@ pub fn verify(
             }
         }
     }
+    checked.tree_changes = tree_changes(&q, &checked.host, &checked.moves)?;
     Ok(checked)
 }
 
@@ -188,31 +210,173 @@ fn make_quarantine(host: &Git, dir: &Path) -> Result<(), CommitError> {
     Ok(())
 }
 
-/// Copies the staged loose objects and packs among `members` into the
-/// quarantine, reading them confined to the stage.
-fn copy_objects(
+/// Copies the staged objects among `members` into the quarantine `dir`
+/// (read confined to the stage) and checks that each is what its name
+/// says. Loose objects come first, checked alone: re-packed and indexed
+/// afresh, every name must come back. Then each staged pack, indexed afresh
+/// (its staged `.idx` is never copied). `Ok(Err(reason))` for a forgery.
+fn authenticate(
     upper: &Root,
     changes: &[ChangeEntry],
     members: &[usize],
     dir: &Path,
-) -> Result<(), CommitError> {
-    for &i in members {
-        let change = &changes[i];
+) -> Result<Result<(), String>, CommitError> {
+    let staged_only = Git::at(dir);
+    let of_role = |want: Role, suffix: &'static str| {
+        members.iter().map(|&i| &changes[i]).filter(move |c| {
+            c.entry == EntryType::File
+                && role(c.path.as_path(), c.entry) == want
+                && c.path.as_path().as_os_str().as_bytes().ends_with(suffix.as_bytes())
+        })
+    };
+    let mut loose = Vec::new();
+    for change in of_role(Role::Object, "") {
         let rel = change.path.as_path();
-        let role = role(rel, change.entry);
-        if change.entry != EntryType::File || !matches!(role, Role::Object | Role::Pack) {
-            continue;
-        }
-        let inside = rel.strip_prefix(GIT_DIR).unwrap_or(rel);
-        let target = dir.join(inside);
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).map_err(|e| CommitError::io("create", parent, e))?;
-        }
-        let mut from = upper.open_file(rel).map_err(|e| CommitError::io("read the staged", rel, e))?;
-        let mut to = File::create(&target).map_err(|e| CommitError::io("create", &target, e))?;
-        io::copy(&mut from, &mut to).map_err(|e| CommitError::io("copy the staged", rel, e))?;
+        copy_staged(upper, rel, dir)?;
+        let name = rel.strip_prefix(".git/objects").unwrap_or(rel).as_os_str().as_bytes();
+        loose.push(String::from_utf8_lossy(name).replace('/', ""));
     }
-    Ok(())
+    if let Err(reason) = loose_objects_hash_to_their_names(&staged_only, dir, &loose)? {
+        return Ok(Err(reason));
+    }
+    for change in of_role(Role::Pack, ".pack") {
+        let rel = change.path.as_path();
+        let pack = copy_staged(upper, rel, dir)?;
+        let pack_arg = pack.to_string_lossy().into_owned();
+        let indexed = run(&staged_only, &["index-pack", &pack_arg], None)?;
+        if !indexed.ok {
+            return Ok(Err(format!(
+                "the staged pack {} is not a valid pack ({})",
+                rel.display(),
+                indexed.stderr
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Copies the staged `rel` (under `.git/`) to the same place in `dir`.
+fn copy_staged(upper: &Root, rel: &Path, dir: &Path) -> Result<PathBuf, CommitError> {
+    let inside = rel.strip_prefix(GIT_DIR).unwrap_or(rel);
+    let target = dir.join(inside);
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).map_err(|e| CommitError::io("create", parent, e))?;
+    }
+    let mut from = upper.open_file(rel).map_err(|e| CommitError::io("read the staged", rel, e))?;
+    let mut to = File::create(&target).map_err(|e| CommitError::io("create", &target, e))?;
+    io::copy(&mut from, &mut to).map_err(|e| CommitError::io("copy the staged", rel, e))?;
+    Ok(target)
+}
+
+/// Packs the loose objects `names` (the quarantine holding nothing else
+/// yet) and indexes the pack: `index-pack` names each object by hashing
+/// its content, so a name that does not come back was forged.
+fn loose_objects_hash_to_their_names(
+    staged_only: &Git,
+    dir: &Path,
+    names: &[String],
+) -> Result<Result<(), String>, CommitError> {
+    if names.is_empty() {
+        return Ok(Ok(()));
+    }
+    let pack = dir.join("loose-check.pack");
+    let file = File::create(&pack).map_err(|e| CommitError::io("create", &pack, e))?;
+    let input = names.join("\n") + "\n";
+    let packed = staged_only
+        .run_into(&["pack-objects", "--stdout"], input.as_bytes(), file)
+        .map_err(spawn(staged_only))?;
+    if !packed.ok {
+        return Ok(Err(format!("the staged loose objects could not be read ({})", packed.stderr)));
+    }
+    let held = indexed_names(staged_only, &pack, &[])?;
+    let _ = fs::remove_file(&pack);
+    let _ = fs::remove_file(pack.with_extension("idx"));
+    Ok(match held {
+        // Two names for one content (a copy under a host object's name) end here.
+        Err(stderr) => Err(format!("the staged loose objects are forged or corrupt ({stderr})")),
+        Ok(held) => match names.iter().find(|n| !held.contains(*n)) {
+            Some(forged) => Err(format!("the staged object {} does not hash to its name", short(forged))),
+            None => Ok(()),
+        },
+    })
+}
+
+/// The names `index-pack FLAGS` gives the objects of `pack` (hashing
+/// each), or what it said when it would not index it.
+fn indexed_names(
+    git: &Git,
+    pack: &Path,
+    flags: &[&str],
+) -> Result<Result<BTreeSet<String>, String>, CommitError> {
+    let pack_arg = pack.to_string_lossy().into_owned();
+    let mut args = vec!["index-pack"];
+    args.extend(flags);
+    args.push(&pack_arg);
+    let indexed = run(git, &args, None)?;
+    if !indexed.ok {
+        return Ok(Err(indexed.stderr));
+    }
+    let idx = pack.with_extension("idx");
+    let index = File::open(&idx).map_err(|e| CommitError::io("read", &idx, e))?;
+    let shown = git.run_from(&["show-index"], index).map_err(spawn(git))?;
+    Ok(Ok(String::from_utf8_lossy(&shown.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1).map(str::to_owned))
+        .collect()))
+}
+
+/// What `moves` change in the work tree: `git diff-tree` from each ref's
+/// host value (for a new ref: the host's `HEAD`, or nothing) to its new
+/// commit, as changes a caller can judge as it judges staged files.
+fn tree_changes(q: &Git, host: &Git, moves: &[RefMove]) -> Result<Vec<ChangeEntry>, CommitError> {
+    let head = run(host, &["rev-parse", "-q", "--verify", "HEAD^{commit}"], None)?;
+    let head = head.ok.then(|| String::from_utf8_lossy(&head.stdout).trim().to_owned());
+    let mut out: BTreeMap<PathBuf, ChangeEntry> = BTreeMap::new();
+    for mv in moves {
+        let new = format!("{}^{{commit}}", mv.new);
+        let base = mv.old.clone().or_else(|| head.clone()).map(|b| format!("{b}^{{commit}}"));
+        let args: Vec<&str> = match &base {
+            Some(base) => vec!["diff-tree", "-r", "--no-renames", "-z", base, &new],
+            None => vec!["diff-tree", "-r", "--no-renames", "--root", "-z", &new],
+        };
+        let listed = run_ok(q, &args, None)?;
+        for change in parse_raw_diff(&listed.stdout) {
+            out.insert(change.path.as_path().to_path_buf(), change);
+        }
+    }
+    Ok(out.into_values().collect())
+}
+
+/// `git diff-tree -r -z` output (`:OLDMODE NEWMODE OLD NEW STATUS\0PATH\0`
+/// records; `--root` puts the commit's own hash first) as changes.
+pub(crate) fn parse_raw_diff(raw: &[u8]) -> Vec<ChangeEntry> {
+    let mut out = Vec::new();
+    let mut fields = raw.split(|&b| b == 0).filter(|f| !f.is_empty());
+    while let Some(head) = fields.next() {
+        let Some(meta) = head.strip_prefix(b":") else { continue };
+        let Some(path) = fields.next() else { break };
+        let parts: Vec<&[u8]> = meta.split(|&b| b == b' ').collect();
+        let (Some(new_mode), Some(status)) = (parts.get(1), parts.get(4)) else { continue };
+        let mode = u32::from_str_radix(&String::from_utf8_lossy(new_mode), 8).unwrap_or(0);
+        let (kind, entry) = match (status.first(), mode & 0o170000) {
+            (Some(b'D'), _) => (ChangeKind::Deleted, EntryType::None),
+            (Some(b'A'), 0o120000) => (ChangeKind::Added, EntryType::Symlink),
+            (Some(b'A'), _) => (ChangeKind::Added, EntryType::File),
+            (_, 0o120000) => (ChangeKind::Modified, EntryType::Symlink),
+            _ => (ChangeKind::Modified, EntryType::File),
+        };
+        let path = RelPath::new(Path::new(std::ffi::OsStr::from_bytes(path)));
+        out.push(ChangeEntry {
+            path,
+            kind,
+            entry,
+            size: 0,
+            mode: mode & 0o7777,
+            blake3: None,
+            hardlink_of: None,
+        });
+    }
+    out
 }
 
 /// The host's branches and tags: name → hash.
@@ -305,20 +469,12 @@ fn pack_new_objects(
     if !packed.ok {
         return Ok(Err(format!("the staged objects could not be read ({})", packed.stderr)));
     }
-    let pack_arg = pack.to_string_lossy().into_owned();
-    let checked = run(q, &["index-pack", "--strict", &pack_arg], None)?;
-    if !checked.ok {
-        return Ok(Err(format!("the staged objects are not valid git objects ({})", checked.stderr)));
-    }
     // Objects are named by the hash of their content: one whose bytes do
     // not hash to its name is not the object the refs point to.
-    let idx = dir.join("land.idx");
-    let index = File::open(&idx).map_err(|e| CommitError::io("read", &idx, e))?;
-    let shown = q.run_from(&["show-index"], index).map_err(spawn(q))?;
-    let held: BTreeSet<String> = String::from_utf8_lossy(&shown.stdout)
-        .lines()
-        .filter_map(|l| l.split(' ').nth(1).map(str::to_owned))
-        .collect();
+    let held = match indexed_names(q, &pack, &["--strict"])? {
+        Ok(held) => held,
+        Err(stderr) => return Ok(Err(format!("the staged objects are not valid git objects ({stderr})"))),
+    };
     if let Some(missing) = names.iter().find(|n| !held.contains(*n)) {
         return Ok(Err(format!("the staged object {} does not hash to its name", short(missing))));
     }

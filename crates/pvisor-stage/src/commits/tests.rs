@@ -332,3 +332,82 @@ fn as_root_what_git_writes_belongs_to_the_repositorys_owner() {
         }
     }
 }
+
+/// The loose object file of `hash` in the repository at `dir`.
+fn loose(dir: &Path, hash: &str) -> PathBuf {
+    dir.join(format!(".git/objects/{}/{}", &hash[..2], &hash[2..]))
+}
+
+/// A staged loose object under the name of one the host holds (the blob
+/// of `a`), holding a commit whose parent is the host's HEAD, and the
+/// branch set to that name: believed, it would pass for a fast-forward of
+/// a commit. Every staged object is hashed before anything is read from
+/// it, so the forgery is refused as one.
+#[test]
+fn a_staged_object_posing_as_a_host_object_is_refused() {
+    let r = repos();
+    let blob = git(&r.host, &["rev-parse", "HEAD:a"]);
+    let head = git(&r.host, &["rev-parse", "HEAD"]);
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    let commit = git(&r.sandbox, &["rev-parse", "HEAD"]);
+    assert_eq!(git(&r.sandbox, &["rev-parse", "HEAD~1"]), head);
+    fs::remove_file(loose(&r.sandbox, &blob)).unwrap();
+    fs::copy(loose(&r.sandbox, &commit), loose(&r.sandbox, &blob)).unwrap();
+    fs::write(r.sandbox.join(".git/refs/heads/main"), format!("{blob}\n")).unwrap();
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    let checked = check(&r, &changes);
+    assert!(checked.moves.is_empty(), "{:?}", checked.moves);
+    assert_eq!(checked.refused.len(), 1);
+    let reason = &checked.refused[0].reason;
+    assert!(reason.contains("forged or corrupt") || reason.contains("does not hash to its name"), "{reason}");
+    assert_eq!(git(&r.host, &["rev-parse", "HEAD"]), head, "the host's branch is where it was");
+}
+
+/// A staged pack's index is the stage's word for what the pack holds; it
+/// is never read: each staged pack is indexed afresh, so a garbage (or
+/// lying) `.idx` changes nothing.
+#[test]
+fn a_staged_pack_index_is_never_trusted() {
+    let r = repos();
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    git(&r.sandbox, &["gc", "-q"]);
+    let new = git(&r.sandbox, &["rev-parse", "HEAD"]);
+    for entry in fs::read_dir(r.sandbox.join(".git/objects/pack")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "idx") {
+            let mut perms = fs::metadata(&path).unwrap().permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o644);
+            fs::set_permissions(&path, perms).unwrap();
+            fs::write(&path, b"\xfftOc not an index").unwrap();
+        }
+    }
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    let checked = check(&r, &changes);
+    assert!(checked.refused.is_empty(), "{:?}", checked.refused);
+    checked.land(&Root::open(&r.host).unwrap(), "pvisor apply").unwrap();
+    assert_eq!(git(&r.host, &["rev-parse", "refs/heads/main"]), new);
+    git(&r.host, &["fsck", "--strict", "--no-dangling"]);
+}
+
+/// What a commit changes in the work tree is listed, for the caller to
+/// judge: here it adds `.envrc` (which direnv runs) and deletes `a`.
+#[test]
+fn a_commit_lists_what_it_changes_in_the_work_tree() {
+    let r = repos();
+    fs::write(r.sandbox.join(".envrc"), "touch pwned\n").unwrap();
+    git(&r.sandbox, &["add", ".envrc"]);
+    git(&r.sandbox, &["rm", "-q", "a"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    let checked = check(&r, &changes);
+    let listed: Vec<(String, ChangeKind)> =
+        checked.tree_changes.iter().map(|c| (c.path.display_escaped(), c.kind)).collect();
+    assert_eq!(listed, [(".envrc".to_owned(), ChangeKind::Added), ("a".to_owned(), ChangeKind::Deleted)]);
+}

@@ -14,6 +14,7 @@ use pvisor_stage::beneath::Root;
 use pvisor_stage::commits::{self, Checked, RefMove};
 use pvisor_stage::ledger::{Action, Entry, Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
+use pvisor_stage::sensitive::Bound;
 
 use super::writers::{open_for_apply, open_trace};
 use super::{EffectsError, Sensitive, Stage, StageState};
@@ -120,8 +121,12 @@ pub fn apply(
     // path is applied only when named exactly (or chosen one by one, or
     // with --include-sensitive): never swept in by --all or a glob.
     let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
+    let commit_skipped =
+        commit.as_ref().and_then(|c| commit_without_consent(c, &remaining, &sensitive, selection, &options));
+    let commit = commit.filter(|_| commit_skipped.is_none());
     let consent = consented(selected, &remaining, &sensitive, selection, &options);
     let mut report = plan(&stage, &ws, &remaining, consent, &options)?;
+    report.skipped_sensitive.extend(commit_skipped.unwrap_or_default());
     if let Some(checked) = &commit {
         report_commit(&mut report, checked, &remaining, &stage.status.job);
     }
@@ -151,6 +156,47 @@ fn take_commit(
     }
     selected.retain(|i| !staged.members.contains(i));
     Ok(Some(commits::verify(&stage.workspace, upper, remaining, staged, &stage.stage_dir)?))
+}
+
+/// Why landing `checked` needs consent: the first path its commits change
+/// in the work tree that would need consent as a staged file. A commit is
+/// checked out sooner or later (`git reset --hard`, `git stash`, a fresh
+/// clone), so what it carries runs as surely as a file applied.
+pub(super) fn commit_sensitive_reason(checked: &Checked, sensitive: &Bound<'_>) -> Option<String> {
+    checked.tree_changes.iter().find_map(|change| {
+        let why = sensitive.reason_for(change)?;
+        Some(format!("the commit made in the sandbox changes {}: {why}", change.path.display_escaped()))
+    })
+}
+
+/// The commit's refs, each with why it was not landed, when the commit
+/// needs consent (see [`commit_sensitive_reason`]) that the selection did
+/// not give: `--include-sensitive`, the `.git` directory or one of the
+/// commit's own paths named exactly, or a path chosen one by one.
+fn commit_without_consent(
+    checked: &Checked,
+    remaining: &[ChangeEntry],
+    sensitive: &Bound<'_>,
+    selection: &Selection,
+    options: &ApplyOptions,
+) -> Option<Vec<(ChangeEntry, String)>> {
+    let why = commit_sensitive_reason(checked, sensitive)?;
+    let member = |path: &RelPath| checked.members.iter().any(|&i| &remaining[i].path == path);
+    let named = options.include_sensitive
+        || match selection {
+            Selection::Paths(paths) => paths.iter().any(member),
+            Selection::Patterns(patterns) => patterns.iter().any(|p| {
+                p.trim_end_matches('/') == commits::GIT_DIR
+                    || checked.members.iter().any(|&i| names_exactly(p, &remaining[i].path))
+            }),
+        };
+    if named {
+        return None;
+    }
+    // The refs stand for the commit: naming one (as the hint shows) lands it.
+    let mut refs: Vec<usize> = checked.moves.iter().map(|m| m.change).collect();
+    refs.dedup();
+    Some(refs.into_iter().map(|i| (remaining[i].clone(), why.clone())).collect())
 }
 
 /// Puts the checked commit in the report: each ref that cannot land is a

@@ -15,6 +15,7 @@ use pvisor_stage::commits;
 use pvisor_stage::ledger::{Ledger, Outcome};
 use pvisor_stage::names::Siblings;
 use pvisor_stage::preimage::Preimages;
+use pvisor_stage::sensitive::Bound;
 use pvisor_stage::StageError;
 
 use super::{EffectsError, Sensitive, StageState};
@@ -169,7 +170,7 @@ impl Stage {
         let mut items = Vec::with_capacity(selected.len());
         let mut host_names = NamesByDir::default();
         let mut parents = self.parents();
-        let in_commit = self.commit_paths(ws.as_ref(), upper.as_ref());
+        let in_commit = self.commit_paths(ws.as_ref(), upper.as_ref(), &sensitive);
         for i in selected {
             let change = &self.changes[i];
             let commit = in_commit.get(&change.path).cloned();
@@ -191,7 +192,10 @@ impl Stage {
                 }
             };
             let forbidden = sensitive.forbidden(change);
-            let sensitive = sensitive.reason_for(change).filter(|_| commit.is_none());
+            let sensitive = match &commit {
+                Some(commit) => commit.sensitive.clone(),
+                None => sensitive.reason_for(change),
+            };
             let confusable = self.confusable(ws.as_ref(), change, &mut host_names);
             items.push(ReviewItem {
                 forbidden,
@@ -213,19 +217,29 @@ impl Stage {
     /// `pvisor_stage::commits`), each with the refs it sets. Empty when the
     /// workspace has no repository of its own or the stage cannot be read:
     /// review then shows those paths one by one, as sensitive.
-    fn commit_paths(&self, ws: Option<&Root>, upper: Option<&Root>) -> BTreeMap<RelPath, InCommit> {
+    fn commit_paths(
+        &self,
+        ws: Option<&Root>,
+        upper: Option<&Root>,
+        sensitive: &Bound<'_>,
+    ) -> BTreeMap<RelPath, InCommit> {
         let (Some(ws), Some(upper)) = (ws, upper) else { return BTreeMap::new() };
         if !commits::host_repository(ws).unwrap_or(false) || !commits::git_available() {
             return BTreeMap::new();
         }
         let Ok(Some(staged)) = commits::find(&self.changes, ws, upper) else { return BTreeMap::new() };
+        // What the commit carries is judged as apply judges it; one that
+        // cannot be checked here is refused there, so it is not marked.
+        let checked = commits::verify(&self.workspace, upper, &self.changes, staged.clone(), &self.stage_dir);
+        let why = checked.ok().and_then(|c| super::apply::commit_sensitive_reason(&c, sensitive));
         staged
             .members
             .iter()
             .map(|&i| {
                 let refs = staged.refs.iter().filter(|r| r.change == i);
                 let refs = refs.map(|r| (r.name.clone(), r.new.clone())).collect();
-                (self.changes[i].path.clone(), InCommit { refs, paths: staged.members.len() })
+                let commit = InCommit { refs, paths: staged.members.len(), sensitive: why.clone() };
+                (self.changes[i].path.clone(), commit)
             })
             .collect()
     }
@@ -305,6 +319,9 @@ pub struct InCommit {
     pub refs: Vec<(String, String)>,
     /// How many staged paths the commit is made of.
     pub paths: usize,
+    /// Why landing the commit needs consent (a path it changes is
+    /// sensitive), or `None`.
+    pub sensitive: Option<String>,
 }
 
 /// The names beside each reviewed path, for [`ReviewItem::confusable`].
