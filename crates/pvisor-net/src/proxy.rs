@@ -402,6 +402,8 @@ pub(crate) enum HostHeaderError {
     Differs { header: hyper::header::HeaderValue, host: String, port: u16 },
     #[error("{count} Host headers; a request has one")]
     Several { count: usize },
+    #[error("no Host header; a request to a destination with a --secret names it")]
+    Missing,
 }
 
 /// The `Host` headers must not smuggle a different destination past the

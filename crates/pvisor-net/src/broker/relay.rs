@@ -131,6 +131,13 @@ async fn handle(
     upstream: Arc<Mutex<Upstream>>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let method = req.method().to_string();
+    if req.uri().authority().is_some() || req.uri().scheme().is_some() {
+        // An absolute-form target names its own host, which a front end
+        // routes by before `Host` (RFC 9112 3.2.2): only origin-form is relayed.
+        let reason = format!("the request target {} names a host; send the path alone", req.uri());
+        ctx.report(Outcome::Denied, &to.host, to.port, &method, "host-mismatch", Some(reason.clone()));
+        return Ok(text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}")));
+    }
     if let Err(reason) = host_names_destination(req.headers(), &to) {
         ctx.report(Outcome::Denied, &to.host, to.port, &method, "host-mismatch", Some(reason.to_string()));
         return Ok(text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}")));
@@ -146,9 +153,7 @@ async fn handle(
         );
         return Ok(text(StatusCode::METHOD_NOT_ALLOWED, super::ECHO_REFUSED.into()));
     }
-    for hop in ["proxy-connection", "proxy-authorization"] {
-        req.headers_mut().remove(hop);
-    }
+    strip_hop_by_hop(req.headers_mut());
     if let Some(broker) = &ctx.broker {
         for substitution in broker.substitute(req.headers_mut(), &to.host, to.port, &method, !to.tls) {
             let _ = ctx.events.send(NetEvent::Substituted(substitution));
@@ -172,11 +177,37 @@ async fn handle(
     })
 }
 
+/// Removes the headers that belong to the connection from the sandbox, not
+/// to the destination (RFC 9110 7.6.1): `Connection` and the names it
+/// lists, `Keep-Alive`, `TE`, `Upgrade` (upgrades are not relayed) and the
+/// proxy's own. A name listed in `Connection` never takes `Host` or the
+/// body's framing with it.
+fn strip_hop_by_hop(headers: &mut hyper::HeaderMap) {
+    use hyper::header::{HeaderName, CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| ![HOST, CONTENT_LENGTH, TRANSFER_ENCODING].contains(name))
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for hop in ["connection", "keep-alive", "te", "upgrade", "proxy-connection", "proxy-authorization"] {
+        headers.remove(hop);
+    }
+}
+
 /// The request's `Host` must name the destination ([`one_host_header`]);
 /// on loopback, any loopback name with the destination's port does (a
 /// forwarded `localhost` port is reached as `127.0.0.1` as often as not,
 /// and no shared front end sits there to route by name).
 fn host_names_destination(headers: &hyper::HeaderMap, to: &Destination) -> Result<(), HostHeaderError> {
+    if !headers.contains_key(hyper::header::HOST) {
+        return Err(HostHeaderError::Missing);
+    }
     let checked = one_host_header(headers, &to.host, to.port);
     if checked.is_err() && super::is_loopback(&to.host) {
         for name in crate::policy::LOOPBACK_NAMES {
@@ -353,6 +384,28 @@ mod tests {
         assert!(super::host_names_destination(&headers("api.example.com:8080"), &public).is_ok());
         assert!(super::host_names_destination(&headers("evil.example.com:8080"), &public).is_err());
         assert!(super::host_names_destination(&headers("localhost:8080"), &public).is_err());
+        assert!(super::host_names_destination(&hyper::HeaderMap::new(), &local).is_err(), "no Host");
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_lists_are_not_relayed() {
+        let mut h = hyper::HeaderMap::new();
+        for (name, value) in [
+            ("connection", "close, x-api-key, host, content-length"),
+            ("x-api-key", "PLACEHOLDER"),
+            ("host", "api.example.com"),
+            ("content-length", "2"),
+            ("keep-alive", "timeout=5"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic eA=="),
+            ("accept", "*/*"),
+        ] {
+            h.append(name, value.parse().unwrap());
+        }
+        super::strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "content-length", "host"]);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -391,6 +444,18 @@ mod tests {
         );
 
         let response = through_proxy(proxy, port, &ca_pem, request("elsewhere.example")).await;
+        assert!(response.starts_with("HTTP/1.1 400") && !response.contains("real-value"), "{response}");
+
+        // An absolute-form target names another host than `Host` does: a
+        // front end would route by it, so it is refused, key and all.
+        let absolute = format!(
+            "GET https://elsewhere.example/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nx-api-key: {placeholder}\r\nConnection: close\r\n\r\n"
+        );
+        let response = through_proxy(proxy, port, &ca_pem, absolute).await;
+        assert!(response.starts_with("HTTP/1.1 400") && !response.contains("real-value"), "{response}");
+        // No Host at all: refused as well.
+        let bare = format!("GET / HTTP/1.1\r\nx-api-key: {placeholder}\r\nConnection: close\r\n\r\n");
+        let response = through_proxy(proxy, port, &ca_pem, bare).await;
         assert!(response.starts_with("HTTP/1.1 400") && !response.contains("real-value"), "{response}");
     }
 }
