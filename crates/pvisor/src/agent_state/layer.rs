@@ -108,7 +108,23 @@ fn matches(globs: &[pvisor_stage::glob::Pattern], rel: &str) -> bool {
 /// Whether `rel` is a gated path of `state` (for a few paths; a whole
 /// tree compiles [`globs`] once).
 fn is_gated(state: &CheckedState, rel: &str) -> bool {
-    matches(&globs(state), rel)
+    gated_entry(&globs(state), rel, None)
+}
+
+/// Whether the entry `rel` (as it is at `at`, when given) is gated: its
+/// path matches a glob; or something that is not a directory sits where a
+/// gated directory's entries are read (`hooks` as a file or symlink, for
+/// `**/hooks/**`); or it is a symlink (it may lead a later read anywhere)
+/// or an executable file (a status line script, a local install: what a
+/// later run executes need not live under a gated name).
+fn gated_entry(globs: &[pvisor_stage::glob::Pattern], rel: &str, at: Option<&Path>) -> bool {
+    if matches(globs, rel) {
+        return true;
+    }
+    let Some(meta) = at.and_then(|p| fs::symlink_metadata(p).ok()) else {
+        return false;
+    };
+    !meta.is_dir() && (matches(globs, &format!("{rel}/_")) || meta.is_symlink() || meta.mode() & 0o111 != 0)
 }
 
 /// Whether `state` is a single JSON file whose gated keys, not the whole
@@ -120,6 +136,10 @@ fn key_gated(state: &CheckedState) -> bool {
 /// A JSON state document: a missing file is an empty object; `None` when
 /// it is not a JSON object (gated whole then).
 fn json_doc(path: &Path) -> Option<serde_json::Value> {
+    // Never through a symlink the sandbox left (it could name any host file).
+    if fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return None;
+    }
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes).ok().filter(|v| v.is_object()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(serde_json::json!({})),
@@ -131,7 +151,7 @@ fn json_doc(path: &Path) -> Option<serde_json::Value> {
 /// change against the approved copy in `base`: a gated path, or a JSON
 /// file whose gated keys differ (or that is not JSON).
 fn gated_change(state: &CheckedState, base: &Path, rel: &str, candidate: &Path) -> bool {
-    if is_gated(state, rel) {
+    if gated_entry(&globs(state), rel, Some(candidate)) {
         return true;
     }
     if !key_gated(state) {
@@ -293,7 +313,10 @@ fn record_start(state: &CheckedState, slot: &Path) -> Result<(), StateError> {
     let (tree, _) = tree_of(slot, state);
     let manifest = tree::manifest(&tree).map_err(io(&tree, "cannot read"))?;
     let globs = globs(state);
-    let kept = |rel: &String| (key_gated(state) || matches(&globs, rel)) && manifest[rel] != "dir";
+    let kept = |rel: &String| {
+        manifest[rel] != "dir"
+            && (key_gated(state) || gated_entry(&globs, rel, Some(&tree::join(&tree, rel))))
+    };
     for rel in manifest.keys().filter(|rel| kept(rel)) {
         tree::copy_entry(&tree::join(&tree, rel), &tree::join(&slot.join("base"), rel))
             .map_err(io(&state.path, "cannot keep the approved copy"))?;
@@ -381,7 +404,11 @@ fn own_changes(slot: &Path, state: &CheckedState) -> Result<Vec<(String, String,
     Ok(rels
         .into_iter()
         .map(|rel| (rel.clone(), digest(&start, rel), digest(&now, rel)))
-        .filter(|(_, then, now)| then != now && then != "dir" && now != "dir")
+        // A directory made or removed is its entries' changes; one that
+        // replaced a file or symlink (or was replaced by one) is a change.
+        .filter(|(_, then, now)| {
+            then != now && ![then.as_str(), now.as_str()].iter().all(|d| [ABSENT, "dir"].contains(d))
+        })
         .collect())
 }
 

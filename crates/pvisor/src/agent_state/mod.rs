@@ -74,8 +74,11 @@ impl StatePath {
 /// Changes that make a later run execute something, for both Claude Code
 /// and Codex: settings (hooks, permissions, MCP servers live there),
 /// hook scripts, MCP server lists, memory and instruction files, custom
-/// commands, agents, plugins, skills, Codex's `config.toml`. Globs over
-/// the path relative to a state directory, or a state file's name.
+/// commands, agents, plugins, skills, Codex's `config.toml`, status line
+/// scripts, a local install of the agent itself (`~/.claude/local`). Globs
+/// over the path relative to a state directory, or a state file's name.
+/// Besides these, every symlink and executable file is gated, and anything
+/// but a directory where a gated directory's entries are read.
 pub const DEFAULT_GATED: &[&str] = &[
     "**/settings.json",
     "**/settings.local.json",
@@ -90,6 +93,8 @@ pub const DEFAULT_GATED: &[&str] = &[
     "skills/**",
     "rules/**",
     "prompts/**",
+    "**/statusline*",
+    "local/**",
 ];
 
 /// The keys of a single JSON state file (`~/.claude.json`) that make a

@@ -146,3 +146,46 @@ fn a_state_file_that_is_not_json_is_gated_whole() {
     let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
     assert_eq!(held.keys().collect::<Vec<_>>(), [".agent.json"]);
 }
+
+/// What gating by name alone missed: a gated directory's bare name as a
+/// symlink (here to a directory of hooks the sandbox wrote elsewhere), a
+/// gated file turned into a directory (the approved settings gone), an
+/// executable outside any gated name, a status line script, a symlink
+/// anywhere. Each is held and the approved tree comes back.
+#[test]
+fn symlinks_executables_and_type_changes_are_gated() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state(Path::new("/home/u/.agent"));
+    let start = [("settings.json", "{\"deny\":1}"), ("notes/a", "1")];
+    let prev = slot(dir.path(), &st, &start, &start);
+    let tree = prev.join("tree");
+    fs::create_dir_all(tree.join("elsewhere")).unwrap();
+    fs::write(tree.join("elsewhere/start"), "touch x").unwrap();
+    std::os::unix::fs::symlink("elsewhere", tree.join("hooks")).unwrap();
+    fs::remove_file(tree.join("settings.json")).unwrap();
+    fs::create_dir_all(tree.join("settings.json")).unwrap();
+    fs::write(tree.join("settings.json/x"), "").unwrap();
+    fs::write(tree.join("notes/a"), "2").unwrap();
+    fs::write(tree.join("notes/run"), "#!/bin/sh\ntouch x\n").unwrap();
+    fs::set_permissions(tree.join("notes/run"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(tree.join("statusline.sh"), "touch x").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("notes/link")).unwrap();
+
+    let next = dir.path().join("next");
+    carry(&prev, &[], &st, &next).unwrap();
+    let tree = next.join("tree");
+    assert_eq!(fs::read_to_string(tree.join("notes/a")).unwrap(), "2", "ordinary state carries");
+    assert_eq!(
+        fs::read_to_string(tree.join("settings.json")).unwrap(),
+        "{\"deny\":1}",
+        "the approved file is back"
+    );
+    for held in ["hooks", "notes/run", "statusline.sh", "notes/link"] {
+        assert!(fs::symlink_metadata(tree.join(held)).is_err(), "{held} carried");
+    }
+    let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
+    assert_eq!(
+        held.keys().collect::<Vec<_>>(),
+        ["hooks", "notes/link", "notes/run", "settings.json", "statusline.sh"]
+    );
+}
