@@ -53,7 +53,8 @@ pub mod trust;
 
 pub use actions::{Action, Runtime, RuntimeError};
 pub use admission::{
-    proxy_env, AdmissionError, ExecutionFork, RunRequest, SecretPolicy, DEFAULT_HIDDEN, PROXY_PORT,
+    proxy_env, AdmissionError, ExecutionFork, RunRequest, SecretPolicy, DEFAULT_HIDDEN, HIDDEN_NAME_PREFIXES,
+    PROXY_PORT,
 };
 pub use backends::BackendTraits;
 pub use effects::{

@@ -456,7 +456,10 @@ fn every_default_secret_store_and_secret_variable_stays_out(who: As) {
     let env = Env::new(who);
     let home_dir = tempfile::Builder::new().prefix("pvisor-e2e-home-").tempdir_in("/var/tmp").unwrap();
     let home = home_dir.path();
-    let stores = pvisor::DEFAULT_HIDDEN;
+    // The named stores, and copies known by the start of their names.
+    let by_prefix =
+        pvisor::HIDDEN_NAME_PREFIXES.iter().flat_map(|p| [p.to_string(), format!("{p}.1733400000")]);
+    let stores: Vec<String> = pvisor::DEFAULT_HIDDEN.iter().map(|s| s.to_string()).chain(by_prefix).collect();
     let mut probe = String::new();
     for (i, rel) in stores.iter().enumerate() {
         let path = home.join(rel);

@@ -43,7 +43,7 @@ pub use brokered::{Brokered, CA_VARIABLES};
 pub use fork::ExecutionFork;
 pub use policy::{proxy_env, PROXY_PORT};
 pub use resume::admit_resume;
-pub use secrets::DEFAULT_HIDDEN;
+pub use secrets::{DEFAULT_HIDDEN, HIDDEN_NAME_PREFIXES};
 
 /// What a frontend asks pvisor to run.
 #[derive(Clone, Debug)]

@@ -45,7 +45,9 @@ pub(super) fn resolve(
     let exposed: Vec<PathBuf> =
         secrets.expose.iter().map(|p| canonical(p).unwrap_or_else(|| p.clone())).collect();
     let defaults = secrets.home.iter().flat_map(|home| DEFAULT_HIDDEN.iter().map(move |rel| home.join(rel)));
+    let by_prefix = secrets.home.iter().flat_map(|home| named_by_prefix(home));
     let candidates = defaults
+        .chain(by_prefix)
         .map(|p| (p, "secret store"))
         .chain(secrets.hide.iter().map(|p| (p.clone(), "--hide")))
         .chain(secrets.other_state_dirs.iter().map(|p| (p.clone(), OTHER_STATE_DIR)));
@@ -72,6 +74,26 @@ pub(super) fn resolve(
     }
     Ok((env, Secrets { scrubbed, hidden: hidden_secrets, skipped: skipped_hides }))
 }
+
+/// The entries at the top of `home` whose names start with one of
+/// [`HIDDEN_NAME_PREFIXES`] (one directory listing; none if unreadable).
+fn named_by_prefix(home: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(home) else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.as_encoded_bytes();
+            HIDDEN_NAME_PREFIXES.iter().any(|prefix| name.starts_with(prefix.as_bytes()))
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Secret stores at the top of the home known by the start of their
+/// names: copies an agent makes of its credentials under changing names
+/// (Claude Code's `.claude.json.backup` and `.claude.json.backup.<time>`).
+pub const HIDDEN_NAME_PREFIXES: &[&str] = &[".claude.json.backup"];
 
 /// Why another pvisor state directory is hidden (and how admission tells
 /// it from a secret store).
@@ -149,6 +171,8 @@ pub const DEFAULT_HIDDEN: &[&str] = &[
     // goose, opencode, llm, Continue, Codeium/Windsurf.
     ".claude/.credentials.json",
     ".claude.json",
+    // Its copies of `.claude.json` (account data, a key set with `/login`).
+    ".claude/backups",
     ".codex/auth.json",
     ".gemini/oauth_creds.json",
     ".gemini/.env",
