@@ -35,9 +35,28 @@ pub enum LabelError {
     Value(String),
     #[error("too many labels: at most {MAX_LABELS}")]
     TooMany,
+    #[error("label key {0:?} is reserved: pvisor's frontends set keys under {1:?} themselves; choose another prefix")]
+    Reserved(String, &'static str),
 }
 
-/// Parses `KEY=VALUE` (the value may be empty, and may contain `=`).
+/// Key prefixes the frontends own: `pvisor serve` finds its sandboxes' Jobs
+/// by `pvisor.serve/sandbox` (and stops a live one it has no record of),
+/// the containerd shim records its namespace, container and the CRI's pod
+/// under the others. A user's label never takes one.
+pub const RESERVED_PREFIXES: &[&str] = &["pvisor.serve/", "containerd.io/", "io.kubernetes."];
+
+/// Parses a label a user gives a Job: as [`parse`], and a key under a
+/// [`RESERVED_PREFIXES`] entry is refused.
+pub fn parse_assigned(arg: &str) -> Result<(String, String), LabelError> {
+    let (key, value) = parse(arg)?;
+    if let Some(prefix) = RESERVED_PREFIXES.iter().find(|p| key.to_ascii_lowercase().starts_with(*p)) {
+        return Err(LabelError::Reserved(key, prefix));
+    }
+    Ok((key, value))
+}
+
+/// Parses `KEY=VALUE` (the value may be empty, and may contain `=`): a
+/// label, or a selector matching one.
 pub fn parse(arg: &str) -> Result<(String, String), LabelError> {
     let (key, value) = arg.split_once('=').ok_or_else(|| LabelError::NotKeyValue(arg.to_owned()))?;
     check(key, value)?;
@@ -90,10 +109,16 @@ mod tests {
     #[test]
     fn keys_and_values_are_checked() {
         assert_eq!(parse("team=infra"), Ok(("team".into(), "infra".into())));
-        assert_eq!(
-            parse("containerd.io/container=a=b"),
-            Ok(("containerd.io/container".into(), "a=b".into()))
-        );
+        assert_eq!(parse("example.com/team=a=b"), Ok(("example.com/team".into(), "a=b".into())));
+        // The keys the frontends set are theirs alone (`pvisor serve` stops a
+        // live Job labelled with a sandbox it has no record of).
+        for reserved in
+            ["pvisor.serve/sandbox=x", "containerd.io/container=x", "io.kubernetes.cri.sandbox-id=x"]
+        {
+            assert!(matches!(parse_assigned(reserved), Err(LabelError::Reserved(..))), "{reserved}");
+            assert!(parse(reserved).is_ok(), "a selector may name one: {reserved}");
+        }
+        assert_eq!(parse_assigned("team=infra"), Ok(("team".into(), "infra".into())));
         assert_eq!(parse("empty="), Ok(("empty".into(), String::new())));
         assert!(matches!(parse("novalue"), Err(LabelError::NotKeyValue(_))));
         for bad in ["=x", "-a=x", "a-=x", "a b=x", "Big.Prefix/a=x", "/a=x", "a/=x", "x.y..z/a=x"] {

@@ -61,7 +61,7 @@ pub struct RunOptions {
     pub kill_grace: std::time::Duration,
     /// Record a label on the Job (`pvisor jobs --label KEY=VALUE` finds it).
     /// Repeatable.
-    #[arg(long, value_name = "KEY=VALUE", value_parser = label)]
+    #[arg(long, value_name = "KEY=VALUE", value_parser = pvisor_core::labels::parse_assigned)]
     pub label: Vec<(String, String)>,
     /// Print nothing but the command's own output.
     #[arg(short, long)]
@@ -222,7 +222,7 @@ pub(super) fn size(s: &str) -> Result<u64, ValueError> {
     pvisor_sandbox::limits::parse_size(s).ok_or_else(|| ValueError::Size(s.to_owned()))
 }
 
-/// `KEY=VALUE`, checked as admission will check it.
+/// `KEY=VALUE`, checked as admission will check it: a selector.
 pub(super) fn label(s: &str) -> Result<(String, String), pvisor_core::labels::LabelError> {
     pvisor_core::labels::parse(s)
 }

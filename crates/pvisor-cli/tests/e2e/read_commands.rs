@@ -134,7 +134,11 @@ fn labels_are_recorded_shown_and_selected() {
         args.extend(["--", "true"]);
         assert_eq!(env.pvisor(&args).status.code(), Some(0));
     };
-    run(&["team=infra", "containerd.io/container=web-1"]);
+    run(&["team=infra", "example.com/container=web-1"]);
+    // A key the frontends set is theirs: refused, naming it.
+    let reserved = env.pvisor(&["run", "-q", "--label", "pvisor.serve/sandbox=x", "--", "true"]);
+    assert_eq!(reserved.status.code(), Some(2), "{}", text(&reserved.stderr));
+    assert!(text(&reserved.stderr).contains("reserved"), "{}", text(&reserved.stderr));
     run(&["team=infra"]);
     run(&[]);
     let selected = |selector: &[&str]| -> Vec<serde_json::Value> {
@@ -148,13 +152,13 @@ fn labels_are_recorded_shown_and_selected() {
     };
     assert_eq!(selected(&[]).len(), 3);
     assert_eq!(selected(&["team=infra"]).len(), 2);
-    let web = selected(&["team=infra", "containerd.io/container=web-1"]);
+    let web = selected(&["team=infra", "example.com/container=web-1"]);
     assert_eq!(web.len(), 1);
-    assert_eq!(web[0]["labels"]["containerd.io/container"], "web-1");
+    assert_eq!(web[0]["labels"]["example.com/container"], "web-1");
     assert!(selected(&["team=other"]).is_empty());
     let job = web[0]["job"].as_str().unwrap();
     let status = text(&env.pvisor(&["status", job]).stdout);
-    assert!(status.contains("labels     containerd.io/container=web-1 team=infra"), "{status}");
+    assert!(status.contains("labels     example.com/container=web-1 team=infra"), "{status}");
     let created = env.events(job).into_iter().find(|e| e["type"] == "job.created").expect("job.created");
     assert_eq!(created["data"]["labels"]["team"], "infra");
 }
