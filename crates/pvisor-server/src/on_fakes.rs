@@ -310,6 +310,32 @@ fn pause_suspends_the_vm_and_resume_runs_a_new_generation() {
     assert_eq!(stdout_of(&s.command(&id, "echo again")), "again");
 }
 
+/// An entrypoint that exits while the sandbox is pausing is recorded then
+/// and ends nothing (only a Running sandbox ends with it); the resume ends
+/// the sandbox with that exit, rather than leave it Running without its
+/// main process.
+#[test]
+fn an_entrypoint_that_exited_during_a_pause_ends_the_sandbox_on_resume() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Paused");
+    s.daemon
+        .update(&id, |r| {
+            let entrypoint = r.commands.get_mut("entrypoint").expect("the entrypoint's record");
+            entrypoint.finished_at = Some(pvisor_core::time::Timestamp::now());
+            entrypoint.exit_code = Some(4);
+            Ok(())
+        })
+        .unwrap();
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["reason"], "CONTAINER_EXITED_ERROR", "{got}");
+    assert_eq!(got["status"]["message"], "Sandbox container exited with code 4.");
+}
+
 #[test]
 fn delete_terminates_the_sandbox_and_ends_its_job() {
     let s = serve(&[]);

@@ -168,6 +168,17 @@ impl Daemon {
         }
     }
 
+    /// Ends a sandbox back to Running (resumed, reattached) whose
+    /// entrypoint exited while it was not: during a pause, or with the
+    /// daemon down. Its exit was recorded then and ended nothing.
+    pub(super) fn end_if_entrypoint_exited(&self, id: &str) {
+        let Ok(record) = self.get(id) else { return };
+        let entrypoint = record.commands.get("entrypoint").filter(|c| c.finished_at.is_some());
+        if let Some(code) = entrypoint.and_then(|c| c.exit_code) {
+            self.entrypoint_exited(id, code, None);
+        }
+    }
+
     /// Records the entrypoint's end and, if the sandbox is still Running,
     /// ends it the way upstream does (see [`ending`]).
     fn entrypoint_exited(&self, id: &str, code: i32, error: Option<String>) {

@@ -91,6 +91,8 @@ impl Daemon {
                     if let Err(e) = self.start_entrypoint(id) {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
+                } else {
+                    self.end_if_entrypoint_exited(id);
                 }
                 // A delete that arrived while it was starting.
                 if self.get(id).is_ok_and(|r| r.state == SandboxState::Stopping) {

@@ -189,7 +189,7 @@ impl Daemon {
                         let _ = self.start_entrypoint(id);
                     }
                     Some(c) if c.finished_at.is_none() => self.watch_entrypoint(id, c.exec_id, None),
-                    Some(_) => {}
+                    Some(_) => self.end_if_entrypoint_exited(id),
                 }
                 return;
             }
