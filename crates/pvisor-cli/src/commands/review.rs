@@ -188,6 +188,10 @@ fn print_commit(out: &mut impl Write, item: &ReviewItem, commit: &pvisor::InComm
             &new[..new.len().min(7)],
             commit.paths
         )?;
+        if let Some(reason) = commit.sensitive.as_ref().filter(|_| item.remaining()) {
+            let reason = crate::output::shown(reason);
+            writeln!(out, "            SENSITIVE: {reason}; landed only when its ref or .git is named")?;
+        }
     }
     Ok(())
 }

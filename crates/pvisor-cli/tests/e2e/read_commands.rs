@@ -137,7 +137,7 @@ fn labels_are_recorded_shown_and_selected() {
     run(&["team=infra", "example.com/container=web-1"]);
     // A key the frontends set is theirs: refused, naming it.
     let reserved = env.pvisor(&["run", "-q", "--label", "pvisor.serve/sandbox=x", "--", "true"]);
-    assert_eq!(reserved.status.code(), Some(2), "{}", text(&reserved.stderr));
+    assert_eq!(reserved.status.code(), Some(125), "{}", text(&reserved.stderr));
     assert!(text(&reserved.stderr).contains("reserved"), "{}", text(&reserved.stderr));
     run(&["team=infra"]);
     run(&[]);

@@ -228,11 +228,14 @@ fn a_sigkill_during_admission_never_leaves_an_unreadable_job() {
     const TRIALS: u32 = 40;
     // Admission begins when the Run's directory appears: found in one run
     // on this host now, however loaded it is (a fixed window of 0-15 ms
-    // after spawn all landed before admission on a busy CI host). The kills
-    // sweep from 3 ms before that to 7 ms after, in 0.25 ms steps.
+    // after spawn all landed before admission on a busy CI host). Even
+    // trials sweep from 3 ms before that to 7 ms after, in 0.5 ms steps;
+    // odd ones wait for the Run's directory to appear and kill 0-1 ms after
+    // it, in 50 µs steps (the timed sweep alone once missed admission on a
+    // loaded CI host).
+    let runs = env.home.join("runs");
+    let count = || fs::read_dir(&runs).map(|d| d.count()).unwrap_or(0);
     let admission = {
-        let runs = env.home.join("runs");
-        let count = || fs::read_dir(&runs).map(|d| d.count()).unwrap_or(0);
         let before = count();
         let started = std::time::Instant::now();
         let mut child = env.command(&["run", "-q", "--", "true"]).spawn().unwrap();
@@ -258,10 +261,18 @@ fn a_sigkill_during_admission_never_leaves_an_unreadable_job() {
     // Up to three sweeps, until one kill has landed inside admission.
     for trial in (0..3 * TRIALS).take_while(|t| t % TRIALS != 0 || *t == 0 || orphans() == 0) {
         let trial = trial % TRIALS;
+        let before = count();
         let mut child = env.command(&["run", "-q", "--", "true"]).spawn().unwrap();
-        std::thread::sleep(
-            admission.saturating_sub(Duration::from_millis(3)) + Duration::from_micros(250) * trial,
-        );
+        if trial % 2 == 0 {
+            std::thread::sleep(
+                admission.saturating_sub(Duration::from_millis(3)) + Duration::from_micros(250) * trial,
+            );
+        } else {
+            while count() == before && child.try_wait().unwrap().is_none() {
+                std::hint::spin_loop();
+            }
+            std::thread::sleep(Duration::from_micros(50) * (trial / 2));
+        }
         let _ = child.kill();
         let _ = child.wait();
         let jobs = env.pvisor(&["jobs"]);
