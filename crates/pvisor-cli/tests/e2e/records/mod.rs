@@ -263,7 +263,7 @@ fn a_sigkill_during_admission_never_leaves_an_unreadable_job() {
         let trial = trial % TRIALS;
         let before = count();
         let mut child = env.command(&["run", "-q", "--", "true"]).spawn().unwrap();
-        if trial % 2 == 0 {
+        if trial.is_multiple_of(2) {
             std::thread::sleep(
                 admission.saturating_sub(Duration::from_millis(3)) + Duration::from_micros(250) * trial,
             );
