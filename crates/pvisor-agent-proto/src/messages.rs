@@ -6,14 +6,17 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// A host directory the guest mounts live, read-write: the virtiofs device
-/// tagged `tag` at `target`, a path inside the workspace (the container's
-/// root), resolved beneath it.
+/// A host directory the guest mounts live: the virtiofs device tagged
+/// `tag` at `target`, a path inside the workspace (the container's root),
+/// resolved beneath it; read-only when `read_only` (the host enforces it
+/// too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Share {
     pub tag: String,
     pub target: PathBuf,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// The guest NIC's IPv4 configuration: the address of the interface it

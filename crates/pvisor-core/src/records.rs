@@ -274,11 +274,14 @@ pub struct UserlandImage {
 pub struct SharedDirectory {
     /// The host directory (canonical).
     pub source: PathBuf,
-    /// Where the guest mounts it, read-write, as an absolute path inside
-    /// the workspace (the container's root). A read-only volume is not
-    /// shared: the guest is root in its VM and could remount it, so it is
-    /// copied instead.
+    /// Where the guest mounts it, as an absolute path inside the workspace
+    /// (the container's root).
     pub target: PathBuf,
+    /// Shared read-only: the guest mounts it read-only, and its file server
+    /// sees the directory through a read-only bind mount of its own, so a
+    /// guest that remounts it (it is root in its VM) still writes nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 impl SharedDirectory {

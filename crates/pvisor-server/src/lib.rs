@@ -37,6 +37,7 @@ mod proxy;
 mod repl;
 pub mod sandbox;
 pub mod supervisor;
+pub mod volumes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -173,11 +173,7 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
             "image is required (an image imported with `pvisor image import`, or \"default\")",
         )
     })?;
-    if b.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::bad_request(
-            "volumes are not supported by pvisor serve; copy files in with the execd file API",
-        ));
-    }
+    let volumes = crate::volumes::resolve(b.volumes.unwrap_or_default(), &daemon.config.volumes)?;
     if b.credential_proxy.is_some() {
         return Err(ApiError::bad_request(
             "credentialProxy is not supported: pvisor serve does not intercept TLS; pass credentials with env, and reach their APIs through networkPolicy",
@@ -234,6 +230,7 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         cpus,
         network_policy,
         renew_on_access,
+        volumes,
     })?;
     let mut v = sandbox_json(&record);
     v.as_object_mut().map(|o| o.remove("image"));

@@ -44,6 +44,7 @@ fn sessions() -> tokio::runtime::Handle {
 
 fn config(dir: &std::path::Path) -> Config {
     Config {
+        volumes: Default::default(),
         state_root: dir.join("state"),
         pvisor: "/nonexistent/pvisor".into(),
         max_timeout: Duration::from_secs(3600),

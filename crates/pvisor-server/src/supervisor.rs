@@ -30,6 +30,8 @@ pub struct SupervisorOptions {
     pub resume: Option<String>,
     /// The sandbox's egress policy (an ordered policy, JSON), for a new sandbox.
     pub network_policy: Option<String>,
+    /// Host directories shared with the VM (a JSON list), for a new sandbox.
+    pub volumes: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum SupervisorError {
     NoWorkspace,
     #[error("--network-policy is not an ordered policy (JSON): {0}")]
     Policy(#[source] serde_json::Error),
+    #[error("--volumes is not a list of shared directories (JSON): {0}")]
+    Volumes(#[source] serde_json::Error),
     #[error("Cannot resume: {0}")]
     Resume(#[source] RuntimeError),
     #[error(transparent)]
@@ -81,6 +85,13 @@ impl Supervisor {
             .map(serde_json::from_str)
             .transpose()
             .map_err(SupervisorError::Policy)?;
+        let shared_directories: Vec<pvisor_core::records::SharedDirectory> = options
+            .volumes
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(SupervisorError::Volumes)?
+            .unwrap_or_default();
         // The vm backend is checked before anything is started.
         runtime.executor("vm")?;
         // The Job names its sandbox, so a daemon that lost the record (deleted
@@ -92,7 +103,7 @@ impl Supervisor {
         let keeper = Keeper {
             labels,
             network_namespace: None,
-            shared_directories: Vec::new(),
+            shared_directories,
             workspace,
             kill_grace: std::time::Duration::from_secs(5),
             network: vec![ScopedPolicy {

@@ -18,6 +18,7 @@ fn daemon() -> (tempfile::TempDir, Arc<pvisor_server::Daemon>) {
         pvisor: "/nonexistent/pvisor".into(),
         max_timeout: Duration::from_secs(3600),
         log_level: None,
+        volumes: Default::default(),
     };
     (dir, pvisor_server::Daemon::open(config, Vec::new()).unwrap())
 }

@@ -85,7 +85,11 @@ pub fn plan(binds: Vec<Bind>) -> Plan {
     for bind in binds {
         let guests_own = SharedDirectory::in_kernel_filesystem(&bind.destination);
         if !bind.read_only && !guests_own && bind.source.is_dir() {
-            plan.shared.push(SharedDirectory { source: bind.source, target: bind.destination });
+            plan.shared.push(SharedDirectory {
+                source: bind.source,
+                target: bind.destination,
+                read_only: false,
+            });
         } else {
             plan.copied.push(bind);
         }
@@ -409,7 +413,7 @@ mod tests {
         ]);
         assert_eq!(
             planned.shared,
-            [SharedDirectory { source: host.path().join("vol"), target: "/data".into() }]
+            [SharedDirectory { source: host.path().join("vol"), target: "/data".into(), read_only: false }]
         );
         let copied: Vec<&str> = planned.copied.iter().map(|b| b.destination.to_str().unwrap()).collect();
         assert_eq!(copied, ["/ro", "/etc/hosts", "/dev/shm"]);
@@ -419,11 +423,16 @@ mod tests {
         assert!(rootfs.path().join("data").is_dir());
         // The image cannot steer the mount point out of the rootfs.
         std::os::unix::fs::symlink(host.path(), rootfs.path().join("escape")).expect("symlink");
-        let hostile = [SharedDirectory { source: host.path().join("vol"), target: "/escape/made".into() }];
+        let hostile = [SharedDirectory {
+            source: host.path().join("vol"),
+            target: "/escape/made".into(),
+            read_only: false,
+        }];
         assert!(make_mount_points(&hostile, rootfs.path()).unwrap_err().to_string().contains("symlink"));
         assert!(!host.path().join("made").exists(), "nothing was made outside the rootfs");
         fs::write(rootfs.path().join("file"), b"").expect("write");
-        let onto_file = [SharedDirectory { source: host.path().join("vol"), target: "/file".into() }];
+        let onto_file =
+            [SharedDirectory { source: host.path().join("vol"), target: "/file".into(), read_only: false }];
         assert!(make_mount_points(&onto_file, rootfs.path())
             .unwrap_err()
             .to_string()

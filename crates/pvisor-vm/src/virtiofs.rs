@@ -51,7 +51,12 @@ pub(super) fn tag(index: usize) -> String {
 
 /// What the agent mounts, in the order of the devices.
 pub(super) fn guest_shares(shares: &[SharedDirectory]) -> Vec<Share> {
-    shares.iter().enumerate().map(|(index, s)| Share { tag: tag(index), target: s.target.clone() }).collect()
+    let share = |(index, s): (usize, &SharedDirectory)| Share {
+        tag: tag(index),
+        target: s.target.clone(),
+        read_only: s.read_only,
+    };
+    shares.iter().enumerate().map(share).collect()
 }
 
 /// The file server this host would use.
@@ -180,6 +185,38 @@ pub enum ShareError {
     NoVirtiofsd { source_dir: PathBuf, binary: PathBuf },
 }
 
+/// Makes the server see `source` read-only: before it runs, in a mount
+/// namespace of its own (private, so nothing propagates to the host), the
+/// directory is bound onto itself and the bind remounted read-only. Writes
+/// through the share then fail with `EROFS` on the host side, whatever the
+/// guest does with its own mount.
+fn read_only_view(command: &mut Command, source: &Path) -> io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let path = std::ffi::CString::new(source.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    let root = c"/";
+    // SAFETY: only async-signal-safe calls (unshare, mount) run in the child,
+    // on strings made before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            let ok = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+            ok(libc::unshare(libc::CLONE_NEWNS))?;
+            let none = std::ptr::null();
+            ok(libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            ok(libc::mount(
+                path.as_ptr(),
+                path.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ))?;
+            let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+            ok(libc::mount(none, path.as_ptr(), none, ro, std::ptr::null()))
+        });
+    }
+    Ok(())
+}
+
 /// Binds a listening socket in `dir`, connects QEMU's end to it, removes
 /// the name (nothing else can connect), and starts virtiofsd on the
 /// listener. The name is reached through `/proc/self/fd`, so a long state
@@ -211,6 +248,9 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         .args(["-o", "cache=auto"])
         .args(["-o", "log_level=warn"])
         .args(narrowed(&binary));
+    if share.read_only {
+        read_only_view(&mut command, &share.source).map_err(|e| fail("preparing a read-only view", e))?;
+    }
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {

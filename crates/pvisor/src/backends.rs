@@ -251,6 +251,7 @@ mod tests {
         request.shared_directories = vec![pvisor_core::records::SharedDirectory {
             source: f.workspace.clone(),
             target: "/data".into(),
+            read_only: false,
         }];
         let e = f.run(request).unwrap_err().to_string();
         assert!(e.contains("only a vm Job shares host directories (this Job's executor is fake)"), "{e}");

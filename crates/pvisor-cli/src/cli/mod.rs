@@ -181,6 +181,14 @@ pub struct ServeArgs {
     /// of the oldest idle one. Default: what the descriptor limit allows, up to 1024.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(4..=65536))]
     pub max_connections: Option<u32>,
+    /// A host directory a create's `host` volumes may name (it, or a
+    /// directory below it). Repeatable. Without one, host volumes are off.
+    #[arg(long, value_name = "DIR")]
+    pub volume_root: Vec<PathBuf>,
+    /// Where named (`pvc`) volumes live, one directory each, made on first
+    /// use. Default: beside the state directory (`<PVISOR_HOME>-volumes`).
+    #[arg(long, value_name = "DIR")]
+    pub volume_dir: Option<PathBuf>,
 }
 
 /// Manage the root filesystems `pvisor serve` sandboxes boot (the `image` of a create).
@@ -262,6 +270,9 @@ pub struct SandboxSupervisorArgs {
     /// The sandbox's egress policy (an ordered policy, JSON), for a new sandbox.
     #[arg(long)]
     pub network_policy: Option<String>,
+    /// Host directories shared with the VM (a JSON list), for a new sandbox.
+    #[arg(long)]
+    pub volumes: Option<String>,
     /// The daemon's --log-level, passed down (else PVISOR_LOG, else info).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,

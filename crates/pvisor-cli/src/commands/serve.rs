@@ -42,11 +42,36 @@ pub fn cmd_serve(runtime: &Runtime, args: ServeArgs) -> anyhow::Result<i32> {
             pvisor: exe,
             max_timeout: args.max_timeout,
             log_level: args.log_level,
+            volumes: volume_config(store.root(), &args.volume_root, args.volume_dir.clone())?,
         },
         built_in_images,
         max_connections: args.max_connections.map(|n| n as usize),
     })?;
     Ok(0)
+}
+
+/// Where volumes may come from: each `--volume-root` (canonical, so a
+/// request is compared with the directory itself), and the named volumes'
+/// directory, by default beside the state directory (never in it: every
+/// sandbox has pvisor's state hidden).
+fn volume_config(
+    state: &std::path::Path,
+    roots: &[std::path::PathBuf],
+    named: Option<std::path::PathBuf>,
+) -> anyhow::Result<pvisor_server::volumes::VolumeConfig> {
+    let roots = roots
+        .iter()
+        .map(|root| {
+            std::fs::canonicalize(root)
+                .with_context(|| format!("--volume-root {}: no such directory", root.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let named = named.unwrap_or_else(|| {
+        let name =
+            state.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pvisor".into());
+        state.with_file_name(format!("{name}-volumes"))
+    });
+    Ok(pvisor_server::volumes::VolumeConfig { roots, named })
 }
 
 /// Builds the template of the default sandbox shape (512 MiB, 1 vCPU, as
@@ -187,6 +212,7 @@ pub fn cmd_sandbox_supervisor(runtime: &Runtime, args: SandboxSupervisorArgs) ->
         cpus: args.cpus,
         resume: args.resume,
         network_policy: args.network_policy,
+        volumes: args.volumes,
     };
     let supervisor = Supervisor::prepare(store, options)?;
     super::run::drive(runtime, true, move || Ok(supervisor.start()?))

@@ -149,6 +149,9 @@ impl Daemon {
                 cpus: record.cpus,
                 resume: resume.map(|j| j.as_str().to_owned()),
                 network_policy: record.network_policy.as_ref().map(serde_json::to_string).transpose()?,
+                volumes: (!record.volumes.is_empty())
+                    .then(|| serde_json::to_string(&record.volumes))
+                    .transpose()?,
             };
             let child = supervise_in_process(self.runtime.clone(), tokio.clone(), options, log)
                 .map_err(|source| GenerationError::Spawn { pvisor: "sh".into(), source })?;
@@ -173,6 +176,9 @@ impl Daemon {
                     .arg(record.cpus.to_string());
                 if let Some(policy) = &record.network_policy {
                     command.arg("--network-policy").arg(serde_json::to_string(policy)?);
+                }
+                if !record.volumes.is_empty() {
+                    command.arg("--volumes").arg(serde_json::to_string(&record.volumes)?);
                 }
             }
         }

@@ -99,6 +99,8 @@ pub struct Config {
     pub max_timeout: Duration,
     /// The daemon's `--log-level`, handed to each supervisor it starts.
     pub log_level: Option<String>,
+    /// Where a create's `volumes` may come from.
+    pub volumes: crate::volumes::VolumeConfig,
 }
 
 /// Where the supervisor of each sandbox generation runs.

@@ -83,6 +83,7 @@ impl Daemon {
             deleted: false,
             network_policy: request.network_policy,
             renew_on_access: request.renew_on_access,
+            volumes: request.volumes,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
@@ -96,6 +97,11 @@ impl Daemon {
 
     /// `POST /pause`: Running → Pausing, then Paused once the VM's state is saved.
     pub fn pause(self: &Arc<Self>, id: &str) -> Result<(), OpError> {
+        if self.get(id).is_ok_and(|r| !r.volumes.is_empty()) {
+            return Err(OpError::Conflict(format!(
+                "sandbox {id} has volumes, shared live with its VM (virtiofs), which cannot be saved with it: it cannot be paused"
+            )));
+        }
         let record =
             self.transition(id, &[SandboxState::Running], SandboxState::Pausing, "pause_requested")?;
         let (daemon, id) = (self.clone(), id.to_owned());

@@ -159,6 +159,10 @@ pub struct SandboxRecord {
     /// daemon moves `expires_at` to at least now plus this (see `renew`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_on_access: Option<u64>,
+    /// The create request's `volumes`: host directories shared with the VM
+    /// live (see `crate::volumes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<pvisor_core::records::SharedDirectory>,
 }
 
 /// Finished commands a record keeps (status and logs of older ones go).
@@ -201,6 +205,7 @@ pub struct CreateRequest {
     pub cpus: u32,
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
     pub renew_on_access: Option<u64>,
+    pub volumes: Vec<pvisor_core::records::SharedDirectory>,
 }
 
 /// Moves the record to `to` (saying why), if the state table allows it.

@@ -183,7 +183,7 @@ pub(super) fn shared_directories(
         if real.to_str().is_none() || share.target.to_str().is_none() {
             return Err(AdmissionError::NonUtf8Path { path: real });
         }
-        out.push(SharedDirectory { source: real, target: share.target.clone() });
+        out.push(SharedDirectory { source: real, target: share.target.clone(), read_only: share.read_only });
     }
     Ok(out)
 }
@@ -619,6 +619,7 @@ mod tests {
         let share = |source: &Path, target: &str| SharedDirectory {
             source: source.to_owned(),
             target: target.into(),
+            read_only: false,
         };
         let check = |shares: &[SharedDirectory], executor| {
             shared_directories(shares, on(executor), &workspace, &hidden).map_err(|e| e.to_string())

@@ -293,8 +293,8 @@ pub(crate) fn mount_shares(workspace: &Path, shares: &[pvisor_agent_proto::Share
         let at =
             pvisor_agent_proto::resolve_in_root(workspace, &share.target, true).map_err(ctx("resolving"))?;
         fs::create_dir_all(&at).map_err(ctx("making a place for"))?;
-        mount(&share.tag, &at.to_string_lossy(), "virtiofs", MountFlags::empty(), "")
-            .map_err(ctx("mounting"))?;
+        let flags = if share.read_only { MountFlags::RDONLY } else { MountFlags::empty() };
+        mount(&share.tag, &at.to_string_lossy(), "virtiofs", flags, "").map_err(ctx("mounting"))?;
     }
     Ok(())
 }

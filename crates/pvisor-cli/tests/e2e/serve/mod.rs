@@ -23,6 +23,7 @@ mod crash;
 mod hostile;
 mod sandboxes;
 mod sdk;
+mod volumes;
 
 const BOOT: Duration = Duration::from_secs(180);
 
@@ -266,6 +267,17 @@ impl Drop for Daemon {
 }
 
 /// Distinguishes the keys of daemons one test process starts.
+/// The stdout events of a command's SSE body, joined by newlines.
+fn stdout_of(sse: &str) -> String {
+    sse.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "stdout")
+        .map(|e| e["text"].as_str().unwrap_or("").to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn port_seed() -> u32 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

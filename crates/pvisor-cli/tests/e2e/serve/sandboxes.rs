@@ -114,16 +114,6 @@ impl Drop for HostServer {
 }
 
 /// The stdout texts of a command's SSE body, joined.
-fn stdout_of(sse: &str) -> String {
-    sse.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["type"] == "stdout")
-        .map(|e| e["text"].as_str().unwrap_or("").to_owned())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Issue 20: `networkPolicy` is enforced by the sandbox Job's proxy, in the
 /// reference egress sidecar's order (names: the first matching rule, then
 /// `defaultAction`: components/egress/pkg/policy/policy.go, `Evaluate`, and

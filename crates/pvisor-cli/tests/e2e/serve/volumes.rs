@@ -1,0 +1,100 @@
+//! A create's `volumes` (upstream's volume e2e tests, `test_01b` to
+//! `test_01e` of tests/python/tests/test_sandbox_e2e.py: a marker the host
+//! put there is read, a write from the sandbox reaches the host, a
+//! read-only mount refuses `touch`) through the real daemon and VM, plus
+//! what upstream's Docker bind cannot show: a guest that remounts its
+//! read-only volume writable still writes nothing on the host, and a path
+//! outside the allowed roots, through `..` or through a symlink is refused.
+
+use std::fs;
+
+use serde_json::json;
+
+use super::*;
+
+#[test]
+fn volumes_are_shared_live_and_read_only_ones_stay_unwritten() {
+    let env = Env::new(As::Root);
+    let roots = env.dir.path().join("volumes");
+    let host = roots.join("host-data");
+    fs::create_dir_all(&host).unwrap();
+    fs::write(host.join("marker.txt"), "opensandbox-e2e-marker\n").unwrap();
+    let named = env.dir.path().join("named");
+    fs::create_dir_all(named.join("seeded")).unwrap();
+    fs::write(named.join("seeded/marker.txt"), "pvc-marker-data\n").unwrap();
+    fs::create_dir_all(env.dir.path().join("outside")).unwrap();
+    std::os::unix::fs::symlink(env.dir.path().join("outside"), roots.join("link")).unwrap();
+    let args = ["--volume-root", &roots.to_string_lossy(), "--volume-dir", &named.to_string_lossy()];
+    let args: Vec<&str> = args.iter().map(|a| a.as_ref()).collect();
+    let daemon = Daemon::on_env(env, &args);
+
+    let volume = |name: &str, backend: serde_json::Value, mount: &str, ro: bool| {
+        let mut v = json!({ "name": name, "mountPath": mount, "readOnly": ro });
+        v.as_object_mut().unwrap().extend(backend.as_object().unwrap().clone());
+        v
+    };
+    let host_backend = json!({ "host": { "path": host } });
+    let id = daemon.create(json!({ "volumes": [
+        volume("rw", host_backend.clone(), "/mnt/host-data", false),
+        volume("ro", host_backend, "/mnt/host-data-ro", true),
+        volume("pvc", json!({ "pvc": { "claimName": "seeded" } }), "/mnt/pvc-data", false),
+        volume("fresh", json!({ "pvc": { "claimName": "fresh" } }), "/mnt/fresh", false),
+    ]}));
+    daemon.wait_state(&id, "Running", &["Pending"]);
+
+    let out = stdout_of(
+        &daemon
+            .run(&id, "cat /mnt/host-data/marker.txt /mnt/pvc-data/marker.txt /mnt/host-data-ro/marker.txt"),
+    );
+    let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines, ["opensandbox-e2e-marker", "pvc-marker-data", "opensandbox-e2e-marker"], "{out}");
+    daemon.run(&id, "echo written-from-sandbox > /mnt/host-data/out.txt; echo fresh > /mnt/fresh/f");
+    assert_eq!(fs::read_to_string(host.join("out.txt")).unwrap(), "written-from-sandbox\n");
+    assert_eq!(
+        fs::read_to_string(named.join("fresh/f")).unwrap(),
+        "fresh\n",
+        "a named volume made on first use"
+    );
+
+    // Read-only: refused in the guest, and still refused on the host once
+    // the guest (root in its VM) remounts its mount writable.
+    let probe = "touch /mnt/host-data-ro/should-fail.txt; echo touch=$?; \
+                 busybox mount -o remount,rw /mnt/host-data-ro; echo remount=$?; \
+                 echo x > /mnt/host-data-ro/after-remount; echo write=$?";
+    let out = stdout_of(&daemon.run(&id, probe));
+    assert!(out.contains("remount=") && out.contains("write="), "the probe ran: {out}");
+    assert!(!out.contains("touch=0") && !out.contains("write=0"), "{out}");
+    assert!(!host.join("should-fail.txt").exists() && !host.join("after-remount").exists());
+
+    // A live share cannot be saved with the VM.
+    let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(code, 409, "{body}");
+
+    // Paths that would leave the allowed directories, and bad volumes.
+    let outside = daemon.env.dir.path().join("outside");
+    for (backend, sub, says) in [
+        (json!({ "host": { "path": outside } }), None, "outside the directories"),
+        (json!({ "host": { "path": format!("{}/../outside", roots.display()) } }), None, "'..'"),
+        (json!({ "host": { "path": roots.join("link") } }), None, "symlink"),
+        (json!({ "host": { "path": host } }), Some("../../outside"), "'..'"),
+        (json!({ "pvc": { "claimName": "absent", "createIfNotExists": false } }), None, "does not exist"),
+        (json!({ "ossfs": { "bucket": "b" } }), None, "ossfs"),
+    ] {
+        let mut v = volume("bad", backend, "/mnt/bad", false);
+        if let Some(sub) = sub {
+            v["subPath"] = json!(sub);
+        }
+        let body = json!({ "image": { "uri": "default" }, "timeout": 3600, "volumes": [v] });
+        let (code, answer) = daemon.curl("POST", "/v1/sandboxes", Some(body));
+        assert_eq!(code, 400, "{answer}");
+        assert!(answer["message"].as_str().unwrap_or("").contains(says), "{says}: {answer}");
+    }
+
+    let (code, _) = daemon.curl("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(code, 204);
+    daemon.wait_record(&id, "Terminated");
+    assert!(
+        host.join("marker.txt").exists() && named.join("seeded/marker.txt").exists(),
+        "volumes outlive it"
+    );
+}
