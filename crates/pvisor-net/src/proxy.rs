@@ -322,7 +322,7 @@ impl Ctx {
         let Some((host, port)) = req.uri().authority().and_then(|a| split_authority(a.as_str(), 80)) else {
             return text(StatusCode::BAD_REQUEST, "pvisor: the request line has no host".into());
         };
-        if let Err(reason) = one_host_header(req.headers(), &host, port) {
+        if let Err(reason) = one_host_header(req.headers(), &host, port, 80) {
             self.report(Outcome::Denied, &host, port, &method, "host-mismatch", Some(reason.to_string()));
             return text(StatusCode::BAD_REQUEST, format!("pvisor: request refused: {reason}"));
         }
@@ -412,12 +412,13 @@ pub(crate) fn one_host_header(
     headers: &hyper::HeaderMap,
     host: &str,
     port: u16,
+    default_port: u16,
 ) -> Result<(), HostHeaderError> {
     let all: Vec<&hyper::header::HeaderValue> = headers.get_all(hyper::header::HOST).iter().collect();
     match all.as_slice() {
         [] => Ok(()),
         [header] => {
-            let named = header.to_str().ok().and_then(|h| split_authority(h, 80));
+            let named = header.to_str().ok().and_then(|h| split_authority(h, default_port));
             match named {
                 Some((h, p)) if h.eq_ignore_ascii_case(host) && p == port => Ok(()),
                 _ => Err(HostHeaderError::Differs { header: (*header).clone(), host: host.to_owned(), port }),

@@ -374,3 +374,40 @@ fn a_commit_carrying_a_sensitive_file_needs_consent_as_root() {
 fn a_commit_carrying_a_sensitive_file_needs_consent_rootless() {
     a_commit_carrying_a_sensitive_file(As::Rootless);
 }
+
+/// The same through git's plumbing, into a directory sensitive by its
+/// structure: the host has an ignored virtualenv, and the sandbox commits
+/// `.venv/bin/pytest` without touching its work tree, so only the commit
+/// names the path. The rules are bound with the commit's own paths, so the
+/// virtualenv is found, and `--all` leaves the commit.
+fn a_plumbed_commit_into_a_virtualenv(who: As) {
+    who.require();
+    let env = repository(who);
+    env.write(".venv/pyvenv.cfg", "home = /usr/bin\n");
+    env.write(".venv/bin/python", "");
+    env.write(".gitignore", ".venv/\n");
+    git(&env, &env.ws, &["add", ".gitignore"]);
+    git(&env, &env.ws, &["commit", "-qm", "ignore the venv"]);
+    let before = git(&env, &env.ws, &["rev-parse", "HEAD"]);
+    let script = "set -e; export GIT_CONFIG_PARAMETERS=\"'safe.directory=*' 'user.name=a' 'user.email=a@example.com'\"; \
+        b=$(printf '#!/bin/sh\\necho PWNED\\n' | git hash-object -w --stdin); \
+        export GIT_INDEX_FILE=/tmp/plumbed-index; git read-tree HEAD; \
+        git update-index --add --cacheinfo 100755,$b,.venv/bin/pytest; \
+        c=$(git commit-tree $(git write-tree) -p HEAD -m venv); git update-ref refs/heads/main $c";
+    let out = env.run_sh(script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&env.pvisor(&["apply", "--all"]).stdout);
+    assert!(said.contains("SENSITIVE") && said.contains(".venv/bin/pytest"), "{said}");
+    assert_eq!(git(&env, &env.ws, &["rev-parse", "HEAD"]), before, "--all moved the branch: {said}");
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_plumbed_commit_into_a_virtualenv_needs_consent_as_root() {
+    a_plumbed_commit_into_a_virtualenv(As::Root);
+}
+
+#[test]
+fn a_plumbed_commit_into_a_virtualenv_needs_consent_rootless() {
+    a_plumbed_commit_into_a_virtualenv(As::Rootless);
+}

@@ -208,10 +208,12 @@ fn host_names_destination(headers: &hyper::HeaderMap, to: &Destination) -> Resul
     if !headers.contains_key(hyper::header::HOST) {
         return Err(HostHeaderError::Missing);
     }
-    let checked = one_host_header(headers, &to.host, to.port);
+    // A `Host` without a port names the scheme's default (RFC 9110 7.2).
+    let default_port = if to.tls { 443 } else { 80 };
+    let checked = one_host_header(headers, &to.host, to.port, default_port);
     if checked.is_err() && super::is_loopback(&to.host) {
         for name in crate::policy::LOOPBACK_NAMES {
-            if one_host_header(headers, name, to.port).is_ok() {
+            if one_host_header(headers, name, to.port, default_port).is_ok() {
                 return Ok(());
             }
         }
@@ -385,6 +387,11 @@ mod tests {
         assert!(super::host_names_destination(&headers("evil.example.com:8080"), &public).is_err());
         assert!(super::host_names_destination(&headers("localhost:8080"), &public).is_err());
         assert!(super::host_names_destination(&hyper::HeaderMap::new(), &local).is_err(), "no Host");
+        // No port in `Host`: the scheme's default, 443 behind TLS.
+        let https =
+            super::Destination { host: "api.example.com".into(), port: 443, tls: true, label: "CONNECT" };
+        assert!(super::host_names_destination(&headers("api.example.com"), &https).is_ok());
+        assert!(super::host_names_destination(&headers("api.example.com:80"), &https).is_err());
     }
 
     #[test]

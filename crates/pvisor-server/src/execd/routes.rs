@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::commands::{command_logs, command_status, interrupt, run_command, RunCommand};
 use super::files::{download, file_info, read_lines, upload, LineWindow};
-use super::metrics::metrics;
+use super::metrics::{metrics, watch};
 use super::replace::{replace, ReplaceItem};
 use super::search::{join_display, list, search};
 use super::sessions::{create_session, run_in_session, CreateSession};
@@ -389,7 +389,7 @@ where
     }
 }
 
-/// `/metrics`; `/metrics/watch` is not implemented.
+/// `/metrics` and `/metrics/watch`.
 async fn metrics_route<B>(call: Call<'_, B>) -> ApiResult
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
@@ -400,11 +400,7 @@ where
             let guest = call.guest;
             blocking(move || metrics(&guest)).await
         }
-        (_, ["metrics", "watch"]) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "this execd route is not implemented by pvisor serve (docs/serve.md, \"Where the API stops\")",
-        )),
+        (&Method::GET, ["metrics", "watch"]) => Ok(watch(call.guest)),
         _ => Err(call.no_route()),
     }
 }

@@ -168,6 +168,8 @@ pub fn verify(
             {
                 checked.already.push(mv);
             }
+        } else if let Some(reason) = case_twin(&mv, &host_refs) {
+            checked.refused.push(Refusal { name: mv.name.clone(), change, reason });
         } else if let Some(reason) = why_not(&q, &mv)? {
             checked.refused.push(Refusal { name: mv.name.clone(), change, reason });
         } else {
@@ -348,7 +350,8 @@ fn tree_changes(q: &Git, host: &Git, moves: &[RefMove]) -> Result<Vec<ChangeEntr
 }
 
 /// `git diff-tree -r -z` output (`:OLDMODE NEWMODE OLD NEW STATUS\0PATH\0`
-/// records; `--root` puts the commit's own hash first) as changes.
+/// records; `--root` puts the commit's own hash first) as changes; a
+/// submodule (gitlink) is [`EntryType::Special`].
 pub(crate) fn parse_raw_diff(raw: &[u8]) -> Vec<ChangeEntry> {
     let mut out = Vec::new();
     let mut fields = raw.split(|&b| b == 0).filter(|f| !f.is_empty());
@@ -360,6 +363,9 @@ pub(crate) fn parse_raw_diff(raw: &[u8]) -> Vec<ChangeEntry> {
         let mode = u32::from_str_radix(&String::from_utf8_lossy(new_mode), 8).unwrap_or(0);
         let (kind, entry) = match (status.first(), mode & 0o170000) {
             (Some(b'D'), _) => (ChangeKind::Deleted, EntryType::None),
+            // A submodule's commit (a gitlink): no file of this tree.
+            (Some(b'A'), 0o160000) => (ChangeKind::Added, EntryType::Special),
+            (_, 0o160000) => (ChangeKind::Modified, EntryType::Special),
             (Some(b'A'), 0o120000) => (ChangeKind::Added, EntryType::Symlink),
             (Some(b'A'), _) => (ChangeKind::Added, EntryType::File),
             (_, 0o120000) => (ChangeKind::Modified, EntryType::Symlink),
@@ -390,6 +396,20 @@ fn host_refs(host: &Git) -> Result<BTreeMap<String, String>, CommitError> {
         .lines()
         .filter_map(|l| l.split_once(' ').map(|(hash, name)| (name.to_owned(), hash.to_owned())))
         .collect())
+}
+
+/// A new ref whose name differs from a host ref's only in case: on a
+/// case-insensitive filesystem (casefold ext4, vfat, SMB) its loose file
+/// would be the other's, moved without the fast-forward check.
+fn case_twin(mv: &RefMove, host_refs: &BTreeMap<String, String>) -> Option<String> {
+    if mv.old.is_some() {
+        return None;
+    }
+    let twin = host_refs.keys().find(|name| name.eq_ignore_ascii_case(&mv.name) && **name != mv.name)?;
+    Some(format!(
+        "the sandbox made {}, which differs from the host's {twin} only in case: on a case-insensitive filesystem it would move {twin} unchecked",
+        mv.name
+    ))
 }
 
 /// Why `mv` cannot land (checked in the quarantine `q`), if it cannot.

@@ -411,3 +411,40 @@ fn a_commit_lists_what_it_changes_in_the_work_tree() {
         checked.tree_changes.iter().map(|c| (c.path.display_escaped(), c.kind)).collect();
     assert_eq!(listed, [(".envrc".to_owned(), ChangeKind::Added), ("a".to_owned(), ChangeKind::Deleted)]);
 }
+
+/// A new branch whose name differs from a host branch's only in case is
+/// refused: on a case-insensitive filesystem its file would be the other's.
+#[test]
+fn a_branch_named_like_a_host_branch_but_for_case_is_refused() {
+    let r = repos();
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+    git(&r.sandbox, &["branch", "MAIN"]);
+    fs::create_dir_all(&r.upper).unwrap();
+    let changes = stage(&r);
+    let checked = check(&r, &changes);
+    let refused: Vec<&str> = checked.refused.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(refused, ["refs/heads/MAIN"], "{:?}", checked.refused);
+    assert!(checked.refused[0].reason.contains("only in case"));
+}
+
+#[test]
+fn a_submodule_in_a_diff_is_special() {
+    let z = "0".repeat(40);
+    let a = "a".repeat(40);
+    let raw = format!(
+        ":160000 160000 {a} {a} M\0vendor/lib\0:000000 100755 {z} {a} A\0run.sh\0:100644 000000 {a} {z} D\0old\0"
+    );
+    let changes = super::land::parse_raw_diff(raw.as_bytes());
+    let got: Vec<(String, ChangeKind, EntryType, u32)> =
+        changes.iter().map(|c| (c.path.display_escaped(), c.kind, c.entry, c.mode)).collect();
+    assert_eq!(
+        got,
+        [
+            ("vendor/lib".to_owned(), ChangeKind::Modified, EntryType::Special, 0),
+            ("run.sh".to_owned(), ChangeKind::Added, EntryType::File, 0o755),
+            ("old".to_owned(), ChangeKind::Deleted, EntryType::None, 0),
+        ]
+    );
+}

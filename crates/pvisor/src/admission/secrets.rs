@@ -91,9 +91,13 @@ fn named_by_prefix(home: &Path) -> Vec<PathBuf> {
 }
 
 /// Secret stores at the top of the home known by the start of their
-/// names: copies an agent makes of its credentials under changing names
-/// (Claude Code's `.claude.json.backup` and `.claude.json.backup.<time>`).
-pub const HIDDEN_NAME_PREFIXES: &[&str] = &[".claude.json.backup"];
+/// names: copies of an agent's credentials under changing names (Claude
+/// Code's `.claude.json.backup`, `.claude.json.backup.<time>` and
+/// `.claude.json.corrupted.<time>`, and the `.claude.json.bak` users keep).
+/// Only those present at admission are hidden: one made later is the
+/// sandbox's own (it cannot read the host's copy to make it).
+pub const HIDDEN_NAME_PREFIXES: &[&str] =
+    &[".claude.json.backup", ".claude.json.corrupted", ".claude.json.bak"];
 
 /// Why another pvisor state directory is hidden (and how admission tells
 /// it from a secret store).

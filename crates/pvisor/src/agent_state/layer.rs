@@ -155,7 +155,9 @@ fn gated_change(state: &CheckedState, base: &Path, rel: &str, candidate: &Path) 
         return true;
     }
     if !key_gated(state) {
-        return false;
+        // Gated at the start (kept in `base/`): whatever it became (made
+        // plain, no longer executable, removed), the change is gated still.
+        return fs::symlink_metadata(tree::join(base, rel)).is_ok();
     }
     match (json_doc(&tree::join(base, rel)), json_doc(candidate)) {
         (Some(approved), Some(now)) => super::json_keys::differ(&approved, &now, &state.gated_keys),

@@ -7,14 +7,13 @@ use std::path::PathBuf;
 
 use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
-use pvisor_core::records::ChangeEntry;
+use pvisor_core::records::{ChangeEntry, EntryType};
 use pvisor_core::store::{RelPath, Store};
 use pvisor_stage::apply::{self, Planned, Verdict};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::commits::{self, Checked, RefMove};
 use pvisor_stage::ledger::{Action, Entry, Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
-use pvisor_stage::sensitive::Bound;
 
 use super::writers::{open_for_apply, open_trace};
 use super::{EffectsError, Sensitive, Stage, StageState};
@@ -121,12 +120,21 @@ pub fn apply(
     // path is applied only when named exactly (or chosen one by one, or
     // with --include-sensitive): never swept in by --all or a glob.
     let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
-    let commit_skipped =
-        commit.as_ref().and_then(|c| commit_without_consent(c, &remaining, &sensitive, selection, &options));
-    let commit = commit.filter(|_| commit_skipped.is_none());
+    let held = match &commit {
+        Some(c) => {
+            let verdict = judge_commit(c, &options.sensitive, &stage, (&ws, &upper));
+            commit_held(c, verdict, &remaining, selection, &options)
+        }
+        None => CommitHeld::No,
+    };
+    let commit = commit.filter(|_| matches!(held, CommitHeld::No));
     let consent = consented(selected, &remaining, &sensitive, selection, &options);
     let mut report = plan(&stage, &ws, &remaining, consent, &options)?;
-    report.skipped_sensitive.extend(commit_skipped.unwrap_or_default());
+    match held {
+        CommitHeld::No => {}
+        CommitHeld::Skipped(refs) => report.skipped_sensitive.extend(refs),
+        CommitHeld::Refused(refs) => report.refused.extend(refs),
+    }
     if let Some(checked) = &commit {
         report_commit(&mut report, checked, &remaining, &stage.status.job);
     }
@@ -158,29 +166,84 @@ fn take_commit(
     Ok(Some(commits::verify(&stage.workspace, upper, remaining, staged, &stage.stage_dir)?))
 }
 
-/// Why landing `checked` needs consent: the first path its commits change
-/// in the work tree that would need consent as a staged file. A commit is
-/// checked out sooner or later (`git reset --hard`, `git stash`, a fresh
-/// clone), so what it carries runs as surely as a file applied.
-pub(super) fn commit_sensitive_reason(checked: &Checked, sensitive: &Bound<'_>) -> Option<String> {
-    checked.tree_changes.iter().find_map(|change| {
-        let why = sensitive.reason_for(change)?;
-        Some(format!("the commit made in the sandbox changes {}: {why}", change.path.display_escaped()))
-    })
+/// What landing a commit needs, judged by what it changes in the work tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum CommitVerdict {
+    Free,
+    /// Consent: a path it changes would need it as a staged file.
+    Sensitive(String),
+    /// Never landed: a path it changes is pvisor's own (never applied).
+    Forbidden(String),
 }
 
-/// The commit's refs, each with why it was not landed, when the commit
-/// needs consent (see [`commit_sensitive_reason`]) that the selection did
-/// not give: `--include-sensitive`, the `.git` directory or one of the
-/// commit's own paths named exactly, or a path chosen one by one.
-fn commit_without_consent(
+/// Judges `checked` by the paths its commits change in the work tree, as
+/// staged files are judged, the rules bound with those paths (so a
+/// directory's structure, a virtualenv or a bare repository, counts for
+/// them too). A commit is checked out sooner or later (`git reset --hard`,
+/// `git stash`, a fresh clone), so what it carries runs as surely as a
+/// file applied. A submodule moved to another commit needs consent too:
+/// `git submodule update` checks out what nobody reviewed.
+pub(super) fn judge_commit(
     checked: &Checked,
+    sensitive: &Sensitive,
+    stage: &Stage,
+    (ws, upper): (&Root, &Root),
+) -> CommitVerdict {
+    let mut changes = stage.changes.clone();
+    changes.extend(checked.tree_changes.iter().cloned());
+    let bound = sensitive.bind(&stage.workspace, Some(ws), Some(upper), &changes);
+    let says = |change: &ChangeEntry, why: &str| {
+        format!("the commit made in the sandbox changes {}: {why}", change.path.display_escaped())
+    };
+    if let Some((change, why)) =
+        checked.tree_changes.iter().find_map(|c| bound.forbidden(c).map(|why| (c, why)))
+    {
+        return CommitVerdict::Forbidden(says(change, &why));
+    }
+    for change in &checked.tree_changes {
+        if change.entry == EntryType::Special {
+            return CommitVerdict::Sensitive(says(
+                change,
+                "a submodule moved to another commit, which `git submodule update` checks out",
+            ));
+        }
+        if let Some(why) = bound.reason_for(change) {
+            return CommitVerdict::Sensitive(says(change, &why));
+        }
+    }
+    CommitVerdict::Free
+}
+
+/// Whether the commit is held back, and its refs with why.
+enum CommitHeld {
+    No,
+    /// Needs consent the selection did not give.
+    Skipped(Vec<(ChangeEntry, String)>),
+    /// Never landed, whatever the flags.
+    Refused(Vec<(ChangeEntry, String)>),
+}
+
+/// Holds the commit back when `verdict` says it is forbidden, or needs
+/// consent that the selection did not give: `--include-sensitive`, the
+/// `.git` directory or one of the commit's own paths named exactly, or a
+/// path chosen one by one.
+fn commit_held(
+    checked: &Checked,
+    verdict: CommitVerdict,
     remaining: &[ChangeEntry],
-    sensitive: &Bound<'_>,
     selection: &Selection,
     options: &ApplyOptions,
-) -> Option<Vec<(ChangeEntry, String)>> {
-    let why = commit_sensitive_reason(checked, sensitive)?;
+) -> CommitHeld {
+    // The refs stand for the commit: naming one (as the hint shows) lands it.
+    let mut refs: Vec<usize> = checked.moves.iter().map(|m| m.change).collect();
+    refs.sort_unstable();
+    refs.dedup();
+    let refs = |why: String| refs.iter().map(|&i| (remaining[i].clone(), why.clone())).collect();
+    let why = match verdict {
+        CommitVerdict::Free => return CommitHeld::No,
+        CommitVerdict::Forbidden(why) => return CommitHeld::Refused(refs(why)),
+        CommitVerdict::Sensitive(why) => why,
+    };
     let member = |path: &RelPath| checked.members.iter().any(|&i| &remaining[i].path == path);
     let named = options.include_sensitive
         || match selection {
@@ -191,12 +254,10 @@ fn commit_without_consent(
             }),
         };
     if named {
-        return None;
+        CommitHeld::No
+    } else {
+        CommitHeld::Skipped(refs(why))
     }
-    // The refs stand for the commit: naming one (as the hint shows) lands it.
-    let mut refs: Vec<usize> = checked.moves.iter().map(|m| m.change).collect();
-    refs.dedup();
-    Some(refs.into_iter().map(|i| (remaining[i].clone(), why.clone())).collect())
 }
 
 /// Puts the checked commit in the report: each ref that cannot land is a

@@ -15,7 +15,6 @@ use pvisor_stage::commits;
 use pvisor_stage::ledger::{Ledger, Outcome};
 use pvisor_stage::names::Siblings;
 use pvisor_stage::preimage::Preimages;
-use pvisor_stage::sensitive::Bound;
 use pvisor_stage::StageError;
 
 use super::{EffectsError, Sensitive, StageState};
@@ -161,6 +160,7 @@ impl Stage {
         patterns: &[String],
         sensitive: &Sensitive,
     ) -> Result<Vec<ReviewItem>, EffectsError> {
+        let base_sensitive = sensitive;
         let selected = apply::select(&self.changes, patterns)?;
         let ws = Root::open(&self.workspace).ok();
         let upper = Root::open(&self.stage_dir.join("upper")).ok();
@@ -170,7 +170,7 @@ impl Stage {
         let mut items = Vec::with_capacity(selected.len());
         let mut host_names = NamesByDir::default();
         let mut parents = self.parents();
-        let in_commit = self.commit_paths(ws.as_ref(), upper.as_ref(), &sensitive);
+        let in_commit = self.commit_paths(ws.as_ref(), upper.as_ref(), base_sensitive);
         for i in selected {
             let change = &self.changes[i];
             let commit = in_commit.get(&change.path).cloned();
@@ -221,7 +221,7 @@ impl Stage {
         &self,
         ws: Option<&Root>,
         upper: Option<&Root>,
-        sensitive: &Bound<'_>,
+        sensitive: &Sensitive,
     ) -> BTreeMap<RelPath, InCommit> {
         let (Some(ws), Some(upper)) = (ws, upper) else { return BTreeMap::new() };
         if !commits::host_repository(ws).unwrap_or(false) || !commits::git_available() {
@@ -231,7 +231,12 @@ impl Stage {
         // What the commit carries is judged as apply judges it; one that
         // cannot be checked here is refused there, so it is not marked.
         let checked = commits::verify(&self.workspace, upper, &self.changes, staged.clone(), &self.stage_dir);
-        let why = checked.ok().and_then(|c| super::apply::commit_sensitive_reason(&c, sensitive));
+        let why =
+            checked.ok().and_then(|c| match super::apply::judge_commit(&c, sensitive, self, (ws, upper)) {
+                super::apply::CommitVerdict::Free => None,
+                super::apply::CommitVerdict::Sensitive(why) => Some(why),
+                super::apply::CommitVerdict::Forbidden(why) => Some(format!("never applied: {why}")),
+            });
         staged
             .members
             .iter()

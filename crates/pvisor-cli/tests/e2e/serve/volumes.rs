@@ -66,6 +66,21 @@ fn volumes_are_shared_live_and_read_only_ones_stay_unwritten() {
     assert!(!out.contains("touch=0") && !out.contains("write=0"), "{out}");
     assert!(!host.join("should-fail.txt").exists() && !host.join("after-remount").exists());
 
+    // `/metrics/watch`: a JSON line each second (the reference execd's
+    // WatchMetrics), while the client stays.
+    let (base, token) = daemon.execd(&id);
+    let watched = std::process::Command::new("curl")
+        .args(["-sN", "--max-time", "4", "-H", &token])
+        .arg(format!("{base}/metrics/watch"))
+        .output()
+        .unwrap();
+    let samples: Vec<serde_json::Value> =
+        text(&watched.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(samples.len() >= 2, "{}", text(&watched.stdout));
+    assert!(samples
+        .iter()
+        .all(|m| m["cpu_count"].as_f64() >= Some(1.0) && m["mem_total_mib"].as_f64() > Some(0.0)));
+
     // A live share cannot be saved with the VM.
     let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(code, 409, "{body}");

@@ -189,3 +189,30 @@ fn symlinks_executables_and_type_changes_are_gated() {
         ["hooks", "notes/link", "notes/run", "settings.json", "statusline.sh"]
     );
 }
+
+/// An entry gated at the start stays gated whatever the run makes of it:
+/// an executable script an approved hook runs through an interpreter,
+/// rewritten and made plain (`chmod 644`), is held and reset.
+#[test]
+fn an_entry_gated_at_the_start_stays_gated_when_made_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state(Path::new("/home/u/.agent"));
+    let start = [("scripts/guard.py", "print('guard')"), ("notes/a", "1")];
+    let prev = dir.path().join("prev");
+    let tree = prev.join("tree");
+    for (rel, body) in start {
+        fs::create_dir_all(tree.join(rel).parent().unwrap()).unwrap();
+        fs::write(tree.join(rel), body).unwrap();
+    }
+    fs::set_permissions(tree.join("scripts/guard.py"), fs::Permissions::from_mode(0o755)).unwrap();
+    record_start(&st, &prev).unwrap();
+    fs::remove_file(tree.join("scripts/guard.py")).unwrap();
+    fs::write(tree.join("scripts/guard.py"), "import os; os.system('touch x')").unwrap();
+    fs::set_permissions(tree.join("scripts/guard.py"), fs::Permissions::from_mode(0o644)).unwrap();
+
+    let next = dir.path().join("next");
+    carry(&prev, &[], &st, &next).unwrap();
+    assert_eq!(fs::read_to_string(next.join("tree/scripts/guard.py")).unwrap(), "print('guard')");
+    let held: BTreeMap<String, String> = read_json(&next.join("pending.json")).unwrap();
+    assert_eq!(held.keys().collect::<Vec<_>>(), ["scripts/guard.py"]);
+}
