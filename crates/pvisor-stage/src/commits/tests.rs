@@ -91,6 +91,13 @@ struct Repos {
     upper: PathBuf,
 }
 
+/// The sandbox commits a new file `b` ("second") on its branch.
+fn commit_b(r: &Repos) {
+    fs::write(r.sandbox.join("b"), "b\n").unwrap();
+    git(&r.sandbox, &["add", "b"]);
+    git(&r.sandbox, &["commit", "-qm", "second"]);
+}
+
 fn repos() -> Repos {
     let dir = tempfile::tempdir().unwrap();
     let host = dir.path().join("host");
@@ -157,9 +164,7 @@ fn check(r: &Repos, changes: &[ChangeEntry]) -> Checked {
 #[test]
 fn a_sandbox_commit_lands_fast_forward_with_its_reflog_and_index() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     let new = git(&r.sandbox, &["rev-parse", "HEAD"]);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
@@ -203,9 +208,7 @@ fn a_branch_the_host_moved_is_refused_naming_both_commits() {
 #[test]
 fn a_forged_or_incomplete_history_is_refused() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     fs::create_dir_all(&r.upper).unwrap();
     let mut changes = stage(&r);
     // The blob of `b` left out of the stage: the commit's tree is dangling.
@@ -235,9 +238,7 @@ fn a_repacked_sandbox_lands_from_its_pack_and_packed_refs() {
         .status()
         .unwrap()
         .success());
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     git(&r.sandbox, &["gc", "-q"]);
     let new = git(&r.sandbox, &["rev-parse", "HEAD"]);
     fs::create_dir_all(&r.upper).unwrap();
@@ -256,9 +257,7 @@ fn a_repacked_sandbox_lands_from_its_pack_and_packed_refs() {
 fn hooks_and_config_are_never_members() {
     let r = repos();
     fs::write(r.sandbox.join(".git/hooks/post-commit"), "#!/bin/sh\ntouch pwned\n").unwrap();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
     let checked = check(&r, &changes);
@@ -271,9 +270,7 @@ fn hooks_and_config_are_never_members() {
 #[test]
 fn an_apply_killed_after_landing_finds_the_refs_already_moved() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
     check(&r, &changes).land(&Root::open(&r.host).unwrap(), "pvisor apply").unwrap();
@@ -290,9 +287,7 @@ fn an_apply_killed_after_landing_finds_the_refs_already_moved() {
 #[test]
 fn a_staged_index_the_user_changed_is_left_alone() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
     // The user staged work of their own meanwhile.
@@ -313,9 +308,7 @@ fn as_root_what_git_writes_belongs_to_the_repositorys_owner() {
         return;
     }
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
     assert!(Command::new("chown").args(["-R", "4242:4242"]).arg(&r.host).status().unwrap().success());
@@ -348,9 +341,7 @@ fn a_staged_object_posing_as_a_host_object_is_refused() {
     let r = repos();
     let blob = git(&r.host, &["rev-parse", "HEAD:a"]);
     let head = git(&r.host, &["rev-parse", "HEAD"]);
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     let commit = git(&r.sandbox, &["rev-parse", "HEAD"]);
     assert_eq!(git(&r.sandbox, &["rev-parse", "HEAD~1"]), head);
     fs::remove_file(loose(&r.sandbox, &blob)).unwrap();
@@ -372,9 +363,7 @@ fn a_staged_object_posing_as_a_host_object_is_refused() {
 #[test]
 fn a_staged_pack_index_is_never_trusted() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     git(&r.sandbox, &["gc", "-q"]);
     let new = git(&r.sandbox, &["rev-parse", "HEAD"]);
     for entry in fs::read_dir(r.sandbox.join(".git/objects/pack")).unwrap() {
@@ -417,9 +406,7 @@ fn a_commit_lists_what_it_changes_in_the_work_tree() {
 #[test]
 fn a_branch_named_like_a_host_branch_but_for_case_is_refused() {
     let r = repos();
-    fs::write(r.sandbox.join("b"), "b\n").unwrap();
-    git(&r.sandbox, &["add", "b"]);
-    git(&r.sandbox, &["commit", "-qm", "second"]);
+    commit_b(&r);
     git(&r.sandbox, &["branch", "MAIN"]);
     fs::create_dir_all(&r.upper).unwrap();
     let changes = stage(&r);
