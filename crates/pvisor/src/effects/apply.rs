@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
-use pvisor_core::records::{ChangeEntry, EntryType};
+use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
 use pvisor_stage::apply::{self, Planned, Verdict};
 use pvisor_stage::beneath::Root;
@@ -15,6 +15,7 @@ use pvisor_stage::commits::{self, Checked, RefMove};
 use pvisor_stage::ledger::{Action, Entry, Ledger, Outcome};
 use pvisor_stage::preimage::Preimages;
 
+use super::commit_verdict::{judge_commit, CommitVerdict};
 use super::writers::{open_for_apply, open_trace};
 use super::{EffectsError, Sensitive, Stage, StageState};
 use crate::trace::{data, Pending};
@@ -122,7 +123,8 @@ pub fn apply(
     let sensitive = options.sensitive.bind(&stage.workspace, Some(&ws), Some(&upper), &stage.changes);
     let held = match &commit {
         Some(c) => {
-            let verdict = judge_commit(c, &options.sensitive, &stage, (&ws, &upper));
+            let verdict =
+                judge_commit(c, &options.sensitive, (&stage.workspace, &stage.changes), (&ws, &upper));
             commit_held(c, verdict, &remaining, selection, &options)
         }
         None => CommitHeld::No,
@@ -164,54 +166,6 @@ fn take_commit(
     }
     selected.retain(|i| !staged.members.contains(i));
     Ok(Some(commits::verify(&stage.workspace, upper, remaining, staged, &stage.stage_dir)?))
-}
-
-/// What landing a commit needs, judged by what it changes in the work tree.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum CommitVerdict {
-    Free,
-    /// Consent: a path it changes would need it as a staged file.
-    Sensitive(String),
-    /// Never landed: a path it changes is pvisor's own (never applied).
-    Forbidden(String),
-}
-
-/// Judges `checked` by the paths its commits change in the work tree, as
-/// staged files are judged, the rules bound with those paths (so a
-/// directory's structure, a virtualenv or a bare repository, counts for
-/// them too). A commit is checked out sooner or later (`git reset --hard`,
-/// `git stash`, a fresh clone), so what it carries runs as surely as a
-/// file applied. A submodule moved to another commit needs consent too:
-/// `git submodule update` checks out what nobody reviewed.
-pub(super) fn judge_commit(
-    checked: &Checked,
-    sensitive: &Sensitive,
-    stage: &Stage,
-    (ws, upper): (&Root, &Root),
-) -> CommitVerdict {
-    let mut changes = stage.changes.clone();
-    changes.extend(checked.tree_changes.iter().cloned());
-    let bound = sensitive.bind(&stage.workspace, Some(ws), Some(upper), &changes);
-    let says = |change: &ChangeEntry, why: &str| {
-        format!("the commit made in the sandbox changes {}: {why}", change.path.display_escaped())
-    };
-    if let Some((change, why)) =
-        checked.tree_changes.iter().find_map(|c| bound.forbidden(c).map(|why| (c, why)))
-    {
-        return CommitVerdict::Forbidden(says(change, &why));
-    }
-    for change in &checked.tree_changes {
-        if change.entry == EntryType::Special {
-            return CommitVerdict::Sensitive(says(
-                change,
-                "a submodule moved to another commit, which `git submodule update` checks out",
-            ));
-        }
-        if let Some(why) = bound.reason_for(change) {
-            return CommitVerdict::Sensitive(says(change, &why));
-        }
-    }
-    CommitVerdict::Free
 }
 
 /// Whether the commit is held back, and its refs with why.

@@ -26,6 +26,7 @@ use pvisor_stage::StageError;
 use crate::records::views::ViewError;
 
 mod apply;
+mod commit_verdict;
 mod discard;
 mod hunks;
 mod stage;

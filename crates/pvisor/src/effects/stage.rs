@@ -17,6 +17,7 @@ use pvisor_stage::names::Siblings;
 use pvisor_stage::preimage::Preimages;
 use pvisor_stage::StageError;
 
+use super::commit_verdict::{judge_commit, CommitVerdict};
 use super::{EffectsError, Sensitive, StageState};
 use crate::records::completion;
 use crate::records::views::{self, JobStatus, ViewError};
@@ -231,12 +232,12 @@ impl Stage {
         // What the commit carries is judged as apply judges it; one that
         // cannot be checked here is refused there, so it is not marked.
         let checked = commits::verify(&self.workspace, upper, &self.changes, staged.clone(), &self.stage_dir);
-        let why =
-            checked.ok().and_then(|c| match super::apply::judge_commit(&c, sensitive, self, (ws, upper)) {
-                super::apply::CommitVerdict::Free => None,
-                super::apply::CommitVerdict::Sensitive(why) => Some(why),
-                super::apply::CommitVerdict::Forbidden(why) => Some(format!("never applied: {why}")),
-            });
+        let staged_changes = (self.workspace.as_path(), self.changes.as_slice());
+        let why = checked.ok().and_then(|c| match judge_commit(&c, sensitive, staged_changes, (ws, upper)) {
+            CommitVerdict::Free => None,
+            CommitVerdict::Sensitive(why) => Some(why),
+            CommitVerdict::Forbidden(why) => Some(format!("never applied: {why}")),
+        });
         staged
             .members
             .iter()
