@@ -9,7 +9,7 @@ use pvisor_core::event::EventKind;
 use pvisor_core::ids::JobId;
 use pvisor_core::records::ChangeEntry;
 use pvisor_core::store::{RelPath, Store};
-use pvisor_stage::apply::{self, Planned, Verdict};
+use pvisor_stage::apply::{self, error_chain, Planned, Verdict};
 use pvisor_stage::beneath::Root;
 use pvisor_stage::commits::{self, Checked, RefMove};
 use pvisor_stage::ledger::{Action, Entry, Ledger, Outcome};
@@ -437,8 +437,6 @@ fn land_commit(
     ledger.append(&entries)?;
     Ok(paths)
 }
-
-use pvisor_stage::apply::error_chain;
 
 /// The Trace's record of a landed commit: one `apply.file` per ref moved
 /// (with the ref and both hashes) and per other path settled with it.
