@@ -17,7 +17,12 @@
 //! `CAP_SETFCAP`, and with extended attributes off (no `security.*` file
 //! capabilities). Writes are
 //! not staged: they are the point of a shared volume, and admission records
-//! each share as such.
+//! each share as such. The server never gets the shared path itself: the
+//! directory is opened through no symlink when the VM starts and bound, by
+//! that descriptor, at a view in the VM's private directory (see
+//! [`pinned_view`]), so a path a guest can change (a share inside another
+//! VM's share) cannot be swapped for a symlink to a host directory between
+//! the check and the server's start.
 //!
 //! Costs, each enforced elsewhere: the VM's RAM must be shared memory
 //! ([`Ram::Shared`](super::qemu::Ram)), so it boots instead of cloning a
@@ -185,33 +190,65 @@ pub enum ShareError {
     NoVirtiofsd { source_dir: PathBuf, binary: PathBuf },
 }
 
-/// Makes the server see `source` read-only: before it runs, in a mount
-/// namespace of its own (private, so nothing propagates to the host), the
-/// directory is bound onto itself and the bind remounted read-only. Writes
-/// through the share then fail with `EROFS` on the host side, whatever the
-/// guest does with its own mount.
-fn read_only_view(command: &mut Command, source: &Path) -> io::Result<()> {
+/// Opens the shared directory `source` (canonical, as admission left it)
+/// without following any symlink: a path a guest could change (a share
+/// inside another VM's read-write share) is pinned to the directory it
+/// named when checked, whatever is swapped in later.
+fn pin(source: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        source,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Makes the server serve the pinned directory `pinned` at `view` (an
+/// empty directory in the VM's private directory, which no guest can
+/// reach): before it runs, in a mount namespace of its own (private, so
+/// nothing propagates to the host), the directory is bound at `view`
+/// through its descriptor, and, for a read-only share, the bind is
+/// remounted read-only. The server is then given `view`, a path nothing
+/// untrusted can change; writes through a read-only share fail with
+/// `EROFS` on the host side, whatever the guest does with its own mount.
+fn pinned_view(
+    command: &mut Command,
+    pinned: &std::os::fd::OwnedFd,
+    view: &Path,
+    read_only: bool,
+) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let path = std::ffi::CString::new(source.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    let cstring = |bytes: &[u8]| {
+        std::ffi::CString::new(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))
+    };
+    let from = cstring(format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_bytes())?;
+    let at = cstring(view.as_os_str().as_encoded_bytes())?;
     let root = c"/";
     // SAFETY: only async-signal-safe calls (unshare, mount) run in the child,
-    // on strings made before the fork.
+    // on strings made before the fork; the descriptor is the parent's, still
+    // open in the child until exec.
     unsafe {
         command.pre_exec(move || {
             let ok = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-            ok(libc::unshare(libc::CLONE_NEWNS))?;
             let none = std::ptr::null();
+            ok(libc::unshare(libc::CLONE_NEWNS))?;
             ok(libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
             ok(libc::mount(
-                path.as_ptr(),
-                path.as_ptr(),
+                from.as_ptr(),
+                at.as_ptr(),
                 none,
                 libc::MS_BIND | libc::MS_REC,
                 std::ptr::null(),
             ))?;
-            let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
-            ok(libc::mount(none, path.as_ptr(), none, ro, std::ptr::null()))
+            if read_only {
+                let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                ok(libc::mount(none, at.as_ptr(), none, ro, std::ptr::null()))?;
+            }
+            Ok(())
         });
     }
     Ok(())
@@ -235,12 +272,20 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
     let qemu_end = UnixStream::connect(&address).map_err(|e| fail("connecting its socket", e));
     let _ = fs::remove_file(dir.join(&name));
     let qemu_end = qemu_end?;
+    let pinned = pin(&share.source).map_err(|e| fail("opening it through no symlink", e))?;
+    let view = dir.join(format!("virtiofs-{index}.view"));
+    if view.to_string_lossy().contains(',') {
+        // virtiofsd takes it in its `-o` list, where a comma starts another option.
+        let comma = io::Error::new(io::ErrorKind::InvalidInput, "the state directory's path holds a comma");
+        return Err(fail("making its view", comma));
+    }
+    fs::create_dir_all(&view).map_err(|e| fail("making its view", e))?;
     let binary = virtiofsd();
     let mut command = Command::new(&binary);
     command
         .arg(format!("--fd={}", listener.as_raw_fd()))
         .arg("-o")
-        .arg(format!("source={}", share.source.display()))
+        .arg(format!("source={}", view.display()))
         // Its own namespaces and pivot_root into the directory.
         .args(["-o", "sandbox=namespace"])
         // Attributes cached briefly, data revalidated on open: what Kata
@@ -248,9 +293,7 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         .args(["-o", "cache=auto"])
         .args(["-o", "log_level=warn"])
         .args(narrowed(&binary));
-    if share.read_only {
-        read_only_view(&mut command, &share.source).map_err(|e| fail("preparing a read-only view", e))?;
-    }
+    pinned_view(&mut command, &pinned, &view, share.read_only).map_err(|e| fail("preparing its view", e))?;
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
@@ -266,4 +309,22 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         "virtiofsd started"
     );
     Ok(FileServer { child: Some(child), qemu_end: Some(qemu_end), tag: tag(index) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared directory is opened through no symlink: one swapped in for
+    /// a component (a guest's, in another VM's share) fails the share.
+    #[test]
+    fn a_share_is_pinned_through_no_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("vol/sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("vol/link")).unwrap();
+        assert!(pin(&dir.path().join("vol/sub")).is_ok());
+        assert!(pin(&dir.path().join("vol/link")).is_err(), "the symlink itself");
+        let e = pin(&dir.path().join("vol/link/ssl")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "a symlink on the way: {e}");
+    }
 }
