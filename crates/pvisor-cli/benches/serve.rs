@@ -22,6 +22,11 @@
 //!   (sampled VmRSS, and VmHWM, from /proc/PID/status), against the
 //!   target of < 64 MiB (the upload is streamed to the guest page by page).
 //!
+//! - a read-write host volume (virtiofs) against the guest's own disk: a
+//!   large write (`dd`, 1 GiB; 16 MiB as a smoke test) and a walk of a
+//!   10,000-file tree (1,000 as a smoke test), each timed around the execd
+//!   command that does it.
+//!
 //! Every figure names the accelerator. `PVISOR_BENCH_ITERS` sets the sample
 //! count (default 5; 1 when `cargo test` runs this as a smoke test).
 
@@ -109,28 +114,7 @@ fn status_kib(pid: u32, field: &str) -> u64 {
 /// sampling the daemon's VmRSS; prints the throughput beside the growth.
 fn upload_memory(port: u16, key: &str, daemon: u32, bytes: u64) {
     let auth = format!("OPEN-SANDBOX-API-KEY: {key}\r\n");
-    let create = br#"{"image":{"uri":"default"},"timeout":600}"#;
-    let (status, body) = request(
-        port,
-        &format!("POST /v1/sandboxes HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"),
-        create.len() as u64,
-        |s| std::io::Write::write_all(s, create).unwrap(),
-    );
-    assert!(status < 300, "create: {status} {}", String::from_utf8_lossy(&body));
-    let sandbox: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let id = sandbox["id"].as_str().unwrap().to_owned();
-    let (_, body) =
-        request(port, &format!("GET /v1/sandboxes/{id}/endpoints/44772 HTTP/1.1\r\n{auth}"), 0, |_| {});
-    let endpoint: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let token = format!(
-        "X-EXECD-ACCESS-TOKEN: {}\r\n",
-        endpoint["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap()
-    );
-    let execd = format!("/sandboxes/{id}/port/44772");
-    let up = Instant::now();
-    while request(port, &format!("GET {execd}/ping HTTP/1.1\r\n{token}"), 0, |_| {}).0 != 200 {
-        assert!(up.elapsed() < Duration::from_secs(300), "sandbox {id} did not become ready");
-    }
+    let (id, execd, token) = ready_sandbox(port, &auth, serde_json::json!({}));
 
     let head = b"--B0undary\r\nContent-Disposition: form-data; name=\"metadata\"\r\nContent-Type: application/json\r\n\r\n{\"path\": \"/root/upload.bin\"}\r\n--B0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"upload.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n";
     let tail = b"\r\n--B0undary--\r\n";
@@ -185,6 +169,86 @@ fn upload_memory(port: u16, key: &str, daemon: u32, bytes: u64) {
     let _ = request(port, &format!("DELETE /v1/sandboxes/{id} HTTP/1.1\r\n{auth}"), 0, |_| {});
 }
 
+/// Creates a sandbox (the body's extra fields merged in) and waits until
+/// its execd answers; returns its id and execd path and token header.
+fn ready_sandbox(port: u16, auth: &str, extra: serde_json::Value) -> (String, String, String) {
+    let mut create = serde_json::json!({ "image": { "uri": "default" }, "timeout": 600 });
+    create.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let create = create.to_string();
+    let (status, body) = request(
+        port,
+        &format!("POST /v1/sandboxes HTTP/1.1\r\n{auth}Content-Type: application/json\r\n"),
+        create.len() as u64,
+        |s| std::io::Write::write_all(s, create.as_bytes()).unwrap(),
+    );
+    assert!(status < 300, "create: {status} {}", String::from_utf8_lossy(&body));
+    let sandbox: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let id = sandbox["id"].as_str().unwrap().to_owned();
+    let (_, body) =
+        request(port, &format!("GET /v1/sandboxes/{id}/endpoints/44772 HTTP/1.1\r\n{auth}"), 0, |_| {});
+    let endpoint: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let token = format!(
+        "X-EXECD-ACCESS-TOKEN: {}\r\n",
+        endpoint["headers"]["X-EXECD-ACCESS-TOKEN"].as_str().unwrap()
+    );
+    let execd = format!("/sandboxes/{id}/port/44772");
+    let up = Instant::now();
+    while request(port, &format!("GET {execd}/ping HTTP/1.1\r\n{token}"), 0, |_| {}).0 != 200 {
+        assert!(up.elapsed() < Duration::from_secs(300), "sandbox {id} did not become ready");
+    }
+    (id, execd, token)
+}
+
+/// Runs `command` to its end through execd; its elapsed milliseconds.
+fn timed_command(port: u16, execd: &str, token: &str, command: &str) -> f64 {
+    let body = serde_json::json!({ "command": command }).to_string();
+    let start = Instant::now();
+    let (status, answer) = request(
+        port,
+        &format!("POST {execd}/command HTTP/1.1\r\n{token}Content-Type: application/json\r\n"),
+        body.len() as u64,
+        |s| std::io::Write::write_all(s, body.as_bytes()).unwrap(),
+    );
+    let elapsed = start.elapsed().as_secs_f64() * 1000.0;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(status == 200 && answer.contains("execution_complete"), "{command}: {status} {answer}");
+    elapsed
+}
+
+/// A read-write host volume against the guest's own disk: a write of
+/// `mib` MiB and a walk of `files` files, each `iterations` times.
+fn volume_figures(port: u16, key: &str, volumes: &Path, mib: u64, files: usize, iterations: usize) {
+    let auth = format!("OPEN-SANDBOX-API-KEY: {key}\r\n");
+    let host = volumes.join("bench");
+    for i in 0..files {
+        let dir = host.join(format!("tree/d{}", i / 100));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    let volume = serde_json::json!({ "volumes": [{ "name": "bench", "host": { "path": host }, "mountPath": "/mnt/vol" }] });
+    let (id, execd, token) = ready_sandbox(port, &auth, volume);
+    let run = |command: &str| timed_command(port, &execd, &token, command);
+    run("cp -r /mnt/vol/tree /root/tree");
+    let write =
+        |to: &str| format!("dd if=/dev/zero of={to} bs=1M count={mib} conv=fsync 2>/dev/null; rm -f {to}");
+    let (mut disk_w, mut vol_w, mut disk_t, mut vol_t) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..iterations {
+        disk_w.push(run(&write("/root/big")));
+        vol_w.push(run(&write("/mnt/vol/big")));
+        disk_t.push(run("busybox find /root/tree | busybox wc -l"));
+        vol_t.push(run("busybox find /mnt/vol/tree | busybox wc -l"));
+    }
+    let base = summary(&format!("baseline: write {mib} MiB to the guest's disk"), &mut disk_w, None);
+    summary(
+        &format!("write {mib} MiB to a host volume (virtiofs)"),
+        &mut vol_w,
+        Some(("the guest's disk", base)),
+    );
+    let base = summary(&format!("baseline: walk {files} files on the guest's disk"), &mut disk_t, None);
+    summary(&format!("walk {files} files on a host volume"), &mut vol_t, Some(("the guest's disk", base)));
+    let _ = request(port, &format!("DELETE /v1/sandboxes/{id} HTTP/1.1\r\n{auth}"), 0, |_| {});
+}
+
 fn main() {
     let measuring = std::env::args().any(|a| a == "--bench");
     let iterations: usize = std::env::var("PVISOR_BENCH_ITERS")
@@ -230,8 +294,12 @@ fn main() {
         .to_uppercase();
 
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let volumes = dir.path().join("volumes");
+    std::fs::create_dir_all(&volumes).unwrap();
     let mut daemon: Child = pvisor(&["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"])
         .arg(dir.path().join("key"))
+        .arg("--volume-root")
+        .arg(&volumes)
         .env("PVISOR_SANDBOX_IMAGE", &rootfs)
         .env("PVISOR_SANDBOX_IMAGE_PYTHON", &python_image)
         .stderr(Stdio::null())
@@ -352,8 +420,14 @@ fn main() {
         (24u64 << 20).checked_div(per).unwrap_or(0)
     );
 
-    // After the idle figure: this sandbox is not idle, and its stop is not waited for.
+    // After the idle figure: these sandboxes are not idle, and their stops are not waited for.
     upload_memory(port, key, daemon.id(), if measuring { 1 << 30 } else { 16 << 20 });
+    if rustix::process::geteuid().is_root() {
+        let (mib, files) = if measuring { (1024, 10_000) } else { (16, 1_000) };
+        volume_figures(port, key, &volumes, mib, files, iterations);
+    } else {
+        println!("(not root: no volume figures; virtiofsd takes root)");
+    }
 
     let _ = daemon.kill();
     let _ = daemon.wait();
