@@ -125,6 +125,9 @@ event_kinds! {
     /// A `--secret`'s value was put into a request to its bound host
     /// (recorded by variable name, never the value).
     NetworkSecretSubstituted => "network.secret_substituted",
+    /// The ordered policy was replaced while the Job ran (`pvisor serve`'s
+    /// `PATCH`/`DELETE /policy`): what decides from then on.
+    NetworkPolicyChanged => "network.policy_changed",
     /// Events the command caused past the Trace's bound, counted instead of written.
     TraceCoalesced => "trace.coalesced",
     /// The executor was chosen.

@@ -77,12 +77,13 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::policy::{resolve, EffectiveNetwork, PolicySpec, Scope, ScopedPolicy};
+    use crate::policy::{resolve, LivePolicy, PolicySpec, Scope, ScopedPolicy};
     use crate::proxy::{NetEvent, Outcome};
 
-    fn policy(allow: &[String]) -> Arc<EffectiveNetwork> {
+    fn policy(allow: &[String]) -> Arc<LivePolicy> {
         let spec = PolicySpec { mode: None, allow: allow.to_vec(), deny: Vec::new(), ordered: None };
-        Arc::new(resolve(&[ScopedPolicy { scope: Scope::CommandLine, source: "test".into(), spec }]).unwrap())
+        let resolved = resolve(&[ScopedPolicy { scope: Scope::CommandLine, source: "test".into(), spec }]);
+        Arc::new(LivePolicy::new(resolved.unwrap()))
     }
 
     /// Starts a forward listening on 127.0.0.2 (the test's stand-in for

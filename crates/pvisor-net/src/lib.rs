@@ -20,5 +20,6 @@ pub mod policy;
 pub mod proxy;
 
 pub use policy::{
-    Decide, EffectiveNetwork, Mode, OrderedPolicy, OrderedRule, PolicySpec, RuleAction, Scope, ScopedPolicy,
+    Decide, EffectiveNetwork, LivePolicy, Mode, OrderedPolicy, OrderedRule, PolicySpec, RuleAction, Scope,
+    ScopedPolicy,
 };

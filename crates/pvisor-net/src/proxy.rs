@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::broker::relay::{self, Destination};
 use crate::broker::{Broker, Substitution};
-use crate::policy::{Decide, Decision, EffectiveNetwork};
+use crate::policy::{Decide, Decision, LivePolicy};
 
 /// How long a client connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,7 +90,7 @@ pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 /// The policy, the broker and the event channel shared by the proxy's and
 /// the port forwards' connections.
 pub(crate) struct Ctx {
-    pub(crate) policy: Arc<EffectiveNetwork>,
+    pub(crate) policy: Arc<LivePolicy>,
     pub(crate) broker: Option<Arc<Broker>>,
     pub(crate) events: mpsc::UnboundedSender<NetEvent>,
 }
@@ -174,12 +174,14 @@ impl Ctx {
 
     /// Applies the policy, resolves and connects, recording the outcome.
     pub(crate) async fn connect(&self, host: &str, port: u16, method: &str) -> Result<TcpStream, Refused> {
-        let rule = match self.policy.decide(host, port) {
+        // Decided by the policy now; a change after this leaves this connection be.
+        let policy = self.policy.current();
+        let rule = match policy.decide(host, port) {
             Decision::Allow { rule } => rule,
             Decision::Deny { rule, reason } => {
                 self.report(Outcome::Denied, host, port, method, &rule, Some(reason.clone()));
                 return Err(Refused {
-                    closes: self.policy.ordered.is_some(),
+                    closes: policy.ordered.is_some(),
                     status: StatusCode::FORBIDDEN,
                     message: format!(
                         "pvisor: {method} {host}:{port} denied by network policy ({rule}: {reason})"
@@ -211,7 +213,7 @@ impl Ctx {
         let mut refused = None;
         let permitted: Vec<SocketAddr> = addrs
             .into_iter()
-            .filter(|a| match self.policy.check_address(host, port, a.ip()) {
+            .filter(|a| match policy.check_address(host, port, a.ip()) {
                 Ok(()) => true,
                 Err(why) => {
                     refused = Some(why.to_string());
@@ -223,7 +225,7 @@ impl Ctx {
             let reason = refused.unwrap_or_else(|| "no addresses".into());
             self.report(Outcome::Denied, host, port, method, "internal-address", Some(reason.clone()));
             return Err(Refused {
-                closes: self.policy.ordered.is_some(),
+                closes: policy.ordered.is_some(),
                 status: StatusCode::FORBIDDEN,
                 message: format!("pvisor: {method} {host}:{port} denied: {reason}"),
             });
@@ -433,7 +435,7 @@ pub(crate) fn one_host_header(
 /// events go.
 #[derive(Clone, Debug)]
 pub struct Shared {
-    pub policy: Arc<EffectiveNetwork>,
+    pub policy: Arc<LivePolicy>,
     pub broker: Option<Arc<Broker>>,
     pub events: mpsc::UnboundedSender<NetEvent>,
 }

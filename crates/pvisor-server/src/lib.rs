@@ -122,7 +122,7 @@ where
                     .await;
             }
             if port == egress_policy::EGRESS_PORT {
-                return egress_policy::route(daemon, id, &parts.method, rest, &parts.headers);
+                return egress_policy::route(daemon, id, &parts.method, rest, &parts.headers, body).await;
             }
             // The service sees the path as the client wrote it (not decoded).
             let skip = if segments.first() == Some(&"v1") { 5 } else { 4 };

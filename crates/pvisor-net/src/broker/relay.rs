@@ -434,7 +434,8 @@ mod tests {
         let (_stop, stopped) = watch::channel(false);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let proxy = listener.local_addr().unwrap();
-        let shared = Shared { policy: Arc::new(policy), broker: Some(Arc::new(broker)), events };
+        let policy = Arc::new(crate::policy::LivePolicy::new(policy));
+        let shared = Shared { policy, broker: Some(Arc::new(broker)), events };
         tokio::spawn(crate::proxy::serve(listener, shared, stopped));
 
         let request = |host: &str| {

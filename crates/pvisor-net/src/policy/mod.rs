@@ -27,8 +27,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+mod live;
 mod ordered;
 
+pub use live::{LiveChangeError, LivePolicy};
 pub use ordered::{validate_ordered, InvalidTarget, TargetProblem};
 
 pub use pvisor_core::records::{

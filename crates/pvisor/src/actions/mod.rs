@@ -17,6 +17,7 @@
 //! | [`CheckpointExecution`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint) |
 //! | [`Suspend`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint), once the Job is `suspended` |
 //! | [`Kill`] | [`Killed`](crate::Killed) |
+//! | [`ChangeNetworkPolicy`] | `()`, once the running Job's proxy decides by the new policy |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
 //! | [`Gc`] | [`GcReport`](crate::GcReport) |
@@ -42,6 +43,7 @@ mod execution;
 pub mod guest;
 mod hold;
 mod jobs;
+mod network;
 mod records;
 mod sessions;
 mod storage;
@@ -66,6 +68,7 @@ pub use execution::{
 pub use guest::{Guest, OpenGuest};
 pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
+pub use network::ChangeNetworkPolicy;
 pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, ReadReceipt, Recover, ResolveJob,
@@ -231,6 +234,8 @@ pub enum RuntimeError {
     State(#[from] crate::agent_state::StateError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("the network policy of Job {job} did not change: {why}")]
+    PolicyChange { job: JobId, why: String },
 }
 
 #[cfg(test)]

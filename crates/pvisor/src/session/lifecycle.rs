@@ -81,7 +81,19 @@ impl Session {
         let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let proxy = self.serve_network(listeners, &proxy_events, &proxy_stopped);
+        let live = Arc::new(pvisor_net::LivePolicy::new(self.run.operation.policy.network.clone()));
+        let (policy_changes, mut policy_rx) = mpsc::unbounded_channel();
+        if self.run.operation.policy.network.ordered.is_some() {
+            // An ordered policy (pvisor serve's) may change while it runs.
+            let dir = self.store.attempt_dir(&self.attempt.id);
+            if let Err(e) =
+                super::policy_control::serve(&dir, live.clone(), policy_changes, proxy_stopped.clone())
+            {
+                self.warnings.push(format!("the policy cannot change while this Job runs: {e}"));
+            }
+        }
+        let mut policy_open = true;
+        let proxy = self.serve_network(listeners, live, &proxy_events, &proxy_stopped);
         drop(proxy_events);
         let mut proxy_open = !proxy.is_empty();
         let mut deadline: Option<tokio::time::Instant> = None;
@@ -108,6 +120,10 @@ impl Session {
                 event = proxy_rx.recv(), if proxy_open => match event {
                     Some(event) => self.record_net_event(event),
                     None => proxy_open = false,
+                },
+                changed = policy_rx.recv(), if policy_open => match changed {
+                    Some(policy) => self.record_best_effort(EventKind::NetworkPolicyChanged, &data::NetworkPolicyChanged { policy: &policy }),
+                    None => policy_open = false,
                 },
                 () = sleep_until(deadline) => {
                     let _ = signaller.kill();
@@ -149,11 +165,12 @@ impl Session {
     fn serve_network(
         &self,
         listeners: super::NetworkListeners,
+        policy: Arc<pvisor_net::LivePolicy>,
         events: &mpsc::UnboundedSender<pvisor_net::proxy::NetEvent>,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
         let shared = pvisor_net::proxy::Shared {
-            policy: Arc::new(self.run.operation.policy.network.clone()),
+            policy,
             broker: self.brokered.as_ref().map(|b| b.broker.clone()),
             events: events.clone(),
         };

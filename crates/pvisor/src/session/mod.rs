@@ -27,6 +27,7 @@ mod budget;
 mod finalize;
 mod lifecycle;
 pub(crate) mod outcome;
+pub(crate) mod policy_control;
 mod prepare;
 
 /// How the sandbox ended, from the Session's point of view.

@@ -29,6 +29,13 @@ pub(crate) struct JobCreated<'a> {
     pub labels: &'a pvisor_core::labels::Labels,
 }
 
+/// `network.policy_changed`: the ordered policy the proxy decides by from
+/// now on, replaced while the Job runs.
+#[derive(Debug, Serialize)]
+pub(crate) struct NetworkPolicyChanged<'a> {
+    pub policy: &'a pvisor_core::records::OrderedPolicy,
+}
+
 /// `admission.network`: the network decision, made once.
 #[derive(Debug, Serialize)]
 pub(crate) struct AdmissionNetwork<'a> {
