@@ -206,17 +206,22 @@ fn pin(source: &Path) -> io::Result<std::os::fd::OwnedFd> {
     .map_err(io::Error::from)
 }
 
-/// Makes the server serve the pinned directory `pinned` at `view` (an
+/// Makes the server serve the shared directory `source` at `view` (an
 /// empty directory in the VM's private directory, which no guest can
 /// reach): before it runs, in a mount namespace of its own (private, so
-/// nothing propagates to the host), the directory is bound at `view`
-/// through its descriptor, and, for a read-only share, the bind is
-/// remounted read-only. The server is then given `view`, a path nothing
-/// untrusted can change; writes through a read-only share fail with
-/// `EROFS` on the host side, whatever the guest does with its own mount.
+/// nothing propagates to the host), `source` is opened again through no
+/// symlink (as [`pin`] did; a bind needs a mount of this namespace, so the
+/// parent's descriptor cannot serve) and bound at `view` by that
+/// descriptor, then, for a read-only share, remounted read-only. The
+/// server is given `view`, a path nothing untrusted can change; writes
+/// through a read-only share fail with `EROFS` on the host side, whatever
+/// the guest does with its own mount. `slot` is a descriptor number of the
+/// parent's (its pin): the child puts its own descriptor there, so the
+/// path to bind from is made before the fork.
 fn pinned_view(
     command: &mut Command,
-    pinned: &std::os::fd::OwnedFd,
+    source: &Path,
+    slot: &std::os::fd::OwnedFd,
     view: &Path,
     read_only: bool,
 ) -> io::Result<()> {
@@ -225,18 +230,25 @@ fn pinned_view(
         std::ffi::CString::new(bytes)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))
     };
-    let from = cstring(format!("/proc/self/fd/{}", pinned.as_raw_fd()).as_bytes())?;
+    let slot = slot.as_raw_fd();
+    let from = cstring(format!("/proc/self/fd/{slot}").as_bytes())?;
+    let source = cstring(source.as_os_str().as_encoded_bytes())?;
     let at = cstring(view.as_os_str().as_encoded_bytes())?;
     let root = c"/";
-    // SAFETY: only async-signal-safe calls (unshare, mount) run in the child,
-    // on strings made before the fork; the descriptor is the parent's, still
-    // open in the child until exec.
+    // SAFETY: only async-signal-safe calls (unshare, mount, openat2, dup2,
+    // close) run in the child, on strings made before the fork.
     unsafe {
         command.pre_exec(move || {
-            let ok = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+            use rustix::fs::{Mode, OFlags, ResolveFlags};
+            let ok = |r: libc::c_int| if r >= 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
             let none = std::ptr::null();
             ok(libc::unshare(libc::CLONE_NEWNS))?;
             ok(libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+            let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+            let fd = rustix::fs::openat2(rustix::fs::CWD, source.as_c_str(), flags, Mode::empty(), resolve)?;
+            ok(libc::dup2(fd.as_raw_fd(), slot))?;
+            drop(fd);
             ok(libc::mount(
                 from.as_ptr(),
                 at.as_ptr(),
@@ -244,6 +256,7 @@ fn pinned_view(
                 libc::MS_BIND | libc::MS_REC,
                 std::ptr::null(),
             ))?;
+            ok(libc::close(slot))?;
             if read_only {
                 let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
                 ok(libc::mount(none, at.as_ptr(), none, ro, std::ptr::null()))?;
@@ -293,7 +306,8 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         .args(["-o", "cache=auto"])
         .args(["-o", "log_level=warn"])
         .args(narrowed(&binary));
-    pinned_view(&mut command, &pinned, &view, share.read_only).map_err(|e| fail("preparing its view", e))?;
+    pinned_view(&mut command, &share.source, &pinned, &view, share.read_only)
+        .map_err(|e| fail("preparing its view", e))?;
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
