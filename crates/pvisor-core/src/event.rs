@@ -128,6 +128,9 @@ event_kinds! {
     /// The ordered policy was replaced while the Job ran (`pvisor serve`'s
     /// `PATCH`/`DELETE /policy`): what decides from then on.
     NetworkPolicyChanged => "network.policy_changed",
+    /// A command a frontend ran through the running Job's guest (`pvisor
+    /// serve`'s execd): its text, user, exit status and duration.
+    FrontendCommand => "frontend.command",
     /// Events the command caused past the Trace's bound, counted instead of written.
     TraceCoalesced => "trace.coalesced",
     /// The executor was chosen.

@@ -76,3 +76,4 @@ pub use runtime::job_service::{
     CancelHandle, JobService, ManagedJobRun, RunEnd, RunError, RunOutcome, SuspendedOutcome,
 };
 pub use runtime::kill::Killed;
+pub use session::job_control::FrontendNote;

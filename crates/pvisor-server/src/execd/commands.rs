@@ -65,7 +65,18 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
     let argv = as_user(&guest, &request, argv)?;
     let text = request.command.clone().unwrap_or_else(|| argv.join(" "));
     let started = start_exec(&daemon, &guest, &request, argv).await?;
-    record_start(&daemon, &id, &started, text, request.background);
+    record_start(&daemon, &id, &started, text.clone(), request.background);
+    let note = pvisor::FrontendNote {
+        command: text,
+        uid: request.uid,
+        background: request.background,
+        exit_code: started.failed.as_ref().map(|f| f.0),
+        error: started.failed.as_ref().map(|f| f.1.clone()),
+        duration_ms: 0,
+    };
+    if request.background || started.failed.is_some() {
+        note_in_trace(&daemon, &id, note.clone());
+    }
     let (tx, body) = http::channel_body(64);
     let _ = tx.send(event(json!({ "type": "init", "text": started.command_id }))).await;
     if let Some((code, message)) = started.failed {
@@ -79,7 +90,7 @@ pub(super) async fn run_command(daemon: Arc<Daemon>, guest: Guest, request: RunC
         let _ = tx.send(event(json!({ "type": "execution_complete", "execution_time": 0 }))).await;
         return Ok(sse(body));
     }
-    stream_foreground(daemon, guest.link, id, started, request.timeout, tx, slot);
+    stream_foreground(daemon, guest.link, id, started, (request.timeout, note), tx, slot);
     Ok(sse(body))
 }
 
@@ -210,7 +221,7 @@ fn stream_foreground(
     kill_link: guest_link::Link,
     id: String,
     started: Started,
-    timeout_ms: Option<u64>,
+    (timeout_ms, mut note): (Option<u64>, pvisor::FrontendNote),
     tx: Sender<Bytes>,
     slot: Option<StreamSlot>,
 ) {
@@ -235,6 +246,7 @@ fn stream_foreground(
         let _ = tx.blocking_send(final_event(outcome, elapsed, timed_out, timeout_ms));
         cancel.abort();
         daemon.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), command_id.clone()));
+        (note.exit_code, note.error, note.duration_ms) = (exit_code, error.clone(), elapsed);
         let _ = daemon.update(&id, |r| {
             if let Some(c) = r.commands.get_mut(&command_id) {
                 c.finished_at = Some(Timestamp::now());
@@ -243,6 +255,19 @@ fn stream_foreground(
             }
             Ok(())
         });
+        note_in_trace(&daemon, &id, note);
+    });
+}
+
+/// Has the sandbox Job's Trace record a command (`frontend.command`), on a
+/// thread of its own: a response never waits for the record.
+fn note_in_trace(daemon: &Arc<Daemon>, id: &str, note: pvisor::FrontendNote) {
+    let Some(job) = daemon.get(id).ok().and_then(|r| r.job) else { return };
+    let (runtime, id) = (daemon.runtime.clone(), id.to_owned());
+    std::thread::spawn(move || {
+        if let Err(e) = runtime.execute(pvisor::actions::NoteInTrace { job, note }) {
+            tracing::warn!(sandbox = %id, "a command is missing from the Trace: {e}");
+        }
     });
 }
 

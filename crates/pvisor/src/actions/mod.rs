@@ -18,6 +18,7 @@
 //! | [`Suspend`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint), once the Job is `suspended` |
 //! | [`Kill`] | [`Killed`](crate::Killed) |
 //! | [`ChangeNetworkPolicy`] | `()`, once the running Job's proxy decides by the new policy |
+//! | [`NoteInTrace`] | `()`, once the running Job's Session has the note for its Trace |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
 //! | [`Gc`] | [`GcReport`](crate::GcReport) |
@@ -68,7 +69,7 @@ pub use execution::{
 pub use guest::{Guest, OpenGuest};
 pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
-pub use network::ChangeNetworkPolicy;
+pub use network::{ChangeNetworkPolicy, NoteInTrace};
 pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, ReadReceipt, Recover, ResolveJob,
@@ -236,6 +237,8 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
     #[error("the network policy of Job {job} did not change: {why}")]
     PolicyChange { job: JobId, why: String },
+    #[error("the Trace of Job {job} did not take the note: {why}")]
+    Note { job: JobId, why: String },
 }
 
 #[cfg(test)]

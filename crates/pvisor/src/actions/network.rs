@@ -1,10 +1,11 @@
-//! Changing a running Job's network policy.
+//! What a frontend asks of a running Job's Session: a new network policy,
+//! a note for its Trace.
 
 use pvisor_core::ids::JobId;
 use pvisor_net::OrderedPolicy;
 
 use super::{Action, Runtime, RuntimeError};
-use crate::session::policy_control;
+use crate::session::job_control::{self, FrontendNote};
 
 /// Replaces the ordered policy (`pvisor serve`'s `networkPolicy`) that the
 /// running Job's proxy decides by: connections made from then on are
@@ -29,7 +30,27 @@ impl Action for ChangeNetworkPolicy {
                 why: "its network is not an ordered policy (pvisor serve's networkPolicy), which alone can change while it runs".into(),
             });
         }
-        policy_control::request(&live.attempt_dir, &self.policy)
+        job_control::change_policy(&live.attempt_dir, &self.policy)
             .map_err(|e| RuntimeError::PolicyChange { job: self.job, why: e.to_string() })
+    }
+}
+
+/// Has the running Job's Trace record what a frontend did through its
+/// guest (a `frontend.command` event).
+#[derive(Debug)]
+pub struct NoteInTrace {
+    pub job: JobId,
+    pub note: FrontendNote,
+}
+
+impl Action for NoteInTrace {
+    const NAME: &'static str = "note-in-trace";
+    type Outcome = ();
+
+    fn perform(self, runtime: &Runtime) -> Result<(), RuntimeError> {
+        let live = runtime.job(&self.job)?;
+        runtime.require_running(&live, "only a running Job's Trace takes notes")?;
+        job_control::note(&live.attempt_dir, &self.note)
+            .map_err(|e| RuntimeError::Note { job: self.job, why: e.to_string() })
     }
 }

@@ -82,17 +82,18 @@ impl Session {
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
         let live = Arc::new(pvisor_net::LivePolicy::new(self.run.operation.policy.network.clone()));
-        let (policy_changes, mut policy_rx) = mpsc::unbounded_channel();
-        if self.run.operation.policy.network.ordered.is_some() {
-            // An ordered policy (pvisor serve's) may change while it runs.
+        let (policies, mut policy_rx) = mpsc::unbounded_channel();
+        let (notes, mut note_rx) = mpsc::unbounded_channel();
+        // A VM's frontend (pvisor serve, the shim) notes what it runs in the
+        // guest; an ordered policy (pvisor serve's) may change while it runs.
+        if self.spec.vm.is_some() || self.run.operation.policy.network.ordered.is_some() {
             let dir = self.store.attempt_dir(&self.attempt.id);
-            if let Err(e) =
-                super::policy_control::serve(&dir, live.clone(), policy_changes, proxy_stopped.clone())
-            {
-                self.warnings.push(format!("the policy cannot change while this Job runs: {e}"));
+            let heard = super::job_control::Heard { policies, notes };
+            if let Err(e) = super::job_control::serve(&dir, live.clone(), heard, proxy_stopped.clone()) {
+                self.warnings.push(format!("no frontend can reach this Job while it runs: {e}"));
             }
         }
-        let mut policy_open = true;
+        let (mut policy_open, mut notes_open) = (true, true);
         let proxy = self.serve_network(listeners, live, &proxy_events, &proxy_stopped);
         drop(proxy_events);
         let mut proxy_open = !proxy.is_empty();
@@ -124,6 +125,10 @@ impl Session {
                 changed = policy_rx.recv(), if policy_open => match changed {
                     Some(policy) => self.record_best_effort(EventKind::NetworkPolicyChanged, &data::NetworkPolicyChanged { policy: &policy }),
                     None => policy_open = false,
+                },
+                note = note_rx.recv(), if notes_open => match note {
+                    Some(note) => self.record_note(&note),
+                    None => notes_open = false,
                 },
                 () = sleep_until(deadline) => {
                     let _ = signaller.kill();
@@ -188,6 +193,18 @@ impl Session {
             tasks.push(tokio::spawn(serve));
         }
         tasks
+    }
+
+    /// Records a command a frontend ran through the guest, within the
+    /// Trace's bound: the same command text counts as one key (its first
+    /// runs written, the rest counted), like requests to one host.
+    fn record_note(&mut self, note: &super::job_control::FrontendNote) {
+        let kind = EventKind::FrontendCommand;
+        let events = self.store.events_file(&self.run.id);
+        let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
+        if self.budget.admit(&kind, &note.command, size) {
+            self.record_best_effort(kind, note);
+        }
     }
 
     /// Records what the proxy reported: a request (or forwarded

@@ -25,9 +25,9 @@ use outcome::RunError;
 
 mod budget;
 mod finalize;
+pub(crate) mod job_control;
 mod lifecycle;
 pub(crate) mod outcome;
-pub(crate) mod policy_control;
 mod prepare;
 
 /// How the sandbox ended, from the Session's point of view.

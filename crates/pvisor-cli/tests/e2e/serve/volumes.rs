@@ -81,6 +81,20 @@ fn volumes_are_shared_live_and_read_only_ones_stay_unwritten() {
         .iter()
         .all(|m| m["cpu_count"].as_f64() >= Some(1.0) && m["mem_total_mib"].as_f64() > Some(0.0)));
 
+    // What ran through execd is in the sandbox Job's Trace: each command's
+    // text, exit status and duration (recorded off the request's path).
+    daemon.run(&id, "exit 7");
+    let job = daemon.record(&id)["job"].as_str().unwrap().to_owned();
+    let noted = |want: &str| {
+        let events = text(&daemon.env.pvisor(&["events", &job, "--json"]).stdout);
+        events.lines().any(|l| l.contains("frontend.command") && l.contains(want))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || noted("\"exit_code\":7")),
+        "no frontend.command for exit 7"
+    );
+    assert!(noted("written-from-sandbox"), "the write is in the Trace too");
+
     // A live share cannot be saved with the VM.
     let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(code, 409, "{body}");

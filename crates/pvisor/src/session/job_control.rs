@@ -1,0 +1,172 @@
+//! The running Job's control socket: how a frontend reaches the Session of
+//! a running Job, to replace the ordered policy its proxy decides by
+//! ([`crate::actions::ChangeNetworkPolicy`]) or to have its Trace record
+//! what the frontend did through the guest ([`crate::actions::NoteInTrace`]:
+//! `pvisor serve`'s execd commands).
+//!
+//! Boundary: the socket (`job-control.sock` in the Attempt's directory,
+//! which every sandbox has hidden, answering only its own user or root),
+//! one JSON request line and one JSON reply line per connection, and the
+//! swap of the [`LivePolicy`] the proxy decides by. The Session records
+//! each change and note in the Trace; this module only tells it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pvisor_net::{LivePolicy, OrderedPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// The socket's name in the Attempt's directory.
+pub(crate) const CONTROL_SOCKET: &str = "job-control.sock";
+
+/// The longest request line read.
+const MAX_REQUEST: u64 = 1 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Request {
+    Policy { ordered: OrderedPolicy },
+    Note { note: FrontendNote },
+}
+
+/// What a frontend did through a running Job's guest, for the Job's Trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontendNote {
+    /// The command as the client gave it (its text, or its argv joined).
+    pub command: String,
+    /// The user it ran as in the guest, when the client chose one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    pub background: bool,
+    /// Its exit status, once known (a background command's is not, yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why it could not start, or how its relay failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// How long it ran (0 for one started in the background).
+    pub duration_ms: u64,
+}
+
+/// Where the Session hears of what came through the socket.
+pub(super) struct Heard {
+    pub(super) policies: mpsc::UnboundedSender<OrderedPolicy>,
+    pub(super) notes: mpsc::UnboundedSender<FrontendNote>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Reply {
+    error: Option<String>,
+}
+
+/// `name` in `dir`, reached through `/proc/self/fd` so a long state
+/// directory cannot overflow a socket address; the directory's handle
+/// must outlive the use of the path.
+fn short_path(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, PathBuf)> {
+    let handle = std::fs::File::open(dir)?;
+    let path = PathBuf::from(format!("/proc/self/fd/{}/{name}", handle.as_raw_fd()));
+    Ok((handle, path))
+}
+
+/// Serves the socket in `attempt_dir` until `stop`: each accepted change
+/// replaces `live`'s ordered policy, and each change and note is sent on.
+pub(super) fn serve(
+    attempt_dir: &Path,
+    live: Arc<LivePolicy>,
+    heard: Heard,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let heard = Arc::new(heard);
+    let _ = std::fs::remove_file(attempt_dir.join(CONTROL_SOCKET));
+    let (_dir, path) = short_path(attempt_dir, CONTROL_SOCKET)?;
+    let listener = std::os::unix::net::UnixListener::bind(&path)?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let socket = attempt_dir.join(CONTROL_SOCKET);
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    if trusted(&stream) {
+                        tokio::spawn(answer(stream, live.clone(), heard.clone()));
+                    }
+                }
+                _ = stop.changed() => break,
+            }
+        }
+        let _ = std::fs::remove_file(socket);
+    }))
+}
+
+/// Only the Job's own user, or root, may change its policy.
+fn trusted(stream: &tokio::net::UnixStream) -> bool {
+    let me = rustix::process::geteuid().as_raw();
+    stream.peer_cred().is_ok_and(|peer| peer.uid() == me || peer.uid() == 0)
+}
+
+async fn answer(stream: tokio::net::UnixStream, live: Arc<LivePolicy>, heard: Arc<Heard>) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
+    let error = match reader.read_line(&mut line).await {
+        Err(e) => Some(format!("cannot read the request: {e}")),
+        Ok(_) => match serde_json::from_str::<Request>(&line) {
+            Err(e) => Some(format!("not a policy request: {e}")),
+            Ok(Request::Policy { ordered }) => match live.replace_ordered(ordered.clone()) {
+                Ok(_) => {
+                    let _ = heard.policies.send(ordered);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            },
+            Ok(Request::Note { note }) => {
+                let _ = heard.notes.send(note);
+                None
+            }
+        },
+    };
+    let reply = serde_json::to_string(&Reply { error }).unwrap_or_else(|_| "{}".into());
+    let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+}
+
+/// Why a change could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum JobControlError {
+    /// No Session serves a control socket for this Attempt (it is not running).
+    #[error("cannot reach the running Job's proxy: {0}")]
+    Unreachable(#[source] std::io::Error),
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Asks the Session of the Attempt in `attempt_dir` to decide by `ordered`
+/// from now on.
+pub(crate) fn change_policy(attempt_dir: &Path, ordered: &OrderedPolicy) -> Result<(), JobControlError> {
+    request(attempt_dir, &Request::Policy { ordered: ordered.clone() })
+}
+
+/// Asks the Session of the Attempt in `attempt_dir` to record `note`.
+pub(crate) fn note(attempt_dir: &Path, note: &FrontendNote) -> Result<(), JobControlError> {
+    request(attempt_dir, &Request::Note { note: note.clone() })
+}
+
+fn request(attempt_dir: &Path, request: &Request) -> Result<(), JobControlError> {
+    let unreachable = JobControlError::Unreachable;
+    let (_dir, path) = short_path(attempt_dir, CONTROL_SOCKET).map_err(unreachable)?;
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).map_err(unreachable)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(unreachable)?;
+    let line = serde_json::to_string(request).map_err(|e| JobControlError::Refused(e.to_string()))?;
+    stream.write_all(format!("{line}\n").as_bytes()).map_err(unreachable)?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply).map_err(unreachable)?;
+    match serde_json::from_str::<Reply>(&reply) {
+        Ok(Reply { error: None }) => Ok(()),
+        Ok(Reply { error: Some(e) }) => Err(JobControlError::Refused(e)),
+        Err(e) => Err(JobControlError::Refused(format!("an unreadable reply: {e}"))),
+    }
+}
