@@ -126,7 +126,6 @@ fn change(daemon: &Arc<Daemon>, id: &str, method: &Method, body: &[u8]) -> ApiRe
         .map_err(|e| ApiError::conflict(e.to_string()))?;
     daemon.update(id, |r| {
         r.network_policy = Some(next.clone());
-        r.policy_changed = true;
         Ok(())
     })?;
     Ok(http::json(StatusCode::OK, &status(Some(&next), None)))

@@ -60,20 +60,6 @@ impl Daemon {
         self.provisioned(id, resume, outcome, started);
     }
 
-    /// A resumed Job's proxy starts from the policy the Job recorded at
-    /// create; one changed since (`PATCH`/`DELETE /policy`) is applied
-    /// again, before the sandbox answers as resumed.
-    fn reapply_policy(&self, id: &str) {
-        let Ok(record) = self.get(id) else { return };
-        let (true, Some(policy), Some(job)) = (record.policy_changed, record.network_policy, record.job)
-        else {
-            return;
-        };
-        if let Err(e) = self.runtime.execute(pvisor::actions::ChangeNetworkPolicy { job, policy }) {
-            tracing::error!(sandbox = %id, "the changed network policy could not be applied again after resume: {e}");
-        }
-    }
-
     /// Records the outcome of a generation's start (see [`Self::provision`]).
     pub(super) fn provisioned(
         self: &Arc<Self>,
@@ -106,8 +92,9 @@ impl Daemon {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 } else {
+                    // The resumed Job's proxy started from the last policy
+                    // change its Trace recorded: nothing to apply again.
                     self.end_if_entrypoint_exited(id);
-                    self.reapply_policy(id);
                 }
                 // A delete that arrived while it was starting.
                 if self.get(id).is_ok_and(|r| r.state == SandboxState::Stopping) {

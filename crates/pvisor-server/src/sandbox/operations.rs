@@ -84,7 +84,6 @@ impl Daemon {
             network_policy: request.network_policy,
             renew_on_access: request.renew_on_access,
             volumes: request.volumes,
-            policy_changed: false,
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());

@@ -163,10 +163,6 @@ pub struct SandboxRecord {
     /// live (see `crate::volumes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<pvisor_core::records::SharedDirectory>,
-    /// `network_policy` was changed after create (`PATCH`/`DELETE /policy`):
-    /// the Job recorded the first one, so a resume applies this one again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub policy_changed: bool,
 }
 
 /// Finished commands a record keeps (status and logs of older ones go).

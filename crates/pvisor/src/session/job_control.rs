@@ -18,7 +18,7 @@ use std::sync::Arc;
 use pvisor_net::{LivePolicy, OrderedPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// The socket's name in the Attempt's directory.
 pub(crate) const CONTROL_SOCKET: &str = "job-control.sock";
@@ -52,9 +52,17 @@ pub struct FrontendNote {
     pub duration_ms: u64,
 }
 
+/// A policy change in force, and where the Session answers once its Trace
+/// holds it: the frontend hears "changed" only after it is recorded, so a
+/// resume (which starts from the last recorded change) cannot lose it.
+pub(super) struct PolicyChange {
+    pub(super) policy: OrderedPolicy,
+    pub(super) recorded: oneshot::Sender<Result<(), String>>,
+}
+
 /// Where the Session hears of what came through the socket.
 pub(super) struct Heard {
-    pub(super) policies: mpsc::UnboundedSender<OrderedPolicy>,
+    pub(super) policies: mpsc::UnboundedSender<PolicyChange>,
     pub(super) notes: mpsc::UnboundedSender<FrontendNote>,
 }
 
@@ -117,13 +125,7 @@ async fn answer(stream: tokio::net::UnixStream, live: Arc<LivePolicy>, heard: Ar
         Err(e) => Some(format!("cannot read the request: {e}")),
         Ok(_) => match serde_json::from_str::<Request>(&line) {
             Err(e) => Some(format!("not a policy request: {e}")),
-            Ok(Request::Policy { ordered }) => match live.replace_ordered(ordered.clone()) {
-                Ok(_) => {
-                    let _ = heard.policies.send(ordered);
-                    None
-                }
-                Err(e) => Some(e.to_string()),
-            },
+            Ok(Request::Policy { ordered }) => change(&live, &heard, ordered).await.err(),
             Ok(Request::Note { note }) => {
                 let _ = heard.notes.send(note);
                 None
@@ -132,6 +134,15 @@ async fn answer(stream: tokio::net::UnixStream, live: Arc<LivePolicy>, heard: Ar
     };
     let reply = serde_json::to_string(&Reply { error }).unwrap_or_else(|_| "{}".into());
     let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+}
+
+/// Puts `ordered` in force and waits until the Session has recorded it.
+async fn change(live: &LivePolicy, heard: &Heard, ordered: OrderedPolicy) -> Result<(), String> {
+    live.replace_ordered(ordered.clone()).map_err(|e| e.to_string())?;
+    let (recorded, heard_back) = oneshot::channel();
+    let ended = || "the Job ended before the change was recorded".to_owned();
+    heard.policies.send(PolicyChange { policy: ordered, recorded }).map_err(|_| ended())?;
+    heard_back.await.map_err(|_| ended())?
 }
 
 /// Why a change could not be made.

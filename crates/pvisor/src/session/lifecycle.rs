@@ -81,7 +81,7 @@ impl Session {
         let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let live = Arc::new(pvisor_net::LivePolicy::new(self.run.operation.policy.network.clone()));
+        let live = Arc::new(pvisor_net::LivePolicy::new(self.starting_network()));
         let (policies, mut policy_rx) = mpsc::unbounded_channel();
         let (notes, mut note_rx) = mpsc::unbounded_channel();
         // A VM's frontend (pvisor serve, the shim) notes what it runs in the
@@ -123,7 +123,7 @@ impl Session {
                     None => proxy_open = false,
                 },
                 changed = policy_rx.recv(), if policy_open => match changed {
-                    Some(policy) => self.record_best_effort(EventKind::NetworkPolicyChanged, &data::NetworkPolicyChanged { policy: &policy }),
+                    Some(change) => self.record_policy_change(change),
                     None => policy_open = false,
                 },
                 note = note_rx.recv(), if notes_open => match note {
@@ -193,6 +193,49 @@ impl Session {
             tasks.push(tokio::spawn(serve));
         }
         tasks
+    }
+
+    /// The network this Attempt's proxy starts from: the recorded policy,
+    /// or, when an earlier Attempt of the Job changed its ordered policy
+    /// while running, the last change its Trace holds. A Trace that cannot
+    /// be read leaves an ordered policy denying everything, never the
+    /// create-time rules a change may have removed.
+    fn starting_network(&mut self) -> pvisor_core::records::EffectiveNetwork {
+        let mut network = self.run.operation.policy.network.clone();
+        let Some(ordered) = network.ordered.as_mut() else { return network };
+        if self.attempt.id.number() <= 1 {
+            return network;
+        }
+        match crate::records::views::events(&self.store, &self.run.id) {
+            Ok((events, _)) => {
+                let last = events
+                    .iter()
+                    .rev()
+                    .filter(|e| e.kind == EventKind::NetworkPolicyChanged)
+                    .find_map(|e| serde_json::from_value(e.data["policy"].clone()).ok());
+                if let Some(changed) = last {
+                    *ordered = changed;
+                }
+            }
+            Err(e) => {
+                self.warnings.push(format!(
+                    "the Trace's policy changes cannot be read ({e}): every connection is denied"
+                ));
+                ordered.default_action = pvisor_core::records::RuleAction::Deny;
+                ordered.rules.clear();
+            }
+        }
+        network
+    }
+
+    /// Records a policy change the control socket put in force, and tells
+    /// the frontend once it is recorded (or why it is not).
+    fn record_policy_change(&mut self, change: super::job_control::PolicyChange) {
+        let data = data::NetworkPolicyChanged { policy: &change.policy };
+        let recorded = self.emit(EventKind::NetworkPolicyChanged, &data).map(|_| ()).map_err(|e| {
+            format!("the change is in force but not recorded, so a resume would not keep it: {e}")
+        });
+        let _ = change.recorded.send(recorded);
     }
 
     /// Records a command a frontend ran through the guest, within the

@@ -268,7 +268,12 @@ fn network_policy_is_enforced_in_order_and_every_decision_is_recorded() {
     let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{only_localhost}/resume"), None);
     assert_eq!(code, 202, "{body}");
     daemon.wait_state(&only_localhost, "Running", &["Resuming", "Paused"]);
-    assert_eq!(status(&only_localhost, &by_ip), "200", "after resume, the patched rule holds");
+    // The resumed proxy starts from the change its Trace recorded: the
+    // first request after resume is decided by it (curl's error, if any,
+    // says whether the proxy refused or could not be reached).
+    let raw = daemon
+        .run(&only_localhost, &format!("curl -sS --noproxy '' -o /dev/null -w '%{{http_code}}' {by_ip}"));
+    assert_eq!(stdout_of(&raw).trim(), "200", "after resume, the patched rule holds: {raw}");
     assert_eq!(status(&only_localhost, &by_name), "000", "after resume, the deleted rule stays deleted");
 
     // Every decision is in the sandbox Job's Trace, with the rule that made it.
