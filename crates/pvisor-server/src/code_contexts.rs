@@ -306,6 +306,7 @@ pub async fn run(
     };
     let slot = daemon.stream_slot(&sandbox)?;
     let (tx, body) = http::channel_body(64);
+    let daemon = daemon.clone();
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let started = Instant::now();
@@ -314,6 +315,16 @@ pub async fn run(
         }
         let language = context.language;
         let mut tx = Some(tx);
+        // The Trace gets the code and how its run ended (a bash status; a
+        // python run's error is in its stream, not here).
+        let mut note = pvisor::FrontendNote {
+            command: format!("code {} {id}: {}", language.as_str(), request.code),
+            uid: None,
+            background: false,
+            exit_code: None,
+            error: None,
+            duration_ms: 0,
+        };
         context.repl.run(&request.code, None, None, |piece| {
             let last = matches!(piece, Piece::Failed(_));
             let events = match piece {
@@ -322,14 +333,23 @@ pub async fn run(
                 Piece::Stderr(b) => output_events("stderr", vec![b]),
                 Piece::Done(payload) => match language {
                     Language::Bash => match payload.parse().unwrap_or(-1) {
-                        0 => vec![complete_event(started)],
-                        code => vec![error_event(code, &format!("exit status {code}"))],
+                        0 => {
+                            note.exit_code = Some(0);
+                            vec![complete_event(started)]
+                        }
+                        code => {
+                            note.exit_code = Some(code);
+                            vec![error_event(code, &format!("exit status {code}"))]
+                        }
                     },
                     Language::Python => python_ending(&payload, started),
                 },
-                Piece::Failed(why) => vec![event(
-                    json!({ "type": "error", "error": { "ename": "ContextError", "evalue": why, "traceback": [] } }),
-                )],
+                Piece::Failed(why) => {
+                    note.error = Some(why.clone());
+                    vec![event(
+                        json!({ "type": "error", "error": { "ename": "ContextError", "evalue": why, "traceback": [] } }),
+                    )]
+                }
             };
             let sent = tx.as_ref().is_some_and(|tx| events.into_iter().all(|e| tx.blocking_send(e).is_ok()));
             if last {
@@ -339,6 +359,8 @@ pub async fn run(
             }
             sent
         });
+        note.duration_ms = started.elapsed().as_millis() as u64;
+        crate::execd::commands::note_in_trace(&daemon, &sandbox, note);
     });
     Ok(sse(body))
 }

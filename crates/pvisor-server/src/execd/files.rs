@@ -122,7 +122,13 @@ const MAX_METADATA: u64 = 1 << 20;
 /// follows it. A file's bytes go to the guest a page ([`CHUNK`]) at a time
 /// as they arrive, so the daemon holds about one page per upload, whatever
 /// the file's size. Files before a malformed part are written.
-pub(super) async fn upload<B>(guest: Guest, content_type: &str, body: B) -> ApiResult
+/// `written` collects each file written whole (`PATH (N bytes)`), for the Trace.
+pub(super) async fn upload<B>(
+    guest: Guest,
+    content_type: &str,
+    body: B,
+    written: &mut Vec<String>,
+) -> ApiResult
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -143,7 +149,6 @@ where
     );
     let guest = Arc::new(guest);
     let mut pending: Option<Value> = None;
-    let mut written = 0;
     while let Some(mut part) = parts.next_field().await.map_err(multipart_error)? {
         let name = part
             .name()
@@ -176,10 +181,12 @@ where
                 })
                 .await?;
                 let mut page: Vec<u8> = Vec::with_capacity(CHUNK as usize);
+                let mut bytes = 0u64;
                 loop {
                     let chunk = part.chunk().await.map_err(multipart_error)?;
                     let ended = chunk.is_none();
                     let mut rest = chunk.as_deref().unwrap_or_default();
+                    bytes += rest.len() as u64;
                     // Whole pages go as soon as they are full; the last, short one at the end.
                     while !rest.is_empty() {
                         let take = rest.len().min(CHUNK as usize - page.len());
@@ -201,7 +208,7 @@ where
                     g.finish(file, owner, group)
                 })
                 .await?;
-                written += 1;
+                written.push(format!("{path} ({bytes} bytes)"));
             }
             other => {
                 return Err(ApiError::bad_request(format!(
@@ -210,7 +217,7 @@ where
             }
         }
     }
-    if written == 0 {
+    if written.is_empty() {
         return Err(ApiError::bad_request("the upload contained no file part"));
     }
     Ok(http::empty(StatusCode::OK))

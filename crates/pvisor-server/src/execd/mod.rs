@@ -6,7 +6,7 @@
 //! token check, the [`Guest`] handle, error mapping); each route group has
 //! its own file.
 
-mod commands;
+pub(crate) mod commands;
 mod events;
 mod files;
 mod metrics;

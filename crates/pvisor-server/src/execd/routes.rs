@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use hyper::body::Bytes;
 use hyper::{HeaderMap, Method, StatusCode};
 use serde_json::Value;
 
-use super::commands::{command_logs, command_status, interrupt, run_command, RunCommand};
+use super::commands::{command_logs, command_status, interrupt, note_in_trace, run_command, RunCommand};
 use super::files::{download, file_info, read_lines, upload, LineWindow};
 use super::metrics::{metrics, watch};
 use super::replace::{replace, ReplaceItem};
@@ -157,6 +158,8 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    let (daemon, sandbox, started) = (call.daemon.clone(), call.guest.record.id.clone(), Instant::now());
+    let noted = |what: String, result: ApiResult| note_change(&daemon, &sandbox, what, started, result);
     match (call.method, call.rest) {
         (&Method::GET, ["files", "info"]) => {
             let paths = call.paths();
@@ -176,7 +179,8 @@ where
         }
         (&Method::DELETE, ["files"]) => {
             let (paths, guest) = (call.paths(), call.guest);
-            blocking(move || {
+            let what = format!("rm {}", paths.join(" "));
+            let result = blocking(move || {
                 for p in paths {
                     if guest.stat(&p).is_ok_and(|s| s.kind == EntryKind::Dir) {
                         return Err(ApiError::bad_request(format!(
@@ -187,11 +191,13 @@ where
                 }
                 Ok(http::empty(StatusCode::OK))
             })
-            .await
+            .await;
+            noted(what, result)
         }
         (&Method::POST, ["files", "permissions"]) => {
             let (map, guest): (BTreeMap<String, Permission>, _) = call.json("permissions map").await?;
-            blocking(move || {
+            let what = format!("chmod {}", map.keys().cloned().collect::<Vec<_>>().join(" "));
+            let result = blocking(move || {
                 for (p, perm) in map {
                     let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
                     let gid = perm.group.as_deref().map(|g| guest.names().gid(g)).transpose()?;
@@ -204,17 +210,21 @@ where
                 }
                 Ok(http::empty(StatusCode::OK))
             })
-            .await
+            .await;
+            noted(what, result)
         }
         (&Method::POST, ["files", "mv"]) => {
             let (items, guest): (Vec<RenameItem>, _) = call.json("rename list").await?;
-            blocking(move || {
+            let what =
+                items.iter().map(|i| format!("mv {} {}", i.src, i.dest)).collect::<Vec<_>>().join("; ");
+            let result = blocking(move || {
                 for item in items {
                     guest.op(FileOp::Rename { from: item.src.into(), to: item.dest.into() })?;
                 }
                 Ok(http::empty(StatusCode::OK))
             })
-            .await
+            .await;
+            noted(what, result)
         }
         (&Method::GET, ["files", "search"]) => {
             let root = call.required("path")?;
@@ -225,14 +235,17 @@ where
         (&Method::POST, ["files", "upload"]) => {
             let content_type =
                 call.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-            upload(call.guest, &content_type, call.body).await
+            let mut written = Vec::new();
+            let result = upload(call.guest, &content_type, call.body, &mut written).await;
+            noted(format!("upload {}", written.join(", ")), result)
         }
         (&Method::GET, ["files", "download"]) => download_route(call).await,
         (&Method::POST, ["files", "replace"]) => {
             let verbose = call.query("verbose").is_some_and(|v| v == "true" || v == "1");
             let (request, guest): (BTreeMap<String, ReplaceItem>, _) =
                 call.json("ReplaceFileContentRequest").await?;
-            blocking(move || replace(&guest, request, verbose)).await
+            let what = format!("replace in {}", request.keys().cloned().collect::<Vec<_>>().join(" "));
+            noted(what, blocking(move || replace(&guest, request, verbose)).await)
         }
         _ => Err(call.no_route()),
     }
@@ -271,6 +284,8 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    let (daemon, sandbox, started) = (call.daemon.clone(), call.guest.record.id.clone(), Instant::now());
+    let noted = |what: String, result: ApiResult| note_change(&daemon, &sandbox, what, started, result);
     match (call.method, call.rest) {
         (&Method::GET, ["directories", "list"]) => {
             let root = call.required("path")?;
@@ -291,7 +306,8 @@ where
         }
         (&Method::POST, ["directories"]) => {
             let (map, guest): (BTreeMap<String, Permission>, _) = call.json("directories map").await?;
-            blocking(move || {
+            let what = format!("mkdir {}", map.keys().cloned().collect::<Vec<_>>().join(" "));
+            let result = blocking(move || {
                 for (p, perm) in map {
                     guest.op(FileOp::Mkdir { path: p.clone().into(), mode: octal_mode(perm.mode)? })?;
                     let uid = perm.owner.as_deref().map(|o| guest.names().uid(o)).transpose()?;
@@ -302,20 +318,44 @@ where
                 }
                 Ok(http::empty(StatusCode::OK))
             })
-            .await
+            .await;
+            noted(what, result)
         }
         (&Method::DELETE, ["directories"]) => {
             let (paths, guest) = (call.paths(), call.guest);
-            blocking(move || {
+            let what = format!("rm -r {}", paths.join(" "));
+            let result = blocking(move || {
                 for p in paths {
                     guest.op(FileOp::Remove { path: p.into(), recursive: true })?;
                 }
                 Ok(http::empty(StatusCode::OK))
             })
-            .await
+            .await;
+            noted(what, result)
         }
         _ => Err(call.no_route()),
     }
+}
+
+/// Has the sandbox Job's Trace record a change execd made to the guest's
+/// files (a `frontend.command` event: `what`, and whether it worked).
+fn note_change(
+    daemon: &Arc<Daemon>,
+    sandbox: &str,
+    what: String,
+    started: Instant,
+    result: ApiResult,
+) -> ApiResult {
+    let note = pvisor::FrontendNote {
+        command: what,
+        uid: None,
+        background: false,
+        exit_code: Some(i32::from(result.is_err())),
+        error: result.as_ref().err().map(|e| e.message.clone()),
+        duration_ms: started.elapsed().as_millis() as u64,
+    };
+    note_in_trace(daemon, sandbox, note);
+    result
 }
 
 /// `/session…`: bash sessions, created, run in and deleted.

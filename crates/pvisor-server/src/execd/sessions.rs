@@ -89,22 +89,40 @@ pub(super) fn run_in_session(
     let slot = daemon.stream_slot(sandbox)?;
     let (tx, body) = http::channel_body(64);
     let id = key.1.clone();
+    let (daemon, sandbox) = (daemon.clone(), sandbox.to_owned());
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let started = Instant::now();
         let _ = tx.blocking_send(event(json!({ "type": "init", "text": id })));
         let (mut out, mut err) = (Lines::default(), Lines::default());
         let mut tx = Some(tx);
+        let mut note = pvisor::FrontendNote {
+            command: format!("session {id}: {}", request.command),
+            uid: None,
+            background: false,
+            exit_code: None,
+            error: None,
+            duration_ms: 0,
+        };
         session.run(&request.command, request.cwd.as_deref(), request.timeout.map(Duration::from_millis), |piece| {
             let last = matches!(piece, Piece::Failed(_));
             let events = match piece {
                 Piece::Stdout(b) => output_events("stdout", out.push(&b)),
                 Piece::Stderr(b) => output_events("stderr", err.push(&b)),
                 Piece::Done(status) => match status.parse().unwrap_or(-1) {
-                    0 => ending(&mut out, &mut err, complete_event(started)),
-                    code => ending(&mut out, &mut err, error_event(code, &format!("exit status {code}"))),
+                    0 => {
+                        note.exit_code = Some(0);
+                        ending(&mut out, &mut err, complete_event(started))
+                    }
+                    code => {
+                        note.exit_code = Some(code);
+                        ending(&mut out, &mut err, error_event(code, &format!("exit status {code}")))
+                    }
                 },
-                Piece::Failed(why) => ending(&mut out, &mut err, event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } }))),
+                Piece::Failed(why) => {
+                    note.error = Some(why.clone());
+                    ending(&mut out, &mut err, event(json!({ "type": "error", "error": { "ename": "SessionError", "evalue": "-1", "traceback": [why] } })))
+                }
             };
             let sent = tx.as_ref().is_some_and(|tx| events.into_iter().all(|e| tx.blocking_send(e).is_ok()));
             if last {
@@ -114,6 +132,8 @@ pub(super) fn run_in_session(
             }
             sent
         });
+        note.duration_ms = started.elapsed().as_millis() as u64;
+        super::commands::note_in_trace(&daemon, &sandbox, note);
     });
     Ok(sse(body))
 }

@@ -95,6 +95,54 @@ fn volumes_are_shared_live_and_read_only_ones_stay_unwritten() {
     );
     assert!(noted("written-from-sandbox"), "the write is in the Trace too");
 
+    // So are the files changed through execd, and runs in a bash session
+    // and a code context, each with how it ended.
+    let local = daemon.env.dir.path().join("up.txt");
+    std::fs::write(&local, "uploaded\n").unwrap();
+    let call = |args: &[&str]| {
+        let out = std::process::Command::new("curl").args(["-s", "-H", &token]).args(args).output().unwrap();
+        text(&out.stdout)
+    };
+    let json = ["-H", "content-type: application/json", "--data-binary"];
+    call(&[
+        "--form-string",
+        r#"metadata={"path":"/root/up.txt"}"#,
+        "-F",
+        &format!("file=@{}", local.display()),
+        &format!("{base}/files/upload"),
+    ]);
+    call(&[
+        json[0],
+        json[1],
+        json[2],
+        r#"[{"src":"/root/up.txt","dest":"/root/moved.txt"}]"#,
+        &format!("{base}/files/mv"),
+    ]);
+    let session: serde_json::Value =
+        serde_json::from_str(&call(&[json[0], json[1], json[2], "{}", &format!("{base}/session")])).unwrap();
+    let session = session["session_id"].as_str().expect("a session id").to_owned();
+    call(&[json[0], json[1], json[2], r#"{"command":"(exit 3)"}"#, &format!("{base}/session/{session}/run")]);
+    call(&[
+        json[0],
+        json[1],
+        json[2],
+        r#"{"context":{"language":"bash"},"code":"echo from-code"}"#,
+        &format!("{base}/code"),
+    ]);
+    let session_run = format!("session {session}: (exit 3)");
+    for want in [
+        ["upload /root/up.txt (9 bytes)", "\"exit_code\":0"],
+        ["mv /root/up.txt /root/moved.txt", "\"exit_code\":0"],
+        [session_run.as_str(), "\"exit_code\":3"],
+        ["code bash ", "\"exit_code\":0"],
+    ] {
+        let seen = || {
+            let events = text(&daemon.env.pvisor(&["events", &job, "--json"]).stdout);
+            events.lines().any(|l| l.contains("frontend.command") && want.iter().all(|w| l.contains(w)))
+        };
+        assert!(wait_until(Duration::from_secs(10), seen), "no frontend.command with {want:?}");
+    }
+
     // A live share cannot be saved with the VM.
     let (code, body) = daemon.curl("POST", &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(code, 409, "{body}");
