@@ -383,6 +383,21 @@ ex("DELETE", "/session/{sessionId}", f"/session/{session}", 404)
 r = ex("POST", "/session/{sessionId}/run", f"/session/{session}/run", 400, json={"command": "true"})
 assert r.json()["code"] == "SESSION_NOT_FOUND", r.text
 
+# --- snapshots (the filesystem, as the reference's docker commit) -------------
+r = life("POST", "/sandboxes/{sandboxId}/snapshots", f"/sandboxes/{sid}/snapshots", 202, json={"name": "contract"})
+snap = r.json()["id"]
+assert r.json()["status"]["state"] == "Creating" and r.headers["location"] == f"/v1/snapshots/{snap}", r.text
+life("POST", "/sandboxes/{sandboxId}/snapshots", f"/sandboxes/{sid}/snapshots", 400, json={"bogus": 1})
+deadline = time.time() + 300
+while life("GET", "/snapshots/{snapshotId}", f"/snapshots/{snap}", 200).json()["status"]["state"] == "Creating":
+    assert time.time() < deadline
+    time.sleep(0.2)
+assert life("GET", "/snapshots/{snapshotId}", f"/snapshots/{snap}", 200).json()["status"]["state"] == "Ready"
+listed = life("GET", "/snapshots", f"/snapshots?sandboxId={sid}&pageSize=5", 200).json()
+assert [i["id"] for i in listed["items"]] == [snap], listed
+life("GET", "/snapshots/{snapshotId}", "/snapshots/nosuch", 404)
+life("POST", "/sandboxes", "/sandboxes", 400, json={"image": {"uri": "default"}, "snapshotId": snap, "entrypoint": ["true"]})
+
 # --- pause, resume, delete ----------------------------------------------------
 life("POST", "/sandboxes/{sandboxId}/pause", f"/sandboxes/{sid}/pause", 202)
 life("POST", "/sandboxes/{sandboxId}/pause", f"/sandboxes/{sid}/pause", 409)
@@ -405,6 +420,9 @@ life("DELETE", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 404)
 life("GET", "/sandboxes/{sandboxId}", f"/sandboxes/{sid}", 404)
 assert sid not in [s["id"] for s in life("GET", "/sandboxes", "/sandboxes", 200).json()["items"]]
 assert httpx.get(E + "/ping", headers=T).status_code == 404
-r = life("POST", "/sandboxes/{sandboxId}/snapshots", f"/sandboxes/{sid}/snapshots", 400, json={})
-assert r.json()["code"] == "NOT_SUPPORTED", r.text
+life("POST", "/sandboxes/{sandboxId}/snapshots", f"/sandboxes/{sid}/snapshots", 404, json={})
+# The snapshot outlives its sandbox until deleted.
+assert life("GET", "/snapshots/{snapshotId}", f"/snapshots/{snap}", 200).json()["status"]["state"] == "Ready"
+life("DELETE", "/snapshots/{snapshotId}", f"/snapshots/{snap}", 204)
+life("DELETE", "/snapshots/{snapshotId}", f"/snapshots/{snap}", 404)
 print(f"contract OK: {len(checked)} responses checked against the spec")

@@ -127,6 +127,30 @@ pub fn query_all<'a>(pairs: &'a [(String, String)], key: &str) -> Vec<&'a str> {
     pairs.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
 }
 
+/// One page of `items` as the spec's list responses carry it (`items` and
+/// `pagination`), by the query's `page` and `pageSize` (at most 1000).
+pub fn page_of(q: &[(String, String)], items: Vec<serde_json::Value>) -> Result<serde_json::Value, ApiError> {
+    let number = |key: &str, default: u64| -> Result<u64, ApiError> {
+        match query_one(q, key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| ApiError::bad_request(format!("{key} must be an integer >= 1"))),
+        }
+    };
+    let (page, size) = (number("page", 1)?, number("pageSize", 20)?.min(1000));
+    let total = items.len() as u64;
+    let pages = total.div_ceil(size);
+    let slice: Vec<serde_json::Value> =
+        items.into_iter().skip(((page - 1) * size) as usize).take(size as usize).collect();
+    Ok(serde_json::json!({
+        "items": slice,
+        "pagination": { "page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages },
+    }))
+}
+
 /// Decodes one query component: `+` is a space (as Go's `url.ParseQuery`,
 /// which the reference execd uses, and every form encoder agree), `%XX` a
 /// byte, and the result must be UTF-8: a path that is not would otherwise be

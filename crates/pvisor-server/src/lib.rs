@@ -36,6 +36,7 @@ pub mod logging;
 mod proxy;
 mod repl;
 pub mod sandbox;
+pub mod snapshots;
 pub mod supervisor;
 pub mod volumes;
 

@@ -77,7 +77,6 @@ struct RenewBody {
 pub fn sandbox_json(r: &SandboxRecord) -> Value {
     let mut v = json!({
         "id": r.id,
-        "image": { "uri": r.image },
         "status": {
             "state": r.state.as_str(),
             "reason": r.reason,
@@ -88,6 +87,10 @@ pub fn sandbox_json(r: &SandboxRecord) -> Value {
         "entrypoint": r.entrypoint,
         "createdAt": r.created_at.to_string(),
     });
+    match &r.snapshot_id {
+        Some(snapshot) => v["snapshotId"] = json!(snapshot),
+        None => v["image"] = json!({ "uri": r.image }),
+    }
     if let Some(t) = r.expires_at {
         v["expiresAt"] = json!(t.to_string());
     }
@@ -116,6 +119,9 @@ pub fn route(
             daemon.visible(id)?;
         }
     }
+    if let Some(answer) = crate::snapshots::routes::route(daemon, method, rest, query, &body) {
+        return answer;
+    }
     match (method, rest) {
         (&Method::POST, ["sandboxes"]) => create(daemon, &body),
         (&Method::GET, ["sandboxes"]) => list(daemon, query),
@@ -135,12 +141,9 @@ pub fn route(
         }
         (&Method::POST, ["sandboxes", id, "renew-expiration"]) => renew(daemon, id, &body),
         (&Method::GET, ["sandboxes", id, "endpoints", port]) => endpoint(daemon, id, port, query, headers),
-        (&Method::GET, ["sandboxes", id, "diagnostics", what]) => crate::diagnostics::route(daemon, id, what, query),
-        (_, ["sandboxes", _, "snapshots"]) | (_, ["snapshots", ..]) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "NOT_SUPPORTED",
-            "pvisor serve has no snapshot API; pause/resume keeps a sandbox's execution state (docs/cli-reference.md)",
-        )),
+        (&Method::GET, ["sandboxes", id, "diagnostics", what]) => {
+            crate::diagnostics::route(daemon, id, what, query)
+        }
         (&Method::POST, ["metrics", "events"]) => Ok(http::empty(StatusCode::NO_CONTENT)),
         (_, ["sandboxes", ..]) => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -163,16 +166,20 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
             "templateId {t:?} is not supported: pvisor serve has no templates; create from an image"
         )));
     }
-    if b.snapshot_id.is_some() {
-        return Err(ApiError::bad_request(
-            "snapshotId is not supported: pvisor serve has no snapshots; create from an image",
-        ));
-    }
-    let image = b.image.ok_or_else(|| {
-        ApiError::bad_request(
-            "image is required (an image imported with `pvisor image import`, or \"default\")",
-        )
-    })?;
+    // Exactly one startup source (the reference's `CreateSandboxRequest`
+    // validator, server/opensandbox_server/api/schema.py); a blank one is
+    // none.
+    let image = b.image.map(|i| i.uri).filter(|u| !u.trim().is_empty());
+    let snapshot_id = b.snapshot_id.filter(|s| !s.trim().is_empty());
+    let image = match (image, &snapshot_id) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(ApiError::bad_request(
+                "Exactly one of image or snapshotId must be provided (an image imported with `pvisor image import`, \"default\", or a Ready snapshot's id).",
+            ))
+        }
+        (Some(image), None) => image,
+        (None, Some(id)) => crate::snapshots::routes::restore_image(daemon, id)?,
+    };
     let volumes = crate::volumes::resolve(b.volumes.unwrap_or_default(), &daemon.config.volumes)?;
     if b.credential_proxy.is_some() {
         return Err(ApiError::bad_request(
@@ -219,7 +226,8 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         return Err(ApiError::bad_request("entrypoint must have at least one element"));
     }
     let record = daemon.create(CreateRequest {
-        image: image.uri,
+        image,
+        snapshot_id,
         entrypoint,
         env: b.env,
         metadata: b.metadata,
@@ -233,7 +241,8 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         volumes,
     })?;
     let mut v = sandbox_json(&record);
-    v.as_object_mut().map(|o| o.remove("image"));
+    // The create response carries no startup source (the spec).
+    v.as_object_mut().map(|o| (o.remove("image"), o.remove("snapshotId")));
     Ok(json(StatusCode::ACCEPTED, &v))
 }
 
@@ -351,17 +360,6 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
             wanted.push((http::percent_decode(k)?, http::percent_decode(v)?));
         }
     }
-    let number = |key: &str, default: u64| -> Result<u64, ApiError> {
-        match http::query_one(&q, key) {
-            None => Ok(default),
-            Some(v) => v
-                .parse::<u64>()
-                .ok()
-                .filter(|n| *n >= 1)
-                .ok_or_else(|| ApiError::bad_request(format!("{key} must be an integer >= 1"))),
-        }
-    };
-    let (page, size) = (number("page", 1)?, number("pageSize", 20)?.min(1000));
     let mut items: Vec<SandboxRecord> = daemon
         .list()
         .into_iter()
@@ -370,17 +368,8 @@ fn list(daemon: &Arc<Daemon>, query: Option<&str>) -> ApiResult {
         .filter(|r| wanted.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
         .collect();
     items.sort_by_key(|r| std::cmp::Reverse(r.created_at));
-    let total = items.len() as u64;
-    let pages = total.div_ceil(size);
-    let slice: Vec<Value> =
-        items.iter().skip(((page - 1) * size) as usize).take(size as usize).map(sandbox_json).collect();
-    Ok(json(
-        StatusCode::OK,
-        &json!({
-            "items": slice,
-            "pagination": { "page": page, "pageSize": size, "totalItems": total, "totalPages": pages, "hasNextPage": page < pages },
-        }),
-    ))
+    let items: Vec<Value> = items.iter().map(sandbox_json).collect();
+    Ok(json(StatusCode::OK, &http::page_of(&q, items)?))
 }
 
 fn patch_metadata(daemon: &Arc<Daemon>, id: &str, body: &[u8]) -> ApiResult {

@@ -235,6 +235,20 @@ impl ImageStore {
         result
     }
 
+    /// Removes the image `name` (gone already: nothing to do). A sandbox
+    /// booted from it keeps running: its VM reads a copy made at boot.
+    pub fn remove(&self, name: &str) -> Result<(), ImageError> {
+        validate_name(name)?;
+        let slot = self.slot(name);
+        let old = self.dir.join(format!(".old-{}", pvisor_core::ids::new_ulid()));
+        match fs::rename(&slot, &old) {
+            Ok(()) => pvisor_core::tree::remove_tree(&old)
+                .map_err(|(path, e)| err(format!("cannot remove {}: {e}", path.display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(err(format!("cannot remove {}: {e}", slot.display()))),
+        }
+    }
+
     /// Imports the built-in image `name` from `built`
     /// (`target/sandbox-image/rootfs`) when it is missing or older than the build.
     pub fn ensure_built_in(&self, name: &str, built: &Path) -> Result<(), ImageError> {

@@ -139,6 +139,8 @@ pub struct Daemon {
     streams: Mutex<HashMap<String, usize>>,
     /// Space held back so that a sandbox can be ended on a full disk.
     reserve: reserve::Reserve,
+    /// Snapshots of sandboxes' filesystems (they outlive their sandboxes).
+    pub snapshots: crate::snapshots::Snapshots,
 }
 
 /// Streams one sandbox may hold open at once; each holds a worker thread.
@@ -201,6 +203,8 @@ impl Daemon {
             }
         }
         let images = ImageStore::new(&store).with_built_in(built_in_images);
+        let snapshots = crate::snapshots::Snapshots::open(&config.state_root, &images)
+            .map_err(unreadable(&config.state_root.join("server").join("snapshots")))?;
         let reserve =
             reserve::Reserve::new(config.state_root.join("server").join("reserve"), reserve::RESERVE_BYTES);
         reserve.ensure();
@@ -217,6 +221,7 @@ impl Daemon {
             contexts: Mutex::default(),
             streams: Mutex::default(),
             reserve,
+            snapshots,
         }))
     }
 

@@ -60,6 +60,7 @@ impl Daemon {
             format: 1,
             id: format!("sb-{}", pvisor_core::ids::new_ulid().to_ascii_lowercase()),
             image: request.image,
+            snapshot_id: request.snapshot_id,
             entrypoint: request.entrypoint,
             env: request.env,
             metadata: request.metadata,

@@ -120,6 +120,9 @@ pub struct SandboxRecord {
     pub format: u32,
     pub id: String,
     pub image: String,
+    /// The snapshot it was restored from (`image` is then the snapshot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
     pub entrypoint: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,
@@ -195,6 +198,7 @@ pub struct Binding {
 #[derive(Debug)]
 pub struct CreateRequest {
     pub image: String,
+    pub snapshot_id: Option<String>,
     pub entrypoint: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,

@@ -23,6 +23,7 @@ mod crash;
 mod hostile;
 mod sandboxes;
 mod sdk;
+mod snapshots;
 mod volumes;
 
 const BOOT: Duration = Duration::from_secs(180);
