@@ -13,7 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hyper::StatusCode;
+
 use crate::guest_link::{self, ExecSpec, Reply};
+use crate::http::ApiError;
 use crate::sandbox::Daemon;
 
 use super::SnapshotState;
@@ -21,6 +24,14 @@ use super::SnapshotState;
 /// The largest archive a capture writes: a guest that produces more (a
 /// filesystem flood) fails its snapshot rather than fill the host's disk.
 pub const MAX_ARCHIVE_BYTES: u64 = 8 << 30;
+
+/// Captures that run at once, daemon-wide (the reference's two snapshot
+/// workers): each is a thread reading a guest's archive to disk.
+const MAX_CAPTURES: usize = 2;
+
+/// Captures that may wait for a worker; more are refused (429), so that
+/// no client queues unbounded work.
+const MAX_QUEUED: usize = 64;
 
 /// The stderr a failed capture reports, at most.
 const MAX_STDERR: usize = 4096;
@@ -51,9 +62,67 @@ enum CaptureError {
     Import(String),
 }
 
+/// Records `record` (in `Creating`) and queues its capture, starting a
+/// worker when fewer than [`MAX_CAPTURES`] run. Refused, with nothing
+/// recorded, when [`MAX_QUEUED`] captures already wait.
+pub(super) fn submit(daemon: &Arc<Daemon>, record: super::SnapshotRecord) -> Result<(), ApiError> {
+    let mut queue = daemon.snapshots.captures();
+    if queue.pending.len() >= MAX_QUEUED {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "SNAPSHOT::TOO_MANY_PENDING",
+            format!("{MAX_QUEUED} snapshots are already waiting to be captured; retry once some are Ready"),
+        ));
+    }
+    daemon.snapshots.insert(record.clone())?;
+    queue.pending.push_back((record.id.clone(), record.sandbox_id.clone()));
+    if queue.workers < MAX_CAPTURES {
+        let worker = daemon.clone();
+        let spawned = std::thread::Builder::new().name("pvisor-snapshot".into()).spawn(move || work(&worker));
+        match spawned {
+            Ok(_) => queue.workers += 1,
+            // With no worker at all, this capture would wait forever.
+            Err(e) if queue.workers == 0 => {
+                queue.pending.pop_back();
+                drop(queue);
+                let _ = daemon.snapshots.update(&record.id, |r| {
+                    r.set(
+                        SnapshotState::Failed,
+                        "snapshot_capture_failed",
+                        format!("cannot start the capture: {e}"),
+                    );
+                    Ok(())
+                });
+            }
+            Err(e) => tracing::warn!(
+                "cannot start another snapshot worker ({e}); the running one takes the capture"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// A worker: captures what is queued, oldest first, and ends when nothing
+/// is.
+fn work(daemon: &Arc<Daemon>) {
+    loop {
+        let next = {
+            let mut queue = daemon.snapshots.captures();
+            match queue.pending.pop_front() {
+                Some(next) => next,
+                None => {
+                    queue.workers -= 1;
+                    return;
+                }
+            }
+        };
+        run(daemon, &next.0, &next.1);
+    }
+}
+
 /// Captures sandbox `sandbox` into snapshot `id` (a record in `Creating`),
 /// then records `Ready` or `Failed` saying why.
-pub(super) fn run(daemon: &Arc<Daemon>, id: &str, sandbox: &str) {
+fn run(daemon: &Arc<Daemon>, id: &str, sandbox: &str) {
     let started = Instant::now();
     let archive = daemon.snapshots.archive(id);
     let outcome = capture(daemon, sandbox, &archive).and_then(|()| {

@@ -13,7 +13,7 @@
 mod capture;
 pub mod routes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -78,6 +78,16 @@ impl SnapshotRecord {
 pub struct Snapshots {
     dir: PathBuf,
     records: Mutex<BTreeMap<String, SnapshotRecord>>,
+    captures: Mutex<CaptureQueue>,
+}
+
+/// Captures waiting for a worker, and how many workers run
+/// ([`capture::submit`]).
+#[derive(Debug, Default)]
+struct CaptureQueue {
+    /// (snapshot id, sandbox id), oldest first.
+    pending: VecDeque<(String, String)>,
+    workers: usize,
 }
 
 impl Snapshots {
@@ -88,7 +98,7 @@ impl Snapshots {
     pub fn open(state_root: &Path, images: &ImageStore) -> std::io::Result<Self> {
         let dir = state_root.join("server").join("snapshots");
         pvisor_core::store::create_dir_all_private(&dir).map_err(std::io::Error::other)?;
-        let snapshots = Self { dir, records: Mutex::default() };
+        let snapshots = Self { dir, records: Mutex::default(), captures: Mutex::default() };
         for entry in fs::read_dir(&snapshots.dir)? {
             let path = entry?.path();
             match path.extension().and_then(|e| e.to_str()) {
@@ -151,6 +161,10 @@ impl Snapshots {
 
     fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SnapshotRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn captures(&self) -> std::sync::MutexGuard<'_, CaptureQueue> {
+        self.captures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn path(&self, id: &str) -> PathBuf {

@@ -103,17 +103,7 @@ fn create(daemon: &Arc<Daemon>, sandbox: &str, body: &[u8]) -> ApiResult {
         created_at: now,
         image: image_of(&id),
     };
-    daemon.snapshots.insert(record.clone())?;
-    let (worker, sandbox) = (daemon.clone(), sandbox.to_owned());
-    let spawned = std::thread::Builder::new()
-        .name("pvisor-snapshot".into())
-        .spawn(move || super::capture::run(&worker, &id, &sandbox));
-    if let Err(e) = spawned {
-        let _ = daemon.snapshots.update(&record.id, |r| {
-            r.set(SnapshotState::Failed, "snapshot_capture_failed", format!("cannot start the capture: {e}"));
-            Ok(())
-        });
-    }
+    super::capture::submit(daemon, record.clone())?;
     let mut response = json(StatusCode::ACCEPTED, &snapshot_json(&record));
     if let Ok(location) = format!("/v1/snapshots/{}", record.id).parse() {
         response.headers_mut().insert(hyper::header::LOCATION, location);

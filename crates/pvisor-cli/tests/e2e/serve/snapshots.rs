@@ -67,6 +67,22 @@ fn a_snapshot_outlives_its_sandbox_and_boots_new_ones_at_that_moment() {
     let ready = daemon.wait_snapshot(&snapshot);
     assert_eq!(ready["status"]["state"], "Ready", "{ready}\n{}", daemon.log());
 
+    // Three at once: two captures run, the third waits its turn in
+    // Creating, and all end Ready (deleted again to keep the store small).
+    let burst: Vec<String> = (0..3)
+        .map(|_| {
+            let (code, queued) = daemon.curl("POST", &path, Some(json!({})));
+            assert_eq!((code, queued["status"]["state"].as_str()), (202, Some("Creating")), "{queued}");
+            queued["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    for id in &burst {
+        let ready = daemon.wait_snapshot(id);
+        assert_eq!(ready["status"]["state"], "Ready", "{ready}\n{}", daemon.log());
+        let (code, _) = daemon.curl("DELETE", &format!("/v1/snapshots/{id}"), None);
+        assert_eq!(code, 204);
+    }
+
     // The source goes on and changes; then it is deleted: the snapshot stays.
     let after = daemon.run(&source, "echo after > /root/note.txt && echo ok");
     assert_eq!(stdout_of(&after).trim(), "ok", "{after}");
