@@ -95,6 +95,8 @@ json_types! {
     Note = "note",
     /// `run`, `fork`: the network policy, when it is not the default.
     Policy = "policy",
+    /// `run --timings`: where the run's time went, phase by phase.
+    Timings = "timings",
     /// `run --agent`: what the agent preset granted.
     Agent = "agent",
     /// `run`, `fork`, `resume`: what the command did on the network.

@@ -22,3 +22,4 @@ pub mod mcp;
 mod output;
 mod prompt;
 pub mod results;
+pub mod timings;

@@ -10,6 +10,7 @@ use clap::Parser;
 use pvisor_cli::{cli, commands, exit, json};
 
 fn main() {
+    pvisor_cli::timings::mark_process_start();
     // Must come first: the sandbox helper is this binary re-executed.
     pvisor_ns::maybe_run_helper();
     pvisor_cli::doctor::maybe_run_probe();

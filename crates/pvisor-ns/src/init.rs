@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::command::Command;
 use super::helper::{exit, status_to_code, HelperSpec, StepError, FORWARDED, SETUP_FAILED};
-use super::protocol::{inherited, Report, FD_PASS_FD};
+use super::protocol::{inherited, PhaseClock, Report, FD_PASS_FD};
 use super::{memory_stage, mounts};
 use pvisor_core::records::LoopbackForward;
 use pvisor_sandbox::{sys, NetworkAttachment};
@@ -22,6 +22,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         // The helper died or gave up mapping ids; it reported why.
         exit(SETUP_FAILED);
     }
+    let mut clock = PhaseClock::start();
     // Rlimits are set here, inside the new user namespace: set before the
     // clone, RLIMIT_NPROC would count every process the uid has on the host.
     for &(resource, value) in &spec.rlimits {
@@ -41,6 +42,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         Ok(assembled) => assembled,
         Err(e) => e.report_and_exit(),
     };
+    clock.mark("mounts");
     if let Err(e) = set_hostname(&spec.sandbox.hostname)
         .and_then(|()| attach_network(spec.sandbox.network, &spec.sandbox.loopback_forwards))
     {
@@ -49,6 +51,7 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
     // The command cannot read init's descriptors (the user's terminal among them)
     // through /proc/1/fd.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    clock.mark("hostname_network");
     let mut command = Command::prepare(&spec);
     if spec.sandbox.seccomp {
         match super::seccomp::build() {
@@ -58,12 +61,14 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
                 .report_and_exit(),
         }
     }
+    clock.mark("seccomp_build");
     if spec.terminal {
         match open_pty() {
             Ok(slave) => command.pty_slave = Some(slave),
             Err(e) => e.report_and_exit(),
         }
     }
+    clock.mark("terminal");
     // The helper has moved init into the run's cgroups (see run_helper).
     let n = rustix::io::read(&go_read, &mut go);
     drop(go_read);
@@ -71,9 +76,10 @@ pub(super) fn init(spec: HelperSpec, go_read: OwnedFd) -> ! {
         // The helper could not join a cgroup (it reported why) or died.
         exit(SETUP_FAILED);
     }
+    clock.mark("cgroup_join_wait");
     // Bounded so the report stays one atomic pipe write.
     let sockets_reachable = view.sockets_reachable.into_iter().take(16).collect();
-    Report::Ready { sockets_reachable }.send();
+    Report::Ready { sockets_reachable, setup_us: clock.phases() }.send();
 
     if let Some(at) = spec.sandbox.start_at_coarse_ns {
         wait_for_coarse_clock(at);

@@ -66,6 +66,7 @@ impl Executor for NsExecutor {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
+        let mut clock = protocol::PhaseClock::start();
         let (spec_read, spec_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         let (report_read, report_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         // Move the helper's ends above the fixed slots so dup2 cannot clobber them.
@@ -112,11 +113,13 @@ impl Executor for NsExecutor {
         drop(report_write);
         drop(fd_pass_child);
         let pidfd = sys::pidfd_open(child.id() as libc::pid_t).map_err(SandboxError::Spawn)?;
+        clock.mark("spawn_helper");
 
         let mut limits = pvisor_sandbox::limits::apply(&spec.limits, &cgroup_name(spec));
         if let Some(bytes) = spec.limits.disk_bytes {
             limits.report.push(pvisor_sandbox::limits::disk(bytes));
         }
+        clock.mark("cgroup_create");
         let mut sandbox = spec.clone();
         let cache_locks = lock_caches(&mut sandbox.caches);
         let helper_spec = helper::HelperSpec {
@@ -148,11 +151,19 @@ impl Executor for NsExecutor {
             sockets_reachable: Vec::new(),
             exposed_sockets: spec.exposed_sockets.clone(),
             cache_locks,
+            setup_us: Vec::new(),
         };
+        clock.mark("send_spec");
         match process.next_report()? {
-            Some(Report::Ready { sockets_reachable }) => {
+            Some(Report::Ready { sockets_reachable, setup_us }) => {
+                clock.mark("sandbox_ready");
                 process.sockets_reachable = sockets_reachable;
                 process.take_handovers(spec.network, &spec.loopback_forwards, helper_spec.terminal)?;
+                clock.mark("handovers");
+                // The supervisor's steps, with init's (inside its wait for
+                // `Ready`) after them.
+                process.setup_us = clock.phases();
+                process.setup_us.extend(setup_us.into_iter().map(|(name, us)| (format!("init.{name}"), us)));
                 Ok(Box::new(process))
             }
             Some(Report::SetupError { step, message, hint }) => {
@@ -285,6 +296,8 @@ struct NsProcess {
     cancelled: Arc<AtomicBool>,
     /// Host mounts whose sockets the command can still reach (see `host_view.rs`).
     sockets_reachable: Vec<std::path::PathBuf>,
+    /// How long each setup step took, in µs, in order (`run --timings`).
+    setup_us: Vec<(String, u64)>,
     exposed_sockets: Vec<std::path::PathBuf>,
     /// Each cache store this run holds (`flock`), with its path; released
     /// when the sandbox is gone.
@@ -357,6 +370,7 @@ impl SandboxProcess for NsProcess {
             "sockets_reachable_under": self.sockets_reachable,
             "exposed_sockets": self.exposed_sockets,
             "caches_persistent": persistent,
+            "setup_us": self.setup_us,
         }))
     }
 

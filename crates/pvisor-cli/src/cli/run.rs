@@ -66,6 +66,12 @@ pub struct RunOptions {
     /// Print nothing but the command's own output.
     #[arg(short, long)]
     pub quiet: bool,
+    /// After the run, say where its time went, phase by phase (startup,
+    /// admission, sandbox setup and its steps, the command, sealing, the
+    /// Bundle, finalization), read from its Trace; a `timings` line under
+    /// --json. Shown even with --quiet.
+    #[arg(long)]
+    pub timings: bool,
     /// pvisor's own lines on stderr as JSON Lines, ending with one `result`
     /// (or `error`) line; the command's stdout and stderr pass through as they are.
     #[arg(long)]

@@ -77,7 +77,9 @@ pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> 
 
 pub fn cmd_resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
-    super::run::drive(runtime, args.quiet, move || runtime.execute(Resume { job }).context("Cannot resume"))
+    super::run::drive(runtime, super::run::Shown::quiet(args.quiet), move || {
+        runtime.execute(Resume { job }).context("Cannot resume")
+    })
 }
 
 pub fn cmd_fork_execution(runtime: &Runtime, args: &ForkArgs) -> anyhow::Result<i32> {

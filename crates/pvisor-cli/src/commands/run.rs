@@ -40,7 +40,9 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
         let mut request =
             request_for(runtime, &executor, workspace, None, None, &args.options, &args.command)?;
         add_state(&mut request, &args.state);
-        return drive(runtime, args.options.quiet, move || Ok(runtime.execute(Run { request, executor })?));
+        return drive(runtime, Shown::of(&args.options), move || {
+            Ok(runtime.execute(Run { request, executor })?)
+        });
     };
     let quiet = args.options.quiet;
     let mut turn = runtime.execute(BeginSessionRun {
@@ -57,7 +59,7 @@ pub fn cmd_run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<i32> {
     request.state_from = turn.state_from.clone();
     // The session names the Job as soon as it exists; its lock (in `turn`)
     // is held until the run has ended.
-    drive_in(runtime, quiet, Some(name), || {
+    drive_in(runtime, Shown::of(&args.options), Some(name), || {
         let run = runtime.execute(Run { request, executor })?;
         turn.admitted(run.job())?;
         Ok(run)
@@ -89,7 +91,7 @@ pub fn execute(
     command: &[String],
 ) -> anyhow::Result<i32> {
     let request = request_for(runtime, &executor, workspace, fork, fork_execution, options, command)?;
-    drive(runtime, options.quiet, move || Ok(runtime.execute(Run { request, executor })?))
+    drive(runtime, Shown::of(options), move || Ok(runtime.execute(Run { request, executor })?))
 }
 
 /// The request for a run of `command`: the environment, the policies in
@@ -272,16 +274,35 @@ fn add_state(request: &mut RunRequest, requested: &[std::path::PathBuf]) {
 /// says how it ended (see [`finish`]). Used by `run`, `fork` and `resume`.
 pub fn drive(
     runtime: &Runtime,
-    quiet: bool,
+    shown: Shown,
     start: impl FnOnce() -> anyhow::Result<ManagedJobRun>,
 ) -> anyhow::Result<i32> {
-    drive_in(runtime, quiet, None, start)
+    drive_in(runtime, shown, None, start)
+}
+
+/// What a driven run says besides its summary.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shown {
+    /// Nothing but the command's own output (and what was asked for).
+    pub quiet: bool,
+    /// `--timings`: where the time went.
+    pub timings: bool,
+}
+
+impl Shown {
+    pub fn of(options: &crate::cli::RunOptions) -> Self {
+        Self { quiet: options.quiet, timings: options.timings }
+    }
+
+    pub fn quiet(quiet: bool) -> Self {
+        Self { quiet, timings: false }
+    }
 }
 
 /// [`drive`] for a run of `session` (whose name the next steps use).
 fn drive_in(
     runtime: &Runtime,
-    quiet: bool,
+    shown: Shown,
     session: Option<&str>,
     start: impl FnOnce() -> anyhow::Result<ManagedJobRun>,
 ) -> anyhow::Result<i32> {
@@ -316,12 +337,15 @@ fn drive_in(
         }?;
         Ok(match &end {
             RunEnd::Finished(outcome) => {
-                if !quiet {
+                if !shown.quiet {
                     super::state::note_held(runtime, &outcome.job);
                 }
-                finish(outcome, quiet, session)
+                if shown.timings {
+                    crate::timings::report(runtime, outcome);
+                }
+                finish(outcome, shown.quiet, session)
             }
-            RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, quiet)?,
+            RunEnd::Suspended(suspended) => finish_suspended(runtime, suspended, shown.quiet)?,
         })
     })
 }

@@ -215,5 +215,5 @@ pub fn cmd_sandbox_supervisor(runtime: &Runtime, args: SandboxSupervisorArgs) ->
         volumes: args.volumes,
     };
     let supervisor = Supervisor::prepare(store, options)?;
-    super::run::drive(runtime, true, move || Ok(supervisor.start()?))
+    super::run::drive(runtime, super::run::Shown::quiet(true), move || Ok(supervisor.start()?))
 }

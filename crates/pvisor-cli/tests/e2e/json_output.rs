@@ -316,3 +316,64 @@ fn verify_import_and_cache_prune_json_end_with_a_result() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(the_result(&stdout_lines(&out))["removed"], 0);
 }
+
+/// `run --timings`: each phase from one recorded milestone to the next, the
+/// ns executor's own setup steps inside `sandbox setup`, adding up to the
+/// whole; under `--json` a `timings` line before the result. As root (who
+/// also joins cgroups) and as a normal user.
+#[test]
+fn run_timings_rootless() {
+    run_timings_shows_where_the_time_went_phase_by_phase(As::Rootless);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn run_timings_as_root() {
+    run_timings_shows_where_the_time_went_phase_by_phase(As::Root);
+}
+
+fn run_timings_shows_where_the_time_went_phase_by_phase(who: As) {
+    who.require();
+    {
+        let env = Env::new(who);
+        let out = env.pvisor(&["run", "--json", "--timings", "--", "sh", "-c", "sleep 0.2; echo n > new"]);
+        assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+        let lines = pvisor_lines(&text(&out.stderr), &[]);
+        the_result(&lines);
+        let (_, timings) = lines.iter().find(|(k, _)| k == "timings").expect("a timings line");
+        let phases: Vec<&str> =
+            timings["phases"].as_array().unwrap().iter().map(|p| p["phase"].as_str().unwrap()).collect();
+        assert_eq!(
+            phases,
+            ["startup", "admission", "sandbox setup", "command", "seal", "bundle", "finalize", "report"],
+            "{timings}"
+        );
+        let ms = |p: &Value| p["ms"].as_f64().unwrap();
+        let sum: f64 = timings["phases"].as_array().unwrap().iter().map(ms).sum();
+        let total = timings["total_ms"].as_f64().unwrap();
+        assert!((sum - total).abs() < 1.0, "the phases add up to the whole: {sum} vs {total}");
+        let command = ms(&timings["phases"][3]);
+        assert!(command >= 200.0, "the command's sleep is in `command`: {timings}");
+        let steps: Vec<&str> = timings["phases"][2]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["step"].as_str().unwrap())
+            .collect();
+        for step in [
+            "spawn_helper",
+            "sandbox_ready",
+            "init.mounts",
+            "init.seccomp_build",
+            "init.cgroup_join_wait",
+            "other",
+        ] {
+            assert!(steps.contains(&step), "{step} in {steps:?}");
+        }
+
+        // As text: a table on stderr, even with --quiet.
+        let out = env.pvisor(&["run", "-q", "--timings", "--", "true"]);
+        let stderr = text(&out.stderr);
+        assert!(stderr.starts_with("pvisor: timings, ") && stderr.contains("init.mounts"), "{stderr}");
+    }
+}
