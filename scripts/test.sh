@@ -28,12 +28,16 @@ if [ "$(id -u)" -eq 0 ] || [ -n "${CI:-}" ]; then
 fi
 test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
-cargo test --workspace --all-targets -- ${include_ignored[@]+"${include_ignored[@]}"} 2>&1 | tee "$test_log"
+# Every target but the benches, which scripts/bench.sh --quick runs below.
+cargo test --workspace --lib --bins --tests --examples -- ${include_ignored[@]+"${include_ignored[@]}"} 2>&1 | tee "$test_log"
 # What did not run, and why (libtest prints "... ignored, REASON").
 ignored=$(grep -E '^test .* \.\.\. ignored' "$test_log" || true)
 echo "test.sh: $(printf '%s' "$ignored" | grep -c .) tests ignored"
 if [ -n "$ignored" ]; then
   printf '%s\n' "$ignored" | sed -E 's/^test .* \.\.\. ignored(, )?//; s/^$/(no reason given)/' | sort | uniq -c | sort -rn
 fi
+# Every benchmark once, small, and the table of ratios: it fails if a bench
+# fails, never on a figure.
+scripts/bench.sh --quick
 # Bounded fuzzing of every record parser and the upper-layer reader.
 scripts/fuzz.sh "${PVISOR_FUZZ_SECONDS:-60}"

@@ -14,6 +14,9 @@
 // skipped; clippy.toml's lints are for the libraries' own code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
+#[path = "support/table.rs"]
+mod table;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -171,6 +174,18 @@ fn main() {
             let times: Vec<Duration> = (0..iterations).map(|_| turn(&agent, &prefix, &ws, &home)).collect();
             let (mid, low, high) = median(times);
             let base = *host.get_or_insert(mid);
+            if !prefix.is_empty() {
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                let measure = format!("{} turn, pvisor run --agent", agent.name);
+                table::row(
+                    &measure,
+                    "ms",
+                    ms(mid),
+                    Some((ms(low), ms(high))),
+                    "the same turn on the host",
+                    ms(base),
+                );
+            }
             println!(
                 "{:<8} {:<28} {:>8.0}ms {:>9.0}–{:.0}ms {:>7.2}×",
                 agent.name,

@@ -12,6 +12,9 @@
 // or skipped; clippy.toml's lints are for the libraries' own code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
+#[path = "support/table.rs"]
+mod table;
+
 #[path = "support/xfs.rs"]
 mod xfs;
 
@@ -70,6 +73,15 @@ fn measure(label: &str, base: &Path, files: usize, size: usize, reflink: bool) {
     let method = out.split('(').nth(1).and_then(|s| s.split(')').next()).unwrap_or("?").to_owned();
     let _ = Command::new("sync").status();
     let (fork_time, _) = pvisor(&home, &ws, &["fork", &id, "-q", "--", "true"]);
+    let cp_name = if reflink { "cp -a --reflink" } else { "cp -a" };
+    table::row(
+        &format!("checkpoint of {files} files ({label})"),
+        "ms",
+        ms(ckpt_time),
+        None,
+        cp_name,
+        ms(cp_time),
+    );
     println!(
         "{label}: {files} files / {} MiB: cp -a{} {:.0} ms; checkpoint {:.0} ms ({method}) = {:.2}x; fork (restore + run + seal) {:.0} ms = {:.2}x",
         (files * size) >> 20,

@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/table.rs"]
+mod table;
 #[path = "support/xfs.rs"]
 mod xfs;
 
@@ -180,6 +182,7 @@ fn small_files(b: &mut Bench, layout: &str) {
         apply_t.push(b.pvisor(&home, &ws, &["apply", "-q", "--all"]));
     }
     let (a, c) = (median(apply_t), median(cp_t));
+    table::row(&format!("apply {small} small files ({layout})"), "ms", ms(a), None, "cp -a + sync", ms(c));
     println!(
         "{layout}: apply {small} small files: {:>8.1} ms   cp -a + sync: {:>8.1} ms   ratio {:.2}x (target <= 1.0x)",
         ms(a),

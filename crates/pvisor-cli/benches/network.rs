@@ -14,6 +14,9 @@
 // or skipped; clippy.toml's lints are for the libraries' own code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
+#[path = "support/table.rs"]
+mod table;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::process::Command;
@@ -136,6 +139,14 @@ fn main() {
         via / 1048576.0,
         raw / 1048576.0,
         100.0 * via / raw
+    );
+    table::row(
+        &format!("download {} MiB through the proxy", big >> 20),
+        "MiB/s",
+        via / 1048576.0,
+        None,
+        "direct (--net host)",
+        raw / 1048576.0,
     );
     // The HTTPS path: a CONNECT tunnel (curl -p), against the same direct download.
     let tunnel = |net: &[&str], via_proxy: bool| {

@@ -17,6 +17,9 @@
 // or skipped; clippy.toml's lints are for the libraries' own code.
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
+#[path = "support/table.rs"]
+mod table;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -93,10 +96,12 @@ fn main() {
     println!("run_overhead: {iterations} interleaved samples each");
     println!("{:<30} {:>10} {:>10} {:>10}", "command", "median ms", "p10 ms", "p90 ms");
     let mut medians = Vec::new();
+    let mut spreads = Vec::new();
     for ((name, _), mut s) in commands.iter().zip(samples) {
         s.sort();
         let median = percentile(&s, 0.5);
         medians.push(median);
+        spreads.push((ms(percentile(&s, 0.1)), ms(percentile(&s, 0.9))));
         println!(
             "{name:<30} {:>10.2} {:>10.2} {:>10.2}",
             ms(median),
@@ -105,6 +110,11 @@ fn main() {
         );
     }
     let pvisor_ms = ms(medians[pvisor_at]);
+    let who = if rustix::process::geteuid().is_root() { "root" } else { "unprivileged" };
+    for (i, (name, _)) in commands.iter().enumerate().take(pvisor_at).skip(1) {
+        let measure = format!("pvisor run -- true, {who}");
+        table::row(&measure, "ms", pvisor_ms, Some(spreads[pvisor_at]), name, ms(medians[i]));
+    }
     println!("ratio pvisor / unshare: {:.2}x", pvisor_ms / ms(medians[1]));
     if has_bwrap {
         println!("ratio pvisor / bwrap:   {:.2}x", pvisor_ms / ms(medians[2]));

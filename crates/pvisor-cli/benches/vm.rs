@@ -29,6 +29,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/table.rs"]
+mod table;
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -113,6 +116,8 @@ fn main() {
     let big_median = report(&format!("  same, workspace of 10k files ({accel})"), &mut vm_big);
     let cp_median = report("cp -a of that workspace", &mut cp);
     println!("ratio vm/ns: {:.1}x", ms(vm_median) / ms(ns_median));
+    let measure = format!("run --executor vm -- true ({accel})");
+    table::row(&measure, "ms", ms(vm_median), None, "run -- true (ns)", ms(ns_median));
     println!(
         "10k-file workspace adds {:.0} ms to a vm run; cp -a takes {:.0} ms ({:.2}x)",
         ms(big_median) - ms(vm_median),
