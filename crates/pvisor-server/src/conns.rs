@@ -122,6 +122,21 @@ impl Ticket {
     }
 }
 
+/// A connection's place, kept by whoever takes the connection over from
+/// hyper (an upgrade relayed into a sandbox, see `proxy.rs`): the
+/// connection then counts against the limits, busy, until that relay ends.
+/// Every request carries one in its extensions.
+#[derive(Debug, Clone)]
+pub struct Place(pub Arc<Ticket>);
+
+impl Place {
+    /// Keeps the connection counted, and busy, for as long as this lives.
+    pub fn hold(self) -> (Arc<Ticket>, Busy) {
+        let busy = Busy::new(&self.0);
+        (self.0, busy)
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.admission.lock().open.remove(&self.id);

@@ -101,7 +101,7 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().map(str::to_owned);
     let segments: Vec<String> =
@@ -132,17 +132,9 @@ where
             if path.ends_with('/') && !raw_rest.is_empty() {
                 raw_rest.push('/');
             }
-            return proxy::route(
-                daemon,
-                id,
-                port,
-                &parts.method,
-                &raw_rest,
-                query.as_deref(),
-                &parts.headers,
-                body,
-            )
-            .await;
+            let target = proxy::Target { port, raw_rest: &raw_rest, query: query.as_deref() };
+            let upgrade = proxy::Upgrade::of(&mut parts);
+            return proxy::route(daemon, id, target, &parts.method, &parts.headers, upgrade, body).await;
         }
         _ => {}
     }
@@ -350,7 +342,8 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let (daemon, api_key) = (daemon.clone(), api_key.clone());
         let busy = conns::Busy::new(&ticket);
-        let req = req.map(|b| conns::IdleBody::new(b, limits.body_idle_timeout));
+        let mut req = req.map(|b| conns::IdleBody::new(b, limits.body_idle_timeout));
+        req.extensions_mut().insert(conns::Place(ticket.clone()));
         async move {
             let response = handle(daemon, api_key, req).await;
             Ok::<_, std::convert::Infallible>(response.map(|b| conns::hold_busy(b, busy)))
@@ -362,7 +355,10 @@ async fn serve_connection(
         .serve_connection(
             hyper_util::rt::TokioIo::new(conns::StallingIo::new(stream, limits.write_stall_timeout)),
             service,
-        );
+        )
+        // An upgrade (a WebSocket to a sandbox's port) takes the
+        // connection over; `conns::Place` keeps it counted meanwhile.
+        .with_upgrades();
     tokio::select! {
         _ = connection => {}
         () = evicted.notified() => {}

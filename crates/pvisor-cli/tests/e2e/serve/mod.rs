@@ -24,6 +24,7 @@ mod hostile;
 mod sandboxes;
 mod sdk;
 mod snapshots;
+mod upgrades;
 mod volumes;
 
 const BOOT: Duration = Duration::from_secs(180);
