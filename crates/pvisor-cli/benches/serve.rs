@@ -27,6 +27,10 @@
 //!   10,000-file tree (1,000 as a smoke test), each timed around the execd
 //!   command that does it.
 //!
+//! - snapshots: `POST /sandboxes/{id}/snapshots` until `Ready`, and a
+//!   create from `snapshotId` until a command ran, against a create from
+//!   the image until a command ran.
+//!
 //! Every figure names the accelerator. `PVISOR_BENCH_ITERS` sets the sample
 //! count (default 5; 1 when `cargo test` runs this as a smoke test).
 
@@ -36,6 +40,9 @@
 // A benchmark stops at the first failure; each one names what failed.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/table.rs"]
+mod table;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -44,6 +51,9 @@ fn summary(name: &str, samples: &mut [f64], unit_baseline: Option<(&str, f64)>) 
     samples.sort_by(f64::total_cmp);
     let p = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     let median = p(0.5);
+    if let Some((what, base)) = unit_baseline {
+        table::row(name, "ms", median, Some((p(0.1), p(0.9))), what, base);
+    }
     let ratio =
         unit_baseline.map(|(what, base)| format!("  = {:.1}x {what}", median / base)).unwrap_or_default();
     println!(
@@ -174,6 +184,8 @@ fn upload_memory(port: u16, key: &str, daemon: u32, bytes: u64) {
 fn ready_sandbox(port: u16, auth: &str, extra: serde_json::Value) -> (String, String, String) {
     let mut create = serde_json::json!({ "image": { "uri": "default" }, "timeout": 600 });
     create.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    // A null in `extra` removes the default (`"image": null` for a snapshot).
+    create.as_object_mut().unwrap().retain(|_, v| !v.is_null());
     let create = create.to_string();
     let (status, body) = request(
         port,
@@ -247,6 +259,58 @@ fn volume_figures(port: u16, key: &str, volumes: &Path, mib: u64, files: usize, 
     let base = summary(&format!("baseline: walk {files} files on the guest's disk"), &mut disk_t, None);
     summary(&format!("walk {files} files on a host volume"), &mut vol_t, Some(("the guest's disk", base)));
     let _ = request(port, &format!("DELETE /v1/sandboxes/{id} HTTP/1.1\r\n{auth}"), 0, |_| {});
+}
+
+/// Snapshot create (until `Ready`), and a create from it until a command
+/// ran, against a create from the image until a command ran.
+fn snapshot_figures(port: u16, key: &str, iterations: usize) {
+    let auth = format!("OPEN-SANDBOX-API-KEY: {key}\r\n");
+    let call = |head: String, body: &str| {
+        let (status, answer) = request(port, &head, body.len() as u64, |s| {
+            std::io::Write::write_all(s, body.as_bytes()).unwrap()
+        });
+        (status, serde_json::from_slice::<serde_json::Value>(&answer).unwrap_or_default())
+    };
+    let (source, execd, token) = ready_sandbox(port, &auth, serde_json::json!({}));
+    timed_command(port, &execd, &token, "mkdir -p /srv/app && seq 100000 > /srv/app/data");
+    let json = "Content-Type: application/json\r\n";
+    let until_command = |extra: serde_json::Value| {
+        let start = Instant::now();
+        let (id, execd, token) = ready_sandbox(port, &auth, extra);
+        timed_command(port, &execd, &token, "true");
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        let _ = request(port, &format!("DELETE /v1/sandboxes/{id} HTTP/1.1\r\n{auth}"), 0, |_| {});
+        ms
+    };
+    let (mut create, mut restored, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let (status, snapshot) =
+            call(format!("POST /v1/sandboxes/{source}/snapshots HTTP/1.1\r\n{auth}{json}"), "{}");
+        assert_eq!(status, 202, "{snapshot}");
+        let id = snapshot["id"].as_str().unwrap().to_owned();
+        let state = loop {
+            let (_, got) = call(format!("GET /v1/snapshots/{id} HTTP/1.1\r\n{auth}"), "");
+            if got["status"]["state"] != "Creating" {
+                break got["status"]["state"].clone();
+            }
+            assert!(start.elapsed() < Duration::from_secs(600), "snapshot {id} is still Creating");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(state, "Ready", "snapshot {id}");
+        create.push(start.elapsed().as_secs_f64() * 1000.0);
+        restored.push(until_command(serde_json::json!({ "image": null, "snapshotId": id })));
+        fresh.push(until_command(serde_json::json!({})));
+        let _ = call(format!("DELETE /v1/snapshots/{id} HTTP/1.1\r\n{auth}"), "");
+    }
+    summary("snapshot create (until Ready)", &mut create, None);
+    let base = summary("baseline: create from the image until a command ran", &mut fresh, None);
+    summary(
+        "create from a snapshot until a command ran",
+        &mut restored,
+        Some(("a create from the image", base)),
+    );
+    let _ = request(port, &format!("DELETE /v1/sandboxes/{source} HTTP/1.1\r\n{auth}"), 0, |_| {});
 }
 
 fn main() {
@@ -421,6 +485,7 @@ fn main() {
     );
 
     // After the idle figure: these sandboxes are not idle, and their stops are not waited for.
+    snapshot_figures(port, key, iterations);
     upload_memory(port, key, daemon.id(), if measuring { 1 << 30 } else { 16 << 20 });
     if rustix::process::geteuid().is_root() {
         let (mib, files) = if measuring { (1024, 10_000) } else { (16, 1_000) };
