@@ -69,12 +69,17 @@ pub fn of_events(events: &[Event], started: SystemTime, now: SystemTime) -> Timi
     let mut from = started;
     for (name, ends_at, covers) in PHASES {
         let Some(to) = time_of(ends_at) else { continue };
+        // Milestones are stamped by more than one process (and a retried
+        // step stamps again), so one may sort before the last; it then
+        // ends a phase of zero rather than rewinding the clock, and the
+        // phases still add up to the whole.
+        let to = to.max(from);
         let ms = ms_between(from, to);
         let steps = if *ends_at == "attempt.started" { setup_steps(events, ms) } else { Vec::new() };
         phases.push(Phase { phase: (*name).into(), ms, covers: (*covers).into(), steps });
         from = to;
     }
-    if let Some(last) = events.last().map(|e| e.time.system_time()) {
+    if let Some(last) = events.last().map(|e| e.time.system_time().max(from)) {
         let covers = "the receipt and the Job's final records";
         phases.push(Phase {
             phase: "finalize".into(),
@@ -91,7 +96,7 @@ pub fn of_events(events: &[Event], started: SystemTime, now: SystemTime) -> Timi
         covers: covers.into(),
         steps: Vec::new(),
     });
-    Timings { total_ms: ms_between(started, now), phases }
+    Timings { total_ms: ms_between(started, now.max(from)), phases }
 }
 
 /// The executor's own setup steps (`setup_us` in its facts), if it
@@ -191,5 +196,25 @@ mod tests {
             timings.phases[2].steps.iter().map(|s| (s.step.as_str(), s.ms)).collect();
         assert_eq!(steps, [("spawn_helper", 1.5), ("init.mounts", 4.0), ("other", 6.5)]);
         assert!(table(&timings).contains("init.mounts"));
+    }
+
+    #[test]
+    fn a_milestone_stamped_before_the_last_ends_a_phase_of_zero_and_the_sum_holds() {
+        let events = [
+            event("job.created", 1_010, serde_json::Value::Null),
+            event("attempt.created", 1_012, serde_json::Value::Null),
+            event("attempt.started", 1_020, serde_json::Value::Null),
+            event("attempt.exited", 1_050, serde_json::Value::Null),
+            // Another process stamped the seal a little before the exit.
+            event("stage.sealed", 1_049, serde_json::Value::Null),
+            event("bundle.saved", 1_053, serde_json::Value::Null),
+            event("run.completed", 1_056, serde_json::Value::Null),
+        ];
+        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let timings = of_events(&events, at(1_000), at(1_060));
+        let seal = timings.phases.iter().find(|p| p.phase == "seal").unwrap();
+        assert_eq!(seal.ms, 0.0);
+        let sum: f64 = timings.phases.iter().map(|p| p.ms).sum();
+        assert!((sum - timings.total_ms).abs() < 1e-6, "{sum} vs {}", timings.total_ms);
     }
 }
