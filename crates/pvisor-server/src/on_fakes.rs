@@ -319,6 +319,14 @@ fn pause_suspends_the_vm_and_resume_runs_a_new_generation() {
 fn an_entrypoint_that_exited_during_a_pause_ends_the_sandbox_on_resume() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
+    // The entrypoint starts once the sandbox is Running; pause after it has
+    // been recorded (pausing first, on a loaded host, left none to end).
+    s.await_state(&id, "Running");
+    let recorded = Instant::now();
+    while !s.daemon.get(&id).unwrap().commands.contains_key("entrypoint") {
+        assert!(recorded.elapsed() < Duration::from_secs(30), "the entrypoint was never recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
     assert_eq!(status, StatusCode::ACCEPTED);
     s.await_state(&id, "Paused");
