@@ -198,6 +198,10 @@ fn switch(
 ) -> Response<http::Body> {
     let mut out = http::empty(StatusCode::SWITCHING_PROTOCOLS);
     copy_end_to_end(response.headers(), out.headers_mut());
+    // A 1xx has no body (RFC 9110, 8.6): a length the untrusted service
+    // put on its 101 would make a client wait for bytes that are the new
+    // protocol's.
+    out.headers_mut().remove(hyper::header::CONTENT_LENGTH);
     let protocol = response.headers().get("upgrade").cloned().unwrap_or(upgrade.protocol);
     out.headers_mut().insert("connection", hyper::header::HeaderValue::from_static("upgrade"));
     out.headers_mut().insert("upgrade", protocol);

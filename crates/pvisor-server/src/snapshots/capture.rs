@@ -116,7 +116,20 @@ fn work(daemon: &Arc<Daemon>) {
                 }
             }
         };
-        run(daemon, &next.0, &next.1);
+        // A capture that panics (a bug) still ends its snapshot `Failed`
+        // and leaves the worker counted and working: otherwise the queue
+        // would believe in a worker that is gone, and nothing queued would run.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(daemon, &next.0, &next.1)));
+        if ran.is_err() {
+            let failed = daemon.snapshots.update(&next.0, |r| {
+                let why = "the capture crashed (a bug in pvisor serve; its log has the panic)";
+                r.set(SnapshotState::Failed, "snapshot_capture_failed", why);
+                Ok(())
+            });
+            if let Err(e) = failed {
+                tracing::error!(snapshot = %next.0, "the crashed capture could not be recorded: {e}");
+            }
+        }
     }
 }
 
