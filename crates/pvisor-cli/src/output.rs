@@ -159,31 +159,7 @@ pub fn shown_path(path: &std::path::Path) -> String {
     shown(&path.to_string_lossy())
 }
 
-/// Describes how a run ended: `completed`, `failed (exit 3)`, `cancelled (signal 2)`.
-pub fn ending(state: &str, exit_code: Option<i32>, signal: Option<i32>) -> String {
-    match (exit_code, signal) {
-        (Some(code), _) => format!("{state} (exit {code})"),
-        (None, Some(sig)) => format!(
-            "{state} (signal {sig}{})",
-            signal_name(sig).map(|n| format!(", {n}")).unwrap_or_default()
-        ),
-        (None, None) => state.to_owned(),
-    }
-}
-
-fn signal_name(sig: i32) -> Option<&'static str> {
-    Some(match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGABRT => "SIGABRT",
-        _ => return None,
-    })
-}
+pub use pvisor_core::records::ending;
 
 #[cfg(test)]
 mod tests {

@@ -45,6 +45,37 @@ pub enum LabelError {
 /// under the others. A user's label never takes one.
 pub const RESERVED_PREFIXES: &[&str] = &["pvisor.serve/", "containerd.io/", "io.kubernetes."];
 
+/// The labels the containerd shim gives a container's Job: its containerd
+/// namespace and container id (under a reserved prefix, so no user's Job
+/// carries them).
+pub const CONTAINERD_NAMESPACE: &str = "containerd.io/namespace";
+pub const CONTAINERD_CONTAINER: &str = "containerd.io/container";
+/// The CRI plugin's pod name and Kubernetes namespace, where it set them.
+pub const CRI_POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const CRI_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+
+/// The containerd container a Job is, read from its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerdContainer<'a> {
+    pub namespace: &'a str,
+    pub container: &'a str,
+    /// The Kubernetes pod and its namespace, when CRI created it.
+    pub pod: Option<(&'a str, &'a str)>,
+}
+
+/// The containerd container a Job with `labels` is, if a shim runs it.
+pub fn containerd_container(labels: &Labels) -> Option<ContainerdContainer<'_>> {
+    let pod = match (labels.get(CRI_POD_NAME), labels.get(CRI_POD_NAMESPACE)) {
+        (Some(name), Some(namespace)) => Some((name.as_str(), namespace.as_str())),
+        _ => None,
+    };
+    Some(ContainerdContainer {
+        namespace: labels.get(CONTAINERD_NAMESPACE)?,
+        container: labels.get(CONTAINERD_CONTAINER)?,
+        pod,
+    })
+}
+
 /// Parses a label a user gives a Job: as [`parse`], and a key under a
 /// [`RESERVED_PREFIXES`] entry is refused.
 pub fn parse_assigned(arg: &str) -> Result<(String, String), LabelError> {

@@ -442,6 +442,49 @@ pub struct RunResult {
     pub error: Option<String>,
 }
 
+/// Describes how a run ended: `completed`, `failed (exit 3)`, `cancelled (signal 2)`.
+pub fn ending(state: &str, exit_code: Option<i32>, signal: Option<i32>) -> String {
+    match (exit_code, signal) {
+        (Some(code), _) => format!("{state} (exit {code})"),
+        (None, Some(sig)) => format!(
+            "{state} (signal {sig}{})",
+            signal_name(sig).map(|n| format!(", {n}")).unwrap_or_default()
+        ),
+        (None, None) => state.to_owned(),
+    }
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGABRT => "SIGABRT",
+        _ => return None,
+    })
+}
+
+/// [`ending`], then why when pvisor knows: `failed (exit 1): no guest image
+/// found ...`.
+pub fn summary(state: &str, exit_code: Option<i32>, signal: Option<i32>, error: Option<&str>) -> String {
+    let ended = ending(state, exit_code, signal);
+    match error {
+        Some(error) => format!("{ended}: {error}"),
+        None => ended,
+    }
+}
+
+impl RunResult {
+    /// How the run ended, and why when pvisor knows (see [`summary`]).
+    pub fn summary(&self) -> String {
+        summary(self.state.as_str(), self.exit_code, self.signal, self.error.as_deref())
+    }
+}
+
 /// `runs/<run>/attempts/<n>/bundle.json`: the saved result and observations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Bundle {

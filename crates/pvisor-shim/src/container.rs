@@ -180,7 +180,20 @@ impl Container {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
         let on_oom = exec_id.is_empty().then_some(on_oom);
-        process.start(&self.vm, on_exit, on_oom).map_err(|e| Error::Internal(e.to_string()))
+        // The Job's Trace says what containerd ran: the start is recorded
+        // before the process can end, its end before containerd hears of
+        // it (so before the init process's exit ends the VM).
+        let ran = Ran::new(&self.id, exec_id, &process.spec);
+        self.vm.note(ran.started());
+        let (vm, noted, since) = (self.vm.clone(), ran.clone(), std::time::Instant::now());
+        let on_exit = move |pid: u32, exit: &Exit| {
+            vm.note(noted.ended(exit.status, since.elapsed()));
+            on_exit(pid, exit);
+        };
+        process.start(&self.vm, on_exit, on_oom).map_err(|e| {
+            self.vm.note(ran.failed(&e.to_string()));
+            Error::Internal(e.to_string())
+        })
     }
 
     /// Every live process's guest pid (the init process first).
@@ -281,4 +294,50 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
     // The mounts are not known here; a volatile overlay's marker is cleared
     // when its snapshot is mounted again.
     rootfs::unmount_all(&bundle.join("rootfs"), &[]);
+}
+
+/// A process containerd ran in the container, as the Job's Trace records
+/// it (`frontend.command`): `container ID: ARGV` for the init process,
+/// `exec EXEC in ID: ARGV` for an exec; the start has no exit code yet.
+#[derive(Clone)]
+struct Ran {
+    command: String,
+    uid: Option<u32>,
+}
+
+impl Ran {
+    fn new(container: &str, exec_id: &str, spec: &ProcessSpec) -> Ran {
+        let argv = spec.argv.join(" ");
+        let command = if exec_id.is_empty() {
+            format!("container {container}: {argv}")
+        } else {
+            format!("exec {exec_id} in {container}: {argv}")
+        };
+        Ran { command, uid: spec.confinement.as_ref().map(|c| c.uid) }
+    }
+
+    fn note(&self) -> pvisor::FrontendNote {
+        pvisor::FrontendNote {
+            command: self.command.clone(),
+            uid: self.uid,
+            background: false,
+            exit_code: None,
+            error: None,
+            duration_ms: 0,
+        }
+    }
+
+    fn started(&self) -> pvisor::FrontendNote {
+        pvisor::FrontendNote { background: true, ..self.note() }
+    }
+
+    /// Its end: the exit status containerd is given (128 + a signal's number).
+    fn ended(&self, status: u32, ran: std::time::Duration) -> pvisor::FrontendNote {
+        let duration_ms = u64::try_from(ran.as_millis()).unwrap_or(u64::MAX);
+        pvisor::FrontendNote { exit_code: i32::try_from(status).ok(), duration_ms, ..self.note() }
+    }
+
+    fn failed(&self, why: &str) -> pvisor::FrontendNote {
+        pvisor::FrontendNote { error: Some(why.to_owned()), ..self.note() }
+    }
 }

@@ -64,14 +64,15 @@ pub enum SpecError {
 /// --label io.kubernetes.cri.sandbox-name=web` finds a pod's VMs.
 const CRI_LABELS: [&str; 5] = [
     "io.kubernetes.cri.sandbox-id",
-    "io.kubernetes.cri.sandbox-name",
-    "io.kubernetes.cri.sandbox-namespace",
+    pvisor_core::labels::CRI_POD_NAME,
+    pvisor_core::labels::CRI_POD_NAMESPACE,
     "io.kubernetes.cri.container-name",
     CRI_CONTAINER_TYPE,
 ];
 /// The Job labels naming the container.
-pub const NAMESPACE_LABEL: &str = "containerd.io/namespace";
-pub const CONTAINER_LABEL: &str = "containerd.io/container";
+pub use pvisor_core::labels::{
+    CONTAINERD_CONTAINER as CONTAINER_LABEL, CONTAINERD_NAMESPACE as NAMESPACE_LABEL,
+};
 
 /// The labels of the container's Job: its containerd namespace and id, and
 /// the CRI plugin's pod and container names where it set them. An

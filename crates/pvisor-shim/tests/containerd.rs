@@ -104,6 +104,7 @@ fn a_running_container_execs_pauses_and_ends(c: &Containerd) {
     ]);
     assert_eq!(text(&exec.stdout), "in\nroot:x:0:0:root:/root:/bin/sh\n", "stderr: {}", text(&exec.stderr));
     assert_eq!(exec.status.code(), Some(5));
+    pvisors_own_commands_leave_a_running_container_to_containerd(c, "long");
     let filtered =
         c.ok(&["task", "exec", "--exec-id", "sc", "long", "grep", "^Seccomp:", "/proc/self/status"]);
     assert_eq!(filtered, "Seccomp:\t2\n", "the exec runs under the container's filter");
@@ -163,6 +164,34 @@ fn a_running_container_execs_pauses_and_ends(c: &Containerd) {
         text(&deleted.stderr)
     );
     c.ok(&["container", "rm", "long"]);
+}
+
+/// `pvisor kill`, `suspend` and `resume` of a running container's Job are
+/// refused, naming the `ctr` command that does it; the container runs on.
+fn pvisors_own_commands_leave_a_running_container_to_containerd(c: &Containerd, id: &str) {
+    let job = job_of(c, id);
+    for (verb, how) in [("kill", "task kill"), ("suspend", "task pause"), ("resume", "task resume")] {
+        let out = Command::new(repo().join("target/debug/pvisor"))
+            .args([verb, &job])
+            .env("PVISOR_HOME", c.home())
+            .output()
+            .expect("target/debug/pvisor runs");
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "pvisor {verb} of a container's Job is refused: {stderr}");
+        assert!(
+            stderr.contains(&format!("ctr -n {NAMESPACE} {how} {id}")) && stderr.contains("containerd"),
+            "pvisor {verb} names the ctr command: {stderr}"
+        );
+    }
+    assert_eq!(c.task_status(id).as_deref(), Some("RUNNING"), "the container runs on");
+}
+
+/// The Job of container `id`.
+fn job_of(c: &Containerd, id: &str) -> String {
+    let listing = pvisor(c, &["jobs", "--json", "--label", &format!("containerd.io/container={id}")]);
+    let jobs: Vec<serde_json::Value> = listing.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert_eq!(jobs.len(), 1, "one Job for container {id}: {jobs:?}");
+    jobs[0]["data"]["job"].as_str().expect("a job id").to_owned()
 }
 
 /// SIGKILL reaches a paused container: its Job is closed.
@@ -239,6 +268,16 @@ fn nothing_of_the_vms_is_left(c: &Containerd) {
     assert_eq!(long[0]["data"]["labels"]["containerd.io/namespace"], NAMESPACE, "{long:?}");
     let job = long[0]["data"]["job"].as_str().expect("a job id");
     assert!(pvisor(c, &["status", job]).contains("containerd.io/container=long"));
+    // Its Trace says what containerd ran there: the container's process and
+    // each exec, with its start and its exit status.
+    let events = pvisor(c, &["events", job, "--json"]);
+    let noted = |want: &[&str]| {
+        events.lines().any(|l| l.contains("frontend.command") && want.iter().all(|w| l.contains(w)))
+    };
+    assert!(noted(&["container long: sh -c", "\"background\":true"]), "the start of long: {events}");
+    assert!(noted(&["container long: sh -c", "\"exit_code\":143"]), "long's end by SIGTERM: {events}");
+    assert!(noted(&["exec e1 in long: sh -c echo in", "\"exit_code\":5"]), "exec e1's exit: {events}");
+    assert!(noted(&["exec e3 in long: /no/such/program", "\"error\""]), "exec e3 could not start: {events}");
 }
 
 #[test]
@@ -510,4 +549,33 @@ fn exits_within(mut child: std::process::Child, timeout: Duration, what: &str) -
             None => std::thread::sleep(Duration::from_millis(100)),
         }
     }
+}
+
+/// A container whose VM cannot boot fails its start with the Job's own
+/// reason and hint (here: no guest image, and where the shim looked), not
+/// a summary of Rust values: what `ctr` prints and `kubectl describe pod`
+/// shows. The shim runs from a directory of its own, so no build tree's
+/// image is beside it, and the data directories it searches are empty.
+#[test]
+#[ignore = "needs root, containerd and the vm guest image: scripts/test.sh runs it as root, with --include-ignored"]
+fn a_container_whose_vm_cannot_boot_fails_saying_why() {
+    require();
+    let alone = tempfile::tempdir().expect("tempdir");
+    let bin = alone.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    std::fs::copy(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"), bin.join("containerd-shim-pvisor-v1"))
+        .expect("copy the shim");
+    let empty = alone.path().join("share");
+    let empty = empty.to_str().expect("a UTF-8 path");
+    let c = start_with(NAMESPACE, &bin, &[("XDG_DATA_DIRS", empty), ("XDG_DATA_HOME", empty)]);
+    let out = c.ctr(&["run", "--rm", "--runtime", RUNTIME, IMAGE, "noimage", "true"]);
+    let stderr = text(&out.stderr);
+    eprintln!("ctr run without a guest image said: {stderr}");
+    assert!(!out.status.success(), "the container cannot start without a guest image: {stderr}");
+    assert!(stderr.contains("no guest image found (looked in"), "the cause reaches ctr: {stderr}");
+    assert!(stderr.contains("scripts/vm-image.sh"), "and what to do: {stderr}");
+    assert!(!stderr.contains("None"), "no Rust debug output: {stderr}");
+    eventually("nothing of the container is left", Duration::from_secs(30), || {
+        processes_naming(&c.home()).is_empty()
+    });
 }

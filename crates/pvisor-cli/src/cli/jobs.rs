@@ -179,15 +179,22 @@ pub struct DropArgs {
 /// cancel (it still finalizes with a receipt) and is killed if it does not
 /// stop within --grace. A Job with no confirmed result (`unknown`) is closed
 /// as `lost`: recorded as lost, never as success. Its stage stays reviewable.
+/// A live Job that the containerd shim runs (a container) is ended through
+/// containerd (`ctr task kill`, `kubectl delete pod`), which pvisor names.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  pvisor kill job-01JD4\n  pvisor kill --grace 2s\n  pvisor kill job-01JD4 --json   one `result` line: the Job and its state\n\nExit status: 0 when the Job has ended (or had already); 125 on error."
+    after_help = "Examples:\n  pvisor kill job-01JD4\n  pvisor kill --grace 2s\n  pvisor kill --force job-01JD4   a container's Job, behind containerd's back\n  pvisor kill job-01JD4 --json   one `result` line: the Job and its state\n\nExit status: 0 when the Job has ended (or had already); 125 on error."
 )]
 pub struct KillArgs {
     pub job: Option<String>,
     /// How long a live run gets to cancel and publish its receipt before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime_duration)]
     pub grace: std::time::Duration,
+    /// End a Job that a containerd shim runs even so (containerd then sees
+    /// its container's task die); without it such a Job is left to `ctr`
+    /// or `kubectl`.
+    #[arg(long)]
+    pub force: bool,
     /// One JSON `result` line on stdout (or `error`) instead of text.
     #[arg(long)]
     pub json: bool,

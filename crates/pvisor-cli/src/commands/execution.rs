@@ -63,6 +63,7 @@ pub fn cmd_checkpoint_execution(runtime: &Runtime, job: &JobId, json: bool) -> a
 
 pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
+    super::containerd_owned::refuse_if_running(runtime, &job, super::containerd_owned::Change::Suspend)?;
     let manifest = runtime.execute(Suspend { job: job.clone() })?;
     print_manifest(&manifest, args.json, &format!("{job} suspended; its VM has exited"))?;
     if args.json {
@@ -77,6 +78,7 @@ pub fn cmd_suspend(runtime: &Runtime, args: SuspendArgs) -> anyhow::Result<i32> 
 
 pub fn cmd_resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
+    super::containerd_owned::refuse_if_running(runtime, &job, super::containerd_owned::Change::Resume)?;
     super::run::drive(runtime, super::run::Shown::quiet(args.quiet), move || {
         runtime.execute(Resume { job }).context("Cannot resume")
     })

@@ -9,6 +9,9 @@ use crate::results::KillResult;
 
 pub fn cmd_kill(runtime: &Runtime, args: KillArgs) -> anyhow::Result<i32> {
     let job = super::resolve_job(runtime, args.job.as_deref())?;
+    if !args.force {
+        super::containerd_owned::refuse_if_running(runtime, &job, super::containerd_owned::Change::Kill)?;
+    }
     let killed = super::freeing_space(runtime.store(), || {
         Ok(runtime.execute(Kill { job: job.clone(), grace: args.grace })?)
     })?;

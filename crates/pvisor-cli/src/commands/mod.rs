@@ -5,6 +5,7 @@ mod apply_hunks;
 mod archive;
 mod cache;
 mod checkpoint;
+mod containerd_owned;
 mod doctor;
 mod drop;
 mod events;

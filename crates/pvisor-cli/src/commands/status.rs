@@ -86,9 +86,9 @@ fn print_status(out: &mut impl Write, s: &JobStatus) -> std::io::Result<()> {
         ReceiptStatus::Valid => "valid (result confirmed)".to_owned(),
         ReceiptStatus::Missing if s.live => "not yet (the run is in progress)".to_owned(),
         ReceiptStatus::Missing if s.suspended_to.is_some() => format!(
-            "none yet: suspended to {} (termination receipt valid); `pvisor resume {}` continues it",
+            "none yet: suspended to {} (termination receipt valid); {}",
             s.suspended_to.as_ref().map(|c| c.as_str()).unwrap_or_default(),
-            s.job
+            super::containerd_owned::resume_hint(&s.labels, &s.job)
         ),
         ReceiptStatus::Missing => {
             "missing: the supervisor stopped before confirming a result; the stage is kept".to_owned()

@@ -261,31 +261,17 @@ fn stream_foreground(
 
 /// Has the sandbox Job's Trace record a command (`frontend.command`), on a
 /// thread of its own: a response never waits for the record.
-/// Texts longer than this (a client's code, a long command line) are cut
-/// in the Trace, saying how long they were.
-const MAX_NOTED_TEXT: usize = 4096;
-
-pub(crate) fn note_in_trace(daemon: &Arc<Daemon>, id: &str, mut note: pvisor::FrontendNote) {
+pub(crate) fn note_in_trace(daemon: &Arc<Daemon>, id: &str, note: pvisor::FrontendNote) {
     let Some(job) = daemon.get(id).ok().and_then(|r| r.job) else { return };
-    note.command = bounded(note.command);
-    note.error = note.error.map(bounded);
     let (runtime, id) = (daemon.runtime.clone(), id.to_owned());
-    std::thread::spawn(move || {
+    let noted = std::thread::Builder::new().name("trace-note".into()).spawn(move || {
         if let Err(e) = runtime.execute(pvisor::actions::NoteInTrace { job, note }) {
             tracing::warn!(sandbox = %id, "a command is missing from the Trace: {e}");
         }
     });
-}
-
-fn bounded(text: String) -> String {
-    if text.len() <= MAX_NOTED_TEXT {
-        return text;
+    if let Err(e) = noted {
+        tracing::warn!("a command is missing from the Trace: no thread to record it: {e}");
     }
-    let mut end = MAX_NOTED_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// Cancellation: a client that goes away (or a timeout) kills the command;

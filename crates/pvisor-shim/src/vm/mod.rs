@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use pvisor::actions::guest::{CapabilityError, ExecChannel, ExecSpec, TerminalSize};
 use pvisor::actions::guest::{Reply, Request};
 use pvisor::actions::{
-    CheckpointExecution, Guest, Held, Hold, HoldGuest, Keeper, Kill, NotReady, Readiness, ReleaseStorage,
-    Suspend,
+    CheckpointExecution, Guest, Held, Hold, HoldGuest, Keeper, Kill, NotReady, NoteInTrace, Readiness,
+    ReleaseStorage, Status, Suspend,
 };
 use pvisor::{CancelHandle, RunEnd, Runtime, RuntimeError};
 use pvisor_core::ids::{AttemptId, JobId};
@@ -108,7 +108,9 @@ impl Vm {
         let hold = Hold::New { keeper: Box::new(keeper), backend: "vm".into() };
         let held = {
             let _inside = tokio.enter();
-            runtime.execute(HoldGuest { hold, ready: Some(readiness(&rootfs)) }).map_err(not_held)?
+            runtime
+                .execute(HoldGuest { hold, ready: Some(readiness(&rootfs)) })
+                .map_err(|e| not_held(runtime, e))?
         };
         let job = held.job().clone();
         log::info!("container {container} is Job {job} (workspace {})", rootfs.display());
@@ -152,10 +154,7 @@ impl Vm {
         let state = self.state.clone();
         self.tokio.spawn(async move {
             let summary = match run.wait().await {
-                Ok(RunEnd::Finished(o)) => format!(
-                    "ended {} (signal {:?}, exit {:?})",
-                    o.result.state, o.result.signal, o.result.exit_code
-                ),
+                Ok(RunEnd::Finished(o)) => format!("ended {}", o.result.summary()),
                 Ok(RunEnd::Suspended(s)) => format!("suspended to {}", s.checkpoint.id),
                 Err(e) => format!("failed: {e}"),
             };
@@ -176,6 +175,16 @@ impl Vm {
 
     pub fn job(&self) -> &JobId {
         &self.job
+    }
+
+    /// Has the Job's Trace record a process containerd ran (a
+    /// `frontend.command` event), waiting for the record so that notes
+    /// keep their order. A VM that is not running (paused, ended) takes no
+    /// note, which is logged.
+    pub fn note(&self, note: pvisor::FrontendNote) {
+        if let Err(e) = self.runtime.execute(NoteInTrace { job: self.job.clone(), note }) {
+            log::warn!("Job {}: a process is missing from the Trace: {e}", self.job);
+        }
     }
 
     /// The live guest, waiting out a pause or resume in progress; `None`
@@ -337,7 +346,7 @@ impl Vm {
                 Ok(())
             }
             Err(e @ RuntimeError::GuestNotReady { .. }) => {
-                let e = not_held(e);
+                let e = not_held(&self.runtime, e);
                 self.set(Phase::Ended { summary: Some(e.to_string()) });
                 Err(e)
             }
@@ -471,7 +480,7 @@ pub enum VmError {
     Exec(#[from] ExecError),
     #[error("the guest answered {0}")]
     Answered(String),
-    #[error("Job {job} ended before its VM was ready ({summary}); see `pvisor events {job}`")]
+    #[error("Job {job} ended before its VM was ready: {summary}\n(its whole record: `pvisor events {job}`)")]
     EndedBeforeReady { job: JobId, summary: String },
     #[error("the VM of Job {job} was not ready after {seconds} s: {last}")]
     NotReady { job: JobId, seconds: u64, last: String },
@@ -513,11 +522,19 @@ fn readiness(rootfs: &std::path::Path) -> Readiness {
     Readiness { root: rootfs.to_owned(), timeout: READY_TIMEOUT, poll: READY_POLL }
 }
 
-/// Why a generation did not come up, as containerd is told.
-fn not_held(e: RuntimeError) -> VmError {
+/// Why a generation did not come up, as containerd is told: a Job that
+/// ended says how and why (its recorded error and hint), which is what
+/// `ctr` and `kubectl describe pod` then show.
+fn not_held(runtime: &Runtime, e: RuntimeError) -> VmError {
     match e {
         RuntimeError::GuestNotReady { job, why: NotReady::Ended(state), .. } => {
-            VmError::EndedBeforeReady { job, summary: state.to_string() }
+            let summary = match runtime.execute(Status { job: job.clone() }) {
+                Ok(s) => {
+                    pvisor_core::records::summary(s.state.as_str(), s.exit_code, s.signal, s.error.as_deref())
+                }
+                Err(_) => state.to_string(),
+            };
+            VmError::EndedBeforeReady { job, summary }
         }
         RuntimeError::GuestNotReady { job, last, .. } => {
             VmError::NotReady { job, seconds: READY_TIMEOUT.as_secs(), last }

@@ -118,12 +118,19 @@ pub fn require() {
 
 /// A private containerd with the test image imported into `namespace`.
 pub fn start(namespace: &str) -> Containerd {
-    let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
     let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pvisor-v1"));
+    start_with(namespace, shim.parent().expect("the shim's directory"), &[])
+}
+
+/// [`start`], with the shim found in `shim_dir` and `env` in containerd's
+/// (so every shim's) environment.
+pub fn start_with(namespace: &str, shim_dir: &Path, env: &[(&str, &str)]) -> Containerd {
+    let dir = tempfile::Builder::new().prefix("pvisor-ctr-").tempdir_in("/tmp").expect("tempdir");
     let out = Command::new(repo().join("scripts/containerd-env.sh"))
         .arg("start")
         .arg(dir.path())
-        .arg(shim.parent().expect("the shim's directory"))
+        .arg(shim_dir)
+        .envs(env.iter().copied())
         .output()
         .expect("containerd-env.sh runs");
     assert!(out.status.success(), "containerd did not start: {}", text(&out.stderr));

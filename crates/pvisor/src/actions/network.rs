@@ -47,10 +47,27 @@ impl Action for NoteInTrace {
     const NAME: &'static str = "note-in-trace";
     type Outcome = ();
 
-    fn perform(self, runtime: &Runtime) -> Result<(), RuntimeError> {
+    fn perform(mut self, runtime: &Runtime) -> Result<(), RuntimeError> {
         let live = runtime.job(&self.job)?;
         runtime.require_running(&live, "only a running Job's Trace takes notes")?;
+        self.note.command = bounded(self.note.command);
+        self.note.error = self.note.error.map(bounded);
         job_control::note(&live.attempt_dir, &self.note)
             .map_err(|e| RuntimeError::Note { job: self.job, why: e.to_string() })
     }
+}
+
+/// Texts longer than this (a client's code, a long command line) are cut
+/// in the Trace, saying how long they were.
+const MAX_NOTED_TEXT: usize = 4096;
+
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_NOTED_TEXT {
+        return text;
+    }
+    let mut end = MAX_NOTED_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
