@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs pvisor and the images it ships with, where an installed binary
-# finds them (see crates/pvisor-core/src/assets.rs):
+# Installs pvisor, its containerd shim and the images it ships with, where
+# an installed binary finds them (see crates/pvisor-core/src/assets.rs):
 #   PREFIX/bin/pvisor
+#   PREFIX/bin/containerd-shim-pvisor-v1   the runtime io.containerd.pvisor.v1
+#                                          (deploy/node-install.sh registers it)
 #   PREFIX/share/pvisor/vm-image/          the --executor vm guest image
 #   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` images `default`
 #   PREFIX/share/pvisor/sandbox-image-python/  and `python`
@@ -19,11 +21,15 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 127
 fi
 echo "install: building pvisor (release; the first build takes a few minutes)..." >&2
-cargo build --release --manifest-path "$root/Cargo.toml" -p pvisor-cli
+cargo build --release --manifest-path "$root/Cargo.toml" -p pvisor-cli -p pvisor-shim
 install -d "$prefix/bin" "$prefix/share/pvisor"
-install -m 0755 "$root/target/release/pvisor" "$prefix/bin/pvisor.new"
-mv -f "$prefix/bin/pvisor.new" "$prefix/bin/pvisor"
-echo "install: $prefix/bin/pvisor" >&2
+for binary in pvisor containerd-shim-pvisor-v1; do
+  # Copied beside, then renamed: a running containerd or pvisor never
+  # starts half a binary.
+  install -m 0755 "$root/target/release/$binary" "$prefix/bin/.$binary.new"
+  mv -f "$prefix/bin/.$binary.new" "$prefix/bin/$binary"
+  echo "install: $prefix/bin/$binary" >&2
+done
 
 # Each image is built into target/ and copied whole, then renamed into place,
 # so a running pvisor never sees half an image.
