@@ -180,19 +180,24 @@ impl Container {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
         let on_oom = exec_id.is_empty().then_some(on_oom);
+        if process.snapshot().status != Status::Created {
+            return Err(Error::Precondition(format!(
+                "process {exec_id:?} of {} was already started",
+                self.id
+            )));
+        }
         // The Job's Trace says what containerd ran: the start is recorded
-        // before the process can end, its end before containerd hears of
-        // it (so before the init process's exit ends the VM).
+        // before the process can end, its end before containerd (or a
+        // `Wait`) hears of it, so before the init process's exit ends the VM.
         let ran = Ran::new(&self.id, exec_id, &process.spec);
         self.vm.note(ran.started());
         let (vm, noted, since) = (self.vm.clone(), ran.clone(), std::time::Instant::now());
-        let on_exit = move |pid: u32, exit: &Exit| {
-            vm.note(noted.ended(exit.status, since.elapsed()));
-            on_exit(pid, exit);
-        };
-        process.start(&self.vm, on_exit, on_oom).map_err(|e| {
-            self.vm.note(ran.failed(&e.to_string()));
-            Error::Internal(e.to_string())
+        let note_end = move |_pid: u32, exit: &Exit| vm.note(noted.ended(exit.status, since.elapsed()));
+        process.start(&self.vm, note_end, on_exit, on_oom).map_err(|e| {
+            // The guest's words: untrusted text, on its way to terminals.
+            let why = pvisor_core::text::escape(&e.to_string(), pvisor_core::text::Tabs::Escape).into_owned();
+            self.vm.note(ran.failed(&why));
+            Error::Internal(why)
         })
     }
 
@@ -298,7 +303,10 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
 
 /// A process containerd ran in the container, as the Job's Trace records
 /// it (`frontend.command`): `container ID: ARGV` for the init process,
-/// `exec EXEC in ID: ARGV` for an exec; the start has no exit code yet.
+/// `exec in ID: ARGV` for an exec; the start has no exit code yet. The
+/// exec's id is left out: the Trace counts repeats of one text rather than
+/// writing each, and a probe the kubelet runs every few seconds comes with
+/// a new id each time.
 #[derive(Clone)]
 struct Ran {
     command: String,
@@ -308,10 +316,11 @@ struct Ran {
 impl Ran {
     fn new(container: &str, exec_id: &str, spec: &ProcessSpec) -> Ran {
         let argv = spec.argv.join(" ");
+        // An empty exec id is the init process's.
         let command = if exec_id.is_empty() {
             format!("container {container}: {argv}")
         } else {
-            format!("exec {exec_id} in {container}: {argv}")
+            format!("exec in {container}: {argv}")
         };
         Ran { command, uid: spec.confinement.as_ref().map(|c| c.uid) }
     }

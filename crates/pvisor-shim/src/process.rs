@@ -141,6 +141,9 @@ struct Inner {
     started: Option<(Arc<Vm>, u32)>,
     /// Runs once, when the process is first recorded as ended.
     on_exit: Option<OnExit>,
+    /// Runs once, before the end is recorded and anyone waiting hears of
+    /// it: the Job's Trace notes the end first.
+    before_exit: Option<OnExit>,
     /// The channel the relay reads now.
     link: Option<Link>,
     /// The terminal's size: the last `ResizePty`, applied at the start of
@@ -195,6 +198,7 @@ impl Process {
             exit: None,
             started: None,
             on_exit: None,
+            before_exit: None,
             link: None,
             // As runc's console: no size until containerd sends one.
             size: TerminalSize { rows: 0, cols: 0 },
@@ -214,12 +218,14 @@ impl Process {
         Snapshot { status: inner.status, pid: inner.pid, exit: inner.exit.clone() }
     }
 
-    /// Starts the process in `vm`; `on_exit` runs once it has ended and
-    /// its output has been written, `on_oom` at each OOM kill in the guest
-    /// while it runs. Returns the guest pid.
+    /// Starts the process in `vm`; `before_exit` runs once it has ended,
+    /// before its end is recorded, `on_exit` after that, once its output
+    /// has been written; `on_oom` at each OOM kill in the guest while it
+    /// runs. Returns the guest pid.
     pub fn start(
         self: &Arc<Self>,
         vm: &Arc<Vm>,
+        before_exit: impl FnOnce(u32, &Exit) + Send + 'static,
         on_exit: impl FnOnce(u32, &Exit) + Send + 'static,
         on_oom: Option<OnOom>,
     ) -> Result<u32, StartError> {
@@ -249,6 +255,7 @@ impl Process {
             inner.pid = pid;
             inner.started = Some((vm.clone(), id));
             inner.on_exit = Some(OnExit(Box::new(on_exit)));
+            inner.before_exit = Some(OnExit(Box::new(before_exit)));
         }
         self.link(attempt, &channel);
         if !self.stdio.stdin.is_empty() {
@@ -412,6 +419,17 @@ impl Process {
 
     /// Records the end (once), wakes the waiters and runs `on_exit`.
     pub fn exit(&self, status: u32) -> Exit {
+        let before = {
+            let mut inner = self.lock();
+            if inner.exit.is_some() {
+                None
+            } else {
+                inner.before_exit.take().map(|f| (f, inner.pid))
+            }
+        };
+        if let Some((before, pid)) = before {
+            (before.0)(pid, &Exit { status, at: Timestamp::now() });
+        }
         let (exit, pid, on_exit) = {
             let mut inner = self.lock();
             if let Some(exit) = &inner.exit {

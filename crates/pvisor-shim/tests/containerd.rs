@@ -276,8 +276,8 @@ fn nothing_of_the_vms_is_left(c: &Containerd) {
     };
     assert!(noted(&["container long: sh -c", "\"background\":true"]), "the start of long: {events}");
     assert!(noted(&["container long: sh -c", "\"exit_code\":143"]), "long's end by SIGTERM: {events}");
-    assert!(noted(&["exec e1 in long: sh -c echo in", "\"exit_code\":5"]), "exec e1's exit: {events}");
-    assert!(noted(&["exec e3 in long: /no/such/program", "\"error\""]), "exec e3 could not start: {events}");
+    assert!(noted(&["exec in long: sh -c echo in", "\"exit_code\":5"]), "exec e1's exit: {events}");
+    assert!(noted(&["exec in long: /no/such/program", "\"error\""]), "exec e3 could not start: {events}");
 }
 
 #[test]

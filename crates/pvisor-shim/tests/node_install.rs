@@ -180,3 +180,28 @@ fn a_version_1_config_or_an_unknown_option_is_refused_with_what_to_do() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("unknown option --bogus"), "{}", text(&out.stderr));
 }
+
+/// A config whose pvisor block lost its end marker, and a config that is a
+/// symlink, are refused and left exactly as they were.
+#[test]
+fn a_config_that_is_a_symlink_or_has_an_unended_block_is_refused_untouched() {
+    let node = Node::new();
+    let dir = node.config().parent().unwrap().to_owned();
+    fs::create_dir_all(&dir).unwrap();
+    let unended = "version = 2\n# BEGIN pvisor (node-install.sh): runtime io.containerd.pvisor.v1, CRI handler \"pvisor\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+    fs::write(node.config(), unended).unwrap();
+    let out = node.script("install");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("mend the config by hand"), "{}", text(&out.stderr));
+    assert_eq!(fs::read_to_string(node.config()).unwrap(), unended, "nothing of it is dropped");
+
+    let real = dir.join("real.toml");
+    fs::write(&real, DEBIAN_CONFIG).unwrap();
+    fs::remove_file(node.config()).unwrap();
+    std::os::unix::fs::symlink(&real, node.config()).unwrap();
+    let out = node.script("install");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is a symlink"), "{}", text(&out.stderr));
+    assert!(fs::symlink_metadata(node.config()).unwrap().file_type().is_symlink(), "the link is kept");
+    assert_eq!(fs::read_to_string(&real).unwrap(), DEBIAN_CONFIG);
+}

@@ -1,12 +1,14 @@
 //! Jobs a containerd shim runs (a container's VM). containerd must see
 //! every change to such a Job, so `pvisor kill`, `suspend` and `resume`
-//! leave a live one to containerd's clients and say which command to use;
-//! a Job that has ended is pvisor's alone again.
+//! leave one that its shim holds (running under it, or paused) to
+//! containerd's clients and say which command to use. A Job that has ended,
+//! or whose shim is gone (`unknown`), is pvisor's alone again.
 
 use pvisor::actions::Status;
 use pvisor::Runtime;
 use pvisor_core::ids::JobId;
 use pvisor_core::labels::{containerd_container, ContainerdContainer};
+use pvisor_core::state::JobState;
 
 /// What a user asked pvisor to do to a Job.
 #[derive(Clone, Copy, Debug)]
@@ -34,7 +36,10 @@ pub struct LeftToContainerd {
 /// Refuses `change` on `job` while a containerd shim runs it.
 pub fn refuse_if_running(runtime: &Runtime, job: &JobId, change: Change) -> anyhow::Result<()> {
     let status = runtime.execute(Status { job: job.clone() })?;
-    if status.state.is_terminal() {
+    // A paused container's Job is suspended, with no process of its own:
+    // its shim holds it, as far as pvisor can tell.
+    let held = (status.state == JobState::Running && status.live) || status.state == JobState::Suspended;
+    if !held {
         return Ok(());
     }
     let Some(owner) = containerd_container(&status.labels) else { return Ok(()) };
@@ -79,7 +84,12 @@ fn how(owner: &ContainerdContainer<'_>, change: Change, job: &JobId) -> String {
     };
     let force = match change {
         Change::Kill => format!("; `{} kill --force {job}` ends it anyway", crate::output::me()),
-        _ => String::new(),
+        // A paused container whose shim is gone can only be closed.
+        Change::Resume => format!(
+            "; if containerd no longer knows the container, `{} kill --force {job}` closes the Job",
+            crate::output::me()
+        ),
+        Change::Suspend => String::new(),
     };
     format!("{ctr}{kubernetes}{force}")
 }

@@ -121,6 +121,7 @@ fn work(daemon: &Arc<Daemon>) {
         // would believe in a worker that is gone, and nothing queued would run.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(daemon, &next.0, &next.1)));
         if ran.is_err() {
+            let _ = fs::remove_file(daemon.snapshots.archive(&next.0));
             let failed = daemon.snapshots.update(&next.0, |r| {
                 let why = "the capture crashed (a bug in pvisor serve; its log has the panic)";
                 r.set(SnapshotState::Failed, "snapshot_capture_failed", why);

@@ -20,7 +20,7 @@ use pvisor::actions::{
     CheckpointExecution, Guest, Held, Hold, HoldGuest, Keeper, Kill, NotReady, NoteInTrace, Readiness,
     ReleaseStorage, Status, Suspend,
 };
-use pvisor::{CancelHandle, RunEnd, Runtime, RuntimeError};
+use pvisor::{CancelHandle, Killed, RunEnd, Runtime, RuntimeError};
 use pvisor_core::ids::{AttemptId, JobId};
 use pvisor_core::labels::Labels;
 use pvisor_core::records::{ResourceLimits, SharedDirectory};
@@ -389,7 +389,9 @@ impl Vm {
             Stage::Paused => {
                 let killed = self.runtime.execute(Kill { job: self.job.clone(), grace: KILL_GRACE });
                 let summary = match killed {
-                    Ok(k) => format!("closed while paused: {k:?}"),
+                    Ok(Killed::AlreadyEnded(state) | Killed::Ended { state, .. }) => {
+                        format!("closed while paused: {state}")
+                    }
                     Err(e) => format!("could not be closed while paused: {e}"),
                 };
                 self.set(Phase::Ended { summary: Some(summary.clone()) });
