@@ -16,6 +16,9 @@
 # the VM start (the issue's budget: <= 150 ms). A third arm runs the same
 # `ctr run --rm` with a read-write volume (shared through virtiofs, so the VM
 # boots instead of cloning a template) and prints what the share costs.
+# Beside them, runc does the same through the same containerd: `ctr run
+# --rm` of `true`, and `ctr task exec` of `true` into a running container
+# of each runtime (the exec latency), so the VM's price is a ratio.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds="${1:-7}"
@@ -64,6 +67,20 @@ run_shim() {
 run_shared() {
   run_shim "v$1" shared.txt --mount "type=bind,src=$dir/volume,dst=/data,options=rbind:rw"
 }
+# run_runc ID: the same container under runc; the total alone.
+run_runc() {
+  local t
+  t=$(now)
+  ctr -a "$sock" run --rm --runtime io.containerd.runc.v2 docker.io/pvisor/busybox:latest "bench-r$1" true
+  echo $(( ($(now) - t) / 1000000 )) 0 >>"$dir/runc.txt"
+}
+# exec_into CONTAINER ID OUT: `true` exec'd into a running container.
+exec_into() {
+  local t
+  t=$(now)
+  ctr -a "$sock" task exec --exec-id "x$2" "$1" true
+  echo $(( ($(now) - t) / 1000000 )) 0 >>"$dir/$3"
+}
 run_pvisor() {
   local t
   t=$(now)
@@ -73,14 +90,35 @@ run_pvisor() {
 : >"$dir/shim.txt"
 : >"$dir/pvisor.txt"
 : >"$dir/shared.txt"
+: >"$dir/runc.txt"
+: >"$dir/exec-pvisor.txt"
+: >"$dir/exec-runc.txt"
+for runtime in pvisor runc; do
+  ctr -a "$sock" run -d --runtime "io.containerd.$runtime.v$([ $runtime = runc ] && echo 2 || echo 1)" \
+    docker.io/pvisor/busybox:latest "bench-long-$runtime" sleep 100000 >/dev/null
+done
+stop_long() {
+  for runtime in pvisor runc; do
+    ctr -a "$sock" task kill -s SIGKILL "bench-long-$runtime" >/dev/null 2>&1 || true
+    for _ in $(seq 1 50); do
+      ctr -a "$sock" task delete "bench-long-$runtime" >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    ctr -a "$sock" container rm "bench-long-$runtime" >/dev/null 2>&1 || true
+  done
+  "$root/scripts/containerd-env.sh" stop "$dir"
+}
+trap stop_long EXIT
 for i in $(seq 1 "$rounds"); do
   if [ $((i % 2)) -eq 1 ]; then
-    run_shim "$i" shim.txt; run_pvisor; run_shared "$i"
+    run_shim "$i" shim.txt; run_pvisor; run_shared "$i"; run_runc "$i"
+    exec_into bench-long-pvisor "$i" exec-pvisor.txt; exec_into bench-long-runc "$i" exec-runc.txt
   else
-    run_shared "$i"; run_pvisor; run_shim "$i" shim.txt
+    run_runc "$i"; run_shared "$i"; run_pvisor; run_shim "$i" shim.txt
+    exec_into bench-long-runc "$i" exec-runc.txt; exec_into bench-long-pvisor "$i" exec-pvisor.txt
   fi
 done
-python3 - "$dir/shim.txt" "$dir/pvisor.txt" "$dir/shared.txt" <<'PY'
+python3 - "$dir/shim.txt" "$dir/pvisor.txt" "$dir/shared.txt" "$dir/runc.txt" "$dir/exec-pvisor.txt" "$dir/exec-runc.txt" <<'PY'
 import statistics, sys
 def load(path):
     rows = [tuple(map(int, l.split())) for l in open(path) if l.strip()]
@@ -98,4 +136,9 @@ print(f"ratio of the total medians (shim / pvisor run): {med[0][0] / med[1][0]:.
 print(f"difference of the total medians:                {med[0][0] - med[1][0]:+.0f} ms")
 print(f"shim overhead beyond the VM start (rest):       {med[0][2] - med[1][2]:+.0f} ms (budget 150 ms)")
 print(f"a shared volume (boot + virtiofsd) / without:   {med[2][0] / med[0][0]:.2f} ({med[2][0] - med[0][0]:+.0f} ms)")
+runc = statistics.median(load(sys.argv[4])[0])
+exec_pvisor = statistics.median(load(sys.argv[5])[0])
+exec_runc = statistics.median(load(sys.argv[6])[0])
+print(f"ctr run --rm under runc:                        {runc:6.0f} ms; the shim / runc: {med[0][0] / runc:.2f}")
+print(f"ctr task exec of true, pvisor / runc:           {exec_pvisor:.0f} / {exec_runc:.0f} ms = {exec_pvisor / exec_runc:.2f}")
 PY
