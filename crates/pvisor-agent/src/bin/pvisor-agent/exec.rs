@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use pvisor_agent_proto::{Confinement, Reply, TerminalSize};
@@ -229,9 +229,11 @@ impl Agent {
             }
         }
         let out = self.out.clone();
-        let pumps = relay(&out, &mut table, id, stdio, &mut child);
+        let started = Gate::default();
+        let pumps = relay(&out, &mut table, id, stdio, &mut child, &started);
         drop(table);
         self.send(Reply::Started { id, pid }, Vec::new());
+        started.open();
         // Running (signals, `Status`, OOM news) only once `Started` is queued:
         // nothing of this exec may reach the host before it. The request
         // loop is this thread, so no signal for it can come in between.
@@ -249,6 +251,7 @@ fn relay(
     id: u32,
     stdio: Streams,
     child: &mut std::process::Child,
+    started: &Gate,
 ) -> [Option<Receiver<()>>; 2] {
     match stdio {
         Streams::Terminal(master) => {
@@ -260,15 +263,21 @@ fn relay(
                 table.stdin.insert(id, Writer::spawn(writer, out.clone(), Reply::StdinAck { id }, || {}));
             }
             table.terminals.insert(id, master);
-            [reader.map(|r| pump(r, out.clone(), move || Reply::Stdout { id })), None]
+            [reader.map(|r| pump(r, out.clone(), move || Reply::Stdout { id }, started.clone())), None]
         }
         Streams::Pipes => {
             if let Some(stdin) = child.stdin.take() {
                 table.stdin.insert(id, Writer::spawn(stdin, out.clone(), Reply::StdinAck { id }, || {}));
             }
             [
-                child.stdout.take().map(|r| pump(r, out.clone(), move || Reply::Stdout { id })),
-                child.stderr.take().map(|r| pump(r, out.clone(), move || Reply::Stderr { id })),
+                child
+                    .stdout
+                    .take()
+                    .map(|r| pump(r, out.clone(), move || Reply::Stdout { id }, started.clone())),
+                child
+                    .stderr
+                    .take()
+                    .map(|r| pump(r, out.clone(), move || Reply::Stderr { id }, started.clone())),
             ]
         }
     }
@@ -378,9 +387,13 @@ fn pump(
     mut r: impl Read + Send + 'static,
     out: Out,
     frame: impl Fn() -> Reply + Send + 'static,
+    started: Gate,
 ) -> Receiver<()> {
     let (done_tx, done_rx) = mpsc::channel();
     std::thread::spawn(move || {
+        // A fast process's first output must not overtake its `Started`:
+        // the host reads the first frame of an exec as its start.
+        started.wait();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             match r.read(&mut buf) {
@@ -428,4 +441,23 @@ fn prepare_root(root: &Path) -> io::Result<()> {
         "",
     );
     Ok(())
+}
+
+/// Opened once an exec's `Started` is queued; its output pumps wait for it
+/// (the pipe holds what the process writes meanwhile).
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn open(&self) {
+        *self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.0 .1.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        while !*open {
+            open = self.0 .1.wait(open).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
