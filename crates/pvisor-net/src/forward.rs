@@ -62,7 +62,7 @@ async fn relay(mut client: TcpStream, ctx: Arc<Ctx>, host: Arc<str>, port: u16) 
     let Ok(mut upstream) = ctx.connect(&host, port, "TCP").await else { return };
     let _ = client.set_nodelay(true);
     if ctx.binding(&host, port, true).is_some() {
-        let destination = Destination { host, port, tls: false, label: "TCP" };
+        let destination = Destination { host, port, tls: None, label: "TCP" };
         return relay::serve(client, upstream, ctx, destination).await;
     }
     let _ =
@@ -98,7 +98,7 @@ mod tests {
         let (events, rx) = mpsc::unbounded_channel();
         let (stop, stopped) = watch::channel(false);
         let forward = LoopbackForward { listen, host: host.to_owned() };
-        let shared = Shared { policy: policy(allow), broker: None, events };
+        let shared = Shared { policy: policy(allow), broker: None, vault: Default::default(), events };
         tokio::spawn(serve(listener, forward, shared, stopped));
         (rx, stop, listen)
     }

@@ -18,6 +18,7 @@ pub mod broker;
 pub mod forward;
 pub mod policy;
 pub mod proxy;
+pub mod vault;
 
 pub use policy::{
     Decide, EffectiveNetwork, LivePolicy, Mode, OrderedPolicy, OrderedRule, PolicySpec, RuleAction, Scope,

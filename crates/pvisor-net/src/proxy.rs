@@ -36,8 +36,10 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::broker::relay::{self, Destination};
+use crate::broker::tls;
 use crate::broker::{Broker, Substitution};
 use crate::policy::{Decide, Decision, LivePolicy};
+use crate::vault::{self, ActiveVault, Injection, LiveVault, Selection};
 
 /// How long a client connection may sit idle between requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -83,6 +85,8 @@ pub enum NetEvent {
     Request(ProxyEvent),
     /// A bound value was put into a request's headers.
     Substituted(Substitution),
+    /// A credential vault binding's headers were put into a request.
+    Injected(Injection),
 }
 
 pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
@@ -92,13 +96,70 @@ pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 pub(crate) struct Ctx {
     pub(crate) policy: Arc<LivePolicy>,
     pub(crate) broker: Option<Arc<Broker>>,
+    pub(crate) vault: Arc<LiveVault>,
     pub(crate) events: mpsc::UnboundedSender<NetEvent>,
+}
+
+/// What the credential vault did to one request.
+pub(crate) enum VaultVerdict {
+    /// No binding matched: the request leaves as the sandbox sent it.
+    Untouched,
+    /// A binding's headers are in; the response's headers are redacted with this vault.
+    Injected(Arc<ActiveVault>),
+    /// More than one binding matched (the reference's 403).
+    Refused(Response<ProxyBody>),
+}
+
+impl VaultVerdict {
+    /// Redacts the values a response header echoes, if a binding was injected.
+    pub(crate) fn redact(&self, headers: &mut hyper::HeaderMap) {
+        if let Self::Injected(vault) = self {
+            vault.redact(headers);
+        }
+    }
 }
 
 impl Ctx {
     /// The broker, if it binds `host:port` (in `clear` text, or over TLS).
     pub(crate) fn binding(&self, host: &str, port: u16, clear: bool) -> Option<&Arc<Broker>> {
         self.broker.as_ref().filter(|b| b.binds(host, port, clear))
+    }
+
+    /// Puts the headers of the vault binding that matches `req` (sent as
+    /// `scheme` to `host:port`) into it, recording the injection; call it
+    /// once the hop-by-hop headers are gone.
+    pub(crate) fn apply_vault<B>(
+        &self,
+        scheme: &str,
+        host: &str,
+        port: u16,
+        req: &mut Request<B>,
+    ) -> VaultVerdict {
+        let Some(active) = self.vault.current() else { return VaultVerdict::Untouched };
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+        let request = vault::active::Request { scheme, host, port, method: &method, path: &path };
+        match active.select(&request) {
+            Selection::None => VaultVerdict::Untouched,
+            Selection::Ambiguous => {
+                let reason = "more than one credential binding matches".to_owned();
+                self.report(Outcome::Denied, host, port, &method, "credential-vault", Some(reason));
+                VaultVerdict::Refused(text(StatusCode::FORBIDDEN, "credential binding ambiguous".into()))
+            }
+            Selection::Bound(_) if crate::broker::echoes_headers(req.method()) => {
+                let reason = Some("TRACE echoes headers".to_owned());
+                self.report(Outcome::Denied, host, port, &method, "secret-echo", reason);
+                VaultVerdict::Refused(text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    crate::broker::ECHO_REFUSED.into(),
+                ))
+            }
+            Selection::Bound(binding) => {
+                let injection = active.inject(binding, req.headers_mut(), &request);
+                let _ = self.events.send(NetEvent::Injected(injection));
+                VaultVerdict::Injected(active.clone())
+            }
+        }
     }
 }
 
@@ -270,7 +331,7 @@ impl Ctx {
             Ok(c) => c,
             Err(refused) => return refused.response(),
         };
-        if self.binding(&host, port, false).is_some() {
+        if self.reads(&host, port) {
             tokio::spawn(async move {
                 let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
                 self.bound_tunnel(TokioIo::new(upgraded), upstream, host, port).await;
@@ -285,11 +346,43 @@ impl Ctx {
         Response::new(Empty::new().map_err(|never| match never {}).boxed())
     }
 
+    /// Whether a `CONNECT` to `host:port` is read rather than tunnelled: a
+    /// `--secret` binds it, or a vault binding names it.
+    fn reads(&self, host: &str, port: u16) -> bool {
+        self.binding(host, port, false).is_some()
+            || self
+                .vault
+                .current()
+                .is_some_and(|v| v.intercepts("https", host, port) || v.intercepts("http", host, port))
+    }
+
+    /// Whether plain HTTP to `host:port` through a tunnel is relayed: a
+    /// `--secret` may travel there in clear text, or an http vault binding names it.
+    fn reads_clear(&self, host: &str, port: u16) -> bool {
+        self.binding(host, port, true).is_some()
+            || self.vault.current().is_some_and(|v| v.intercepts("http", host, port))
+    }
+
+    /// What TLS to `host:port` is terminated with (the leaf the sandbox
+    /// sees) and how the destination is then verified: the broker's for a
+    /// host a `--secret` binds, else the vault's for one an https binding names.
+    fn terminator(&self, host: &str, port: u16) -> Option<(Arc<rustls::ServerConfig>, tls::Upstream)> {
+        if let Some(broker) = self.binding(host, port, false) {
+            let server = broker.tls().server(host)?;
+            return Some((server, broker.tls().upstream().clone()));
+        }
+        if !self.vault.current()?.intercepts("https", host, port) {
+            return None;
+        }
+        let vault_tls = self.vault.tls()?;
+        Some((vault_tls.server(host)?, vault_tls.upstream().clone()))
+    }
+
     /// A tunnel to a bound destination, read by its first byte: TLS (a
-    /// handshake record) is terminated with the run's CA and relayed with
-    /// the values; plain HTTP (what Node's proxy agents send through
-    /// `CONNECT` even for `http://`) is relayed with them where they may
-    /// travel in clear text; anything else is tunnelled untouched.
+    /// handshake record) is terminated with the run's (or the vault's) CA
+    /// and relayed with the values; plain HTTP (what Node's proxy agents
+    /// send through `CONNECT` even for `http://`) is relayed with them
+    /// where they may travel in clear text; anything else is tunnelled untouched.
     async fn bound_tunnel(
         self: Arc<Self>,
         client: TokioIo<hyper::upgrade::Upgraded>,
@@ -298,15 +391,17 @@ impl Ctx {
         port: u16,
     ) {
         let Ok(client) = relay::Peeked::new(client).await else { return };
-        let server = self.broker.as_ref().and_then(|b| b.tls().server(&host));
-        match (client.first_byte(), server) {
-            (Some(relay::TLS_HANDSHAKE), Some(server)) => {
+        let terminator = self.terminator(&host, port);
+        match (client.first_byte(), terminator) {
+            (Some(relay::TLS_HANDSHAKE), Some((server, verified))) => {
                 let Ok(tls) = tokio_rustls::TlsAcceptor::from(server).accept(client).await else { return };
-                let destination = Destination { host: host.into(), port, tls: true, label: "CONNECT" };
+                let destination =
+                    Destination { host: host.into(), port, tls: Some(verified), label: "CONNECT" };
                 relay::serve(tls, upstream, self, destination).await;
             }
-            _ if self.binding(&host, port, true).is_some() => {
-                let destination = Destination { host: host.into(), port, tls: false, label: "CONNECT" };
+            (Some(relay::TLS_HANDSHAKE), None) => copy_both_ways(client, upstream).await,
+            _ if self.reads_clear(&host, port) => {
+                let destination = Destination { host: host.into(), port, tls: None, label: "CONNECT" };
                 relay::serve(client, upstream, self, destination).await;
             }
             _ => copy_both_ways(client, upstream).await,
@@ -374,11 +469,16 @@ impl Ctx {
                 let _ = self.events.send(NetEvent::Substituted(substitution));
             }
         }
+        let verdict = match self.apply_vault("http", &host, port, &mut req) {
+            VaultVerdict::Refused(response) => return response,
+            verdict => verdict,
+        };
         match sender.send_request(req).await {
             Ok(mut resp) => {
                 if let Some(broker) = &broker {
                     broker.mask(resp.headers_mut());
                 }
+                verdict.redact(resp.headers_mut());
                 resp.map(|body| body.boxed())
             }
             Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
@@ -437,12 +537,14 @@ pub(crate) fn one_host_header(
 pub struct Shared {
     pub policy: Arc<LivePolicy>,
     pub broker: Option<Arc<Broker>>,
+    /// The credential vault a frontend put in force (empty: none).
+    pub vault: Arc<LiveVault>,
     pub events: mpsc::UnboundedSender<NetEvent>,
 }
 
 impl Shared {
     pub(crate) fn ctx(self) -> Arc<Ctx> {
-        Arc::new(Ctx { policy: self.policy, broker: self.broker, events: self.events })
+        Arc::new(Ctx { policy: self.policy, broker: self.broker, vault: self.vault, events: self.events })
     }
 }
 

@@ -22,7 +22,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
-use crate::proxy::{one_host_header, text, Ctx, HostHeaderError, NetEvent, Outcome, ProxyBody, IDLE_TIMEOUT};
+use crate::proxy::{
+    one_host_header, text, Ctx, HostHeaderError, NetEvent, Outcome, ProxyBody, VaultVerdict, IDLE_TIMEOUT,
+};
 
 /// The first byte of a TLS connection (a handshake record).
 pub(crate) const TLS_HANDSHAKE: u8 = 0x16;
@@ -92,8 +94,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Peeked<S> {
 pub(crate) struct Destination {
     pub(crate) host: Arc<str>,
     pub(crate) port: u16,
-    /// Verify and speak TLS to the destination (the sandbox spoke TLS to us).
-    pub(crate) tls: bool,
+    /// Speak TLS to the destination (the sandbox spoke TLS to us),
+    /// verified as this says (the broker's or the vault's roots).
+    pub(crate) tls: Option<super::tls::Upstream>,
     /// The method a (re)connection is recorded with: `CONNECT` or `TCP`.
     pub(crate) label: &'static str,
 }
@@ -155,10 +158,16 @@ async fn handle(
     }
     strip_hop_by_hop(req.headers_mut());
     if let Some(broker) = &ctx.broker {
-        for substitution in broker.substitute(req.headers_mut(), &to.host, to.port, &method, !to.tls) {
+        for substitution in broker.substitute(req.headers_mut(), &to.host, to.port, &method, to.tls.is_none())
+        {
             let _ = ctx.events.send(NetEvent::Substituted(substitution));
         }
     }
+    let scheme = if to.tls.is_some() { "https" } else { "http" };
+    let verdict = match ctx.apply_vault(scheme, &to.host, to.port, &mut req) {
+        VaultVerdict::Refused(response) => return Ok(response),
+        verdict => verdict,
+    };
     let mut upstream = upstream.lock().await;
     if let Err(refused) = upstream.ready(&ctx, &to).await {
         return Ok(refused);
@@ -171,6 +180,7 @@ async fn handle(
             if let Some(broker) = &ctx.broker {
                 broker.mask(resp.headers_mut());
             }
+            verdict.redact(resp.headers_mut());
             resp.map(|body| body.boxed())
         }
         Err(e) => text(StatusCode::BAD_GATEWAY, format!("pvisor: upstream request failed: {e}")),
@@ -209,7 +219,7 @@ fn host_names_destination(headers: &hyper::HeaderMap, to: &Destination) -> Resul
         return Err(HostHeaderError::Missing);
     }
     // A `Host` without a port names the scheme's default (RFC 9110 7.2).
-    let default_port = if to.tls { 443 } else { 80 };
+    let default_port = if to.tls.is_some() { 443 } else { 80 };
     let checked = one_host_header(headers, &to.host, to.port, default_port);
     if checked.is_err() && super::is_loopback(&to.host) {
         for name in crate::policy::LOOPBACK_NAMES {
@@ -234,7 +244,8 @@ impl Upstream {
             Some(tcp) => tcp,
             None => ctx.connect(&to.host, to.port, to.label).await.map_err(|refused| refused.response())?,
         };
-        let sender = if to.tls { handshake(tls(ctx, to, tcp).await?).await? } else { handshake(tcp).await? };
+        let sender =
+            if to.tls.is_some() { handshake(tls(to, tcp).await?).await? } else { handshake(tcp).await? };
         self.sender = Some(sender);
         Ok(())
     }
@@ -242,18 +253,17 @@ impl Upstream {
 
 /// TLS to the destination, verified with the host's trusted roots.
 async fn tls(
-    ctx: &Ctx,
     to: &Destination,
     tcp: TcpStream,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Response<ProxyBody>> {
-    let Some(broker) = ctx.broker.as_ref() else {
-        return Err(text(StatusCode::BAD_GATEWAY, "pvisor: no broker for a TLS relay".into()));
+    let Some(upstream) = to.tls.as_ref() else {
+        return Err(text(StatusCode::BAD_GATEWAY, "pvisor: no TLS configuration for the destination".into()));
     };
     let name = rustls::pki_types::ServerName::try_from(to.host.to_string()).map_err(|e| {
         text(StatusCode::BAD_GATEWAY, format!("pvisor: {} is not a TLS server name: {e}", to.host))
     })?;
-    let hint = broker.tls().missing_roots().map(|h| format!("; {h}")).unwrap_or_default();
-    tokio_rustls::TlsConnector::from(broker.tls().client()).connect(name, tcp).await.map_err(|e| {
+    let hint = upstream.missing_roots().map(|h| format!("; {h}")).unwrap_or_default();
+    tokio_rustls::TlsConnector::from(upstream.client()).connect(name, tcp).await.map_err(|e| {
         text(
             StatusCode::BAD_GATEWAY,
             format!(
@@ -376,20 +386,21 @@ mod tests {
             h.insert(hyper::header::HOST, host.parse().unwrap());
             h
         };
+        let tls = || Some(tls::Upstream::with_roots(rustls::RootCertStore::empty()).unwrap());
         let to = |host: &str, tls| super::Destination { host: host.into(), port: 8080, tls, label: "TCP" };
-        let local = to("localhost", false);
+        let local = to("localhost", None);
         for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"] {
             assert!(super::host_names_destination(&headers(host), &local).is_ok(), "{host}");
         }
         assert!(super::host_names_destination(&headers("127.0.0.1:9090"), &local).is_err());
-        let public = to("api.example.com", true);
+        let public = to("api.example.com", tls());
         assert!(super::host_names_destination(&headers("api.example.com:8080"), &public).is_ok());
         assert!(super::host_names_destination(&headers("evil.example.com:8080"), &public).is_err());
         assert!(super::host_names_destination(&headers("localhost:8080"), &public).is_err());
         assert!(super::host_names_destination(&hyper::HeaderMap::new(), &local).is_err(), "no Host");
         // No port in `Host`: the scheme's default, 443 behind TLS.
         let https =
-            super::Destination { host: "api.example.com".into(), port: 443, tls: true, label: "CONNECT" };
+            super::Destination { host: "api.example.com".into(), port: 443, tls: tls(), label: "CONNECT" };
         assert!(super::host_names_destination(&headers("api.example.com"), &https).is_ok());
         assert!(super::host_names_destination(&headers("api.example.com:80"), &https).is_err());
     }
@@ -435,7 +446,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let proxy = listener.local_addr().unwrap();
         let policy = Arc::new(crate::policy::LivePolicy::new(policy));
-        let shared = Shared { policy, broker: Some(Arc::new(broker)), events };
+        let shared = Shared { policy, broker: Some(Arc::new(broker)), vault: Default::default(), events };
         tokio::spawn(crate::proxy::serve(listener, shared, stopped));
 
         let request = |host: &str| {

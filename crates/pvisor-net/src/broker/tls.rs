@@ -30,11 +30,82 @@ const ALPN: &[u8] = b"http/1.1";
 /// host, and the client configuration for reaching them.
 pub struct Authority {
     ca_pem: String,
+    servers: HashMap<String, Arc<ServerConfig>>,
+    upstream: Upstream,
+}
+
+/// How the proxy reaches a TLS destination it terminated for: verified
+/// with the host's trusted roots (or a test's own).
+#[derive(Clone)]
+pub(crate) struct Upstream {
+    client: Arc<ClientConfig>,
     /// Whether the host had no trusted roots: a bound plain-HTTP host
     /// still works, a bound HTTPS one is refused with this said.
     no_roots: bool,
-    servers: HashMap<String, Arc<ServerConfig>>,
-    client: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("no_roots", &self.no_roots).finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// Verifies with the host's trusted roots (as OpenSSL finds them).
+    pub(crate) fn native() -> Result<Self, BrokerError> {
+        let loaded = rustls_native_certs::load_native_certs();
+        let mut roots = RootCertStore::empty();
+        roots.add_parsable_certificates(loaded.certs);
+        Self::with_roots(roots)
+    }
+
+    pub(crate) fn with_roots(roots: RootCertStore) -> Result<Self, BrokerError> {
+        let no_roots = roots.is_empty();
+        let tls = |source| BrokerError::Tls { host: "the bound hosts".into(), source };
+        let mut client = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(tls)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(Self { client: Arc::new(client), no_roots })
+    }
+
+    /// Why verifying a destination may fail before it starts: the host has
+    /// no trusted roots at all.
+    pub(crate) fn missing_roots(&self) -> Option<&'static str> {
+        self.no_roots.then_some(
+            "this host has no trusted root certificates: install ca-certificates or set SSL_CERT_FILE",
+        )
+    }
+
+    /// The configuration that verifies a destination with the host's roots.
+    pub(crate) fn client(&self) -> Arc<ClientConfig> {
+        self.client.clone()
+    }
+}
+
+/// A leaf for `host`, signed by `ca`, and the configuration that presents
+/// it (with the CA) to the sandbox.
+pub(crate) fn leaf_server(
+    host: &str,
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+) -> Result<Arc<ServerConfig>, BrokerError> {
+    let leaf_key = KeyPair::generate().map_err(BrokerError::Mint)?;
+    let mut params = CertificateParams::new(vec![host.to_owned()]).map_err(BrokerError::Mint)?;
+    params.distinguished_name = name(host);
+    let leaf = params.signed_by(&leaf_key, ca, ca_key).map_err(BrokerError::Mint)?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+    let tls = |source| BrokerError::Tls { host: host.to_owned(), source };
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(tls)?
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key)
+        .map_err(tls)?;
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(Arc::new(config))
 }
 
 impl std::fmt::Debug for Authority {
@@ -57,41 +128,23 @@ impl Authority {
     /// trusted roots (none is not an error: a loopback model server over
     /// plain HTTP needs none).
     pub(super) fn new(hosts: &[&str]) -> Result<Self, BrokerError> {
-        let loaded = rustls_native_certs::load_native_certs();
-        let mut roots = RootCertStore::empty();
-        roots.add_parsable_certificates(loaded.certs);
-        Self::with_roots(hosts, roots)
+        Self::with_upstream(hosts, Upstream::native()?)
     }
 
+    #[cfg(test)]
     fn with_roots(hosts: &[&str], roots: RootCertStore) -> Result<Self, BrokerError> {
-        let no_roots = roots.is_empty();
+        Self::with_upstream(hosts, Upstream::with_roots(roots)?)
+    }
+
+    fn with_upstream(hosts: &[&str], upstream: Upstream) -> Result<Self, BrokerError> {
         let ca_key = KeyPair::generate().map_err(BrokerError::Mint)?;
-        let ca = ca_params(hosts).self_signed(&ca_key).map_err(BrokerError::Mint)?;
+        let ca =
+            ca_params(hosts, "pvisor per-run broker CA").self_signed(&ca_key).map_err(BrokerError::Mint)?;
         let mut servers = HashMap::new();
         for host in hosts {
-            let leaf_key = KeyPair::generate().map_err(BrokerError::Mint)?;
-            let mut params = CertificateParams::new(vec![(*host).to_owned()]).map_err(BrokerError::Mint)?;
-            params.distinguished_name = name(host);
-            let leaf = params.signed_by(&leaf_key, &ca, &ca_key).map_err(BrokerError::Mint)?;
-            let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-            let tls = |source| BrokerError::Tls { host: (*host).to_owned(), source };
-            let mut config = ServerConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .map_err(tls)?
-                .with_no_client_auth()
-                .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key)
-                .map_err(tls)?;
-            config.alpn_protocols = vec![ALPN.to_vec()];
-            servers.insert((*host).to_owned(), Arc::new(config));
+            servers.insert((*host).to_owned(), leaf_server(host, &ca, &ca_key)?);
         }
-        let tls = |source| BrokerError::Tls { host: "the bound hosts".into(), source };
-        let mut client = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(tls)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        client.alpn_protocols = vec![ALPN.to_vec()];
-        Ok(Self { ca_pem: ca.pem(), no_roots, servers, client: Arc::new(client) })
+        Ok(Self { ca_pem: ca.pem(), servers, upstream })
     }
 
     /// An authority for unit tests that never verify an upstream.
@@ -119,25 +172,18 @@ impl Authority {
         self.servers.get(&host).cloned()
     }
 
-    /// Why verifying a bound host may fail before it starts: the host has
-    /// no trusted roots at all.
-    pub(crate) fn missing_roots(&self) -> Option<&'static str> {
-        self.no_roots.then_some(
-            "this host has no trusted root certificates: install ca-certificates or set SSL_CERT_FILE",
-        )
-    }
-
-    /// The configuration that verifies a bound host with the host's roots.
-    pub(crate) fn client(&self) -> Arc<ClientConfig> {
-        self.client.clone()
+    /// How the bound hosts are reached.
+    pub(crate) fn upstream(&self) -> &Upstream {
+        &self.upstream
     }
 }
 
-/// A CA for `hosts` alone: it signs certificates and nothing else, and its
-/// name constraints permit only the bound names and addresses.
-fn ca_params(hosts: &[&str]) -> CertificateParams {
+/// A CA for `hosts` alone (every name, with none): it signs certificates
+/// and nothing else, and its name constraints permit only the bound names
+/// and addresses.
+pub(crate) fn ca_params(hosts: &[&str], common_name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
-    params.distinguished_name = name("pvisor per-run broker CA");
+    params.distinguished_name = name(common_name);
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let permitted = hosts
