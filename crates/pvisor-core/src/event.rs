@@ -128,6 +128,12 @@ event_kinds! {
     /// The ordered policy was replaced while the Job ran (`pvisor serve`'s
     /// `PATCH`/`DELETE /policy`): what decides from then on.
     NetworkPolicyChanged => "network.policy_changed",
+    /// A frontend put a credential vault in force, or deleted it (`pvisor
+    /// serve`'s `/credential-vault`): its revision and binding names, never a value.
+    NetworkVaultChanged => "network.vault_changed",
+    /// A credential vault binding's headers were put into a request
+    /// (recorded by binding and header names, never the values).
+    NetworkCredentialInjected => "network.credential_injected",
     /// A command a frontend ran through the running Job's guest (`pvisor
     /// serve`'s execd): its text, user, exit status and duration.
     FrontendCommand => "frontend.command",

@@ -18,6 +18,7 @@
 //! | [`Suspend`] | [`ExecCheckpoint`](pvisor_vm::ExecCheckpoint), once the Job is `suspended` |
 //! | [`Kill`] | [`Killed`](crate::Killed) |
 //! | [`ChangeNetworkPolicy`] | `()`, once the running Job's proxy decides by the new policy |
+//! | [`ChangeCredentialVault`] | `()`, once the running Job's proxy injects from the new vault |
 //! | [`NoteInTrace`] | `()`, once the running Job's Session has the note for its Trace |
 //! | [`Apply`], [`DropChanges`] | the effects reports |
 //! | [`Status`], [`Events`], [`ListJobs`] | read projections |
@@ -69,7 +70,7 @@ pub use execution::{
 pub use guest::{Guest, OpenGuest};
 pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
-pub use network::{ChangeNetworkPolicy, NoteInTrace};
+pub use network::{ChangeCredentialVault, ChangeNetworkPolicy, NoteInTrace};
 pub use records::{
     ArchiveVerified, Cache, Export, HoldCheckpoint, Import, JobVerified, LatestJobIn, ListCaches,
     ListCheckpoints, ListExecutionCheckpoints, PruneCache, ReadCheckpoint, ReadReceipt, Recover, ResolveJob,
@@ -237,6 +238,8 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
     #[error("the network policy of Job {job} did not change: {why}")]
     PolicyChange { job: JobId, why: String },
+    #[error("the credential vault of Job {job} did not change: {why}")]
+    VaultChange { job: JobId, why: String },
     #[error("the Trace of Job {job} did not take the note: {why}")]
     Note { job: JobId, why: String },
 }

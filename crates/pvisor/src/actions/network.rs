@@ -1,7 +1,8 @@
 //! What a frontend asks of a running Job's Session: a new network policy,
-//! a note for its Trace.
+//! a credential vault, a note for its Trace.
 
 use pvisor_core::ids::JobId;
+use pvisor_net::vault::ActiveVault;
 use pvisor_net::OrderedPolicy;
 
 use super::{Action, Runtime, RuntimeError};
@@ -32,6 +33,30 @@ impl Action for ChangeNetworkPolicy {
         }
         job_control::change_policy(&live.attempt_dir, &self.policy)
             .map_err(|e| RuntimeError::PolicyChange { job: self.job, why: e.to_string() })
+    }
+}
+
+/// Puts a credential vault in force in the running Job's proxy (`None`:
+/// none): requests that its bindings match get their headers from then
+/// on. The values go to the Job's Session over its control socket and stay
+/// in its memory; the Trace records the revision and binding names
+/// (`network.vault_changed`). Nothing keeps the vault across a resume: the
+/// frontend that holds it puts it in force again.
+#[derive(Debug)]
+pub struct ChangeCredentialVault {
+    pub job: JobId,
+    pub vault: Option<ActiveVault>,
+}
+
+impl Action for ChangeCredentialVault {
+    const NAME: &'static str = "change-credential-vault";
+    type Outcome = ();
+
+    fn perform(self, runtime: &Runtime) -> Result<(), RuntimeError> {
+        let live = runtime.job(&self.job)?;
+        runtime.require_running(&live, "only a running Job's credential vault can change")?;
+        job_control::change_vault(&live.attempt_dir, self.vault.as_ref())
+            .map_err(|e| RuntimeError::VaultChange { job: self.job, why: e.to_string() })
     }
 }
 

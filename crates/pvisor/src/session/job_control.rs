@@ -1,20 +1,24 @@
 //! The running Job's control socket: how a frontend reaches the Session of
 //! a running Job, to replace the ordered policy its proxy decides by
-//! ([`crate::actions::ChangeNetworkPolicy`]) or to have its Trace record
+//! ([`crate::actions::ChangeNetworkPolicy`]), to put a credential vault in
+//! force ([`crate::actions::ChangeCredentialVault`]), or to have its Trace record
 //! what the frontend did through the guest ([`crate::actions::NoteInTrace`]:
 //! `pvisor serve`'s execd commands).
 //!
 //! Boundary: the socket (`job-control.sock` in the Attempt's directory,
 //! which every sandbox has hidden, answering only its own user or root),
 //! one JSON request line and one JSON reply line per connection, and the
-//! swap of the [`LivePolicy`] the proxy decides by. The Session records
-//! each change and note in the Trace; this module only tells it.
+//! swap of the [`LivePolicy`] the proxy decides by and of the [`LiveVault`]
+//! it injects from. The Session records each change and note in the Trace
+//! (a vault by revision and binding names: its values cross this socket,
+//! and only it); this module only tells it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pvisor_net::vault::{ActiveVault, LiveVault};
 use pvisor_net::{LivePolicy, OrderedPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -29,8 +33,24 @@ const MAX_REQUEST: u64 = 1 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
-    Policy { ordered: OrderedPolicy },
-    Note { note: FrontendNote },
+    Policy {
+        ordered: OrderedPolicy,
+    },
+    Note {
+        note: FrontendNote,
+    },
+    /// The vault now in force (`None`: deleted).
+    Vault {
+        vault: Option<ActiveVault>,
+    },
+}
+
+/// A credential vault put in force, as the Trace records it: the
+/// revision and the bindings' names (`None`: the vault was deleted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VaultChanged {
+    pub revision: Option<i64>,
+    pub bindings: Vec<String>,
 }
 
 /// What a frontend did through a running Job's guest, for the Job's Trace.
@@ -64,6 +84,13 @@ pub(super) struct PolicyChange {
 pub(super) struct Heard {
     pub(super) policies: mpsc::UnboundedSender<PolicyChange>,
     pub(super) notes: mpsc::UnboundedSender<FrontendNote>,
+    pub(super) vaults: mpsc::UnboundedSender<VaultChanged>,
+}
+
+/// What the control socket may replace while the Job runs.
+pub(super) struct Live {
+    pub(super) policy: Arc<LivePolicy>,
+    pub(super) vault: Arc<LiveVault>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -81,10 +108,10 @@ fn short_path(dir: &Path, name: &str) -> std::io::Result<(std::fs::File, PathBuf
 }
 
 /// Serves the socket in `attempt_dir` until `stop`: each accepted change
-/// replaces `live`'s ordered policy, and each change and note is sent on.
+/// replaces `live`'s ordered policy or vault, and each change and note is sent on.
 pub(super) fn serve(
     attempt_dir: &Path,
-    live: Arc<LivePolicy>,
+    live: Arc<Live>,
     heard: Heard,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
@@ -117,7 +144,7 @@ fn trusted(stream: &tokio::net::UnixStream) -> bool {
     stream.peer_cred().is_ok_and(|peer| peer.uid() == me || peer.uid() == 0)
 }
 
-async fn answer(stream: tokio::net::UnixStream, live: Arc<LivePolicy>, heard: Arc<Heard>) {
+async fn answer(stream: tokio::net::UnixStream, live: Arc<Live>, heard: Arc<Heard>) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST));
@@ -125,7 +152,18 @@ async fn answer(stream: tokio::net::UnixStream, live: Arc<LivePolicy>, heard: Ar
         Err(e) => Some(format!("cannot read the request: {e}")),
         Ok(_) => match serde_json::from_str::<Request>(&line) {
             Err(e) => Some(format!("not a policy request: {e}")),
-            Ok(Request::Policy { ordered }) => change(&live, &heard, ordered).await.err(),
+            Ok(Request::Policy { ordered }) => change(&live.policy, &heard, ordered).await.err(),
+            Ok(Request::Vault { vault }) => {
+                let bindings = vault.as_ref().map(|v| v.binding_names()).unwrap_or_default();
+                let revision = vault.as_ref().map(|v| v.revision());
+                match live.vault.replace(vault) {
+                    Ok(()) => {
+                        let _ = heard.vaults.send(VaultChanged { revision, bindings });
+                        None
+                    }
+                    Err(e) => Some(format!("the vault's CA is unusable: {e}")),
+                }
+            }
             Ok(Request::Note { note }) => {
                 let _ = heard.notes.send(note);
                 None
@@ -159,6 +197,12 @@ pub enum JobControlError {
 /// from now on.
 pub(crate) fn change_policy(attempt_dir: &Path, ordered: &OrderedPolicy) -> Result<(), JobControlError> {
     request(attempt_dir, &Request::Policy { ordered: ordered.clone() })
+}
+
+/// Asks the Session of the Attempt in `attempt_dir` to inject from `vault`
+/// from now on (`None`: from no vault).
+pub(crate) fn change_vault(attempt_dir: &Path, vault: Option<&ActiveVault>) -> Result<(), JobControlError> {
+    request(attempt_dir, &Request::Vault { vault: vault.cloned() })
 }
 
 /// Asks the Session of the Attempt in `attempt_dir` to record `note`.

@@ -81,19 +81,23 @@ impl Session {
         let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
         let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let live = Arc::new(pvisor_net::LivePolicy::new(self.starting_network()));
+        let live = Arc::new(super::job_control::Live {
+            policy: Arc::new(pvisor_net::LivePolicy::new(self.starting_network())),
+            vault: Arc::default(),
+        });
         let (policies, mut policy_rx) = mpsc::unbounded_channel();
         let (notes, mut note_rx) = mpsc::unbounded_channel();
+        let (vaults, mut vault_rx) = mpsc::unbounded_channel();
         // A VM's frontend (pvisor serve, the shim) notes what it runs in the
         // guest; an ordered policy (pvisor serve's) may change while it runs.
         if self.spec.vm.is_some() || self.run.operation.policy.network.ordered.is_some() {
             let dir = self.store.attempt_dir(&self.attempt.id);
-            let heard = super::job_control::Heard { policies, notes };
+            let heard = super::job_control::Heard { policies, notes, vaults };
             if let Err(e) = super::job_control::serve(&dir, live.clone(), heard, proxy_stopped.clone()) {
                 self.warnings.push(format!("no frontend can reach this Job while it runs: {e}"));
             }
         }
-        let (mut policy_open, mut notes_open) = (true, true);
+        let (mut policy_open, mut notes_open, mut vaults_open) = (true, true, true);
         let proxy = self.serve_network(listeners, live, &proxy_events, &proxy_stopped);
         drop(proxy_events);
         let mut proxy_open = !proxy.is_empty();
@@ -129,6 +133,10 @@ impl Session {
                 note = note_rx.recv(), if notes_open => match note {
                     Some(note) => self.record_note(&note),
                     None => notes_open = false,
+                },
+                changed = vault_rx.recv(), if vaults_open => match changed {
+                    Some(changed) => self.record_best_effort(EventKind::NetworkVaultChanged, &changed),
+                    None => vaults_open = false,
                 },
                 () = sleep_until(deadline) => {
                     let _ = signaller.kill();
@@ -170,12 +178,13 @@ impl Session {
     fn serve_network(
         &self,
         listeners: super::NetworkListeners,
-        policy: Arc<pvisor_net::LivePolicy>,
+        live: Arc<super::job_control::Live>,
         events: &mpsc::UnboundedSender<pvisor_net::proxy::NetEvent>,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Vec<tokio::task::JoinHandle<std::io::Result<()>>> {
         let shared = pvisor_net::proxy::Shared {
-            policy,
+            policy: live.policy.clone(),
+            vault: live.vault.clone(),
             broker: self.brokered.as_ref().map(|b| b.broker.clone()),
             events: events.clone(),
         };
@@ -262,6 +271,14 @@ impl Session {
                 let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
                 if self.budget.admit(&kind, &substitution.host, size) {
                     self.record_best_effort(kind, &substitution);
+                }
+            }
+            NetEvent::Injected(injection) => {
+                let kind = EventKind::NetworkCredentialInjected;
+                let events = self.store.events_file(&self.run.id);
+                let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
+                if self.budget.admit(&kind, &injection.host, size) {
+                    self.record_best_effort(kind, &injection);
                 }
             }
         }
