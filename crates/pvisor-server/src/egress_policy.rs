@@ -36,11 +36,14 @@ where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    if rest.first() == Some(&"credential-vault") {
+        return crate::credential_vault::route(daemon, id, method, rest, headers, body).await;
+    }
     let record = daemon.visible(id)?;
     crate::execd::check_token(&record, headers)?;
     if rest != ["policy"] {
         return Err(ApiError::not_found(format!(
-            "the egress API of sandbox {id} serves /policy only (no credential vault)"
+            "the egress API of sandbox {id} serves /policy and /credential-vault"
         )));
     }
     match *method {
@@ -120,12 +123,15 @@ fn change(daemon: &Arc<Daemon>, id: &str, method: &Method, body: &[u8]) -> ApiRe
     pvisor_net::policy::validate_ordered(&next)
         .map_err(|e| ApiError::bad_request(format!("invalid merged policy: {e}")))?;
     let job = record.job.clone().ok_or_else(|| ApiError::conflict(format!("sandbox {id} has no Job yet")))?;
-    daemon
-        .runtime
-        .execute(pvisor::actions::ChangeNetworkPolicy { job, policy: next.clone() })
-        .map_err(|e| ApiError::conflict(e.to_string()))?;
-    daemon.update(id, |r| {
-        r.network_policy = Some(next.clone());
+    daemon.vaults.change_policy(id, &next, || {
+        daemon
+            .runtime
+            .execute(pvisor::actions::ChangeNetworkPolicy { job, policy: next.clone() })
+            .map_err(|e| ApiError::conflict(e.to_string()))?;
+        daemon.update(id, |r| {
+            r.network_policy = Some(next.clone());
+            Ok(())
+        })?;
         Ok(())
     })?;
     Ok(http::json(StatusCode::OK, &status(Some(&next), None)))

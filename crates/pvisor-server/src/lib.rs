@@ -23,6 +23,7 @@
 
 mod code_contexts;
 pub mod conns;
+mod credential_vault;
 mod diagnostics;
 mod egress_policy;
 pub mod execd;

@@ -181,12 +181,16 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         (None, Some(id)) => crate::snapshots::routes::restore_image(daemon, id)?,
     };
     let volumes = crate::volumes::resolve(b.volumes.unwrap_or_default(), &daemon.config.volumes)?;
-    if b.credential_proxy.is_some() {
+    let network_policy = b.network_policy.filter(|v| !v.is_null()).map(parse_network_policy).transpose()?;
+    let credential_proxy =
+        b.credential_proxy.filter(|v| !v.is_null()).map(parse_credential_proxy).transpose()?;
+    let credential_proxy = credential_proxy.unwrap_or(false);
+    if credential_proxy && network_policy.is_none() {
+        // The reference's CreateSandboxRequest validator (api/schema.py).
         return Err(ApiError::bad_request(
-            "credentialProxy is not supported: pvisor serve does not intercept TLS; pass credentials with env, and reach their APIs through networkPolicy",
+            "credentialProxy.enabled requires networkPolicy: a binding's hosts must be allowed by explicit egress rules",
         ));
     }
-    let network_policy = b.network_policy.filter(|v| !v.is_null()).map(parse_network_policy).transpose()?;
     if let Some(p) = &b.platform {
         if p.os != "linux" || p.arch != "amd64" {
             return Err(ApiError::bad_request(format!(
@@ -237,6 +241,7 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
         memory_mib,
         cpus,
         network_policy,
+        credential_proxy,
         renew_on_access,
         volumes,
     })?;
@@ -244,6 +249,20 @@ fn create(daemon: &Arc<Daemon>, body: &[u8]) -> ApiResult {
     // The create response carries no startup source (the spec).
     v.as_object_mut().map(|o| (o.remove("image"), o.remove("snapshotId")));
     Ok(json(StatusCode::ACCEPTED, &v))
+}
+
+/// The spec's `CredentialProxyConfig`: `{"enabled": bool}`.
+fn parse_credential_proxy(value: Value) -> Result<bool, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct CredentialProxyBody {
+        #[serde(default)]
+        enabled: bool,
+    }
+    let body: CredentialProxyBody = serde_json::from_value(value).map_err(|e| {
+        ApiError::bad_request(format!("invalid credentialProxy: {e} (expected {{\"enabled\": true}})"))
+    })?;
+    Ok(body.enabled)
 }
 
 /// The spec's `NetworkPolicy` (`additionalProperties: false`, as is each

@@ -261,13 +261,18 @@ fn a_secret_reaches_its_host_alone_rootless() {
 /// a real host's certificate and the public roots), returning the CA's
 /// PEM file and the leaf's certificate and key files.
 fn upstream_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    upstream_certificates_for(dir, "127.0.0.1")
+}
+
+/// The same for a leaf naming `name`.
+pub(crate) fn upstream_certificates_for(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca_params.distinguished_name.push(rcgen::DnType::CommonName, "e2e upstream CA");
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let mut leaf_params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let mut leaf_params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
     leaf_params.distinguished_name.push(rcgen::DnType::CommonName, "e2e upstream");
     let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
     let files = (dir.join("upstream-ca.pem"), dir.join("upstream.pem"), dir.join("upstream.key"));

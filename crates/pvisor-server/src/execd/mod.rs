@@ -226,3 +226,46 @@ async fn ping(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> ApiResult 
         }
     }
 }
+
+/// A Running sandbox's files as the daemon itself reads and writes them
+/// (as root, beneath the sandbox's root): how the credential vault's CA
+/// reaches the sandbox. What it reads is the guest's, so untrusted: it is
+/// read up to a limit.
+pub(crate) struct DaemonFiles(Guest);
+
+impl DaemonFiles {
+    pub(crate) fn open(daemon: &Daemon, id: &str) -> Result<Self, ApiError> {
+        let (record, link) = daemon.live_link(id)?;
+        Ok(Self(Guest { record, link, names: std::sync::OnceLock::new() }))
+    }
+
+    /// The file at `path` (`None` when there is none), if it is a regular
+    /// file of at most `limit` bytes.
+    pub(crate) fn read(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, ApiError> {
+        let stat = match self.0.stat(path) {
+            Ok(stat) => stat,
+            Err(e) if e.status == StatusCode::NOT_FOUND => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if stat.kind != EntryKind::File || stat.size > limit {
+            return Err(ApiError::bad_request(format!(
+                "{path} in the sandbox is not a regular file of at most {limit} bytes"
+            )));
+        }
+        let target = self.0.resolved(FileOp::Resolve { path: path.into() })?;
+        let mut out = Vec::new();
+        while (out.len() as u64) < stat.size {
+            let page = self.0.read(&target, out.len() as u64, CHUNK)?;
+            if page.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&page);
+        }
+        Ok(Some(out))
+    }
+
+    /// Writes `data` to `path` (its parents created) with `mode`, owned by root.
+    pub(crate) fn write(&self, path: &str, data: &[u8], mode: u32) -> Result<(), ApiError> {
+        self.0.write(path, data, mode, None, None)
+    }
+}

@@ -88,12 +88,15 @@ impl Daemon {
                     Ok(())
                 });
                 if first {
+                    crate::credential_vault::install_ca(self, id);
                     if let Err(e) = self.start_entrypoint(id) {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 } else {
                     // The resumed Job's proxy started from the last policy
-                    // change its Trace recorded: nothing to apply again.
+                    // change its Trace recorded, but without the vault,
+                    // whose values no record holds.
+                    crate::credential_vault::reapply(self, id);
                     self.end_if_entrypoint_exited(id);
                 }
                 // A delete that arrived while it was starting.

@@ -141,6 +141,8 @@ pub struct Daemon {
     reserve: reserve::Reserve,
     /// Snapshots of sandboxes' filesystems (they outlive their sandboxes).
     pub snapshots: crate::snapshots::Snapshots,
+    /// Sandboxes' credential vaults (in memory only: they hold values).
+    pub vaults: crate::credential_vault::Vaults,
 }
 
 /// Streams one sandbox may hold open at once; each holds a worker thread.
@@ -222,6 +224,7 @@ impl Daemon {
             streams: Mutex::default(),
             reserve,
             snapshots,
+            vaults: Default::default(),
         }))
     }
 
@@ -318,6 +321,9 @@ impl Daemon {
             }
             Ok(())
         });
+        if matches!(to, SandboxState::Terminated | SandboxState::Failed) {
+            self.vaults.forget(id);
+        }
     }
 
     fn bind_file(&self, id: &str) -> PathBuf {

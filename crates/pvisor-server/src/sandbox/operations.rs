@@ -83,6 +83,7 @@ impl Daemon {
             cpus: request.cpus,
             deleted: false,
             network_policy: request.network_policy,
+            credential_proxy: request.credential_proxy,
             renew_on_access: request.renew_on_access,
             volumes: request.volumes,
         };

@@ -158,6 +158,10 @@ pub struct SandboxRecord {
     /// commands get the proxy variables. None: the VM reaches nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
+    /// `credentialProxy.enabled`: the sandbox takes a credential vault
+    /// (`crate::credential_vault`), whose values live in the daemon's memory only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
     /// `extensions["access.renew.extend.seconds"]`: each access through this
     /// daemon moves `expires_at` to at least now plus this (see `renew`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,6 +212,7 @@ pub struct CreateRequest {
     pub memory_mib: u64,
     pub cpus: u32,
     pub network_policy: Option<pvisor_net::OrderedPolicy>,
+    pub credential_proxy: bool,
     pub renew_on_access: Option<u64>,
     pub volumes: Vec<pvisor_core::records::SharedDirectory>,
 }
@@ -244,6 +249,10 @@ pub fn command_env(record: &SandboxRecord, extra: &BTreeMap<String, String>) -> 
     if record.network_policy.is_some() {
         // What the Job's own command gets: the agent's relay to the proxy.
         env.extend(pvisor::proxy_env(&[]).into_iter().map(|(k, v)| (k.to_owned(), v)));
+    }
+    if record.credential_proxy {
+        let trust = crate::credential_vault::TRUST_ENV.iter();
+        env.extend(trust.map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     }
     env.extend(record.env.clone());
     env.extend(extra.clone());

@@ -25,6 +25,7 @@ mod sandboxes;
 mod sdk;
 mod snapshots;
 mod upgrades;
+mod vault;
 mod volumes;
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -57,6 +58,11 @@ struct Daemon {
     child: Option<Child>,
     /// More `pvisor serve` arguments.
     args: Vec<String>,
+    /// The daemon's own `/etc/hosts` (in a mount namespace of its own):
+    /// names its proxy resolves for the sandboxes' requests.
+    hosts: Option<PathBuf>,
+    /// More variables for the daemon.
+    envs: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -75,12 +81,29 @@ impl Daemon {
     /// A daemon over `env`, prepared by the caller (its state directory on
     /// a disk of its own, say).
     fn on_env(env: Env, args: &[&str]) -> Self {
+        let mut daemon = Self::unstarted(env, args);
+        daemon.start();
+        daemon
+    }
+
+    fn unstarted(env: Env, args: &[&str]) -> Self {
         assert!(vm_image().is_some(), "no guest image: run scripts/vm-image.sh");
         let key = format!("test-key-{:016}-{}", std::process::id(), port_seed());
         fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let args = args.iter().map(|a| (*a).to_owned()).collect();
-        let mut daemon = Self { env, port, key, child: None, args };
+        Self { env, port, key, child: None, args, hosts: None, envs: Vec::new() }
+    }
+
+    /// A daemon (as root) that resolves names by `hosts` (an `/etc/hosts`
+    /// bound over the host's in a mount namespace of its own), with `envs`.
+    fn with_hosts(hosts: &str, envs: &[(&str, &str)]) -> Self {
+        let env = Env::new(As::Root);
+        let file = env.dir.path().join("hosts");
+        fs::write(&file, format!("127.0.0.1 localhost\n{hosts}\n")).unwrap();
+        let mut daemon = Self::unstarted(env, &[]);
+        daemon.hosts = Some(file);
+        daemon.envs = envs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         daemon.start();
         daemon
     }
@@ -117,6 +140,12 @@ impl Daemon {
         let python = target_dir().join("sandbox-image-python/rootfs");
         if self.env.who == As::Root && python.join("bin/sh").exists() {
             cmd.env("PVISOR_SANDBOX_IMAGE_PYTHON", python);
+        }
+        for (key, value) in &self.envs {
+            cmd.env(key, value);
+        }
+        if let Some(hosts) = &self.hosts {
+            cmd = in_own_hosts(cmd, hosts);
         }
         self.child = Some(cmd.spawn().unwrap());
         let up = wait_until(Duration::from_secs(60), || self.curl("GET", "/health", None).0 == 200);
@@ -283,4 +312,26 @@ fn stdout_of(sse: &str) -> String {
 fn port_seed() -> u32 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `cmd` run by `unshare` in a mount namespace of its own, where `hosts` is
+/// bound over `/etc/hosts`; `exec`s all the way, so the child is `cmd` itself.
+fn in_own_hosts(cmd: Command, hosts: &Path) -> Command {
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+        .arg(hosts)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
 }
