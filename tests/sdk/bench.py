@@ -93,4 +93,26 @@ if egress_port:
         out["egress_small_s"].append(float(t.split()[0]))
     s.kill()
     s.close()
+# The credential vault's cost: small requests from one sandbox to VAULT_HOST
+# (which the daemon resolves to VAULT_IP, port 80) through the policy path,
+# first with a vault that binds nothing, then with a binding that injects a
+# bearer token into each.
+vault_host = os.environ.get("VAULT_HOST")
+if vault_host:
+    from opensandbox.models.sandboxes import CredentialProxyConfig, NetworkPolicy, NetworkRule
+
+    rules = [NetworkRule(action="allow", target=vault_host), NetworkRule(action="allow", target=os.environ["VAULT_IP"])]
+    s = SandboxSync.create("python", connection_config=cfg, ready_timeout=timedelta(seconds=180),
+                           network_policy=NetworkPolicy(default_action="deny", egress=rules),
+                           credential_proxy=CredentialProxyConfig(enabled=True))
+    curl = f"curl -s -o /dev/null -w '%{{time_total}}\\n' http://{vault_host}/small"
+    loop = f"for i in $(seq {iters * 4}); do {curl}; done"
+    s.credential_vault.create(credentials=[{"name": "t", "source": {"value": "bench-token"}}], bindings=[])
+    out["vault_plain_s"] = [float(t) for t in s.commands.run(loop).text.split()]
+    s.credential_vault.patch(bindings={"add": [{"name": "b", "match": {
+        "schemes": ["http"], "ports": [80], "hosts": [vault_host], "paths": ["/small"]},
+        "auth": {"type": "bearer", "credential": "t"}}]})
+    out["vault_injected_s"] = [float(t) for t in s.commands.run(loop).text.split()]
+    s.kill()
+    s.close()
 print(json.dumps(out))

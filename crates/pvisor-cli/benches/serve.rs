@@ -27,6 +27,11 @@
 //!   10,000-file tree (1,000 as a smoke test), each timed around the execd
 //!   command that does it.
 //!
+//! - the credential vault (as root): small requests from a sandbox through
+//!   a vault binding that injects a bearer token, against the same requests
+//!   through the same proxy with a vault that binds nothing (the daemon gets
+//!   a private `/etc/hosts` naming the host server, on port 80).
+//!
 //! - snapshots: `POST /sandboxes/{id}/snapshots` until `Ready`, and a
 //!   create from `snapshotId` until a command ran, against a create from
 //!   the image until a command ran.
@@ -40,6 +45,8 @@
 // A benchmark stops at the first failure; each one names what failed.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/hosts.rs"]
+mod hosts;
 #[path = "support/table.rs"]
 mod table;
 
@@ -360,7 +367,14 @@ fn main() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let volumes = dir.path().join("volumes");
     std::fs::create_dir_all(&volumes).unwrap();
-    let mut daemon: Child = pvisor(&["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"])
+    // The vault's host server: port 80 (a binding names 80 or 443) on a
+    // loopback address of its own, named in the daemon's own /etc/hosts.
+    let vault = is_root().then(|| vault_server(dir.path()));
+    let mut serve = pvisor(&["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"]);
+    if let Some((_, hosts)) = &vault {
+        serve = hosts::in_own_hosts(serve, hosts);
+    }
+    let mut daemon: Child = serve
         .arg(dir.path().join("key"))
         .arg("--volume-root")
         .arg(&volumes)
@@ -403,6 +417,9 @@ fn main() {
         .env("IDLE", if measuring { "20" } else { "1" });
     if egress {
         bench.env("EGRESS_PORT", web_port.to_string()).env("EGRESS_BYTES", big_bytes.to_string());
+    }
+    if egress && vault.is_some() {
+        bench.env("VAULT_HOST", VAULT_HOST).env("VAULT_IP", VAULT_IP);
     }
     let out = bench.output().unwrap();
     assert!(out.status.success(), "bench.py failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -464,6 +481,23 @@ fn main() {
     } else {
         println!("(no python image: run scripts/sandbox-image.sh for the egress figures)");
     }
+    if figures.get("vault_plain_s").is_some() {
+        let to_ms = |k: &str| -> Vec<f64> { samples(k).iter().map(|s| s * 1000.0).collect() };
+        let plain =
+            summary("baseline: 1 KiB via networkPolicy, no binding", &mut to_ms("vault_plain_s"), None);
+        let injected = summary(
+            "1 KiB via a credential vault binding",
+            &mut to_ms("vault_injected_s"),
+            Some(("the same request unbound", plain)),
+        );
+        println!("{:<46} {:+.2} ms per request for the injection", "", injected - plain);
+    } else {
+        println!("(the credential vault figures need root and the python image)");
+    }
+    if let Some((mut server, _)) = vault {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
     let _ = web.kill();
     let _ = web.wait();
 
@@ -504,4 +538,32 @@ fn main() {
             let _ = pvisor(&["kill", job["job"].as_str().unwrap(), "--grace", "2s"]).output();
         }
     }
+}
+
+const VAULT_HOST: &str = "vault-bench.pvisor.test";
+const VAULT_IP: &str = "127.79.0.1";
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+}
+
+/// A host server of 1 KiB at `VAULT_IP:80`, and an `/etc/hosts` naming it.
+fn vault_server(dir: &Path) -> (Child, PathBuf) {
+    let served = dir.join("vault-served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::write(served.join("small"), vec![b'x'; 1024]).unwrap();
+    let server = Command::new("python3")
+        .args(["-m", "http.server", "80", "--bind", VAULT_IP, "--directory"])
+        .arg(&served)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while std::net::TcpStream::connect((VAULT_IP, 80)).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1 localhost\n{VAULT_IP} {VAULT_HOST}\n")).unwrap();
+    (server, hosts)
 }

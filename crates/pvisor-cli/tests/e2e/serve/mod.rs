@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
+#[path = "../../../benches/support/hosts.rs"]
+mod hosts;
+
 mod crash;
 mod hostile;
 mod sandboxes;
@@ -130,11 +133,7 @@ impl Daemon {
         };
         let mut cmd =
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
-        cmd.arg(&key_file)
-            .args(&self.args)
-            .env("PVISOR_SANDBOX_IMAGE", image)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.arg(&key_file).args(&self.args).env("PVISOR_SANDBOX_IMAGE", image);
         // As root the binary runs from a copy (support::bin), away from the
         // build tree where it would find the `python` image.
         let python = target_dir().join("sandbox-image-python/rootfs");
@@ -145,8 +144,9 @@ impl Daemon {
             cmd.env(key, value);
         }
         if let Some(hosts) = &self.hosts {
-            cmd = in_own_hosts(cmd, hosts);
+            cmd = hosts::in_own_hosts(cmd, hosts);
         }
+        cmd.stdout(log.try_clone().unwrap()).stderr(log);
         self.child = Some(cmd.spawn().unwrap());
         let up = wait_until(Duration::from_secs(60), || self.curl("GET", "/health", None).0 == 200);
         assert!(up, "the daemon did not come up: {}", self.log());
@@ -312,26 +312,4 @@ fn stdout_of(sse: &str) -> String {
 fn port_seed() -> u32 {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// `cmd` run by `unshare` in a mount namespace of its own, where `hosts` is
-/// bound over `/etc/hosts`; `exec`s all the way, so the child is `cmd` itself.
-fn in_own_hosts(cmd: Command, hosts: &Path) -> Command {
-    let mut wrapped = Command::new("unshare");
-    wrapped
-        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
-        .arg(hosts)
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    if let Some(dir) = cmd.get_current_dir() {
-        wrapped.current_dir(dir);
-    }
-    for (key, value) in cmd.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
 }

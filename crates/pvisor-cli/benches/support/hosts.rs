@@ -1,0 +1,30 @@
+//! A child process with an `/etc/hosts` of its own: how the benchmarks and
+//! the tests give `pvisor serve` a name for a host server (its proxy
+//! resolves names on the host) without touching the host's file.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// `cmd` run by `unshare` in a mount namespace of its own, where `hosts` is
+/// bound over `/etc/hosts`; `exec`s all the way, so the child is `cmd` itself.
+/// Its standard streams are not carried over: set them on what this returns.
+pub fn in_own_hosts(cmd: Command, hosts: &Path) -> Command {
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+        .arg(hosts)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped.stdin(Stdio::null());
+    wrapped
+}
