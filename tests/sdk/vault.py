@@ -174,6 +174,7 @@ def all_auth_types():
                     {"name": "X-Client-Id", "credential": "client-id"},
                     {"name": "X-Client-Secret", "credential": "client-secret"}]}),
                 binding("echo", "/echo", {"type": "bearer", "credential": "bearer-token"}),
+                binding("prefix", "/open/*", {"type": "bearer", "credential": "bearer-token"}),
             ],
         )
         payload = state.model_dump_json(by_alias=True)
@@ -188,6 +189,21 @@ def all_auth_types():
         # A response header echoing the value reaches the sandbox redacted.
         out, _ = curl(sandbox, "/echo", headers="--include")
         assert "x-echo-authorization: [redacted]" in out.lower(), out
+        # A request without Host (HTTP/1.0) reaches the server naming the
+        # destination, so no front end routes it, credential and all, elsewhere.
+        seen.clear()
+        out, _ = curl(sandbox, "/bearer", headers="--http1.0 -H 'Host:'")
+        assert json.loads(out)["ok"] and seen[-1][1].get("host") == TARGET_HOST, (out, seen)
+        # A Host naming another host through userinfo is refused before any connection.
+        seen.clear()
+        out, _ = curl(sandbox, "/bearer", headers=f"-H 'Host: evil.example.com@{TARGET_HOST}'")
+        assert "refused" in out and not seen, (out, seen)
+        # A path that climbs out of a binding's prefix gets no credential.
+        curl(sandbox, "/open/x")
+        assert seen[-1][1].get("authorization") == "Bearer " + SECRETS["bearer-token"], seen
+        for escape in ["/open/../admin", "/open/..%2Fadmin", "/open/%2e%2e/admin"]:
+            curl(sandbox, escape, headers="--path-as-is")
+            assert seen[-1][0] == escape.split("?")[0] and "authorization" not in seen[-1][1], seen
         # A request no binding matches leaves without credentials.
         seen.clear()
         assert curl_json(sandbox, "/unbound")["ok"]

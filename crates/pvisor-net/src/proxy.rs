@@ -451,6 +451,16 @@ impl Ctx {
             let _ = conn.await;
         });
         let path = req.uri().path_and_query().map_or("/".to_owned(), |p| p.to_string());
+        // The request line named the destination; a request without `Host`
+        // (HTTP/1.0) gets it from there, so no front end can route it, and
+        // a credential with it, to its default site.
+        if let Some(authority) =
+            req.uri().authority().map(|a| a.as_str().rsplit('@').next().unwrap_or("").to_owned())
+        {
+            if let Ok(value) = hyper::header::HeaderValue::from_str(&authority) {
+                req.headers_mut().entry(hyper::header::HOST).or_insert(value);
+            }
+        }
         *req.uri_mut() = path.parse().unwrap_or_default();
         for hop in [
             "proxy-connection",
@@ -520,7 +530,13 @@ pub(crate) fn one_host_header(
     match all.as_slice() {
         [] => Ok(()),
         [header] => {
-            let named = header.to_str().ok().and_then(|h| split_authority(h, default_port));
+            // No userinfo: `evil.example@api.example.com` parses as the
+            // latter, but an upstream may read it as the former.
+            let named = header
+                .to_str()
+                .ok()
+                .filter(|h| !h.contains('@'))
+                .and_then(|h| split_authority(h, default_port));
             match named {
                 Some((h, p)) if h.eq_ignore_ascii_case(host) && p == port => Ok(()),
                 _ => Err(HostHeaderError::Differs { header: (*header).clone(), host: host.to_owned(), port }),

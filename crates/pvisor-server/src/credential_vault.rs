@@ -63,40 +63,49 @@ struct Entry {
     ca: Option<VaultCa>,
 }
 
-/// Every sandbox's vault and CA, by sandbox id. One lock: a change is
-/// validated, put in force and kept under it, so two clients cannot interleave.
+/// Every sandbox's vault and CA, by sandbox id, each behind a lock of its
+/// own: a change is validated, put in force and kept under it (so two
+/// clients cannot interleave), and a stalled guest holds up its own sandbox
+/// alone.
 #[derive(Debug, Default)]
 pub struct Vaults {
-    by_sandbox: Mutex<HashMap<String, Entry>>,
+    by_sandbox: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
 }
 
 impl Vaults {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the entry of `id` (empty if there is none), locked.
+    fn with<T>(&self, id: &str, f: impl FnOnce(&mut Entry) -> T) -> T {
+        let shared = {
+            let mut map = self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(id.to_owned()).or_default().clone()
+        };
+        let mut entry = shared.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut entry)
     }
 
-    /// Forgets the vault of a sandbox that ended: its values go with it.
+    /// Forgets the vault and CA of a sandbox that ended: its values go with it.
     pub fn forget(&self, id: &str) {
-        self.lock().remove(id);
+        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
     }
 
     /// Makes a policy change (`apply`) if the vault of `id` holds under
     /// `policy` (the reference's `ValidateActiveAgainstPolicy`: no binding
-    /// may lose the allow rule that covers its host). Under the vaults'
-    /// lock, so no vault change is validated against the policy it replaces.
+    /// may lose the allow rule that covers its host). Under the sandbox's
+    /// vault lock, so no vault change is validated against the policy it replaces.
     pub fn change_policy<T>(
         &self,
         id: &str,
         policy: &pvisor_net::OrderedPolicy,
         apply: impl FnOnce() -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
-        let vaults = self.lock();
-        if let Some(vault) = vaults.get(id).and_then(|e| e.vault.as_ref()) {
-            vault.validate(Some(policy)).map_err(|e| {
-                ApiError::bad_request(format!("the credential vault would not hold under it: {e}"))
-            })?;
-        }
-        apply()
+        self.with(id, |entry| {
+            if let Some(vault) = &entry.vault {
+                vault.validate(Some(policy)).map_err(|e| {
+                    ApiError::bad_request(format!("the credential vault would not hold under it: {e}"))
+                })?;
+            }
+            apply()
+        })
     }
 }
 
@@ -177,9 +186,8 @@ fn read(
     id: &str,
     view: impl Fn(&pvisor_net::vault::State) -> serde_json::Value,
 ) -> ApiResult {
-    let vaults = daemon.vaults.lock();
-    let vault = vaults.get(id).and_then(|e| e.vault.as_ref()).ok_or_else(|| no_vault(id))?;
-    Ok(http::json(StatusCode::OK, &view(&vault.state())))
+    let state = daemon.vaults.with(id, |e| e.vault.as_ref().map(Vault::state)).ok_or_else(|| no_vault(id))?;
+    Ok(http::json(StatusCode::OK, &view(&state)))
 }
 
 fn one(
@@ -188,9 +196,8 @@ fn one(
     what: &str,
     pick: impl Fn(&pvisor_net::vault::State) -> Option<serde_json::Value>,
 ) -> ApiResult {
-    let vaults = daemon.vaults.lock();
-    let vault = vaults.get(id).and_then(|e| e.vault.as_ref()).ok_or_else(|| no_vault(id))?;
-    let found = pick(&vault.state()).ok_or_else(|| ApiError::not_found(format!("{what} not found")))?;
+    let state = daemon.vaults.with(id, |e| e.vault.as_ref().map(Vault::state)).ok_or_else(|| no_vault(id))?;
+    let found = pick(&state).ok_or_else(|| ApiError::not_found(format!("{what} not found")))?;
     Ok(http::json(StatusCode::OK, &found))
 }
 
@@ -245,80 +252,107 @@ fn put_in_force(
 }
 
 fn create(daemon: &Daemon, id: &str, body: &[u8]) -> ApiResult {
-    let request: CreateRequest = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid credential vault request: {e}")))?;
-    let mut vaults = daemon.vaults.lock();
-    let record = writable(daemon, id)?;
-    let entry = vaults.entry(id.to_owned()).or_default();
-    if entry.vault.is_some() {
-        return Err(ApiError::conflict(
-            "credential vault already exists; PATCH changes it, DELETE removes it",
-        ));
-    }
-    let vault = Vault::create(request, record.network_policy.as_ref()).map_err(refused)?;
-    if entry.ca.is_none() {
-        // This daemon restarted since the sandbox first ran: a new CA.
-        entry.ca = Some(install(daemon, id)?);
-    }
-    put_in_force(daemon, &record, Some(&vault), entry.ca.as_ref())?;
-    let state = vault.state();
-    entry.vault = Some(vault);
-    Ok(http::json(StatusCode::CREATED, &state))
+    let request: CreateRequest = parse(body, "credential vault request")?;
+    daemon.vaults.with(id, |entry| {
+        let record = writable(daemon, id)?;
+        if entry.vault.is_some() {
+            return Err(ApiError::conflict(
+                "credential vault already exists; PATCH changes it, DELETE removes it",
+            ));
+        }
+        let vault = Vault::create(request, record.network_policy.as_ref()).map_err(refused)?;
+        if entry.ca.is_none() {
+            // This daemon restarted since the sandbox first ran: a new CA.
+            let attempt = record.generations.last().map_or(1, |g| g.attempt);
+            entry.ca = Some(install(daemon, id, attempt)?);
+        }
+        put_in_force(daemon, &record, Some(&vault), entry.ca.as_ref())?;
+        let state = vault.state();
+        entry.vault = Some(vault);
+        Ok(http::json(StatusCode::CREATED, &state))
+    })
 }
 
 fn patch(daemon: &Daemon, id: &str, body: &[u8]) -> ApiResult {
-    let request: MutationRequest = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid credential vault mutation request: {e}")))?;
-    let mut vaults = daemon.vaults.lock();
-    let record = writable(daemon, id)?;
-    let entry = vaults.get_mut(id).ok_or_else(|| no_vault(id))?;
-    let current = entry.vault.as_ref().ok_or_else(|| no_vault(id))?;
-    let next = current.patch(request, record.network_policy.as_ref()).map_err(refused)?;
-    put_in_force(daemon, &record, Some(&next), entry.ca.as_ref())?;
-    let state = next.state();
-    entry.vault = Some(next);
-    Ok(http::json(StatusCode::OK, &state))
+    let request: MutationRequest = parse(body, "credential vault mutation request")?;
+    daemon.vaults.with(id, |entry| {
+        let record = writable(daemon, id)?;
+        let current = entry.vault.as_ref().ok_or_else(|| no_vault(id))?;
+        let next = current.patch(request, record.network_policy.as_ref()).map_err(refused)?;
+        put_in_force(daemon, &record, Some(&next), entry.ca.as_ref())?;
+        let state = next.state();
+        entry.vault = Some(next);
+        Ok(http::json(StatusCode::OK, &state))
+    })
 }
 
 fn delete(daemon: &Daemon, id: &str) -> ApiResult {
-    let mut vaults = daemon.vaults.lock();
-    let record = writable(daemon, id)?;
-    let entry = vaults.get_mut(id).filter(|e| e.vault.is_some()).ok_or_else(|| no_vault(id))?;
-    put_in_force(daemon, &record, None, None)?;
-    entry.vault = None;
-    Ok(http::empty(StatusCode::NO_CONTENT))
+    daemon.vaults.with(id, |entry| {
+        let record = writable(daemon, id)?;
+        if entry.vault.is_none() {
+            return Err(no_vault(id));
+        }
+        put_in_force(daemon, &record, None, None)?;
+        entry.vault = None;
+        Ok(http::empty(StatusCode::NO_CONTENT))
+    })
+}
+
+/// A request body, or a 400 that says where it is malformed and never
+/// quotes it (serde's messages quote the offending value, which may be a
+/// credential, and refusals are logged).
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let kind = match e.classify() {
+            serde_json::error::Category::Io | serde_json::error::Category::Eof => "it ends early",
+            serde_json::error::Category::Syntax => "it is not JSON",
+            serde_json::error::Category::Data => "a field is unknown, missing or of the wrong type",
+        };
+        ApiError::bad_request(format!(
+            "invalid {what} at line {} column {}: {kind} (the spec's CredentialVaultCreateRequest or MutationRequest)",
+            e.line(),
+            e.column()
+        ))
+    })
 }
 
 /// Puts a resumed sandbox's vault in force again: the new Attempt's proxy
 /// starts without one (its values were never recorded).
 pub fn reapply(daemon: &Daemon, id: &str) {
-    let vaults = daemon.vaults.lock();
-    let Some(entry) = vaults.get(id) else { return };
-    let Some(vault) = &entry.vault else { return };
-    let Ok(record) = daemon.get(id) else { return };
-    if let Err(e) = put_in_force(daemon, &record, Some(vault), entry.ca.as_ref()) {
-        tracing::warn!(sandbox = %id, "the credential vault is not in force after the resume: {}", e.message);
-    }
+    daemon.vaults.with(id, |entry| {
+        let Some(vault) = &entry.vault else { return };
+        let Ok(record) = daemon.get(id) else { return };
+        if let Err(e) = put_in_force(daemon, &record, Some(vault), entry.ca.as_ref()) {
+            tracing::warn!(sandbox = %id, "the credential vault is not in force after the resume: {}", e.message);
+        }
+    })
 }
 
-/// Gives a sandbox created with `credentialProxy.enabled` its CA when it
-/// first runs (before its entrypoint): commands started from then on trust it.
-pub fn install_ca(daemon: &Daemon, id: &str) {
+/// Gives a sandbox created with `credentialProxy.enabled` its CA when its
+/// first generation, `attempt`, is up (before it reads Running).
+pub fn install_ca(daemon: &Daemon, id: &str, attempt: u32) {
     if !daemon.get(id).is_ok_and(|r| r.credential_proxy) {
         return;
     }
-    let mut vaults = daemon.vaults.lock();
-    match install(daemon, id) {
-        Ok(ca) => vaults.entry(id.to_owned()).or_default().ca = Some(ca),
-        Err(e) => tracing::warn!(sandbox = %id, "the credential vault's CA is not installed: {}", e.message),
-    }
+    daemon.vaults.with(id, |entry| {
+        // A vault created the moment the sandbox ran has installed one already.
+        if entry.ca.is_some() {
+            return;
+        }
+        match install(daemon, id, attempt) {
+            Ok(ca) => entry.ca = Some(ca),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "the credential vault's CA is not installed: {}", e.message)
+            }
+        }
+    })
 }
 
 /// Mints a CA and writes it into the sandbox: the certificate alone, and
 /// merged with the image's own roots.
-fn install(daemon: &Daemon, id: &str) -> Result<VaultCa, ApiError> {
+fn install(daemon: &Daemon, id: &str, attempt: u32) -> Result<VaultCa, ApiError> {
     let ca = VaultCa::mint().map_err(|e| ApiError::internal(format!("cannot mint the vault's CA: {e}")))?;
-    let files = crate::execd::DaemonFiles::open(daemon, id)?;
+    let files = crate::execd::DaemonFiles::of_generation(daemon, id, attempt)?;
     // An image without the bundle (or with one past the limit) gets the CA alone.
     let mut merged = files.read(SYSTEM_BUNDLE, MAX_SYSTEM_BUNDLE).ok().flatten().unwrap_or_default();
     if !merged.is_empty() && !merged.ends_with(b"\n") {

@@ -186,7 +186,7 @@ impl Binding {
 /// response (`TRACE`): sent to a bound host, it would hand the value back
 /// to the sandbox, so the proxy refuses it there.
 pub fn echoes_headers(method: &hyper::Method) -> bool {
-    method == hyper::Method::TRACE
+    method.as_str().eq_ignore_ascii_case("TRACE")
 }
 
 /// Why a request to a bound host was refused for its method.
@@ -370,6 +370,14 @@ mod tests {
 
     fn binding(spec: &str, value: &str) -> Binding {
         Binding::new(spec.parse().unwrap(), value.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn trace_is_refused_in_any_case() {
+        for method in ["TRACE", "trace", "Trace"] {
+            assert!(echoes_headers(&hyper::Method::from_bytes(method.as_bytes()).unwrap()), "{method}");
+        }
+        assert!(!echoes_headers(&hyper::Method::GET));
     }
 
     #[test]

@@ -163,15 +163,18 @@ async fn handle(
             let _ = ctx.events.send(NetEvent::Substituted(substitution));
         }
     }
+    let mut upstream = upstream.lock().await;
+    if let Err(refused) = upstream.ready(&ctx, &to).await {
+        return Ok(refused);
+    }
+    // Chosen only now, with the upstream ready: a request parsed while an
+    // earlier response was still streaming leaves with the vault in force
+    // when it is sent, not the one it was read under (a revoked binding stays revoked).
     let scheme = if to.tls.is_some() { "https" } else { "http" };
     let verdict = match ctx.apply_vault(scheme, &to.host, to.port, &mut req) {
         VaultVerdict::Refused(response) => return Ok(response),
         verdict => verdict,
     };
-    let mut upstream = upstream.lock().await;
-    if let Err(refused) = upstream.ready(&ctx, &to).await {
-        return Ok(refused);
-    }
     let Some(sender) = upstream.sender.as_mut() else {
         return Ok(text(StatusCode::BAD_GATEWAY, "pvisor: no upstream connection".into()));
     };
@@ -397,6 +400,9 @@ mod tests {
         assert!(super::host_names_destination(&headers("api.example.com:8080"), &public).is_ok());
         assert!(super::host_names_destination(&headers("evil.example.com:8080"), &public).is_err());
         assert!(super::host_names_destination(&headers("localhost:8080"), &public).is_err());
+        // Userinfo would name another host to an upstream that reads it so.
+        assert!(super::host_names_destination(&headers("evil.example.com@api.example.com:8080"), &public)
+            .is_err());
         assert!(super::host_names_destination(&hyper::HeaderMap::new(), &local).is_err(), "no Host");
         // No port in `Host`: the scheme's default, 443 behind TLS.
         let https =

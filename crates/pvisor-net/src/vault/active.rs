@@ -104,7 +104,13 @@ impl ActiveBinding {
     fn precedence(&self, request: &Request<'_>) -> Option<u8> {
         let m = &self.matcher;
         let path = request.path.split('?').next().filter(|p| !p.is_empty()).unwrap_or("/");
+        // A path the upstream may resolve elsewhere (`/v1/../admin`,
+        // `%2e%2e`, `%2f`, `\\`, `;`) matches no narrower pattern than `/*`:
+        // a prefix must not be escaped after the match.
+        let ambiguous = ambiguous_path(path);
         let path_matches = |p: &String| match p.strip_suffix('*') {
+            Some("/") => true,
+            _ if ambiguous => false,
             Some(prefix) => path.starts_with(prefix),
             None => path == p,
         };
@@ -124,12 +130,24 @@ impl ActiveBinding {
     }
 }
 
+/// Whether `path` holds something an upstream may resolve to another path:
+/// a dot segment, an encoded dot, slash or backslash, a backslash, or a
+/// `;` parameter.
+fn ambiguous_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    path.split('/').any(|segment| segment == "." || segment == "..")
+        || ["%2e", "%2f", "%5c", "\\", ";"].iter().any(|s| lower.contains(s))
+}
+
 fn normalized_host(host: &str) -> String {
     host.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.').to_ascii_lowercase()
 }
 
 impl ActiveVault {
     pub(super) fn new(revision: i64, bindings: Vec<ActiveBinding>, mut redactions: Vec<String>) -> Self {
+        // An upstream may echo a value without the spaces it was stored with.
+        let trimmed: Vec<String> = redactions.iter().map(|v| v.trim().to_owned()).collect();
+        redactions.extend(trimmed);
         redactions.retain(|v| !v.is_empty());
         // Longest first: a rendered "Bearer v" goes before the bare "v" would split it.
         redactions.sort_by_key(|v| std::cmp::Reverse(v.len()));
@@ -208,18 +226,28 @@ impl ActiveVault {
     /// response header echoes with [`REDACTED`].
     pub fn redact(&self, headers: &mut HeaderMap) {
         for (_, value) in headers.iter_mut() {
-            let Ok(text) = value.to_str() else { continue };
-            let mut redacted = text.to_owned();
+            // On bytes: a value beside a non-ASCII byte is redacted too.
+            let mut redacted = value.as_bytes().to_vec();
             for secret in &self.redactions {
-                redacted = redacted.replace(secret.as_str(), REDACTED);
+                redacted = replace_bytes(&redacted, secret.as_bytes(), REDACTED.as_bytes());
             }
-            if redacted != text {
-                if let Ok(replaced) = HeaderValue::from_str(&redacted) {
-                    *value = replaced;
-                }
+            if redacted != value.as_bytes() {
+                *value = HeaderValue::from_bytes(&redacted).unwrap_or(HeaderValue::from_static(REDACTED));
             }
         }
     }
+}
+
+fn replace_bytes(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut rest = haystack;
+    while let Some(at) = rest.windows(needle.len()).position(|w| w == needle) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(with);
+        rest = &rest[at + needle.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 /// The vault a running proxy injects from, replaceable as a whole; empty

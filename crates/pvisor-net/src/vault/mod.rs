@@ -478,7 +478,8 @@ fn normalize_credential(input: CredentialInput, revision: i64) -> Result<(String
     let why = |why: &str| VaultError::Credential { name: name.clone(), why: why.to_owned() };
     let source_type = match input.source.kind.trim() {
         "" | "inline" => "inline".to_owned(),
-        other => return Err(why(&format!("unsupported credential source type {other:?} (only \"inline\")"))),
+        // Not quoted: a client that swapped `type` and `value` would see its value logged.
+        _ => return Err(why("unsupported credential source type (only \"inline\")")),
     };
     let value = input.source.value;
     if value.is_empty() {

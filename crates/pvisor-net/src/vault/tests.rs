@@ -291,3 +291,28 @@ fn overlapping_bindings_are_refused_and_precedence_picks_exact_hosts() {
     );
     assert!(!vault.intercepts("http", "y.example.com", 443));
 }
+
+#[test]
+fn a_path_an_upstream_may_resolve_elsewhere_matches_only_the_whole_host() {
+    let policy = allow(&["api.example.com"]);
+    let bearer = serde_json::json!({ "type": "bearer", "credential": "c" });
+    let body = serde_json::json!({ "credentials": [{ "name": "c", "source": { "value": " padded-value " } }],
+        "bindings": [binding("repo", "api.example.com", "/repos/mine/*", bearer)] });
+    let vault = create(body, &policy).unwrap().active();
+    assert!(matches!(vault.select(&request("api.example.com", "/repos/mine/x?y=1")), Selection::Bound(_)));
+    for escape in [
+        "/repos/mine/../theirs/keys",
+        "/repos/mine/%2e%2e/theirs",
+        "/repos/mine/..%2Ftheirs",
+        "/repos/mine/x;/../../admin",
+        "/repos/mine/..\\theirs",
+        "/repos/mine/./x",
+    ] {
+        assert!(matches!(vault.select(&request("api.example.com", escape)), Selection::None), "{escape}");
+    }
+    // A value echoed without its spaces, or beside a non-ASCII byte, is redacted too.
+    let mut response = HeaderMap::new();
+    response.insert("x-echo", hyper::header::HeaderValue::from_bytes(b"k=padded-value \xff").unwrap());
+    vault.redact(&mut response);
+    assert_eq!(response["x-echo"].as_bytes(), b"k=[REDACTED] \xff");
+}

@@ -22,6 +22,8 @@ use crate::broker::tls::{ca_params, leaf_server, Upstream};
 use crate::broker::BrokerError;
 
 const CA_NAME: &str = "pvisor sandbox credential vault CA";
+/// The leaves kept (then minted again as asked for).
+const MAX_LEAVES: usize = 256;
 
 /// A sandbox's vault CA: its certificate (for the sandbox to trust) and key.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +90,10 @@ impl VaultTls {
             return Some(config.clone());
         }
         let config = leaf_server(&host, &self.issuer, &self.key).ok()?;
+        // Bounded: a `*.` binding lets the sandbox name endless hosts.
+        if leaves.len() >= MAX_LEAVES {
+            leaves.clear();
+        }
         leaves.insert(host, config.clone());
         Some(config)
     }

@@ -234,8 +234,13 @@ async fn ping(daemon: &Arc<Daemon>, id: &str, headers: &HeaderMap) -> ApiResult 
 pub(crate) struct DaemonFiles(Guest);
 
 impl DaemonFiles {
-    pub(crate) fn open(daemon: &Daemon, id: &str) -> Result<Self, ApiError> {
-        let (record, link) = daemon.live_link(id)?;
+    /// The files of generation `attempt` of sandbox `id`, whatever its
+    /// state (one still starting, before it reads Running).
+    pub(crate) fn of_generation(daemon: &Daemon, id: &str, attempt: u32) -> Result<Self, ApiError> {
+        let record = daemon.get(id)?;
+        let job =
+            record.job.clone().ok_or_else(|| ApiError::conflict(format!("sandbox {id} has no Job yet")))?;
+        let link = daemon.link_of(&job, attempt).map_err(|e| ApiError::conflict(e.to_string()))?;
         Ok(Self(Guest { record, link, names: std::sync::OnceLock::new() }))
     }
 

@@ -73,6 +73,16 @@ impl Daemon {
         match outcome {
             Ok(attempt) => {
                 let first = resume.is_none();
+                // Before the sandbox reads Running, so no command a client
+                // sends then misses the CA or a resumed vault: a new
+                // sandbox gets its CA; a resumed Job's proxy, which started
+                // from the last policy change its Trace recorded, gets the
+                // vault again (no record holds its values).
+                if first {
+                    crate::credential_vault::install_ca(self, id, attempt);
+                } else {
+                    crate::credential_vault::reapply(self, id);
+                }
                 let _ = self.update(id, |r| {
                     r.generations.push(Generation {
                         attempt,
@@ -88,15 +98,10 @@ impl Daemon {
                     Ok(())
                 });
                 if first {
-                    crate::credential_vault::install_ca(self, id);
                     if let Err(e) = self.start_entrypoint(id) {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 } else {
-                    // The resumed Job's proxy started from the last policy
-                    // change its Trace recorded, but without the vault,
-                    // whose values no record holds.
-                    crate::credential_vault::reapply(self, id);
                     self.end_if_entrypoint_exited(id);
                 }
                 // A delete that arrived while it was starting.

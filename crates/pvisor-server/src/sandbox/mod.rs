@@ -280,12 +280,20 @@ impl Daemon {
         id: &str,
         change: impl FnOnce(&mut SandboxRecord) -> Result<T, OpError>,
     ) -> Result<T, OpError> {
-        let mut records = self.records();
-        let record = records.get_mut(id).ok_or_else(|| OpError::NotFound(format!("no sandbox {id}")))?;
-        let mut next = record.clone();
-        let out = change(&mut next)?;
-        self.persist(&next)?;
-        *record = next;
+        let (out, ended) = {
+            let mut records = self.records();
+            let record = records.get_mut(id).ok_or_else(|| OpError::NotFound(format!("no sandbox {id}")))?;
+            let mut next = record.clone();
+            let out = change(&mut next)?;
+            self.persist(&next)?;
+            *record = next;
+            (out, matches!(record.state, SandboxState::Terminated | SandboxState::Failed))
+        };
+        // Whatever ended it, its vault's values go with it (after the
+        // records' lock: a vault change holds its own lock, then reads records).
+        if ended {
+            self.vaults.forget(id);
+        }
         Ok(out)
     }
 
@@ -321,9 +329,6 @@ impl Daemon {
             }
             Ok(())
         });
-        if matches!(to, SandboxState::Terminated | SandboxState::Failed) {
-            self.vaults.forget(id);
-        }
     }
 
     fn bind_file(&self, id: &str) -> PathBuf {
@@ -335,7 +340,7 @@ impl Daemon {
     }
 
     /// The guest of generation `attempt` of `job`.
-    fn link_of(
+    pub(crate) fn link_of(
         &self,
         job: &JobId,
         attempt: u32,

@@ -27,8 +27,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// The socket's name in the Attempt's directory.
 pub(crate) const CONTROL_SOCKET: &str = "job-control.sock";
 
-/// The longest request line read.
-const MAX_REQUEST: u64 = 1 << 20;
+/// The longest request line read: a vault of 1 MiB (the API's bound) comes
+/// here about three times over (each value in its headers, its redactions
+/// and a rendered `Bearer …`), and its CA.
+const MAX_REQUEST: u64 = 8 << 20;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -214,6 +216,15 @@ fn request(attempt_dir: &Path, request: &Request) -> Result<(), JobControlError>
     let unreachable = JobControlError::Unreachable;
     let (_dir, path) = short_path(attempt_dir, CONTROL_SOCKET).map_err(unreachable)?;
     let mut stream = std::os::unix::net::UnixStream::connect(&path).map_err(unreachable)?;
+    // Only the Job's own Session (our user, or root) is told a vault's values.
+    let peer = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| unreachable(e.into()))?;
+    let me = rustix::process::geteuid();
+    if peer.uid != me && !peer.uid.is_root() {
+        return Err(JobControlError::Refused(format!(
+            "the control socket is served by uid {}, not this user or root",
+            peer.uid.as_raw()
+        )));
+    }
     stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(unreachable)?;
     let line = serde_json::to_string(request).map_err(|e| JobControlError::Refused(e.to_string()))?;
     stream.write_all(format!("{line}\n").as_bytes()).map_err(unreachable)?;
