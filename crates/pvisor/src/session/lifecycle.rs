@@ -251,12 +251,7 @@ impl Session {
     /// Trace's bound: the same command text counts as one key (its first
     /// runs written, the rest counted), like requests to one host.
     fn record_note(&mut self, note: &super::job_control::FrontendNote) {
-        let kind = EventKind::FrontendCommand;
-        let events = self.store.events_file(&self.run.id);
-        let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
-        if self.budget.admit(&kind, &note.command, size) {
-            self.record_best_effort(kind, note);
-        }
+        self.record_within_bound(EventKind::FrontendCommand, &note.command, note);
     }
 
     /// Records what the proxy reported: a request (or forwarded
@@ -266,21 +261,23 @@ impl Session {
         match event {
             NetEvent::Request(event) => self.record_network(event),
             NetEvent::Substituted(substitution) => {
-                let kind = EventKind::NetworkSecretSubstituted;
-                let events = self.store.events_file(&self.run.id);
-                let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
-                if self.budget.admit(&kind, &substitution.host, size) {
-                    self.record_best_effort(kind, &substitution);
-                }
+                let host = substitution.host.clone();
+                self.record_within_bound(EventKind::NetworkSecretSubstituted, &host, &substitution);
             }
             NetEvent::Injected(injection) => {
-                let kind = EventKind::NetworkCredentialInjected;
-                let events = self.store.events_file(&self.run.id);
-                let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
-                if self.budget.admit(&kind, &injection.host, size) {
-                    self.record_best_effort(kind, &injection);
-                }
+                let host = injection.host.clone();
+                self.record_within_bound(EventKind::NetworkCredentialInjected, &host, &injection);
             }
+        }
+    }
+
+    /// Records `data` as a `kind` event if the Trace's bound admits one
+    /// more of that kind for `key` (a host, a command), else counts it.
+    fn record_within_bound(&mut self, kind: EventKind, key: &str, data: &impl serde::Serialize) {
+        let events = self.store.events_file(&self.run.id);
+        let size = || std::fs::metadata(&events).map_or(0, |m| m.len());
+        if self.budget.admit(&kind, key, size) {
+            self.record_best_effort(kind, data);
         }
     }
 
