@@ -95,6 +95,26 @@ pub(super) struct Live {
     pub(super) vault: Arc<LiveVault>,
 }
 
+/// The Session's end of its control socket: what the socket may replace,
+/// and where the Session hears of each change and note.
+pub(super) struct Control {
+    pub(super) live: Arc<Live>,
+    pub(super) policies: mpsc::UnboundedReceiver<PolicyChange>,
+    pub(super) notes: mpsc::UnboundedReceiver<FrontendNote>,
+    pub(super) vaults: mpsc::UnboundedReceiver<VaultChanged>,
+}
+
+impl Control {
+    /// `live` with nothing heard yet, and the ends the socket sends on.
+    pub(super) fn new(live: Live) -> (Self, Heard) {
+        let (policies, policy_rx) = mpsc::unbounded_channel();
+        let (notes, note_rx) = mpsc::unbounded_channel();
+        let (vaults, vault_rx) = mpsc::unbounded_channel();
+        let control = Self { live: Arc::new(live), policies: policy_rx, notes: note_rx, vaults: vault_rx };
+        (control, Heard { policies, notes, vaults })
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Reply {
     error: Option<String>,

@@ -20,6 +20,7 @@ use pvisor_sandbox::{ExitReport, SandboxError, Termination};
 
 use super::outcome::{RunEnd, RunError};
 
+use super::job_control::Control;
 use super::{Ending, Session};
 use crate::trace::data;
 
@@ -48,15 +49,25 @@ impl Session {
         })
         .await;
         self = session;
+        // The control socket is up before the sandbox starts: a frontend
+        // that can reach the guest (a resumed VM answers at once) can reach
+        // this Session too, to put its vault in force again or take a note.
+        // Dropping `stop_serving` closes it.
+        let (stop_serving, serving_stopped) = tokio::sync::watch::channel(false);
+        let control = self.open_control(&serving_stopped);
         let started = match prepared {
             Ok(()) => self.start_sandbox().await,
             Err(e) => Err(e),
         };
         let ending = match started {
-            Err(e) => Ending::SetupFailed(e),
+            Err(e) => {
+                drop((control, stop_serving));
+                Ending::SetupFailed(e)
+            }
             Ok((signaller, listener, limits, facts, wait)) => {
                 self.record_start(limits, facts)?;
-                self.supervise((signaller, listener, wait), &mut cancel).await
+                let serving = (stop_serving, serving_stopped);
+                self.supervise((signaller, listener, wait), control, serving, &mut cancel).await
             }
         };
         if let Ending::Finished(ExitReport {
@@ -76,27 +87,13 @@ impl Session {
     async fn supervise(
         &mut self,
         started: SandboxStarted,
+        control: Control,
+        (stop_proxy, proxy_stopped): (tokio::sync::watch::Sender<bool>, tokio::sync::watch::Receiver<bool>),
         cancel: &mut mpsc::UnboundedReceiver<i32>,
     ) -> Ending {
         let (signaller, listeners, mut wait) = started;
         let (proxy_events, mut proxy_rx) = mpsc::unbounded_channel();
-        let (stop_proxy, proxy_stopped) = tokio::sync::watch::channel(false);
-        let live = Arc::new(super::job_control::Live {
-            policy: Arc::new(pvisor_net::LivePolicy::new(self.starting_network())),
-            vault: Arc::default(),
-        });
-        let (policies, mut policy_rx) = mpsc::unbounded_channel();
-        let (notes, mut note_rx) = mpsc::unbounded_channel();
-        let (vaults, mut vault_rx) = mpsc::unbounded_channel();
-        // A VM's frontend (pvisor serve, the shim) notes what it runs in the
-        // guest; an ordered policy (pvisor serve's) may change while it runs.
-        if self.spec.vm.is_some() || self.run.operation.policy.network.ordered.is_some() {
-            let dir = self.store.attempt_dir(&self.attempt.id);
-            let heard = super::job_control::Heard { policies, notes, vaults };
-            if let Err(e) = super::job_control::serve(&dir, live.clone(), heard, proxy_stopped.clone()) {
-                self.warnings.push(format!("no frontend can reach this Job while it runs: {e}"));
-            }
-        }
+        let Control { live, policies: mut policy_rx, notes: mut note_rx, vaults: mut vault_rx } = control;
         let (mut policy_open, mut notes_open, mut vaults_open) = (true, true, true);
         let proxy = self.serve_network(listeners, live, &proxy_events, &proxy_stopped);
         drop(proxy_events);
@@ -170,6 +167,25 @@ impl Session {
             }
             Err(e) => Ending::SetupFailed(e),
         }
+    }
+
+    /// The proxy's live policy and vault, and the control socket that may
+    /// replace them until `stop`: a VM's frontend (pvisor serve, the shim)
+    /// notes what it runs in the guest; an ordered policy (pvisor serve's)
+    /// may change while it runs. Other Jobs get no socket.
+    fn open_control(&mut self, stop: &tokio::sync::watch::Receiver<bool>) -> Control {
+        let live = super::job_control::Live {
+            policy: Arc::new(pvisor_net::LivePolicy::new(self.starting_network())),
+            vault: Arc::default(),
+        };
+        let (control, heard) = Control::new(live);
+        if self.spec.vm.is_some() || self.run.operation.policy.network.ordered.is_some() {
+            let dir = self.store.attempt_dir(&self.attempt.id);
+            if let Err(e) = super::job_control::serve(&dir, control.live.clone(), heard, stop.clone()) {
+                self.warnings.push(format!("no frontend can reach this Job while it runs: {e}"));
+            }
+        }
+        control
     }
 
     /// Serves the proxy on its listener and each forwarded loopback port on
