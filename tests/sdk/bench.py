@@ -62,6 +62,38 @@ for _ in range(iters):
 sb.kill()
 sb.close()
 
+# Concurrent creates: CONCURRENT clients each create a sandbox and run
+# `true` in it, all at once; the wall time until the last one ran, and each
+# client's own time. They are gone before the idle sandboxes are measured.
+concurrent = int(os.environ.get("CONCURRENT", "0"))
+if concurrent:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def create_and_run(_):
+        start = time.monotonic()
+        s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=600))
+        s.commands.run("true")
+        return s, ms(start)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrent) as pool:
+        done = list(pool.map(create_and_run, range(concurrent)))
+    out["concurrent_wall_ms"] = [ms(start)]
+    out["concurrent_each_ms"] = [each for _, each in done]
+    for s, _ in done:
+        s.kill()
+    deadline = time.monotonic() + 300
+    for s, _ in done:
+        while True:
+            try:
+                if s.get_info().status.state in ("Terminated", "Failed"):
+                    break
+            except Exception:
+                break  # gone from the API
+            assert time.monotonic() < deadline, f"{s.id} did not stop"
+            time.sleep(0.1)
+        s.close()
+
 idlers = []
 for _ in range(idle):
     s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=180))

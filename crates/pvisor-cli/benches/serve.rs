@@ -11,6 +11,9 @@
 //!   same daemon's `/health` (the floor of any request);
 //! - pause (POST until the state is Paused) and resume (until a command ran),
 //!   against E2B's published ~1 s resume;
+//! - 20 concurrent creates (2 as a smoke test), each until `commands.run("true")`
+//!   returned: the wall time until the last one and each client's own time,
+//!   against one create alone;
 //! - the memory of an idle sandbox (PSS of its QEMU and supervisor), and how
 //!   many fit in 24 GiB;
 //! - egress through a `networkPolicy` (the agent's relay, then the Job's
@@ -414,7 +417,8 @@ fn main() {
         .env("PVISOR_URL", format!("127.0.0.1:{port}"))
         .env("PVISOR_KEY", key)
         .env("ITERS", iterations.to_string())
-        .env("IDLE", if measuring { "20" } else { "1" });
+        .env("IDLE", if measuring { "20" } else { "1" })
+        .env("CONCURRENT", if measuring { "20" } else { "2" });
     if egress {
         bench.env("EGRESS_PORT", web_port.to_string()).env("EGRESS_BYTES", big_bytes.to_string());
     }
@@ -431,7 +435,7 @@ fn main() {
     let vm = summary("baseline: pvisor run --executor vm -- true", &mut vm_run, None);
     summary("create to ready", &mut samples("create_ms"), Some(("the vm run", vm)));
     println!("{:<46} E2B publishes ~150 ms to start (KVM)", "");
-    summary(
+    let alone = summary(
         "create until commands.run(\"true\") returned",
         &mut samples("create_run_ms"),
         Some(("the vm run", vm)),
@@ -446,6 +450,15 @@ fn main() {
         &mut samples("run_true_ms"),
         Some(("a /health round trip", health)),
     );
+    let mut wall = samples("concurrent_wall_ms");
+    let mut each = samples("concurrent_each_ms");
+    let n = each.len();
+    summary(
+        &format!("{n} concurrent creates, until the last ran \"true\""),
+        &mut wall,
+        Some(("one create alone", alone)),
+    );
+    summary(&format!("— each of the {n}, create to \"true\""), &mut each, Some(("one create alone", alone)));
     summary("pause (until Paused)", &mut samples("pause_ms"), None);
     summary("resume (until a command ran)", &mut samples("resume_ms"), Some(("E2B's ~1 s resume", 1000.0)));
 
