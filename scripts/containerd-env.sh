@@ -31,6 +31,15 @@ start() {
   dir="$(cd "$dir" && pwd)"
   local sock="$dir/containerd.sock" home="${PVISOR_HOME:-$dir/pvisor-home}"
   mkdir -p "$dir/root" "$dir/state" "$home"
+  # /run/netns becomes a mount point of its own the first time `ip netns
+  # add` runs (a recursive bind over itself). Done while a pod's network
+  # namespace is mounted there, that bind copies the pod's mount, and
+  # containerd's one unmount at teardown leaves the copy: StopPodSandbox
+  # fails with EBUSY. A test that adds a namespace of its own beside a CRI
+  # pod did that once on a fresh machine; so make it a mount point first.
+  if ! mountpoint -q /run/netns 2>/dev/null; then
+    ip netns add "pvisor-env-$$" && ip netns del "pvisor-env-$$"
+  fi
   if [ -f "$dir/containerd.pid" ] && kill -0 "$(cat "$dir/containerd.pid")" 2>/dev/null; then
     echo "$sock"
     return 0
