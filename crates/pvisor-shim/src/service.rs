@@ -164,6 +164,8 @@ impl Service {
                 }),
             );
             if exec_id.is_empty() {
+                // The Job's result then carries the container's status.
+                container.vm.leave_exit_status(exit.status);
                 container.stop_vm();
             }
         }

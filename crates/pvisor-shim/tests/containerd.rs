@@ -278,6 +278,18 @@ fn nothing_of_the_vms_is_left(c: &Containerd) {
     assert!(noted(&["container long: sh -c", "\"exit_code\":143"]), "long's end by SIGTERM: {events}");
     assert!(noted(&["exec in long: sh -c echo in", "\"exit_code\":5"]), "exec e1's exit: {events}");
     assert!(noted(&["exec in long: /no/such/program", "\"error\""]), "exec e3 could not start: {events}");
+    // The Job's result carries its container's exit status: 143 for long,
+    // stopped by SIGTERM (so `cancelled`, not a failure), 3 for exit3.
+    for (container, state, code) in [("long", "cancelled", 143), ("exit3", "cancelled", 3)] {
+        let job = job_of(c, container);
+        let status = pvisor(c, &["status", "--json", &job]);
+        let status: serde_json::Value = serde_json::from_str(status.trim()).expect("one status line");
+        assert_eq!(
+            (status["data"]["state"].as_str(), status["data"]["exit_code"].as_i64()),
+            (Some(state), Some(code)),
+            "the Job of {container} ends with its status: {status}"
+        );
+    }
 }
 
 #[test]

@@ -91,4 +91,12 @@ fn an_oom_kill_in_the_guest_is_task_oom_and_exit_137() {
     let job = jobs.lines().last().and_then(|l| l.split_whitespace().next()).expect("the container's Job");
     let status = pvisor(&c, &["status", job]);
     assert!(status.contains("killed by the kernel's OOM killer"), "pvisor status: {status}");
+    // And its result carries the container's status, as containerd saw it.
+    let status = pvisor(&c, &["status", "--json", job]);
+    let status: serde_json::Value = serde_json::from_str(status.trim()).expect("one status line");
+    assert_eq!(
+        status["data"]["exit_code"].as_i64(),
+        Some(137),
+        "the Job ends with the container's 137: {status}"
+    );
 }

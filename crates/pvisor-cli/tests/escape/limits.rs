@@ -142,6 +142,27 @@ fn memory_exhaustion_under_memory_is_stopped_and_said() {
     );
 }
 
+/// A shell whose child the OOM killer ended passes that on as 137 (128 +
+/// SIGKILL), as a container's keeper does in a VM: the result keeps the
+/// status and says why, not just "exit 137".
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn an_oom_kill_passed_on_as_137_is_said() {
+    As::Root.require();
+    let env = Env::new(As::Root);
+    // One line of 400 MiB: tail keeps all of it, in anonymous memory.
+    let hog = "head -c 400M /dev/zero | tail >/dev/null; status=$?; echo \"status $status\"; exit $status";
+    let out = env.pvisor(&["run", "--memory", "64M", "--", "/bin/sh", "-c", hog]);
+    assert!(text(&out.stdout).contains("status 137"), "the hog was not OOM-killed: {}", text(&out.stdout));
+    let status = env.status_json(None);
+    assert_eq!(
+        (status["state"].as_str(), status["exit_code"].as_i64()),
+        (Some("failed"), Some(137)),
+        "{status}"
+    );
+    assert!(status["error"].as_str().is_some_and(|e| e.contains("OOM killer")), "{status}");
+}
+
 /// A 20 GiB sparse file (4 KiB on disk) cannot stall the seal or fill the
 /// disk on apply: it is hashed without reading its holes and applied sparse,
 /// with the same contents and the same digest as a dense copy would have.

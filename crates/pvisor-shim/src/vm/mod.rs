@@ -36,6 +36,8 @@ use phase::{IllegalMove, Phase, Stage};
 /// process is a guest exec, so its stdio and exit are relayed exactly).
 /// How long a VM may take to boot (TCG is slow) before create fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long leaving the exit status in the guest may take.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the Job's keeper gets between SIGTERM and SIGKILL on delete.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long delete waits for the Job's supervisor task to finish it.
@@ -175,6 +177,26 @@ impl Vm {
 
     pub fn job(&self) -> &JobId {
         &self.job
+    }
+
+    /// Leaves the container's exit status where the Job's keeper ends with
+    /// it when the VM is stopped (see [`KEEPER`](pvisor::actions::guest::KEEPER)),
+    /// so the Job's result carries the container's status rather than the
+    /// keeper's signal. A VM that is not live keeps none, which is logged.
+    pub fn leave_exit_status(&self, status: u32) {
+        use pvisor::actions::guest::{FileOp, KEEPER_EXIT};
+        let path = format!("{KEEPER_EXIT}.{status}").into();
+        let left = self.guest_now().map_err(|e| e.to_string()).and_then(|guest| {
+            let request = Request::FileOp { root: "/".into(), op: FileOp::Mkdir { path, mode: 0o700 } };
+            match guest.call(&request, &[], LEAVE_TIMEOUT) {
+                Ok((Reply::Done { .. }, _)) => Ok(()),
+                Ok((other, _)) => Err(format!("the guest answered {other:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        if let Err(e) = left {
+            log::warn!("Job {}: its result will not carry the exit status {status}: {e}", self.job);
+        }
     }
 
     /// Has the Job's Trace record a process containerd ran (a

@@ -31,8 +31,19 @@ pub use pvisor_vm::guest::{ExecChannel, ExecSignaller, ExecSpec};
 /// end, so a guest out of memory must kill the work that filled it, not
 /// the keeper: a keeper killed first took the whole VM down under the
 /// container whose process had used the memory.
-pub const KEEPER: &str =
-    "{ echo -1000 >/proc/self/oom_score_adj; } 2>/dev/null; while :; do sleep 3600; done";
+///
+/// Ended (SIGTERM to its group, so its `sleep` too), it exits with the
+/// status a frontend left as the name of a directory [`KEEPER_EXIT`]`.N`
+/// in the guest's root (the containerd shim leaves its container's exit
+/// status, so the Job's result carries it); with none there, it dies of
+/// the signal as before.
+pub const KEEPER: &str = "{ echo -1000 >/proc/self/oom_score_adj; } 2>/dev/null; \
+    trap 'for f in /run/pvisor-keeper-exit.*; do [ -d \"$f\" ] && exit \"${f##*.}\"; done; trap - TERM; kill -TERM $$' TERM; \
+    while :; do sleep 3600; done";
+
+/// Where a frontend leaves the status the [`KEEPER`] ends with: a directory
+/// named this, a dot and the status, in the guest's own root.
+pub const KEEPER_EXIT: &str = "/run/pvisor-keeper-exit";
 
 use super::{Action, Runtime, RuntimeError};
 

@@ -86,6 +86,16 @@ impl Session {
         }))
     }
 
+    /// Why the kernel's OOM killer acted, naming the memory limit.
+    fn oom_error(&self) -> String {
+        let limit = self
+            .limits
+            .iter()
+            .find(|l| l.limit == pvisor_core::records::LimitKind::Memory)
+            .map_or("?".into(), |l| l.value.clone());
+        format!("killed by the kernel's OOM killer: the {limit} memory limit was reached")
+    }
+
     pub(super) fn result_of(&self, ending: &Ending, started_at: Timestamp) -> RunResult {
         let finished_at = Timestamp::now();
         let cancelled = self.cancel_requested.is_some();
@@ -99,16 +109,15 @@ impl Session {
             }
             Ending::Finished(report) => match &report.termination {
                 Termination::Exited(0) => (ResultState::Completed, Some(0), None, None),
+                // A SIGKILL passed on as a status (a shell's child; a
+                // container's exit that its VM's keeper ends with) is the
+                // OOM killer's when the kernel reported one.
+                Termination::Exited(code) if report.oom_killed && *code == 128 + libc::SIGKILL => {
+                    (ResultState::Failed, Some(*code), None, Some(self.oom_error()))
+                }
                 Termination::Exited(code) => (ResultState::Failed, Some(*code), None, None),
                 Termination::Signaled(sig) if report.oom_killed => {
-                    let limit = self
-                        .limits
-                        .iter()
-                        .find(|l| l.limit == pvisor_core::records::LimitKind::Memory)
-                        .map_or("?".into(), |l| l.value.clone());
-                    let error =
-                        format!("killed by the kernel's OOM killer: the {limit} memory limit was reached");
-                    (ResultState::Failed, None, Some(*sig), Some(error))
+                    (ResultState::Failed, None, Some(*sig), Some(self.oom_error()))
                 }
                 // Ctrl-C typed on the terminal: cancelled by the user, as documented.
                 Termination::Signaled(sig) if *sig == libc::SIGINT && report.interrupted_at_terminal => {
