@@ -328,6 +328,26 @@ pub fn reapply(daemon: &Daemon, id: &str) {
     })
 }
 
+/// Withdraws the vault a sandbox's Job may still hold from before this
+/// daemon started: its proxy outlived the daemon that put the vault in
+/// force, whose values went with it. Left in force, credentials would be
+/// injected while the API answers "no vault", and no DELETE could stop
+/// them. A vault a client created since is kept.
+pub fn withdraw_inherited(daemon: &Daemon, id: &str) {
+    let Ok(record) = daemon.get(id) else { return };
+    if !record.credential_proxy {
+        return;
+    }
+    daemon.vaults.with(id, |entry| {
+        if entry.vault.is_some() {
+            return;
+        }
+        if let Err(e) = put_in_force(daemon, &record, None, None) {
+            tracing::warn!(sandbox = %id, "a vault from before the restart may still be in force: {}", e.message);
+        }
+    })
+}
+
 /// Gives a sandbox created with `credentialProxy.enabled` its CA when its
 /// first generation, `attempt`, is up (before it reads Running).
 pub fn install_ca(daemon: &Daemon, id: &str, attempt: u32) {

@@ -111,6 +111,11 @@ impl Daemon {
                     });
                 }
                 (_, JobState::Running | JobState::Pending) => {
+                    // Before the API answers, so no client sees "no vault"
+                    // while the old one is in force.
+                    if status.state == JobState::Running {
+                        crate::credential_vault::withdraw_inherited(self, &id);
+                    }
                     // Probed in the background, with patience: a busy or slow
                     // (TCG) guest is not a dead one.
                     let (daemon, record) = (self.clone(), record.clone());

@@ -64,6 +64,9 @@ struct Daemon {
     /// The daemon's own `/etc/hosts` (in a mount namespace of its own):
     /// names its proxy resolves for the sandboxes' requests.
     hosts: Option<PathBuf>,
+    /// What holds that mount namespace, so a restarted daemon starts in
+    /// the one its supervisors share (they answer no other).
+    hosts_holder: Option<Child>,
     /// More variables for the daemon.
     envs: Vec<(String, String)>,
 }
@@ -95,7 +98,7 @@ impl Daemon {
         fs::write(env.dir.path().join("key"), format!("{key}\n")).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let args = args.iter().map(|a| (*a).to_owned()).collect();
-        Self { env, port, key, child: None, args, hosts: None, envs: Vec::new() }
+        Self { env, port, key, child: None, args, hosts: None, hosts_holder: None, envs: Vec::new() }
     }
 
     /// A daemon (as root) that resolves names by `hosts` (an `/etc/hosts`
@@ -144,7 +147,28 @@ impl Daemon {
             cmd.env(key, value);
         }
         if let Some(hosts) = &self.hosts {
-            cmd = hosts::in_own_hosts(cmd, hosts);
+            let holder = self.hosts_holder.get_or_insert_with(|| {
+                let mut sleep = Command::new("sleep");
+                sleep.arg("infinity");
+                let holder = hosts::in_own_hosts(sleep, hosts).spawn().unwrap();
+                let bound = format!("/proc/{}/root/etc/hosts", holder.id());
+                let want = fs::read(hosts).unwrap();
+                assert!(wait_until(Duration::from_secs(10), || fs::read(&bound).is_ok_and(|b| b == want)));
+                holder
+            });
+            let mut entered = Command::new("nsenter");
+            entered.arg(format!("--mount=/proc/{}/ns/mnt", holder.id())).arg("--").arg(cmd.get_program());
+            entered.args(cmd.get_args());
+            if let Some(dir) = cmd.get_current_dir() {
+                entered.current_dir(dir);
+            }
+            for (key, value) in cmd.get_envs() {
+                match value {
+                    Some(value) => entered.env(key, value),
+                    None => entered.env_remove(key),
+                };
+            }
+            cmd = entered;
         }
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
         self.child = Some(cmd.spawn().unwrap());
@@ -293,6 +317,10 @@ impl Drop for Daemon {
             if let Some(id) = job["job"].as_str().or(job["id"].as_str()) {
                 let _ = self.env.pvisor(&["kill", id, "--grace", "2s"]);
             }
+        }
+        if let Some(mut holder) = self.hosts_holder.take() {
+            let _ = holder.kill();
+            let _ = holder.wait();
         }
     }
 }
