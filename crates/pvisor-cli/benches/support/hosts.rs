@@ -13,18 +13,25 @@ pub fn in_own_hosts(cmd: Command, hosts: &Path) -> Command {
     wrapped
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
         .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
-        .arg(hosts)
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
+        .arg(hosts);
+    let mut wrapped = running(wrapped, &cmd);
+    wrapped.stdin(Stdio::null());
+    wrapped
+}
+
+/// `wrapper` given `cmd`'s program and arguments as its last ones, and
+/// `cmd`'s directory and environment: how a wrapper that ends in `exec`
+/// (`unshare`, `nsenter`) runs `cmd` as it would have run.
+pub fn running(mut wrapper: Command, cmd: &Command) -> Command {
+    wrapper.arg(cmd.get_program()).args(cmd.get_args());
     if let Some(dir) = cmd.get_current_dir() {
-        wrapped.current_dir(dir);
+        wrapper.current_dir(dir);
     }
     for (key, value) in cmd.get_envs() {
         match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
+            Some(value) => wrapper.env(key, value),
+            None => wrapper.env_remove(key),
         };
     }
-    wrapped.stdin(Stdio::null());
-    wrapped
+    wrapper
 }

@@ -156,19 +156,9 @@ impl Daemon {
                 assert!(wait_until(Duration::from_secs(10), || fs::read(&bound).is_ok_and(|b| b == want)));
                 holder
             });
-            let mut entered = Command::new("nsenter");
-            entered.arg(format!("--mount=/proc/{}/ns/mnt", holder.id())).arg("--").arg(cmd.get_program());
-            entered.args(cmd.get_args());
-            if let Some(dir) = cmd.get_current_dir() {
-                entered.current_dir(dir);
-            }
-            for (key, value) in cmd.get_envs() {
-                match value {
-                    Some(value) => entered.env(key, value),
-                    None => entered.env_remove(key),
-                };
-            }
-            cmd = entered;
+            let mut nsenter = Command::new("nsenter");
+            nsenter.arg(format!("--mount=/proc/{}/ns/mnt", holder.id())).arg("--");
+            cmd = hosts::running(nsenter, &cmd);
         }
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
         self.child = Some(cmd.spawn().unwrap());
