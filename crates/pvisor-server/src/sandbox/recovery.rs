@@ -47,6 +47,11 @@ impl Daemon {
                         (record.state == SandboxState::Resuming).then(|| record.job.clone()).flatten();
                     std::thread::spawn(move || {
                         let outcome = daemon.await_generation(&id, pid);
+                        // The dead daemon may have put its vault in force
+                        // again in the resumed Job before it died.
+                        if resume.is_some() && outcome.is_ok() {
+                            crate::credential_vault::withdraw_inherited(&daemon, &id);
+                        }
                         daemon.provisioned(&id, resume, outcome, Instant::now());
                     });
                     continue;
@@ -103,6 +108,9 @@ impl Daemon {
                 // An accepted pause is finished: asked again (a suspend the
                 // supervisor already began answers at once, and is waited out).
                 (SandboxState::Pausing, JobState::Running) => {
+                    // A pause that fails leaves it Running: with no vault
+                    // this daemon cannot see.
+                    crate::credential_vault::withdraw_inherited(self, &id);
                     let (daemon, mut record) = (self.clone(), record.clone());
                     record.job = Some(job.clone());
                     std::thread::spawn(move || match daemon.suspend_vm(&record) {

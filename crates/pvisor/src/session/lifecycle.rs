@@ -150,6 +150,16 @@ impl Session {
         while let Ok(event) = proxy_rx.try_recv() {
             self.record_net_event(event);
         }
+        // What the socket answered before the sandbox ended is recorded too.
+        while let Ok(change) = policy_rx.try_recv() {
+            self.record_policy_change(change);
+        }
+        while let Ok(note) = note_rx.try_recv() {
+            self.record_note(&note);
+        }
+        while let Ok(changed) = vault_rx.try_recv() {
+            self.record_best_effort(EventKind::NetworkVaultChanged, &changed);
+        }
         self.record_coalesced();
         match report {
             Ok(report) => {
