@@ -353,7 +353,15 @@ fn run_timings_shows_where_the_time_went_phase_by_phase(who: As) {
         let total = timings["total_ms"].as_f64().unwrap();
         assert!((sum - total).abs() < 1.0, "the phases add up to the whole: {sum} vs {total}");
         let command = ms(&timings["phases"][3]);
-        assert!(command >= 200.0, "the command's sleep is in `command`: {timings}");
+        let step_ms = |name: &str| {
+            timings["phases"][2]["steps"].as_array().unwrap().iter().find(|s| s["step"] == name).map(ms)
+        };
+        // The command is already running while the supervisor records it as
+        // running (`attempt.started` is stamped after those writes), so on a
+        // loaded host part of its sleep falls in setup's `other` step; the two
+        // together hold all of it.
+        let other = step_ms("other").expect("an `other` step");
+        assert!(command + other >= 200.0, "the command's sleep is in `command` and setup's `other`: {timings}");
         let steps: Vec<&str> = timings["phases"][2]["steps"]
             .as_array()
             .unwrap()
