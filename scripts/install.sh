@@ -5,8 +5,9 @@
 #   PREFIX/bin/containerd-shim-pvisor-v1   the runtime io.containerd.pvisor.v1
 #                                          (deploy/node-install.sh registers it)
 #   PREFIX/share/pvisor/vm-image/          the --executor vm guest image
-#   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` images `default`
-#   PREFIX/share/pvisor/sandbox-image-python/  and `python`
+#   PREFIX/share/pvisor/sandbox-image/     the `pvisor serve` images `default`,
+#   PREFIX/share/pvisor/sandbox-image-python/            `python`
+#   PREFIX/share/pvisor/sandbox-image-code-interpreter/  and `code-interpreter`
 # Usage: scripts/install.sh [PREFIX]
 #   PREFIX defaults to /usr/local as root, ~/.local otherwise (then put
 #   ~/.local/bin on your PATH). The images need Debian packages (QEMU,
@@ -53,6 +54,7 @@ copy_image() { # NAME BUILD_SCRIPT
 copy_image vm-image vm-image.sh
 copy_image sandbox-image sandbox-image.sh
 copy_image sandbox-image-python sandbox-image.sh
+copy_image sandbox-image-code-interpreter sandbox-image.sh
 case ":$PATH:" in
   *":$prefix/bin:"*) ;;
   *) echo "install: add $prefix/bin to your PATH (e.g. in ~/.profile: PATH=\"$prefix/bin:\$PATH\")" >&2 ;;

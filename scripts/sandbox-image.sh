@@ -7,10 +7,13 @@
 #   python   all of default, plus python3, pip, venv, git, curl, procps and
 #            CA certificates, with their whole dependency closure (apt
 #            resolves it against an empty package database)
+#   code-interpreter  all of python, plus a JDK with jshell, Go, node and
+#            TypeScript: the interpreters of java, go and typescript code
+#            contexts (about 1 GB)
 # Usage: scripts/sandbox-image.sh [OUT_DIR]   (default: target)
-# Writes OUT_DIR/sandbox-image/rootfs and OUT_DIR/sandbox-image-python/rootfs;
-# `pvisor serve` imports `default` when it starts and `python` when a
-# sandbox first asks for it. Idempotent: rebuilds only when this script changed.
+# Writes OUT_DIR/sandbox-image/rootfs and OUT_DIR/sandbox-image-NAME/rootfs;
+# `pvisor serve` imports `default` when it starts and the others when a
+# sandbox first asks for them. Idempotent: rebuilds only when this script changed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/target}"
@@ -20,6 +23,7 @@ stamp="$(b3sum --no-names "$0")"
 base=(libc6 libgcc-s1 libselinux1 libpcre2-8-0 libacl1 libattr1 libtinfo6 libgmp10 libcrypt1
   dash bash coreutils grep sed findutils busybox-static util-linux libcap-ng0)
 extra=(python3 python3-pip python3-venv git curl ca-certificates procps less)
+interpreters=(openjdk-17-jdk-headless golang-go nodejs node-typescript)
 
 # download DIR PKG...: the packages themselves (no dependencies).
 download() {
@@ -85,25 +89,75 @@ if ! { [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$stamp" ] && [ -x "$dir
   echo "sandbox-image: built $dir/rootfs ($(du -sh "$dir/rootfs" | cut -f1))" >&2
 fi
 
-# python: the whole dependency closure of base + extra.
-dir="$out/sandbox-image-python"
-if ! { [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$stamp" ] && [ -x "$dir/rootfs/bin/sh" ]; }; then
-  pydebs="$out/sandbox-debs-python"
-  download_closure "$pydebs" "${base[@]}" "${extra[@]}"
-  work="$dir.partial"
+# closure_image NAME PRETTY ADD PKG...: an image of the packages' whole
+# dependency closure, in OUT_DIR/sandbox-image-NAME, and then what the
+# function ADD puts in the rootfs it is given.
+closure_image() {
+  local name="$1" pretty="$2" add="$3"; shift 3
+  local dir="$out/sandbox-image-$name"
+  if [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$stamp" ] && [ -x "$dir/rootfs/bin/sh" ]; then
+    return 0
+  fi
+  local pkgdebs="$out/sandbox-debs-$name"
+  download_closure "$pkgdebs" "$@"
+  local work="$dir.partial"
   rm -rf "$work"
   mkdir -p "$work/rootfs"
-  for deb in "$pydebs"/*.deb; do
+  for deb in "$pkgdebs"/*.deb; do
     dpkg -x "$deb" "$work/rootfs"
   done
-  fs="$work/rootfs"
-  finish "$fs" pvisor-python "pvisor python sandbox image (Debian packages)"
+  local fs="$work/rootfs"
+  finish "$fs" "pvisor-$name" "$pretty"
   # What ca-certificates' maintainer script would generate: the bundle
   # curl, git, pip and Python's ssl module read.
   mkdir -p "$fs/etc/ssl/certs"
   cat "$fs"/usr/share/ca-certificates/mozilla/*.crt >"$fs/etc/ssl/certs/ca-certificates.crt"
+  # What update-alternatives would link for a JDK: java, javac, jshell.
+  local jdk
+  for jdk in "$fs"/usr/lib/jvm/java-*-openjdk-*/bin; do
+    [ -d "$jdk" ] || continue
+    for tool in java javac jshell jar; do
+      [ -e "$jdk/$tool" ] && ln -sfn "${jdk#"$fs"}/$tool" "$fs/usr/bin/$tool"
+    done
+  done
+  "$add" "$fs"
   echo "$stamp" >"$work/stamp"
   rm -rf "$dir"
   mv "$work" "$dir"
   echo "sandbox-image: built $dir/rootfs ($(du -sh "$dir/rootfs" | cut -f1))" >&2
-fi
+}
+
+# code_interpreter_entrypoint ROOTFS: the entrypoint the OpenSandbox
+# code-interpreter image has, /opt/code-interpreter/code-interpreter.sh.
+# There it starts Jupyter on 127.0.0.1:${JUPYTER_PORT:-44771}, and the
+# code-interpreter SDK's health check connects to that port before it
+# trusts the sandbox. pvisor's contexts need no Jupyter (execd starts each
+# language's interpreter), so this serves only what the check probes: the
+# port, answering Jupyter's `GET /api` with a version, 404 otherwise.
+code_interpreter_entrypoint() {
+  mkdir -p "$1/opt/code-interpreter"
+  cat >"$1/opt/code-interpreter/code-interpreter.sh" <<'SCRIPT'
+#!/bin/sh
+exec python3 -c '
+import http.server, json, os
+class Api(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        found = self.path.split("?")[0].rstrip("/") == "/api"
+        body = json.dumps({"version": "pvisor"} if found else {"message": "Not Found"}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+port = int(os.environ.get("JUPYTER_PORT") or 44771)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Api).serve_forever()
+'
+SCRIPT
+  chmod 755 "$1/opt/code-interpreter/code-interpreter.sh"
+}
+
+closure_image python "pvisor python sandbox image (Debian packages)" : "${base[@]}" "${extra[@]}"
+closure_image code-interpreter "pvisor code-interpreter sandbox image (Debian packages)" \
+  code_interpreter_entrypoint "${base[@]}" "${extra[@]}" "${interpreters[@]}"

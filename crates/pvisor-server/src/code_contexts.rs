@@ -1,5 +1,5 @@
 //! Execd code contexts (`/code/context`, `/code/contexts`, `/code`): a
-//! persistent interpreter per context, Python or bash, in the sandbox
+//! persistent interpreter per context (Python, bash, Java, Go, TypeScript) in the sandbox
 //! ([`crate::repl`]), answering in the reference execd's shapes
 //! (OpenSandbox `components/execd/pkg/web/controller/codeinterpreting.go`
 //! and `pkg/runtime/jupyter.go`): context ids are 32 hex digits; a run
@@ -9,9 +9,12 @@
 //! `text/plain` Jupyter gives) and then `execution_complete`, or `error`
 //! (`ename`, `evalue`, `traceback`) as its last event.
 //!
-//! The reference runs Jupyter kernels; pvisor needs none: python3 from the
-//! image runs a small driver ([`crate::repl::PYTHON_DRIVER`]), bash runs as
-//! a session does. Contexts live in the daemon's memory and end with the
+//! The reference runs Jupyter kernels; pvisor needs none: the image's own
+//! interpreter runs a small driver per language ([`crate::repl`]: python3
+//! for Python, and for Go, which builds and runs each cell as a whole
+//! program; node with the image's TypeScript; the JDK's JShell for Java),
+//! and bash runs as a session does. The `code-interpreter` built-in image
+//! has all of them. Contexts live in the daemon's memory and end with the
 //! sandbox's relay (pause, daemon restart), as bash sessions do.
 
 use std::collections::HashMap;
@@ -32,6 +35,9 @@ use crate::sandbox::{Daemon, SandboxRecord};
 pub enum Language {
     Python,
     Bash,
+    Java,
+    Go,
+    TypeScript,
 }
 
 impl Language {
@@ -40,8 +46,11 @@ impl Language {
         match name.map(str::to_ascii_lowercase).as_deref() {
             None | Some("") | Some("python") | Some("python3") => Ok(Self::Python),
             Some("bash") | Some("shell") | Some("sh") => Ok(Self::Bash),
+            Some("java") => Ok(Self::Java),
+            Some("go") | Some("golang") => Ok(Self::Go),
+            Some("typescript") | Some("ts") => Ok(Self::TypeScript),
             Some(other) => Err(ApiError::bad_request(format!(
-                "code contexts run python or bash in pvisor serve, not {other:?}; for other languages run their interpreter with POST /command"
+                "code contexts run python, bash, java, go or typescript in pvisor serve, not {other:?}; for other languages run their interpreter with POST /command"
             ))),
         }
     }
@@ -50,6 +59,9 @@ impl Language {
         match self {
             Self::Python => "python",
             Self::Bash => "bash",
+            Self::Java => "java",
+            Self::Go => "go",
+            Self::TypeScript => "typescript",
         }
     }
 
@@ -57,6 +69,9 @@ impl Language {
         match self {
             Self::Python => Dialect::Python,
             Self::Bash => Dialect::Bash,
+            Self::Java => Dialect::Java,
+            Self::Go => Dialect::Go,
+            Self::TypeScript => Dialect::TypeScript,
         }
     }
 }
@@ -231,7 +246,7 @@ pub fn interrupt(daemon: &Daemon, sandbox: &str, id: &str) -> ApiResult {
     Ok(http::empty(StatusCode::OK))
 }
 
-/// What the Python driver says of a finished cell.
+/// What a cell driver (python, go, typescript, java) says of a finished cell.
 #[derive(Debug, Deserialize)]
 struct CellEnd {
     count: u64,
@@ -342,7 +357,7 @@ pub async fn run(
                             vec![error_event(code, &format!("exit status {code}"))]
                         }
                     },
-                    Language::Python => python_ending(&payload, started),
+                    _ => cell_ending(&payload, started),
                 },
                 Piece::Failed(why) => {
                     note.error = Some(why.clone());
@@ -365,9 +380,9 @@ pub async fn run(
     Ok(sse(body))
 }
 
-/// The events that end a Python cell: its count, its value, then complete
+/// The events that end a cell (every driver's payload): its count, its value, then complete
 /// or its error (the reference's `dispatchExecutionResultHooks` order).
-fn python_ending(payload: &str, started: Instant) -> Vec<hyper::body::Bytes> {
+fn cell_ending(payload: &str, started: Instant) -> Vec<hyper::body::Bytes> {
     let end: CellEnd = match serde_json::from_str(payload) {
         Ok(end) => end,
         Err(e) => {
@@ -404,19 +419,19 @@ mod tests {
 
     #[test]
     fn a_cell_ends_with_its_count_its_value_then_complete_or_its_error() {
-        let ok = kinds(&python_ending(r#"{"count": 3, "result": "4", "error": null}"#, Instant::now()));
+        let ok = kinds(&cell_ending(r#"{"count": 3, "result": "4", "error": null}"#, Instant::now()));
         let types: Vec<_> = ok.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(types, ["execution_count", "result", "execution_complete"]);
         assert_eq!(ok[0]["execution_count"], 3);
         assert_eq!(ok[1]["results"], json!({ "text": "4" }));
-        let failed = kinds(&python_ending(
+        let failed = kinds(&cell_ending(
             r#"{"count": 1, "result": null, "error": {"ename": "NameError", "evalue": "x", "traceback": ["t"]}}"#,
             Instant::now(),
         ));
         let types: Vec<_> = failed.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(types, ["execution_count", "error"]);
         assert_eq!(failed[1]["error"]["ename"], "NameError");
-        let garbled = kinds(&python_ending("not json", Instant::now()));
+        let garbled = kinds(&cell_ending("not json", Instant::now()));
         assert_eq!(garbled.len(), 1);
         assert_eq!(garbled[0]["error"]["ename"], "ContextError");
     }
@@ -425,6 +440,13 @@ mod tests {
     fn languages_are_python_by_default_and_others_are_refused_by_name() {
         assert_eq!(Language::parse(None).unwrap(), Language::Python);
         assert_eq!(Language::parse(Some("Bash")).unwrap(), Language::Bash);
+        // The names the code-interpreter SDK's SupportedLanguage sends.
+        for (name, language) in
+            [("java", Language::Java), ("go", Language::Go), ("typescript", Language::TypeScript)]
+        {
+            assert_eq!(Language::parse(Some(name)).unwrap(), language);
+            assert_eq!(language.as_str(), name);
+        }
         let refused = Language::parse(Some("cobol")).unwrap_err();
         assert_eq!(refused.status, StatusCode::BAD_REQUEST);
         assert!(refused.message.contains("cobol"), "{}", refused.message);

@@ -1,9 +1,10 @@
 //! Sandbox root filesystems by name: `pvisor image import NAME SRC`,
 //! `pvisor image ls`, and the built-in images `default` (sh, bash,
-//! coreutils, setpriv) and `python` (python3, pip, venv, git, curl), built
+//! coreutils, setpriv), `python` (python3, pip, venv, git, curl) and
+//! `code-interpreter` (python's, plus a JDK, Go, node and TypeScript), built
 //! from Debian packages by `scripts/sandbox-image.sh`. `default` is imported
-//! when the daemon starts; `python` (ten times larger) when a sandbox first
-//! asks for it.
+//! when the daemon starts; the larger ones when a sandbox first asks for
+//! them.
 //!
 //! Layout: `$PVISOR_HOME/sandbox-images/<blake3(name)[..16]>/` holds
 //! `rootfs/` and `image.json`. An import is built in a `.partial-*`
@@ -34,14 +35,15 @@ pub const DEFAULT: &str = "default";
 /// The built-in images: name, the directory `scripts/sandbox-image.sh`
 /// builds it in (found like every shipped asset, `pvisor_core::assets`), and
 /// the variable that names its rootfs instead.
-pub const BUILT_IN: [(&str, &str, &str); 2] = [
+pub const BUILT_IN: [(&str, &str, &str); 3] = [
     (DEFAULT, "sandbox-image", "PVISOR_SANDBOX_IMAGE"),
     ("python", "sandbox-image-python", "PVISOR_SANDBOX_IMAGE_PYTHON"),
+    ("code-interpreter", "sandbox-image-code-interpreter", "PVISOR_SANDBOX_IMAGE_CODE_INTERPRETER"),
 ];
 
 /// The built-in images built on this host (name → rootfs):
-/// `PVISOR_SANDBOX_IMAGE` (`PVISOR_SANDBOX_IMAGE_PYTHON`) overrides where
-/// `default` (`python`) is built.
+/// `PVISOR_SANDBOX_IMAGE` (`_PYTHON`, `_CODE_INTERPRETER`) overrides where
+/// `default` (`python`, `code-interpreter`) is built.
 pub fn built_in_found() -> Vec<(String, PathBuf)> {
     BUILT_IN
         .iter()
@@ -146,6 +148,15 @@ impl ImageStore {
     pub fn rootfs(&self, name: &str) -> Option<PathBuf> {
         let slot = self.slot(name);
         slot.join("image.json").is_file().then(|| slot.join("rootfs"))
+    }
+
+    /// Every name a create may give: the images imported, and the
+    /// built-in ones built on this host (imported at first use), sorted.
+    pub fn known_names(&self) -> Vec<String> {
+        let imported = self.list().unwrap_or_default().into_iter().map(|r| r.name);
+        let built = self.built_in.iter().map(|(name, _)| name.clone());
+        let names: std::collections::BTreeSet<String> = imported.chain(built).collect();
+        names.into_iter().collect()
     }
 
     pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {

@@ -41,9 +41,28 @@ enum Out {
 pub enum Dialect {
     Bash,
     Python,
+    /// Whole Go programs, built and run per cell by [`PYTHON_DRIVER`].
+    Go,
+    /// TypeScript in node, run by [`TYPESCRIPT_DRIVER`].
+    TypeScript,
+    /// Java snippets in JShell, run by [`JAVA_DRIVER`].
+    Java,
 }
 
-/// The Python side of a code context. It reads one JSON request per line
+/// The TypeScript side of a code context (node): the protocol of
+/// [`PYTHON_DRIVER`], with cells transpiled by the image's TypeScript and
+/// run in one persistent V8 context.
+pub const TYPESCRIPT_DRIVER: &str = include_str!("drivers/typescript.js");
+
+/// The Java side of a code context: the protocol of [`PYTHON_DRIVER`], with
+/// cells evaluated by the JDK's JShell in the driver's own JVM, started by
+/// the JDK's source launcher (so any image with a JDK runs it).
+pub const JAVA_DRIVER: &str = include_str!("drivers/JShellDriver.java");
+
+/// The Python side of a code context, and with the argument `go` the Go
+/// side (each cell a whole program: `go build`, then run; a build that
+/// fails is a `CompilationError`, a program that fails an `ExitError`,
+/// their messages on stderr). It reads one JSON request per line
 /// (`{"nonce", "code"}`) from a private copy of stdin (the cell's own stdin
 /// is /dev/null, so `input()` cannot eat requests), runs the cell like a
 /// notebook (statements, then the value of a final expression) in a module
@@ -66,9 +85,44 @@ def describe(e):
     except Exception:
         value = "<unprintable>"
     lines = traceback.format_exception(type(e), e, e.__traceback__)
+    if isinstance(e, (CompilationError, ExitError)):
+        lines = []
     return {"ename": type(e).__name__, "evalue": value, "traceback": [l.rstrip("\n") for l in lines]}
 
+def run_python(code, cell):
+    tree = ast.parse(code, "<cell>", "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, "<cell>", "exec"), cell.__dict__)
+    if last is not None:
+        value = eval(compile(last, "<cell>", "eval"), cell.__dict__)
+        if value is not None:
+            return repr(value)
+    return None
+
+class CompilationError(Exception):
+    pass
+
+class ExitError(Exception):
+    pass
+
+def run_go(code):
+    import subprocess, tempfile
+    os.environ.setdefault("GOCACHE", os.path.join(tempfile.gettempdir(), "pvisor-go-cache"))
+    with tempfile.TemporaryDirectory(prefix="pvisor-go-") as work:
+        with open(os.path.join(work, "main.go"), "w", encoding="utf-8") as f:
+            f.write(code)
+        built = subprocess.run(["go", "build", "-o", "cell", "main.go"], cwd=work, stdin=subprocess.DEVNULL)
+        if built.returncode != 0:
+            raise CompilationError("go build failed (exit status %d); its errors are on stderr" % built.returncode)
+        ran = subprocess.run([os.path.join(work, "cell")], stdin=subprocess.DEVNULL)
+        if ran.returncode != 0:
+            raise ExitError("exit status %d" % ran.returncode if ran.returncode > 0 else "killed by signal %d" % -ran.returncode)
+    return None
+
 def serve():
+    go = sys.argv[1:] == ["go"]
     requests = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -95,15 +149,7 @@ def serve():
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
             try:
-                tree = ast.parse(code, "<cell>", "exec")
-                last = None
-                if tree.body and isinstance(tree.body[-1], ast.Expr):
-                    last = ast.Expression(tree.body.pop().value)
-                exec(compile(tree, "<cell>", "exec"), cell.__dict__)
-                if last is not None:
-                    value = eval(compile(last, "<cell>", "eval"), cell.__dict__)
-                    if value is not None:
-                        result = repr(value)
+                result = run_go(code) if go else run_python(code, cell)
             finally:
                 signal.pthread_sigmask(signal.SIG_BLOCK, block)
         except BaseException as e:
@@ -177,8 +223,29 @@ fn shell_quote(s: &str) -> String {
 
 /// What an interpreter prints once it is ready for runs.
 const READY: &[u8] = b"\x1eready\x1e\n";
-/// How long a starting interpreter may take (Python under TCG is slow).
-const READY_WAIT: Duration = Duration::from_secs(60);
+/// How long a starting interpreter may take (Python under TCG is slow; a
+/// JVM compiling its driver and warming JShell, slower still).
+fn ready_wait(dialect: Dialect) -> Duration {
+    Duration::from_secs(if dialect == Dialect::Java { 240 } else { 60 })
+}
+
+/// The first of `candidates` (paths inside the image) that exists, or an
+/// error naming what the image lacks and the image that has it.
+fn in_image_or(
+    record: &SandboxRecord,
+    candidates: &[&'static str],
+    what: &str,
+    image: &str,
+) -> Result<&'static str, ApiError> {
+    candidates.iter().copied().find(|p| crate::execd::in_image(&record.rootfs, p)).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "image {:?} has no {what}; create the sandbox with the built-in image {image:?} (or one that has {what}) for these contexts",
+            record.image
+        ))
+    })
+}
+
+const PYTHONS: &[&str] = &["usr/bin/python3", "usr/local/bin/python3", "bin/python3"];
 
 /// The interpreter of `dialect` in the sandbox's image: its name and argv.
 fn interpreter(dialect: Dialect, record: &SandboxRecord) -> Result<(&'static str, Vec<String>), ApiError> {
@@ -193,32 +260,40 @@ fn interpreter(dialect: Dialect, record: &SandboxRecord) -> Result<(&'static str
             (shell, argv)
         }
         Dialect::Python => {
-            let python = ["usr/bin/python3", "usr/local/bin/python3", "bin/python3"]
-                .into_iter()
-                .find(|p| crate::execd::in_image(&record.rootfs, p))
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "image {:?} has no python3; create the sandbox with the built-in image \"python\" (or one that has python3) for python contexts",
-                        record.image
-                    ))
-                })?;
-            (
-                "python3",
-                vec![format!("/{python}"), "-u".to_owned(), "-c".to_owned(), PYTHON_DRIVER.to_owned()],
-            )
+            let python = in_image_or(record, PYTHONS, "python3", "python")?;
+            ("python3", vec![format!("/{python}"), "-u".into(), "-c".into(), PYTHON_DRIVER.into()])
+        }
+        Dialect::Go => {
+            in_image_or(record, &["usr/bin/go", "usr/local/go/bin/go"], "go", "code-interpreter")?;
+            let python = in_image_or(record, PYTHONS, "python3", "code-interpreter")?;
+            let argv = vec![format!("/{python}"), "-u".into(), "-c".into(), PYTHON_DRIVER.into(), "go".into()];
+            ("go", argv)
+        }
+        Dialect::TypeScript => {
+            let node = in_image_or(record, &["usr/bin/node", "usr/local/bin/node"], "node", "code-interpreter")?;
+            ("node", vec![format!("/{node}"), "-e".into(), TYPESCRIPT_DRIVER.into()])
+        }
+        Dialect::Java => {
+            let java = in_image_or(record, &["usr/bin/java", "usr/local/bin/java"], "java", "code-interpreter")?;
+            // The source launcher needs a file: the driver is written to a
+            // private directory and run from there.
+            let script = format!(
+                "d=$(mktemp -d) && printf '%s' \"$1\" >\"$d/JShellDriver.java\" && exec /{java} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \"$d/JShellDriver.java\""
+            );
+            ("java", vec!["/bin/sh".into(), "-c".into(), script, "pvisor-java".into(), JAVA_DRIVER.into()])
         }
     };
     Ok(chosen)
 }
 
 /// Waits until the interpreter says it is ready (its READY marker on
-/// stdout), for at most [`READY_WAIT`].
-fn await_ready(channel: &mut guest_link::ExecChannel, shell: &str) -> Result<(), ApiError> {
+/// stdout), for at most `wait`.
+fn await_ready(channel: &mut guest_link::ExecChannel, shell: &str, wait: Duration) -> Result<(), ApiError> {
     let started = Instant::now();
     let mut seen = Vec::new();
     while memchr::memmem::find(&seen, READY).is_none() {
-        if started.elapsed() > READY_WAIT {
-            return Err(ApiError::internal(format!("{shell} did not become ready within {READY_WAIT:?}")));
+        if started.elapsed() > wait {
+            return Err(ApiError::internal(format!("{shell} did not become ready within {wait:?}")));
         }
         match channel.next_reply() {
             Ok(Some((Reply::Stdout { .. }, bytes))) => seen.extend_from_slice(&bytes),
@@ -282,7 +357,7 @@ impl Repl {
         // Ready only once the interpreter says so: an interrupt sent before
         // its SIGINT handling is in place (a Python still starting) would
         // end it instead of a cell.
-        await_ready(&mut channel, shell)?;
+        await_ready(&mut channel, shell, ready_wait(dialect))?;
         // Bounded, and output between runs (a background job's) is dropped:
         // a chatty session cannot grow the daemon; a slow client of a run
         // holds the shell back (and is cut off by the relay's stall limit).
@@ -470,7 +545,9 @@ impl Repl {
                     "{{ {cd}{body}\n}} </dev/null; printf '\\036%s:%d\\036\\n' {nonce} $? >&8; printf '\\036%s\\036\\n' {nonce} >&9\n"
                 )
             }
-            Dialect::Python => format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command })),
+            Dialect::Python | Dialect::Go | Dialect::TypeScript | Dialect::Java => {
+                format!("{}\n", serde_json::json!({ "nonce": nonce, "code": command }))
+            }
         }
     }
 

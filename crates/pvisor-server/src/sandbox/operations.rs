@@ -34,11 +34,10 @@ impl Daemon {
         crate::images::validate_name(&request.image).map_err(|e| OpError::Invalid(e.0))?;
         let rootfs = self.images.rootfs_importing(&request.image).map_err(|e| OpError::Invalid(e.0))?;
         let rootfs = rootfs.ok_or_else(|| {
-            let known = self.images.list().map(|l| l.into_iter().map(|r| r.name).collect::<Vec<_>>().join(", "));
             OpError::Invalid(format!(
                 "image {:?} is not imported on this host (known: {}); import it with `pvisor image import {} DIR|TAR|OCI-LAYOUT` (no registry is contacted)",
                 request.image,
-                known.unwrap_or_default(),
+                self.images.known_names().join(", "),
                 request.image
             ))
         })?;

@@ -138,10 +138,15 @@ impl Daemon {
             self.env.command(&["serve", "--listen", &format!("127.0.0.1:{}", self.port), "--api-key-file"]);
         cmd.arg(&key_file).args(&self.args).env("PVISOR_SANDBOX_IMAGE", image);
         // As root the binary runs from a copy (support::bin), away from the
-        // build tree where it would find the `python` image.
-        let python = target_dir().join("sandbox-image-python/rootfs");
-        if self.env.who == As::Root && python.join("bin/sh").exists() {
-            cmd.env("PVISOR_SANDBOX_IMAGE_PYTHON", python);
+        // build tree where it would find the larger built-in images.
+        for (built, variable) in [
+            ("sandbox-image-python", "PVISOR_SANDBOX_IMAGE_PYTHON"),
+            ("sandbox-image-code-interpreter", "PVISOR_SANDBOX_IMAGE_CODE_INTERPRETER"),
+        ] {
+            let rootfs = target_dir().join(built).join("rootfs");
+            if self.env.who == As::Root && rootfs.join("bin/sh").exists() {
+                cmd.env(variable, rootfs);
+            }
         }
         for (key, value) in &self.envs {
             cmd.env(key, value);

@@ -65,6 +65,17 @@ fn the_code_interpreter_sdk_runs_python_and_bash_contexts() {
     assert!(out.contains("code interpreter OK"), "{out}");
 }
 
+/// Code contexts in java, go and typescript, in the built-in
+/// `code-interpreter` image started with its entrypoint, through the
+/// published SDK with its strict health check (`tests/sdk/code_languages.py`,
+/// which cites the reference e2e tests it follows).
+#[test]
+fn the_code_interpreter_sdk_runs_java_go_and_typescript_contexts() {
+    let daemon = Daemon::new();
+    let out = sdk(&daemon, "code_languages.py");
+    assert!(out.contains("code interpreter languages OK"), "{out}");
+}
+
 /// Issue 20: a client nobody here wrote in Python. The published TypeScript
 /// SDK (`tests/sdk/flow.mjs`, installed by `scripts/sdk-env.sh`) creates,
 /// runs commands, moves files, renews earlier, pauses, resumes and kills.
