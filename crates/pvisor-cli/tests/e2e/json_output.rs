@@ -361,7 +361,10 @@ fn run_timings_shows_where_the_time_went_phase_by_phase(who: As) {
         // loaded host part of its sleep falls in setup's `other` step; the two
         // together hold all of it.
         let other = step_ms("other").expect("an `other` step");
-        assert!(command + other >= 200.0, "the command's sleep is in `command` and setup's `other`: {timings}");
+        assert!(
+            command + other >= 200.0,
+            "the command's sleep is in `command` and setup's `other`: {timings}"
+        );
         let steps: Vec<&str> = timings["phases"][2]["steps"]
             .as_array()
             .unwrap()

@@ -266,15 +266,18 @@ fn interpreter(dialect: Dialect, record: &SandboxRecord) -> Result<(&'static str
         Dialect::Go => {
             in_image_or(record, &["usr/bin/go", "usr/local/go/bin/go"], "go", "code-interpreter")?;
             let python = in_image_or(record, PYTHONS, "python3", "code-interpreter")?;
-            let argv = vec![format!("/{python}"), "-u".into(), "-c".into(), PYTHON_DRIVER.into(), "go".into()];
+            let argv =
+                vec![format!("/{python}"), "-u".into(), "-c".into(), PYTHON_DRIVER.into(), "go".into()];
             ("go", argv)
         }
         Dialect::TypeScript => {
-            let node = in_image_or(record, &["usr/bin/node", "usr/local/bin/node"], "node", "code-interpreter")?;
+            let node =
+                in_image_or(record, &["usr/bin/node", "usr/local/bin/node"], "node", "code-interpreter")?;
             ("node", vec![format!("/{node}"), "-e".into(), TYPESCRIPT_DRIVER.into()])
         }
         Dialect::Java => {
-            let java = in_image_or(record, &["usr/bin/java", "usr/local/bin/java"], "java", "code-interpreter")?;
+            let java =
+                in_image_or(record, &["usr/bin/java", "usr/local/bin/java"], "java", "code-interpreter")?;
             // The source launcher needs a file: the driver is written to a
             // private directory and run from there.
             let script = format!(
