@@ -228,8 +228,13 @@ fn a_foreground_command_streams_its_output_and_exit_code() {
     assert!(events.iter().any(|e| e["type"] == "stderr" && e["text"] == "oops"), "{events:?}");
     let error = events.iter().find(|e| e["type"] == "error").unwrap_or_else(|| panic!("{events:?}"));
     assert_eq!(error["error"]["evalue"], "4", "a nonzero exit is the error event");
-    let spec = s.guest.started.lock().unwrap().last().cloned().unwrap();
-    assert_eq!(spec.argv.last().map(String::as_str), Some("echo hello"));
+    // Found by its command, not as the last start: the sandbox's entrypoint
+    // starts in the background and may come after it.
+    let started = s.guest.started.lock().unwrap().clone();
+    let spec = started
+        .iter()
+        .find(|spec| spec.argv.last().map(String::as_str) == Some("echo hello"))
+        .unwrap_or_else(|| panic!("the command was started: {started:?}"));
     assert_eq!(spec.root, Some(s.rootfs(&id)), "chrooted in the image");
     let cmd = events.iter().find(|e| e["type"] == "init").unwrap()["text"].as_str().unwrap().to_owned();
     let (_, status) =
