@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The vm executor's guest image (kernel, busybox, agent); the vm tests boot it.
 scripts/vm-image.sh
-# `pvisor serve`: the default sandbox image, and the published OpenSandbox SDK
+# `pvisor serve`: the built-in sandbox images (default, python and
+# code-interpreter), and the published OpenSandbox SDK
 # (plus the contract tests' schema tools) in target/sdk-venv.
 scripts/sandbox-image.sh
 scripts/sdk-env.sh >/dev/null
