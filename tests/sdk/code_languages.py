@@ -80,6 +80,8 @@ try:
     assert "ArithmeticException" in r.error.value and r.complete is None, r.error
     r = codes.run("int y = ;", context=java)
     assert r.error is not None and r.error.name == "CompilationException", r
+    # A cell that reads stdin reads end-of-file, not the next request.
+    assert codes.run("int n = System.in.read();\nn", context=java).result[0].text == "-1"
     r = interrupted(codes, java, "while (true) { Thread.onSpinWait(); }")
     assert r.error is not None, r
     assert codes.run("sum * 2", context=java).result[0].text == "30"

@@ -10,7 +10,9 @@
 // does not compile a CompilationException. SIGINT stops the running
 // snippet (the cell ends with an InterruptedException), never the driver.
 import java.io.BufferedReader;
+import java.io.ByteArrayInputStream;
 import java.io.FileDescriptor;
+import java.io.FileInputStream;
 import java.io.FileOutputStream;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
@@ -45,7 +47,11 @@ public class JShellDriver {
         });
         // Warm the compiler before saying ready: the first cell is then quick.
         shell.eval("1");
-        BufferedReader requests = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        // Requests come on the real stdin; a cell's System.in is empty, so a
+        // cell that reads it cannot swallow the next request.
+        BufferedReader requests = new BufferedReader(
+            new InputStreamReader(new FileInputStream(FileDescriptor.in), StandardCharsets.UTF_8));
+        System.setIn(new ByteArrayInputStream(new byte[0]));
         out.print("\u001eready\u001e\n");
         out.flush();
         int count = 0;
