@@ -62,6 +62,9 @@ public class JShellDriver {
             if (nonce == null || code == null) continue;
             count++;
             String[] ended = runCell(shell, code);
+            if (ended[0] != null && ended[0].length() > 1048576) {
+                ended[0] = ended[0].substring(0, 1048576) + "... (truncated)";
+            }
             out.flush();
             err.flush();
             String payload = "{\"count\":" + count + ",\"result\":" + json(ended[0]) + ",\"error\":" + (ended[1] == null ? "null" : ended[1]) + "}";
