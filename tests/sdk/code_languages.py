@@ -131,7 +131,12 @@ try:
     r = codes.run("throw new Error('ts-runtime-error');", context=ts)
     assert r.error is not None and r.error.name == "Error" and r.error.value == "ts-runtime-error", r
     r = interrupted(codes, ts, "while (true) {}")
-    assert r.error is not None, r
+    assert r.error is not None and "interrupted" in r.error.value, r
+    r = interrupted(codes, ts, "new Promise(() => {})")
+    assert r.error is not None and "interrupted" in r.error.value, r
+    # An error a timer throws after its cell ended does not end the context.
+    assert codes.run("setTimeout(() => { throw new Error('later'); }, 10); 1", context=ts).error is None
+    time.sleep(1)
     assert codes.run("person.age + 1", context=ts).result[0].text == "31"
 
     listed = {c.language for c in codes.list_contexts(SupportedLanguage.JAVA)}

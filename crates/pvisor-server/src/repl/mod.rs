@@ -279,9 +279,9 @@ fn interpreter(dialect: Dialect, record: &SandboxRecord) -> Result<(&'static str
             let java =
                 in_image_or(record, &["usr/bin/java", "usr/local/bin/java"], "java", "code-interpreter")?;
             // The source launcher needs a file: the driver is written to a
-            // private directory and run from there.
+            // private directory, run from there, and removes it once ready.
             let script = format!(
-                "d=$(mktemp -d) && printf '%s' \"$1\" >\"$d/JShellDriver.java\" && exec /{java} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \"$d/JShellDriver.java\""
+                "d=$(mktemp -d) && printf '%s' \"$1\" >\"$d/JShellDriver.java\" && exec /{java} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \"$d/JShellDriver.java\" \"$d\""
             );
             ("java", vec!["/bin/sh".into(), "-c".into(), script, "pvisor-java".into(), JAVA_DRIVER.into()])
         }

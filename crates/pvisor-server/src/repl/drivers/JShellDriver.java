@@ -29,8 +29,13 @@ import jdk.jshell.SourceCodeAnalysis;
 import jdk.jshell.VarSnippet;
 
 public class JShellDriver {
+    /** A cell is being evaluated. */
     static volatile boolean running;
-    /** An interrupt stopped the running cell (JShell then reports no error). */
+    /**
+     * This run was interrupted: the cell stops wherever it is (JShell then
+     * reports no error of its own). Set by SIGINT even before the cell
+     * starts; cleared once the cell's markers are written.
+     */
     static volatile boolean stopped;
 
     public static void main(String[] args) throws Exception {
@@ -39,14 +44,32 @@ public class JShellDriver {
         System.setOut(out);
         System.setErr(err);
         JShell shell = JShell.builder().executionEngine("local").out(out).err(err).build();
+        // JShell.stop() reaches only a snippet already executing, and a
+        // snippet spends its first moments compiling: it is asked again
+        // until the evaluation returns.
         sun.misc.Signal.handle(new sun.misc.Signal("INT"), s -> {
-            if (running) {
-                stopped = true;
-                shell.stop();
-            }
+            stopped = true;
+            Thread stopper = new Thread(() -> {
+                while (running && stopped) {
+                    shell.stop();
+                    try {
+                        Thread.sleep(50);
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                }
+            });
+            stopper.setDaemon(true);
+            stopper.start();
         });
         // Warm the compiler before saying ready: the first cell is then quick.
         shell.eval("1");
+        // The launcher compiled this file already: its private directory goes.
+        if (args.length == 1) {
+            java.io.File dir = new java.io.File(args[0]);
+            new java.io.File(dir, "JShellDriver.java").delete();
+            dir.delete();
+        }
         // Requests come on the real stdin; a cell's System.in is empty, so a
         // cell that reads it cannot swallow the next request.
         BufferedReader requests = new BufferedReader(
@@ -72,6 +95,8 @@ public class JShellDriver {
             out.flush();
             err.print("\u001e" + nonce + "\u001e\n");
             err.flush();
+            // An interrupt that came after the cell ended was for it.
+            stopped = false;
         }
         shell.close();
         System.exit(0);
@@ -82,7 +107,6 @@ public class JShellDriver {
         SourceCodeAnalysis analysis = shell.sourceCodeAnalysis();
         String rest = code;
         String result = null;
-        stopped = false;
         running = true;
         try {
             while (!rest.isBlank()) {
@@ -90,11 +114,10 @@ public class JShellDriver {
                 String source = info.completeness().isComplete() ? info.source() : rest;
                 rest = info.completeness().isComplete() ? info.remaining() : "";
                 if (source == null || source.isBlank()) break;
+                if (stopped) return interrupted();
                 result = null;
                 List<SnippetEvent> events = shell.eval(source);
-                if (stopped) {
-                    return new String[] {null, error("InterruptedException", "the cell was interrupted", List.of())};
-                }
+                if (stopped) return interrupted();
                 for (SnippetEvent event : events) {
                     if (event.causeSnippet() != null) continue;
                     if (event.exception() != null) {
@@ -121,6 +144,10 @@ public class JShellDriver {
         return new String[] {result, null};
     }
 
+    static String[] interrupted() {
+        return new String[] {null, error("InterruptedException", "the cell was interrupted", List.of())};
+    }
+
     /** An expression's value is the cell's result; a declaration's is not. */
     static boolean shows(Snippet snippet) {
         return snippet.kind() == Snippet.Kind.EXPRESSION
@@ -132,13 +159,20 @@ public class JShellDriver {
             + trace.stream().map(JShellDriver::json).collect(Collectors.joining(",")) + "]}";
     }
 
-    /** A JSON string of ASCII only (no 0x1e can reach the markers' line). */
+    /**
+     * A JSON string of ASCII only (no 0x1e can reach the markers' line); a
+     * lone UTF-16 surrogate, which no JSON reader takes, becomes U+FFFD.
+     */
     static String json(String s) {
         if (s == null) return "null";
         StringBuilder b = new StringBuilder("\"");
-        for (char c : s.toCharArray()) {
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            boolean paired = Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1));
             if (c == '"' || c == '\\') b.append('\\').append(c);
             else if (c >= 0x20 && c < 0x7f) b.append(c);
+            else if (paired) b.append(String.format("\\u%04x\\u%04x", (int) c, (int) s.charAt(++i)));
+            else if (Character.isSurrogate(c)) b.append("\\ufffd");
             else b.append(String.format("\\u%04x", (int) c));
         }
         return b.append('"').toString();
