@@ -22,21 +22,23 @@ fn status_kb(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Times `GET /health` on a new connection: it must answer within a second.
-fn health_within_a_second(daemon: &Daemon) {
+/// Times `GET /health` on a new connection: it must answer within a few
+/// seconds. A starved daemon never answers; the bound leaves room for a
+/// host busy with the other tests' VMs.
+fn health_answers_promptly(daemon: &Daemon) {
     let started = Instant::now();
     let out = Command::new("curl")
-        .args(["-s", "--max-time", "1", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(["-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}"])
         .arg(format!("http://127.0.0.1:{}/health", daemon.port))
         .output()
         .unwrap();
-    assert_eq!(text(&out.stdout), "200", "/health did not answer within a second: {}", daemon.log());
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(text(&out.stdout), "200", "/health did not answer within 5 s: {}", daemon.log());
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 /// 300 connections that never send a header: the daemon holds at most its
 /// limit (64 here) of them, closing the oldest idle ones, so its descriptor
-/// count stays bounded and `/health` still answers within a second — as
+/// count stays bounded and `/health` still answers promptly — as
 /// root and as an unprivileged user.
 #[test]
 #[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
@@ -52,7 +54,7 @@ fn idle_connections_cannot_starve_the_daemon() {
         // Let the daemon accept them all (or refuse them, at its limit).
         std::thread::sleep(Duration::from_millis(500));
         for _ in 0..3 {
-            health_within_a_second(&daemon);
+            health_answers_promptly(&daemon);
         }
         let during = open_fds(pid);
         assert!(
@@ -73,7 +75,7 @@ fn idle_connections_cannot_starve_the_daemon() {
             .count();
         assert!(closed >= 300 - 64 - 1, "{who:?}: only {closed} of 300 idle connections were closed");
         drop(idle);
-        health_within_a_second(&daemon);
+        health_answers_promptly(&daemon);
     }
 }
 
@@ -149,7 +151,9 @@ fn a_hostile_image_a_huge_log_and_a_full_disk_neither_stall_bloat_nor_wedge_the_
             .unwrap();
         let body = text(&out.stdout);
         let (body, code) = body.rsplit_once('\n').unwrap_or(("", "0"));
-        assert!(started.elapsed() < Duration::from_secs(2), "the lookup took {:?}", started.elapsed());
+        // A FIFO or device read would block until curl's 10 s; a loaded
+        // host may take a few seconds for an honest lookup.
+        assert!(started.elapsed() < Duration::from_secs(6), "the lookup took {:?}", started.elapsed());
         (code.to_owned(), body.to_owned())
     };
     for _ in 0..4 {
@@ -162,7 +166,7 @@ fn a_hostile_image_a_huge_log_and_a_full_disk_neither_stall_bloat_nor_wedge_the_
     }
     // Numeric ids need no lookup, and the daemon still serves everyone.
     assert_eq!(chown(json!({ "owner": "0", "group": "0", "mode": 644 })).0, "200");
-    health_within_a_second(&daemon);
+    health_answers_promptly(&daemon);
 
     let log_bytes: u64 = 128 << 20;
     let started = Command::new("curl")
@@ -200,7 +204,7 @@ fn a_hostile_image_a_huge_log_and_a_full_disk_neither_stall_bloat_nor_wedge_the_
     let hwm = status_kb(pid, "VmHWM:");
     eprintln!("daemon RSS: {rss_before} kB before the reads, high-water {hwm} kB");
     assert!(hwm < 150 << 10, "four reads of a {log_bytes}-byte log took the daemon to {hwm} kB");
-    health_within_a_second(&daemon);
+    health_answers_promptly(&daemon);
     if mounted {
         a_full_disk_still_lets_the_sandbox_be_deleted(&daemon, &id);
     } else {
@@ -242,7 +246,7 @@ fn a_full_disk_still_lets_the_sandbox_be_deleted(daemon: &Daemon, id: &str) {
     assert!(daemon.log().contains("released the"), "the reserve was used: {}", daemon.log());
     drop(filler);
     fs::remove_file(daemon.env.home.join("filler")).unwrap();
-    health_within_a_second(daemon);
+    health_answers_promptly(daemon);
 }
 
 /// Writes `bytes` as a blob of the OCI layout `dir`; returns its descriptor.
