@@ -189,11 +189,20 @@ impl Container {
         // The Job's Trace says what containerd ran: the start is recorded
         // before the process can end, its end before containerd (or a
         // `Wait`) hears of it, so before the init process's exit ends the VM.
+        // So is the init's exit status, left for the Job's keeper: a Delete
+        // that stops the VM as soon as its Wait returned finds it there, and
+        // the Job's result carries the container's status.
         let ran = Ran::new(&self.id, exec_id, &process.spec);
         self.vm.note(ran.started());
         let (vm, noted, since) = (self.vm.clone(), ran.clone(), std::time::Instant::now());
-        let note_end = move |_pid: u32, exit: &Exit| vm.note(noted.ended(exit.status, since.elapsed()));
-        process.start(&self.vm, note_end, on_exit, on_oom).map_err(|e| {
+        let init = exec_id.is_empty();
+        let before_exit = move |_pid: u32, exit: &Exit| {
+            vm.note(noted.ended(exit.status, since.elapsed()));
+            if init {
+                vm.leave_exit_status(exit.status);
+            }
+        };
+        process.start(&self.vm, before_exit, on_exit, on_oom).map_err(|e| {
             // The guest's words: untrusted text, on its way to terminals.
             let why = pvisor_core::text::escape(&e.to_string(), pvisor_core::text::Tabs::Escape).into_owned();
             self.vm.note(ran.failed(&why));

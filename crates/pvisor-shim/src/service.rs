@@ -164,8 +164,7 @@ impl Service {
                 }),
             );
             if exec_id.is_empty() {
-                // The Job's result then carries the container's status.
-                container.vm.leave_exit_status(exit.status);
+                // Its exit status is already left for the Job's keeper.
                 container.stop_vm();
             }
         }
