@@ -320,6 +320,12 @@ assert m["cpu_count"] >= 1 and m["mem_total_mib"] > 100
 # python3, which is the first bad input).
 r = ex("POST", "/code/context", "/code/context", 400, json={"language": "python"})
 assert "no python3" in r.json()["message"] and '"python"' in r.json()["message"], r.text
+# java, go and typescript need their interpreters: the 400 names the one
+# missing and the built-in image that has them all.
+for language, needs in [("java", "java"), ("go", "go"), ("typescript", "node")]:
+    r = ex("POST", "/code/context", "/code/context", 400, json={"language": language})
+    message = r.json()["message"]
+    assert f"no {needs};" in message and '"code-interpreter"' in message, r.text
 r = ex("POST", "/code/context", "/code/context", 400, json={"language": "cobol"})
 assert "cobol" in r.json()["message"], r.text
 ctx = ex("POST", "/code/context", "/code/context", 200, json={"language": "bash"}).json()
