@@ -23,3 +23,5 @@ mod output;
 mod prompt;
 pub mod results;
 pub mod timings;
+
+pub use output::route_executor_notices;

@@ -14,6 +14,7 @@ fn main() {
     // Must come first: the sandbox helper is this binary re-executed.
     pvisor_ns::maybe_run_helper();
     pvisor_cli::doctor::maybe_run_probe();
+    pvisor_cli::route_executor_notices();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

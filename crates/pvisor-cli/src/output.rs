@@ -120,6 +120,24 @@ pub fn plain(kind: JsonType, message: &str) {
     say(kind, &Message { message }, || format!("pvisor: {message}"));
 }
 
+/// The `--json` stream of this process's command line, for notices told
+/// from threads other than the command's (whose [`crate::json::mode`] is
+/// per thread): set once, by [`route_executor_notices`].
+static NOTICES: std::sync::OnceLock<Option<Stream>> = std::sync::OnceLock::new();
+
+/// Routes what the executors tell the user (a one-time vm template build,
+/// told from the sandbox's thread): `pvisor: MESSAGE`, or a `note` line on
+/// the `--json` stream this process's command line asked for.
+pub fn route_executor_notices() {
+    let _ = NOTICES.set(crate::json::requested(std::env::args_os()));
+    pvisor_sandbox::notice::set_sink(|message| match NOTICES.get().copied().flatten() {
+        Some(stream) => {
+            let _ = crate::json::json_line(&mut sink(stream), JsonType::Note, &Message { message });
+        }
+        None => eprintln!("pvisor: {message}"),
+    });
+}
+
 /// Quotes a command line for display, shell-style.
 pub fn shell_words(program: &str, args: &[String]) -> String {
     let quoted = std::iter::once(program)

@@ -7,9 +7,10 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::command::Command;
 use super::helper::{exit, status_to_code, HelperSpec, StepError, FORWARDED, SETUP_FAILED};
-use super::protocol::{inherited, PhaseClock, Report, FD_PASS_FD};
+use super::protocol::{inherited, Report, FD_PASS_FD};
 use super::{memory_stage, mounts};
 use pvisor_core::records::LoopbackForward;
+use pvisor_sandbox::timing::PhaseClock;
 use pvisor_sandbox::{sys, NetworkAttachment};
 
 /// pid 1 of the sandbox. Never returns.

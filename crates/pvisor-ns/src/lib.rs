@@ -66,7 +66,7 @@ impl Executor for NsExecutor {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<Box<dyn SandboxProcess>, SandboxError> {
-        let mut clock = protocol::PhaseClock::start();
+        let mut clock = pvisor_sandbox::timing::PhaseClock::start();
         let (spec_read, spec_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         let (report_read, report_write) = sys::pipe().map_err(SandboxError::Spawn)?;
         // Move the helper's ends above the fixed slots so dup2 cannot clobber them.

@@ -43,7 +43,7 @@ pub(crate) enum Report {
     Ready {
         #[serde(default)]
         sockets_reachable: Vec<std::path::PathBuf>,
-        /// How long init's setup steps took ([`PhaseClock`]).
+        /// How long init's setup steps took ([`pvisor_sandbox::timing::PhaseClock`]).
         #[serde(default)]
         setup_us: Vec<(String, u64)>,
     },
@@ -79,32 +79,5 @@ impl Report {
         }
         line.push(b'\n');
         let _ = sys::write_all(inherited(REPORT_FD), &line);
-    }
-}
-
-/// Times consecutive setup steps on the monotonic clock (which a pid or
-/// user namespace does not change), for `run --timings` and the executor's
-/// facts: each mark is the time since the previous one.
-#[derive(Debug)]
-pub(crate) struct PhaseClock {
-    last: std::time::Instant,
-    phases: Vec<(String, u64)>,
-}
-
-impl PhaseClock {
-    pub(crate) fn start() -> Self {
-        Self { last: std::time::Instant::now(), phases: Vec::new() }
-    }
-
-    /// Ends step `name` now.
-    pub(crate) fn mark(&mut self, name: &str) {
-        let now = std::time::Instant::now();
-        let us = u64::try_from(now.duration_since(self.last).as_micros()).unwrap_or(u64::MAX);
-        self.phases.push((name.to_owned(), us));
-        self.last = now;
-    }
-
-    pub(crate) fn phases(self) -> Vec<(String, u64)> {
-        self.phases
     }
 }

@@ -7,7 +7,7 @@
 //! backends: the traits, the spec and the report, the errors, the
 //! [`capabilities`] of a running sandbox and the neutral types they name
 //! (execution checkpoints, guest commands, start templates), resource
-//! [`limits`], and the system-call wrappers both backends use. It holds no
+//! [`limits`], setup [`timing`], [`notice`]s to the user, and the system-call wrappers both backends use. It holds no
 //! backend. The backends are their own crates, and neither depends on the other:
 //! - `pvisor-ns`: Linux user/mount/pid/ipc/uts/net namespaces with the
 //!   workspace as an overlayfs whose upper layer is the Run's stage.
@@ -26,8 +26,10 @@ pub mod capabilities;
 pub mod checkpoint;
 pub mod guest;
 pub mod limits;
+pub mod notice;
 pub mod sys;
 pub mod templates;
+pub mod timing;
 
 use std::io;
 use std::path::PathBuf;

@@ -169,10 +169,9 @@ impl VmExecutor {
             Ok(None) => {}
             Err(why) => tracing::warn!(error = %why, "vm template refused"),
         }
-        // A one-time wait of seconds to minutes the user must be told of;
-        // the executor has no progress channel to its caller yet.
-        tell_user(format_args!(
-            "pvisor: building the vm template {} ({} MiB, {} vCPU, {}): a one-time boot; later vm starts restore it",
+        // A one-time wait of seconds to minutes the user must be told of.
+        pvisor_sandbox::notice::tell(&format!(
+            "building the vm template {} ({} MiB, {} vCPU, {}): a one-time boot; later vm starts restore it",
             key.id(),
             config.memory_mib,
             config.cpus,
@@ -321,10 +320,4 @@ fn describe_attachment(attachment: NetworkAttachment) -> String {
 
 fn setup(step: &str, message: impl std::fmt::Display) -> SandboxError {
     SandboxError::Setup { step: step.into(), message: message.to_string(), hint: None }
-}
-
-/// Tells the user of a long wait on the terminal (see the one call).
-#[allow(clippy::disallowed_macros)]
-fn tell_user(message: std::fmt::Arguments<'_>) {
-    eprintln!("{message}");
 }

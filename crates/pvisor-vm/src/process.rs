@@ -14,6 +14,7 @@ use super::link::{AgentEvent, Credit, Shared};
 use super::qemu::tail;
 use super::start::{self, Scratch, Start};
 use super::{checkpoint, export, setup, VmExecutor, EXEC_ID};
+use pvisor_sandbox::timing::PhaseClock;
 use pvisor_sandbox::{sys, ExitReport, SandboxError, SandboxProcess, SandboxSpec, Signaller, Termination};
 
 /// After a SIGKILL sent through the agent, how long before QEMU itself is killed.
@@ -33,6 +34,8 @@ pub struct VmProcess {
     start: serde_json::Value,
     /// The command never started (the agent's exec failed).
     early: Option<Termination>,
+    /// How long each start step took, for `run --timings`.
+    setup_us: Vec<(String, u64)>,
     proxy_listener: Option<TcpListener>,
 }
 
@@ -47,29 +50,36 @@ impl VmProcess {
         boot_reason: Option<String>,
         restoring: &mut Option<String>,
     ) -> Result<Self, SandboxError> {
+        let mut clock = PhaseClock::start();
         let checked = start::check(spec)?;
         let mut scratch = Scratch(Vec::new());
         let (start, disks) = start::prepare(executor, spec, &checked, boot_reason, &mut scratch)?;
+        clock.mark("disks");
         let config = match &start {
             Start::Restore { manifest, .. } => manifest.machine,
             _ => executor.machine_config(&spec.limits),
         };
         let machine = start::spawn_machine(executor, &checked, &start, &config, &scratch.0)?;
+        clock.mark("spawn_qemu");
         let (started, interface) = (machine.started, machine.interface.clone());
         let start::Linked { shared, events, proxy_listener } =
             start::link(executor, spec, &checked, machine, config, &start, scratch.0.clone())?;
+        clock.mark("link");
         start::load_state(&shared, &start, started, restoring)?;
         // QEMU holds the template's files now (mapped and read): gc may go.
         let start = start.loaded();
+        clock.mark(if matches!(start, Start::Boot { .. }) { "boot" } else { "load_state" });
         start::hello(&shared)?;
+        clock.mark("hello");
         let boot_ms = started.elapsed().as_millis() as u64;
         tracing::info!(boot_ms, "agent link up");
         let restored = start::repair(&shared, &start)?;
+        clock.mark("repair");
         let mut early = None;
         if !matches!(start, Start::Restore { .. }) {
             // From here on a failure is this Job's (its workspace, its command).
             *restoring = None;
-            early = start::run_command(&shared, spec, &checked, interface)?;
+            early = start::run_command(&shared, spec, &checked, interface, &mut clock)?;
         }
         if early.is_none() {
             if spec.output.is_none() {
@@ -82,8 +92,20 @@ impl VmProcess {
             }
             serve_control(shared.clone()).map_err(|e| setup("control-socket", e))?;
         }
+        clock.mark("handovers");
         scratch.0.clear(); // `wait` removes them after QEMU is gone
-        Ok(Self { shared, events, boot_ms, restored, disks, start: start.facts(), early, proxy_listener })
+        let setup_us = clock.phases();
+        Ok(Self {
+            shared,
+            events,
+            boot_ms,
+            restored,
+            disks,
+            start: start.facts(),
+            early,
+            setup_us,
+            proxy_listener,
+        })
     }
 }
 
@@ -194,6 +216,7 @@ impl SandboxProcess for VmProcess {
             "cpus": self.shared.config.cpus,
             "image": self.shared.image.digest,
             "ready_ms": self.boot_ms,
+            "setup_us": self.setup_us,
             "restored": self.restored,
             "start": self.start,
             "workspace_disks": self.disks.workspace,

@@ -26,6 +26,7 @@ use super::{
     checkpoint, disk, lower, qmp, setup, Accelerator, ExecCheckpoint, Layout, MachineConfig, RamFormat,
     VmExecutor, EXEC_ID,
 };
+use pvisor_sandbox::timing::PhaseClock;
 use pvisor_sandbox::{sys, NetworkAttachment, SandboxError, SandboxSpec, Termination, VmSpec};
 
 /// Why saved machine state could not be loaded, or a restored guest repaired.
@@ -633,6 +634,7 @@ pub(super) fn run_command(
     spec: &SandboxSpec,
     checked: &Checked,
     interface: Option<pvisor_agent_proto::Interface>,
+    clock: &mut PhaseClock,
 ) -> Result<Option<Termination>, SandboxError> {
     let timeout = boot_timeout(&shared.config);
     let request = Request::Setup {
@@ -651,6 +653,7 @@ pub(super) fn run_command(
         (other, _) => return Err(fail(shared, format!("the agent answered Setup with {other:?}"))),
     }
     tracing::info!(setup_ms = setting_up.elapsed().as_millis() as u64, "workspace mounted in the guest");
+    clock.mark("guest_setup");
     let argv = std::iter::once(spec.program.clone()).chain(spec.args.iter().cloned()).collect();
     let exec = Request::Exec {
         id: EXEC_ID,
@@ -664,7 +667,9 @@ pub(super) fn run_command(
         terminal: None,
         confinement: None,
     };
-    match shared.call(&exec, &[], timeout).map_err(|e| fail(shared, e))? {
+    let started = shared.call(&exec, &[], timeout).map_err(|e| fail(shared, e))?;
+    clock.mark("exec");
+    match started {
         (Reply::Started { .. }, _) => Ok(None),
         // Recorded like `ns` does: a failed Run with 126/127, not a setup error.
         (Reply::ExecFailed { errno, message, .. }, _) => {

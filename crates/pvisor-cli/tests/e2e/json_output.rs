@@ -332,6 +332,44 @@ fn run_timings_as_root() {
     run_timings_shows_where_the_time_went_phase_by_phase(As::Root);
 }
 
+/// `run --executor vm --timings`: the vm executor's start steps inside
+/// `sandbox setup`, in order, from the spec's check and disks to the exec.
+#[test]
+fn run_timings_of_a_vm_run_show_its_start_steps() {
+    crate::vm::require_image();
+    let env = Env::new(As::Root);
+    let out = env.pvisor(&["run", "--executor", "vm", "--json", "--timings", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let lines = pvisor_lines(&text(&out.stderr), &[]);
+    let (_, timings) = lines.iter().find(|(k, _)| k == "timings").expect("a timings line");
+    let setup = &timings["phases"][2];
+    assert_eq!(setup["phase"], "sandbox setup", "{timings}");
+    let steps: Vec<&str> =
+        setup["steps"].as_array().unwrap().iter().map(|s| s["step"].as_str().unwrap()).collect();
+    // A template restore (the first run builds the template, then restores
+    // it) or a boot: either way these steps, in this order.
+    let start = if steps.contains(&"boot") { "boot" } else { "load_state" };
+    assert_eq!(
+        steps,
+        [
+            "disks",
+            "spawn_qemu",
+            "link",
+            start,
+            "hello",
+            "repair",
+            "guest_setup",
+            "exec",
+            "handovers",
+            "other"
+        ],
+        "{timings}"
+    );
+    let sum: f64 = setup["steps"].as_array().unwrap().iter().map(|s| s["ms"].as_f64().unwrap()).sum();
+    let phase = setup["ms"].as_f64().unwrap();
+    assert!(sum >= phase - 1.0, "the steps cover the phase: {sum} of {phase}");
+}
+
 fn run_timings_shows_where_the_time_went_phase_by_phase(who: As) {
     who.require();
     {
