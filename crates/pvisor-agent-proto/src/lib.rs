@@ -17,6 +17,7 @@ mod delta;
 mod framing;
 mod messages;
 mod paths;
+pub mod timing;
 
 pub use delta::{
     DeltaEntry, DeltaManifest, DeltaManifestError, DeltaNode, DELTA_FORMAT, DELTA_LAYER, DELTA_MANIFEST,

@@ -370,7 +370,12 @@ pub enum Reply {
         agent: String,
         uptime_ms: u64,
     },
-    Ready,
+    /// `Setup` is done; how long each of the guest's setup steps took
+    /// ([`crate::timing::PhaseClock`]).
+    Ready {
+        #[serde(default)]
+        steps_us: Vec<(String, u64)>,
+    },
     Started {
         id: u32,
         pid: i32,

@@ -100,8 +100,9 @@ pub fn of_events(events: &[Event], started: SystemTime, now: SystemTime) -> Timi
 }
 
 /// The executor's own setup steps (`setup_us` in its facts), if it
-/// reported them. `init.*` steps happen within `sandbox_ready`, the
-/// supervisor's wait for init; `other` is the rest of the phase (the
+/// reported them. Nested steps happen within the step before them: `init.*`
+/// within `sandbox_ready`, the supervisor's wait for init, and `guest.*`
+/// within the vm executor's `guest_setup`; `other` is the rest of the phase (the
 /// Attempt, Run and Job recorded as running, the sandbox's thread).
 fn setup_steps(events: &[Event], phase_ms: f64) -> Vec<Step> {
     let facts = events.iter().rev().find_map(|e| e.data.get("setup_us").and_then(|s| s.as_array()).cloned());
@@ -114,8 +115,9 @@ fn setup_steps(events: &[Event], phase_ms: f64) -> Vec<Step> {
         })
         .collect();
     if !steps.is_empty() {
-        let outside_init: f64 = steps.iter().filter(|s| !s.step.starts_with("init.")).map(|s| s.ms).sum();
-        steps.push(Step { step: "other".into(), ms: (phase_ms - outside_init).max(0.0) });
+        // A nested step (`init.*`, `guest.*`) is part of the step before it.
+        let top_level: f64 = steps.iter().filter(|s| !s.step.contains('.')).map(|s| s.ms).sum();
+        steps.push(Step { step: "other".into(), ms: (phase_ms - top_level).max(0.0) });
     }
     steps
 }

@@ -29,7 +29,9 @@ pub mod limits;
 pub mod notice;
 pub mod sys;
 pub mod templates;
-pub mod timing;
+
+/// Setup steps timed the same way by every executor and the guest agent.
+pub use pvisor_agent_proto::timing;
 
 use std::io;
 use std::path::PathBuf;

@@ -146,16 +146,16 @@ fn unrequested_and_stale_replies_are_dropped_then_cut_off() {
     // Late answers to a call that timed out are dropped but not held
     // against the agent, however many.
     for _ in 0..2 * MAX_UNREQUESTED {
-        send(&mut rig, Some(first), &Reply::Ready, b"");
+        send(&mut rig, Some(first), &Reply::Ready { steps_us: Vec::new() }, b"");
     }
-    send(&mut rig, None, &Reply::Ready, b"");
-    send(&mut rig, Some(second + 5), &Reply::Ready, b"");
+    send(&mut rig, None, &Reply::Ready { steps_us: Vec::new() }, b"");
+    send(&mut rig, Some(second + 5), &Reply::Ready { steps_us: Vec::new() }, b"");
     send(&mut rig, Some(second), &Reply::Done { op: "poll".into() }, b"");
     let (id, reply, _) = rig.replies.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!((id, reply), (second, Reply::Done { op: "poll".into() }));
     assert_eq!(rig.calls.unrequested.load(Ordering::SeqCst), 2, "only replies naming no request count");
     for _ in 0..MAX_UNREQUESTED {
-        send(&mut rig, None, &Reply::Ready, b"");
+        send(&mut rig, None, &Reply::Ready { steps_us: Vec::new() }, b"");
     }
     match rig.events.recv_timeout(Duration::from_secs(10)).unwrap() {
         AgentEvent::Gone(why) => assert!(why.contains("cut off"), "{why}"),

@@ -46,7 +46,7 @@ fn flood() -> io::Result<()> {
         write_frame(&mut port, &Reply::Stdout { id }, &chunk)?;
     }
     for _ in 0..REPLIES {
-        write_frame(&mut port, &Reply::Ready, &[])?;
+        write_frame(&mut port, &Reply::Ready { steps_us: Vec::new() }, &[])?;
     }
     println!("probe: sent {NETOPENS} NetOpen, {EXECS} MiB of Stdout for execs never started, {REPLIES} unrequested Ready");
     std::process::exit(7);

@@ -333,7 +333,8 @@ fn run_timings_as_root() {
 }
 
 /// `run --executor vm --timings`: the vm executor's start steps inside
-/// `sandbox setup`, in order, from the spec's check and disks to the exec.
+/// `sandbox setup`, in order, from the spec's check and disks to the exec,
+/// and the guest agent's own steps inside `guest_setup`.
 #[test]
 fn run_timings_of_a_vm_run_show_its_start_steps() {
     crate::vm::require_image();
@@ -344,30 +345,44 @@ fn run_timings_of_a_vm_run_show_its_start_steps() {
     let (_, timings) = lines.iter().find(|(k, _)| k == "timings").expect("a timings line");
     let setup = &timings["phases"][2];
     assert_eq!(setup["phase"], "sandbox setup", "{timings}");
-    let steps: Vec<&str> =
-        setup["steps"].as_array().unwrap().iter().map(|s| s["step"].as_str().unwrap()).collect();
+    let all: Vec<(&str, f64)> = setup["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["step"].as_str().unwrap(), s["ms"].as_f64().unwrap()))
+        .collect();
+    let (nested, steps): (Vec<_>, Vec<_>) = all.iter().partition(|(name, _)| name.contains('.'));
+    let names: Vec<&str> = steps.iter().map(|(name, _)| *name).collect();
     // A template restore (the first run builds the template, then restores
     // it) or a boot: either way these steps, in this order.
-    let start = if steps.contains(&"boot") { "boot" } else { "load_state" };
-    assert_eq!(
-        steps,
-        [
-            "disks",
-            "spawn_qemu",
-            "link",
-            start,
-            "hello",
-            "repair",
-            "guest_setup",
-            "exec",
-            "handovers",
-            "other"
-        ],
-        "{timings}"
-    );
-    let sum: f64 = setup["steps"].as_array().unwrap().iter().map(|s| s["ms"].as_f64().unwrap()).sum();
+    let start = if names.contains(&"boot") { "boot" } else { "load_state" };
+    let expected = [
+        "disks",
+        "spawn_qemu",
+        "link",
+        start,
+        "hello",
+        "repair",
+        "guest_setup",
+        "exec",
+        "handovers",
+        "other",
+    ];
+    assert_eq!(names, expected, "{timings}");
+    let sum: f64 = steps.iter().map(|(_, ms)| ms).sum();
     let phase = setup["ms"].as_f64().unwrap();
     assert!(sum >= phase - 1.0, "the steps cover the phase: {sum} of {phase}");
+    // The guest's own steps, within `guest_setup` and adding up to no more.
+    let guest: Vec<&str> = nested.iter().map(|(name, _)| *name).collect();
+    for step in ["guest.base_mount", "guest.upper_mount", "guest.overlay"] {
+        assert!(guest.contains(&step), "{step} in {guest:?}");
+    }
+    let guest_ms: f64 = nested.iter().map(|(_, ms)| ms).sum();
+    let guest_setup = steps.iter().find(|(name, _)| *name == "guest_setup").unwrap().1;
+    assert!(
+        guest_ms <= guest_setup + 1.0,
+        "the guest's steps fit in guest_setup: {guest_ms} of {guest_setup}"
+    );
 }
 
 fn run_timings_shows_where_the_time_went_phase_by_phase(who: As) {

@@ -49,8 +49,9 @@ use pvisor_agent::files::{self, open_regular, read_range};
 use pvisor_agent_proto::{read_tagged, Reply, Request, REQUEST_ID};
 
 use exec::{reap, ExecRequest, Execs};
-use init::{configure_interface, init_guest, loopback_up, mount_shares, setup_userland, setup_workspace};
+use init::{configure_interface, init_guest, mount_shares, setup_userland, setup_workspace};
 use link::{find_port, write_replies, Gate, StreamCredits, Writer};
+use pvisor_agent_proto::timing::PhaseClock;
 use restore::{quiesce, set_clock, thaw};
 
 /// A reply, its payload, and the id of the request it answers (none for
@@ -182,10 +183,9 @@ impl Agent {
                 shares,
                 userland,
             } => {
+                let mut steps = PhaseClock::start();
                 let _ = set_clock(clock_unix_ns);
-                // Loopback is the guest's own: services inside it need it,
-                // and it reaches nothing outside.
-                let _ = loopback_up();
+                steps.mark("clock");
                 let network = match (proxy_port, &interface) {
                     (Some(port), _) => self.listen_proxy(port),
                     (None, Some(interface)) => {
@@ -196,13 +196,16 @@ impl Agent {
                     }
                     (None, None) => Ok(()),
                 };
+                steps.mark("network");
                 let ready = network
-                    .and_then(|()| setup_workspace(&workspace, &hostname, delta))
+                    .and_then(|()| setup_workspace(&workspace, &hostname, delta, &mut steps))
                     .and_then(|()| mount_shares(&workspace, &shares))
+                    .inspect(|()| steps.mark("shares"))
                     // Last: the shares are inside the workspace it binds.
-                    .and_then(|()| if userland { setup_userland(&workspace) } else { Ok(()) });
+                    .and_then(|()| if userland { setup_userland(&workspace) } else { Ok(()) })
+                    .inspect(|()| steps.mark("userland"));
                 match ready {
-                    Ok(()) => self.send(Reply::Ready, Vec::new()),
+                    Ok(()) => self.send(Reply::Ready { steps_us: steps.phases() }, Vec::new()),
                     Err(e) => {
                         self.send(Reply::Error { op: "setup".into(), message: e.to_string() }, Vec::new())
                     }
