@@ -117,6 +117,13 @@ try:
     assert codes.run("8", context=quiet).result[0].text == "8"
     codes.delete_context(quiet.id)
 
+    # An answer over the end marker's 4 MiB (a value whose escaping makes it
+    # larger) ends its run with an error; the run is not left hanging, and
+    # the context goes on.
+    r = codes.run("'\\u00e9' * 1100000", context=ctx)
+    assert r.error is not None and "over 4 MiB" in r.error.value, r
+    assert codes.run("x + 3", context=ctx).result[0].text == "45"
+
     # A cell that kills its interpreter: an error, then the context is gone.
     r = codes.run("import os\nos._exit(3)", context=ctx)
     assert r.error is not None, r

@@ -466,6 +466,7 @@ impl Repl {
         };
         let (mut out, mut err) = (Tail::default(), Tail::default());
         let (mut status, mut err_done): (Option<String>, bool) = (None, false);
+        let mut oversized = false;
         while status.is_none() || !err_done {
             let next = match deadline.filter(|_| emitting) {
                 Some(d) => output.recv_timeout(d.saturating_duration_since(Instant::now())),
@@ -477,6 +478,10 @@ impl Repl {
                         match piece {
                             Split::Output(b) => pieces(Piece::Stdout(b), &mut emitting),
                             Split::Marker(payload) => status = Some(payload),
+                            Split::Oversized => {
+                                oversized = true;
+                                status = Some(String::new());
+                            }
                         }
                     }
                 }
@@ -484,7 +489,7 @@ impl Repl {
                     for piece in err.push(&bytes, err_marker.as_bytes()) {
                         match piece {
                             Split::Output(b) => pieces(Piece::Stderr(b), &mut emitting),
-                            Split::Marker(_) => err_done = true,
+                            Split::Marker(_) | Split::Oversized => err_done = true,
                         }
                     }
                 }
@@ -522,8 +527,16 @@ impl Repl {
                 }
             }
         }
-        if let Some(payload) = status {
-            pieces(Piece::Done(payload), &mut emitting);
+        match status {
+            Some(_) if oversized => pieces(
+                Piece::Failed(format!(
+                    "the run's answer (its value or its error) is over {} MiB; print a large value instead of returning it",
+                    tail::PAYLOAD_MAX >> 20
+                )),
+                &mut emitting,
+            ),
+            Some(payload) => pieces(Piece::Done(payload), &mut emitting),
+            None => {}
         }
         self.busy.store(false, Ordering::SeqCst);
     }

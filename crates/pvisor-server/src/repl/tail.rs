@@ -11,6 +11,10 @@ pub(super) enum Split {
     Output(Vec<u8>),
     /// The marker's payload (between the marker and the next 0x1e).
     Marker(String),
+    /// The marker, whose payload was over [`PAYLOAD_MAX`]: passed over, not
+    /// kept. The marker carries the run's secret nonce, so it is the run's
+    /// end all the same (a run waiting for another would never end).
+    Oversized,
 }
 
 /// One output stream of a run: passes output on as it comes (never a split
@@ -21,10 +25,19 @@ pub(super) struct Tail {
     pub(super) held: Vec<u8>,
     /// `held` starts with the marker; its payload is still coming.
     at_marker: bool,
+    /// An oversized payload is being passed over, up to its closing 0x1e.
+    skipping: bool,
 }
 
 impl Tail {
     pub(super) fn push(&mut self, bytes: &[u8], marker: &[u8]) -> Vec<Split> {
+        if self.skipping {
+            if !bytes.contains(&0x1e) {
+                return Vec::new();
+            }
+            self.skipping = false;
+            return vec![Split::Oversized];
+        }
         let searched_to = self.held.len().saturating_sub(marker.len());
         self.held.extend_from_slice(bytes);
         let mut found = Vec::new();
@@ -64,7 +77,14 @@ impl Tail {
                     self.at_marker = true;
                     return found;
                 }
-                None => {} // Not a marker after all: output like the rest.
+                None => {
+                    if at > 0 {
+                        found.push(Split::Output(self.held[..at].to_vec()));
+                    }
+                    self.held.clear();
+                    self.skipping = true;
+                    return found;
+                }
             }
         }
         // Hold back only what may be the marker's beginning (a suffix that
@@ -81,6 +101,7 @@ impl Tail {
     /// What is left when the stream ends without a marker.
     pub(super) fn rest(&mut self) -> Vec<u8> {
         self.at_marker = false;
+        self.skipping = false;
         std::mem::take(&mut self.held)
     }
 }
@@ -158,6 +179,22 @@ mod tests {
         }
         sent.extend(tail.rest());
         assert_eq!(sent, bytes);
+    }
+
+    #[test]
+    fn an_oversized_payload_still_ends_the_run_and_is_not_kept() {
+        let marker = b"\x1eabc:";
+        let mut tail = Tail::default();
+        let mut seen = tail.push(b"before\x1eabc:{\"result\": \"", marker);
+        for _ in 0..80 {
+            seen.extend(tail.push(&[b'u'; 65536], marker));
+            assert!(tail.held.len() <= PAYLOAD_MAX + 65536, "{} bytes held", tail.held.len());
+        }
+        assert!(tail.held.is_empty(), "an oversized payload is dropped, not held");
+        assert!(!seen.iter().any(|s| matches!(s, Split::Oversized)), "not before its end: {seen:?}");
+        seen.extend(tail.push(b"\"}\x1e\n", marker));
+        assert_eq!(outputs(&seen), b"before", "the payload is not output");
+        assert_eq!(seen.last(), Some(&Split::Oversized));
     }
 
     #[test]
