@@ -1,7 +1,7 @@
 """A small CRI client: one pod through containerd's CRI plugin (runtime.v1),
 as the kubelet would drive it, for crates/pvisor-shim/tests/containerd.rs.
 
-Usage: python cri_flow.py SOCKET IMAGE LOG_DIR
+Usage: python cri_flow.py SOCKET IMAGE LOG_DIR PVISOR_HOME
   (the venv's python from scripts/cri-env.sh: grpcio and grpcio-tools)
 
 Generates its stubs from tests/cri/api.proto (vendored from
@@ -13,7 +13,12 @@ as OpenSandbox's execd injection does, run to its end; CreateContainer and
 StartContainer from IMAGE through that bootstrap (a server on the pod's port
 8080), with the same volume; a connection to the pod's IP from
 here and one from the pod to a server here on the CNI gateway, ExecSync of
-a command that succeeds and of one that fails, StopContainer,
+a command that succeeds and of one that fails; a second container in the
+pod (its start timed, the VMs under PVISOR_HOME counted while both run)
+that reaches the first on localhost, has a root of its own, and exits
+with its own code while the first runs on; a third over its memory limit,
+OOM-killed alone, and a fourth asking for more memory than the VM has,
+refused; StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox. It asserts nothing: it
 prints one JSON object of what it saw, which the Rust test asserts. The pod is stopped and
 removed even when a step fails (the error is in the JSON's "error").
@@ -89,8 +94,116 @@ class serve_once(threading.Thread):
             self.got = f"error: {e}"
 
 
+def vms_under(home):
+    """How many QEMU processes run VMs of the pvisor state directory `home`."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmdline and home in cmdline:
+            count += 1
+    return count
+
+
+def wait_exited(cri, pb, container):
+    deadline = time.monotonic() + SLOW
+    while True:
+        state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=30).status
+        if state.state == pb.CONTAINER_EXITED or time.monotonic() > deadline:
+            return {"state": pb.ContainerState.Name(state.state), "code": state.exit_code}
+        time.sleep(0.2)
+
+
+def exec_sync(cri, pb, container, cmd):
+    out = cri.ExecSync(pb.ExecSyncRequest(container_id=container, cmd=cmd, timeout=60), timeout=90)
+    return {"stdout": out.stdout.decode(), "stderr": out.stderr.decode(), "code": out.exit_code}
+
+
+def second_container(cri, pb, pod, pod_config, image, first, home, seen):
+    """A second container in the running pod: it shares the pod's VM and
+    localhost, not the first's files, and exits with its own code."""
+    started = time.monotonic()
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="c2", attempt=0),
+        image=pb.ImageSpec(image=image),
+        command=["sh", "-c", "echo c2-started; while [ ! -e /tmp/stop ]; do sleep 0.2; done; exit 5"],
+        log_path="c2.log",
+        linux=pb.LinuxContainerConfig(
+            security_context=pb.LinuxContainerSecurityContext(
+                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
+            )
+        ),
+    )
+    c2 = cri.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
+    ).container_id
+    try:
+        cri.StartContainer(pb.StartContainerRequest(container_id=c2), timeout=SLOW)
+        seen["second_start_s"] = round(time.monotonic() - started, 2)
+        seen["vms_with_two_containers"] = vms_under(home)
+        seen["c2_localhost"] = exec_sync(cri, pb, c2, ["sh", "-c", "echo from-c2 | nc -w 10 127.0.0.1 8080"])
+        seen["c2_own_file"] = exec_sync(cri, pb, c2, ["sh", "-c", "echo c2 > /tmp/mark && cat /tmp/mark"])
+        seen["c1_sees_c2_file"] = exec_sync(cri, pb, first, ["test", "-e", "/tmp/mark"])["code"]
+        exec_sync(cri, pb, c2, ["touch", "/tmp/stop"])
+        seen["c2_exit"] = wait_exited(cri, pb, c2)
+        state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status
+        seen["c1_after_c2"] = pb.ContainerState.Name(state.state)
+        seen["c1_after_c2_exec"] = exec_sync(cri, pb, first, ["echo", "still-here"])
+    finally:
+        cri.RemoveContainer(pb.RemoveContainerRequest(container_id=c2), timeout=SLOW)
+
+
+def oom_container(cri, pb, pod, pod_config, image, first, seen):
+    """A container of the pod over its own memory limit: the OOM killer
+    ends it (137, OOMKilled) and nothing else of the pod."""
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="hog", attempt=0),
+        image=pb.ImageSpec(image=image),
+        # dd's 128 MiB buffer, filled from /dev/zero, outgrows the 48 MiB limit.
+        command=["sh", "-c", "echo hog-started; dd if=/dev/zero of=/dev/null bs=128M count=4; echo survived"],
+        log_path="hog.log",
+        linux=pb.LinuxContainerConfig(
+            resources=pb.LinuxContainerResources(memory_limit_in_bytes=48 << 20),
+            security_context=pb.LinuxContainerSecurityContext(
+                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
+            ),
+        ),
+    )
+    hog = cri.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
+    ).container_id
+    try:
+        cri.StartContainer(pb.StartContainerRequest(container_id=hog), timeout=SLOW)
+        seen["hog_exit"] = wait_exited(cri, pb, hog)
+        status = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=hog), timeout=30).status
+        seen["hog_reason"] = status.reason
+        state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status
+        seen["c1_after_hog"] = pb.ContainerState.Name(state.state)
+        seen["c1_after_hog_exec"] = exec_sync(cri, pb, first, ["echo", "alive"])
+        # More than the pod's VM has: refused, with the reason.
+        config.metadata.name = "too-big"
+        config.linux.resources.memory_limit_in_bytes = 64 << 30
+        # CreateContainer only records it; the task, and so the VM's
+        # answer, comes at StartContainer.
+        too_big = cri.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
+        ).container_id
+        try:
+            cri.StartContainer(pb.StartContainerRequest(container_id=too_big), timeout=SLOW)
+            seen["too_big"] = "started"
+        except grpc.RpcError as e:
+            seen["too_big"] = e.details()
+        finally:
+            cri.RemoveContainer(pb.RemoveContainerRequest(container_id=too_big), timeout=SLOW)
+    finally:
+        cri.RemoveContainer(pb.RemoveContainerRequest(container_id=hog), timeout=SLOW)
+
+
 def main():
-    sock, image, log_dir = sys.argv[1:4]
+    sock, image, log_dir, home = sys.argv[1:5]
     pb, rpc = stubs()
     channel = grpc.insecure_channel(f"unix://{sock}")
     cri = rpc.RuntimeServiceStub(channel)
@@ -151,13 +264,7 @@ def main():
             timeout=SLOW,
         ).container_id
         cri.StartContainer(pb.StartContainerRequest(container_id=init), timeout=SLOW)
-        deadline = time.monotonic() + SLOW
-        while True:
-            state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=init), timeout=30).status
-            if state.state == pb.CONTAINER_EXITED or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        seen["init"] = {"state": pb.ContainerState.Name(state.state), "code": state.exit_code}
+        seen["init"] = wait_exited(cri, pb, init)
         cri.RemoveContainer(pb.RemoveContainerRequest(container_id=init), timeout=SLOW)
         seen["volume_after_init"] = sorted(os.listdir(empty_dir))
 
@@ -221,6 +328,9 @@ def main():
             "code": wrote.exit_code,
             "host": open(host_copy).read() if os.path.exists(host_copy) else None,
         }
+
+        second_container(cri, pb, pod, pod_config, image, container, home, seen)
+        oom_container(cri, pb, pod, pod_config, image, container, seen)
 
         cri.StopContainer(pb.StopContainerRequest(container_id=container, timeout=10), timeout=SLOW)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=30)

@@ -210,6 +210,45 @@ pub struct Confinement {
     /// absent, so an agent that cannot install one refuses the exec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seccomp: Option<Seccomp>,
+    /// The guest memory cgroup the process joins (made at its first use):
+    /// one container's own memory limit in a pod's VM, which the pod's
+    /// other containers share. Joined first, while the process is root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_group: Option<MemoryGroup>,
+}
+
+/// A memory cgroup of the guest, `/sys/fs/cgroup/pod-NAME`: its processes
+/// share `memory.max`, and an OOM kill there ends all of them
+/// (`memory.oom.group`, as the kubelet sets it for a container), never a
+/// process outside it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryGroup {
+    /// One plain name: ASCII letters, digits, `_`, `-` and `.`, at most
+    /// [`MemoryGroup::MAX_NAME`] bytes, not `.` or `..`.
+    pub name: String,
+    /// `memory.max`, in bytes.
+    pub max_bytes: u64,
+}
+
+impl MemoryGroup {
+    pub const MAX_NAME: usize = 128;
+
+    /// Whether the name is one the guest takes (it becomes a path).
+    pub fn name_is_plain(&self) -> bool {
+        let name = &self.name;
+        !name.is_empty()
+            && name.len() <= Self::MAX_NAME
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && name != "."
+            && name != ".."
+    }
+
+    /// The group's path in the cgroup tree, as the kernel's OOM report
+    /// names it (`task_memcg=/pod-NAME`).
+    pub fn path(&self) -> String {
+        format!("/pod-{}", self.name)
+    }
 }
 
 /// A seccomp filter as classic BPF programs, installed in order with
@@ -603,5 +642,15 @@ mod tests {
         let back: Request =
             serde_json::from_value(serde_json::to_value(&sized).expect("serializes")).expect("parses");
         assert_eq!(back, sized);
+    }
+
+    #[test]
+    fn a_memory_groups_name_is_one_plain_component() {
+        let group = |name: &str| MemoryGroup { name: name.into(), max_bytes: 1 << 20 };
+        assert!(group("9f86d081884c7d65-c2").name_is_plain());
+        assert_eq!(group("c2").path(), "/pod-c2");
+        for hostile in ["", ".", "..", "../x", "a/b", "a\nb", &"x".repeat(MemoryGroup::MAX_NAME + 1)] {
+            assert!(!group(hostile).name_is_plain(), "{hostile:?}");
+        }
     }
 }

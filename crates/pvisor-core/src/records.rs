@@ -282,6 +282,12 @@ pub struct SharedDirectory {
     /// guest that remounts it (it is root in its VM) still writes nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// Host mounts made beneath the directory after the VM started reach
+    /// the guest (its file server's view follows the host's mounts): a
+    /// pod's directory, where each later container's root filesystem and
+    /// volumes are mounted while the pod's VM runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub live_mounts: bool,
 }
 
 impl SharedDirectory {

@@ -109,7 +109,7 @@ fn checked(volumes: Vec<Value>, config: &VolumeConfig) -> Result<Vec<SharedDirec
             Some(sub) => below(&base, sub).map_err(bad)?,
         };
         names.push(name);
-        out.push(SharedDirectory { source, target, read_only: body.read_only });
+        out.push(SharedDirectory { source, target, read_only: body.read_only, live_mounts: false });
     }
     Ok(out)
 }

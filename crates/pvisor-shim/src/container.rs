@@ -2,6 +2,10 @@
 //! and its processes (the init process and the execs), with the lifecycle
 //! containerd drives: create boots the VM, start runs the init process,
 //! the init's exit ends the VM, delete unmounts what create mounted.
+//!
+//! A pod's later container has no VM of its own: create mounts its rootfs
+//! in the pod's directory and it runs in the sandbox's VM ([`crate::pod`]);
+//! its init's exit and its delete leave that VM running.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use pvisor::Runtime;
 
 use crate::binds;
+use crate::pod::{self, PodDir};
 use crate::process::{Exit, OnOom, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
-use crate::spec::{self, ProcessSpec};
+use crate::spec::{self, ProcessSpec, Root};
 use crate::vm::{HostAttachments, Vm};
 
 /// The bundle file that names the container's Job, for `pvisor` and for
@@ -64,16 +69,31 @@ pub struct Container {
     pub vm: Arc<Vm>,
     /// The pids limit the spec asked for (0: none).
     pub pids_limit: u64,
+    place: Place,
+}
+
+/// Where a container runs.
+#[derive(Debug)]
+enum Place {
+    /// In a VM of its own; a pod's sandbox also holds the pod's directory.
+    OwnVm { pod: Option<PodDir> },
+    /// In its pod's VM, the sandbox's, chrooted into its rootfs there.
+    InPod,
 }
 
 impl Container {
-    /// Mounts the rootfs and boots the container's VM. Nothing is left
-    /// mounted or running if it fails.
+    /// Mounts the rootfs and boots the container's VM, or for a pod's later
+    /// container whose sandbox this shim runs (`sandbox`), places it in the
+    /// pod's VM. Nothing is left mounted or running if it fails.
     pub fn create(
         request: CreateRequest,
         runtime: &Runtime,
         tokio: &tokio::runtime::Handle,
+        sandbox: Option<&Container>,
     ) -> Result<Container, Error> {
+        if let Some(sandbox) = sandbox {
+            return Self::join(request, sandbox);
+        }
         request.stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
         let oci = spec::load(&request.bundle)?;
         let root = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
@@ -88,6 +108,7 @@ impl Container {
             if mounted {
                 rootfs::unmount_all(&rootfs, &request.rootfs);
             }
+            pod::remove(&request.bundle);
             e
         };
         let init = spec::init_process(&oci).map_err(|e| undo(e.into()))?;
@@ -106,9 +127,17 @@ impl Container {
             .stdio
             .logger(&request.id, &request.namespace)
             .map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        let pod = match spec::is_pod_sandbox(&oci) {
+            true => Some(
+                PodDir::make(&request.bundle, &rootfs).map_err(|e| undo(Error::Internal(e.to_string())))?,
+            ),
+            false => None,
+        };
+        let mut shared_directories = binds.shared;
+        shared_directories.extend(pod.as_ref().map(PodDir::share));
         let host = HostAttachments {
             network_namespace: spec::network_namespace(&oci, &request.bundle).map_err(|e| undo(e.into()))?,
-            shared_directories: binds.shared,
+            shared_directories,
         };
         let vm = Vm::boot(runtime, tokio, &request.id, rootfs.clone(), limits, labels, host)
             .map_err(|e| undo(Error::Internal(e.to_string())))?;
@@ -126,7 +155,98 @@ impl Container {
             execs: Mutex::new(HashMap::new()),
             vm: Arc::new(vm),
             pids_limit,
+            place: Place::OwnVm { pod },
         })
+    }
+
+    /// A pod's later container in the pod's VM: its rootfs (and volumes)
+    /// mounted in the pod's directory, where the guest sees them live.
+    fn join(request: CreateRequest, sandbox: &Container) -> Result<Container, Error> {
+        request.stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
+        let Place::OwnVm { pod: Some(pod) } = &sandbox.place else {
+            return Err(Error::Precondition(format!("{} is not a pod sandbox of this shim", sandbox.id)));
+        };
+        if sandbox.init.snapshot().status == Status::Stopped || sandbox.vm.paused().is_some() {
+            return Err(Error::Precondition(format!(
+                "pod sandbox {} is stopped or stopping; its VM takes no new container",
+                sandbox.id
+            )));
+        }
+        let oci = spec::load(&request.bundle)?;
+        let mut init = spec::init_process(&oci)?;
+        let limits = spec::limits(&oci);
+        let pids_limit = limits.pids.unwrap_or(0);
+        if let Some(max_bytes) = limits.memory_bytes {
+            sandbox.fits_in_vm(&request.id, max_bytes)?;
+            let group = pvisor_agent_proto::MemoryGroup { name: request.id.clone(), max_bytes };
+            init.confinement.get_or_insert_with(Default::default).memory_group = Some(group);
+        }
+        let (rootfs, guest_root) = pod.place(&request.id).map_err(|e| Error::Invalid(e.to_string()))?;
+        let undo = |e: Error| {
+            rootfs::unmount_all(&rootfs, &request.rootfs);
+            let _ = std::fs::remove_dir(&rootfs);
+            e
+        };
+        let mounted = if request.rootfs.is_empty() {
+            // A runtime-prepared bundle: its rootfs is bound into the pod's.
+            let given = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
+            rustix::mount::mount_bind_recursive(request.bundle.join(given), &rootfs)
+                .map_err(std::io::Error::from)
+        } else {
+            rootfs::mount_all(&request.rootfs, &rootfs)
+        };
+        mounted.map_err(|e| undo(Error::Internal(e.to_string())))?;
+        let binds = binds::plan(binds::binds(&oci));
+        binds::copy_in(&binds.copied, &rootfs).map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        binds::mount_into(&binds.shared, &rootfs).map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        init.root = Root::At(guest_root);
+        let logger = request
+            .stdio
+            .logger(&request.id, &request.namespace)
+            .map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        log::info!("container {} runs in pod {}'s VM (Job {})", request.id, sandbox.id, sandbox.vm.job());
+        Ok(Container {
+            id: request.id,
+            namespace: request.namespace,
+            bundle: request.bundle,
+            rootfs,
+            mounts: request.rootfs,
+            init: Process::new(init, request.stdio, logger),
+            execs: Mutex::new(HashMap::new()),
+            vm: sandbox.vm.clone(),
+            pids_limit,
+            place: Place::InPod,
+        })
+    }
+
+    /// Refuses a container of the pod whose memory limit is more than the
+    /// pod's VM has: the VM's memory is fixed when it boots.
+    fn fits_in_vm(&self, id: &str, max_bytes: u64) -> Result<(), Error> {
+        let meminfo =
+            self.vm.read_guest_file("/proc/meminfo").map_err(|e| Error::Precondition(e.to_string()))?;
+        let total_kib = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        match total_kib {
+            Some(kib) if max_bytes > kib * 1024 => Err(Error::Invalid(format!(
+                "container {id} asks for {} MiB of memory, more than its pod's VM has ({} MiB); \
+                 give the pod's sandbox a larger memory limit, or the container a smaller one",
+                max_bytes >> 20,
+                kib >> 10
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the VM is this container's own (not its pod's).
+    pub fn owns_vm(&self) -> bool {
+        matches!(self.place, Place::OwnVm { .. })
+    }
+
+    /// Whether this is a pod's sandbox, whose VM its later containers join.
+    pub fn holds_a_pod(&self) -> bool {
+        matches!(self.place, Place::OwnVm { pod: Some(_) })
     }
 
     /// The process `exec_id` names (empty: the init process).
@@ -151,7 +271,15 @@ impl Container {
             return Err(Error::Precondition(format!("container {} is not running", self.id)));
         }
         let seccomp = self.init.spec.confinement.as_ref().and_then(|c| c.seccomp.as_ref());
-        let spec: ProcessSpec = spec::exec_process(process_json, seccomp)?;
+        let mut spec: ProcessSpec = spec::exec_process(process_json, seccomp)?;
+        if let Place::InPod = self.place {
+            // Where the container's init runs, and in its memory group.
+            spec.root = self.init.spec.root.clone();
+            let group = self.init.spec.confinement.as_ref().and_then(|c| c.memory_group.clone());
+            if let Some(group) = group {
+                spec.confinement.get_or_insert_with(Default::default).memory_group = Some(group);
+            }
+        }
         // Started before the lock (it may take seconds to get ready); a
         // duplicate's logger is finished when it is dropped. Its
         // CONTAINER_ID is the exec's id, as runc's shim gives it
@@ -195,7 +323,7 @@ impl Container {
         let ran = Ran::new(&self.id, exec_id, &process.spec);
         self.vm.note(ran.started());
         let (vm, noted, since) = (self.vm.clone(), ran.clone(), std::time::Instant::now());
-        let init = exec_id.is_empty();
+        let init = exec_id.is_empty() && self.owns_vm();
         let before_exit = move |_pid: u32, exit: &Exit| {
             vm.note(noted.ended(exit.status, since.elapsed()));
             if init {
@@ -240,19 +368,36 @@ impl Container {
             (None, Status::Created) => self.init.exit(0),
             (None, _) => return Err(Error::Precondition(format!("container {} is still running", self.id))),
         };
-        self.stop_vm();
+        if self.owns_vm() {
+            self.stop_vm();
+        }
         // Released outside the lock: a logger may take seconds to exit.
         let execs: Vec<Arc<Process>> = self.lock_execs().values().cloned().collect();
         for process in execs {
+            if !self.owns_vm() {
+                // Its processes end with it; the pod's VM runs on.
+                let _ = process.kill(9);
+            }
             process.exit(crate::process::LOST);
             process.release();
         }
         self.init.release();
-        self.vm.release();
-        if !self.mounts.is_empty() {
-            rootfs::unmount_all(&self.rootfs, &self.mounts);
+        match &self.place {
+            Place::OwnVm { pod } => {
+                self.vm.release();
+                if !self.mounts.is_empty() {
+                    rootfs::unmount_all(&self.rootfs, &self.mounts);
+                }
+                if pod.is_some() {
+                    pod::remove(&self.bundle);
+                }
+                let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
+            }
+            Place::InPod => {
+                rootfs::unmount_all(&self.rootfs, &self.mounts);
+                let _ = std::fs::remove_dir(&self.rootfs);
+            }
         }
-        let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
         Ok((snapshot, exit))
     }
 
@@ -308,6 +453,7 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
     // The mounts are not known here; a volatile overlay's marker is cleared
     // when its snapshot is mounted again.
     rootfs::unmount_all(&bundle.join("rootfs"), &[]);
+    pod::remove(bundle);
 }
 
 /// A process containerd ran in the container, as the Job's Trace records

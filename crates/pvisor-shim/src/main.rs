@@ -1,5 +1,6 @@
 //! `containerd-shim-pvisor-v1`: the containerd runtime v2 shim that runs
-//! each container as a pvisor vm Job (runtime `io.containerd.pvisor.v1`).
+//! each container as a pvisor vm Job (runtime `io.containerd.pvisor.v1`),
+//! and each CRI pod as one: its containers share the pod's VM.
 //!
 //! containerd starts the binary with `start` (it spawns the serving shim
 //! and prints its socket), then talks ttrpc to it, and runs it with
@@ -13,6 +14,7 @@
 mod binds;
 mod container;
 mod logger;
+mod pod;
 mod process;
 mod rootfs;
 mod seccomp;

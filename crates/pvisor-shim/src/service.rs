@@ -43,8 +43,9 @@ struct Shared {
     publisher: Mutex<Option<RemotePublisher>>,
 }
 
-/// The shim: one per container (containerd groups nothing; each container
-/// is its own VM).
+/// The shim: one per container, or per CRI pod (containerd sends a pod's
+/// containers to its sandbox's shim, [`crate::pod::grouping`]), so a pod's
+/// containers find its VM here.
 #[derive(Clone)]
 pub struct Service {
     shared: Arc<Shared>,
@@ -122,6 +123,19 @@ impl Service {
         containers.get(id).cloned().ok_or_else(|| Error::NotFound(format!("container {id} not found")))
     }
 
+    /// A container whose whole VM `what` acts on: not a pod's later
+    /// container, whose VM is the pod's.
+    fn with_own_vm(&self, id: &str, what: &str) -> Result<Arc<Container>, Error> {
+        let container = self.container(id)?;
+        if !container.owns_vm() {
+            return Err(Error::Unsupported(format!(
+                "unsupported by containerd-shim-pvisor-v1: {what} of container {id}: it runs in its pod's VM, \
+                 which its pod's other containers share"
+            )));
+        }
+        Ok(container)
+    }
+
     /// Publishes a task event. containerd may have restarted since the
     /// last one (its socket is then new): the publisher reconnects once.
     fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
@@ -163,7 +177,7 @@ impl Service {
                     ..Default::default()
                 }),
             );
-            if exec_id.is_empty() {
+            if exec_id.is_empty() && container.owns_vm() {
                 // Its exit status is already left for the Job's keeper.
                 container.stop_vm();
             }
@@ -239,7 +253,8 @@ impl containerd_shim::Shim for Service {
     }
 
     fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
-        let grouping = opts.id.clone();
+        let bundle = std::env::current_dir().map_err(|e| containerd_shim::Error::Other(e.to_string()))?;
+        let grouping = crate::pod::grouping(&opts.id, &bundle);
         let (_, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
         // containerd reconnects to a running shim through this file after
         // it restarts; without it the container would be cleaned up as dead.
@@ -303,7 +318,14 @@ impl containerd_shim::Task for Service {
             rootfs: mounts,
             stdio,
         };
-        let container = Arc::new(Container::create(request, &engine.runtime, &engine.tokio).map_err(rpc)?);
+        // A pod's later container joins its sandbox's VM, if this shim runs it.
+        let sandbox = crate::spec::load(&request.bundle)
+            .ok()
+            .and_then(|s| crate::spec::pod_member_of(&s))
+            .and_then(|id| self.container(&id).ok())
+            .filter(|c| c.holds_a_pod());
+        let container = Container::create(request, &engine.runtime, &engine.tokio, sandbox.as_deref());
+        let container = Arc::new(container.map_err(rpc)?);
         let pid = std::process::id();
         self.shared.containers.lock().unwrap_or_else(|p| p.into_inner()).insert(req.id.clone(), container);
         self.publish(
@@ -488,7 +510,7 @@ impl containerd_shim::Task for Service {
     /// An execution suspend of the container's Job: the VM is saved and
     /// stopped, the Job `suspended`.
     fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        let container = self.container(&req.id).map_err(rpc)?;
+        let container = self.with_own_vm(&req.id, "pause").map_err(rpc)?;
         if container.init.snapshot().status != Status::Running {
             return Err(rpc(Error::Precondition(format!("container {} is not running", req.id))));
         }
@@ -503,7 +525,7 @@ impl containerd_shim::Task for Service {
 
     /// Resumes the suspended Job in a new Attempt, from its checkpoint.
     fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
-        let container = self.container(&req.id).map_err(rpc)?;
+        let container = self.with_own_vm(&req.id, "resume").map_err(rpc)?;
         container.vm.resume().map_err(|e| rpc(Error::Precondition(e.to_string())))?;
         container.resumed();
         log::info!("{}: resumed: Job {}", req.id, container.vm.job());
@@ -519,7 +541,7 @@ impl containerd_shim::Task for Service {
     /// the machine state stays in pvisor's store, where `pvisor fork
     /// --state execution` restores it.
     fn checkpoint(&self, _ctx: &TtrpcContext, req: api::CheckpointTaskRequest) -> TtrpcResult<api::Empty> {
-        let container = self.container(&req.id).map_err(rpc)?;
+        let container = self.with_own_vm(&req.id, "checkpoint").map_err(rpc)?;
         if container.init.snapshot().status != Status::Running {
             return Err(rpc(Error::Precondition(format!("container {} is not running", req.id))));
         }

@@ -35,12 +35,23 @@ pub struct ProcessSpec {
     /// On a terminal of its own (`process.terminal`: `ctr -t`, `kubectl
     /// exec -t`) rather than pipes.
     pub terminal: bool,
-    /// Run in the guest's own root rather than chrooted into the
-    /// container's rootfs (only a pod sandbox's stand-in process).
-    pub guest_root: bool,
+    /// Where its `/` is in the guest.
+    pub root: Root,
     /// The user, capabilities and limits the agent confines it to (none
     /// for pvisor's own stand-in).
     pub confinement: Option<Box<Confinement>>,
+}
+
+/// Where a process's `/` is in the guest.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Root {
+    /// Chrooted into the container's rootfs, the VM's workspace.
+    Workspace,
+    /// The guest's own root (only a pod sandbox's stand-in process).
+    Guest,
+    /// Chrooted into this guest directory: the rootfs of a pod's later
+    /// container, in the pod's shared directory.
+    At(PathBuf),
 }
 
 /// The annotation containerd's CRI plugin puts on each container of a pod:
@@ -105,8 +116,10 @@ pub fn labels(spec: &Spec, namespace: &str, id: &str) -> Labels {
 /// the host's network (no `network` entry: `hostNetwork: true`, `ctr run
 /// --net-host`) and for a new empty one (no path): the VM then has no NIC.
 ///
-/// A pod's sandbox container holds the pod's network for the other
-/// containers and is given none itself. CRI gives those containers
+/// A pod's sandbox container boots the pod's VM, which takes the pod's
+/// network; the pod's later containers run in that VM ([`crate::pod`]).
+/// A later container that is not (its sandbox is served by another shim)
+/// reads the namespace from the sandbox's spec: CRI gives those containers
 /// `/proc/PID/ns/net` of the sandbox's task pid (containerd's
 /// `pkg/cri/server/container_create_linux.go`, `WithPodNamespaces`),
 /// which here is the sandbox's shim, a host process in the host's network
@@ -118,16 +131,13 @@ pub fn labels(spec: &Spec, namespace: &str, id: &str) -> Labels {
 pub fn network_namespace(spec: &Spec, bundle: &Path) -> Result<Option<PathBuf>, SpecError> {
     let annotations = spec.annotations().clone().unwrap_or_default();
     if annotations.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "sandbox") {
-        return Ok(None);
+        return Ok(own_network_namespace(spec));
     }
     let Some(path) = own_network_namespace(spec) else { return Ok(None) };
     let sandbox = annotations.get("io.kubernetes.cri.sandbox-id");
     match sandbox {
         Some(id) if path.starts_with("/proc") => {
-            let plain = !id.is_empty()
-                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-                && id != "."
-                && id != "..";
+            let plain = is_plain_id(id);
             let parent = bundle.parent().filter(|p| p.is_absolute());
             let (true, Some(parent)) = (plain, parent) else {
                 return Err(SpecError::Unsupported(format!("the pod's network: {id:?} is not a sandbox id")));
@@ -147,6 +157,30 @@ pub fn network_namespace(spec: &Spec, bundle: &Path) -> Result<Option<PathBuf>, 
     }
 }
 
+/// Whether `id` (a containerd or CRI id, from an annotation or a request)
+/// is one plain path component.
+pub fn is_plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && id != "."
+        && id != ".."
+}
+
+/// The pod sandbox whose VM a CRI container runs in: its sandbox id, for a
+/// container of a pod (not the sandbox itself) whose id is plain.
+pub fn pod_member_of(spec: &Spec) -> Option<String> {
+    let annotations = spec.annotations().as_ref()?;
+    let member = annotations.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "container");
+    let sandbox = annotations.get("io.kubernetes.cri.sandbox-id")?;
+    (member && is_plain_id(sandbox)).then(|| sandbox.clone())
+}
+
+/// Whether the spec is a CRI pod's sandbox container.
+pub fn is_pod_sandbox(spec: &Spec) -> bool {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    annotations.get(CRI_CONTAINER_TYPE).is_some_and(|k| k == "sandbox")
+}
+
 fn own_network_namespace(spec: &Spec) -> Option<PathBuf> {
     let namespaces = spec.linux().as_ref()?.namespaces().clone().unwrap_or_default();
     let network = namespaces.iter().find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::Network)?;
@@ -159,23 +193,22 @@ pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
 }
 
 /// The container's own process (the bundle's `process`), or for a CRI pod
-/// sandbox pvisor's keeper in the guest's root. Each container of a pod is
-/// its own VM, so nothing joins the sandbox's namespaces: its process only
-/// has to live until the pod is stopped, and the image CRI runs it from
+/// sandbox pvisor's keeper in the guest's root. The pod's containers run
+/// in the VM, not in the sandbox's namespaces: its process only has to
+/// live until the pod is stopped, and the image CRI runs it from
 /// (`sandbox_image`) need not hold a program that does (a pause image's
 /// `/pause` would; a busybox stand-in's `/bin/sh` would end at the end of
 /// its stdin). Either way, what the spec asks that no VM can honour is
 /// refused first ([`refuse_unhonourable`]).
 pub fn init_process(spec: &Spec) -> Result<ProcessSpec, SpecError> {
     refuse_unhonourable(spec)?;
-    let kind = spec.annotations().as_ref().and_then(|a| a.get(CRI_CONTAINER_TYPE));
-    if kind.is_some_and(|k| k == "sandbox") {
+    if is_pod_sandbox(spec) {
         return Ok(ProcessSpec {
             argv: vec!["/bin/sh".into(), "-c".into(), KEEPER.into()],
             env: vec![("PATH".into(), "/bin:/sbin:/usr/bin:/usr/sbin".into())],
             cwd: "/".into(),
             terminal: false,
-            guest_root: true,
+            root: Root::Guest,
             confinement: None,
         });
     }
@@ -213,7 +246,14 @@ fn process(process: &Process, seccomp: Option<Seccomp>) -> Result<ProcessSpec, S
         .collect();
     let terminal = process.terminal().unwrap_or(false);
     let confinement = Some(Box::new(Confinement { seccomp, ..confinement(process)? }));
-    Ok(ProcessSpec { argv: args, env, cwd: process.cwd().clone(), terminal, guest_root: false, confinement })
+    Ok(ProcessSpec {
+        argv: args,
+        env,
+        cwd: process.cwd().clone(),
+        terminal,
+        root: Root::Workspace,
+        confinement,
+    })
 }
 
 /// The process's user, capabilities, `noNewPrivileges` and rlimits (its
@@ -253,6 +293,7 @@ fn confinement(process: &Process) -> Result<Confinement, SpecError> {
         rlimits,
         sysctl: Vec::new(),
         seccomp: None,
+        memory_group: None,
     })
 }
 
@@ -389,8 +430,8 @@ mod tests {
     }
 
     /// The namespace a container's VM joins: its own path (ctr's
-    /// `--with-ns`); none for a new empty one, the host's, or a pod's
-    /// sandbox; and for a CRI container, whose path is `/proc/PID/ns/net` of
+    /// `--with-ns`, or a pod's sandbox); none for a new empty one or the
+    /// host's; and for a CRI container (outside its pod's VM), whose path is `/proc/PID/ns/net` of
     /// the sandbox's (guest) pid, the sandbox's own path from its bundle.
     #[test]
     fn the_network_namespace_is_the_specs_or_the_pod_sandboxs() {
@@ -407,8 +448,8 @@ mod tests {
             with_network(Some("/var/run/netns/cni-1"), serde_json::json!({CRI_CONTAINER_TYPE: "sandbox"}));
         assert_eq!(
             network_namespace(&spec(sandbox.clone()), &bundle).unwrap(),
-            None,
-            "the sandbox takes none"
+            Some(PathBuf::from("/var/run/netns/cni-1")),
+            "the sandbox's VM is the pod's, and takes the pod's network"
         );
         std::fs::create_dir_all(bundles.path().join("sb1")).unwrap();
         std::fs::write(bundles.path().join("sb1/config.json"), sandbox.to_string()).unwrap();
@@ -456,11 +497,11 @@ mod tests {
         }));
         let p = init_process(&s).expect("runnable");
         assert_eq!(p.argv, ["/bin/sh", "-c", KEEPER]);
-        assert!(p.guest_root);
+        assert_eq!(p.root, Root::Guest);
         let mut s = s;
         s.set_annotations(Some([(CRI_CONTAINER_TYPE.to_owned(), "container".to_owned())].into()));
         let p = init_process(&s).expect("runnable");
-        assert_eq!((p.argv.as_slice(), p.guest_root), (["/bin/sh".to_owned()].as_slice(), false));
+        assert_eq!((p.argv.as_slice(), &p.root), (["/bin/sh".to_owned()].as_slice(), &Root::Workspace));
     }
 
     #[test]

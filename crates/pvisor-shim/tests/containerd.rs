@@ -307,6 +307,7 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
         .arg(repo().join("tests/cri/cri_flow.py"))
         .args([&c.sock, IMAGE])
         .arg(&logs)
+        .arg(c.home())
         .stdin(Stdio::null())
         .output()
         .expect("cri_flow.py runs");
@@ -336,6 +337,24 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     );
     assert_eq!(at("echo"), serde_json::json!({"stdout": "hello from cri\n", "stderr": "", "code": 0}));
     assert_eq!(at("fail"), serde_json::json!({"stdout": "", "stderr": "oops\n", "code": 7}));
+    // A second container joins the pod's VM (one QEMU for the pod), reaches
+    // the first on localhost, has its own root, and its exit code is its
+    // own while the first runs on.
+    assert_eq!(at("vms_with_two_containers"), 1, "the pod is one VM: {seen}");
+    assert_eq!(at("c2_localhost")["stdout"], "served-by-pod\n", "c2 reached c1 on localhost: {seen}");
+    assert_eq!(at("c2_own_file"), serde_json::json!({"stdout": "c2\n", "stderr": "", "code": 0}), "{seen}");
+    assert_eq!(at("c1_sees_c2_file"), 1, "c1's root is not c2's: {seen}");
+    assert_eq!(at("c2_exit"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 5}), "{seen}");
+    assert_eq!(at("c1_after_c2"), "CONTAINER_RUNNING", "{seen}");
+    assert_eq!(at("c1_after_c2_exec")["stdout"], "still-here\n", "{seen}");
+    eprintln!("the pod's second container started in {} s", at("second_start_s"));
+    // A container over its own memory limit is OOM-killed alone.
+    assert_eq!(at("hog_exit"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 137}), "{seen}");
+    assert_eq!(at("hog_reason"), "OOMKilled", "{seen}");
+    assert_eq!(at("c1_after_hog"), "CONTAINER_RUNNING", "{seen}");
+    assert_eq!(at("c1_after_hog_exec")["stdout"], "alive\n", "{seen}");
+    let too_big = at("too_big").as_str().unwrap_or_default().to_owned();
+    assert!(too_big.contains("more than its pod's VM has"), "a clear refusal: {seen}");
     assert_eq!(at("stopped_state"), "CONTAINER_EXITED", "{seen}");
     assert_eq!(at("stopped_code"), 143, "StopContainer's SIGTERM is 128 + 15: {seen}");
     // The execd injection: the init container's files reached the node's
@@ -347,21 +366,41 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     // CRI's log format: TIMESTAMP STREAM TAG LINE.
     let log = at("log").as_str().unwrap_or_default().to_owned();
     assert!(log.contains(" stdout F injected-started\n"), "the injected program ran first: {seen}");
-    assert!(log.ends_with(" stdout F started\n"), "{seen}");
+    // c1's server printed what c2 sent it over the pod's localhost.
+    assert!(log.contains(" stdout F started\n"), "{seen}");
+    assert!(log.ends_with(" stdout F from-c2\n"), "c1 got c2's line on localhost: {seen}");
     assert_eq!(at("containers_left"), 0, "{seen}");
     assert_eq!(at("stopped_pod_state"), "SANDBOX_NOTREADY", "{seen}");
     assert_eq!(at("pods_left"), 0, "{seen}");
-    // Both VMs (the pod sandbox's and the container's) are gone.
+    // The pod's VM is gone, and nothing of the pod stays mounted.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ctr_in(CRI_NAMESPACE, &["task", "ls", "-q"]).stdout.is_empty(), "no task is left");
-    // The pod's Jobs are found by its name: the sandbox's and the container's.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let state = c.dir.path().join("state").display().to_string();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state)).collect();
+    assert!(left.is_empty(), "the pod's directory and roots are unmounted: {left:?}");
+    // The pod is one Job, found by its name: the sandbox's, whose Trace
+    // records what each of the pod's containers ran.
     let pod = pvisor(&c, &["jobs", "--json", "--label", "io.kubernetes.cri.sandbox-name=cri-pod"]);
-    let kinds: std::collections::BTreeSet<String> = pod
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|j| j["data"]["labels"]["io.kubernetes.cri.container-type"].as_str().map(str::to_owned))
-        .collect();
-    assert_eq!(kinds, ["container".to_owned(), "sandbox".to_owned()].into(), "{pod}");
+    let jobs: Vec<serde_json::Value> =
+        pod.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).collect();
+    assert_eq!(jobs.len(), 1, "{pod}");
+    assert_eq!(jobs[0]["data"]["labels"]["io.kubernetes.cri.container-type"], "sandbox", "{pod}");
+    let job = jobs[0]["data"]["job"].as_str().expect("a job id");
+    let events = pvisor(&c, &["events", job, "--json"]);
+    let noted = |want: &[&str]| {
+        events.lines().any(|l| l.contains("frontend.command") && want.iter().all(|w| l.contains(w)))
+    };
+    assert!(
+        noted(&["sh -c echo c2-started", "\"exit_code\":5"]),
+        "c2's own exit, in the pod's Job: {events}"
+    );
+    assert!(noted(&["echo from-c2", "\"exit_code\":0"]), "an exec in c2: {events}");
+    assert!(noted(&["served-by-pod", "\"exit_code\":143"]), "c1 stopped by SIGTERM: {events}");
+    // The kubelet stopped the pod: it reads as stopped, not as a failure.
+    let status: serde_json::Value =
+        serde_json::from_str(pvisor(&c, &["status", "--json", job]).trim()).expect("one status line");
+    assert_eq!(status["data"]["state"], "cancelled", "{status}");
 }
 
 /// The CRI client's python (scripts/cri-env.sh), or why there is none.

@@ -138,6 +138,12 @@ impl Root {
         }
     }
 
+    /// Opens the directory `rel` beneath the root (`O_PATH`), through no
+    /// symlink: a place to mount on that no path lookup can redirect.
+    pub fn open_directory(&self, rel: &Path) -> io::Result<OwnedFd> {
+        self.open_dir(&components(rel)?)
+    }
+
     /// The pre-openat2 fallback, and the way past PATH_MAX: one component
     /// at a time, never following a symlink.
     fn walk(&self, parts: &[&OsStr]) -> io::Result<OwnedFd> {

@@ -223,7 +223,7 @@ fn pinned_view(
     source: &Path,
     slot: &std::os::fd::OwnedFd,
     view: &Path,
-    read_only: bool,
+    share: &SharedDirectory,
 ) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
     let cstring = |bytes: &[u8]| {
@@ -235,6 +235,11 @@ fn pinned_view(
     let source = cstring(source.as_os_str().as_encoded_bytes())?;
     let at = cstring(view.as_os_str().as_encoded_bytes())?;
     let root = c"/";
+    let read_only = share.read_only;
+    // Private, so nothing of the host's later mounts reaches the server,
+    // unless the share asks for them: then a slave, which receives the
+    // host's mounts beneath a shared directory and sends none back.
+    let propagation = if share.live_mounts { libc::MS_SLAVE } else { libc::MS_PRIVATE };
     // SAFETY: only async-signal-safe calls (unshare, mount, openat2, dup2,
     // close) run in the child, on strings made before the fork.
     unsafe {
@@ -243,7 +248,7 @@ fn pinned_view(
             let ok = |r: libc::c_int| if r >= 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
             let none = std::ptr::null();
             ok(libc::unshare(libc::CLONE_NEWNS))?;
-            ok(libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            ok(libc::mount(none, root.as_ptr(), none, libc::MS_REC | propagation, std::ptr::null()))?;
             let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW;
             let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
             let fd = rustix::fs::openat2(rustix::fs::CWD, source.as_c_str(), flags, Mode::empty(), resolve)?;
@@ -306,7 +311,7 @@ fn start_one(share: &SharedDirectory, index: usize, dir: &Path) -> Result<FileSe
         .args(["-o", "cache=auto"])
         .args(["-o", "log_level=warn"])
         .args(narrowed(&binary));
-    pinned_view(&mut command, &share.source, &pinned, &view, share.read_only)
+    pinned_view(&mut command, &share.source, &pinned, &view, share)
         .map_err(|e| fail("preparing its view", e))?;
     let log = dir.join(format!("virtiofs-{index}.log"));
     let child = spawn_helper(&mut command, &log, &[listener.as_fd()]).map_err(|e| {

@@ -252,6 +252,7 @@ mod tests {
             source: f.workspace.clone(),
             target: "/data".into(),
             read_only: false,
+            live_mounts: false,
         }];
         let e = f.run(request).unwrap_err().to_string();
         assert!(e.contains("only a vm Job shares host directories (this Job's executor is fake)"), "{e}");

@@ -26,7 +26,7 @@ use pvisor_core::labels::Labels;
 use pvisor_core::records::{ResourceLimits, SharedDirectory};
 use pvisor_net::{Mode, PolicySpec, Scope, ScopedPolicy};
 
-use crate::spec::ProcessSpec;
+use crate::spec::{ProcessSpec, Root};
 
 mod phase;
 
@@ -247,8 +247,7 @@ impl Vm {
         }
     }
 
-    /// Starts `process` chrooted into the container's rootfs (unless it
-    /// asks for the guest's root); returns the channel (first reply
+    /// Starts `process` chrooted into its root (see [`Root`]); returns the channel (first reply
     /// already read), the Attempt it reaches, the exec id and the guest pid.
     pub fn exec(
         &self,
@@ -262,7 +261,11 @@ impl Vm {
             argv: process.argv.clone(),
             env: process.env.clone(),
             cwd: process.cwd.clone(),
-            root: (!process.guest_root).then(|| self.rootfs.clone()),
+            root: match &process.root {
+                Root::Workspace => Some(self.rootfs.clone()),
+                Root::Guest => None,
+                Root::At(dir) => Some(dir.clone()),
+            },
             output: None,
             terminal,
             confinement: process.confinement.clone(),

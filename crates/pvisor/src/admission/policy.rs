@@ -183,7 +183,12 @@ pub(super) fn shared_directories(
         if real.to_str().is_none() || share.target.to_str().is_none() {
             return Err(AdmissionError::NonUtf8Path { path: real });
         }
-        out.push(SharedDirectory { source: real, target: share.target.clone(), read_only: share.read_only });
+        out.push(SharedDirectory {
+            source: real,
+            target: share.target.clone(),
+            read_only: share.read_only,
+            live_mounts: share.live_mounts,
+        });
     }
     Ok(out)
 }
@@ -620,6 +625,7 @@ mod tests {
             source: source.to_owned(),
             target: target.into(),
             read_only: false,
+            live_mounts: false,
         };
         let check = |shares: &[SharedDirectory], executor| {
             shared_directories(shares, on(executor), &workspace, &hidden).map_err(|e| e.to_string())

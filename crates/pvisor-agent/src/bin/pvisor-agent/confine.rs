@@ -21,6 +21,9 @@
 //!    `InitSeccomp` before `finalizeNamespace` when `NoNewPrivileges` is
 //!    off, last otherwise).
 //!
+//! Before all of them, while the process is still root, it joins its
+//! memory group, if it has one ([`crate::memcg`]).
+//!
 //! A process of uid 0 regains its bounding set at exec (the kernel's rule
 //! for root), so the bounding set is what bounds a root container: an
 //! empty one leaves it no capability.
@@ -46,6 +49,8 @@ pub(crate) struct Ready {
     rlimits: Vec<(u32, libc::rlimit)>,
     /// The seccomp programs and the flags to install each with.
     seccomp: Option<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)>,
+    /// The `cgroup.procs` of the memory group the process joins.
+    memory_group: Option<std::fs::File>,
 }
 
 /// Writes the sysctls and readies the rest; a key that does not name a
@@ -69,6 +74,7 @@ pub(crate) fn prepare(confinement: &Confinement) -> io::Result<Ready> {
         no_new_privileges: confinement.no_new_privileges,
         rlimits,
         seccomp: confinement.seccomp.as_ref().map(programs).transpose()?,
+        memory_group: confinement.memory_group.as_ref().map(crate::memcg::open).transpose()?,
     })
 }
 
@@ -110,6 +116,10 @@ impl Ready {
     /// Applies the confinement to the calling (forked, single-threaded)
     /// process. Only bare syscalls: it runs between fork and exec.
     pub(crate) fn apply(&self) -> io::Result<()> {
+        if let Some(procs) = &self.memory_group {
+            // First, as root: `0` is the writer itself.
+            rustix::io::write(procs, b"0")?;
+        }
         for (resource, limit) in &self.rlimits {
             // SAFETY: setrlimit reads the rlimit it is given and nothing else.
             if unsafe { libc::setrlimit(*resource as _, limit) } != 0 {

@@ -37,6 +37,8 @@ pub(crate) struct ExecTable {
     by_pid: HashMap<i32, Sender<libc::c_int>>,
     early: HashMap<i32, libc::c_int>,
     groups: HashMap<u32, i32>,
+    /// The memory group of each running exec that has one (its path).
+    memory_groups: HashMap<u32, String>,
     stdin: HashMap<u32, Writer>,
     /// The master of each running exec's terminal, for `Resize`.
     terminals: HashMap<u32, OwnedFd>,
@@ -136,6 +138,7 @@ impl Agent {
 
     pub(crate) fn exec(&mut self, request: ExecRequest) {
         let ExecRequest { id, argv, env, cwd, root, output, terminal, confinement } = request;
+        let memory_group = confinement.as_ref().and_then(|c| c.memory_group.as_ref()).map(|g| g.path());
         let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
             return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
@@ -237,7 +240,10 @@ impl Agent {
         // Running (signals, `Status`, OOM news) only once `Started` is queued:
         // nothing of this exec may reach the host before it. The request
         // loop is this thread, so no signal for it can come in between.
-        self.execs.lock().unwrap_or_else(|p| p.into_inner()).groups.insert(id, pid);
+        let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        table.groups.insert(id, pid);
+        table.memory_groups.extend(memory_group.map(|g| (id, g)));
+        drop(table);
         let (execs, oom) = (self.execs.clone(), self.oom.clone());
         std::thread::spawn(move || report_exit(id, status_rx, pumps, &execs, &oom, &out));
     }
@@ -310,6 +316,7 @@ fn report_exit(
     let mut table = execs.lock().unwrap_or_else(|p| p.into_inner());
     table.stdin.remove(&id);
     table.groups.remove(&id);
+    table.memory_groups.remove(&id);
     table.terminals.remove(&id);
     table.finished.insert(id, (code, signal));
     drop(table);
@@ -358,8 +365,20 @@ fn pipes(command: &mut Command, output: Option<&Path>) -> io::Result<Streams> {
 }
 
 /// The execs whose process group leader still runs.
-pub(crate) fn running(execs: &Execs) -> Vec<u32> {
-    execs.lock().unwrap_or_else(|p| p.into_inner()).groups.keys().copied().collect()
+/// The running execs an OOM kill in memory cgroup `memcg` concerns: those
+/// in that group, or every one for a kill of the whole guest (`/`) or of
+/// an unknown group (the kernel's report may be rate-limited away).
+pub(crate) fn running_in(execs: &Execs, memcg: Option<&str>) -> Vec<u32> {
+    let table = execs.lock().unwrap_or_else(|p| p.into_inner());
+    let known = memcg.filter(|m| table.memory_groups.values().any(|g| g == m));
+    let ids = table.groups.keys().copied();
+    match known {
+        Some(memcg) => ids.filter(|id| table.memory_groups.get(id).is_some_and(|g| g == memcg)).collect(),
+        // A kill outside every group is of the guest: the execs outside
+        // groups are concerned, and so are those in one (the whole VM
+        // ran out), as before groups existed.
+        None => ids.collect(),
+    }
 }
 
 /// Connects `command`'s stdio: a terminal (from the root's own devpts) or
@@ -459,5 +478,31 @@ impl Gate {
         while !*open {
             open = self.0 .1.wait(open).unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An OOM kill in a pod container's memory group is its execs' news
+    /// alone; one of the whole guest, or of a group no exec is in, is
+    /// every exec's.
+    #[test]
+    fn an_oom_kill_in_a_memory_group_concerns_that_groups_execs() {
+        let execs: Execs = Arc::default();
+        {
+            let mut table = execs.lock().expect("lock");
+            table.groups.extend([(2, 100), (3, 101), (4, 102)]);
+            table.memory_groups.extend([(2, "/pod-a".to_owned()), (3, "/pod-b".to_owned())]);
+        }
+        let sorted = |mut ids: Vec<u32>| {
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(sorted(running_in(&execs, Some("/pod-a"))), [2]);
+        assert_eq!(sorted(running_in(&execs, Some("/"))), [2, 3, 4]);
+        assert_eq!(sorted(running_in(&execs, Some("/pod-gone"))), [2, 3, 4]);
+        assert_eq!(sorted(running_in(&execs, None)), [2, 3, 4]);
     }
 }

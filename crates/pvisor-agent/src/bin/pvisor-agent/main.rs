@@ -17,8 +17,9 @@
 //! module: [`init`] (PID 1 setup and the workspace overlay), [`delta`]
 //! (finishing the workspace delta disk), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
-//! [`pty`] (terminals for execs that ask for one), [`oom`] (the kernel's
-//! OOM kills, told to the running execs),
+//! [`pty`] (terminals for execs that ask for one), [`memcg`] (a pod's
+//! containers' memory groups), [`oom`] (the kernel's OOM kills, told to
+//! the execs they concern),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
 
@@ -32,6 +33,7 @@ mod exec;
 mod export;
 mod init;
 mod link;
+mod memcg;
 mod oom;
 mod pty;
 mod restore;

@@ -1,8 +1,10 @@
 //! The guest kernel's OOM kills, read from its log (`/dev/kmsg`): each
-//! kill is told to every running exec as [`Reply::Oom`]. The guest is one
-//! memory domain (its RAM is the sandbox's memory limit), so an OOM kill is
-//! an event of the whole sandbox, as a container's cgroup OOM is of the
-//! whole container.
+//! kill is told as [`Reply::Oom`] to the running execs it concerns. A
+//! guest without memory groups is one memory domain (its RAM is the
+//! sandbox's memory limit), so a kill there is an event of the whole
+//! sandbox, as a container's cgroup OOM is of the whole container; a kill
+//! inside a pod container's memory group ([`crate::memcg`]) is told to that
+//! group's execs only, when the kernel's report names the group.
 //!
 //! A thread waits on the log; an exec that ended by SIGKILL reads it too
 //! before its `Exited` is sent (the kernel logs the kill right after
@@ -17,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use pvisor_agent_proto::Reply;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::exec::{running, Execs};
+use crate::exec::{running_in, Execs};
 use crate::Out;
 
 /// Victims remembered, so a kill the log reports twice is told once.
@@ -75,7 +77,7 @@ impl OomWatch {
                 }
             }
         }
-        for pid in victims {
+        for (pid, memcg) in victims {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
             if seen.contains(&pid) {
                 continue;
@@ -85,7 +87,7 @@ impl OomWatch {
             }
             seen.push_back(pid);
             drop(seen);
-            for id in running(&self.execs) {
+            for id in running_in(&self.execs, memcg.as_deref()) {
                 let _ = self.out.send((Reply::Oom { id, pid }, Vec::new(), None));
             }
         }
@@ -100,18 +102,21 @@ fn open_kmsg() -> io::Result<File> {
 
 /// The pid an OOM kill record names: `Out of memory: Killed process N
 /// (comm) ...` (not rate-limited, unlike the report before it), or the
-/// summary line `oom-kill:...,pid=N,...`.
-fn victim(record: &str) -> Option<i32> {
+/// summary line `oom-kill:...,task_memcg=/G,...,pid=N,...`, which comes
+/// first and also names the victim's memory cgroup.
+fn victim(record: &str) -> Option<(i32, Option<String>)> {
     let message = record.split_once(';').map_or(record, |(_, m)| m);
     let digits = |s: &str| -> Option<i32> {
         let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         s[..end].parse().ok()
     };
     if let Some((_, rest)) = message.split_once("Killed process ") {
-        return digits(rest);
+        return digits(rest).map(|pid| (pid, None));
     }
     if message.starts_with("oom-kill:") {
-        return message.split(',').find_map(|field| field.strip_prefix("pid=")).and_then(digits);
+        let field = |name: &str| message.split(',').find_map(|f| f.strip_prefix(name));
+        let memcg = field("task_memcg=").map(|m| m.trim_end().to_owned());
+        return field("pid=").and_then(digits).map(|pid| (pid, memcg));
     }
     None
 }
@@ -124,10 +129,13 @@ mod tests {
     fn the_victim_is_read_from_the_kill_record_and_the_summary() {
         let kill = "3,412,8123456,-;Out of memory: Killed process 231 (sh) total-vm:245760kB, \
                     anon-rss:200000kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:500kB oom_score_adj:0\n";
-        assert_eq!(victim(kill), Some(231));
+        assert_eq!(victim(kill), Some((231, None)));
         let summary = "6,411,8123400,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,\
                        mems_allowed=0,global_oom,task_memcg=/,task=sh,pid=231,uid=0\n";
-        assert_eq!(victim(summary), Some(231));
+        assert_eq!(victim(summary), Some((231, Some("/".to_owned()))));
+        let in_group = "6,411,8123400,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,\
+                        mems_allowed=0,oom_memcg=/pod-c2,task_memcg=/pod-c2,task=sh,pid=77,uid=0\n";
+        assert_eq!(victim(in_group), Some((77, Some("/pod-c2".to_owned()))));
         assert_eq!(victim("6,1,1,-;oom_reaper: reaped process 231 (sh), now anon-rss:0kB\n"), None);
         assert_eq!(victim("6,2,2,-;virtio_blk virtio1: [vda] 16 512-byte logical blocks\n"), None);
     }

@@ -1,0 +1,71 @@
+//! Memory cgroups of the guest, one per container of a pod's VM
+//! ([`MemoryGroup`]): the pod's containers share the VM's memory, and each
+//! container's own limit is its group's `memory.max`, so one container's
+//! OOM kill ends that container (all of its processes, `memory.oom.group`,
+//! as the kubelet sets it on a node) and leaves the others running.
+//!
+//! The cgroup v2 tree is mounted at `/sys/fs/cgroup` at the first group's
+//! making; a process joins its group between fork and exec, through a
+//! descriptor of the group's `cgroup.procs` opened before the fork.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use pvisor_agent_proto::MemoryGroup;
+use rustix::mount::MountFlags;
+
+const TREE: &str = "/sys/fs/cgroup";
+
+/// Makes (or finds) the group and opens its `cgroup.procs` for a process
+/// to join it by writing `0`. The limit is set each time: every process of
+/// a container asks for the same one.
+pub(crate) fn open(group: &MemoryGroup) -> io::Result<File> {
+    if !group.name_is_plain() {
+        let message = format!("{:?} is not a memory group name", group.name);
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    }
+    mount_tree()?;
+    let dir = Path::new(TREE).join(group.path().trim_start_matches('/'));
+    match fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(context(e, "making", &dir)),
+    }
+    let set = |file: &str, value: &str| {
+        fs::write(dir.join(file), value).map_err(|e| context(e, "setting", &dir.join(file)))
+    };
+    set("memory.max", &group.max_bytes.to_string())?;
+    set("memory.oom.group", "1")?;
+    // No swap in a pvisor guest; where a kernel has it, the limit is RAM's.
+    let _ = fs::write(dir.join("memory.swap.max"), "0");
+    let procs = dir.join("cgroup.procs");
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&procs)
+        .map_err(|e| context(e, "opening", &procs))
+}
+
+/// The cgroup v2 tree with the memory controller on for its children.
+fn mount_tree() -> io::Result<()> {
+    let controllers = Path::new(TREE).join("cgroup.controllers");
+    if !controllers.exists() {
+        fs::create_dir_all(TREE)?;
+        crate::init::mount(
+            "cgroup2",
+            TREE,
+            "cgroup2",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            "",
+        )
+        .map_err(|e| context(e, "mounting the cgroup tree at", Path::new(TREE)))?;
+    }
+    let subtree = Path::new(TREE).join("cgroup.subtree_control");
+    fs::write(&subtree, "+memory").map_err(|e| context(e, "turning on the memory controller in", &subtree))
+}
+
+fn context(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
