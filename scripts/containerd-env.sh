@@ -2,7 +2,9 @@
 # Starts a private containerd for the pvisor shim's tests: Debian's
 # containerd package (installed if missing), its own root, state and socket
 # directories under DIR, and a config that registers the runtime
-# io.containerd.pvisor.v1 for ctr and for the CRI plugin (handler "pvisor").
+# io.containerd.pvisor.v1 for ctr and for the CRI plugin (handler "pvisor";
+# handler "runc" is runc, the yardstick). CRI's sandbox image is the busybox
+# test image, or SANDBOX_IMAGE (a runc pod needs one whose command lasts).
 # containerd finds containerd-shim-pvisor-v1 on its PATH: SHIM_DIR is put first.
 # CRI pods get a CNI network: Debian's containernetworking-plugins (bridge,
 # host-local, loopback) on a bridge pvisor-cri0, 10.232.0.0/24, gateway .1,
@@ -62,12 +64,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   level = "info"
 
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/pvisor/busybox:latest"
+  # CRI gives a pod sandbox oom_score_adj -998; root without
+  # CAP_SYS_RESOURCE (as on the test machines) cannot set a value below its
+  # own, and runc dies of it (the shim sets none on the node).
+  restrict_oom_score_adj = true
+  sandbox_image = "${SANDBOX_IMAGE:-docker.io/pvisor/busybox:latest}"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "${SNAPSHOTTER:-overlayfs}"
     default_runtime_name = "pvisor"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.pvisor]
       runtime_type = "io.containerd.pvisor.v1"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/cni/conf"

@@ -4,8 +4,10 @@
 # reachable from the test machines):
 #   one layer: static busybox as /bin/busybox, /bin/sh and its applets,
 #   /etc/passwd and /etc/group for root, and the usual mount points.
-# Usage: scripts/oci-image.sh [OUT_DIR] [IMAGE_NAME]
-#   (defaults: target, docker.io/pvisor/busybox:latest)
+# Usage: scripts/oci-image.sh [OUT_DIR] [IMAGE_NAME] [CMD_JSON]
+#   (defaults: target, docker.io/pvisor/busybox:latest, ["/bin/sh"]; a
+#   pause image for runc's pods: ... docker.io/pvisor/pause:latest
+#   '["/bin/sleep","2147483647"]' in another OUT_DIR)
 # Writes OUT_DIR/oci-image/busybox.tar (an OCI image layout in a tar) that
 # `ctr -a SOCK images import OUT_DIR/oci-image/busybox.tar` accepts; the
 # image is named IMAGE_NAME. Idempotent: rebuilds only when this script changed.
@@ -13,9 +15,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/target}"
 name="${2:-docker.io/pvisor/busybox:latest}"
+cmd="${3:-[\"/bin/sh\"]}"
 dir="$out/oci-image"
 archive="$dir/busybox.tar"
-stamp="$(sha256sum "$0" | cut -d' ' -f1) $name"
+stamp="$(sha256sum "$0" | cut -d' ' -f1) $name $cmd"
 # The containerd tests run in parallel and each asks for the image: one
 # builds, the others wait and then find it built.
 mkdir -p "$out"
@@ -62,7 +65,7 @@ diff_id="$(sha256sum "$dir/layer.tar" | cut -d' ' -f1)"
 gzip -n -9 "$dir/layer.tar"
 read -r layer layer_size < <(blob "$dir/layer.tar.gz")
 cat >"$dir/config.json" <<JSON
-{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["/bin/sh"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:$diff_id"]},"history":[{"created_by":"scripts/oci-image.sh (busybox-static from Debian)"}]}
+{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":$cmd,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:$diff_id"]},"history":[{"created_by":"scripts/oci-image.sh (busybox-static from Debian)"}]}
 JSON
 read -r config config_size < <(blob "$dir/config.json")
 cat >"$dir/manifest.json" <<JSON

@@ -1,7 +1,7 @@
 """A small CRI client: one pod through containerd's CRI plugin (runtime.v1),
 as the kubelet would drive it, for crates/pvisor-shim/tests/containerd.rs.
 
-Usage: python cri_flow.py SOCKET IMAGE LOG_DIR PVISOR_HOME
+Usage: python cri_flow.py SOCKET IMAGE LOG_DIR PVISOR_HOME PROBE
   (the venv's python from scripts/cri-env.sh: grpcio and grpcio-tools)
 
 Generates its stubs from tests/cri/api.proto (vendored from
@@ -13,7 +13,8 @@ as OpenSandbox's execd injection does, run to its end; CreateContainer and
 StartContainer from IMAGE through that bootstrap (a server on the pod's port
 8080), with the same volume; a connection to the pod's IP from
 here and one from the pod to a server here on the CNI gateway, ExecSync of
-a command that succeeds and of one that fails; a second container in the
+a command that succeeds and of one that fails; PROBE (pvisor-guest-probe)
+copied into the volume and run as `escape` in the container; a second container in the
 pod (its start timed, the VMs under PVISOR_HOME counted while both run)
 that reaches the first on localhost, has a root of its own, and exits
 with its own code while the first runs on; a third over its memory limit,
@@ -26,6 +27,7 @@ removed even when a step fails (the error is in the JSON's "error").
 
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -147,6 +149,13 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen):
         seen["c2_localhost"] = exec_sync(cri, pb, c2, ["sh", "-c", "echo from-c2 | nc -w 10 127.0.0.1 8080"])
         seen["c2_own_file"] = exec_sync(cri, pb, c2, ["sh", "-c", "echo c2 > /tmp/mark && cat /tmp/mark"])
         seen["c1_sees_c2_file"] = exec_sync(cri, pb, first, ["test", "-e", "/tmp/mark"])["code"]
+        # Its own process tree (its init is PID 1, nothing of c1's), and a
+        # /dev without the guest's disks.
+        seen["c2_pid1"] = exec_sync(cri, pb, c2, ["cat", "/proc/1/cmdline"])["stdout"].replace("\0", " ")
+        seen["c2_sees_c1"] = exec_sync(cri, pb, c2, ["sh", "-c", "grep -l '[s]erved-by-pod' /proc/[0-9]*/cmdline"])[
+            "stdout"
+        ]
+        seen["c2_dev"] = exec_sync(cri, pb, c2, ["ls", "/dev"])["stdout"].split()
         exec_sync(cri, pb, c2, ["touch", "/tmp/stop"])
         seen["c2_exit"] = wait_exited(cri, pb, c2)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status
@@ -203,7 +212,7 @@ def oom_container(cri, pb, pod, pod_config, image, first, seen):
 
 
 def main():
-    sock, image, log_dir, home = sys.argv[1:5]
+    sock, image, log_dir, home, probe = sys.argv[1:6]
     pb, rpc = stubs()
     channel = grpc.insecure_channel(f"unix://{sock}")
     cri = rpc.RuntimeServiceStub(channel)
@@ -275,7 +284,8 @@ def main():
                 "/opt/opensandbox/bin/bootstrap.sh",
                 "sh",
                 "-c",
-                "echo started; while :; do echo served-by-pod | nc -l -p 8080; done",
+                # PID 1 of its pid namespace: SIGTERM needs a handler, as under runc.
+                "trap 'exit 143' TERM; echo started; while :; do echo served-by-pod | nc -l -p 8080; done",
             ],
             mounts=volume,
             log_path="c1.log",
@@ -328,6 +338,9 @@ def main():
             "code": wrote.exit_code,
             "host": open(host_copy).read() if os.path.exists(host_copy) else None,
         }
+        # A root container's way out of its chroot, and what it reaches.
+        shutil.copy(probe, os.path.join(empty_dir, "probe"))
+        seen["escape"] = exec_sync(cri, pb, container, ["/opt/opensandbox/bin/probe", "escape"])
 
         second_container(cri, pb, pod, pod_config, image, container, home, seen)
         oom_container(cri, pb, pod, pod_config, image, container, seen)

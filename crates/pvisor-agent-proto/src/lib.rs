@@ -26,8 +26,8 @@ pub use framing::{
     read_frame, read_tagged, write_frame, write_tagged, ANSWERS, MAX_HEADER, MAX_PAYLOAD, REQUEST_ID,
 };
 pub use messages::{
-    Capabilities, Confinement, EntryKind, FileOp, FileStat, Interface, MemoryGroup, Reply, Request, Rlimit,
-    Seccomp, Share, TerminalSize, MAX_LISTING, RLIMITS,
+    Capabilities, Confinement, EntryKind, FileOp, FileStat, GuestContainer, Interface, Reply, Request,
+    Rlimit, Seccomp, Share, TerminalSize, MAX_LISTING, RLIMITS,
 };
 pub use paths::resolve_in_root;
 

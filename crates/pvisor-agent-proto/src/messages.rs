@@ -210,28 +210,35 @@ pub struct Confinement {
     /// absent, so an agent that cannot install one refuses the exec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seccomp: Option<Seccomp>,
-    /// The guest memory cgroup the process joins (made at its first use):
-    /// one container's own memory limit in a pod's VM, which the pod's
-    /// other containers share. Joined first, while the process is root.
+    /// The guest container the process runs in (a pod's container, in
+    /// the pod's VM): its own pid and mount namespaces, and its memory
+    /// group when it has a limit. Left out otherwise, so an older agent
+    /// refuses what it could not isolate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_group: Option<MemoryGroup>,
+    pub container: Option<GuestContainer>,
 }
 
-/// A memory cgroup of the guest, `/sys/fs/cgroup/pod-NAME`: its processes
-/// share `memory.max`, and an OOM kill there ends all of them
-/// (`memory.oom.group`, as the kubelet sets it for a container), never a
-/// process outside it.
+/// A container inside a guest that several share (a pod's VM), as Kata
+/// Containers' agent makes one: the first process of a name starts it, as
+/// PID 1 of a new pid namespace, in a new mount namespace whose root is
+/// the exec's `root` (nothing of the guest's other mounts is left in it,
+/// and `/dev` holds only the standard devices); later processes of the
+/// name join both namespaces; it ends when its PID 1 does. With
+/// `memory_max`, its processes share a memory cgroup of the guest,
+/// `/sys/fs/cgroup/pod-NAME`, whose OOM kill ends all of them
+/// (`memory.oom.group`, as the kubelet sets it) and no other process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MemoryGroup {
+pub struct GuestContainer {
     /// One plain name: ASCII letters, digits, `_`, `-` and `.`, at most
-    /// [`MemoryGroup::MAX_NAME`] bytes, not `.` or `..`.
+    /// [`GuestContainer::MAX_NAME`] bytes, not `.` or `..`.
     pub name: String,
-    /// `memory.max`, in bytes.
-    pub max_bytes: u64,
+    /// `memory.max` of its memory group, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
 }
 
-impl MemoryGroup {
+impl GuestContainer {
     pub const MAX_NAME: usize = 128;
 
     /// Whether the name is one the guest takes (it becomes a path).
@@ -244,9 +251,9 @@ impl MemoryGroup {
             && name != ".."
     }
 
-    /// The group's path in the cgroup tree, as the kernel's OOM report
-    /// names it (`task_memcg=/pod-NAME`).
-    pub fn path(&self) -> String {
+    /// Its memory group's path in the cgroup tree, as the kernel's OOM
+    /// report names it (`task_memcg=/pod-NAME`).
+    pub fn memory_group(&self) -> String {
         format!("/pod-{}", self.name)
     }
 }
@@ -645,11 +652,11 @@ mod tests {
     }
 
     #[test]
-    fn a_memory_groups_name_is_one_plain_component() {
-        let group = |name: &str| MemoryGroup { name: name.into(), max_bytes: 1 << 20 };
+    fn a_guest_containers_name_is_one_plain_component() {
+        let group = |name: &str| GuestContainer { name: name.into(), memory_max: Some(1 << 20) };
         assert!(group("9f86d081884c7d65-c2").name_is_plain());
-        assert_eq!(group("c2").path(), "/pod-c2");
-        for hostile in ["", ".", "..", "../x", "a/b", "a\nb", &"x".repeat(MemoryGroup::MAX_NAME + 1)] {
+        assert_eq!(group("c2").memory_group(), "/pod-c2");
+        for hostile in ["", ".", "..", "../x", "a/b", "a\nb", &"x".repeat(GuestContainer::MAX_NAME + 1)] {
             assert!(!group(hostile).name_is_plain(), "{hostile:?}");
         }
     }

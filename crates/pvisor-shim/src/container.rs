@@ -19,6 +19,7 @@ use crate::process::{Exit, OnOom, Process, Snapshot, Status, Stdio};
 use crate::rootfs::{self, Mount};
 use crate::spec::{self, ProcessSpec, Root};
 use crate::vm::{HostAttachments, Vm};
+use pvisor_agent_proto::GuestContainer;
 
 /// The bundle file that names the container's Job, for `pvisor` and for
 /// the shim's `delete` action after a crash.
@@ -178,9 +179,10 @@ impl Container {
         let pids_limit = limits.pids.unwrap_or(0);
         if let Some(max_bytes) = limits.memory_bytes {
             sandbox.fits_in_vm(&request.id, max_bytes)?;
-            let group = pvisor_agent_proto::MemoryGroup { name: request.id.clone(), max_bytes };
-            init.confinement.get_or_insert_with(Default::default).memory_group = Some(group);
         }
+        // Its own pid and mount namespaces in the VM, and memory group.
+        let container = GuestContainer { name: request.id.clone(), memory_max: limits.memory_bytes };
+        init.confinement.get_or_insert_with(Default::default).container = Some(container);
         let (rootfs, guest_root) = pod.place(&request.id).map_err(|e| Error::Invalid(e.to_string()))?;
         let undo = |e: Error| {
             rootfs::unmount_all(&rootfs, &request.rootfs);
@@ -273,12 +275,10 @@ impl Container {
         let seccomp = self.init.spec.confinement.as_ref().and_then(|c| c.seccomp.as_ref());
         let mut spec: ProcessSpec = spec::exec_process(process_json, seccomp)?;
         if let Place::InPod = self.place {
-            // Where the container's init runs, and in its memory group.
+            // In the guest container its init started.
             spec.root = self.init.spec.root.clone();
-            let group = self.init.spec.confinement.as_ref().and_then(|c| c.memory_group.clone());
-            if let Some(group) = group {
-                spec.confinement.get_or_insert_with(Default::default).memory_group = Some(group);
-            }
+            let container = self.init.spec.confinement.as_ref().and_then(|c| c.container.clone());
+            spec.confinement.get_or_insert_with(Default::default).container = container;
         }
         // Started before the lock (it may take seconds to get ready); a
         // duplicate's logger is finished when it is dropped. Its

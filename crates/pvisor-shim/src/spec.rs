@@ -293,7 +293,7 @@ fn confinement(process: &Process) -> Result<Confinement, SpecError> {
         rlimits,
         sysctl: Vec::new(),
         seccomp: None,
-        memory_group: None,
+        container: None,
     })
 }
 

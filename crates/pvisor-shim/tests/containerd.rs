@@ -308,6 +308,7 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
         .args([&c.sock, IMAGE])
         .arg(&logs)
         .arg(c.home())
+        .arg(repo().join("target/agent/x86_64-unknown-linux-gnu/release/pvisor-guest-probe"))
         .stdin(Stdio::null())
         .output()
         .expect("cri_flow.py runs");
@@ -344,6 +345,19 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert_eq!(at("c2_localhost")["stdout"], "served-by-pod\n", "c2 reached c1 on localhost: {seen}");
     assert_eq!(at("c2_own_file"), serde_json::json!({"stdout": "c2\n", "stderr": "", "code": 0}), "{seen}");
     assert_eq!(at("c1_sees_c2_file"), 1, "c1's root is not c2's: {seen}");
+    assert!(
+        at("c2_pid1").as_str().is_some_and(|p| p.contains("echo c2-started")),
+        "c2's init is its PID 1: {seen}"
+    );
+    assert_eq!(at("c2_sees_c1"), "", "c1's processes are not in c2's pid namespace: {seen}");
+    assert_eq!(
+        at("c2_dev"),
+        serde_json::json!([
+            "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",
+            "urandom", "zero"
+        ]),
+        "c2's /dev has the standard devices only: {seen}"
+    );
     assert_eq!(at("c2_exit"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 5}), "{seen}");
     assert_eq!(at("c1_after_c2"), "CONTAINER_RUNNING", "{seen}");
     assert_eq!(at("c1_after_c2_exec")["stdout"], "still-here\n", "{seen}");
@@ -363,12 +377,28 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert_eq!(at("init"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 0}), "{seen}");
     assert_eq!(at("volume_after_init"), serde_json::json!(["bootstrap.sh", "echo"]), "{seen}");
     assert_eq!(at("volume_from_c1"), serde_json::json!({"code": 0, "host": "from-c1\n"}), "{seen}");
+    // The probe's climb out of its chroot ends where it began, in the
+    // container's own root (the busybox image's, not the guest's, whose
+    // /init is the agent): no guest process in its /proc, nothing of the
+    // guest's /run (where the workspace, the pod's directory and the other
+    // containers' roots are mounted), no agent port to take.
+    let escape = at("escape")["stdout"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(at("escape")["code"], 0, "the probe ran: {seen}");
+    let line = |name: &str| escape.lines().find_map(|l| l.strip_prefix(name)).map(str::to_owned);
+    let root = line("root: ").unwrap_or_default();
+    let names: Vec<&str> = root.split(' ').collect();
+    assert!(names.contains(&"bin") && !names.contains(&"init"), "it stayed in its root: {escape}");
+    let pids = line("proc: ").unwrap_or_default();
+    let pids = pids.split(' ').filter(|n| n.bytes().all(|b| b.is_ascii_digit())).count();
+    assert!((1..=4).contains(&pids), "its /proc shows its own processes only: {escape}");
+    assert_eq!(line("run: ").as_deref(), Some(""), "{escape}");
+    assert!(line("agent port: ").is_some_and(|p| p != "taken"), "{escape}");
     // CRI's log format: TIMESTAMP STREAM TAG LINE.
     let log = at("log").as_str().unwrap_or_default().to_owned();
     assert!(log.contains(" stdout F injected-started\n"), "the injected program ran first: {seen}");
     // c1's server printed what c2 sent it over the pod's localhost.
     assert!(log.contains(" stdout F started\n"), "{seen}");
-    assert!(log.ends_with(" stdout F from-c2\n"), "c1 got c2's line on localhost: {seen}");
+    assert!(log.contains(" stdout F from-c2\n"), "c1 got c2's line on localhost: {seen}");
     assert_eq!(at("containers_left"), 0, "{seen}");
     assert_eq!(at("stopped_pod_state"), "SANDBOX_NOTREADY", "{seen}");
     assert_eq!(at("pods_left"), 0, "{seen}");

@@ -8,6 +8,11 @@
 //! execs never started, 60 unrequested `Ready`s.
 //! `pvisor-guest-probe sparse FILE`: a 1 GiB file with one written 4 KiB
 //! block at 512 MiB, then exit 0 (the export must keep its holes).
+//! `pvisor-guest-probe escape`: a pod container's way out of its root, the
+//! classic chroot escape (`CAP_SYS_CHROOT`: chroot below the working
+//! directory, then `..` past the root), and a report of what it reached:
+//! the entries of the root it got to, and of its `proc` and `run`, and
+//! whether PID 1's agent port could be taken.
 
 // A test program: it reports what it found on its stdout and stderr.
 #![allow(clippy::disallowed_macros)]
@@ -28,7 +33,8 @@ fn main() {
     let result = match args.get(1).map(String::as_str) {
         Some("flood") => flood(),
         Some("sparse") if args.len() == 3 => sparse(&args[2]),
-        _ => Err(io::Error::other("usage: pvisor-guest-probe flood | sparse FILE")),
+        Some("escape") => escape(),
+        _ => Err(io::Error::other("usage: pvisor-guest-probe flood | sparse FILE | escape")),
     };
     if let Err(e) = result {
         eprintln!("probe: {e}");
@@ -58,6 +64,34 @@ fn sparse(path: &str) -> io::Result<()> {
     file.write_all_at(&[0x5a; 4096], 512 << 20)?;
     file.sync_all()?;
     println!("probe: wrote a 1 GiB sparse file with one block");
+    Ok(())
+}
+
+fn escape() -> io::Result<()> {
+    fs::create_dir_all("/tmp/probe-jail")?;
+    // SAFETY: plain syscalls on NUL-terminated literals; each is checked.
+    let climbed = unsafe {
+        libc::chroot(c"/tmp/probe-jail".as_ptr()) == 0
+            && (0..64).all(|_| libc::chdir(c"..".as_ptr()) == 0)
+            && libc::chroot(c".".as_ptr()) == 0
+    };
+    if !climbed {
+        return Err(io::Error::last_os_error());
+    }
+    let names = |dir: &str| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    println!("root: {}", names("/").join(" "));
+    println!("proc: {}", names("/proc").join(" "));
+    println!("run: {}", names("/run").join(" "));
+    match agent_port() {
+        Ok(_) => println!("agent port: taken"),
+        Err(e) => println!("agent port: {e}"),
+    }
     Ok(())
 }
 

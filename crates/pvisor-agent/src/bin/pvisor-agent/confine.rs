@@ -74,7 +74,7 @@ pub(crate) fn prepare(confinement: &Confinement) -> io::Result<Ready> {
         no_new_privileges: confinement.no_new_privileges,
         rlimits,
         seccomp: confinement.seccomp.as_ref().map(programs).transpose()?,
-        memory_group: confinement.memory_group.as_ref().map(crate::memcg::open).transpose()?,
+        memory_group: confinement.container.as_ref().map(crate::memcg::open).transpose()?.flatten(),
     })
 }
 

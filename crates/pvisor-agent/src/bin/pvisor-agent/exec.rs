@@ -17,11 +17,12 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pvisor_agent_proto::{Confinement, Reply, TerminalSize};
+use pvisor_agent_proto::{Confinement, GuestContainer, Reply, TerminalSize};
 use rustix::mount::MountFlags;
 use rustix::process::{Pid, WaitOptions};
 
 use crate::confine;
+use crate::container::{Entry, Namespaces};
 use crate::init::mount;
 use crate::link::Writer;
 use crate::pty;
@@ -39,6 +40,8 @@ pub(crate) struct ExecTable {
     groups: HashMap<u32, i32>,
     /// The memory group of each running exec that has one (its path).
     memory_groups: HashMap<u32, String>,
+    /// The running guest containers' namespaces.
+    containers: crate::container::Containers,
     stdin: HashMap<u32, Writer>,
     /// The master of each running exec's terminal, for `Resize`.
     terminals: HashMap<u32, OwnedFd>,
@@ -138,7 +141,8 @@ impl Agent {
 
     pub(crate) fn exec(&mut self, request: ExecRequest) {
         let ExecRequest { id, argv, env, cwd, root, output, terminal, confinement } = request;
-        let memory_group = confinement.as_ref().and_then(|c| c.memory_group.as_ref()).map(|g| g.path());
+        let container = confinement.as_ref().and_then(|c| c.container.clone());
+        let memory_group = container.as_ref().filter(|c| c.memory_max.is_some()).map(|c| c.memory_group());
         let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
             return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());
@@ -149,8 +153,15 @@ impl Agent {
         }
         let mut command = Command::new(program);
         command.args(args).env_clear().envs(env);
-        // Prepared first: a terminal comes from the root's own devpts.
-        let confine = match root.as_deref().map(|r| prepare_root(r).map(|()| r)) {
+        // Prepared first: a terminal comes from the root's own devpts. A
+        // guest container's process enters its namespaces instead of a
+        // chroot.
+        let entry = match self.container_entry(container.as_ref(), root.as_deref()) {
+            Ok(entry) => entry.map(Arc::new),
+            Err(e) => return self.send(failed(libc::EIO, e.to_string()), Vec::new()),
+        };
+        let chrooted = root.as_deref().filter(|_| entry.is_none());
+        let confine = match chrooted.map(|r| prepare_root(r).map(|()| r)) {
             Some(Err(e)) => {
                 return self.send(failed(libc::EIO, format!("cannot prepare the root: {e}")), Vec::new())
             }
@@ -183,6 +194,7 @@ impl Agent {
             }
         };
         let controlling = matches!(stdio, Streams::Terminal(_));
+        let entering = entry.clone();
         // SAFETY: the closure runs between fork and exec, where only
         // async-signal-safe work is allowed: rustix's setsid, ioctl, chroot
         // and chdir are bare syscalls, the CStrings and the confinement were
@@ -196,7 +208,9 @@ impl Agent {
                     // takes it as its controlling terminal.
                     rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
                 }
-                if let Some(root) = &confine {
+                if let Some(entry) = &entering {
+                    entry.enter()?;
+                } else if let Some(root) = &confine {
                     rustix::process::chroot(root.as_c_str())?;
                 }
                 rustix::process::chdir(cwd.as_c_str())?;
@@ -210,7 +224,11 @@ impl Agent {
         }
         // Hold the table while spawning so the reaper cannot lose this pid's status.
         let mut table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
-        let mut child = match command.spawn() {
+        let spawned = match &entry {
+            Some(entry) => entry.spawn_in(|| command.spawn()),
+            None => command.spawn(),
+        };
+        let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 drop(table);
@@ -222,6 +240,14 @@ impl Agent {
         // once the process (and whatever inherited the slave) is gone.
         drop(command);
         let pid = child.id() as i32;
+        if let (Some(Entry::New { .. }), Some(container)) = (entry.as_deref(), &container) {
+            // Later processes of the container join it; if its PID 1 has
+            // ended already, they fail to, as they should.
+            match Namespaces::of(child.id(), id) {
+                Ok(ns) => drop(table.containers.insert(container.name.clone(), ns)),
+                Err(e) => eprintln!("pvisor-agent: container {}: its namespaces: {e}", container.name),
+            }
+        }
         let (status_tx, status_rx) = mpsc::channel();
         match table.early.remove(&pid) {
             Some(status) => {
@@ -317,10 +343,32 @@ fn report_exit(
     table.stdin.remove(&id);
     table.groups.remove(&id);
     table.memory_groups.remove(&id);
+    table.containers.retain(|_, ns| ns.init != id);
     table.terminals.remove(&id);
     table.finished.insert(id, (code, signal));
     drop(table);
     let _ = out.send((Reply::Exited { id, code, signal }, Vec::new(), None));
+}
+
+impl Agent {
+    /// How the process of a guest container enters it (`None` for any
+    /// other process).
+    fn container_entry(
+        &self,
+        container: Option<&GuestContainer>,
+        root: Option<&Path>,
+    ) -> io::Result<Option<Entry>> {
+        let Some(container) = container else { return Ok(None) };
+        let Some(root) = root else {
+            let message = format!("container {} has no root", container.name);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        };
+        let table = self.execs.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = crate::container::prepare(container, root, &table.containers).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot prepare container {}: {e}", container.name))
+        })?;
+        Ok(Some(entry))
+    }
 }
 
 /// What [`Request::Exec`](pvisor_agent_proto::Request::Exec) asks for.

@@ -307,7 +307,7 @@ pub(crate) fn setup_userland(workspace: &Path) -> io::Result<()> {
 }
 
 /// Mounts each shared host directory (virtiofs, the host's `virtiofsd`) at
-/// its target in the workspace. The target is resolved beneath the
+/// its target in the workspace, `nodev`. The target is resolved beneath the
 /// workspace, as the image's symlinks lead (no user code has run yet, so
 /// nothing can swap one after the check), and made if missing.
 pub(crate) fn mount_shares(workspace: &Path, shares: &[pvisor_agent_proto::Share]) -> io::Result<()> {
@@ -322,7 +322,10 @@ pub(crate) fn mount_shares(workspace: &Path, shares: &[pvisor_agent_proto::Share
         let at =
             pvisor_agent_proto::resolve_in_root(workspace, &share.target, true).map_err(ctx("resolving"))?;
         fs::create_dir_all(&at).map_err(ctx("making a place for"))?;
-        let flags = if share.read_only { MountFlags::RDONLY } else { MountFlags::empty() };
+        // No device node of a host directory opens a guest device (an
+        // image's layer, a pod container's rootfs, can hold any).
+        let flags =
+            if share.read_only { MountFlags::RDONLY } else { MountFlags::empty() } | MountFlags::NODEV;
         mount(&share.tag, &at.to_string_lossy(), "virtiofs", flags, "").map_err(ctx("mounting"))?;
     }
     Ok(())

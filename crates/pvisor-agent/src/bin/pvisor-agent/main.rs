@@ -17,8 +17,8 @@
 //! module: [`init`] (PID 1 setup and the workspace overlay), [`delta`]
 //! (finishing the workspace delta disk), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
-//! [`pty`] (terminals for execs that ask for one), [`memcg`] (a pod's
-//! containers' memory groups), [`oom`] (the kernel's OOM kills, told to
+//! [`pty`] (terminals for execs that ask for one), [`container`] and
+//! [`memcg`] (a pod's containers: their namespaces, their memory groups), [`oom`] (the kernel's OOM kills, told to
 //! the execs they concern),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
@@ -28,6 +28,7 @@
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
 
 mod confine;
+mod container;
 mod delta;
 mod exec;
 mod export;

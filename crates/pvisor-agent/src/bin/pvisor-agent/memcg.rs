@@ -1,5 +1,5 @@
-//! Memory cgroups of the guest, one per container of a pod's VM
-//! ([`MemoryGroup`]): the pod's containers share the VM's memory, and each
+//! Memory cgroups of the guest, one per container of a pod's VM with a
+//! memory limit ([`GuestContainer`]): the pod's containers share the VM's memory, and each
 //! container's own limit is its group's `memory.max`, so one container's
 //! OOM kill ends that container (all of its processes, `memory.oom.group`,
 //! as the kubelet sets it on a node) and leaves the others running.
@@ -13,21 +13,23 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use pvisor_agent_proto::MemoryGroup;
+use pvisor_agent_proto::GuestContainer;
 use rustix::mount::MountFlags;
 
 const TREE: &str = "/sys/fs/cgroup";
 
-/// Makes (or finds) the group and opens its `cgroup.procs` for a process
-/// to join it by writing `0`. The limit is set each time: every process of
-/// a container asks for the same one.
-pub(crate) fn open(group: &MemoryGroup) -> io::Result<File> {
-    if !group.name_is_plain() {
-        let message = format!("{:?} is not a memory group name", group.name);
+/// Makes (or finds) the container's group and opens its `cgroup.procs`
+/// for a process to join it by writing `0`; `None` for a container without
+/// a memory limit. The limit is set each time: every process of a
+/// container asks for the same one.
+pub(crate) fn open(container: &GuestContainer) -> io::Result<Option<File>> {
+    let Some(max_bytes) = container.memory_max else { return Ok(None) };
+    if !container.name_is_plain() {
+        let message = format!("{:?} is not a container name", container.name);
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
     mount_tree()?;
-    let dir = Path::new(TREE).join(group.path().trim_start_matches('/'));
+    let dir = Path::new(TREE).join(container.memory_group().trim_start_matches('/'));
     match fs::create_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -36,16 +38,13 @@ pub(crate) fn open(group: &MemoryGroup) -> io::Result<File> {
     let set = |file: &str, value: &str| {
         fs::write(dir.join(file), value).map_err(|e| context(e, "setting", &dir.join(file)))
     };
-    set("memory.max", &group.max_bytes.to_string())?;
+    set("memory.max", &max_bytes.to_string())?;
     set("memory.oom.group", "1")?;
     // No swap in a pvisor guest; where a kernel has it, the limit is RAM's.
     let _ = fs::write(dir.join("memory.swap.max"), "0");
     let procs = dir.join("cgroup.procs");
-    OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&procs)
-        .map_err(|e| context(e, "opening", &procs))
+    let file = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC).open(&procs);
+    file.map(Some).map_err(|e| context(e, "opening", &procs))
 }
 
 /// The cgroup v2 tree with the memory controller on for its children.
