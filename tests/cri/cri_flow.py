@@ -18,8 +18,8 @@ copied into the volume and run as `escape` in the container; a second container 
 pod (its start timed, the VMs under PVISOR_HOME counted while both run)
 that reaches the first on localhost, has a root of its own, and exits
 with its own code while the first runs on; a third over its memory limit,
-OOM-killed alone, and a fourth asking for more memory than the VM has,
-refused; StopContainer,
+OOM-killed alone, a fourth whose command the image lacks and a fifth
+asking for more memory than the VM has, each refused with the reason; StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox. It asserts nothing: it
 prints one JSON object of what it saw, which the Rust test asserts. The pod is stopped and
 removed even when a step fails (the error is in the JSON's "error").
@@ -165,6 +165,22 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen):
         cri.RemoveContainer(pb.RemoveContainerRequest(container_id=c2), timeout=SLOW)
 
 
+def start_refused(cri, pb, pod, pod_config, config):
+    """The error of a container's StartContainer ("started" if none), the
+    container then removed. CreateContainer only records it; the task, and
+    so the shim's answer, comes at StartContainer."""
+    cid = cri.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
+    ).container_id
+    try:
+        cri.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=SLOW)
+        return "started"
+    except grpc.RpcError as e:
+        return e.details()
+    finally:
+        cri.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=SLOW)
+
+
 def oom_container(cri, pb, pod, pod_config, image, first, seen):
     """A container of the pod over its own memory limit: the OOM killer
     ends it (137, OOMKilled) and nothing else of the pod."""
@@ -192,21 +208,15 @@ def oom_container(cri, pb, pod, pod_config, image, first, seen):
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status
         seen["c1_after_hog"] = pb.ContainerState.Name(state.state)
         seen["c1_after_hog_exec"] = exec_sync(cri, pb, first, ["echo", "alive"])
+        # A command the image lacks: StartContainer fails, naming it.
+        config.metadata.name = "missing"
+        config.command[:] = ["/no/such/program"]
+        config.linux.resources.memory_limit_in_bytes = 0
+        seen["missing_command"] = start_refused(cri, pb, pod, pod_config, config)
         # More than the pod's VM has: refused, with the reason.
         config.metadata.name = "too-big"
         config.linux.resources.memory_limit_in_bytes = 64 << 30
-        # CreateContainer only records it; the task, and so the VM's
-        # answer, comes at StartContainer.
-        too_big = cri.CreateContainer(
-            pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
-        ).container_id
-        try:
-            cri.StartContainer(pb.StartContainerRequest(container_id=too_big), timeout=SLOW)
-            seen["too_big"] = "started"
-        except grpc.RpcError as e:
-            seen["too_big"] = e.details()
-        finally:
-            cri.RemoveContainer(pb.RemoveContainerRequest(container_id=too_big), timeout=SLOW)
+        seen["too_big"] = start_refused(cri, pb, pod, pod_config, config)
     finally:
         cri.RemoveContainer(pb.RemoveContainerRequest(container_id=hog), timeout=SLOW)
 

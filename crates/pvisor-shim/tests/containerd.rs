@@ -367,6 +367,8 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert_eq!(at("hog_reason"), "OOMKilled", "{seen}");
     assert_eq!(at("c1_after_hog"), "CONTAINER_RUNNING", "{seen}");
     assert_eq!(at("c1_after_hog_exec")["stdout"], "alive\n", "{seen}");
+    let missing = at("missing_command").as_str().unwrap_or_default().to_owned();
+    assert!(missing.contains("/no/such/program"), "a missing command is named: {seen}");
     let too_big = at("too_big").as_str().unwrap_or_default().to_owned();
     assert!(too_big.contains("more than its pod's VM has"), "a clear refusal: {seen}");
     assert_eq!(at("stopped_state"), "CONTAINER_EXITED", "{seen}");
@@ -405,6 +407,11 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     // The pod's VM is gone, and nothing of the pod stays mounted.
     eventually("every VM is gone", Duration::from_secs(30), || processes_naming(&c.home()).is_empty());
     assert!(c.ctr_in(CRI_NAMESPACE, &["task", "ls", "-q"]).stdout.is_empty(), "no task is left");
+    let disks: Vec<PathBuf> = walk(&c.home().join("runs"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    assert!(disks.is_empty(), "the pod's VM disks are released: {disks:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let state = c.dir.path().join("state").display().to_string();
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state)).collect();

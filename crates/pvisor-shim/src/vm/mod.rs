@@ -276,7 +276,8 @@ impl Vm {
                 Ok((channel, guest.attempt().clone(), id, pid.max(0) as u32))
             }
             Ok(Some((Reply::ExecFailed { errno, message, .. }, _))) => {
-                Err(ExecError::Failed { errno, message })
+                let program = process.argv.first().cloned().unwrap_or_default();
+                Err(ExecError::Failed { program, errno, message })
             }
             Ok(other) => Err(ExecError::Guest(GuestUnreachable::Answered(format!("{other:?}")))),
             Err(e) => Err(ExecError::Guest(e.into())),
@@ -472,9 +473,10 @@ pub enum ExecError {
     /// The guest could not be reached.
     #[error("the container's VM is unreachable: {0}")]
     Guest(#[source] GuestUnreachable),
-    /// The guest could not start it (`errno`: ENOENT for a missing program).
-    #[error("cannot start the process: {message}")]
-    Failed { errno: i32, message: String },
+    /// The guest could not start `program` (`errno`: ENOENT for a
+    /// missing one, which runc reports the same way).
+    #[error("cannot start {program:?} in the container: {message}")]
+    Failed { program: String, errno: i32, message: String },
     /// The container is paused.
     #[error("the container is paused; resume it first")]
     Paused,
