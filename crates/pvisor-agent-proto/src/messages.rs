@@ -219,11 +219,12 @@ pub struct Confinement {
 }
 
 /// A container inside a guest that several share (a pod's VM), as Kata
-/// Containers' agent makes one: the first process of a name starts it, as
+/// Containers' agent makes one: its first process (`start`) starts it, as
 /// PID 1 of a new pid namespace, in a new mount namespace whose root is
 /// the exec's `root` (nothing of the guest's other mounts is left in it,
-/// and `/dev` holds only the standard devices); later processes of the
-/// name join both namespaces; it ends when its PID 1 does. With
+/// `/dev` holds only the standard devices, `/proc`'s kernel settings are
+/// read-only); later processes of the name join both namespaces; it ends
+/// when its PID 1 does, and is never started again under that name. With
 /// `memory_max`, its processes share a memory cgroup of the guest,
 /// `/sys/fs/cgroup/pod-NAME`, whose OOM kill ends all of them
 /// (`memory.oom.group`, as the kubelet sets it) and no other process.
@@ -236,6 +237,10 @@ pub struct GuestContainer {
     /// `memory.max` of its memory group, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<u64>,
+    /// This process starts the container (its init); any other joins it,
+    /// and fails when it is not running.
+    #[serde(default)]
+    pub start: bool,
 }
 
 impl GuestContainer {
@@ -653,7 +658,7 @@ mod tests {
 
     #[test]
     fn a_guest_containers_name_is_one_plain_component() {
-        let group = |name: &str| GuestContainer { name: name.into(), memory_max: Some(1 << 20) };
+        let group = |name: &str| GuestContainer { name: name.into(), memory_max: Some(1 << 20), start: true };
         assert!(group("9f86d081884c7d65-c2").name_is_plain());
         assert_eq!(group("c2").memory_group(), "/pod-c2");
         for hostile in ["", ".", "..", "../x", "a/b", "a\nb", &"x".repeat(GuestContainer::MAX_NAME + 1)] {

@@ -283,9 +283,10 @@ pub struct SharedDirectory {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
     /// Host mounts made beneath the directory after the VM started reach
-    /// the guest (its file server's view follows the host's mounts): a
-    /// pod's directory, where each later container's root filesystem and
-    /// volumes are mounted while the pod's VM runs.
+    /// the guest (its file server's view follows the host's mounts), and
+    /// the directory itself is read-only to the guest, which writes only
+    /// inside those mounts: a pod's directory, where each later container's
+    /// root filesystem and volumes are mounted while the pod's VM runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub live_mounts: bool,
 }

@@ -93,7 +93,7 @@ impl Container {
         sandbox: Option<&Container>,
     ) -> Result<Container, Error> {
         if let Some(sandbox) = sandbox {
-            return Self::join(request, sandbox);
+            return Self::join(request, runtime, sandbox);
         }
         request.stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
         let oci = spec::load(&request.bundle)?;
@@ -109,7 +109,7 @@ impl Container {
             if mounted {
                 rootfs::unmount_all(&rootfs, &request.rootfs);
             }
-            pod::remove(&request.bundle);
+            pod::remove(&request.namespace, &request.id);
             e
         };
         let init = spec::init_process(&oci).map_err(|e| undo(e.into()))?;
@@ -130,7 +130,8 @@ impl Container {
             .map_err(|e| undo(Error::Invalid(e.to_string())))?;
         let pod = match spec::is_pod_sandbox(&oci) {
             true => Some(
-                PodDir::make(&request.bundle, &rootfs).map_err(|e| undo(Error::Internal(e.to_string())))?,
+                PodDir::make(&request.namespace, &request.id, &rootfs)
+                    .map_err(|e| undo(Error::Internal(e.to_string())))?,
             ),
             false => None,
         };
@@ -161,51 +162,56 @@ impl Container {
     }
 
     /// A pod's later container in the pod's VM: its rootfs (and volumes)
-    /// mounted in the pod's directory, where the guest sees them live.
-    fn join(request: CreateRequest, sandbox: &Container) -> Result<Container, Error> {
+    /// built on the node and moved into the pod's directory, where the
+    /// guest sees them live ([`crate::pod`]).
+    fn join(request: CreateRequest, runtime: &Runtime, sandbox: &Container) -> Result<Container, Error> {
         request.stdio.check().map_err(|e| Error::Unsupported(e.to_string()))?;
         let Place::OwnVm { pod: Some(pod) } = &sandbox.place else {
             return Err(Error::Precondition(format!("{} is not a pod sandbox of this shim", sandbox.id)));
         };
+        let ending = |why: String| Error::Precondition(format!("pod sandbox {}: {why}", sandbox.id));
+        let admission = pod.admit().map_err(|e| ending(e.to_string()))?;
         if sandbox.init.snapshot().status == Status::Stopped || sandbox.vm.paused().is_some() {
-            return Err(Error::Precondition(format!(
-                "pod sandbox {} is stopped or stopping; its VM takes no new container",
-                sandbox.id
+            return Err(ending("it is stopped or stopping; its VM takes no new container".into()));
+        }
+        if request.rootfs.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "container {}: a pod's container runs from containerd's snapshot; this bundle brings its own rootfs",
+                request.id
             )));
         }
         let oci = spec::load(&request.bundle)?;
         let mut init = spec::init_process(&oci)?;
         let limits = spec::limits(&oci);
-        let pids_limit = limits.pids.unwrap_or(0);
         if let Some(max_bytes) = limits.memory_bytes {
             sandbox.fits_in_vm(&request.id, max_bytes)?;
         }
         // Its own pid and mount namespaces in the VM, and memory group.
-        let container = GuestContainer { name: request.id.clone(), memory_max: limits.memory_bytes };
+        let container =
+            GuestContainer { name: request.id.clone(), memory_max: limits.memory_bytes, start: true };
         init.confinement.get_or_insert_with(Default::default).container = Some(container);
-        let (rootfs, guest_root) = pod.place(&request.id).map_err(|e| Error::Invalid(e.to_string()))?;
-        let undo = |e: Error| {
-            rootfs::unmount_all(&rootfs, &request.rootfs);
-            let _ = std::fs::remove_dir(&rootfs);
-            e
-        };
-        let mounted = if request.rootfs.is_empty() {
-            // A runtime-prepared bundle: its rootfs is bound into the pod's.
-            let given = oci.root().as_ref().map(|r| r.path().clone()).unwrap_or_else(|| "rootfs".into());
-            rustix::mount::mount_bind_recursive(request.bundle.join(given), &rootfs)
-                .map_err(std::io::Error::from)
-        } else {
-            rootfs::mount_all(&request.rootfs, &rootfs)
-        };
-        mounted.map_err(|e| undo(Error::Internal(e.to_string())))?;
         let binds = binds::plan(binds::binds(&oci));
-        binds::copy_in(&binds.copied, &rootfs).map_err(|e| undo(Error::Invalid(e.to_string())))?;
-        binds::mount_into(&binds.shared, &rootfs).map_err(|e| undo(Error::Invalid(e.to_string())))?;
-        init.root = Root::At(guest_root);
+        // The volumes pass the checks the pod's own shares passed.
+        let check =
+            pvisor::actions::CheckJoiningShares { workspace: sandbox.rootfs.clone(), shares: binds.shared };
+        let shared =
+            runtime.execute(check).map_err(|e| Error::Invalid(format!("container {}: {e}", request.id)))?;
         let logger = request
             .stdio
             .logger(&request.id, &request.namespace)
-            .map_err(|e| undo(Error::Invalid(e.to_string())))?;
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let staging = admission.staging(&request.id).map_err(|e| Error::Invalid(e.to_string()))?;
+        let undo = |e: Error| {
+            rootfs::unmount_all(&staging, &request.rootfs);
+            let _ = std::fs::remove_dir(&staging);
+            e
+        };
+        rootfs::mount_all(&request.rootfs, &staging).map_err(|e| undo(Error::Internal(e.to_string())))?;
+        binds::copy_in(&binds.copied, &staging).map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        binds::mount_into(&shared, &staging).map_err(|e| undo(Error::Invalid(e.to_string())))?;
+        let (rootfs, guest_root) =
+            admission.enter(&request.id, &staging).map_err(|e| undo(Error::Internal(e.to_string())))?;
+        init.root = Root::At(guest_root);
         log::info!("container {} runs in pod {}'s VM (Job {})", request.id, sandbox.id, sandbox.vm.job());
         Ok(Container {
             id: request.id,
@@ -216,7 +222,7 @@ impl Container {
             init: Process::new(init, request.stdio, logger),
             execs: Mutex::new(HashMap::new()),
             vm: sandbox.vm.clone(),
-            pids_limit,
+            pids_limit: limits.pids.unwrap_or(0),
             place: Place::InPod,
         })
     }
@@ -277,7 +283,8 @@ impl Container {
         if let Place::InPod = self.place {
             // In the guest container its init started.
             spec.root = self.init.spec.root.clone();
-            let container = self.init.spec.confinement.as_ref().and_then(|c| c.container.clone());
+            let init = self.init.spec.confinement.as_ref().and_then(|c| c.container.clone());
+            let container = init.map(|c| GuestContainer { start: false, ..c });
             spec.confinement.get_or_insert_with(Default::default).container = container;
         }
         // Started before the lock (it may take seconds to get ready); a
@@ -368,6 +375,10 @@ impl Container {
             (None, Status::Created) => self.init.exit(0),
             (None, _) => return Err(Error::Precondition(format!("container {} is still running", self.id))),
         };
+        if let Place::OwnVm { pod: Some(pod) } = &self.place {
+            // No container joins from here on.
+            pod.close();
+        }
         if self.owns_vm() {
             self.stop_vm();
         }
@@ -389,7 +400,7 @@ impl Container {
                     rootfs::unmount_all(&self.rootfs, &self.mounts);
                 }
                 if pod.is_some() {
-                    pod::remove(&self.bundle);
+                    pod::remove(&self.namespace, &self.id);
                 }
                 let _ = std::fs::remove_file(self.bundle.join(JOB_FILE));
             }
@@ -453,7 +464,6 @@ pub fn cleanup_bundle(runtime: &Runtime, bundle: &Path) {
     // The mounts are not known here; a volatile overlay's marker is cleared
     // when its snapshot is mounted again.
     rootfs::unmount_all(&bundle.join("rootfs"), &[]);
-    pod::remove(bundle);
 }
 
 /// A process containerd ran in the container, as the Job's Trace records

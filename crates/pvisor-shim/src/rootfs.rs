@@ -98,7 +98,7 @@ pub fn mount_all(mounts: &[Mount], target: &Path) -> std::io::Result<()> {
 /// others can mount the snapshot again as usual.
 pub fn unmount_all(target: &Path, mounts: &[Mount]) {
     for _ in 0..16 {
-        if rustix::mount::unmount(target, UnmountFlags::DETACH).is_err() {
+        if rustix::mount::unmount(target, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW).is_err() {
             break;
         }
     }

@@ -37,6 +37,9 @@ struct Engine {
 
 struct Shared {
     namespace: String,
+    /// The id containerd started this shim for (`-id`): a container's, or
+    /// the pod sandbox's of a pod's shim.
+    id: String,
     exit: ExitSignal,
     engine: OnceLock<Result<Engine, EngineError>>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
@@ -106,6 +109,7 @@ impl Service {
         let _ = engine.set(Ok(start_engine_with(runtime)?));
         let shared = Shared {
             namespace: namespace.to_owned(),
+            id: String::new(),
             exit: ExitSignal::default(),
             engine,
             containers: Mutex::new(HashMap::new()),
@@ -244,6 +248,7 @@ impl containerd_shim::Shim for Service {
     fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
         let shared = Shared {
             namespace: args.namespace.clone(),
+            id: args.id.clone(),
             exit: ExitSignal::default(),
             engine: OnceLock::new(),
             containers: Mutex::new(HashMap::new()),
@@ -264,6 +269,9 @@ impl containerd_shim::Shim for Service {
 
     /// containerd's cleanup after a shim died: the Job it left is ended.
     fn delete_shim(&mut self) -> Result<DeleteResponse, containerd_shim::Error> {
+        // A pod's directory first, whatever else fails: nothing of it may
+        // stay mounted where it could be walked into.
+        crate::pod::remove(&self.shared.namespace, &self.shared.id);
         let bundle = std::env::current_dir().map_err(|e| containerd_shim::Error::Other(e.to_string()))?;
         match open_runtime() {
             Ok(runtime) => container::cleanup_bundle(&runtime, &bundle),

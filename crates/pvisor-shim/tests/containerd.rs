@@ -395,6 +395,10 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert!((1..=4).contains(&pids), "its /proc shows its own processes only: {escape}");
     assert_eq!(line("run: ").as_deref(), Some(""), "{escape}");
     assert!(line("agent port: ").is_some_and(|p| p != "taken"), "{escape}");
+    // Nor can it set the guest kernel's core_pattern (a program the kernel
+    // would run as the guest's root), or open a guest disk through a node.
+    assert!(line("core_pattern: ").is_some_and(|p| p.contains("Read-only")), "{escape}");
+    assert_eq!(line("disk: ").as_deref(), Some("not opened"), "{escape}");
     // CRI's log format: TIMESTAMP STREAM TAG LINE.
     let log = at("log").as_str().unwrap_or_default().to_owned();
     assert!(log.contains(" stdout F injected-started\n"), "the injected program ran first: {seen}");
@@ -414,7 +418,8 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
     assert!(disks.is_empty(), "the pod's VM disks are released: {disks:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let state = c.dir.path().join("state").display().to_string();
-    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state)).collect();
+    let pods = format!("/run/pvisor-shim/pods/{CRI_NAMESPACE}/");
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state) || l.contains(&pods)).collect();
     assert!(left.is_empty(), "the pod's directory and roots are unmounted: {left:?}");
     // The pod is one Job, found by its name: the sandbox's, whose Trace
     // records what each of the pod's containers ran.

@@ -235,7 +235,10 @@ fn pinned_view(
     let source = cstring(source.as_os_str().as_encoded_bytes())?;
     let at = cstring(view.as_os_str().as_encoded_bytes())?;
     let root = c"/";
-    let read_only = share.read_only;
+    // A share of live mounts is read-only at its top: the guest writes
+    // only inside the mounts beneath, never the entries the host mounts
+    // on (a symlink planted where the host mounts next).
+    let read_only = share.read_only || share.live_mounts;
     // Private, so nothing of the host's later mounts reaches the server,
     // unless the share asks for them: then a slave, which receives the
     // host's mounts beneath a shared directory and sends none back.

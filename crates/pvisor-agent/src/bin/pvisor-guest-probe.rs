@@ -12,7 +12,9 @@
 //! classic chroot escape (`CAP_SYS_CHROOT`: chroot below the working
 //! directory, then `..` past the root), and a report of what it reached:
 //! the entries of the root it got to, and of its `proc` and `run`, and
-//! whether PID 1's agent port could be taken.
+//! whether PID 1's agent port could be taken; then whether it can set the
+//! guest kernel's `core_pattern` (a program the kernel runs as the guest's
+//! root), and open a guest disk through a device node it makes.
 
 // A test program: it reports what it found on its stdout and stderr.
 #![allow(clippy::disallowed_macros)]
@@ -92,7 +94,40 @@ fn escape() -> io::Result<()> {
         Ok(_) => println!("agent port: taken"),
         Err(e) => println!("agent port: {e}"),
     }
+    let pattern = fs::read("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    match fs::OpenOptions::new().write(true).open("/proc/sys/kernel/core_pattern") {
+        Ok(mut file) => match io::Write::write_all(&mut file, &pattern) {
+            Ok(()) => println!("core_pattern: written"),
+            Err(e) => println!("core_pattern: {e}"),
+        },
+        Err(e) => println!("core_pattern: {e}"),
+    }
+    println!("disk: {}", disk_through_a_node());
     Ok(())
+}
+
+/// Makes a node for the guest's first disk (its number from sysfs) and
+/// opens it.
+fn disk_through_a_node() -> String {
+    let Ok(numbers) = fs::read_to_string("/sys/block/vda/dev") else { return "no /sys/block/vda".into() };
+    let Some((major, minor)) = numbers.trim().split_once(':') else { return "no device number".into() };
+    let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
+        return "no device number".into();
+    };
+    for dir in ["/dev", "/tmp"] {
+        let node = format!("{dir}/probe-disk");
+        let path = std::ffi::CString::new(node.clone()).unwrap_or_default();
+        // SAFETY: mknod of a NUL-terminated path we made, with integers.
+        let made = unsafe { libc::mknod(path.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(major, minor)) };
+        if made != 0 {
+            println!("mknod {node}: {}", io::Error::last_os_error());
+            continue;
+        }
+        if File::open(&node).is_ok() {
+            return format!("opened {node}");
+        }
+    }
+    "not opened".into()
 }
 
 /// A duplicate of PID 1's descriptor for the agent port (`/dev/vportNpM`).

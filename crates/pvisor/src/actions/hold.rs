@@ -72,6 +72,28 @@ impl Keeper {
     }
 }
 
+/// Checks host directories that join a keeper Job's guest through a share
+/// it has (the containerd shim's pod containers' volumes), exactly as the
+/// Job's own shares were checked at its admission; the answer is the
+/// shares as the guest must get them (sources canonicalized).
+#[derive(Debug)]
+pub struct CheckJoiningShares {
+    /// The keeper Job's workspace.
+    pub workspace: PathBuf,
+    pub shares: Vec<SharedDirectory>,
+}
+
+impl Action for CheckJoiningShares {
+    const NAME: &'static str = "check-joining-shares";
+    type Outcome = Vec<SharedDirectory>;
+
+    fn perform(self, runtime: &Runtime) -> Result<Vec<SharedDirectory>, RuntimeError> {
+        // A keeper's secrets are `Keeper::request`'s: the default policy.
+        let secrets = crate::SecretPolicy::default();
+        Ok(crate::admission::check_joining_shares(runtime.store(), &self.workspace, &secrets, &self.shares)?)
+    }
+}
+
 /// What a [`HoldGuest`] starts.
 #[derive(Debug)]
 pub enum Hold {

@@ -68,7 +68,7 @@ pub use execution::{
     CheckpointExecution, CheckpointWorkspace, ExecutionForkSource, PrepareExecutionFork, Suspend,
 };
 pub use guest::{Guest, OpenGuest};
-pub use hold::{AwaitGuest, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
+pub use hold::{AwaitGuest, CheckJoiningShares, GiveUp, Held, Hold, HoldGuest, Keeper, NotReady, Readiness};
 pub use jobs::{Events, Gc, Kill, ListJobs, Resume, Run, Status, Trace};
 pub use network::{ChangeCredentialVault, ChangeNetworkPolicy, NoteInTrace};
 pub use records::{

@@ -251,6 +251,27 @@ impl std::fmt::Display for Backend<'_> {
 /// Admits `request`: validates it, fixes the policy and Placement, and records
 /// the Run, Job and Attempt. `traits` are the traits of `executor_impl`'s
 /// backend.
+/// Checks host directories that join a running keeper Job's guest through
+/// a share it already has (a pod's later container's volumes, mounted
+/// beneath the pod's directory), as admission checks a Job's own shares:
+/// canonicalized, no kernel filesystem, no overlap with `workspace` (the
+/// Job's) or a path hidden from a Job of `secrets`.
+pub fn check_joining_shares(
+    store: &Store,
+    workspace: &std::path::Path,
+    secrets: &SecretPolicy,
+    shares: &[pvisor_core::records::SharedDirectory],
+) -> Result<Vec<pvisor_core::records::SharedDirectory>, AdmissionError> {
+    let (_, resolved) = secrets::resolve(Vec::new(), secrets, workspace)?;
+    let executor = Backend { name: "vm", traits: crate::backends::host_traits("vm") };
+    policy::shared_directories(
+        shares,
+        executor,
+        workspace,
+        &policy::hidden_now(store.root(), &resolved.hidden),
+    )
+}
+
 pub fn admit(
     store: &Store,
     executor_impl: &dyn pvisor_sandbox::Executor,

@@ -3,23 +3,30 @@
 //! Containers' agent runs them. A container's first process is PID 1 of a
 //! new pid namespace (its end ends the container, as under runc) in a new
 //! mount namespace whose root is the container's rootfs; later processes
-//! join both.
+//! join both; a container that ended is not started again.
 //!
-//! The guest's root is the initramfs, which `pivot_root` cannot leave, so
-//! the new mount namespace is made as runc's `no_pivot` makes it, with
-//! what that leaves reachable taken away first: every other mount of the
-//! guest (its `/proc`, `/dev`, the workspace, the pod's directory holding
-//! the other containers' roots) is detached from the namespace before the
-//! rootfs is moved onto `/`. A process that climbs out of its chroot
-//! (`CAP_SYS_CHROOT`) finds only the initramfs's own files. The rootfs's
-//! `/dev` holds the standard devices only (not the guest's disks), and its
-//! `/proc` is the container's pid namespace's.
+//! The mount namespace is built by the container's first process between
+//! fork and exec, so none of it is left in the agent's own namespace:
+//! - its `/dev`: a `nodev` tmpfs holding null, zero, full, random, urandom
+//!   and tty bound from the guest's (no other device opens there, and none
+//!   made there opens), its own devpts and `/dev/shm`; its `/sys`, read-only;
+//! - the guest's initramfs cannot be `pivot_root`ed, so the rootfs is moved
+//!   onto `/` as runc's `no_pivot` does, after every other mount of the
+//!   guest (its `/proc`, `/dev`, the workspace, the pod's directory with the
+//!   other containers' roots) is detached from the namespace; `..` from the
+//!   moved root leads back into it;
+//! - a `/proc` of its pid namespace, with runc's defaults applied: the
+//!   kernel's settings (`/proc/sys`, `sysrq-trigger`, `irq`, `bus`, `fs`)
+//!   read-only, `kcore`, `keys`, `timer_list` and the like masked. Without
+//!   that, root in one container could set `core_pattern` and run a program
+//!   as the guest's root, outside every container.
 //!
 //! Entering runs between fork and exec, so only bare syscalls, on paths
-//! made before the fork; the pid namespace is entered by the forking
-//! thread, a short-lived one of its own ([`Entry::spawn_in`]).
+//! resolved before the fork (beneath the root, as the image's symlinks
+//! lead); the pid namespace is entered by the forking thread, a
+//! short-lived one of its own ([`Entry::spawn_in`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::fs;
 use std::io;
@@ -28,9 +35,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use pvisor_agent_proto::GuestContainer;
-use rustix::mount::MountFlags;
-
-use crate::init::mount;
 
 /// Where a new container's rootfs is moved while the guest's other mounts
 /// are detached (a directory of the initramfs).
@@ -38,6 +42,13 @@ const STAGING: &CStr = c"/.pvisor-container";
 /// The devices a container's `/dev` has, bound from the guest's: what
 /// runc's default spec gives a container.
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Made read-only in a container's `/proc` (runc's default `readonlyPaths`).
+const READ_ONLY: [&CStr; 5] = [c"/proc/bus", c"/proc/fs", c"/proc/irq", c"/proc/sys", c"/proc/sysrq-trigger"];
+/// Files masked with `/dev/null` (runc's default `maskedPaths` that are files).
+const MASKED_FILES: [&CStr; 5] =
+    [c"/proc/kcore", c"/proc/keys", c"/proc/timer_list", c"/proc/latency_stats", c"/proc/sched_debug"];
+/// Directories masked with an empty read-only tmpfs.
+const MASKED_DIRS: [&CStr; 3] = [c"/proc/acpi", c"/proc/scsi", c"/sys/firmware"];
 
 /// A running container's namespaces, for its later processes to join.
 pub(crate) struct Namespaces {
@@ -47,44 +58,144 @@ pub(crate) struct Namespaces {
     pub(crate) init: u32,
 }
 
-/// The running containers, by name.
-pub(crate) type Containers = HashMap<String, Namespaces>;
+/// The guest's containers: the running ones by name, and the names of
+/// those that ended (never started again).
+#[derive(Default)]
+pub(crate) struct Containers {
+    running: HashMap<String, Namespaces>,
+    ended: HashSet<String>,
+}
 
 /// How a process enters its container.
 pub(crate) enum Entry {
-    /// It starts the container: `root` becomes `/` of a new mount
-    /// namespace, from which `detach` (the guest's other mounts) go.
-    New { root: CString, detach: Vec<CString> },
+    /// It starts the container: `steps` build its root's mounts, then the
+    /// root becomes `/` of the new mount namespace, from which `detach`
+    /// (the guest's other mounts) go.
+    New { root: CString, steps: Vec<Step>, detach: Vec<CString> },
     /// It joins a running one.
     Join { pid: OwnedFd, mnt: OwnedFd },
 }
 
-impl Namespaces {
-    /// The namespaces of a new container's PID 1, just started.
-    pub(crate) fn of(pid: u32, init: u32) -> io::Result<Namespaces> {
+/// One step of building a new container's root, on paths made before the fork.
+pub(crate) enum Step {
+    Mount {
+        source: CString,
+        target: CString,
+        fstype: CString,
+        flags: libc::c_ulong,
+        data: CString,
+    },
+    Mkdir(CString, libc::mode_t),
+    /// An empty file, a device's mount point.
+    Touch(CString),
+    Symlink {
+        target: CString,
+        link: CString,
+    },
+}
+
+impl Containers {
+    /// Records the namespaces of a container's PID 1, just started.
+    pub(crate) fn started(&mut self, name: &str, pid: u32, init: u32) -> io::Result<()> {
         let open = |kind: &str| -> io::Result<OwnedFd> {
-            let path = format!("/proc/{pid}/ns/{kind}");
-            Ok(fs::File::open(path)?.into())
+            Ok(fs::File::open(format!("/proc/{pid}/ns/{kind}"))?.into())
         };
-        Ok(Namespaces { pid: open("pid")?, mnt: open("mnt")?, init })
+        let ns = Namespaces { pid: open("pid")?, mnt: open("mnt")?, init };
+        self.running.insert(name.to_owned(), ns);
+        Ok(())
+    }
+
+    /// Exec `id` ended: if it was a container's PID 1, so is the container.
+    pub(crate) fn exited(&mut self, id: u32) {
+        let ended: Vec<String> =
+            self.running.iter().filter(|(_, ns)| ns.init == id).map(|(name, _)| name.clone()).collect();
+        for name in ended {
+            self.running.remove(&name);
+            self.ended.insert(name);
+        }
     }
 }
 
-/// Readies `root` for `container` and says how its process enters: it
-/// joins the container if it runs, or starts it.
-pub(crate) fn prepare(container: &GuestContainer, root: &Path, running: &Containers) -> io::Result<Entry> {
+/// Says how `container`'s process enters it, readying `root` for a start:
+/// a start of a container that runs or ran, or a join of one that does
+/// not run, is refused.
+pub(crate) fn prepare(container: &GuestContainer, root: &Path, known: &Containers) -> io::Result<Entry> {
+    let refuse = |why: String| Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     if !container.name_is_plain() {
-        let message = format!("{:?} is not a container name", container.name);
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        return refuse(format!("{:?} is not a container name", container.name));
     }
-    if let Some(ns) = running.get(&container.name) {
-        return Ok(Entry::Join { pid: ns.pid.try_clone()?, mnt: ns.mnt.try_clone()? });
+    let name = &container.name;
+    match (container.start, known.running.get(name)) {
+        (false, Some(ns)) => Ok(Entry::Join { pid: ns.pid.try_clone()?, mnt: ns.mnt.try_clone()? }),
+        (false, None) => refuse(format!("container {name} is not running")),
+        (true, Some(_)) => refuse(format!("container {name} is already running")),
+        (true, None) if known.ended.contains(name) => refuse(format!("container {name} has ended")),
+        (true, None) => {
+            fs::create_dir_all(Path::new(STAGING.to_str().unwrap_or("/.pvisor-container")))?;
+            Ok(Entry::New { root: cstring(root)?, steps: root_steps(root)?, detach: top_level_mounts()? })
+        }
     }
-    prepare_root(root)?;
-    fs::create_dir_all(Path::new(STAGING.to_str().unwrap_or("/.pvisor-container")))?;
-    let root = CString::new(root.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "the root has a NUL byte"))?;
-    Ok(Entry::New { root, detach: top_level_mounts()? })
+}
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("{} has a NUL byte", path.display()))
+    })
+}
+
+/// The steps that make `root`'s `/dev` and `/sys` (see the module's doc).
+/// Each place is resolved beneath the root as its symlinks lead, and made
+/// if missing, now; the mounts happen in the container's namespace.
+fn root_steps(root: &Path) -> io::Result<Vec<Step>> {
+    let at = |path: &str| -> io::Result<std::path::PathBuf> {
+        let resolved = pvisor_agent_proto::resolve_in_root(root, Path::new(path), true)?;
+        fs::create_dir_all(&resolved)?;
+        Ok(resolved)
+    };
+    at("/proc")?;
+    let tmp = at("/tmp")?;
+    fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+    let dev = at("/dev")?;
+    let sys = at("/sys")?;
+    let c = |s: &str| CString::new(s).unwrap_or_default();
+    let mount =
+        |source: &str, target: &Path, fstype: &str, flags: libc::c_ulong, data: &str| -> io::Result<Step> {
+            Ok(Step::Mount {
+                source: c(source),
+                target: cstring(target)?,
+                fstype: c(fstype),
+                flags,
+                data: c(data),
+            })
+        };
+    let hidden = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    let mut steps = vec![mount("tmpfs", &dev, "tmpfs", hidden, "mode=755,size=65536k")?];
+    for name in DEVICES {
+        let node = dev.join(name);
+        steps.push(Step::Touch(cstring(&node)?));
+        steps.push(mount(&format!("/dev/{name}"), &node, "", libc::MS_BIND, "")?);
+    }
+    steps.push(Step::Mkdir(cstring(&dev.join("pts"))?, 0o755));
+    steps.push(mount(
+        "devpts",
+        &dev.join("pts"),
+        "devpts",
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        "newinstance,ptmxmode=0666,mode=620",
+    )?);
+    steps.push(Step::Mkdir(cstring(&dev.join("shm"))?, 0o1777));
+    steps.push(mount("tmpfs", &dev.join("shm"), "tmpfs", hidden, "mode=1777")?);
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        steps.push(Step::Symlink { target: c(target), link: cstring(&dev.join(link))? });
+    }
+    steps.push(mount("sysfs", &sys, "sysfs", hidden | libc::MS_RDONLY, "")?);
+    Ok(steps)
 }
 
 /// The mount points whose parent is the guest's root mount: detaching
@@ -129,53 +240,50 @@ fn unescape(field: &str) -> Vec<u8> {
     out
 }
 
-/// Makes `root` a container's root: `/proc`, `/sys` (read-only), `/tmp`,
-/// and a `/dev` of its own (a tmpfs with the standard devices bound from
-/// the guest's, its own devpts and `/dev/shm`). Each place is resolved
-/// beneath the root, as the image's symlinks lead, so no symlink in an
-/// image makes the agent mount on the guest's own directories.
-fn prepare_root(root: &Path) -> io::Result<()> {
-    let at = |path: &str| -> io::Result<String> {
-        let resolved = pvisor_agent_proto::resolve_in_root(root, Path::new(path), true)?;
-        fs::create_dir_all(&resolved)?;
-        Ok(resolved.to_string_lossy().into_owned())
-    };
-    let hidden = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-    // The guest's, replaced by the container's own at its start.
-    mount("proc", &at("/proc")?, "proc", hidden, "")?;
-    mount("sysfs", &at("/sys")?, "sysfs", hidden | MountFlags::RDONLY, "")?;
-    let tmp = at("/tmp")?;
-    fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
-    let dev = at("/dev")?;
-    mount("tmpfs", &dev, "tmpfs", MountFlags::NOSUID, "mode=755,size=65536k")?;
-    for name in DEVICES {
-        let node = Path::new(&dev).join(name);
-        fs::File::create(&node)?;
-        let node = node.to_string_lossy();
-        mount(&format!("/dev/{name}"), &node, "", MountFlags::BIND, "")?;
+fn ok(r: libc::c_int) -> io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    for dir in ["pts", "shm"] {
-        fs::create_dir(Path::new(&dev).join(dir))?;
+}
+
+/// `ok`, where a path the kernel lacks (`ENOENT`) is nothing to do.
+fn ok_if_present(r: libc::c_int) -> io::Result<()> {
+    match ok(r) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
     }
-    let pts = format!("{dev}/pts");
-    mount(
-        "devpts",
-        &pts,
-        "devpts",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        "newinstance,ptmxmode=0666,mode=620",
-    )?;
-    mount("tmpfs", &format!("{dev}/shm"), "tmpfs", hidden, "mode=1777")?;
-    for (link, target) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(target, Path::new(&dev).join(link))?;
+}
+
+impl Step {
+    /// Only bare syscalls: it runs between fork and exec.
+    fn run(&self) -> io::Result<()> {
+        // SAFETY: each call takes NUL-terminated strings made before the
+        // fork, integers, or null.
+        unsafe {
+            match self {
+                Step::Mount { source, target, fstype, flags, data } => {
+                    let fstype = if fstype.is_empty() { std::ptr::null() } else { fstype.as_ptr() };
+                    let data = if data.is_empty() { std::ptr::null() } else { data.as_ptr().cast() };
+                    ok(libc::mount(source.as_ptr(), target.as_ptr(), fstype, *flags, data))
+                }
+                Step::Mkdir(path, mode) => ok(libc::mkdir(path.as_ptr(), *mode)),
+                Step::Touch(path) => {
+                    let fd = libc::open(
+                        path.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    ok(libc::close(fd))
+                }
+                Step::Symlink { target, link } => ok(libc::symlink(target.as_ptr(), link.as_ptr())),
+            }
+        }
     }
-    Ok(())
 }
 
 impl Entry {
@@ -185,16 +293,12 @@ impl Entry {
     /// again once that child has ended.
     pub(crate) fn spawn_in<T: Send>(&self, spawn: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
         let enter = || -> io::Result<()> {
-            let done = match self {
+            match self {
                 // SAFETY: unshare takes flags only.
-                Entry::New { .. } => unsafe { libc::unshare(libc::CLONE_NEWPID) },
+                Entry::New { .. } => ok(unsafe { libc::unshare(libc::CLONE_NEWPID) }),
                 // SAFETY: setns takes a descriptor we own and flags.
-                Entry::Join { pid, .. } => unsafe { libc::setns(pid.as_raw_fd(), libc::CLONE_NEWPID) },
-            };
-            if done != 0 {
-                return Err(io::Error::last_os_error());
+                Entry::Join { pid, .. } => ok(unsafe { libc::setns(pid.as_raw_fd(), libc::CLONE_NEWPID) }),
             }
-            Ok(())
         };
         std::thread::scope(|scope| {
             let spawned = scope.spawn(|| enter().and_then(|()| spawn()));
@@ -205,16 +309,19 @@ impl Entry {
     /// Puts the calling process (forked, single-threaded, still root) in
     /// its container's mount namespace, at its root. Only bare syscalls.
     pub(crate) fn enter(&self) -> io::Result<()> {
-        let ok = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
-        let none = std::ptr::null();
-        // SAFETY: each call takes NUL-terminated strings made before the
-        // fork, or null, and flags; none allocates.
-        unsafe {
-            match self {
-                Entry::Join { mnt, .. } => ok(libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS)),
-                Entry::New { root, detach } => {
+        match self {
+            // SAFETY: setns takes a descriptor we own and flags.
+            Entry::Join { mnt, .. } => ok(unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) }),
+            Entry::New { root, steps, detach } => {
+                let none = std::ptr::null();
+                // SAFETY: each call takes NUL-terminated strings made before
+                // the fork, or null, and flags; none allocates.
+                unsafe {
                     ok(libc::unshare(libc::CLONE_NEWNS))?;
                     ok(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_SLAVE, none.cast()))?;
+                    for step in steps {
+                        step.run()?;
+                    }
                     ok(libc::mount(
                         root.as_ptr(),
                         root.as_ptr(),
@@ -231,20 +338,53 @@ impl Entry {
                     ok(libc::mount(c".".as_ptr(), c"/".as_ptr(), none, libc::MS_MOVE, none.cast()))?;
                     ok(libc::chroot(c".".as_ptr()))?;
                     ok(libc::chdir(c"/".as_ptr()))?;
-                    // The guest's /proc, then the container's own.
-                    libc::umount2(c"/proc".as_ptr(), libc::MNT_DETACH);
-                    let hidden = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                    ok(libc::mount(
-                        c"proc".as_ptr(),
-                        c"/proc".as_ptr(),
-                        c"proc".as_ptr(),
-                        hidden,
-                        none.cast(),
-                    ))
                 }
+                own_proc()
             }
         }
     }
+}
+
+/// The container's `/proc` (of its pid namespace), with runc's defaults:
+/// the kernel's settings read-only, what leaks the guest's state masked.
+fn own_proc() -> io::Result<()> {
+    let none: *const libc::c_char = std::ptr::null();
+    let hidden = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: as in `enter`: literals, flags and null only.
+    unsafe {
+        ok(libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), hidden, none.cast()))?;
+        for path in READ_ONLY {
+            ok_if_present(libc::mount(
+                path.as_ptr(),
+                path.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                none.cast(),
+            ))?;
+            let read_only = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | hidden;
+            ok_if_present(libc::mount(path.as_ptr(), path.as_ptr(), none, read_only, none.cast()))?;
+        }
+        for path in MASKED_FILES {
+            ok_if_present(libc::mount(
+                c"/dev/null".as_ptr(),
+                path.as_ptr(),
+                none,
+                libc::MS_BIND,
+                none.cast(),
+            ))?;
+        }
+        for path in MASKED_DIRS {
+            let flags = libc::MS_RDONLY | hidden;
+            ok_if_present(libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                flags,
+                none.cast(),
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -256,5 +396,27 @@ mod tests {
         assert_eq!(unescape(r"/run/a\040b\134c"), b"/run/a b\\c");
         assert_eq!(unescape(r"/plain"), b"/plain");
         assert_eq!(unescape(r"/odd\04"), b"/odd\\04");
+    }
+
+    /// A container's name is started once: a second start, a start after
+    /// its end and a join of one that does not run are refused.
+    #[test]
+    fn a_container_starts_once_and_is_joined_only_while_it_runs() {
+        let mut known = Containers::default();
+        let guest = |start: bool| GuestContainer { name: "c1".into(), memory_max: None, start };
+        let refused = |g: GuestContainer, known: &Containers| {
+            prepare(&g, Path::new("/nonexistent-root"), known)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(refused(guest(false), &known).contains("not running"));
+        let own = std::process::id();
+        known.started("c1", own, 7).expect("our own namespaces");
+        assert!(refused(guest(true), &known).contains("already running"));
+        assert!(matches!(prepare(&guest(false), Path::new("/"), &known), Ok(Entry::Join { .. })));
+        known.exited(7);
+        assert!(refused(guest(true), &known).contains("has ended"));
+        assert!(refused(guest(false), &known).contains("not running"));
     }
 }

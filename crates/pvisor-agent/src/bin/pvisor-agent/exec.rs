@@ -22,7 +22,7 @@ use rustix::mount::MountFlags;
 use rustix::process::{Pid, WaitOptions};
 
 use crate::confine;
-use crate::container::{Entry, Namespaces};
+use crate::container::Entry;
 use crate::init::mount;
 use crate::link::Writer;
 use crate::pty;
@@ -243,9 +243,8 @@ impl Agent {
         if let (Some(Entry::New { .. }), Some(container)) = (entry.as_deref(), &container) {
             // Later processes of the container join it; if its PID 1 has
             // ended already, they fail to, as they should.
-            match Namespaces::of(child.id(), id) {
-                Ok(ns) => drop(table.containers.insert(container.name.clone(), ns)),
-                Err(e) => eprintln!("pvisor-agent: container {}: its namespaces: {e}", container.name),
+            if let Err(e) = table.containers.started(&container.name, child.id(), id) {
+                eprintln!("pvisor-agent: container {}: its namespaces: {e}", container.name);
             }
         }
         let (status_tx, status_rx) = mpsc::channel();
@@ -343,7 +342,7 @@ fn report_exit(
     table.stdin.remove(&id);
     table.groups.remove(&id);
     table.memory_groups.remove(&id);
-    table.containers.retain(|_, ns| ns.init != id);
+    table.containers.exited(id);
     table.terminals.remove(&id);
     table.finished.insert(id, (code, signal));
     drop(table);

@@ -103,9 +103,15 @@ fn open_kmsg() -> io::Result<File> {
 /// The pid an OOM kill record names: `Out of memory: Killed process N
 /// (comm) ...` (not rate-limited, unlike the report before it), or the
 /// summary line `oom-kill:...,task_memcg=/G,...,pid=N,...`, which comes
-/// first and also names the victim's memory cgroup.
+/// first and also names the victim's memory cgroup. Only the kernel's own
+/// records count (facility 0 in the record's `PRI`): a process that can
+/// write the log writes as a user facility, and forges nothing here.
 fn victim(record: &str) -> Option<(i32, Option<String>)> {
-    let message = record.split_once(';').map_or(record, |(_, m)| m);
+    let (header, message) = record.split_once(';')?;
+    let priority: u32 = header.split(',').next()?.parse().ok()?;
+    if priority >> 3 != 0 {
+        return None;
+    }
     let digits = |s: &str| -> Option<i32> {
         let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         s[..end].parse().ok()
@@ -138,5 +144,8 @@ mod tests {
         assert_eq!(victim(in_group), Some((77, Some("/pod-c2".to_owned()))));
         assert_eq!(victim("6,1,1,-;oom_reaper: reaped process 231 (sh), now anon-rss:0kB\n"), None);
         assert_eq!(victim("6,2,2,-;virtio_blk virtio1: [vda] 16 512-byte logical blocks\n"), None);
+        // Written to /dev/kmsg by a process: the user facility (1 << 3 | 6).
+        assert_eq!(victim("14,3,3,-;oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/pod-c1,pid=9\n"), None);
+        assert_eq!(victim("no header"), None);
     }
 }
