@@ -28,6 +28,7 @@ removed even when a step fails (the error is in the JSON's "error").
 import json
 import os
 import shutil
+import subprocess
 import socket
 import sys
 import threading
@@ -124,7 +125,17 @@ def exec_sync(cri, pb, container, cmd):
     return {"stdout": out.stdout.decode(), "stderr": out.stderr.decode(), "code": out.exit_code}
 
 
-def second_container(cri, pb, pod, pod_config, image, first, home, seen):
+def exec_on_a_terminal(sock, container, command):
+    """What `ctr task exec -t` prints, run on a pseudo-terminal of its own
+    (util-linux's `script`), as `kubectl exec -it` asks for one."""
+    ctr = f"ctr -a {sock} -n k8s.io task exec -t --exec-id tty-{os.getpid()} {container} {command}"
+    out = subprocess.run(
+        ["script", "-qec", ctr, "/dev/null"], capture_output=True, stdin=subprocess.DEVNULL, timeout=120
+    )
+    return out.stdout.decode(errors="replace")
+
+
+def second_container(cri, pb, pod, pod_config, image, first, home, seen, sock):
     """A second container in the running pod: it shares the pod's VM and
     localhost, not the first's files, and exits with its own code."""
     started = time.monotonic()
@@ -156,6 +167,7 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen):
             "stdout"
         ]
         seen["c2_dev"] = exec_sync(cri, pb, c2, ["ls", "/dev"])["stdout"].split()
+        seen["c2_tty"] = exec_on_a_terminal(sock, c2, "tty")
         exec_sync(cri, pb, c2, ["touch", "/tmp/stop"])
         seen["c2_exit"] = wait_exited(cri, pb, c2)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status
@@ -352,7 +364,7 @@ def main():
         shutil.copy(probe, os.path.join(empty_dir, "probe"))
         seen["escape"] = exec_sync(cri, pb, container, ["/opt/opensandbox/bin/probe", "escape"])
 
-        second_container(cri, pb, pod, pod_config, image, container, home, seen)
+        second_container(cri, pb, pod, pod_config, image, container, home, seen, sock)
         oom_container(cri, pb, pod, pod_config, image, container, seen)
 
         cri.StopContainer(pb.StopContainerRequest(container_id=container, timeout=10), timeout=SLOW)

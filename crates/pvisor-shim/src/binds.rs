@@ -174,34 +174,41 @@ pub fn make_mount_points(shared: &[SharedDirectory], rootfs: &Path) -> Result<()
 }
 
 /// Mounts each shared directory on the host at its target in `rootfs`,
-/// made as [`make_mount_points`] makes it: for a container in a pod's VM,
-/// whose rootfs that VM's file server sees live, mounts included (Kata
-/// Containers shares a pod's volumes with its VM the same way). Both ends
-/// are opened through no symlink and mounted by descriptor, so nothing
-/// the image or a volume holds can redirect the mount. What was mounted
-/// before an error goes with the rootfs's (recursive) unmount.
+/// made as [`make_mount_points`] makes it, right before its mount (so a
+/// volume nested in another gets its mount point in that volume, as runc
+/// makes it): for a container in a pod's VM, whose rootfs that VM's file
+/// server sees live, mounts included (Kata Containers shares a pod's
+/// volumes with its VM the same way). Both ends are opened through no
+/// symlink and mounted by descriptor, so nothing the image or a volume
+/// holds can redirect the mount. Each mount is made private at once: a
+/// bind of a volume would otherwise stay a peer of the node's directory
+/// (the kubelet's are shared), and a volume nested in it would appear in
+/// the node's copy. What was mounted before an error goes with the
+/// rootfs's (recursive) unmount.
 pub fn mount_into(shared: &[SharedDirectory], rootfs: &Path) -> Result<(), BindError> {
-    make_mount_points(shared, rootfs)?;
-    let into = open_rootfs(rootfs)?;
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let path = |fd: &std::os::fd::OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd));
     for share in shared {
+        make_mount_points(std::slice::from_ref(share), rootfs)?;
+        let into = open_rootfs(rootfs)?;
         let failed = |source: std::io::Error| BindError::Mount {
             source_dir: share.source.clone(),
             target: share.target.clone(),
             source,
         };
-        let at = into.open_directory(&inside(&share.target)?).map_err(failed)?;
-        let from = rustix::fs::openat2(
-            rustix::fs::CWD,
-            &share.source,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-            rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-        )
-        .map_err(|e| failed(e.into()))?;
-        let path =
-            |fd: &std::os::fd::OwnedFd| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd));
+        let target = inside(&share.target)?;
+        let at = into.open_directory(&target).map_err(failed)?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let from = rustix::fs::openat2(rustix::fs::CWD, &share.source, flags, Mode::empty(), resolve)
+            .map_err(|e| failed(e.into()))?;
         // Read-write: [`plan`] shares no read-only bind (it copies those).
         rustix::mount::mount_bind_recursive(path(&from), path(&at)).map_err(|e| failed(e.into()))?;
+        // Opened again, the place is now the mount's root.
+        let mounted = open_rootfs(rootfs)?.open_directory(&target).map_err(failed)?;
+        let private =
+            rustix::mount::MountPropagationFlags::PRIVATE | rustix::mount::MountPropagationFlags::REC;
+        rustix::mount::mount_change(path(&mounted), private).map_err(|e| failed(e.into()))?;
     }
     Ok(())
 }
@@ -454,10 +461,27 @@ mod tests {
         let refused = mount_into(&[share("/escape/vol2")], rootfs.path()).unwrap_err();
         assert!(refused.to_string().contains("symlink"), "{refused}");
         assert!(!host.path().join("vol2").exists(), "nothing was made outside the rootfs");
-        mount_into(&[share("/data/vol")], rootfs.path()).expect("mounted");
+        // A second volume nested in the first: its mount point is made in
+        // the first volume, and its mount does not reach the node's copy
+        // of that volume (each bind is made private at once).
+        fs::create_dir_all(host.path().join("vol2")).expect("mkdir");
+        // The node's volumes live on a shared mount (the kubelet's are).
+        rustix::mount::mount_bind(host.path(), host.path()).expect("bind");
+        rustix::mount::mount_change(host.path(), rustix::mount::MountPropagationFlags::SHARED)
+            .expect("shared");
+        let nested = SharedDirectory { source: host.path().join("vol2"), ..share("/data/vol/inner") };
+        mount_into(&[share("/data/vol"), nested], rootfs.path()).expect("mounted");
         let seen = fs::read(rootfs.path().join("data/vol/f"));
+        let table = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
         crate::rootfs::unmount_all(&rootfs.path().join("data/vol"), &[]);
+        crate::rootfs::unmount_all(host.path(), &[]);
         assert_eq!(seen.expect("the volume's file, through the mount"), b"volume");
+        let node_copy = host.path().join("vol/inner").display().to_string();
+        assert!(host.path().join("vol/inner").is_dir(), "the nested mount point is in the volume");
+        assert!(
+            !table.lines().any(|l| l.split(' ').nth(4) == Some(node_copy.as_str())),
+            "the nested volume is not mounted in the node's directory: {table}"
+        );
     }
 
     /// Read-write directories are shared; read-only binds, files and the

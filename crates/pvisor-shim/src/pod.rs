@@ -38,6 +38,9 @@ use rustix::mount::{MountPropagationFlags, UnmountFlags};
 
 use crate::spec;
 
+/// The shim's own directory on the node: a private mount, so that nothing
+/// made beneath it is copied into the node's other mount namespaces.
+const SHIM_RUN: &str = "/run/pvisor-shim";
 /// Where pods' directories are made.
 const PODS: &str = "/run/pvisor-shim/pods";
 /// Where the guest mounts the pod's directory, in the sandbox's root.
@@ -97,6 +100,7 @@ impl PodDir {
     pub fn make(namespace: &str, sandbox: &str, sandbox_root: &Path) -> Result<PodDir, PodError> {
         let base = base(namespace, sandbox)?;
         let made = (|| {
+            private_shim_run()?;
             std::fs::create_dir_all(&base)?;
             rustix::mount::mount_bind(&base, &base)?;
             rustix::mount::mount_change(&base, MountPropagationFlags::PRIVATE)?;
@@ -170,6 +174,19 @@ impl Admission<'_> {
         let guest = self.pod.sandbox_root.join(GUEST_TARGET.trim_start_matches('/')).join(id);
         Ok((host, guest))
     }
+}
+
+/// Makes [`SHIM_RUN`] a private mount of its own, once per boot (a second
+/// shim racing the first stacks a second private mount, which is harmless).
+fn private_shim_run() -> std::io::Result<()> {
+    std::fs::create_dir_all(SHIM_RUN)?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    if table.lines().any(|l| l.split(' ').nth(4) == Some(SHIM_RUN)) {
+        return Ok(());
+    }
+    rustix::mount::mount_bind(SHIM_RUN, SHIM_RUN)?;
+    rustix::mount::mount_change(SHIM_RUN, MountPropagationFlags::PRIVATE)?;
+    Ok(())
 }
 
 /// Unmounts the pod's directory (whatever is still mounted beneath it

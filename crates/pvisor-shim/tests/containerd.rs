@@ -358,6 +358,8 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
         ]),
         "c2's /dev has the standard devices only: {seen}"
     );
+    // An exec on a terminal (kubectl exec -it) gets one from c2's own devpts.
+    assert!(at("c2_tty").as_str().is_some_and(|t| t.contains("/dev/pts/")), "{seen}");
     assert_eq!(at("c2_exit"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 5}), "{seen}");
     assert_eq!(at("c1_after_c2"), "CONTAINER_RUNNING", "{seen}");
     assert_eq!(at("c1_after_c2_exec")["stdout"], "still-here\n", "{seen}");

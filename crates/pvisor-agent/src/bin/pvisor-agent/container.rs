@@ -9,12 +9,17 @@
 //! fork and exec, so none of it is left in the agent's own namespace:
 //! - its `/dev`: a `nodev` tmpfs holding null, zero, full, random, urandom
 //!   and tty bound from the guest's (no other device opens there, and none
-//!   made there opens), its own devpts and `/dev/shm`; its `/sys`, read-only;
+//!   made there opens), its own devpts (made by the agent, which opens a
+//!   terminal's master there, and bound in) and `/dev/shm`; its `/sys`,
+//!   read-only. An image whose `/dev`, `/proc`, `/sys` or `/tmp` is a
+//!   symlink is refused: runc's rule, and what keeps the masks below in
+//!   place;
 //! - the guest's initramfs cannot be `pivot_root`ed, so the rootfs is moved
 //!   onto `/` as runc's `no_pivot` does, after every other mount of the
 //!   guest (its `/proc`, `/dev`, the workspace, the pod's directory with the
-//!   other containers' roots) is detached from the namespace; `..` from the
-//!   moved root leads back into it;
+//!   other containers' roots) is detached from the namespace, and the
+//!   initramfs beneath made read-only, `nodev`, `nosuid` and `noexec` there;
+//!   `..` from the moved root leads back into it;
 //! - a `/proc` of its pid namespace, with runc's defaults applied: the
 //!   kernel's settings (`/proc/sys`, `sysrq-trigger`, `irq`, `bus`, `fs`)
 //!   read-only, `kcore`, `keys`, `timer_list` and the like masked. Without
@@ -50,12 +55,18 @@ const MASKED_FILES: [&CStr; 5] =
 /// Directories masked with an empty read-only tmpfs.
 const MASKED_DIRS: [&CStr; 3] = [c"/proc/acpi", c"/proc/scsi", c"/sys/firmware"];
 
+/// Where the agent mounts a new container's devpts instance while it
+/// starts (in the guest's own `/run`, which no container sees).
+const PTS: &str = "/run/pvisor-agent/pts";
+
 /// A running container's namespaces, for its later processes to join.
 pub(crate) struct Namespaces {
     pid: OwnedFd,
     mnt: OwnedFd,
     /// The exec that is its PID 1: the container ends with it.
-    pub(crate) init: u32,
+    init: u32,
+    /// Its PID 1's pid in the guest.
+    init_pid: u32,
 }
 
 /// The guest's containers: the running ones by name, and the names of
@@ -71,9 +82,12 @@ pub(crate) enum Entry {
     /// It starts the container: `steps` build its root's mounts, then the
     /// root becomes `/` of the new mount namespace, from which `detach`
     /// (the guest's other mounts) go.
-    New { root: CString, steps: Vec<Step>, detach: Vec<CString> },
-    /// It joins a running one.
-    Join { pid: OwnedFd, mnt: OwnedFd },
+    /// `pts` is the container's devpts instance, mounted where the agent
+    /// opens terminals until it is bound into the root (unmounted when the
+    /// entry is dropped).
+    New { root: CString, steps: Vec<Step>, detach: Vec<CString>, pts: std::path::PathBuf },
+    /// It joins a running one, whose PID 1 is `init_pid`.
+    Join { pid: OwnedFd, mnt: OwnedFd, init_pid: u32 },
 }
 
 /// One step of building a new container's root, on paths made before the fork.
@@ -100,7 +114,7 @@ impl Containers {
         let open = |kind: &str| -> io::Result<OwnedFd> {
             Ok(fs::File::open(format!("/proc/{pid}/ns/{kind}"))?.into())
         };
-        let ns = Namespaces { pid: open("pid")?, mnt: open("mnt")?, init };
+        let ns = Namespaces { pid: open("pid")?, mnt: open("mnt")?, init, init_pid: pid };
         self.running.insert(name.to_owned(), ns);
         Ok(())
     }
@@ -126,13 +140,29 @@ pub(crate) fn prepare(container: &GuestContainer, root: &Path, known: &Container
     }
     let name = &container.name;
     match (container.start, known.running.get(name)) {
-        (false, Some(ns)) => Ok(Entry::Join { pid: ns.pid.try_clone()?, mnt: ns.mnt.try_clone()? }),
+        (false, Some(ns)) => {
+            Ok(Entry::Join { pid: ns.pid.try_clone()?, mnt: ns.mnt.try_clone()?, init_pid: ns.init_pid })
+        }
         (false, None) => refuse(format!("container {name} is not running")),
         (true, Some(_)) => refuse(format!("container {name} is already running")),
         (true, None) if known.ended.contains(name) => refuse(format!("container {name} has ended")),
         (true, None) => {
-            fs::create_dir_all(Path::new(STAGING.to_str().unwrap_or("/.pvisor-container")))?;
-            Ok(Entry::New { root: cstring(root)?, steps: root_steps(root)?, detach: top_level_mounts()? })
+            let staging = Path::new(STAGING.to_str().unwrap_or("/.pvisor-container"));
+            match fs::symlink_metadata(staging) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => return refuse(format!("{} is not a directory", staging.display())),
+                Err(_) => fs::create_dir(staging)?,
+            }
+            let pts = private_devpts(name)?;
+            let made =
+                root_steps(root, &pts).and_then(|steps| Ok((steps, top_level_mounts()?, cstring(root)?)));
+            match made {
+                Ok((steps, detach, root)) => Ok(Entry::New { root, steps, detach, pts }),
+                Err(e) => {
+                    release_devpts(&pts);
+                    Err(e)
+                }
+            }
         }
     }
 }
@@ -143,20 +173,55 @@ fn cstring(path: &Path) -> io::Result<CString> {
     })
 }
 
-/// The steps that make `root`'s `/dev` and `/sys` (see the module's doc).
-/// Each place is resolved beneath the root as its symlinks lead, and made
-/// if missing, now; the mounts happen in the container's namespace.
-fn root_steps(root: &Path) -> io::Result<Vec<Step>> {
-    let at = |path: &str| -> io::Result<std::path::PathBuf> {
-        let resolved = pvisor_agent_proto::resolve_in_root(root, Path::new(path), true)?;
-        fs::create_dir_all(&resolved)?;
-        Ok(resolved)
+/// A new devpts instance for container `name`, in the agent's own `/run`.
+fn private_devpts(name: &str) -> io::Result<std::path::PathBuf> {
+    let dir = Path::new(PTS).join(name);
+    fs::create_dir_all(&dir)?;
+    let flags = rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NOEXEC;
+    crate::init::mount(
+        "devpts",
+        &dir.to_string_lossy(),
+        "devpts",
+        flags,
+        "newinstance,ptmxmode=0666,mode=620",
+    )?;
+    Ok(dir)
+}
+
+fn release_devpts(dir: &Path) {
+    let _ = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH);
+    let _ = fs::remove_dir(dir);
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Entry::New { pts, .. } = self {
+            release_devpts(pts);
+        }
+    }
+}
+
+/// The steps that make `root`'s `/dev` and `/sys` (see the module's doc),
+/// its `/proc` and `/tmp` made if missing, now; the mounts happen in the
+/// container's namespace. `pts` is its devpts instance.
+fn root_steps(root: &Path, pts: &Path) -> io::Result<Vec<Step>> {
+    let at = |name: &str| -> io::Result<std::path::PathBuf> {
+        let path = root.join(name);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                let why = format!("the image's /{name} is not a directory (a container's /{name} must be)");
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+            }
+            Err(_) => fs::create_dir(&path)?,
+        }
+        Ok(path)
     };
-    at("/proc")?;
-    let tmp = at("/tmp")?;
+    at("proc")?;
+    let tmp = at("tmp")?;
     fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
-    let dev = at("/dev")?;
-    let sys = at("/sys")?;
+    let dev = at("dev")?;
+    let sys = at("sys")?;
     let c = |s: &str| CString::new(s).unwrap_or_default();
     let mount =
         |source: &str, target: &Path, fstype: &str, flags: libc::c_ulong, data: &str| -> io::Result<Step> {
@@ -176,13 +241,7 @@ fn root_steps(root: &Path) -> io::Result<Vec<Step>> {
         steps.push(mount(&format!("/dev/{name}"), &node, "", libc::MS_BIND, "")?);
     }
     steps.push(Step::Mkdir(cstring(&dev.join("pts"))?, 0o755));
-    steps.push(mount(
-        "devpts",
-        &dev.join("pts"),
-        "devpts",
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        "newinstance,ptmxmode=0666,mode=620",
-    )?);
+    steps.push(mount(&pts.to_string_lossy(), &dev.join("pts"), "", libc::MS_BIND, "")?);
     steps.push(Step::Mkdir(cstring(&dev.join("shm"))?, 0o1777));
     steps.push(mount("tmpfs", &dev.join("shm"), "tmpfs", hidden, "mode=1777")?);
     for (link, target) in [
@@ -306,13 +365,31 @@ impl Entry {
         })
     }
 
+    /// Opens a terminal's master in the container's devpts instance: the
+    /// agent's mount of it while the container starts; through its PID 1's
+    /// root (resolved inside it) once it runs.
+    pub(crate) fn ptmx(&self) -> io::Result<OwnedFd> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let flags = OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let opened = match self {
+            Entry::New { pts, .. } => rustix::fs::open(pts.join("ptmx"), flags, Mode::empty()),
+            Entry::Join { init_pid, .. } => {
+                let root = format!("/proc/{init_pid}/root");
+                let root = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+                let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
+                rustix::fs::openat2(&root, "dev/pts/ptmx", flags, Mode::empty(), resolve)
+            }
+        };
+        Ok(opened?)
+    }
+
     /// Puts the calling process (forked, single-threaded, still root) in
     /// its container's mount namespace, at its root. Only bare syscalls.
     pub(crate) fn enter(&self) -> io::Result<()> {
         match self {
             // SAFETY: setns takes a descriptor we own and flags.
             Entry::Join { mnt, .. } => ok(unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) }),
-            Entry::New { root, steps, detach } => {
+            Entry::New { root, steps, detach, .. } => {
                 let none = std::ptr::null();
                 // SAFETY: each call takes NUL-terminated strings made before
                 // the fork, or null, and flags; none allocates.
@@ -332,8 +409,22 @@ impl Entry {
                     ok(libc::mount(root.as_ptr(), STAGING.as_ptr(), none, libc::MS_MOVE, none.cast()))?;
                     for point in detach {
                         // One already gone with another is no error.
-                        libc::umount2(point.as_ptr(), libc::MNT_DETACH);
+                        match ok(libc::umount2(point.as_ptr(), libc::MNT_DETACH)) {
+                            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {
+                                return Err(e)
+                            }
+                            _ => {}
+                        }
                     }
+                    // What is left of the guest's root beneath: nothing a
+                    // process that climbs there can write, run or open.
+                    let bare = libc::MS_REMOUNT
+                        | libc::MS_BIND
+                        | libc::MS_RDONLY
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | libc::MS_NOEXEC;
+                    ok(libc::mount(none, c"/".as_ptr(), none, bare, none.cast()))?;
                     ok(libc::chdir(STAGING.as_ptr()))?;
                     ok(libc::mount(c".".as_ptr(), c"/".as_ptr(), none, libc::MS_MOVE, none.cast()))?;
                     ok(libc::chroot(c".".as_ptr()))?;
@@ -414,7 +505,8 @@ mod tests {
         let own = std::process::id();
         known.started("c1", own, 7).expect("our own namespaces");
         assert!(refused(guest(true), &known).contains("already running"));
-        assert!(matches!(prepare(&guest(false), Path::new("/"), &known), Ok(Entry::Join { .. })));
+        let joined = prepare(&guest(false), Path::new("/"), &known);
+        assert!(matches!(joined, Ok(Entry::Join { init_pid, .. }) if init_pid == own));
         known.exited(7);
         assert!(refused(guest(true), &known).contains("has ended"));
         assert!(refused(guest(false), &known).contains("not running"));

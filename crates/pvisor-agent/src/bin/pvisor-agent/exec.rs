@@ -171,7 +171,17 @@ impl Agent {
             ),
             None => None,
         };
-        let stdio = match streams(&mut command, root.as_deref(), terminal, output.as_deref()) {
+        // A guest container's terminal comes from its own devpts.
+        let ptmx = match (&entry, terminal) {
+            (Some(entry), Some(_)) => match entry.ptmx() {
+                Ok(master) => Some(master),
+                Err(e) => {
+                    return self.send(failed(libc::EIO, format!("cannot open a terminal: {e}")), Vec::new())
+                }
+            },
+            _ => None,
+        };
+        let stdio = match streams(&mut command, root.as_deref(), ptmx, terminal, output.as_deref()) {
             Ok(stdio) => stdio,
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(libc::EIO);
@@ -433,11 +443,16 @@ pub(crate) fn running_in(execs: &Execs, memcg: Option<&str>) -> Vec<u32> {
 fn streams(
     command: &mut Command,
     root: Option<&Path>,
+    ptmx: Option<OwnedFd>,
     terminal: Option<TerminalSize>,
     output: Option<&Path>,
 ) -> io::Result<Streams> {
     match terminal {
-        Some(size) => pty::open(root, size).and_then(|pair| {
+        Some(size) => match ptmx {
+            Some(master) => pty::pair(master, size),
+            None => pty::open(root, size),
+        }
+        .and_then(|pair| {
             command
                 .stdin(pty::dup(&pair.slave)?)
                 .stdout(pty::dup(&pair.slave)?)

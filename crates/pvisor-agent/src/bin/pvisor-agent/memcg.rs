@@ -68,3 +68,36 @@ fn mount_tree() -> io::Result<()> {
 fn context(e: io::Error, what: &str, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
 }
+
+/// The OOM kill count of each container's memory group (`oom_kill` in its
+/// `memory.events`), by the group's path (`/pod-NAME`); none before the
+/// first group is made.
+pub(crate) fn kill_counts() -> std::collections::HashMap<String, u64> {
+    let mut counts = std::collections::HashMap::new();
+    for entry in fs::read_dir(TREE).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("pod-") {
+            continue;
+        }
+        let events = fs::read_to_string(entry.path().join("memory.events")).unwrap_or_default();
+        if let Some(n) = oom_kills(&events) {
+            counts.insert(format!("/{name}"), n);
+        }
+    }
+    counts
+}
+
+/// `oom_kill N` of a `memory.events`.
+fn oom_kills(events: &str) -> Option<u64> {
+    events.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_oom_kill_count_is_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 3\noom_group_kill 1\n";
+        assert_eq!(super::oom_kills(events), Some(3));
+        assert_eq!(super::oom_kills("low 0\n"), None);
+    }
+}

@@ -4,7 +4,9 @@
 //! sandbox's memory limit), so a kill there is an event of the whole
 //! sandbox, as a container's cgroup OOM is of the whole container; a kill
 //! inside a pod container's memory group ([`crate::memcg`]) is told to that
-//! group's execs only, when the kernel's report names the group.
+//! group's execs only: the group the kernel's report names, or, where the
+//! kernel left that report out (it is rate-limited), the groups whose OOM
+//! kill count grew since the last look.
 //!
 //! A thread waits on the log; an exec that ended by SIGKILL reads it too
 //! before its `Exited` is sent (the kernel logs the kill right after
@@ -29,6 +31,8 @@ const REMEMBERED: usize = 64;
 pub(crate) struct OomWatch {
     kmsg: Mutex<Option<File>>,
     seen: Mutex<VecDeque<i32>>,
+    /// Each memory group's OOM kill count at the last scan.
+    kills: Mutex<std::collections::HashMap<String, u64>>,
     out: Out,
     execs: Execs,
 }
@@ -42,7 +46,13 @@ impl OomWatch {
         // The thread waits on its own descriptor of the same open file (one
         // read position), so `scan` never waits behind its poll.
         let waiter = kmsg.as_ref().and_then(|f| f.try_clone().ok());
-        let watch = Arc::new(OomWatch { kmsg: Mutex::new(kmsg), seen: Mutex::default(), out, execs });
+        let watch = Arc::new(OomWatch {
+            kmsg: Mutex::new(kmsg),
+            seen: Mutex::default(),
+            kills: Mutex::default(),
+            out,
+            execs,
+        });
         if let Some(waiter) = waiter {
             let watch = watch.clone();
             std::thread::spawn(move || loop {
@@ -77,6 +87,7 @@ impl OomWatch {
                 }
             }
         }
+        let grown = self.groups_with_new_kills();
         for (pid, memcg) in victims {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
             if seen.contains(&pid) {
@@ -87,10 +98,25 @@ impl OomWatch {
             }
             seen.push_back(pid);
             drop(seen);
-            for id in running_in(&self.execs, memcg.as_deref()) {
+            let concerned: Vec<u32> = match (memcg, grown.as_slice()) {
+                (Some(memcg), _) => running_in(&self.execs, Some(&memcg)),
+                (None, []) => running_in(&self.execs, None),
+                (None, groups) => groups.iter().flat_map(|g| running_in(&self.execs, Some(g))).collect(),
+            };
+            for id in concerned {
                 let _ = self.out.send((Reply::Oom { id, pid }, Vec::new(), None));
             }
         }
+    }
+
+    /// The memory groups whose OOM kill count grew since the last call.
+    fn groups_with_new_kills(&self) -> Vec<String> {
+        let now = crate::memcg::kill_counts();
+        let mut last = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+        let grown = now.iter().filter(|(group, n)| last.get(*group).map_or(**n > 0, |before| *n > before));
+        let grown = grown.map(|(group, _)| group.clone()).collect();
+        *last = now;
+        grown
     }
 }
 

@@ -27,6 +27,11 @@ pub(crate) fn open(root: Option<&Path>, size: TerminalSize) -> io::Result<Pty> {
     let ptmx = root.unwrap_or(Path::new("/")).join("dev/pts/ptmx");
     let master = rustix::fs::open(&ptmx, OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", ptmx.display())))?;
+    pair(master, size)
+}
+
+/// The pair of `master`, an open `ptmx` of the instance the process sees.
+pub(crate) fn pair(master: OwnedFd, size: TerminalSize) -> io::Result<Pty> {
     rustix::pty::unlockpt(&master)?;
     // The peer straight from the master: no path lookup, so no chance of
     // opening another instance's slave of the same number.
