@@ -145,6 +145,8 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen, sock):
         command=["sh", "-c", "echo c2-started; while [ ! -e /tmp/stop ]; do sleep 0.2; done; exit 5"],
         log_path="c2.log",
         linux=pb.LinuxContainerConfig(
+            # Half a CPU: its cgroup in the pod's VM gets cpu.max.
+            resources=pb.LinuxContainerResources(cpu_quota=50000, cpu_period=100000),
             security_context=pb.LinuxContainerSecurityContext(
                 namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
             )
@@ -168,6 +170,8 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen, sock):
         ]
         seen["c2_dev"] = exec_sync(cri, pb, c2, ["ls", "/dev"])["stdout"].split()
         seen["c2_tty"] = exec_on_a_terminal(sock, c2, "tty")
+        cgroup = exec_sync(cri, pb, c2, ["cat", "/proc/self/cgroup"])["stdout"]
+        seen["c2_in_its_cgroup"] = cgroup == f"0::/pod-{c2}\n" or cgroup
         exec_sync(cri, pb, c2, ["touch", "/tmp/stop"])
         seen["c2_exit"] = wait_exited(cri, pb, c2)
         state = cri.ContainerStatus(pb.ContainerStatusRequest(container_id=first), timeout=30).status

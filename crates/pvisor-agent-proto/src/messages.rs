@@ -225,18 +225,25 @@ pub struct Confinement {
 /// `/dev` holds only the standard devices, `/proc`'s kernel settings are
 /// read-only); later processes of the name join both namespaces; it ends
 /// when its PID 1 does, and is never started again under that name. With
-/// `memory_max`, its processes share a memory cgroup of the guest,
-/// `/sys/fs/cgroup/pod-NAME`, whose OOM kill ends all of them
-/// (`memory.oom.group`, as the kubelet sets it) and no other process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// limits, its processes share a cgroup of the guest,
+/// `/sys/fs/cgroup/pod-NAME`: `memory.max` (whose OOM kill ends all of them,
+/// `memory.oom.group` as the kubelet sets it, and no other process),
+/// `pids.max`, `cpu.max`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GuestContainer {
     /// One plain name: ASCII letters, digits, `_`, `-` and `.`, at most
     /// [`GuestContainer::MAX_NAME`] bytes, not `.` or `..`.
     pub name: String,
-    /// `memory.max` of its memory group, in bytes.
+    /// `memory.max` of its cgroup, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<u64>,
+    /// `pids.max` of its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// Its CPU time per 100 ms, in microseconds (`cpu.max`'s quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_max_us: Option<u64>,
     /// This process starts the container (its init); any other joins it,
     /// and fails when it is not running.
     #[serde(default)]
@@ -256,9 +263,9 @@ impl GuestContainer {
             && name != ".."
     }
 
-    /// Its memory group's path in the cgroup tree, as the kernel's OOM
-    /// report names it (`task_memcg=/pod-NAME`).
-    pub fn memory_group(&self) -> String {
+    /// Its cgroup's path in the cgroup tree, as the kernel's OOM report
+    /// names it (`task_memcg=/pod-NAME`).
+    pub fn cgroup(&self) -> String {
         format!("/pod-{}", self.name)
     }
 }
@@ -658,9 +665,14 @@ mod tests {
 
     #[test]
     fn a_guest_containers_name_is_one_plain_component() {
-        let group = |name: &str| GuestContainer { name: name.into(), memory_max: Some(1 << 20), start: true };
+        let group = |name: &str| GuestContainer {
+            name: name.into(),
+            memory_max: Some(1 << 20),
+            start: true,
+            ..Default::default()
+        };
         assert!(group("9f86d081884c7d65-c2").name_is_plain());
-        assert_eq!(group("c2").memory_group(), "/pod-c2");
+        assert_eq!(group("c2").cgroup(), "/pod-c2");
         for hostile in ["", ".", "..", "../x", "a/b", "a\nb", &"x".repeat(GuestContainer::MAX_NAME + 1)] {
             assert!(!group(hostile).name_is_plain(), "{hostile:?}");
         }

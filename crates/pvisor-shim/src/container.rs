@@ -186,9 +186,14 @@ impl Container {
         if let Some(max_bytes) = limits.memory_bytes {
             sandbox.fits_in_vm(&request.id, max_bytes)?;
         }
-        // Its own pid and mount namespaces in the VM, and memory group.
-        let container =
-            GuestContainer { name: request.id.clone(), memory_max: limits.memory_bytes, start: true };
+        // Its own pid and mount namespaces in the VM, and cgroup.
+        let container = GuestContainer {
+            name: request.id.clone(),
+            memory_max: limits.memory_bytes,
+            pids_max: limits.pids,
+            cpu_max_us: limits.cpus.map(|cpus| (cpus * 100_000.0).round() as u64),
+            start: true,
+        };
         init.confinement.get_or_insert_with(Default::default).container = Some(container);
         let binds = binds::plan(binds::binds(&oci));
         // The volumes pass the checks the pod's own shares passed.

@@ -358,6 +358,7 @@ fn cri_runs_a_pod_with_the_pvisor_handler() {
         ]),
         "c2's /dev has the standard devices only: {seen}"
     );
+    assert_eq!(at("c2_in_its_cgroup"), true, "c2's processes are in its own cgroup (cpu.max): {seen}");
     // An exec on a terminal (kubectl exec -it) gets one from c2's own devpts.
     assert!(at("c2_tty").as_str().is_some_and(|t| t.contains("/dev/pts/")), "{seen}");
     assert_eq!(at("c2_exit"), serde_json::json!({"state": "CONTAINER_EXITED", "code": 5}), "{seen}");

@@ -22,7 +22,7 @@
 //!    off, last otherwise).
 //!
 //! Before all of them, while the process is still root, it joins its
-//! memory group, if it has one ([`crate::memcg`]).
+//! cgroup, if it has one ([`crate::cgroup`]).
 //!
 //! A process of uid 0 regains its bounding set at exec (the kernel's rule
 //! for root), so the bounding set is what bounds a root container: an
@@ -49,8 +49,8 @@ pub(crate) struct Ready {
     rlimits: Vec<(u32, libc::rlimit)>,
     /// The seccomp programs and the flags to install each with.
     seccomp: Option<(Vec<Vec<libc::sock_filter>>, libc::c_ulong)>,
-    /// The `cgroup.procs` of the memory group the process joins.
-    memory_group: Option<std::fs::File>,
+    /// The `cgroup.procs` of the cgroup the process joins.
+    cgroup: Option<std::fs::File>,
 }
 
 /// Writes the sysctls and readies the rest; a key that does not name a
@@ -74,7 +74,7 @@ pub(crate) fn prepare(confinement: &Confinement) -> io::Result<Ready> {
         no_new_privileges: confinement.no_new_privileges,
         rlimits,
         seccomp: confinement.seccomp.as_ref().map(programs).transpose()?,
-        memory_group: confinement.container.as_ref().map(crate::memcg::open).transpose()?.flatten(),
+        cgroup: confinement.container.as_ref().map(crate::cgroup::open).transpose()?.flatten(),
     })
 }
 
@@ -116,7 +116,7 @@ impl Ready {
     /// Applies the confinement to the calling (forked, single-threaded)
     /// process. Only bare syscalls: it runs between fork and exec.
     pub(crate) fn apply(&self) -> io::Result<()> {
-        if let Some(procs) = &self.memory_group {
+        if let Some(procs) = &self.cgroup {
             // First, as root: `0` is the writer itself.
             rustix::io::write(procs, b"0")?;
         }

@@ -142,7 +142,7 @@ impl Agent {
     pub(crate) fn exec(&mut self, request: ExecRequest) {
         let ExecRequest { id, argv, env, cwd, root, output, terminal, confinement } = request;
         let container = confinement.as_ref().and_then(|c| c.container.clone());
-        let memory_group = container.as_ref().filter(|c| c.memory_max.is_some()).map(|c| c.memory_group());
+        let memory_group = container.as_ref().filter(|c| c.memory_max.is_some()).map(|c| c.cgroup());
         let failed = |errno: i32, message: String| Reply::ExecFailed { id, errno, message };
         let Some((program, args)) = argv.split_first() else {
             return self.send(failed(libc::EINVAL, "empty argv".into()), Vec::new());

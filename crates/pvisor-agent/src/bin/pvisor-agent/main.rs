@@ -18,7 +18,7 @@
 //! (finishing the workspace delta disk), [`link`] (the
 //! port, its writer and flow control), [`exec`] (commands and the reaper),
 //! [`pty`] (terminals for execs that ask for one), [`container`] and
-//! [`memcg`] (a pod's containers: their namespaces, their memory groups), [`oom`] (the kernel's OOM kills, told to
+//! [`cgroup`] (a pod's containers: their namespaces, their cgroups), [`oom`] (the kernel's OOM kills, told to
 //! the execs they concern),
 //! [`restore`] (quiesce/thaw, clock and CRNG after a restore) and [`export`]
 //! (the upper layer).
@@ -27,6 +27,7 @@
 // guest), and it writes kernel interface files (procfs, sysfs), not records.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
 
+mod cgroup;
 mod confine;
 mod container;
 mod delta;
@@ -34,7 +35,6 @@ mod exec;
 mod export;
 mod init;
 mod link;
-mod memcg;
 mod oom;
 mod pty;
 mod restore;

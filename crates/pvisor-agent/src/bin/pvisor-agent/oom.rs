@@ -3,7 +3,7 @@
 //! guest without memory groups is one memory domain (its RAM is the
 //! sandbox's memory limit), so a kill there is an event of the whole
 //! sandbox, as a container's cgroup OOM is of the whole container; a kill
-//! inside a pod container's memory group ([`crate::memcg`]) is told to that
+//! inside a pod container's cgroup ([`crate::cgroup`]) is told to that
 //! group's execs only: the group the kernel's report names, or, where the
 //! kernel left that report out (it is rate-limited), the groups whose OOM
 //! kill count grew since the last look.
@@ -111,7 +111,7 @@ impl OomWatch {
 
     /// The memory groups whose OOM kill count grew since the last call.
     fn groups_with_new_kills(&self) -> Vec<String> {
-        let now = crate::memcg::kill_counts();
+        let now = crate::cgroup::kill_counts();
         let mut last = self.kills.lock().unwrap_or_else(|p| p.into_inner());
         let grown = now.iter().filter(|(group, n)| last.get(*group).map_or(**n > 0, |before| *n > before));
         let grown = grown.map(|(group, _)| group.clone()).collect();
