@@ -494,7 +494,7 @@ mod tests {
     #[test]
     fn a_container_starts_once_and_is_joined_only_while_it_runs() {
         let mut known = Containers::default();
-        let guest = |start: bool| GuestContainer { name: "c1".into(), memory_max: None, start };
+        let guest = |start: bool| GuestContainer { name: "c1".into(), start, ..Default::default() };
         let refused = |g: GuestContainer, known: &Containers| {
             prepare(&g, Path::new("/nonexistent-root"), known)
                 .err()
