@@ -125,6 +125,25 @@ def exec_sync(cri, pb, container, cmd):
     return {"stdout": out.stdout.decode(), "stderr": out.stderr.decode(), "code": out.exit_code}
 
 
+def container_config(pb, name, image, command, mounts=(), resources=None):
+    """A container of the pod as the kubelet configures one: the pod's
+    network, a pid namespace of its own, its log at NAME.log."""
+    namespaces = pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
+    linux = pb.LinuxContainerConfig(
+        security_context=pb.LinuxContainerSecurityContext(namespace_options=namespaces)
+    )
+    if resources is not None:
+        linux.resources.CopyFrom(resources)
+    return pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name, attempt=0),
+        image=pb.ImageSpec(image=image),
+        command=command,
+        mounts=list(mounts),
+        log_path=f"{name}.log",
+        linux=linux,
+    )
+
+
 def exec_on_a_terminal(sock, container, command):
     """What `ctr task exec -t` prints, run on a pseudo-terminal of its own
     (util-linux's `script`), as `kubectl exec -it` asks for one."""
@@ -139,18 +158,13 @@ def second_container(cri, pb, pod, pod_config, image, first, home, seen, sock):
     """A second container in the running pod: it shares the pod's VM and
     localhost, not the first's files, and exits with its own code."""
     started = time.monotonic()
-    config = pb.ContainerConfig(
-        metadata=pb.ContainerMetadata(name="c2", attempt=0),
-        image=pb.ImageSpec(image=image),
-        command=["sh", "-c", "echo c2-started; while [ ! -e /tmp/stop ]; do sleep 0.2; done; exit 5"],
-        log_path="c2.log",
-        linux=pb.LinuxContainerConfig(
-            # Half a CPU: its cgroup in the pod's VM gets cpu.max.
-            resources=pb.LinuxContainerResources(cpu_quota=50000, cpu_period=100000),
-            security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
-            )
-        ),
+    config = container_config(
+        pb,
+        "c2",
+        image,
+        ["sh", "-c", "echo c2-started; while [ ! -e /tmp/stop ]; do sleep 0.2; done; exit 5"],
+        # Half a CPU: its cgroup in the pod's VM gets cpu.max.
+        resources=pb.LinuxContainerResources(cpu_quota=50000, cpu_period=100000),
     )
     c2 = cri.CreateContainer(
         pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
@@ -200,18 +214,13 @@ def start_refused(cri, pb, pod, pod_config, config):
 def oom_container(cri, pb, pod, pod_config, image, first, seen):
     """A container of the pod over its own memory limit: the OOM killer
     ends it (137, OOMKilled) and nothing else of the pod."""
-    config = pb.ContainerConfig(
-        metadata=pb.ContainerMetadata(name="hog", attempt=0),
-        image=pb.ImageSpec(image=image),
+    config = container_config(
+        pb,
+        "hog",
+        image,
         # dd's 128 MiB buffer, filled from /dev/zero, outgrows the 48 MiB limit.
-        command=["sh", "-c", "echo hog-started; dd if=/dev/zero of=/dev/null bs=128M count=4; echo survived"],
-        log_path="hog.log",
-        linux=pb.LinuxContainerConfig(
-            resources=pb.LinuxContainerResources(memory_limit_in_bytes=48 << 20),
-            security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER)
-            ),
-        ),
+        ["sh", "-c", "echo hog-started; dd if=/dev/zero of=/dev/null bs=128M count=4; echo survived"],
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=48 << 20),
     )
     hog = cri.CreateContainer(
         pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
@@ -284,16 +293,7 @@ def main():
         init = cri.CreateContainer(
             pb.CreateContainerRequest(
                 pod_sandbox_id=pod,
-                config=pb.ContainerConfig(
-                    metadata=pb.ContainerMetadata(name="inject", attempt=0),
-                    image=pb.ImageSpec(image=image),
-                    command=["sh", "-c", inject],
-                    mounts=volume,
-                    log_path="inject.log",
-                    linux=pb.LinuxContainerConfig(
-                        security_context=pb.LinuxContainerSecurityContext(namespace_options=pod_network)
-                    ),
-                ),
+                config=container_config(pb, "inject", image, ["sh", "-c", inject], mounts=volume),
                 sandbox_config=pod_config,
             ),
             timeout=SLOW,
@@ -303,10 +303,11 @@ def main():
         cri.RemoveContainer(pb.RemoveContainerRequest(container_id=init), timeout=SLOW)
         seen["volume_after_init"] = sorted(os.listdir(empty_dir))
 
-        config = pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name="c1", attempt=0),
-            image=pb.ImageSpec(image=image),
-            command=[
+        config = container_config(
+            pb,
+            "c1",
+            image,
+            [
                 "/opt/opensandbox/bin/bootstrap.sh",
                 "sh",
                 "-c",
@@ -314,10 +315,6 @@ def main():
                 "trap 'exit 143' TERM; echo started; while :; do echo served-by-pod | nc -l -p 8080; done",
             ],
             mounts=volume,
-            log_path="c1.log",
-            linux=pb.LinuxContainerConfig(
-                security_context=pb.LinuxContainerSecurityContext(namespace_options=pod_network)
-            ),
         )
         container = cri.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config),

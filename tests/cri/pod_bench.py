@@ -19,7 +19,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cri_flow import stubs  # noqa: E402
+from cri_flow import container_config, stubs  # noqa: E402
 
 SLOW = 180
 EXECS = 7
@@ -87,15 +87,7 @@ def main():
     )
 
     def container(label):
-        config = pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name=label, attempt=0),
-            image=pb.ImageSpec(image=image),
-            command=["sh", "-c", "echo ready; exec sleep 2147483647"],
-            log_path=f"{label}.log",
-            linux=pb.LinuxContainerConfig(
-                security_context=pb.LinuxContainerSecurityContext(namespace_options=namespaces)
-            ),
-        )
+        config = container_config(pb, label, image, ["sh", "-c", "echo ready; exec sleep 2147483647"])
         started = time.monotonic()
         cid = cri.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod, config=config, sandbox_config=pod_config), timeout=SLOW
