@@ -282,36 +282,82 @@ const SECRET_WORDS: [&str; 14] = [
 /// password in it, a connection string's key or password field, a PEM
 /// private key, or a token with a well-known issuer prefix (GitHub, GitLab,
 /// Slack, OpenAI, Anthropic, AWS access key ids, Google API keys, JWTs).
+///
+/// Every run checks every variable, and compiling the patterns costs about
+/// 0.7 ms, a twentieth of a whole run of `true`. Most values (paths,
+/// locales, terminal names) hold none of the patterns' literal parts, so
+/// they are passed without compiling anything.
 pub fn is_secret_value(value: &str) -> bool {
-    secret_value_patterns().is_match(value)
+    could_be_secret_value(value) && secret_value_patterns().is_match(value)
+}
+
+/// A credential's shape: its pattern, and the literals of which every match
+/// holds at least one (compared ASCII case-insensitively).
+struct ValueShape {
+    pattern: &'static str,
+    holds_one_of: &'static [&'static str],
+}
+
+const VALUE_SHAPES: [ValueShape; 12] = [
+    // scheme://user:password@host (userinfo with a password).
+    ValueShape { pattern: r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@", holds_one_of: &["://"] },
+    // Azure/ADO.NET-style connection strings. Case-insensitive in ASCII
+    // only: Unicode's folding would let the Kelvin sign stand for the k of
+    // AccountKey, which none of the literals holds.
+    ValueShape {
+        pattern: r"(?i-u)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
+        holds_one_of: &["AccountKey", "SharedAccess", "Password", "Pwd"],
+    },
+    ValueShape { pattern: r"-----BEGIN[A-Z ]*PRIVATE KEY-----", holds_one_of: &["-----BEGIN"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",
+        holds_one_of: &["ghp_", "gho_", "ghu_", "ghs_", "ghr_"],
+    },
+    ValueShape { pattern: r"(^|[^A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}", holds_one_of: &["github_pat_"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])(glpat|glrt|gldt)-[A-Za-z0-9_-]{16,}",
+        holds_one_of: &["glpat-", "glrt-", "gldt-"],
+    },
+    ValueShape { pattern: r"(^|[^A-Za-z0-9_])xox[abposer]-[A-Za-z0-9-]{10,}", holds_one_of: &["xox"] },
+    ValueShape { pattern: r"(^|[^A-Za-z0-9_])sk-(ant-|proj-)?[A-Za-z0-9_-]{20,}", holds_one_of: &["sk-"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9])(AKIA|ASIA)[A-Z0-9]{16}([^A-Za-z0-9]|$)",
+        holds_one_of: &["AKIA", "ASIA"],
+    },
+    ValueShape { pattern: r"(^|[^A-Za-z0-9_])AIza[A-Za-z0-9_-]{35}", holds_one_of: &["AIza"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])(npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})",
+        holds_one_of: &["npm_", "pypi-AgE", "hf_"],
+    },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.",
+        holds_one_of: &["eyJ"],
+    },
+];
+
+/// Whether `value` holds a literal of some shape: without one, no pattern
+/// can match, and none need be compiled.
+fn could_be_secret_value(value: &str) -> bool {
+    let folded = value.to_ascii_lowercase();
+    VALUE_SHAPES
+        .iter()
+        .flat_map(|shape| shape.holds_one_of)
+        .any(|literal| folded.contains(&literal.to_ascii_lowercase()))
 }
 
 fn secret_value_patterns() -> &'static regex::RegexSet {
     static PATTERNS: std::sync::OnceLock<regex::RegexSet> = std::sync::OnceLock::new();
     PATTERNS.get_or_init(|| {
-        regex::RegexSet::new([
-            // scheme://user:password@host (userinfo with a password).
-            r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@",
-            // Azure/ADO.NET-style connection strings.
-            r"(?i)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
-            r"-----BEGIN[A-Z ]*PRIVATE KEY-----",
-            r"(^|[^A-Za-z0-9_])(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",
-            r"(^|[^A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}",
-            r"(^|[^A-Za-z0-9_])(glpat|glrt|gldt)-[A-Za-z0-9_-]{16,}",
-            r"(^|[^A-Za-z0-9_])xox[abposer]-[A-Za-z0-9-]{10,}",
-            r"(^|[^A-Za-z0-9_])sk-(ant-|proj-)?[A-Za-z0-9_-]{20,}",
-            r"(^|[^A-Za-z0-9])(AKIA|ASIA)[A-Z0-9]{16}([^A-Za-z0-9]|$)",
-            r"(^|[^A-Za-z0-9_])AIza[A-Za-z0-9_-]{35}",
-            r"(^|[^A-Za-z0-9_])(npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})",
-            r"(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.",
-        ])
-        .expect("the secret value patterns compile")
+        regex::RegexSet::new(VALUE_SHAPES.iter().map(|shape| shape.pattern))
+            .expect("the secret value patterns compile")
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{is_secret_name, is_secret_value};
+    use super::{
+        could_be_secret_value, is_secret_name, is_secret_value, secret_value_patterns, VALUE_SHAPES,
+    };
 
     #[test]
     fn secret_names_are_scrubbed_and_lookalike_settings_pass() {
@@ -368,31 +414,34 @@ mod tests {
         }
     }
 
+    /// Values of each credential shape, which must be scrubbed.
+    const SECRET_VALUES: [&str; 21] = [
+        "https://alice:s3cret@git.example.com/repo.git",
+        "postgres://u:v3@h/db",
+        "a https_proxy of http://:pw@proxy:3128 inside",
+        "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=abc==;EndpointSuffix=core.windows.net",
+        "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=abc=",
+        "Server=db;Database=app;User Id=sa;Password=hunter2;",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----",
+        "-----BEGIN RSA PRIVATE KEY-----",
+        "ghp_0123456789abcdefghijABCDEFGHIJ012345",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        "gho_0123456789abcdefghijABCDEFGHIJ012345",
+        "glpat-0123456789abcdefghij",
+        "xoxb-123456789012-1234567890123-abcdefghijklmnop",
+        "xoxp-123456789012-abcdef",
+        "sk-0123456789abcdefghijklmnopqrstuv",
+        "sk-ant-api03-0123456789abcdefghijklmnop",
+        "AKIAIOSFODNN7EXAMPLE",
+        "ASIAIOSFODNN7EXAMPLE",
+        "AIzaSyA-0123456789abcdefghijklmnopqrstu",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
+    ];
+
     #[test]
     fn secret_values_are_recognised_by_shape_and_ordinary_values_pass() {
-        for secret in [
-            "https://alice:s3cret@git.example.com/repo.git",
-            "postgres://u:v3@h/db",
-            "a https_proxy of http://:pw@proxy:3128 inside",
-            "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=abc==;EndpointSuffix=core.windows.net",
-            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=abc=",
-            "Server=db;Database=app;User Id=sa;Password=hunter2;",
-            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----",
-            "-----BEGIN RSA PRIVATE KEY-----",
-            "ghp_0123456789abcdefghijABCDEFGHIJ012345",
-            "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
-            "gho_0123456789abcdefghijABCDEFGHIJ012345",
-            "glpat-0123456789abcdefghij",
-            "xoxb-123456789012-1234567890123-abcdefghijklmnop",
-            "xoxp-123456789012-abcdef",
-            "sk-0123456789abcdefghijklmnopqrstuv",
-            "sk-ant-api03-0123456789abcdefghijklmnop",
-            "AKIAIOSFODNN7EXAMPLE",
-            "ASIAIOSFODNN7EXAMPLE",
-            "AIzaSyA-0123456789abcdefghijklmnopqrstu",
-            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
-            "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
-        ] {
+        for secret in SECRET_VALUES {
             assert!(is_secret_value(secret), "{secret} should be scrubbed");
         }
         for ordinary in [
@@ -410,6 +459,71 @@ mod tests {
             "eyJ",
         ] {
             assert!(!is_secret_value(ordinary), "{ordinary} should pass");
+        }
+    }
+
+    /// A literal's word (`ghp` of `ghp_`, which the pattern writes
+    /// `(ghp|gho|…)_`) is in its pattern: a typo in either shows here.
+    #[test]
+    fn each_shapes_literals_are_in_its_pattern() {
+        for shape in &VALUE_SHAPES {
+            for literal in shape.holds_one_of {
+                let pattern = shape.pattern.to_ascii_lowercase();
+                for word in literal.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()) {
+                    assert!(
+                        pattern.contains(&word.to_ascii_lowercase()),
+                        "{literal:?} is not in {pattern:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The literal check only skips the patterns: a value the patterns
+    /// match always holds a literal. Mutated secrets (characters replaced,
+    /// inserted, cut, case flipped) keep or lose their match; either way
+    /// the check must not pass a value the patterns catch.
+    #[test]
+    fn no_value_the_patterns_match_skips_them() {
+        let alphabet: Vec<char> = "aZ09_-.:;/@= \nkK\u{212a}\u{17f}".chars().collect();
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |bound: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % bound as u64) as usize
+        };
+        let (mut matched, mut tried) = (0, 0);
+        for secret in SECRET_VALUES {
+            for _ in 0..300 {
+                let mut chars: Vec<char> = secret.chars().collect();
+                for _ in 0..1 + next(3) {
+                    let at = next(chars.len() + 1);
+                    match next(4) {
+                        0 if at < chars.len() => chars[at] = alphabet[next(alphabet.len())],
+                        1 => chars.insert(at, alphabet[next(alphabet.len())]),
+                        2 if at < chars.len() => drop(chars.remove(at)),
+                        _ if at < chars.len() => chars[at] = flip_case(chars[at]),
+                        _ => {}
+                    }
+                }
+                let value: String = chars.into_iter().collect();
+                tried += 1;
+                if secret_value_patterns().is_match(&value) {
+                    matched += 1;
+                    assert!(could_be_secret_value(&value), "{value:?} matches but holds no literal");
+                }
+            }
+        }
+        // The mutations must exercise both sides, or the check proves nothing.
+        assert!(matched > tried / 4 && matched < tried, "{matched} of {tried} mutations matched");
+    }
+
+    fn flip_case(c: char) -> char {
+        if c.is_ascii_uppercase() {
+            c.to_ascii_lowercase()
+        } else {
+            c.to_ascii_uppercase()
         }
     }
 }
