@@ -291,47 +291,76 @@ pub fn is_secret_value(value: &str) -> bool {
     could_be_secret_value(value) && secret_value_patterns().is_match(value)
 }
 
-/// A credential's shape: its pattern, and the literals of which every match
-/// holds at least one (compared ASCII case-insensitively).
+/// A credential's shape: its pattern, the literals of which every match
+/// holds at least one, and one that every match holds besides (compared
+/// ASCII case-insensitively).
 struct ValueShape {
     pattern: &'static str,
     holds_one_of: &'static [&'static str],
+    and_holds: &'static str,
 }
 
 const VALUE_SHAPES: [ValueShape; 12] = [
-    // scheme://user:password@host (userinfo with a password).
-    ValueShape { pattern: r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@", holds_one_of: &["://"] },
+    // scheme://user:password@host (userinfo with a password). Many values
+    // are URLs (proxies, registries); few of them hold an `@`.
+    ValueShape {
+        pattern: r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@",
+        holds_one_of: &["://"],
+        and_holds: "@",
+    },
     // Azure/ADO.NET-style connection strings. Case-insensitive in ASCII
     // only: Unicode's folding would let the Kelvin sign stand for the k of
     // AccountKey, which none of the literals holds.
     ValueShape {
         pattern: r"(?i-u)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
         holds_one_of: &["AccountKey", "SharedAccess", "Password", "Pwd"],
+        and_holds: "",
     },
-    ValueShape { pattern: r"-----BEGIN[A-Z ]*PRIVATE KEY-----", holds_one_of: &["-----BEGIN"] },
+    ValueShape {
+        pattern: r"-----BEGIN[A-Z ]*PRIVATE KEY-----",
+        holds_one_of: &["-----BEGIN"],
+        and_holds: "",
+    },
     ValueShape {
         pattern: r"(^|[^A-Za-z0-9_])(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}",
         holds_one_of: &["ghp_", "gho_", "ghu_", "ghs_", "ghr_"],
+        and_holds: "",
     },
-    ValueShape { pattern: r"(^|[^A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}", holds_one_of: &["github_pat_"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}",
+        holds_one_of: &["github_pat_"],
+        and_holds: "",
+    },
     ValueShape {
         pattern: r"(^|[^A-Za-z0-9_])(glpat|glrt|gldt)-[A-Za-z0-9_-]{16,}",
         holds_one_of: &["glpat-", "glrt-", "gldt-"],
+        and_holds: "",
     },
-    ValueShape { pattern: r"(^|[^A-Za-z0-9_])xox[abposer]-[A-Za-z0-9-]{10,}", holds_one_of: &["xox"] },
-    ValueShape { pattern: r"(^|[^A-Za-z0-9_])sk-(ant-|proj-)?[A-Za-z0-9_-]{20,}", holds_one_of: &["sk-"] },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])xox[abposer]-[A-Za-z0-9-]{10,}",
+        holds_one_of: &["xox"],
+        and_holds: "",
+    },
+    ValueShape {
+        pattern: r"(^|[^A-Za-z0-9_])sk-(ant-|proj-)?[A-Za-z0-9_-]{20,}",
+        holds_one_of: &["sk-"],
+        and_holds: "",
+    },
     ValueShape {
         pattern: r"(^|[^A-Za-z0-9])(AKIA|ASIA)[A-Z0-9]{16}([^A-Za-z0-9]|$)",
         holds_one_of: &["AKIA", "ASIA"],
+        and_holds: "",
     },
-    ValueShape { pattern: r"(^|[^A-Za-z0-9_])AIza[A-Za-z0-9_-]{35}", holds_one_of: &["AIza"] },
+    ValueShape { pattern: r"(^|[^A-Za-z0-9_])AIza[A-Za-z0-9_-]{35}", holds_one_of: &["AIza"], and_holds: "" },
     ValueShape {
         pattern: r"(^|[^A-Za-z0-9_])(npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})",
         holds_one_of: &["npm_", "pypi-AgE", "hf_"],
+        and_holds: "",
     },
     ValueShape {
         pattern: r"(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.",
         holds_one_of: &["eyJ"],
+        and_holds: "",
     },
 ];
 
@@ -339,10 +368,10 @@ const VALUE_SHAPES: [ValueShape; 12] = [
 /// can match, and none need be compiled.
 fn could_be_secret_value(value: &str) -> bool {
     let folded = value.to_ascii_lowercase();
+    let holds = |literal: &str| folded.contains(&literal.to_ascii_lowercase());
     VALUE_SHAPES
         .iter()
-        .flat_map(|shape| shape.holds_one_of)
-        .any(|literal| folded.contains(&literal.to_ascii_lowercase()))
+        .any(|shape| holds(shape.and_holds) && shape.holds_one_of.iter().any(|literal| holds(literal)))
 }
 
 fn secret_value_patterns() -> &'static regex::RegexSet {
@@ -460,6 +489,15 @@ mod tests {
         ] {
             assert!(!is_secret_value(ordinary), "{ordinary} should pass");
         }
+        // The usual values pass without the patterns being compiled.
+        for usual in [
+            "/usr/local/bin:/usr/bin:/bin",
+            "https://proxy.example.com:3128",
+            "en_US.UTF-8",
+            "xterm-256color",
+        ] {
+            assert!(!could_be_secret_value(usual), "{usual} should pass on its literals alone");
+        }
     }
 
     /// A literal's word (`ghp` of `ghp_`, which the pattern writes
@@ -467,7 +505,7 @@ mod tests {
     #[test]
     fn each_shapes_literals_are_in_its_pattern() {
         for shape in &VALUE_SHAPES {
-            for literal in shape.holds_one_of {
+            for literal in shape.holds_one_of.iter().chain([&shape.and_holds]) {
                 let pattern = shape.pattern.to_ascii_lowercase();
                 for word in literal.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()) {
                     assert!(
