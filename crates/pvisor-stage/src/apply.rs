@@ -416,7 +416,7 @@ pub fn execute(
     ledger: &Ledger,
     plan: &[Planned],
     sealed_ns: i128,
-    mut progress: impl FnMut(&ChangeEntry),
+    progress: impl FnMut(&ChangeEntry),
 ) -> Result<Executed, StageError> {
     let mut done = Executed::default();
     let link_targets = plan.iter().filter_map(|p| p.change.hardlink_of.clone()).collect();
@@ -427,29 +427,18 @@ pub fn execute(
         .map(|p| Entry::new(p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
         .collect();
     ledger.append(&intents)?;
-    for planned in plan {
-        match &planned.verdict {
-            Verdict::Apply { forced } => {
-                // A child of a path that failed cannot land either; say so once.
-                let parent_failed = done.failed.iter().any(|(f, _)| {
-                    f.entry == EntryType::Dir && planned.change.path.as_path().starts_with(f.path.as_path())
-                });
-                if parent_failed {
-                    done.failed
-                        .push((planned.change.clone(), "its parent directory could not be applied".into()));
-                    continue;
-                }
-                if let Err(e) = apply_one(ws, upper, &planned.change, &mut copy, &mut done.warnings) {
-                    done.failed.push((planned.change.clone(), error_chain(&e)));
-                    continue;
-                }
-                progress(&planned.change);
-                done.applied.push((planned.change.clone(), *forced));
-            }
-            Verdict::AlreadyApplied => done.already.push(planned.change.clone()),
-            Verdict::Conflict(_) | Verdict::Unsupported(_) => {}
-        }
-    }
+    let small_files: Vec<&Path> = plan
+        .iter()
+        .filter(|p| matches!(p.verdict, Verdict::Apply { .. }))
+        .map(|p| &p.change)
+        .filter(|c| {
+            c.entry == EntryType::File && c.size <= crate::prefetch::LARGEST && c.hardlink_of.is_none()
+        })
+        .map(|c| c.path.as_path())
+        .collect();
+    crate::prefetch::while_reading(upper, &small_files, || {
+        apply_all(ws, upper, plan, &mut copy, &mut done, progress)
+    });
     // Directories staged without owner access (`chmod 000`) get their mode
     // last, deepest first, after everything beneath them was written.
     for (change, _) in done.applied.iter().rev() {
@@ -471,6 +460,41 @@ pub fn execute(
         .collect();
     ledger.append(&outcomes)?;
     Ok(done)
+}
+
+/// Applies each `Apply` item of `plan` in order, and notes the ones
+/// already applied.
+fn apply_all(
+    ws: &Root,
+    upper: &Root,
+    plan: &[Planned],
+    copy: &mut Copy,
+    done: &mut Executed,
+    mut progress: impl FnMut(&ChangeEntry),
+) {
+    for planned in plan {
+        match &planned.verdict {
+            Verdict::Apply { forced } => {
+                // A child of a path that failed cannot land either; say so once.
+                let parent_failed = done.failed.iter().any(|(f, _)| {
+                    f.entry == EntryType::Dir && planned.change.path.as_path().starts_with(f.path.as_path())
+                });
+                if parent_failed {
+                    done.failed
+                        .push((planned.change.clone(), "its parent directory could not be applied".into()));
+                    continue;
+                }
+                if let Err(e) = apply_one(ws, upper, &planned.change, copy, &mut done.warnings) {
+                    done.failed.push((planned.change.clone(), error_chain(&e)));
+                    continue;
+                }
+                progress(&planned.change);
+                done.applied.push((planned.change.clone(), *forced));
+            }
+            Verdict::AlreadyApplied => done.already.push(planned.change.clone()),
+            Verdict::Conflict(_) | Verdict::Unsupported(_) => {}
+        }
+    }
 }
 
 /// Writes `contents` (the host's file with some of the staged hunks in it,

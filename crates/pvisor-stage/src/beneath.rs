@@ -113,7 +113,19 @@ impl Root {
     /// Opens `path` as a confining root.
     pub fn open(path: &Path) -> io::Result<Self> {
         let fd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(Self { fd, last_parent: std::cell::RefCell::new(None) })
+        Ok(Self::from_fd(fd))
+    }
+
+    /// The root's descriptor, duplicated, for a [`Root::from_fd`] on
+    /// another thread (a `Root` keeps its last parent in a cell, so one is
+    /// not shared between threads).
+    pub(crate) fn dup_fd(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
+    /// The root whose descriptor [`Root::dup_fd`] gave.
+    pub(crate) fn from_fd(fd: OwnedFd) -> Self {
+        Self { fd, last_parent: std::cell::RefCell::new(None) }
     }
 
     /// Opens `rel` (a directory, or "" for the root itself) beneath the root.

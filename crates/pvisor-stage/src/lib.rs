@@ -36,6 +36,7 @@ pub mod ledger;
 pub mod linediff;
 pub mod names;
 mod overlay;
+mod prefetch;
 pub mod preimage;
 mod region;
 pub mod review;
