@@ -92,9 +92,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn drop_caches() {
-    // Same starting point for both sides: flush dirty data first.
+/// The same starting point for both sides: dirty data flushed, and with
+/// `cold`, the page cache dropped too (root only; `None` says it could not).
+fn settle(cold: bool) -> Option<()> {
     let _ = Command::new("sync").status();
+    if cold {
+        return std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
+    }
+    Some(())
 }
 
 fn main() {
@@ -106,7 +111,11 @@ fn main() {
     let mut b = Bench { measuring, dir: tmp.path().to_owned(), n: 0 };
     println!("effects benchmark ({} mode)", if b.measuring { "measuring" } else { "smoke" });
     if run("small") {
-        small_files(&mut b, "default layout");
+        small_files(&mut b, "default layout", 10_000, Cache::Warm);
+        if measuring {
+            small_files(&mut b, "default layout", 100_000, Cache::Warm);
+            small_files(&mut b, "default layout", 100_000, Cache::Cold);
+        }
     }
     if run("big") {
         big_file(&mut b, "default layout");
@@ -116,7 +125,7 @@ fn main() {
             Ok(xfs) => {
                 let mut on_xfs = Bench { measuring, dir: xfs.mount.clone(), n: 0 };
                 if run("small") {
-                    small_files(&mut on_xfs, "xfs+reflink");
+                    small_files(&mut on_xfs, "xfs+reflink", 10_000, Cache::Warm);
                 }
                 if run("big") {
                     big_file(&mut on_xfs, "xfs+reflink");
@@ -159,17 +168,35 @@ fn globs(measuring: bool) {
     );
 }
 
+/// Whether a figure starts with the stage in the page cache (as right
+/// after its run) or read from disk (an apply days later).
+#[derive(Clone, Copy, PartialEq)]
+enum Cache {
+    Warm,
+    Cold,
+}
+
 /// 1. Many small files: apply vs `cp -a` + `sync`.
-fn small_files(b: &mut Bench, layout: &str) {
-    let iters = if b.measuring { 5 } else { 1 };
-    let small = if b.measuring { 10_000 } else { 200 };
+fn small_files(b: &mut Bench, layout: &str, count: usize, cache: Cache) {
+    let iters = match (b.measuring, count) {
+        (false, _) => 1,
+        (true, 100_000) => 3,
+        (true, _) => 5,
+    };
+    let small = if b.measuring { count } else { 200 };
+    let cold = cache == Cache::Cold;
+    let label = format!("{layout}{}", if cold { ", page cache dropped" } else { "" });
+    if settle(cold).is_none() {
+        println!("{label}: skipped (dropping the page cache needs root)");
+        return;
+    }
     let gen = format!("mkdir t; i=0; while [ $i -lt {small} ]; do echo file-$i > t/f$i; i=$((i+1)); done");
     let (mut apply_t, mut cp_t) = (Vec::new(), Vec::new());
     for _ in 0..iters {
         let (ws, home, upper) = b.staged("small", |_| {}, &gen);
         let target = ws.with_file_name("cp-target");
         std::fs::create_dir(&target).expect("cp target");
-        drop_caches();
+        settle(cold);
         cp_t.push(time_cmd(
             Command::new("sh")
                 .arg("-c")
@@ -178,13 +205,14 @@ fn small_files(b: &mut Bench, layout: &str) {
                 .arg(upper.join("t"))
                 .arg(&target),
         ));
-        drop_caches();
+        settle(cold);
         apply_t.push(b.pvisor(&home, &ws, &["apply", "-q", "--all"]));
+        let _ = std::fs::remove_dir_all(ws.parent().expect("round directory"));
     }
     let (a, c) = (median(apply_t), median(cp_t));
-    table::row(&format!("apply {small} small files ({layout})"), "ms", ms(a), None, "cp -a + sync", ms(c));
+    table::row(&format!("apply {small} small files ({label})"), "ms", ms(a), None, "cp -a + sync", ms(c));
     println!(
-        "{layout}: apply {small} small files: {:>8.1} ms   cp -a + sync: {:>8.1} ms   ratio {:.2}x (target <= 1.0x)",
+        "{label}: apply {small} small files: {:>8.1} ms   cp -a + sync: {:>8.1} ms   ratio {:.2}x (target <= 1.0x)",
         ms(a),
         ms(c),
         ms(a) / ms(c)
@@ -201,16 +229,16 @@ fn big_file(b: &mut Bench, layout: &str) {
     let (mut apply_t, mut copy_t, mut cp_t) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..iters {
         let (ws, home, upper) = b.staged("big", |_| {}, &gen);
-        drop_caches();
+        settle(false);
         copy_t.push(time_cmd(
             Command::new("cp")
                 .arg("--reflink=never")
                 .arg(upper.join("big"))
                 .arg(ws.with_file_name("cp-copy")),
         ));
-        drop_caches();
+        settle(false);
         cp_t.push(time_cmd(Command::new("cp").arg(upper.join("big")).arg(ws.with_file_name("cp-plain"))));
-        drop_caches();
+        settle(false);
         apply_t.push(b.pvisor(&home, &ws, &["apply", "-q", "--all"]));
         // Four copies of a GiB per round: free them before the next.
         let _ = std::fs::remove_dir_all(ws.parent().expect("round directory"));
