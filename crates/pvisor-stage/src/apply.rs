@@ -427,17 +427,18 @@ pub fn execute(
         .map(|p| Entry::new(p.change.path.clone(), Action::Intent, p.change.blake3.clone(), false))
         .collect();
     ledger.append(&intents)?;
-    let small_files: Vec<&Path> = plan
+    let small_files: Vec<(usize, &Path)> = plan
         .iter()
-        .filter(|p| matches!(p.verdict, Verdict::Apply { .. }))
-        .map(|p| &p.change)
-        .filter(|c| {
+        .enumerate()
+        .filter(|(_, p)| matches!(p.verdict, Verdict::Apply { .. }))
+        .map(|(i, p)| (i, &p.change))
+        .filter(|(_, c)| {
             c.entry == EntryType::File && c.size <= crate::prefetch::LARGEST && c.hardlink_of.is_none()
         })
-        .map(|c| c.path.as_path())
+        .map(|(i, c)| (i, c.path.as_path()))
         .collect();
-    crate::prefetch::while_reading(upper, &small_files, || {
-        apply_all(ws, upper, plan, &mut copy, &mut done, progress)
+    crate::prefetch::while_reading(upper, &small_files, |cursor| {
+        apply_all(ws, upper, plan, (&mut copy, &mut done), cursor, progress)
     });
     // Directories staged without owner access (`chmod 000`) get their mode
     // last, deepest first, after everything beneath them was written.
@@ -468,11 +469,12 @@ fn apply_all(
     ws: &Root,
     upper: &Root,
     plan: &[Planned],
-    copy: &mut Copy,
-    done: &mut Executed,
+    (copy, done): (&mut Copy, &mut Executed),
+    cursor: &crate::prefetch::Cursor,
     mut progress: impl FnMut(&ChangeEntry),
 ) {
-    for planned in plan {
+    for (index, planned) in plan.iter().enumerate() {
+        cursor.reached(index);
         match &planned.verdict {
             Verdict::Apply { forced } => {
                 // A child of a path that failed cannot land either; say so once.

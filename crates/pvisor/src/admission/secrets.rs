@@ -308,11 +308,9 @@ const VALUE_SHAPES: [ValueShape; 12] = [
         holds_one_of: &["://"],
         and_holds: "@",
     },
-    // Azure/ADO.NET-style connection strings. Case-insensitive in ASCII
-    // only: Unicode's folding would let the Kelvin sign stand for the k of
-    // AccountKey, which none of the literals holds.
+    // Azure/ADO.NET-style connection strings.
     ValueShape {
-        pattern: r"(?i-u)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
+        pattern: r"(?i)(^|;)\s*(AccountKey|SharedAccessSignature|SharedAccessKey|Password|Pwd)\s*=",
         holds_one_of: &["AccountKey", "SharedAccess", "Password", "Pwd"],
         and_holds: "",
     },
@@ -365,9 +363,18 @@ const VALUE_SHAPES: [ValueShape; 12] = [
 ];
 
 /// Whether `value` holds a literal of some shape: without one, no pattern
-/// can match, and none need be compiled.
+/// can match, and none need be compiled. The case-insensitive pattern
+/// folds as Unicode does, where the long s and the Kelvin sign are an s
+/// and a k: they are folded here too.
 fn could_be_secret_value(value: &str) -> bool {
-    let folded = value.to_ascii_lowercase();
+    let folded: String = value
+        .chars()
+        .map(|c| match c {
+            '\u{17f}' => 's',
+            '\u{212a}' => 'k',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
     let holds = |literal: &str| folded.contains(&literal.to_ascii_lowercase());
     VALUE_SHAPES
         .iter()
@@ -444,7 +451,7 @@ mod tests {
     }
 
     /// Values of each credential shape, which must be scrubbed.
-    const SECRET_VALUES: [&str; 21] = [
+    const SECRET_VALUES: [&str; 34] = [
         "https://alice:s3cret@git.example.com/repo.git",
         "postgres://u:v3@h/db",
         "a https_proxy of http://:pw@proxy:3128 inside",
@@ -466,6 +473,19 @@ mod tests {
         "AIzaSyA-0123456789abcdefghijklmnopqrstu",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
         "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc",
+        "Server=db;Pwd=hunter2",
+        "Endpoint=x;SharedAccessSignature=sv=2020&sig=abc",
+        "Server=db;\u{a0}Password=hunter2",
+        "Server=db;Pa\u{17f}\u{17f}word=hunter2",
+        "AccountName=a;Account\u{212a}ey=abc==",
+        "ghu_0123456789abcdefghijABCDEFGHIJ012345",
+        "ghs_0123456789abcdefghijABCDEFGHIJ012345",
+        "ghr_0123456789abcdefghijABCDEFGHIJ012345",
+        "glrt-0123456789abcdefghij",
+        "gldt-0123456789abcdefghij",
+        "npm_0123456789abcdefghijABCDEFGHIJ012345",
+        "pypi-AgEIcHlwaS5vcmcCJGE0YjQ",
+        "hf_0123456789abcdefghijABCDEFGHIJ0123",
     ];
 
     #[test]
