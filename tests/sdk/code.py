@@ -104,7 +104,8 @@ try:
     r = codes.run("import time\nfor _ in range(600): time.sleep(0.1)", context=ctx)
     assert r.error is not None and r.error.name == "KeyboardInterrupt", r
     interrupts.join()
-    assert codes.run("x + 2", context=ctx).result[0].text == "44"
+    r = codes.run("x + 2", context=ctx)
+    assert r.result and r.result[0].text == "44", r
 
     # Output without newlines streams through whole; a cell that sends its
     # stdout elsewhere still ends with its value.
@@ -122,7 +123,8 @@ try:
     # the context goes on.
     r = codes.run("'\\u00e9' * 1100000", context=ctx)
     assert r.error is not None and "over 4 MiB" in r.error.value, r
-    assert codes.run("x + 3", context=ctx).result[0].text == "45"
+    r = codes.run("x + 3", context=ctx)
+    assert r.result and r.result[0].text == "45", r
 
     # A cell that kills its interpreter: an error, then the context is gone.
     r = codes.run("import os\nos._exit(3)", context=ctx)
