@@ -63,9 +63,14 @@ impl Tail {
                     if at > 0 {
                         found.push(Split::Output(self.held[..at].to_vec()));
                     }
-                    found.push(Split::Marker(
-                        String::from_utf8_lossy(&self.held[after..after + end]).into_owned(),
-                    ));
+                    // The limit holds however the payload was cut into
+                    // chunks: one that crosses it and ends in the same chunk
+                    // is as oversized as one that ends in a later chunk.
+                    found.push(if end > PAYLOAD_MAX {
+                        Split::Oversized
+                    } else {
+                        Split::Marker(String::from_utf8_lossy(&self.held[after..after + end]).into_owned())
+                    });
                     self.held.clear();
                     return found;
                 }
@@ -179,6 +184,24 @@ mod tests {
         }
         sent.extend(tail.rest());
         assert_eq!(sent, bytes);
+    }
+
+    #[test]
+    fn a_payload_over_the_limit_is_oversized_even_when_it_ends_in_the_chunk_that_crosses_it() {
+        let marker = b"\x1eabc:";
+        let mut tail = Tail::default();
+        let mut seen = tail.push(b"\x1eabc:", marker);
+        let mut big = vec![b'u'; PAYLOAD_MAX + 1];
+        big.extend_from_slice(b"\x1e\n");
+        seen.extend(tail.push(&big, marker));
+        assert_eq!(seen.last(), Some(&Split::Oversized), "{} pieces", seen.len());
+        let mut at_limit = Tail::default();
+        let mut exact = b"\x1eabc:".to_vec();
+        exact.extend(vec![b'u'; PAYLOAD_MAX]);
+        exact.extend_from_slice(b"\x1e\n");
+        assert!(
+            matches!(at_limit.push(&exact, marker).last(), Some(Split::Marker(p)) if p.len() == PAYLOAD_MAX)
+        );
     }
 
     #[test]
