@@ -41,6 +41,7 @@ pub mod preimage;
 mod region;
 pub mod review;
 pub mod sensitive;
+mod writers;
 
 pub use changes::{scan, scan_counted, seal, Scanned, RECORDED_PATH_MAX};
 pub use checkpoint::restore_logical_checkpoint;

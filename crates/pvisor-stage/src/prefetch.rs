@@ -36,9 +36,10 @@ pub(crate) struct Cursor {
 }
 
 impl Cursor {
-    /// Apply has reached item `index` of the plan.
+    /// Apply has reached item `index` of the plan (the furthest of its
+    /// writers, when several write at once).
     pub(crate) fn reached(&self, index: usize) {
-        self.at.store(index, Ordering::Relaxed);
+        self.at.fetch_max(index, Ordering::Relaxed);
     }
 }
 
