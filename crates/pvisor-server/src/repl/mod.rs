@@ -440,8 +440,8 @@ impl Repl {
         // Whatever background jobs printed between runs is not this run's.
         while let Ok(stale) = output.try_recv() {
             if let Out::Ended(why) = stale {
-                emit(Piece::Failed(why));
                 self.busy.store(false, Ordering::SeqCst);
+                emit(Piece::Failed(why));
                 return;
             }
         }
@@ -451,8 +451,8 @@ impl Repl {
         let (out_marker, err_marker) = (format!("\x1e{nonce}:"), format!("\x1e{nonce}\x1e\n"));
         let script = self.script(command, cwd, &nonce);
         if self.input.lock().unwrap_or_else(|p| p.into_inner()).stdin(script.as_bytes()).is_err() {
-            emit(Piece::Failed("the interpreter is gone".into()));
             self.busy.store(false, Ordering::SeqCst);
+            emit(Piece::Failed("the interpreter is gone".into()));
             return;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -502,8 +502,8 @@ impl Repl {
                             );
                         }
                     }
-                    pieces(Piece::Failed(why), &mut emitting);
                     self.busy.store(false, Ordering::SeqCst);
+                    pieces(Piece::Failed(why), &mut emitting);
                     return;
                 }
                 Ok(_) => {}
@@ -521,12 +521,17 @@ impl Repl {
                     self.interrupt();
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    pieces(Piece::Failed("the interpreter's relay closed".into()), &mut emitting);
                     self.busy.store(false, Ordering::SeqCst);
+                    pieces(Piece::Failed("the interpreter's relay closed".into()), &mut emitting);
                     return;
                 }
             }
         }
+        // The run is over before its answer goes out: a client that sends
+        // its next run as soon as this answer ends must find the
+        // interpreter free. (A later run waits on `output` until this one
+        // returns, so the two never interleave.)
+        self.busy.store(false, Ordering::SeqCst);
         match status {
             Some(_) if oversized => pieces(
                 Piece::Failed(format!(
@@ -538,7 +543,6 @@ impl Repl {
             Some(payload) => pieces(Piece::Done(payload), &mut emitting),
             None => {}
         }
-        self.busy.store(false, Ordering::SeqCst);
     }
 
     /// What the interpreter is sent for one run of `command`: the command
