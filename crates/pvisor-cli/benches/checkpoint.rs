@@ -15,8 +15,8 @@
 #[path = "support/table.rs"]
 mod table;
 
-#[path = "support/xfs.rs"]
-mod xfs;
+#[path = "support/scratch.rs"]
+mod scratch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -105,7 +105,7 @@ fn main() {
         println!("reflink figure skipped: needs --bench");
         return;
     }
-    let xfs = match xfs::Xfs::mount(dir.path(), "2G") {
+    let xfs = match scratch::Scratch::xfs(dir.path(), "2G") {
         Ok(xfs) => xfs,
         Err(why) => {
             println!("reflink figure skipped: {why}");
