@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use pvisor_core::records::{ChangeEntry, ChangeKind, EntryType};
 use pvisor_core::store::RelPath;
 
-use crate::beneath::{Kind, Root};
+use crate::beneath::{self, Kind, Root};
 use crate::glob;
 use crate::ledger::{Action, Entry, Ledger, Outcome, PartialState};
 use crate::preimage::{host_state, same_state, staged_state, HostState, Preimage, Preimages};
@@ -220,6 +220,12 @@ pub fn verdict(
         return Ok(Verdict::Unsupported(
             "a device node, fifo or socket; pvisor never creates these in the workspace".into(),
         ));
+    }
+    if change.path.as_path().iter().any(beneath::is_temporary) {
+        return Ok(Verdict::Unsupported(format!(
+            "a name beginning with `{}` is apply's own temporary; pvisor never writes one (rename it in a new run to keep it)",
+            beneath::TEMP_PREFIX
+        )));
     }
     let host = host_state(ws, change)?;
     if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {

@@ -8,10 +8,12 @@
 //! On kernels without `openat2` (before 5.6) the same walk is done one
 //! component at a time with `O_NOFOLLOW`.
 //!
-//! Atomic replacement writes `.NAME.pvisor-tmp` beside the target and renames
-//! it over. The name is fixed per target (applies are serialized by the stage
-//! lock), so a temporary left by a killed apply is replaced when the path is
-//! retried instead of lingering.
+//! Atomic replacement writes a temporary beside the target and renames it
+//! over. Its name is fixed per target, so a temporary left by a killed apply
+//! is replaced when the path is retried instead of lingering; it carries the
+//! name's whole BLAKE3, so no two targets of one directory share one (apply
+//! writes a directory's files on several threads), and apply never writes a
+//! staged name that begins like it (see [`is_temporary`]).
 
 use std::ffi::{CStr, OsStr, OsString};
 use std::fs::File;
@@ -35,16 +37,24 @@ pub struct Root {
 }
 
 /// The name apply writes `plain`'s new content under before renaming it
-/// over: fixed-length (29 bytes), so any legal name (up to NAME_MAX) has
-/// one, and derived from the name, so the temporary a killed apply of that
-/// very path left is found again.
+/// over: fixed-length (76 bytes), so any legal name (up to NAME_MAX) has
+/// one; derived from the name, so the temporary a killed apply of that very
+/// path left is found again; the whole digest, so two names cannot be made
+/// to share one (a 64-bit prefix collides after about 2^32 tries).
 fn temp_name(plain: &OsStr) -> OsString {
     let digest = blake3::hash(plain.as_bytes()).to_hex();
-    OsString::from(format!("{TEMP_PREFIX}{}", &digest[..16]))
+    OsString::from(format!("{TEMP_PREFIX}{digest}"))
 }
 
-/// How apply's temporaries are named (`.pvisor-tmp-` and 16 hex digits).
+/// How apply's temporaries are named (`.pvisor-tmp-` and 64 hex digits).
 pub const TEMP_PREFIX: &str = ".pvisor-tmp-";
+
+/// Whether `name` begins like one of apply's temporaries. Apply never writes
+/// such a name: it would be unlinked as a leftover when its neighbour is
+/// replaced, or renamed over that neighbour by the thread writing it.
+pub fn is_temporary(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+}
 
 /// Splits a relative path into its normal components, refusing `..`, `.`,
 /// absolute paths and empty paths: the names a manifest may hold.
@@ -533,16 +543,24 @@ fn link_anonymous(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
     // small file went to resolving the /proc link. Linux allows it to
     // CAP_DAC_READ_SEARCH and, since 6.10, to whoever opened the file;
     // elsewhere it is ENOENT, and the /proc link does the same.
-    if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
+    let refused = EMPTY_PATH_REFUSED.load(Ordering::Relaxed);
+    if !refused {
         match rustix::fs::linkat(file, c"", dir, name, AtFlags::EMPTY_PATH) {
-            Err(Errno::NOENT) => EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed),
+            Err(Errno::NOENT) => {}
             done => return Ok(done?),
         }
     }
     let source = format!("/proc/self/fd/{}", file.as_raw_fd());
     // AT_SYMLINK_FOLLOW resolves only the /proc magic link to our own
     // descriptor's inode.
-    Ok(rustix::fs::linkat(CWD, source.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW)?)
+    rustix::fs::linkat(CWD, source.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW)?;
+    // Refused only if the same link works through /proc: ENOENT also means
+    // the file has no name left or `dir` was removed, which says nothing
+    // about the kernel.
+    if !refused {
+        EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// `openat(2)` with `O_CLOEXEC`; the flags never create.

