@@ -157,6 +157,10 @@ pub struct Parents<'a> {
     staged: BTreeSet<&'a Path>,
     /// Host directories looked at, with what stands in the way there.
     seen: BTreeMap<PathBuf, Option<String>>,
+    /// Staged directories the host was found not to hold at all: nothing
+    /// beneath them is looked for on the host (a stage that adds a tree of
+    /// 10,000 files made 10,000 failed lookups of its directory).
+    absent: BTreeSet<&'a Path>,
 }
 
 impl<'a> Parents<'a> {
@@ -164,7 +168,21 @@ impl<'a> Parents<'a> {
     pub fn new(changes: impl IntoIterator<Item = &'a ChangeEntry>) -> Self {
         let staged =
             changes.into_iter().filter(|c| c.entry == EntryType::Dir).map(|c| c.path.as_path()).collect();
-        Self { staged, seen: BTreeMap::new() }
+        Self { staged, seen: BTreeMap::new(), absent: BTreeSet::new() }
+    }
+
+    /// What the host holds at `change`: known to be nothing when a
+    /// directory above it was found absent in this pass, else looked at.
+    fn host_state(&mut self, ws: &Root, change: &'a ChangeEntry) -> Result<HostState, StageError> {
+        let path = change.path.as_path();
+        if path.parent().is_some_and(|parent| self.absent.contains(parent)) {
+            return Ok(HostState::Absent);
+        }
+        let host = host_state(ws, change)?;
+        if change.entry == EntryType::Dir && matches!(host, HostState::Absent) {
+            self.absent.insert(path);
+        }
+        Ok(host)
     }
 
     /// Why `rel` cannot land where the run wrote it: the directory above it
@@ -208,10 +226,10 @@ fn highest_not_a_directory(ws: &Root, dir: &Path) -> Result<String, StageError> 
 }
 
 /// Decides what to do with `change` given the host's current state.
-pub fn verdict(
+pub fn verdict<'a>(
     ws: &Root,
-    change: &ChangeEntry,
-    parents: &mut Parents<'_>,
+    change: &'a ChangeEntry,
+    parents: &mut Parents<'a>,
     preimage: Option<&Preimage>,
     outcome: Option<&Outcome>,
     force: bool,
@@ -227,7 +245,7 @@ pub fn verdict(
             beneath::TEMP_PREFIX
         )));
     }
-    let host = host_state(ws, change)?;
+    let host = parents.host_state(ws, change)?;
     if change.kind != ChangeKind::OpaqueDir && same_state(&host, &staged_state(change)) {
         return Ok(Verdict::AlreadyApplied);
     }
@@ -753,4 +771,49 @@ fn remove_hidden(ws: &Root, upper: &Root, rel: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::preimage::{baseline_now, capture, CopyUps};
+
+    /// Plans every change of `upper` against `ws` with the baselines taken
+    /// while the host held nothing, as apply does.
+    fn verdicts(changes: &[ChangeEntry], preimages: &Preimages, ws: &Path) -> Vec<(String, Verdict)> {
+        let selection: Vec<(usize, bool)> = (0..changes.len()).map(|i| (i, false)).collect();
+        let root = Root::open(ws).expect("ws root");
+        let planned = plan(&root, changes, &selection, preimages, &BTreeMap::new(), false).expect("plan");
+        planned.into_iter().map(|p| (p.change.path.display_escaped(), p.verdict)).collect()
+    }
+
+    /// A staged tree the host does not hold is planned without looking
+    /// beneath it; once the host holds the same tree, each path is looked
+    /// at again (and found already applied), so the shortcut never stands
+    /// in for what is there.
+    #[test]
+    fn what_lies_beneath_a_directory_the_host_lacks_is_absent_and_nothing_else_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (upper, ws) = (dir.path().join("upper"), dir.path().join("ws"));
+        fs::create_dir_all(upper.join("t/sub")).expect("upper");
+        fs::create_dir(&ws).expect("ws");
+        fs::write(upper.join("t/a"), "a\n").expect("a");
+        fs::write(upper.join("t/sub/b"), "b\n").expect("b");
+        let changes = crate::scan(&upper, &ws).expect("scan");
+        let preimages = capture(&ws, &changes, CopyUps::Unmarked, baseline_now()).expect("baselines");
+        let fresh = verdicts(&changes, &preimages, &ws);
+        assert_eq!(fresh.len(), 4, "{fresh:?}");
+        assert!(fresh.iter().all(|(_, v)| *v == Verdict::Apply { forced: false }), "{fresh:?}");
+
+        fs::create_dir_all(ws.join("t/sub")).expect("host tree");
+        fs::write(ws.join("t/a"), "a\n").expect("host a");
+        fs::write(ws.join("t/sub/b"), "b\n").expect("host b");
+        let held = verdicts(&changes, &preimages, &ws);
+        // Beneath `t` (whose own mode the host chose): all looked at, all there.
+        let beneath: Vec<&(String, Verdict)> = held.iter().filter(|(p, _)| p.contains('/')).collect();
+        assert_eq!(beneath.len(), 3, "{held:?}");
+        assert!(beneath.iter().all(|(_, v)| *v == Verdict::AlreadyApplied), "{held:?}");
+    }
 }
