@@ -19,7 +19,6 @@ use pvisor_stage::StageError;
 
 use super::commit_verdict::{judge_commit, CommitVerdict};
 use super::{EffectsError, Sensitive, StageState};
-use crate::records::completion;
 use crate::records::views::{self, JobStatus, ViewError};
 
 /// A Job's stage, ready to review or apply.
@@ -43,24 +42,23 @@ impl Stage {
     /// Opens the stage of `job`.
     pub fn open(store: &Store, job: &JobId) -> Result<Self, EffectsError> {
         crate::records::recovery::recover(store, job)?;
-        let status = views::status(store, job)?;
+        let (status, bundle) = views::status_with_bundle(store, job)?;
         let job_record: JobRecord = store.read(&store.job_file(job))?;
         let stage_dir = store.stage_dir(&status.run);
         let upper = stage_dir.join("upper");
         let mut binding = None;
         let mut incomplete = None;
-        let (changes, confirmed) =
-            match completion::load(store, job, &status.attempt).map_err(ViewError::from)? {
-                Some((_, bundle)) => {
-                    binding = bundle.binding;
-                    incomplete = bundle.incomplete;
-                    (bundle.changes, true)
-                }
-                None if upper.is_dir() && status.workspace.is_dir() => {
-                    (pvisor_stage::scan(&upper, &status.workspace)?, false)
-                }
-                None => (Vec::new(), false),
-            };
+        let (changes, confirmed) = match bundle {
+            Some(bundle) => {
+                binding = bundle.binding;
+                incomplete = bundle.incomplete;
+                (bundle.changes, true)
+            }
+            None if upper.is_dir() && status.workspace.is_dir() => {
+                (pvisor_stage::scan(&upper, &status.workspace)?, false)
+            }
+            None => (Vec::new(), false),
+        };
         let preimages_path = stage_dir.join("preimages.json");
         let preimages = match store::read_capped(&preimages_path, store::RECORD_READ_CAP) {
             Ok(bytes) => {

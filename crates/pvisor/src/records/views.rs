@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use pvisor_core::event::Event;
 use pvisor_core::ids::{AttemptId, JobId, RunId};
-use pvisor_core::records::{AttemptRecord, JobRecord, RunRecord};
+use pvisor_core::records::{AttemptRecord, Bundle, JobRecord, RunRecord};
 use pvisor_core::state::JobState;
 use pvisor_core::store::{self, OwnerLock, Store, StoreError};
 use pvisor_core::time::Timestamp;
@@ -196,6 +196,13 @@ pub struct JobStatus {
 
 /// Builds the status of `job`.
 pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
+    Ok(status_with_bundle(store, job_id)?.0)
+}
+
+/// Builds the status of `job`, with the Run Bundle its valid receipt binds
+/// (checked against the receipt and the Run once, for a caller that needs
+/// the changes too: a Bundle of 10,000 changes is 2 MB to parse).
+pub fn status_with_bundle(store: &Store, job_id: &JobId) -> Result<(JobStatus, Option<Bundle>), ViewError> {
     let job: JobRecord = store.read(&store.job_file(job_id))?;
     let run: RunRecord = store.read(&store.run_file(&job.run))?;
     let attempt_id = AttemptId::new(run.id.clone(), job.target_attempt);
@@ -229,6 +236,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         suspended_to: None,
         labels: job.labels.clone(),
     };
+    let mut bound = None;
     match completion::load(store, &job.id, &attempt_id)? {
         Some((receipt, bundle)) => {
             check_run_binding(store, &run, &bundle)?;
@@ -254,6 +262,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
             if !events.iter().any(|e| e.kind == terminal) {
                 status.audit_gaps.push(format!("receipt valid, terminal event {terminal} missing"));
             }
+            bound = Some(bundle);
         }
         None if live => {}
         None if job.state != JobState::Lost => {
@@ -274,7 +283,7 @@ pub fn status(store: &Store, job_id: &JobId) -> Result<JobStatus, ViewError> {
         }
         None => {}
     }
-    Ok(status)
+    Ok((status, bound))
 }
 
 /// Reads a Run's Trace. A torn final line (a crash mid-append) is skipped and
