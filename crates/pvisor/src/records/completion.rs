@@ -92,21 +92,9 @@ fn check_result(result: &RunResult) -> Result<(), ResultError> {
 
 /// Validates `receipt` for `attempt` of `job` against the Bundle's bytes:
 /// identity, terminal state, exit code, start ≤ finish, size and digest, and
-/// that the Bundle fixes the same result.
+/// that the Bundle fixes the same result. Returns the Bundle it parsed: a
+/// Bundle of 10,000 changes is 2 MB of JSON, not to be parsed twice.
 pub fn validate(
-    receipt: &CompletionReceipt,
-    job: &JobId,
-    attempt: &AttemptId,
-    receipt_path: &str,
-    bundle_path: &str,
-    bundle_bytes: &[u8],
-) -> Result<(), ReceiptError> {
-    validated(receipt, job, attempt, receipt_path, bundle_path, bundle_bytes).map(drop)
-}
-
-/// [`validate`], returning the Bundle it parsed: a Bundle of 10,000
-/// changes is 2 MB of JSON, not to be parsed twice.
-fn validated(
     receipt: &CompletionReceipt,
     job: &JobId,
     attempt: &AttemptId,
@@ -175,7 +163,7 @@ pub fn load(
         }
         Err(e) => return Err(e.into()),
     };
-    let bundle = validated(
+    let bundle = validate(
         &receipt,
         job,
         attempt,
