@@ -52,6 +52,13 @@ impl ExecChannel {
         read_frame(&mut self.reader)
     }
 
+    /// Bounds how long [`Self::next_reply`] waits for a frame to begin:
+    /// past it the read fails with `WouldBlock` (nothing of a frame read,
+    /// so the channel goes on). `None` waits for good.
+    pub fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        self.reader.get_ref().set_read_timeout(timeout)
+    }
+
     pub fn signal(&mut self, signal: i32) -> io::Result<()> {
         write_frame(&mut self.writer, &Request::Signal { id: self.id, signal }, &[])
     }

@@ -201,6 +201,17 @@ fn a_sandbox_ends_with_its_entrypoint_on_fakes() {
     }
 }
 
+/// An entrypoint whose `Exited` never reaches its channel (which stays
+/// open) still ends its sandbox: the watcher asks the guest once the
+/// channel has been silent a while.
+#[test]
+fn an_entrypoint_whose_exit_frame_is_lost_still_ends_the_sandbox_on_fakes() {
+    let s = serve(&[("quiet", GuestRun::exits_unheard(5))]);
+    let id = s.create(json!({ "image": { "uri": "default" }, "entrypoint": ["quiet"] }));
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["message"], "Sandbox container exited with code 5.", "{got}");
+}
+
 #[test]
 fn a_created_sandbox_runs_its_vm_and_is_listed_and_got() {
     let s = serve(&[]);

@@ -4,9 +4,9 @@
 //! exit 0 and `Failed` otherwise, with the reference reason and message.
 //!
 //! A watcher thread per sandbox learns the exit from the start's exec
-//! channel; once that channel is gone (a pause cut the link, the daemon
-//! restarted) it asks the guest every [`POLL`] instead, while the sandbox is
-//! Running. Only a Running sandbox ends with its entrypoint: a delete, a
+//! channel, and asks the guest itself after [`SILENCE`] without a frame;
+//! once that channel is gone (a pause cut the link, the daemon restarted)
+//! it asks the guest every [`POLL`] instead, while the sandbox is Running. Only a Running sandbox ends with its entrypoint: a delete, a
 //! pause or a failure that got there first stands.
 
 use std::collections::BTreeMap;
@@ -21,6 +21,22 @@ use crate::guest_link::{self, ExecChannel, GuestError, Reply};
 
 /// How often a watcher without its exec channel asks the guest.
 const POLL: Duration = Duration::from_millis(500);
+
+/// How long a watcher waits on a silent exec channel before it asks the
+/// guest itself: an exit whose `Exited` never reaches the channel must not
+/// leave the sandbox Running for good. Long enough that an idle sandbox's
+/// guest is seldom woken.
+const SILENCE: Duration = Duration::from_secs(10);
+
+/// What a watcher learned of the entrypoint when it looked.
+enum Watch {
+    /// Not known to have exited: look again later.
+    Running,
+    /// It exited with this status.
+    Exited(i32),
+    /// The sandbox ended (or its entrypoint's end was recorded) otherwise.
+    Over,
+}
 
 /// Why the image's entrypoint did not start (kept in its command record).
 #[derive(Debug, thiserror::Error)]
@@ -140,32 +156,54 @@ impl Daemon {
     /// The entrypoint's exit status, once it has one; `None` once the
     /// sandbox has ended (or been forgotten) without it.
     fn wait_entrypoint(&self, id: &str, exec_id: u32, mut channel: Option<ExecChannel>) -> Option<i32> {
+        if let Some(open) = channel.as_ref() {
+            let _ = open.set_read_timeout(Some(SILENCE));
+        }
         while let Some(open) = channel.as_mut() {
             match open.next_reply() {
                 Ok(Some((Reply::Exited { code, signal, .. }, _))) => return Some(exit_status(code, signal)),
                 Ok(Some(_)) => {}
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    match self.entrypoint_watch(id, exec_id) {
+                        Watch::Running => {}
+                        Watch::Exited(code) => return Some(code),
+                        Watch::Over => return None,
+                    }
+                }
                 Ok(None) | Err(_) => channel = None,
             }
         }
         loop {
-            let record = self.get(id).ok()?;
-            let finished = record.commands.get("entrypoint").is_none_or(|c| c.finished_at.is_some());
-            if record.state.is_final() || record.state == SandboxState::Stopping || finished {
-                return None;
+            match self.entrypoint_watch(id, exec_id) {
+                Watch::Running => std::thread::sleep(POLL),
+                Watch::Exited(code) => return Some(code),
+                Watch::Over => return None,
             }
-            if record.state == SandboxState::Running {
-                if let Ok((_, link)) = self.live_link(id) {
-                    if let Ok(Reply::Status { running: false, code, signal, .. }) =
-                        guest_link::status(&link, exec_id)
-                    {
-                        if code.is_some() || signal.is_some() {
-                            return Some(exit_status(code, signal));
-                        }
+        }
+    }
+
+    /// What the records and the guest say of the entrypoint (guest exec
+    /// `exec_id`) now: the guest is asked only while the sandbox is Running.
+    fn entrypoint_watch(&self, id: &str, exec_id: u32) -> Watch {
+        let Ok(record) = self.get(id) else { return Watch::Over };
+        let finished = record.commands.get("entrypoint").is_none_or(|c| c.finished_at.is_some());
+        if record.state.is_final() || record.state == SandboxState::Stopping || finished {
+            return Watch::Over;
+        }
+        if record.state == SandboxState::Running {
+            if let Ok((_, link)) = self.live_link(id) {
+                if let Ok(Reply::Status { running: false, code, signal, .. }) =
+                    guest_link::status(&link, exec_id)
+                {
+                    if code.is_some() || signal.is_some() {
+                        return Watch::Exited(exit_status(code, signal));
                     }
                 }
             }
-            std::thread::sleep(POLL);
         }
+        Watch::Running
     }
 
     /// Ends a sandbox back to Running (resumed, reattached) whose

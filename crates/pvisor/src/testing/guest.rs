@@ -36,6 +36,9 @@ pub enum GuestEnd {
     UntilSignalled,
     /// The guest cannot start it.
     Fails { errno: i32, message: String },
+    /// Exits with this code, but its `Exited` never reaches the channel,
+    /// which stays open (the guest's status knows the exit).
+    ExitsUnheard(i32),
 }
 
 impl GuestRun {
@@ -67,6 +70,11 @@ impl GuestRun {
     /// Cannot be started: `errno` (ENOENT for a missing program).
     pub fn fails(errno: i32, message: &str) -> Self {
         Self { end: GuestEnd::Fails { errno, message: message.into() }, ..Self::exits(0, "") }
+    }
+
+    /// Exits with `code`, its `Exited` frame lost on the way.
+    pub fn exits_unheard(code: i32) -> Self {
+        Self { end: GuestEnd::ExitsUnheard(code), ..Self::exits(0, "") }
     }
 }
 
@@ -182,6 +190,15 @@ impl FakeGuest {
         }
         let ended = match run.end {
             GuestEnd::Exits(code) => (Some(code), None),
+            GuestEnd::ExitsUnheard(code) => {
+                if let Some(state) = lock(&self.execs).get_mut(&id) {
+                    state.ended = Some((Some(code), None));
+                    state.signals = None;
+                }
+                // The channel stays open, silent, until the caller leaves.
+                let _ = read_frame::<Request>(&mut reader);
+                return;
+            }
             GuestEnd::UntilSignalled => {
                 // Requests on the channel: signals, and stdin to echo.
                 let echo = writer.try_clone().ok().filter(|_| run.echo_stdin);
