@@ -32,11 +32,11 @@ use crate::{Agent, Out};
 /// child holding the pipes open must not delay `Exited` forever).
 const OUTPUT_GRACE: Duration = Duration::from_millis(300);
 
-/// Exec ids by pid, and exit statuses that arrived before their pid was registered.
+/// The running execs: where each one's exit status goes, by pid, and what
+/// the requests about it need.
 #[derive(Default)]
 pub(crate) struct ExecTable {
     by_pid: HashMap<i32, Sender<libc::c_int>>,
-    early: HashMap<i32, libc::c_int>,
     groups: HashMap<u32, i32>,
     /// The memory group of each running exec that has one (its path).
     memory_groups: HashMap<u32, String>,
@@ -52,8 +52,9 @@ pub(crate) type Execs = Arc<Mutex<ExecTable>>;
 
 /// Reaps every child (PID 1 inherits orphans). It first *peeks* at an exited
 /// child, then reaps it under the table lock, which `exec` holds while
-/// spawning: a child whose exec failed is reaped by `Command::spawn` itself,
-/// and reaping it here first would make std panic.
+/// spawning and registering: a child whose exec failed is reaped by
+/// `Command::spawn` itself (reaping it here first would make std panic), and
+/// an exec's child is always registered before it can be reaped.
 pub(crate) fn reap(execs: Execs) {
     loop {
         // libc's waitid: rustix's reports no pid, and the peek is only
@@ -76,13 +77,18 @@ pub(crate) fn reap(execs: Execs) {
             Ok(Some((reaped, status))) if reaped == child => status.as_raw(),
             _ => continue, // spawn reaped it (a failed exec)
         };
-        match table.by_pid.remove(&pid) {
-            Some(tx) => {
-                let _ = tx.send(status);
-            }
-            None => {
-                table.early.insert(pid, status);
-            }
+        table.exited(pid, status);
+    }
+}
+
+impl ExecTable {
+    /// Hands the exit `status` of child `pid` to its exec. A child that is
+    /// no exec's (an orphan PID 1 inherited) is forgotten: kept, its status
+    /// would be taken by a later exec given the same pid, which would then
+    /// be reported exited while it runs.
+    fn exited(&mut self, pid: i32, status: libc::c_int) {
+        if let Some(tx) = self.by_pid.remove(&pid) {
+            let _ = tx.send(status);
         }
     }
 }
@@ -257,15 +263,10 @@ impl Agent {
                 eprintln!("pvisor-agent: container {}: its namespaces: {e}", container.name);
             }
         }
+        // Registered before the table is let go: the reaper cannot have
+        // reaped it yet.
         let (status_tx, status_rx) = mpsc::channel();
-        match table.early.remove(&pid) {
-            Some(status) => {
-                let _ = status_tx.send(status);
-            }
-            None => {
-                table.by_pid.insert(pid, status_tx);
-            }
-        }
+        table.by_pid.insert(pid, status_tx);
         let out = self.out.clone();
         let started = Gate::default();
         let pumps = relay(&out, &mut table, id, stdio, &mut child, &started);
@@ -566,5 +567,19 @@ mod tests {
         assert_eq!(sorted(running_in(&execs, Some("/"))), [2, 3, 4]);
         assert_eq!(sorted(running_in(&execs, Some("/pod-gone"))), [2, 3, 4]);
         assert_eq!(sorted(running_in(&execs, None)), [2, 3, 4]);
+    }
+
+    /// An orphan's exit is forgotten, so an exec that later gets the same
+    /// pid waits for its own exit; an exec's exit reaches it once.
+    #[test]
+    fn an_orphans_exit_is_never_taken_for_a_later_execs_with_its_pid() {
+        let mut table = ExecTable::default();
+        table.exited(4242, 9);
+        let (tx, rx) = mpsc::channel();
+        table.by_pid.insert(4242, tx);
+        assert!(rx.try_recv().is_err(), "the orphan's status reached the exec");
+        table.exited(4242, 0);
+        assert_eq!(rx.try_recv().ok(), Some(0));
+        assert!(table.by_pid.is_empty());
     }
 }
