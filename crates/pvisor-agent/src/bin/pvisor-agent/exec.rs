@@ -82,6 +82,15 @@ pub(crate) fn reap(execs: Execs) {
 }
 
 impl ExecTable {
+    /// Registers the just-spawned child `pid` of an exec (under the table
+    /// lock, so the reaper cannot have reaped it yet); its exit status
+    /// arrives on the receiver.
+    fn register(&mut self, pid: i32) -> Receiver<libc::c_int> {
+        let (status_tx, status_rx) = mpsc::channel();
+        self.by_pid.insert(pid, status_tx);
+        status_rx
+    }
+
     /// Hands the exit `status` of child `pid` to its exec. A child that is
     /// no exec's (an orphan PID 1 inherited) is forgotten: kept, its status
     /// would be taken by a later exec given the same pid, which would then
@@ -263,10 +272,7 @@ impl Agent {
                 eprintln!("pvisor-agent: container {}: its namespaces: {e}", container.name);
             }
         }
-        // Registered before the table is let go: the reaper cannot have
-        // reaped it yet.
-        let (status_tx, status_rx) = mpsc::channel();
-        table.by_pid.insert(pid, status_tx);
+        let status_rx = table.register(pid);
         let out = self.out.clone();
         let started = Gate::default();
         let pumps = relay(&out, &mut table, id, stdio, &mut child, &started);
@@ -575,8 +581,7 @@ mod tests {
     fn an_orphans_exit_is_never_taken_for_a_later_execs_with_its_pid() {
         let mut table = ExecTable::default();
         table.exited(4242, 9);
-        let (tx, rx) = mpsc::channel();
-        table.by_pid.insert(4242, tx);
+        let rx = table.register(4242);
         assert!(rx.try_recv().is_err(), "the orphan's status reached the exec");
         table.exited(4242, 0);
         assert_eq!(rx.try_recv().ok(), Some(0));
