@@ -435,8 +435,10 @@ impl Repl {
             ));
             return;
         }
-        self.interrupted.store(false, Ordering::SeqCst);
         let output = self.output.lock().unwrap_or_else(|p| p.into_inner());
+        // Only once the previous run has returned: its last acts cannot
+        // spend this run's one interrupt.
+        self.interrupted.store(false, Ordering::SeqCst);
         // Whatever background jobs printed between runs is not this run's.
         while let Ok(stale) = output.try_recv() {
             if let Out::Ended(why) = stale {
@@ -503,7 +505,9 @@ impl Repl {
                         }
                     }
                     self.busy.store(false, Ordering::SeqCst);
-                    pieces(Piece::Failed(why), &mut emitting);
+                    if emitting {
+                        emit(Piece::Failed(why));
+                    }
                     return;
                 }
                 Ok(_) => {}
@@ -522,7 +526,9 @@ impl Repl {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     self.busy.store(false, Ordering::SeqCst);
-                    pieces(Piece::Failed("the interpreter's relay closed".into()), &mut emitting);
+                    if emitting {
+                        emit(Piece::Failed("the interpreter's relay closed".into()));
+                    }
                     return;
                 }
             }
@@ -530,18 +536,20 @@ impl Repl {
         // The run is over before its answer goes out: a client that sends
         // its next run as soon as this answer ends must find the
         // interpreter free. (A later run waits on `output` until this one
-        // returns, so the two never interleave.)
+        // returns, so the two never interleave.) The answer goes out with
+        // plain `emit`: a client gone by now leaves nothing to interrupt,
+        // and an interrupt here would land on the next run.
         self.busy.store(false, Ordering::SeqCst);
-        match status {
-            Some(_) if oversized => pieces(
-                Piece::Failed(format!(
-                    "the run's answer (its value or its error) is over {} MiB; print a large value instead of returning it",
-                    tail::PAYLOAD_MAX >> 20
-                )),
-                &mut emitting,
-            ),
-            Some(payload) => pieces(Piece::Done(payload), &mut emitting),
-            None => {}
+        let answer = match status {
+            Some(_) if oversized => Piece::Failed(format!(
+                "the run's answer (its value or its error) is over {} MiB; print a large value instead of returning it",
+                tail::PAYLOAD_MAX >> 20
+            )),
+            Some(payload) => Piece::Done(payload),
+            None => return,
+        };
+        if emitting {
+            emit(answer);
         }
     }
 
