@@ -76,7 +76,19 @@ pub fn read_tagged<T: for<'de> Deserialize<'de>>(
     Ok(Some((message, id, payload)))
 }
 
-/// Reads one frame. `Ok(None)` is a clean end of stream before a frame began.
+/// A read that failed inside a frame: a timeout there is not silence (part
+/// of the frame is consumed, so the stream cannot go on), but a broken frame.
+fn inside_frame(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "the stream stalled inside a frame")
+        }
+        _ => e,
+    }
+}
+
+/// Reads one frame. `Ok(None)` is a clean end of stream before a frame
+/// began; a read timeout is returned as such only before a frame began.
 pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<Option<(T, Vec<u8>)>> {
     let mut lens = [0u8; 8];
     let mut got = 0;
@@ -86,7 +98,8 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result
             Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stream ended inside a frame")),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) if got == 0 => return Err(e),
+            Err(e) => return Err(inside_frame(e)),
         }
     }
     let [h0, h1, h2, h3, p0, p1, p2, p3] = lens;
@@ -98,9 +111,9 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result
         ));
     }
     let mut header = vec![0; hlen as usize];
-    r.read_exact(&mut header)?;
+    r.read_exact(&mut header).map_err(inside_frame)?;
     let mut payload = vec![0; plen as usize];
-    r.read_exact(&mut payload)?;
+    r.read_exact(&mut payload).map_err(inside_frame)?;
     let header = serde_json::from_slice(&header)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame header: {e}")))?;
     Ok(Some((header, payload)))
@@ -110,6 +123,33 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result
 mod tests {
     use super::*;
     use crate::{EntryKind, Reply, Request};
+
+    /// A reader that hands out its bytes, then times out.
+    struct Stalls(io::Cursor<Vec<u8>>);
+
+    impl Read for Stalls {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.0.read(buf)? {
+                0 => Err(io::ErrorKind::WouldBlock.into()),
+                n => Ok(n),
+            }
+        }
+    }
+
+    /// A timeout before a frame begins is silence (the caller may read on);
+    /// one inside a frame breaks the stream, never reads as silence.
+    #[test]
+    fn a_timeout_is_silence_only_between_frames() {
+        let mut frame = Vec::new();
+        write_frame(&mut frame, &Reply::Exited { id: 2, code: Some(0), signal: None }, b"").expect("frame");
+        let silent = read_frame::<Reply>(&mut Stalls(io::Cursor::new(Vec::new()))).expect_err("silence");
+        assert_eq!(silent.kind(), io::ErrorKind::WouldBlock);
+        for cut in [3, 8, frame.len() - 1] {
+            let mut stalled = Stalls(io::Cursor::new(frame[..cut].to_vec()));
+            let broken = read_frame::<Reply>(&mut stalled).expect_err("a cut frame");
+            assert_eq!(broken.kind(), io::ErrorKind::UnexpectedEof, "cut at {cut}");
+        }
+    }
 
     #[test]
     fn frames_round_trip_with_binary_payload_and_paths() {
