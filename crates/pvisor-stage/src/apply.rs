@@ -175,10 +175,10 @@ impl<'a> Parents<'a> {
     /// directory above it was found absent in this pass, else looked at.
     fn host_state(&mut self, ws: &Root, change: &'a ChangeEntry) -> Result<HostState, StageError> {
         let path = change.path.as_path();
-        if path.parent().is_some_and(|parent| self.absent.contains(parent)) {
-            return Ok(HostState::Absent);
-        }
-        let host = host_state(ws, change)?;
+        let host = match path.parent().is_some_and(|parent| self.absent.contains(parent)) {
+            true => HostState::Absent,
+            false => host_state(ws, change)?,
+        };
         if change.entry == EntryType::Dir && matches!(host, HostState::Absent) {
             self.absent.insert(path);
         }

