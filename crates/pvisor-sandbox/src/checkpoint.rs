@@ -83,6 +83,26 @@ pub struct MachineConfig {
     /// than it: QEMU's default). A KVM guest has the host's.
     #[serde(default)]
     pub cpu: CpuModel,
+    /// Whether the machine has the legacy i8254 PIT (absent in checkpoints
+    /// older than the choice: QEMU's default, a PIT). Its migration state is
+    /// in a saved machine, so a restore must repeat it.
+    #[serde(default)]
+    pub pit: Pit,
+}
+
+/// The legacy i8254 timer. Linux never uses it on these machines (the TSC is
+/// its clock, the local APIC its timer), but QEMU keeps its channel 0
+/// counting at 18.2 Hz from reset: a host wakeup every 27 ms for every idle
+/// VM, about a third of an idle TCG guest's CPU (measured in the
+/// performance docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pit {
+    /// QEMU's default: what machines saved before the choice have.
+    #[default]
+    On,
+    /// `-machine microvm,pit=off`: every fresh start since.
+    Off,
 }
 
 /// The vCPU model under TCG; a restore must repeat it (the guest kernel

@@ -283,6 +283,7 @@ fn probe_kvm(image: &GuestImage) -> Result<u128, ProbeError> {
         accelerator: Accelerator::Kvm,
         ram: super::RamFormat::Named,
         cpu: super::CpuModel::Max,
+        pit: super::Pit::Off,
     };
     let mut command = super::qemu::qemu_command(
         image,

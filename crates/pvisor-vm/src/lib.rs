@@ -57,7 +57,7 @@ pub use disk::Layout;
 pub use image::{AccelChoice, Accelerator, GuestImage};
 pub use live::VmControl;
 pub use process::VmProcess;
-pub use pvisor_sandbox::checkpoint::{CpuModel, MachineConfig, RamFormat};
+pub use pvisor_sandbox::checkpoint::{CpuModel, MachineConfig, Pit, RamFormat};
 pub use pvisor_sandbox::VmSpec;
 
 use pvisor_sandbox::capabilities::CapabilityError;
@@ -118,6 +118,7 @@ impl VmExecutor {
             accelerator: self.accel.accelerator,
             ram: RamFormat::Named,
             cpu: CpuModel::Max,
+            pit: Pit::Off,
         }
     }
 

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::disk::Disk;
-use super::{Accelerator, CpuModel, GuestImage, MachineConfig};
+use super::{Accelerator, CpuModel, GuestImage, MachineConfig, Pit};
 use pvisor_sandbox::Usage;
 
 /// Escapes a value for a QEMU `key=value,...` option (commas are doubled).
@@ -95,12 +95,17 @@ pub(crate) fn qemu_command(
             if matches!(ram, Ram::TemplateSource(_)) { "on" } else { "off" }
         )),
     };
-    match &backend {
-        None => command.args(["-machine", "microvm"]),
-        Some(backend) => {
-            command.args(["-machine", &format!("microvm,memory-backend={RAM_ID}"), "-object", backend])
-        }
-    };
+    let mut machine = String::from("microvm");
+    if config.pit == Pit::Off {
+        machine.push_str(",pit=off");
+    }
+    if backend.is_some() {
+        machine.push_str(&format!(",memory-backend={RAM_ID}"));
+    }
+    command.args(["-machine", &machine]);
+    if let Some(backend) = &backend {
+        command.args(["-object", backend]);
+    }
     command.args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     match config.accelerator {
         Accelerator::Kvm => {
@@ -364,6 +369,7 @@ mod tests {
             accelerator: Accelerator::Kvm,
             ram: super::super::RamFormat::Named,
             cpu: super::super::CpuModel::Max,
+            pit: Pit::Off,
         };
         let (agent, _a) = UnixStream::pair().unwrap();
         let (qmp, _q) = UnixStream::pair().unwrap();
@@ -395,6 +401,36 @@ mod tests {
                 .join(" ");
         assert!(!without.contains("force-legacy") && !without.contains("vhost-user"), "{without}");
         assert!(without.contains("memory-backend-ram,id=pvisor.ram,size=256M"), "{without}");
+    }
+
+    /// A fresh machine has no PIT; one restored from a checkpoint saved
+    /// before the choice was recorded keeps it, or its saved state would
+    /// name a device the restored QEMU lacks.
+    #[test]
+    fn a_machine_has_a_pit_exactly_when_its_config_names_one() {
+        let image = GuestImage {
+            dir: "/img".into(),
+            digest: "d".into(),
+            kernel_version: "k".into(),
+            cmdline: "console=ttyS0".into(),
+        };
+        let old: MachineConfig =
+            serde_json::from_str(r#"{"memory_mib": 256, "cpus": 1, "accelerator": "tcg", "ram": "named"}"#)
+                .unwrap();
+        assert_eq!(old.pit, Pit::On);
+        let (agent, _a) = UnixStream::pair().unwrap();
+        let (qmp, _q) = UnixStream::pair().unwrap();
+        let (console, _c) = UnixStream::pair().unwrap();
+        let machine = |config: &MachineConfig, ram: Ram<'_>| {
+            let args =
+                args(&qemu_command(&image, config, ram, &[], &agent, &qmp, &console, &[], None, false));
+            args.iter().position(|a| a == "-machine").map(|i| args[i + 1].clone()).unwrap()
+        };
+        assert_eq!(machine(&old, Ram::Private), "microvm,memory-backend=pvisor.ram");
+        assert_eq!(machine(&old, Ram::Legacy), "microvm");
+        let fresh = MachineConfig { pit: Pit::Off, ..old };
+        assert_eq!(machine(&fresh, Ram::Private), "microvm,pit=off,memory-backend=pvisor.ram");
+        assert_eq!(machine(&fresh, Ram::Legacy), "microvm,pit=off");
     }
 
     /// A TCG guest of a fresh start emulates `-cpu max`; one restored from

@@ -41,8 +41,10 @@ pub const DIR: &str = "vm-templates";
 pub const MEMORY: &str = "memory";
 pub const STATE: &str = "state";
 pub const MANIFEST: &str = "manifest.json";
-/// Bumped whenever what a template saves changes meaning.
-const FORMAT: u32 = 1;
+/// Bumped whenever what a template saves changes meaning. 2: the machine
+/// has no PIT (`MachineConfig::pit`), so a format-1 template's saved state
+/// names a device a clone lacks.
+const FORMAT: u32 = 2;
 
 /// The key of a template of `image` with the machine `config` and the
 /// device list `layout`, on this host.

@@ -103,6 +103,7 @@ impl FakeCheckpointer {
                 accelerator: pvisor_vm::Accelerator::Tcg,
                 ram: Default::default(),
                 cpu: Default::default(),
+                pit: Default::default(),
             },
             workspace: live.workspace.clone(),
             exec_id: 1,
