@@ -21,7 +21,7 @@ if [ "${1:-}" = --quick ]; then
   quick=true
   shift
 fi
-all=(run_overhead effects checkpoint seccomp network vm vm_workspace serve agents)
+all=(run_overhead effects checkpoint seccomp network vm vm_workspace serve density agents)
 benches=("$@")
 [ ${#benches[@]} -gt 0 ] || benches=("${all[@]}")
 for b in "${benches[@]}"; do

@@ -50,6 +50,8 @@
 
 #[path = "support/hosts.rs"]
 mod hosts;
+#[path = "support/jobs.rs"]
+mod jobs;
 #[path = "support/table.rs"]
 mod table;
 
@@ -543,14 +545,7 @@ fn main() {
 
     let _ = daemon.kill();
     let _ = daemon.wait();
-    let jobs = pvisor(&["jobs", "--json"]).output().unwrap();
-    for line in String::from_utf8_lossy(&jobs.stdout).lines() {
-        let line: serde_json::Value = serde_json::from_str(line).unwrap();
-        let job = &line["data"];
-        if job["state"] == "running" || job["state"] == "suspended" {
-            let _ = pvisor(&["kill", job["job"].as_str().unwrap(), "--grace", "2s"]).output();
-        }
-    }
+    jobs::kill_left_running(&home);
 }
 
 const VAULT_HOST: &str = "vault-bench.pvisor.test";
