@@ -258,6 +258,7 @@ fn fresh_disks(
 ) -> Result<(Start, Prepared), SandboxError> {
     let vm = &checked.vm;
     scratch.0 = disk::boot_disk_names().iter().map(|name| vm.dir.join(name)).collect();
+    let upper = disk::start_upper(&scratch.0[2]).map_err(|e| setup("upper-disk", e))?;
     let staging = vm.dir.join(lower::DELTA_STAGING);
     let prepared =
         lower::prepare(&executor.state_root, &spec.workspace, &scratch.0[0], &scratch.0[1], &staging)
@@ -266,7 +267,6 @@ fn fresh_disks(
                 message: format!("cannot image the workspace {}: {e}", spec.workspace.display()),
                 hint: Some("every file in the workspace must be readable by the user running pvisor".into()),
             })?;
-    disk::create_upper(&scratch.0[2]).map_err(|e| setup("upper-disk", e))?;
     let image = vm.image.as_ref().map(|image| image_disks(executor, image, &vm.dir, scratch)).transpose()?;
     let plan = match boot_reason {
         Some(reason) => Err(reason),
@@ -283,6 +283,7 @@ fn fresh_disks(
         Ok((template, in_use)) => Start::Clone { template: Box::new(template), _in_use: Some(in_use) },
         Err(reason) => Start::Boot { reason },
     };
+    upper.finish().map_err(|e| setup("upper-disk", e))?;
     Ok((start, Prepared { workspace: Some(prepared), image }))
 }
 
