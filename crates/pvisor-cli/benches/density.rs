@@ -21,23 +21,18 @@
 // A benchmark stops at the first failure; each one names what failed.
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/jobs.rs"]
-mod jobs;
+#[path = "support/serving.rs"]
+mod serving;
 #[path = "support/table.rs"]
 mod table;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// MemAvailable the fill leaves the host (MiB).
 const RESERVE_MIB: u64 = 2048;
 /// Busy CPU (percent, sandboxes idle) at which the fill stops.
 const BUSY_LIMIT: f64 = 85.0;
-
-fn target() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap().to_path_buf()
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -46,15 +41,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let measuring = std::env::args().any(|a| a == "--bench");
-    let python = target().join("sdk-venv/bin/python");
-    let rootfs = target().join("sandbox-image/rootfs");
-    if !python.exists() || !rootfs.join("bin/sh").exists() {
-        panic!(
-            "run scripts/sandbox-image.sh and scripts/sdk-env.sh first (looked for {} and {})",
-            python.display(),
-            rootfs.display()
-        );
-    }
+    let (python, rootfs) = serving::sdk_and_image();
     let max =
         std::env::var("PVISOR_DENSITY_MAX").unwrap_or_else(|_| if measuring { "1000" } else { "2" }.into());
     let dir = tempfile::tempdir().unwrap();
@@ -72,11 +59,7 @@ fn main() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let up = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(up.elapsed() < Duration::from_secs(60), "the daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serving::wait_listening(port);
     let out = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/density.py"))
         .env("PVISOR_URL", format!("127.0.0.1:{port}"))
@@ -91,7 +74,7 @@ fn main() {
     let _ = daemon.kill();
     let _ = daemon.wait();
     let accel = accelerator(&home);
-    jobs::kill_left_running(&home);
+    serving::kill_left_running(&home);
     assert!(out.status.success(), "density.py failed: {}", String::from_utf8_lossy(&out.stderr));
     let fill: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     report(&fill, &accel, max.parse().unwrap_or(0));

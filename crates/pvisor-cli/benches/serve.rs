@@ -50,8 +50,8 @@
 
 #[path = "support/hosts.rs"]
 mod hosts;
-#[path = "support/jobs.rs"]
-mod jobs;
+#[path = "support/serving.rs"]
+mod serving;
 #[path = "support/table.rs"]
 mod table;
 
@@ -75,10 +75,6 @@ fn summary(name: &str, samples: &mut [f64], unit_baseline: Option<(&str, f64)>) 
         samples.len()
     );
     median
-}
-
-fn target() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_pvisor")).parent().unwrap().parent().unwrap().to_path_buf()
 }
 
 /// Proportional set size (KiB) of the processes whose command line mentions `needle`.
@@ -331,16 +327,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if measuring { 5 } else { 1 });
-    let python = target().join("sdk-venv/bin/python");
-    let rootfs = target().join("sandbox-image/rootfs");
-    if !python.exists() || !rootfs.join("bin/sh").exists() {
-        panic!(
-            "run scripts/sandbox-image.sh and scripts/sdk-env.sh first (looked for {} and {})",
-            python.display(),
-            rootfs.display()
-        );
-    }
-    let python_image = target().join("sandbox-image-python/rootfs");
+    let (python, rootfs) = serving::sdk_and_image();
+    let python_image = serving::target().join("sandbox-image-python/rootfs");
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("state");
     let ws = dir.path().join("ws");
@@ -388,11 +376,7 @@ fn main() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let up = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(up.elapsed() < Duration::from_secs(60), "the daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serving::wait_listening(port);
     // The host server the egress figures download from.
     let served = dir.path().join("served");
     std::fs::create_dir_all(&served).unwrap();
@@ -545,7 +529,7 @@ fn main() {
 
     let _ = daemon.kill();
     let _ = daemon.wait();
-    jobs::kill_left_running(&home);
+    serving::kill_left_running(&home);
 }
 
 const VAULT_HOST: &str = "vault-bench.pvisor.test";

@@ -403,29 +403,36 @@ mod tests {
         assert!(without.contains("memory-backend-ram,id=pvisor.ram,size=256M"), "{without}");
     }
 
-    /// A fresh machine has no PIT; one restored from a checkpoint saved
-    /// before the choice was recorded keeps it, or its saved state would
-    /// name a device the restored QEMU lacks.
-    #[test]
-    fn a_machine_has_a_pit_exactly_when_its_config_names_one() {
+    /// A machine config as checkpoints saved before the CPU model and the
+    /// PIT were recorded have it.
+    fn config_before_the_choices() -> MachineConfig {
+        serde_json::from_str(r#"{"memory_mib": 256, "cpus": 1, "accelerator": "tcg", "ram": "named"}"#)
+            .unwrap()
+    }
+
+    /// The value after `flag` on the QEMU command line of a machine of `config`.
+    fn flag_value(config: &MachineConfig, ram: Ram<'_>, flag: &str) -> Option<String> {
         let image = GuestImage {
             dir: "/img".into(),
             digest: "d".into(),
             kernel_version: "k".into(),
             cmdline: "console=ttyS0".into(),
         };
-        let old: MachineConfig =
-            serde_json::from_str(r#"{"memory_mib": 256, "cpus": 1, "accelerator": "tcg", "ram": "named"}"#)
-                .unwrap();
-        assert_eq!(old.pit, Pit::On);
         let (agent, _a) = UnixStream::pair().unwrap();
         let (qmp, _q) = UnixStream::pair().unwrap();
         let (console, _c) = UnixStream::pair().unwrap();
-        let machine = |config: &MachineConfig, ram: Ram<'_>| {
-            let args =
-                args(&qemu_command(&image, config, ram, &[], &agent, &qmp, &console, &[], None, false));
-            args.iter().position(|a| a == "-machine").map(|i| args[i + 1].clone()).unwrap()
-        };
+        let args = args(&qemu_command(&image, config, ram, &[], &agent, &qmp, &console, &[], None, false));
+        args.iter().position(|a| a == flag).map(|i| args[i + 1].clone())
+    }
+
+    /// A fresh machine has no PIT; one restored from a checkpoint saved
+    /// before the choice was recorded keeps it, or its saved state would
+    /// name a device the restored QEMU lacks.
+    #[test]
+    fn a_machine_has_a_pit_exactly_when_its_config_names_one() {
+        let old = config_before_the_choices();
+        assert_eq!(old.pit, Pit::On);
+        let machine = |config: &MachineConfig, ram| flag_value(config, ram, "-machine").unwrap();
         assert_eq!(machine(&old, Ram::Private), "microvm,memory-backend=pvisor.ram");
         assert_eq!(machine(&old, Ram::Legacy), "microvm");
         let fresh = MachineConfig { pit: Pit::Off, ..old };
@@ -438,34 +445,9 @@ mod tests {
     /// default, as it was saved with; KVM always has the host's.
     #[test]
     fn a_tcg_guest_gets_the_cpu_model_its_machine_config_names() {
-        let image = GuestImage {
-            dir: "/img".into(),
-            digest: "d".into(),
-            kernel_version: "k".into(),
-            cmdline: "console=ttyS0".into(),
-        };
-        let old: MachineConfig =
-            serde_json::from_str(r#"{"memory_mib": 256, "cpus": 1, "accelerator": "tcg", "ram": "named"}"#)
-                .unwrap();
+        let old = config_before_the_choices();
         assert_eq!(old.cpu, CpuModel::Default);
-        let (agent, _a) = UnixStream::pair().unwrap();
-        let (qmp, _q) = UnixStream::pair().unwrap();
-        let (console, _c) = UnixStream::pair().unwrap();
-        let cpu = |config: &MachineConfig| {
-            let args = args(&qemu_command(
-                &image,
-                config,
-                Ram::Private,
-                &[],
-                &agent,
-                &qmp,
-                &console,
-                &[],
-                None,
-                false,
-            ));
-            args.iter().position(|a| a == "-cpu").map(|i| args[i + 1].clone())
-        };
+        let cpu = |config: &MachineConfig| flag_value(config, Ram::Private, "-cpu");
         assert_eq!(cpu(&old), None);
         assert_eq!(cpu(&MachineConfig { cpu: CpuModel::Max, ..old }).as_deref(), Some("max"));
         let kvm = MachineConfig { cpu: CpuModel::Max, accelerator: Accelerator::Kvm, ..old };
