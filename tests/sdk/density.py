@@ -17,6 +17,7 @@ killed and waited for. Prints one JSON object.
 """
 import json
 import os
+import resource
 import time
 from datetime import timedelta
 
@@ -24,6 +25,10 @@ from opensandbox import SandboxSync
 from opensandbox.config import ConnectionConfigSync
 
 os.environ.setdefault("OPENSANDBOX_DISABLE_METRICS", "1")
+# Every sandbox's client keeps its sockets for the whole fill: the soft
+# descriptor limit (often 1024) must not be what stops it.
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 env = os.environ
 limit_max = int(env.get("MAX", "1000"))
 reserve_kib = int(env.get("RESERVE_MIB", "2048")) * 1024
@@ -45,7 +50,9 @@ def mem_available_kib():
 
 def cpu_ticks():
     with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal; guest time is
+        # already counted in user and nice.
+        fields = [int(v) for v in f.readline().split()[1:9]]
     return sum(fields), fields[3] + fields[4]  # all, idle + iowait
 
 
@@ -64,7 +71,7 @@ def sample(n, create_ms, seconds=sample_s):
 
 # The host before the fill, over a longer window: its own work comes in bursts.
 out = {"baseline": sample(0, None, 3 * sample_s), "samples": [], "create_ms": [], "stop": "max", "error": None}
-held = []
+held, failed = [], []
 while True:
     if len(held) >= limit_max:
         break
@@ -72,13 +79,16 @@ while True:
         out["stop"] = "memory"
         break
     start = time.monotonic()
+    s = None
     try:
         s = SandboxSync.create("default", connection_config=cfg, ready_timeout=timedelta(seconds=300))
-        held.append(s)
         s.commands.run("true")
     except Exception as e:  # the host refused one more: that is the figure
         out["stop"], out["error"] = "failed", f"{type(e).__name__}: {e}"[:500]
+        if s is not None:  # created, but its command failed: not held
+            failed.append(s)
         break
+    held.append(s)
     took = round((time.monotonic() - start) * 1000, 1)
     out["create_ms"].append(took)
     if took > slow_s * 1000:
@@ -102,13 +112,13 @@ for s in held:
     except Exception as e:
         out["ping_ms"].append(None)
         out["error"] = out["error"] or f"ping: {type(e).__name__}: {e}"[:500]
-for s in held:
+for s in held + failed:
     try:
         s.kill()
     except Exception:
         pass
 deadline = time.monotonic() + 600
-for s in held:
+for s in held + failed:
     while time.monotonic() < deadline:
         try:
             if s.get_info().status.state in ("Terminated", "Failed"):

@@ -49,16 +49,18 @@ fn main() {
     let key = "bench-key-0123456789abcdef";
     std::fs::write(dir.path().join("key"), key).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_pvisor"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"])
-        .arg(dir.path().join("key"))
-        .current_dir(dir.path())
-        .env("PVISOR_HOME", &home)
-        .env("PVISOR_SANDBOX_IMAGE", &rootfs)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = serving::Daemon(
+        Command::new(env!("CARGO_BIN_EXE_pvisor"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--api-key-file"])
+            .arg(dir.path().join("key"))
+            .current_dir(dir.path())
+            .env("PVISOR_HOME", &home)
+            .env("PVISOR_SANDBOX_IMAGE", &rootfs)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     serving::wait_listening(port);
     let out = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/sdk/density.py"))
@@ -71,8 +73,7 @@ fn main() {
         .env("SAMPLE_S", if measuring { "5" } else { "1" })
         .output()
         .unwrap();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     let accel = accelerator(&home);
     serving::kill_left_running(&home);
     assert!(out.status.success(), "density.py failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -80,21 +81,30 @@ fn main() {
     report(&fill, &accel, max.parse().unwrap_or(0));
 }
 
-/// The accelerator the last sandbox's Job recorded (KVM or TCG).
+/// The accelerator the last sandbox's Job recorded (KVM or TCG): the last
+/// one its Trace names.
 fn accelerator(home: &Path) -> String {
     let events = Command::new(env!("CARGO_BIN_EXE_pvisor"))
         .args(["events", "--json"])
         .env("PVISOR_HOME", home)
         .output();
     let events = events.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    events.split("\"accelerator\":\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("?").to_uppercase()
+    let name = "\"accelerator\":\"";
+    let last = events.rfind(name).map(|at| &events[at + name.len()..]);
+    last.and_then(|s| s.split('"').next()).unwrap_or("?").to_uppercase()
 }
 
 fn report(fill: &serde_json::Value, accel: &str, max: u64) {
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
     let held = fill["held"].as_u64().unwrap();
     let (base, last) = (&fill["baseline"], &fill["final"]);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // The CPUs /proc/stat counts, which the busy figures cover (not this
+    // process's affinity or quota).
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count() as f64;
     println!("idle pvisor serve sandboxes on this host ({accel}; {cpus} CPUs; serve's default 2 GiB guests)");
     let stop = match fill["stop"].as_str().unwrap() {
         "memory" => format!("memory: MemAvailable below the {RESERVE_MIB} MiB kept for the host"),

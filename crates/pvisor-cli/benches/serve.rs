@@ -367,15 +367,17 @@ fn main() {
     if let Some((_, hosts)) = &vault {
         serve = hosts::in_own_hosts(serve, hosts);
     }
-    let mut daemon: Child = serve
-        .arg(dir.path().join("key"))
-        .arg("--volume-root")
-        .arg(&volumes)
-        .env("PVISOR_SANDBOX_IMAGE", &rootfs)
-        .env("PVISOR_SANDBOX_IMAGE_PYTHON", &python_image)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = serving::Daemon(
+        serve
+            .arg(dir.path().join("key"))
+            .arg("--volume-root")
+            .arg(&volumes)
+            .env("PVISOR_SANDBOX_IMAGE", &rootfs)
+            .env("PVISOR_SANDBOX_IMAGE_PYTHON", &python_image)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     serving::wait_listening(port);
     // The host server the egress figures download from.
     let served = dir.path().join("served");
@@ -519,7 +521,7 @@ fn main() {
 
     // After the idle figure: these sandboxes are not idle, and their stops are not waited for.
     snapshot_figures(port, key, iterations);
-    upload_memory(port, key, daemon.id(), if measuring { 1 << 30 } else { 16 << 20 });
+    upload_memory(port, key, daemon.0.id(), if measuring { 1 << 30 } else { 16 << 20 });
     if rustix::process::geteuid().is_root() {
         let (mib, files) = if measuring { (1024, 10_000) } else { (16, 1_000) };
         volume_figures(port, key, &volumes, mib, files, iterations);
@@ -527,8 +529,7 @@ fn main() {
         println!("(not root: no volume figures; virtiofsd takes root)");
     }
 
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     serving::kill_left_running(&home);
 }
 

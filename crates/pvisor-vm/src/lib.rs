@@ -212,11 +212,8 @@ impl pvisor_sandbox::capabilities::Templates for VmExecutor {
     }
 
     fn list(&self) -> Vec<template::TemplateListing> {
-        let (image, qemu) = (self.image.digest.clone(), qemu::binary_identity());
-        let layouts = Layout::ALL.map(Layout::description);
-        template::list(&self.templates_root(), &|key| {
-            key.image == image && key.qemu == qemu && layouts.contains(&key.disks)
-        })
+        let fresh = self.machine_config(&pvisor_sandbox::limits::Limits::default());
+        template::list(&self.templates_root(), &|key| template::is_current(key, &self.image, fresh))
     }
 
     fn remove(&self, id: &str) -> Result<u64, CapabilityError> {

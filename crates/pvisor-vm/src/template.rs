@@ -65,6 +65,17 @@ pub fn key(image: &GuestImage, config: &MachineConfig, layout: Layout) -> Templa
     }
 }
 
+/// Whether a template of `key` can still serve a start: a fresh start of
+/// its shape (memory, vCPUs, accelerator, device list), whose machine is
+/// `fresh` otherwise, would compute exactly its key. A template of an older
+/// format, guest image, QEMU, CPU model or machine can never be restored
+/// again: it is stale, and `pvisor gc` removes it.
+pub fn is_current(key: &TemplateKey, image: &GuestImage, fresh: MachineConfig) -> bool {
+    let config =
+        MachineConfig { memory_mib: key.memory_mib, cpus: key.cpus, accelerator: key.accelerator, ..fresh };
+    Layout::ALL.into_iter().any(|layout| self::key(image, &config, layout) == *key)
+}
+
 /// The first CPU's vendor, model and flags in /proc/cpuinfo and the kernel
 /// release, digested: what a KVM guest saved with `-cpu host` depends on.
 fn host_cpu_fingerprint() -> String {
@@ -597,6 +608,40 @@ mod tests {
         k.host_cpu = "another host CPU".into();
         assert_ne!(k.id(), base);
         assert_eq!(key().id(), base);
+    }
+
+    /// A template is current exactly when a fresh start of its shape would
+    /// compute its key: one of an older format (saved with a PIT), CPU
+    /// model or guest image is stale, so gc removes it.
+    #[test]
+    fn a_template_of_an_older_format_cpu_model_or_image_is_stale() {
+        let image = GuestImage {
+            dir: "/img".into(),
+            digest: "d".into(),
+            kernel_version: "k".into(),
+            cmdline: "console=ttyS0".into(),
+        };
+        let fresh = MachineConfig {
+            memory_mib: 512,
+            cpus: 1,
+            accelerator: Accelerator::Tcg,
+            ram: crate::RamFormat::Named,
+            cpu: crate::CpuModel::Max,
+            pit: crate::Pit::Off,
+        };
+        let serve_shape = MachineConfig { memory_mib: 2048, cpus: 2, ..fresh };
+        for layout in Layout::ALL {
+            let current = super::key(&image, &serve_shape, layout);
+            assert!(is_current(&current, &image, fresh));
+            assert!(!is_current(&TemplateKey { format: 1, ..current.clone() }, &image, fresh));
+            assert!(!is_current(
+                &TemplateKey { host_cpu: "tcg:default".into(), ..current.clone() },
+                &image,
+                fresh
+            ));
+            assert!(!is_current(&TemplateKey { image: "older".into(), ..current.clone() }, &image, fresh));
+            assert!(!is_current(&TemplateKey { disks: "other".into(), ..current }, &image, fresh));
+        }
     }
 
     fn publish_fake(root: &Path, key: &TemplateKey) -> PathBuf {

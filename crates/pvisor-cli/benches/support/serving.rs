@@ -6,7 +6,18 @@
 //! running, by design: a new daemon adopts them).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+/// The daemon, killed and reaped when dropped: also when the benchmark
+/// panics, so no daemon outlives it.
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// The cargo target directory the benchmark was built in.
 pub fn target() -> PathBuf {
@@ -37,7 +48,9 @@ pub fn wait_listening(port: u16) {
     }
 }
 
-/// Kills every running or suspended Job under `home`.
+/// Kills every Job under `home` that has not ended: running, suspended, or
+/// still pending (its supervisor, which survives the daemon, would go on
+/// to start it).
 pub fn kill_left_running(home: &Path) {
     let pvisor = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pvisor"));
@@ -48,7 +61,7 @@ pub fn kill_left_running(home: &Path) {
     for line in String::from_utf8_lossy(&jobs.stdout).lines() {
         let line: serde_json::Value = serde_json::from_str(line).unwrap();
         let job = &line["data"];
-        if job["state"] == "running" || job["state"] == "suspended" {
+        if ["pending", "running", "suspended"].iter().any(|s| job["state"] == *s) {
             pvisor(&["kill", job["job"].as_str().unwrap(), "--grace", "2s"]);
         }
     }
