@@ -55,6 +55,17 @@ fn image_error(message: String) -> SandboxError {
 }
 
 impl GuestImage {
+    /// An image that names no real files, for tests of command lines and keys.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            dir: "/img".into(),
+            digest: "d".into(),
+            kernel_version: "k".into(),
+            cmdline: "console=ttyS0".into(),
+        }
+    }
+
     pub fn kernel(&self) -> PathBuf {
         self.dir.join("vmlinux")
     }

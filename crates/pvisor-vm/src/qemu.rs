@@ -357,12 +357,7 @@ mod tests {
     /// templates and checkpoints were saved with.
     #[test]
     fn shares_take_shared_ram_and_modern_transports_and_nothing_else_changes() {
-        let image = GuestImage {
-            dir: "/img".into(),
-            digest: "d".into(),
-            kernel_version: "k".into(),
-            cmdline: "console=ttyS0".into(),
-        };
+        let image = GuestImage::for_tests();
         let config = MachineConfig {
             memory_mib: 256,
             cpus: 1,
@@ -412,12 +407,7 @@ mod tests {
 
     /// The value after `flag` on the QEMU command line of a machine of `config`.
     fn flag_value(config: &MachineConfig, ram: Ram<'_>, flag: &str) -> Option<String> {
-        let image = GuestImage {
-            dir: "/img".into(),
-            digest: "d".into(),
-            kernel_version: "k".into(),
-            cmdline: "console=ttyS0".into(),
-        };
+        let image = GuestImage::for_tests();
         let (agent, _a) = UnixStream::pair().unwrap();
         let (qmp, _q) = UnixStream::pair().unwrap();
         let (console, _c) = UnixStream::pair().unwrap();

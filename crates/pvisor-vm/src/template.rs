@@ -615,12 +615,7 @@ mod tests {
     /// model or guest image is stale, so gc removes it.
     #[test]
     fn a_template_of_an_older_format_cpu_model_or_image_is_stale() {
-        let image = GuestImage {
-            dir: "/img".into(),
-            digest: "d".into(),
-            kernel_version: "k".into(),
-            cmdline: "console=ttyS0".into(),
-        };
+        let image = GuestImage::for_tests();
         let fresh = MachineConfig {
             memory_mib: 512,
             cpus: 1,
