@@ -5,7 +5,8 @@
 //!   overlay of itself so no host Unix socket can be connected to
 //!   (`host_view.rs`);
 //! - the workspace path is an overlayfs (lower = the live workspace,
-//!   upper/work = the Run's stage, `userxattr` so it works in a user namespace);
+//!   upper/work = the Run's stage, `userxattr` so it works in a user namespace,
+//!   `volatile` because the seal, not the overlay, makes the stage durable);
 //! - `/tmp`, `/run` and `/dev/shm` are private tmpfs, sized so that together
 //!   they stay within the run's memory limit (`limits::TmpfsSizes`); `/proc`
 //!   is a fresh procfs for the new pid namespace; `/dev` is a small tmpfs
@@ -272,7 +273,12 @@ fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<Option<MemorySta
         escape_overlay_path(&upper),
         escape_overlay_path(&work),
     );
-    sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(&options)).map_err(|e| {
+    let mount = |options: &str| sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(options));
+    // `volatile`: the overlay passes no sync to the stage's filesystem, and
+    // its unmount does not sync that whole filesystem. The stage is made
+    // durable by `seal` when the command has ended, and nothing applies a
+    // stage that was not sealed. Linux before 5.10 knows no `volatile`.
+    mount(&format!("{options},volatile")).or_else(|_| mount(&options)).map_err(|e| {
         let hint = match e.raw_os_error() {
             Some(libc::ENODEV) => "overlayfs is not available: load it with `modprobe overlay` (CONFIG_OVERLAY_FS)".to_string(),
             Some(libc::EPERM) => "this kernel does not allow overlayfs inside a user namespace; Linux 5.11 or newer is needed".to_string(),

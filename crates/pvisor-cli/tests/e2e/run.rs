@@ -169,6 +169,43 @@ fn the_sandbox_walls_hold_rootless() {
     the_sandbox_walls_hold(As::Rootless);
 }
 
+/// The workspace overlay is `volatile`: a command's `fsync` and the
+/// overlay's unmount pass no sync to the stage's filesystem (which would
+/// flush everything dirty on it, another program's writes included); the
+/// seal makes the staged files durable instead.
+fn the_stage_is_made_durable_by_the_seal_not_the_overlay(who: As) {
+    who.require();
+    let env = Env::new(who);
+    let ws = fs::canonicalize(&env.ws).unwrap();
+    let script = format!(
+        r#"grep " {ws} " /proc/self/mountinfo | grep -q 'fsync=volatile' || {{ echo "FAIL: $(grep " {ws} " /proc/self/mountinfo)"; exit 1; }}
+        echo kept > synced && sync synced && echo VOLATILE-OK"#,
+        ws = ws.display()
+    );
+    let out = env.run_sh(&script);
+    assert!(
+        text(&out.stdout).contains("VOLATILE-OK"),
+        "stdout: {} stderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let status = env.status_json(None);
+    assert_eq!(status["receipt"], "valid", "{status}");
+    let staged = env.home.join("runs").join(status["run"].as_str().unwrap()).join("stage/upper/synced");
+    assert_eq!(fs::read_to_string(&staged).unwrap(), "kept\n");
+}
+
+#[test]
+#[ignore = "needs root: scripts/test.sh runs it as root, with --include-ignored"]
+fn the_stage_is_made_durable_by_the_seal_not_the_overlay_as_root() {
+    the_stage_is_made_durable_by_the_seal_not_the_overlay(As::Root);
+}
+
+#[test]
+fn the_stage_is_made_durable_by_the_seal_not_the_overlay_rootless() {
+    the_stage_is_made_durable_by_the_seal_not_the_overlay(As::Rootless);
+}
+
 #[test]
 fn stdin_stdout_and_stderr_pass_through() {
     let env = Env::new(As::Rootless);
