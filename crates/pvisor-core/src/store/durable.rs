@@ -31,6 +31,21 @@ pub fn create_dir_all_private(dir: &Path) -> Result<(), StoreError> {
         .map_err(|e| StoreError::io("create directory", dir, e))
 }
 
+/// [`create_dir_all_private`] for a directory that will hold records: the
+/// name of each directory it makes is synced into its parent, so a power
+/// cut cannot lose the directory while a record that names it survives.
+/// (Journaled filesystems order these anyway; ext2, or ext4 without a
+/// journal, do not.)
+pub fn create_dir_all_durable(dir: &Path) -> Result<(), StoreError> {
+    let missing: Vec<&Path> =
+        dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
+    create_dir_all_private(dir)?;
+    for made in missing.iter().rev() {
+        sync_dir(parent_of(made))?;
+    }
+    Ok(())
+}
+
 /// Reads at most `cap` bytes of `path`, failing if the file is larger.
 pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, StoreError> {
     let file = File::open(path).map_err(|e| StoreError::io("read", path, e))?;
@@ -201,6 +216,22 @@ mod tests {
     use super::*;
     use crate::ids::{AttemptId, JobId, RunId};
     use crate::records::{BundleRef, CompletionReceipt, ResultFixture};
+
+    #[test]
+    fn a_durable_directory_is_made_private_with_its_parents_and_made_again_quietly() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("runs/run-1/attempts/1");
+        create_dir_all_durable(&deep).unwrap();
+        for made in ["runs", "runs/run-1", "runs/run-1/attempts", "runs/run-1/attempts/1"] {
+            let mode = fs::metadata(dir.path().join(made)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{made}");
+        }
+        create_dir_all_durable(&deep).unwrap();
+        let file = dir.path().join("a-file");
+        fs::write(&file, "").unwrap();
+        assert!(create_dir_all_durable(&file.join("below")).is_err(), "a file is not a parent");
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {

@@ -29,8 +29,8 @@ mod relpath;
 use durable::temp_path;
 pub(crate) use durable::trim_torn_tail;
 pub use durable::{
-    append_line, blake3_hex, commit_no_clobber, create_dir_all_private, parse_record, read_capped,
-    read_record, sync_dir, to_json_bytes, write_atomic, Commit,
+    append_line, blake3_hex, commit_no_clobber, create_dir_all_durable, create_dir_all_private, parse_record,
+    read_capped, read_record, sync_dir, to_json_bytes, write_atomic, Commit,
 };
 pub use lock::OwnerLock;
 pub use registry::{known_state_dirs, register_state_dir, state_dirs_registry};

@@ -87,7 +87,8 @@ pub(super) fn create(
     // The owner lock comes first: from the moment any record of this Job
     // exists, a reader sees a live owner and never "recovers" a starting run.
     let creating = OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
-    store::create_dir_all_private(&store.attempt_dir(attempt_id))?;
+    // Durable names: `runs/` and `attempts/` are synced by nothing later.
+    store::create_dir_all_durable(&store.attempt_dir(attempt_id))?;
     let lock = OwnerLock::acquire(&store.lock_file(attempt_id))?;
     drop(creating);
     let run = RunRecord {

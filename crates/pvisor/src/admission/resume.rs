@@ -56,7 +56,7 @@ pub fn admit_resume(
     let mut run: RunRecord = store.read(&store.run_file(&job.run))?;
     let number = run.attempts.max(job.target_attempt) + 1;
     let attempt_id = AttemptId::new(run.id.clone(), number);
-    store::create_dir_all_private(&store.attempt_dir(&attempt_id))?;
+    store::create_dir_all_durable(&store.attempt_dir(&attempt_id))?;
     let lock = OwnerLock::acquire(&store.lock_file(&attempt_id))?;
     let attempt = records::new_attempt(&attempt_id, job_id, executor.name(), now);
     store.write(&store.attempt_file(&attempt_id), &attempt)?;

@@ -528,7 +528,7 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     // Held until the Job is published, so gc never takes the half-imported
     // Run for the leftover of a killed import (see `Store::admission_lock_file`).
     let creating = store::OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
-    store::create_dir_all_private(&store.attempt_dir(&attempt))?;
+    store::create_dir_all_durable(&store.attempt_dir(&attempt))?;
     let _owner = store::OwnerLock::acquire(&store.lock_file(&attempt))?;
     drop(creating);
     let attempt_dir = store.attempt_dir(&attempt);
