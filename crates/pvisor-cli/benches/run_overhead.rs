@@ -8,7 +8,7 @@
 //!   (bubblewrap's sandbox, where installed),
 //! - `pvisor run -q -- true` (namespaces + overlay + durable records + receipt),
 //!
-//! and the ratios between them. The three are interleaved, so drift in machine
+//! and the ratios between them. They are interleaved, each round in the other order, so drift in machine
 //! load hits each alike. Then pvisor and bwrap again while another process
 //! writes to the filesystem that holds the state directory (a build in
 //! another terminal): what a run's end would cost if it flushed that
@@ -32,6 +32,18 @@ fn time(cmd: &mut Command) -> Duration {
     let elapsed = start.elapsed();
     assert!(status.success(), "{cmd:?} failed: {status}");
     elapsed
+}
+
+/// The order of one round: forwards, then backwards, so no command always
+/// runs just after the same one (a sandbox's network namespace is torn down
+/// by the kernel after its process has exited, on the next one's time).
+fn in_turn(count: usize, round: usize) -> Vec<usize> {
+    let order = 0..count;
+    if round.is_multiple_of(2) {
+        order.collect()
+    } else {
+        order.rev().collect()
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -91,9 +103,9 @@ fn main() {
         }
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); commands.len()];
-    for _ in 0..iterations {
-        for (i, (_, cmd)) in commands.iter_mut().enumerate() {
-            samples[i].push(time(cmd));
+    for round in 0..iterations {
+        for i in in_turn(commands.len(), round) {
+            samples[i].push(time(&mut commands[i].1));
         }
     }
     println!("run_overhead: {iterations} interleaved samples each");
@@ -127,6 +139,7 @@ fn main() {
         let base = ms(medians[pvisor_at + 1]);
         println!("this build vs baseline:  {:+.2} ms ({:.2}x)", pvisor_ms - base, pvisor_ms / base);
     }
+    filesystem_costs(dir.path(), if measuring { 200 } else { 5 });
     if has_bwrap {
         let others: Vec<_> =
             commands.iter_mut().filter(|(name, _)| *name != "true" && !name.starts_with("unshare")).collect();
@@ -170,9 +183,9 @@ fn while_another_process_writes(
     });
     std::thread::sleep(Duration::from_millis(500));
     let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); commands.len()];
-    for _ in 0..iterations {
-        for (i, entry) in commands.iter_mut().enumerate() {
-            samples[i].push(time(&mut entry.1));
+    for round in 0..iterations {
+        for i in in_turn(commands.len(), round) {
+            samples[i].push(time(&mut commands[i].1));
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -195,4 +208,41 @@ fn while_another_process_writes(
             pvisor.0 / base
         );
     }
+}
+
+/// What the metadata a run makes costs on the filesystem of `dir` (where the
+/// state directory is): a `mkdir`, a file created, and one atomic record
+/// write (temporary, `fsync`, rename, directory `fsync`). A run of `true`
+/// makes about 10, 17 and 12 of them (docs/performance.md).
+fn filesystem_costs(dir: &std::path::Path, count: usize) {
+    use std::io::Write;
+    let scratch = dir.join("filesystem-costs");
+    std::fs::create_dir(&scratch).expect("scratch");
+    let median = |mut samples: Vec<Duration>| {
+        samples.sort();
+        ms(percentile(&samples, 0.5)) * 1000.0
+    };
+    let timed = |op: &dyn Fn(usize)| {
+        median(
+            (0..count)
+                .map(|i| {
+                    let start = Instant::now();
+                    op(i);
+                    start.elapsed()
+                })
+                .collect(),
+        )
+    };
+    let mkdir = timed(&|i| std::fs::create_dir(scratch.join(format!("d{i}"))).expect("mkdir"));
+    let create = timed(&|i| drop(std::fs::File::create(scratch.join(format!("f{i}"))).expect("create")));
+    let record = timed(&|i| {
+        let (tmp, path) = (scratch.join(format!(".r{i}.tmp")), scratch.join("record.json"));
+        let mut file = std::fs::File::create(&tmp).expect("temporary");
+        file.write_all(&[b'x'; 1024]).expect("write");
+        file.sync_all().expect("fsync");
+        std::fs::rename(&tmp, &path).expect("rename");
+        std::fs::File::open(&scratch).and_then(|d| d.sync_all()).expect("directory fsync");
+    });
+    println!("the state directory's filesystem, {count} of each: mkdir {mkdir:.0} us, create {create:.0} us, atomic record write {record:.0} us");
+    let _ = std::fs::remove_dir_all(&scratch);
 }
