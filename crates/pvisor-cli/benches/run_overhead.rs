@@ -8,11 +8,15 @@
 //!   (bubblewrap's sandbox, where installed),
 //! - `pvisor run -q -- true` (namespaces + overlay + durable records + receipt),
 //!
-//! and the ratios between them. They are interleaved, each round in the other order, so drift in machine
-//! load hits each alike. Then pvisor and bwrap again while another process
-//! writes to the filesystem that holds the state directory (a build in
-//! another terminal): what a run's end would cost if it flushed that
-//! filesystem. `PVISOR_BENCH_ITERS` sets the sample count (default 60).
+//! and the ratios between them. They are interleaved, each round in the
+//! other order, so drift in machine load hits each alike. Then what the
+//! metadata a run makes costs on the filesystem the state directory is on
+//! (`TMPDIR` chooses it): a `mkdir`, a file, a synced record and, as root,
+//! the workspace overlay's mount and unmount with and without `volatile`.
+//! Then pvisor and bwrap again while another process writes to that
+//! filesystem (a build in another terminal): what a run's end would cost
+//! if it flushed it. `PVISOR_BENCH_ITERS` sets the sample count (default
+//! 60); the smoke run (`cargo test`) skips the writer.
 //! `PVISOR_BENCH_BASELINE=/path/to/older/pvisor` times that build too, in the
 //! same interleaving, with its own state directory, and prints new / baseline.
 
@@ -140,7 +144,11 @@ fn main() {
         println!("this build vs baseline:  {:+.2} ms ({:.2}x)", pvisor_ms - base, pvisor_ms / base);
     }
     filesystem_costs(dir.path(), if measuring { 200 } else { 5 });
-    if has_bwrap {
+    if rustix::process::geteuid().is_root() {
+        overlay_costs(dir.path(), if measuring { 40 } else { 2 });
+    }
+    // The writer puts hundreds of MiB on the filesystem: measuring only.
+    if has_bwrap && measuring {
         let others: Vec<_> =
             commands.iter_mut().filter(|(name, _)| *name != "true" && !name.starts_with("unshare")).collect();
         while_another_process_writes(dir.path(), others, iterations.min(20), who);
@@ -172,7 +180,10 @@ fn while_another_process_writes(
         let mut file = std::fs::File::create(&path).expect("writer's file");
         let chunk = vec![0x5au8; 4 << 20];
         while !writing.load(Ordering::Relaxed) {
-            file.write_all(&chunk).expect("write");
+            // A full filesystem ends the writing, not the bench.
+            if file.write_all(&chunk).is_err() {
+                break;
+            }
             // 512 MiB at most on disk: start over.
             if file.stream_position().expect("position") >= 512 << 20 {
                 file.set_len(0).expect("truncate");
@@ -245,4 +256,55 @@ fn filesystem_costs(dir: &std::path::Path, count: usize) {
     });
     println!("the state directory's filesystem, {count} of each: mkdir {mkdir:.0} us, create {create:.0} us, atomic record write {record:.0} us");
     let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// What the workspace overlay's mount and unmount cost on the filesystem of
+/// `dir`, with `volatile` (as pvisor mounts it) and without (an unmount that
+/// syncs the whole upper filesystem): a fresh upper and work directory each
+/// time, as each run has. Needs root.
+fn overlay_costs(dir: &std::path::Path, count: usize) {
+    use rustix::mount::{mount, unmount, MountFlags, UnmountFlags};
+    let base = dir.join("overlay-costs");
+    let (lower, target) = (base.join("lower"), base.join("mounted"));
+    for d in [&lower, &target] {
+        std::fs::create_dir_all(d).expect("overlay scratch");
+    }
+    // Interleaved, so the filesystem's drift hits both alike.
+    let mut times: [(Vec<Duration>, Vec<Duration>); 2] = Default::default();
+    for i in 0..count {
+        for (volatile, (mounts, unmounts)) in [false, true].into_iter().zip(times.iter_mut()) {
+            let (upper, work) = (base.join(format!("u{volatile}{i}")), base.join(format!("w{volatile}{i}")));
+            std::fs::create_dir(&upper).and_then(|()| std::fs::create_dir(&work)).expect("layers");
+            let mut options = format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lower.display(),
+                upper.display(),
+                work.display()
+            );
+            if volatile {
+                options.push_str(",volatile");
+            }
+            let options = std::ffi::CString::new(options).expect("no NUL in the paths");
+            let start = Instant::now();
+            if let Err(e) = mount("overlay", &target, "overlay", MountFlags::empty(), options.as_c_str()) {
+                println!("overlay on this filesystem: cannot mount ({e}); not measured");
+                let _ = pvisor_core::tree::remove_tree(&base);
+                return;
+            }
+            mounts.push(start.elapsed());
+            let start = Instant::now();
+            unmount(&target, UnmountFlags::empty()).expect("unmount");
+            unmounts.push(start.elapsed());
+        }
+    }
+    for (kind, (mut mounts, mut unmounts)) in ["not volatile", "volatile"].into_iter().zip(times) {
+        mounts.sort();
+        unmounts.sort();
+        println!(
+            "overlay, {kind}, {count} of each: mount {:.0} us, unmount {:.0} us",
+            ms(percentile(&mounts, 0.5)) * 1000.0,
+            ms(percentile(&unmounts, 0.5)) * 1000.0
+        );
+    }
+    let _ = pvisor_core::tree::remove_tree(&base);
 }

@@ -289,7 +289,9 @@ pub fn run_checks(state: &Path) -> Vec<Check> {
         }
         Err(e) => checks.push(check(&format!("sandbox ({who})"), Status::Missing, e.to_string(), None, true)),
     }
-    let _ = std::fs::remove_dir_all(&scratch);
+    // remove_tree: the overlay left its work directory mode 000, which a
+    // rootless owner cannot enter without giving itself access first.
+    let _ = pvisor_core::tree::remove_tree(&scratch);
     if root {
         let dir = std::env::temp_dir().join(format!("pvisor-doctor-rootless-{}", std::process::id()));
         let prepared = std::fs::create_dir_all(&dir)

@@ -273,12 +273,12 @@ fn overlay_workspace(spec: &SandboxSpec, root: &Path) -> Result<Option<MemorySta
         escape_overlay_path(&upper),
         escape_overlay_path(&work),
     );
-    let mount = |options: &str| sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(options));
     // `volatile`: the overlay passes no sync to the stage's filesystem, and
     // its unmount does not sync that whole filesystem. The stage is made
     // durable by `seal` when the command has ended, and nothing applies a
-    // stage that was not sealed. Linux before 5.10 knows no `volatile`.
-    mount(&format!("{options},volatile")).or_else(|_| mount(&options)).map_err(|e| {
+    // stage that was not sealed. Every kernel with `userxattr` (5.11) has it.
+    let options = format!("{options},volatile");
+    sys::mount(Some("overlay"), &target, Some("overlay"), 0, Some(&options)).map_err(|e| {
         let hint = match e.raw_os_error() {
             Some(libc::ENODEV) => "overlayfs is not available: load it with `modprobe overlay` (CONFIG_OVERLAY_FS)".to_string(),
             Some(libc::EPERM) => "this kernel does not allow overlayfs inside a user namespace; Linux 5.11 or newer is needed".to_string(),

@@ -287,8 +287,10 @@ pub(super) fn publish_dir(partial: &Path, published: &Path, manifest: &[u8]) -> 
     file.sync_all()?;
     fs::File::open(partial)?.sync_all()?;
     fs::rename(partial, published)?;
-    if let Some(parent) = published.parent() {
-        fs::File::open(parent)?.sync_all()?;
+    // The checkpoints directory, and its own name in the Run's directory:
+    // it may have been made for this checkpoint, and nothing else syncs it.
+    for dir in published.ancestors().skip(1).take(2) {
+        fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
 }

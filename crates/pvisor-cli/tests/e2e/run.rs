@@ -176,10 +176,11 @@ fn the_sandbox_walls_hold_rootless() {
 fn the_stage_is_made_durable_by_the_seal_not_the_overlay(who: As) {
     who.require();
     let env = Env::new(who);
+    env.write("gone", "deleted in the run\n");
     let ws = fs::canonicalize(&env.ws).unwrap();
     let script = format!(
-        r#"grep " {ws} " /proc/self/mountinfo | grep -q 'fsync=volatile' || {{ echo "FAIL: $(grep " {ws} " /proc/self/mountinfo)"; exit 1; }}
-        echo kept > synced && sync synced && echo VOLATILE-OK"#,
+        r#"grep " {ws} " /proc/self/mountinfo | grep -Eq '[ ,](fsync=)?volatile(,|$)' || {{ echo "FAIL: $(grep " {ws} " /proc/self/mountinfo)"; exit 1; }}
+        echo kept > synced && sync synced && rm gone && ln -s synced link && echo VOLATILE-OK"#,
         ws = ws.display()
     );
     let out = env.run_sh(&script);
@@ -191,8 +192,12 @@ fn the_stage_is_made_durable_by_the_seal_not_the_overlay(who: As) {
     );
     let status = env.status_json(None);
     assert_eq!(status["receipt"], "valid", "{status}");
-    let staged = env.home.join("runs").join(status["run"].as_str().unwrap()).join("stage/upper/synced");
-    assert_eq!(fs::read_to_string(&staged).unwrap(), "kept\n");
+    let upper = env.home.join("runs").join(status["run"].as_str().unwrap()).join("stage/upper");
+    assert_eq!(fs::read_to_string(upper.join("synced")).unwrap(), "kept\n");
+    assert_eq!(fs::read_link(upper.join("link")).unwrap(), std::path::Path::new("synced"));
+    // The deletion is staged (a whiteout), and the workspace still has the file.
+    assert!(fs::symlink_metadata(upper.join("gone")).is_ok(), "no whiteout staged");
+    assert!(env.ws.join("gone").exists(), "the deletion reached the workspace");
 }
 
 #[test]

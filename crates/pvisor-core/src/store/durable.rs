@@ -34,8 +34,9 @@ pub fn create_dir_all_private(dir: &Path) -> Result<(), StoreError> {
 /// [`create_dir_all_private`] for a directory that will hold records: the
 /// name of each directory it makes is synced into its parent, so a power
 /// cut cannot lose the directory while a record that names it survives.
-/// (Journaled filesystems order these anyway; ext2, or ext4 without a
-/// journal, do not.)
+/// (Journaled filesystems order these anyway, and ext4 without a journal
+/// syncs a new file's new parents when the file is synced; ext2 and others
+/// do neither.)
 pub fn create_dir_all_durable(dir: &Path) -> Result<(), StoreError> {
     let missing: Vec<&Path> =
         dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();

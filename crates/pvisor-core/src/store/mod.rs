@@ -123,10 +123,10 @@ impl Store {
     /// [`close_to_sandboxes`]), before anything is made inside it.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = root.into();
-        create_dir_all_private(&root)?;
+        create_dir_all_durable(&root)?;
         close_to_sandboxes(&root)?;
         for dir in [root.join("jobs"), root.join("runs"), root.join("checkpoints")] {
-            create_dir_all_private(&dir)?;
+            create_dir_all_durable(&dir)?;
         }
         let root = fs::canonicalize(&root).map_err(|e| StoreError::io("resolve", &root, e))?;
         let store = Self { root };

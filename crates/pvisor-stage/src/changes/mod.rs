@@ -21,13 +21,17 @@ use crate::StageError;
 /// Above this many entries one `syncfs(2)` is cheaper than an fsync each.
 const FSYNC_EACH_LIMIT: usize = 256;
 
-/// Makes the staged files durable before the Bundle that describes them is
-/// written. A small stage fsyncs each file and directory: O(staged entries),
-/// and no other dirty data on the filesystem is flushed with it. A large one
-/// (thousands of files from a build or an install), or one the walk cannot
-/// finish (a tree deeper than PATH_MAX, a directory the command made
+/// Makes the staged entries durable before the Bundle that describes them is
+/// written. A small stage of regular files and directories fsyncs each:
+/// O(staged entries), and no other dirty data on the filesystem is flushed
+/// with it. A large one (thousands of files from a build or an install),
+/// one with an entry no `fsync` reaches (a symlink, a deletion's whiteout,
+/// a fifo: their inodes are written by neither their own nor their
+/// directory's `fsync` on a filesystem without a journal), or one the walk
+/// cannot finish (a tree deeper than PATH_MAX, a directory the command made
 /// unreadable), is flushed with a single `syncfs(2)`: the command can make
-/// sealing slower, never impossible.
+/// sealing slower, never impossible. This is the only sync the stage gets:
+/// the workspace overlay is `volatile`.
 pub fn seal(upper: &Path) -> Result<(), StageError> {
     let open = |path: &Path| {
         fs::OpenOptions::new()
@@ -50,6 +54,8 @@ pub fn seal(upper: &Path) -> Result<(), StageError> {
                 dirs.push(entry.path());
             } else if file_type.is_file() {
                 to_sync.push(entry.path());
+            } else {
+                return syncfs();
             }
         }
         to_sync.push(dir);

@@ -145,7 +145,7 @@ impl SessionPlace {
     /// Takes the session's run lock, blocking while another run of it is
     /// live; `waiting` is called once before blocking.
     pub fn lock(&self, name: &SessionName, waiting: impl FnOnce()) -> Result<OwnerLock, StoreError> {
-        store::create_dir_all_private(&self.dir)?;
+        store::create_dir_all_durable(&self.dir)?;
         let path = self.lock_file(name);
         if let Some(lock) = OwnerLock::try_acquire(&path)? {
             return Ok(lock);
@@ -156,13 +156,13 @@ impl SessionPlace {
 
     /// Takes the session's run lock if no run of it is live.
     pub fn try_lock(&self, name: &SessionName) -> Result<Option<OwnerLock>, StoreError> {
-        store::create_dir_all_private(&self.dir)?;
+        store::create_dir_all_durable(&self.dir)?;
         OwnerLock::try_acquire(&self.lock_file(name))
     }
 
     /// Durably writes `record` as the open session of its name.
     pub fn save(&self, record: &SessionRecord) -> Result<(), StoreError> {
-        store::create_dir_all_private(&self.dir)?;
+        store::create_dir_all_durable(&self.dir)?;
         store::write_atomic(&self.record_file(&record.name), &store::to_json_bytes(record))
     }
 
@@ -171,7 +171,7 @@ impl SessionPlace {
     pub fn close(&self, mut record: SessionRecord, how: &str) -> Result<SessionRecord, StoreError> {
         record.closed = Some(SessionClosed { at: Timestamp::now(), how: how.to_owned() });
         let closed_dir = self.dir.join("closed");
-        store::create_dir_all_private(&closed_dir)?;
+        store::create_dir_all_durable(&closed_dir)?;
         let first = record.jobs.first().map(|j| j.to_string()).unwrap_or_else(|| "empty".into());
         let target = closed_dir.join(format!("{}-{first}.json", record.name));
         store::write_atomic(&target, &store::to_json_bytes(&record))?;

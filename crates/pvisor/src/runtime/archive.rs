@@ -574,6 +574,8 @@ pub fn import(store: &Store, path: &Path) -> Result<JobId, ArchiveError> {
     if let Some(bytes) = verified.entries.get(format!("{ROOT}/stage/preimages.json").as_bytes()) {
         store::write_atomic(&stage.join("preimages.json"), bytes)?;
     }
+    // The staged entries are durable before the receipt confirms them, as a run's are.
+    pvisor_stage::seal(&upper).map_err(|e| io("sync", &upper)(std::io::Error::other(e)))?;
     // The receipt last: the imported Job is confirmed only once everything is in place.
     store::write_atomic(&attempt_dir.join("completion.json"), &get("completion.json"))?;
     store.publish_job(&job)?;
