@@ -87,10 +87,15 @@ pub(super) fn create(
     // The owner lock comes first: from the moment any record of this Job
     // exists, a reader sees a live owner and never "recovers" a starting run.
     let creating = OwnerLock::acquire_shared_blocking(&store.admission_lock_file())?;
-    // Durable names: `runs/` and `attempts/` are synced by nothing later.
-    store::create_dir_all_durable(&store.attempt_dir(attempt_id))?;
+    let attempt_dir = store.attempt_dir(attempt_id);
+    store::create_dir_all_private(&attempt_dir)?;
     let lock = OwnerLock::acquire(&store.lock_file(attempt_id))?;
     drop(creating);
+    // The new names made durable ([`store::create_dir_all_durable`]), with
+    // one sync fewer: the Run's directory is synced by run.json's write below.
+    for parent in [store.run_dir(run_id).parent(), attempt_dir.parent()].into_iter().flatten() {
+        store::sync_dir(parent)?;
+    }
     let run = RunRecord {
         format: FORMAT,
         id: run_id.clone(),
