@@ -198,6 +198,9 @@ fn a_sandbox_ends_with_its_entrypoint_on_fakes() {
         assert_eq!(status, StatusCode::ACCEPTED, "{created}");
         let got = s.await_state(created["id"].as_str().unwrap(), state);
         assert_eq!(got["status"]["message"], message, "{entrypoint}: {got}");
+        // Not a delete: an entrypoint that exits as soon as it starts once
+        // raced its provisioner into ending as `user_delete`.
+        assert_ne!(got["status"]["reason"], "user_delete", "{entrypoint}: {got}");
     }
 }
 

@@ -83,30 +83,35 @@ impl Daemon {
                 } else {
                     crate::credential_vault::reapply(self, id);
                 }
-                let _ = self.update(id, |r| {
-                    r.generations.push(Generation {
-                        attempt,
-                        started_at: Timestamp::now(),
-                        ready_ms: Some(ready_ms),
-                    });
-                    if r.state != SandboxState::Stopping {
+                // Whether a delete arrived while it was starting is decided
+                // here, under the records lock, and nowhere later: once it
+                // reads Running, the entrypoint may exit at once and its own
+                // ending sets Stopping too, which is not a delete.
+                let deleted_while_starting = self
+                    .update(id, |r| {
+                        r.generations.push(Generation {
+                            attempt,
+                            started_at: Timestamp::now(),
+                            ready_ms: Some(ready_ms),
+                        });
+                        if r.state == SandboxState::Stopping {
+                            return Ok(true);
+                        }
                         let reason = if first { "ready" } else { "resumed" };
                         if let Err(e) = set_state(r, SandboxState::Running, reason, "") {
                             tracing::warn!(sandbox = %id, "{e}; the VM is up but not recorded Running");
                         }
-                    }
-                    Ok(())
-                });
-                if first {
+                        Ok(false)
+                    })
+                    .unwrap_or(false);
+                if deleted_while_starting {
+                    self.stop(id, "user_delete");
+                } else if first {
                     if let Err(e) = self.start_entrypoint(id) {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 } else {
                     self.end_if_entrypoint_exited(id);
-                }
-                // A delete that arrived while it was starting.
-                if self.get(id).is_ok_and(|r| r.state == SandboxState::Stopping) {
-                    self.stop(id, "user_delete");
                 }
             }
             Err(e) => {
