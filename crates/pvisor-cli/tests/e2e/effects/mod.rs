@@ -508,7 +508,12 @@ fn on_a_reflink_filesystem_apply_shares_extents_and_still_catches_tampering() {
         "--",
         "sh",
         "-c",
-        "head -c 3000000 /dev/urandom > big; echo small > small; echo t > tampered",
+        // The sleep: a file changed in the clock tick the seal begins in
+        // has a ctime no older than the seal's (`Preimages::sealed_ns`, the
+        // coarse clock; the kernel's fine-grained ctimes even run ahead of
+        // it), so apply rightly copies and hashes it instead of reflinking.
+        // The reflink is what this test is about, so the files are older.
+        "head -c 3000000 /dev/urandom > big; echo small > small; echo t > tampered; sleep 0.1",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let upper = fs::read_dir(home.join("runs")).unwrap().next().unwrap().unwrap().path().join("stage/upper");
