@@ -364,6 +364,66 @@ fn an_entrypoint_that_exited_during_a_pause_ends_the_sandbox_on_resume() {
     assert_eq!(got["status"]["message"], "Sandbox container exited with code 4.");
 }
 
+/// The exec id of the sandbox's entrypoint, once it is recorded.
+fn entrypoint_exec(s: &Serve, id: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(c) = s.daemon.get(id).unwrap().commands.get("entrypoint") {
+            return c.exec_id;
+        }
+        assert!(Instant::now() < deadline, "the entrypoint was never recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A pause that lands between Running and the entrypoint's start (the
+/// provisioner then finds no live guest to start it in) leaves no
+/// entrypoint; the resume starts it.
+#[test]
+fn a_sandbox_paused_before_its_entrypoint_started_starts_it_on_resume() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    entrypoint_exec(&s, &id);
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Paused");
+    // What that race leaves: no entrypoint record.
+    s.daemon.update(&id, |r| Ok(r.commands.remove("entrypoint"))).unwrap();
+    let starts = || {
+        let started = s.guest.started.lock().unwrap();
+        started.iter().filter(|spec| spec.argv.join(" ").contains("tail -f /dev/null")).count()
+    };
+    let before = starts();
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Running");
+    entrypoint_exec(&s, &id);
+    assert_eq!(starts(), before + 1, "the resume started the entrypoint once");
+}
+
+/// A daemon restarted while a sandbox was paused watches its entrypoint
+/// again once it is resumed: the entrypoint's exit ends the sandbox.
+#[test]
+fn a_sandbox_resumed_after_a_restart_still_ends_with_its_entrypoint() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    let exec_id = entrypoint_exec(&s, &id);
+    s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
+    s.await_state(&id, "Paused");
+    let supervisors = Supervisors::InProcess(s.sessions.clone());
+    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    let s = Serve { daemon, ..s };
+    s.daemon.recover();
+    s.await_state(&id, "Paused");
+    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
+    assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Running");
+    let (_, link) = s.daemon.live_link(&id).unwrap();
+    crate::guest_link::signal(&link, exec_id, libc::SIGTERM).unwrap();
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["message"], "Sandbox container exited with code 143.", "{got}");
+}
+
 #[test]
 fn delete_terminates_the_sandbox_and_ends_its_job() {
     let s = serve(&[]);
@@ -448,6 +508,32 @@ fn a_restarted_daemon_fails_a_sandbox_whose_vm_ended_while_it_was_away() {
     s.daemon.recover();
     let got = s.await_state(&id, "Failed");
     assert_eq!(got["status"]["reason"], "runtime_exited", "{got}");
+}
+
+/// A daemon that died while ending a sandbox for its entrypoint's exit
+/// leaves it Stopping; the next one ends it as that exit, not as a delete.
+#[test]
+fn a_restarted_daemon_ends_a_stopping_sandbox_as_its_entrypoint_did() {
+    let s = serve(&[]);
+    let id = s.create(json!({ "image": { "uri": "default" } }));
+    entrypoint_exec(&s, &id);
+    let supervisors = Supervisors::InProcess(s.sessions.clone());
+    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    // What the dead daemon had recorded when it died: the exit, and Stopping.
+    daemon
+        .update(&id, |r| {
+            let entrypoint = r.commands.get_mut("entrypoint").unwrap();
+            entrypoint.finished_at = Some(pvisor_core::time::Timestamp::now());
+            entrypoint.exit_code = Some(3);
+            crate::sandbox::set_state(r, SandboxState::Stopping, "entrypoint_exited", "").unwrap();
+            Ok(())
+        })
+        .unwrap();
+    let s = Serve { daemon, ..s };
+    s.daemon.recover();
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["reason"], "CONTAINER_EXITED_ERROR", "{got}");
+    assert_eq!(got["status"]["message"], "Sandbox container exited with code 3.", "{got}");
 }
 
 #[test]

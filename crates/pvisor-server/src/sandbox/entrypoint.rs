@@ -141,13 +141,37 @@ impl Daemon {
         started.map(|()| Some((exec_id, channel)))
     }
 
+    /// Follows the entrypoint of a sandbox that is back to Running (resumed,
+    /// reattached after a restart): started if it never was (a pause or a
+    /// restart came between Running and its start), watched if it runs and
+    /// no thread of this daemon watches it, and the sandbox ended if it
+    /// exited meanwhile.
+    pub(super) fn follow_entrypoint(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.get(id) else { return };
+        match record.commands.get("entrypoint") {
+            None => {
+                if let Err(e) = self.start_entrypoint(id) {
+                    tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
+                }
+            }
+            Some(c) if c.finished_at.is_none() => self.watch_entrypoint(id, c.exec_id, None),
+            Some(_) => self.end_if_entrypoint_exited(id),
+        }
+    }
+
     /// Watches the entrypoint (guest exec `exec_id`) on a thread until it
     /// exits, then ends the sandbox with it; `channel` is the start's, if
-    /// this daemon has it.
+    /// this daemon has it. Nothing, if a thread already watches it.
     pub(super) fn watch_entrypoint(self: &Arc<Self>, id: &str, exec_id: u32, channel: Option<ExecChannel>) {
+        let watchers = || self.entrypoint_watchers.lock().unwrap_or_else(|p| p.into_inner());
+        if !watchers().insert(id.to_owned()) {
+            return;
+        }
         let (daemon, id) = (self.clone(), id.to_owned());
         std::thread::spawn(move || {
-            if let Some(code) = daemon.wait_entrypoint(&id, exec_id, channel) {
+            let code = daemon.wait_entrypoint(&id, exec_id, channel);
+            daemon.entrypoint_watchers.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            if let Some(code) = code {
                 daemon.entrypoint_exited(&id, code, None);
             }
         });

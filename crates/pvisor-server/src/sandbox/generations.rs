@@ -87,7 +87,7 @@ impl Daemon {
                 // here, under the records lock, and nowhere later: once it
                 // reads Running, the entrypoint may exit at once and its own
                 // ending sets Stopping too, which is not a delete.
-                let deleted_while_starting = self
+                let deleted_while_starting: Option<String> = self
                     .update(id, |r| {
                         r.generations.push(Generation {
                             attempt,
@@ -95,23 +95,24 @@ impl Daemon {
                             ready_ms: Some(ready_ms),
                         });
                         if r.state == SandboxState::Stopping {
-                            return Ok(true);
+                            return Ok(Some(r.reason.clone()));
                         }
                         let reason = if first { "ready" } else { "resumed" };
                         if let Err(e) = set_state(r, SandboxState::Running, reason, "") {
                             tracing::warn!(sandbox = %id, "{e}; the VM is up but not recorded Running");
                         }
-                        Ok(false)
+                        Ok(None)
                     })
-                    .unwrap_or(false);
-                if deleted_while_starting {
-                    self.stop(id, "user_delete");
+                    .unwrap_or(None);
+                // Ended with the delete's reason: a user's, or the TTL's.
+                if let Some(reason) = deleted_while_starting {
+                    self.stop(id, &reason);
                 } else if first {
                     if let Err(e) = self.start_entrypoint(id) {
                         tracing::warn!(sandbox = %id, "the entrypoint did not start: {e}");
                     }
                 } else {
-                    self.end_if_entrypoint_exited(id);
+                    self.follow_entrypoint(id);
                 }
             }
             Err(e) => {

@@ -25,7 +25,7 @@ mod recovery;
 mod renew;
 mod reserve;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -143,6 +143,8 @@ pub struct Daemon {
     pub snapshots: crate::snapshots::Snapshots,
     /// Sandboxes' credential vaults (in memory only: they hold values).
     pub vaults: crate::credential_vault::Vaults,
+    /// Sandboxes whose entrypoint a thread of this daemon watches: one each.
+    entrypoint_watchers: Mutex<HashSet<String>>,
 }
 
 /// Streams one sandbox may hold open at once; each holds a worker thread.
@@ -225,6 +227,7 @@ impl Daemon {
             reserve,
             snapshots,
             vaults: Default::default(),
+            entrypoint_watchers: Mutex::default(),
         }))
     }
 

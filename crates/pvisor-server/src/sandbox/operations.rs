@@ -118,8 +118,11 @@ impl Daemon {
                         .as_ref()
                         .and_then(|j| daemon.runtime.execute(Status { job: j.clone() }).ok());
                     match alive.map(|s| s.state) {
+                        // Back to Running: an entrypoint that exited during
+                        // the attempt ended nothing then, so it ends it now.
                         Some(JobState::Running) => {
-                            daemon.finish(&id, SandboxState::Running, "pause_failed", &message)
+                            daemon.finish(&id, SandboxState::Running, "pause_failed", &message);
+                            daemon.follow_entrypoint(&id);
                         }
                         Some(JobState::Suspended) => daemon.finish(&id, SandboxState::Paused, "paused", ""),
                         _ => daemon.finish(&id, SandboxState::Failed, "pause_failed", &message),
@@ -154,11 +157,25 @@ impl Daemon {
 
     /// `DELETE`: → Stopping, then Terminated once the Job has ended.
     pub fn delete(self: &Arc<Self>, id: &str, reason: &str) -> Result<(), OpError> {
+        self.delete_if(id, reason, |_| true)
+    }
+
+    /// [`Self::delete`], if `still` holds of the record under the records
+    /// lock (a TTL expiry: a renewal accepted meanwhile wins).
+    fn delete_if(
+        self: &Arc<Self>,
+        id: &str,
+        reason: &str,
+        still: impl FnOnce(&SandboxRecord) -> bool,
+    ) -> Result<(), OpError> {
         // Decided under the records lock: a provisioner that sets Running
         // concurrently either sees Stopping (and stops it) or is seen here.
         let was = self.update(id, |r| {
             if r.deleted {
                 return Err(OpError::NotFound(format!("Sandbox {id} not found.")));
+            }
+            if !still(r) {
+                return Ok(None);
             }
             match r.state {
                 SandboxState::Pending | SandboxState::Running | SandboxState::Paused => {}
@@ -167,7 +184,7 @@ impl Daemon {
                 // sandbox is gone from the API.
                 SandboxState::Failed | SandboxState::Terminated => {
                     r.deleted = true;
-                    return Ok(r.state);
+                    return Ok(Some(r.state));
                 }
                 SandboxState::Pausing | SandboxState::Resuming | SandboxState::Stopping => {
                     return Err(OpError::Conflict(format!(
@@ -179,8 +196,9 @@ impl Daemon {
             let was = r.state;
             r.deleted = true;
             set_state(r, SandboxState::Stopping, reason, "").map_err(|e| OpError::Conflict(e.to_string()))?;
-            Ok(was)
+            Ok(Some(was))
         })?;
+        let Some(was) = was else { return Ok(()) };
         if was == SandboxState::Terminated {
             return Ok(());
         }
@@ -268,7 +286,8 @@ impl Daemon {
             .collect();
         for id in due {
             tracing::info!(sandbox = %id, "its timeout expired; stopping it");
-            let _ = self.delete(&id, "ttl_expiry");
+            let still_due = |r: &SandboxRecord| r.expires_at.is_some_and(|t| t.system_time() <= now);
+            let _ = self.delete_if(&id, "ttl_expiry", still_due);
         }
         // Finished sandboxes stay listed for a while, then their records go
         // (the Job's own records stay with pvisor's).

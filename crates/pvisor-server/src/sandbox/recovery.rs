@@ -15,6 +15,7 @@ use pvisor_core::time::Timestamp;
 use crate::guest_link;
 use crate::sandbox::SandboxRecord;
 
+use super::entrypoint::ending;
 use super::generations::{find_supervisor, supervisor_alive};
 use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT, SANDBOX_LABEL};
 
@@ -93,9 +94,20 @@ impl Daemon {
                 Ok(())
             });
             match (record.state, status.state) {
+                // A dead daemon was ending it: for a delete, or for its
+                // entrypoint's exit, whose code the record kept.
                 (SandboxState::Stopping, _) => {
+                    let exit = record.commands.get("entrypoint").and_then(|c| c.exit_code);
+                    let (to, reason, message) = match exit {
+                        Some(code) if record.reason == "entrypoint_exited" => {
+                            let (to, reason, message) = ending(code);
+                            (to, reason.to_owned(), message)
+                        }
+                        // The delete's own reason: a user's, or the TTL's.
+                        _ => (SandboxState::Terminated, record.reason.clone(), String::new()),
+                    };
                     let daemon = self.clone();
-                    std::thread::spawn(move || daemon.stop(&id, "user_delete"));
+                    std::thread::spawn(move || daemon.end(&id, to, &reason, &message));
                 }
                 (_, JobState::Suspended) => {
                     self.finish(
@@ -197,13 +209,7 @@ impl Daemon {
                 if let Some(pid) = supervisor {
                     self.watch(id, pid);
                 }
-                match record.commands.get("entrypoint") {
-                    None => {
-                        let _ = self.start_entrypoint(id);
-                    }
-                    Some(c) if c.finished_at.is_none() => self.watch_entrypoint(id, c.exec_id, None),
-                    Some(_) => self.end_if_entrypoint_exited(id),
-                }
+                self.follow_entrypoint(id);
                 return;
             }
             Err(e) => e.0,
@@ -223,7 +229,7 @@ impl Daemon {
     }
 
     /// Waits out a suspend another daemon instance requested.
-    pub(super) fn settle_pause(&self, id: &str, job: &JobId) {
+    pub(super) fn settle_pause(self: &Arc<Self>, id: &str, job: &JobId) {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             match self.runtime.execute(Status { job: job.clone() }).map(|s| s.state) {
@@ -248,5 +254,6 @@ impl Daemon {
             "pause_failed",
             "the pause did not complete before the daemon restarted",
         );
+        self.follow_entrypoint(id);
     }
 }
