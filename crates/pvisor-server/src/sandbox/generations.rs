@@ -49,7 +49,7 @@ pub enum GenerationError {
     },
 }
 
-use super::{set_state, Binding, Daemon, Generation, OpError, SandboxState, READY_TIMEOUT};
+use super::{set_state, Binding, Daemon, Generation, OpError, SandboxRecord, SandboxState, READY_TIMEOUT};
 
 impl Daemon {
     /// Starts (or, with `resume`, restores) the sandbox's VM and waits until
@@ -243,7 +243,7 @@ impl Daemon {
         let (daemon, id, bind) = (self.clone(), id.to_owned(), self.bind_file(id));
         std::thread::spawn(move || {
             wait_for_exit(pid, &bind);
-            let Ok(record) = daemon.get(&id) else { return };
+            let Some(record) = daemon.settled(&id, pid) else { return };
             // A pause, a delete or a later generation accounts for this exit.
             if record.supervisor != Some(pid) || record.state != SandboxState::Running {
                 return;
@@ -277,6 +277,25 @@ impl Daemon {
                 }
             }
         });
+    }
+
+    /// The record of `id` once it is no longer starting, pausing or
+    /// resuming with supervisor `pid` (each of those ends within its own
+    /// timeout): a VM that died while its start was being finished must not
+    /// be taken for a pause, nor left Running once the start records it so.
+    fn settled(&self, id: &str, pid: u32) -> Option<SandboxRecord> {
+        let deadline = Instant::now() + 2 * READY_TIMEOUT;
+        loop {
+            let record = self.get(id).ok()?;
+            let settling = matches!(
+                record.state,
+                SandboxState::Pending | SandboxState::Resuming | SandboxState::Pausing
+            );
+            if !settling || record.supervisor != Some(pid) || Instant::now() > deadline {
+                return Some(record);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits for the supervisor `pid` of `id` to admit its Job (the bind
@@ -499,11 +518,14 @@ mod tests {
     #[test]
     fn a_supervisor_is_seen_alive_until_it_exits_and_its_exit_is_noticed_at_once() {
         let bind = Path::new("/nonexistent/sb-test.bind");
-        let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+        // It exits when told (its stdin closes), not after a fixed time a
+        // stalled test thread could outlast.
+        let mut child = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
         let pid = child.id();
         assert_eq!(liveness(pid, bind), Liveness::Alive, "a child of the daemon is ours");
         // Another process is never taken for a supervisor.
         assert_eq!(liveness(1, bind), Liveness::Dead);
+        drop(child.stdin.take());
         let started = Instant::now();
         wait_for_exit(pid, bind);
         // The pidfd turns readable at the exit (a zombie until reaped).

@@ -13,6 +13,7 @@ use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
 
 use crate::guest_link::{self, GuestError};
+use crate::snapshots::SnapshotState;
 
 use super::{set_state, CreateRequest, Daemon, OpError, SandboxRecord, SandboxState};
 
@@ -88,6 +89,20 @@ impl Daemon {
         };
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
+        // Its snapshot checked again now that this sandbox is recorded as
+        // its user: a DELETE marks it Deleting before looking for users.
+        if let Some(snapshot) = &record.snapshot_id {
+            if self.snapshots.get(snapshot).map(|s| s.state).ok() != Some(SnapshotState::Ready) {
+                let _ = self.update(&record.id, |r| {
+                    r.deleted = true;
+                    set_state(r, SandboxState::Failed, "snapshot_deleted", "its snapshot was deleted")
+                        .map_err(|e| OpError::Conflict(e.to_string()))
+                });
+                return Err(OpError::Conflict(format!(
+                    "Snapshot {snapshot} was deleted while this sandbox was being created from it"
+                )));
+            }
+        }
         let (daemon, id) = (self.clone(), record.id.clone());
         std::thread::Builder::new()
             .name("pvisor-sb-create".into())

@@ -39,8 +39,12 @@ impl Daemon {
                 .filter(|pid| supervisor_alive(*pid, &bind))
                 .or_else(|| find_supervisor(&bind));
             let binding = fs::read(&bind).ok().and_then(|b| serde_json::from_slice::<Binding>(&b).ok());
-            // A create or resume whose supervisor is still starting the VM.
-            if matches!(record.state, SandboxState::Pending | SandboxState::Resuming) {
+            // A create or resume whose supervisor is still starting the VM
+            // (Stopping: a create deleted before its Job was admitted; the
+            // provisioner stops it once it is up, as it would have).
+            let starting = matches!(record.state, SandboxState::Pending | SandboxState::Resuming)
+                || (record.state == SandboxState::Stopping && record.job.is_none());
+            if starting {
                 if let Some(pid) = supervisor {
                     tracing::info!(sandbox = %id, pid, state = record.state.as_str(), "recovery: its supervisor is still starting the VM; awaiting it");
                     let daemon = self.clone();
@@ -194,7 +198,8 @@ impl Daemon {
             Ok(_) => {
                 // Only if nothing happened to it meanwhile (a pause, a delete).
                 let _ = self.update(id, |r| {
-                    if r.state == SandboxState::Running {
+                    let same_vm = r.generations.last().map(|g| g.attempt) == Some(attempt);
+                    if r.state == SandboxState::Running && same_vm {
                         r.supervisor = supervisor.or(r.supervisor);
                         set_state(
                             r,
@@ -214,8 +219,19 @@ impl Daemon {
             }
             Err(e) => e.0,
         };
-        // A sandbox paused or deleted meanwhile is not this probe's to end.
-        if self.get(id).is_ok_and(|r| r.state == SandboxState::Running) {
+        // A sandbox paused, resumed or deleted meanwhile is not this probe's
+        // to end. Decided under the records lock, and Stopping from then on,
+        // so no pause or delete comes between the decision and the kill.
+        let ours = self.update(id, |r| {
+            let same_vm = r.generations.last().map(|g| g.attempt) == Some(attempt);
+            if r.state != SandboxState::Running || !same_vm {
+                return Ok(false);
+            }
+            set_state(r, SandboxState::Stopping, "daemon_restart", "")
+                .map_err(|e| OpError::Conflict(e.to_string()))?;
+            Ok(true)
+        });
+        if ours.unwrap_or(false) {
             let _ = self.runtime.execute(Kill { job: job.clone(), grace: Duration::from_secs(10) });
             self.finish(
                 id,

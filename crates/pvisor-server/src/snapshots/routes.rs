@@ -141,6 +141,14 @@ fn delete(daemon: &Arc<Daemon>, id: &str) -> ApiResult {
             format!("Snapshot {id} is still being created and cannot be deleted"),
         ));
     }
+    // Deleting before the users are looked for: a create from it records
+    // its sandbox, then checks the snapshot is still Ready (see
+    // `Daemon::create`), so of a create and a delete at once, one sees the
+    // other and the image is never removed under a sandbox.
+    daemon.snapshots.update(id, |r| {
+        r.set(SnapshotState::Deleting, "snapshot_delete_requested", "Snapshot deletion requested.");
+        Ok(())
+    })?;
     let users: Vec<String> = daemon
         .list()
         .into_iter()
@@ -149,16 +157,16 @@ fn delete(daemon: &Arc<Daemon>, id: &str) -> ApiResult {
         .map(|s| s.id)
         .collect();
     if !users.is_empty() {
+        daemon.snapshots.update(id, |r| {
+            (r.state, r.reason, r.message) = (record.state, record.reason.clone(), record.message.clone());
+            Ok(())
+        })?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "SNAPSHOT::DELETE_CONFLICT",
             format!("Snapshot {id} is in use by sandbox(es) {}; delete them first", users.join(", ")),
         ));
     }
-    daemon.snapshots.update(id, |r| {
-        r.set(SnapshotState::Deleting, "snapshot_delete_requested", "Snapshot deletion requested.");
-        Ok(())
-    })?;
     daemon.snapshots.finish_delete(id, &daemon.images)?;
     Ok(http::empty(StatusCode::NO_CONTENT))
 }
