@@ -491,7 +491,10 @@ fn a_vm_that_ends_under_its_container_ends_the_containers_processes() {
     // shim waited for their exits forever (seen when the guest's OOM killer
     // took the keeper). The pattern is split so the script does not match
     // itself.
-    let kill_keeper = "k='do sleep 36'; for p in /proc/[0-9]*; do \
+    // The killer waits until the waiting exec runs (it says so in the
+    // container's /tmp), not a fixed time a slow guest can outlast.
+    let kill_keeper = "i=0; while [ ! -e /tmp/waiting ] && [ $i -lt 600 ]; do i=$((i+1)); sleep 0.1; done; \
+                       k='do sleep 36'; for p in /proc/[0-9]*; do \
                        grep -q \"${k}00\" $p/cmdline 2>/dev/null && kill -9 ${p#/proc/}; done; sleep 100";
     c.ok(&["run", "-d", "--runtime", RUNTIME, IMAGE, "doomed", "sh", "-c", "sleep 100"]);
     let exec_in = |id: &str, argv: &[&str]| {
@@ -502,8 +505,7 @@ fn a_vm_that_ends_under_its_container_ends_the_containers_processes() {
             .spawn()
             .expect("ctr task exec runs")
     };
-    let exec = exec_in("waiting", &["sleep", "100"]);
-    std::thread::sleep(Duration::from_secs(1));
+    let exec = exec_in("waiting", &["sh", "-c", "touch /tmp/waiting; exec sleep 100"]);
     let killer = exec_in("killer", &["sh", "-c", kill_keeper]);
     // Bounded waits: the failure this guards against is a hang.
     let killer_exit = exits_within(killer, Duration::from_secs(60), "the killing exec");

@@ -77,10 +77,9 @@ async fn a_dropped_wait_cancels_and_completion_is_still_published() {
     let run = f.service.submit(request(&f.workspace, "echo staged > f; sleep 30")).unwrap();
     let job = run.job().clone();
     let store = f.service.store().clone();
-    wait_for("the run to start", || {
-        status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
-    })
-    .await;
+    // Running is recorded before the command forks: wait for its write too.
+    let staged = store.stage_dir(run.attempt().run()).join("upper/f");
+    wait_for("the command to write", || staged.exists()).await;
     assert_eq!(f.service.registry().list().len(), 1);
     drop(run);
     wait_for("the receipt", || {
@@ -110,15 +109,14 @@ async fn waiting_returns_the_receipted_result() {
 /// Cancelling through a handle forwards the signal to the command.
 async fn a_cancel_handle_forwards_the_signal() {
     let f = fixture();
-    let mut run =
-        f.service.submit(request(&f.workspace, "trap 'exit 42' USR1; while :; do sleep 0.05; done")).unwrap();
-    let job = run.job().clone();
-    let store = f.service.store().clone();
-    wait_for("the run to start", || {
-        status(&store, &job).map(|s| s.state == JobState::Running).unwrap_or(false)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut run = f
+        .service
+        .submit(request(&f.workspace, "trap 'exit 42' USR1; touch ready; while :; do sleep 0.05; done"))
+        .unwrap();
+    // Once the trap is set (it says so by staging `ready`), not after a
+    // fixed delay: a USR1 before it would kill the shell.
+    let ready = f.service.store().stage_dir(run.attempt().run()).join("upper/ready");
+    wait_for("the trap to be set", || ready.exists()).await;
     run.cancel_handle().cancel(libc::SIGUSR1);
     let outcome = run.wait().await.unwrap().finished().expect("an ns run is never suspended");
     assert_eq!(outcome.result.exit_code, Some(42));

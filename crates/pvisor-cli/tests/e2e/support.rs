@@ -273,6 +273,19 @@ impl Env {
             .unwrap()
     }
 
+    /// A shell line for [`Self::under_terminal`]: `command` as a background
+    /// job of a job-control shell (its own process group, not the
+    /// terminal's foreground one), awaited for at most 60 s. A fixed sleep
+    /// instead cut off a slow run's output on a loaded host.
+    pub fn in_background(&self, command: &str) -> String {
+        let done = self.dir.path().join("background.done");
+        let _ = fs::remove_file(&done);
+        format!(
+            "bash -c 'set -m; (({command}; touch {d}) &) ; for i in $(seq 600); do [ -e {d} ] && break; sleep 0.1; done'",
+            d = done.display()
+        )
+    }
+
     pub fn attempt_dir(&self, status: &serde_json::Value) -> PathBuf {
         let run = status["run"].as_str().unwrap();
         self.home.join("runs").join(run).join("attempts/1")

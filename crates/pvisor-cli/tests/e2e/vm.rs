@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use crate::support::*;
 
-/// A counter loop: prints `c N` and writes `counter` every 0.2 s, then a
-/// random tag (so copies of one VM can be told apart) and a file named by it.
+/// A counter loop: prints `c N` and writes `counter` every 0.2 s for 12 s
+/// (long enough for a suspend or fork on a loaded TCG host to land before
+/// it ends), then a random tag (so copies of one VM can be told apart) and
+/// a file named by it.
 const COUNTER: &str =
-    "i=0; while [ $i -lt 25 ]; do i=$((i+1)); echo \"c $i\"; echo $i > counter; sleep 0.2; done; \
+    "i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo \"c $i\"; echo $i > counter; sleep 0.2; done; \
      tag=$(head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n'); echo \"tag $tag\"; echo $tag > \"f-$tag\"";
 
 pub(crate) fn require_image() {
@@ -219,7 +221,7 @@ fn suspend_then_resume(who: As) {
     assert_eq!(resumed.status.code(), Some(0), "stderr: {}", text(&resumed.stderr));
     let after = counts(&text(&resumed.stdout));
     assert_eq!(after.first(), Some(&(last + 1)), "the counter did not continue: {before:?} then {after:?}");
-    assert_eq!(after.last(), Some(&25));
+    assert_eq!(after.last(), Some(&60));
 
     let status = env.status_json(Some(&job));
     assert_eq!(status["state"], "completed");
@@ -235,7 +237,7 @@ fn suspend_then_resume(who: As) {
     assert_eq!(restored["data"]["restored"]["checkpoint"], manifest["id"]);
     // The file the counter wrote is staged once, with its final value.
     env.expect(&["apply", &job, "--all"], 0);
-    assert_eq!(fs::read_to_string(env.ws.join("counter")).unwrap(), "25\n");
+    assert_eq!(fs::read_to_string(env.ws.join("counter")).unwrap(), "60\n");
 }
 
 #[test]
@@ -342,7 +344,7 @@ fn a_crash_during_suspend_never_leaves_a_false_suspension() {
         if expect == "suspended" {
             let resumed = env.pvisor(&["resume", &job]);
             assert_eq!(resumed.status.code(), Some(0), "{point}: {}", text(&resumed.stderr));
-            assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&25));
+            assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&60));
         }
     }
 }
@@ -396,7 +398,7 @@ fn a_corrupt_checkpoint_is_refused_and_the_job_stays_suspended() {
     assert_eq!(status["state"], "suspended", "{status}");
     let resumed = env.pvisor(&["resume", &job]);
     assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
-    assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&25));
+    assert_eq!(counts(&text(&resumed.stdout)).last(), Some(&60));
     let status = env.status_json(Some(&job));
     assert!(status["attempt"].as_str().unwrap().ends_with(".3"), "{status}");
 }

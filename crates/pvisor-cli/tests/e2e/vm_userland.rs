@@ -142,9 +142,10 @@ fn a_glibc_userland_runs_with_the_workspace_staged_rootless() {
 }
 
 /// Writes to the image's `/usr`, then counts (`c N`, into `counter`) for
-/// 5 s, then shows that write and runs python3: after a restore the
-/// userland, its throw-away layer included, is the one it was saved with.
-const COUNTER: &str = "echo kept > /usr/pvisor-probe; i=0; while [ $i -lt 25 ]; do i=$((i+1)); \
+/// 12 s (long enough for a suspend or fork on a loaded host to land), then
+/// shows that write and runs python3: after a restore the userland, its
+/// throw-away layer included, is the one it was saved with.
+const COUNTER: &str = "echo kept > /usr/pvisor-probe; i=0; while [ $i -lt 60 ]; do i=$((i+1)); \
     echo \"c $i\"; echo $i > counter; sleep 0.2; done; cat /usr/pvisor-probe; python3 -c 'print(\"py\", 1 + 1)'";
 
 fn checkpoints_keep_the_userland(who: As) {

@@ -179,12 +179,12 @@ fn inherited_descriptors_do_not_reach_the_command() {
 #[test]
 fn a_background_run_cannot_read_the_terminal() {
     let env = Env::new(As::Root);
-    let inner = format!(
-        "bash -c 'set -m; (PVISOR_HOME={} {} run -q -- sh -c \"test -t 0 && echo TTY-STDIN || echo NO-TTY-STDIN\" &) ; sleep 2'",
+    let pvisor = format!(
+        "PVISOR_HOME={} {} run -q -- sh -c \"test -t 0 && echo TTY-STDIN || echo NO-TTY-STDIN\"",
         env.home.display(),
         bin()
     );
-    let out = env.under_terminal(&inner);
+    let out = env.under_terminal(&env.in_background(&pvisor));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("NO-TTY-STDIN"), "{stdout}");
 }
@@ -203,12 +203,10 @@ fn the_command_never_holds_the_users_terminal_on_any_descriptor() {
         (read -t 1 x <&2) 2>/dev/null && echo READ-THROUGH-2
         echo VISIBLE-OUT; echo VISIBLE-ERR >&2"#;
     std::fs::write(env.ws.join("probe.sh"), probe).unwrap();
-    for (label, launch) in [
-        ("background", "bash -c 'set -m; ({pvisor} &) ; sleep 3'"),
-        ("stdin redirected", "{pvisor} < /dev/null"),
-    ] {
-        let pvisor = format!("PVISOR_HOME={} {} run -q -- sh probe.sh", env.home.display(), bin());
-        let inner = launch.replace("{pvisor}", &pvisor);
+    let pvisor = format!("PVISOR_HOME={} {} run -q -- sh probe.sh", env.home.display(), bin());
+    for (label, inner) in
+        [("background", env.in_background(&pvisor)), ("stdin redirected", format!("{pvisor} < /dev/null"))]
+    {
         let out = env.under_terminal(&inner);
         let stdout = text(&out.stdout);
         for attack in ["TTY-ON-", "CHANGED-MODES", "READ-THROUGH"] {

@@ -73,8 +73,8 @@ fn writing_outside_through_proc_1_cwd_and_root() {
 const SUPERVISOR_PROBE: &str = r#"
 import ctypes, os, time
 libc = ctypes.CDLL(None, use_errno=True)
-for _ in range(100):
-    if os.path.exists('supervisor.pid'):
+for _ in range(600):
+    if os.path.getsize('supervisor.pid') > 0:
         break
     time.sleep(0.05)
 sup = int(open('supervisor.pid').read())
@@ -94,6 +94,10 @@ print('ESCAPED-proc' if os.path.exists(f'/proc/{sup}/environ') and os.access(f'/
 fn the_supervisor_is_out_of_sight_and_out_of_reach() {
     let env = Env::new(As::Rootless);
     env.write("probe.py", SUPERVISOR_PROBE);
+    // Empty before the run, so the sandbox's overlay knows the file from the
+    // start (one it first looked up as missing, it would never see appear);
+    // the pid is written into it once the run is spawned.
+    env.write("supervisor.pid", "");
     let child =
         env.command(&["run", "--", "/usr/bin/python3", "probe.py"]).stdout(Stdio::piped()).spawn().unwrap();
     // The sandbox learns the supervisor's host pid from a file the test writes.

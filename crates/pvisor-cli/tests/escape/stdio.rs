@@ -219,7 +219,7 @@ fn a_background_runs_terminal_output_is_sanitised() {
     let script = format!("printf '{hostile}'; printf '\\033]0;title\\007\\033[8mVISIBLE-ERR\\n' >&2");
     std::fs::write(env.ws.join("probe.sh"), script).unwrap();
     let pvisor = format!("PVISOR_HOME={} {} run -- sh probe.sh", env.home.display(), bin());
-    let out = env.under_terminal(&format!("bash -c 'set -m; ({pvisor} &) ; sleep 3'"));
+    let out = env.under_terminal(&env.in_background(&pvisor));
     let shown = text(&out.stdout);
     assert!(shown.contains("VISIBLE-OUT") && shown.contains("VISIBLE-ERR"), "the probe ran: {shown:?}");
     assert!(shown.contains("\x1b[31mRED\x1b[0m"), "colours pass: {shown:?}");

@@ -257,13 +257,19 @@ fn a_host_edit_after_the_run_is_a_conflict_until_forced() {
 fn a_host_change_during_the_run_has_no_baseline_and_is_never_silently_overwritten() {
     let env = Env::new(As::Rootless);
     env.write("racy", "before\n");
-    let racy = env.ws.join("racy");
-    // The host edits the file while the sandboxed command runs.
+    let (racy, runs) = (env.ws.join("racy"), env.home.join("runs"));
+    // The host edits the file while the sandboxed command runs: once the
+    // command has read it (it says so by staging `started`), not after a
+    // fixed delay, which a slow start on a loaded host can outlast.
     let editor = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        let started = || {
+            let Ok(runs) = fs::read_dir(&runs) else { return false };
+            runs.flatten().any(|run| run.path().join("stage/upper/started").exists())
+        };
+        assert!(wait_until(std::time::Duration::from_secs(20), started), "the run never started");
         fs::write(&racy, "host edit during run\n").unwrap();
     });
-    let out = env.run_sh("cat racy > /dev/null; sleep 0.8; echo agent > racy");
+    let out = env.run_sh("cat racy > /dev/null; touch started; sleep 0.8; echo agent > racy");
     editor.join().unwrap();
     assert!(out.status.success());
     let review = env.review();

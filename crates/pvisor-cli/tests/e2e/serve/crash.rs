@@ -95,22 +95,25 @@ fn a_client_that_disconnects_cancels_its_command() {
     let id = daemon.create(json!({}));
     daemon.wait_state(&id, "Running", &["Pending"]);
     let (base, token) = daemon.execd(&id);
-    let out = Command::new("curl")
-        .args([
-            "-sN",
-            "--max-time",
-            "3",
-            "-H",
-            &token,
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-        ])
+    let mut stream = Command::new("curl")
+        .args(["-sN", "-H", &token, "-H", "content-type: application/json", "--data-binary"])
         .arg(json!({ "command": "echo go; sleep 20; touch /tmp/never" }).to_string())
         .arg(format!("{base}/command"))
-        .output()
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
-    let seen = text(&out.stdout);
+    // Once the command runs (not after a fixed time, which a slow guest's
+    // start can outlast), the client goes away.
+    let mut seen = String::new();
+    let mut out = stream.stdout.take().unwrap();
+    while !seen.contains("go") {
+        let mut buf = [0u8; 4096];
+        let n = std::io::Read::read(&mut out, &mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let _ = stream.kill();
+    let _ = stream.wait();
     let cmd = seen.split("\"text\":\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
     assert!(
         wait_until(Duration::from_secs(15), || daemon.command_status(&id, &cmd)["running"] == false),

@@ -22,18 +22,18 @@ fn status_kb(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Times `GET /health` on a new connection: it must answer within a few
-/// seconds. A starved daemon never answers; the bound leaves room for a
-/// host busy with the other tests' VMs.
+/// Times `GET /health` on a new connection: it must answer within 20 s. A
+/// starved daemon never answers; the bound leaves room for a host busy
+/// with the other tests' VMs.
 fn health_answers_promptly(daemon: &Daemon) {
     let started = Instant::now();
     let out = Command::new("curl")
-        .args(["-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(["-s", "--max-time", "30", "-o", "/dev/null", "-w", "%{http_code}"])
         .arg(format!("http://127.0.0.1:{}/health", daemon.port))
         .output()
         .unwrap();
-    assert_eq!(text(&out.stdout), "200", "/health did not answer within 5 s: {}", daemon.log());
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(text(&out.stdout), "200", "/health did not answer within 30 s: {}", daemon.log());
+    assert!(started.elapsed() < Duration::from_secs(20), "/health took {:?}", started.elapsed());
 }
 
 /// 300 connections that never send a header: the daemon holds at most its
@@ -143,7 +143,7 @@ fn a_hostile_image_a_huge_log_and_a_full_disk_neither_stall_bloat_nor_wedge_the_
     let chown = |perm: Value| {
         let started = Instant::now();
         let out = Command::new("curl")
-            .args(["-s", "--max-time", "10", "-w", "\n%{http_code}", "-H", &token])
+            .args(["-s", "--max-time", "60", "-w", "\n%{http_code}", "-H", &token])
             .args(["-H", "content-type: application/json", "--data-binary"])
             .arg(json!({ "/tmp/owned": perm }).to_string())
             .arg(format!("{base}/files/permissions"))
@@ -151,9 +151,9 @@ fn a_hostile_image_a_huge_log_and_a_full_disk_neither_stall_bloat_nor_wedge_the_
             .unwrap();
         let body = text(&out.stdout);
         let (body, code) = body.rsplit_once('\n').unwrap_or(("", "0"));
-        // A FIFO or device read would block until curl's 10 s; a loaded
-        // host may take a few seconds for an honest lookup.
-        assert!(started.elapsed() < Duration::from_secs(6), "the lookup took {:?}", started.elapsed());
+        // A FIFO or device read would block until curl's 60 s; a loaded
+        // host may take several seconds for an honest lookup.
+        assert!(started.elapsed() < Duration::from_secs(30), "the lookup took {:?}", started.elapsed());
         (code.to_owned(), body.to_owned())
     };
     for _ in 0..4 {

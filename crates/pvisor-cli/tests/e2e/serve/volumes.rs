@@ -68,15 +68,28 @@ fn volumes_are_shared_live_and_read_only_ones_stay_unwritten() {
 
     // `/metrics/watch`: a JSON line each second (the reference execd's
     // WatchMetrics), while the client stays.
+    // Read until two samples came (a slow guest's reads stretch the
+    // second past any short fixed time), then the client leaves.
     let (base, token) = daemon.execd(&id);
-    let watched = std::process::Command::new("curl")
-        .args(["-sN", "--max-time", "4", "-H", &token])
+    let mut watch = std::process::Command::new("curl")
+        .args(["-sN", "--max-time", "60", "-H", &token])
         .arg(format!("{base}/metrics/watch"))
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let samples: Vec<serde_json::Value> =
-        text(&watched.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    assert!(samples.len() >= 2, "{}", text(&watched.stdout));
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let mut seen = Vec::new();
+    let mut samples: Vec<serde_json::Value> = Vec::new();
+    for line in lines.map_while(Result::ok) {
+        samples.extend(serde_json::from_str(&line).ok());
+        seen.push(line);
+        if samples.len() >= 2 {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(samples.len() >= 2, "{}", seen.join("\n"));
     assert!(samples
         .iter()
         .all(|m| m["cpu_count"].as_f64() >= Some(1.0) && m["mem_total_mib"].as_f64() > Some(0.0)));

@@ -40,10 +40,11 @@ fn a_dropped_wait_still_finalizes_and_publishes() {
         let job = run.job().clone();
         drop(run);
         // The runtime task keeps going while this runtime lives.
-        for _ in 0..200 {
-            if f.runtime.execute(Status { job: job.clone() }).unwrap().receipt == ReceiptStatus::Valid {
-                break;
-            }
+        // Patient: finalizing is a chain of fsynced writes, slow on a
+        // loaded host; the runtime must live until it is done.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while f.runtime.execute(Status { job: job.clone() }).unwrap().receipt != ReceiptStatus::Valid {
+            assert!(std::time::Instant::now() < deadline, "the Job was never finalized");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         job

@@ -60,10 +60,11 @@ fn a_running_job_is_checkpointed_through_its_backend_and_its_refusal_is_reported
         let run = f.start();
         let job = run.job().clone();
         let attempt_dir = f.store().attempt_dir(run.attempt());
-        for _ in 0..100 {
-            if f.status(&job).live && f.status(&job).state == JobState::Running {
-                break;
-            }
+        // Patient: admission and the running marks are fsynced writes,
+        // slow on a loaded host.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !(f.status(&job).live && f.status(&job).state == JobState::Running) {
+            assert!(std::time::Instant::now() < deadline, "the Job never ran");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let err = f.runtime.execute(CheckpointExecution { job: job.clone() }).unwrap_err();
