@@ -378,14 +378,20 @@ fn entrypoint_exec(s: &Serve, id: &str) -> u32 {
 
 /// A pause that lands between Running and the entrypoint's start (the
 /// provisioner then finds no live guest to start it in) leaves no
-/// entrypoint; the resume starts it.
+/// entrypoint; the resume starts it, and watches it: its exit ends the
+/// sandbox. (On a restarted daemon, so no older watcher stands in.)
 #[test]
 fn a_sandbox_paused_before_its_entrypoint_started_starts_it_on_resume() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
-    entrypoint_exec(&s, &id);
+    let first = entrypoint_exec(&s, &id);
     let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
     assert_eq!(status, StatusCode::ACCEPTED);
+    s.await_state(&id, "Paused");
+    let supervisors = Supervisors::InProcess(s.sessions.clone());
+    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    let s = Serve { daemon, ..s };
+    s.daemon.recover();
     s.await_state(&id, "Paused");
     // What that race leaves: no entrypoint record.
     s.daemon.update(&id, |r| Ok(r.commands.remove("entrypoint"))).unwrap();
@@ -397,8 +403,13 @@ fn a_sandbox_paused_before_its_entrypoint_started_starts_it_on_resume() {
     let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
     assert_eq!(status, StatusCode::ACCEPTED);
     s.await_state(&id, "Running");
-    entrypoint_exec(&s, &id);
+    let second = entrypoint_exec(&s, &id);
+    assert_ne!(second, first, "a new exec");
     assert_eq!(starts(), before + 1, "the resume started the entrypoint once");
+    let (_, link) = s.daemon.live_link(&id).unwrap();
+    crate::guest_link::signal(&link, second, libc::SIGKILL).unwrap();
+    let got = s.await_state(&id, "Failed");
+    assert_eq!(got["status"]["message"], "Sandbox container exited with code 137.", "{got}");
 }
 
 /// A daemon restarted while a sandbox was paused watches its entrypoint

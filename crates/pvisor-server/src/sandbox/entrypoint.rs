@@ -103,7 +103,29 @@ impl Daemon {
         if record.entrypoint.is_empty() {
             return Ok(None);
         }
-        let exec_id = self.next_exec_id(id)?;
+        // Claimed under the records lock: of two starts at once (the
+        // provisioner's, and a resume's or a failed pause's), one starts it.
+        let claimed = self.update(id, |r| {
+            if r.commands.contains_key("entrypoint") {
+                return Ok(None);
+            }
+            let exec_id = r.next_exec;
+            r.next_exec += 1;
+            r.commands.insert(
+                "entrypoint".into(),
+                CommandRecord {
+                    exec_id,
+                    command: r.entrypoint.join(" "),
+                    background: true,
+                    started_at: Timestamp::now(),
+                    finished_at: None,
+                    exit_code: None,
+                    error: None,
+                },
+            );
+            Ok(Some(exec_id))
+        })?;
+        let Some(exec_id) = claimed else { return Ok(None) };
         let spec = guest_link::ExecSpec {
             id: exec_id,
             argv: record.entrypoint.clone(),
@@ -124,18 +146,19 @@ impl Daemon {
             other => Err(EntrypointError::Unexpected(format!("{other:?}"))),
         };
         let _ = self.update(id, |r| {
-            r.commands.insert(
-                "entrypoint".into(),
-                CommandRecord {
-                    exec_id,
-                    command: r.entrypoint.join(" "),
-                    background: true,
-                    started_at: Timestamp::now(),
-                    finished_at: None,
-                    exit_code: None,
-                    error: started.as_ref().err().map(ToString::to_string),
-                },
-            );
+            match &started {
+                // The guest never took it (a pause cut the link): unclaimed,
+                // so whatever brings the sandbox back to Running starts it.
+                Err(EntrypointError::Unexpected(_)) => {
+                    r.commands.remove("entrypoint");
+                }
+                Err(e) => {
+                    if let Some(c) = r.commands.get_mut("entrypoint") {
+                        c.error = Some(e.to_string());
+                    }
+                }
+                Ok(()) => {}
+            }
             Ok(())
         });
         started.map(|()| Some((exec_id, channel)))

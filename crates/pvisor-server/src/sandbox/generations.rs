@@ -103,7 +103,10 @@ impl Daemon {
                         }
                         Ok(None)
                     })
-                    .unwrap_or(None);
+                    // Unrecorded (a full disk): what the state says decides.
+                    .unwrap_or_else(|_| {
+                        self.get(id).ok().filter(|r| r.state == SandboxState::Stopping).map(|r| r.reason)
+                    });
                 // Ended with the delete's reason: a user's, or the TTL's.
                 if let Some(reason) = deleted_while_starting {
                     self.stop(id, &reason);

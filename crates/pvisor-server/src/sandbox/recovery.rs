@@ -102,11 +102,17 @@ impl Daemon {
                 // entrypoint's exit, whose code the record kept.
                 (SandboxState::Stopping, _) => {
                     let exit = record.commands.get("entrypoint").and_then(|c| c.exit_code);
-                    let (to, reason, message) = match exit {
-                        Some(code) if record.reason == "entrypoint_exited" => {
+                    let (to, reason, message) = match (exit, record.reason.as_str()) {
+                        (Some(code), "entrypoint_exited") => {
                             let (to, reason, message) = ending(code);
                             (to, reason.to_owned(), message)
                         }
+                        // A reattach that gave up on its silent guest.
+                        (_, "daemon_restart") => (
+                            SandboxState::Failed,
+                            record.reason.clone(),
+                            "its VM did not answer after a daemon restart; it was stopped".to_owned(),
+                        ),
                         // The delete's own reason: a user's, or the TTL's.
                         _ => (SandboxState::Terminated, record.reason.clone(), String::new()),
                     };

@@ -141,31 +141,50 @@ fn delete(daemon: &Arc<Daemon>, id: &str) -> ApiResult {
             format!("Snapshot {id} is still being created and cannot be deleted"),
         ));
     }
-    // Deleting before the users are looked for: a create from it records
-    // its sandbox, then checks the snapshot is still Ready (see
-    // `Daemon::create`), so of a create and a delete at once, one sees the
-    // other and the image is never removed under a sandbox.
-    daemon.snapshots.update(id, |r| {
-        r.set(SnapshotState::Deleting, "snapshot_delete_requested", "Snapshot deletion requested.");
-        Ok(())
-    })?;
-    let users: Vec<String> = daemon
-        .list()
-        .into_iter()
-        .filter(|s| s.snapshot_id.as_deref() == Some(id) && !s.deleted)
-        .filter(|s| !matches!(s.state, SandboxState::Terminated | SandboxState::Failed))
-        .map(|s| s.id)
-        .collect();
-    if !users.is_empty() {
-        daemon.snapshots.update(id, |r| {
-            (r.state, r.reason, r.message) = (record.state, record.reason.clone(), record.message.clone());
-            Ok(())
-        })?;
-        return Err(ApiError::new(
+    let in_use = || -> Vec<String> {
+        daemon
+            .list()
+            .into_iter()
+            .filter(|s| s.snapshot_id.as_deref() == Some(id) && !s.deleted)
+            .filter(|s| !matches!(s.state, SandboxState::Terminated | SandboxState::Failed))
+            .map(|s| s.id)
+            .collect()
+    };
+    let conflict = |users: Vec<String>| {
+        ApiError::new(
             StatusCode::CONFLICT,
             "SNAPSHOT::DELETE_CONFLICT",
             format!("Snapshot {id} is in use by sandbox(es) {}; delete them first", users.join(", ")),
-        ));
+        )
+    };
+    // Users first, with nothing written: a refused delete changes nothing.
+    let users = in_use();
+    if !users.is_empty() {
+        return Err(conflict(users));
+    }
+    // Then Deleting, and the users again: a create from it records its
+    // sandbox, then checks the snapshot is still Ready (see
+    // `Daemon::create`), so of a create and a delete at once, one sees the
+    // other. Only the delete that made it Deleting puts it back (a delete
+    // that failed half-way may be asked again).
+    let mut before = None;
+    daemon.snapshots.update(id, |r| {
+        if r.state != SnapshotState::Deleting {
+            before = Some(r.clone());
+        }
+        r.set(SnapshotState::Deleting, "snapshot_delete_requested", "Snapshot deletion requested.");
+        Ok(())
+    })?;
+    let users = in_use();
+    if !users.is_empty() {
+        if let Some(before) = before {
+            daemon.snapshots.update(id, |r| {
+                (r.state, r.reason, r.message) = (before.state, before.reason, before.message);
+                r.last_transition_at = before.last_transition_at;
+                Ok(())
+            })?;
+        }
+        return Err(conflict(users));
     }
     daemon.snapshots.finish_delete(id, &daemon.images)?;
     Ok(http::empty(StatusCode::NO_CONTENT))

@@ -96,7 +96,8 @@ fn a_client_that_disconnects_cancels_its_command() {
     daemon.wait_state(&id, "Running", &["Pending"]);
     let (base, token) = daemon.execd(&id);
     let mut stream = Command::new("curl")
-        .args(["-sN", "-H", &token, "-H", "content-type: application/json", "--data-binary"])
+        .args(["-sN", "--max-time", "120", "-H", &token, "-H", "content-type: application/json"])
+        .arg("--data-binary")
         .arg(json!({ "command": "echo go; sleep 20; touch /tmp/never" }).to_string())
         .arg(format!("{base}/command"))
         .stdout(Stdio::piped())
