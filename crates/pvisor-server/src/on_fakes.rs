@@ -169,6 +169,37 @@ impl Serve {
     fn rootfs(&self, id: &str) -> PathBuf {
         self.daemon.get(id).unwrap().rootfs
     }
+
+    /// A new daemon over the same state directory and runtime, not yet
+    /// recovered (the old one is forgotten, as a dead daemon is).
+    fn reopened(self) -> Serve {
+        let supervisors = Supervisors::InProcess(self.sessions.clone());
+        let daemon =
+            Daemon::open_with(self.runtime.clone(), supervisors, config(self.dir.path()), Vec::new())
+                .unwrap();
+        Serve { daemon, ..self }
+    }
+
+    /// [`Self::reopened`], and recovered.
+    fn restarted(self) -> Serve {
+        let s = self.reopened();
+        s.daemon.recover();
+        s
+    }
+
+    /// Pauses or resumes `id` (`action`) and waits until it is `then`.
+    fn pause_or_resume(&self, id: &str, action: &str, then: &str) {
+        let (status, _) = self.json(Method::POST, &format!("/v1/sandboxes/{id}/{action}"), Value::Null);
+        assert_eq!(status, StatusCode::ACCEPTED);
+        self.await_state(id, then);
+    }
+
+    /// Kills guest exec `exec` with `signal`; the sandbox once it failed.
+    fn kill_exec(&self, id: &str, exec: u32, signal: i32) -> Value {
+        let (_, link) = self.daemon.live_link(id).unwrap();
+        crate::guest_link::signal(&link, exec, signal).unwrap();
+        self.await_state(id, "Failed")
+    }
 }
 
 fn stdout_of(events: &[Value]) -> String {
@@ -385,13 +416,8 @@ fn a_sandbox_paused_before_its_entrypoint_started_starts_it_on_resume() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
     let first = entrypoint_exec(&s, &id);
-    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
-    assert_eq!(status, StatusCode::ACCEPTED);
-    s.await_state(&id, "Paused");
-    let supervisors = Supervisors::InProcess(s.sessions.clone());
-    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
-    let s = Serve { daemon, ..s };
-    s.daemon.recover();
+    s.pause_or_resume(&id, "pause", "Paused");
+    let s = s.restarted();
     s.await_state(&id, "Paused");
     // What that race leaves: no entrypoint record.
     s.daemon.update(&id, |r| Ok(r.commands.remove("entrypoint"))).unwrap();
@@ -400,15 +426,11 @@ fn a_sandbox_paused_before_its_entrypoint_started_starts_it_on_resume() {
         started.iter().filter(|spec| spec.argv.join(" ").contains("tail -f /dev/null")).count()
     };
     let before = starts();
-    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
-    assert_eq!(status, StatusCode::ACCEPTED);
-    s.await_state(&id, "Running");
+    s.pause_or_resume(&id, "resume", "Running");
     let second = entrypoint_exec(&s, &id);
     assert_ne!(second, first, "a new exec");
     assert_eq!(starts(), before + 1, "the resume started the entrypoint once");
-    let (_, link) = s.daemon.live_link(&id).unwrap();
-    crate::guest_link::signal(&link, second, libc::SIGKILL).unwrap();
-    let got = s.await_state(&id, "Failed");
+    let got = s.kill_exec(&id, second, libc::SIGKILL);
     assert_eq!(got["status"]["message"], "Sandbox container exited with code 137.", "{got}");
 }
 
@@ -419,19 +441,11 @@ fn a_sandbox_resumed_after_a_restart_still_ends_with_its_entrypoint() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
     let exec_id = entrypoint_exec(&s, &id);
-    s.json(Method::POST, &format!("/v1/sandboxes/{id}/pause"), Value::Null);
+    s.pause_or_resume(&id, "pause", "Paused");
+    let s = s.restarted();
     s.await_state(&id, "Paused");
-    let supervisors = Supervisors::InProcess(s.sessions.clone());
-    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
-    let s = Serve { daemon, ..s };
-    s.daemon.recover();
-    s.await_state(&id, "Paused");
-    let (status, _) = s.json(Method::POST, &format!("/v1/sandboxes/{id}/resume"), Value::Null);
-    assert_eq!(status, StatusCode::ACCEPTED);
-    s.await_state(&id, "Running");
-    let (_, link) = s.daemon.live_link(&id).unwrap();
-    crate::guest_link::signal(&link, exec_id, libc::SIGTERM).unwrap();
-    let got = s.await_state(&id, "Failed");
+    s.pause_or_resume(&id, "resume", "Running");
+    let got = s.kill_exec(&id, exec_id, libc::SIGTERM);
     assert_eq!(got["status"]["message"], "Sandbox container exited with code 143.", "{got}");
 }
 
@@ -480,13 +494,8 @@ fn a_restarted_daemon_reattaches_a_running_sandbox_and_keeps_a_paused_one_paused
     let s = serve(&[("echo still", GuestRun::exits(0, "still here\n"))]);
     let running = s.create(json!({ "image": { "uri": "default" } }));
     let paused = s.create(json!({ "image": { "uri": "default" } }));
-    s.json(Method::POST, &format!("/v1/sandboxes/{paused}/pause"), Value::Null);
-    s.await_state(&paused, "Paused");
-    // A new daemon over the same state directory and runtime.
-    let supervisors = Supervisors::InProcess(s.sessions.clone());
-    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
-    let s = Serve { daemon, ..s };
-    s.daemon.recover();
+    s.pause_or_resume(&paused, "pause", "Paused");
+    let s = s.restarted();
     let got = s.await_state(&running, "Running");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut got = got;
@@ -497,8 +506,7 @@ fn a_restarted_daemon_reattaches_a_running_sandbox_and_keeps_a_paused_one_paused
     }
     assert_eq!(stdout_of(&s.command(&running, "echo still")), "still here");
     assert_eq!(s.state(&paused)["status"]["state"], "Paused");
-    s.json(Method::POST, &format!("/v1/sandboxes/{paused}/resume"), Value::Null);
-    s.await_state(&paused, "Running");
+    s.pause_or_resume(&paused, "resume", "Running");
 }
 
 #[test]
@@ -507,15 +515,13 @@ fn a_restarted_daemon_fails_a_sandbox_whose_vm_ended_while_it_was_away() {
     let id = s.create(json!({ "image": { "uri": "default" } }));
     let job = s.job(&id);
     // The VM ends while no daemon watches (the old one is forgotten).
-    let supervisors = Supervisors::InProcess(s.sessions.clone());
-    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    let s = s.reopened();
     s.runtime.execute(Kill { job: job.clone(), grace: Duration::from_millis(100) }).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !s.job_state(&job).is_terminal() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(10));
     }
-    let s = Serve { daemon, ..s };
     s.daemon.recover();
     let got = s.await_state(&id, "Failed");
     assert_eq!(got["status"]["reason"], "runtime_exited", "{got}");
@@ -528,10 +534,9 @@ fn a_restarted_daemon_ends_a_stopping_sandbox_as_its_entrypoint_did() {
     let s = serve(&[]);
     let id = s.create(json!({ "image": { "uri": "default" } }));
     entrypoint_exec(&s, &id);
-    let supervisors = Supervisors::InProcess(s.sessions.clone());
-    let daemon = Daemon::open_with(s.runtime.clone(), supervisors, config(s.dir.path()), Vec::new()).unwrap();
+    let s = s.reopened();
     // What the dead daemon had recorded when it died: the exit, and Stopping.
-    daemon
+    s.daemon
         .update(&id, |r| {
             let entrypoint = r.commands.get_mut("entrypoint").unwrap();
             entrypoint.finished_at = Some(pvisor_core::time::Timestamp::now());
@@ -540,7 +545,6 @@ fn a_restarted_daemon_ends_a_stopping_sandbox_as_its_entrypoint_did() {
             Ok(())
         })
         .unwrap();
-    let s = Serve { daemon, ..s };
     s.daemon.recover();
     let got = s.await_state(&id, "Failed");
     assert_eq!(got["status"]["reason"], "CONTAINER_EXITED_ERROR", "{got}");
