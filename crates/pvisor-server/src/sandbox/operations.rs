@@ -13,7 +13,6 @@ use pvisor_core::state::JobState;
 use pvisor_core::time::Timestamp;
 
 use crate::guest_link::{self, GuestError};
-use crate::snapshots::SnapshotState;
 
 use super::{set_state, CreateRequest, Daemon, OpError, SandboxRecord, SandboxState};
 
@@ -90,9 +89,9 @@ impl Daemon {
         self.persist(&record)?;
         self.records().insert(record.id.clone(), record.clone());
         // Its snapshot checked again now that this sandbox is recorded as
-        // its user: a DELETE marks it Deleting before looking for users.
+        // its user: a DELETE claims it before looking for users again.
         if let Some(snapshot) = &record.snapshot_id {
-            if self.snapshots.get(snapshot).map(|s| s.state).ok() != Some(SnapshotState::Ready) {
+            if !self.snapshots.restorable(snapshot) {
                 let _ = self.update(&record.id, |r| {
                     r.deleted = true;
                     set_state(r, SandboxState::Failed, "snapshot_deleted", "its snapshot was deleted")

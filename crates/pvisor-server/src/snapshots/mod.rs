@@ -13,7 +13,7 @@
 mod capture;
 pub mod routes;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -79,6 +79,25 @@ pub struct Snapshots {
     dir: PathBuf,
     records: Mutex<BTreeMap<String, SnapshotRecord>>,
     captures: Mutex<CaptureQueue>,
+    /// Snapshots a delete has claimed while it looks for users, before it
+    /// records `Deleting`: in memory only, so a daemon that dies then
+    /// leaves the snapshot as it was (the next start finishes a recorded
+    /// delete, and must never remove an image a sandbox uses).
+    deleting: Mutex<BTreeSet<String>>,
+}
+
+/// A delete's claim on a snapshot ([`Snapshots::claim_delete`]); released
+/// when dropped.
+#[derive(Debug)]
+pub struct DeleteClaim<'a> {
+    snapshots: &'a Snapshots,
+    id: String,
+}
+
+impl Drop for DeleteClaim<'_> {
+    fn drop(&mut self) {
+        self.snapshots.deleting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
 }
 
 /// Captures waiting for a worker, and how many workers run
@@ -98,7 +117,8 @@ impl Snapshots {
     pub fn open(state_root: &Path, images: &ImageStore) -> std::io::Result<Self> {
         let dir = state_root.join("server").join("snapshots");
         pvisor_core::store::create_dir_all_private(&dir).map_err(std::io::Error::other)?;
-        let snapshots = Self { dir, records: Mutex::default(), captures: Mutex::default() };
+        let snapshots =
+            Self { dir, records: Mutex::default(), captures: Mutex::default(), deleting: Mutex::default() };
         for entry in fs::read_dir(&snapshots.dir)? {
             let path = entry?.path();
             match path.extension().and_then(|e| e.to_str()) {
@@ -193,6 +213,19 @@ impl Snapshots {
         self.records().get(id).cloned().ok_or_else(|| OpError::NotFound(format!("Snapshot {id} not found")))
     }
 
+    /// Claims `id` for a delete; `None` if another delete has it.
+    pub fn claim_delete(&self, id: &str) -> Option<DeleteClaim<'_>> {
+        let mut deleting = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
+        deleting.insert(id.to_owned()).then(|| DeleteClaim { snapshots: self, id: id.to_owned() })
+    }
+
+    /// Whether a sandbox may be made from `id` now: it is `Ready` and no
+    /// delete has claimed it.
+    pub fn restorable(&self, id: &str) -> bool {
+        let claimed = self.deleting.lock().unwrap_or_else(|p| p.into_inner()).contains(id);
+        !claimed && self.get(id).is_ok_and(|r| r.state == SnapshotState::Ready)
+    }
+
     pub fn list(&self) -> Vec<SnapshotRecord> {
         self.records().values().cloned().collect()
     }
@@ -285,5 +318,29 @@ mod tests {
         assert_eq!(ids, ["capturing", "ready"], "mismatched and corrupt records are skipped");
         assert!(!dir.join("capturing.tar.partial").exists());
         assert!(dir.join("corrupt.json").exists(), "a corrupt record is kept for the operator, not deleted");
+    }
+
+    /// A delete's claim stops creates from the snapshot while it lasts,
+    /// only one delete holds it, and nothing of it is on disk: a daemon
+    /// that died holding it comes back to the snapshot as it was.
+    #[test]
+    fn a_delete_claim_is_exclusive_in_memory_and_released_on_drop() {
+        let root = tempfile::tempdir().unwrap();
+        let store = pvisor_core::store::Store::open(root.path()).unwrap();
+        let images = ImageStore::new(&store);
+        let dir = root.path().join("server").join("snapshots");
+        fs::create_dir_all(&dir).unwrap();
+        write(&dir, "ready.json", &record("ready", SnapshotState::Ready));
+        let snapshots = Snapshots::open(root.path(), &images).unwrap();
+        assert!(snapshots.restorable("ready"));
+
+        let claim = snapshots.claim_delete("ready").expect("the first delete claims it");
+        assert!(!snapshots.restorable("ready"), "no create while a delete holds it");
+        assert!(snapshots.claim_delete("ready").is_none(), "a second delete is refused");
+        let reopened = Snapshots::open(root.path(), &images).unwrap();
+        assert!(reopened.restorable("ready"), "the claim is not on disk");
+        drop(claim);
+        assert!(snapshots.restorable("ready"));
+        assert!(!snapshots.restorable("missing"));
     }
 }

@@ -162,30 +162,25 @@ fn delete(daemon: &Arc<Daemon>, id: &str) -> ApiResult {
     if !users.is_empty() {
         return Err(conflict(users));
     }
-    // Then Deleting, and the users again: a create from it records its
-    // sandbox, then checks the snapshot is still Ready (see
-    // `Daemon::create`), so of a create and a delete at once, one sees the
-    // other. Only the delete that made it Deleting puts it back (a delete
-    // that failed half-way may be asked again).
-    let mut before = None;
+    // Then claimed (in memory) and the users looked for again: a create
+    // from it records its sandbox, then checks no delete has claimed the
+    // snapshot (see `Daemon::create`), so of a create and a delete at once,
+    // one sees the other. Only then is `Deleting` recorded.
+    let Some(_claim) = daemon.snapshots.claim_delete(id) else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "SNAPSHOT::INVALID_STATE",
+            format!("Snapshot {id} is already being deleted"),
+        ));
+    };
+    let users = in_use();
+    if !users.is_empty() {
+        return Err(conflict(users));
+    }
     daemon.snapshots.update(id, |r| {
-        if r.state != SnapshotState::Deleting {
-            before = Some(r.clone());
-        }
         r.set(SnapshotState::Deleting, "snapshot_delete_requested", "Snapshot deletion requested.");
         Ok(())
     })?;
-    let users = in_use();
-    if !users.is_empty() {
-        if let Some(before) = before {
-            daemon.snapshots.update(id, |r| {
-                (r.state, r.reason, r.message) = (before.state, before.reason, before.message);
-                r.last_transition_at = before.last_transition_at;
-                Ok(())
-            })?;
-        }
-        return Err(conflict(users));
-    }
     daemon.snapshots.finish_delete(id, &daemon.images)?;
     Ok(http::empty(StatusCode::NO_CONTENT))
 }
@@ -194,11 +189,14 @@ fn delete(daemon: &Arc<Daemon>, id: &str) -> ApiResult {
 /// (404) and be `Ready` (409).
 pub fn restore_image(daemon: &Daemon, id: &str) -> Result<String, ApiError> {
     let record = daemon.snapshots.get(id).map_err(|_| not_found(id))?;
-    if record.state != SnapshotState::Ready {
+    if !daemon.snapshots.restorable(id) {
+        // Ready but claimed: a delete of it is under way.
+        let state =
+            if record.state == SnapshotState::Ready { "being deleted" } else { record.state.as_str() };
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "SNAPSHOT::NOT_READY",
-            format!("Snapshot {id} is not ready for restore (it is {}).", record.state.as_str()),
+            format!("Snapshot {id} is not ready for restore (it is {state})."),
         ));
     }
     Ok(record.image)

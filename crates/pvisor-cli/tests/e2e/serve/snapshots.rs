@@ -126,9 +126,13 @@ fn a_snapshot_outlives_its_sandbox_and_boots_new_ones_at_that_moment() {
     );
     assert_eq!(stdout_of(&look).trim(), "before\nkept\nscratch\ndone", "{look}");
 
-    // In use by a live sandbox: not deleted; once that is gone, it is.
+    // In use by a live sandbox: not deleted, not even marked; once that is
+    // gone, it is.
+    let before = daemon.curl("GET", &format!("/v1/snapshots/{snapshot}"), None).1;
     let (code, answer) = daemon.curl("DELETE", &format!("/v1/snapshots/{snapshot}"), None);
     assert_eq!((code, answer["code"].as_str()), (409, Some("SNAPSHOT::DELETE_CONFLICT")), "{answer}");
+    let after = daemon.curl("GET", &format!("/v1/snapshots/{snapshot}"), None).1;
+    assert_eq!(after, before, "a refused delete changes nothing");
     let (code, _) = daemon.curl("DELETE", &format!("/v1/sandboxes/{restored}"), None);
     assert_eq!(code, 204);
     let (code, answer) = daemon.curl("DELETE", &format!("/v1/snapshots/{snapshot}"), None);
