@@ -109,8 +109,7 @@ impl Daemon {
             if r.commands.contains_key("entrypoint") {
                 return Ok(None);
             }
-            let exec_id = r.next_exec;
-            r.next_exec += 1;
+            let exec_id = r.take_exec_id();
             r.commands.insert(
                 "entrypoint".into(),
                 CommandRecord {

@@ -384,10 +384,6 @@ impl Daemon {
 
     /// Allocates a guest exec id (persisted: ids are unique for the guest's life).
     pub fn next_exec_id(&self, id: &str) -> Result<u32, OpError> {
-        self.update(id, |r| {
-            let n = r.next_exec;
-            r.next_exec += 1;
-            Ok(n)
-        })
+        self.update(id, |r| Ok(r.take_exec_id()))
     }
 }

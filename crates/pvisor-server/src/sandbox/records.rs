@@ -172,6 +172,15 @@ pub struct SandboxRecord {
     pub volumes: Vec<pvisor_core::records::SharedDirectory>,
 }
 
+impl SandboxRecord {
+    /// A new guest exec id, from the record's counter.
+    pub fn take_exec_id(&mut self) -> u32 {
+        let n = self.next_exec;
+        self.next_exec += 1;
+        n
+    }
+}
+
 /// Finished commands a record keeps (status and logs of older ones go).
 const KEPT_COMMANDS: usize = 500;
 
